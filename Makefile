@@ -1,0 +1,19 @@
+# The README's two commands: `make report` (the main job) and `make test` (the whole suite).
+# Both do their own set-up (scripts/setup.sh is idempotent and fast when nothing changed).
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup report test clean
+
+setup:
+	@bash scripts/setup.sh
+
+report: setup
+	$(PY) -m machine_nb.cli report notebooks/01_minimal_sft.ipynb -o reports/minimal_sft.html
+
+test: setup
+	$(PY) -m pytest --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
+
+clean:
+	rm -rf reports eval_results .pytest_cache

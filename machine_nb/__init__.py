@@ -1,0 +1,89 @@
+"""machine_nb: Machine's tag → export → validate → SFT → evaluate loop, in Jupyter.
+
+Every public name is importable from here and loads lazily: `import machine_nb` stays fast
+(no pandas, torch, tinker or tinker-cookbook until a call needs them). The map below is the
+public API; each name lives in the module a reader would look for (`select_runs` in
+`select.py`, `LossPlot` in `widgets/loss_plot.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module (relative to this package) that defines it
+_API: dict[str, str] = {
+    # errors
+    "MachineFormatError": "errors",
+    "BudgetExceeded": "errors",
+    "EngineError": "errors",
+    # files
+    "read_jsonl": "jsonl",
+    "write_jsonl": "jsonl",
+    "append_jsonl": "jsonl",
+    # Machine's workspace: runs, messages, sessions, events, machine definitions
+    "load_runs": "frames",
+    "messages": "frames",
+    "load_sessions": "store.workspace",
+    "load_events": "store.workspace",
+    "load_machine": "store.workspace",
+    "list_machines": "store.workspace",
+    # the per-project tag store
+    "tag": "store.tags",
+    "tagged": "store.tags",
+    "untag": "store.tags",
+    "store_dir": "store.tags",
+    # selection and export
+    "select_runs": "select",
+    "training_lines": "export",
+    "conversation": "export",
+    "estimate_tokens": "export",
+    "step_failed": "export",
+    # corpus, validation, tokens, prices
+    "make_corpus": "corpus",
+    "validate": "validate",
+    "count_tokens": "tokens",
+    "PRICES": "pricing",
+    "price_for": "pricing",
+    "estimate_cost": "pricing",
+    "estimate_eval_cost": "pricing",
+    # training
+    "sft": "train",
+    "smoke": "train",
+    "TrainResult": "train",
+    "read_training_log": "train",
+    "training_metrics": "train",
+    # evaluation
+    "load_eval_rows": "evaluate",
+    "score_output": "evaluate",
+    "evaluate": "evaluate",
+    "compare": "evaluate",
+    "probe": "evaluate",
+    # widgets
+    "RunPicker": "widgets.run_picker",
+    "ExamplePreviewer": "widgets.previewer",
+    "CostMeter": "widgets.cost_meter",
+    "LossPlot": "widgets.loss_plot",
+    "Tagger": "widgets.tagger",
+    "CompareView": "widgets.compare_view",
+    "progress": "progress",
+    # reports
+    "run_report": "report",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'machine_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

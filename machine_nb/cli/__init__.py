@@ -1,0 +1,53 @@
+"""`machine-nb`: the toolkit from a terminal, mirroring Machine's `/train` commands.
+
+Each module in this package adds its subcommands with `register(subparsers)`; the handler is
+stored as `func` and returns an exit code. Commands are imported lazily per module, so
+`machine-nb --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# modules in this package, in the order their commands appear in --help
+_MODULES = ["data", "corpus", "validate", "train", "eval", "report"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="machine-nb",
+        description="Machine's loop from a terminal: explore runs, tag, export, validate, train, evaluate, report.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__name__}.{name}":
+                continue  # that group is not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, RuntimeError, OSError) as exc:
+        # errors of ours carry file/line/field; print them without a traceback
+        print(f"machine-nb {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

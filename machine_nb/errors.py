@@ -1,0 +1,34 @@
+"""The errors machine_nb raises on purpose: each says what is wrong, where, and what to do."""
+
+from __future__ import annotations
+
+import os
+
+
+class MachineFormatError(ValueError):
+    """A file of Machine's that cannot be read as it should: names the file, line and field.
+
+    `line` is 1-based (None for whole-file JSON documents); `field` is a dotted path into the
+    record (e.g. "scorecard.total") or None when the record itself is unreadable.
+    """
+
+    def __init__(self, path: str | os.PathLike | None, message: str, *, line: int | None = None,
+                 field: str | None = None):
+        self.path = None if path is None else os.fspath(path)
+        self.line = line
+        self.field = field
+        self.reason = message
+        where = self.path or "<data>"
+        if line is not None:
+            where += f":{line}"
+        if field:
+            where += f" (field {field!r})"
+        super().__init__(f"{where}: {message}")
+
+
+class BudgetExceeded(RuntimeError):
+    """Refused before spending: the estimated cost is over the budget (`max_usd`) or unbounded."""
+
+
+class EngineError(RuntimeError):
+    """An engine cannot serve the request: no key, unreachable service, or a model it does not serve."""
