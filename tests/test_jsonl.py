@@ -1,0 +1,81 @@
+"""JSONL I/O: errors name file and line; writes are atomic; appends never interleave or merge."""
+
+import json
+import multiprocessing as mp
+import os
+import warnings
+
+import pytest
+
+from machine_nb.errors import MachineFormatError
+from machine_nb.jsonl import SkippedLines, append_jsonl, iter_jsonl, read_jsonl, write_jsonl
+
+
+def test_round_trip_and_blank_lines(tmp_path):
+    path = write_jsonl([{"a": 1}, {"b": "é"}], tmp_path / "x.jsonl")
+    path.write_text(path.read_text() + "\n\n")
+    assert read_jsonl(path) == [{"a": 1}, {"b": "é"}]
+    assert [n for n, _ in iter_jsonl(path)] == [1, 2]
+
+
+@pytest.mark.parametrize("raw, line, words", [
+    (b'{"a": 1}\n{"a": \n', 2, "invalid JSON"),
+    (b'{"a": 1}\n{"a": 2', 2, "truncated last line"),
+    (b'{"a": 1}\n{"a": "\xff"}\n', 2, "not UTF-8"),
+])
+def test_bad_lines_name_file_and_line(tmp_path, raw, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(raw)
+    with pytest.raises(MachineFormatError) as err:
+        read_jsonl(path)
+    assert err.value.line == line and words in str(err.value) and str(path) in str(err.value)
+
+
+def test_warn_mode_keeps_good_rows_and_lists_skipped(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"a": 1}\nnot json\n{"a": 3}\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = read_jsonl(path, on_error="warn")
+    assert rows == [{"a": 1}, {"a": 3}]
+    assert any(issubclass(w.category, SkippedLines) and f"{path}:2" in str(w.message) for w in caught)
+
+
+def test_write_is_atomic_on_failure(tmp_path):
+    path = write_jsonl([{"keep": True}], tmp_path / "x.jsonl")
+
+    def rows():
+        yield {"partial": 1}
+        raise RuntimeError("writer died")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl(rows(), path)
+    assert read_jsonl(path) == [{"keep": True}]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]  # no temp file left behind
+
+
+def test_append_after_torn_line_starts_fresh_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"torn": ')
+    append_jsonl(path, [{"b": 2}])
+    lines = path.read_bytes().splitlines()
+    assert lines == [b'{"a": 1}', b'{"torn": ', b'{"b":2}']
+
+
+def _append_many(path, worker, n):
+    for i in range(n):
+        append_jsonl(path, [{"worker": worker, "i": i, "pad": "x" * 5000}])
+
+
+def test_concurrent_appends_lose_nothing(tmp_path):
+    path = tmp_path / "c.jsonl"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(path, w, 100)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    rows = read_jsonl(path)
+    assert len(rows) == 400
+    assert {(r["worker"], r["i"]) for r in rows} == {(w, i) for w in range(4) for i in range(100)}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
