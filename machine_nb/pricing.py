@@ -1,0 +1,273 @@
+"""What a training run or an eval will cost before it runs, and a budget guard that refuses first.
+
+Prices are USD per million tokens, each row with its source and date (Machine's `TINKER_PRICES`,
+see reference/machine-format.md §5); token counts come from `tokens.count_tokens` (exact where the
+model's renderer works offline). `train.sft` and `evaluate` call `check_budget` before spending.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .errors import BudgetExceeded
+from .render import base_model, is_local_model
+
+MACHINE_SOURCE = "Machine src/pricing.ts TINKER_PRICES (Tinker models page, full undiscounted price)"
+MACHINE_DATE = "2026-10-07"
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million tokens. None means not known: a cost that needs it cannot be bounded."""
+
+    prefill: float | None
+    cached_prefill: float | None
+    sample: float | None
+    train: float | None
+    source: str = ""
+    date: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class UnknownPrice(BudgetExceeded):
+    """No price is known for the model (or for the part of it a cost needs): the cost cannot be bounded."""
+
+
+def _machine(prefill: float, cached: float, sample: float, train: float | None = None,
+             train_note: str = "") -> Price:
+    return Price(prefill, cached, sample, train, MACHINE_SOURCE + train_note, MACHINE_DATE)
+
+
+_INKLING_TRAIN_NOTE = (
+    "; train 11.22 = 2 x the $5.61/M (64K, 50%-discounted) of a public third-party transcription of the "
+    "Tinker models page of 2026-10-07, undiscounted like the rest of Machine's table (inferred, unverified)")
+
+# Training prices are not in Machine's table (TINKER_TRAIN_PRICES' values were not found); only
+# those with a public source are filled in, the rest stay None so training refuses to guess.
+PRICES: dict[str, Price] = {
+    "thinkingmachines/Inkling": _machine(3.74, 0.374, 9.36, 11.22, _INKLING_TRAIN_NOTE),
+    "thinkingmachines/Inkling:peft:262144": _machine(7.48, 0.748, 18.72),
+    "thinkingmachines/Inkling-Small": _machine(1.16, 0.116, 2.88),
+    "thinkingmachines/Inkling-Small:peft:262144": _machine(2.32, 0.232, 5.78),
+    "Qwen/Qwen3.8-27B": _machine(1.86, 0.372, 5.595),
+    "Qwen/Qwen3.8-27B:peft:262144": _machine(2.48, 0.496, 7.46),
+    "Qwen/Qwen3.6-35B-A3B": _machine(0.54, 0.108, 1.335),
+    "Qwen/Qwen3.6-27B": _machine(1.86, 0.372, 5.595),
+    "Qwen/Qwen3.5-397B-A17B": _machine(3.0, 0.6, 7.5),
+    # Not in the part of Machine's table that was seen; cached prefill at Qwen's 20% rule.
+    "Qwen/Qwen3-8B": Price(0.13, 0.026, 0.40, 0.40,
+                           "public third-party transcription of the Tinker models page (cached prefill "
+                           "inferred as 20% of prefill, Tinker's 80% cached discount for Qwen)", "2026-10-07"),
+}
+
+LOCAL_PRICE = Price(0.0, 0.0, 0.0, 0.0, "local engine: free", "")
+
+# user overrides (set_price), looked up before PRICES
+_OVERRIDES: dict[str, Price] = {}
+
+
+def set_price(model: str, **fields: Any) -> Price:
+    """Override (or add) a model's price for this session: `set_price("Qwen/X", train=0.5, source="quote")`.
+
+    Fields: prefill, cached_prefill, sample, train (USD per million tokens), source, date. Fields
+    not given keep the table's value (or None for a new model); source defaults to "user override".
+    """
+    unknown = set(fields) - set(Price.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"set_price: unknown field(s) {sorted(unknown)}; known: {list(Price.__dataclass_fields__)}")
+    current = _OVERRIDES.get(model) or PRICES.get(model) or Price(None, None, None, None)
+    fields.setdefault("source", "user override")
+    fields.setdefault("date", "")
+    price = replace(current, **fields)
+    _OVERRIDES[model] = price
+    return price
+
+
+def clear_prices() -> None:
+    """Forget every `set_price` override (the table's values apply again)."""
+    _OVERRIDES.clear()
+
+
+def price_for(model: str, *, prices: Mapping[str, Price | Mapping[str, Any]] | None = None,
+              strict: bool = True) -> Price | None:
+    """The price row for a model: overrides and `prices=` first, then PRICES, then the id without ":peft:…".
+
+    Local engine models ("local/…") cost 0. An unknown model raises UnknownPrice ("cannot bound the
+    cost") when strict (default: spending on a guess is what the guard exists to stop), else None.
+    `prices` maps model -> Price or a dict of Price fields (a per-call override).
+    """
+    tables: list[Mapping[str, Any]] = [prices or {}, _OVERRIDES, PRICES]
+    for name in (model, base_model(model)):
+        for table in tables:
+            if name in table:
+                row = table[name]
+                return row if isinstance(row, Price) else Price(**{"source": "user override", "date": "", **row})
+    if is_local_model(model):
+        return LOCAL_PRICE
+    if not strict:
+        return None
+    raise UnknownPrice(
+        f"No price is known for {model!r}: cannot bound the cost. Pass price=Price(...) (or prices=), or call "
+        f"machine_nb.pricing.set_price({model!r}, prefill=…, sample=…, train=…). Known: {', '.join(sorted(PRICES))}.")
+
+
+def check_budget(usd: float | None, max_usd: float | None, what: str = "this run") -> None:
+    """Refuse (BudgetExceeded) when `usd` is over `max_usd`, or unknown while a budget is set.
+
+    `max_usd=None` means no budget (nothing is refused).
+    """
+    if max_usd is None:
+        return
+    if usd is None:
+        raise BudgetExceeded(f"{what}: the cost cannot be bounded (no price), so a budget of ${max_usd:.2f} cannot be honoured")
+    if usd > max_usd:
+        raise BudgetExceeded(f"{what} would cost about ${usd:.4f}, over the budget of ${max_usd:.2f} "
+                             f"by ${usd - max_usd:.4f}; raise max_usd or use less data/fewer epochs")
+
+
+def _price_html(price: Price) -> str:
+    def f(v: float | None) -> str:
+        return "?" if v is None else f"{v:g}"
+    return (f"prefill {f(price.prefill)} · cached {f(price.cached_prefill)} · sample {f(price.sample)} · "
+            f"train {f(price.train)} $/M <br><small>{html.escape(price.source)}"
+            f"{' (' + html.escape(price.date) + ')' if price.date else ''}</small>")
+
+
+@dataclass
+class CostEstimate:
+    """A training run's cost before it runs.
+
+    tokens: rendered tokens of all rows (one epoch); trained_tokens: those with loss weight > 0;
+    steps: optimizer steps = (rows // batch_size) * epochs (the cookbook drops the partial batch),
+    capped by max_steps; usd: tokens x epochs x train price (Machine's rule; it counts the dropped
+    partial batch too, so it errs high), scaled down when max_steps stops early; exact: whether
+    counts come from the model's real renderer (else 2.5-chars-per-token estimates).
+    """
+
+    model: str
+    rows: int
+    tokens: int
+    trained_tokens: int
+    epochs: int
+    batch_size: int
+    steps: int
+    usd: float
+    exact: bool
+    price: Price
+    note: str = ""
+
+    def _repr_html_(self) -> str:
+        kind = "exact" if self.exact else "estimated"
+        note = f"<br><small>{html.escape(self.note)}</small>" if self.note else ""
+        return (f"<div class='machine-nb-cost'><b>{html.escape(self.model)}</b>: "
+                f"{self.rows} rows · {self.tokens:,} tokens ({kind}) · {self.trained_tokens:,} trained · "
+                f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
+                f"<b>${self.usd:.4f}</b><br>{_price_html(self.price)}{note}</div>")
+
+
+@dataclass
+class EvalCostEstimate:
+    """An eval's cost before it runs: prompt tokens at the prefill price plus at most
+    `max_tokens` sampled tokens per row at the sample price (an upper bound on output)."""
+
+    model: str
+    rows: int
+    prompt_tokens: int
+    max_output_tokens: int
+    usd: float
+    exact: bool
+    price: Price
+    note: str = ""
+
+    def _repr_html_(self) -> str:
+        kind = "exact" if self.exact else "estimated"
+        return (f"<div class='machine-nb-cost'><b>{html.escape(self.model)}</b> eval: {self.rows} rows · "
+                f"{self.prompt_tokens:,} prompt tokens ({kind}) · ≤ {self.max_output_tokens:,} output tokens · "
+                f"<b>≤ ${self.usd:.4f}</b><br>{_price_html(self.price)}</div>")
+
+
+def _resolve_price(model: str, price: Price | Mapping[str, Any] | None, prices) -> Price:
+    if price is None:
+        return price_for(model, prices=prices)
+    return price if isinstance(price, Price) else Price(**{"source": "user override", "date": "", "prefill": None,
+                                                            "cached_prefill": None, "sample": None, "train": None,
+                                                            **price})
+
+
+def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,
+                  batch_size: int = 8, price: Price | Mapping[str, Any] | None = None,
+                  max_usd: float | None = None, *, max_steps: int | None = None,
+                  prices: Mapping[str, Any] | None = None, counts=None) -> CostEstimate:
+    """Price a training run on a chat JSONL file (or rows) before it runs.
+
+    epochs: passes over the data (default 1, the cookbook's). batch_size: rows per step (default 8,
+    the minimal-SFT example's). price: a Price (or dict of its fields) instead of the table's row
+    (default None: `price_for(model)`; an unknown model or a missing train price raises UnknownPrice,
+    "cannot bound the cost"). max_usd: raise BudgetExceeded when the estimate is over it (default
+    None: no budget). max_steps: stop after this many steps, as `sft(max_steps=)` does (default None).
+    counts: a `count_tokens` DataFrame already computed for these rows (saves rendering twice).
+    """
+    from .tokens import count_tokens
+
+    row = _resolve_price(model, price, prices)
+    if row.train is None:
+        raise UnknownPrice(f"No training price is known for {model!r} ({row.source or 'no source'}): cannot bound "
+                           f"the cost. Pass price={{'train': …}} or call machine_nb.pricing.set_price({model!r}, train=…).")
+    df = counts if counts is not None else count_tokens(path_or_rows, model)
+    rows = len(df)
+    tokens = int(df["tokens"].sum()) if rows else 0
+    trained = int(df["trained_tokens"].sum()) if rows else 0
+    exact = bool(df["exact"].all()) if rows else True
+    full_steps = (rows // batch_size) * epochs
+    steps = full_steps if max_steps is None else min(full_steps, max_steps)
+    fraction = 1.0 if not full_steps else steps / full_steps
+    usd = tokens * epochs * fraction * row.train / 1e6
+    est = CostEstimate(model=model, rows=rows, tokens=tokens, trained_tokens=trained, epochs=epochs,
+                       batch_size=batch_size, steps=steps, usd=usd, exact=exact, price=row,
+                       note=df.attrs.get("note", ""))
+    check_budget(usd, max_usd, f"training {model} for {epochs} epoch(s)")
+    return est
+
+
+def estimate_eval_cost(eval_path: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, max_tokens: int = 32,
+                       price: Price | Mapping[str, Any] | None = None, max_usd: float | None = None, *,
+                       samples_per_row: int = 1, prices: Mapping[str, Any] | None = None) -> EvalCostEstimate:
+    """Price an eval before it runs: each row's generation prompt at prefill price plus up to
+    `max_tokens` sampled tokens at the sample price.
+
+    max_tokens: the sampling limit per answer (default 32: `answer: <integer>` needs under 10).
+    samples_per_row: answers sampled per row (default 1). price / prices / max_usd as in estimate_cost.
+    """
+    from .tokens import count_prompt_tokens
+
+    row = _resolve_price(model, price, prices)
+    if row.prefill is None or row.sample is None:
+        raise UnknownPrice(f"No sampling price is known for {model!r}: cannot bound the cost of an eval.")
+    df = count_prompt_tokens(eval_path, model)
+    rows = len(df)
+    prompt = int(df["prompt_tokens"].sum()) * samples_per_row if rows else 0
+    out = rows * max_tokens * samples_per_row
+    usd = (prompt * row.prefill + out * row.sample) / 1e6
+    est = EvalCostEstimate(model=model, rows=rows, prompt_tokens=prompt, max_output_tokens=out, usd=usd,
+                           exact=bool(df["exact"].all()) if rows else True, price=row, note=df.attrs.get("note", ""))
+    check_budget(usd, max_usd, f"evaluating {model} on {rows} rows")
+    return est
+
+
+def prices_frame():
+    """The price table (overrides applied) as a DataFrame: model, prefill, cached_prefill, sample, train, source, date."""
+    import pandas as pd
+
+    table = {**PRICES, **_OVERRIDES}
+    return pd.DataFrame([{"model": m, **p.as_dict()} for m, p in sorted(table.items())],
+                        columns=["model", "prefill", "cached_prefill", "sample", "train", "source", "date"])
+
+
+__all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget",
+           "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "prices_frame"]

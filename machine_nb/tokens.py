@@ -1,0 +1,195 @@
+"""Exact token counts per chat row, from the model's real tinker-cookbook renderer.
+
+A row is rendered as the cookbook's SFT loop renders it (`renderer.build_supervised_example`, the
+core of `conversation_to_datum`): tokens = the model input's length, trained_tokens = tokens with
+loss weight > 0. Models whose tokenizer needs the Hugging Face hub while offline get Machine's
+2.5-characters-per-token estimate instead, labelled `exact=False` with one line saying why.
+Prices are applied in pricing.py; validate.py uses `render_row` for its renderer checks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from .errors import EngineError, MachineFormatError
+from .jsonl import dumps_line, iter_jsonl
+
+CHARS_PER_TOKEN = 2.5  # Machine's deliberate over-estimate (~4 chars/token measured with Qwen3)
+PROGRESS_MIN_ROWS = 2000  # show a progress bar past this many rows
+
+COLUMNS = ["line", "tokens", "trained_tokens", "exact", "error"]
+"""count_tokens' columns: line (1-based line in the file, or index+1 in a list of rows), tokens,
+trained_tokens (loss weight > 0), exact (real renderer or estimate), error (why a row fell back
+to the estimate, else None)."""
+
+
+class TokenEstimateWarning(UserWarning):
+    """Counts are 2.5-chars-per-token estimates, not the model's tokenizer."""
+
+
+def _estimate_tokens(row: Mapping[str, Any]) -> int:
+    """Machine's estimate: characters of the JSON of messages (+ tools) / 2.5, rounded up.
+
+    TODO: use machine_nb.export.estimate_tokens (engineer A's, same rule) once its per-line form is settled.
+    """
+    chars = len(dumps_line(row.get("messages", [])))
+    if row.get("tools"):
+        chars += len(dumps_line(row["tools"]))
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+def iter_rows(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
+              skipped: list | None = None) -> Iterator[tuple[int, Any]]:
+    """(line, row) pairs from a JSONL path (1-based lines, streamed) or from an iterable of rows (index+1)."""
+    if isinstance(path_or_rows, (str, os.PathLike)):
+        yield from iter_jsonl(path_or_rows, on_error=on_error, skipped=skipped)
+    else:
+        if hasattr(path_or_rows, "to_dict") and hasattr(path_or_rows, "columns"):  # a DataFrame
+            path_or_rows = path_or_rows.to_dict("records")
+        yield from enumerate(path_or_rows, start=1)
+
+
+def count_lines(path_or_rows: Any) -> int | None:
+    """Number of lines of a file (cheap, for progress totals) or len() of a sized iterable; else None."""
+    if isinstance(path_or_rows, (str, os.PathLike)):
+        n = 0
+        with open(path_or_rows, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                n += block.count(b"\n")
+        return n
+    return len(path_or_rows) if hasattr(path_or_rows, "__len__") else None
+
+
+def train_on_what_for(messages: list[Mapping[str, Any]], train_on_what: Any = None) -> Any:
+    """The cookbook TrainOnWhat for a row: `train_on_what` if given, else CUSTOMIZED when any message
+    carries a `trainable` flag (whole-run export lines), else ALL_ASSISTANT_MESSAGES (the cookbook's default)."""
+    from tinker_cookbook.renderers import TrainOnWhat
+
+    if train_on_what is not None:
+        return TrainOnWhat(train_on_what)
+    if any(isinstance(m, Mapping) and "trainable" in m for m in messages):
+        return TrainOnWhat.CUSTOMIZED
+    return TrainOnWhat.ALL_ASSISTANT_MESSAGES
+
+
+def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None) -> tuple[int, int]:
+    """(tokens, trained_tokens) of one conversation through the renderer, as the SFT loop renders it.
+
+    Raises whatever the renderer raises for a conversation it cannot render (callers report it).
+    """
+    model_input, weights = renderer.build_supervised_example(
+        list(messages), train_on_what=train_on_what_for(messages, train_on_what))
+    return int(model_input.length), int((weights > 0).sum())
+
+
+def offline_note(model: str, reason: str) -> str:
+    """The one line that says why counts are estimates."""
+    return f"{model}: {reason}; counts are 2.5-chars-per-token estimates (exact=False)"
+
+
+def renderer_or_reason(model: str) -> tuple[Any, str | None]:
+    """The model's renderer, or (None, one line saying why it is unavailable). Never waits on the hub offline."""
+    from .render import get_renderer
+
+    try:
+        return get_renderer(model), None
+    except EngineError as exc:
+        from .render import _offline, has_offline_tokenizer
+
+        if _offline() and not has_offline_tokenizer(model):
+            return None, offline_note(model, "tokenizer needs the Hugging Face hub (HF_HUB_OFFLINE is set)")
+        return None, offline_note(model, str(exc).rstrip("."))
+    except Exception as exc:  # an unknown model name, a renderer that fails to build
+        return None, offline_note(model, f"no renderer ({type(exc).__name__}: {exc})")
+
+
+def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
+                 train_on_what: Any = None, on_error: str = "raise", progress: bool | None = None):
+    """Tokens per chat row for `model`: a DataFrame with columns line, tokens, trained_tokens, exact, error.
+
+    path_or_rows: a chat JSONL path (streamed) or rows `{"messages": [...], ...}`.
+    train_on_what: the cookbook's TrainOnWhat (default None: CUSTOMIZED when messages carry
+    `trainable`, else ALL_ASSISTANT_MESSAGES, as the SFT loop does).
+    on_error: for unreadable JSONL lines, "raise" (default: a cost must not silently drop rows),
+    "warn" or "skip" (see jsonl.iter_jsonl).
+    progress: show a progress bar (default None: only past 2,000 rows).
+
+    Exact counts need the model's tokenizer offline (Inkling; the local engine's models). For other
+    models every row is estimated (`exact=False`), `df.attrs["note"]` says why in one line, and a
+    TokenEstimateWarning repeats it. A row the renderer rejects falls back to the estimate with its
+    reason in `error`; a row without a `messages` list raises MachineFormatError (file, line, field).
+    """
+    import pandas as pd
+
+    from .progress import progress as bar
+
+    renderer, note = renderer_or_reason(model)
+    path = path_or_rows if isinstance(path_or_rows, (str, os.PathLike)) else None
+    total = count_lines(path_or_rows)
+    show = progress if progress is not None else (total or 0) > PROGRESS_MIN_ROWS
+    cols: dict[str, list] = {c: [] for c in COLUMNS}
+    with bar(total=total, desc=f"tokens {model}", unit="rows", enabled=bool(show)) as pb:
+        for line, row in iter_rows(path_or_rows, on_error=on_error):
+            messages = row.get("messages") if isinstance(row, Mapping) else None
+            if not isinstance(messages, list):
+                raise MachineFormatError(path, "each row needs a 'messages' list", line=line, field="messages")
+            error = None
+            if renderer is not None:
+                try:
+                    tokens, trained = render_row(renderer, messages, train_on_what)
+                    exact = True
+                except Exception as exc:  # reported per row; the estimate keeps the total an upper-ish bound
+                    error = f"renderer failed: {type(exc).__name__}: {exc}"
+            if renderer is None or error is not None:
+                tokens, exact = _estimate_tokens(row), False
+                trained = tokens  # unknown split: count every token as trained (errs high)
+            cols["line"].append(line)
+            cols["tokens"].append(tokens)
+            cols["trained_tokens"].append(trained)
+            cols["exact"].append(exact)
+            cols["error"].append(error)
+            pb.update()
+    df = pd.DataFrame(cols, columns=COLUMNS).astype({"line": "int64", "tokens": "int64",
+                                                     "trained_tokens": "int64", "exact": "bool"})
+    df.attrs["model"] = model
+    df.attrs["note"] = note or ""
+    if note:
+        warnings.warn(TokenEstimateWarning(note), stacklevel=2)
+    return df
+
+
+def count_prompt_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
+                        on_error: str = "raise"):
+    """Generation-prompt tokens per eval row (what sampling prefills): DataFrame line, prompt_tokens, exact.
+
+    Rendered with `renderer.build_generation_prompt(messages)`; estimated (exact=False, note in
+    `df.attrs["note"]`) when the renderer is not available offline.
+    """
+    import pandas as pd
+
+    renderer, note = renderer_or_reason(model)
+    path = path_or_rows if isinstance(path_or_rows, (str, os.PathLike)) else None
+    out: list[tuple[int, int, bool]] = []
+    for line, row in iter_rows(path_or_rows, on_error=on_error):
+        messages = row.get("messages") if isinstance(row, Mapping) else None
+        if not isinstance(messages, list):
+            raise MachineFormatError(path, "each row needs a 'messages' list", line=line, field="messages")
+        try:
+            if renderer is None:
+                raise LookupError
+            out.append((line, int(renderer.build_generation_prompt(list(messages)).length), True))
+        except Exception:
+            out.append((line, _estimate_tokens(row), False))
+    df = pd.DataFrame(out, columns=["line", "prompt_tokens", "exact"])
+    df.attrs["note"] = note or ""
+    if note:
+        warnings.warn(TokenEstimateWarning(note), stacklevel=2)
+    return df
+
+
+__all__ = ["count_tokens", "count_prompt_tokens", "render_row", "TokenEstimateWarning", "CHARS_PER_TOKEN",
+           "COLUMNS"]
