@@ -1,0 +1,528 @@
+"""RunPicker: filter, sort and select runs from a `load_runs` DataFrame; `.selected` hands them back.
+
+All filtering, sorting and selection logic runs in pandas on the Python side (pure functions
+below); the browser view (`table.js`, an anywidget) receives one formatted page at a time and
+sends clicks back, so 100,000 runs stay responsive. Tagging the chosen runs is `tagger.py`'s job.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anywidget
+import ipywidgets as w
+import numpy as np
+import pandas as pd
+import traitlets
+
+from ._base import StaticFallback, escape
+
+# Columns shown by default, in this order, when the frame has them (`run`, `instructions` and
+# `final` are left out: nested or long, and `output` already carries the answer).
+DEFAULT_COLUMNS = ("id", "machine", "model", "harness", "case", "score", "started_at",
+                   "duration_s", "n_messages", "n_tool_calls", "cost_usd", "tags", "input", "output")
+# Columns offered as multi-select filters when present.
+CHOICE_COLUMNS = ("machine", "model", "harness")
+# A multi-select with more distinct values than this is not offered (free text serves better).
+MAX_CHOICES = 500
+# Cell text longer than this is cut with "…" (the page stays small; the full value is in `.selected`).
+MAX_CELL_CHARS = 120
+ANY_TAG, UNTAGGED = "(any)", "(untagged)"
+
+
+# ---------------------------------------------------------------- pure helpers over plain data
+
+def row_keys(frame: pd.DataFrame) -> list[str]:
+    """Selection keys, one per row: `id` as text; `machine/id` when ids repeat across machines.
+
+    Raises ValueError when the frame has no `id` column or the keys are still not unique
+    (selection by key would otherwise be ambiguous).
+    """
+    if "id" not in frame.columns:
+        raise ValueError(f"RunPicker needs an 'id' column; the frame has {list(frame.columns)}")
+    keys = frame["id"].astype(str)
+    if keys.duplicated().any() and "machine" in frame.columns:
+        keys = frame["machine"].astype(str) + "/" + keys
+    dup = keys[keys.duplicated()]
+    if len(dup):
+        raise ValueError(f"RunPicker needs unique run ids; repeated: {sorted(set(dup))[:5]}")
+    return keys.tolist()
+
+
+def _as_text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def text_haystack(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """Lower-cased text of `columns` joined per row, computed once so a search is one vectorised scan."""
+    present = [c for c in columns if c in frame.columns]
+    if not present:
+        return pd.Series([""] * len(frame), dtype="str")
+    parts = [frame[c].map(_as_text).astype("str") for c in present]
+    joined = parts[0]
+    for p in parts[1:]:
+        joined = joined + "\n" + p
+    return joined.str.lower().reset_index(drop=True)
+
+
+def tag_masks(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """One boolean array per tag in the `tags` column (lists of strings), plus UNTAGGED."""
+    if "tags" not in frame.columns:
+        return {}
+    masks: dict[str, np.ndarray] = {}
+    untagged = np.ones(len(frame), dtype=bool)
+    for i, tags in enumerate(frame["tags"].tolist()):
+        if isinstance(tags, str):
+            tags = [tags]
+        if tags is None or isinstance(tags, float):  # NaN / missing
+            continue
+        for t in tags:
+            untagged[i] = False
+            masks.setdefault(str(t), np.zeros(len(frame), dtype=bool))[i] = True
+    masks = dict(sorted(masks.items()))
+    masks[UNTAGGED] = untagged
+    return masks
+
+
+def _utc(ts: pd.Series) -> pd.Series:
+    ts = pd.to_datetime(ts, errors="coerce", utc=True)
+    return ts
+
+
+def filter_mask(frame: pd.DataFrame, filters: dict[str, Any], *, haystack: pd.Series | None = None,
+                tags: dict[str, np.ndarray] | None = None, started: pd.Series | None = None) -> np.ndarray:
+    """Boolean array over `frame`'s rows (positional) for `filters`; an absent/empty filter keeps all.
+
+    filters: `machine`/`model`/`harness` (a list of values: keep rows with any of them), `score`
+    ((lo, hi) inclusive; rows without a score are dropped once a range is set), `date`
+    ((start, end) `datetime.date`s or None, on `started_at` in UTC, both days inclusive), `tag`
+    (a tag name, or UNTAGGED), `text` (whitespace-separated terms, each must appear,
+    case-insensitive, in the haystack). `haystack`/`tags` are the precomputed `text_haystack` and
+    `tag_masks`, `started` is `started_at` in UTC (computed here when not given; pass them for speed).
+    """
+    mask = np.ones(len(frame), dtype=bool)
+    for col in CHOICE_COLUMNS:
+        values = filters.get(col)
+        if values and col in frame.columns:
+            mask &= frame[col].isin(list(values)).to_numpy()
+    score = filters.get("score")
+    if score is not None and "score" in frame.columns:
+        s = pd.to_numeric(frame["score"], errors="coerce").to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            mask &= (s >= score[0]) & (s <= score[1])
+    date = filters.get("date")
+    if date is not None and "started_at" in frame.columns and any(d is not None for d in date):
+        ts = _utc(frame["started_at"]) if started is None else started
+        keep = ts.notna().to_numpy().copy()
+        if date[0] is not None:
+            keep &= (ts >= pd.Timestamp(date[0], tz="UTC")).to_numpy(na_value=False)
+        if date[1] is not None:
+            end = pd.Timestamp(date[1], tz="UTC") + pd.Timedelta(days=1)
+            keep &= (ts < end).to_numpy(na_value=False)
+        mask &= keep
+    tag = filters.get("tag")
+    if tag and tag != ANY_TAG:
+        tags = tag_masks(frame) if tags is None else tags
+        mask &= tags.get(tag, np.zeros(len(frame), dtype=bool))
+    if (filters.get("text") or "").strip():
+        hay = text_haystack(frame, ("input", "output")) if haystack is None else haystack
+        mask &= text_mask(hay, filters["text"])
+    return mask
+
+
+def text_mask(haystack: pd.Series, text: str) -> np.ndarray:
+    """Rows whose lower-cased haystack contains every whitespace-separated term of `text`."""
+    mask = np.ones(len(haystack), dtype=bool)
+    for term in text.lower().split():
+        mask &= haystack.str.contains(term, regex=False).to_numpy(dtype=bool, na_value=False)
+    return mask
+
+
+def _sort_key(col: pd.Series) -> pd.Series:
+    if col.dtype == object:
+        if col.map(lambda v: isinstance(v, (list, dict, tuple))).any():  # tags: sort as shown
+            return col.map(lambda v: ", ".join(map(_as_text, v)) if isinstance(v, (list, tuple)) else _as_text(v))
+        kinds = {type(v) for v in col.dropna()}
+        if len(kinds) > 1:
+            return col.map(_as_text)
+    return col
+
+
+def sort_order(frame: pd.DataFrame, column: str | None, ascending: bool = True) -> np.ndarray:
+    """Row positions of `frame` sorted by `column` (stable; missing values last); None keeps frame order."""
+    if column is None:
+        return np.arange(len(frame))
+    if column not in frame.columns:
+        raise ValueError(f"cannot sort by {column!r}: no such column (have {list(frame.columns)})")
+    key = _sort_key(frame[column]).reset_index(drop=True)
+    try:
+        order = key.sort_values(ascending=ascending, kind="stable", na_position="last").index
+    except TypeError:  # mixed types that do not compare: sort by their text
+        order = key.map(_as_text).sort_values(ascending=ascending, kind="stable").index
+    return order.to_numpy()
+
+
+def format_cell(value: Any) -> str:
+    """A value as short display text: times to the minute (UTC), floats to 3 significant digits,
+    lists joined by ", ", long text cut to MAX_CELL_CHARS."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(_as_text(v) for v in value)
+    elif isinstance(value, (pd.Timestamp, _dt.datetime)):
+        text = "" if pd.isna(value) else pd.Timestamp(value).strftime("%Y-%m-%d %H:%M")
+    elif isinstance(value, (float, np.floating)):
+        text = "" if math.isnan(value) else f"{value:.3g}"
+    elif isinstance(value, (bool, np.bool_)):
+        text = str(bool(value))
+    else:
+        try:
+            if pd.isna(value):
+                return ""
+        except (TypeError, ValueError):
+            pass
+        text = _as_text(value)
+    text = " ".join(text.split()) if len(text) > 40 else text  # long text: one line
+    return text if len(text) <= MAX_CELL_CHARS else text[: MAX_CELL_CHARS - 1] + "…"
+
+
+def page_rows(frame: pd.DataFrame, positions: np.ndarray, keys: Sequence[str],
+              columns: Sequence[str]) -> list[dict[str, str]]:
+    """The view model of one page: a dict per row of formatted cells plus its key under `__key__`."""
+    part = frame.iloc[positions]
+    rows = []
+    cols = {c: part[c].tolist() for c in columns}
+    for i, pos in enumerate(positions.tolist()):
+        row = {c: format_cell(cols[c][i]) for c in columns}
+        row["__key__"] = keys[pos]
+        rows.append(row)
+    return rows
+
+
+def click_selection(selected: Sequence[str], view_keys: Sequence[str], key: str, anchor: str | None,
+                    *, shift: bool = False, toggle: bool = False) -> tuple[list[str], str | None]:
+    """New (selection, anchor) after clicking row `key`; like a file browser.
+
+    Plain click: only this row. toggle (ctrl/cmd-click, or the row's checkbox): add or remove it.
+    shift: the range from the anchor to this row in the current view order replaces the
+    selection (added to it with toggle too); the anchor stays. Without an anchor in the view,
+    shift acts as a plain click.
+    """
+    if shift and anchor is not None and anchor in view_keys and key in view_keys:
+        view = list(view_keys)
+        a, b = sorted((view.index(anchor), view.index(key)))
+        span = view[a:b + 1]
+        if toggle:
+            have = set(selected)
+            return list(selected) + [k for k in span if k not in have], anchor
+        return span, anchor
+    if toggle:
+        if key in selected:
+            return [k for k in selected if k != key], key
+        return list(selected) + [key], key
+    return [key], key
+
+
+# ---------------------------------------------------------------- the browser table (anywidget)
+
+class RunTable(anywidget.AnyWidget):
+    """The table view: one page of pre-formatted rows; clicks, sort and paging come back as messages.
+
+    Messages from the view: {"event": "click", "key", "shift", "toggle"}, {"event": "sort",
+    "column"}, {"event": "page", "page"}. The owning RunPicker handles them.
+    """
+
+    _esm = pathlib.Path(__file__).with_name("table.js")
+    _css = pathlib.Path(__file__).with_name("table.css")
+    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    page_selected = traitlets.List(traitlets.Unicode()).tag(sync=True)  # keys on this page only
+    sort = traitlets.Dict({"column": None, "ascending": True}).tag(sync=True)
+    page = traitlets.Int(0).tag(sync=True)
+    n_pages = traitlets.Int(1).tag(sync=True)
+
+
+# ---------------------------------------------------------------- the widget
+
+class RunPicker(StaticFallback, w.VBox):
+    """Filter, sort and select runs; `.selected` is a DataFrame of the chosen runs.
+
+    runs: any DataFrame with an `id` column (`load_runs` output uses machine, model, harness,
+    score, started_at, tags, input, output for the filters when present).
+    columns: columns shown. Default: DEFAULT_COLUMNS that the frame has (nested `run` left out).
+    sort_by / ascending: initial sort. Default None = the frame's order.
+    page_size: rows per page. Default 25: the view model carries one page only.
+    text_columns: searched by the free-text box. Default ("input", "output") as the issue asks.
+
+    Observe selection with `observe_selection(callback)` (called with the selected DataFrame) or
+    `observe(handler, names="selected_ids")`.
+    """
+
+    selected_ids = traitlets.List(traitlets.Unicode())  # row keys (see row_keys), Python-side only
+
+    def __init__(self, runs: pd.DataFrame, *, columns: Sequence[str] | None = None,
+                 sort_by: str | None = None, ascending: bool = True, page_size: int = 25,
+                 text_columns: Sequence[str] = ("input", "output"), **kwargs: Any) -> None:
+        if not isinstance(runs, pd.DataFrame):
+            raise TypeError(f"RunPicker needs a pandas DataFrame (load_runs output), got {type(runs).__name__}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {page_size}")
+        self.runs = runs
+        self._keys = row_keys(runs)
+        self._key_pos = {k: i for i, k in enumerate(self._keys)}
+        self._columns = [c for c in (columns or DEFAULT_COLUMNS) if c in runs.columns]
+        if columns is not None and len(self._columns) != len(columns):
+            missing = [c for c in columns if c not in runs.columns]
+            raise ValueError(f"RunPicker: no such columns {missing} (have {list(runs.columns)})")
+        self.page_size = page_size
+        self._haystack = text_haystack(runs, text_columns)
+        self._tags = tag_masks(runs)
+        self._started = _utc(runs["started_at"]) if "started_at" in runs.columns else None
+        self._anchor: str | None = None
+        self._text_cache: tuple[str, np.ndarray | None] = ("", None)
+        self._sort = (sort_by, ascending)
+        self._order = sort_order(runs, sort_by, ascending)
+        self._mask = np.ones(len(runs), dtype=bool)
+        self._view = self._order
+        self._table = RunTable(columns=self._columns)
+        self._table.on_msg(self._on_table_msg)
+        self.controls = self._make_controls()
+        self._count = w.HTML()
+        select_all = w.Button(description="Select all filtered", icon="check-square")
+        clear = w.Button(description="Clear", icon="times")
+        select_all.on_click(lambda _: self.select_all_filtered())
+        clear.on_click(lambda _: self.clear_selection())
+        self._buttons = (select_all, clear)
+        super().__init__(children=self._layout(), **kwargs)
+        self._refresh(reset_page=True)
+        self.observe(lambda _: self._refresh(), names="selected_ids")
+
+    # ------------------------------------------------------------ controls
+
+    def _make_controls(self) -> dict[str, w.Widget]:
+        runs, c = self.runs, {}
+        for col in CHOICE_COLUMNS:
+            if col in runs.columns:
+                counts = runs[col].dropna().astype(str).value_counts().sort_index()
+                if 0 < len(counts) <= MAX_CHOICES:
+                    c[col] = w.SelectMultiple(
+                        options=[(f"{v} ({n:,})", v) for v, n in counts.items()], rows=min(4, len(counts)),
+                        description=col, layout=w.Layout(width="auto", min_width="14em"))
+        if "score" in runs.columns:
+            s = pd.to_numeric(runs["score"], errors="coerce")
+            lo, hi = s.min(), s.max()
+            if pd.notna(lo) and hi > lo:
+                c["score"] = w.FloatRangeSlider(value=(float(lo), float(hi)), min=float(lo), max=float(hi),
+                                                step=(float(hi) - float(lo)) / 100, description="score",
+                                                readout_format=".2f", continuous_update=False)
+        if self._started is not None and self._started.notna().any():
+            c["date_from"] = w.DatePicker(description="from", layout=w.Layout(width="auto"))
+            c["date_to"] = w.DatePicker(description="to", layout=w.Layout(width="auto"))
+        if self._tags:
+            c["tag"] = w.Dropdown(options=[ANY_TAG, *self._tags], value=ANY_TAG, description="tag")
+        # continuous_update=False: search on Enter/blur, not each keystroke (a scan of every text)
+        c["text"] = w.Text(placeholder="search input/output (Enter)", description="text",
+                           continuous_update=False)
+        for ctl in c.values():
+            ctl.observe(lambda _: self._refilter(), names="value")
+        return c
+
+    def _layout(self) -> list[w.Widget]:
+        c = self.controls
+        choices = [c[k] for k in CHOICE_COLUMNS if k in c]
+        others = [c[k] for k in ("score", "date_from", "date_to", "tag", "text") if k in c]
+        rows: list[w.Widget] = []
+        if choices:
+            rows.append(w.HBox(choices, layout=w.Layout(flex_flow="row wrap")))
+        rows.append(w.HBox(others, layout=w.Layout(flex_flow="row wrap")))
+        rows.append(w.HBox([*self._buttons, self._count]))
+        rows.append(self._table)
+        return rows
+
+    @property
+    def filters(self) -> dict[str, Any]:
+        """The current filters as plain data (the `filter_mask` shape)."""
+        c, f = self.controls, {}
+        for col in CHOICE_COLUMNS:
+            if col in c and c[col].value:
+                f[col] = list(c[col].value)
+        if "score" in c and tuple(c["score"].value) != (c["score"].min, c["score"].max):
+            f["score"] = tuple(c["score"].value)
+        if "date_from" in c and (c["date_from"].value or c["date_to"].value):
+            f["date"] = (c["date_from"].value, c["date_to"].value)
+        if "tag" in c and c["tag"].value != ANY_TAG:
+            f["tag"] = c["tag"].value
+        if c["text"].value.strip():
+            f["text"] = c["text"].value
+        return f
+
+    def set_filters(self, **values: Any) -> None:
+        """Set filter controls from Python: machine=[...], model=[...], harness=[...], score=(lo, hi),
+        date=(start, end), tag="good", text="...". The view updates once."""
+        unknown = set(values) - {*CHOICE_COLUMNS, "score", "date", "tag", "text"}
+        if unknown:
+            raise ValueError(f"unknown filters {sorted(unknown)}")
+        self._hold = True
+        try:
+            for name, value in values.items():
+                if name == "date":
+                    start, end = value if value is not None else (None, None)
+                    self._control("date_from").value, self._control("date_to").value = start, end
+                elif name in CHOICE_COLUMNS:
+                    self._control(name).value = tuple(value or ())
+                elif name == "tag":
+                    self._control("tag").value = value or ANY_TAG
+                else:
+                    self._control(name).value = value if value is not None else (
+                        (self.controls["score"].min, self.controls["score"].max) if name == "score" else "")
+        finally:
+            self._hold = False
+        self._refilter()
+
+    def _control(self, name: str) -> w.Widget:
+        if name not in self.controls:
+            raise ValueError(f"no {name!r} filter for this frame (its column is missing or has no values)")
+        return self.controls[name]
+
+    # ------------------------------------------------------------ state → view
+
+    def _refilter(self) -> None:
+        if getattr(self, "_hold", False):
+            return
+        filters = self.filters
+        text = filters.pop("text", "").strip().lower()
+        if self._text_cache[0] != text:  # the scan of every text is the slow part: redo it only on a new query
+            self._text_cache = (text, text_mask(self._haystack, text) if text else None)
+        self._mask = filter_mask(self.runs, filters, tags=self._tags, started=self._started)
+        if self._text_cache[1] is not None:
+            self._mask &= self._text_cache[1]
+        self._view = self._order[self._mask[self._order]]
+        self._refresh(reset_page=True)
+
+    def _refresh(self, reset_page: bool = False) -> None:
+        t = self._table
+        n_pages = max(1, math.ceil(len(self._view) / self.page_size))
+        page = 0 if reset_page else min(t.page, n_pages - 1)
+        positions = self._view[page * self.page_size:(page + 1) * self.page_size]
+        sel = set(self.selected_ids)
+        rows = page_rows(self.runs, positions, self._keys, self._columns)
+        with t.hold_sync():
+            t.page, t.n_pages = page, n_pages
+            t.sort = {"column": self._sort[0], "ascending": self._sort[1]}
+            t.page_selected = [r["__key__"] for r in rows if r["__key__"] in sel]
+            t.rows = rows
+        self._count.value = html.escape(self.count_line())
+
+    def count_line(self) -> str:
+        """"312 runs · 40 match · 2 selected" (plus how many selected rows the filters hide)."""
+        n_sel = len(self.selected_ids)
+        hidden = sum(1 for k in self.selected_ids if not self._mask[self._key_pos[k]])
+        line = f"{len(self.runs):,} runs · {len(self._view):,} match · {n_sel:,} selected"
+        return line + (f" ({hidden:,} hidden by filters)" if hidden else "")
+
+    # ------------------------------------------------------------ actions
+
+    def _view_keys(self) -> list[str]:
+        return [self._keys[p] for p in self._view.tolist()]
+
+    def click(self, key: str, *, shift: bool = False, toggle: bool = False) -> None:
+        """Click row `key` as the view does (see click_selection): plain, shift-range or toggle."""
+        if key not in self._key_pos:
+            raise KeyError(f"no run with key {key!r}")
+        view = self._view_keys() if shift else []
+        self.selected_ids, self._anchor = click_selection(self.selected_ids, view, key, self._anchor,
+                                                          shift=shift, toggle=toggle)
+
+    def select(self, keys: Sequence[str]) -> None:
+        """Replace the selection with these row keys (unknown keys raise KeyError)."""
+        bad = [k for k in keys if k not in self._key_pos]
+        if bad:
+            raise KeyError(f"no runs with keys {bad[:5]}")
+        self.selected_ids = list(dict.fromkeys(keys))
+
+    def select_all_filtered(self) -> None:
+        """Add every run that matches the filters (all pages) to the selection."""
+        have = set(self.selected_ids)
+        self.selected_ids = list(self.selected_ids) + [k for k in self._view_keys() if k not in have]
+
+    def clear_selection(self) -> None:
+        """Select nothing."""
+        self.selected_ids, self._anchor = [], None
+
+    def sort_by(self, column: str | None, ascending: bool | None = None) -> None:
+        """Sort the view by `column` (None: frame order); ascending None flips it when re-sorting
+        the same column (a header click), else True."""
+        if ascending is None:
+            ascending = not self._sort[1] if column == self._sort[0] else True
+        self._order = sort_order(self.runs, column, ascending)
+        self._sort = (column, ascending)
+        self._view = self._order[self._mask[self._order]]
+        self._refresh(reset_page=True)
+
+    def go_to_page(self, page: int) -> None:
+        """Show page `page` (0-based; clamped to the pages there are)."""
+        self._table.page = max(0, int(page))
+        self._refresh()
+
+    def observe_selection(self, callback: Callable[[pd.DataFrame], Any]) -> Callable:
+        """Call `callback(selected_frame)` whenever the selection changes; returns the handler
+        (pass it to `unobserve(handler, names="selected_ids")` to stop)."""
+        def handler(_change: Any) -> None:
+            callback(self.selected)
+        self.observe(handler, names="selected_ids")
+        return handler
+
+    def _on_table_msg(self, _widget: Any, content: dict, _buffers: Any) -> None:
+        event = content.get("event") if isinstance(content, dict) else None
+        if event == "click" and content.get("key") in self._key_pos:
+            self.click(content["key"], shift=bool(content.get("shift")), toggle=bool(content.get("toggle")))
+        elif event == "sort" and content.get("column") in self._columns:
+            self.sort_by(content["column"])
+        elif event == "page":
+            self.go_to_page(int(content.get("page", 0)))
+
+    # ------------------------------------------------------------ results
+
+    @property
+    def selected(self) -> pd.DataFrame:
+        """The chosen runs: original columns and index, in the frame's order."""
+        positions = sorted(self._key_pos[k] for k in self.selected_ids)
+        return self.runs.iloc[positions]
+
+    @property
+    def filtered(self) -> pd.DataFrame:
+        """The runs matching the filters, in the view's sort order."""
+        return self.runs.iloc[self._view]
+
+    @property
+    def page_keys(self) -> list[str]:
+        """Keys of the rows on the current page, in view order."""
+        return [r["__key__"] for r in self._table.rows]
+
+    # ------------------------------------------------------------ static fallback
+
+    def summary(self) -> str:
+        return (f"RunPicker: {len(self.runs):,} runs, {len(self._view):,} match, "
+                f"{len(self.selected_ids):,} selected")
+
+    def static_html(self) -> str:
+        t = self._table
+        sel = set(t.page_selected)
+        filters = self.filters
+        ftext = "; ".join(f"{k}: {v}" for k, v in filters.items()) or "none"
+        sort = self._sort[0] and f"{self._sort[0]} {'↑' if self._sort[1] else '↓'}"
+        head = "".join(f"<th>{escape(c)}</th>" for c in ["✓", *self._columns])
+        body = "".join(
+            "<tr>" + f"<td>{'✓' if r['__key__'] in sel else ''}</td>"
+            + "".join(f"<td>{escape(r[c])}</td>" for c in self._columns) + "</tr>"
+            for r in t.rows)
+        return (f'<div class="mnb-run-picker"><p><b>{escape(self.count_line())}</b> · filters: '
+                f'{escape(ftext)} · sort: {escape(sort or "frame order")} · page {t.page + 1} of {t.n_pages}</p>'
+                f'<table class="dataframe"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
