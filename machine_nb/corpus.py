@@ -7,6 +7,17 @@ naturally ("47 + 15 = 62") before SFT teaches it the house style.
 
 from __future__ import annotations
 
+import hashlib
+import html
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .jsonl import atomic_write_text, dumps_line
+
 # {a} and {b} are two-digit operands; results may be negative for "-".
 QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
     "+": (
@@ -22,3 +33,114 @@ QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
         "Compute {a} - {b}.",
     ),
 }
+
+GENERATOR_VERSION = 1  # bump when the same seed would draw different rows
+ANSWER_FORMAT = r"^answer: -?\d+$"  # the style, checked apart from correctness
+DEFAULT_OUT_DIR = "data/minimal_sft"  # git-ignored
+
+# Off-distribution questions: a learned `answer: …` style that bleeds shows up here.
+PROBE_QUESTIONS: tuple[tuple[str, str], ...] = (
+    ("What is the capital of France?", "Paris"),
+    ("Who wrote Hamlet?", "William Shakespeare"),
+    ("What color is the sky on a clear day?", "blue"),
+    ("How many legs does a spider have?", "eight"),
+    ("What is the largest planet in our solar system?", "Jupiter"),
+    ("Which animal is known as the king of the jungle?", "the lion"),
+    ("What do bees make?", "honey"),
+    ("In which season do leaves fall from the trees?", "autumn"),
+)
+
+
+def answer(a: int, op: str, b: int) -> int:
+    """The integer result of `a op b` for the two operators the corpus uses."""
+    return a + b if op == "+" else a - b
+
+
+def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = frozenset()) -> list[tuple[int, str, int, str]]:
+    """n questions (a, op, b, text) with distinct two-digit operand pairs not in `exclude`.
+
+    Pairs are compared unordered ({47, 15} == {15, 47}) so a held-out question is never the
+    same sum with its operands swapped.
+    """
+    seen = set(exclude)
+    out = []
+    while len(out) < n:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        pair = frozenset((a, b))
+        if pair in seen:
+            continue
+        seen.add(pair)
+        op = rng.choice(("+", "-"))
+        out.append((a, op, b, rng.choice(QUESTION_TEMPLATES[op]).format(a=a, b=b)))
+    return out
+
+
+def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24) -> dict[str, list[dict[str, Any]]]:
+    """The corpus as rows (no I/O): {"train": [...], "eval": [...], "probe": [...]}, same seed → same rows."""
+    rng = random.Random(seed)
+    train_q = draw_questions(n_train, rng)
+    eval_q = draw_questions(n_eval, rng, exclude={frozenset((a, b)) for a, _, b, _ in train_q})
+    train = [{"messages": [{"role": "user", "content": q},
+                           {"role": "assistant", "content": f"answer: {answer(a, op, b)}"}]}
+             for a, op, b, q in train_q]
+    evals = [{"messages": [{"role": "user", "content": q}], "expected": f"answer: {answer(a, op, b)}",
+              "match": "exact", "format": ANSWER_FORMAT} for a, op, b, q in eval_q]
+    probe = [{"messages": [{"role": "user", "content": q}], "expected_natural": hint} for q, hint in PROBE_QUESTIONS]
+    return {"train": train, "eval": evals, "probe": probe}
+
+
+@dataclass
+class Corpus:
+    """What make_corpus wrote: the directory, the three files and the manifest's content."""
+
+    out_dir: Path
+    train: Path
+    eval: Path
+    probe: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def _repr_html_(self) -> str:
+        files = "".join(f"<li><code>{html.escape(name)}</code>: {f['rows']} rows, sha256 {f['sha256'][:12]}…</li>"
+                        for name, f in self.manifest["files"].items())
+        return (f"<div><b>minimal-SFT corpus</b> (seed {self.manifest['seed']}) in "
+                f"<code>{html.escape(str(self.out_dir))}</code><ul>{files}</ul></div>")
+
+
+def _body(rows: list[dict[str, Any]]) -> str:
+    return "".join(dumps_line(r) + "\n" for r in rows)
+
+
+def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, force: bool = False, *,
+                n_train: int = 48, n_eval: int = 24) -> Corpus:
+    """Write the minimal-SFT corpus: train.jsonl, eval.jsonl, probe.jsonl and manifest.json in `out_dir`.
+
+    out_dir: default "data/minimal_sft" (git-ignored). seed: the draw (default 0); the same seed
+    writes byte-identical files. force: replace an existing eval.jsonl whose content differs
+    (default False: a held-out set is never silently replaced; nothing is written then).
+    n_train / n_eval: rows (default 48 / 24, the documented run's). Eval operand pairs are disjoint
+    from train pairs; eval rows carry expected, match "exact" and the answer format regex.
+    """
+    out = Path(out_dir)
+    rows = corpus_rows(seed, n_train, n_eval)
+    bodies = {f"{name}.jsonl": _body(r) for name, r in rows.items()}
+    eval_path = out / "eval.jsonl"
+    if eval_path.exists() and not force:
+        current = eval_path.read_bytes()
+        if current != bodies["eval.jsonl"].encode("utf-8"):
+            raise FileExistsError(
+                f"{eval_path} exists with different held-out rows (seed {seed} draws others); refusing to replace a "
+                "held-out set. Use another out_dir, or pass force=True (CLI: --force) to overwrite it.")
+    manifest = {
+        "generator": "machine_nb.corpus.make_corpus",
+        "generator_version": GENERATOR_VERSION,
+        "seed": seed,
+        "counts": {name: len(r) for name, r in rows.items()},
+        "format": ANSWER_FORMAT,
+        "files": {name: {"rows": len(rows[name.removesuffix(".jsonl")]),
+                         "sha256": hashlib.sha256(body.encode("utf-8")).hexdigest()}
+                  for name, body in bodies.items()},
+    }
+    for name, body in bodies.items():
+        atomic_write_text(out / name, body, mode=0o644)
+    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", mode=0o644)
+    return Corpus(out, out / "train.jsonl", eval_path, out / "probe.jsonl", manifest)

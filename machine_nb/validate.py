@@ -1,0 +1,427 @@
+"""The gate before a single paid step: check a chat JSONL training or eval file row by row.
+
+Shape (a `messages` list, known roles, content, tool calls matched by results), renderer readiness
+(each row rendered with the model's tinker-cookbook renderer: failures, rows over max_length, rows
+with nothing to train on, Machine's token-length histogram), train/eval overlap and secrets. Every
+problem is a finding with its line; nothing stops at the first one. The file is streamed, so a
+100,000-row file costs little more memory than its longest line. Token counting lives in tokens.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .jsonl import dumps_line, iter_jsonl
+
+ROLES = ("system", "user", "assistant", "tool")
+MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
+PART_TYPES = ("text", "thinking", "image", "audio")
+BUCKETS = (512, 2048, 8192, 16384, 32768, 65536)  # Machine's token-length buckets (validate-dataset.py)
+DEFAULT_MAX_LENGTH = 32768  # the cookbook's usual SFT max_length; longer rows are truncated by it
+MAX_FINDINGS_PER_CODE = 200  # beyond this a code is summarised, so a broken 100k-row file stays readable
+FINDING_COLUMNS = ["line", "severity", "code", "message"]
+"""findings' columns: line (1-based; <NA> for the whole file), severity (error|warning|info),
+code (a stable short name, e.g. render_failed), message (what and where, secrets redacted)."""
+
+# API-key-like strings and private keys; a match is reported redacted, never printed whole.
+SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("API key (sk-…)", re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}")),
+    ("Tinker key (tml-…)", re.compile(r"\btml-[A-Za-z0-9_\-]{20,}")),
+    ("AWS access key", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),
+    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
+)
+
+
+def redact(secret: str) -> str:
+    """A secret shown safely: its first 4 characters and its length."""
+    return f"{secret[:4]}…({len(secret)} chars)"
+
+
+def bucket_label(tokens: int) -> str:
+    """Machine's histogram bucket for a token count: "<=512" … "<=65536", then ">65536"."""
+    for b in BUCKETS:
+        if tokens <= b:
+            return f"<={b}"
+    return f">{BUCKETS[-1]}"
+
+
+def empty_histogram() -> dict[str, int]:
+    return {**{f"<={b}": 0 for b in BUCKETS}, f">{BUCKETS[-1]}": 0}
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
+
+
+def prompt_of(messages: list[Any]) -> list[Any]:
+    """The prompt of a row: its messages up to (not including) the trailing assistant messages."""
+    end = len(messages)
+    while end and isinstance(messages[end - 1], Mapping) and messages[end - 1].get("role") == "assistant":
+        end -= 1
+    return messages[:end]
+
+
+def prompt_keys(messages: list[Any]) -> tuple[bytes, bytes | None]:
+    """(digest of the whole prompt, digest of its last user text) for overlap checks, whitespace/case-normalised."""
+    prompt = [m for m in prompt_of(messages) if isinstance(m, Mapping)]
+    full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(_text(m.get("content")))] for m in prompt]).encode(),
+                           digest_size=12).digest()
+    users = [m for m in prompt if m.get("role") == "user"]
+    last = hashlib.blake2b(_norm(_text(users[-1].get("content"))).encode(), digest_size=12).digest() if users else None
+    return full, last
+
+
+def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
+    """Shape problems of one row as (severity, code, message); pure, no renderer.
+
+    kind "train": the last message must be the assistant's (the target); "eval": the last message
+    is the user's and the row needs `expected` and a known `match`.
+    """
+    out: list[tuple[str, str, str]] = []
+    if not isinstance(row, Mapping):
+        return [("error", "not_object", f"a row must be a JSON object, got {type(row).__name__}")]
+    messages = row.get("messages")
+    if not isinstance(messages, list):
+        what = "missing" if messages is None else f"a {type(messages).__name__}, not a list"
+        return [("error", "no_messages", f"field 'messages' is {what}")]
+    if not messages:
+        return [("error", "empty_messages", "field 'messages' is an empty list")]
+    calls: dict[str, int] = {}  # tool_call id -> message index
+    answered: set[str] = set()
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            out.append(("error", "bad_message", f"{where} is a {type(m).__name__}, not an object"))
+            continue
+        role = m.get("role")
+        if role not in ROLES:
+            out.append(("error", "unknown_role", f"{where}.role is {role!r}; known roles: {', '.join(ROLES)}"))
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                ptype = part.get("type") if isinstance(part, Mapping) else None
+                if ptype not in PART_TYPES:
+                    out.append(("error", "bad_content", f"{where}.content[{j}] has type {ptype!r}; known part types: "
+                                                        f"{', '.join(PART_TYPES)}"))
+                elif ptype in ("text", "thinking") and not isinstance(part.get(ptype), str):
+                    out.append(("error", "bad_content", f"{where}.content[{j}] needs a string field {ptype!r}"))
+        elif not isinstance(content, str) and not (content is None and role == "assistant" and m.get("tool_calls")):
+            what = "missing" if content is None else f"a {type(content).__name__}"
+            out.append(("error", "bad_content", f"{where}.content is {what}; it must be a string or a list of parts"))
+        if "trainable" in m and not isinstance(m["trainable"], bool):
+            out.append(("error", "bad_trainable", f"{where}.trainable must be true or false"))
+        tool_calls = m.get("tool_calls")
+        if tool_calls is not None:
+            if role != "assistant" or not isinstance(tool_calls, list):
+                out.append(("error", "bad_tool_call", f"{where}.tool_calls must be a list on an assistant message"))
+            else:
+                for j, call in enumerate(tool_calls):
+                    fn = call.get("function") if isinstance(call, Mapping) else None
+                    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
+                            or not isinstance(fn.get("arguments"), str):
+                        out.append(("error", "bad_tool_call", f"{where}.tool_calls[{j}] needs function.name and "
+                                                              "function.arguments (a JSON string)"))
+                        continue
+                    if isinstance(call.get("id"), str):
+                        calls[call["id"]] = i
+        if role == "tool":
+            ref = m.get("tool_call_id")
+            if ref is None:
+                out.append(("warning", "tool_result_unlinked", f"{where} (role tool) has no tool_call_id"))
+            elif ref not in calls:
+                out.append(("error", "orphan_tool_result",
+                            f"{where}.tool_call_id {ref!r} answers no earlier assistant tool call"))
+            else:
+                answered.add(ref)
+    last_index = len(messages) - 1
+    for ref, i in calls.items():
+        if ref not in answered and i != last_index:  # the final message's calls are the target: no result yet
+            out.append(("warning", "unanswered_tool_call", f"messages[{i}] tool call {ref!r} has no tool result"))
+    last = messages[-1]
+    last_role = last.get("role") if isinstance(last, Mapping) else None
+    if kind == "train":
+        if last_role != "assistant":
+            out.append(("error", "last_not_assistant",
+                        f"the last message is {last_role!r}; a training row ends with the assistant's reply (the target)"))
+    else:
+        if last_role != "user":
+            out.append(("error", "last_not_user", f"the last message is {last_role!r}; an eval row ends with the "
+                                                  "user's question the model answers"))
+        expected = row.get("expected")
+        if not isinstance(expected, (str, int, float)) or isinstance(expected, bool):
+            out.append(("error", "no_expected", "field 'expected' (the reference answer, a string) is missing"))
+        match = row.get("match")
+        if match is None:
+            out.append(("warning", "no_match", "field 'match' is missing; evaluate() uses \"exact\""))
+        elif match not in MATCH_MODES:
+            out.append(("error", "unknown_match", f"field 'match' is {match!r}; known: {', '.join(MATCH_MODES)}"))
+        elif match == "regex" and isinstance(expected, str):
+            try:
+                re.compile(expected)
+            except re.error as exc:
+                out.append(("error", "bad_regex", f"field 'expected' is not a valid regex: {exc}"))
+        fmt = row.get("format")
+        if fmt is not None:
+            try:
+                re.compile(fmt)
+            except (re.error, TypeError) as exc:
+                out.append(("error", "bad_format", f"field 'format' is not a valid regex: {exc}"))
+    tools = row.get("tools")
+    if tools is not None and (not isinstance(tools, list) or
+                              not all(isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in tools)):
+        out.append(("error", "bad_tools", "field 'tools' must be a list of {name, description, parameters}"))
+    return out
+
+
+def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """Secrets in a raw line, each reported redacted (severity error). `extra`: literal secrets to look for."""
+    out = []
+    for name, pattern in SECRET_PATTERNS:
+        for m in pattern.finditer(raw):
+            shown = m.group(0) if name == "private key" else redact(m.group(0))
+            out.append(("error", "secret", f"{name} in the row: {shown}; remove it before training"))
+    for value in extra:
+        if value and value in raw:
+            out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {redact(value)}"))
+    return out
+
+
+@dataclass
+class ValidationResult:
+    """What validate found: `findings` (DataFrame line, severity, code, message), `summary`, `ok`.
+
+    summary: path, model, kind (train|eval), rows, errors, warnings, infos, tokens, trained_tokens
+    (train files), max_tokens, exact (real renderer counts), histogram (bucket -> rows), max_length.
+    ok: no error findings.
+    """
+
+    path: Path
+    model: str | None
+    findings: Any
+    summary: dict[str, Any] = field(default_factory=dict)
+    ok: bool = True
+
+    def errors(self):
+        """The error findings only."""
+        return self.findings[self.findings["severity"] == "error"]
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"ValidationResult({str(self.path)!r}, model={self.model!r}, ok={self.ok}, rows={s.get('rows')}, "
+                f"errors={s.get('errors')}, warnings={s.get('warnings')}, tokens={s.get('tokens')})")
+
+    def _repr_html_(self) -> str:
+        s = self.summary
+        colour = "#1a7f37" if self.ok else "#cf222e"
+        verdict = "ready" if self.ok else f"{s['errors']} error(s)"
+        hist = " · ".join(f"{k}: {v}" for k, v in s["histogram"].items() if v)
+        kind = "exact" if s.get("exact") else "estimated"
+        head = (f"<div class='machine-nb-validate'><b style='color:{colour}'>{html.escape(verdict)}</b> "
+                f"<code>{html.escape(str(self.path))}</code> ({s['kind']}, {html.escape(str(self.model))}): "
+                f"{s['rows']} rows · {s['tokens']:,} tokens ({kind})"
+                + (f" · {s['trained_tokens']:,} trained" if s["kind"] == "train" else "")
+                + f" · {s['warnings']} warning(s)<br><small>tokens per row: {html.escape(hist) or '—'}</small>")
+        if len(self.findings):
+            rows = "".join(
+                f"<tr><td>{'' if _isna(r.line) else int(r.line)}</td><td>{html.escape(r.severity)}</td>"
+                f"<td>{html.escape(r.code)}</td><td style='text-align:left'>{html.escape(r.message)}</td></tr>"
+                for r in self.findings.head(50).itertuples())
+            more = f"<br><small>… {len(self.findings) - 50} more in .findings</small>" if len(self.findings) > 50 else ""
+            head += ("<table><thead><tr><th>line</th><th>severity</th><th>code</th><th>message</th></tr></thead>"
+                     f"<tbody>{rows}</tbody></table>{more}")
+        return head + "</div>"
+
+
+def _isna(v: Any) -> bool:
+    import pandas as pd
+
+    return v is None or v is pd.NA or (isinstance(v, float) and v != v)
+
+
+def _detect_kind(path: Path) -> str:
+    """"eval" when the first readable object row has "expected", else "train"."""
+    for _, row in iter_jsonl(path, on_error="skip", skipped=[]):
+        if isinstance(row, Mapping):
+            return "eval" if "expected" in row else "train"
+    return "train"
+
+
+def _load_prompt_keys(path: Path) -> tuple[set[bytes], set[bytes]]:
+    full, last = set(), set()
+    for _, row in iter_jsonl(path, on_error="skip", skipped=[]):
+        if isinstance(row, Mapping) and isinstance(row.get("messages"), list):
+            f, u = prompt_keys(row["messages"])
+            full.add(f)
+            if u is not None:
+                last.add(u)
+    return full, last
+
+
+def validate(path: str | os.PathLike, model: str | None = None, max_length: int | None = DEFAULT_MAX_LENGTH,
+             eval_path: str | os.PathLike | None = None, *, kind: str = "auto", train_on_what: Any = None,
+             progress: bool | None = None) -> ValidationResult:
+    """Check a chat JSONL training or eval file; every problem becomes a finding with its line.
+
+    model: renders each row with this model's tinker-cookbook renderer (default None: shape,
+    overlap and secret checks only, with an info finding saying so). A model whose tokenizer is
+    not available offline gets estimated counts and a warning saying why.
+    max_length: rows longer than this many tokens are errors (the cookbook would truncate them and
+    cut the target); default 32768; None disables the check.
+    eval_path: a held-out file; a training prompt equal to one of its prompts is an error, the
+    same last question under a different context a warning (default None: no overlap check).
+    kind: "train", "eval" or "auto" (default: "eval" when rows carry `expected`).
+    train_on_what: the cookbook's TrainOnWhat for trained-token counts (default None: as count_tokens).
+    progress: progress bar (default None: only past 2,000 rows).
+    """
+    import pandas as pd
+
+    from .progress import progress as bar
+    from .tokens import (PROGRESS_MIN_ROWS, _estimate_tokens, count_lines, render_row,
+                         renderer_or_reason)
+
+    path = Path(path)
+    findings: list[tuple[Any, str, str, str]] = []
+    per_code: dict[str, int] = {}
+
+    def add(line: int | None, severity: str, code: str, message: str) -> None:
+        n = per_code[code] = per_code.get(code, 0) + 1
+        if n <= MAX_FINDINGS_PER_CODE:
+            findings.append((line, severity, code, message))
+        counts[severity] += 1
+
+    counts = {"error": 0, "warning": 0, "info": 0}
+    summary: dict[str, Any] = {"path": str(path), "model": model, "kind": kind, "rows": 0, "errors": 0,
+                               "warnings": 0, "infos": 0, "tokens": 0, "trained_tokens": 0, "max_tokens": 0,
+                               "exact": False, "histogram": empty_histogram(), "max_length": max_length}
+
+    def result() -> ValidationResult:
+        summary.update(errors=counts["error"], warnings=counts["warning"], infos=counts["info"])
+        for code, n in per_code.items():
+            if n > MAX_FINDINGS_PER_CODE:
+                findings.append((None, "info", "truncated",
+                                 f"{n - MAX_FINDINGS_PER_CODE} more '{code}' finding(s) not listed ({n} in all)"))
+        df = pd.DataFrame(findings, columns=FINDING_COLUMNS)
+        df["line"] = pd.array(df["line"].tolist(), dtype="Int64")
+        df = df.sort_values("line", kind="stable", na_position="first").reset_index(drop=True)
+        return ValidationResult(path, model, df, summary, ok=counts["error"] == 0)
+
+    if not path.exists():
+        add(None, "error", "no_file", f"{path} does not exist")
+        return result()
+    if kind == "auto":
+        kind = _detect_kind(path)
+    if kind not in ("train", "eval"):
+        raise ValueError(f"kind must be 'train', 'eval' or 'auto', got {kind!r}")
+    summary["kind"] = kind
+
+    renderer, note = (None, None)
+    if model is None:
+        add(None, "info", "no_model", "no model given: renderer checks and exact token counts skipped "
+                                      "(token counts are 2.5-chars-per-token estimates)")
+    else:
+        renderer, note = renderer_or_reason(model)
+        if note:
+            add(None, "warning", "estimated_tokens", note)
+    summary["exact"] = renderer is not None
+
+    eval_keys: tuple[set[bytes], set[bytes]] | None = None
+    if eval_path is not None:
+        if not Path(eval_path).exists():
+            add(None, "error", "no_file", f"eval file {eval_path} does not exist (overlap not checked)")
+        else:
+            eval_keys = _load_prompt_keys(Path(eval_path))
+
+    api_key = os.environ.get("TINKER_API_KEY", "").strip()
+    extra_secrets = (api_key,) if len(api_key) >= 8 else ()
+    skipped: list = []
+    rows_with_tools = 0
+    total = count_lines(path)
+    show = progress if progress is not None else total > PROGRESS_MIN_ROWS
+    with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows",
+                                         enabled=bool(show)) as pb:
+        raw_lines = iter(enumerate(raw_fh, start=1))
+        for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
+            while skipped:
+                err = skipped.pop(0)
+                add(err.line, "error", "bad_json", err.reason)
+            # the raw text of this line, for the secret scan (the same file, read in step)
+            for n, raw in raw_lines:
+                if n == line:
+                    break
+            summary["rows"] += 1
+            pb.update()
+            for severity, code, message in secret_findings(raw.decode("utf-8", "replace"), extra_secrets):
+                add(line, severity, code, message)
+            problems = shape_findings(row, kind)
+            for severity, code, message in problems:
+                add(line, severity, code, message)
+            if not isinstance(row, Mapping) or not isinstance(row.get("messages"), list) or not row["messages"]:
+                continue
+            if row.get("tools"):
+                rows_with_tools += 1
+            messages = row["messages"]
+            if eval_keys is not None:
+                full, last = prompt_keys(messages)
+                if full in eval_keys[0]:
+                    add(line, "error", "eval_overlap", f"this prompt is also in the eval file {eval_path}: the "
+                                                       "held-out score would be measured on trained data")
+                elif last is not None and last in eval_keys[1]:
+                    add(line, "warning", "eval_overlap_question",
+                        f"the last user question is also in the eval file {eval_path} (in another context)")
+            if any(p[0] == "error" for p in problems):
+                continue  # the renderer would only repeat the shape error
+            tokens = trained = None
+            if renderer is not None:
+                try:
+                    if kind == "train":
+                        tokens, trained = render_row(renderer, messages, train_on_what)
+                    else:
+                        tokens, trained = int(renderer.build_generation_prompt(list(messages)).length), 0
+                except Exception as exc:
+                    add(line, "error", "render_failed", f"the {model} renderer cannot render this row: "
+                                                        f"{type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+            if tokens is None:
+                tokens, trained = _estimate_tokens(row), 0
+            summary["tokens"] += tokens
+            summary["trained_tokens"] += trained or 0
+            summary["max_tokens"] = max(summary["max_tokens"], tokens)
+            summary["histogram"][bucket_label(tokens)] += 1
+            if max_length is not None and tokens > max_length:
+                add(line, "error", "too_long", f"{tokens} tokens, over max_length {max_length}: the cookbook "
+                                               "truncates it and cuts the target")
+            if renderer is not None and kind == "train" and trained == 0:
+                add(line, "error", "no_trainable_tokens", "no token has loss weight > 0 (no trainable assistant "
+                                                          "message): the row teaches nothing")
+        while skipped:
+            err = skipped.pop(0)
+            add(err.line, "error", "bad_json", err.reason)
+    if summary["rows"] == 0 and counts["error"] == 0:
+        add(None, "error", "empty_file", f"{path} has no rows")
+    elif summary["rows"] == 0:
+        add(None, "error", "empty_file", f"{path} has no readable rows")
+    if rows_with_tools:
+        add(None, "info", "tools_ignored", f"{rows_with_tools} row(s) carry 'tools'; tinker-cookbook's "
+                                           "FromConversationFileBuilder trains on 'messages' only")
+    return result()
+
+
+__all__ = ["validate", "ValidationResult", "shape_findings", "secret_findings", "prompt_keys", "redact",
+           "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES", "FINDING_COLUMNS", "SECRET_PATTERNS"]
