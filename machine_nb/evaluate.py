@@ -1,0 +1,809 @@
+"""Evaluation: held-out eval rows → samples through an engine → scores → a results JSON, and the
+paired comparison (baseline vs checkpoint) that tells a real improvement from noise.
+
+Rows are Machine's `{"messages", "expected", "match", "format"?}` (machine-format.md §6). Sampling
+goes through the engine's tinker-API sampling client (local or Tinker, see engines/); whether a
+checkpoint is *good enough* to use is the reader's call, made from `compare()`'s numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as _dt
+import hashlib
+import html
+import json
+import math
+import os
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import EngineError, MachineFormatError
+
+MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
+"""exact/prefix/contains compare Machine-normalised text; regex fullmatches the stripped raw
+output; number compares the last number in the output with the expected one."""
+
+DEFAULT_MATCH = "exact"  # Machine's eval rows usually say "exact"; rows without "match" get it
+RESULTS_DIR = "eval_results"  # Machine's `/train eval` writes here too
+
+# Trailing characters Machine's normalize() trims after lower-casing and collapsing whitespace.
+_TRIM = " \t\n\r.,;:!?"
+_WS = re.compile(r"\s+")
+# A number as people write it: optional sign, optional thousands commas, optional decimals.
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+
+RESULT_COLUMNS = ["row", "prompt", "expected", "match", "output", "correct", "format_ok",
+                  "prompt_tokens", "output_tokens", "latency_s", "stop_reason", "error"]
+"""Columns of evaluate()'s frame: row (0-based position in the eval file), prompt (the last user
+message's text), expected, match, output (the parsed reply text), correct (bool), format_ok (bool,
+or None when the row has no "format"), prompt_tokens / output_tokens (exact, from the renderer
+and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None), error (None, or
+why that row's request failed: it then counts as wrong)."""
+
+
+# --------------------------------------------------------------------------- rows and scoring
+
+def normalize(text: str) -> str:
+    """Machine's normalisation: strip → lower-case → collapse whitespace → trim ` \\t\\n\\r.,;:!?`."""
+    return _WS.sub(" ", str(text).strip().lower()).strip(_TRIM)
+
+
+def last_number(text: str) -> Decimal | None:
+    """The last integer or decimal in `text` ("47 + 15 = 62." → 62), or None when there is none."""
+    found = _NUMBER.findall(str(text))
+    if not found:
+        return None
+    return _to_number(found[-1])
+
+
+def _to_number(text: str) -> Decimal | None:
+    try:
+        return Decimal(str(text).strip().replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def score_output(output: str, expected: str, match: str = DEFAULT_MATCH) -> bool:
+    """Whether `output` answers `expected` under `match` (default "exact", Machine's usual mode).
+
+    exact / prefix / contains: both sides go through `normalize()` first (so "Answer: 62." equals
+    "answer: 62"). regex: `expected` must match the whole stripped raw output (re.fullmatch, the
+    stricter reading: a pattern that should allow extra text says so with `.*`). number: the last
+    integer or decimal in the output equals `expected` numerically ("62.0" == "62").
+    An unknown mode raises ValueError naming the known ones.
+    """
+    output = "" if output is None else str(output)
+    if match == "exact":
+        return normalize(output) == normalize(expected)
+    if match == "prefix":
+        return normalize(output).startswith(normalize(expected))
+    if match == "contains":
+        return normalize(expected) in normalize(output)
+    if match == "regex":
+        return re.fullmatch(str(expected), output.strip(), flags=re.DOTALL) is not None
+    if match == "number":
+        got, want = last_number(output), _to_number(str(expected))
+        return got is not None and want is not None and got == want
+    raise ValueError(f"unknown match mode: {match!r} (known: {', '.join(MATCH_MODES)})")
+
+
+def format_matches(output: str, pattern: str | None) -> bool | None:
+    """Whether the stripped raw output fully matches the row's "format" regex (None: no format)."""
+    if not pattern:
+        return None
+    return re.fullmatch(pattern, ("" if output is None else str(output)).strip(), flags=re.DOTALL) is not None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    return "" if content is None else str(content)
+
+
+def prompt_text(messages: list[dict]) -> str:
+    """The text of the last user message (what a reader recognises the row by)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return _text(messages[-1].get("content")) if messages else ""
+
+
+def check_row(row: Any, *, path: str | os.PathLike | None = None, line: int | None = None) -> dict:
+    """One eval row checked and filled in (match defaults to "exact"); MachineFormatError if bad.
+
+    The error names the file, line and field, so a bad row of 24 is found without guessing.
+    """
+    def bad(message: str, fld: str | None = None) -> MachineFormatError:
+        return MachineFormatError(path, message, line=line, field=fld)
+
+    if not isinstance(row, dict):
+        raise bad(f"an eval row must be a JSON object, got {type(row).__name__}")
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("missing or empty: a non-empty list of chat messages (the prompt)", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad("each message needs a string 'role'", f"messages.{i}.role")
+        if "content" not in message:
+            raise bad("each message needs 'content'", f"messages.{i}.content")
+    if messages[-1]["role"] == "assistant":
+        raise bad("the last message is the assistant's: eval rows hold the prompt only, the answer goes in 'expected'",
+                  f"messages.{len(messages) - 1}.role")
+    if "expected" not in row or row["expected"] is None:
+        raise bad("missing: the answer to score against", "expected")
+    expected = row["expected"]
+    if isinstance(expected, bool) or not isinstance(expected, (str, int, float)):
+        raise bad(f"must be a string (or a number), got {type(expected).__name__}", "expected")
+    expected = str(expected)
+    match = row.get("match", DEFAULT_MATCH)
+    if match not in MATCH_MODES:
+        raise bad(f"unknown match mode {match!r} (known: {', '.join(MATCH_MODES)})", "match")
+    if match == "regex":
+        try:
+            re.compile(expected)
+        except re.error as exc:
+            raise bad(f"not a valid regular expression for match 'regex': {exc}", "expected") from None
+    elif match == "number" and _to_number(expected) is None:
+        raise bad(f"match 'number' needs a number, got {expected!r}", "expected")
+    elif match in ("prefix", "contains") and not normalize(expected):
+        raise bad(f"empty after normalisation: match {match!r} would accept every output", "expected")
+    fmt = row.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, str):
+            raise bad(f"must be a regular expression string, got {type(fmt).__name__}", "format")
+        try:
+            re.compile(fmt)
+        except re.error as exc:
+            raise bad(f"not a valid regular expression: {exc}", "format") from None
+    return {**row, "messages": messages, "expected": expected, "match": match, "format": fmt, "line": line}
+
+
+def load_eval_rows(path: str | os.PathLike) -> list[dict]:
+    """Read and check an eval JSONL file: `{"messages", "expected", "match"?, "format"?}` per line.
+
+    Every row is checked before anything is sampled (a bad row 23 should not cost 22 samples):
+    invalid JSON, a missing "expected", an unknown "match" or a bad regex raise MachineFormatError
+    naming the file, line and field. Each returned row carries its `line` number.
+    """
+    from .jsonl import iter_jsonl
+
+    rows = [check_row(value, path=path, line=number) for number, value in iter_jsonl(path)]
+    if not rows:
+        raise MachineFormatError(path, "no eval rows (the file is empty)")
+    return rows
+
+
+def _rows_from(data: Any) -> tuple[list[dict], str | None]:
+    """Eval rows from a path or a list of row dicts; also the path (None for in-memory rows)."""
+    if isinstance(data, (str, os.PathLike)):
+        return load_eval_rows(data), os.fspath(data)
+    rows = [check_row(r, line=i + 1) for i, r in enumerate(data)]
+    if not rows:
+        raise MachineFormatError(None, "no eval rows given")
+    return rows, None
+
+
+# --------------------------------------------------------------------------- sampling
+
+class SamplingClientLike(Protocol):
+    """What evaluate() needs of a sampler: tinker's `sample_async(prompt, num_samples, sampling_params)`
+    (or `sample(...)` returning an awaitable / a future) that yields a `tinker.SampleResponse`."""
+
+    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any: ...
+
+
+async def _call_sampler(client: Any, prompt: Any, params: Any) -> Any:
+    import tinker
+
+    if isinstance(client, tinker.SamplingClient) or not hasattr(client, "sample_async"):
+        # tinker's own client: sample() returns an awaitable APIFuture (sample_async is deprecated)
+        result = client.sample(prompt=prompt, num_samples=1, sampling_params=params)
+    else:
+        result = client.sample_async(prompt=prompt, num_samples=1, sampling_params=params)
+    if hasattr(result, "__await__"):
+        result = await result
+    if hasattr(result, "result_async"):
+        result = await result.result_async()
+    elif isinstance(result, concurrent.futures.Future) or (hasattr(result, "result") and not hasattr(result, "sequences")):
+        result = await asyncio.get_running_loop().run_in_executor(None, result.result)
+    return result
+
+
+async def _sample_rows(client: Any, renderer: Any, rows: list[dict], params: Any, concurrency: int,
+                       bar: Any = None) -> list[dict]:
+    """Sample one reply per row, at most `concurrency` in flight; per-row output, tokens, latency."""
+    from tinker_cookbook import renderers
+
+    semaphore = asyncio.Semaphore(max(1, int(concurrency)))
+
+    async def one(row: dict) -> dict:
+        prompt = renderer.build_generation_prompt(row["messages"])
+        async with semaphore:
+            start = time.perf_counter()
+            try:
+                response = await _call_sampler(client, prompt, params)
+                error = None
+            except EngineError:
+                raise  # the engine refuses the whole job (wrong model, no key): stop at once
+            except Exception as exc:  # one failed request: record it, keep the other rows
+                response, error = None, f"{type(exc).__name__}: {exc}"
+            latency = time.perf_counter() - start
+        out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
+               "latency_s": round(latency, 4), "error": error}
+        if response is not None:
+            seq = response.sequences[0]
+            tokens = list(seq.tokens)
+            message, _ = renderer.parse_response(tokens)
+            out.update(output=renderers.get_text_content(message), output_tokens=len(tokens),
+                       stop_reason=getattr(seq, "stop_reason", None))
+        if bar is not None:
+            bar.update(1)
+        return out
+
+    return list(await asyncio.gather(*(one(r) for r in rows)))
+
+
+def _run(coro_factory: Any) -> Any:
+    """Run a coroutine to completion, also from Jupyter (where an event loop already runs):
+    then it runs in a worker thread with its own loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_factory())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(coro_factory())).result()
+
+
+def _default_model() -> str:
+    try:
+        from .engines.local import DEFAULT_MODEL
+    except ImportError as exc:
+        raise EngineError("No model given and the local engine is not available: pass model=") from exc
+    return DEFAULT_MODEL
+
+
+def _engine_for(model_or_path: str) -> str:
+    try:
+        from .engines import engine_for
+    except ImportError:  # engines/ not built: the same rule, by name
+        return "local" if model_or_path.startswith(("local/", "local://")) else "tinker"
+    return engine_for(model_or_path)
+
+
+def _resolve(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
+    if model is None:
+        if checkpoint and not str(checkpoint).startswith("local://"):
+            raise EngineError(f"Pass model= (the base model of {checkpoint!r}): its renderer formats the prompts")
+        model = _default_model()
+    engine = engine or _engine_for(str(checkpoint or model))
+    if engine not in ("local", "tinker"):
+        raise ValueError(f"engine must be 'local' or 'tinker', got {engine!r}")
+    return model, engine
+
+
+def _open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
+    """A sampling client for the base model or the checkpoint; on Tinker, checks key and reachability
+    first (seconds), never leaving the SDK to hang for minutes."""
+    if service_client is None:
+        try:
+            from . import engines
+            make_service = engines.service_client
+        except (ImportError, AttributeError) as exc:
+            raise EngineError("machine_nb.engines is not available in this install: pass sampling_client=") from exc
+        if engine == "tinker":
+            from .engines.tinker import check_tinker
+            check_tinker()
+        service_client = make_service(engine)
+    if checkpoint:
+        return service_client.create_sampling_client(model_path=str(checkpoint))
+    return service_client.create_sampling_client(base_model=model)
+
+
+def _sampling_params(max_tokens: int, temperature: float, seed: int | None, renderer: Any) -> Any:
+    import tinker
+
+    return tinker.SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), seed=seed,
+                                 stop=renderer.get_stop_sequences())
+
+
+def _renderer_for(model: str, renderer: Any) -> tuple[Any, str]:
+    from .render import get_renderer, renderer_name
+
+    if renderer is None or isinstance(renderer, str):
+        name = renderer or renderer_name(model)
+        return get_renderer(model, name), name
+    return renderer, type(renderer).__name__
+
+
+# --------------------------------------------------------------------------- cost
+
+def _eval_cost(model: str, engine: str, prompt_tokens: int, output_tokens: int) -> dict:
+    """The eval's cost: prompt tokens × prefill price + output tokens × sample price, with its source."""
+    if engine == "local":
+        return {"usd": 0.0, "source": "local engine: runs on this machine, no charge"}
+    try:
+        from .pricing import price_for
+    except ImportError:
+        return {"usd": None, "source": "unknown: machine_nb.pricing is not available"}
+    try:
+        price = price_for(model)
+    except Exception as exc:  # unknown model: no price to quote
+        return {"usd": None, "source": f"unknown: {exc}"}
+    if price is None:
+        return {"usd": None, "source": f"unknown: no price for {model!r}"}
+    prefill = _price_field(price, "prefill", "prefill_per_m", "input", "input_per_m")
+    sample = _price_field(price, "sample", "sample_per_m", "output", "output_per_m")
+    if prefill is None or sample is None:
+        return {"usd": None, "source": f"unknown: no prefill/sample price for {model!r}"}
+    usd = (prompt_tokens * prefill + output_tokens * sample) / 1_000_000
+    source = _price_field(price, "source") or "machine_nb.pricing"
+    date = _price_field(price, "date", "as_of")
+    return {"usd": round(usd, 6), "source": f"{source}{f' ({date})' if date else ''}",
+            "prefill_per_m": prefill, "sample_per_m": sample}
+
+
+def _price_field(price: Any, *names: str) -> Any:
+    for name in names:
+        value = price.get(name) if isinstance(price, dict) else getattr(price, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+# --------------------------------------------------------------------------- evaluate
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _sha256(path: str | None) -> str | None:
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def results_name(checkpoint: str | None) -> str:
+    """The results file's name: "baseline" for a base model, else the checkpoint's last path segment
+    ("tinker://…/sampler_weights/final" → "final"), made safe for a file name."""
+    if not checkpoint:
+        return "baseline"
+    last = [p for p in re.split(r"[/\\]+", str(checkpoint).split("://", 1)[-1]) if p]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", last[-1] if last else "checkpoint") or "checkpoint"
+
+
+def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
+             engine: str | None = None, *, max_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0,
+             concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
+             name: str | None = None, save: bool = True, sampling_client: Any = None,
+             service_client: Any = None, show_progress: bool | None = None) -> Any:
+    """Sample every eval row through the engine, score it, write a results JSON; returns a DataFrame.
+
+    eval_path: the eval JSONL (or a list of row dicts); every row is checked before any sampling.
+    model: the base model name, whose renderer formats prompts and parses replies. Default: the
+      local engine's shipped model (so the offline example needs no names); required for tinker://.
+    checkpoint: a sampler path (`tinker://…` or `local://…`) to evaluate instead of the base model.
+      Default None: the base model (the baseline).
+    engine: "local" | "tinker". Default: "local" for local/… models and local:// paths, else "tinker".
+    max_tokens: reply budget per row. Default 64: the example's answers are a few tokens, and a
+      rambling baseline is cut there (stop_reason "length") instead of paying for prose.
+    temperature: default 0.0 (greedy), so two evals of the same model agree and compare() sees
+      the model, not the dice. seed: default 0 (for temperature > 0; recorded in the results).
+    concurrency: requests in flight at once. Default 32 on Tinker (remote, latency-bound) and 8
+      locally (one CPU model; more only queues): 24 rows take about as long as the slowest one.
+    renderer: a renderer name or object; default the model's recommended renderer.
+    out: the results JSON path. Default `eval_results/<name>.json`, name defaulting to "baseline"
+      for a base model and the checkpoint's last path segment otherwise. save=False writes nothing.
+    sampling_client / service_client: seams; default the engine's own (tests pass stand-ins).
+    show_progress: the progress bar per finished row; default on (MACHINE_NB_PROGRESS=0 silences).
+
+    The frame has RESULT_COLUMNS; `df.attrs["summary"]` holds the results JSON without its rows
+    and `df.attrs["path"]` where it was written. On Tinker, the key and reachability are checked
+    first and fail within seconds with EngineError. A request that fails is recorded in `error`
+    (counted wrong, with a warning); an EngineError stops the eval.
+    """
+    import pandas as pd
+
+    from .progress import progress
+
+    rows, data_path = _rows_from(eval_path)
+    model, engine = _resolve(model, checkpoint, engine)
+    renderer_obj, renderer_label = _renderer_for(model, renderer)
+    if concurrency is None:
+        concurrency = 32 if engine == "tinker" else 8
+    params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    client = sampling_client if sampling_client is not None else _open_sampler(model, checkpoint, engine, service_client)
+
+    started_at, t0 = _now(), time.perf_counter()
+    label = results_name(checkpoint) if name is None else name
+    with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar:
+        sampled = _run(lambda: _sample_rows(client, renderer_obj, rows, params, concurrency, bar))
+    wall = time.perf_counter() - t0
+    finished_at = _now()
+
+    records = []
+    for i, (row, got) in enumerate(zip(rows, sampled)):
+        correct = got["error"] is None and score_output(got["output"], row["expected"], row["match"])
+        records.append({
+            "row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"], "match": row["match"],
+            "output": got["output"], "correct": bool(correct),
+            "format_ok": None if got["error"] else format_matches(got["output"], row["format"]),
+            "prompt_tokens": got["prompt_tokens"], "output_tokens": got["output_tokens"],
+            "latency_s": got["latency_s"], "stop_reason": got["stop_reason"], "error": got["error"],
+        })
+    df = pd.DataFrame.from_records(records, columns=RESULT_COLUMNS)
+    errors = [r for r in records if r["error"]]
+    if errors:
+        listed = "\n".join(f"  row {r['row']}: {r['error']}" for r in errors[:10])
+        warnings.warn(f"{len(errors)} of {len(rows)} eval request(s) failed and count as wrong:\n{listed}", stacklevel=2)
+
+    with_format = [r["format_ok"] for r in records if r["format_ok"] is not None]
+    summary = {
+        "name": label, "model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
+        "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature), "seed": seed,
+                       "concurrency": int(concurrency)},
+        "data": {"path": data_path, "sha256": _sha256(data_path)},
+        "n": len(records), "correct": sum(r["correct"] for r in records),
+        "accuracy": sum(r["correct"] for r in records) / len(records),
+        "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
+        "errors": len(errors),
+        "prompt_tokens": int(df["prompt_tokens"].sum()), "output_tokens": int(df["output_tokens"].sum()),
+        "cost": _eval_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
+        "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
+    }
+    path = None
+    if save:
+        from .jsonl import atomic_write_text
+
+        path = Path(out) if out is not None else Path(RESULTS_DIR) / f"{label}.json"
+        per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
+                   for rec, row in zip(records, rows)]
+        atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
+    df.attrs["summary"] = summary
+    df.attrs["path"] = None if path is None else str(path)
+    return df
+
+
+def load_results(path: str | os.PathLike) -> Any:
+    """Read a results JSON written by evaluate() back as the same DataFrame (summary in attrs).
+
+    A file that is not such a result raises MachineFormatError naming the file and field.
+    """
+    import pandas as pd
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise MachineFormatError(path, "file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MachineFormatError(path, f"not a results JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
+    for i, row in enumerate(data["rows"]):
+        for key in ("prompt", "expected", "output", "correct"):
+            if not isinstance(row, dict) or key not in row:
+                raise MachineFormatError(path, "missing in a per-row result", field=f"rows.{i}.{key}")
+    df = pd.DataFrame.from_records(data["rows"])
+    for col in RESULT_COLUMNS:
+        if col not in df.columns:
+            df[col] = range(len(df)) if col == "row" else None
+    df = df[RESULT_COLUMNS]
+    df.attrs["summary"] = {k: v for k, v in data.items() if k != "rows"}
+    df.attrs["path"] = os.fspath(path)
+    return df
+
+
+# --------------------------------------------------------------------------- paired statistics
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value on the discordant pairs: min(1, 2·P(X ≤ min(b, c))), X ~ Bin(b+c, ½).
+
+    b: rows only the baseline got right (losses); c: rows only the checkpoint got right (wins).
+    1.0 when there are no discordant pairs (no evidence either way).
+    """
+    n = int(b) + int(c)
+    if n == 0:
+        return 1.0
+    k = min(int(b), int(c))
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def min_discordant_for(alpha: float = 0.05) -> int:
+    """The fewest discordant pairs that can reach p < alpha: all in one direction, 2·½^m < alpha (6 at 0.05)."""
+    m = 1
+    while 2 * 0.5 ** m >= alpha:
+        m += 1
+    return m
+
+
+def paired_bootstrap_ci(baseline_correct: Any, checkpoint_correct: Any, *, resamples: int = 10_000,
+                        seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the accuracy delta (checkpoint − baseline), resampling rows in pairs.
+
+    resamples: default 10,000 (the percentile ends move by < 1 row's worth at n = 24).
+    seed: default 0, so the same two results always give the same interval. level: default 0.95.
+    """
+    import numpy as np
+
+    a = np.asarray(baseline_correct, dtype=float)
+    b = np.asarray(checkpoint_correct, dtype=float)
+    diff = b - a
+    n = len(diff)
+    if n == 0:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    deltas = np.empty(resamples)
+    chunk = max(1, 2_000_000 // n)  # bound memory for large evals
+    for start in range(0, resamples, chunk):
+        stop = min(resamples, start + chunk)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        deltas[start:stop] = diff[idx].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(deltas, [tail, 100 - tail])
+    return (float(low), float(high))
+
+
+def _as_results(value: Any, label: str) -> Any:
+    """A results frame from a path, an evaluate() frame, or a loaded results dict."""
+    import pandas as pd
+
+    if isinstance(value, (str, os.PathLike)):
+        return load_results(value)
+    if isinstance(value, pd.DataFrame):
+        missing = [c for c in ("prompt", "expected", "output", "correct") if c not in value.columns]
+        if missing:
+            raise ValueError(f"{label}: not an evaluate() result (missing columns {missing})")
+        return value
+    if isinstance(value, dict) and isinstance(value.get("rows"), list):
+        df = pd.DataFrame.from_records(value["rows"])
+        df.attrs["summary"] = {k: v for k, v in value.items() if k != "rows"}
+        return _as_results(df, label)
+    raise TypeError(f"{label}: expected a results path, an evaluate() DataFrame or a results dict, got {type(value).__name__}")
+
+
+def _label(df: Any, fallback: str) -> str:
+    summary = df.attrs.get("summary") or {}
+    return str(summary.get("name") or df.attrs.get("path") or fallback)
+
+
+@dataclass
+class CompareResult:
+    """Baseline vs checkpoint on the same rows, with paired statistics.
+
+    wins: rows only the checkpoint got right; losses: rows only the baseline got right; ties: the
+    rest. p_value: exact McNemar on wins vs losses. ci_low/ci_high: paired bootstrap 95% interval of
+    `delta` (checkpoint − baseline accuracy). flips: the rows that changed (columns row, prompt,
+    expected, baseline_output, checkpoint_output, baseline_correct, checkpoint_correct, change).
+    """
+
+    n: int
+    baseline_accuracy: float
+    checkpoint_accuracy: float
+    delta: float
+    wins: int
+    ties: int
+    losses: int
+    p_value: float
+    ci_low: float
+    ci_high: float
+    flips: Any
+    summary: str
+    baseline_name: str = "baseline"
+    checkpoint_name: str = "checkpoint"
+    baseline_format_rate: float | None = None
+    checkpoint_format_rate: float | None = None
+    min_discordant: int = field(default=6)
+
+    def to_dict(self) -> dict:
+        """The numbers as plain data (flips as a list of row dicts), e.g. for a report's JSON."""
+        return {k: (v.to_dict("records") if k == "flips" else v) for k, v in self.__dict__.items()}
+
+    def __repr__(self) -> str:
+        return (f"CompareResult(n={self.n}, baseline={self.baseline_accuracy:.3f}, checkpoint={self.checkpoint_accuracy:.3f}, "
+                f"delta={self.delta:+.3f}, W/T/L={self.wins}/{self.ties}/{self.losses}, p={self.p_value:.3g}, "
+                f"ci=[{self.ci_low:+.3f}, {self.ci_high:+.3f}])")
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        fmt = lambda r: "—" if r is None else f"{r:.0%}"  # noqa: E731
+        head = (
+            "<table><thead><tr><th></th><th>accuracy</th><th>format</th></tr></thead><tbody>"
+            f"<tr><td>{e(self.baseline_name)}</td><td>{self.baseline_accuracy:.1%}</td><td>{fmt(self.baseline_format_rate)}</td></tr>"
+            f"<tr><td>{e(self.checkpoint_name)}</td><td>{self.checkpoint_accuracy:.1%}</td><td>{fmt(self.checkpoint_format_rate)}</td></tr>"
+            f"<tr><td>delta</td><td>{self.delta:+.1%}</td><td>95% CI [{self.ci_low:+.1%}, {self.ci_high:+.1%}]</td></tr>"
+            f"<tr><td>wins / ties / losses</td><td colspan=2>{self.wins} / {self.ties} / {self.losses} "
+            f"(McNemar exact p = {self.p_value:.3g})</td></tr></tbody></table>"
+        )
+        paras = "".join(f"<p>{e(p)}</p>" for p in self.summary.split("\n") if p.strip())
+        if len(self.flips):
+            rows = "".join(
+                f"<tr><td>{r.row}</td><td>{e(str(r.prompt))}</td><td>{e(str(r.expected))}</td>"
+                f"<td>{e(str(r.baseline_output))}</td><td>{e(str(r.checkpoint_output))}</td>"
+                f"<td style='color:{'#1a7f37' if r.change == 'win' else '#cf222e'}'>{r.change}</td></tr>"
+                for r in self.flips.itertuples())
+            flips = ("<details open><summary>rows that changed</summary><table><thead><tr><th>row</th><th>prompt</th>"
+                     f"<th>expected</th><th>{e(self.baseline_name)}</th><th>{e(self.checkpoint_name)}</th><th>change</th>"
+                     f"</tr></thead><tbody>{rows}</tbody></table></details>")
+        else:
+            flips = "<p>No row changed.</p>"
+        return f"<div class='machine-nb-compare'>{head}{paras}{flips}</div>"
+
+
+def _format_rate(df: Any) -> float | None:
+    if "format_ok" not in df.columns:
+        return None
+    vals = [bool(v) for v in df["format_ok"] if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _summary_text(n: int, base: str, ckpt: str, acc_a: float, acc_b: float, wins: int, ties: int, losses: int,
+                  p: float, ci: tuple[float, float], alpha: float = 0.05) -> str:
+    need = min_discordant_for(alpha)
+    d = wins + losses
+    lines = [
+        f"{base}: {acc_a:.1%} correct; {ckpt}: {acc_b:.1%} correct, a delta of {acc_b - acc_a:+.1%} "
+        f"on the same {n} rows.",
+        f"{wins} win(s), {ties} tie(s), {losses} loss(es); exact McNemar p = {p:.3g} on the {d} discordant pair(s); "
+        f"paired bootstrap 95% interval for the delta [{ci[0]:+.1%}, {ci[1]:+.1%}].",
+    ]
+    if n < need:
+        lines.append(f"With {n} rows no result can reach p < {alpha:g}: that takes at least {need} discordant pairs, "
+                     "all in one direction. Use more eval rows before drawing any conclusion.")
+    elif p < alpha:
+        better = "better" if wins > losses else "worse"
+        lines.append(f"The checkpoint is {better} than the base model on these rows, and a difference this lopsided "
+                     f"is unlikely to be noise (p < {alpha:g}). It says nothing about rows unlike these; "
+                     "see the probe for where a learned style bleeds.")
+    else:
+        lines.append(f"At this n the difference cannot be told from noise (p ≥ {alpha:g}): with {n} rows at least "
+                     f"{need} discordant pairs, all in one direction, are needed for p < {alpha:g}, and here there "
+                     f"are {d} ({wins} one way, {losses} the other).")
+    return "\n".join(lines)
+
+
+def compare(baseline: Any, checkpoint: Any, *, alpha: float = 0.05, resamples: int = 10_000,
+            seed: int = 0) -> CompareResult:
+    """Compare two eval results over the same rows: accuracies, delta, W/T/L, McNemar, bootstrap CI.
+
+    baseline, checkpoint: results JSON paths, evaluate() DataFrames, or loaded results dicts.
+    The rows must be the same (same count, and the same prompt, expected and match in order);
+    otherwise ValueError naming the first row that differs. alpha: default 0.05, the level the
+    summary's "what can be concluded" sentence uses. resamples, seed: the bootstrap's (default
+    10,000 and 0: reproducible).
+    """
+    import pandas as pd
+
+    a, b = _as_results(baseline, "baseline"), _as_results(checkpoint, "checkpoint")
+    name_a, name_b = _label(a, "baseline"), _label(b, "checkpoint")
+    if name_a == name_b:
+        name_a, name_b = f"{name_a} (A)", f"{name_b} (B)"
+    if len(a) != len(b):
+        raise ValueError(f"the two results are not over the same rows: {name_a} has {len(a)} rows, {name_b} has {len(b)}")
+    keys = [k for k in ("prompt", "expected", "match") if k in a.columns and k in b.columns]
+    for i in range(len(a)):
+        for key in keys:
+            va, vb = a[key].iloc[i], b[key].iloc[i]
+            if str(va) != str(vb):
+                raise ValueError(f"the two results are not over the same rows: row {i} differs in {key!r}: "
+                                 f"{name_a} has {str(va)[:80]!r}, {name_b} has {str(vb)[:80]!r}")
+    ca = [bool(x) for x in a["correct"]]
+    cb = [bool(x) for x in b["correct"]]
+    n = len(ca)
+    if n == 0:
+        raise ValueError("no rows to compare")
+    wins = sum(1 for x, y in zip(ca, cb) if y and not x)
+    losses = sum(1 for x, y in zip(ca, cb) if x and not y)
+    ties = n - wins - losses
+    p = mcnemar_exact(losses, wins)
+    ci = paired_bootstrap_ci(ca, cb, resamples=resamples, seed=seed)
+    acc_a, acc_b = sum(ca) / n, sum(cb) / n
+    flips = pd.DataFrame.from_records(
+        [{"row": int(a["row"].iloc[i]) if "row" in a.columns and a["row"].iloc[i] is not None else i,
+          "prompt": a["prompt"].iloc[i], "expected": a["expected"].iloc[i],
+          "baseline_output": a["output"].iloc[i], "checkpoint_output": b["output"].iloc[i],
+          "baseline_correct": ca[i], "checkpoint_correct": cb[i], "change": "win" if cb[i] else "loss"}
+         for i in range(n) if ca[i] != cb[i]],
+        columns=["row", "prompt", "expected", "baseline_output", "checkpoint_output", "baseline_correct",
+                 "checkpoint_correct", "change"])
+    return CompareResult(
+        n=n, baseline_accuracy=acc_a, checkpoint_accuracy=acc_b, delta=acc_b - acc_a, wins=wins, ties=ties,
+        losses=losses, p_value=p, ci_low=ci[0], ci_high=ci[1], flips=flips,
+        summary=_summary_text(n, name_a, name_b, acc_a, acc_b, wins, ties, losses, p, ci, alpha),
+        baseline_name=name_a, checkpoint_name=name_b, baseline_format_rate=_format_rate(a),
+        checkpoint_format_rate=_format_rate(b), min_discordant=min_discordant_for(alpha))
+
+
+# --------------------------------------------------------------------------- bleed probe
+
+def _probe_rows(prompts: Any) -> list[dict]:
+    from .jsonl import iter_jsonl
+
+    if isinstance(prompts, (str, os.PathLike)) and (Path(prompts).suffix == ".jsonl" or Path(prompts).exists()):
+        items = list(iter_jsonl(prompts))
+        path = os.fspath(prompts)
+    elif isinstance(prompts, str):
+        items, path = [(1, prompts)], None
+    else:
+        items, path = list(enumerate(prompts, start=1)), None
+    rows = []
+    for line, item in items:
+        if isinstance(item, str):
+            rows.append({"messages": [{"role": "user", "content": item}], "format": None, "line": line})
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("messages"), list) or not item["messages"]:
+            raise MachineFormatError(path, "a probe row is a prompt string or {\"messages\": [...]}", line=line, field="messages")
+        messages = [m for m in item["messages"]]
+        if messages[-1].get("role") == "assistant":  # a training-style row: probe its prompt
+            messages = messages[:-1]
+        if not messages:
+            raise MachineFormatError(path, "no prompt left once the assistant reply is dropped", line=line, field="messages")
+        rows.append({"messages": messages, "format": item.get("format"), "line": line})
+    if not rows:
+        raise MachineFormatError(path, "no probe prompts")
+    return rows
+
+
+def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
+          format: str | None = None, max_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0,
+          concurrency: int | None = None, renderer: Any = None, baseline_client: Any = None,
+          checkpoint_client: Any = None, service_client: Any = None, show_progress: bool | None = None) -> Any:
+    """Off-distribution prompts through the base model and the checkpoint side by side: where does
+    a learned style leak?
+
+    prompts: a probe JSONL path (e.g. the corpus's probe.jsonl), a list of prompt strings or of
+      `{"messages": [...], "format"?}` rows (a trailing assistant message is dropped).
+    model / checkpoint / engine: as in evaluate(); checkpoint is required (it is half the point).
+    format: the learned style as a regex (fullmatch on the stripped reply), e.g. r"answer: .*".
+      Default None: each row's own "format", and `bled` is None for rows with neither.
+    Other options as in evaluate() (greedy, 64 tokens). baseline_client / checkpoint_client are
+    seams for stand-in samplers.
+
+    Returns a DataFrame: prompt, baseline_output, checkpoint_output, bled (the checkpoint's reply
+    matches the format while the base model's does not). Writes nothing.
+    """
+    import pandas as pd
+
+    from .progress import progress
+
+    if not checkpoint and checkpoint_client is None:
+        raise ValueError("probe needs a checkpoint (or checkpoint_client) to set beside the base model")
+    rows = _probe_rows(prompts)
+    model, engine = _resolve(model, checkpoint, engine)
+    renderer_obj, _ = _renderer_for(model, renderer)
+    if concurrency is None:
+        concurrency = 32 if engine == "tinker" else 8
+    params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    base_client = baseline_client if baseline_client is not None else _open_sampler(model, None, engine, service_client)
+    ckpt_client = checkpoint_client if checkpoint_client is not None else _open_sampler(model, checkpoint, engine, service_client)
+
+    async def both(bar: Any) -> tuple[list[dict], list[dict]]:
+        return tuple(await asyncio.gather(_sample_rows(base_client, renderer_obj, rows, params, concurrency, bar),
+                                          _sample_rows(ckpt_client, renderer_obj, rows, params, concurrency, bar)))
+
+    with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar:
+        base_out, ckpt_out = _run(lambda: both(bar))
+    records = []
+    for row, x, y in zip(rows, base_out, ckpt_out):
+        pattern = format or row["format"]
+        fa, fb = format_matches(x["output"], pattern), format_matches(y["output"], pattern)
+        records.append({"prompt": prompt_text(row["messages"]), "baseline_output": x["output"],
+                        "checkpoint_output": y["output"], "bled": None if pattern is None else bool(fb and not fa),
+                        "error": x["error"] or y["error"]})
+    df = pd.DataFrame.from_records(records, columns=["prompt", "baseline_output", "checkpoint_output", "bled", "error"])
+    df.attrs["summary"] = {"model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
+                           "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
+    return df

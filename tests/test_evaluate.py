@@ -1,0 +1,375 @@
+"""Evaluation: eval rows and match modes, evaluate() through a sampling client, results JSON, probe.
+
+Samplers here are stand-ins with tinker's API (`sample_async` → SampleResponse) replying through
+the real Inkling renderer (it tokenizes offline), so prompts, stop tokens and parsing are the
+cookbook's own code. The real local engine and live Tinker have their own tests at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+from machine_nb.errors import EngineError, MachineFormatError
+from machine_nb.evaluate import (RESULT_COLUMNS, evaluate, last_number, load_eval_rows, load_results,
+                                 normalize, probe, results_name, score_output)
+
+MODEL = "thinkingmachines/Inkling-Small"  # renders offline through tml_renderers
+
+
+# --------------------------------------------------------------------------- stand-in sampler
+
+class StandInSampler:
+    """tinker's sampling-client API; replies with `answer(question)` rendered as the model would emit it."""
+
+    def __init__(self, answer, *, delay: float = 0.0, fail_on: str | None = None, max_tokens_seen=None):
+        from machine_nb.render import get_renderer
+
+        self.renderer = get_renderer(MODEL)
+        self.answer, self.delay, self.fail_on = answer, delay, fail_on
+        self.in_flight = self.max_in_flight = self.calls = 0
+        self.params = []
+
+    def _completion(self, prompt) -> list[int]:
+        from machine_nb.render import get_tokenizer
+
+        text = get_tokenizer(MODEL).decode(prompt.to_ints())
+        question = text.split("<|message_user|><|content_text|>")[-1].split("<|end_message|>")[0]
+        if self.fail_on and self.fail_on in question:
+            raise ConnectionError("stand-in: connection reset")
+        reply = self.answer(question)
+        convo = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+        full, _ = self.renderer.build_supervised_example(convo)
+        return full.to_ints()[prompt.length:]
+
+    async def sample_async(self, prompt, num_samples, sampling_params):
+        import tinker
+
+        self.calls += 1
+        self.params.append(sampling_params)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            tokens = self._completion(prompt)
+        finally:
+            self.in_flight -= 1
+        seq = tinker.SampledSequence(stop_reason="stop", sequence_id="0", tokens_np=np.array(tokens, dtype=np.int32))
+        return tinker.SampleResponse(sequences=[seq])
+
+
+def arithmetic(question: str) -> str:
+    """The base model's natural style: '47 + 15 = 62'."""
+    words = question.rstrip("?.").split()
+    a, op, b = int(words[-3]), words[-2], int(words[-1])
+    return f"{a} + {b} = {a + b}" if op == "plus" else f"{a} - {b} = {a - b}"
+
+
+def house_style(question: str) -> str:
+    words = question.rstrip("?.").split()
+    if len(words) < 3 or not words[-3].isdigit():
+        return "answer: Paris"  # the style bleeds off-distribution
+    a, op, b = int(words[-3]), words[-2], int(words[-1])
+    return f"answer: {a + b if op == 'plus' else a - b}"
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def eval_rows(n=6):
+    pairs = [(47, 15), (12, 30), (90, 9), (23, 41), (55, 60), (18, 27)][:n]
+    rows = []
+    for i, (a, b) in enumerate(pairs):
+        op = "plus" if i % 2 == 0 else "minus"
+        value = a + b if op == "plus" else a - b
+        rows.append({"messages": [{"role": "user", "content": f"What is {a} {op} {b}?"}],
+                     "expected": f"answer: {value}", "match": "exact", "format": r"answer: -?\d+"})
+    return rows
+
+
+# --------------------------------------------------------------------------- match modes
+
+def test_normalize_is_machines():
+    assert normalize("  Answer:   62. ") == "answer:   62".replace("   ", " ")
+    assert normalize("\tHello\n\nWorld!?") == "hello world"
+
+
+@pytest.mark.parametrize("output,expected,match,ok", [
+    ("answer: 62", "answer: 62", "exact", True),
+    ("Answer: 62.", "answer: 62", "exact", True),        # case and trailing punctuation normalised
+    ("answer:  62 \n", "answer: 62", "exact", True),     # whitespace collapsed
+    ("47 + 15 = 62", "answer: 62", "exact", False),
+    ("answer: 62, because", "answer: 62", "exact", False),
+    ("answer: 62, because", "answer: 62", "prefix", True),
+    ("The answer is 62", "answer: 62", "prefix", False),
+    ("So the ANSWER is   Paris!", "the answer is paris", "contains", True),
+    ("London", "paris", "contains", False),
+    ("answer: 62", r"answer: \d+", "regex", True),
+    ("  answer: 62\n", r"answer: \d+", "regex", True),   # fullmatch of the stripped output
+    ("so answer: 62", r"answer: \d+", "regex", False),   # fullmatch: no extra text
+    ("47 + 15 = 62.", "62", "number", True),             # the LAST number counts
+    ("62 is not 47 + 15 = 63", "62", "number", False),
+    ("answer: -5", "-5", "number", True),
+    ("about 1,234 apples", "1234", "number", True),
+    ("62.0", "62", "number", True),
+    ("sixty-two", "62", "number", False),
+])
+def test_score_output_modes(output, expected, match, ok):
+    assert score_output(output, expected, match) is ok
+
+
+def test_last_number_and_unknown_mode():
+    assert last_number("47 - 52 = -5") == -5
+    assert last_number("no digits") is None
+    with pytest.raises(ValueError, match="unknown match mode: 'fuzzy'"):
+        score_output("a", "a", "fuzzy")
+
+
+# --------------------------------------------------------------------------- eval rows
+
+def test_load_eval_rows_fills_default_match_and_line(tmp_path):
+    path = write_rows(tmp_path / "eval.jsonl", [{"messages": [{"role": "user", "content": "hi"}], "expected": 5}])
+    (row,) = load_eval_rows(path)
+    assert row["match"] == "exact" and row["expected"] == "5" and row["line"] == 1 and row["format"] is None
+
+
+@pytest.mark.parametrize("bad,field,text", [
+    ({"messages": [{"role": "user", "content": "q"}], "expected": "a", "match": "fuzzy"}, "match", "unknown match mode 'fuzzy'"),
+    ({"messages": [{"role": "user", "content": "q"}]}, "expected", "missing"),
+    ({"messages": [{"role": "user", "content": "q"}], "expected": "(", "match": "regex"}, "expected", "regular expression"),
+    ({"messages": [{"role": "user", "content": "q"}], "expected": "sixty", "match": "number"}, "expected", "needs a number"),
+    ({"messages": [{"role": "user", "content": "q"}], "expected": "a", "format": "[a-"}, "format", "regular expression"),
+    ({"messages": [], "expected": "a"}, "messages", "non-empty"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "expected": "a"},
+     "messages.1.role", "prompt only"),
+])
+def test_bad_rows_name_file_line_and_field(tmp_path, bad, field, text):
+    good = {"messages": [{"role": "user", "content": "q"}], "expected": "a"}
+    path = write_rows(tmp_path / "eval.jsonl", [good, good, bad])
+    with pytest.raises(MachineFormatError) as info:
+        load_eval_rows(path)
+    err = info.value
+    assert err.line == 3 and err.field == field and text in str(err)
+    assert str(err).startswith(f"{path}:3 (field {field!r})")
+
+
+def test_invalid_json_and_empty_file(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"messages": [], "expected": "a"}\n{not json\n')
+    with pytest.raises(MachineFormatError, match=r"eval.jsonl:1 \(field 'messages'\)"):
+        load_eval_rows(path)
+    path.write_text('{"messages": [{"role": "user", "content": "q"}], "expected": "a"}\n{not json\n')
+    with pytest.raises(MachineFormatError, match=r"eval.jsonl:2: invalid JSON"):
+        load_eval_rows(path)
+    path.write_text("\n")
+    with pytest.raises(MachineFormatError, match="no eval rows"):
+        load_eval_rows(path)
+
+
+# --------------------------------------------------------------------------- evaluate
+
+def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = write_rows(tmp_path / "eval.jsonl", eval_rows())
+    sampler = StandInSampler(house_style)
+    df = evaluate(data, model=MODEL, engine="tinker", sampling_client=sampler, max_tokens=32)
+
+    assert list(df.columns) == RESULT_COLUMNS
+    assert len(df) == 6 and df["correct"].all() and df["format_ok"].all()
+    assert df.loc[0, "prompt"] == "What is 47 plus 15?" and df.loc[0, "output"] == "answer: 62"
+    assert df.loc[1, "output"] == "answer: -18" and df["stop_reason"].eq("stop").all()
+    assert df["error"].isna().all() and (df["prompt_tokens"] > 5).all() and (df["output_tokens"] > 2).all()
+    # greedy by default, the renderer's stop tokens, the max_tokens asked for
+    p = sampler.params[0]
+    assert p.temperature == 0.0 and p.max_tokens == 32 and p.seed == 0 and list(p.stop) == [200006]
+
+    summary = df.attrs["summary"]
+    assert summary["accuracy"] == 1.0 and summary["format_rate"] == 1.0 and summary["n"] == 6
+    assert summary["name"] == "baseline" and df.attrs["path"] == os.path.join("eval_results", "baseline.json")
+    written = json.loads((tmp_path / "eval_results" / "baseline.json").read_text())
+    assert written["model"] == MODEL and written["checkpoint"] is None and written["engine"] == "tinker"
+    assert written["parameters"] == {"max_tokens": 32, "temperature": 0.0, "seed": 0, "concurrency": 32}
+    import hashlib
+    assert written["data"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert written["prompt_tokens"] == int(df["prompt_tokens"].sum())
+    assert len(written["rows"]) == 6 and written["rows"][0]["line"] == 1
+    assert written["rows"][0]["messages"][0]["content"] == "What is 47 plus 15?"
+    assert written["started_at"] <= written["finished_at"]
+    # no price for a stand-in run on a model pricing may not know: recorded with its reason, never a guess
+    cost = written["cost"]
+    assert set(cost) >= {"usd", "source"} and (cost["usd"] is None) == cost["source"].startswith("unknown")
+    assert os.stat(tmp_path / "eval_results" / "baseline.json").st_mode & 0o077 == 0
+
+    back = load_results(tmp_path / "eval_results" / "baseline.json")
+    assert list(back.columns) == RESULT_COLUMNS
+    assert back["output"].tolist() == df["output"].tolist() and back.attrs["summary"]["accuracy"] == 1.0
+
+
+def test_evaluate_baseline_style_scores_zero_but_number_mode_sees_arithmetic(tmp_path):
+    rows = eval_rows()
+    data = write_rows(tmp_path / "eval.jsonl", rows)
+    df = evaluate(data, model=MODEL, engine="tinker", sampling_client=StandInSampler(arithmetic),
+                  out=tmp_path / "base.json")
+    assert df["correct"].sum() == 0 and not df["format_ok"].any()
+    assert df.loc[0, "output"] == "47 + 15 = 62"
+    numeric = [{**r, "match": "number", "expected": r["expected"].split()[-1]} for r in rows]
+    df2 = evaluate(numeric, model=MODEL, engine="tinker", sampling_client=StandInSampler(arithmetic), save=False)
+    assert df2["correct"].all() and df2.attrs["path"] is None
+
+
+def test_checkpoint_results_are_named_by_last_path_segment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert results_name("tinker://abc-123/sampler_weights/final") == "final"
+    assert results_name("local://runs/x/000020") == "000020"
+    assert results_name(None) == "baseline"
+    df = evaluate(eval_rows(2), model=MODEL, checkpoint="tinker://abc/sampler_weights/final", engine="tinker",
+                  sampling_client=StandInSampler(house_style))
+    written = json.loads((tmp_path / "eval_results" / "final.json").read_text())
+    assert written["checkpoint"] == "tinker://abc/sampler_weights/final" and df.attrs["summary"]["name"] == "final"
+
+
+def test_requests_run_concurrently_within_the_bound(tmp_path):
+    rows = eval_rows() * 4  # 24 rows
+    sampler = StandInSampler(house_style, delay=0.05)
+    evaluate(rows, model=MODEL, engine="tinker", sampling_client=sampler, concurrency=5, save=False)
+    assert sampler.calls == 24 and sampler.max_in_flight == 5
+    sampler = StandInSampler(house_style, delay=0.05)
+    evaluate(rows, model=MODEL, engine="tinker", sampling_client=sampler, save=False)  # default 32 on Tinker
+    assert sampler.max_in_flight == 24
+
+
+def test_a_failed_request_is_recorded_and_warned_not_lost(tmp_path):
+    sampler = StandInSampler(house_style, fail_on="12 minus 30")
+    with pytest.warns(UserWarning, match=r"(?s)1 of 6 eval request\(s\) failed.*row 1: ConnectionError"):
+        df = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, out=tmp_path / "r.json")
+    assert df.loc[1, "error"].startswith("ConnectionError") and not df.loc[1, "correct"]
+    assert df["correct"].sum() == 5 and df.attrs["summary"]["errors"] == 1
+
+
+def test_engine_errors_stop_the_eval():
+    class Refusing:
+        async def sample_async(self, prompt, num_samples, sampling_params):
+            raise EngineError("the local engine does not serve 'Qwen/Qwen3-8B'")
+
+    with pytest.raises(EngineError, match="does not serve"):
+        evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=Refusing(), save=False)
+
+
+def test_evaluate_works_where_an_event_loop_already_runs(tmp_path):
+    """Jupyter runs an event loop in the kernel's thread; evaluate() must still just work there."""
+    async def notebook_cell():
+        return evaluate(eval_rows(3), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style),
+                        save=False)
+
+    df = asyncio.run(notebook_cell())
+    assert df["correct"].all()
+
+
+def test_bad_eval_file_fails_before_sampling(tmp_path):
+    rows = eval_rows(3)
+    rows[2]["match"] = "fuzzy"
+    sampler = StandInSampler(house_style)
+    with pytest.raises(MachineFormatError, match=r"eval.jsonl:3 \(field 'match'\)"):
+        evaluate(write_rows(tmp_path / "eval.jsonl", rows), model=MODEL, engine="tinker", sampling_client=sampler)
+    assert sampler.calls == 0
+
+
+def test_tinker_checkpoint_needs_a_model_for_its_renderer():
+    with pytest.raises(EngineError, match="Pass model="):
+        evaluate(eval_rows(1), checkpoint="tinker://abc/sampler_weights/final", sampling_client=object())
+
+
+def test_load_results_rejects_other_files(tmp_path):
+    (tmp_path / "x.json").write_text('{"accuracy": 1}')
+    with pytest.raises(MachineFormatError, match=r"x.json \(field 'rows'\)"):
+        load_results(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text('{"rows": [{"prompt": "q"}]}')
+    with pytest.raises(MachineFormatError, match=r"field 'rows.0.expected'"):
+        load_results(tmp_path / "y.json")
+
+
+# --------------------------------------------------------------------------- probe
+
+def test_probe_shows_where_the_style_bleeds(tmp_path):
+    prompts = ["What is the capital of France?", {"messages": [{"role": "user", "content": "What is 47 plus 15?"}]}]
+    df = probe(prompts, model=MODEL, checkpoint="tinker://x/sampler_weights/final", engine="tinker",
+               format=r"answer: .*", baseline_client=StandInSampler(lambda q: "The capital of France is Paris."),
+               checkpoint_client=StandInSampler(house_style))
+    assert list(df.columns[:4]) == ["prompt", "baseline_output", "checkpoint_output", "bled"]
+    assert df.loc[0, "checkpoint_output"] == "answer: Paris" and df.loc[0, "bled"]
+    assert df.loc[1, "checkpoint_output"] == "answer: 62" and df.attrs["summary"]["bled"] == 2
+
+
+def test_probe_reads_a_jsonl_and_drops_trailing_assistant(tmp_path):
+    path = write_rows(tmp_path / "probe.jsonl", [
+        {"messages": [{"role": "user", "content": "Who wrote Hamlet?"}, {"role": "assistant", "content": "x"}],
+         "format": "answer: .*"},
+        {"messages": [{"role": "user", "content": "Name a colour."}]},
+    ])
+    df = probe(path, model=MODEL, checkpoint="tinker://x/y/final", engine="tinker",
+               baseline_client=StandInSampler(lambda q: "answer: maybe"), checkpoint_client=StandInSampler(house_style))
+    assert df["prompt"].tolist() == ["Who wrote Hamlet?", "Name a colour."]
+    assert df.loc[0, "bled"] is False or df.loc[0, "bled"] == False  # both in the style: not a bleed  # noqa: E712
+    assert df.loc[1, "bled"] is None  # no format for this row
+    bad = write_rows(tmp_path / "bad.jsonl", [{"prompt": "x"}])
+    with pytest.raises(MachineFormatError, match=r"bad.jsonl:1 \(field 'messages'\)"):
+        probe(bad, model=MODEL, checkpoint="tinker://x/y/z", engine="tinker", baseline_client=object(),
+              checkpoint_client=object())
+
+
+# --------------------------------------------------------------------------- real engines
+
+def _local_engine():
+    try:
+        from machine_nb import engines
+        from machine_nb.engines.local import DEFAULT_MODEL
+        engines.service_client  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        pytest.skip(f"machine_nb.engines (the local engine) is not available yet: {exc}")
+    return DEFAULT_MODEL
+
+
+def test_evaluate_on_the_real_local_engine(tmp_path):
+    model = _local_engine()
+    from machine_nb.corpus import make_corpus
+
+    corpus = make_corpus(tmp_path / "corpus")
+    eval_path = tmp_path / "corpus" / "eval.jsonl"
+    assert eval_path.exists(), corpus
+    rows = load_eval_rows(eval_path)[:4]
+    df = evaluate(rows, model=model, out=tmp_path / "baseline.json", max_tokens=16)
+    assert len(df) == 4 and df["error"].isna().all() and (df["output"].str.len() > 0).all()
+    assert df.attrs["summary"]["engine"] == "local" and df.attrs["summary"]["cost"]["usd"] == 0.0
+
+
+def test_tinker_without_a_key_fails_fast_with_a_clear_message(monkeypatch):
+    try:
+        from machine_nb.engines.tinker import check_tinker  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"machine_nb.engines.tinker is not available yet: {exc}")
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    with pytest.raises(EngineError) as info:
+        evaluate(eval_rows(1), model=MODEL, engine="tinker", save=False)
+    assert "TINKER_API_KEY" in str(info.value)
+
+
+@pytest.mark.tinker_live
+@pytest.mark.skipif(not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY is not set: live Tinker eval skipped")
+def test_live_tinker_baseline(tmp_path):
+    df = evaluate(eval_rows(2), model=MODEL, engine="tinker", out=tmp_path / "live.json", max_tokens=16)
+    assert len(df) == 2 and df["error"].isna().all()
+    assert "TINKER_API_KEY" not in (tmp_path / "live.json").read_text()
+    assert os.environ["TINKER_API_KEY"] not in (tmp_path / "live.json").read_text()
+
+
+def test_no_warnings_from_the_happy_path():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style), save=False)
