@@ -1,0 +1,168 @@
+"""Shared HTML for the widgets: chat cards per message and the token view coloured by loss weight.
+
+Pure functions from plain data (a training line's messages, token rows) to self-contained HTML
+with inline styles, so the same markup serves the live widget and the static fallback that an
+nbconvert export or GitHub shows with no kernel and no stylesheet. Which messages are trained on
+is decided in `previewer.trained_indices`; the token rows come from `previewer.token_frame`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from ._base import escape
+
+# Fold a tool result or message text behind <details> past this size: long tool output would
+# push the rest of the conversation off screen (peers collapse it too).
+FOLD_LINES = 20
+FOLD_CHARS = 2000
+
+ROLE_COLOURS = {
+    "system": "#6b7280",
+    "user": "#2563eb",
+    "assistant": "#059669",
+    "tool": "#b45309",
+}
+
+CARD = ("border:1px solid #d1d5db;border-left:4px solid {colour};border-radius:6px;"
+        "margin:6px 0;padding:6px 10px;background:#fff;color:#111;font-family:system-ui,sans-serif;")
+PRE = "white-space:pre-wrap;word-break:break-word;margin:4px 0;font-family:ui-monospace,monospace;font-size:12px;"
+BADGE = "display:inline-block;border-radius:4px;padding:0 6px;margin-left:6px;font-size:11px;"
+
+
+def content_parts(content: Any) -> list[dict]:
+    """A message's content as a list of parts: `{"type": "text"|"thinking"|other, ...}`.
+
+    A plain string is one text part; None is no parts; unknown part types are kept as they are
+    (shown as JSON) so nothing in a line is hidden from the reader.
+    """
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [p if isinstance(p, dict) else {"type": "text", "text": str(p)} for p in content]
+    return [{"type": "text", "text": str(content)}]
+
+
+def message_text(message: dict, *, reasoning: bool = False) -> str:
+    """The text of a message's content (reasoning parts too when `reasoning`; default off)."""
+    out = []
+    for part in content_parts(message.get("content")):
+        if part.get("type") == "text":
+            out.append(str(part.get("text") or ""))
+        elif reasoning and part.get("type") == "thinking":
+            out.append(str(part.get("thinking") or ""))
+    return "".join(out)
+
+
+def folded(text: str, *, label: str = "output") -> str:
+    """Text in a <pre>, folded behind <details> when longer than FOLD_LINES lines or FOLD_CHARS chars."""
+    n_lines = text.count("\n") + 1
+    if n_lines <= FOLD_LINES and len(text) <= FOLD_CHARS:
+        return f'<pre style="{PRE}">{escape(text)}</pre>'
+    head = "\n".join(text.splitlines()[:5])[:400]
+    return (f'<pre style="{PRE}">{escape(head)}</pre>'
+            f'<details><summary style="cursor:pointer;color:#6b7280">{label}: {n_lines} lines, '
+            f'{len(text):,} chars (show all)</summary><pre style="{PRE}">{escape(text)}</pre></details>')
+
+
+def _arguments(raw: Any) -> str:
+    """Tool-call arguments pretty-printed when they are JSON (they arrive as a JSON string)."""
+    if isinstance(raw, str):
+        try:
+            return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
+        except ValueError:
+            return raw
+    return json.dumps(raw, indent=2, ensure_ascii=False, default=str)
+
+
+def message_card(message: dict, *, index: int, trained: bool, results: dict[str, str] | None = None) -> str:
+    """One chat card: role header, a "trained" badge, text, collapsed reasoning, tool calls.
+
+    `results` maps tool_call_id → the tool's output so each call shows what came back under it.
+    """
+    role = str(message.get("role", "?"))
+    colour = ROLE_COLOURS.get(role, "#7c3aed")
+    badges = ""
+    if trained:
+        badges += f'<span class="mnb-trained" style="{BADGE}background:#059669;color:#fff">trained</span>'
+    elif role == "assistant":
+        badges += f'<span style="{BADGE}background:#e5e7eb;color:#374151">context only</span>'
+    extra = ""
+    if role == "tool":
+        name = message.get("name") or ""
+        extra = f' <span style="color:#6b7280;font-size:12px">{escape(name)} · {escape(message.get("tool_call_id"))}</span>'
+    body = []
+    for part in content_parts(message.get("content")):
+        kind = part.get("type")
+        if kind == "thinking":
+            text = str(part.get("thinking") or "")
+            body.append(f'<details class="mnb-reasoning"><summary style="cursor:pointer;color:#6b7280">'
+                        f'reasoning ({len(text):,} chars)</summary><pre style="{PRE}color:#4b5563">'
+                        f'{escape(text)}</pre></details>')
+        elif kind == "text":
+            text = str(part.get("text") or "")
+            if text:
+                body.append(folded(text, label=role))
+        else:
+            body.append(f'<pre style="{PRE}color:#6b7280">{escape(json.dumps(part, default=str)[:FOLD_CHARS])}</pre>')
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        call_id = call.get("id")
+        body.append(f'<div class="mnb-tool-call" style="border:1px dashed #d1d5db;border-radius:4px;padding:4px 8px;margin:4px 0">'
+                    f'<b>call</b> <code>{escape(fn.get("name"))}</code> '
+                    f'<span style="color:#6b7280;font-size:12px">{escape(call_id)}</span>'
+                    f'{folded(_arguments(fn.get("arguments")), label="arguments")}')
+        if results is not None and call_id in results:
+            body.append(f'<b>result</b>{folded(results[call_id], label="result")}')
+        body.append("</div>")
+    return (f'<div class="mnb-card mnb-role-{escape(role)}" style="{CARD.format(colour=colour)}">'
+            f'<div style="font-size:12px;color:{colour};font-weight:600">#{index} {escape(role)}{badges}{extra}</div>'
+            f'{"".join(body)}</div>')
+
+
+def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
+    """Cards for a whole conversation; `trained` holds the indices of messages trained on."""
+    trained = set(trained)
+    results = {str(m.get("tool_call_id")): message_text(m) for m in messages
+               if m.get("role") == "tool" and m.get("tool_call_id") is not None}
+    return "".join(message_card(m, index=i, trained=i in trained, results=results)
+                   for i, m in enumerate(messages))
+
+
+def weight_colour(weight: float) -> str:
+    """Background for a token: grey for weight 0 (context), green deepening with the weight."""
+    if weight <= 0:
+        return "#eceff3"
+    alpha = 0.35 + 0.65 * min(1.0, float(weight))
+    return f"rgba(16,185,129,{alpha:.2f})"
+
+
+def _visible(text: str) -> str:
+    # Show whitespace that would otherwise vanish at a token boundary.
+    return escape(text).replace("\n", "↵\n").replace("\t", "→")
+
+
+def token_view(tokens: Iterable[dict], *, max_tokens: int = 4000) -> str:
+    """Tokens as boxed spans (boundaries visible), coloured by loss weight, with a legend.
+
+    `tokens`: dicts with `token_id`, `text`, `weight`. Past `max_tokens` (default 4,000: a browser
+    stays responsive) the rest is summarised in one line instead of drawn.
+    """
+    rows = list(tokens)
+    trained = sum(1 for r in rows if r["weight"] > 0)
+    spans = []
+    for r in rows[:max_tokens]:
+        trained_cls = " mnb-tok-trained" if r["weight"] > 0 else ""
+        spans.append(f'<span class="mnb-tok{trained_cls}" title="id {r["token_id"]} · weight {r["weight"]:g}" '
+                     f'style="background:{weight_colour(r["weight"])};border:1px solid #cbd5e1;'
+                     f'border-radius:2px;margin:0 1px 1px 0;padding:0 1px">{_visible(r["text"])}</span>')
+    more = ""
+    if len(rows) > max_tokens:
+        more = f'<div style="color:#6b7280">… {len(rows) - max_tokens:,} more tokens not drawn</div>'
+    legend = (f'<div style="font-size:12px;margin:4px 0">{len(rows):,} tokens, {trained:,} trained on · '
+              f'<span style="background:{weight_colour(1)};padding:0 4px">weight &gt; 0 (trained)</span> '
+              f'<span style="background:{weight_colour(0)};padding:0 4px">weight 0 (context)</span></div>')
+    return (f'<div class="mnb-tokens">{legend}<div style="{PRE}line-height:1.7">{"".join(spans)}</div>{more}</div>')

@@ -1,0 +1,342 @@
+"""ExamplePreviewer: one training example at a time, as chat cards and as the tokens trained on.
+
+The token view renders the line through the model's real tinker-cookbook renderer and colours
+each token by its loss weight; a second check renders the generation prompt the model sees at
+sampling time before each trained message and flags what training shows that sampling never
+does (tinker-cookbook PR #885: `*_disable_thinking` renderers trained on reasoning absent from
+the prompt). Which messages are trained follows Machine's export: see `trained_indices`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import traitlets
+
+from ..errors import MachineFormatError
+from ._base import StaticFallback, escape
+from .cards import chat_cards, token_view
+
+# Diff at most this many trained messages per example: each needs its own generation prompt
+# rendered and compared; a whole run with hundreds of steps would stall the view.
+MAX_DIFF_MESSAGES = 50
+
+
+# ---- plain functions over training lines -------------------------------------------------------
+
+def load_lines(data: Any) -> list[dict]:
+    """Training lines from a list of dicts, a JSONL path, a DataFrame of lines, or a runs DataFrame.
+
+    A runs DataFrame (no `messages` column) goes through `machine_nb.training_lines(runs)`.
+    Every line must be an object with a `messages` list: anything else raises MachineFormatError
+    naming the file, line and field.
+    """
+    source = "<lines>"
+    if isinstance(data, (str, os.PathLike)):
+        from ..jsonl import iter_jsonl
+
+        source = str(data)
+        pairs = list(iter_jsonl(Path(data)))
+    elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame
+        if "messages" in data.columns:
+            pairs = list(enumerate(data.to_dict("records"), start=1))
+        else:
+            from .. import training_lines
+
+            pairs = list(enumerate(training_lines(data), start=1))
+            source = "<training_lines(runs)>"
+    elif isinstance(data, dict):
+        pairs = [(1, data)]
+    else:
+        pairs = list(enumerate(data, start=1))
+    lines = []
+    for line_no, value in pairs:
+        if not isinstance(value, dict):
+            raise MachineFormatError(source, f"expected a JSON object, got {type(value).__name__}", line=line_no)
+        msgs = value.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
+            raise MachineFormatError(source, "expected a list of messages, each with a 'role'",
+                                     line=line_no, field="messages")
+        lines.append(value)
+    return lines
+
+
+def trained_indices(line: dict) -> list[int]:
+    """Indices of the messages a line trains on, as Machine's trainer does.
+
+    A whole-run line (`"whole_run": true`) trains every assistant message marked
+    `"trainable": true`; any other line trains its last assistant message only.
+    """
+    msgs = line["messages"]
+    if line.get("whole_run"):
+        return [i for i, m in enumerate(msgs) if m.get("role") == "assistant" and m.get("trainable") is True]
+    last = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    return last[-1:]
+
+
+def render_plan(line: dict) -> tuple[list[dict], Any]:
+    """(messages, TrainOnWhat) to hand the renderer for this line, matching `trained_indices`.
+
+    Whole runs use CUSTOMIZED with an explicit boolean `trainable` on every message (the
+    cookbook asserts one is present); other lines use LAST_ASSISTANT_MESSAGE with no
+    `trainable` keys (the cookbook asserts none is present).
+    """
+    from tinker_cookbook.renderers import TrainOnWhat
+
+    if line.get("whole_run"):
+        keep = set(trained_indices(line))
+        return ([{**m, "trainable": i in keep} for i, m in enumerate(line["messages"])],
+                TrainOnWhat.CUSTOMIZED)
+    return ([{k: v for k, v in m.items() if k != "trainable"} for m in line["messages"]],
+            TrainOnWhat.LAST_ASSISTANT_MESSAGE)
+
+
+def _strip_trainable(messages: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if k != "trainable"} for m in messages]
+
+
+def supervised_tokens(line: dict, renderer: Any) -> tuple[list[int], list[float]]:
+    """Token ids and loss weights of the line's supervised rendering (renderer.build_supervised_example)."""
+    messages, train_on_what = render_plan(line)
+    model_input, weights = renderer.build_supervised_example(messages, train_on_what=train_on_what)
+    return list(model_input.to_ints()), [float(w) for w in weights.tolist()]
+
+
+def token_frame(line: dict, renderer: Any, tokenizer: Any):
+    """The supervised rendering as a DataFrame, one row per token.
+
+    Columns: position (int), token_id (int), text (the token decoded alone), weight (float loss
+    weight; 0 = context, > 0 = trained on).
+    """
+    import pandas as pd
+
+    ids, weights = supervised_tokens(line, renderer)
+    return pd.DataFrame({
+        "position": range(len(ids)),
+        "token_id": ids,
+        "text": [tokenizer.decode([t]) for t in ids],
+        "weight": weights,
+    })
+
+
+def _has_reasoning(messages: list[dict]) -> bool:
+    return any(isinstance(m.get("content"), list) and
+               any(isinstance(p, dict) and p.get("type") == "thinking" for p in m["content"])
+               for m in messages)
+
+
+def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | None = None,
+                 weights: list[float] | None = None):
+    """Generation prompt vs supervised rendering, for each trained message; a DataFrame.
+
+    For trained message k, the generation prompt of messages[:k] (what the model sees when it
+    samples that message) is aligned with the supervised tokens (what training shows it).
+    Columns: message (k), prompt_tokens, matches (the prompt is a token-for-token prefix of the
+    supervised rendering), training_only (tokens training shows that the prompt never does),
+    trained_unseen (how many of those carry loss weight > 0), sampling_only (prompt tokens
+    absent from training), training_only_text, sampling_only_text, flag (a sentence, "" when fine).
+    """
+    import pandas as pd
+
+    if ids is None or weights is None:
+        ids, weights = supervised_tokens(line, renderer)
+    messages = line["messages"]
+    trained = trained_indices(line)
+    # The end of each trained span, so message k is aligned only against training up to its own
+    # target (a later message's tokens would otherwise match the prompt's tail by accident).
+    ends = [j + 1 for j in range(len(weights)) if weights[j] > 0 and (j + 1 == len(weights) or weights[j + 1] <= 0)]
+    rows = []
+    for n, k in enumerate(trained[:MAX_DIFF_MESSAGES]):
+        gen = list(renderer.build_generation_prompt(_strip_trainable(messages[:k])).to_ints())
+        upto = ends[n] if len(ends) == len(trained) else len(ids)
+        sup = ids[:upto]
+        extra: list[int] = []  # positions in the supervised tokens that the prompt lacks
+        missing: list[int] = []  # prompt tokens with no counterpart in training
+        matcher = difflib.SequenceMatcher(None, gen, sup, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "equal" or i1 >= len(gen):
+                continue  # past the end of the prompt: the sampled completion itself
+            missing.extend(range(i1, i2))
+            if i2 < len(gen) or tag == "insert":
+                extra.extend(range(j1, j2))
+            # else: the prompt's tail differs and training continues with the target instead
+        trained_unseen = sum(1 for j in extra if weights[j] > 0)
+        reasoning = _has_reasoning(messages[: k + 1])
+        flag = ""
+        if trained_unseen and reasoning:
+            flag = (f"trained on reasoning the model never sees at sampling time "
+                    f"({trained_unseen} trained tokens absent from the generation prompt)")
+        elif trained_unseen:
+            flag = f"trained on {trained_unseen} tokens the generation prompt never shows"
+        elif missing and reasoning:
+            tail = tokenizer.decode([gen[i] for i in missing])
+            flag = (f"trained on reasoning the model never sees at sampling time: the generation prompt "
+                    f"shows {tail!r} where training shows this message's reasoning differently")
+        elif extra or missing:
+            flag = (f"context differs from sampling: {len(extra)} tokens only in training, "
+                    f"{len(missing)} only in the generation prompt")
+        rows.append({
+            "message": k,
+            "prompt_tokens": len(gen),
+            "matches": not extra and not missing,
+            "training_only": len(extra),
+            "trained_unseen": trained_unseen,
+            "sampling_only": len(missing),
+            "training_only_text": tokenizer.decode([ids[j] for j in extra]) if extra else "",
+            "sampling_only_text": tokenizer.decode([gen[i] for i in missing]) if missing else "",
+            "flag": flag,
+        })
+    return pd.DataFrame(rows, columns=["message", "prompt_tokens", "matches", "training_only", "trained_unseen",
+                                       "sampling_only", "training_only_text", "sampling_only_text", "flag"])
+
+
+def diff_html(diffs) -> str:
+    """The prompt-vs-training check as HTML: one line per trained message, flagged ones in red."""
+    if diffs is None or len(diffs) == 0:
+        return '<div style="color:#6b7280">No trained message to check.</div>'
+    out = ['<div class="mnb-diff" style="font-size:13px"><b>Generation prompt vs supervised render</b>']
+    for r in diffs.to_dict("records"):
+        if r["matches"]:
+            out.append(f'<div style="color:#059669">message #{r["message"]}: the generation prompt '
+                       f'({r["prompt_tokens"]} tokens) is a prefix of the training tokens ✓</div>')
+            continue
+        colour = "#dc2626" if r["trained_unseen"] else "#b45309"
+        out.append(f'<div class="mnb-flag" style="color:{colour}">⚠ message #{r["message"]}: {escape(r["flag"])}</div>')
+        if r["training_only_text"]:
+            out.append(f'<div style="margin-left:16px">only in training: <code style="white-space:pre-wrap">'
+                       f'{escape(r["training_only_text"][:1000])}</code></div>')
+        if r["sampling_only_text"]:
+            out.append(f'<div style="margin-left:16px">only at sampling: <code style="white-space:pre-wrap">'
+                       f'{escape(r["sampling_only_text"][:1000])}</code></div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+# ---- the widget ---------------------------------------------------------------------------------
+
+class ExamplePreviewer(StaticFallback, widgets.VBox):
+    """Step through training examples: chat cards, then the tokens the model's renderer trains on.
+
+    Args:
+        data: training lines (list of dicts), a JSONL path, a DataFrame of lines, or a runs
+            DataFrame (converted with `machine_nb.training_lines`).
+        model: model whose renderer draws the token view (e.g. "thinkingmachines/Inkling-Small").
+            Default None: cards only, since tokens depend on the model.
+        renderer, tokenizer: a tinker-cookbook renderer/tokenizer to use instead of the model's
+            (default None: `machine_nb.render.get_renderer(model)` / `get_tokenizer(model)`).
+        index: the example shown first. Default 0.
+
+    `.current` (trait) is the index shown; `.line` the current line; `.tokens` its token frame
+    and `.diffs` its prompt check (None without a model).
+    """
+
+    current = traitlets.Int(0)
+
+    def __init__(self, data: Any, model: str | None = None, *, renderer: Any = None,
+                 tokenizer: Any = None, index: int = 0, **kwargs: Any):
+        self.lines = load_lines(data)
+        self.model = model
+        self._renderer, self._tokenizer = renderer, tokenizer
+        self.tokens = None
+        self.diffs = None
+        self.token_error = ""
+        self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="80px"))
+        self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="80px"))
+        self._jump = widgets.Text(placeholder="jump to run id", layout=widgets.Layout(width="220px"))
+        self._status = widgets.HTML()
+        self._cards = widgets.HTML()
+        self._token_html = widgets.HTML()
+        self._prev.on_click(lambda _: self.show(self.current - 1))
+        self._next.on_click(lambda _: self.show(self.current + 1))
+        self._jump.on_submit(lambda _: self.jump(self._jump.value))
+        sections = [self._cards]
+        if model is not None or renderer is not None:
+            sections.append(self._token_html)
+        super().__init__(children=[widgets.HBox([self._prev, self._next, self._jump, self._status]), *sections],
+                         **kwargs)
+        self.observe(self._refresh, names="current")
+        self.current = max(0, min(index, len(self.lines) - 1)) if self.lines else 0
+        self._refresh()
+
+    # navigation
+    @property
+    def line(self) -> dict | None:
+        """The training line shown now (None when there are none)."""
+        return self.lines[self.current] if self.lines else None
+
+    def show(self, index: int) -> None:
+        """Show example `index` (clamped to the valid range)."""
+        if self.lines:
+            self.current = max(0, min(int(index), len(self.lines) - 1))
+
+    def jump(self, run_id: str) -> bool:
+        """Show the first example of run `run_id`; False (and a note) when no line has it."""
+        run_id = str(run_id).strip()
+        for i, line in enumerate(self.lines):
+            if str(line.get("run")) == run_id:
+                self.show(i)
+                return True
+        self._status.value = f'<span style="color:#dc2626">no example of run {escape(run_id)}</span>'
+        return False
+
+    # rendering
+    def _tools(self) -> tuple[Any, Any]:
+        if self._renderer is None:
+            from ..render import get_renderer, get_tokenizer
+
+            self._tokenizer = self._tokenizer or get_tokenizer(self.model)
+            self._renderer = get_renderer(self.model)
+        if self._tokenizer is None:
+            self._tokenizer = self._renderer.tokenizer
+        return self._renderer, self._tokenizer
+
+    def _compute_tokens(self) -> None:
+        self.tokens = self.diffs = None
+        self.token_error = ""
+        if self.line is None or (self.model is None and self._renderer is None):
+            return
+        try:
+            renderer, tokenizer = self._tools()
+            self.tokens = token_frame(self.line, renderer, tokenizer)
+            self.diffs = prompt_diffs(self.line, renderer, tokenizer, ids=self.tokens["token_id"].tolist(),
+                                      weights=self.tokens["weight"].tolist())
+        except Exception as exc:  # a renderer refusing a line is something to show, not a crash
+            self.token_error = f"{type(exc).__name__}: {exc}"
+
+    def _refresh(self, _change: Any = None) -> None:
+        self._compute_tokens()
+        self._status.value = escape(self.summary())
+        self._cards.value = self._cards_html()
+        self._token_html.value = self._tokens_html()
+
+    def _cards_html(self) -> str:
+        if self.line is None:
+            return "<i>No training lines.</i>"
+        return chat_cards(self.line["messages"], trained_indices(self.line))
+
+    def _tokens_html(self) -> str:
+        if self.model is None and self._renderer is None:
+            return ""
+        title = f'<h4 style="margin:8px 0 2px">Tokens as {escape(self.model or "the given renderer")} trains on them</h4>'
+        if self.token_error:
+            return f'{title}<div style="color:#dc2626">Could not render this example: {escape(self.token_error)}</div>'
+        if self.tokens is None:
+            return ""
+        return title + token_view(self.tokens.to_dict("records")) + diff_html(self.diffs)
+
+    def summary(self) -> str:
+        if not self.lines:
+            return "ExamplePreviewer: no training lines"
+        line = self.line
+        kind = "whole run" if line.get("whole_run") else "step"
+        return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)} · run {line.get('run', '?')} · "
+                f"machine {line.get('machine', '?')} · {kind} · {len(line['messages'])} messages, "
+                f"{len(trained_indices(line))} trained")
+
+    def static_html(self) -> str:
+        return (f'<div class="mnb-previewer"><div style="font-weight:600">{escape(self.summary())}</div>'
+                f'{self._cards_html()}{self._tokens_html()}</div>')

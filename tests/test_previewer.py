@@ -1,0 +1,160 @@
+"""ExamplePreviewer: cards, trained marks, navigation, and the token view through real renderers.
+
+Inkling's renderer (offline) draws the token view; tinker-cookbook's real qwen3_disable_thinking
+renderer, over a tokenizer that gives Qwen's special tokens single ids, shows the PR #885 case:
+reasoning trained on that the generation prompt never shows.
+"""
+
+import json
+import re
+
+import pytest
+
+from machine_nb.errors import MachineFormatError
+from machine_nb.widgets.previewer import ExamplePreviewer, load_lines, trained_indices
+
+INKLING = "thinkingmachines/Inkling-Small"
+
+STEP = {"machine": "calc", "run": "r1", "score": 1.0, "messages": [
+    {"role": "system", "content": "You add numbers."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "2 plus 2 is 4"},
+                                      {"type": "text", "text": "answer: 4"}]}]}
+
+WHOLE = {"machine": "calc", "run": "r2", "score": 1.0, "whole_run": True, "messages": [
+    {"role": "user", "content": "List files"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "use ls"}],
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\": \"ls\"}"}}],
+     "trainable": True},
+    {"role": "tool", "tool_call_id": "c1", "content": "\n".join(f"file{i}.txt" for i in range(40))},
+    {"role": "assistant", "content": "Forty files.", "trainable": False},
+    {"role": "assistant", "content": "Done: forty files.", "trainable": True}]}
+
+
+def test_trained_indices_follow_machine_export():
+    assert trained_indices(STEP) == [2]
+    assert trained_indices(WHOLE) == [1, 4]
+
+
+def test_cards_mark_trained_fold_tool_output_and_collapse_reasoning():
+    p = ExamplePreviewer([STEP, WHOLE], index=1)
+    html = p.static_html()
+    assert html.count('class="mnb-trained"') == 2
+    assert "context only" in html  # the untrained assistant message
+    assert '<details class="mnb-reasoning">' in html
+    assert "bash" in html and "&quot;cmd&quot;" in html  # the call and its arguments
+    assert "result: 40 lines" in html  # 40-line tool output folded under its call
+    assert "file39.txt" in html  # folded, not lost
+    assert "example 2/2 · run r2" in p.summary()
+
+
+def test_navigation_and_jump(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in [STEP, WHOLE, {**STEP, "run": "r3"}]) + "\n")
+    p = ExamplePreviewer(path)
+    assert p.current == 0 and p.line["run"] == "r1"
+    p._next.click()
+    assert p.line["run"] == "r2"
+    p._prev.click(); p._prev.click()
+    assert p.current == 0  # clamped
+    assert p.jump("r3") and p.current == 2
+    assert not p.jump("nope") and p.current == 2
+    assert "no example of run nope" in p._status.value
+
+
+def test_bad_line_names_file_line_and_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(STEP) + "\n" + json.dumps({"messages": "hi"}) + "\n")
+    with pytest.raises(MachineFormatError) as err:
+        load_lines(path)
+    assert "bad.jsonl:2" in str(err.value) and "messages" in str(err.value)
+
+
+def test_inkling_token_view_weights_only_the_trained_messages():
+    p = ExamplePreviewer([WHOLE], model=INKLING)
+    assert not p.token_error, p.token_error
+    toks = p.tokens
+    assert list(toks.columns) == ["position", "token_id", "text", "weight"]
+    trained_text = "".join(toks.loc[toks.weight > 0, "text"])
+    context_text = "".join(toks.loc[toks.weight == 0, "text"])
+    assert "Done: forty files." in trained_text and "use ls" in trained_text
+    assert "Forty files." not in trained_text  # trainable False → context
+    assert "List files" in context_text
+    html = p.static_html()
+    assert "mnb-tok-trained" in html and "weight 0 (context)" in html
+    # Inkling keeps reasoning in its prompts: every trained message's prompt is a prefix.
+    assert p.diffs["matches"].all(), p.diffs
+    assert "is a prefix of the training tokens" in html
+
+
+class SpecialTokens:
+    """Inkling's tokenizer with extra strings given single ids (Qwen's chat markers), for qwen3 renderers."""
+
+    def __init__(self, base, specials):
+        self.base = base
+        self.ids = {s: 300_000 + i for i, s in enumerate(specials)}
+        self.rev = {v: k for k, v in self.ids.items()}
+        self.pattern = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
+        self.eos_token_id = self.ids["<|im_end|>"]
+        self.name_or_path = "qwen-markers-over-inkling"
+
+    def encode(self, text, add_special_tokens=False, split_special_tokens=False):
+        if split_special_tokens:  # user text: markers inside it stay plain text
+            return self.base.encode(text, add_special_tokens=False)
+        out = []
+        for piece in self.pattern.split(text):
+            if piece in self.ids:
+                out.append(self.ids[piece])
+            elif piece:
+                out.extend(self.base.encode(piece, add_special_tokens=False))
+        return out
+
+    def decode(self, ids, **_):
+        out, run = [], []
+        for t in ids:
+            if t in self.rev:
+                out.append(self.base.decode(run)); run = []
+                out.append(self.rev[t])
+            else:
+                run.append(t)
+        out.append(self.base.decode(run))
+        return "".join(out)
+
+
+def test_disable_thinking_renderer_is_flagged_for_unseen_reasoning():
+    from tinker_cookbook import renderers
+
+    from machine_nb.render import get_tokenizer
+
+    tok = SpecialTokens(get_tokenizer(INKLING), ["<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                                                 "<tool_call>", "</tool_call>", "<|endoftext|>"])
+    renderer = renderers.get_renderer("qwen3_disable_thinking", tok)
+    # A two-turn whole run whose last message reasons: the prompt closes an empty think block,
+    # training shows the reasoning after the same header.
+    line = {"run": "r9", "whole_run": True, "messages": [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "answer: 4", "trainable": True},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "3 plus 3 is 6"},
+                                          {"type": "text", "text": "answer: 6"}], "trainable": True}]}
+    p = ExamplePreviewer([line], renderer=renderer, tokenizer=tok)
+    assert not p.token_error, p.token_error
+    d = p.diffs.set_index("message")
+    # No reasoning in message 1: its empty think block in the prompt is a context difference only.
+    assert "reasoning" not in d.loc[1, "flag"] and d.loc[1, "trained_unseen"] == 0
+    assert not d.loc[3, "matches"]
+    assert "</think>" in d.loc[3, "sampling_only_text"]
+    assert d.loc[3, "flag"].startswith("trained on reasoning the model never sees at sampling time")
+    assert "mnb-flag" in p.static_html()
+    trained = "".join(p.tokens.loc[p.tokens.weight > 0, "text"])
+    assert "3 plus 3 is 6" in trained  # the reasoning is indeed trained on
+    # tinker-cookbook itself refuses the single-step form of this line: shown, not raised.
+    step = ExamplePreviewer([STEP], renderer=renderer, tokenizer=tok)
+    assert "thinking turned off" in step.token_error
+    assert "Could not render this example" in step.static_html()
+
+
+def test_unrenderable_model_shows_error_not_traceback():
+    p = ExamplePreviewer([STEP], model="Qwen/Qwen3-8B")  # needs the HF hub; offline in tests
+    assert p.token_error and "Qwen/Qwen3-8B" in p.token_error
+    assert "Could not render this example" in p.static_html()
