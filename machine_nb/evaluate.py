@@ -280,28 +280,39 @@ def _engine_for(model_or_path: str) -> str:
 
 
 def _resolve(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
+    """The renderer's model and the engine, with the engine's own name rules (engines.engine_for)."""
     if model is None:
-        if checkpoint and not str(checkpoint).startswith("local://"):
+        if checkpoint and str(checkpoint).startswith("local://"):
+            try:  # a local checkpoint records its base model
+                from .engines.local.service import read_checkpoint_meta
+            except ImportError:
+                model = _default_model()
+            else:
+                model = read_checkpoint_meta(str(checkpoint))["base_model"]
+        elif checkpoint:
             raise EngineError(f"Pass model= (the base model of {checkpoint!r}): its renderer formats the prompts")
-        model = _default_model()
+        else:
+            model = _default_model()
     engine = engine or _engine_for(str(checkpoint or model))
     if engine not in ("local", "tinker"):
-        raise ValueError(f"engine must be 'local' or 'tinker', got {engine!r}")
+        raise EngineError(f"Unknown engine {engine!r}: use 'local' or 'tinker'")
+    try:
+        from .engines import check_model
+    except ImportError:
+        pass
+    else:  # asking one engine for the other's model: a clear error now, not a failed request later
+        check_model(engine, str(checkpoint or model))
     return model, engine
 
 
 def _open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
-    """A sampling client for the base model or the checkpoint; on Tinker, checks key and reachability
-    first (seconds), never leaving the SDK to hang for minutes."""
+    """A sampling client for the base model or the checkpoint. On Tinker, engines.service_client
+    checks the key and reachability first (5 s), never leaving the SDK to hang for minutes."""
     if service_client is None:
         try:
-            from . import engines
-            make_service = engines.service_client
-        except (ImportError, AttributeError) as exc:
+            from .engines import service_client as make_service
+        except ImportError as exc:
             raise EngineError("machine_nb.engines is not available in this install: pass sampling_client=") from exc
-        if engine == "tinker":
-            from .engines.tinker import check_tinker
-            check_tinker()
         service_client = make_service(engine)
     if checkpoint:
         return service_client.create_sampling_client(model_path=str(checkpoint))
@@ -347,7 +358,7 @@ def _eval_cost(model: str, engine: str, prompt_tokens: int, output_tokens: int) 
     usd = (prompt_tokens * prefill + output_tokens * sample) / 1_000_000
     source = _price_field(price, "source") or "machine_nb.pricing"
     date = _price_field(price, "date", "as_of")
-    return {"usd": round(usd, 6), "source": f"{source}{f' ({date})' if date else ''}",
+    return {"usd": round(usd, 9), "source": f"{source}{f' ({date})' if date else ''}",
             "prefill_per_m": prefill, "sample_per_m": sample}
 
 
@@ -385,10 +396,10 @@ def results_name(checkpoint: str | None) -> str:
 
 
 def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
-             engine: str | None = None, *, max_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0,
+             engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
              name: str | None = None, save: bool = True, sampling_client: Any = None,
-             service_client: Any = None, show_progress: bool | None = None) -> Any:
+             service_client: Any = None, show_progress: bool | None = None, max_usd: float | None = None) -> Any:
     """Sample every eval row through the engine, score it, write a results JSON; returns a DataFrame.
 
     eval_path: the eval JSONL (or a list of row dicts); every row is checked before any sampling.
@@ -397,8 +408,9 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     checkpoint: a sampler path (`tinker://…` or `local://…`) to evaluate instead of the base model.
       Default None: the base model (the baseline).
     engine: "local" | "tinker". Default: "local" for local/… models and local:// paths, else "tinker".
-    max_tokens: reply budget per row. Default 64: the example's answers are a few tokens, and a
-      rambling baseline is cut there (stop_reason "length") instead of paying for prose.
+    max_tokens: reply budget per row. Default 32 (as pricing.estimate_eval_cost assumes):
+      `answer: <integer>` needs under 10, and a rambling baseline is cut there (stop_reason
+      "length") instead of paying for prose.
     temperature: default 0.0 (greedy), so two evals of the same model agree and compare() sees
       the model, not the dice. seed: default 0 (for temperature > 0; recorded in the results).
     concurrency: requests in flight at once. Default 32 on Tinker (remote, latency-bound) and 8
@@ -408,6 +420,9 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
       for a base model and the checkpoint's last path segment otherwise. save=False writes nothing.
     sampling_client / service_client: seams; default the engine's own (tests pass stand-ins).
     show_progress: the progress bar per finished row; default on (MACHINE_NB_PROGRESS=0 silences).
+    max_usd: a budget. Default None (no limit). When set, the eval is priced first (exact prompt
+      tokens + max_tokens per reply, pricing.estimate_eval_cost) and refused with BudgetExceeded
+      before any request if it could cost more, or if the price is unknown. Local runs cost 0.
 
     The frame has RESULT_COLUMNS; `df.attrs["summary"]` holds the results JSON without its rows
     and `df.attrs["path"]` where it was written. On Tinker, the key and reachability are checked
@@ -424,6 +439,10 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    if max_usd is not None and engine == "tinker":
+        from .pricing import estimate_eval_cost
+
+        estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
     client = sampling_client if sampling_client is not None else _open_sampler(model, checkpoint, engine, service_client)
 
     started_at, t0 = _now(), time.perf_counter()
@@ -758,7 +777,7 @@ def _probe_rows(prompts: Any) -> list[dict]:
 
 
 def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
-          format: str | None = None, max_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0,
+          format: str | None = None, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
           concurrency: int | None = None, renderer: Any = None, baseline_client: Any = None,
           checkpoint_client: Any = None, service_client: Any = None, show_progress: bool | None = None) -> Any:
     """Off-distribution prompts through the base model and the checkpoint side by side: where does
@@ -769,7 +788,7 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     model / checkpoint / engine: as in evaluate(); checkpoint is required (it is half the point).
     format: the learned style as a regex (fullmatch on the stripped reply), e.g. r"answer: .*".
       Default None: each row's own "format", and `bled` is None for rows with neither.
-    Other options as in evaluate() (greedy, 64 tokens). baseline_client / checkpoint_client are
+    Other options as in evaluate() (greedy, 32 tokens). baseline_client / checkpoint_client are
     seams for stand-in samplers.
 
     Returns a DataFrame: prompt, baseline_output, checkpoint_output, bled (the checkpoint's reply

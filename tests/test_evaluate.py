@@ -202,9 +202,11 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     assert len(written["rows"]) == 6 and written["rows"][0]["line"] == 1
     assert written["rows"][0]["messages"][0]["content"] == "What is 47 plus 15?"
     assert written["started_at"] <= written["finished_at"]
-    # no price for a stand-in run on a model pricing may not know: recorded with its reason, never a guess
-    cost = written["cost"]
-    assert set(cost) >= {"usd", "source"} and (cost["usd"] is None) == cost["source"].startswith("unknown")
+    # cost: prompt tokens at the prefill price + output tokens at the sample price, with its source
+    from machine_nb.pricing import price_for
+    price, cost = price_for(MODEL), written["cost"]
+    want = (written["prompt_tokens"] * price.prefill + written["output_tokens"] * price.sample) / 1e6
+    assert cost["usd"] == pytest.approx(want, rel=1e-3) and cost["usd"] > 0 and "pricing" in cost["source"]
     assert os.stat(tmp_path / "eval_results" / "baseline.json").st_mode & 0o077 == 0
 
     back = load_results(tmp_path / "eval_results" / "baseline.json")
@@ -279,6 +281,30 @@ def test_bad_eval_file_fails_before_sampling(tmp_path):
     with pytest.raises(MachineFormatError, match=r"eval.jsonl:3 \(field 'match'\)"):
         evaluate(write_rows(tmp_path / "eval.jsonl", rows), model=MODEL, engine="tinker", sampling_client=sampler)
     assert sampler.calls == 0
+
+
+def test_budget_is_checked_before_any_request():
+    from machine_nb.errors import BudgetExceeded
+
+    sampler = StandInSampler(house_style)
+    with pytest.raises(BudgetExceeded):
+        evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, save=False, max_usd=1e-9)
+    assert sampler.calls == 0
+    df = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, save=False, max_usd=1.0)
+    assert df["correct"].all()
+
+
+def test_unknown_model_cost_is_recorded_as_unknown_not_guessed():
+    from machine_nb.evaluate import _eval_cost
+
+    cost = _eval_cost("acme/NoSuchModel-1B", "tinker", 100, 10)
+    assert cost["usd"] is None and cost["source"].startswith("unknown")
+    assert _eval_cost("local/arith-tiny", "local", 100, 10)["usd"] == 0.0
+
+
+def test_asking_an_engine_for_the_other_engines_model_is_a_clear_error():
+    with pytest.raises(EngineError, match="local engine serves only its own models"):
+        evaluate(eval_rows(1), model=MODEL, engine="local", sampling_client=object(), save=False)
 
 
 def test_tinker_checkpoint_needs_a_model_for_its_renderer():
