@@ -1,0 +1,326 @@
+"""Tagger: step through runs and their turns and mark each good / bad / good-with-a-rewrite.
+
+Every click writes one row through `machine_nb.tag()` (store/tags.py decides the row's shape
+and file, exactly as Machine's /good and /bad do); "Undo last" removes, through `untag()`, only
+a row this widget wrote. Which runs to tag is RunPicker's job (`Tagger(picker.selected)`).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets as w
+
+from ._base import StaticFallback, escape
+
+# Rows listed under "recently tagged" (the newest first).
+RECENT = 5
+# Characters of the answer shown in the recent list (enough to recognise it).
+PREVIEW_CHARS = 60
+
+
+# ---------------------------------------------------------------- pure helpers over plain data
+
+def run_messages(run: dict) -> list[dict]:
+    """A Run's messages in order: history (earlier turns) then trajectory (this run's turn),
+    the same order `machine_nb.messages()` numbers them."""
+    return list(run.get("history") or []) + list(run.get("trajectory") or [])
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # chat parts: [{"type": "text", "text": ...}, ...]
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content)
+
+
+def split_turns(messages: Sequence[dict]) -> list[dict]:
+    """The turns of a conversation: each starts at a user message and runs to the next one.
+
+    Returns dicts with start (index of the user message; 0 when the conversation opens without
+    one), end (exclusive), user (its text), answer (the text of the turn's last assistant
+    message that is not a tool call; "" when the turn has none), answer_index (None then) and
+    steps (the messages between the user message and the answer: tool calls and results).
+    """
+    if not messages:
+        return [{"start": 0, "end": 0, "user": "", "answer": "", "answer_index": None, "steps": []}]
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not starts or starts[0] != 0 and any(m.get("role") == "assistant" for m in messages[:starts[0]]):
+        starts = [0] + starts  # an opening without a user message is a turn of its own
+    turns = []
+    for k, start in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(messages)
+        span = range(start, end)
+        answers = [i for i in span if messages[i].get("role") == "assistant"
+                   and not messages[i].get("toolInput") and not messages[i].get("tool_calls")
+                   and _text(messages[i].get("content")).strip()]
+        answer_index = answers[-1] if answers else None
+        first = start + 1 if messages[start].get("role") == "user" else start
+        last = answer_index if answer_index is not None else end
+        turns.append({
+            "start": start, "end": end,
+            "user": _text(messages[start].get("content")) if messages[start].get("role") == "user" else "",
+            "answer": _text(messages[answer_index].get("content")) if answer_index is not None else "",
+            "answer_index": answer_index,
+            "steps": [messages[i] for i in range(first, last)],
+        })
+    return turns
+
+
+def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
+    """The Run record cut at the end of `turn`: earlier messages become history, the turn is the
+    trajectory. For the run's last turn this is the run itself (its ids and machine kept), so
+    `tag()` records the turn with its run's provenance, as Machine's /good does for a session."""
+    return {**run, "history": list(messages[:turn["start"]]),
+            "trajectory": list(messages[turn["start"]:turn["end"]])}
+
+
+def _records(runs: Any) -> list[dict]:
+    """Run dicts from a load_runs frame (its `run` column), one row, a Run dict or a list of them."""
+    if hasattr(runs, "columns"):
+        if "run" not in runs.columns:
+            raise ValueError("Tagger needs load_runs' `run` column (the parsed Run records); "
+                             f"the frame has {list(runs.columns)}")
+        records = list(runs["run"])
+    elif isinstance(runs, dict):
+        records = [runs]
+    else:
+        records = list(runs)
+    for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            raise ValueError(f"Tagger: run {i} is a {type(r).__name__}, not a Run record (dict)")
+    return records
+
+
+# ---------------------------------------------------------------- the widget
+
+class Tagger(StaticFallback, w.VBox):
+    """Step through runs and turns; Good / Bad / Good with rewrite (+ note) write through `tag()`.
+
+    runs: a load_runs DataFrame (or `RunPicker.selected`), a Run dict, or a list of them.
+    store: the tag store passed to `tag()`/`untag()`. Default None: the library's default store
+      for this project (as `tag()` itself defaults).
+    trace: passed to `tag()`. Default False: the turn's user message and final answer, as /good.
+
+    `.written` lists the rows this widget wrote (oldest first); `undo()` removes the newest of
+    them from the store and never touches any other row.
+    """
+
+    def __init__(self, runs: Any, *, store: Any = None, trace: bool = False, **kwargs: Any) -> None:
+        self._runs = _records(runs)
+        if not self._runs:
+            raise ValueError("Tagger: no runs to tag (the frame is empty)")
+        self.store = store
+        self.trace = trace
+        self.written: list[dict] = []
+        self._run_pos = 0
+        self._msgs = run_messages(self._runs[0])
+        self._turns = split_turns(self._msgs)
+        self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
+
+        def button(desc: str, tip: str, style: str = "", icon: str = "") -> w.Button:
+            return w.Button(description=desc, tooltip=tip, button_style=style, icon=icon,
+                            layout=w.Layout(width="auto"))
+
+        self._b_prev_run = button("‹ run", "previous run")
+        self._b_next_run = button("run ›", "next run")
+        self._b_prev_turn = button("‹ turn", "previous turn of this run")
+        self._b_next_turn = button("turn ›", "next turn of this run")
+        self._b_good = button("Good", "tag this turn good", "success", "thumbs-up")
+        self._b_bad = button("Bad", "tag this turn bad", "danger", "thumbs-down")
+        self._b_rewrite = button("Good with rewrite", "tag good with the answer replaced by the rewrite", "info")
+        self._b_undo = button("Undo last", "remove the last row this tagger wrote", "warning", "undo")
+        self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="100%"))
+        self.rewrite = w.Textarea(placeholder="the answer you want the model to learn",
+                                  layout=w.Layout(width="100%", height="6em"))
+        self._header = w.HTML()
+        self._turn_view = w.HTML()
+        self._recent = w.HTML()
+        self._status = w.HTML()
+        self._b_prev_run.on_click(lambda _: self.prev_run())
+        self._b_next_run.on_click(lambda _: self.next_run())
+        self._b_prev_turn.on_click(lambda _: self.prev_turn())
+        self._b_next_turn.on_click(lambda _: self.next_turn())
+        self._b_good.on_click(lambda _: self._guarded(self.good, self.note.value or None))
+        self._b_bad.on_click(lambda _: self._guarded(self.bad, self.note.value or None))
+        self._b_rewrite.on_click(lambda _: self._guarded(self.good_with_rewrite, self.rewrite.value,
+                                                         self.note.value or None))
+        self._b_undo.on_click(lambda _: self._guarded(self.undo))
+        children = [
+            w.HBox([self._b_prev_run, self._b_next_run, self._b_prev_turn, self._b_next_turn, self._header]),
+            self._turn_view, self.note, self.rewrite,
+            w.HBox([self._b_good, self._b_bad, self._b_rewrite, self._b_undo, self._status]),
+            self._recent,
+        ]
+        super().__init__(children=children, **kwargs)
+        self._draw()
+
+    # ------------------------------------------------------------ navigation
+
+    @property
+    def current(self) -> dict:
+        """The turn on screen: run_id, machine, run (position), turn (position), user, answer."""
+        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        return {"run_id": run.get("id"), "machine": run.get("machine"), "run": self._run_pos,
+                "turn": self._turn_pos, "n_turns": len(self._turns), "user": turn["user"],
+                "answer": turn["answer"]}
+
+    def go_to(self, run: int | str, turn: int | None = None) -> None:
+        """Show run `run` (a position, or a run id) at `turn` (default: its last turn, the one
+        the run itself answered)."""
+        if isinstance(run, str):
+            ids = [r.get("id") for r in self._runs]
+            if run not in ids:
+                raise KeyError(f"Tagger: no run with id {run!r}")
+            run = ids.index(run)
+        if not 0 <= run < len(self._runs):
+            raise IndexError(f"Tagger: run position {run} is outside 0..{len(self._runs) - 1}")
+        self._run_pos = run
+        self._msgs = run_messages(self._runs[run])
+        self._turns = split_turns(self._msgs)
+        last = len(self._turns) - 1
+        self._turn_pos = last if turn is None else max(0, min(turn, last))
+        self.rewrite.value = ""
+        self.note.value = ""
+        self._draw()
+
+    def next_run(self) -> None:
+        """Go to the next run (its last turn); stays on the last run."""
+        self.go_to(min(self._run_pos + 1, len(self._runs) - 1))
+
+    def prev_run(self) -> None:
+        """Go to the previous run (its last turn); stays on the first."""
+        self.go_to(max(self._run_pos - 1, 0))
+
+    def next_turn(self) -> None:
+        """Go to this run's next turn (stays on the last)."""
+        self._turn_pos = min(self._turn_pos + 1, len(self._turns) - 1)
+        self._draw()
+
+    def prev_turn(self) -> None:
+        """Go to this run's previous turn (stays on the first)."""
+        self._turn_pos = max(self._turn_pos - 1, 0)
+        self._draw()
+
+    # ------------------------------------------------------------ tagging
+
+    def _tag(self, tag: str, note: str | None, rewrite: str | None) -> dict:
+        from ..store.tags import tag as write_tag  # the one writer of tag rows
+
+        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        if turn["answer_index"] is None and not rewrite:
+            raise ValueError("this turn has no assistant answer to tag (write a rewrite and use "
+                             "'Good with rewrite', or pick another turn)")
+        target = turn_run(run, self._msgs, turn)
+        if turn["answer_index"] is None:  # an unanswered turn: the rewrite is its answer
+            target["trajectory"] = target["trajectory"] + [{"role": "assistant", "content": rewrite}]
+        row = write_tag(target, tag=tag, note=note or None,
+                        rewrite=rewrite or None, trace=self.trace, store=self.store)
+        self.written.append(row)
+        self._status.value = f"wrote {escape(tag)} row {escape(row.get('id'))}"
+        self.note.value = ""
+        self._draw()
+        return row
+
+    def good(self, note: str | None = None) -> dict:
+        """Tag the turn on screen good (with an optional note); returns the row `tag()` wrote."""
+        return self._tag("good", note, None)
+
+    def bad(self, note: str | None = None) -> dict:
+        """Tag the turn on screen bad (with an optional note); returns the row `tag()` wrote."""
+        return self._tag("bad", note, None)
+
+    def good_with_rewrite(self, rewrite: str, note: str | None = None) -> dict:
+        """Tag the turn good with its answer replaced by `rewrite` (Machine's /good --as)."""
+        if not (rewrite or "").strip():
+            raise ValueError("the rewrite is empty: type the answer you want the model to learn")
+        row = self._tag("good", note, rewrite)
+        self.rewrite.value = ""
+        return row
+
+    def undo(self) -> dict | None:
+        """Remove the newest row this widget wrote (through `untag`); None when it wrote none
+        (or all are undone). Rows written by anything else are never touched."""
+        from ..store.tags import untag
+
+        if not self.written:
+            self._status.value = "nothing to undo"
+            return None
+        row = self.written[-1]
+        untag(row["id"], store=self.store)
+        self.written.pop()
+        self._status.value = f"removed row {escape(row.get('id'))}"
+        self._draw()
+        return row
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        """Button handlers: show an error in the widget instead of a traceback in the log."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - shown to the user, who can fix and retry
+            self._status.value = f'<span style="color:#b00">{escape(type(exc).__name__)}: {escape(exc)}</span>'
+
+    # ------------------------------------------------------------ view
+
+    def _header_text(self) -> str:
+        c = self.current
+        return (f"run {c['run'] + 1} of {len(self._runs)} · {c['run_id']} · {c['machine']} · "
+                f"turn {c['turn'] + 1} of {c['n_turns']}")
+
+    def _turn_html(self) -> str:
+        turn = self._turns[self._turn_pos]
+        steps = ""
+        if turn["steps"]:
+            items = "".join(
+                f"<li><b>{escape(m.get('role'))}</b>{' ' + escape(m.get('name')) if m.get('name') else ''}: "
+                f"{escape(_text(m.get('content'))[:300] or str(m.get('toolInput') or '')[:300])}</li>"
+                for m in turn["steps"])
+            steps = f"<details><summary>{len(turn['steps'])} step(s) before the answer</summary><ul>{items}</ul></details>"
+        answer = escape(turn["answer"]) if turn["answer_index"] is not None else "<i>(no answer)</i>"
+        box = "white-space:pre-wrap;border-left:3px solid {};padding:2px 8px;margin:4px 0"
+        return (f'<div class="mnb-tagger-turn"><div style="{box.format("#888")}"><b>user</b>\n{escape(turn["user"])}</div>'
+                f'{steps}<div style="{box.format("#2a7")}"><b>assistant</b>\n{answer}</div></div>')
+
+    def recent_rows(self) -> list[dict]:
+        """The newest rows this widget wrote (at most RECENT): id, tag, note, preview."""
+        out = []
+        for row in reversed(self.written[-RECENT:]):
+            msgs = row.get("messages") or []
+            last = _text(msgs[-1].get("content")) if msgs and isinstance(msgs[-1], dict) else ""
+            preview = " ".join(last.split())
+            out.append({"id": row.get("id"), "tag": row.get("tag"), "note": row.get("note") or "",
+                        "preview": preview[:PREVIEW_CHARS] + ("…" if len(preview) > PREVIEW_CHARS else "")})
+        return out
+
+    def _recent_html(self) -> str:
+        rows = self.recent_rows()
+        if not rows:
+            return "<p><i>nothing tagged yet in this tagger</i></p>"
+        body = "".join(f"<tr><td>{escape(r['id'])}</td><td>{escape(r['tag'])}</td><td>{escape(r['note'])}</td>"
+                       f"<td>{escape(r['preview'])}</td></tr>" for r in rows)
+        return ("<p><b>recently tagged</b> (newest first)</p><table class=\"dataframe\"><thead><tr><th>id</th>"
+                f"<th>tag</th><th>note</th><th>answer</th></tr></thead><tbody>{body}</tbody></table>")
+
+    def _draw(self) -> None:
+        self._header.value = html.escape(self._header_text())
+        self._turn_view.value = self._turn_html()
+        self._recent.value = self._recent_html()
+        self._b_undo.disabled = not self.written
+        self._b_prev_run.disabled = self._run_pos == 0
+        self._b_next_run.disabled = self._run_pos == len(self._runs) - 1
+        self._b_prev_turn.disabled = self._turn_pos == 0
+        self._b_next_turn.disabled = self._turn_pos == len(self._turns) - 1
+
+    def summary(self) -> str:
+        c = self.current
+        return (f"Tagger: run {c['run'] + 1} of {len(self._runs)}, turn {c['turn'] + 1} of {c['n_turns']}, "
+                f"{len(self.written)} tagged here")
+
+    def static_html(self) -> str:
+        return (f'<div class="mnb-tagger"><p><b>{escape(self._header_text())}</b></p>{self._turn_html()}'
+                f'{self._recent_html()}</div>')

@@ -1,0 +1,135 @@
+"""Tagger: turns of a run, Good / Bad / rewrite rows land in the real tag store via tag(), undo removes only its own row."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from machine_nb.store.tags import tag, tagged
+from machine_nb.widgets.tagger import Tagger, split_turns, turn_run
+
+
+def make_run(i: int, turns: int = 2) -> dict:
+    """A Machine Run: earlier turns in history, the run's own turn (with a tool call) in trajectory."""
+    history = []
+    for t in range(turns - 1):
+        history += [{"role": "user", "content": f"q{i}.{t}"}, {"role": "assistant", "content": f"a{i}.{t}"}]
+    trajectory = [
+        {"role": "user", "content": f"What is {i} + {i}?"},
+        {"role": "assistant", "content": "", "name": "calc", "toolCallId": f"c{i}", "toolInput": {"expr": f"{i}+{i}"}},
+        {"role": "tool", "content": str(2 * i), "name": "calc", "toolCallId": f"c{i}"},
+        {"role": "assistant", "content": f"The answer is {2 * i}."},
+    ]
+    return {"id": f"run{i}", "machine": "arith", "model": "local/arith-tiny", "input": f"What is {i} + {i}?",
+            "output": f"The answer is {2 * i}.", "history": history, "trajectory": trajectory}
+
+
+def runs_frame(n: int = 3) -> pd.DataFrame:
+    runs = [make_run(i) for i in range(n)]
+    return pd.DataFrame({"id": [r["id"] for r in runs], "machine": "arith", "run": runs})
+
+
+def store_rows(store) -> list[dict]:
+    rows = []
+    for f in sorted(store.glob("*.jsonl")):
+        rows += [dict(json.loads(line), _file=f.name) for line in f.read_text().splitlines()]
+    return rows
+
+
+def test_split_turns_finds_user_turns_answers_and_tool_steps():
+    run = make_run(4)
+    msgs = run["history"] + run["trajectory"]
+    turns = split_turns(msgs)
+    assert [(t["start"], t["end"], t["user"], t["answer"]) for t in turns] == [
+        (0, 2, "q4.0", "a4.0"), (2, 6, "What is 4 + 4?", "The answer is 8.")]
+    assert [m["role"] for m in turns[1]["steps"]] == ["assistant", "tool"]  # the call and its result
+    assert split_turns([{"role": "user", "content": "hi"}])[0]["answer_index"] is None
+    assert split_turns([])[0]["answer"] == ""
+    cut = turn_run(run, msgs, turns[0])
+    assert cut["id"] == "run4" and cut["trajectory"] == msgs[0:2] and cut["history"] == []
+
+
+def test_buttons_write_rows_exactly_as_tag_does(tmp_path):
+    store = tmp_path / "store"
+    t = Tagger(runs_frame(), store=store)
+    assert t.current["run_id"] == "run0" and t.current["turn"] == 1  # opens on the run's own turn
+    t.note.value = "clean"
+    t._b_good.click()
+    t.next_run()
+    t._b_bad.click()
+    t.prev_turn()  # an earlier turn of run1
+    t.rewrite.value = "a1.0 (fixed)"
+    t._b_rewrite.click()
+    rows = store_rows(store)
+    assert [(r["_file"], r["tag"], r["run"], r["messages"]) for r in rows] == [
+        ("rejected.jsonl", "bad", "run1", [{"role": "user", "content": "What is 1 + 1?"},
+                                          {"role": "assistant", "content": "The answer is 2."}]),
+        ("train.jsonl", "good", "run0", [{"role": "user", "content": "What is 0 + 0?"},
+                                        {"role": "assistant", "content": "The answer is 0."}]),
+        ("train.jsonl", "good", "run1", [{"role": "user", "content": "q1.0"},
+                                        {"role": "assistant", "content": "a1.0 (fixed)"}]),
+    ]
+    assert rows[1]["note"] == "clean" and "note" not in rows[0] and rows[2]["rewritten"] is True
+    # the same keys and values tag() itself writes for the same turn (ids and times aside)
+    direct = tag(make_run(0), "good", note="clean", store=tmp_path / "direct", id=rows[1]["id"],
+                 created_at=rows[1]["created_at"])
+    assert direct == {k: v for k, v in rows[1].items() if k != "_file"}
+    assert list(tagged(store)["id"]) == [rows[1]["id"], rows[2]["id"], rows[0]["id"]]
+    assert [r["tag"] for r in t.recent_rows()] == ["good", "bad", "good"]  # newest first
+    assert t.recent_rows()[0]["preview"] == "a1.0 (fixed)" and t.note.value == "" and t.rewrite.value == ""
+
+
+def test_undo_removes_only_this_widgets_last_row(tmp_path):
+    store = tmp_path / "store"
+    other = tag(make_run(9), "good", note="someone else", store=store)  # written by another tool
+    t = Tagger(runs_frame(2), store=store)
+    first = t.good()
+    second = t.good("second")
+    also_other = tag(make_run(8), "good", store=store)  # interleaved foreign row, newer than ours
+    assert t.undo() == second
+    ids = [r["id"] for r in store_rows(store)]
+    assert ids == [other["id"], first["id"], also_other["id"]]
+    assert t.undo() == first
+    assert t.undo() is None and t._status.value == "nothing to undo"
+    assert [r["id"] for r in store_rows(store)] == [other["id"], also_other["id"]]
+    assert t._b_undo.disabled
+
+
+def test_errors_show_in_the_widget_not_as_tracebacks(tmp_path):
+    run = make_run(1)
+    run["trajectory"] = [{"role": "user", "content": "unanswered"}]
+    t = Tagger([run], store=tmp_path)
+    t._b_good.click()
+    assert "no assistant answer" in t._status.value and not list(tmp_path.glob("*.jsonl"))
+    t._b_rewrite.click()  # empty rewrite
+    assert "rewrite is empty" in t._status.value
+    t.rewrite.value = "It is unanswerable."
+    t._b_rewrite.click()
+    assert store_rows(tmp_path)[0]["messages"][-1] == {"role": "assistant", "content": "It is unanswerable."}
+    with pytest.raises(ValueError, match="`run` column"):
+        Tagger(pd.DataFrame({"id": ["x"]}))
+    with pytest.raises(ValueError, match="no runs"):
+        Tagger([])
+
+
+def test_navigation_and_static_fallback(tmp_path):
+    t = Tagger(runs_frame(3), store=tmp_path)
+    t.go_to("run2")
+    assert t.current["run"] == 2 and t._b_next_run.disabled and not t._b_prev_run.disabled
+    t.next_run()
+    assert t.current["run"] == 2  # stays on the last
+    t.go_to(0, turn=0)
+    assert t.current["user"] == "q0.0" and t._b_prev_turn.disabled
+    t.next_turn()
+    t.next_turn()
+    assert t.current["turn"] == 1
+    with pytest.raises(KeyError):
+        t.go_to("nope")
+    t.bad("wrong <b>format</b>")
+    bundle = t._repr_mimebundle_()
+    assert bundle["text/plain"] == "Tagger: run 1 of 3, turn 2 of 2, 1 tagged here"
+    page = bundle["text/html"]
+    assert "What is 0 + 0?" in page and "The answer is 0." in page and "2 step(s) before the answer" in page
+    assert "wrong &lt;b&gt;format&lt;/b&gt;" in page and "<b>format</b>" not in page
