@@ -1,0 +1,236 @@
+"""The local engine's model: a nanoGPT-style causal transformer and greedy/sampled generation.
+
+Attention and MLP projections are separate nn.Linear modules with stable names (attn.q_proj,
+attn.k_proj, attn.v_proj, attn.o_proj, mlp.fc_in, mlp.fc_out) so the engine's LoRA can wrap them;
+training and sampling clients live in service.py, pretraining in build.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Model shape. Defaults are the shipped model's (about 0.86M parameters)."""
+
+    vocab_size: int = 418
+    """Tokens in the vocabulary (7 special + 256 bytes + words); build.py sets it from the tokenizer."""
+    block_size: int = 128
+    """Longest sequence (prompt + reply) in tokens; 128 fits the chat prompts of the arithmetic corpus."""
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    bias: bool = True
+    """Biases in Linear layers and LayerNorms (True, as GPT-2)."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GPTConfig":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        assert cfg.n_embd % cfg.n_head == 0
+        self.n_head = cfg.n_head
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        h = self.n_head
+        q = self.q_proj(x).view(B, T, h, C // h).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, h, C // h).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, h, C // h).transpose(1, 2)
+        if cache is not None:  # [k, v] of earlier positions, extended in place
+            if cache[0] is not None:
+                k = torch.cat([cache[0], k], dim=2)
+                v = torch.cat([cache[1], v], dim=2)
+            cache[0], cache[1] = k, v
+        if k.shape[2] == T:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # new queries attend to every cached position and causally among themselves
+            past = k.shape[2] - T
+            mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.fc_out = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer with learned positions and tied input/output embeddings."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith(("o_proj.weight", "fc_out.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, caches: list[list] | None = None, start_pos: int = 0) -> torch.Tensor:
+        """Logits (B, T, vocab) for token ids `idx` (B, T).
+
+        caches / start_pos: one [k, v] list per layer and the position of idx[:, 0], for
+        incremental decoding (default None / 0: a plain full-sequence forward, as in training).
+        """
+        B, T = idx.shape
+        if start_pos + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {start_pos + T} tokens is longer than the model's block size "
+                f"({self.config.block_size}); shorten the prompt or max_tokens")
+        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i])
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0.0 < top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    prompt_ids: Sequence[int],
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    stop: Sequence[Sequence[int] | int] | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_strings: Sequence[str] = (),
+    decode: Callable[[list[int]], str] | None = None,
+) -> tuple[list[int], list[float], str]:
+    """Continue `prompt_ids` by up to `max_tokens` tokens: returns (tokens, logprobs, stop_reason).
+
+    temperature: 0 (default) is greedy and deterministic; above 0 samples from softmax(logits / T)
+        with a torch.Generator seeded by `seed` (None: a fresh random seed), so a seed repeats.
+    stop: token-id sequences (or single ids) that end generation; the matched stop tokens are
+        included in `tokens`, as the Tinker sampler returns them. Default None: only max_tokens.
+    top_k / top_p: optional filters (None, -1 / 1.0 disable them, as in tinker.SamplingParams).
+    stop_strings / decode: text stops, checked on `decode(tokens)` after each token (default none).
+    stop_reason is "stop" when a stop matched, else "length" (max_tokens reached, or the block size).
+    logprobs are the log-probabilities of the chosen tokens under the distribution sampled from
+    (untempered logits when greedy).
+    Raises ValueError when the prompt is empty or does not fit the block size.
+    """
+    cfg = model.config
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("generate needs a non-empty prompt")
+    if len(prompt) >= cfg.block_size:
+        raise ValueError(
+            f"prompt of {len(prompt)} tokens does not fit the local model's block size "
+            f"({cfg.block_size} tokens, room for at least one new token)")
+    stops = [[int(s)] if isinstance(s, int) else [int(t) for t in s] for s in (stop or [])]
+    stops = [s for s in stops if s]
+    if stop_strings and decode is None:
+        raise ValueError("stop_strings needs a decode function")
+    gen = None
+    if temperature > 0:
+        gen = torch.Generator()
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(int(seed))
+    if top_k is not None and top_k <= 0:
+        top_k = None
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    caches: list[list] = [[None, None] for _ in range(cfg.n_layer)]
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    reason = "length"
+    try:
+        logits = model(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0, -1]
+        pos = len(prompt)
+        for _ in range(max(0, int(max_tokens))):
+            if pos >= cfg.block_size:  # prompt + reply never exceed the block size (it could not be trained on)
+                break
+            logits = logits.float()
+            if temperature > 0:
+                scaled = _filter_logits(logits / temperature, top_k, top_p)
+                probs = torch.softmax(scaled, dim=-1)
+                tok = int(torch.multinomial(probs, 1, generator=gen))
+                lp = float(torch.log_softmax(scaled, dim=-1)[tok])
+            else:
+                tok = int(torch.argmax(_filter_logits(logits, top_k, top_p)))
+                lp = float(torch.log_softmax(logits, dim=-1)[tok])
+            tokens.append(tok)
+            logprobs.append(lp)
+            if any(len(s) <= len(tokens) and tokens[-len(s):] == s for s in stops):
+                reason = "stop"
+                break
+            if stop_strings and any(s in decode(tokens) for s in stop_strings):
+                reason = "stop"
+                break
+            pos += 1
+            if pos >= cfg.block_size:
+                break
+            logits = model(torch.tensor([[tok]], device=device), caches=caches, start_pos=pos - 1)[0, -1]
+    finally:
+        model.train(was_training)
+    return tokens, logprobs, reason
