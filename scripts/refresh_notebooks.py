@@ -1,0 +1,87 @@
+"""Re-execute the shipped notebooks in place so the committed copies carry fresh, clean outputs.
+
+Each notebook runs top to bottom in a fresh kernel with its default parameters, from the notebooks/
+folder (as Jupyter and nbval run it). Then it is cleaned the way a report is (report.clean_notebook:
+widget views replaced by their static fallback, no widget-state metadata; secret-looking environment
+values redacted) and stripped of per-run noise (timings, papermill metadata), so a diff shows only
+what changed. A notebook that fails is left untouched and the script exits 1.
+
+    .venv/bin/python scripts/refresh_notebooks.py                 # both notebooks
+    .venv/bin/python scripts/refresh_notebooks.py notebooks/02_explore_runs.ipynb
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = [ROOT / "notebooks" / "01_minimal_sft.ipynb", ROOT / "notebooks" / "02_explore_runs.ipynb"]
+# Cell metadata that records one execution, not the notebook (timings, papermill's bookkeeping).
+_RUN_METADATA = ("execution", "papermill", "collapsed", "scrolled")
+
+
+def strip_run_metadata(nb: dict[str, Any]) -> dict[str, Any]:
+    """Drop per-execution metadata from the notebook and its cells (pure; returns nb)."""
+    nb.get("metadata", {}).pop("papermill", None)
+    for cell in nb.get("cells", []):
+        meta = cell.get("metadata", {})
+        for key in _RUN_METADATA:
+            meta.pop(key, None)
+    return nb
+
+
+def execute(path: Path, timeout: float) -> dict[str, Any]:
+    """Run the notebook at `path` in a fresh python3 kernel from its own folder; returns the executed JSON."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    return json.loads(nbformat.writes(nb))
+
+
+def refresh(path: Path, timeout: float = 1800) -> float:
+    """Execute, clean and rewrite one notebook atomically; returns the wall time in seconds."""
+    from machine_nb.jsonl import atomic_write_text
+    from machine_nb.report import clean_notebook, scrub, secret_values
+
+    start = time.monotonic()
+    nb = strip_run_metadata(clean_notebook(execute(path, timeout)))
+    text, redactions = scrub(json.dumps(nb, indent=1, ensure_ascii=False), secret_values())
+    if redactions:
+        print(f"  {redactions} secret value(s) redacted from {path.name}: check which cell prints them", file=sys.stderr)
+    atomic_write_text(path, text + "\n", mode=0o644)
+    return time.monotonic() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to refresh (default: both shipped ones)")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="per-cell timeout in seconds (default 1800: the training cell on a busy 2-core machine)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the kernel inherits it: never a hub lookup
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    failed = 0
+    for path in [p.resolve() for p in args.notebooks] or NOTEBOOKS:
+        print(f"executing {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} …", flush=True)
+        try:
+            wall = refresh(path, args.timeout)
+        except Exception as exc:  # keep the committed copy; say which cell failed
+            failed += 1
+            print(f"  FAILED, left unchanged: {type(exc).__name__}: {str(exc)[-2000:]}", file=sys.stderr)
+            continue
+        print(f"  refreshed in {wall:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
