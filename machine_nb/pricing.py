@@ -78,13 +78,7 @@ def set_price(model: str, **fields: Any) -> Price:
     Fields: prefill, cached_prefill, sample, train (USD per million tokens), source, date. Fields
     not given keep the table's value (or None for a new model); source defaults to "user override".
     """
-    unknown = set(fields) - set(Price.__dataclass_fields__)
-    if unknown:
-        raise TypeError(f"set_price: unknown field(s) {sorted(unknown)}; known: {list(Price.__dataclass_fields__)}")
-    current = _OVERRIDES.get(model) or PRICES.get(model) or Price(None, None, None, None)
-    fields.setdefault("source", "user override")
-    fields.setdefault("date", "")
-    price = replace(current, **fields)
+    price = _with_fields(_OVERRIDES.get(model) or PRICES.get(model), fields)
     _OVERRIDES[model] = price
     return price
 
@@ -107,7 +101,10 @@ def price_for(model: str, *, prices: Mapping[str, Price | Mapping[str, Any]] | N
         for table in tables:
             if name in table:
                 row = table[name]
-                return row if isinstance(row, Price) else Price(**{"source": "user override", "date": "", **row})
+                if isinstance(row, Price):
+                    return row
+                # a dict of fields amends the table's row (or a blank one)
+                return _with_fields(price_for(name, strict=False), row)
     if is_local_model(model):
         return LOCAL_PRICE
     if not strict:
@@ -192,12 +189,19 @@ class EvalCostEstimate:
                 f"<b>≤ ${self.usd:.4f}</b><br>{_price_html(self.price)}</div>")
 
 
+def _with_fields(base: Price | None, fields: Mapping[str, Any]) -> Price:
+    """`base` (or a blank price) with `fields` replaced; source "user override" unless given."""
+    unknown = set(fields) - set(Price.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown price field(s) {sorted(unknown)}; known: {list(Price.__dataclass_fields__)}")
+    blank = Price(None, None, None, None)
+    return replace(base or blank, **{"source": "user override", "date": "", **fields})
+
+
 def _resolve_price(model: str, price: Price | Mapping[str, Any] | None, prices) -> Price:
     if price is None:
         return price_for(model, prices=prices)
-    return price if isinstance(price, Price) else Price(**{"source": "user override", "date": "", "prefill": None,
-                                                            "cached_prefill": None, "sample": None, "train": None,
-                                                            **price})
+    return price if isinstance(price, Price) else _with_fields(price_for(model, prices=prices, strict=False), price)
 
 
 def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,

@@ -1,0 +1,97 @@
+"""The minimal-SFT corpus: deterministic, held-out pairs disjoint, the eval set never silently replaced."""
+
+import hashlib
+import json
+import re
+
+import pytest
+
+from machine_nb.cli import main
+from machine_nb.corpus import ANSWER_FORMAT, PROBE_QUESTIONS, QUESTION_TEMPLATES, make_corpus
+from machine_nb.jsonl import read_jsonl
+
+QUESTION = re.compile(r"(\d+) (plus|minus|\+|-) (\d+)")
+
+
+def parse(question):
+    a, op, b = QUESTION.search(question).groups()
+    return int(a), op in ("plus", "+"), int(b)
+
+
+def test_rows_counts_and_shapes(tmp_path):
+    c = make_corpus(tmp_path, seed=0)
+    train, evals, probe = read_jsonl(c.train), read_jsonl(c.eval), read_jsonl(c.probe)
+    assert (len(train), len(evals), len(probe)) == (48, 24, len(PROBE_QUESTIONS)) and len(probe) >= 8
+    phrasings = [t for ts in QUESTION_TEMPLATES.values() for t in ts]
+    for row in train:
+        user, assistant = row["messages"]
+        assert (user["role"], assistant["role"]) == ("user", "assistant")
+        a, plus, b = parse(user["content"])
+        assert 10 <= a <= 99 and 10 <= b <= 99
+        assert assistant["content"] == f"answer: {a + b if plus else a - b}"
+        assert "answer" not in user["content"].lower()  # the question never states the format
+        assert any(re.fullmatch(re.escape(t).replace(r"\{a\}", r"\d+").replace(r"\{b\}", r"\d+"), user["content"])
+                   for t in phrasings)
+    for row in evals:
+        assert set(row) == {"messages", "expected", "match", "format"} and row["match"] == "exact"
+        assert row["format"] == ANSWER_FORMAT and re.fullmatch(row["format"], row["expected"])
+        a, plus, b = parse(row["messages"][0]["content"])
+        assert row["expected"] == f"answer: {a + b if plus else a - b}"
+    assert any(r["expected"].startswith("answer: -") for r in evals + [
+        {"expected": t["messages"][1]["content"]} for t in train])  # negative results occur
+    for row in probe:
+        assert row["expected_natural"] and not QUESTION.search(row["messages"][0]["content"])
+
+
+def test_eval_pairs_are_disjoint_from_train_pairs(tmp_path):
+    for seed in range(5):
+        c = make_corpus(tmp_path / str(seed), seed=seed)
+        pairs = lambda rows: {frozenset(parse(r["messages"][0]["content"])[::2]) for r in rows}  # noqa: E731
+        train, evals = pairs(read_jsonl(c.train)), pairs(read_jsonl(c.eval))
+        assert len(train) == 48 and len(evals) == 24 and not train & evals
+
+
+def test_same_seed_is_byte_identical_and_another_seed_draws_anew(tmp_path):
+    a, b, c = make_corpus(tmp_path / "a", seed=7), make_corpus(tmp_path / "b", seed=7), make_corpus(tmp_path / "c", seed=8)
+    for name in ("train.jsonl", "eval.jsonl", "probe.jsonl", "manifest.json"):
+        assert (a.out_dir / name).read_bytes() == (b.out_dir / name).read_bytes()
+    assert a.train.read_bytes() != c.train.read_bytes() and a.eval.read_bytes() != c.eval.read_bytes()
+
+
+def test_manifest_records_seed_counts_and_checksums(tmp_path):
+    c = make_corpus(tmp_path, seed=3)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest == c.manifest and manifest["seed"] == 3 and manifest["generator_version"] >= 1
+    assert manifest["counts"] == {"train": 48, "eval": 24, "probe": len(PROBE_QUESTIONS)}
+    for name, info in manifest["files"].items():
+        assert info["sha256"] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+    assert "seed 3" in c._repr_html_()
+
+
+def test_a_differing_eval_file_is_never_silently_replaced(tmp_path):
+    make_corpus(tmp_path, seed=0)
+    before = (tmp_path / "eval.jsonl").read_bytes(), (tmp_path / "train.jsonl").read_bytes()
+    make_corpus(tmp_path, seed=0)  # same rows: fine
+    with pytest.raises(FileExistsError, match="force=True"):
+        make_corpus(tmp_path, seed=1)
+    assert ((tmp_path / "eval.jsonl").read_bytes(), (tmp_path / "train.jsonl").read_bytes()) == before
+    make_corpus(tmp_path, seed=1, force=True)
+    assert (tmp_path / "eval.jsonl").read_bytes() != before[0]
+
+
+def test_cli(tmp_path, capsys):
+    assert main(["corpus", "--out", str(tmp_path), "--seed", "2"]) == 0
+    assert "eval.jsonl: 24 rows" in capsys.readouterr().out
+    assert main(["corpus", "--out", str(tmp_path), "--seed", "5"]) == 1
+    assert "--force" in capsys.readouterr().err
+    assert main(["corpus", "--out", str(tmp_path), "--seed", "5", "--force"]) == 0
+
+
+def test_the_corpus_passes_validation_with_the_inkling_renderer(tmp_path):
+    from machine_nb.validate import validate
+
+    c = make_corpus(tmp_path)
+    train = validate(c.train, "thinkingmachines/Inkling-Small", eval_path=c.eval)
+    evals = validate(c.eval, "thinkingmachines/Inkling-Small")
+    assert train.ok and evals.ok and train.findings.empty and evals.findings.empty
+    assert (train.summary["kind"], train.summary["rows"], evals.summary["kind"]) == ("train", 48, "eval")

@@ -1,0 +1,110 @@
+"""Prices and cost: the table carries sources, unknown models refuse, estimates follow the documented rules."""
+
+import math
+
+import pytest
+
+from machine_nb.errors import BudgetExceeded
+from machine_nb.pricing import (PRICES, CostEstimate, Price, UnknownPrice, check_budget, clear_prices,
+                                estimate_cost, estimate_eval_cost, price_for, prices_frame, set_price)
+from machine_nb.tokens import count_prompt_tokens, count_tokens
+
+INKLING = "thinkingmachines/Inkling"
+
+
+def rows(n):
+    return [{"messages": [{"role": "user", "content": f"What is {10 + i} plus {20 + i}?"},
+                          {"role": "assistant", "content": f"answer: {30 + 2 * i}"}]} for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def _no_overrides():
+    clear_prices()
+    yield
+    clear_prices()
+
+
+def test_every_row_has_a_source_and_date_and_machines_numbers():
+    for model, p in PRICES.items():
+        assert p.source and p.date, model
+        assert p.prefill > 0 and p.sample > 0 and p.cached_prefill < p.prefill, model
+    assert PRICES[INKLING] == Price(3.74, 0.374, 9.36, 11.22, PRICES[INKLING].source, "2026-10-07")
+    assert "transcription" in PRICES[INKLING].source and "unverified" in PRICES[INKLING].source
+    assert PRICES["Qwen/Qwen3.6-35B-A3B"].sample == 1.335
+    frame = prices_frame()
+    assert list(frame.columns) == ["model", "prefill", "cached_prefill", "sample", "train", "source", "date"]
+    assert len(frame) == len(PRICES)
+
+
+def test_price_for_exact_id_then_base_then_local():
+    assert price_for("thinkingmachines/Inkling-Small:peft:262144").prefill == 2.32  # exact id wins
+    assert price_for("thinkingmachines/Inkling-Small:peft:131072").prefill == 1.16  # falls back to the base
+    local = price_for("local/arith-tiny")
+    assert (local.prefill, local.sample, local.train) == (0.0, 0.0, 0.0) and "local" in local.source
+    with pytest.raises(UnknownPrice, match="cannot bound the cost") as info:
+        price_for("acme/unknown-7B")
+    assert isinstance(info.value, BudgetExceeded)
+    assert price_for("acme/unknown-7B", strict=False) is None
+
+
+def test_user_overrides():
+    set_price("acme/unknown-7B", prefill=0.1, sample=0.2, train=0.3, source="our quote", date="2026-12-01")
+    assert price_for("acme/unknown-7B").train == 0.3
+    p = set_price("thinkingmachines/Inkling-Small", train=3.0)
+    assert p.prefill == 1.16 and p.train == 3.0 and p.source == "user override"
+    assert price_for("thinkingmachines/Inkling-Small", prices={"thinkingmachines/Inkling-Small": {"train": 9.0}}).train == 9.0
+    clear_prices()
+    assert price_for("thinkingmachines/Inkling-Small").train is None
+    with pytest.raises(TypeError, match="unknown price field"):
+        set_price("x/y", cost=1)
+
+
+def test_estimate_cost_uses_exact_counts_and_the_cookbook_step_rule():
+    data = rows(20)
+    counts = count_tokens(data, INKLING)
+    est = estimate_cost(data, INKLING, epochs=3, batch_size=8)
+    assert isinstance(est, CostEstimate) and est.exact
+    assert est.tokens == counts["tokens"].sum() and est.trained_tokens == counts["trained_tokens"].sum()
+    assert est.steps == (20 // 8) * 3 == 6  # the partial batch of 4 rows is dropped
+    assert math.isclose(est.usd, est.tokens * 3 * 11.22 / 1e6)
+    assert est.price is PRICES[INKLING]
+    capped = estimate_cost(data, INKLING, epochs=3, batch_size=8, max_steps=3)
+    assert capped.steps == 3 and math.isclose(capped.usd, est.usd / 2)
+    html = est._repr_html_()
+    assert "2026-10-07" in html and f"{est.tokens:,}" in html
+
+
+def test_unknown_train_price_refuses_unless_given():
+    with pytest.raises(UnknownPrice, match="No training price"):
+        estimate_cost(rows(8), "thinkingmachines/Inkling-Small")
+    est = estimate_cost(rows(8), "thinkingmachines/Inkling-Small", price={"train": 2.0})
+    assert est.usd > 0 and est.price.source == "user override"
+    assert estimate_cost(rows(8), "local/arith-tiny", price=Price(0, 0, 0, 0, "free", "")).usd == 0
+
+
+def test_budget_guard():
+    check_budget(5.0, None)
+    check_budget(0.5, 1.0)
+    with pytest.raises(BudgetExceeded, match="over the budget of \\$1.00 by \\$1.5000"):
+        check_budget(2.5, 1.0, "training")
+    with pytest.raises(BudgetExceeded, match="cannot be bounded"):
+        check_budget(None, 1.0)
+    with pytest.raises(BudgetExceeded):
+        estimate_cost(rows(16), INKLING, epochs=10, max_usd=1e-6)
+
+
+def test_estimated_counts_are_labelled():
+    with pytest.warns(UserWarning, match="Hugging Face hub"):
+        est = estimate_cost(rows(8), "Qwen/Qwen3-8B")
+    assert not est.exact and "estimates" in est.note
+    assert math.isclose(est.usd, est.tokens * 0.40 / 1e6)
+
+
+def test_eval_cost():
+    data = [{"messages": r["messages"][:1], "expected": r["messages"][1]["content"], "match": "exact"} for r in rows(5)]
+    prompt = count_prompt_tokens(data, INKLING)["prompt_tokens"].sum()
+    est = estimate_eval_cost(data, INKLING, max_tokens=16)
+    assert est.exact and est.rows == 5 and est.prompt_tokens == prompt and est.max_output_tokens == 80
+    assert math.isclose(est.usd, (prompt * 3.74 + 80 * 9.36) / 1e6)
+    with pytest.raises(BudgetExceeded):
+        estimate_eval_cost(data, INKLING, max_usd=1e-9)

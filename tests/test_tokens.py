@@ -1,0 +1,90 @@
+"""Exact token counts come from the real renderer (the cookbook's SFT path); others are labelled estimates."""
+
+import json
+import math
+
+import pytest
+
+from machine_nb.errors import MachineFormatError
+from machine_nb.jsonl import write_jsonl
+from machine_nb.render import get_renderer
+from machine_nb.tokens import TokenEstimateWarning, count_prompt_tokens, count_tokens
+
+INKLING = "thinkingmachines/Inkling-Small"
+
+
+def qa(q, a):
+    return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+
+def test_exact_counts_match_the_cookbooks_datum(tmp_path):
+    from tinker_cookbook.supervised.data import conversation_to_datum
+
+    data = [qa("What is 47 plus 15?", "answer: 62"),
+            qa("Who wrote Hamlet?", "William Shakespeare wrote Hamlet, around 1600, in London.")]
+    path = write_jsonl(data, tmp_path / "train.jsonl")
+    df = count_tokens(path, INKLING)
+    assert list(df.columns) == ["line", "tokens", "trained_tokens", "exact", "error"]
+    assert df["line"].tolist() == [1, 2] and df["exact"].all() and df["error"].isna().all()
+    renderer = get_renderer(INKLING)
+    for row, (_, got) in zip(data, df.iterrows()):
+        datum = conversation_to_datum(row["messages"], renderer, max_length=None)
+        # the datum is shifted by one (inputs = tokens[:-1], targets = tokens[1:])
+        assert got["tokens"] == datum.model_input.length + 1
+        assert got["trained_tokens"] == int((datum.loss_fn_inputs["weights"].to_torch() > 0).sum())
+    assert 0 < df["trained_tokens"][0] < df["trained_tokens"][1] < df["tokens"][1]
+    # rows in memory count the same as the file
+    assert count_tokens(data, INKLING)[["tokens", "trained_tokens"]].equals(df[["tokens", "trained_tokens"]])
+
+
+def test_trainable_flags_select_customized_weights():
+    msgs = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello there, friend!"},
+            {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]
+    plain = count_tokens([{"messages": msgs}], INKLING).iloc[0]
+    flagged = [dict(m) for m in msgs]
+    flagged[1]["trainable"], flagged[3]["trainable"] = False, True
+    custom = count_tokens([{"messages": flagged}], INKLING).iloc[0]
+    assert custom["exact"] and custom["trained_tokens"] < plain["trained_tokens"]
+
+
+def test_hub_only_model_is_estimated_at_once_and_says_why():
+    row = qa("What is 47 plus 15?", "answer: 62")
+    with pytest.warns(TokenEstimateWarning, match="Qwen/Qwen3-8B: tokenizer needs the Hugging Face hub"):
+        df = count_tokens([row], "Qwen/Qwen3-8B")
+    chars = len(json.dumps(row["messages"], separators=(",", ":"), ensure_ascii=False))
+    assert df["tokens"][0] == math.ceil(chars / 2.5) and not df["exact"][0]
+    assert "2.5-chars-per-token" in df.attrs["note"]
+
+
+def test_a_row_the_renderer_rejects_falls_back_with_its_reason():
+    df = count_tokens([qa("q", "a"), {"messages": [{"role": "user", "content": [{"type": "bogus"}]},
+                                                   {"role": "assistant", "content": "x"}]}], INKLING)
+    assert df["exact"].tolist() == [True, False]
+    assert df["error"][1].startswith("renderer failed") and df["tokens"][1] > 0
+
+
+def test_bad_rows_name_file_line_and_field(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(qa("q", "a")) + "\n" + json.dumps({"text": "no messages"}) + "\n")
+    with pytest.raises(MachineFormatError) as info:
+        count_tokens(path, INKLING)
+    assert info.value.line == 2 and info.value.field == "messages" and str(path) in str(info.value)
+    path.write_text(json.dumps(qa("q", "a")) + "\n{not json\n" + json.dumps(qa("r", "b")) + "\n")
+    with pytest.raises(MachineFormatError, match=":2"):
+        count_tokens(path, INKLING)
+    assert count_tokens(path, INKLING, on_error="skip")["line"].tolist() == [1, 3]
+
+
+def test_prompt_tokens_are_the_generation_prompt():
+    row = {"messages": [{"role": "user", "content": "What is 47 plus 15?"}], "expected": "answer: 62"}
+    df = count_prompt_tokens([row], INKLING)
+    assert df["prompt_tokens"][0] == get_renderer(INKLING).build_generation_prompt(row["messages"]).length
+
+
+def test_local_engine_model_counts_exactly():
+    try:
+        from machine_nb.engines.local import DEFAULT_MODEL
+    except Exception as exc:  # pragma: no cover - the local engine is another engineer's
+        pytest.skip(f"machine_nb.engines.local not importable yet: {exc}")
+    df = count_tokens([qa("What is 47 plus 15?", "answer: 62")], DEFAULT_MODEL)
+    assert df["exact"][0] and 0 < df["trained_tokens"][0] < df["tokens"][0]
