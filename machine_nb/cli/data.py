@@ -1,0 +1,131 @@
+"""`machine-nb runs | tagged | export`: Machine's stored runs and tag rows from a terminal, and the
+export of selected runs as training JSONL. The work is done by frames.py, store/tags.py,
+select.py and export.py; this module only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_RUN_TABLE = ["id", "machine", "model", "harness", "score", "n_messages", "n_tool_calls", "started_at"]
+
+
+def _print_frame(df, columns: list[str], as_json: bool) -> None:
+    if as_json:
+        import json
+        import math
+
+        def plain(v):
+            if v is None or (isinstance(v, float) and math.isnan(v)) or v != v:
+                return None
+            return v.isoformat() if hasattr(v, "isoformat") else v
+
+        rows = [{c: plain(v) for c, v in zip(columns, vals)} for vals in df[columns].itertuples(index=False)]
+        print(json.dumps(rows, ensure_ascii=False, default=str))
+        return
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
+                           "display.max_colwidth", 48):
+        print(df[columns].to_string(index=False) if len(df) else "(none)")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from ..frames import load_runs
+
+    df = load_runs(args.workspace, args.machine, strict=args.strict)
+    if args.limit:
+        df = df.head(args.limit)
+    cols = _RUN_TABLE + (["input", "output", "case", "rubric", "cost_usd", "final"] if args.json else [])
+    _print_frame(df, cols, args.json)
+    return 0
+
+
+def cmd_tagged(args: argparse.Namespace) -> int:
+    from ..store.tags import store_dir, tagged
+
+    store = Path(args.store) if args.store else store_dir(args.project)
+    df = tagged(store)
+    if args.limit:
+        df = df.tail(args.limit)
+    cols = ["id", "file", "tag", "kind", "note", "source", "n_messages", "last_user", "last_assistant"]
+    if not args.json:
+        print(f"store: {store}", file=sys.stderr)
+    _print_frame(df, cols, args.json)
+    return 0
+
+
+def _read_exclude(path: str) -> list[str]:
+    """Cases from a holdout.json-style JSON array, or plain text with one case per line."""
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        from ..store.workspace import read_cases
+
+        return [c["input"] for c in read_cases(path)]
+    return [line.rstrip("\n") for line in text.splitlines() if line.strip()]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..export import estimate_tokens, training_lines
+    from ..frames import load_runs
+    from ..jsonl import write_jsonl
+    from ..select import select_runs
+
+    runs = load_runs(args.workspace, args.machine, strict=args.strict)
+    kw = {}
+    if args.rubric is not None:
+        kw["rubric"] = None if args.rubric == "any" else args.rubric
+    exclude = _read_exclude(args.exclude_file) if args.exclude_file else None
+    selected = select_runs(runs, args.machine, min_score=args.min_score, best_of=args.best_of,
+                           exclude=exclude, models=args.model or None, workspace=args.workspace, **kw)
+    lines = training_lines(selected, whole_runs=True if args.whole_runs else None, base_model=args.base_model,
+                           reasoning=not args.no_reasoning)
+    write_jsonl(lines, args.out)
+    print(f"{len(selected)} of {len(runs)} runs selected → {len(lines)} lines in {args.out} "
+          f"(about {estimate_tokens(lines):,} tokens, a 2.5 chars/token estimate)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="List a workspace's stored runs, newest first (reads .machine/runs; free).",
+                       description="List the runs stored under WORKSPACE/.machine/runs, newest first, as a table or "
+                                   "JSON. Reads files only; writes nothing; costs nothing.")
+    p.add_argument("workspace", help="workspace directory (the one holding .machine/)")
+    p.add_argument("--machine", help="only this machine and its nested machines")
+    p.add_argument("--limit", type=int, default=0, help="show at most N runs (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    p.add_argument("--strict", action="store_true", help="fail on the first bad run file instead of skipping it")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("tagged", help="List the tag store's rows like /tagged (reads the store; free).",
+                       description="List the rows of the project's tag store (train, traces, observed, rejected "
+                                   "JSONL), like Machine's /tagged. Reads files only; costs nothing.")
+    p.add_argument("--store", help="store directory (default: the current project's, see store_dir)")
+    p.add_argument("--project", help="project directory whose store to read (default: current directory)")
+    p.add_argument("--limit", type=int, default=0, help="show only the last N rows (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    p.set_defaults(func=cmd_tagged)
+
+    p = sub.add_parser("export", help="Select graded runs and write training JSONL (writes --out; free).",
+                       description="Select a machine's graded runs with Machine's rules (current rubric, min score, "
+                                   "best of N per case, holdout excluded, echo harness and non-final turns left "
+                                   "out) and write them as chat JSONL for tinker-cookbook. Reads the workspace; "
+                                   "writes only --out (atomically); costs nothing.")
+    p.add_argument("workspace", help="workspace directory (the one holding .machine/ and machines/)")
+    p.add_argument("--machine", required=True, help="machine to export (e.g. chatbot/triage)")
+    p.add_argument("--rubric", help="rubric fingerprint to require (default: the machine's; 'any' for none)")
+    p.add_argument("--min-score", type=float, default=1.0, help="lowest scorecard total (default 1: every criterion met)")
+    p.add_argument("--best-of", type=int, default=2, help="keep at most N runs per case (default 2)")
+    p.add_argument("--exclude-file", help="cases never to train on: a JSON array like holdout.json, or one per line "
+                                          "(default: the machine's holdout.json)")
+    p.add_argument("--model", action="append", help="only runs by this model (repeatable)")
+    p.add_argument("--whole-runs", action="store_true", help="one line per whole run (Inkling base models only)")
+    p.add_argument("--base-model", help="the model to be trained; whole runs are refused unless it is Inkling")
+    p.add_argument("--no-reasoning", action="store_true", help="drop reasoning from the lines")
+    p.add_argument("--strict", action="store_true", help="fail on the first bad run file instead of skipping it")
+    p.add_argument("--out", required=True, help="JSONL file to write")
+    p.set_defaults(func=cmd_export)
+
+

@@ -1,0 +1,172 @@
+"""Machine's runs and their messages as pandas DataFrames with stable, documented columns, so a
+user can filter, group and plot without writing a loop. Files are found and checked in
+`store/workspace.py`; tags come from `store/tags.py`; conversion to training data is `export.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .export import FailedPredicate, default_failed, is_tool_call, run_case, tool_results
+from .store.workspace import iter_runs, machine_dir, warn_skipped, workspace_root
+
+RUN_COLUMNS = [
+    "id", "machine", "model", "harness", "input", "output", "case", "score", "rubric",
+    "started_at", "finished_at", "duration_s", "n_messages", "n_tool_calls", "n_failed_tool_calls",
+    "input_tokens", "output_tokens", "cost_usd", "version", "instructions", "final", "path", "run",
+]
+"""Columns of `load_runs` (plus `tags` when a store is given):
+
+id, machine (nested names with "/"), model, harness, input, output: the Run's own fields.
+case: `run.case` if present, else `run.input` (see export.run_case).
+score: scorecard.total (NaN when unscored). rubric: scorecard.rubric (the rubric fingerprint).
+started_at, finished_at: UTC datetimes (NaT when empty or unparseable). duration_s: their gap.
+n_messages: history + trajectory messages (the rows `messages()` gives for the run).
+n_tool_calls: assistant tool-call messages; n_failed_tool_calls: those whose result failed
+(export.default_failed unless `failed=` is given).
+input_tokens, output_tokens, cost_usd: from `usage` (NaN when absent).
+version, instructions: what the run was made under (None when not recorded).
+final: False only for a non-final turn of a conversation (`conversation.final` false).
+path: the run file. run: the parsed Run record itself.
+"""
+
+MESSAGE_COLUMNS = [
+    "run_id", "machine", "index", "role", "content", "reasoning", "tool_name", "tool_call_id",
+    "tool_input", "is_tool_call", "failed", "in_history",
+]
+
+
+def _count_calls(msgs: list, failed: FailedPredicate) -> tuple[int, int]:
+    calls = [m for m in msgs if m.get("role") == "assistant" and is_tool_call(m)]
+    if not calls:
+        return 0, 0
+    results = tool_results(msgs)
+    n_failed = 0
+    for c in calls:
+        r = results.get(c.get("toolCallId"))
+        if r is not None and failed(c, r):
+            n_failed += 1
+    return len(calls), n_failed
+
+
+def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
+              store: str | os.PathLike | None = None, failed: FailedPredicate | None = None):
+    """All runs of a workspace as a DataFrame, one row per run, newest first (started_at, then id).
+
+    workspace: the workspace root (holding `.machine/`) or the `.machine` directory itself.
+    machine: only this machine and its nested machines (default None: all).
+    strict: False (default) skips bad or misplaced run files with one SkippedFiles warning that
+            lists each file and why; True raises MachineFormatError naming file and field.
+    store: a tag store directory; when given, adds a `tags` column (list of the tags whose rows
+           name the run). Default None keeps loading fast.
+    failed: the failed-tool predicate for n_failed_tool_calls (default export.default_failed).
+    Columns: see RUN_COLUMNS. `attrs["workspace"]` records the workspace root.
+    """
+    import pandas as pd
+
+    failed = failed or default_failed
+    skipped: list = []
+    cols: dict[str, list] = {c: [] for c in RUN_COLUMNS}
+    for path, run in iter_runs(workspace, machine, strict=strict, skipped=skipped):
+        card = run.get("scorecard") or {}
+        usage = run.get("usage") or {}
+        msgs = (run.get("history") or []) + (run.get("trajectory") or [])
+        n_calls, n_failed = _count_calls(msgs, failed)
+        conv = run.get("conversation")
+        cols["id"].append(run["id"])
+        cols["machine"].append(run["machine"])
+        cols["model"].append(run.get("model"))
+        cols["harness"].append(run.get("harness"))
+        cols["input"].append(run.get("input"))
+        cols["output"].append(run.get("output"))
+        cols["case"].append(run_case(run))
+        cols["score"].append(card.get("total"))
+        cols["rubric"].append(card.get("rubric"))
+        cols["started_at"].append(run.get("startedAt") or None)
+        cols["finished_at"].append(run.get("finishedAt") or None)
+        cols["duration_s"].append(None)
+        cols["n_messages"].append(len(msgs))
+        cols["n_tool_calls"].append(n_calls)
+        cols["n_failed_tool_calls"].append(n_failed)
+        cols["input_tokens"].append(usage.get("inputTokens"))
+        cols["output_tokens"].append(usage.get("outputTokens"))
+        cols["cost_usd"].append(usage.get("costUsd"))
+        cols["version"].append(run.get("version"))
+        cols["instructions"].append(run.get("instructions"))
+        cols["final"].append(not (isinstance(conv, dict) and conv.get("final") is False))
+        cols["path"].append(str(path))
+        cols["run"].append(run)
+    df = pd.DataFrame(cols, columns=RUN_COLUMNS)
+    for c in ("started_at", "finished_at"):
+        raw = df[c]
+        df[c] = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+        bad = raw.notna() & df[c].isna()
+        if bad.any():
+            import warnings
+
+            from .store.workspace import SkippedFiles
+
+            listed = "\n".join(f"  {p} (field {c!r}): {v!r}" for p, v in list(zip(df.loc[bad, "path"], raw[bad]))[:20])
+            warnings.warn(SkippedFiles(f"{int(bad.sum())} run(s) have an unparseable {c}; kept with NaT:\n{listed}"),
+                          stacklevel=2)
+    df["duration_s"] = (df["finished_at"] - df["started_at"]).dt.total_seconds()
+    for c in ("score", "input_tokens", "output_tokens", "cost_usd"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    df["final"] = df["final"].astype(bool)
+    df = df.sort_values(["started_at", "id"], ascending=False, na_position="last", kind="stable")
+    df = df.reset_index(drop=True)
+    if store is not None:
+        from .store.tags import run_tags
+
+        by_run = run_tags(store)
+        df["tags"] = [list(by_run.get(i, [])) for i in df["id"]]
+    df.attrs["workspace"] = str(workspace_root(workspace))
+    warn_skipped("run file(s)", skipped)
+    return df
+
+
+def _runs_iter(runs: Any) -> list[dict]:
+    if hasattr(runs, "columns"):
+        return list(runs["run"]) if len(runs) else []
+    if isinstance(runs, dict) or hasattr(runs, "to_dict"):
+        row = dict(runs)
+        return [row["run"] if isinstance(row.get("run"), dict) else row]
+    return [r["run"] if isinstance(r, dict) and isinstance(r.get("run"), dict) else r for r in runs]
+
+
+def messages(runs: Any, *, failed: FailedPredicate | None = None):
+    """One row per message of the given runs (history first, then trajectory), in order.
+
+    runs: a load_runs DataFrame, one of its rows, a Run dict, or a list of Run dicts.
+    Columns: run_id, machine, index (0-based within the run), role, content, reasoning,
+    tool_name (`name`), tool_call_id, tool_input (the call's arguments, as stored),
+    is_tool_call (an assistant tool-call message), failed (for a tool call: its result failed;
+    for a tool result: it is a failure; judged by `failed`, default export.default_failed;
+    False otherwise), in_history (the message came from `history`, an earlier turn).
+    """
+    import pandas as pd
+
+    failed = failed or default_failed
+    rows: list[tuple] = []
+    for run in _runs_iter(runs):
+        hist = run.get("history") or []
+        msgs = list(hist) + list(run.get("trajectory") or [])
+        results = tool_results(msgs)
+        calls = {m.get("toolCallId"): m for m in msgs if is_tool_call(m)}
+        for i, m in enumerate(msgs):
+            call = is_tool_call(m)
+            if call:
+                r = results.get(m.get("toolCallId"))
+                bad = r is not None and failed(m, r)
+            elif m.get("role") == "tool":
+                bad = failed(calls.get(m.get("toolCallId"), {}), m)
+            else:
+                bad = False
+            rows.append((run.get("id"), run.get("machine"), i, m.get("role"), m.get("content"),
+                         m.get("reasoning"), m.get("name"), m.get("toolCallId"), m.get("toolInput"),
+                         call, bool(bad), i < len(hist)))
+    return pd.DataFrame.from_records(rows, columns=MESSAGE_COLUMNS)
+
+
+__all__ = ["load_runs", "messages", "RUN_COLUMNS", "MESSAGE_COLUMNS", "machine_dir"]

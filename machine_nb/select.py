@@ -1,0 +1,103 @@
+"""Which runs are worth training on: Machine's `selectRuns` (seed src/train.ts) over a load_runs
+DataFrame. Turning the selected runs into training lines is `export.training_lines`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from .export import run_case
+
+_UNSET: Any = object()
+
+
+def _machine_definition(runs: Any, machine: dict | str, workspace: Any) -> dict:
+    if isinstance(machine, dict):
+        if not isinstance(machine.get("name"), str):
+            raise ValueError("a machine definition dict needs a 'name'")
+        return machine
+    ws = workspace if workspace is not None else getattr(runs, "attrs", {}).get("workspace")
+    if ws is None and hasattr(runs, "columns") and "path" in runs and len(runs):
+        # <ws>/.machine/runs/<segments>/<id>.json
+        parts = os.path.normpath(runs["path"].iloc[0]).split(os.sep)
+        if ".machine" in parts:
+            ws = os.sep.join(parts[:len(parts) - 1 - parts[::-1].index(".machine")]) or os.sep
+    if ws is None:
+        return {"name": machine}
+    from .store.workspace import list_machines, load_machine
+
+    if machine not in list_machines(ws):
+        return {"name": machine}  # runs without a checked-in definition: pass rubric/instructions yourself
+    return load_machine(ws, machine)
+
+
+def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
+                instructions: str | None = _UNSET, min_score: float = 1, best_of: int = 2,
+                exclude: Iterable[Any] | None = None, models: Iterable[str] | None = None,
+                workspace: str | os.PathLike | None = None):
+    """Graded runs worth training on: scored under the current rubric, at least min_score, the best
+    few per case (Machine's selectRuns). Returns the kept rows of `runs` (a load_runs DataFrame),
+    grouped by case in order of first appearance, best first then newest (higher id) in each.
+
+    machine: a name (its definition is read from `workspace`, else the workspace the runs were
+             loaded from) or a definition dict (`name`, `rubric`, `instructions`, `tools`,
+             `holdout`, as load_machine returns).
+    rubric: the rubric fingerprint runs must be scored under; default the machine's. None keeps
+            runs under any rubric (only when you know the rubric did not change).
+    instructions: runs that recorded other instructions are left out (not, say, an optimizer's
+            rewrite); default the machine's; None disables the check.
+    min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
+    best_of: keep at most this many runs per case, best first (then newest). Default 2.
+    exclude: cases never to train on, matched against a run's case and its input (strings, or
+             `{input}` case dicts). Default None = the machine's holdout cases (holdout.json is
+             never shown to a trainer); pass `()` to exclude nothing.
+    models: only runs by these models, when given (e.g. the live model, for rejection sampling).
+    Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final
+    turns of a conversation. The definition used is attached as `result.attrs["machine"]` for
+    `training_lines`.
+    """
+    mdef = _machine_definition(runs, machine, workspace)
+    fp = mdef.get("rubric") if rubric is _UNSET else rubric
+    if rubric is _UNSET and fp is None:
+        raise ValueError(f"no rubric fingerprint known for machine {mdef['name']!r}: pass rubric='<fingerprint>' "
+                         "(the scorecard.rubric value to train on), or rubric=None to accept any rubric")
+    want_instructions = mdef.get("instructions") if instructions is _UNSET else instructions
+    if exclude is None:
+        exclude = mdef.get("holdout") or []
+    excluded = {e["input"] if isinstance(e, dict) else e for e in exclude}
+    model_set = set(models) if models is not None else None
+
+    groups: dict[str, list[tuple[float, str, int]]] = {}
+    records = list(runs["run"]) if hasattr(runs, "columns") else list(runs)
+    for pos, run in enumerate(records):
+        card = run.get("scorecard")
+        if run.get("machine") != mdef["name"] or run.get("harness") == "echo" or not isinstance(card, dict):
+            continue
+        conv = run.get("conversation")
+        if isinstance(conv, dict) and not conv.get("final"):
+            continue
+        total = card.get("total")
+        if not isinstance(total, (int, float)) or total < min_score:
+            continue
+        if fp is not None and card.get("rubric") != fp:
+            continue
+        case = run_case(run)
+        if case in excluded or run.get("input") in excluded:
+            continue
+        if model_set is not None and run.get("model") not in model_set:
+            continue
+        if want_instructions is not None and run.get("instructions") is not None \
+                and run["instructions"] != want_instructions:
+            continue
+        groups.setdefault(case, []).append((total, run.get("id") or "", pos))
+    keep: list[int] = []
+    for group in groups.values():
+        group.sort(key=lambda t: (t[0], t[1]), reverse=True)
+        keep.extend(pos for _, _, pos in group[:best_of])
+    if hasattr(runs, "columns"):
+        out = runs.iloc[keep].reset_index(drop=True)
+        out.attrs = {**runs.attrs, "machine": mdef}
+        return out
+    return [records[i] for i in keep]

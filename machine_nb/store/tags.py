@@ -1,0 +1,319 @@
+"""Machine's per-project tag store: the rows `/good`, `/good --as`, `/good --trace` and `/bad` write
+(`train.jsonl`, `traces.jsonl`, `observed.jsonl`, `rejected.jsonl`), and `/tagged` to read them.
+
+Appends go through `machine_nb.jsonl.append_jsonl` (one locked, synced write per row), so several
+writers never interleave or lose a row; `untag` rewrites a file atomically under the same lock.
+Where the store lives is `store_dir`; its project key is the one uncertain part (see there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import MachineFormatError
+
+DATA_FILES = {"train": "train.jsonl", "traces": "traces.jsonl", "observed": "observed.jsonl",
+              "rejected": "rejected.jsonl"}
+TAGGED_COLUMNS = ["id", "file", "line", "tag", "kind", "note", "source", "n_messages", "last_user",
+                  "last_assistant", "created_at", "row"]
+
+
+def project_key(project: str | os.PathLike | None = None) -> str:
+    """The store key of a project directory: `<slug of its basename>-<first 12 hex of sha256(realpath)>`.
+
+    UNCERTAIN: Machine's `machineProjectKey` hashes the canonical (symlink-resolved) project path,
+    but its exact format was not seen; this shape is our choice. If your Machine store lives
+    under another name, pass `store=` (an explicit path always wins).
+    """
+    path = Path(project or os.getcwd()).resolve()
+    try:
+        path = Path(os.path.realpath(path))
+    except OSError:
+        pass
+    slug = re.sub(r"[^a-z0-9]+", "-", path.name.lower()).strip("-") or "project"
+    return f"{slug}-{hashlib.sha256(str(path).encode('utf-8')).hexdigest()[:12]}"
+
+
+def store_dir(project: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Path:
+    """The tag store directory of a project: `<base>/<project_key(project)>`.
+
+    project: the project directory, default the current directory (as Machine uses its cwd).
+    base: default `$MACHINE_DATA_DIR` (resolved against the project directory, as Machine does)
+          when set and non-blank, else `~/.machine` on every platform (Machine ignores XDG).
+    The project key format is the one uncertain part (see project_key); pass `store=` to the
+    tag functions to use any directory.
+    """
+    proj = Path(project or os.getcwd())
+    if base is None:
+        env = os.environ.get("MACHINE_DATA_DIR", "").strip()
+        base = (proj / env).resolve() if env else Path.home() / ".machine"
+    return Path(base) / project_key(proj)
+
+
+def _resolve_store(store: str | os.PathLike | None) -> Path:
+    return Path(store) if store is not None else store_dir()
+
+
+def _text(content: Any) -> str:
+    """Machine's extractMessageText: a string trimmed; text parts joined by newlines; .text / .content."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text").strip()
+    if isinstance(content, dict):
+        if isinstance(content.get("text"), str):
+            return content["text"].strip()
+        return _text(content.get("content"))
+    return str(content)
+
+
+def _item_messages(item: Any) -> tuple[list[dict], dict | None]:
+    """(messages, run record or None) from a load_runs row, a Run dict, or a list of messages."""
+    if hasattr(item, "to_dict") and not isinstance(item, dict):
+        item = item.to_dict()
+    if isinstance(item, dict):
+        run = item["run"] if isinstance(item.get("run"), dict) else item
+        if "trajectory" not in run and "history" not in run:
+            raise ValueError("tag() needs a run (a load_runs row or a Run dict with 'trajectory') or a list of messages")
+        return list(run.get("history") or []) + list(run.get("trajectory") or []), run
+    if isinstance(item, list) and all(isinstance(m, dict) for m in item):
+        return item, None
+    raise TypeError(f"tag() takes a run row, a Run dict or a list of messages, not {type(item).__name__}")
+
+
+def _is_call(m: dict) -> bool:
+    if m.get("tool_calls"):
+        return True
+    from ..export import is_tool_call
+
+    return is_tool_call(m)
+
+
+def latest_turn(msgs: list[dict]) -> tuple[int, int]:
+    """Indexes of the latest user message and of the last assistant reply (not a tool call) after it."""
+    last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
+    if last_user < 0:
+        raise ValueError("no user message to tag: a tagged turn is the latest user/assistant turn")
+    reply = max((i for i in range(last_user + 1, len(msgs))
+                 if msgs[i].get("role") == "assistant" and not _is_call(msgs[i]) and _text(msgs[i].get("content"))),
+                default=-1)
+    if reply < 0:
+        raise ValueError("no assistant reply after the latest user message to tag")
+    return last_user, reply
+
+
+def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[list[dict], list[dict]]:
+    """(chat messages, Letta-style trajectory records) for the turn starting at user message `start`."""
+    from ..export import to_chat
+
+    turn = msgs[start:]
+    chat_shaped = any("tool_calls" in m or "tool_call_id" in m for m in turn)
+    chat = turn if chat_shaped else to_chat(turn, reasoning=reasoning)[0]
+    if not reasoning:
+        from ..export import without_thinking
+
+        chat = [without_thinking(m) for m in chat]
+    records: list[dict] = []
+    for m in chat:
+        role = m["role"]
+        content = m.get("content")
+        if role == "assistant":
+            if reasoning and isinstance(content, list):
+                for p in content:
+                    if p.get("type") == "thinking":
+                        records.append({"role": "reasoning", "content": p["thinking"], "timestamp": stamp})
+            text = _text(content)
+            if text:
+                records.append({"role": "assistant", "content": text, "timestamp": stamp})
+            if m.get("tool_calls"):
+                records.append({"role": "assistant", "content": None, "timestamp": stamp, "tool_calls": [
+                    {"id": tc.get("id"), "name": tc["function"]["name"], "args": tc["function"]["arguments"]}
+                    for tc in m["tool_calls"]]})
+        elif role == "tool":
+            records.append({"role": "tool", "tool_call_id": m.get("tool_call_id"), "content": _text(content),
+                            "timestamp": stamp})
+        else:
+            records.append({"role": role, "content": _text(content), "timestamp": stamp})
+    return chat, records
+
+
+def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
+        trace: bool = False, store: str | os.PathLike | None = None, *, reasoning: bool = False,
+        source: str | None = None, id: str | None = None, created_at: str | None = None) -> dict:
+    """Save the latest user/assistant turn of a run (or message list) as a tag row; returns the row.
+
+    item: a load_runs row (Series or dict), a Run dict, or a list of messages (Machine or chat).
+    tag: "good" (default; → train.jsonl, like /good), "bad" (→ rejected.jsonl, like /bad) or
+         "observed" (→ observed.jsonl).
+    note: free text kept on the row (default None: no note key).
+    rewrite: replaces the assistant answer with this text (/good --as); the note is kept.
+    trace: True writes the whole last turn (user, assistant prose, OpenAI tool_calls, tool
+           results) to traces.jsonl with kind "trace" and Letta-style `trajectory` records
+           (/good --trace). Default False: the [user, assistant] pair, kind "final".
+    store: the store directory; default `store_dir()` for the current directory.
+    reasoning: keep reasoning in a trace (default False, as Machine omits it unless --reasoning).
+    source: where the turn came from; default `<run id>.json` for runs (the basename of the run
+            file, as Machine records its session file), else None.
+    id, created_at: for deterministic fixtures; default 12 random hex digits and now (UTC ISO).
+    Row keys: id, messages, tag, kind, note?, source?, trajectory? (traces), machine?, run? (runs),
+    rewritten? (true with rewrite), created_at. Appended under the file's lock: never lost or
+    half-written with several writers.
+    """
+    from ..jsonl import append_jsonl
+
+    if tag not in ("good", "bad", "observed"):
+        raise ValueError(f"tag must be 'good', 'bad' or 'observed', not {tag!r}")
+    if trace and rewrite is not None:
+        raise ValueError("rewrite (/good --as) replaces a final answer; it cannot be combined with trace=True")
+    msgs, run = _item_messages(item)
+    user_i, reply_i = latest_turn(msgs)
+    stamp = created_at or datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    row: dict[str, Any] = {"id": id or secrets.token_hex(6)}
+    trajectory = None
+    if trace:
+        row["messages"], trajectory = _trace(msgs, user_i, reasoning, stamp)
+        kind, fname = "trace", DATA_FILES["traces"]
+    else:
+        answer = rewrite if rewrite is not None else _text(msgs[reply_i].get("content"))
+        row["messages"] = [{"role": "user", "content": _text(msgs[user_i].get("content"))},
+                           {"role": "assistant", "content": answer}]
+        kind = "final"
+        fname = {"good": DATA_FILES["train"], "bad": DATA_FILES["rejected"], "observed": DATA_FILES["observed"]}[tag]
+    row["tag"] = tag
+    row["kind"] = kind
+    if note is not None:
+        row["note"] = note
+    if source is None and run is not None and run.get("id"):
+        source = f"{run['id']}.json"
+    if source is not None:
+        row["source"] = source
+    if trajectory is not None:
+        row["trajectory"] = trajectory
+    if run is not None:
+        row["machine"] = run.get("machine")
+        row["run"] = run.get("id")
+    if rewrite is not None:
+        row["rewritten"] = True
+    row["created_at"] = stamp
+    append_jsonl(_resolve_store(store) / fname, [row])
+    return row
+
+
+def _iter_rows(store: Path, skipped: list):
+    from ..jsonl import iter_jsonl
+
+    for fname in DATA_FILES.values():
+        path = store / fname
+        if not path.exists():
+            continue
+        for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
+            if not isinstance(row, dict):
+                skipped.append(MachineFormatError(path, f"a tag row must be a JSON object, got {type(row).__name__}", line=line))
+                continue
+            if not isinstance(row.get("messages"), list):
+                skipped.append(MachineFormatError(path, "missing or not a list", line=line, field="messages"))
+                continue
+            yield fname, line, row
+
+
+def tagged(store: str | os.PathLike | None = None):
+    """All tag rows of a store as a DataFrame, like `/tagged`, in file order (train, traces,
+    observed, rejected; then line order).
+
+    Columns: id ("(no id)" when a row has none, as Machine prints it), file, line, tag, kind
+    (default "final"), note, source, n_messages, last_user, last_assistant (the texts of the last
+    user and assistant messages), created_at (when recorded; ours), row (the parsed row).
+    Unreadable lines and rows without `messages` are skipped with one warning listing file and line.
+    """
+    import pandas as pd
+
+    from .workspace import warn_skipped
+
+    root = _resolve_store(store)
+    skipped: list = []
+    out = []
+    for fname, line, row in _iter_rows(root, skipped):
+        msgs = row["messages"]
+        last_user = next((_text(m.get("content")) for m in reversed(msgs) if isinstance(m, dict) and m.get("role") == "user"), None)
+        last_asst = next((_text(m.get("content")) for m in reversed(msgs)
+                          if isinstance(m, dict) and m.get("role") == "assistant" and _text(m.get("content"))), None)
+        out.append((row.get("id") or "(no id)", fname, line, row.get("tag"), row.get("kind", "final"),
+                    row.get("note"), row.get("source"), len(msgs), last_user, last_asst, row.get("created_at"), row))
+    warn_skipped("tag row(s)", skipped)
+    return pd.DataFrame.from_records(out, columns=TAGGED_COLUMNS)
+
+
+def run_tags(store: str | os.PathLike) -> dict[str, list[str]]:
+    """Run id → tags of the rows that name it (`run` key, else a `source` of `<id>.json`)."""
+    out: dict[str, list[str]] = {}
+    for _, _, row in _iter_rows(Path(store), []):
+        rid = row.get("run")
+        if not isinstance(rid, str):
+            src = row.get("source")
+            rid = src[:-5] if isinstance(src, str) and src.endswith(".json") else None
+        if rid and isinstance(row.get("tag"), str):
+            out.setdefault(rid, []).append(row["tag"])
+    return out
+
+
+def untag(id: str, store: str | os.PathLike | None = None) -> dict:
+    """Remove the row with this id from whichever store file holds it; returns the removed row.
+
+    The file is rewritten atomically under the same lock appends use, so no other row (not even
+    an unreadable line, kept byte for byte) is lost. KeyError when no row has this id.
+    """
+    import json
+
+    from ..jsonl import locked
+
+    root = _resolve_store(store)
+    for fname in DATA_FILES.values():
+        path = root / fname
+        if not path.exists():
+            continue
+        with locked(path):
+            raw = path.read_bytes().splitlines(keepends=True)
+            kept, removed = [], None
+            for line in raw:
+                if removed is None:
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        row = None
+                    if isinstance(row, dict) and row.get("id") == id:
+                        removed = row
+                        continue
+                kept.append(line)
+            if removed is not None:
+                body = b"".join(kept)
+                if body and not body.endswith(b"\n"):
+                    body += b"\n"
+                _atomic_write_bytes(path, body)
+                return removed
+    raise KeyError(f"no tag row with id {id!r} in {root}")
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace a file's bytes atomically (temp + fsync + rename), keeping non-UTF-8 lines as they were."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

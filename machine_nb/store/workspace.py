@@ -1,0 +1,442 @@
+"""Machine's workspace files as plain records: runs, sessions, events and machine definitions.
+
+Layout (machine-format.md §2A): runs at `<ws>/.machine/runs/<machine segments>/<id>.json`,
+sessions at `<ws>/.machine/sessions/<machine segments>/<name>.json`, the event stream at
+`<ws>/.machine/events.jsonl`, definitions at `<ws>/machines/<name>/…`. The DataFrames over runs
+and messages are built in `frames.py`; this module only finds, parses and checks files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import MachineFormatError
+
+# Machine's store.ts: each "/"-separated segment of a machine, run or session name.
+SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+# Files a machine definition directory may hold (any one marks a directory as a machine).
+DEFINITION_FILES = ("machine.ts", "instructions.md", "model.json", "rubric.ts", "rubric.json",
+                    "versions.json", "cases.json", "holdout.json", "tools.json")
+
+
+class SkippedFiles(UserWarning):
+    """Files (or records) a tolerant reader left out, each with its path and reason."""
+
+
+def name_segments(name: str, what: str = "name") -> list[str]:
+    """Split a Machine name ("chatbot/triage") into segments, checking each against SEGMENT.
+
+    Raises ValueError with Machine's own wording when a segment is invalid.
+    """
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or not all(SEGMENT.match(p) for p in parts):
+        raise ValueError(f'Invalid {what} "{name}": use lowercase letters, digits, ".", "_" and "-", '
+                         'with "/" between nested names.')
+    return parts
+
+
+def machine_dir(workspace: str | os.PathLike) -> Path:
+    """The `.machine` store directory of a workspace (a path to `.machine` itself is accepted too)."""
+    ws = Path(workspace)
+    if ws.name == ".machine":
+        return ws
+    return ws / ".machine"
+
+
+def workspace_root(workspace: str | os.PathLike) -> Path:
+    """The workspace root (the folder holding `machines/` and `.machine/`)."""
+    ws = Path(workspace)
+    return ws.parent if ws.name == ".machine" else ws
+
+
+def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 3) -> None:
+    """One SkippedFiles warning listing what was left out and why (first 20, then a count)."""
+    if not errors:
+        return
+    listed = "\n".join(f"  {e}" for e in errors[:20])
+    more = f"\n  … and {len(errors) - 20} more" if len(errors) > 20 else ""
+    warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
+
+
+def _loads(data: bytes, path: Path) -> Any:
+    """Parse one JSON document, naming the file (and line) on failure."""
+    import orjson
+
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        line = data.count(b"\n", 0, exc.pos) + 1 if exc.pos is not None else None
+        reason = "not UTF-8" if "utf-8" in str(exc).lower() else f"invalid JSON: {exc.msg}"
+        raise MachineFormatError(path, reason, line=line) from None
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """One JSON file (orjson); MachineFormatError naming file and line when unreadable."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MachineFormatError(path, "file not found") from None
+    except OSError as exc:
+        raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
+    return _loads(data, path)
+
+
+def iter_named_files(root: Path, suffix: str = ".json") -> Iterator[tuple[Path, str | None, str | None]]:
+    """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
+
+    `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
+    (a folder segment that breaks SEGMENT, or a file directly under `root`), else None.
+    Sorted, so readers are deterministic.
+    """
+    if not root.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel = Path(dirpath).relative_to(root)
+        segments = [] if str(rel) == "." else list(rel.parts)
+        bad = [s for s in segments if not SEGMENT.match(s)]
+        for name in sorted(filenames):
+            if not name.endswith(suffix) or name.startswith("."):
+                continue  # temp files of an atomic write, lock files
+            path = Path(dirpath) / name
+            if not segments:
+                yield path, None, f"file directly under {root.name}/ (expected {root.name}/<machine>/{name})"
+            elif bad:
+                yield path, "/".join(segments), (f"folder segment {bad[0]!r} is not a valid machine name segment "
+                                                 "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
+            else:
+                yield path, "/".join(segments), None
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs
+
+_STR_FIELDS = ("input", "output", "model", "harness", "startedAt", "finishedAt", "version",
+               "instructions", "workspace", "case")
+_ROLES = {"system", "user", "assistant", "tool"}
+
+
+def check_messages(value: Any, path: Path, field: str) -> None:
+    """Check a list of Machine Messages (role, content string); raise MachineFormatError naming the field."""
+    if not isinstance(value, list):
+        raise MachineFormatError(path, f"expected a list of messages, got {type(value).__name__}", field=field)
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise MachineFormatError(path, f"expected a message object, got {type(m).__name__}", field=f"{field}[{i}]")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise MachineFormatError(path, f"role must be one of system/user/assistant/tool, got {role!r}",
+                                     field=f"{field}[{i}].role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise MachineFormatError(path, f"content must be a string, got {type(content).__name__}",
+                                     field=f"{field}[{i}].content")
+        for key in ("name", "toolCallId", "reasoning"):
+            v = m.get(key)
+            if v is not None and not isinstance(v, str):
+                raise MachineFormatError(path, f"{key} must be a string, got {type(v).__name__}",
+                                         field=f"{field}[{i}].{key}")
+
+
+def check_run(run: Any, path: Path, machine: str | None = None) -> dict:
+    """Check one parsed Run record; return it or raise MachineFormatError naming file and field.
+
+    Required: `id` and `machine` (strings; `machine` must match the folder the file is in, and
+    `id` the file name). Typed when present: the string fields, `trajectory`/`history` (lists of
+    Messages), `scorecard` (object with a numeric `total`), `usage` (numbers), `conversation`.
+    """
+    if not isinstance(run, dict):
+        raise MachineFormatError(path, f"a run must be a JSON object, got {type(run).__name__}")
+    for key in ("id", "machine"):
+        if not isinstance(run.get(key), str) or not run.get(key):
+            got = "missing" if key not in run else f"got {type(run[key]).__name__} {run[key]!r}"[:80]
+            raise MachineFormatError(path, f"required string field ({got})", field=key)
+    if machine is not None and run["machine"] != machine:
+        raise MachineFormatError(path, f"run says machine {run['machine']!r} but is stored under "
+                                       f"runs/{machine}/", field="machine")
+    if path.suffix == ".json" and path.stem != run["id"]:
+        raise MachineFormatError(path, f"run id {run['id']!r} does not match its file name {path.name!r}", field="id")
+    for key in _STR_FIELDS:
+        v = run.get(key)
+        if v is not None and not isinstance(v, str):
+            raise MachineFormatError(path, f"expected a string, got {type(v).__name__}", field=key)
+    for key in ("trajectory", "history"):
+        if run.get(key) is not None:
+            check_messages(run[key], path, key)
+    card = run.get("scorecard")
+    if card is not None:
+        if not isinstance(card, dict):
+            raise MachineFormatError(path, f"expected an object, got {type(card).__name__}", field="scorecard")
+        total = card.get("total")
+        if isinstance(total, bool) or not isinstance(total, (int, float)):
+            raise MachineFormatError(path, f"expected a number, got {type(total).__name__}", field="scorecard.total")
+        rubric = card.get("rubric")
+        if rubric is not None and not isinstance(rubric, str):
+            raise MachineFormatError(path, f"expected a string, got {type(rubric).__name__}", field="scorecard.rubric")
+        crit = card.get("criteria")
+        if crit is not None and not isinstance(crit, dict):
+            raise MachineFormatError(path, f"expected an object, got {type(crit).__name__}", field="scorecard.criteria")
+    usage = run.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            raise MachineFormatError(path, f"expected an object, got {type(usage).__name__}", field="usage")
+        for key in ("inputTokens", "cachedInputTokens", "outputTokens", "costUsd"):
+            v = usage.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise MachineFormatError(path, f"expected a number, got {type(v).__name__}", field=f"usage.{key}")
+    conv = run.get("conversation")
+    if conv is not None and not isinstance(conv, dict):
+        raise MachineFormatError(path, f"expected an object, got {type(conv).__name__}", field="conversation")
+    return run
+
+
+def read_run(path: str | os.PathLike, machine: str | None = None) -> dict:
+    """One run file, parsed and checked (see check_run); MachineFormatError when it is bad."""
+    path = Path(path)
+    return check_run(read_json(path), path, machine)
+
+
+def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
+              skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[Path, dict]]:
+    """Yield `(path, run)` for every run file of a workspace (or of one machine and its descendants).
+
+    strict: False (default, so one bad file does not hide hundreds of good ones) collects each bad
+    or misplaced file as a MachineFormatError in `skipped`; True raises the first one.
+    """
+    root = machine_dir(workspace) / "runs"
+    if machine is not None:
+        root = root.joinpath(*name_segments(machine, "machine name"))
+    prefix = "" if machine is None else machine + "/"
+    errors = [] if skipped is None else skipped
+    for path, folder, problem in iter_named_files(root):
+        if machine is not None:
+            folder = machine if folder is None else prefix + folder
+            problem = None if problem and problem.startswith("file directly") else problem
+        try:
+            if problem:
+                raise MachineFormatError(path, problem, field="machine")
+            yield path, read_run(path, folder)
+        except MachineFormatError as exc:
+            if strict:
+                raise
+            errors.append(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions and events
+
+
+def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False):
+    """Named chat sessions as a DataFrame, newest first.
+
+    Columns: machine, name, n_messages, updated_at (UTC datetime), messages (list of Machine
+    Messages), path, session (the parsed record). A Session is `{machine, name, messages,
+    updatedAt}` (store.ts). Bad files are skipped with one SkippedFiles warning (strict=True raises).
+    """
+    import pandas as pd
+
+    root = machine_dir(workspace) / "sessions"
+    if machine is not None:
+        root = root.joinpath(*name_segments(machine, "machine name"))
+    rows, errors = [], []
+    for path, folder, problem in iter_named_files(root):
+        if machine is not None:
+            folder = machine if folder is None else f"{machine}/{folder}"
+            problem = None if problem and problem.startswith("file directly") else problem
+        try:
+            if problem:
+                raise MachineFormatError(path, problem, field="machine")
+            s = read_json(path)
+            if not isinstance(s, dict):
+                raise MachineFormatError(path, f"a session must be a JSON object, got {type(s).__name__}")
+            if s.get("machine", folder) != folder:
+                raise MachineFormatError(path, f"session says machine {s.get('machine')!r} but is stored under "
+                                               f"sessions/{folder}/", field="machine")
+            name = s.get("name", path.stem)
+            if not isinstance(name, str):
+                raise MachineFormatError(path, "expected a string", field="name")
+            check_messages(s.get("messages", []), path, "messages")
+            updated = s.get("updatedAt")
+            if updated is not None and not isinstance(updated, str):
+                raise MachineFormatError(path, "expected an ISO time string", field="updatedAt")
+        except MachineFormatError as exc:
+            if strict:
+                raise
+            errors.append(exc)
+            continue
+        msgs = s.get("messages", [])
+        rows.append({"machine": folder, "name": name, "n_messages": len(msgs), "updated_at": updated,
+                     "messages": msgs, "path": str(path), "session": s})
+    warn_skipped("session file(s)", errors)
+    cols = ["machine", "name", "n_messages", "updated_at", "messages", "path", "session"]
+    df = pd.DataFrame(rows, columns=cols)
+    df["updated_at"] = pd.to_datetime(df["updated_at"], utc=True, errors="coerce", format="ISO8601")
+    return df.sort_values(["updated_at", "name"], ascending=False, na_position="last", kind="stable").reset_index(drop=True)
+
+
+def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
+    """The workspace's live event stream `.machine/events.jsonl` as a DataFrame, in file order.
+
+    Columns: line (1-based), time (UTC datetime from `time`/`at`/`timestamp`, when present),
+    type (`type`/`event`/`kind`), machine, run (`run`/`runId`), event (the parsed record).
+    The event schema is not known from Machine's sources, so only these common keys are lifted
+    out and every record is kept whole in `event`. Unreadable lines (a writer mid-line, invalid
+    JSON, non-UTF-8) are skipped with a warning naming file and line (on_error="raise" raises).
+    A missing file gives an empty frame: a workspace that never ran has no events.
+    """
+    import pandas as pd
+
+    from ..jsonl import iter_jsonl
+
+    path = machine_dir(workspace) / "events.jsonl"
+    rows = []
+    if path.exists():
+        for line, ev in iter_jsonl(path, on_error=on_error):
+            if not isinstance(ev, dict):
+                err = MachineFormatError(path, f"an event must be a JSON object, got {type(ev).__name__}", line=line)
+                if on_error == "raise":
+                    raise err
+                warn_skipped("event line(s)", [err], stacklevel=2)
+                continue
+            rows.append({"line": line,
+                         "time": _first(ev, "time", "at", "timestamp", "ts"),
+                         "type": _first(ev, "type", "event", "kind"),
+                         "machine": _first(ev, "machine"),
+                         "run": _first(ev, "run", "runId", "run_id"),
+                         "event": ev})
+    df = pd.DataFrame(rows, columns=["line", "time", "type", "machine", "run", "event"])
+    df["time"] = pd.to_datetime(df["time"].where(df["time"].map(lambda v: isinstance(v, str))),
+                                utc=True, errors="coerce", format="ISO8601")
+    return df
+
+
+def _first(d: dict, *keys: str) -> Any:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            return v
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine definitions
+
+
+def list_machines(workspace: str | os.PathLike) -> list[str]:
+    """Names of the machines defined under `<ws>/machines/` (nested ones as "chatbot/triage"), sorted.
+
+    A directory is a machine when it holds any definition file (machine.ts, instructions.md,
+    cases.json, …) and every segment of its path is a valid name segment.
+    """
+    root = workspace_root(workspace) / "machines"
+    names = []
+    if root.is_dir():
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            rel = Path(dirpath).relative_to(root)
+            if str(rel) == "." or not any(f in DEFINITION_FILES for f in filenames):
+                continue
+            if all(SEGMENT.match(p) for p in rel.parts):
+                names.append("/".join(rel.parts))
+    return sorted(names)
+
+
+def read_cases(path: str | os.PathLike) -> list[dict]:
+    """A cases.json / holdout.json file as `[{"input": str, "files": {path: text}?}]`.
+
+    Format (Machine's cases.ts): a non-empty JSON array of strings or `{input, files?}` objects.
+    Errors use Machine's wording and name the file and the case.
+    """
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, list) or not data:
+        raise MachineFormatError(path, f"{path.name} must be a non-empty JSON array of cases.")
+    out = []
+    for i, case in enumerate(data):
+        if isinstance(case, str):
+            out.append({"input": case})
+            continue
+        if not isinstance(case, dict) or not isinstance(case.get("input"), str):
+            raise MachineFormatError(path, f"case {i + 1} must be a string or an object with a string \"input\".",
+                                     field=f"[{i}].input")
+        files = case.get("files")
+        if files is not None:
+            if not isinstance(files, dict):
+                raise MachineFormatError(path, f'case {i + 1} has "files" that is not an object of path to text.',
+                                         field=f"[{i}].files")
+            for f, text in files.items():
+                if not isinstance(text, str):
+                    raise MachineFormatError(path, f'case {i + 1} file "{f}" is not text.', field=f"[{i}].files.{f}")
+        out.append(dict(case))
+    return out
+
+
+def load_machine(workspace: str | os.PathLike, name: str) -> dict:
+    """A machine's definition from `<ws>/machines/<name>/` as a plain dict.
+
+    Keys: name, dir, instructions (instructions.md text, or None), model (model.json's "model",
+    or None), model_config (model.json whole), rubric (the fingerprint, see below), criteria,
+    tools (`[{name, description, inputSchema}]` from tools.json, or []), cases and holdout
+    (read_cases lists, [] when absent), versions (versions.json list, [] when absent), live_version.
+
+    Rubric: Machine keeps its rubric in `rubric.ts` and fingerprints it with a function whose
+    algorithm is not known. This project stores the fingerprint Machine records on scorecards in
+    `rubric.json` = `{"fingerprint": "<string>", "criteria": [{id, description, weight, grader}]}`;
+    without that file the fingerprint is taken from the latest versions.json entry's
+    `rubricFingerprint`/`rubric` key, else None. `tools.json` is likewise ours (Machine's tools
+    live in machine.ts code).
+    """
+    segments = name_segments(name, "machine name")
+    d = workspace_root(workspace) / "machines" / Path(*segments)
+    if not d.is_dir():
+        known = ", ".join(list_machines(workspace)) or "none"
+        raise MachineFormatError(d, f"no machine {name!r} in this workspace (machines found: {known})")
+
+    def opt_json(fname: str, kind: type, default: Any) -> Any:
+        p = d / fname
+        if not p.exists():
+            return default
+        value = read_json(p)
+        if not isinstance(value, kind):
+            raise MachineFormatError(p, f"expected a JSON {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    instructions = (d / "instructions.md").read_text(encoding="utf-8") if (d / "instructions.md").exists() else None
+    model_config = opt_json("model.json", dict, {})
+    model = model_config.get("model")
+    rubric_file = opt_json("rubric.json", dict, {})
+    versions = opt_json("versions.json", list, [])
+    fingerprint = rubric_file.get("fingerprint")
+    if fingerprint is None and versions and isinstance(versions[-1], dict):
+        fingerprint = versions[-1].get("rubricFingerprint", versions[-1].get("rubric"))
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise MachineFormatError(d / "rubric.json", "expected a string", field="fingerprint")
+    tools = opt_json("tools.json", list, [])
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise MachineFormatError(d / "tools.json", "each tool needs a string name", field=f"[{i}].name")
+    live = None
+    if versions:
+        live = next((v.get("id") for v in reversed(versions) if isinstance(v, dict) and v.get("live")), None)
+        live = live or (versions[-1].get("id") if isinstance(versions[-1], dict) else None)
+    return {
+        "name": name,
+        "dir": str(d),
+        "instructions": instructions,
+        "model": model,
+        "model_config": model_config,
+        "rubric": fingerprint,
+        "criteria": rubric_file.get("criteria", []),
+        "tools": tools,
+        "cases": read_cases(d / "cases.json") if (d / "cases.json").exists() else [],
+        "holdout": read_cases(d / "holdout.json") if (d / "holdout.json").exists() else [],
+        "versions": versions,
+        "live_version": live,
+    }
