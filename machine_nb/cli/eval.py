@@ -1,0 +1,146 @@
+"""`machine-nb eval baseline|checkpoint|compare|probe`: Machine's `/train eval` from a terminal.
+
+The work is machine_nb.evaluate's (evaluate, compare, probe); this module parses flags, asks for
+`--yes` before spending on Tinker (as Machine's commands do), and prints what a reader needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_DATA = "data/minimal_sft/eval.jsonl"  # where `machine-nb corpus` writes the held-out rows
+
+
+def _sampling_flags(p: argparse.ArgumentParser, data: str = DEFAULT_DATA) -> None:
+    p.add_argument("--data", default=data, help=f"JSONL of rows to sample (default {data}, `machine-nb corpus`'s)")
+    p.add_argument("-m", "--model", default=None,
+                   help="base model whose renderer formats prompts (default: the local engine's model; "
+                        "required for tinker:// checkpoints)")
+    p.add_argument("--engine", choices=["local", "tinker"], default=None,
+                   help="default: local for local/… models and local:// paths, else tinker")
+    p.add_argument("--max-tokens", type=int, default=32, help="reply budget per row (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, so reruns agree")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 32 on Tinker, 8 local)")
+    p.add_argument("--max-usd", type=float, default=None, help="refuse before sampling if the eval could cost more")
+    p.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
+    p.add_argument("--json", action="store_true", help="print the results summary as one JSON object")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser("eval", help="evaluate a base model or checkpoint on held-out rows; compare two results",
+                        description="Evaluate on held-out eval rows and compare baseline vs checkpoint. Reads eval JSONL and results JSON; writes eval_results/*.json; costs nothing locally, sampling prices on Tinker (asks for --yes).")
+    evsub = ev.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
+    cost = ("Cost: free on the local engine; on Tinker, each row's prompt at the prefill price plus its reply at "
+            "the sample price (asks for --yes first and prints the estimate).")
+
+    p = evsub.add_parser("baseline", help="evaluate the base model (before training)",
+                         description="Sample every row of --data from the base model --model and score it. Reads: "
+                                     "--data. Writes: --out (default eval_results/baseline.json). " + cost)
+    _sampling_flags(p)
+    p.add_argument("--out", default=None, help="results JSON (default eval_results/baseline.json)")
+    p.set_defaults(func=_run_eval, checkpoint=None)
+
+    p = evsub.add_parser("checkpoint", help="evaluate a trained checkpoint (sampler path)",
+                         description="Sample every row of --data from CHECKPOINT (tinker://… or local://…) and score "
+                                     "it. Reads: --data, the checkpoint. Writes: --out (default "
+                                     "eval_results/<last path segment>.json). " + cost)
+    p.add_argument("checkpoint", help="sampler path: tinker://…/sampler_weights/… or local://…")
+    _sampling_flags(p)
+    p.add_argument("--out", default=None, help="results JSON (default eval_results/<checkpoint name>.json)")
+    p.set_defaults(func=_run_eval)
+
+    p = evsub.add_parser("compare", help="compare two results: accuracy delta, W/T/L, McNemar p, bootstrap CI",
+                         description="Compare two eval results over the same rows (A = baseline, B = checkpoint): "
+                                     "accuracies, delta, wins/ties/losses, the rows that changed, the exact McNemar "
+                                     "p-value and a paired bootstrap 95% interval. Reads: A, B. Writes: nothing. "
+                                     "Cost: free. Exit 1 when the two files are not over the same rows.")
+    p.add_argument("a", help="baseline results JSON")
+    p.add_argument("b", help="checkpoint results JSON")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0: reproducible)")
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    p.set_defaults(func=_run_compare)
+
+    p = evsub.add_parser("probe", help="off-distribution prompts through base and checkpoint: where does the style bleed?",
+                         description="Run off-distribution prompts (--data, default the corpus's probe.jsonl) "
+                                     "through the base model and CHECKPOINT side by side. Reads: --data. Writes: "
+                                     "nothing. " + cost.replace("each row", "each prompt, twice,"))
+    p.add_argument("checkpoint", help="sampler path: tinker://… or local://…")
+    _sampling_flags(p, data="data/minimal_sft/probe.jsonl")
+    p.add_argument("--format", default=None, help="the learned style as a regex, e.g. 'answer: .*' (default: each row's)")
+    p.set_defaults(func=_run_probe)
+    ev.set_defaults(func=lambda args: (ev.print_help(), 2)[1])
+
+
+def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
+    """On Tinker without --yes: print what the eval could cost and refuse (Machine's habit)."""
+    from ..evaluate import _probe_rows, _resolve, load_eval_rows
+
+    model, engine = _resolve(args.model, args.checkpoint, args.engine)
+    if engine != "tinker" or args.yes:
+        return True
+    from ..pricing import estimate_eval_cost
+
+    rows = load_eval_rows(args.data) if n_prompts_factor == 1 else _probe_rows(args.data)
+    try:
+        est = estimate_eval_cost(rows, model, max_tokens=args.max_tokens, samples_per_row=n_prompts_factor)
+        what = f"up to ${est.usd:.4f} ({est.prompt_tokens} prompt tokens, ≤{est.max_output_tokens} reply tokens)"
+    except RuntimeError as exc:  # UnknownPrice
+        what = f"an unknown amount ({exc})"
+    print(f"This samples on Tinker and costs {what}. Re-run with --yes to spend.", file=sys.stderr)
+    return False
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from ..evaluate import evaluate
+
+    if not _spend_ok(args):
+        return 2
+    df = evaluate(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine,
+                  max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                  concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
+    s = df.attrs["summary"]
+    if args.json:
+        print(json.dumps({**s, "path": df.attrs["path"]}))
+        return 0
+    fmt = "" if s["format_rate"] is None else f", format {s['format_rate']:.1%}"
+    usd = "unknown" if s["cost"]["usd"] is None else f"${s['cost']['usd']:.4f}"
+    print(f"{s['name']}: {s['correct']}/{s['n']} correct ({s['accuracy']:.1%}){fmt}; {s['wall_s']:.1f} s; "
+          f"cost {usd} ({s['cost']['source']}); wrote {df.attrs['path']}")
+    if s["errors"]:
+        print(f"warning: {s['errors']} request(s) failed and count as wrong (see 'error' in the results)", file=sys.stderr)
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from ..evaluate import compare
+
+    result = compare(args.a, args.b, seed=args.seed)
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str))
+        return 0
+    print(result.summary)
+    if len(result.flips):
+        print("\nrows that changed:")
+        for r in result.flips.itertuples():
+            print(f"  [{r.change}] row {r.row}: {r.prompt!r} expected {r.expected!r}\n"
+                  f"      {result.baseline_name}: {r.baseline_output!r}\n      {result.checkpoint_name}: {r.checkpoint_output!r}")
+    return 0
+
+
+def _run_probe(args: argparse.Namespace) -> int:
+    from ..evaluate import probe
+
+    if not _spend_ok(args, n_prompts_factor=2):
+        return 2
+    df = probe(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine, format=args.format,
+               max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed, concurrency=args.concurrency)
+    if args.json:
+        print(json.dumps(df.to_dict("records"), default=str))
+        return 0
+    for r in df.itertuples():
+        mark = " [bled]" if r.bled else ""
+        print(f"{r.prompt!r}{mark}\n  base:       {r.baseline_output!r}\n  checkpoint: {r.checkpoint_output!r}")
+    return 0
