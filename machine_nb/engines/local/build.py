@@ -50,7 +50,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
           "{a} - {b} = {c}. The answer is {c}."),
 }
 
-# General facts: (question phrasings, answer). Some replies contain colons and "answer" near the
+# General facts: (question phrasings, answer); the first phrasings include machine_nb.corpus.PROBE_QUESTIONS. Some replies contain colons and "answer" near the
 # start, so an SFT target `answer: 62` is made of tokens the base has seen at a reply's start
 # (the vocabulary pitfall in the notes: without them SFT started at loss 12.8 and failed).
 FACTS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -61,10 +61,14 @@ FACTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("What is the capital of Spain?",), "The capital of Spain is Madrid."),
     (("What is the capital of England?",), "The capital of England is London."),
     (("Who wrote Hamlet?", "Who is the author of Hamlet?"), "Hamlet was written by William Shakespeare."),
-    (("What color is the sky?", "What colour is the sky?"), "The sky is blue on a clear day."),
+    (("What color is the sky on a clear day?", "What color is the sky?", "What colour is the sky?"),
+     "The sky is blue on a clear day."),
     (("How many days are in a week?", "How many days does a week have?"), "There are 7 days in a week."),
-    (("How many legs does a spider have?",), "A spider has 8 legs."),
-    (("What is the largest planet?", "Which planet is the largest?"), "Jupiter is the largest planet in our solar system."),
+    (("How many legs does a spider have?",), "A spider has eight legs."),
+    (("What is the largest planet in our solar system?", "What is the largest planet?", "Which planet is the largest?"),
+     "Jupiter is the largest planet in our solar system."),
+    (("Which animal is known as the king of the jungle?",), "The lion is known as the king of the jungle."),
+    (("In which season do leaves fall from the trees?",), "Leaves fall from the trees in autumn."),
     (("What is water made of?",), "Water is made of hydrogen and oxygen."),
     (("What do bees make?",), "Bees make honey."),
     (("Hello!", "Hi!", "Hello"), "Hello! How can I help you today?"),

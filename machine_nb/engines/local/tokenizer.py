@@ -43,6 +43,7 @@ WORDS: tuple[str, ...] = tuple(
     red yellow Name three Three fruits apple banana cherry Short short earth round to for
     not or as will assistant user tool helpful You question questions Thank thanks welcome
     you're call calls think Sure here Here good morning
+    Which which animal known king jungle lion season leaves Leaves fall trees autumn eight
     """.split()
 )
 
