@@ -1,0 +1,260 @@
+"""LossPlot: training (and eval) loss per step from tinker-cookbook log dirs, live while a run writes.
+
+Reads each log dir's `metrics.jsonl` (one row per step) and draws loss with an EMA whose meaning
+is written on the plot, several runs overlaid, learning rate on a second axis. A daemon thread
+polls the files' size and mtime so the kernel stays free; it stops at the run's "final" row in
+`checkpoints.jsonl` or on `.stop()`. The PNG is also the static fallback kept in saved notebooks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+import ipywidgets as widgets
+
+from ._base import StaticFallback, escape
+
+LOSS = "train_mean_nll"
+
+
+def _as_dirs(log_dirs: Any) -> list[Path]:
+    if isinstance(log_dirs, (str, os.PathLike)):
+        return [Path(log_dirs)]
+    return [Path(d) for d in log_dirs]
+
+
+def _read_one(log_dir: Path) -> list[dict]:
+    """Rows of one metrics.jsonl: a partial last line (a run mid-write) is skipped silently;
+    any other bad line is skipped with a warning naming it."""
+    from ..jsonl import iter_jsonl
+
+    path = log_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    skipped: list = []
+    rows = [v for _, v in iter_jsonl(path, on_error="skip", skipped=skipped) if isinstance(v, dict)]
+    real = [e for e in skipped if "truncated last line" not in str(e)]
+    if real:
+        warnings.warn(f"LossPlot skipped {len(real)} bad line(s) of {path}: " + "; ".join(map(str, real[:3])),
+                      stacklevel=3)
+    return rows
+
+
+def read_metrics(log_dirs: Any):
+    """The metrics of one or several log dirs as one DataFrame, one row per metrics.jsonl line.
+
+    Columns: every key the trainer logged (step, learning_rate, train_mean_nll, test/… …) plus
+    `run`, the log dir's name (its path when two dirs share a name). Same rows as
+    `machine_nb.training_metrics`; read here so the plot works while that module is optional.
+    """
+    import pandas as pd
+
+    dirs = _as_dirs(log_dirs)
+    names = [d.name for d in dirs]
+    frames = []
+    for d in dirs:
+        label = d.name if names.count(d.name) == 1 else str(d)
+        rows = _read_one(d)
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(run=label))
+    if not frames:
+        return pd.DataFrame(columns=["run", "step", LOSS, "learning_rate"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def ema(values: Iterable[float], weight: float = 0.6) -> list[float]:
+    """Debiased exponential moving average, as TensorBoard smooths: s_t = w·s_{t-1} + (1−w)·x_t,
+    divided by (1 − w^t) so early points are not pulled toward 0. NaN inputs give NaN and are
+    skipped. weight: the share kept from the previous smoothed value (0 = raw, near 1 = flat).
+    """
+    out, s, n = [], 0.0, 0
+    for x in values:
+        if x is None or x != x:
+            out.append(float("nan"))
+            continue
+        n += 1
+        s = weight * s + (1 - weight) * float(x)
+        out.append(s / (1 - weight ** n) if weight > 0 else float(x))
+    return out
+
+
+def eval_loss_columns(frame) -> list[str]:
+    """Logged eval-loss columns (`test/…nll` or `test/…loss`), if any."""
+    return [c for c in frame.columns if str(c).startswith("test/") and (str(c).endswith("nll") or str(c).endswith("loss"))]
+
+
+def finished(log_dir: Path) -> bool:
+    """Whether the run wrote its final checkpoint (a row named "final" in checkpoints.jsonl)."""
+    from ..jsonl import iter_jsonl
+
+    path = Path(log_dir) / "checkpoints.jsonl"
+    if not path.exists():
+        return False
+    return any(isinstance(v, dict) and v.get("name") == "final" for _, v in iter_jsonl(path, on_error="skip"))
+
+
+def smoothing_note(weight: float) -> str:
+    """The sentence written on the plot saying what the smoothed line is."""
+    return (f"lines: EMA, weight {weight:g} on the previous smoothed value (debiased); "
+            "faint dots: raw loss per step")
+
+
+def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
+    """A matplotlib Figure (Agg, no pyplot state) of loss per step for every run in `frame`."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.2), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"loss ({LOSS})")
+    lr_ax = None
+    colours = [f"C{i}" for i in range(10)]
+    has_data = False
+    for i, (run, df) in enumerate(frame.groupby("run", sort=False)):
+        colour = colours[i % len(colours)]
+        df = df.sort_values("step") if "step" in df.columns else df
+        steps = df["step"] if "step" in df.columns else range(len(df))
+        if LOSS in df.columns and df[LOSS].notna().any():
+            has_data = True
+            ax.scatter(steps, df[LOSS], s=8, alpha=0.25, color=colour)
+            ax.plot(list(steps), ema(df[LOSS].tolist(), smoothing), color=colour, lw=1.8, label=f"{run} train")
+        for col in eval_loss_columns(df):
+            sel = df[col].notna()
+            if sel.any():
+                has_data = True
+                ax.plot(list(steps[sel]), df.loc[sel, col], "o--", color=colour, ms=4, lw=1,
+                        label=f"{run} eval ({col})")
+        if "learning_rate" in df.columns and df["learning_rate"].notna().any():
+            if lr_ax is None:
+                lr_ax = ax.twinx()
+                lr_ax.set_ylabel("learning rate (dotted)")
+            lr_ax.plot(list(steps), df["learning_rate"], ":", color=colour, lw=1, alpha=0.8)
+    if has_data:
+        ax.legend(loc="upper right", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no metrics logged yet", transform=ax.transAxes, ha="center", color="grey")
+    fig.text(0.01, 0.01, smoothing_note(smoothing), fontsize=8, color="#444")
+    fig.subplots_adjust(bottom=0.2)
+    return fig
+
+
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (Agg backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+class LossPlot(StaticFallback, widgets.VBox):
+    """Loss per step from one or several tinker-cookbook log dirs, updated live while they grow.
+
+    Args:
+        log_dirs: a log dir or a list of them (each with metrics.jsonl; several are overlaid).
+        smoothing: EMA weight on the previous smoothed value. Default 0.6 (TensorBoard's UI
+            default), enough to read a trend in a few dozen steps without hiding it.
+        refresh_s: seconds between checks of the files. Default 1.0: a step on the local engine
+            takes about a second; a check is two stat() calls.
+        live: poll in a background thread until every run wrote its final checkpoint. Default
+            True; False draws once (`.refresh()` redraws).
+
+    `.frame` is the metrics DataFrame (see `read_metrics`); `.stop()` ends the polling.
+    """
+
+    def __init__(self, log_dirs: Any, smoothing: float = 0.6, refresh_s: float = 1.0, live: bool = True,
+                 **kwargs: Any):
+        self.log_dirs = _as_dirs(log_dirs)
+        self.smoothing = float(smoothing)
+        self.refresh_s = float(refresh_s)
+        self._seen = self._signature()  # taken before reading, so a write in between is not missed
+        self.frame = read_metrics(self.log_dirs)
+        self.redraws = 0
+        self._png = b""
+        self._image = widgets.Image(format="png")
+        self._status = widgets.HTML()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        super().__init__(children=[self._image, self._status], **kwargs)
+        self._draw()
+        if live and not self.finished():
+            self._thread = threading.Thread(target=self._poll, name="LossPlot", daemon=True)
+            self._thread.start()
+
+    def finished(self) -> bool:
+        """Whether every run wrote its final checkpoint."""
+        return all(finished(d) for d in self.log_dirs)
+
+    @property
+    def live(self) -> bool:
+        """Whether the background poll is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _signature(self) -> tuple:
+        sig = []
+        for d in self.log_dirs:
+            for name in ("metrics.jsonl", "checkpoints.jsonl"):
+                try:
+                    st = (d / name).stat()
+                    sig.append((st.st_size, st.st_mtime_ns))
+                except OSError:
+                    sig.append(None)
+        return tuple(sig)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            if self._signature() != self._seen:
+                try:
+                    self.refresh()
+                except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
+                    self._status.value = f'<span style="color:#dc2626">{escape(exc)}</span>'
+            if self.finished():
+                self.refresh()
+                break
+
+    def stop(self) -> None:
+        """Stop the live polling (the plot keeps its last state)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def refresh(self) -> None:
+        """Re-read the metrics and redraw."""
+        with self._lock:  # the poll thread and a user's call never interleave a redraw
+            self._seen = self._signature()
+            self._draw(read_metrics(self.log_dirs))
+
+    def _draw(self, frame=None) -> None:
+        frame = self.frame if frame is None else frame
+        png = png_bytes(figure(frame, self.smoothing))
+        self.redraws += 1
+        self.frame, self._png = frame, png  # published together, after the drawing
+        self._image.value = png
+        self._status.value = escape(self.summary())
+
+    def summary(self) -> str:
+        parts = []
+        for run, df in self.frame.groupby("run", sort=False):
+            loss = df[LOSS].dropna() if LOSS in df.columns else []
+            last = f", last loss {loss.iloc[-1]:.4g}" if len(loss) else ""
+            parts.append(f"{run}: {len(df)} steps{last}")
+        body = "; ".join(parts) or "no metrics yet"
+        return f"LossPlot: {body}"
+
+    def static_png(self) -> bytes | None:
+        return self._png or None
+
+    def static_html(self) -> str:
+        import base64
+
+        img = base64.b64encode(self._png).decode("ascii")
+        return (f'<div class="mnb-loss-plot"><img alt="training loss" src="data:image/png;base64,{img}"/>'
+                f'<div style="font-size:12px">{escape(self.summary())}</div></div>')

@@ -1,0 +1,82 @@
+"""LossPlot: metrics from log dirs, the debiased EMA, overlay, PNG fallback, and the live update.
+
+The live test appends rows to metrics.jsonl the way the trainer does and waits with a deadline
+for the plot to pick them up (no timed assertion), then writes the final checkpoint row.
+"""
+
+import json
+import time
+
+from machine_nb.widgets.loss_plot import LossPlot, ema, read_metrics, smoothing_note
+
+
+def write_metrics(log_dir, rows, mode="w"):
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "metrics.jsonl", mode) as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+
+
+def rows(n, start=0, loss0=3.0):
+    return [{"step": s, "epoch": 0, "learning_rate": 1e-4 * (1 - s / 50), "num_tokens": 100,
+             "train_mean_nll": loss0 / (1 + s)} for s in range(start, start + n)]
+
+
+def wait_for(cond, deadline_s=30.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_ema_is_debiased_like_tensorboard():
+    assert ema([2.0, 2.0, 2.0], 0.6) == [2.0, 2.0, 2.0]  # no pull toward 0 at the start
+    s = ema([1.0, 0.0], 0.5)
+    assert s[0] == 1.0 and abs(s[1] - (0.25 / 0.75)) < 1e-12
+    assert ema([1.0, float("nan"), 3.0], 0.0)[2] == 3.0
+
+
+def test_overlay_frame_png_and_static_html(tmp_path):
+    write_metrics(tmp_path / "run_a", rows(10))
+    write_metrics(tmp_path / "run_b", rows(6, loss0=2.0) + [{"step": 5, "test/nll": 0.9}])
+    # a partial last line, as while the trainer is writing
+    with open(tmp_path / "run_b" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 6, "train_mean')
+    p = LossPlot([tmp_path / "run_a", tmp_path / "run_b"], live=False)
+    assert set(p.frame["run"]) == {"run_a", "run_b"}
+    assert len(p.frame[p.frame.run == "run_a"]) == 10
+    assert "test/nll" in p.frame.columns
+    png = p.static_png()
+    assert png.startswith(b"\x89PNG")
+    bundle = p._repr_mimebundle_()
+    assert bundle["text/plain"].startswith("LossPlot: run_a: 10 steps")
+    assert '<img alt="training loss" src="data:image/png;base64,' in bundle["text/html"]
+    assert "image/png" in bundle
+    assert "weight 0.6 on the previous smoothed value" in smoothing_note(0.6)
+
+
+def test_live_update_from_a_growing_metrics_file(tmp_path):
+    log = tmp_path / "live"
+    write_metrics(log, rows(2))
+    p = LossPlot(log, refresh_s=0.05)
+    try:
+        assert p.live
+        first, png0 = p.redraws, p.static_png()
+        write_metrics(log, rows(3, start=2), mode="a")
+        assert wait_for(lambda: len(p.frame) == 5), len(p.frame)
+        assert p.redraws > first and p.static_png() != png0
+        assert "live: 5 steps" in p.summary()
+        (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 5}) + "\n")
+        assert wait_for(lambda: not p.live)  # stops by itself at the final checkpoint
+    finally:
+        p.stop()
+
+
+def test_stop_ends_polling_and_missing_dir_is_empty(tmp_path):
+    p = LossPlot(tmp_path / "not_yet", refresh_s=0.05)
+    assert p.live and len(p.frame) == 0 and "no metrics yet" in p.summary()
+    p.stop()
+    assert not p.live
+    assert read_metrics([tmp_path / "not_yet"]).empty
