@@ -61,6 +61,8 @@ _API: dict[str, str] = {
     "evaluate": "evaluate",
     "compare": "evaluate",
     "probe": "evaluate",
+    "load_results": "evaluate",
+    "CompareResult": "evaluate",
     # widgets
     "RunPicker": "widgets.run_picker",
     "ExamplePreviewer": "widgets.previewer",
