@@ -28,7 +28,7 @@ DEFAULT_COLUMNS = ("id", "machine", "model", "harness", "case", "score", "starte
                    "duration_s", "n_messages", "n_tool_calls", "cost_usd", "tags", "input", "output")
 # Columns offered as multi-select filters when present.
 CHOICE_COLUMNS = ("machine", "model", "harness")
-# A multi-select with more distinct values than this is not offered (free text serves better).
+# A multi-select is offered for 2 to MAX_CHOICES distinct values (beyond that free text serves better).
 MAX_CHOICES = 500
 # Cell text longer than this is cut with "…" (the page stays small; the full value is in `.selected`).
 MAX_CELL_CHARS = 120
@@ -311,7 +311,7 @@ class RunPicker(StaticFallback, w.VBox):
         for col in CHOICE_COLUMNS:
             if col in runs.columns:
                 counts = runs[col].dropna().astype(str).value_counts().sort_index()
-                if 0 < len(counts) <= MAX_CHOICES:
+                if 2 <= len(counts) <= MAX_CHOICES:  # one value filters nothing
                     c[col] = w.SelectMultiple(
                         options=[(f"{v} ({n:,})", v) for v, n in counts.items()], rows=min(4, len(counts)),
                         description=col, layout=w.Layout(width="auto", min_width="14em"))
