@@ -58,7 +58,7 @@ def count_lines(path_or_rows: Any) -> int | None:
     if isinstance(path_or_rows, (str, os.PathLike)):
         n = 0
         with open(path_or_rows, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
+            for block in iter(lambda: fh.read(1 << 16), b""):
                 n += block.count(b"\n")
         return n
     return len(path_or_rows) if hasattr(path_or_rows, "__len__") else None
@@ -81,9 +81,32 @@ def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: 
 
     Raises whatever the renderer raises for a conversation it cannot render (callers report it).
     """
-    model_input, weights = renderer.build_supervised_example(
-        list(messages), train_on_what=train_on_what_for(messages, train_on_what))
+    from tinker_cookbook.renderers import TrainOnWhat
+
+    mode = train_on_what_for(messages, train_on_what)
+    if mode == TrainOnWhat.CUSTOMIZED:
+        messages = fill_trainable(messages)
+    model_input, weights = renderer.build_supervised_example(list(messages), train_on_what=mode)
     return int(model_input.length), int((weights > 0).sum())
+
+
+def partial_trainable(messages: list[Any]) -> bool:
+    """Whether some messages carry `trainable` and others do not (the cookbook's renderers want all or none)."""
+    flags = [isinstance(m, Mapping) and "trainable" in m for m in messages]
+    return any(flags) and not all(flags)
+
+
+def fill_trainable(messages: list[Any]) -> list[Any]:
+    """Messages with every `trainable` flag set: a missing flag means trained for the assistant, not for others.
+
+    tinker-cookbook's generic renderers assert that with CUSTOMIZED every message has the flag;
+    Machine's whole-run lines flag only the assistant messages of the last turn (tml_v0 also reads
+    a missing flag on an assistant message as trainable).
+    """
+    if not partial_trainable(messages):
+        return messages
+    return [m if not isinstance(m, Mapping) or "trainable" in m else {**m, "trainable": m.get("role") == "assistant"}
+            for m in messages]
 
 
 def offline_note(model: str, reason: str) -> str:
@@ -132,7 +155,7 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
     total = count_lines(path_or_rows)
     show = progress if progress is not None else (total or 0) > PROGRESS_MIN_ROWS
     cols: dict[str, list] = {c: [] for c in COLUMNS}
-    with bar(total=total, desc=f"tokens {model}", unit="rows", enabled=bool(show)) as pb:
+    with bar(total=total, desc=f"tokens {model}", unit="rows", enabled=None if show else False) as pb:
         for line, row in iter_rows(path_or_rows, on_error=on_error):
             messages = row.get("messages") if isinstance(row, Mapping) else None
             if not isinstance(messages, list):

@@ -150,6 +150,11 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
                             f"{where}.tool_call_id {ref!r} answers no earlier assistant tool call"))
             else:
                 answered.add(ref)
+    flags = [isinstance(m, Mapping) and "trainable" in m for m in messages]
+    if any(flags) and not all(flags):
+        out.append(("warning", "trainable_partial",
+                    "some messages carry 'trainable' and others not: tinker-cookbook's renderers want all or none "
+                    "(counted as: a missing flag trains assistant messages only)"))
     last_index = len(messages) - 1
     for ref, i in calls.items():
         if ref not in answered and i != last_index:  # the final message's calls are the target: no result yet
@@ -355,7 +360,7 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
     total = count_lines(path)
     show = progress if progress is not None else total > PROGRESS_MIN_ROWS
     with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows",
-                                         enabled=bool(show)) as pb:
+                                         enabled=None if show else False) as pb:
         raw_lines = iter(enumerate(raw_fh, start=1))
         for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
             while skipped:
