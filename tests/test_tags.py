@@ -1,0 +1,140 @@
+"""The tag store: rows exactly as /good, /good --as, /good --trace and /bad write them, /tagged's
+view, untag without losing other rows, where the store lives, and concurrent appends."""
+
+import json
+import multiprocessing as mp
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import machine_nb as mnb
+from machine_nb.store.tags import TAGGED_COLUMNS, project_key
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return mnb.load_runs(SAMPLE)
+
+
+def lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_good_row_like_slash_good(tmp_path, runs):
+    row = runs[runs["machine"] == "support"].iloc[0]
+    out = mnb.tag(row, "good", note="nice", store=tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{12}", out["id"])
+    assert lines(tmp_path / "train.jsonl") == [out]
+    assert out["messages"] == [{"role": "user", "content": row["input"]}, {"role": "assistant", "content": row["output"]}]
+    assert (out["tag"], out["kind"], out["note"], out["source"], out["run"], out["machine"]) == (
+        "good", "final", "nice", f"{row['id']}.json", row["id"], "support")
+
+
+def test_rewrite_bad_observed_and_message_lists(tmp_path, runs):
+    run = runs[runs["machine"] == "support"].iloc[1]["run"]  # a Run dict
+    rw = mnb.tag(run, "good", note="kept", rewrite="The exact answer.", store=tmp_path)
+    assert rw["messages"][1] == {"role": "assistant", "content": "The exact answer."} and rw["note"] == "kept"
+    assert rw["rewritten"] is True
+    bad = mnb.tag(run, "bad", store=tmp_path)
+    assert lines(tmp_path / "rejected.jsonl") == [bad] and "note" not in bad
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "first"},
+            {"role": "user", "content": "  q2 "}, {"role": "assistant", "content": [{"type": "text", "text": "a2"}]}]
+    obs = mnb.tag(msgs, "observed", store=tmp_path)
+    assert obs["messages"] == [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+    assert "source" not in obs and lines(tmp_path / "observed.jsonl") == [obs]
+    with pytest.raises(ValueError, match="no assistant reply"):
+        mnb.tag([{"role": "user", "content": "q"}], store=tmp_path)
+    with pytest.raises(ValueError, match="tag must be"):
+        mnb.tag(msgs, "great", store=tmp_path)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        mnb.tag(msgs, rewrite="x", trace=True, store=tmp_path)
+
+
+def test_trace_row(tmp_path, runs):
+    run = runs[(runs["machine"] == "coder") & (runs["n_failed_tool_calls"] > 0)].iloc[0]
+    row = mnb.tag(run, "good", trace=True, store=tmp_path)
+    assert lines(tmp_path / "traces.jsonl") == [row] and row["kind"] == "trace"
+    msgs = row["messages"]
+    assert msgs[0]["role"] == "user" and msgs[-1]["role"] == "assistant"
+    assert all(isinstance(m["content"], str) for m in msgs)  # reasoning omitted by default
+    calls = {tc["id"] for m in msgs for tc in m.get("tool_calls", [])}
+    assert calls and calls == {m["tool_call_id"] for m in msgs if m["role"] == "tool"}
+    roles = {r["role"] for r in row["trajectory"]}
+    assert roles == {"user", "assistant", "tool"} and all("timestamp" in r for r in row["trajectory"])
+    call_rec = next(r for r in row["trajectory"] if r.get("tool_calls"))
+    assert call_rec["content"] is None and set(call_rec["tool_calls"][0]) == {"id", "name", "args"}
+    with_r = mnb.tag(run, "good", trace=True, reasoning=True, store=tmp_path)
+    assert any(r["role"] == "reasoning" for r in with_r["trajectory"])
+
+
+def test_tagged_and_untag(tmp_path, runs):
+    support = runs[runs["machine"] == "support"]
+    rows = [mnb.tag(support.iloc[i], "good", store=tmp_path) for i in range(3)]
+    mnb.tag(support.iloc[3], "bad", note="no", store=tmp_path)
+    with open(tmp_path / "train.jsonl", "ab") as fh:
+        fh.write(b'{"broken\n')  # a bad line: kept by untag, skipped (with a warning) by tagged
+    with pytest.warns(UserWarning, match=r"train.jsonl:4"):
+        df = mnb.tagged(tmp_path)
+    assert list(df.columns) == TAGGED_COLUMNS
+    assert list(df["file"]) == ["train.jsonl"] * 3 + ["rejected.jsonl"]
+    assert list(df["tag"]) == ["good"] * 3 + ["bad"] and df.iloc[3]["note"] == "no"
+    assert df.iloc[0]["last_user"] == support.iloc[0]["input"] and (df["n_messages"] == 2).all()
+    removed = mnb.untag(rows[1]["id"], store=tmp_path)
+    assert removed == rows[1]
+    body = (tmp_path / "train.jsonl").read_bytes()
+    assert body.count(b"\n") == 3 and b'{"broken\n' in body
+    assert [r["id"] for r in lines_ok(tmp_path / "train.jsonl")] == [rows[0]["id"], rows[2]["id"]]
+    with pytest.raises(KeyError):
+        mnb.untag(rows[1]["id"], store=tmp_path)
+    assert len(mnb.tagged(tmp_path / "nowhere")) == 0
+
+
+def lines_ok(path):
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def test_store_dir(tmp_path, monkeypatch):
+    a, b = tmp_path / "one" / "Example Project", tmp_path / "two" / "Example Project"
+    a.mkdir(parents=True), b.mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(a)
+    monkeypatch.delenv("MACHINE_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert mnb.store_dir(a).parent == tmp_path / "home" / ".machine"
+    assert re.fullmatch(r"example-project-[0-9a-f]{12}", project_key(a))
+    assert project_key(a) != project_key(b)  # same name, different parents
+    assert project_key(link) == project_key(a)  # a symlinked path maps to one store
+    monkeypatch.setenv("MACHINE_DATA_DIR", "data-dir")
+    assert mnb.store_dir(a) == (a / "data-dir").resolve() / project_key(a)
+    monkeypatch.setenv("MACHINE_DATA_DIR", "  ")
+    assert mnb.store_dir(a).parent == tmp_path / "home" / ".machine"
+    monkeypatch.chdir(a)
+    monkeypatch.setenv("MACHINE_DATA_DIR", str(tmp_path / "abs"))
+    row = mnb.tag([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    assert lines(tmp_path / "abs" / project_key(a) / "train.jsonl") == [row]
+
+
+def _writer(args):
+    store, k, n = args
+    for i in range(n):
+        mnb.tag([{"role": "user", "content": f"w{k} q{i}"}, {"role": "assistant", "content": "x" * 3000}], store=store)
+    return n
+
+
+def test_concurrent_tagging_loses_nothing(tmp_path):
+    with mp.get_context("fork").Pool(4) as pool:
+        assert sum(pool.map(_writer, [(str(tmp_path), k, 50) for k in range(4)])) == 200
+    rows = lines(tmp_path / "train.jsonl")  # every line parses: none interleaved or half-written
+    assert len(rows) == 200 and len({r["id"] for r in rows}) == 200
+    assert sorted(r["messages"][0]["content"] for r in rows) == sorted(f"w{k} q{i}" for k in range(4) for i in range(50))
+    assert os.stat(tmp_path / "train.jsonl").st_mode & 0o777 == 0o600

@@ -1,0 +1,186 @@
+"""Reading a Machine workspace: runs (nested machines, newest first, documented columns), messages,
+sessions, events, machine definitions; misplaced files are reported, never silently dropped; the
+sample workspace generator is deterministic."""
+
+import filecmp
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import machine_nb as mnb
+from machine_nb.errors import MachineFormatError
+from machine_nb.frames import MESSAGE_COLUMNS, RUN_COLUMNS
+from machine_nb.store.workspace import SkippedFiles, name_segments
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the committed sample has no bad file
+        return mnb.load_runs(SAMPLE)
+
+
+def test_sample_runs_table(runs):
+    assert list(runs.columns) == RUN_COLUMNS
+    assert len(runs) >= 300
+    assert set(runs["machine"]) == {"support", "chatbot/triage", "coder"}
+    assert {"echo", "tinker", "openai", "scripted"} <= set(runs["harness"])
+    assert runs["model"].nunique() >= 3
+    assert runs["rubric"].dropna().groupby(runs["machine"]).nunique().min() == 2  # two fingerprints each
+    # newest first
+    assert runs["started_at"].is_monotonic_decreasing
+    assert str(runs["started_at"].dtype).startswith("datetime64") and (runs["duration_s"] > 0).all()
+    # tools, failures, conversations
+    coder = runs[runs["machine"] == "coder"]
+    assert (coder["n_tool_calls"] > 0).all() and coder["n_failed_tool_calls"].sum() > 0
+    triage = runs[runs["machine"] == "chatbot/triage"]
+    assert (~triage["final"]).any() and triage["final"].any()
+    assert (triage["case"] != triage["input"]).any()  # follow-up turns belong to their opening case
+    assert runs["cost_usd"].notna().all() and runs["score"].isna().any()  # some runs unscored
+    row = runs.iloc[0]
+    assert row["run"]["id"] == row["id"] and row["path"].endswith(f"{row['id']}.json")
+    assert runs.attrs["workspace"] == str(SAMPLE)
+
+
+def test_one_machine_and_tags_column(runs):
+    coder = mnb.load_runs(SAMPLE, "coder")
+    assert len(coder) == (runs["machine"] == "coder").sum()
+    assert len(mnb.load_runs(SAMPLE / ".machine", "chatbot")) == (runs["machine"] == "chatbot/triage").sum()
+    tagged = mnb.load_runs(SAMPLE, store=SAMPLE / ".machine-store")
+    assert "tags" in tagged.columns and "tags" not in runs.columns
+    flat = [t for tags in tagged["tags"] for t in tags]
+    assert {"good", "bad", "observed"} <= set(flat)
+    assert len(flat) == len(mnb.tagged(SAMPLE / ".machine-store"))
+
+
+def test_messages_rows(runs):
+    coder = runs[runs["machine"] == "coder"]
+    msgs = mnb.messages(coder)
+    assert list(msgs.columns) == MESSAGE_COLUMNS
+    assert len(msgs) == coder["n_messages"].sum()
+    calls = msgs[msgs["is_tool_call"]]
+    assert len(calls) == coder["n_tool_calls"].sum()
+    assert calls["failed"].sum() == coder["n_failed_tool_calls"].sum() > 0
+    assert calls["tool_name"].isin(["read_file", "edit_file", "run_tests"]).all()
+    assert msgs["reasoning"].notna().any()
+    one = mnb.messages(coder.iloc[0])
+    assert list(one["index"]) == list(range(len(one)))
+    triage = mnb.messages(runs[runs["machine"] == "chatbot/triage"])
+    assert triage["in_history"].any()
+    # a user predicate decides failure
+    never = mnb.messages(coder, failed=lambda call, result: False)
+    assert not never["failed"].any()
+
+
+def test_sessions_events_machines():
+    sessions = mnb.load_sessions(SAMPLE)
+    assert len(sessions) == 3 and set(sessions["machine"]) == {"support", "chatbot/triage"}
+    assert sessions["updated_at"].is_monotonic_decreasing and (sessions["n_messages"] > 0).all()
+    events = mnb.load_events(SAMPLE)
+    assert set(events["type"]) == {"run.started", "run.finished"}
+    assert len(events) == 2 * len(list((SAMPLE / ".machine" / "runs").rglob("*.json")))
+    assert mnb.list_machines(SAMPLE) == ["chatbot/triage", "coder", "support"]
+    coder = mnb.load_machine(SAMPLE, "coder")
+    assert coder["rubric"].startswith("rb-") and [t["name"] for t in coder["tools"]] == ["read_file", "edit_file", "run_tests"]
+    assert coder["cases"] and coder["holdout"] and coder["live_version"] == "v2"
+    assert coder["instructions"].startswith("You fix failing tests")
+    triage = mnb.load_machine(SAMPLE, "chatbot/triage")
+    assert triage["model"] == "Qwen/Qwen3.6-35B-A3B" and all(isinstance(c["input"], str) for c in triage["cases"])
+    with pytest.raises(MachineFormatError, match="no machine 'nope'"):
+        mnb.load_machine(SAMPLE, "nope")
+
+
+def _ws(tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / ".machine" / "runs" / "support", ws / ".machine" / "runs" / "support")
+    return ws
+
+
+def test_misplaced_and_bad_files_are_reported(tmp_path):
+    ws = _ws(tmp_path)
+    good = len(list((ws / ".machine/runs/support").glob("*.json")))
+    some = sorted((ws / ".machine/runs/support").glob("*.json"))[0]
+    run = json.loads(some.read_text())
+    # wrong folder for its machine, a bad folder segment, a file directly under runs/, bad JSON
+    (ws / ".machine/runs/coder").mkdir()
+    (ws / ".machine/runs/coder" / some.name).write_text(json.dumps(run))
+    (ws / ".machine/runs/Bad_Name").mkdir()
+    (ws / ".machine/runs/Bad_Name/x1.json").write_text(json.dumps({**run, "id": "x1", "machine": "Bad_Name"}))
+    (ws / ".machine/runs/loose.json").write_text("{}")
+    (ws / ".machine/runs/support/broken.json").write_text('{"id": "broken", "machine": "supp')
+    with pytest.warns(SkippedFiles) as rec:
+        df = mnb.load_runs(ws)
+    assert len(df) == good
+    text = str(rec[0].message)
+    assert "skipped 4 run file(s)" in text
+    assert "but is stored under runs/coder/" in text and "'Bad_Name' is not a valid" in text
+    assert "loose.json" in text and "broken.json:1" in text
+    with pytest.raises(MachineFormatError) as exc:
+        mnb.load_runs(ws, strict=True)
+    assert exc.value.path and exc.value.path.endswith(".json")
+
+
+def test_mistyped_fields_name_the_field(tmp_path):
+    ws = _ws(tmp_path)
+    path = sorted((ws / ".machine/runs/support").glob("*.json"))[0]
+    run = json.loads(path.read_text())
+    for mutate, field in [(lambda r: r["scorecard"].update(total="1"), "scorecard.total"),
+                          (lambda r: r["trajectory"][0].update(role="robot"), "trajectory[0].role"),
+                          (lambda r: r.update(usage={"costUsd": "free"}), "usage.costUsd"),
+                          (lambda r: r.pop("machine"), "machine"),
+                          (lambda r: r.update(id="other"), "id")]:
+        bad = json.loads(json.dumps(run))
+        mutate(bad)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(MachineFormatError) as exc:
+            mnb.load_runs(ws, strict=True)
+        assert exc.value.field == field and str(path) in str(exc.value)
+
+
+def test_bad_timestamps_kept_with_nat(tmp_path):
+    ws = _ws(tmp_path)
+    path = sorted((ws / ".machine/runs/support").glob("*.json"))[0]
+    run = json.loads(path.read_text())
+    path.write_text(json.dumps({**run, "startedAt": "yesterday"}))
+    with pytest.warns(SkippedFiles, match="unparseable started_at"):
+        df = mnb.load_runs(ws)
+    assert df["started_at"].isna().sum() == 1 and pd.isna(df.iloc[-1]["started_at"])  # NaT sorts last
+
+
+def test_segment_rule():
+    assert name_segments("chatbot/triage") == ["chatbot", "triage"]
+    for bad in ["", "Chatbot", "a//b", "-a", "a/.b", "a b"]:
+        with pytest.raises(ValueError, match="Invalid"):
+            name_segments(bad)
+
+
+def test_empty_workspace(tmp_path):
+    df = mnb.load_runs(tmp_path)
+    assert list(df.columns) == RUN_COLUMNS and len(df) == 0
+    assert len(mnb.load_events(tmp_path)) == 0 and len(mnb.load_sessions(tmp_path)) == 0
+    assert mnb.messages(df).columns.tolist() == MESSAGE_COLUMNS
+
+
+def test_sample_generator_is_deterministic_and_matches_commit(tmp_path):
+    from machine_nb.sample import generate
+
+    out = generate(tmp_path / "a")
+    cmp = filecmp.dircmp(out, SAMPLE)
+
+    def diffs(c):
+        found = c.left_only + c.right_only + c.diff_files + c.funny_files
+        for sub in c.subdirs.values():
+            found += diffs(sub)
+        return found
+
+    assert diffs(cmp) == []
+    for f in (SAMPLE / ".machine" / "runs").rglob("*.json"):
+        assert filecmp.cmp(f, out / f.relative_to(SAMPLE), shallow=False)
+    total = sum(f.stat().st_size for f in SAMPLE.rglob("*") if f.is_file())
+    assert total < 3_000_000
