@@ -49,6 +49,9 @@ _API: dict[str, str] = {
     "price_for": "pricing",
     "estimate_cost": "pricing",
     "estimate_eval_cost": "pricing",
+    "check_budget": "pricing",
+    "set_price": "pricing",
+    "ValidationResult": "validate",
     # training
     "sft": "train",
     "smoke": "train",
