@@ -1,0 +1,117 @@
+"""`machine-nb sft` and `machine-nb smoke`: supervised fine-tuning from a terminal (train.py does the work).
+
+Mirrors Machine's `/train sft` and `/train smoke`: the local engine runs free on this machine;
+Tinker needs `--yes` before spending (the estimate is printed first) and TINKER_API_KEY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+_COMMON_DESC = (
+    "Reads: DATA (chat JSONL, one {{\"messages\": [...]}} per line). Writes: a fresh log dir "
+    "(runs/{prefix}-<time>-<hex> unless --log-dir/--workspace; 0700) with train.jsonl, config.json, metrics.jsonl, "
+    "checkpoints.jsonl, logs.log and the checkpoints (local engine: weights/ and sampler_weights/). "
+    "Cost: free on the local engine; on Tinker, tokens x epochs at the model's train price (needs --yes, "
+    "TINKER_API_KEY and a known price; refused over --max-usd).")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
+    p.add_argument("--model", default=None,
+                   help="base model (default: the engine's; local/arith-tiny on the local engine)")
+    p.add_argument("--engine", choices=["local", "tinker"], default=None,
+                   help="where to train (default: the model's engine; local when no model is given)")
+    p.add_argument("--log-dir", default=None, help="log dir for this run (default: a fresh runs/… dir)")
+    p.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
+    p.add_argument("--seed", type=int, default=0, help="shuffling, LoRA init and sampling seed (default 0)")
+    p.add_argument("--max-usd", type=float, default=None, help="Tinker budget: refuse when the estimate is over it")
+    p.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sft", help="supervised fine-tuning with tinker-cookbook's loop, on the local engine or Tinker",
+        description="Fine-tune a model on chat JSONL with tinker-cookbook's supervised.train.main. " + _COMMON_DESC.format(prefix="sft"))
+    _add_common(p)
+    p.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10: small style sets need several)")
+    p.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: epochs x full batches)")
+    p.add_argument("--learning-rate", "--lr", type=float, default=None,
+                   help="peak learning rate, linear decay (default: 3e-3 local LoRA, calibrated; the cookbook's on Tinker)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8; the partial last batch is dropped)")
+    p.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8 local, 32 Tinker; 0 = full fine-tuning, local only)")
+    p.add_argument("--resume", default=None, help="continue the run in this log dir from its last checkpoint")
+    p.set_defaults(func=_run_sft)
+
+    s = sub.add_parser(
+        "smoke", help="a real 2-step training run: proves data, engine and loop work end to end",
+        description="Run 2 real training steps (the same path as sft). " + _COMMON_DESC.format(prefix="sft"))
+    _add_common(s)
+    s.add_argument("--steps", type=int, default=2, help="steps to run (default 2)")
+    s.set_defaults(func=_run_smoke)
+
+
+def _engine(args: argparse.Namespace) -> str:
+    from ..engines import engine_for
+
+    if args.engine:
+        return args.engine
+    return engine_for(args.model) if args.model else "local"
+
+
+def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps: int | None) -> bool:
+    """On Tinker without --yes: print the estimate and refuse (Machine's habit). True = go on."""
+    if _engine(args) != "tinker" or args.yes:
+        return True
+    from ..pricing import estimate_cost
+
+    if not args.model:
+        print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling-Small)", file=sys.stderr)
+        return False
+    est = estimate_cost(args.data, args.model, epochs=epochs, batch_size=batch_size, max_steps=steps,
+                        max_usd=args.max_usd)
+    print(f"This trains {args.model} on Tinker: {est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
+          f"{est.steps} steps, about ${est.usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
+          f"{est.price.source} {est.price.date}). Re-run with --yes to spend.", file=sys.stderr)
+    return False
+
+
+def _print(result, as_json: bool) -> None:
+    if as_json:
+        import json
+
+        print(json.dumps(result.as_dict()))
+        return
+    loss = ("–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}")
+    cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.4f}"
+    print(f"{result.model} on {result.engine}: {result.steps} steps, {result.tokens:,} tokens, loss {loss}, cost {cost}")
+    print(f"checkpoint: {result.checkpoint}")
+    print(f"log dir:    {result.log_dir}")
+
+
+def _run_sft(args: argparse.Namespace) -> int:
+    from ..train import sft
+
+    if not _confirm_spend(args, args.epochs, args.batch_size, args.steps):
+        return 2
+    result = sft(args.data, args.model, args.engine, epochs=args.epochs, max_steps=args.steps,
+                 learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
+                 log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
+                 max_usd=args.max_usd)
+    _print(result, args.json)
+    return 0
+
+
+def _run_smoke(args: argparse.Namespace) -> int:
+    from ..train import prepare_data, smoke
+
+    rows, _ = prepare_data(args.data)
+    batch = max(1, min(8, len(rows)))
+    if not _confirm_spend(args, -(-args.steps // max(1, len(rows) // batch)), batch, args.steps):
+        return 2
+    result = smoke(args.data, args.model, args.engine, steps=args.steps, log_dir=args.log_dir,
+                   workspace=args.workspace, seed=args.seed, max_usd=args.max_usd)
+    _print(result, args.json)
+    return 0

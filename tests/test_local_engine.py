@@ -1,0 +1,289 @@
+"""The local engine's Tinker API: training steps lower the loss, checkpoints round-trip, async forms,
+sampling parameters (stop, max_tokens, seed), LoRA rank and AdamParams honoured, clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import threading
+
+import numpy as np
+import pytest
+import tinker
+import torch
+
+from machine_nb.engines import check_model, engine_for, service_client
+from machine_nb.engines.local import DEFAULT_MODEL
+from machine_nb.engines.local import lora as lora_mod
+from machine_nb.engines.local.service import ServiceClient, parse_path
+from machine_nb.errors import EngineError
+from machine_nb.render import get_renderer
+
+PAIRS = [(12, 30), (45, 11), (23, 67), (50, 19), (81, 17), (66, 24), (38, 29), (90, 14)]
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    return get_renderer(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def batch(renderer):
+    from tinker_cookbook.renderers import TrainOnWhat
+    from tinker_cookbook.supervised.data import conversation_to_datum
+
+    convs = [[{"role": "user", "content": f"What is {a} plus {b}?"},
+              {"role": "assistant", "content": f"answer: {a + b}"}] for a, b in PAIRS]
+    return [conversation_to_datum(c, renderer, 128, TrainOnWhat.LAST_ASSISTANT_MESSAGE) for c in convs]
+
+
+def prompt(renderer, text="What is 12 plus 30?"):
+    return renderer.build_generation_prompt([{"role": "user", "content": text}])
+
+
+def train_steps(tc, batch, n, lr=3e-3, **adam):
+    losses = []
+    for _ in range(n):
+        fb = tc.forward_backward(batch, "cross_entropy")
+        opt = tc.optim_step(tinker.AdamParams(learning_rate=lr, **adam))
+        losses.append(fb.result().metrics["loss:sum"])
+        opt.result()
+    return losses
+
+
+def test_forward_backward_optim_step_lowers_the_loss_and_returns_tinker_types(tmp_path, batch):
+    sc = ServiceClient(log_dir=tmp_path)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8)
+    out = tc.forward_backward(batch, "cross_entropy").result()
+    assert isinstance(out, tinker.ForwardBackwardOutput)
+    assert len(out.loss_fn_outputs) == len(batch)
+    # the loss is sum(-w * logprob) over the batch, from the very logprobs returned
+    total = 0.0
+    for datum, o in zip(batch, out.loss_fn_outputs):
+        lp = o["logprobs"].to_numpy()
+        w = datum.loss_fn_inputs["weights"].to_numpy()
+        assert lp.shape == w.shape == (datum.model_input.length,)
+        total += float(-(w * lp).sum())
+    assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-5)
+    resp = tc.optim_step(tinker.AdamParams(learning_rate=3e-3)).result()
+    assert isinstance(resp, tinker.OptimStepResponse)
+    losses = train_steps(tc, batch, 8)
+    assert losses[-1] < 0.8 * out.metrics["loss:sum"]
+
+
+def test_forward_alone_computes_no_gradients(tmp_path, batch):
+    tc = ServiceClient(log_dir=tmp_path).create_lora_training_client(DEFAULT_MODEL, rank=4)
+    a = tc.forward(batch, "cross_entropy").result().metrics["loss:sum"]
+    tc.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()  # nothing accumulated: no change
+    b = tc.forward(batch, "cross_entropy").result().metrics["loss:sum"]
+    assert a == b
+
+
+def test_lora_rank_and_alpha_are_honoured(tmp_path):
+    sc = ServiceClient(log_dir=tmp_path)
+    for rank in (2, 8):
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=rank)
+        info = tc.get_info()
+        assert info.is_lora and info.lora_rank == rank and info.model_name == DEFAULT_MODEL
+        mods = lora_mod.lora_modules(tc._model)
+        cfg = tc._model.config
+        # q, k, v, o and both MLP projections in every layer
+        assert len(mods) == 6 * cfg.n_layer
+        assert all(m.rank == rank and m.alpha == 2 * rank for m in mods.values())
+        expected = sum(rank * (m.base.in_features + m.base.out_features) for m in mods.values())
+        assert tc.num_trainable() == expected
+    attn_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_mlp=False)
+    assert all("attn." in name for name in lora_mod.lora_modules(attn_only._model))
+
+
+def test_adam_params_learning_rate_weight_decay_and_clip_are_honoured(tmp_path, batch):
+    sc = ServiceClient(log_dir=tmp_path)
+
+    def a_after(**adam):
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=1)
+        before = {k: v.clone() for k, v in lora_mod.adapter_state(tc._model).items()}
+        tc.forward_backward(batch, "cross_entropy")
+        tc.optim_step(tinker.AdamParams(**adam)).result()
+        return before, lora_mod.adapter_state(tc._model)
+
+    before, zero_lr = a_after(learning_rate=0.0)
+    assert all(torch.equal(before[k], zero_lr[k]) for k in before)
+    # decoupled weight decay: the only difference is -lr * wd * A_old
+    _, plain = a_after(learning_rate=1e-2)
+    _, decayed = a_after(learning_rate=1e-2, weight_decay=0.5)
+    key = next(k for k in before if k.endswith("lora_a"))
+    torch.testing.assert_close(decayed[key] - plain[key], -1e-2 * 0.5 * before[key], rtol=1e-4, atol=1e-7)
+    # clipping: with a large eps Adam's step scales with the gradient, so a tiny clip moves B far less
+    _, unclipped = a_after(learning_rate=1e-2, eps=1.0)
+    _, clipped = a_after(learning_rate=1e-2, eps=1.0, grad_clip_norm=1e-3)
+    bkey = next(k for k in before if k.endswith("lora_b"))
+    assert clipped[bkey].abs().sum() < 0.01 * unclipped[bkey].abs().sum()
+
+
+def test_full_fine_tuning_with_rank_zero(tmp_path, batch, renderer):
+    sc = ServiceClient(log_dir=tmp_path)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=0)
+    assert not tc.get_info().is_lora
+    losses = train_steps(tc, batch, 4, lr=5e-4)
+    assert losses[-1] < losses[0]
+    path = tc.save_weights_for_sampler("full").result().path
+    assert (parse_path(path) / "model.safetensors").exists()
+    res = sc.create_sampling_client(model_path=path).sample(
+        prompt(renderer), 1, tinker.SamplingParams(max_tokens=8, temperature=0.0)).result()
+    assert len(res.sequences[0].tokens) >= 1
+
+
+def test_save_then_sample_round_trip(tmp_path, batch, renderer):
+    sc = ServiceClient(log_dir=tmp_path)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8)
+    train_steps(tc, batch, 6)
+    saved = tc.save_weights_for_sampler("000006").result()
+    assert isinstance(saved, tinker.types.SaveWeightsForSamplerResponse)
+    assert saved.path == f"local://{tmp_path.absolute()}/sampler_weights/000006"
+    directory = parse_path(saved.path)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in directory.iterdir())
+    state = tc.save_state("000006").result()
+    assert state.path.endswith("/weights/000006") and (parse_path(state.path) / "optimizer.pt").exists()
+
+    params = tinker.SamplingParams(max_tokens=12, temperature=0.0, stop=renderer.get_stop_sequences())
+    loaded = sc.create_sampling_client(model_path=saved.path)
+    snapshot = tc.save_weights_and_get_sampling_client()
+    base = sc.create_sampling_client(base_model=DEFAULT_MODEL)
+    for text in ("What is 12 plus 30?", "What is 81 minus 17?"):
+        a = loaded.sample(prompt(renderer, text), 1, params).result().sequences[0]
+        b = snapshot.sample(prompt(renderer, text), 1, params).result().sequences[0]
+        assert a.tokens == b.tokens
+        assert np.allclose(a.logprobs, b.logprobs, atol=1e-4)
+    # the trained adapter changed what the model says (base vs checkpoint differ somewhere)
+    outs = [(loaded.sample(prompt(renderer, f"What is {x} plus {y}?"), 1, params).result().sequences[0].tokens,
+             base.sample(prompt(renderer, f"What is {x} plus {y}?"), 1, params).result().sequences[0].tokens)
+            for x, y in PAIRS[:4]]
+    assert any(a != b for a, b in outs)
+
+
+def test_resume_from_state_with_optimizer_continues_identically(tmp_path, batch):
+    sc = ServiceClient(log_dir=tmp_path, seed=3)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4)
+    train_steps(tc, batch, 3)
+    path = tc.save_state("000003").result().path
+    original = train_steps(tc, batch, 2)
+    resumed_client = sc.create_training_client_from_state_with_optimizer(path)
+    assert train_steps(resumed_client, batch, 2) == original
+    fresh_opt = sc.create_training_client_from_state(path)
+    assert train_steps(fresh_opt, batch, 2) != original  # a fresh optimizer takes other steps
+    run = sc.create_rest_client().get_training_run_by_tinker_path(path).result()
+    assert run.base_model == DEFAULT_MODEL and run.lora_rank == 4
+
+
+def test_same_seed_gives_identical_losses(tmp_path, batch):
+    runs = []
+    for i in range(2):
+        tc = ServiceClient(log_dir=tmp_path / str(i), seed=7).create_lora_training_client(DEFAULT_MODEL, rank=8)
+        runs.append(train_steps(tc, batch, 4))
+    assert runs[0] == runs[1]
+    other = ServiceClient(log_dir=tmp_path / "o", seed=8).create_lora_training_client(DEFAULT_MODEL, rank=8)
+    assert train_steps(other, batch, 4) != runs[0]
+
+
+def test_async_forms_as_the_cookbook_calls_them(tmp_path, batch, renderer):
+    async def main():
+        sc = ServiceClient(log_dir=tmp_path)
+        tc = await sc.create_lora_training_client_async(base_model=DEFAULT_MODEL, rank=4)
+        fb_future = await tc.forward_backward_async(batch, loss_fn="cross_entropy")
+        opt_future = await tc.optim_step_async(tinker.AdamParams(learning_rate=1e-3))
+        fb = await fb_future.result_async()
+        await opt_future  # SDK futures are awaitable too
+        saved = await (await tc.save_weights_for_sampler_async("a")).result_async()
+        sampler = await sc.create_sampling_client_async(model_path=saved.path)
+        params = tinker.SamplingParams(max_tokens=6, temperature=0.0)
+        # the evaluator gathers many rows at once
+        many = await asyncio.gather(*[sampler.sample_async(prompt(renderer), 1, params) for _ in range(4)])
+        lps = await sampler.compute_logprobs_async(prompt(renderer))
+        return fb, many, lps
+
+    fb, many, lps = asyncio.run(main())
+    assert isinstance(fb, tinker.ForwardBackwardOutput)
+    assert all(isinstance(r, tinker.SampleResponse) for r in many)
+    assert len({tuple(r.sequences[0].tokens) for r in many}) == 1
+    assert lps[0] is None and len(lps) == prompt(renderer).length
+
+
+def test_sampling_stop_max_tokens_and_seed(tmp_path, renderer):
+    sampler = ServiceClient(log_dir=tmp_path).create_sampling_client(base_model=DEFAULT_MODEL)
+    p = prompt(renderer)
+    free = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0)).result().sequences[0]
+    assert len(free.tokens) == len(free.logprobs) == 5 and free.stop_reason == "length"
+    # a token-id stop: generation ends on it and keeps it
+    stop_tok = free.tokens[2]
+    first = free.tokens.index(stop_tok)
+    hit = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=[stop_tok])).result().sequences[0]
+    assert hit.stop_reason == "stop" and hit.tokens == free.tokens[:first + 1]
+    # a string stop
+    tok = sampler.get_tokenizer()
+    text = tok.decode(free.tokens)
+    piece = text.strip()[:1]
+    assert piece
+    s = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=piece)).result().sequences[0]
+    assert s.stop_reason == "stop" and piece in tok.decode(s.tokens)
+    assert piece not in tok.decode(s.tokens[:-1])
+    # the renderer's stop sequence ends a chat reply
+    chat = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=40, temperature=0.0,
+                                                      stop=renderer.get_stop_sequences())).result().sequences[0]
+    if chat.stop_reason == "stop":
+        assert renderer.parse_response(chat.tokens)[1].value == "stop_sequence"
+    # temperature sampling repeats with a seed, and samples i use seed + i
+    hot = tinker.SamplingParams(max_tokens=8, temperature=1.5, seed=11)
+    a = sampler.sample(p, 3, hot).result()
+    b = sampler.sample(p, 3, hot).result()
+    assert [x.tokens for x in a.sequences] == [x.tokens for x in b.sequences]
+    assert len(a.sequences) == 3 and len({tuple(x.tokens) for x in a.sequences}) > 1
+
+
+def test_concurrent_samples_from_threads_match_sequential(tmp_path, renderer):
+    sampler = ServiceClient(log_dir=tmp_path).create_sampling_client(base_model=DEFAULT_MODEL)
+    params = tinker.SamplingParams(max_tokens=6, temperature=0.0)
+    prompts = [prompt(renderer, f"What is {a} minus {b}?") for a, b in PAIRS]
+    sequential = [sampler.sample(p, 1, params).result().sequences[0].tokens for p in prompts]
+    results: dict[int, list[int]] = {}
+
+    def worker(i):
+        results[i] = sampler.sample(prompts[i], 1, params).result().sequences[0].tokens
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(prompts))] == sequential
+
+
+def test_engine_routing_and_clear_errors(tmp_path, batch):
+    assert engine_for("local/arith-tiny") == "local"
+    assert engine_for("local:///x/sampler_weights/final") == "local"
+    assert engine_for("thinkingmachines/Inkling-Small") == "tinker"
+    assert engine_for("tinker://run/sampler_weights/final") == "tinker"
+    check_model("local", DEFAULT_MODEL)
+    with pytest.raises(EngineError, match="engine='tinker'"):
+        check_model("local", "Qwen/Qwen3-8B")
+    with pytest.raises(EngineError, match="engine='local'"):
+        check_model("tinker", DEFAULT_MODEL)
+    sc = service_client("local", log_dir=tmp_path)
+    with pytest.raises(EngineError, match="Tinker model"):
+        sc.create_lora_training_client("thinkingmachines/Inkling-Small")
+    with pytest.raises(EngineError, match="engine='tinker'"):
+        sc.create_sampling_client(model_path="tinker://abc/sampler_weights/final")
+    with pytest.raises(EngineError, match="No local checkpoint"):
+        sc.create_sampling_client(model_path=f"local://{tmp_path}/sampler_weights/missing")
+    with pytest.raises(EngineError, match="does not serve|has no model"):
+        sc.create_lora_training_client("local/no-such-model")
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2)
+    with pytest.raises(EngineError, match="cross_entropy"):
+        tc.forward_backward(batch, "importance_sampling")
+    with pytest.raises(EngineError, match="plain"):
+        tc.save_state("../escape")
+    too_long = tinker.Datum(model_input=tinker.ModelInput.from_ints([5] * 300),
+                            loss_fn_inputs={"target_tokens": [5] * 300, "weights": [1.0] * 300})
+    with pytest.raises(EngineError, match="context"):
+        tc.forward_backward([too_long]).result()
