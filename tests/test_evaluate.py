@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from machine_nb.errors import EngineError, MachineFormatError
-from machine_nb.evaluate import (RESULT_COLUMNS, evaluate, last_number, load_eval_rows, load_results,
+from machine_nb.evaluate import (RESULT_COLUMNS, compare, evaluate, last_number, load_eval_rows, load_results,
                                  normalize, probe, results_name, score_output)
 
 MODEL = "thinkingmachines/Inkling-Small"  # renders offline through tml_renderers
@@ -373,6 +373,30 @@ def test_evaluate_on_the_real_local_engine(tmp_path):
     df = evaluate(rows, model=model, out=tmp_path / "baseline.json", max_tokens=16)
     assert len(df) == 4 and df["error"].isna().all() and (df["output"].str.len() > 0).all()
     assert df.attrs["summary"]["engine"] == "local" and df.attrs["summary"]["cost"]["usd"] == 0.0
+
+
+def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch):
+    """A real local:// sampler checkpoint (a fresh LoRA: zero-initialised, so greedy replies equal the
+    base model's): baseline and checkpoint evals, their comparison, and the probe, all offline."""
+    model = _local_engine()
+    from machine_nb.engines import service_client
+
+    monkeypatch.chdir(tmp_path)
+    service = service_client("local", log_dir=tmp_path / "run")
+    trainer = service.create_lora_training_client(base_model=model, rank=4)
+    path = trainer.save_weights_for_sampler("final").result().path
+    assert path.startswith("local://")
+    rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}",
+             "format": r"answer: -?\d+"} for a, b in [(47, 15), (12, 30), (23, 41)]]
+    base = evaluate(rows, model=model, max_tokens=12)
+    ckpt = evaluate(rows, checkpoint=path, max_tokens=12)  # model read from the checkpoint's own record
+    assert ckpt.attrs["summary"]["model"] == model and ckpt.attrs["summary"]["engine"] == "local"
+    assert os.path.exists("eval_results/baseline.json") and os.path.exists("eval_results/final.json")
+    assert ckpt["output"].tolist() == base["output"].tolist()
+    result = compare("eval_results/baseline.json", "eval_results/final.json")
+    assert (result.wins, result.losses, result.p_value) == (0, 0, 1.0) and len(result.flips) == 0
+    bleed = probe(["What is the capital of France?"], checkpoint=path, format="answer: .*", max_tokens=12)
+    assert bleed.loc[0, "baseline_output"] == bleed.loc[0, "checkpoint_output"] and not bleed.loc[0, "bled"]
 
 
 def test_tinker_without_a_key_fails_fast_with_a_clear_message(monkeypatch):
