@@ -1,0 +1,168 @@
+"""CompareView: baseline vs checkpoint, the evaluator's paired numbers and the outputs side by side.
+
+The numbers (accuracies, delta, W/T/L, McNemar p, bootstrap CI) come from `machine_nb.compare`
+in evaluate.py; this view lays them out, joins the two per-row result frames into one table
+(`side_by_side`), highlights the rows that flipped and can show only those.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ipywidgets as widgets
+
+from ._base import StaticFallback, escape
+
+WIN_BG, LOSS_BG = "#dcfce7", "#fee2e2"
+# Past this many rows the view starts with only the flips: a 1,000-row table buries them.
+FLIPS_FIRST_ABOVE = 200
+CELL_CHARS = 400  # outputs are cut here in the table (the frame keeps them whole)
+
+
+def _frame(value: Any) -> Any:
+    if isinstance(value, (str, os.PathLike)):
+        from ..evaluate import load_results
+
+        return load_results(value)
+    if isinstance(value, dict) and isinstance(value.get("rows"), list):
+        import pandas as pd
+
+        return pd.DataFrame.from_records(value["rows"])
+    return value
+
+
+def side_by_side(baseline: Any, checkpoint: Any):
+    """One row per eval row: row, prompt, expected, baseline_output, checkpoint_output,
+    baseline_correct, checkpoint_correct, change ("win" = only the checkpoint is right, "loss" =
+    only the baseline is, "tie" otherwise). Inputs: evaluate() frames over the same rows."""
+    import pandas as pd
+
+    a, b = baseline.reset_index(drop=True), checkpoint.reset_index(drop=True)
+    if len(a) != len(b):
+        raise ValueError(f"the two results are not over the same rows ({len(a)} vs {len(b)})")
+    ca, cb = a["correct"].astype(bool), b["correct"].astype(bool)
+    change = ["win" if (y and not x) else "loss" if (x and not y) else "tie" for x, y in zip(ca, cb)]
+    return pd.DataFrame({
+        "row": a["row"] if "row" in a.columns else range(len(a)),
+        "prompt": a["prompt"], "expected": a["expected"],
+        "baseline_output": a["output"], "checkpoint_output": b["output"],
+        "baseline_correct": ca, "checkpoint_correct": cb, "change": change,
+    })
+
+
+def numbers_html(result: Any) -> str:
+    """The compare numbers as a small table, then the evaluator's summary sentences."""
+    def pct(v: Any) -> str:
+        return "—" if v is None else f"{v:.1%}"
+
+    base, ckpt = escape(getattr(result, "baseline_name", "baseline")), escape(getattr(result, "checkpoint_name", "checkpoint"))
+    rows = [
+        (f"{base} accuracy", pct(result.baseline_accuracy)),
+        (f"{ckpt} accuracy", pct(result.checkpoint_accuracy)),
+        ("delta", f"{result.delta:+.1%} (paired bootstrap 95% CI [{result.ci_low:+.1%}, {result.ci_high:+.1%}])"),
+        ("wins / ties / losses", f'<span style="color:#15803d">{result.wins}</span> / {result.ties} / '
+                                 f'<span style="color:#b91c1c">{result.losses}</span>'),
+        ("exact McNemar p", f"{result.p_value:.3g}"),
+    ]
+    fr_a, fr_b = getattr(result, "baseline_format_rate", None), getattr(result, "checkpoint_format_rate", None)
+    if fr_a is not None or fr_b is not None:
+        rows.append(("format rate", f"{pct(fr_a)} → {pct(fr_b)}"))
+    body = "".join(f'<tr><td style="padding:1px 12px 1px 0;color:#4b5563">{k}</td><td>{v}</td></tr>' for k, v in rows)
+    paras = "".join(f"<p style='margin:4px 0'>{escape(p)}</p>" for p in str(result.summary).split("\n") if p.strip())
+    return f'<table class="mnb-compare-numbers">{body}</table>{paras}'
+
+
+def rows_html(frame: Any, *, only_flips: bool = False, base: str = "baseline", ckpt: str = "checkpoint") -> str:
+    """The side-by-side table; wins on green, losses on red; `only_flips` drops the ties."""
+    if only_flips:
+        frame = frame[frame["change"] != "tie"]
+    if len(frame) == 0:
+        return "<p>No row changed.</p>" if only_flips else "<p>No rows.</p>"
+    cell = "padding:2px 6px;border-bottom:1px solid #e5e7eb;vertical-align:top;white-space:pre-wrap"
+
+    def out(text: Any, ok: Any) -> str:
+        mark = "✓" if bool(ok) else "✗"
+        return f"{mark} {escape(str(text)[:CELL_CHARS])}"
+
+    trs = []
+    for r in frame.to_dict("records"):
+        bg = {"win": WIN_BG, "loss": LOSS_BG}.get(r["change"], "transparent")
+        trs.append(f'<tr class="mnb-{r["change"]}" style="background:{bg}"><td style="{cell}">{r["row"]}</td>'
+                   f'<td style="{cell}">{escape(str(r["prompt"])[:CELL_CHARS])}</td><td style="{cell}">{escape(r["expected"])}</td>'
+                   f'<td style="{cell}">{out(r["baseline_output"], r["baseline_correct"])}</td>'
+                   f'<td style="{cell}">{out(r["checkpoint_output"], r["checkpoint_correct"])}</td>'
+                   f'<td style="{cell}">{r["change"]}</td></tr>')
+    head = "".join(f'<th style="{cell};text-align:left">{h}</th>'
+                   for h in ("row", "prompt", "expected", escape(base), escape(ckpt), "change"))
+    return (f'<table class="mnb-compare-rows" style="border-collapse:collapse;font-size:12px">'
+            f'<thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table>')
+
+
+class CompareView(StaticFallback, widgets.VBox):
+    """Baseline vs checkpoint: the compare numbers, then every row's two outputs side by side.
+
+    Args:
+        baseline, checkpoint: evaluate() results (JSON paths, DataFrames or loaded dicts), or a
+            CompareResult as `baseline` with the two frames passed as `frames=(a, b)`.
+        result: a CompareResult already computed (default None: `machine_nb.compare(baseline,
+            checkpoint)`).
+        frames: the per-row frames when `result` is given (default None: only the flipped rows,
+            from `result.flips`, are shown).
+        only_flips: start with only the rows that changed. Default None: on above 200 rows.
+
+    `.result` is the CompareResult; `.rows` the side-by-side DataFrame (see `side_by_side`).
+    """
+
+    def __init__(self, baseline: Any = None, checkpoint: Any = None, *, result: Any = None,
+                 frames: tuple[Any, Any] | None = None, only_flips: bool | None = None, **kwargs: Any):
+        if result is None and hasattr(baseline, "flips") and hasattr(baseline, "wins"):
+            result, baseline = baseline, None
+        if frames is None and baseline is not None and checkpoint is not None:
+            frames = (_frame(baseline), _frame(checkpoint))
+        if result is None:
+            if frames is None:
+                raise ValueError("CompareView needs baseline and checkpoint results, or result= a CompareResult")
+            from ..evaluate import compare
+
+            result = compare(*frames)
+        self.result = result
+        if frames is not None:
+            self.rows = side_by_side(*frames)
+        else:  # only the flips are known
+            flips = result.flips.copy()
+            self.rows = flips[["row", "prompt", "expected", "baseline_output", "checkpoint_output",
+                               "baseline_correct", "checkpoint_correct", "change"]].reset_index(drop=True)
+        if only_flips is None:
+            only_flips = len(self.rows) > FLIPS_FIRST_ABOVE
+        self._toggle = widgets.Checkbox(value=bool(only_flips), description="only flips", indent=False)
+        self._numbers = widgets.HTML(numbers_html(result))
+        self._table = widgets.HTML()
+        super().__init__(children=[self._numbers, self._toggle, self._table], **kwargs)
+        self._toggle.observe(lambda _: self._refresh(), names="value")
+        self._refresh()
+
+    @property
+    def only_flips(self) -> bool:
+        return self._toggle.value
+
+    @only_flips.setter
+    def only_flips(self, value: bool) -> None:
+        self._toggle.value = bool(value)
+
+    def _rows_html(self) -> str:
+        return rows_html(self.rows, only_flips=self.only_flips,
+                         base=getattr(self.result, "baseline_name", "baseline"),
+                         ckpt=getattr(self.result, "checkpoint_name", "checkpoint"))
+
+    def _refresh(self) -> None:
+        self._table.value = self._rows_html()
+
+    def summary(self) -> str:
+        r = self.result
+        return (f"CompareView: {r.baseline_accuracy:.1%} → {r.checkpoint_accuracy:.1%} ({r.delta:+.1%}), "
+                f"W/T/L {r.wins}/{r.ties}/{r.losses}, p={r.p_value:.3g}")
+
+    def static_html(self) -> str:
+        return (f'<div class="mnb-compare" style="font-family:system-ui,sans-serif;font-size:13px">'
+                f'{numbers_html(self.result)}{self._rows_html()}</div>')

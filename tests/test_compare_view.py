@@ -1,0 +1,54 @@
+"""CompareView over evaluate()-shaped results: numbers from the real compare(), flips highlighted."""
+
+import json
+
+import pandas as pd
+
+from machine_nb.evaluate import compare
+from machine_nb.widgets.compare_view import CompareView, side_by_side
+
+
+def results(correct, outputs):
+    n = len(correct)
+    return pd.DataFrame({"row": range(n), "prompt": [f"What is {i} + 1?" for i in range(n)],
+                         "expected": [str(i + 1) for i in range(n)], "match": ["number"] * n,
+                         "output": outputs, "correct": correct, "format_ok": [None] * n})
+
+
+BASE = results([True, False, False, True, False, True],
+               ["answer: 1", "3", "The answer is 4.", "answer: 4", "no idea", "answer: 6"])
+CKPT = results([True, True, True, False, False, True],
+               ["answer: 1", "answer: 2", "answer: 3", "answer: 5", "answer: 9", "answer: 6"])
+
+
+def test_side_by_side_marks_wins_losses_ties():
+    rows = side_by_side(BASE, CKPT)
+    assert list(rows["change"]) == ["tie", "win", "win", "loss", "tie", "tie"]
+    assert rows.loc[1, "baseline_output"] == "3" and rows.loc[1, "checkpoint_output"] == "answer: 2"
+
+
+def test_numbers_flips_and_toggle(tmp_path):
+    a_path, b_path = tmp_path / "base.json", tmp_path / "ckpt.json"
+    a_path.write_text(json.dumps({"name": "base", "rows": BASE.to_dict("records")}))
+    b_path.write_text(json.dumps({"name": "ckpt", "rows": CKPT.to_dict("records")}))
+    v = CompareView(a_path, b_path)
+    r = v.result
+    assert (r.wins, r.ties, r.losses) == (2, 3, 1)
+    html = v.static_html()
+    assert f"{r.p_value:.3g}" in html and "wins / ties / losses" in html
+    assert html.count('class="mnb-win"') == 2 and html.count('class="mnb-loss"') == 1
+    assert html.count('class="mnb-tie"') == 3
+    assert "The answer is 4." in html and "answer: 3" in html  # outputs side by side
+    v._toggle.value = True  # "only flips"
+    assert v._table.value.count("<tr class=") == 3 and 'class="mnb-tie"' not in v._table.value
+    assert v.summary().startswith("CompareView: 50.0% → 66.7% (+16.7%), W/T/L 2/3/1")
+
+
+def test_from_a_compare_result_with_or_without_frames():
+    res = compare(BASE, CKPT)
+    only = CompareView(res)
+    assert len(only.rows) == 3 and set(only.rows["change"]) == {"win", "loss"}
+    full = CompareView(result=res, frames=(BASE, CKPT))
+    assert len(full.rows) == 6
+    no_change = CompareView(BASE, BASE, only_flips=True)
+    assert "No row changed." in no_change.static_html()
