@@ -688,9 +688,13 @@ def _summary_text(n: int, base: str, ckpt: str, acc_a: float, acc_b: float, wins
                      f"is unlikely to be noise (p < {alpha:g}). It says nothing about rows unlike these; "
                      "see the probe for where a learned style bleeds.")
     else:
-        lines.append(f"At this n the difference cannot be told from noise (p ≥ {alpha:g}): with {n} rows at least "
-                     f"{need} discordant pairs, all in one direction, are needed for p < {alpha:g}, and here there "
-                     f"are {d} ({wins} one way, {losses} the other).")
+        text = (f"At this n the difference cannot be told from noise (p ≥ {alpha:g}): with {n} rows at least "
+                f"{need} discordant pairs, all in one direction, are needed for p < {alpha:g}, and here there "
+                f"are {d} ({wins} one way, {losses} the other).")
+        split = max((k for k in range(d // 2 + 1) if mcnemar_exact(k, d - k) < alpha), default=None)
+        if split is not None:
+            text += f" With {d} discordant pairs, p < {alpha:g} needs a split of at least {d - split} to {split}."
+        lines.append(text)
     return "\n".join(lines)
 
 

@@ -116,7 +116,19 @@ def test_compare_small_effect_says_what_cannot_be_concluded():
     assert "cannot be told from noise" in r.summary
     assert "with 24 rows at least 6 discordant pairs, all in one direction, are needed for p < 0.05" in r.summary
     assert "here there are 7 (6 one way, 1 the other)" in r.summary
+    # 7 pairs: 7-0 gives p = 0.0156, 6-1 gives 0.125, so only 7 to 0 would do
+    assert "With 7 discordant pairs, p < 0.05 needs a split of at least 7 to 0" in r.summary
     assert r.flips["change"].tolist() == ["win"] * 6 + ["loss"]
+
+
+def test_compare_balanced_discordance_is_not_significant():
+    # 10 discordant pairs split 5/5: p = 1; a 9-1 split would give p = 2 * 11/1024 = 0.021
+    base = [True] * 5 + [False] * 5 + [False] * 14
+    ckpt = [False] * 5 + [True] * 5 + [False] * 14
+    r = compare(frame(base), frame(ckpt))
+    assert (r.wins, r.losses) == (5, 5) and r.p_value == 1.0 and r.delta == 0
+    assert r.ci_low < 0 < r.ci_high
+    assert "needs a split of at least 9 to 1" in r.summary
 
 
 def test_compare_no_change_and_tiny_n():
