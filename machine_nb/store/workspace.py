@@ -131,7 +131,7 @@ def check_messages(value: Any, path: Path, field: str) -> None:
         if not isinstance(m, dict):
             raise MachineFormatError(path, f"expected a message object, got {type(m).__name__}", field=f"{field}[{i}]")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise MachineFormatError(path, f"role must be one of system/user/assistant/tool, got {role!r}",
                                      field=f"{field}[{i}].role")
         content = m.get("content")
