@@ -423,3 +423,43 @@ def test_no_warnings_from_the_happy_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style), save=False)
+
+
+# --------------------------------------------------------------------------- CLI and import cost
+
+def test_cli_baseline_on_the_local_engine(tmp_path, capsys):
+    _local_engine()
+    from machine_nb.cli import main
+
+    data = write_rows(tmp_path / "eval.jsonl", eval_rows(3))
+    out = tmp_path / "res" / "baseline.json"
+    assert main(["eval", "baseline", "--data", str(data), "--out", str(out), "--max-tokens", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("baseline: ") and "/3 correct" in printed and str(out) in printed
+    assert json.loads(out.read_text())["n"] == 3
+
+
+def test_cli_asks_before_spending_on_tinker(tmp_path, capsys, monkeypatch):
+    from machine_nb.cli import main
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-not-a-real-key")  # must never be used without --yes
+    data = write_rows(tmp_path / "eval.jsonl", eval_rows(3))
+    code = main(["eval", "baseline", "--data", str(data), "-m", MODEL, "--out", str(tmp_path / "b.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "costs up to $" in err and "--yes" in err and "tml-not-a-real-key" not in err
+    assert not (tmp_path / "b.json").exists()
+    bad = write_rows(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "q"}], "expected": "a",
+                                               "match": "fuzzy"}])
+    assert main(["eval", "baseline", "--data", str(bad), "-m", MODEL]) == 1
+    assert "bad.jsonl:1 (field 'match'): unknown match mode 'fuzzy'" in capsys.readouterr().err
+
+
+def test_importing_the_module_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, machine_nb.evaluate, machine_nb.cli.eval; "
+            "print(','.join(m for m in ('pandas', 'torch', 'tinker', 'tinker_cookbook') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
