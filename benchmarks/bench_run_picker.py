@@ -75,6 +75,26 @@ def main(n: int = 100_000) -> None:
     for kind, ts in times.items():
         print(f"  {kind:9s} median {statistics.median(ts):6.1f} ms  worst {max(ts):6.1f} ms")
 
+    # selection on the full frame: the view's messages, as a click in the browser sends them
+    picker.set_filters(machine=None, score=None, tag=None, text=None, date=None)
+    picker.sort_by("score")
+    keys = picker.page_keys
+    def timed(label: str, fn) -> None:
+        start = time.perf_counter()
+        fn()
+        print(f"  {label:34s} {(time.perf_counter() - start) * 1000:7.1f} ms  ({picker.count_line()})")
+    print(f"selection, {n:,} runs sorted by score:")
+    timed("click a row", lambda: picker._table._handle_custom_msg(
+        {"event": "click", "key": keys[0], "shift": False, "toggle": False}, []))
+    picker.go_to_page(picker._table.n_pages - 1)
+    timed("shift-click on the last page", lambda: picker._table._handle_custom_msg(
+        {"event": "click", "key": picker.page_keys[-1], "shift": True, "toggle": False}, []))
+    timed(".selected (DataFrame)", lambda: picker.selected)
+    timed("clear", picker.clear_selection)
+    timed("select all filtered", picker.select_all_filtered)
+    timed("sort by output (text)", lambda: picker.sort_by("output"))
+    timed("next page", lambda: picker._table._handle_custom_msg({"event": "page", "page": 1}, []))
+
 
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)

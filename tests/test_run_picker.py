@@ -7,6 +7,7 @@ import datetime as dt
 import numpy as np
 import pandas as pd
 import pytest
+import traitlets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -207,6 +208,19 @@ def test_traitlets_observe_hook_fires_on_change():
     assert seen == [["run001", "run004"]]
     with pytest.raises(KeyError):
         p.select(["zzz"])
+    with pytest.raises(traitlets.TraitError, match="no runs with keys"):
+        p.selected_ids = ["run001", "zzz"]
+    p.selected_ids = ["run002", "run002"]  # duplicates collapse
+    assert p.selected_ids == ["run002"] and list(p.selected["id"]) == ["run002"]
+
+
+def test_empty_frame_and_no_match():
+    empty = RunPicker(make_runs().iloc[:0])
+    assert empty.summary() == "RunPicker: 0 runs, 0 match, 0 selected" and empty._table.rows == []
+    assert "score" not in empty.controls and empty.selected.empty
+    p = RunPicker(make_runs())
+    p.set_filters(text="no such words")
+    assert p._table.rows == [] and p._table.n_pages == 1 and "0 match" in p.static_html()
 
 
 def test_static_fallback_shows_page_filters_and_selection():

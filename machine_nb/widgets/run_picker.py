@@ -265,7 +265,9 @@ class RunPicker(StaticFallback, w.VBox):
     `observe(handler, names="selected_ids")`.
     """
 
-    selected_ids = traitlets.List(traitlets.Unicode())  # row keys (see row_keys), Python-side only
+    # row keys (see row_keys), Python-side only; items checked in _check_selected (a per-item
+    # trait would re-validate 100,000 keys on every change)
+    selected_ids = traitlets.List()
 
     def __init__(self, runs: pd.DataFrame, *, columns: Sequence[str] | None = None,
                  sort_by: str | None = None, ascending: bool = True, page_size: int = 25,
@@ -301,8 +303,22 @@ class RunPicker(StaticFallback, w.VBox):
         clear.on_click(lambda _: self.clear_selection())
         self._buttons = (select_all, clear)
         super().__init__(children=self._layout(), **kwargs)
+        self._sel_mask = np.zeros(len(runs), dtype=bool)  # selected_ids as a mask over positions
         self._refresh(reset_page=True)
-        self.observe(lambda _: self._refresh(), names="selected_ids")
+        self.observe(self._on_selection, names="selected_ids")
+
+    @traitlets.validate("selected_ids")
+    def _check_selected(self, proposal: Any) -> list[str]:
+        keys = list(dict.fromkeys(proposal["value"]))  # no duplicates
+        unknown = set(keys) - self._key_pos.keys()  # a set difference: fast for 100,000 keys
+        if unknown:
+            raise traitlets.TraitError(f"RunPicker: no runs with keys {sorted(map(str, unknown))[:5]}")
+        return keys
+
+    def _on_selection(self, _change: Any) -> None:
+        self._sel_mask = np.zeros(len(self.runs), dtype=bool)
+        self._sel_mask[[self._key_pos[k] for k in self.selected_ids]] = True
+        self._refresh()
 
     # ------------------------------------------------------------ controls
 
@@ -411,19 +427,18 @@ class RunPicker(StaticFallback, w.VBox):
         n_pages = max(1, math.ceil(len(self._view) / self.page_size))
         page = 0 if reset_page else min(t.page, n_pages - 1)
         positions = self._view[page * self.page_size:(page + 1) * self.page_size]
-        sel = set(self.selected_ids)
         rows = page_rows(self.runs, positions, self._keys, self._columns)
         with t.hold_sync():
             t.page, t.n_pages = page, n_pages
             t.sort = {"column": self._sort[0], "ascending": self._sort[1]}
-            t.page_selected = [r["__key__"] for r in rows if r["__key__"] in sel]
+            t.page_selected = [self._keys[p] for p in positions.tolist() if self._sel_mask[p]]
             t.rows = rows
         self._count.value = html.escape(self.count_line())
 
     def count_line(self) -> str:
         """"312 runs · 40 match · 2 selected" (plus how many selected rows the filters hide)."""
         n_sel = len(self.selected_ids)
-        hidden = sum(1 for k in self.selected_ids if not self._mask[self._key_pos[k]])
+        hidden = int((self._sel_mask & ~self._mask).sum())
         line = f"{len(self.runs):,} runs · {len(self._view):,} match · {n_sel:,} selected"
         return line + (f" ({hidden:,} hidden by filters)" if hidden else "")
 
@@ -493,8 +508,7 @@ class RunPicker(StaticFallback, w.VBox):
     @property
     def selected(self) -> pd.DataFrame:
         """The chosen runs: original columns and index, in the frame's order."""
-        positions = sorted(self._key_pos[k] for k in self.selected_ids)
-        return self.runs.iloc[positions]
+        return self.runs.iloc[np.flatnonzero(self._sel_mask)]
 
     @property
     def filtered(self) -> pd.DataFrame:

@@ -89,9 +89,19 @@ function render({ model, el }) {
     root.appendChild(pager);
   }
 
+  // One Python update changes several traits at once: draw once for all of them.
+  let pending = false;
+  function schedule() {
+    if (pending) return;
+    pending = true;
+    queueMicrotask(() => {
+      pending = false;
+      draw();
+    });
+  }
   draw();
   for (const name of ["rows", "columns", "page_selected", "sort", "page", "n_pages"]) {
-    model.on(`change:${name}`, draw);
+    model.on(`change:${name}`, schedule);
   }
 }
 
