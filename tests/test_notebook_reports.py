@@ -1,0 +1,96 @@
+"""The shipped explore notebook as a report: it executes headless, shows static tables instead of live
+widgets, and never carries a secret, even with TINKER_API_KEY set in the environment it ran in.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from machine_nb.report import WIDGET_VIEW, run_report
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "02_explore_runs.ipynb"
+CANARY = "tml-canary-F7-0123456789abcdef-DO-NOT-LEAK"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """Notebook 02 executed once through run_report with a canary key set; scratch paths under tmp."""
+    tmp = tmp_path_factory.mktemp("explore")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TINKER_API_KEY", CANARY)  # the kernel inherits the environment
+    try:
+        yield run_report(NOTEBOOK, {"store": str(tmp / "store"), "export_path": str(tmp / "export" / "train.jsonl")},
+                         tmp / "explore.html", progress_bar=False, timeout=600), tmp
+    finally:
+        mp.undo()
+
+
+@pytest.mark.slow
+def test_report_never_contains_the_key(report):
+    rep, _ = report
+    for path in (rep.html, rep.executed):
+        assert CANARY not in path.read_text(encoding="utf-8"), f"the canary key leaked into {path}"
+    # stronger than "scrubbed afterwards": the notebook itself never printed it
+    assert rep.redactions == 0, f"{rep.redactions} redaction(s) were needed: a cell printed the key"
+
+
+@pytest.mark.slow
+def test_report_has_no_widget_state_and_shows_static_tables(report):
+    rep, _ = report
+    nb = json.loads(rep.executed.read_text(encoding="utf-8"))
+    assert "widgets" not in nb["metadata"]
+    outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
+    assert not [o for o in outputs if WIDGET_VIEW in o.get("data", {})], "a live widget view is left in the report"
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors, f"a cell failed: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    html = rep.html.read_text(encoding="utf-8")
+    # the run picker's static table shows the picked runs, the plots are embedded images
+    picker = next(o for c in nb["cells"] if c.get("id") == "picker" for o in c["outputs"] if "data" in o)
+    static = "".join(picker["data"]["text/html"])
+    assert "<table" in static and "3 selected" in static
+    assert html.count("<table") >= 4, "expected the runs, per-machine, picked and tag tables"
+    assert html.count("data:image/png;base64") >= 3, "expected the three plots embedded in the HTML"
+
+
+@pytest.mark.slow
+def test_report_exports_valid_training_jsonl_to_the_given_path(report):
+    rep, tmp = report
+    lines = [json.loads(line) for line in (tmp / "export" / "train.jsonl").read_text().splitlines() if line.strip()]
+    assert lines, "the export cell wrote no training lines"
+    for line in lines:
+        assert line["messages"] and {"machine", "run"} <= set(line)
+        assert line["messages"][-1]["role"] == "assistant"
+    # the scratch store got the tags; the committed sample store was not touched
+    assert any((tmp / "store").rglob("*.jsonl")), "no tag rows in the scratch store"
+
+
+def _refresh_module():
+    spec = importlib.util.spec_from_file_location("refresh_notebooks", ROOT / "scripts" / "refresh_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_refresh_strips_per_run_metadata():
+    nb = {"metadata": {"papermill": {"duration": 3.2}, "kernelspec": {"name": "python3"}},
+          "cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"], "execution": {"iopub.status.idle": "t"},
+                                                       "papermill": {"duration": 1.0}}}]}
+    out = _refresh_module().strip_run_metadata(nb)
+    assert out["metadata"] == {"kernelspec": {"name": "python3"}}
+    assert out["cells"][0]["metadata"] == {"tags": ["parameters"]}
+
+
+@pytest.mark.parametrize("name", ["01_minimal_sft.ipynb", "02_explore_runs.ipynb"])
+def test_committed_notebooks_are_clean_and_parameterised(name):
+    nb = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
+    assert nb["nbformat"] == 4 and nb["nbformat_minor"] >= 5
+    assert "widgets" not in nb["metadata"], "GitHub refuses notebooks with widget state"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert "parameters" in code[0]["metadata"].get("tags", []), "first code cell must be tagged parameters"
+    assert all(c.get("id") for c in nb["cells"])
+    text = json.dumps(nb)
+    assert WIDGET_VIEW not in text and "papermill" not in json.dumps(nb["metadata"])
+    assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, "absolute local paths in outputs"
