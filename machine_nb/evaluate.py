@@ -218,15 +218,27 @@ async def _call_sampler(client: Any, prompt: Any, params: Any) -> Any:
     return result
 
 
-async def _sample_rows(client: Any, renderer: Any, rows: list[dict], params: Any, concurrency: int,
+def _render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[Any]:
+    """Every row's generation prompt, rendered before anything is sent: a row the renderer cannot
+    format is a MachineFormatError naming its line, not a failure halfway through a paid eval."""
+    prompts = []
+    for row in rows:
+        try:
+            prompts.append(renderer.build_generation_prompt(row["messages"]))
+        except Exception as exc:  # the cookbook raises ValueError/KeyError/TypeError on odd messages
+            raise MachineFormatError(path, f"the renderer cannot format this prompt: {type(exc).__name__}: {exc}",
+                                     line=row.get("line"), field="messages") from None
+    return prompts
+
+
+async def _sample_rows(client: Any, renderer: Any, prompts: list[Any], params: Any, concurrency: int,
                        bar: Any = None) -> list[dict]:
-    """Sample one reply per row, at most `concurrency` in flight; per-row output, tokens, latency."""
+    """Sample one reply per prompt, at most `concurrency` in flight; per-row output, tokens, latency."""
     from tinker_cookbook import renderers
 
     semaphore = asyncio.Semaphore(max(1, int(concurrency)))
 
-    async def one(row: dict) -> dict:
-        prompt = renderer.build_generation_prompt(row["messages"])
+    async def one(prompt: Any) -> dict:
         async with semaphore:
             start = time.perf_counter()
             try:
@@ -249,7 +261,10 @@ async def _sample_rows(client: Any, renderer: Any, rows: list[dict], params: Any
             bar.update(1)
         return out
 
-    return list(await asyncio.gather(*(one(r) for r in rows)))
+    results = list(await asyncio.gather(*(one(p) for p in prompts)))
+    if results and all(r["error"] for r in results):  # nothing to score: an engine problem, not the rows
+        raise EngineError(f"All {len(results)} sampling requests failed; the first: {results[0]['error']}")
+    return results
 
 
 def _run(coro_factory: Any) -> Any:
@@ -439,6 +454,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    prompts = _render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
         from .pricing import estimate_eval_cost
 
@@ -448,7 +464,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     started_at, t0 = _now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
     with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar:
-        sampled = _run(lambda: _sample_rows(client, renderer_obj, rows, params, concurrency, bar))
+        sampled = _run(lambda: _sample_rows(client, renderer_obj, prompts, params, concurrency, bar))
     wall = time.perf_counter() - t0
     finished_at = _now()
 
@@ -810,12 +826,14 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    source = os.fspath(prompts) if isinstance(prompts, (str, os.PathLike)) and Path(prompts).is_file() else None
+    rendered = _render_prompts(renderer_obj, rows, source)
     base_client = baseline_client if baseline_client is not None else _open_sampler(model, None, engine, service_client)
     ckpt_client = checkpoint_client if checkpoint_client is not None else _open_sampler(model, checkpoint, engine, service_client)
 
     async def both(bar: Any) -> tuple[list[dict], list[dict]]:
-        return tuple(await asyncio.gather(_sample_rows(base_client, renderer_obj, rows, params, concurrency, bar),
-                                          _sample_rows(ckpt_client, renderer_obj, rows, params, concurrency, bar)))
+        return tuple(await asyncio.gather(_sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
+                                          _sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
 
     with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar:
         base_out, ckpt_out = _run(lambda: both(bar))

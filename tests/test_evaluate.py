@@ -255,6 +255,25 @@ def test_a_failed_request_is_recorded_and_warned_not_lost(tmp_path):
     assert df["correct"].sum() == 5 and df.attrs["summary"]["errors"] == 1
 
 
+def test_every_request_failing_is_an_engine_error_not_a_zero_score(tmp_path):
+    class Down:
+        async def sample_async(self, prompt, num_samples, sampling_params):
+            raise ConnectionError("service unavailable")
+
+    with pytest.raises(EngineError, match="All 3 sampling requests failed; the first: ConnectionError"):
+        evaluate(eval_rows(3), model=MODEL, engine="tinker", sampling_client=Down(), out=tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_prompt_the_renderer_cannot_format_fails_before_sampling(tmp_path):
+    rows = eval_rows(3)
+    rows[1]["messages"] = [{"role": "wizard", "content": "abracadabra"}]
+    sampler = StandInSampler(house_style)
+    with pytest.raises(MachineFormatError, match=r"eval.jsonl:2 \(field 'messages'\): the renderer cannot format"):
+        evaluate(write_rows(tmp_path / "eval.jsonl", rows), model=MODEL, engine="tinker", sampling_client=sampler)
+    assert sampler.calls == 0
+
+
 def test_engine_errors_stop_the_eval():
     class Refusing:
         async def sample_async(self, prompt, num_samples, sampling_params):
