@@ -491,6 +491,12 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     if model is None:
         model = engines.default_model(engine)
     engines.check_model(engine, model)
+    if engine == "tinker":  # refuse an unbounded cost first, before anything else is looked up
+        from .pricing import UnknownPrice, price_for
+
+        if price_for(model).train is None:
+            raise UnknownPrice(f"No training price is known for {model!r}: cannot bound the cost of training it. "
+                               f"Call machine_nb.pricing.set_price({model!r}, train=…) with Tinker's price.")
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be at least 1 (got epochs={epochs}, batch_size={batch_size})")
     if max_steps is not None and max_steps < 1:
@@ -520,6 +526,14 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
             max_length = load_config(render.base_model(model)).block_size
 
+    if engine == "tinker":
+        from .engines.tinker import check_tinker
+        from .pricing import estimate_cost
+
+        # refuse before spending (and before writing anything): over budget, no key, no answer
+        estimate_cost(rows, model, epochs=epochs, batch_size=batch_size, max_usd=max_usd, max_steps=max_steps)
+        base_url = check_tinker(base_url)
+
     if resume is not None:
         path = Path(resume).absolute()
         _claim_log_dir(path, resume=True)
@@ -529,14 +543,6 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     data_path = path / "train.jsonl"
     if resume is None or not data_path.exists():
         write_jsonl(rows, data_path)
-
-    if engine == "tinker":
-        from .engines.tinker import check_tinker
-        from .pricing import estimate_cost
-
-        # refuse before spending: unknown price, or over budget (pricing raises BudgetExceeded)
-        estimate_cost(data_path, model, epochs=epochs, batch_size=batch_size, max_usd=max_usd, max_steps=max_steps)
-        base_url = check_tinker(base_url)
 
     marker = {"engine": engine, "model": model, "renderer": renderer, "train_on_what": train_on,
               "rows": len(rows), "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps,

@@ -1,0 +1,152 @@
+"""The Tinker engine refuses fast and clearly, with no network: no key, an address that does not
+answer, a price that cannot be bounded, a budget exceeded, the wrong engine for a model.
+A live smoke test runs only when TINKER_API_KEY is set."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import threading
+
+import pytest
+
+from machine_nb.corpus import make_corpus
+from machine_nb.engines import service_client
+from machine_nb.engines import tinker as tinker_engine
+from machine_nb.engines.tinker import check_tinker
+from machine_nb.errors import BudgetExceeded, EngineError
+from machine_nb.train import sft
+
+SECRET = "tml-test-key-that-must-never-show-0123456789"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return make_corpus(tmp_path / "corpus", seed=0)
+
+
+@pytest.fixture
+def no_key(monkeypatch):
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+
+
+@pytest.fixture
+def closed_port():
+    """A loopback port nothing listens on (connections are refused at once)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def blackhole():
+    """A loopback port that accepts TCP connections in the kernel but never answers a request."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def test_no_key_is_refused_before_any_connection(no_key, monkeypatch):
+    monkeypatch.setattr(tinker_engine, "_probe", lambda *a: pytest.fail("must not connect without a key"))
+    with pytest.raises(EngineError, match="TINKER_API_KEY is not set"):
+        check_tinker()
+    with pytest.raises(EngineError, match="TINKER_API_KEY is not set"):
+        service_client("tinker")
+
+
+def test_refused_address_is_reported_with_the_url_and_never_the_key(monkeypatch, closed_port):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    url = f"http://127.0.0.1:{closed_port}/services/tinker"
+    with pytest.raises(EngineError, match="did not answer") as err:
+        check_tinker(url, timeout=2.0)
+    assert url in str(err.value) and SECRET not in str(err.value)
+
+
+def test_blackholed_address_times_out_instead_of_hanging(monkeypatch, blackhole):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    url = f"http://127.0.0.1:{blackhole}"
+    with pytest.raises(EngineError, match=r"did not answer within 0.5 s") as err:
+        check_tinker(url, timeout=0.5)
+    assert SECRET not in str(err.value)
+
+
+def test_base_url_from_the_environment(monkeypatch, closed_port):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    monkeypatch.setenv("TINKER_BASE_URL", f"http://127.0.0.1:{closed_port}")
+    with pytest.raises(EngineError, match=f"127.0.0.1:{closed_port}"):
+        check_tinker(timeout=2.0)
+
+
+def test_a_service_that_answers_passes(monkeypatch):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # any HTTP answer, even 404, means the service is there
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("TINKER_API_KEY", SECRET)
+        url = f"http://127.0.0.1:{server.server_address[1]}/services/tinker"
+        assert check_tinker(url, timeout=5.0) == url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sft_on_tinker_refuses_an_unknown_price_before_connecting(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    monkeypatch.setattr(tinker_engine, "_probe", lambda *a: pytest.fail("must refuse before connecting"))
+    # Inkling-Small has sampling prices in the table but no training price
+    with pytest.raises(BudgetExceeded, match="cannot bound the cost"):
+        sft(corpus.train, model="thinkingmachines/Inkling-Small", engine="tinker", log_dir=tmp_path / "a",
+            progress=False)
+    with pytest.raises(BudgetExceeded, match="cannot bound the cost"):
+        sft(corpus.train, model="someone/Unpriced-7B", engine="tinker", log_dir=tmp_path / "b", progress=False)
+
+
+def test_sft_on_tinker_refuses_over_budget(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    monkeypatch.setattr(tinker_engine, "_probe", lambda *a: pytest.fail("must refuse before connecting"))
+    with pytest.raises(BudgetExceeded, match="over the budget"):
+        sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", max_usd=1e-6,
+            log_dir=tmp_path / "c", progress=False)
+
+
+def test_sft_on_tinker_without_key_or_service(corpus, tmp_path, monkeypatch, no_key, closed_port):
+    with pytest.raises(EngineError, match="TINKER_API_KEY is not set"):
+        sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", log_dir=tmp_path / "d",
+            progress=False)
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    with pytest.raises(EngineError, match="did not answer") as err:
+        sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", log_dir=tmp_path / "e",
+            base_url=f"http://127.0.0.1:{closed_port}", progress=False)
+    assert SECRET not in str(err.value)
+    assert not (tmp_path / "e").exists()  # refused before writing anything
+
+
+def test_local_model_on_tinker_is_a_clear_error(corpus, tmp_path):
+    with pytest.raises(EngineError, match="engine='local'"):
+        sft(corpus.train, model="local/arith-tiny", engine="tinker", log_dir=tmp_path / "f", progress=False)
+    with pytest.raises(EngineError, match="needs a model"):
+        sft(corpus.train, engine="tinker", log_dir=tmp_path / "g", progress=False)
+
+
+@pytest.mark.tinker_live
+@pytest.mark.skipif(not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY not set: live Tinker test skipped")
+def test_live_tinker_smoke(corpus, tmp_path):
+    from machine_nb.train import smoke
+
+    res = smoke(corpus.train, model="thinkingmachines/Inkling", engine="tinker", max_usd=0.5,
+                log_dir=tmp_path / "live", progress=False)
+    assert res.steps == 2 and res.checkpoint.startswith("tinker://")

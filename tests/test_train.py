@@ -1,0 +1,183 @@
+"""Training, as a user runs it: corpus → sft on the local engine through tinker-cookbook's loop →
+sample the checkpoint → the `answer: N` style is learned; log dirs, Ctrl-C, resume, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+
+import pytest
+import tinker
+
+from machine_nb.corpus import make_corpus
+from machine_nb.engines.local import DEFAULT_MODEL
+from machine_nb.engines.local.service import ServiceClient
+from machine_nb.errors import EngineError, MachineFormatError
+from machine_nb.render import get_renderer
+from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
+
+ANSWER = re.compile(r"^answer: -?\d+$")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=0)
+
+
+def answers(checkpoint: str, rows: list[dict], log_dir) -> list[str]:
+    renderer = get_renderer(DEFAULT_MODEL)
+    sampler = ServiceClient(log_dir=log_dir).create_sampling_client(model_path=checkpoint)
+    params = tinker.SamplingParams(max_tokens=16, temperature=0.0, stop=renderer.get_stop_sequences())
+    out = []
+    for row in rows:
+        seq = sampler.sample(renderer.build_generation_prompt(row["messages"]), 1, params).result().sequences[0]
+        out.append(renderer.parse_response(seq.tokens)[0]["content"].strip())
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """The minimal-SFT run: 48 rows, batch 8, 10 epochs = 60 steps, local defaults."""
+    log_dir = tmp_path_factory.mktemp("runs") / "sft"
+    return sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, progress=False)
+
+
+def test_sft_learns_the_house_style_end_to_end(trained, corpus):
+    assert trained.engine == "local" and trained.model == DEFAULT_MODEL
+    assert trained.steps == 60 and trained.complete and trained.cost_usd == 0.0
+    assert trained.checkpoint == f"local://{trained.log_dir}/sampler_weights/final"
+    assert trained.last_loss < 0.5 * trained.first_loss
+    assert trained.tokens > 0
+    eval_rows = [json.loads(line) for line in open(corpus.eval)]
+    got = answers(trained.checkpoint, eval_rows, trained.log_dir)
+    compliant = sum(bool(ANSWER.match(a)) for a in got) / len(got)
+    exact = sum(a == row["expected"] for a, row in zip(got, eval_rows)) / len(got)
+    assert compliant >= 0.9, got
+    assert exact >= 0.5, got  # the benchmark records the real number (target ≥ 0.8)
+
+
+def test_log_dir_holds_the_cookbook_files_privately(trained):
+    log_dir = trained.log_dir
+    names = set(os.listdir(log_dir))
+    assert {"config.json", "metrics.jsonl", "checkpoints.jsonl", "train.jsonl", "logs.log"} <= names
+    assert stat.S_IMODE(os.stat(log_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(log_dir, "metrics.jsonl")).st_mode) == 0o600
+    rows = [json.loads(line) for line in open(os.path.join(log_dir, "checkpoints.jsonl"))]
+    assert rows[-1]["name"] == "final" and rows[-1]["sampler_path"] == trained.checkpoint
+    assert [r["name"] for r in rows[:-1]] == ["000020", "000040"]  # save_every=20
+    again = read_training_log(log_dir)
+    assert again.checkpoint == trained.checkpoint and again.steps == 60 and again.complete
+    assert again.model == DEFAULT_MODEL and again.engine == "local"
+
+
+def test_training_metrics_frame(trained, tmp_path):
+    df = training_metrics(trained.log_dir)
+    assert list(df.columns[:10]) == ["run", "step", "epoch", "progress", "learning_rate", "num_sequences",
+                                     "num_tokens", "num_loss_tokens", "train_mean_nll", "train_mean_bpb"]
+    assert len(df) == 60 and list(df["step"]) == list(range(60))
+    assert df["learning_rate"].iloc[0] > df["learning_rate"].iloc[-1]  # linear decay
+    # a run still writing: a partial last line is skipped without a fuss
+    partial = tmp_path / "live"
+    partial.mkdir()
+    lines = open(os.path.join(trained.log_dir, "metrics.jsonl")).read().splitlines()
+    (partial / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
+    both = training_metrics([trained.log_dir, partial])
+    assert (both["run"] == "live").sum() == 3
+    res = read_training_log(partial)
+    assert res.steps == 3 and res.checkpoint is None and not res.complete
+
+
+def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
+    runs = [sft(corpus.train, log_dir=tmp_path / f"r{i}", max_steps=6, seed=5, progress=False) for i in range(2)]
+    losses = [list(training_metrics(r.log_dir)["train_mean_nll"]) for r in runs]
+    assert losses[0] == losses[1]
+    rows = [json.loads(line) for line in open(corpus.eval)][:4]
+    assert answers(runs[0].checkpoint, rows, tmp_path) == answers(runs[1].checkpoint, rows, tmp_path)
+
+
+def test_ctrl_c_leaves_a_readable_log_dir_and_resume_finishes_it(corpus, tmp_path, monkeypatch):
+    from machine_nb import progress as progress_mod
+
+    real_update = progress_mod.progress.update
+
+    def interrupting_update(self, n=1, **postfix):
+        real_update(self, n, **postfix)
+        if self.n >= 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+    log_dir = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        sft(corpus.train, log_dir=log_dir, epochs=10, save_every=2, progress=False)
+    monkeypatch.setattr(progress_mod.progress, "update", real_update)
+    from tinker_cookbook.supervised import train as cookbook_train
+
+    assert cookbook_train.tinker is tinker  # the patch is undone even after Ctrl-C
+    part = read_training_log(log_dir)
+    assert not part.complete and 4 <= part.steps < 60
+    assert part.state_path is not None and part.checkpoint.startswith("local://")
+    # reusing the dir without resume= is refused; resume finishes the run
+    with pytest.raises(FileExistsError, match="resume="):
+        sft(corpus.train, log_dir=log_dir, progress=False)
+    done = sft(corpus.train, resume=log_dir, epochs=10, save_every=2, progress=False)
+    assert done.complete and done.checkpoint.endswith("/sampler_weights/final")
+    assert done.steps >= 60  # steps after the last saved state are redone
+
+
+def test_smoke_runs_two_real_steps(corpus, tmp_path):
+    res = smoke(corpus.train, log_dir=tmp_path / "smoke", progress=False)
+    assert res.steps == 2 and res.complete and res.checkpoint.startswith("local://")
+
+
+def test_default_log_dirs_are_fresh(corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = smoke(corpus.train, progress=False)
+    b = smoke(corpus.train, progress=False)
+    assert a.log_dir != b.log_dir
+    assert os.path.dirname(a.log_dir) == str(tmp_path / "runs") and os.path.basename(a.log_dir).startswith("sft-")
+    ws = smoke(corpus.train, workspace=tmp_path / "ws", name="first", progress=False)
+    assert ws.log_dir == str(tmp_path / "ws" / ".machine" / "training" / "first")
+
+
+def test_bad_data_and_wrong_engine_fail_clearly(tmp_path, corpus):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   '{"prompt": "no messages"}\n')
+    with pytest.raises(MachineFormatError, match=r"bad.jsonl:2 \(field 'messages'\)"):
+        sft(bad, progress=False, log_dir=tmp_path / "x")
+    no_reply = tmp_path / "noreply.jsonl"
+    no_reply.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(MachineFormatError, match="no assistant message"):
+        prepare_data(no_reply)
+    with pytest.raises(ValueError, match="no full batch"):
+        sft(corpus.train, batch_size=100, progress=False, log_dir=tmp_path / "y")
+    with pytest.raises(EngineError, match="engine='tinker'"):
+        sft(corpus.train, model="Qwen/Qwen3-8B", engine="local", progress=False)
+
+
+def test_whole_run_rows_train_their_flagged_messages(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        {"whole_run": True, "messages": [
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d", "trainable": True},
+            {"role": "tool", "content": "e"}, {"role": "assistant", "content": "f", "trainable": False}]},
+    ]
+    prepared, train_on = prepare_data(rows)
+    assert train_on == "customized"
+    assert [m["trainable"] for m in prepared[0]["messages"]] == [False, True]
+    assert [m["trainable"] for m in prepared[1]["messages"]] == [False, True, False, False]
+    plain, mode = prepare_data(rows[:1])
+    assert mode == "last_assistant_message" and "trainable" not in plain[0]["messages"][1]
+
+
+def test_cli_smoke_and_tinker_needs_yes(corpus, tmp_path, capsys):
+    from machine_nb.cli import main
+
+    assert main(["smoke", str(corpus.train), "--log-dir", str(tmp_path / "cli"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 2 and out["checkpoint"].startswith("local://")
+    code = main(["sft", str(corpus.train), "--engine", "tinker", "--model", "thinkingmachines/Inkling"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--yes" in err and "$" in err
