@@ -449,6 +449,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     from .progress import progress
 
     rows, data_path = _rows_from(eval_path)
+    data_sha = _sha256(data_path)  # of the file as read, not as it may be after a long eval
     model, engine = _resolve(model, checkpoint, engine)
     renderer_obj, renderer_label = _renderer_for(model, renderer)
     if concurrency is None:
@@ -489,7 +490,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
         "name": label, "model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
         "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature), "seed": seed,
                        "concurrency": int(concurrency)},
-        "data": {"path": data_path, "sha256": _sha256(data_path)},
+        "data": {"path": data_path, "sha256": data_sha},
         "n": len(records), "correct": sum(r["correct"] for r in records),
         "accuracy": sum(r["correct"] for r in records) / len(records),
         "format_rate": (sum(with_format) / len(with_format)) if with_format else None,

@@ -394,7 +394,7 @@ def test_evaluate_on_the_real_local_engine(tmp_path):
     assert df.attrs["summary"]["engine"] == "local" and df.attrs["summary"]["cost"]["usd"] == 0.0
 
 
-def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch):
+def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch, capsys):
     """A real local:// sampler checkpoint (a fresh LoRA: zero-initialised, so greedy replies equal the
     base model's): baseline and checkpoint evals, their comparison, and the probe, all offline."""
     model = _local_engine()
@@ -416,6 +416,15 @@ def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch):
     assert (result.wins, result.losses, result.p_value) == (0, 0, 1.0) and len(result.flips) == 0
     bleed = probe(["What is the capital of France?"], checkpoint=path, format="answer: .*", max_tokens=12)
     assert bleed.loc[0, "baseline_output"] == bleed.loc[0, "checkpoint_output"] and not bleed.loc[0, "bled"]
+
+    from machine_nb.cli import main
+
+    probe_file = write_rows(tmp_path / "probe.jsonl", [{"messages": [{"role": "user", "content": "Who wrote Hamlet?"}]}])
+    assert main(["eval", "probe", path, "--data", str(probe_file), "--format", "answer: .*", "--max-tokens", "8"]) == 0
+    assert main(["eval", "checkpoint", path, "--data", str(write_rows(tmp_path / "e.jsonl", rows)), "--json"]) == 0
+    printed = capsys.readouterr().out
+    assert "'Who wrote Hamlet?'" in printed and "checkpoint: " in printed
+    assert json.loads(printed.strip().splitlines()[-1])["path"] == os.path.join("eval_results", "final.json")
 
 
 def test_tinker_without_a_key_fails_fast_with_a_clear_message(monkeypatch):
