@@ -1,6 +1,6 @@
 """Real browser test: JupyterLab in headless Chromium runs a notebook with RunPicker and Tagger;
-clicking rows in the picker's table changes Python's `.selected`, and Tagger's Good button writes a
-row to the tag store. Screenshot: `<tmp_path>/run_picker.png` (also copied to
+clicking rows in the picker's table changes Python's `.selected`, header clicks sort, the pager
+pages, the search box filters, and Tagger's Good / Undo last buttons write and remove tag-store rows. Screenshot: `<tmp_path>/run_picker.png` (also copied to
 $MACHINE_NB_TEST_ARTIFACTS/ when that is set, e.g. by CI to keep it).
 """
 
@@ -72,7 +72,19 @@ def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
             page.locator(".mnb-pager button", has_text="›").click()
             expect(page.locator(".mnb-page-info")).to_have_text("page 2 of 3")
 
-            page.locator(".widget-button", has_text="Good").first.click()  # Tagger opens on run000
+            search = page.locator('input[placeholder="search input/output (Enter)"]')
+            search.fill("29")
+            search.press("Enter")  # an ipywidgets control filters in Python; the table follows
+            expect(rows).to_have_count(1)
+            expect(rows.first).to_have_attribute("data-key", "run029")
+            expect(page.locator(".widget-html", has_text="30 runs · 1 match · 3 selected (3 hidden by filters)")).to_be_visible()
+
+            good = page.locator(".widget-button", has_text="Good").first  # Tagger opens on run000
+            good.click()
+            expect(page.locator(".widget-html", has_text="wrote good row")).to_be_visible()
+            page.locator(".widget-button", has_text="Undo last").click()
+            expect(page.locator(".widget-html", has_text="removed row")).to_be_visible()
+            good.click()
             expect(page.locator(".widget-html", has_text="wrote good row")).to_be_visible()
         finally:
             page.screenshot(path=str(shot), full_page=True)

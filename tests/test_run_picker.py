@@ -74,6 +74,10 @@ def test_filter_controls_update_the_one_page_view_model():
     assert p._count.value == "30 runs · 10 match · 0 selected"
     p.set_filters(machine=None, model=None)
     assert len(p.filtered) == 30
+    numbers = RunPicker(pd.DataFrame({"id": ["x", "y", "z"], "machine": [1, 2, 1]}))
+    assert numbers.controls["machine"].options == (("1 (2)", 1), ("2 (1)", 2))
+    numbers.controls["machine"].value = (1,)
+    assert list(numbers.filtered["id"]) == ["x", "z"]
 
 
 def test_each_filter_kind():

@@ -326,10 +326,11 @@ class RunPicker(StaticFallback, w.VBox):
         runs, c = self.runs, {}
         for col in CHOICE_COLUMNS:
             if col in runs.columns:
-                counts = runs[col].dropna().astype(str).value_counts().sort_index()
+                counts = runs[col].dropna().value_counts()  # values as stored, so isin() matches them
                 if 2 <= len(counts) <= MAX_CHOICES:  # one value filters nothing
+                    items = sorted(counts.items(), key=lambda kv: str(kv[0]))
                     c[col] = w.SelectMultiple(
-                        options=[(f"{v} ({n:,})", v) for v, n in counts.items()], rows=min(4, len(counts)),
+                        options=[(f"{v} ({n:,})", v) for v, n in items], rows=min(4, len(counts)),
                         description=col, layout=w.Layout(width="auto", min_width="14em"))
         if "score" in runs.columns:
             s = pd.to_numeric(runs["score"], errors="coerce")
