@@ -438,6 +438,18 @@ def test_tinker_without_a_key_fails_fast_with_a_clear_message(monkeypatch):
     assert "TINKER_API_KEY" in str(info.value)
 
 
+def test_tinker_unreachable_fails_with_engine_error_not_a_hang(monkeypatch):
+    try:
+        from machine_nb.engines.tinker import check_tinker  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"machine_nb.engines.tinker is not available yet: {exc}")
+    monkeypatch.setenv("TINKER_API_KEY", "tml-not-a-real-key")
+    monkeypatch.setenv("TINKER_BASE_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(EngineError) as info:
+        evaluate(eval_rows(1), model=MODEL, engine="tinker", save=False)
+    assert "did not answer" in str(info.value) and "tml-not-a-real-key" not in str(info.value)
+
+
 @pytest.mark.tinker_live
 @pytest.mark.skipif(not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY is not set: live Tinker eval skipped")
 def test_live_tinker_baseline(tmp_path):
