@@ -34,6 +34,15 @@ WHOLE = {"machine": "calc", "run": "r2", "score": 1.0, "whole_run": True, "messa
 def test_trained_indices_follow_machine_export():
     assert trained_indices(STEP) == [2]
     assert trained_indices(WHOLE) == [1, 4]
+    # a whole run's assistant message without a flag is trained, as Inkling's renderer reads it
+    unflagged = {**WHOLE, "messages": WHOLE["messages"][:4] + [{"role": "assistant", "content": "ok"}]}
+    assert trained_indices(unflagged) == [1, 4]
+    two = {**STEP, "messages": STEP["messages"] + [{"role": "user", "content": "and?"},
+                                                   {"role": "assistant", "content": "done"}]}
+    assert trained_indices(two) == [4]
+    assert trained_indices(two, "all_assistant_messages") == [2, 4]
+    with pytest.raises(ValueError, match="all_tokens"):
+        trained_indices(two, "all_tokens")
 
 
 def test_cards_mark_trained_fold_tool_output_and_collapse_reasoning():
@@ -80,6 +89,8 @@ def test_inkling_token_view_weights_only_the_trained_messages():
     assert "Done: forty files." in trained_text and "use ls" in trained_text
     assert "Forty files." not in trained_text  # trainable False → context
     assert "List files" in context_text
+    # every message the cards mark as trained has its tokens weighted, and only those
+    assert p.summary().endswith("5 messages, 2 trained")
     html = p.static_html()
     assert "mnb-tok-trained" in html and "weight 0 (context)" in html
     # Inkling keeps reasoning in its prompts: every trained message's prompt is a prefix.
@@ -148,6 +159,14 @@ def test_disable_thinking_renderer_is_flagged_for_unseen_reasoning():
     assert "mnb-flag" in p.static_html()
     trained = "".join(p.tokens.loc[p.tokens.weight > 0, "text"])
     assert "3 plus 3 is 6" in trained  # the reasoning is indeed trained on
+    # The cards' trained marks and the token weights agree under another trainer setting too.
+    every = ExamplePreviewer([{**STEP, "messages": STEP["messages"][:2] + [
+        {"role": "assistant", "content": "answer: 4"}, {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "answer: 4 again"}]}], renderer=renderer, tokenizer=tok,
+        train_on_what="all_assistant_messages")
+    assert every.static_html().count('class="mnb-trained"') == 2
+    trained_every = "".join(every.tokens.loc[every.tokens.weight > 0, "text"])
+    assert "answer: 4" in trained_every and "answer: 4 again" in trained_every
     # tinker-cookbook itself refuses the single-step form of this line: shown, not raised.
     step = ExamplePreviewer([STEP], renderer=renderer, tokenizer=tok)
     assert "thinking turned off" in step.token_error
@@ -158,3 +177,23 @@ def test_unrenderable_model_shows_error_not_traceback():
     p = ExamplePreviewer([STEP], model="Qwen/Qwen3-8B")  # needs the HF hub; offline in tests
     assert p.token_error and "Qwen/Qwen3-8B" in p.token_error
     assert "Could not render this example" in p.static_html()
+
+
+def test_runs_from_the_sample_workspace_whole_runs_on_inkling():
+    from pathlib import Path
+
+    import machine_nb as mnb
+
+    workspace = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+    if not workspace.exists():
+        pytest.skip("sample workspace not generated")
+    sel = mnb.select_runs(mnb.load_runs(workspace), "coder")
+    steps = ExamplePreviewer(sel)  # a runs DataFrame goes through training_lines
+    assert len(steps.lines) > len(sel) and {x["run"] for x in steps.lines} <= set(sel["id"])
+    whole = [x for x in mnb.training_lines(sel, base_model=INKLING) if x.get("whole_run")]
+    assert whole
+    p = ExamplePreviewer(whole[:1], model=INKLING)
+    assert not p.token_error, p.token_error
+    # Machine's claim for Inkling: every step's prompt is a token prefix of the whole run.
+    assert len(p.diffs) == len(trained_indices(whole[0])) > 1
+    assert p.diffs["matches"].all(), p.diffs

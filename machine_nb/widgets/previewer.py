@@ -65,48 +65,66 @@ def load_lines(data: Any) -> list[dict]:
     return lines
 
 
-def trained_indices(line: dict) -> list[int]:
-    """Indices of the messages a line trains on, as Machine's trainer does.
+def _mode(line: dict, train_on_what: Any = None) -> str:
+    """The TrainOnWhat value used for a line (see `trained_indices`)."""
+    if train_on_what is not None:
+        value = str(getattr(train_on_what, "value", train_on_what))
+        if value not in _MODES:
+            raise ValueError(f"train_on_what {value!r} is not one the previewer can show; use one of {sorted(_MODES)}")
+        return value
+    return "customized" if line.get("whole_run") else "last_assistant_message"
 
-    A whole-run line (`"whole_run": true`) trains every assistant message marked
-    `"trainable": true`; any other line trains its last assistant message only.
+
+_MODES = {"customized", "last_assistant_message", "all_assistant_messages"}
+
+
+def trained_indices(line: dict, train_on_what: Any = None) -> list[int]:
+    """Indices of the messages a line trains on.
+
+    Default (train_on_what None), Machine's rule: a whole-run line (`"whole_run": true`) trains
+    its assistant messages flagged `trainable` (a missing flag counts as trainable, as Inkling's
+    renderer and `count_tokens` read it; `false` excludes); any other line trains its last
+    assistant message only (Machine's train_sft.py default). train_on_what: "customized",
+    "last_assistant_message" or "all_assistant_messages" (or the cookbook's TrainOnWhat) to show
+    a trainer configured otherwise.
     """
     msgs = line["messages"]
-    if line.get("whole_run"):
-        return [i for i, m in enumerate(msgs) if m.get("role") == "assistant" and m.get("trainable") is True]
-    last = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
-    return last[-1:]
+    assistants = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    mode = _mode(line, train_on_what)
+    if mode == "customized":
+        return [i for i in assistants if msgs[i].get("trainable", True) is not False]
+    if mode == "all_assistant_messages":
+        return assistants
+    return assistants[-1:]
 
 
-def render_plan(line: dict) -> tuple[list[dict], Any]:
+def render_plan(line: dict, train_on_what: Any = None) -> tuple[list[dict], Any]:
     """(messages, TrainOnWhat) to hand the renderer for this line, matching `trained_indices`.
 
-    Whole runs use CUSTOMIZED with an explicit boolean `trainable` on every message (the
-    cookbook asserts one is present); other lines use LAST_ASSISTANT_MESSAGE with no
-    `trainable` keys (the cookbook asserts none is present).
+    CUSTOMIZED gets an explicit boolean `trainable` on every message (the cookbook's generic
+    renderers assert one is present); the other modes get no `trainable` keys (they assert none is).
     """
     from tinker_cookbook.renderers import TrainOnWhat
 
-    if line.get("whole_run"):
-        keep = set(trained_indices(line))
-        return ([{**m, "trainable": i in keep} for i, m in enumerate(line["messages"])],
-                TrainOnWhat.CUSTOMIZED)
-    return ([{k: v for k, v in m.items() if k != "trainable"} for m in line["messages"]],
-            TrainOnWhat.LAST_ASSISTANT_MESSAGE)
+    mode = _mode(line, train_on_what)
+    if mode == "customized":
+        keep = set(trained_indices(line, mode))
+        return ([{**m, "trainable": i in keep} for i, m in enumerate(line["messages"])], TrainOnWhat.CUSTOMIZED)
+    return _strip_trainable(line["messages"]), TrainOnWhat(mode)
 
 
 def _strip_trainable(messages: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if k != "trainable"} for m in messages]
 
 
-def supervised_tokens(line: dict, renderer: Any) -> tuple[list[int], list[float]]:
+def supervised_tokens(line: dict, renderer: Any, train_on_what: Any = None) -> tuple[list[int], list[float]]:
     """Token ids and loss weights of the line's supervised rendering (renderer.build_supervised_example)."""
-    messages, train_on_what = render_plan(line)
+    messages, train_on_what = render_plan(line, train_on_what)
     model_input, weights = renderer.build_supervised_example(messages, train_on_what=train_on_what)
     return list(model_input.to_ints()), [float(w) for w in weights.tolist()]
 
 
-def token_frame(line: dict, renderer: Any, tokenizer: Any):
+def token_frame(line: dict, renderer: Any, tokenizer: Any, train_on_what: Any = None):
     """The supervised rendering as a DataFrame, one row per token.
 
     Columns: position (int), token_id (int), text (the token decoded alone), weight (float loss
@@ -114,7 +132,7 @@ def token_frame(line: dict, renderer: Any, tokenizer: Any):
     """
     import pandas as pd
 
-    ids, weights = supervised_tokens(line, renderer)
+    ids, weights = supervised_tokens(line, renderer, train_on_what)
     return pd.DataFrame({
         "position": range(len(ids)),
         "token_id": ids,
@@ -130,7 +148,7 @@ def _has_reasoning(messages: list[dict]) -> bool:
 
 
 def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | None = None,
-                 weights: list[float] | None = None):
+                 weights: list[float] | None = None, train_on_what: Any = None):
     """Generation prompt vs supervised rendering, for each trained message; a DataFrame.
 
     For trained message k, the generation prompt of messages[:k] (what the model sees when it
@@ -143,9 +161,9 @@ def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | 
     import pandas as pd
 
     if ids is None or weights is None:
-        ids, weights = supervised_tokens(line, renderer)
+        ids, weights = supervised_tokens(line, renderer, train_on_what)
     messages = line["messages"]
-    trained = trained_indices(line)
+    trained = trained_indices(line, train_on_what)
     # The end of each trained span, so message k is aligned only against training up to its own
     # target (a later message's tokens would otherwise match the prompt's tail by accident).
     ends = [j + 1 for j in range(len(weights)) if weights[j] > 0 and (j + 1 == len(weights) or weights[j + 1] <= 0)]
@@ -229,6 +247,8 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         renderer, tokenizer: a tinker-cookbook renderer/tokenizer to use instead of the model's
             (default None: `machine_nb.render.get_renderer(model)` / `get_tokenizer(model)`).
         index: the example shown first. Default 0.
+        train_on_what: which messages the trainer trains (see `trained_indices`). Default None:
+            Machine's rule (whole runs: flagged messages; other lines: the last assistant message).
 
     `.current` (trait) is the index shown; `.line` the current line; `.tokens` its token frame
     and `.diffs` its prompt check (None without a model).
@@ -237,8 +257,9 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
     current = traitlets.Int(0)
 
     def __init__(self, data: Any, model: str | None = None, *, renderer: Any = None,
-                 tokenizer: Any = None, index: int = 0, **kwargs: Any):
+                 tokenizer: Any = None, index: int = 0, train_on_what: Any = None, **kwargs: Any):
         self.lines = load_lines(data)
+        self.train_on_what = train_on_what
         self.model = model
         self._renderer, self._tokenizer = renderer, tokenizer
         self.tokens = None
@@ -301,9 +322,9 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             return
         try:
             renderer, tokenizer = self._tools()
-            self.tokens = token_frame(self.line, renderer, tokenizer)
+            self.tokens = token_frame(self.line, renderer, tokenizer, self.train_on_what)
             self.diffs = prompt_diffs(self.line, renderer, tokenizer, ids=self.tokens["token_id"].tolist(),
-                                      weights=self.tokens["weight"].tolist())
+                                      weights=self.tokens["weight"].tolist(), train_on_what=self.train_on_what)
         except Exception as exc:  # a renderer refusing a line is something to show, not a crash
             self.token_error = f"{type(exc).__name__}: {exc}"
 
@@ -316,7 +337,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
     def _cards_html(self) -> str:
         if self.line is None:
             return "<i>No training lines.</i>"
-        return chat_cards(self.line["messages"], trained_indices(self.line))
+        return chat_cards(self.line["messages"], trained_indices(self.line, self.train_on_what))
 
     def _tokens_html(self) -> str:
         if self.model is None and self._renderer is None:
@@ -335,7 +356,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         kind = "whole run" if line.get("whole_run") else "step"
         return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)} · run {line.get('run', '?')} · "
                 f"machine {line.get('machine', '?')} · {kind} · {len(line['messages'])} messages, "
-                f"{len(trained_indices(line))} trained")
+                f"{len(trained_indices(line, self.train_on_what))} trained")
 
     def static_html(self) -> str:
         return (f'<div class="mnb-previewer"><div style="font-weight:600">{escape(self.summary())}</div>'
