@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from lab import chromium_page, lab_server, open_and_run_all, write_notebook
+from lab import chromium_page, chromium_path, lab_server, open_and_run_all, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -42,6 +42,7 @@ TAGGER = 'tagger = mnb.Tagger(runs, store="tag_store")\ntagger'
 def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
     from playwright.sync_api import expect
 
+    chromium_path()  # fails at once, saying to run `make setup`, when Chromium is missing
     root = tmp_path / "lab"
     root.mkdir()
     write_notebook(root / "widgets.ipynb", [SETUP, PICKER, TAGGER, "print('ok')"])
