@@ -413,7 +413,7 @@ def results_name(checkpoint: str | None) -> str:
 def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
-             name: str | None = None, save: bool = True, sampling_client: Any = None,
+             name: str | None = None, save: bool = True, sampling_client: SamplingClientLike | None = None,
              service_client: Any = None, show_progress: bool | None = None, max_usd: float | None = None) -> Any:
     """Sample every eval row through the engine, score it, write a results JSON; returns a DataFrame.
 
@@ -799,8 +799,9 @@ def _probe_rows(prompts: Any) -> list[dict]:
 
 def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
           format: str | None = None, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
-          concurrency: int | None = None, renderer: Any = None, baseline_client: Any = None,
-          checkpoint_client: Any = None, service_client: Any = None, show_progress: bool | None = None) -> Any:
+          concurrency: int | None = None, renderer: Any = None, baseline_client: SamplingClientLike | None = None,
+          checkpoint_client: SamplingClientLike | None = None, service_client: Any = None,
+          show_progress: bool | None = None) -> Any:
     """Off-distribution prompts through the base model and the checkpoint side by side: where does
     a learned style leak?
 
