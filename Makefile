@@ -13,7 +13,7 @@ report: setup
 	$(PY) -m machine_nb.cli report notebooks/01_minimal_sft.ipynb -o reports/minimal_sft.html
 
 test: setup
-	$(PY) -m pytest --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
+	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
 
 clean:
 	rm -rf reports eval_results .pytest_cache
