@@ -27,6 +27,11 @@ trained_tokens (loss weight > 0), exact (real renderer or estimate), error (why 
 to the estimate, else None)."""
 
 
+# count_tokens results for files, keyed by (path, mtime, size, model, options): re-pricing is instant
+_CACHE: dict[tuple, object] = {}
+_CACHE_SIZE = 8
+
+
 class TokenEstimateWarning(UserWarning):
     """Counts are 2.5-chars-per-token estimates, not the model's tokenizer."""
 
@@ -121,9 +126,10 @@ def renderer_or_reason(model: str) -> tuple[Any, str | None]:
     try:
         return get_renderer(model), None
     except EngineError as exc:
-        from .render import _offline, has_offline_tokenizer
+        from .render import has_offline_tokenizer
 
-        if _offline() and not has_offline_tokenizer(model):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+        if offline and not has_offline_tokenizer(model):
             return None, offline_note(model, "tokenizer needs the Hugging Face hub (HF_HUB_OFFLINE is set)")
         return None, offline_note(model, str(exc).rstrip("."))
     except Exception as exc:  # an unknown model name, a renderer that fails to build
@@ -150,8 +156,20 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
 
     from .progress import progress as bar
 
-    renderer, note = renderer_or_reason(model)
     path = path_or_rows if isinstance(path_or_rows, (str, os.PathLike)) else None
+    key = None
+    if path is not None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise MachineFormatError(path, "file not found") from None
+        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, model, str(train_on_what), on_error)
+        if key in _CACHE:  # a cost meter re-prices the same file on every slider move
+            cached = _CACHE[key]
+            if cached.attrs.get("note"):
+                warnings.warn(TokenEstimateWarning(cached.attrs["note"]), stacklevel=2)
+            return cached.copy()
+    renderer, note = renderer_or_reason(model)
     total = count_lines(path_or_rows)
     show = progress if progress is not None else (total or 0) > PROGRESS_MIN_ROWS
     cols: dict[str, list] = {c: [] for c in COLUMNS}
@@ -180,6 +198,10 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
                                                      "trained_tokens": "int64", "exact": "bool"})
     df.attrs["model"] = model
     df.attrs["note"] = note or ""
+    if key is not None:
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = df.copy()
     if note:
         warnings.warn(TokenEstimateWarning(note), stacklevel=2)
     return df

@@ -145,6 +145,8 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
             ref = m.get("tool_call_id")
             if ref is None:
                 out.append(("warning", "tool_result_unlinked", f"{where} (role tool) has no tool_call_id"))
+            elif not isinstance(ref, str):
+                out.append(("error", "orphan_tool_result", f"{where}.tool_call_id must be a string"))
             elif ref not in calls:
                 out.append(("error", "orphan_tool_result",
                             f"{where}.tool_call_id {ref!r} answers no earlier assistant tool call"))
@@ -212,8 +214,9 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
 class ValidationResult:
     """What validate found: `findings` (DataFrame line, severity, code, message), `summary`, `ok`.
 
-    summary: path, model, kind (train|eval), rows, errors, warnings, infos, tokens, trained_tokens
-    (train files), max_tokens, exact (real renderer counts), histogram (bucket -> rows), max_length.
+    summary: path, model, kind (train|eval), rows, errors, warnings, infos, tokens (for eval files:
+    generation-prompt tokens), trained_tokens (train files), max_tokens, exact (real renderer
+    counts), histogram (bucket -> rows, rows that rendered), max_length.
     ok: no error findings.
     """
 

@@ -88,3 +88,12 @@ def test_local_engine_model_counts_exactly():
         pytest.skip(f"machine_nb.engines.local not importable yet: {exc}")
     df = count_tokens([qa("What is 47 plus 15?", "answer: 62")], DEFAULT_MODEL)
     assert df["exact"][0] and 0 < df["trained_tokens"][0] < df["tokens"][0]
+
+
+def test_file_counts_are_cached_until_the_file_changes(tmp_path):
+    path = write_jsonl([qa("What is 47 plus 15?", "answer: 62")], tmp_path / "t.jsonl")
+    first = count_tokens(path, INKLING)
+    first.loc[0, "tokens"] = -1  # a caller's edit must not leak into the cache
+    assert count_tokens(path, INKLING)["tokens"][0] > 0
+    write_jsonl([qa("What is 47 plus 15?", "answer: 62"), qa("Who wrote Hamlet?", "Shakespeare")], path)
+    assert len(count_tokens(path, INKLING)) == 2
