@@ -240,9 +240,9 @@ def prepare_data(data: Any) -> tuple[list[dict], str]:
             raise MachineFormatError(name, "no assistant message to train on", line=line, field="messages")
         if row.get("whole_run"):
             flagged = True
+        # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
+        # unify the schemas of every other key (tools' JSON schemas differ from run to run)
         out = {"messages": [dict(m) for m in messages]}
-        if row.get("tools"):
-            out["tools"] = row["tools"]
         out["_whole_run"] = bool(row.get("whole_run"))
         rows.append(out)
     if not rows:

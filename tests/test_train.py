@@ -181,3 +181,13 @@ def test_cli_smoke_and_tinker_needs_yes(corpus, tmp_path, capsys):
     code = main(["sft", str(corpus.train), "--engine", "tinker", "--model", "thinkingmachines/Inkling"])
     err = capsys.readouterr().err
     assert code == 2 and "--yes" in err and "$" in err
+
+
+def test_sft_works_inside_a_running_event_loop_as_in_jupyter(corpus, tmp_path):
+    import asyncio
+
+    async def cell():  # Jupyter runs cells while its own event loop is running
+        return smoke(corpus.train, log_dir=tmp_path / "nb", progress=False)
+
+    res = asyncio.run(cell())
+    assert res.steps == 2 and res.complete
