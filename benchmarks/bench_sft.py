@@ -7,7 +7,7 @@ exact match after SFT (≥ 0.8); the style bleeding into general prompts; the sa
 giving identical losses and outputs. Samples directly with the engine's sampling client and
 the renderer (greedy), not through evaluate.py.
 
-    .venv/bin/python benchmarks/bench_sft.py [--rank 8] [--lr 3e-3] [--seed 0] [--fresh 400]
+    .venv/bin/python benchmarks/bench_sft.py [--rank 8] [--lr 3e-3] [--seed 0] [--fresh 400] [--weights DIR]
 """
 
 from __future__ import annotations
@@ -49,7 +49,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="sft seed (default 0)")
     ap.add_argument("--fresh", type=int, default=400, help="fresh plus/minus questions for the natural-answer check")
     ap.add_argument("--no-repeat", action="store_true", help="skip the determinism re-run")
+    ap.add_argument("--weights", default=None,
+                    help="a directory of other weights for the default model (e.g. a pretraining build in progress)")
     args = ap.parse_args()
+    if args.weights:
+        from machine_nb.engines import local
+
+        local.MODELS[local.DEFAULT_MODEL] = Path(args.weights)
 
     import torch
 
@@ -66,6 +72,12 @@ def main() -> int:
     renderer = get_renderer(DEFAULT_MODEL)
     sc = ServiceClient(log_dir=work / "scratch")
     print(f"machine: {os.cpu_count()} cpu(s), torch {torch.__version__}, threads {torch.get_num_threads()}")
+    from machine_nb.engines import local
+
+    weights_dir = local.MODELS[DEFAULT_MODEL]
+    build = json.loads((Path(weights_dir) / "config.json").read_text()).get("build", {})
+    print(f"model: {DEFAULT_MODEL} from {weights_dir} (build: {build.get('steps')} steps, "
+          f"random_init={build.get('random_init')}, partial={build.get('partial', False)})")
 
     # --- baseline
     base = sc.create_sampling_client(base_model=DEFAULT_MODEL)
