@@ -4,7 +4,9 @@ Each notebook runs top to bottom in a fresh kernel with its default parameters, 
 folder (as Jupyter and nbval run it). Then it is cleaned the way a report is (report.clean_notebook:
 widget views replaced by their static fallback, no widget-state metadata; secret-looking environment
 values redacted) and stripped of per-run noise (timings, papermill metadata), so a diff shows only
-what changed. A notebook that fails is left untouched and the script exits 1.
+what changed. Absolute paths into this checkout (training results name their log dirs in full) are
+written relative to notebooks/, as the notebooks' own cells name them, so the committed outputs do not
+carry this machine's layout. A notebook that fails is left untouched and the script exits 1.
 
     .venv/bin/python scripts/refresh_notebooks.py                 # both notebooks
     .venv/bin/python scripts/refresh_notebooks.py notebooks/02_explore_runs.ipynb
@@ -36,6 +38,13 @@ def strip_run_metadata(nb: dict[str, Any]) -> dict[str, Any]:
     return nb
 
 
+def relative_paths(text: str, root: Path = ROOT) -> str:
+    """Rewrite absolute paths into the checkout as seen from notebooks/ (`<root>/runs/x` -> `../runs/x`)."""
+    for prefix in (f"{root}/notebooks/../", f"{root}/notebooks/", f"{root}/"):
+        text = text.replace(prefix, "../" if prefix != f"{root}/notebooks/" else "")
+    return text
+
+
 def execute(path: Path, timeout: float) -> dict[str, Any]:
     """Run the notebook at `path` in a fresh python3 kernel from its own folder; returns the executed JSON."""
     import nbformat
@@ -55,7 +64,7 @@ def refresh(path: Path, timeout: float = 1800) -> float:
 
     start = time.monotonic()
     nb = strip_run_metadata(clean_notebook(execute(path, timeout)))
-    text, redactions = scrub(json.dumps(nb, indent=1, ensure_ascii=False), secret_values())
+    text, redactions = scrub(relative_paths(json.dumps(nb, indent=1, ensure_ascii=False)), secret_values())
     if redactions:
         print(f"  {redactions} secret value(s) redacted from {path.name}: check which cell prints them", file=sys.stderr)
     atomic_write_text(path, text + "\n", mode=0o644)

@@ -83,6 +83,13 @@ def test_refresh_strips_per_run_metadata():
     assert out["cells"][0]["metadata"] == {"tags": ["parameters"]}
 
 
+def test_refresh_writes_checkout_paths_relative_to_notebooks():
+    rel = _refresh_module().relative_paths
+    root = Path("/srv/repo")
+    text = "local:///srv/repo/notebooks/../runs/a/final /srv/repo/data/x /srv/repo/notebooks/y.json /srv/other"
+    assert rel(text, root) == "local://../runs/a/final ../data/x y.json /srv/other"
+
+
 @pytest.mark.parametrize("name", ["01_minimal_sft.ipynb", "02_explore_runs.ipynb"])
 def test_committed_notebooks_are_clean_and_parameterised(name):
     nb = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
