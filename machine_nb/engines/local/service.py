@@ -361,7 +361,8 @@ class TrainingClient(_ClientResult):
         self.user_metadata = dict(user_metadata or {})
         self.model_id = f"local-{secrets.token_hex(4)}"
         self._threads = configure_torch(service.threads)
-        torch.manual_seed(self.seed)
+        # the base weights are loaded, not drawn; the adapters are drawn from their own seeded
+        # generator (lora.apply_lora), so the global torch RNG is left alone
         self._model = _load_base(base_model)
         if self.rank > 0:
             if not (train_attn or train_mlp):
