@@ -9,14 +9,13 @@ Prices are applied in pricing.py; validate.py uses `render_row` for its renderer
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .errors import EngineError, MachineFormatError
-from .jsonl import dumps_line, iter_jsonl
+from .jsonl import iter_jsonl
 
 CHARS_PER_TOKEN = 2.5  # Machine's deliberate over-estimate (~4 chars/token measured with Qwen3)
 PROGRESS_MIN_ROWS = 2000  # show a progress bar past this many rows
@@ -37,14 +36,11 @@ class TokenEstimateWarning(UserWarning):
 
 
 def _estimate_tokens(row: Mapping[str, Any]) -> int:
-    """Machine's estimate: characters of the JSON of messages (+ tools) / 2.5, rounded up.
+    """Machine's estimate for one row: characters of the JSON of messages (+ tools) / 2.5, rounded up
+    (`export.estimate_tokens`, the same rule the export step reports)."""
+    from .export import estimate_tokens
 
-    TODO: use machine_nb.export.estimate_tokens (engineer A's, same rule) once its per-line form is settled.
-    """
-    chars = len(dumps_line(row.get("messages", [])))
-    if row.get("tools"):
-        chars += len(dumps_line(row["tools"]))
-    return math.ceil(chars / CHARS_PER_TOKEN)
+    return estimate_tokens([row])
 
 
 def iter_rows(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",

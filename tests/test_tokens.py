@@ -97,3 +97,12 @@ def test_file_counts_are_cached_until_the_file_changes(tmp_path):
     assert count_tokens(path, INKLING)["tokens"][0] > 0
     write_jsonl([qa("What is 47 plus 15?", "answer: 62"), qa("Who wrote Hamlet?", "Shakespeare")], path)
     assert len(count_tokens(path, INKLING)) == 2
+
+
+def test_estimates_follow_the_export_rule_for_non_ascii():
+    from machine_nb.export import estimate_tokens
+
+    row = qa("Wie viel ist 47 plus 15? 🙂", "answer: 62 — ça va")
+    with pytest.warns(TokenEstimateWarning):
+        df = count_tokens([row], "Qwen/Qwen3-8B")
+    assert df["tokens"][0] == estimate_tokens([row])
