@@ -66,6 +66,9 @@ def test_navigation_and_jump(tmp_path):
     assert p.line["run"] == "r2"
     p._prev.click(); p._prev.click()
     assert p.current == 0  # clamped
+    p._jump.value = "r3"  # typed and Enter, as in the browser
+    assert p.current == 2
+    p.show(0)
     assert p.jump("r3") and p.current == 2
     assert not p.jump("nope") and p.current == 2
     assert "no example of run nope" in p._status.value

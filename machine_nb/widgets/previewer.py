@@ -267,13 +267,15 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         self.token_error = ""
         self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="80px"))
         self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="80px"))
-        self._jump = widgets.Text(placeholder="jump to run id", layout=widgets.Layout(width="220px"))
+        # continuous_update=False: the value changes on Enter/blur, not per keystroke (on_submit is deprecated)
+        self._jump = widgets.Text(placeholder="jump to run id", continuous_update=False,
+                                  layout=widgets.Layout(width="220px"))
         self._status = widgets.HTML()
         self._cards = widgets.HTML()
         self._token_html = widgets.HTML()
         self._prev.on_click(lambda _: self.show(self.current - 1))
         self._next.on_click(lambda _: self.show(self.current + 1))
-        self._jump.on_submit(lambda _: self.jump(self._jump.value))
+        self._jump.observe(lambda ch: ch["new"].strip() and self.jump(ch["new"]), names="value")
         sections = [self._cards]
         if model is not None or renderer is not None:
             sections.append(self._token_html)
