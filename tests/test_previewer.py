@@ -31,12 +31,17 @@ WHOLE = {"machine": "calc", "run": "r2", "score": 1.0, "whole_run": True, "messa
     {"role": "assistant", "content": "Done: forty files.", "trainable": True}]}
 
 
-def test_trained_indices_follow_machine_export():
+def test_trained_indices_are_what_sft_trains():
     assert trained_indices(STEP) == [2]
     assert trained_indices(WHOLE) == [1, 4]
-    # a whole run's assistant message without a flag is trained, as Inkling's renderer reads it
+    # as machine_nb.sft trains: a whole run's assistant message without a flag is not trained
     unflagged = {**WHOLE, "messages": WHOLE["messages"][:4] + [{"role": "assistant", "content": "ok"}]}
-    assert trained_indices(unflagged) == [1, 4]
+    assert trained_indices(unflagged) == [1]
+    from machine_nb.train import prepare_data
+
+    rows, mode = prepare_data([unflagged])
+    assert mode == "customized" and [i for i, m in enumerate(rows[0]["messages"]) if m["trainable"]] == [1]
+    assert trained_indices({"messages": [{"role": "user", "content": "hi"}]}) == []  # refused by the trainer
     two = {**STEP, "messages": STEP["messages"] + [{"role": "user", "content": "and?"},
                                                    {"role": "assistant", "content": "done"}]}
     assert trained_indices(two) == [4]

@@ -65,34 +65,46 @@ def load_lines(data: Any) -> list[dict]:
     return lines
 
 
-def _mode(line: dict, train_on_what: Any = None) -> str:
-    """The TrainOnWhat value used for a line (see `trained_indices`)."""
-    if train_on_what is not None:
-        value = str(getattr(train_on_what, "value", train_on_what))
-        if value not in _MODES:
-            raise ValueError(f"train_on_what {value!r} is not one the previewer can show; use one of {sorted(_MODES)}")
-        return value
-    return "customized" if line.get("whole_run") else "last_assistant_message"
-
-
 _MODES = {"customized", "last_assistant_message", "all_assistant_messages"}
+
+
+def _trainer_plan(line: dict) -> tuple[list[dict], str] | None:
+    """The messages and mode `machine_nb.sft` would train this line with (train.prepare_data), or
+    None when the trainer would refuse the line (no assistant message, nothing trainable)."""
+    from ..train import prepare_data
+
+    try:
+        rows, mode = prepare_data([line])
+    except MachineFormatError:
+        return None
+    return rows[0]["messages"], mode
 
 
 def trained_indices(line: dict, train_on_what: Any = None) -> list[int]:
     """Indices of the messages a line trains on.
 
-    Default (train_on_what None), Machine's rule: a whole-run line (`"whole_run": true`) trains
-    its assistant messages flagged `trainable` (a missing flag counts as trainable, as Inkling's
-    renderer and `count_tokens` read it; `false` excludes); any other line trains its last
-    assistant message only (Machine's train_sft.py default). train_on_what: "customized",
-    "last_assistant_message" or "all_assistant_messages" (or the cookbook's TrainOnWhat) to show
-    a trainer configured otherwise.
+    Default (train_on_what None): exactly what `machine_nb.sft` trains (its `prepare_data`), which
+    is Machine's rule: a whole-run line (`"whole_run": true`) trains its assistant messages flagged
+    `"trainable": true` (no flag: not trained); any other line its last assistant message (or its
+    flags, when it carries some). An empty list when the trainer would refuse the line.
+    train_on_what: "customized" (flags), "last_assistant_message" or "all_assistant_messages" (or
+    the cookbook's TrainOnWhat) to show a trainer configured otherwise.
     """
     msgs = line["messages"]
     assistants = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
-    mode = _mode(line, train_on_what)
+    if train_on_what is None:
+        plan = _trainer_plan(line)
+        if plan is None:
+            return []
+        messages, mode = plan
+        if mode == "customized":
+            return [i for i, m in enumerate(messages) if m.get("trainable")]
+        return assistants[-1:]
+    mode = str(getattr(train_on_what, "value", train_on_what))
+    if mode not in _MODES:
+        raise ValueError(f"train_on_what {mode!r} is not one the previewer can show; use one of {sorted(_MODES)}")
     if mode == "customized":
-        return [i for i in assistants if msgs[i].get("trainable", True) is not False]
+        return [i for i in assistants if msgs[i].get("trainable")]
     if mode == "all_assistant_messages":
         return assistants
     return assistants[-1:]
@@ -106,9 +118,12 @@ def render_plan(line: dict, train_on_what: Any = None) -> tuple[list[dict], Any]
     """
     from tinker_cookbook.renderers import TrainOnWhat
 
-    mode = _mode(line, train_on_what)
+    keep = set(trained_indices(line, train_on_what))
+    mode = str(getattr(train_on_what, "value", train_on_what or ""))
+    if train_on_what is None:
+        plan = _trainer_plan(line)
+        mode = plan[1] if plan else "last_assistant_message"
     if mode == "customized":
-        keep = set(trained_indices(line, mode))
         return ([{**m, "trainable": i in keep} for i, m in enumerate(line["messages"])], TrainOnWhat.CUSTOMIZED)
     return _strip_trainable(line["messages"]), TrainOnWhat(mode)
 
@@ -248,7 +263,8 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             (default None: `machine_nb.render.get_renderer(model)` / `get_tokenizer(model)`).
         index: the example shown first. Default 0.
         train_on_what: which messages the trainer trains (see `trained_indices`). Default None:
-            Machine's rule (whole runs: flagged messages; other lines: the last assistant message).
+            as `machine_nb.sft` trains them (whole runs: flagged messages; others: the last
+            assistant message).
 
     `.current` (trait) is the index shown; `.line` the current line; `.tokens` its token frame
     and `.diffs` its prompt check (None without a model).
