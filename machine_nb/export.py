@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -21,6 +22,9 @@ FailedPredicate = Callable[[dict, dict], bool]
 
 # Harnesses that send a step's whole reply back to the model, reasoning included (chat completions).
 RESENDS_REASONING = frozenset({"tinker", "openrouter", "openai", "chat-completions"})
+
+# "Error…" or "error:" (any case) after leading whitespace; a regex, so long outputs are not copied
+_ERROR_TEXT = re.compile(r"\s*(?:Error|(?i:error:))")
 
 
 def default_failed(call: dict, result: dict) -> bool:
@@ -37,10 +41,7 @@ def default_failed(call: dict, result: dict) -> bool:
     content = result.get("content")
     if isinstance(content, list):  # chat parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        return False
-    text = content.lstrip()
-    return text.startswith("Error") or text.lower().startswith("error:")
+    return isinstance(content, str) and _ERROR_TEXT.match(content) is not None
 
 
 def is_tool_call(message: dict) -> bool:

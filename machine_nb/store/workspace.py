@@ -64,7 +64,7 @@ def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 
     warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
 
 
-def _loads(data: bytes, path: Path) -> Any:
+def _loads(data: bytes, path: str | os.PathLike) -> Any:
     """Parse one JSON document, naming the file (and line) on failure."""
     import orjson
 
@@ -78,9 +78,9 @@ def _loads(data: bytes, path: Path) -> Any:
 
 def read_json(path: str | os.PathLike) -> Any:
     """One JSON file (orjson); MachineFormatError naming file and line when unreadable."""
-    path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except FileNotFoundError:
         raise MachineFormatError(path, "file not found") from None
     except OSError as exc:
@@ -88,31 +88,36 @@ def read_json(path: str | os.PathLike) -> Any:
     return _loads(data, path)
 
 
-def iter_named_files(root: Path, suffix: str = ".json") -> Iterator[tuple[Path, str | None, str | None]]:
+def iter_named_files(root: str | os.PathLike, suffix: str = ".json") -> Iterator[tuple[str, str | None, str | None]]:
     """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
 
     `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
     (a folder segment that breaks SEGMENT, or a file directly under `root`), else None.
-    Sorted, so readers are deterministic.
+    Sorted, so readers are deterministic. Paths are strings: pathlib costs more than parsing
+    small run files (measured in benchmarks/bench_load_runs.py).
     """
-    if not root.is_dir():
+    root = os.fspath(root)
+    if not os.path.isdir(root):
         return
+    base = os.path.basename(root.rstrip(os.sep))
+    cut = len(root.rstrip(os.sep)) + 1
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
-        rel = Path(dirpath).relative_to(root)
-        segments = [] if str(rel) == "." else list(rel.parts)
+        rel = dirpath[cut:]
+        segments = rel.split(os.sep) if rel else []
         bad = [s for s in segments if not SEGMENT.match(s)]
+        folder = "/".join(segments)
         for name in sorted(filenames):
             if not name.endswith(suffix) or name.startswith("."):
                 continue  # temp files of an atomic write, lock files
-            path = Path(dirpath) / name
+            path = os.path.join(dirpath, name)
             if not segments:
-                yield path, None, f"file directly under {root.name}/ (expected {root.name}/<machine>/{name})"
+                yield path, None, f"file directly under {base}/ (expected {base}/<machine>/{name})"
             elif bad:
-                yield path, "/".join(segments), (f"folder segment {bad[0]!r} is not a valid machine name segment "
-                                                 "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
+                yield path, folder, (f"folder segment {bad[0]!r} is not a valid machine name segment "
+                                     "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
             else:
-                yield path, "/".join(segments), None
+                yield path, folder, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,61 +126,100 @@ def iter_named_files(root: Path, suffix: str = ".json") -> Iterator[tuple[Path, 
 _STR_FIELDS = ("input", "output", "model", "harness", "startedAt", "finishedAt", "version",
                "instructions", "workspace", "case")
 _ROLES = {"system", "user", "assistant", "tool"}
+_NUMBERS = {int, float}  # exact classes: a JSON true/false is a bool, which is not a number here
 
 
-def check_messages(value: Any, path: Path, field: str) -> None:
-    """Check a list of Machine Messages (role, content string); raise MachineFormatError naming the field."""
-    if not isinstance(value, list):
+def check_messages(value: Any, path: str | os.PathLike, field: str, calls: list | None = None,
+                   results: dict | None = None) -> None:
+    """Check a list of Machine Messages (role, content string); raise MachineFormatError naming the field.
+
+    When `calls`/`results` are given, also collects the assistant tool-call messages and the tool
+    results by call id in the same pass (load_runs counts tool calls without a second loop).
+    """
+    if value.__class__ is not list:
         raise MachineFormatError(path, f"expected a list of messages, got {type(value).__name__}", field=field)
+    roles = _ROLES
+    collect = calls is not None
+    for m in value:  # the hot loop of load_runs: plain class checks, no per-key loops
+        if m.__class__ is not dict:
+            break
+        role = m.get("role")
+        if role.__class__ is not str or role not in roles:
+            break
+        content = m.get("content")
+        if content is not None and content.__class__ is not str:
+            break
+        name = m.get("name")
+        if name is not None and name.__class__ is not str:
+            break
+        cid = m.get("toolCallId")
+        if cid is not None and cid.__class__ is not str:
+            break
+        c = m.get("reasoning")
+        if c is not None and c.__class__ is not str:
+            break
+        if collect:
+            if role == "tool":
+                if cid is not None:
+                    results[cid] = m
+            elif role == "assistant" and (cid is not None or m.get("toolInput") is not None
+                                          or (name is not None and not content)):
+                calls.append(m)  # the rule of export.is_tool_call
+    else:
+        return
+    _explain_messages(value, path, field)
+
+
+def _explain_messages(value: list, path: str | os.PathLike, field: str) -> None:
+    """The slow path of check_messages: find the first bad message and say what is wrong."""
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise MachineFormatError(path, f"expected a message object, got {type(m).__name__}", field=f"{field}[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise MachineFormatError(path, f"role must be one of system/user/assistant/tool, got {role!r}",
+            raise MachineFormatError(path, f"role must be one of system/user/assistant/tool, got {role!r}"[:160],
                                      field=f"{field}[{i}].role")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            raise MachineFormatError(path, f"content must be a string, got {type(content).__name__}",
-                                     field=f"{field}[{i}].content")
-        for key in ("name", "toolCallId", "reasoning"):
+        for key in ("content", "name", "toolCallId", "reasoning"):
             v = m.get(key)
             if v is not None and not isinstance(v, str):
                 raise MachineFormatError(path, f"{key} must be a string, got {type(v).__name__}",
                                          field=f"{field}[{i}].{key}")
 
 
-def check_run(run: Any, path: Path, machine: str | None = None) -> dict:
+def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, calls: list | None = None,
+              results: dict | None = None) -> dict:
     """Check one parsed Run record; return it or raise MachineFormatError naming file and field.
 
     Required: `id` and `machine` (strings; `machine` must match the folder the file is in, and
     `id` the file name). Typed when present: the string fields, `trajectory`/`history` (lists of
     Messages), `scorecard` (object with a numeric `total`), `usage` (numbers), `conversation`.
     """
-    if not isinstance(run, dict):
+    if run.__class__ is not dict:
         raise MachineFormatError(path, f"a run must be a JSON object, got {type(run).__name__}")
     for key in ("id", "machine"):
-        if not isinstance(run.get(key), str) or not run.get(key):
+        v = run.get(key)
+        if v.__class__ is not str or not v:
             got = "missing" if key not in run else f"got {type(run[key]).__name__} {run[key]!r}"[:80]
             raise MachineFormatError(path, f"required string field ({got})", field=key)
     if machine is not None and run["machine"] != machine:
         raise MachineFormatError(path, f"run says machine {run['machine']!r} but is stored under "
                                        f"runs/{machine}/", field="machine")
-    if path.suffix == ".json" and path.stem != run["id"]:
-        raise MachineFormatError(path, f"run id {run['id']!r} does not match its file name {path.name!r}", field="id")
+    name = os.path.basename(path)
+    if name.endswith(".json") and name[:-5] != run["id"]:
+        raise MachineFormatError(path, f"run id {run['id']!r} does not match its file name {name!r}", field="id")
     for key in _STR_FIELDS:
         v = run.get(key)
-        if v is not None and not isinstance(v, str):
+        if v is not None and v.__class__ is not str:
             raise MachineFormatError(path, f"expected a string, got {type(v).__name__}", field=key)
-    for key in ("trajectory", "history"):
+    for key in ("history", "trajectory"):
         if run.get(key) is not None:
-            check_messages(run[key], path, key)
+            check_messages(run[key], path, key, calls, results)
     card = run.get("scorecard")
     if card is not None:
         if not isinstance(card, dict):
             raise MachineFormatError(path, f"expected an object, got {type(card).__name__}", field="scorecard")
         total = card.get("total")
-        if isinstance(total, bool) or not isinstance(total, (int, float)):
+        if total.__class__ not in _NUMBERS:
             raise MachineFormatError(path, f"expected a number, got {type(total).__name__}", field="scorecard.total")
         rubric = card.get("rubric")
         if rubric is not None and not isinstance(rubric, str):
@@ -189,7 +233,7 @@ def check_run(run: Any, path: Path, machine: str | None = None) -> dict:
             raise MachineFormatError(path, f"expected an object, got {type(usage).__name__}", field="usage")
         for key in ("inputTokens", "cachedInputTokens", "outputTokens", "costUsd"):
             v = usage.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            if v is not None and v.__class__ not in _NUMBERS:
                 raise MachineFormatError(path, f"expected a number, got {type(v).__name__}", field=f"usage.{key}")
     conv = run.get("conversation")
     if conv is not None and not isinstance(conv, dict):
@@ -199,12 +243,11 @@ def check_run(run: Any, path: Path, machine: str | None = None) -> dict:
 
 def read_run(path: str | os.PathLike, machine: str | None = None) -> dict:
     """One run file, parsed and checked (see check_run); MachineFormatError when it is bad."""
-    path = Path(path)
     return check_run(read_json(path), path, machine)
 
 
 def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
-              skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[Path, dict]]:
+              skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[str, dict]]:
     """Yield `(path, run)` for every run file of a workspace (or of one machine and its descendants).
 
     strict: False (default, so one bad file does not hide hundreds of good ones) collects each bad
@@ -259,7 +302,7 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
             if s.get("machine", folder) != folder:
                 raise MachineFormatError(path, f"session says machine {s.get('machine')!r} but is stored under "
                                                f"sessions/{folder}/", field="machine")
-            name = s.get("name", path.stem)
+            name = s.get("name", os.path.basename(path)[:-5])
             if not isinstance(name, str):
                 raise MachineFormatError(path, "expected a string", field="name")
             check_messages(s.get("messages", []), path, "messages")
