@@ -80,3 +80,17 @@ def test_stop_ends_polling_and_missing_dir_is_empty(tmp_path):
     p.stop()
     assert not p.live
     assert read_metrics([tmp_path / "not_yet"]).empty
+
+
+def test_same_named_dirs_stay_apart_and_bad_lines_are_named(tmp_path):
+    import pytest
+
+    write_metrics(tmp_path / "a" / "log", rows(3))
+    write_metrics(tmp_path / "b" / "log", rows(4))
+    with open(tmp_path / "b" / "log" / "metrics.jsonl", "a") as fh:
+        fh.write("not json\n")
+        fh.write(json.dumps({"step": 4, "train_mean_nll": 0.5}) + "\n")
+    with pytest.warns(UserWarning, match="metrics.jsonl"):
+        frame = read_metrics([tmp_path / "a" / "log", tmp_path / "b" / "log"])
+    counts = frame.groupby("run").size().to_dict()
+    assert counts == {str(tmp_path / "a" / "log"): 3, str(tmp_path / "b" / "log"): 5}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import threading
-import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -28,42 +27,24 @@ def _as_dirs(log_dirs: Any) -> list[Path]:
     return [Path(d) for d in log_dirs]
 
 
-def _read_one(log_dir: Path) -> list[dict]:
-    """Rows of one metrics.jsonl: a partial last line (a run mid-write) is skipped silently;
-    any other bad line is skipped with a warning naming it."""
-    from ..jsonl import iter_jsonl
-
-    path = log_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    skipped: list = []
-    rows = [v for _, v in iter_jsonl(path, on_error="skip", skipped=skipped) if isinstance(v, dict)]
-    real = [e for e in skipped if "truncated last line" not in str(e)]
-    if real:
-        warnings.warn(f"LossPlot skipped {len(real)} bad line(s) of {path}: " + "; ".join(map(str, real[:3])),
-                      stacklevel=3)
-    return rows
-
-
 def read_metrics(log_dirs: Any):
-    """The metrics of one or several log dirs as one DataFrame, one row per metrics.jsonl line.
-
-    Columns: every key the trainer logged (step, learning_rate, train_mean_nll, test/… …) plus
-    `run`, the log dir's name (its path when two dirs share a name). Same rows as
-    `machine_nb.training_metrics`; read here so the plot works while that module is optional.
+    """The metrics of one or several log dirs as one DataFrame: `machine_nb.training_metrics`
+    (one row per metrics.jsonl line, a partial last line skipped, any other bad line skipped with a
+    warning), with `run` the log dir's name, or its path when two dirs share a name.
     """
     import pandas as pd
+
+    from ..train import training_metrics
 
     dirs = _as_dirs(log_dirs)
     names = [d.name for d in dirs]
     frames = []
     for d in dirs:
-        label = d.name if names.count(d.name) == 1 else str(d)
-        rows = _read_one(d)
-        if rows:
-            frames.append(pd.DataFrame(rows).assign(run=label))
+        df = training_metrics(d)
+        if len(df):
+            frames.append(df.assign(run=d.name if names.count(d.name) == 1 else str(d)))
     if not frames:
-        return pd.DataFrame(columns=["run", "step", LOSS, "learning_rate"])
+        return training_metrics([])
     return pd.concat(frames, ignore_index=True)
 
 
