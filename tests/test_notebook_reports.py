@@ -67,6 +67,31 @@ def test_report_exports_valid_training_jsonl_to_the_given_path(report):
     assert any((tmp / "store").rglob("*.jsonl")), "no tag rows in the scratch store"
 
 
+@pytest.mark.slow
+def test_minimal_sft_runs_unchanged_on_tinker_until_the_network_and_never_leaks_the_key(tmp_path, monkeypatch):
+    """engine="tinker": the same cells validate and price for a Tinker model offline (Inkling's
+    tokenizer ships), then stop at the first call that needs the service with a clear error,
+    and the key, set and used this time, appears nowhere in the report."""
+    from papermill.exceptions import PapermillExecutionError
+
+    monkeypatch.setenv("TINKER_API_KEY", CANARY)
+    monkeypatch.setenv("TINKER_BASE_URL", "http://127.0.0.1:9")  # nothing listens: refused at once, never the internet
+    with pytest.raises(PapermillExecutionError) as failure:
+        run_report(ROOT / "notebooks" / "01_minimal_sft.ipynb",
+                   {"engine": "tinker", "model": "thinkingmachines/Inkling", "log_root": str(tmp_path / "runs")},
+                   tmp_path / "tinker.html", progress_bar=False, timeout=600)
+    assert failure.value.ename == "EngineError"
+    nb = json.loads((tmp_path / "tinker.ipynb").read_text(encoding="utf-8"))
+    by_id = {c.get("id"): c for c in nb["cells"]}
+    text = lambda cell: json.dumps(by_id[cell].get("outputs", []))
+    assert "TINKER_API_KEY: set" in text("setup")
+    assert "thinkingmachines/Inkling" in text("validate") and "ready" in text("validate")
+    assert "$" in text("cost") and "cannot be bounded" not in text("cost")
+    assert "EngineError" in text("baseline"), "the first service call should fail with a clear EngineError"
+    for path in (tmp_path / "tinker.html", tmp_path / "tinker.ipynb"):
+        assert CANARY not in path.read_text(encoding="utf-8"), f"the key leaked into {path}"
+
+
 def _refresh_module():
     spec = importlib.util.spec_from_file_location("refresh_notebooks", ROOT / "scripts" / "refresh_notebooks.py")
     module = importlib.util.module_from_spec(spec)
