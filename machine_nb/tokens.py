@@ -1,8 +1,8 @@
 """Exact token counts per chat row, from the model's real tinker-cookbook renderer.
 
-A row is rendered as the cookbook's SFT loop renders it (`renderer.build_supervised_example`, the
-core of `conversation_to_datum`): tokens = the model input's length, trained_tokens = tokens with
-loss weight > 0. Models whose tokenizer needs the Hugging Face hub while offline get Machine's
+A row is rendered as `train.sft` feeds it to the cookbook's SFT loop (`renderer.build_supervised_example`,
+the core of `conversation_to_datum`, with sft's choice of trained messages): tokens = the model
+input's length, trained_tokens = tokens with loss weight > 0. Models whose tokenizer needs the Hugging Face hub while offline get Machine's
 2.5-characters-per-token estimate instead, labelled `exact=False` with one line saying why.
 Prices are applied in pricing.py; validate.py uses `render_row` for its renderer checks.
 """
@@ -65,49 +65,46 @@ def count_lines(path_or_rows: Any) -> int | None:
     return len(path_or_rows) if hasattr(path_or_rows, "__len__") else None
 
 
-def train_on_what_for(messages: list[Mapping[str, Any]], train_on_what: Any = None) -> Any:
-    """The cookbook TrainOnWhat for a row: `train_on_what` if given, else CUSTOMIZED when any message
-    carries a `trainable` flag (whole-run export lines), else ALL_ASSISTANT_MESSAGES (the cookbook's default)."""
+def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
+             whole_run: bool = False) -> tuple[list[Mapping[str, Any]], Any]:
+    """The messages and TrainOnWhat that `train.sft` hands the cookbook for one row (its prepare_data rule).
+
+    Default (train_on_what None): a row with no `trainable` flags and not a whole run trains its
+    last assistant message (LAST_ASSISTANT_MESSAGE); otherwise CUSTOMIZED with a flag on every
+    message (the cookbook's renderers assert all or none): a flagged message (or any message of a
+    whole run) keeps `bool(flag)` and only if it is the assistant's, an unflagged one in a partly
+    flagged row trains only if it is the last assistant message. An explicit CUSTOMIZED applies the
+    same rule; any other explicit mode drops the flags (the renderers assert none is present).
+    """
     from tinker_cookbook.renderers import TrainOnWhat
 
-    if train_on_what is not None:
-        return TrainOnWhat(train_on_what)
-    if any(isinstance(m, Mapping) and "trainable" in m for m in messages):
-        return TrainOnWhat.CUSTOMIZED
-    return TrainOnWhat.ALL_ASSISTANT_MESSAGES
+    msgs = [m for m in messages if isinstance(m, Mapping)]
+    flagged = whole_run or any("trainable" in m for m in msgs)
+    mode = TrainOnWhat(train_on_what) if train_on_what is not None else (
+        TrainOnWhat.CUSTOMIZED if flagged else TrainOnWhat.LAST_ASSISTANT_MESSAGE)
+    if mode != TrainOnWhat.CUSTOMIZED:
+        return [{k: v for k, v in m.items() if k != "trainable"} if "trainable" in m else m for m in msgs], mode
+    assistants = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    last = assistants[-1] if assistants else -1
+    out = []
+    for i, m in enumerate(msgs):
+        if whole_run or "trainable" in m:
+            flag = bool(m.get("trainable")) and m.get("role") == "assistant"
+        else:
+            flag = i == last
+        out.append({**m, "trainable": flag})
+    return out, mode
 
 
-def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None) -> tuple[int, int]:
-    """(tokens, trained_tokens) of one conversation through the renderer, as the SFT loop renders it.
+def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
+               whole_run: bool = False) -> tuple[int, int]:
+    """(tokens, trained_tokens) of one conversation through the renderer, as `train.sft` renders it.
 
     Raises whatever the renderer raises for a conversation it cannot render (callers report it).
     """
-    from tinker_cookbook.renderers import TrainOnWhat
-
-    mode = train_on_what_for(messages, train_on_what)
-    if mode == TrainOnWhat.CUSTOMIZED:
-        messages = fill_trainable(messages)
-    model_input, weights = renderer.build_supervised_example(list(messages), train_on_what=mode)
+    msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
+    model_input, weights = renderer.build_supervised_example(msgs, train_on_what=mode)
     return int(model_input.length), int((weights > 0).sum())
-
-
-def partial_trainable(messages: list[Any]) -> bool:
-    """Whether some messages carry `trainable` and others do not (the cookbook's renderers want all or none)."""
-    flags = [isinstance(m, Mapping) and "trainable" in m for m in messages]
-    return any(flags) and not all(flags)
-
-
-def fill_trainable(messages: list[Any]) -> list[Any]:
-    """Messages with every `trainable` flag set: a missing flag means trained for the assistant, not for others.
-
-    tinker-cookbook's generic renderers assert that with CUSTOMIZED every message has the flag;
-    Machine's whole-run lines flag only the assistant messages of the last turn (tml_v0 also reads
-    a missing flag on an assistant message as trainable).
-    """
-    if not partial_trainable(messages):
-        return messages
-    return [m if not isinstance(m, Mapping) or "trainable" in m else {**m, "trainable": m.get("role") == "assistant"}
-            for m in messages]
 
 
 def offline_note(model: str, reason: str) -> str:
@@ -137,8 +134,8 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
     """Tokens per chat row for `model`: a DataFrame with columns line, tokens, trained_tokens, exact, error.
 
     path_or_rows: a chat JSONL path (streamed) or rows `{"messages": [...], ...}`.
-    train_on_what: the cookbook's TrainOnWhat (default None: CUSTOMIZED when messages carry
-    `trainable`, else ALL_ASSISTANT_MESSAGES, as the SFT loop does).
+    train_on_what: the cookbook's TrainOnWhat (default None: what `train.sft` uses, see sft_view:
+    the last assistant message, or per-message `trainable` flags on flagged and whole-run rows).
     on_error: for unreadable JSONL lines, "raise" (default: a cost must not silently drop rows),
     "warn" or "skip" (see jsonl.iter_jsonl).
     progress: show a progress bar (default None: only past 2,000 rows).
@@ -177,7 +174,8 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
             error = None
             if renderer is not None:
                 try:
-                    tokens, trained = render_row(renderer, messages, train_on_what)
+                    tokens, trained = render_row(renderer, messages, train_on_what,
+                                                 whole_run=bool(row.get("whole_run")))
                     exact = True
                 except Exception as exc:  # reported per row; the estimate keeps the total an upper-ish bound
                     error = f"renderer failed: {type(exc).__name__}: {exc}"

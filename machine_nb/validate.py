@@ -152,11 +152,6 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
                             f"{where}.tool_call_id {ref!r} answers no earlier assistant tool call"))
             else:
                 answered.add(ref)
-    flags = [isinstance(m, Mapping) and "trainable" in m for m in messages]
-    if any(flags) and not all(flags):
-        out.append(("warning", "trainable_partial",
-                    "some messages carry 'trainable' and others not: tinker-cookbook's renderers want all or none "
-                    "(counted as: a missing flag trains assistant messages only)"))
     last_index = len(messages) - 1
     for ref, i in calls.items():
         if ref not in answered and i != last_index:  # the final message's calls are the target: no result yet
@@ -359,7 +354,7 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
     api_key = os.environ.get("TINKER_API_KEY", "").strip()
     extra_secrets = (api_key,) if len(api_key) >= 8 else ()
     skipped: list = []
-    rows_with_tools = 0
+    rows_with_tools = rows_flagged = 0
     total = count_lines(path)
     show = progress if progress is not None else total > PROGRESS_MIN_ROWS
     with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows",
@@ -384,6 +379,8 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
                 continue
             if row.get("tools"):
                 rows_with_tools += 1
+            if row.get("whole_run") or any(isinstance(m, Mapping) and "trainable" in m for m in row["messages"]):
+                rows_flagged += 1
             messages = row["messages"]
             if eval_keys is not None:
                 full, last = prompt_keys(messages)
@@ -399,7 +396,8 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
             if renderer is not None:
                 try:
                     if kind == "train":
-                        tokens, trained = render_row(renderer, messages, train_on_what)
+                        tokens, trained = render_row(renderer, messages, train_on_what,
+                                                     whole_run=bool(row.get("whole_run")))
                     else:
                         tokens, trained = int(renderer.build_generation_prompt(list(messages)).length), 0
                 except Exception as exc:
@@ -428,6 +426,9 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
     if rows_with_tools:
         add(None, "info", "tools_ignored", f"{rows_with_tools} row(s) carry 'tools'; tinker-cookbook's "
                                            "FromConversationFileBuilder trains on 'messages' only")
+    if rows_flagged:
+        add(None, "info", "trainable_flags", f"{rows_flagged} row(s) are whole runs or carry per-message 'trainable' "
+                                             "flags: in them only assistant messages flagged true are trained (as sft does)")
     return result()
 
 

@@ -37,14 +37,26 @@ def test_exact_counts_match_the_cookbooks_datum(tmp_path):
     assert count_tokens(data, INKLING)[["tokens", "trained_tokens"]].equals(df[["tokens", "trained_tokens"]])
 
 
-def test_trainable_flags_select_customized_weights():
-    msgs = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello there, friend!"},
-            {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]
-    plain = count_tokens([{"messages": msgs}], INKLING).iloc[0]
-    flagged = [dict(m) for m in msgs]
-    flagged[1]["trainable"], flagged[3]["trainable"] = False, True
-    custom = count_tokens([{"messages": flagged}], INKLING).iloc[0]
-    assert custom["exact"] and custom["trained_tokens"] < plain["trained_tokens"]
+def test_trained_tokens_are_what_sft_trains():
+    from tinker_cookbook.renderers import TrainOnWhat
+
+    from machine_nb.train import prepare_data
+
+    turns = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello there, friend!"},
+             {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]
+    partly = [dict(m) for m in turns]
+    partly[3]["trainable"] = True  # message 1 unflagged: not trained
+    whole = {"messages": [dict(m) for m in turns], "whole_run": True}
+    whole["messages"][1]["trainable"] = True
+    renderer = get_renderer(INKLING)
+    for rows in ([{"messages": turns}, qa("q", "a")], [{"messages": turns}, {"messages": partly}, whole]):
+        prepared, mode = prepare_data(rows)
+        sft = [int((renderer.build_supervised_example(r["messages"], TrainOnWhat(mode))[1] > 0).sum())
+               for r in prepared]
+        assert count_tokens(rows, INKLING)["trained_tokens"].tolist() == sft
+    every = count_tokens([{"messages": turns}], INKLING, train_on_what="all_assistant_messages")
+    last = count_tokens([{"messages": turns}], INKLING)
+    assert every["trained_tokens"][0] > last["trained_tokens"][0] and every["tokens"][0] == last["tokens"][0]
 
 
 def test_hub_only_model_is_estimated_at_once_and_says_why():

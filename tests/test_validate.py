@@ -30,7 +30,9 @@ TOOL_ROW = {"messages": [
 
 
 def codes(result):
-    return list(zip(result.findings["line"].tolist(), result.findings["code"]))
+    """(line, code) pairs; file-level findings have line None."""
+    lines = [None if str(v) == "<NA>" else int(v) for v in result.findings["line"]]
+    return list(zip(lines, result.findings["code"]))
 
 
 def test_every_bad_row_is_a_finding_on_its_line(tmp_path):
@@ -87,7 +89,8 @@ def test_zero_trainable_tokens_on_the_local_engine(tmp_path):
                                                       {"role": "assistant", "content": "y", "trainable": False}]},
                                         qa("What is 47 plus 15?", "answer: 62")])
     r = validate(path, DEFAULT_MODEL)
-    assert codes(r) == [(1, "trainable_partial"), (1, "no_trainable_tokens")] and r.summary["exact"]
+    assert codes(r) == [(None, "trainable_flags"), (1, "no_trainable_tokens")] and r.summary["exact"]
+    assert r.findings["code"][0] == "trainable_flags" and "1 row(s)" in r.findings["message"][0]
 
 
 def test_eval_rows(tmp_path):
