@@ -39,6 +39,18 @@ CELLS = [
     "CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling', epochs=2, batch_size=2, budget=1e-6)",
     "from machine_nb import LossPlot\n"
     "LossPlot(work / 'log', live=False)",
+    # a live plot: the next cell runs while it polls (the kernel is not blocked), and when the run
+    # writes its final checkpoint the saved output is the final state, not the first
+    "live = LossPlot(work / 'live', refresh_s=0.05)\nlive",
+    "import time\n"
+    "with open(work / 'live' / 'metrics.jsonl', 'a') as fh:\n"
+    "    for s in range(2, 6):\n"
+    "        fh.write(json.dumps({'step': s, 'learning_rate': 1e-4, 'train_mean_nll': 1.0 / (1 + s)}) + '\\n')\n"
+    "(work / 'live' / 'checkpoints.jsonl').write_text(json.dumps({'name': 'final'}) + '\\n')\n"
+    "deadline = time.monotonic() + 60\n"
+    "while live.live and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "print('live plot rows:', len(live.frame), 'still polling:', live.live)",
 ]
 
 
@@ -61,6 +73,9 @@ def exported(tmp_path_factory):
     (log / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "learning_rate": 1e-4, "train_mean_nll": 2.0 / (1 + s)}) + "\n" for s in range(8)))
     (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 8}) + "\n")
+    (work / "live").mkdir()
+    (work / "live" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "learning_rate": 1e-4, "train_mean_nll": 1.0 / (1 + s)}) + "\n" for s in range(2)))
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(SETUP.format(repo=str(REPO), work=str(work)))]
@@ -112,10 +127,21 @@ def test_saved_notebook_widget_metadata_is_renderable_on_github(exported):
         assert isinstance(state, dict) and "state" in state, widgets_meta
     # each widget output also carries the static fallback and a stable text/plain
     outs = [o for c in saved["cells"] for o in c.get("outputs", []) if "data" in o]
-    assert len(outs) == 3
+    assert len(outs) == 4
     for out in outs:
         assert "text/html" in out["data"]
         plain = out["data"]["text/plain"]
         plain = "".join(plain) if isinstance(plain, list) else plain  # the file stores multiline text as a list
         assert not re.search(r"0x[0-9a-f]{6,}", plain)  # no object ids: nbval compares text/plain
     assert "image/png" in outs[2]["data"]
+
+
+def test_live_plot_did_not_block_and_saved_its_final_state(exported):
+    nb, saved, _ = exported
+    printed = "".join(o.get("text", "") for o in nb.cells[5].outputs if o.get("output_type") == "stream")
+    assert "live plot rows: 6 still polling: False" in printed
+    live_out = [o for o in saved["cells"][4]["outputs"] if "data" in o][0]
+    plain = live_out["data"]["text/plain"]
+    plain = "".join(plain) if isinstance(plain, list) else plain
+    assert plain == "LossPlot: live: 6 steps, last loss 0.1667"  # the final state, updated in place
+    assert "image/png" in live_out["data"]

@@ -164,6 +164,7 @@ class LossPlot(StaticFallback, widgets.VBox):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._handle = None  # the notebook display, updated with the final state (see _ipython_display_)
         super().__init__(children=[self._image, self._status], **kwargs)
         self._draw()
         if live and not self.finished():
@@ -199,13 +200,31 @@ class LossPlot(StaticFallback, widgets.VBox):
                     self._status.value = f'<span style="color:#dc2626">{escape(exc)}</span>'
             if self.finished():
                 self.refresh()
+                self._update_display()
                 break
 
     def stop(self) -> None:
-        """Stop the live polling (the plot keeps its last state)."""
+        """Stop the live polling (the plot keeps its last state, which the saved notebook keeps too)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        self._update_display()
+
+    def _ipython_display_(self) -> None:
+        # Shown through a display id so the static fallback (PNG, summary) can be replaced by the
+        # final state when the run ends: the saved notebook keeps the finished curve, not the first.
+        from IPython.display import display
+
+        self._handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
+
+    def _update_display(self) -> None:
+        """Replace the displayed static fallback with the current state (only at the end: updating
+        it every poll would also re-create the live view each time)."""
+        if self._handle is not None:
+            try:
+                self._handle.update(self._repr_mimebundle_(), raw=True)
+            except Exception:  # the kernel or display went away; the live view is all there is
+                pass
 
     def refresh(self) -> None:
         """Re-read the metrics and redraw."""
