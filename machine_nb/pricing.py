@@ -109,6 +109,9 @@ def price_for(model: str, *, prices: Mapping[str, Price | Mapping[str, Any]] | N
         return LOCAL_PRICE
     if not strict:
         return None
+    if model.startswith("tinker://"):
+        raise UnknownPrice(f"{model!r} is a checkpoint: it is priced at its base model's rate, so ask for that "
+                           "model's price (e.g. price_for('thinkingmachines/Inkling-Small')); cannot bound the cost.")
     raise UnknownPrice(
         f"No price is known for {model!r}: cannot bound the cost. Pass price=Price(...) (or prices=), or call "
         f"machine_nb.pricing.set_price({model!r}, prefill=…, sample=…, train=…). Known: {', '.join(sorted(PRICES))}.")

@@ -45,6 +45,8 @@ def test_price_for_exact_id_then_base_then_local():
         price_for("acme/unknown-7B")
     assert isinstance(info.value, BudgetExceeded)
     assert price_for("acme/unknown-7B", strict=False) is None
+    with pytest.raises(UnknownPrice, match="base model's rate"):
+        price_for("tinker://abc/sampler_weights/final")
 
 
 def test_user_overrides():
