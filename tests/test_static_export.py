@@ -51,6 +51,12 @@ CELLS = [
     "while live.live and time.monotonic() < deadline:\n"
     "    time.sleep(0.05)\n"
     "print('live plot rows:', len(live.frame), 'still polling:', live.live)",
+    "import pandas as pd\nfrom machine_nb import CompareView\n"
+    "def res(correct, outputs):\n"
+    "    return pd.DataFrame({'row': range(3), 'prompt': ['1+1', '2+2', '3+3'], 'expected': ['2', '4', '6'],\n"
+    "                         'match': ['number'] * 3, 'output': outputs, 'correct': correct})\n"
+    "CompareView(res([True, False, True], ['answer: 2', 'four?', 'answer: 6']),\n"
+    "            res([True, True, False], ['answer: 2', 'answer: 4', 'answer: 7']))",
 ]
 
 
@@ -115,6 +121,9 @@ def test_html_export_shows_the_widgets_without_a_kernel(exported, page):
     # the cost numbers and the budget verdict
     assert re.search(r"trained tokens</td><td>\d", html)
     assert "over budget by $" in html and "steps</td><td>4 (2 epoch(s) at batch 2)" in html
+    # the compare view: numbers, and the flipped rows with both outputs
+    assert "wins / ties / losses" in html
+    assert 'class="mnb-win"' in html and "four?" in html and 'class="mnb-loss"' in html and "answer: 7" in html
     # the loss plot as an embedded PNG
     assert re.search(r'<img alt="training loss" src="data:image/png;base64,iVBOR', html)
 
@@ -127,7 +136,7 @@ def test_saved_notebook_widget_metadata_is_renderable_on_github(exported):
         assert isinstance(state, dict) and "state" in state, widgets_meta
     # each widget output also carries the static fallback and a stable text/plain
     outs = [o for c in saved["cells"] for o in c.get("outputs", []) if "data" in o]
-    assert len(outs) == 4
+    assert len(outs) == 5
     for out in outs:
         assert "text/html" in out["data"]
         plain = out["data"]["text/plain"]
