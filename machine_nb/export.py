@@ -329,7 +329,7 @@ def uniform_content(lines: list[dict]) -> list[dict]:
     return out
 
 
-def _records(runs: Any) -> list[dict]:
+def run_records(runs: Any) -> list[dict]:
     """Run records from a load_runs DataFrame (its `run` column), a Series/dict row, or Run dicts."""
     if hasattr(runs, "columns"):
         return list(runs["run"]) if len(runs) else []
@@ -372,7 +372,7 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     system = instructions if instructions is not None else mdef.get("instructions")
     extra = {"tools": specs} if specs else {}
     lines: list[dict] = []
-    for run in _records(selected):
+    for run in run_records(selected):
         name = mdef.get("name") or run.get("machine")
         score = (run.get("scorecard") or {}).get("total")
         msgs, flags = _conversation(run, system, reasoning, failed)

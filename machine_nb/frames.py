@@ -9,7 +9,7 @@ import gc
 import os
 from typing import Any
 
-from .export import FailedPredicate, default_failed, is_tool_call, run_case, tool_results  # noqa: F401
+from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
 from .errors import MachineFormatError
 from .store.workspace import (check_run, iter_named_files, machine_dir, name_segments, read_json, warn_skipped,
                               workspace_root)
@@ -147,15 +147,6 @@ def _frame(rows: list[tuple], workspace: Any, store: Any, skipped: list):
     return df
 
 
-def _runs_iter(runs: Any) -> list[dict]:
-    if hasattr(runs, "columns"):
-        return list(runs["run"]) if len(runs) else []
-    if isinstance(runs, dict) or hasattr(runs, "to_dict"):
-        row = dict(runs)
-        return [row["run"] if isinstance(row.get("run"), dict) else row]
-    return [r["run"] if isinstance(r, dict) and isinstance(r.get("run"), dict) else r for r in runs]
-
-
 def messages(runs: Any, *, failed: FailedPredicate | None = None):
     """One row per message of the given runs (history first, then trajectory), in order.
 
@@ -170,7 +161,7 @@ def messages(runs: Any, *, failed: FailedPredicate | None = None):
 
     failed = failed or default_failed
     rows: list[tuple] = []
-    for run in _runs_iter(runs):
+    for run in run_records(runs):
         hist = run.get("history") or []
         msgs = list(hist) + list(run.get("trajectory") or [])
         results = tool_results(msgs)
@@ -190,4 +181,4 @@ def messages(runs: Any, *, failed: FailedPredicate | None = None):
     return pd.DataFrame.from_records(rows, columns=MESSAGE_COLUMNS)
 
 
-__all__ = ["load_runs", "messages", "RUN_COLUMNS", "MESSAGE_COLUMNS", "machine_dir"]
+__all__ = ["load_runs", "messages", "RUN_COLUMNS", "MESSAGE_COLUMNS"]

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .export import run_case
+from .export import run_case, run_records
 
 _UNSET: Any = object()
 
@@ -70,7 +70,7 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
     model_set = set(models) if models is not None else None
 
     groups: dict[str, list[tuple[float, str, int]]] = {}
-    records = list(runs["run"]) if hasattr(runs, "columns") else list(runs)
+    records = run_records(runs)
     for pos, run in enumerate(records):
         card = run.get("scorecard")
         if run.get("machine") != mdef["name"] or run.get("harness") == "echo" or not isinstance(card, dict):

@@ -65,15 +65,22 @@ def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 
 
 
 def _loads(data: bytes, path: str | os.PathLike) -> Any:
-    """Parse one JSON document, naming the file (and line) on failure."""
+    """Parse one JSON document, naming the file, line and column on failure."""
     import orjson
 
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        line = data.count(b"\n", 0, exc.pos) + 1 if exc.pos is not None else None
-        reason = "not UTF-8" if "utf-8" in str(exc).lower() else f"invalid JSON: {exc.msg}"
-        raise MachineFormatError(path, reason, line=line) from None
+        if "utf-8" in str(exc).lower():
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                line = data.count(b"\n", 0, bad.start) + 1
+                col = bad.start - (data.rfind(b"\n", 0, bad.start) + 1) + 1
+                raise MachineFormatError(path, f"not UTF-8 (byte 0x{data[bad.start]:02x} at column {col})",
+                                         line=line) from None
+            raise MachineFormatError(path, f"not valid UTF-8 text: {exc.msg}") from None
+        raise MachineFormatError(path, f"invalid JSON: {exc.msg} at column {exc.colno}", line=exc.lineno) from None
 
 
 def read_json(path: str | os.PathLike) -> Any:
