@@ -75,3 +75,21 @@ def test_eval_cost_and_linking_to_a_picker(tmp_path):
     assert m.estimate.rows == 5
     assert abs(m.total_usd - (m.estimate.usd + m.eval_estimate.usd)) < 1e-12
     assert "eval" in m.static_html()
+
+
+def test_trained_tokens_are_what_sft_trains():
+    from machine_nb.tokens import count_tokens
+    from machine_nb.train import prepare_data
+
+    two_steps = [{**line(i), "messages": line(i)["messages"] + [
+        {"role": "user", "content": "and doubled?"}, {"role": "assistant", "content": f"answer: {4 * i}"}]}
+        for i in range(8)]
+    m = CostMeter(two_steps, model=INKLING)
+    rows, mode = prepare_data(two_steps)
+    assert mode == "last_assistant_message"
+    want = count_tokens(rows, INKLING, train_on_what=mode)["trained_tokens"].sum()
+    assert m.estimate.trained_tokens == want
+    # only the last answer of each line: fewer than if every assistant message were trained
+    assert want < count_tokens(two_steps, INKLING, train_on_what="all_assistant_messages")["trained_tokens"].sum()
+    bad = CostMeter([{"messages": [{"role": "user", "content": "no answer"}]}], model=INKLING)
+    assert bad.estimate is None and "no assistant message" in bad.error

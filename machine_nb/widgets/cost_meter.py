@@ -58,6 +58,8 @@ class CostMeter(StaticFallback, widgets.VBox):
             Default None: no budget.
         max_tokens: sampled tokens per eval answer, as evaluate() uses. Default 32.
 
+    Trained tokens are counted as `machine_nb.sft` trains the rows (its `prepare_data`: step lines
+    train their last assistant message, whole runs their flagged ones).
     `.estimate` / `.eval_estimate` are the pricing module's CostEstimate / EvalCostEstimate
     (None when a price or tokenizer is missing: `.error` says why); `.total_usd`, `.over_by`.
     """
@@ -73,6 +75,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.eval_estimate = None
         self.error = ""
         self._counts: dict[str, Any] = {}  # model -> count_tokens frame of the current data
+        self._prepared: tuple[list[dict], str] | None = None  # the data as sft would train it
         self._model = widgets.Dropdown(options=model_choices(model), value=model, description="model",
                                        layout=widgets.Layout(width="420px"))
         self._epochs = widgets.IntSlider(value=int(epochs), min=1, max=max(20, int(epochs)), description="epochs")
@@ -106,6 +109,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         """Price new training data (e.g. a picker's selection) and redraw."""
         self.data = _as_rows(data)
         self._counts.clear()
+        self._prepared = None
         self.recompute()
 
     def link(self, picker: Any) -> Any:
@@ -122,6 +126,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         """Re-estimate training (and eval) cost for the current data, model and epochs."""
         from ..pricing import estimate_cost, estimate_eval_cost
         from ..tokens import count_tokens
+        from ..train import prepare_data
 
         self.estimate = self.eval_estimate = None
         self.error = ""
@@ -129,7 +134,12 @@ class CostMeter(StaticFallback, widgets.VBox):
         try:
             if self.data is not None and (not isinstance(self.data, list) or self.data):
                 if model not in self._counts:
-                    self._counts[model] = count_tokens(self.data, model)
+                    # trained tokens as sft trains them: its own row preparation and train_on_what
+                    # (step lines: the last assistant message; whole runs: the flagged ones)
+                    if self._prepared is None:
+                        self._prepared = prepare_data(self.data)
+                    rows, mode = self._prepared
+                    self._counts[model] = count_tokens(rows, model, train_on_what=mode)
                 self.estimate = estimate_cost(self.data, model, self.epochs, self.batch_size,
                                               counts=self._counts[model])
             if self.eval_data is not None:
