@@ -355,9 +355,12 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
               the one select_runs attached, else just the runs' machine name.
     tools: tool declarations (Machine tools or ToolSpecs); default the machine's.
     whole_runs: default None = `whole_runs_for(base_model)` when base_model is given, else False.
-              True with a non-Inkling base_model is an error (Machine verified whole runs only there).
-    reasoning: True (default) keeps reasoning as thinking parts, False drops it, a function
-              rewrites it (Machine's transformReasoning).
+              True with a non-Inkling base model (base_model, else the machine's model) is an
+              error: Machine verified whole runs only for Inkling's renderer.
+    base_model: the model to be trained (default None: the machine's model where needed).
+    reasoning: True (default) keeps reasoning as thinking parts (rewritten by the definition's
+              `transform_reasoning` function when it has one, Machine's transformReasoning),
+              False drops it, a function rewrites it.
     instructions: the system message; default the machine's instructions, else each run's own.
     failed: failed-tool predicate, default `default_failed`.
     The result has uniform content (see `uniform_content`).
@@ -365,9 +368,14 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     mdef = _machine_def(selected, machine, workspace)
     if whole_runs is None:
         whole_runs = bool(base_model) and whole_runs_for(base_model)
-    elif whole_runs and base_model and not whole_runs_for(base_model):
+    elif whole_runs and base_model is None and isinstance(mdef.get("model"), str) \
+            and not mdef["model"].startswith("tinker://"):  # a checkpoint's base is not known here
+        base_model = mdef["model"]  # the machine's model is the one to be trained
+    if whole_runs and base_model and not whole_runs_for(base_model):
         raise ValueError(f"whole_runs is verified only for Inkling base models (thinkingmachines/Inkling…), "
                          f"not {base_model!r}: export step examples instead (whole_runs=False).")
+    if reasoning is True and callable(mdef.get("transform_reasoning")):
+        reasoning = mdef["transform_reasoning"]
     specs = tool_specs(tools if tools is not None else mdef.get("tools"))
     system = instructions if instructions is not None else mdef.get("instructions")
     extra = {"tools": specs} if specs else {}

@@ -227,3 +227,13 @@ def test_plain_lines_load_with_from_conversation_file_builder(tmp_path, sample_r
     batch = train.get_batch(0)
     assert len(batch) == len(lines)
     assert all(sum(d.loss_fn_inputs["weights"].tolist()) > 0 for d in batch)
+
+
+def test_whole_runs_checked_against_the_machines_model_and_reasoning_hook():
+    r = tool_run()
+    with pytest.raises(ValueError, match="Inkling"):
+        mnb.training_lines([r], {**MACHINE, "model": "Qwen/Qwen3.6-35B-A3B"}, whole_runs=True)
+    assert mnb.training_lines([r], {**MACHINE, "model": "thinkingmachines/Inkling-Small"}, whole_runs=True)[0]["whole_run"]
+    upper = mnb.training_lines([r], {**MACHINE, "transform_reasoning": str.upper})
+    assert upper[-1]["messages"][-1]["content"][0] == {"type": "thinking", "thinking": "SUMMARISE"}
+    assert all(isinstance(m["content"], str) for m in mnb.training_lines([r], MACHINE, reasoning=False)[-1]["messages"])
