@@ -198,7 +198,7 @@ class CostMeter(StaticFallback, widgets.VBox):
                                              f"sample {f(price.sample)}"))
             rows.append(("price source", f"{escape(price.source)}{' · ' + escape(price.date) if price.date else ''}"))
         note = (e.note if e is not None else "") or ""
-        body = "".join(f'<tr><td style="padding:1px 10px 1px 0;color:#4b5563">{k}</td><td>{v}</td></tr>'
+        body = "".join(f'<tr><td style="padding:1px 10px 1px 0;color:#4b5563;white-space:nowrap;vertical-align:top">{k}</td><td>{v}</td></tr>'
                        for k, v in rows)
         err = f'<div style="color:{RED}">{escape(self.error)}</div>' if self.error else ""
         border = RED if self.over_by > 0 else "#d1d5db"

@@ -121,7 +121,7 @@ def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
     else:
         ax.text(0.5, 0.5, "no metrics logged yet", transform=ax.transAxes, ha="center", color="grey")
     fig.text(0.01, 0.01, smoothing_note(smoothing), fontsize=8, color="#444")
-    fig.subplots_adjust(bottom=0.2)
+    fig.subplots_adjust(bottom=0.2, left=0.09, right=0.86 if lr_ax is not None else 0.97)
     return fig
 
 
