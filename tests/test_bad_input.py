@@ -14,7 +14,7 @@ import machine_nb as mnb
 from machine_nb.errors import MachineFormatError
 from machine_nb.store.workspace import iter_runs, read_cases
 
-EXAMPLES = 260  # per test; five tests → 1,300 generated inputs
+EXAMPLES = 220  # per test; six tests → 1,320 generated inputs
 SEEN = {"n": 0}
 CFG = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -137,6 +137,37 @@ def test_cases_files(value):
             assert str(path) in str(exc)
         else:
             assert cases and all(isinstance(c["input"], str) for c in cases)
+
+
+DEFINITION_FILES = ["model.json", "versions.json", "tools.json", "rubric.json", "cases.json", "holdout.json",
+                    "instructions.md"]
+
+
+@CFG
+@given(fname=st.sampled_from(DEFINITION_FILES + ["session"]),
+       content=st.one_of(st.binary(max_size=60), json_values.map(lambda v: json.dumps(v).encode())))
+def test_machine_definitions_and_sessions(fname, content):
+    SEEN["n"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        if fname == "session":
+            path = Path(tmp) / ".machine" / "sessions" / "m" / "s1.json"
+            path.parent.mkdir(parents=True)
+            path.write_bytes(content)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                df = mnb.load_sessions(tmp)
+            assert len(df) + sum("skipped 1 session" in str(w.message) for w in caught) == 1
+            return
+        d = Path(tmp) / "machines" / "m"
+        d.mkdir(parents=True)
+        (d / fname).write_bytes(content)
+        try:
+            mdef = mnb.load_machine(tmp, "m")
+        except MachineFormatError as exc:
+            assert str(d) in str(exc)
+        else:
+            assert mdef["name"] == "m" and (mdef["model"] is None or isinstance(mdef["model"], str))
+            assert mdef["rubric"] is None or isinstance(mdef["rubric"], str)
 
 
 def test_zz_at_least_a_thousand_inputs():

@@ -458,16 +458,29 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
             raise MachineFormatError(p, f"expected a JSON {kind.__name__}, got {type(value).__name__}")
         return value
 
-    instructions = (d / "instructions.md").read_text(encoding="utf-8") if (d / "instructions.md").exists() else None
+    instructions = None
+    if (d / "instructions.md").exists():
+        raw = (d / "instructions.md").read_bytes()
+        try:
+            instructions = raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise MachineFormatError(d / "instructions.md", f"not UTF-8 (byte 0x{raw[bad.start]:02x})",
+                                     line=raw.count(b"\n", 0, bad.start) + 1) from None
     model_config = opt_json("model.json", dict, {})
     model = model_config.get("model")
+    if model is not None and not isinstance(model, str):
+        raise MachineFormatError(d / "model.json", f"expected a model name string, got {type(model).__name__}",
+                                 field="model")
     rubric_file = opt_json("rubric.json", dict, {})
     versions = opt_json("versions.json", list, [])
-    fingerprint = rubric_file.get("fingerprint")
+    fingerprint, source, field = rubric_file.get("fingerprint"), "rubric.json", "fingerprint"
     if fingerprint is None and versions and isinstance(versions[-1], dict):
-        fingerprint = versions[-1].get("rubricFingerprint", versions[-1].get("rubric"))
+        field = "rubricFingerprint" if "rubricFingerprint" in versions[-1] else "rubric"
+        fingerprint, source = versions[-1].get(field), "versions.json"
+        field = f"[{len(versions) - 1}].{field}"
     if fingerprint is not None and not isinstance(fingerprint, str):
-        raise MachineFormatError(d / "rubric.json", "expected a string", field="fingerprint")
+        raise MachineFormatError(d / source, f"expected a fingerprint string, got {type(fingerprint).__name__}",
+                                 field=field)
     tools = opt_json("tools.json", list, [])
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
