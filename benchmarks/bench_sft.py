@@ -96,19 +96,20 @@ def main() -> int:
         q = rng.choice(QUESTION_TEMPLATES[op]).format(a=a, b=b)
         fresh.append(({"messages": [{"role": "user", "content": q}]}, answer(a, op, b), op))
     t = time.perf_counter()
-    outs = replies(base, renderer, [f[0] for f in fresh])
+    outs = replies(base, renderer, [f[0] for f in fresh]) if fresh else ["", ""]
     t_fresh = time.perf_counter() - t
     right = {"+": [0, 0], "-": [0, 0]}
     for out, (_, value, op) in zip(outs, fresh):
         nums = NUMBER.findall(out)
         right[op][0] += bool(nums) and int(nums[-1]) == value
         right[op][1] += 1
-    total = (right["+"][0] + right["-"][0]) / len(fresh)
+    total = (right["+"][0] + right["-"][0]) / max(1, len(fresh))
     print(f"baseline natural answers with the right number on {len(fresh)} fresh questions: {total:.3f} "
           f"(plus {right['+'][0]}/{right['+'][1]}, minus {right['-'][0]}/{right['-'][1]}; target >= 0.95; "
           f"{t_fresh:.1f} s)")
-    print(f"    e.g. {fresh[0][0]['messages'][0]['content']!r} -> {outs[0]!r}; "
-          f"{fresh[1][0]['messages'][0]['content']!r} -> {outs[1]!r}")
+    if len(fresh) >= 2:
+        print(f"    e.g. {fresh[0][0]['messages'][0]['content']!r} -> {outs[0]!r}; "
+              f"{fresh[1][0]['messages'][0]['content']!r} -> {outs[1]!r}")
 
     # --- SFT
     kw = dict(epochs=10, batch_size=8, seed=args.seed, progress=False)
