@@ -79,7 +79,7 @@ def main() -> None:
     print(f"model: {MODEL} (every row rendered with its tinker-cookbook renderer), torch threads 1")
     print(f"baseline (imports + renderer + 10-row file): peak RSS {base['rss_kb'] * mb:.1f} MiB")
     print(f"validate {args.rows:,} rows: peak RSS {full['rss_kb'] * mb:.1f} MiB "
-          f"({(full["rss_kb"] - base["rss_kb"]) * mb:+.1f} MiB vs baseline, file is {size / 2**20:.1f} MiB); "
+          f"({(full['rss_kb'] - base['rss_kb']) * mb:+.1f} MiB vs baseline, file is {size / 2**20:.1f} MiB); "
           f"wall {full['wall']:.1f} s ({args.rows / full['wall']:,.0f} rows/s)")
     print(f"  rows {full['rows']:,}, tokens {full['tokens']:,}, errors {full['errors']}, findings listed {full['findings']}, "
           f"histogram {full['hist']}")
