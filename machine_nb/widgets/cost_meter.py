@@ -161,6 +161,18 @@ class CostMeter(StaticFallback, widgets.VBox):
             return 0.0
         return max(0.0, self.total_usd - float(self.budget))
 
+    def warnings(self) -> list[str]:
+        """What would make this run train nothing: 0 steps (fewer rows than a batch) or 0 trained tokens."""
+        e, out = self.estimate, []
+        if e is None:
+            return out
+        if e.steps == 0:
+            out.append(f"0 steps: {e.rows} rows is fewer than one batch of {e.batch_size} (the cookbook drops "
+                       "the partial batch), so nothing would be trained; lower batch_size or add rows.")
+        if e.rows and e.trained_tokens == 0:
+            out.append("0 trained tokens: no message carries loss weight, so the loss would be flat.")
+        return out
+
     def summary(self) -> str:
         if self.total_usd is None:
             return f"CostMeter: {self.model}: no estimate ({self.error or 'no data'})"
@@ -200,7 +212,8 @@ class CostMeter(StaticFallback, widgets.VBox):
         note = (e.note if e is not None else "") or ""
         body = "".join(f'<tr><td style="padding:1px 10px 1px 0;color:#4b5563;white-space:nowrap;vertical-align:top">{k}</td><td>{v}</td></tr>'
                        for k, v in rows)
-        err = f'<div style="color:{RED}">{escape(self.error)}</div>' if self.error else ""
+        err = "".join(f'<div class="mnb-cost-warning" style="color:{RED}">{escape(w)}</div>'
+                      for w in ([self.error] if self.error else []) + self.warnings())
         border = RED if self.over_by > 0 else "#d1d5db"
         return (f'<div class="mnb-cost-meter" style="border:2px solid {border};border-radius:6px;padding:6px 10px;'
                 f'font-family:system-ui,sans-serif;font-size:13px"><b>{escape(self.model)}</b> × {self.epochs} '
