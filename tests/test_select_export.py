@@ -79,6 +79,10 @@ def test_select_on_dataframe_reads_definition_from_workspace(sample_runs):
     assert sel.groupby("case").size().max() <= 2
     assert not set(sel["case"]) & {c["input"] for c in mdef["holdout"]}
     assert set(sel.columns) == set(sample_runs.columns)
+    # the holdout default is not vacuous: the sample has full-score runs of a support holdout case
+    support, with_holdout = mnb.select_runs(sample_runs, "support"), mnb.select_runs(sample_runs, "support", exclude=())
+    held = {c["input"] for c in support.attrs["machine"]["holdout"]}
+    assert set(with_holdout["case"]) & held and not set(support["case"]) & held
 
 
 def test_select_without_a_known_rubric_is_a_clear_error():
