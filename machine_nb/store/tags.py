@@ -253,14 +253,18 @@ def tagged(store: str | os.PathLike | None = None):
 
 def run_tags(store: str | os.PathLike) -> dict[str, list[str]]:
     """Run id → tags of the rows that name it (`run` key, else a `source` of `<id>.json`)."""
+    from .workspace import warn_skipped
+
     out: dict[str, list[str]] = {}
-    for _, _, row in _iter_rows(Path(store), []):
+    skipped: list = []
+    for _, _, row in _iter_rows(Path(store), skipped):
         rid = row.get("run")
         if not isinstance(rid, str):
             src = row.get("source")
             rid = src[:-5] if isinstance(src, str) and src.endswith(".json") else None
         if rid and isinstance(row.get("tag"), str):
             out.setdefault(rid, []).append(row["tag"])
+    warn_skipped("tag row(s)", skipped, stacklevel=4)
     return out
 
 
