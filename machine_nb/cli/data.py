@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("tagged", help="List the tag store's rows like /tagged (reads the store; free).",
                        description="List the rows of the project's tag store (train, traces, observed, rejected "
-                                   "JSONL), like Machine's /tagged. Reads files only; costs nothing.")
+                                   "JSONL), like Machine's /tagged. Reads files only; writes nothing; costs nothing.")
     p.add_argument("--store", help="store directory (default: the current project's, see store_dir)")
     p.add_argument("--project", help="project directory whose store to read (default: current directory)")
     p.add_argument("--limit", type=int, default=0, help="show only the last N rows (default: all)")
