@@ -181,6 +181,16 @@ def test_disable_thinking_renderer_is_flagged_for_unseen_reasoning():
     assert "Could not render this example" in step.static_html()
 
 
+def test_an_example_with_nothing_trained_is_flagged():
+    line = {"run": "r0", "whole_run": True, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", "trainable": False}]}
+    p = ExamplePreviewer([line], model=INKLING)
+    assert not p.token_error and not (p.tokens.weight > 0).any()
+    html = p.static_html()
+    assert "no token of this example carries loss weight" in html and "sft refuses it" in html
+    assert 'class="mnb-trained"' not in html  # cards and tokens agree
+
+
 def test_unrenderable_model_shows_error_not_traceback():
     p = ExamplePreviewer([STEP], model="Qwen/Qwen3-8B")  # needs the HF hub; offline in tests
     assert p.token_error and "Qwen/Qwen3-8B" in p.token_error

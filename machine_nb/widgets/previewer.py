@@ -68,6 +68,17 @@ def load_lines(data: Any) -> list[dict]:
 _MODES = {"customized", "last_assistant_message", "all_assistant_messages"}
 
 
+def trainer_refusal(line: dict) -> str:
+    """Why `machine_nb.sft` would refuse this line ("" when it would train it)."""
+    from ..train import prepare_data
+
+    try:
+        prepare_data([line])
+    except MachineFormatError as exc:
+        return exc.reason
+    return ""
+
+
 def _trainer_plan(line: dict) -> tuple[list[dict], str] | None:
     """The messages and mode `machine_nb.sft` would train this line with (train.prepare_data), or
     None when the trainer would refuse the line (no assistant message, nothing trainable)."""
@@ -122,7 +133,7 @@ def render_plan(line: dict, train_on_what: Any = None) -> tuple[list[dict], Any]
     mode = str(getattr(train_on_what, "value", train_on_what or ""))
     if train_on_what is None:
         plan = _trainer_plan(line)
-        mode = plan[1] if plan else "last_assistant_message"
+        mode = plan[1] if plan else "customized"  # refused by the trainer: nothing is trained
     if mode == "customized":
         return ([{**m, "trainable": i in keep} for i, m in enumerate(line["messages"])], TrainOnWhat.CUSTOMIZED)
     return _strip_trainable(line["messages"]), TrainOnWhat(mode)
@@ -134,6 +145,14 @@ def _strip_trainable(messages: list[dict]) -> list[dict]:
 
 def supervised_tokens(line: dict, renderer: Any, train_on_what: Any = None) -> tuple[list[int], list[float]]:
     """Token ids and loss weights of the line's supervised rendering (renderer.build_supervised_example)."""
+    if not trained_indices(line, train_on_what):
+        # Nothing trained: some renderers (tml_v0) refuse a sequence without a target, so render
+        # every assistant message as a target for the token text, then show all weights as 0.
+        from tinker_cookbook.renderers import TrainOnWhat
+
+        model_input, weights = renderer.build_supervised_example(
+            _strip_trainable(line["messages"]), train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES)
+        return list(model_input.to_ints()), [0.0] * len(weights)
     messages, train_on_what = render_plan(line, train_on_what)
     model_input, weights = renderer.build_supervised_example(messages, train_on_what=train_on_what)
     return list(model_input.to_ints()), [float(w) for w in weights.tolist()]
@@ -365,7 +384,12 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             return f'{title}<div style="color:#dc2626">Could not render this example: {escape(self.token_error)}</div>'
         if self.tokens is None:
             return ""
-        return title + token_view(self.tokens.to_dict("records")) + diff_html(self.diffs)
+        empty = ""
+        if not (self.tokens["weight"] > 0).any():  # the Unsloth "all labels are -100" trap
+            why = trainer_refusal(self.line) if self.train_on_what is None else ""
+            empty = ('<div class="mnb-flag" style="color:#dc2626">⚠ no token of this example carries loss '
+                     f'weight: training on it teaches nothing{" (sft refuses it: " + escape(why) + ")" if why else ""}</div>')
+        return title + empty + token_view(self.tokens.to_dict("records")) + diff_html(self.diffs)
 
     def summary(self) -> str:
         if not self.lines:
