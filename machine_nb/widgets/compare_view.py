@@ -144,6 +144,7 @@ class CompareView(StaticFallback, widgets.VBox):
 
     @property
     def only_flips(self) -> bool:
+        """Whether the table shows only the rows that changed (the "only flips" checkbox)."""
         return self._toggle.value
 
     @only_flips.setter

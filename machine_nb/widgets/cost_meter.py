@@ -88,6 +88,7 @@ class CostMeter(StaticFallback, widgets.VBox):
     # inputs
     @property
     def model(self) -> str:
+        """The model priced (the dropdown's value; setting it adds an unlisted model to the list)."""
         return self._model.value
 
     @model.setter
@@ -98,6 +99,7 @@ class CostMeter(StaticFallback, widgets.VBox):
 
     @property
     def epochs(self) -> int:
+        """Passes over the data (the slider's value)."""
         return self._epochs.value
 
     @epochs.setter
