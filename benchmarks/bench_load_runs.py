@@ -5,7 +5,7 @@ cache. Two floors: parse and discard each file, and parse and keep every record 
 must hold; collector off, as load_runs runs it). Each is timed 5 times, interleaved, and the
 best kept, in wall time and in process CPU time (on a shared machine other processes only add
 wall time; CPU time is the steadier figure).
-Run: .venv/bin/python benchmarks/bench_load_runs.py [--runs 10000] [--pad 30000] [--dir /tmp/…]
+Run: .venv/bin/python benchmarks/bench_load_runs.py [--runs 10000] [--pad 24000] [--dir /tmp/…]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def timed(fn) -> tuple[float, float, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=10_000)
-    p.add_argument("--pad", type=int, default=30_000, help="extra characters per coder run's tool output")
+    p.add_argument("--pad", type=int, default=24_000, help="extra characters per coder run's tool output")
     p.add_argument("--dir", default=None, help="where to generate (default: a temp dir, removed after)")
     a = p.parse_args()
     import machine_nb as mnb

@@ -303,7 +303,8 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
     """Write the sample workspace to `out` (its `.machine/`, `machines/` and `.machine-store/` are replaced).
 
     seed: the one seed every choice comes from (default 0: the committed sample).
-    n_runs: roughly how many runs (default None: 320, across the three machines).
+    n_runs: exactly how many runs (coder takes what support and triage leave); default None: the
+            committed sample's 312 runs across the three machines.
     pad: extra characters of file content in each coder run's tool output (benchmarks).
     tags: also write the sample tag store (default True).
     """
@@ -317,9 +318,10 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
     total = n_runs or 320
     fps = {m: (fingerprint(json.dumps(c) + "v2"), fingerprint(json.dumps(c) + "v1"))
            for m, c in (("support", SUPPORT_CRITERIA), ("chatbot/triage", TRIAGE_CRITERIA), ("coder", CODER_CRITERIA))}
-    runs = (_support_runs(g, total * 130 // 320, fps["support"])
-            + _triage_runs(g, total * 50 // 320, fps["chatbot/triage"])
-            + _coder_runs(g, total - total * 130 // 320 - total * 90 // 320, fps["coder"]))
+    runs = _support_runs(g, total * 130 // 320, fps["support"]) + _triage_runs(g, total * 50 // 320, fps["chatbot/triage"])
+    # the committed sample (n_runs=None) keeps its original split (312 runs); an explicit n_runs is exact
+    n_coder = total - total * 130 // 320 - total * 90 // 320 if n_runs is None else max(0, n_runs - len(runs))
+    runs += _coder_runs(g, n_coder, fps["coder"])
     root = out / ".machine"
     for run in runs:
         _dump(root / "runs" / Path(*run["machine"].split("/")) / f"{run['id']}.json", run)
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m machine_nb.sample", description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", default="data/sample_workspace", help="workspace directory to write")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0: the committed sample)")
-    p.add_argument("--runs", type=int, default=None, help="about this many runs (default 320)")
+    p.add_argument("--runs", type=int, default=None, help="exactly this many runs (default: the sample's 312)")
     p.add_argument("--pad", type=int, default=0, help="extra characters per coder run (benchmarks)")
     a = p.parse_args(argv)
     out = generate(a.out, seed=a.seed, n_runs=a.runs, pad=a.pad)
