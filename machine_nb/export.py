@@ -389,13 +389,9 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
             lines.append({"messages": whole_run_example(msgs, failed_steps=flags), **extra,
                           "machine": name, "run": run.get("id"), "score": score, "whole_run": True})
             continue
-        for example in _steps_with_flags(msgs, flags, resends):
+        for example in step_examples(msgs, failed_steps=flags, keep_step_reasoning=resends):
             lines.append({"messages": example, **extra, "machine": name, "run": run.get("id"), "score": score})
     return uniform_content(lines)
-
-
-def _steps_with_flags(msgs: list[dict], flags: list[bool], keep: bool) -> list[list[dict]]:
-    return step_examples(msgs, failed_steps=flags, keep_step_reasoning=keep)
 
 
 def _machine_def(selected: Any, machine: dict | str | None, workspace: Any) -> dict:
