@@ -57,6 +57,13 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
     skipped: list = []
     rows: list[tuple] = []
     root = machine_dir(workspace) / "runs"
+    if not os.path.isdir(workspace):
+        raise MachineFormatError(workspace, "no such workspace directory")
+    if not root.parent.is_dir():
+        import warnings
+
+        warnings.warn(f"no runs in {workspace}: {root.parent} does not exist (is this a Machine workspace?)",
+                      stacklevel=2)
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     gc_was_on = gc.isenabled()

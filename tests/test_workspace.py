@@ -161,7 +161,14 @@ def test_segment_rule():
 
 
 def test_empty_workspace(tmp_path):
-    df = mnb.load_runs(tmp_path)
+    with pytest.warns(UserWarning, match="is this a Machine workspace"):
+        df = mnb.load_runs(tmp_path)
+    with pytest.raises(MachineFormatError, match="no such workspace"):
+        mnb.load_runs(tmp_path / "missing")
+    (tmp_path / ".machine" / "runs").mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(mnb.load_runs(tmp_path)) == 0  # a workspace that has not run yet: empty, no warning
     assert list(df.columns) == RUN_COLUMNS and len(df) == 0
     assert len(mnb.load_events(tmp_path)) == 0 and len(mnb.load_sessions(tmp_path)) == 0
     assert mnb.messages(df).columns.tolist() == MESSAGE_COLUMNS
