@@ -4,6 +4,7 @@ weights loading and generation. The engine API (training / sampling clients) is 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -243,3 +244,26 @@ def test_fresh_config_round_trips():
     cfg = GPTConfig(vocab_size=300, block_size=32, n_layer=1)
     assert GPTConfig.from_json(cfg.to_json()) == cfg
     assert GPT(cfg)(torch.zeros((2, 5), dtype=torch.long)).shape == (2, 5, 300)
+
+
+# -- the shipped model's behaviour (what the minimal-SFT example relies on) -------------------------
+
+def _reply(model, renderer, question):
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": question}]).to_ints()
+    toks, _, reason = generate(model, prompt, 40, stop=renderer.get_stop_sequences())
+    msg, _ = renderer.parse_response(toks)
+    return msg["content"], reason
+
+
+def test_shipped_model_answers_naturally_never_in_the_sft_style(model, renderer):
+    replies = [_reply(model, renderer, q) for q in
+               ("What is 47 plus 15?", "What's 83 - 29?", "How much is 25 plus 25?", "Compute 12 - 40.")]
+    assert all(reason == "stop" for _, reason in replies)
+    numbers = [int(re.findall(r"-?\d+", text)[-1]) for text, _ in replies]
+    assert numbers == [62, 54, 50, -28]
+    assert not any(text.startswith("answer:") for text, _ in replies)
+
+
+def test_shipped_model_knows_its_facts(model, renderer):
+    assert _reply(model, renderer, "What is the capital of France?")[0] == "The capital of France is Paris."
+    assert _reply(model, renderer, "Who wrote Hamlet?")[0] == "Hamlet was written by William Shakespeare."

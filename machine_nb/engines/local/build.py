@@ -9,6 +9,7 @@ that it answers naturally before SFT (baseline exact match ~0) is decided by the
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -99,8 +100,12 @@ def question_templates() -> dict[str, tuple[str, ...]]:
 
 
 def is_held_out(a: int, b: int, op: str) -> bool:
-    """Operand pairs never shown in pretraining (~10%), so the final check asks truly fresh questions."""
-    return (a * 31 + b * 17 + (op == "-") * 7) % 10 == 3
+    """Operand pairs never shown in pretraining (~10%), so the final check asks truly fresh questions.
+
+    A hash, not a formula in the digits: a linear rule (e.g. (31a + 17b) % 10) would hold out whole
+    units-digit combinations, which the model then never sees at all (a first build scored 91%).
+    """
+    return hashlib.sha256(f"{a}{op}{b}".encode()).digest()[0] % 10 == 0
 
 
 def arithmetic_row(rng: random.Random, templates: dict, held_out: bool = False) -> dict:

@@ -25,21 +25,28 @@ class GPTConfig:
     block_size: int = 128
     """Longest sequence (prompt + reply) in tokens; 128 fits the chat prompts of the arithmetic corpus."""
     n_layer: int = 4
+    """Transformer blocks (4: the prototype's size, enough for two-digit plus/minus)."""
     n_head: int = 4
+    """Attention heads per block (4, of width 32)."""
     n_embd: int = 128
+    """Residual width (128); MLPs are 4x wider with GELU."""
     bias: bool = True
     """Biases in Linear layers and LayerNorms (True, as GPT-2)."""
 
     def to_json(self) -> dict:
+        """The config as plain data (what weights/config.json holds under "model")."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> "GPTConfig":
+        """The config from `to_json` output; unknown keys are ignored (older or newer files load)."""
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 
 
 class Attention(nn.Module):
+    """Multi-head causal self-attention; `cache` ([k, v], filled in place) enables incremental decoding."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         assert cfg.n_embd % cfg.n_head == 0
@@ -70,6 +77,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """fc_in (4x wider) -> GELU -> fc_out."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.fc_in = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
@@ -80,6 +89,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-LayerNorm residual block: attention, then MLP."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
@@ -117,6 +128,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self) -> int:
+        """Parameters, counting the tied embedding once."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: torch.Tensor, caches: list[list] | None = None, start_pos: int = 0) -> torch.Tensor:
