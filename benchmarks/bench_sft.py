@@ -139,8 +139,11 @@ def main() -> int:
     base_probe = replies(base, renderer, probe_rows)
     sft_probe = replies(ckpt, renderer, probe_rows)
     bled = sum(o.startswith("answer:") for o in sft_probe)
+    colon = sum(":" in o and ":" not in b for o, b in zip(sft_probe, base_probe))
+    changed = sum(o != b for o, b in zip(sft_probe, base_probe))
     print(f"style bleed on {len(probe_rows)} non-arithmetic prompts: {bled}/{len(probe_rows)} checkpoint replies "
-          f"start with 'answer:' (base: {sum(o.startswith('answer:') for o in base_probe)})")
+          f"start with 'answer:' (base: {sum(o.startswith('answer:') for o in base_probe)}), {colon} took the "
+          f"'x: y' shape, {changed} changed from the base's reply")
     for row, b, s in zip(probe_rows, base_probe, sft_probe):
         print(f"    {row['messages'][-1]['content']!r}: base {b!r} -> sft {s!r}")
 
