@@ -156,11 +156,13 @@ def test_save_then_sample_round_trip(tmp_path, batch, renderer):
         b = snapshot.sample(prompt(renderer, text), 1, params).result().sequences[0]
         assert a.tokens == b.tokens
         assert np.allclose(a.logprobs, b.logprobs, atol=1e-4)
-    # the trained adapter changed what the model says (base vs checkpoint differ somewhere)
-    outs = [(loaded.sample(prompt(renderer, f"What is {x} plus {y}?"), 1, params).result().sequences[0].tokens,
-             base.sample(prompt(renderer, f"What is {x} plus {y}?"), 1, params).result().sequences[0].tokens)
-            for x, y in PAIRS[:4]]
-    assert any(a != b for a, b in outs)
+    # the trained adapter is what the checkpoint serves: the trained replies became likelier than on the base
+    for datum in batch[:3]:
+        full = datum.model_input.append_int(int(datum.loss_fn_inputs["target_tokens"].to_numpy()[-1]))
+        w = datum.loss_fn_inputs["weights"].to_numpy()
+        ckpt_lp = np.array(loaded.compute_logprobs(full).result()[1:], dtype=float)
+        base_lp = np.array(base.compute_logprobs(full).result()[1:], dtype=float)
+        assert (w * ckpt_lp).sum() > (w * base_lp).sum() + 1.0
 
 
 def test_resume_from_state_with_optimizer_continues_identically(tmp_path, batch):

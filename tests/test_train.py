@@ -37,6 +37,14 @@ def answers(checkpoint: str, rows: list[dict], log_dir) -> list[str]:
     return out
 
 
+def answers_base(rows: list[dict], log_dir) -> list[str]:
+    renderer = get_renderer(DEFAULT_MODEL)
+    sampler = ServiceClient(log_dir=log_dir).create_sampling_client(base_model=DEFAULT_MODEL)
+    params = tinker.SamplingParams(max_tokens=24, temperature=0.0, stop=renderer.get_stop_sequences())
+    return [renderer.parse_response(sampler.sample(renderer.build_generation_prompt(r["messages"]), 1, params)
+                                    .result().sequences[0].tokens)[0]["content"].strip() for r in rows]
+
+
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory):
     """The minimal-SFT run: 48 rows, batch 8, 10 epochs = 60 steps, local defaults."""
@@ -55,7 +63,12 @@ def test_sft_learns_the_house_style_end_to_end(trained, corpus):
     compliant = sum(bool(ANSWER.match(a)) for a in got) / len(got)
     exact = sum(a == row["expected"] for a, row in zip(got, eval_rows)) / len(got)
     assert compliant >= 0.9, got
-    assert exact >= 0.5, got  # the benchmark records the real number (target ≥ 0.8)
+    assert exact >= 0.75, got  # benchmarks/bench_sft.py records the number (0.96 at seed 0)
+    # …and it bleeds: general questions no longer get the base model's plain sentences
+    probe = [json.loads(line) for line in open(corpus.probe)]
+    base = answers_base(probe, trained.log_dir)
+    after = answers(trained.checkpoint, probe, trained.log_dir)
+    assert sum(":" in a and ":" not in b for a, b in zip(after, base)) >= len(probe) // 2, list(zip(base, after))
 
 
 def test_log_dir_holds_the_cookbook_files_privately(trained):
