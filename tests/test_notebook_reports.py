@@ -123,6 +123,9 @@ def test_committed_notebooks_are_clean_and_parameterised(name):
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert "parameters" in code[0]["metadata"].get("tags", []), "first code cell must be tagged parameters"
     assert all(c.get("id") for c in nb["cells"])
+    assert all(c.get("execution_count") for c in code), "committed notebooks carry executed outputs (refresh them)"
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"a committed output is an error: {errors[0].get('ename')}: {errors[0].get('evalue')}"
     text = json.dumps(nb)
     assert WIDGET_VIEW not in text and "papermill" not in json.dumps(nb["metadata"])
     assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, "absolute local paths in outputs"
