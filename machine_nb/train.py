@@ -383,6 +383,30 @@ def _cookbook_patched(service_factory: Any = None) -> Iterator[Any]:
             cookbook_train.ml_log = saved["ml_log"]
 
 
+class _MetricsTail:
+    """The rows appended to a metrics.jsonl since the last call (whole lines only), for the progress bar."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def new_rows(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # a partial last line waits for the next call
+        self.offset += end
+        rows = []
+        for line in chunk[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    rows.append(value)
+        return rows
+
+
 def _run_in_thread(coro_factory: Any, on_poll: Any, poll_s: float = 0.2) -> None:
     """Run `coro_factory()` on a fresh event loop in a worker thread, calling `on_poll()` meanwhile.
 
@@ -580,15 +604,14 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
     from .progress import progress as progress_bar
 
-    seen = {"steps": 0}
+    tail = _MetricsTail(path / "metrics.jsonl")
     with progress_bar(total=steps_total, desc="sft", unit="steps", enabled=None if progress else False) as bar, \
             _log_to_file(path), _cookbook_patched(factory) as patched:
 
         def poll() -> None:
-            metrics = [m for m in _read_log_lines(path / "metrics.jsonl") if "train_mean_nll" in m]
-            if len(metrics) > seen["steps"]:
-                bar.update(len(metrics) - seen["steps"], loss=float(metrics[-1]["train_mean_nll"]))
-                seen["steps"] = len(metrics)
+            steps = [m for m in tail.new_rows() if "train_mean_nll" in m]
+            if steps:
+                bar.update(len(steps), loss=float(steps[-1]["train_mean_nll"]))
 
         try:
             _run_in_thread(lambda: patched.main(config), poll)

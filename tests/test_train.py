@@ -111,20 +111,36 @@ def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
 
 
 def test_ctrl_c_leaves_a_readable_log_dir_and_resume_finishes_it(corpus, tmp_path, monkeypatch):
-    from machine_nb import progress as progress_mod
+    import threading
 
-    real_update = progress_mod.progress.update
+    import importlib
+
+    progress_mod = importlib.import_module("machine_nb.progress")
+    from machine_nb.engines.local import service
+
+    # the engine holds its 7th optimizer step until the "user" has pressed Ctrl-C (no timing involved)
+    gate, calls = threading.Event(), []
+    real_step, real_update = service.TrainingClient._step, progress_mod.progress.update
+
+    def held_step(self, params):
+        calls.append(1)
+        if len(calls) == 7:
+            gate.wait(60)
+        return real_step(self, params)
 
     def interrupting_update(self, n=1, **postfix):
         real_update(self, n, **postfix)
         if self.n >= 4:
+            gate.set()
             raise KeyboardInterrupt
 
+    monkeypatch.setattr(service.TrainingClient, "_step", held_step)
     monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
     log_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
         sft(corpus.train, log_dir=log_dir, epochs=10, save_every=2, progress=False)
     monkeypatch.setattr(progress_mod.progress, "update", real_update)
+    monkeypatch.setattr(service.TrainingClient, "_step", real_step)
     from tinker_cookbook.supervised import train as cookbook_train
 
     assert cookbook_train.tinker is tinker  # the patch is undone even after Ctrl-C
