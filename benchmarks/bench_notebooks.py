@@ -28,7 +28,8 @@ print("BENCH_NUMBERS " + _json.dumps({
     "delta": comparison.delta, "p_value": comparison.p_value, "ci": [comparison.ci_low, comparison.ci_high],
     "wins_ties_losses": [comparison.wins, comparison.ties, comparison.losses], "n": comparison.n,
     "steps": result.steps, "loss": [result.first_loss, result.last_loss],
-    "bled": int(probes.attrs["summary"]["bled"]), "probes": len(probes)}))
+    "bled": int(probes["bled"].sum()), "kept": int(probes["kept_fact"].sum()),
+    "base_kept": int(probes["base_kept_fact"].sum()), "probes": len(probes)}))
 """
 
 
@@ -71,13 +72,26 @@ def main() -> int:
             numbers = got or numbers
         detail = "" if len(walls) == 1 else f"  (runs: {', '.join(f'{w:.1f}' for w in walls)})"
         print(f"{name:26s} wall {statistics.median(walls):7.1f} s  from a fresh kernel, default parameters{detail}")
+    # the README's main command (`make report`): papermill execution plus the HTML export
+    import tempfile
+
+    from machine_nb.report import run_report
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        report = run_report(ROOT / "notebooks" / NOTEBOOKS[0], {}, Path(tmp) / "minimal_sft.html", progress_bar=False)
+        wall = time.monotonic() - start
+        print(f"{'make report (01 -> HTML)':26s} wall {wall:7.1f} s  (execution {report.wall_s:.1f} s, "
+              f"HTML {report.html.stat().st_size / 1e6:.2f} MB)")
     if numbers:
         n = numbers
         print(f"01_minimal_sft final numbers ({n['n']} held-out rows, {n['steps']} steps, loss "
               f"{n['loss'][0]:.3f} -> {n['loss'][1]:.3f}):")
         print(f"  baseline {n['baseline']:.1%}  checkpoint {n['checkpoint']:.1%}  delta {n['delta']:+.1%}  "
               f"(95% CI {n['ci'][0]:+.1%} to {n['ci'][1]:+.1%})  McNemar p = {n['p_value']:.3g}  "
-              f"wins/ties/losses {'/'.join(map(str, n['wins_ties_losses']))}  bled {n['bled']}/{n['probes']} probes")
+              f"wins/ties/losses {'/'.join(map(str, n['wins_ties_losses']))}")
+        print(f"  probe: {n['bled']}/{n['probes']} took the answer: prefix; facts kept base {n['base_kept']} -> "
+              f"checkpoint {n['kept']} of {n['probes']}")
     print(f"load avg after: {os.getloadavg()[0]:.1f}")
     return 0
 
