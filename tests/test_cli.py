@@ -3,9 +3,12 @@ it does, what it reads and writes, and what it may cost (the headless user's onl
 """
 
 import argparse
+import hashlib
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +76,43 @@ def test_unknown_command_fails_cleanly():
     proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "no-such-command"], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
+
+
+def _cli(*args: str, cwd) -> str:
+    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", *args], capture_output=True, text=True, cwd=cwd)
+    assert proc.returncode == 0, f"machine-nb {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_headless_minimal_sft_loop_like_machines_train_commands(tmp_path):
+    """The seed README's loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine."""
+    _cli("corpus", "-o", "data", cwd=tmp_path)
+    assert "0 error(s)" in _cli("validate", "data/train.jsonl", "-m", "local/arith-tiny", "--eval", "data/eval.jsonl",
+                                cwd=tmp_path)
+    smoke = json.loads(_cli("smoke", "data/train.jsonl", "--log-dir", "logs/smoke", "--json", cwd=tmp_path))
+    assert smoke["steps"] == 2 and smoke["checkpoint"]
+    base = json.loads(_cli("eval", "baseline", "--data", "data/eval.jsonl", "--out", "ev/baseline.json", "--json",
+                           cwd=tmp_path))
+    sft = json.loads(_cli("sft", "data/train.jsonl", "--epochs", "10", "--steps", "60", "--log-dir", "logs/sft",
+                          "--json", cwd=tmp_path))
+    assert sft["steps"] == 60 and sft["last_loss"] < sft["first_loss"]
+    _cli("eval", "checkpoint", sft["checkpoint"], "--data", "data/eval.jsonl", "--out", "ev/final.json", "--json",
+         cwd=tmp_path)
+    result = json.loads(_cli("eval", "compare", "ev/baseline.json", "ev/final.json", "--json", cwd=tmp_path))
+    assert result["n"] == 24 and result["baseline_accuracy"] == base["accuracy"]
+    assert result["checkpoint_accuracy"] > result["baseline_accuracy"]
+
+
+def test_headless_explore_commands_read_the_sample_without_writing_it(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    workspace = root / "data" / "sample_workspace"
+    store = workspace / ".machine-store"
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in store.rglob("*") if p.is_file()}
+    assert "coder" in _cli("runs", str(workspace), "--limit", "5", cwd=tmp_path)
+    assert "train.jsonl" in _cli("tagged", "--store", str(store), cwd=tmp_path)
+    _cli("export", str(workspace), "--machine", "coder", "--out", "export.jsonl", cwd=tmp_path)
+    lines = (tmp_path / "export.jsonl").read_text().splitlines()
+    assert lines and all('"messages"' in line for line in lines)
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in store.rglob("*") if p.is_file()}
+    assert after == before, "listing and exporting must not write into the tag store"
