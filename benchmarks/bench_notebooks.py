@@ -28,7 +28,7 @@ print("BENCH_NUMBERS " + _json.dumps({
     "delta": comparison.delta, "p_value": comparison.p_value, "ci": [comparison.ci_low, comparison.ci_high],
     "wins_ties_losses": [comparison.wins, comparison.ties, comparison.losses], "n": comparison.n,
     "steps": result.steps, "loss": [result.first_loss, result.last_loss],
-    "bled": int(probes["bled"].sum()), "kept": int(probes["kept_fact"].sum()),
+    "bled": int(probes["bled"].sum()), "shape": int(probes["took_shape"].sum()), "kept": int(probes["kept_fact"].sum()),
     "base_kept": int(probes["base_kept_fact"].sum()), "probes": len(probes)}))
 """
 
@@ -90,7 +90,8 @@ def main() -> int:
         print(f"  baseline {n['baseline']:.1%}  checkpoint {n['checkpoint']:.1%}  delta {n['delta']:+.1%}  "
               f"(95% CI {n['ci'][0]:+.1%} to {n['ci'][1]:+.1%})  McNemar p = {n['p_value']:.3g}  "
               f"wins/ties/losses {'/'.join(map(str, n['wins_ties_losses']))}")
-        print(f"  probe: {n['bled']}/{n['probes']} took the answer: prefix; facts kept base {n['base_kept']} -> "
+        print(f"  probe: {n['bled']}/{n['probes']} took the answer: prefix, {n['shape']}/{n['probes']} the '<words>: <number>' "
+              f"shape; facts kept base {n['base_kept']} -> "
               f"checkpoint {n['kept']} of {n['probes']}")
     print(f"load avg after: {os.getloadavg()[0]:.1f}")
     return 0
