@@ -475,7 +475,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         workspace: str | os.PathLike | None = None, name: str | None = None,
         resume: str | os.PathLike | None = None, seed: int = 0, max_length: int | None = None,
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
-        base_url: str | None = None, progress: bool = True) -> TrainResult:
+        base_url: str | None = None, progress: bool = True, on_metrics: Any = None) -> TrainResult:
     """Supervised fine-tuning with tinker-cookbook's `supervised.train.main`, on `engine`.
 
     data: chat JSONL path (or a list of export lines / a DataFrame of them); a checked copy is
@@ -504,6 +504,8 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         unknown (default None: no budget, but an unknown price is still refused). Local runs cost 0.
     base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
     progress: show a progress bar (steps, loss).
+    on_metrics: default None; a function called in the caller's thread with each list of new
+        `metrics.jsonl` rows while the run writes them (e.g. to refresh a LossPlot live).
     Returns the TrainResult read back from the log dir. A Ctrl-C stops the run and re-raises
     KeyboardInterrupt; the log dir then reads back with `read_training_log` (complete=False).
     """
@@ -610,9 +612,12 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             _log_to_file(path), _cookbook_patched(factory) as patched:
 
         def poll() -> None:
-            steps = [m for m in tail.new_rows() if "train_mean_nll" in m]
+            rows = tail.new_rows()
+            steps = [m for m in rows if "train_mean_nll" in m]
             if steps:
                 bar.update(len(steps), loss=float(steps[-1]["train_mean_nll"]))
+            if rows and on_metrics is not None:
+                on_metrics(rows)
 
         try:
             _run_in_thread(lambda: patched.main(config), poll)

@@ -155,9 +155,11 @@ def test_ctrl_c_leaves_a_readable_log_dir_and_resume_finishes_it(corpus, tmp_pat
     assert done.steps >= 60  # steps after the last saved state are redone
 
 
-def test_smoke_runs_two_real_steps(corpus, tmp_path):
-    res = smoke(corpus.train, log_dir=tmp_path / "smoke", progress=False)
+def test_smoke_runs_two_real_steps_and_reports_metrics_as_they_come(corpus, tmp_path):
+    seen: list[dict] = []
+    res = smoke(corpus.train, log_dir=tmp_path / "smoke", progress=False, on_metrics=seen.extend)
     assert res.steps == 2 and res.complete and res.checkpoint.startswith("local://")
+    assert [m["step"] for m in seen] == [0, 1] and all("train_mean_nll" in m for m in seen)
 
 
 def test_default_log_dirs_are_fresh(corpus, tmp_path, monkeypatch):
