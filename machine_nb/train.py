@@ -411,8 +411,8 @@ class _MetricsTail:
 def _run_in_thread(coro_factory: Any, on_poll: Any, poll_s: float = 0.2) -> None:
     """Run `coro_factory()` on a fresh event loop in a worker thread, calling `on_poll()` meanwhile.
 
-    A KeyboardInterrupt in the caller cancels the coroutine (the cookbook stops at its next
-    await; files it wrote stay whole), waits for the thread, and re-raises.
+    A KeyboardInterrupt in the caller (or an error from `on_poll`) cancels the coroutine (the
+    cookbook stops at its next await; files it wrote stay whole), waits for the thread, re-raises.
     """
     import asyncio
 
@@ -440,7 +440,7 @@ def _run_in_thread(coro_factory: Any, on_poll: Any, poll_s: float = 0.2) -> None
         while thread.is_alive():
             thread.join(poll_s)
             on_poll()
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or a failing progress callback: stop the run before leaving
         ready.wait(5)
         loop, task = state.get("loop"), state.get("task")
         if loop is not None and task is not None and not loop.is_closed():
