@@ -211,6 +211,27 @@ def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
     return "<data>", enumerate(list(data), start=1)
 
 
+def _warn_truncated(rows: list[dict], model: str, max_length: int) -> None:
+    """Warn when rows are longer than max_length: the cookbook cuts them, and a row whose trained
+    tokens fall past the cut trains nothing (a NaN loss for a batch made only of such rows)."""
+    import warnings
+
+    from .tokens import count_tokens
+
+    try:
+        counts = count_tokens(rows, model, on_error="skip", progress=False)
+    except Exception:  # counting is advisory here; training reports real failures itself
+        return
+    long_rows = counts[counts["tokens"] > max_length]
+    if len(long_rows):
+        first = ", ".join(str(x) for x in long_rows["line"].head(5))
+        warnings.warn(
+            f"{len(long_rows)} of {len(rows)} rows are longer than max_length={max_length} tokens "
+            f"(rows {first}{', …' if len(long_rows) > 5 else ''}) and will be cut; trained tokens past the "
+            "cut are lost (validate() lists them). The local model's context is 128 tokens: it is meant "
+            "for short chat rows such as the minimal-SFT corpus.", stacklevel=3)
+
+
 def prepare_data(data: Any) -> tuple[list[dict], str]:
     """Check chat rows and choose what to train on: (rows for the cookbook, train_on_what value).
 
@@ -552,6 +573,9 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             from .engines.local import load_config
 
             max_length = load_config(render.base_model(model)).block_size
+
+    if max_length is not None:
+        _warn_truncated(rows, model, max_length)
 
     if engine == "tinker":
         from .engines.tinker import check_tinker
