@@ -73,7 +73,7 @@ _API: dict[str, str] = {
     "LossPlot": "widgets.loss_plot",
     "Tagger": "widgets.tagger",
     "CompareView": "widgets.compare_view",
-    "progress": "progress",
+    "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
 }

@@ -121,3 +121,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+Progress = progress  # the public name (`machine_nb.Progress`); `machine_nb.progress` is this module
