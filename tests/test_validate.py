@@ -126,6 +126,7 @@ def test_overlap_with_the_eval_file(tmp_path):
 def test_secrets_are_found_and_redacted(tmp_path, monkeypatch):
     key = "tk_live_0123456789abcdefXYZ"
     monkeypatch.setenv("TINKER_API_KEY", key)
+    # fake canary values shaped like real keys: the detector must find them; none is a real credential
     secrets = ["sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123", "tml-ABCDEFGHIJKLMNOPQRSTUVWX", "AKIAIOSFODNN7EXAMPLE",
                "ghp_" + "a1B2" * 9, "xoxb-123456789012-abcdefghij"]
     rows = [qa(f"my token is {s}", "noted") for s in secrets]
