@@ -1,8 +1,10 @@
-"""The local engine: Tinker's client API served on this machine, with a tiny model shipped in the package.
+"""The local engine: a server that speaks Tinker's HTTP API on this machine, with a tiny model
+shipped in the package, so the real tinker SDK and tinker-cookbook run here unchanged.
 
-This file names the models it serves, registers their tokenizer and renderer with tinker-cookbook,
-and loads their weights; the ServiceClient itself (training and sampling) lives in service.py.
-Importing it is cheap: torch and tinker-cookbook load on the first call that needs them.
+This file names the models it serves, registers their tokenizer and renderer with tinker-cookbook
+(`use_local_models`), and loads their weights. The server is server.py (protocol) over
+compute.py (training and sampling in torch), wire.py (protobuf) and checkpoints.py (paths and
+files). Importing this file is cheap: torch and tinker-cookbook load on the first call that needs them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = "local/arith-tiny"
-"""The shipped base model: answers two-digit plus/minus questions and ~25 facts, naturally."""
+"""The shipped base model: answers two-digit plus/minus questions and a few facts, naturally
+(see MODEL_CARD.md for what it was trained on and how well it does)."""
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -38,6 +41,24 @@ def get_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     from .tokenizer import LocalTokenizer
 
     return LocalTokenizer.load(_model_dir(name) / "vocab.json", name_or_path=name.split(":", 1)[0])
+
+
+def tokenizer_dir(name: str = DEFAULT_MODEL) -> Path:
+    """The model's tokenizer as a Hugging Face fast-tokenizer directory (loads offline with
+    `AutoTokenizer.from_pretrained`); the server reports it as the model's `tokenizer_id`."""
+    return _model_dir(name) / "tokenizer"
+
+
+def use_local_models() -> list[str]:
+    """Register every local model's tokenizer and renderer with tinker-cookbook; returns their names.
+
+    Call it before tinker-cookbook code that looks a local model up by name
+    (`tokenizer_utils.get_tokenizer("local/arith-tiny")`, `model_info`/renderer lookups), e.g. in a
+    script run against `machine-nb serve`. machine_nb's own functions call it themselves.
+    """
+    for name in MODELS:
+        ensure_registered(name)
+    return sorted(MODELS)
 
 
 def ensure_registered(name: str = DEFAULT_MODEL) -> dict:
@@ -111,11 +132,3 @@ def load_weights(directory: str | Path) -> Any:
         raise MachineFormatError(str(path), f"weights do not match the config: missing {missing}, "
                                             f"unexpected {unexpected}")
     return model.eval()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ServiceClient":  # engineer C2's module; imported on first use
-        from .service import ServiceClient
-
-        return ServiceClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

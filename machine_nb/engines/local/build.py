@@ -220,7 +220,8 @@ def general_answers(model, renderer, max_tokens: int = 40) -> list[tuple[str, st
 
 
 def save(model, tokenizer, out_dir: Path, meta: dict) -> None:
-    """Write model.safetensors (fp16), config.json (shape + build metadata) and vocab.json."""
+    """Write model.safetensors (fp16), config.json (shape + build metadata), vocab.json and the
+    same vocabulary as a Hugging Face fast tokenizer in tokenizer/ (what the tinker SDK loads)."""
     import torch
     from safetensors.torch import save_file
 
@@ -230,6 +231,7 @@ def save(model, tokenizer, out_dir: Path, meta: dict) -> None:
     cfg = {"model": model.config.to_json(), "build": meta}
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
     tokenizer.save(out_dir / "vocab.json")
+    tokenizer.save_hf(out_dir / "tokenizer")
 
 
 def main(argv: list[str] | None = None) -> int:

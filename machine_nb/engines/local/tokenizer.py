@@ -184,6 +184,46 @@ class LocalTokenizer:
         """Write the vocabulary JSON (used by the build script; plain write, a build output)."""
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
 
+    def to_hf(self) -> Any:
+        """The same tokenizer as a Hugging Face `tokenizers.Tokenizer`, giving identical ids.
+
+        Bytes map to GPT-2's byte-level alphabet; a Split pre-tokenizer isolates the whole words
+        (longest first, as `encode` matches them) and a Unigram model over the byte and word
+        pieces then keeps each word whole and spells everything between words byte by byte
+        (no word fits inside such a gap). This is the form `transformers.AutoTokenizer` loads
+        offline, which the tinker SDK's `get_tokenizer()` uses (see `save_hf`).
+        """
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        byte_char = _bytes_to_unicode()
+
+        def level(text: str) -> str:
+            return "".join(byte_char[b] for b in text.encode("utf-8"))
+
+        vocab = ([(t, 0.0) for t in self.special_tokens] + [(byte_char[b], -10.0) for b in range(256)]
+                 + [(level(w), 0.0) for w in self.words])
+        tok = Tokenizer(models.Unigram(vocab, unk_id=None, byte_fallback=False))
+        words = sorted((level(w) for w in self.words), key=len, reverse=True)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            pre_tokenizers.Split(Regex("|".join(re.escape(w) for w in words)), behavior="isolated")])
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in self.special_tokens])
+        return tok
+
+    def save_hf(self, directory: str | Path) -> None:
+        """Write a `PreTrainedTokenizerFast` directory (tokenizer.json + config) for `to_hf()`.
+
+        `AutoTokenizer.from_pretrained(directory)` then loads it with no network; the local
+        server reports that directory as the model's `tokenizer_id`. Used by the build script.
+        """
+        from transformers import PreTrainedTokenizerFast
+
+        fast = PreTrainedTokenizerFast(tokenizer_object=self.to_hf(), bos_token=self.bos_token,
+                                       eos_token=self.eos_token, pad_token=self.pad_token,
+                                       model_max_length=128, clean_up_tokenization_spaces=False)
+        fast.save_pretrained(str(directory))
+
     @classmethod
     def load(cls, path: str | Path, name_or_path: str = "local/arith-tiny") -> "LocalTokenizer":
         """Read a vocabulary JSON written by `save`; a malformed file raises MachineFormatError."""
@@ -199,3 +239,16 @@ class LocalTokenizer:
         if data.get("byte_tokens") != 256:
             raise MachineFormatError(str(path), "expected 256 byte tokens", field="byte_tokens")
         return cls(tuple(data["words"]), tuple(data["special_tokens"]), name_or_path=name_or_path)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what `tokenizers`' ByteLevel uses)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = keep[:]
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(keep, map(chr, chars)))

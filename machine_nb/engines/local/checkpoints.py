@@ -1,0 +1,119 @@
+"""Where the local server keeps what a session writes, and how a checkpoint path names its files.
+
+A local training run is `local-<hex>:train:<n>` (the SDK's own `{session_id}:train:{seq}` shape,
+with a session id the server makes), so its checkpoints are ordinary Tinker paths
+`tinker://local-<hex>:train:<n>/weights/<name>` (training state) and `…/sampler_weights/<name>`
+(what a sampling client loads), stored under the data dir:
+
+    <data dir>/runs/<run id>/run.json                      what the run is (base model, rank, …)
+    <data dir>/runs/<run id>/{weights,sampler_weights}/<name>/checkpoint.json + weights
+
+The `tinker://local-` prefix is how a checkpoint string says which engine serves it
+(`engines.engine_for`). Checkpoints the in-process engine wrote before the server existed are
+`local://<abs log dir>/{weights,sampler_weights}/<name>`; they keep loading through the path
+`tinker://local-file.<base64url of the log dir>/<kind>/<name>` (`to_tinker_path` makes it).
+Directories are 0700 and files 0600: runs hold what was trained on.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from pathlib import Path
+
+from ...errors import EngineError
+
+TINKER_SCHEME = "tinker://"
+LEGACY_SCHEME = "local://"
+RUN_PREFIX = "local-"
+_FILE_RUN_PREFIX = "local-file."
+KINDS = {"weights": "training", "sampler_weights": "sampler"}
+_RUN_ID = re.compile(r"^local-[0-9a-f]{8,64}:train:\d+$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def default_data_dir() -> Path:
+    """$MACHINE_NB_DATA_DIR, else a per-user cache directory (`~/.cache/machine_nb/tinker-server`)."""
+    env = os.environ.get("MACHINE_NB_DATA_DIR", "").strip()
+    if env:
+        return Path(env).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base).absolute() / "machine_nb" / "tinker-server"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """`path` created (0700, parents as needed); an existing directory the toolkit made keeps its mode."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def is_local_path(path: str) -> bool:
+    """Whether a checkpoint path is served by the local engine (`tinker://local-…` or `local://…`)."""
+    return isinstance(path, str) and (path.startswith(TINKER_SCHEME + RUN_PREFIX) or path.startswith(LEGACY_SCHEME))
+
+
+def check_name(name: str) -> str:
+    """A checkpoint name is a plain file name (letters, digits, `._-`); EngineError otherwise."""
+    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+        raise EngineError(f"checkpoint name {name!r} must be 1-128 letters, digits, '.', '_' or '-'")
+    return name
+
+
+def tinker_path(run_id: str, kind: str, name: str) -> str:
+    return f"{TINKER_SCHEME}{run_id}/{kind}/{name}"
+
+
+def to_tinker_path(path: str) -> str:
+    """The `tinker://` form of a local checkpoint path (legacy `local://` paths are translated)."""
+    if not isinstance(path, str):
+        raise EngineError(f"a checkpoint path is a string, got {type(path).__name__}")
+    if path.startswith(TINKER_SCHEME):
+        return path
+    if not path.startswith(LEGACY_SCHEME):
+        raise EngineError(f"{path!r} is not a checkpoint path (tinker://… or local://…)")
+    directory = Path(path[len(LEGACY_SCHEME):])
+    if not directory.is_absolute() or directory.parent.name not in KINDS:
+        raise EngineError(f"{path!r}: a local:// checkpoint names an absolute directory "
+                          "…/weights/<name> or …/sampler_weights/<name>")
+    run_dir = str(directory.parent.parent)
+    token = base64.urlsafe_b64encode(run_dir.encode("utf-8")).decode("ascii").rstrip("=")
+    return tinker_path(_FILE_RUN_PREFIX + token, directory.parent.name, directory.name)
+
+
+def parse(path: str) -> tuple[str, str, str]:
+    """(run id, kind, name) of a local `tinker://` checkpoint path; EngineError naming what is wrong."""
+    if not isinstance(path, str) or not path.startswith(TINKER_SCHEME):
+        raise EngineError(f"{path!r} is not a tinker:// checkpoint path")
+    parts = path[len(TINKER_SCHEME):].split("/")
+    if len(parts) != 3 or parts[1] not in KINDS:
+        raise EngineError(f"{path!r} is not a checkpoint path tinker://<run>/weights|sampler_weights/<name>")
+    run_id, kind, name = parts
+    if not (run_id.startswith(RUN_PREFIX)):
+        raise EngineError(f"{path!r} is a Tinker checkpoint, not one of the local engine's (tinker://local-…): "
+                          "use engine='tinker' for it")
+    check_name(name)
+    return run_id, kind, name
+
+
+def run_dir(data_dir: Path, run_id: str) -> Path:
+    """The directory of a run: `<data dir>/runs/<run id>`, or a legacy log dir (`local-file.…`)."""
+    if run_id.startswith(_FILE_RUN_PREFIX):
+        token = run_id[len(_FILE_RUN_PREFIX):]
+        try:
+            decoded = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            raise EngineError(f"run id {run_id!r} does not name a directory") from None
+        directory = Path(decoded)
+        if not directory.is_absolute():
+            raise EngineError(f"run id {run_id!r} does not name an absolute directory")
+        return directory
+    if not _RUN_ID.match(run_id):
+        raise EngineError(f"{run_id!r} is not a local run id (local-<hex>:train:<n>)")
+    return Path(data_dir) / "runs" / run_id
+
+
+def checkpoint_dir(data_dir: Path, path: str) -> Path:
+    """The directory holding a local checkpoint (it may not exist)."""
+    run_id, kind, name = parse(to_tinker_path(path))
+    return run_dir(data_dir, run_id) / kind / name

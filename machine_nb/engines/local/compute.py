@@ -1,0 +1,425 @@
+"""The local engine's work on this CPU: LoRA (or full) training steps and sampling of a local model.
+
+Plain torch over plain data (token-id lists, numpy arrays, dicts): no HTTP and no tinker client
+classes here. server.py turns Tinker API requests into calls of `Trainer` and `Sampler` and their
+results back into the SDK's wire types; checkpoints.py decides where checkpoint directories live.
+Everything is deterministic at a fixed torch thread count (`configure_torch`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import random
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ...errors import EngineError, MachineFormatError
+from . import lora as _lora
+
+FORMAT = "machine-nb-local/1"
+#: torch threads when MACHINE_NB_THREADS is unset: 1, because 2 threads next to any other busy
+#: process slowed a step ~5x here and 1 vs 2 threads change results from the 4th decimal.
+DEFAULT_THREADS = 1
+#: LoRA seed when a request gives none. Tinker draws a random one; the local engine stays
+#: repeatable instead (the same run twice gives the same adapters, losses and outputs).
+DEFAULT_LORA_SEED = 0
+
+
+def configure_torch(threads: int | None = None) -> int:
+    """Pin torch's thread count (default $MACHINE_NB_THREADS, else 1) and deterministic kernels.
+
+    Both are process-wide torch settings; the engine sets them because the same seed must give
+    bit-identical losses and outputs, which holds only at a fixed thread count.
+    """
+    if threads is None:
+        raw = os.environ.get("MACHINE_NB_THREADS", "").strip()
+        try:
+            threads = int(raw) if raw else DEFAULT_THREADS
+        except ValueError:
+            raise EngineError(f"MACHINE_NB_THREADS must be a whole number, got {raw!r}") from None
+    threads = max(1, int(threads))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    return threads
+
+
+def load_base(base_model: str) -> torch.nn.Module:
+    """A fresh float32 copy of a served base model (EngineError for a model not served here)."""
+    from . import MODELS, load_base as _load
+
+    if base_model not in MODELS:
+        raise EngineError(f"The local engine has no model {base_model!r}; it serves: {', '.join(sorted(MODELS))}.")
+    return _load(base_model).eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint files
+
+
+def read_meta(directory: Path) -> dict:
+    """A checkpoint directory's `checkpoint.json`; MachineFormatError naming the file if unusable."""
+    path = Path(directory) / "checkpoint.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MachineFormatError(str(path), "no checkpoint here (the file does not exist)") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise MachineFormatError(str(path), f"unreadable checkpoint description: {exc}") from None
+    if not isinstance(meta, dict):
+        raise MachineFormatError(str(path), "a checkpoint description is a JSON object")
+    for key in ("base_model", "lora_rank"):
+        if key not in meta:
+            raise MachineFormatError(str(path), "missing", field=key)
+    if not isinstance(meta["lora_rank"], int) or meta["lora_rank"] < 0:
+        raise MachineFormatError(str(path), f"must be a whole number >= 0, got {meta['lora_rank']!r}",
+                                 field="lora_rank")
+    return meta
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; MachineFormatError naming the file when it is missing or corrupt."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise MachineFormatError(str(path), "missing: the checkpoint has no weights file") from None
+    except Exception as exc:  # safetensors raises its own error types for truncated or random bytes
+        raise MachineFormatError(str(path), f"not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+
+
+def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+    os.chmod(path, 0o600)
+
+
+def _lora_model(meta: dict, directory: Path) -> torch.nn.Module:
+    """The base model with a checkpoint's weights in it (adapters applied, not merged)."""
+    model = load_base(meta["base_model"])
+    rank = int(meta["lora_rank"])
+    if rank > 0:
+        targets = meta.get("targets") or {}
+        _lora.apply_lora(model, rank, alpha=float(meta.get("lora_alpha") or _lora.default_alpha(rank)),
+                         attn=targets.get("attn", True), mlp=targets.get("mlp", True))
+        path = directory / "adapter.safetensors"
+        try:
+            _lora.load_adapter_state(model, _read_tensors(path))
+        except ValueError as exc:
+            raise MachineFormatError(str(path), f"the adapter does not fit {meta['base_model']} at rank {rank}: {exc}") from None
+    else:
+        path = directory / "model.safetensors"
+        try:
+            model.load_state_dict(_read_tensors(path))
+        except RuntimeError as exc:
+            raise MachineFormatError(str(path), f"the weights do not fit {meta['base_model']}: {exc}") from None
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling
+
+
+@dataclass
+class Sample:
+    """One sampled continuation: its tokens, their log-probabilities and why it stopped."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+
+
+class Sampler:
+    """Greedy or seeded sampling, and prompt log-probabilities, from one fixed set of weights.
+
+    `seed`: where the seeds of requests that give none come from (a per-sampler sequence), so a
+    run of requests repeats exactly.
+    """
+
+    def __init__(self, model: torch.nn.Module, base_model: str, *, seed: int = 0):
+        self.model = model.eval().requires_grad_(False)
+        self.base_model = base_model
+        self._seeds = random.Random(seed)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.model.config.block_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "Sampler":
+        """A sampler of a checkpoint directory's weights (LoRA merged); MachineFormatError if corrupt."""
+        meta = read_meta(directory)
+        model = _lora_model(meta, Path(directory))
+        if int(meta["lora_rank"]) > 0:
+            _lora.merge_lora(model)
+        return cls(model, meta["base_model"], seed=seed)
+
+    def next_seed(self) -> int:
+        return self._seeds.randrange(2**31)
+
+    def sample(self, ids: Sequence[int], num_samples: int, *, max_tokens: int | None, temperature: float,
+               seed: int, stop: Any = None, top_k: int | None = None, top_p: float | None = None) -> list[Sample]:
+        """`num_samples` continuations of `ids`; sample i uses `seed + i` (temperature 0 is greedy).
+
+        stop: strings, token ids, or token-id lists; a matched stop stays at the end of `tokens`, as
+        on Tinker. max_tokens None: up to the model's context. Raises EngineError for a prompt that
+        does not fit the context.
+        """
+        from .model import generate
+
+        if not ids:
+            raise EngineError("the prompt is empty")
+        if len(ids) >= self.block_size:
+            raise EngineError(f"the prompt has {len(ids)} tokens; the local model's context is "
+                              f"{self.block_size} tokens (shorten the prompt)")
+        budget = self.block_size - len(ids) if max_tokens is None else int(max_tokens)
+        token_stops, text_stops = _stops(stop)
+        decode = None
+        if text_stops:
+            from . import get_tokenizer
+
+            decode = get_tokenizer(self.base_model).decode
+        out = []
+        for i in range(int(num_samples)):
+            try:
+                tokens, logprobs, reason = generate(
+                    self.model, list(ids), budget, temperature=float(temperature or 0.0), seed=int(seed) + i,
+                    stop=token_stops, top_k=top_k, top_p=top_p, stop_strings=text_stops, decode=decode)
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+            out.append(Sample(tokens, logprobs, reason))
+        return out
+
+    @torch.no_grad()
+    def prompt_logprobs(self, ids: Sequence[int], last_n: int | None = None) -> list[float | None]:
+        """log p(token_t | tokens before it) for each prompt token; the first (and, with last_n, all
+        but the last n) are None."""
+        if len(ids) > self.block_size:
+            raise EngineError(f"{len(ids)} tokens exceed the local model's context ({self.block_size})")
+        x = torch.tensor([list(ids)], dtype=torch.long)
+        logp = torch.log_softmax(self.model(x)[0].float(), dim=-1)
+        out: list[float | None] = [None] + [float(logp[t - 1, ids[t]]) for t in range(1, len(ids))]
+        if last_n is not None:
+            keep = max(0, len(out) - int(last_n))
+            out = [None] * keep + out[keep:]
+        return out
+
+
+def _stops(stop: Any) -> tuple[list[list[int]], list[str]]:
+    if stop is None:
+        return [], []
+    if isinstance(stop, (str, int, np.integer)):
+        stop = [stop]
+    token_stops: list[list[int]] = []
+    text_stops: list[str] = []
+    for item in stop:
+        if isinstance(item, str):
+            if item:
+                text_stops.append(item)
+        elif isinstance(item, (int, np.integer)):
+            token_stops.append([int(item)])
+        else:
+            token_stops.append([int(t) for t in item])
+    return token_stops, text_stops
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+@dataclass
+class Example:
+    """One datum of a forward/backward batch: input ids, target ids and per-token loss weights."""
+
+    ids: list[int]
+    targets: np.ndarray  # int64
+    weights: np.ndarray  # float32, may be negative (custom losses send -dLoss/dlogprobs)
+
+
+class Trainer:
+    """One training run: a local base model with LoRA adapters of `rank` (0: every weight), and AdamW.
+
+    Gradients from `forward_backward` accumulate until `optim_step` applies them and clears them,
+    as on Tinker. Not thread-safe: the server runs one trainer's requests one at a time, in order.
+    """
+
+    def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,
+                 train_mlp: bool = True):
+        if rank < 0:
+            raise EngineError(f"LoRA rank must be 0 (full fine-tuning) or more, got {rank}")
+        self.base_model = base_model
+        self.rank = int(rank)
+        self.seed = DEFAULT_LORA_SEED if seed is None else int(seed)
+        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp)}
+        # the base weights are loaded, not drawn; the adapters come from their own seeded
+        # generator (lora.apply_lora), so the global torch RNG is left alone
+        self.model = load_base(base_model)
+        if self.rank > 0:
+            if not (train_attn or train_mlp):
+                raise EngineError("LoRA needs train_attn or train_mlp (or both)")
+            self.alpha: float | None = _lora.default_alpha(self.rank)
+            _lora.apply_lora(self.model, self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp)
+        else:
+            self.alpha = None
+            self.model.requires_grad_(True)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def block_size(self) -> int:
+        return int(self.model.config.block_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def num_trainable(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def forward_backward(self, batch: Sequence[Example], backward: bool) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+        """(per-datum target logprobs, per-datum elementwise losses, loss sum) of sum -w * logp.
+
+        With `backward`, the gradients of that sum accumulate in the trainable parameters.
+        """
+        if not batch:
+            raise EngineError("empty batch")
+        width = max(len(ex.ids) for ex in batch)
+        idx = torch.zeros(len(batch), width, dtype=torch.long)
+        tgt = torch.zeros(len(batch), width, dtype=torch.long)
+        w = torch.zeros(len(batch), width, dtype=torch.float32)
+        for i, ex in enumerate(batch):
+            n = len(ex.ids)
+            idx[i, :n] = torch.tensor(ex.ids, dtype=torch.long)
+            tgt[i, :n] = torch.from_numpy(np.ascontiguousarray(ex.targets, dtype=np.int64))
+            w[i, :n] = torch.from_numpy(np.ascontiguousarray(ex.weights, dtype=np.float32))
+        with torch.set_grad_enabled(backward):
+            logits = self.model(idx)
+            logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            elementwise = -w * logp
+            loss = elementwise.sum()
+            if backward:
+                loss.backward()
+        logp_np = logp.detach().numpy()
+        el_np = elementwise.detach().numpy()
+        lengths = [len(ex.ids) for ex in batch]
+        return ([logp_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)],
+                [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(loss.detach()))
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.params, lr=1e-4, foreach=False)
+
+    def optim_step(self, *, learning_rate: float, beta1: float, beta2: float, eps: float,
+                   weight_decay: float = 0.0, grad_clip_norm: float = 0.0) -> dict[str, float]:
+        """One AdamW step with these settings (decoupled weight decay, as torch and Tinker), then
+        gradients cleared. Returns {"grad_norm": norm before clipping}."""
+        if self.optimizer is None:
+            self.optimizer = self._make_optimizer()
+        for group in self.optimizer.param_groups:
+            group.update(lr=float(learning_rate), betas=(float(beta1), float(beta2)), eps=float(eps),
+                         weight_decay=float(weight_decay))
+        grads = [q.grad for q in self.params if q.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        if grad_clip_norm and grad_clip_norm > 0 and grads:
+            torch.nn.utils.clip_grad_norm_(self.params, float(grad_clip_norm), foreach=False)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm}
+
+    # -- checkpoints
+    def meta(self, kind: str, name: str, model_id: str, user_metadata: dict | None) -> dict:
+        return {"format": FORMAT, "kind": kind, "name": name, "base_model": self.base_model,
+                "lora_rank": self.rank, "lora_alpha": self.alpha, "targets": self.targets, "seed": self.seed,
+                "model_id": model_id, "user_metadata": dict(user_metadata or {}),
+                "saved_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+    def _weights(self) -> tuple[str, dict[str, torch.Tensor]]:
+        if self.rank > 0:
+            return "adapter.safetensors", _lora.adapter_state(self.model)
+        return "model.safetensors", {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, final: Path, meta: dict, *, optimizer: bool) -> None:
+        """Write a checkpoint directory atomically (temp dir + rename): weights, meta, optimizer state."""
+        parent = final.parent
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = parent / f".{final.name}.tmp-{secrets.token_hex(3)}"
+        tmp.mkdir(mode=0o700)
+        try:
+            filename, tensors = self._weights()
+            _write_tensors(tensors, tmp / filename)
+            if optimizer and self.optimizer is not None:
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+                os.chmod(tmp / "optimizer.pt", 0o600)
+            meta_path = tmp / "checkpoint.json"
+            meta_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+            os.chmod(meta_path, 0o600)
+            if final.exists():  # overwrite=True, or a rerun that saves the same step again
+                old = parent / f".{final.name}.old-{secrets.token_hex(3)}"
+                final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def load(self, directory: Path, *, optimizer: bool) -> None:
+        """Load a checkpoint's weights (and, with `optimizer`, its optimizer state) into this trainer."""
+        meta = read_meta(directory)
+        if meta["base_model"] != self.base_model or int(meta["lora_rank"]) != self.rank:
+            raise EngineError(f"{directory} holds {meta['base_model']} at LoRA rank {meta['lora_rank']}; this "
+                              f"run trains {self.base_model} at rank {self.rank}")
+        filename, _ = self._weights()
+        path = Path(directory) / filename
+        state = _read_tensors(path)
+        try:
+            if self.rank > 0:
+                _lora.load_adapter_state(self.model, state)
+            else:
+                self.model.load_state_dict(state)
+        except (ValueError, RuntimeError) as exc:
+            raise MachineFormatError(str(path), f"the weights do not fit this run: {exc}") from None
+        self.optimizer = None
+        if optimizer:
+            opt_file = Path(directory) / "optimizer.pt"
+            self.optimizer = self._make_optimizer()
+            if opt_file.exists():
+                try:
+                    self.optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
+                except Exception as exc:  # a truncated or foreign file
+                    raise MachineFormatError(str(opt_file), f"unreadable optimizer state ({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, *, optimizer: bool, base_model: str | None = None) -> "Trainer":
+        """A trainer resumed from a checkpoint directory (its rank, targets and seed)."""
+        meta = read_meta(directory)
+        if base_model is not None and base_model != meta["base_model"]:
+            raise EngineError(f"{directory} was trained from {meta['base_model']}, not {base_model}")
+        targets = meta.get("targets") or {}
+        trainer = cls(meta["base_model"], int(meta["lora_rank"]), seed=meta.get("seed"),
+                      train_attn=targets.get("attn", True), train_mlp=targets.get("mlp", True))
+        trainer.load(Path(directory), optimizer=optimizer)
+        return trainer
+
+    def snapshot(self, *, seed: int = 0) -> Sampler:
+        """A Sampler of the current weights (a merged copy; training goes on unaffected)."""
+        import copy
+
+        model = copy.deepcopy(self.model)
+        if self.rank > 0:
+            _lora.merge_lora(model)
+        return Sampler(model, self.base_model, seed=seed)

@@ -1,0 +1,1089 @@
+"""The local engine as a server that speaks Tinker's HTTP API, so the real `tinker` SDK runs here.
+
+`machine-nb serve` (or `LocalServer(...).start()`) answers every request the SDK makes for
+training clients, sampling clients, futures and the REST lookups tinker-cookbook uses, with the
+SDK's own request and response types: JSON bodies, except forward/backward requests and the
+results of forward/backward and sampling, which are protobuf (wire.py). The work itself runs in
+compute.py (one worker thread per training run, executing its requests in `seq_id` order, and
+one per sampler); checkpoints live under the data dir (checkpoints.py).
+
+Things a Tinker client relies on, and how they are met here:
+- futures are polled with `retrieve_future` and the SDK re-polls at once, so a poll that is not
+  ready is held open (long-poll) for up to `LONG_POLL_S` seconds before a "try_again";
+- the SDK retries 5xx answers and dropped connections for about five minutes, so every error
+  this server means (bad input, unknown model, a request it does not support) is a 4xx with a
+  JSON body naming the call and field, or a failed future (`{"error", "category"}`), both of
+  which the SDK raises at once;
+- telemetry is accepted and dropped (a 5xx there delays every SDK error by ~30 s).
+The server never stores or logs the API key a client sends; it checks one only when started
+with `key=` (required to bind anything but loopback).
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import socket
+import socketserver
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+from ...errors import EngineError, MachineFormatError
+from . import checkpoints as ck
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a `retrieve_future` poll is held open before "try_again" (the SDK's read timeout is 45 s).
+LONG_POLL_S = 20.0
+#: Largest request body accepted (the SDK splits forward/backward batches at ~5 MB).
+MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Seconds a request waits for an earlier `seq_id` of its run that never arrives before failing.
+SEQ_GAP_TIMEOUT_S = 120.0
+#: Seconds a finished future's result is kept for a client that polls again (a retried poll).
+FUTURE_TTL_S = 600.0
+
+
+class ApiError(Exception):
+    """An answer other than 200: `status`, a message, and the request field it is about."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.field, self.extra = status, message, field, extra
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# futures
+
+
+@dataclass
+class _Future:
+    request_id: str
+    call: str
+    done: threading.Event = field(default_factory=threading.Event)
+    content_type: str = "application/json"
+    body: bytes = b""
+    finished_at: float | None = None
+
+
+class _Futures:
+    """request id -> result (JSON or protobuf bytes), waited on by long-polls."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, _Future] = {}
+        self._lock = threading.Lock()
+
+    def new(self, call: str) -> _Future:
+        fut = _Future(f"req-{secrets.token_hex(8)}", call)
+        with self._lock:
+            self._gc()
+            self._items[fut.request_id] = fut
+        return fut
+
+    def _gc(self) -> None:
+        cutoff = time.monotonic() - FUTURE_TTL_S
+        stale = [k for k, f in self._items.items() if f.finished_at is not None and f.finished_at < cutoff]
+        for k in stale:
+            del self._items[k]
+
+    def get(self, request_id: str) -> _Future | None:
+        with self._lock:
+            return self._items.get(request_id)
+
+    @staticmethod
+    def resolve(fut: _Future, body: bytes, content_type: str = "application/json") -> None:
+        fut.body, fut.content_type, fut.finished_at = body, content_type, time.monotonic()
+        fut.done.set()
+
+    @classmethod
+    def resolve_json(cls, fut: _Future, value: Any) -> None:
+        cls.resolve(fut, json.dumps(value).encode("utf-8"))
+
+    @classmethod
+    def fail(cls, fut: _Future, message: str, category: str = "user") -> None:
+        cls.resolve_json(fut, {"error": message, "category": category})
+
+
+def _run_job(fut: _Future, fn: Callable[[], tuple[bytes, str] | Any]) -> None:
+    """Run one job and resolve its future: JSON-able values, (bytes, content type), or an error."""
+    try:
+        value = fn()
+    except (EngineError, MachineFormatError, ValueError) as exc:
+        _Futures.fail(fut, f"{fut.call}: {exc}", "user")
+    except Exception as exc:  # a defect here: say so instead of hanging the client
+        logger.error("local server: %s failed\n%s", fut.call, traceback.format_exc())
+        _Futures.fail(fut, f"{fut.call}: internal error of the local engine: {type(exc).__name__}: {exc}", "server")
+    else:
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bytes):
+            _Futures.resolve(fut, value[0], value[1])
+        else:
+            _Futures.resolve_json(fut, value)
+
+
+# ---------------------------------------------------------------------------------------------
+# training runs and samplers
+
+
+class _Run:
+    """One training run: its trainer and a worker that executes its requests in `seq_id` order."""
+
+    def __init__(self, server: "LocalServer", model_id: str, session_id: str, base_model: str,
+                 user_metadata: dict | None):
+        self.server = server
+        self.model_id, self.session_id, self.base_model = model_id, session_id, base_model
+        self.user_metadata = dict(user_metadata or {})
+        self.created = time.time()
+        self.last_request = self.created
+        self.trainer: Any = None
+        self._pending: dict[int, tuple[_Future, Callable]] = {}
+        self._unordered: list[tuple[_Future, Callable]] = []
+        self._next_seq = 1
+        self._seen: dict[int, _Future] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name=f"local-run-{model_id}", daemon=True)
+        self._thread.start()
+
+    def submit_first(self, fut: _Future, fn: Callable) -> None:
+        """The job that creates the trainer runs before any numbered request."""
+        with self._cond:
+            self._unordered.insert(0, (fut, fn))
+            self._cond.notify_all()
+
+    def submit(self, seq_id: int | None, call: str, fn: Callable) -> _Future:
+        """Queue `fn` as request `seq_id` (a retried request returns the future it already has)."""
+        with self._cond:
+            self.last_request = time.time()
+            if seq_id is not None and seq_id in self._seen:
+                return self._seen[seq_id]
+            fut = self.server.futures.new(call)
+            if seq_id is None:
+                self._unordered.append((fut, fn))
+            elif seq_id < self._next_seq:
+                _Futures.fail(fut, f"{call}: seq_id {seq_id} was already executed (next is {self._next_seq})")
+            else:
+                self._pending[seq_id] = (fut, fn)
+                self._seen[seq_id] = fut
+            self._cond.notify_all()
+            return fut
+
+    def _take(self) -> tuple[_Future, Callable] | None:
+        with self._cond:
+            waited_since: float | None = None
+            while not self._closed:
+                if self._unordered:
+                    return self._unordered.pop(0)
+                job = self._pending.pop(self._next_seq, None)
+                if job is not None:
+                    self._next_seq += 1
+                    if len(self._seen) > 4096:  # keep retry dedup bounded
+                        for k in sorted(self._seen)[:2048]:
+                            del self._seen[k]
+                    return job
+                if self._pending:
+                    waited_since = waited_since or time.monotonic()
+                    if time.monotonic() - waited_since > SEQ_GAP_TIMEOUT_S:
+                        missing, first = self._next_seq, min(self._pending)
+                        for seq in sorted(self._pending):
+                            fut, _ = self._pending.pop(seq)
+                            _Futures.fail(fut, f"{fut.call}: request seq_id {missing} of this run never arrived "
+                                               f"(waited {SEQ_GAP_TIMEOUT_S:g} s)")
+                        self._next_seq = first + 1
+                        waited_since = None
+                        continue
+                    self._cond.wait(1.0)
+                else:
+                    waited_since = None
+                    self._cond.wait()
+            return None
+
+    def _work(self) -> None:
+        from .compute import configure_torch
+
+        configure_torch(self.server.threads)
+        while True:
+            job = self._take()
+            if job is None:
+                return
+            fut, fn = job
+            _run_job(fut, fn)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class _Sampler:
+    """A sampling session: fixed weights and one worker that runs its requests in arrival order."""
+
+    def __init__(self, server: "LocalServer", sampler_id: str, sampler: Any, model_path: str | None):
+        self.server, self.sampler_id, self.sampler, self.model_path = server, sampler_id, sampler, model_path
+        self.base_model = sampler.base_model
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"local-sampler-{sampler_id[-6:]}")
+        self.pool.submit(_configure, server.threads)
+
+    def submit(self, call: str, fn: Callable) -> _Future:
+        fut = self.server.futures.new(call)
+        self.pool.submit(_run_job, fut, fn)
+        return fut
+
+
+def _configure(threads: int | None) -> None:
+    from .compute import configure_torch
+
+    configure_torch(threads)
+
+
+@dataclass
+class _Session:
+    session_id: str
+    user_metadata: dict
+    created: float
+    last_heartbeat: float
+    finished: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# request parsing helpers
+
+
+def _validation_message(exc: Exception) -> tuple[str, str | None]:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = ".".join(str(p) for p in first.get("loc", ()))
+            return f"{first.get('msg', exc)}", loc or None
+        except Exception:  # fall back to the text
+            pass
+    return str(exc), None
+
+
+def _parse(model_cls: Any, body: Any, call: str) -> Any:
+    """`body` validated as an SDK request type; a 400 naming the field otherwise."""
+    try:
+        return model_cls.model_validate(body)
+    except Exception as exc:  # pydantic.ValidationError
+        message, where = _validation_message(exc)
+        raise ApiError(400, f"{call}: {message}" + (f" (field {where})" if where else ""), where) from None
+
+
+def _dump(value: Any) -> Any:
+    return value.model_dump(mode="json", exclude_none=True)
+
+
+def _token_ids(model_input: Any, where: str) -> list[int]:
+    try:
+        return [int(t) for t in model_input.to_ints()]
+    except ValueError as exc:
+        raise ApiError(400, f"{exc}: the local engine takes text token chunks only", where) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the server
+
+
+class LocalServer:
+    """The Tinker-compatible server: `start()` in a background thread, or `serve_forever()`.
+
+    host / port: where to listen (default 127.0.0.1 and a free port). Any host but loopback
+      needs `key`: requests without `X-API-Key: <key>` are then refused with 401.
+    data_dir: where runs and checkpoints are written (default `checkpoints.default_data_dir()`).
+    threads: torch threads for the work (default $MACHINE_NB_THREADS, else 1: reproducible).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, data_dir: str | os.PathLike | None = None,
+                 key: str | None = None, threads: int | None = None, quiet: bool = True):
+        if not _is_loopback(host) and not key:
+            raise EngineError(f"binding {host!r} (not loopback) exposes the server to other machines: "
+                              "pass a key (--key) that every request must send as its API key")
+        if key is not None and not key.startswith("tml-"):
+            raise EngineError("a server key must start with 'tml-': the tinker SDK sends no other API key")
+        self.host, self.key, self.threads, self.quiet = host, key, threads, quiet
+        self.data_dir = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
+        ck.ensure_private_dir(self.data_dir)
+        self.futures = _Futures()
+        self.sessions: dict[str, _Session] = {}
+        self.runs: dict[str, _Run] = {}
+        self.samplers: dict[str, _Sampler] = {}
+        self._lock = threading.Lock()
+        self._httpd = _HTTPServer((host, port), _Handler)
+        self._httpd.app = self
+        self._thread: threading.Thread | None = None
+        self.port = self._httpd.server_address[1]
+        self._routes = self._route_table()
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
+
+    # -- lifecycle
+    def start(self) -> "LocalServer":
+        """Serve in a daemon thread; returns once the socket accepts connections."""
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="machine-nb-tinker-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def stop(self) -> None:
+        """Stop accepting requests and end the workers (finished checkpoints stay on disk)."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._lock:
+            runs, samplers = list(self.runs.values()), list(self.samplers.values())
+        for run in runs:
+            run.close()
+        for s in samplers:
+            s.pool.shutdown(wait=False, cancel_futures=True)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    # -- dispatch
+    def _route_table(self) -> dict[tuple[str, str], Callable]:
+        r = {
+            ("GET", "/api/v1/healthz"): lambda q, b: {"status": "ok"},
+            ("POST", "/api/v1/client/config"): self.client_config,
+            ("POST", "/api/v1/client/dynamic_config"): lambda q, b: {},
+            ("GET", "/api/v1/get_server_capabilities"): self.capabilities,
+            ("POST", "/api/v1/create_session"): self.create_session,
+            ("POST", "/api/v1/session_heartbeat"): self.heartbeat,
+            ("POST", "/api/v1/telemetry"): lambda q, b: {"status": "accepted"},
+            ("POST", "/api/v1/create_model"): self.create_model,
+            ("POST", "/api/v1/get_info"): self.get_info,
+            ("POST", "/api/v1/forward_backward"): self.forward_backward,
+            ("POST", "/api/v1/forward"): self.forward_backward,
+            ("POST", "/api/v1/optim_step"): self.optim_step,
+            ("POST", "/api/v1/save_weights"): self.save_weights,
+            ("POST", "/api/v1/save_weights_for_sampler"): self.save_weights_for_sampler,
+            ("POST", "/api/v1/load_weights"): self.load_weights,
+            ("POST", "/api/v1/create_sampling_session"): self.create_sampling_session,
+            ("POST", "/api/v1/asample"): self.asample,
+            ("POST", "/api/v1/retrieve_future"): self.retrieve_future,
+            ("POST", "/api/v1/cancel_future"): lambda q, b: {},
+            ("POST", "/api/v1/weights_info"): self.weights_info,
+            ("GET", "/api/v1/training_runs"): self.list_training_runs,
+            ("GET", "/api/v1/checkpoints"): self.list_all_checkpoints,
+        }
+        return r
+
+    def dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
+        if self.key is not None and path != "/api/v1/healthz":
+            sent = headers.get("X-API-Key", "")
+            if not hmac.compare_digest(sent.encode("utf-8", "replace"), self.key.encode("utf-8")):
+                raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY)")
+        handler = self._routes.get((method, path))
+        if handler is None:
+            handler = self._dynamic_route(method, path)
+        if handler is None:
+            raise ApiError(404, f"the local Tinker server does not support {method} {path}")
+        if path == "/api/v1/forward_backward" or path == "/api/v1/forward":
+            result = handler(query, raw, headers)
+        else:
+            result = handler(query, body)
+        if isinstance(result, tuple):
+            return result
+        return 200, json.dumps(result).encode("utf-8"), "application/json"
+
+    def _dynamic_route(self, method: str, path: str) -> Callable | None:
+        parts = path.strip("/").split("/")
+        if parts[:2] != ["api", "v1"]:
+            return None
+        rest = parts[2:]
+        if method == "GET" and len(rest) == 2 and rest[0] == "samplers":
+            return lambda q, b: self.get_sampler(rest[1])
+        if method == "POST" and len(rest) == 3 and rest[0] == "sessions" and rest[2] == "finish":
+            return lambda q, b: self.finish_session(rest[1])
+        if method == "GET" and len(rest) == 2 and rest[0] == "sessions":
+            return lambda q, b: self.get_session(rest[1])
+        if method == "GET" and len(rest) == 2 and rest[0] == "training_runs":
+            return lambda q, b: self.get_training_run(rest[1])
+        if method == "GET" and len(rest) == 3 and rest[0] == "training_runs" and rest[2] == "checkpoints":
+            return lambda q, b: self.list_checkpoints(rest[1])
+        if method == "DELETE" and len(rest) >= 5 and rest[0] == "training_runs" and rest[2] == "checkpoints":
+            return lambda q, b: self.delete_checkpoint(rest[1], "/".join(rest[3:]))
+        return None
+
+    # -- start-up and sessions
+    def client_config(self, q: dict, body: Any) -> dict:
+        # SDK defaults, except: API keys only (no JWT exchange) and uncompressed forward/backward
+        return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False}
+
+    def capabilities(self, q: dict, body: Any) -> dict:
+        from . import MODELS, load_config
+
+        models = []
+        for name in sorted(MODELS):
+            models.append({"model_name": name, "max_context_length": load_config(name).block_size,
+                           "trainable": True, "sampleable": True})
+        return {"supported_models": models}
+
+    def create_session(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        req = _parse(types.CreateSessionRequest, body, "create_session")
+        sid = f"{ck.RUN_PREFIX}{secrets.token_hex(8)}"
+        now = time.time()
+        with self._lock:
+            self.sessions[sid] = _Session(sid, dict(req.user_metadata or {}), now, now)
+        return {"type": "create_session", "session_id": sid}
+
+    def heartbeat(self, q: dict, body: Any) -> dict:
+        sid = (body or {}).get("session_id") if isinstance(body, dict) else None
+        session = self.sessions.get(sid or "")
+        if session is None:
+            raise ApiError(404, f"session_heartbeat: no session {sid!r} on this server", "session_id")
+        if session.finished:
+            raise ApiError(410, f"session {sid} has finished")
+        session.last_heartbeat = time.time()
+        return {"type": "session_heartbeat"}
+
+    def finish_session(self, sid: str) -> dict:
+        session = self.sessions.get(sid)
+        if session is not None:
+            session.finished = True
+        return {}
+
+    def get_session(self, sid: str) -> dict:
+        session = self.sessions.get(sid)
+        if session is None:
+            raise ApiError(404, f"no session {sid!r} on this server")
+        with self._lock:
+            runs = [m for m, r in self.runs.items() if r.session_id == sid]
+            samplers = list(self.samplers)
+        return {"training_run_ids": runs, "sampler_ids": samplers}
+
+    def _session(self, sid: str, call: str) -> _Session:
+        session = self.sessions.get(sid)
+        if session is None:
+            raise ApiError(404, f"{call}: no session {sid!r} on this server (was it restarted?)", "session_id")
+        return session
+
+    # -- training runs
+    def _run(self, model_id: str, call: str) -> _Run:
+        run = self.runs.get(model_id)
+        if run is None:
+            raise ApiError(404, f"{call}: no training run {model_id!r} on this server (was it restarted?)", "model_id")
+        return run
+
+    def _check_base_model(self, name: str, call: str) -> None:
+        from . import MODELS
+
+        if name not in MODELS:
+            raise ApiError(400, f"{call}: the local engine does not serve {name!r}; it serves "
+                                f"{', '.join(sorted(MODELS))} (Tinker models need Tinker itself)", "base_model")
+
+    def _new_run(self, session_id: str, model_seq_id: int, base_model: str, user_metadata: dict | None) -> _Run:
+        model_id = f"{session_id}:train:{model_seq_id}"
+        with self._lock:
+            if model_id in self.runs:
+                raise ApiError(409, f"training run {model_id} exists already", "model_seq_id")
+            run = _Run(self, model_id, session_id, base_model, user_metadata)
+            self.runs[model_id] = run
+        return run
+
+    def _write_run_record(self, run: _Run) -> None:
+        t = run.trainer
+        record = {"training_run_id": run.model_id, "base_model": run.base_model, "lora_rank": t.rank,
+                  "lora_alpha": t.alpha, "targets": t.targets, "seed": t.seed, "user_metadata": run.user_metadata,
+                  "created": run.created}
+        directory = ck.ensure_private_dir(ck.run_dir(self.data_dir, run.model_id))
+        path = directory / "run.json"
+        tmp = directory / f".run.json.tmp-{secrets.token_hex(3)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=1)
+        os.replace(tmp, path)
+
+    def create_model(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        from .compute import Trainer
+
+        req = _parse(types.CreateModelRequest, body, "create_model")
+        self._session(req.session_id, "create_model")
+        self._check_base_model(req.base_model, "create_model")
+        if req.optimizer_config is not None and getattr(req.optimizer_config, "type", "adamw") != "adamw":
+            raise ApiError(400, f"create_model: the local engine trains with AdamW only, not "
+                                f"{req.optimizer_config.type!r}", "optimizer_config.type")
+        lora = req.lora_config
+        rank = 32 if lora is None else int(lora.rank)
+        if rank < 0:  # rank 0 is full fine-tuning, a local-engine extension (Tinker has none)
+            raise ApiError(400, f"create_model: LoRA rank must be 0 (full fine-tuning) or more, got {rank}",
+                           "lora_config.rank")
+        run = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata)
+        fut = self.futures.new("create_model")
+
+        def create() -> dict:
+            run.trainer = Trainer(req.base_model, rank, seed=None if lora is None else lora.seed,
+                                  train_attn=True if lora is None else lora.train_attn,
+                                  train_mlp=True if lora is None else lora.train_mlp)
+            self._write_run_record(run)
+            return {"model_id": run.model_id, "type": "create_model"}
+
+        run.submit_first(fut, create)
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def get_info(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        from . import tokenizer_dir
+
+        req = _parse(types.GetInfoRequest, body, "get_info")
+        run = self._run(req.model_id, "get_info")
+        rank = run.trainer.rank if run.trainer is not None else None
+        return {"type": "get_info", "model_id": run.model_id, "is_lora": bool(rank), "lora_rank": rank or None,
+                "model_name": run.base_model,
+                "model_data": {"arch": "gpt", "model_name": run.base_model,
+                               "tokenizer_id": str(tokenizer_dir(run.base_model))}}
+
+    def forward_backward(self, q: dict, raw: bytes, headers: Any) -> dict:
+        from . import wire
+        from .compute import Example
+
+        if "protobuf" not in (headers.get("Content-Type") or ""):
+            raise ApiError(400, "forward_backward: the body must be a ForwardBackwardRequest protobuf "
+                                f"(Content-Type {wire.CONTENT_TYPE}), as the tinker SDK sends it")
+        if headers.get("Content-Encoding"):
+            raise ApiError(400, f"forward_backward: Content-Encoding {headers.get('Content-Encoding')!r} is not "
+                                "accepted (this server asks clients for uncompressed bodies)")
+        try:
+            req = wire.decode_forward_backward(raw)
+        except wire.WireError as exc:
+            raise ApiError(400, f"forward_backward: {exc}", exc.field) from None
+        call = "forward" if req.forward_only else "forward_backward"
+        run = self._run(req.model_id, call)
+        if req.loss_fn != "cross_entropy":
+            raise ApiError(400, f"{call}: the local engine supports loss_fn 'cross_entropy' only, not {req.loss_fn!r}",
+                           "loss_fn")
+        if req.loss_fn_config:
+            raise ApiError(400, f"{call}: cross_entropy takes no loss_fn_config", "loss_fn_config")
+        if not req.data:
+            raise ApiError(400, f"{call}: no data", "data")
+        from . import load_config
+
+        cfg = load_config(run.base_model)
+        batch = []
+        for i, d in enumerate(req.data):
+            for key in ("target_tokens", "weights"):
+                if key not in d.loss_fn_inputs:
+                    raise ApiError(400, f"{call}: cross_entropy needs loss_fn_inputs {key!r}",
+                                   f"data.{i}.loss_fn_inputs.{key}")
+            tgt, w = d.loss_fn_inputs["target_tokens"], d.loss_fn_inputs["weights"]
+            if not (len(d.ids) == len(tgt) == len(w)):
+                raise ApiError(400, f"{call}: model_input has {len(d.ids)} tokens, target_tokens {len(tgt)}, "
+                                    f"weights {len(w)}; they must be equal", f"data.{i}")
+            if not d.ids:
+                raise ApiError(400, f"{call}: empty model_input", f"data.{i}.model_input")
+            if len(d.ids) > cfg.block_size:
+                raise ApiError(400, f"{call}: {len(d.ids)} tokens exceed the context of {run.base_model} "
+                                    f"({cfg.block_size} tokens)", f"data.{i}.model_input")
+            bad = [t for t in list(d.ids) + [int(x) for x in tgt] if not 0 <= t < cfg.vocab_size]
+            if bad:
+                raise ApiError(400, f"{call}: token id {bad[0]} is outside the vocabulary of {run.base_model} "
+                                    f"(0..{cfg.vocab_size - 1})", f"data.{i}")
+            import numpy as np
+
+            if not np.all(np.isfinite(w)):
+                raise ApiError(400, f"{call}: weights must be finite numbers", f"data.{i}.loss_fn_inputs.weights")
+            batch.append(Example(d.ids, tgt.astype("int64"), w.astype("float32")))
+
+        def work() -> tuple[bytes, str]:
+            if run.trainer is None:
+                raise EngineError("the training run was not created")
+            logprobs, elementwise, total = run.trainer.forward_backward(batch, backward=not req.forward_only)
+            outputs = [{"logprobs": lp, "elementwise_loss": el} for lp, el in zip(logprobs, elementwise)]
+            return wire.encode_forward_backward_output(outputs, {"loss:sum": total}), wire.CONTENT_TYPE
+
+        fut = run.submit(req.seq_id, call, work)
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def optim_step(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        req = _parse(types.OptimStepRequest, body, "optim_step")
+        run = self._run(req.model_id, "optim_step")
+        p = req.optim_params
+        if not isinstance(p, types.AdamParams):
+            raise ApiError(400, f"optim_step: the local engine takes adam_params, not {getattr(p, 'type', p)!r}",
+                           "adam_params")
+        for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
+            value = getattr(p, name)
+            if not (value == value and abs(value) != float("inf")) or value < 0:
+                raise ApiError(400, f"optim_step: {name} must be a finite number >= 0, got {value}", f"adam_params.{name}")
+
+        def work() -> dict:
+            metrics = run.trainer.optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
+                                             weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+            return {"metrics": metrics}
+
+        fut = run.submit(req.seq_id, "optim_step", work)
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def _save(self, run: _Run, kind: str, name: str, user_metadata: dict | None, overwrite: bool = True) -> str:
+        sub = "weights" if kind == "state" else "sampler_weights"
+        final = ck.run_dir(self.data_dir, run.model_id) / sub / ck.check_name(name)
+        if final.exists() and not overwrite:
+            raise EngineError(f"checkpoint {name!r} exists already (pass overwrite=True to replace it)")
+        meta = run.trainer.meta(kind, name, run.model_id, {**run.user_metadata, **(user_metadata or {})})
+        run.trainer.save(final, meta, optimizer=kind == "state")
+        return ck.tinker_path(run.model_id, sub, name)
+
+    def save_weights(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        req = _parse(types.SaveWeightsRequest, body, "save_weights")
+        run = self._run(req.model_id, "save_weights")
+        name = req.path or f"state-{secrets.token_hex(4)}"
+        try:
+            ck.check_name(name)
+        except EngineError as exc:
+            raise ApiError(400, f"save_weights: {exc}", "path") from None
+        fut = run.submit(req.seq_id, "save_weights", lambda: {
+            "path": self._save(run, "state", name, req.user_metadata, overwrite=True), "type": "save_weights"})
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def save_weights_for_sampler(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        req = _parse(types.SaveWeightsForSamplerRequest, body, "save_weights_for_sampler")
+        run = self._run(req.model_id, "save_weights_for_sampler")
+        if req.path is not None:
+            try:
+                ck.check_name(req.path)
+            except EngineError as exc:
+                raise ApiError(400, f"save_weights_for_sampler: {exc}", "path") from None
+
+            def work() -> dict:
+                return {"path": self._save(run, "sampler", req.path, req.user_metadata), "type": "save_weights_for_sampler"}
+        else:
+            def work() -> dict:
+                sampler = run.trainer.snapshot(seed=run.trainer.seed)
+                sid = self._add_sampler(sampler, None)
+                return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
+
+        fut = run.submit(req.seq_id, "save_weights_for_sampler", work)
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def _checkpoint_dir(self, path: str, call: str, field_name: str = "path") -> Path:
+        try:
+            directory = ck.checkpoint_dir(self.data_dir, path)
+        except EngineError as exc:
+            raise ApiError(400, f"{call}: {exc}", field_name) from None
+        if not (directory / "checkpoint.json").is_file():
+            raise ApiError(404, f"{call}: no checkpoint {path} on this server (looked in {directory})", field_name)
+        return directory
+
+    def load_weights(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        from .compute import Trainer, read_meta
+
+        req = _parse(types.LoadWeightsRequest, body, "load_weights")
+        directory = self._checkpoint_dir(req.path, "load_weights")
+        if req.model_id is not None:  # load into an existing run, in its request order
+            run = self._run(req.model_id, "load_weights")
+            fut = run.submit(req.seq_id, "load_weights", lambda: (
+                run.trainer.load(directory, optimizer=req.optimizer),
+                {"path": req.path, "type": "load_weights"})[1])
+            return {"request_id": fut.request_id, "model_id": run.model_id}
+        if req.session_id is None or req.model_seq_id is None:
+            raise ApiError(400, "load_weights: give model_id, or session_id and model_seq_id for a new run", "model_id")
+        self._session(req.session_id, "load_weights")
+        try:
+            meta = read_meta(directory)
+        except MachineFormatError as exc:
+            raise ApiError(400, f"load_weights: {exc}", "path", error_type="MachineFormatError",
+                           file=exc.path, reason=exc.reason) from None
+        if req.base_model is not None and req.base_model != meta["base_model"]:
+            raise ApiError(400, f"load_weights: {req.path} was trained from {meta['base_model']}, not {req.base_model}",
+                           "base_model")
+        run = self._new_run(req.session_id, req.model_seq_id, meta["base_model"],
+                            {**(meta.get("user_metadata") or {}), **(req.user_metadata or {})})
+        fut = self.futures.new("load_weights")
+
+        def create() -> dict:
+            run.trainer = Trainer.from_checkpoint(directory, optimizer=req.optimizer)
+            self._write_run_record(run)
+            return {"path": req.path, "type": "load_weights"}
+
+        run.submit_first(fut, create)
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    # -- sampling
+    def _add_sampler(self, sampler: Any, model_path: str | None) -> str:
+        sid = f"{ck.RUN_PREFIX}sampler-{secrets.token_hex(8)}"
+        with self._lock:
+            self.samplers[sid] = _Sampler(self, sid, sampler, model_path)
+        return sid
+
+    def create_sampling_session(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        from .compute import Sampler, load_base
+
+        req = _parse(types.CreateSamplingSessionRequest, body, "create_sampling_session")
+        self._session(req.session_id, "create_sampling_session")
+        if (req.model_path is None) == (req.base_model is None):
+            raise ApiError(400, "create_sampling_session: give exactly one of model_path and base_model", "model_path")
+        if req.model_path is not None:
+            directory = self._checkpoint_dir(req.model_path, "create_sampling_session", "model_path")
+            try:
+                sampler = Sampler.from_checkpoint(directory)
+            except MachineFormatError as exc:
+                raise ApiError(400, f"create_sampling_session: {exc}", "model_path", error_type="MachineFormatError",
+                               file=exc.path, reason=exc.reason) from None
+            except EngineError as exc:
+                raise ApiError(400, f"create_sampling_session: {exc}", "model_path") from None
+        else:
+            self._check_base_model(req.base_model, "create_sampling_session")
+            sampler = Sampler(load_base(req.base_model), req.base_model)
+        return {"type": "create_sampling_session", "sampling_session_id": self._add_sampler(sampler, req.model_path)}
+
+    def get_sampler(self, sid: str) -> dict:
+        s = self.samplers.get(sid)
+        if s is None:
+            raise ApiError(404, f"no sampler {sid!r} on this server (was it restarted?)")
+        out = {"sampler_id": sid, "base_model": s.base_model}
+        if s.model_path:
+            out["model_path"] = s.model_path
+        return out
+
+    def asample(self, q: dict, body: Any) -> dict:
+        from tinker import types
+
+        from . import wire
+
+        req = _parse(types.SampleRequest, body, "asample")
+        if req.sampling_session_id is None:
+            raise ApiError(400, "asample: sampling_session_id is required (create a sampling session first)",
+                           "sampling_session_id")
+        s = self.samplers.get(req.sampling_session_id)
+        if s is None:
+            raise ApiError(404, f"asample: no sampler {req.sampling_session_id!r} on this server", "sampling_session_id")
+        ids = _token_ids(req.prompt, "prompt")
+        sampler = s.sampler
+        for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if getattr(req, name):
+                raise ApiError(400, f"asample: the local engine does not return {name}", name)
+        if req.target_prompt_logprobs is not None:
+            raise ApiError(400, "asample: the local engine does not return target_prompt_logprobs", "target_prompt_logprobs")
+        if req.num_samples < 1:
+            raise ApiError(400, f"asample: num_samples must be at least 1, got {req.num_samples}", "num_samples")
+        if not ids:
+            raise ApiError(400, "asample: the prompt is empty", "prompt")
+        bad = [t for t in ids if not 0 <= t < sampler.vocab_size]
+        if bad:
+            raise ApiError(400, f"asample: token id {bad[0]} is outside the vocabulary of {s.base_model} "
+                                f"(0..{sampler.vocab_size - 1})", "prompt")
+        want_prompt_lp = bool(req.prompt_logprobs)
+        limit = sampler.block_size if want_prompt_lp else sampler.block_size - 1
+        if len(ids) > limit:
+            raise ApiError(400, f"asample: the prompt has {len(ids)} tokens; the context of {s.base_model} is "
+                                f"{sampler.block_size} tokens", "prompt")
+        params = req.sampling_params
+        if params.max_tokens is not None and params.max_tokens < 0:
+            raise ApiError(400, f"asample: max_tokens must be >= 0, got {params.max_tokens}", "sampling_params.max_tokens")
+        if params.temperature < 0:
+            raise ApiError(400, f"asample: temperature must be >= 0, got {params.temperature}", "sampling_params.temperature")
+        seed = params.seed if params.seed is not None else sampler.next_seed()
+        # stop=None means the model's end-of-message token, as on Tinker; [] means no stop at all
+        stop = params.stop if params.stop is not None else [2]
+        seq_ids = [f"{req.sampling_session_id}:{req.seq_id or 0}:{i}" for i in range(req.num_samples)]
+
+        def work() -> tuple[bytes, str]:
+            if want_prompt_lp and len(ids) >= sampler.block_size:
+                seqs = [_empty_sample() for _ in range(req.num_samples)]
+            else:
+                seqs = sampler.sample(ids, req.num_samples, max_tokens=params.max_tokens, temperature=params.temperature,
+                                      seed=seed, stop=stop, top_k=params.top_k, top_p=params.top_p)
+            plp = sampler.prompt_logprobs(ids, req.prompt_logprobs_last_n) if want_prompt_lp else None
+            return wire.encode_sample_response(seqs, plp), wire.CONTENT_TYPE
+
+        fut = s.submit("asample", work)
+        return {"request_id": fut.request_id, "sample_sequence_ids": seq_ids}
+
+    # -- futures
+    def retrieve_future(self, q: dict, body: Any) -> tuple[int, bytes, str] | dict:
+        from tinker import types
+
+        req = _parse(types.FutureRetrieveRequest, body, "retrieve_future")
+        fut = self.futures.get(req.request_id)
+        if fut is None:
+            raise ApiError(404, f"retrieve_future: no request {req.request_id!r} on this server (was it restarted?)",
+                           "request_id")
+        if not fut.done.wait(LONG_POLL_S):
+            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+        return 200, fut.body, fut.content_type
+
+    # -- REST lookups
+    def _run_record(self, run_id: str) -> dict:
+        try:
+            directory = ck.run_dir(self.data_dir, run_id)
+        except EngineError as exc:
+            raise ApiError(404, str(exc)) from None
+        path = directory / "run.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                raise ApiError(400, f"{path}: unreadable run record") from None
+        # a legacy log dir (or a run without a record): describe it from a checkpoint
+        from .compute import read_meta
+
+        for sub in ("weights", "sampler_weights"):
+            for d in sorted((directory / sub).glob("*")) if (directory / sub).is_dir() else []:
+                if (d / "checkpoint.json").is_file():
+                    try:
+                        meta = read_meta(d)
+                    except MachineFormatError:
+                        continue
+                    return {"training_run_id": run_id, "base_model": meta["base_model"],
+                            "lora_rank": meta["lora_rank"], "user_metadata": meta.get("user_metadata") or {},
+                            "created": d.stat().st_mtime}
+        raise ApiError(404, f"no training run {run_id!r} on this server")
+
+    def _checkpoints(self, run_id: str) -> list[dict]:
+        import datetime as dt
+
+        directory = ck.run_dir(self.data_dir, run_id)
+        out = []
+        for sub, kind in ck.KINDS.items():
+            base = directory / sub
+            if not base.is_dir():
+                continue
+            for d in sorted(base.iterdir()):
+                if d.name.startswith(".") or not (d / "checkpoint.json").is_file():
+                    continue
+                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                when = dt.datetime.fromtimestamp((d / "checkpoint.json").stat().st_mtime, dt.timezone.utc)
+                out.append({"checkpoint_id": f"{sub}/{d.name}", "checkpoint_type": kind,
+                            "time": when.isoformat(), "tinker_path": ck.tinker_path(run_id, sub, d.name),
+                            "size_bytes": size})
+        return out
+
+    def get_training_run(self, run_id: str) -> dict:
+        import datetime as dt
+
+        record = self._run_record(run_id)
+        run = self.runs.get(run_id)
+        last = run.last_request if run is not None else record.get("created", time.time())
+        cps = self._checkpoints(run_id)
+        training = [c for c in cps if c["checkpoint_type"] == "training"]
+        sampler = [c for c in cps if c["checkpoint_type"] == "sampler"]
+        meta = {str(k): str(v) for k, v in (record.get("user_metadata") or {}).items()}
+        return {"training_run_id": run_id, "base_model": record["base_model"], "model_owner": "local",
+                "is_lora": int(record.get("lora_rank") or 0) > 0, "lora_rank": record.get("lora_rank") or None,
+                "last_request_time": dt.datetime.fromtimestamp(last, dt.timezone.utc).isoformat(),
+                "last_checkpoint": max(training, key=lambda c: c["time"]) if training else None,
+                "last_sampler_checkpoint": max(sampler, key=lambda c: c["time"]) if sampler else None,
+                "user_metadata": meta or None}
+
+    def list_training_runs(self, q: dict, body: Any) -> dict:
+        root = self.data_dir / "runs"
+        ids = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        limit = int((q.get("limit") or ["20"])[0])
+        offset = int((q.get("offset") or ["0"])[0])
+        page = ids[offset:offset + limit]
+        return {"training_runs": [self.get_training_run(i) for i in page],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
+
+    def list_checkpoints(self, run_id: str) -> dict:
+        self._run_record(run_id)
+        return {"checkpoints": self._checkpoints(run_id)}
+
+    def list_all_checkpoints(self, q: dict, body: Any) -> dict:
+        root = self.data_dir / "runs"
+        cps = []
+        for p in sorted(root.iterdir()) if root.is_dir() else []:
+            if p.is_dir():
+                cps.extend(self._checkpoints(p.name))
+        return {"checkpoints": cps}
+
+    def weights_info(self, q: dict, body: Any) -> dict:
+        from .compute import read_meta
+
+        path = (body or {}).get("tinker_path") if isinstance(body, dict) else None
+        if not isinstance(path, str):
+            raise ApiError(400, "weights_info: tinker_path is required", "tinker_path")
+        directory = self._checkpoint_dir(path, "weights_info", "tinker_path")
+        try:
+            meta = read_meta(directory)
+        except MachineFormatError as exc:
+            raise ApiError(400, f"weights_info: {exc}", "tinker_path") from None
+        targets = meta.get("targets") or {}
+        return {"base_model": meta["base_model"], "is_lora": int(meta["lora_rank"]) > 0,
+                "lora_rank": int(meta["lora_rank"]) or None, "train_unembed": False,
+                "train_mlp": targets.get("mlp", True), "train_attn": targets.get("attn", True)}
+
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
+        import shutil
+
+        parts = checkpoint_id.split("/")
+        if len(parts) != 2 or parts[0] not in ck.KINDS:
+            raise ApiError(400, f"not a checkpoint id: {checkpoint_id!r}")
+        directory = self._checkpoint_dir(ck.tinker_path(run_id, parts[0], parts[1]), "delete_checkpoint")
+        shutil.rmtree(directory)
+        return {}
+
+
+def _empty_sample() -> Any:
+    from .compute import Sample
+
+    return Sample([], [], "length")
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP plumbing (stdlib: a thread per connection, HTTP/1.1 keep-alive)
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+    app: LocalServer
+
+    def server_bind(self) -> None:
+        if ":" in self.server_address[0]:
+            self.address_family = socket.AF_INET6
+            self.socket = socket.socket(self.address_family, self.socket_type)
+        socketserver.TCPServer.server_bind(self)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "machine-nb-tinker"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        # method and path only: headers (the API key) are never logged
+        if not self.server.app.quiet:
+            logger.info("local server: %s", format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, exc: ApiError) -> None:
+        payload = {"detail": exc.message, "field": exc.field, **exc.extra}
+        self._send(exc.status, json.dumps(payload).encode("utf-8"), "application/json", {"x-should-retry": "false"})
+
+    def _handle(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True
+            return self._error(ApiError(400, "Content-Length is not a number"))
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the unread body cannot be skipped safely
+            return self._error(ApiError(413, f"{method} {parts.path}: the body has {length} bytes; this server accepts "
+                                             f"at most {MAX_BODY_BYTES}"))
+        raw = self.rfile.read(length) if length else b""
+        body: Any = None
+        ctype = self.headers.get("Content-Type") or ""
+        if raw and "json" in ctype:
+            try:
+                body = json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                return self._error(ApiError(400, f"{method} {parts.path}: the body is not valid JSON ({exc})"))
+        try:
+            status, out, out_type = self.server.app.dispatch(method, parts.path, parse_qs(parts.query), body, raw,
+                                                             self.headers)
+        except ApiError as exc:
+            return self._error(exc)
+        except Exception as exc:  # a defect: a 4xx the SDK raises at once, never a retried 5xx
+            logger.error("local server: %s %s failed\n%s", method, parts.path, traceback.format_exc())
+            return self._error(ApiError(400, f"{method} {parts.path}: internal error of the local engine: "
+                                             f"{type(exc).__name__}: {exc}"))
+        self._send(status, out, out_type)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib names
+        self._handle("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._handle("DELETE")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._handle("PUT")
+
+
+# ---------------------------------------------------------------------------------------------
+# the process's own server
+
+
+_DEFAULT: LocalServer | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def ensure_server() -> LocalServer:
+    """The server this process's `engine="local"` calls use: started on a free loopback port the
+    first time it is needed, reused afterwards, stopped at interpreter exit. It runs in this
+    process (a thread), so it can never outlive it."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            import atexit
+
+            _DEFAULT = LocalServer().start()
+            atexit.register(_stop_default)
+        return _DEFAULT
+
+
+def _stop_default() -> None:
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        server, _DEFAULT = _DEFAULT, None
+    if server is not None:
+        try:
+            server.stop()
+        except Exception:  # interpreter shutdown: nothing left to report to
+            pass
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathLike | None = None,
+          key: str | None = None, threads: int | None = None, verbose: bool = False,
+          announce: Callable[[str], None] = print) -> None:
+    """Run the server in the foreground until Ctrl-C (what `machine-nb serve` does)."""
+    server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
+    if verbose:
+        logging.basicConfig(level=logging.INFO)
+    note = "" if key is None else " (requests must send the key)"
+    announce(f"serving the Tinker API on {server.url}{note}")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
