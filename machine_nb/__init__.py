@@ -76,6 +76,8 @@ _API: dict[str, str] = {
     "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
+    # the local engine (a Tinker-compatible server)
+    "use_local_models": "engines.local",
 }
 
 __all__ = sorted(_API)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime as _dt
 import hashlib
 import html
@@ -267,71 +268,94 @@ async def _sample_rows(client: Any, renderer: Any, prompts: list[Any], params: A
     return results
 
 
-def _run(coro_factory: Any) -> Any:
-    """Run a coroutine to completion, also from Jupyter (where an event loop already runs):
-    then it runs in a worker thread with its own loop."""
+def _run(coro_factory: Any, watchdog: Any = None) -> Any:
+    """Run a coroutine to completion, also from Jupyter (where an event loop already runs: then
+    it runs in a worker thread with its own loop). With a `watchdog` (engines.tinker.Watchdog),
+    a service that stops answering cancels the work and raises EngineError within seconds."""
+    async def guarded() -> Any:
+        task = asyncio.ensure_future(coro_factory())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if watchdog is not None and watchdog.failed:
+                task.cancel()
+                raise EngineError(watchdog.failed)
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro_factory())
+        return asyncio.run(guarded())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(coro_factory())).result()
+        return pool.submit(lambda: asyncio.run(guarded())).result()
 
 
 def _default_model() -> str:
-    try:
-        from .engines.local import DEFAULT_MODEL
-    except ImportError as exc:
-        raise EngineError("No model given and the local engine is not available: pass model=") from exc
-    return DEFAULT_MODEL
+    from .engines import default_model
 
-
-def _engine_for(model_or_path: str) -> str:
-    try:
-        from .engines import engine_for
-    except ImportError:  # engines/ not built: the same rule, by name
-        return "local" if model_or_path.startswith(("local/", "local://")) else "tinker"
-    return engine_for(model_or_path)
+    return default_model("local")
 
 
 def _resolve(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
-    """The renderer's model and the engine, with the engine's own name rules (engines.engine_for)."""
+    """The renderer's model and the engine, with the engine's own name rules (engines.engine_for).
+
+    A checkpoint says which engine serves it, so `engine` is needed only to point a local model's
+    checkpoint at a Tinker-compatible server (`engine="tinker"` with TINKER_BASE_URL)."""
+    from . import engines
+
     if model is None:
-        if checkpoint and str(checkpoint).startswith("local://"):
-            try:  # a local checkpoint records its base model
-                from .engines.local.service import read_checkpoint_meta
-            except ImportError:
-                model = _default_model()
-            else:
-                model = read_checkpoint_meta(str(checkpoint))["base_model"]
+        if checkpoint and engines.engine_for(str(checkpoint)) == "local":
+            model = engines.checkpoint_base_model(str(checkpoint))  # a local checkpoint records it
         elif checkpoint:
             raise EngineError(f"Pass model= (the base model of {checkpoint!r}): its renderer formats the prompts")
         else:
             model = _default_model()
-    engine = engine or _engine_for(str(checkpoint or model))
-    if engine not in ("local", "tinker"):
-        raise EngineError(f"Unknown engine {engine!r}: use 'local' or 'tinker'")
-    try:
-        from .engines import check_model
-    except ImportError:
-        pass
-    else:  # asking one engine for the other's model: a clear error now, not a failed request later
-        check_model(engine, str(checkpoint or model))
+    engine = engine or engines.engine_for(str(checkpoint or model))
+    # asking one engine for the other's model: a clear error now, not a failed request later
+    engines.check_model(engine, str(checkpoint or model))
     return model, engine
 
 
 def _open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
-    """A sampling client for the base model or the checkpoint. On Tinker, engines.service_client
-    checks the key and reachability first (5 s), never leaving the SDK to hang for minutes."""
+    """A sampling client (the real tinker SDK's) for the base model or the checkpoint. On Tinker,
+    engines.service_client checks the key and the service first (5 s), never leaving the SDK to
+    hang for minutes. A refused checkpoint (missing, corrupt) is an EngineError or a
+    MachineFormatError naming the file."""
+    from . import engines
+
     if service_client is None:
-        try:
-            from .engines import service_client as make_service
-        except ImportError as exc:
-            raise EngineError("machine_nb.engines is not available in this install: pass sampling_client=") from exc
-        service_client = make_service(engine)
-    if checkpoint:
-        return service_client.create_sampling_client(model_path=str(checkpoint))
-    return service_client.create_sampling_client(base_model=model)
+        service_client = _service(engine, (model,))
+    try:
+        if checkpoint:
+            future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
+        else:
+            future = service_client.create_sampling_client(base_model=model)
+        return future.result() if hasattr(future, "result") else future
+    except engines.sdk_errors() as exc:
+        raise engines.explain(exc) from None
+
+
+_LOCAL_SERVICE: dict[str, Any] = {}
+
+
+def _service(engine: str, models: tuple[str, ...]) -> Any:
+    """The ServiceClient for `engine`: one per process for the local server (its session is reused)."""
+    from . import engines
+
+    if engine == "local":
+        url = engines.local_base_url()
+        if url not in _LOCAL_SERVICE:
+            _LOCAL_SERVICE[url] = engines.service_client("local")
+        return _LOCAL_SERVICE[url]
+    return engines.service_client(engine, models=models)
+
+
+def _watchdog(engine: str) -> Any:
+    if engine != "tinker":
+        return contextlib.nullcontext()
+    from .engines.tinker import Watchdog, tinker_base_url
+
+    return Watchdog(tinker_base_url())
 
 
 def _sampling_params(max_tokens: int, temperature: float, seed: int | None, renderer: Any) -> Any:
@@ -464,8 +488,9 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
 
     started_at, t0 = _now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
-    with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar:
-        sampled = _run(lambda: _sample_rows(client, renderer_obj, prompts, params, concurrency, bar))
+    with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar, \
+            _watchdog(engine) as dog:
+        sampled = _run(lambda: _sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
     wall = time.perf_counter() - t0
     finished_at = _now()
 
@@ -837,8 +862,9 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
         return tuple(await asyncio.gather(_sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
                                           _sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
 
-    with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar:
-        base_out, ckpt_out = _run(lambda: both(bar))
+    with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar, \
+            _watchdog(engine) as dog:
+        base_out, ckpt_out = _run(lambda: both(bar), dog)
     records = []
     for row, x, y in zip(rows, base_out, ckpt_out):
         pattern = format or row["format"]

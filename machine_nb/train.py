@@ -1,12 +1,10 @@
-"""Supervised fine-tuning: tinker-cookbook's own `supervised.train.main` on the local engine or Tinker.
+"""Supervised fine-tuning: tinker-cookbook's own `supervised.train.main`, on the local engine or Tinker.
 
 `sft` prepares one fresh log dir, checks the engine can serve the model (and, on Tinker, the key,
 the service and the price: pricing.py decides what a run may cost), then runs the cookbook's loop
-in a worker thread (Jupyter already runs an event loop) with a progress bar fed from
-`metrics.jsonl`. The cookbook builds `tinker.ServiceClient(...)` itself; for the local engine the
-`tinker` name inside `tinker_cookbook.supervised.train` is swapped, for the duration of the call,
-for a view of the SDK whose ServiceClient is the local engine's (`_cookbook_patched`). Reading a
-finished (or interrupted) log dir back is `read_training_log` / `training_metrics`.
+unchanged in a child process (runner.py) against the engine's URL, with a progress bar fed from
+`metrics.jsonl`. Both engines are the real tinker SDK; only the base URL, key and model differ.
+Reading a finished (or interrupted) log dir back is `read_training_log` / `training_metrics`.
 """
 
 from __future__ import annotations
@@ -18,26 +16,24 @@ import os
 import secrets
 import threading
 import time
-import types as _pytypes
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from . import render
 from .errors import EngineError, MachineFormatError
 from .jsonl import iter_jsonl, write_jsonl
 
-#: Local-engine defaults, calibrated on the minimal-SFT corpus (48 rows, batch 8, 10 epochs =
-#: 60 steps, benchmarks/bench_sft.py): LoRA rank 8 at 3e-3 (alpha 16, attention + MLP) took
-#: held-out exact match 0.00 → 1.00 (seed 0; 0.92 at seeds 1 and 2) in ~3 s; at 1e-3 the format
-#: is not learned in 60 steps (0.00), at 2e-3 0.96; full fine-tuning (rank 0) at 5e-4 0.83.
+#: Defaults for local models, calibrated on the minimal-SFT corpus (48 rows, batch 8, 10 epochs
+#: = 60 steps; the measured figures are in benchmarks/bench_sft.py's output and the model card):
+#: LoRA rank 8 (alpha 16, attention + MLP) at 3e-3; full fine-tuning (rank 0) at 5e-4.
 LOCAL_LORA_RANK = 8
 LOCAL_LEARNING_RATE = 3e-3
+LOCAL_FULL_LEARNING_RATE = 5e-4
 #: Tinker defaults: the cookbook's LoRA rank, and its learning rate when it knows none for the model.
 TINKER_LORA_RANK = 32
 TINKER_LEARNING_RATE = 1e-4
-
-_RUN_LOCK = threading.Lock()  # one cookbook run at a time: the patch below is module-wide
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,10 +76,20 @@ class TrainResult:
 
         cost = "–" if self.cost_usd is None else f"${self.cost_usd:.4f}"
         state = "complete" if self.complete else "<b>incomplete</b> (no final checkpoint)"
+        log_dir = _shown_path(self.log_dir)
         return (f"<div class='machine-nb-train'><b>{html.escape(str(self.model))}</b> on {html.escape(str(self.engine))}: "
                 f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
                 f"{cost} · {state}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
-                f"<small>{html.escape(self.log_dir)}</small></div>")
+                f"<small>{html.escape(log_dir)}</small></div>")
+
+
+def _shown_path(path: str) -> str:
+    """A path as a report shows it: relative to the current directory (the notebook's) when inside it,
+    so a shared report does not print where the author's files live."""
+    try:
+        return os.path.relpath(path) if Path(path).absolute().is_relative_to(Path.cwd()) else path
+    except ValueError:  # another drive
+        return path
 
 
 def _read_log_lines(path: Path) -> list[dict]:
@@ -101,11 +107,13 @@ def _read_log_lines(path: Path) -> list[dict]:
 
 
 def _engine_of_log(log_dir: Path, checkpoints: list[dict]) -> str | None:
+    from .engines import engine_for
+
     for row in checkpoints:
         for key in ("sampler_path", "state_path"):
             if isinstance(row.get(key), str):
-                return "local" if row[key].startswith("local://") else "tinker"
-    marker = log_dir / "machine_nb.json"
+                return engine_for(row[key])
+    marker = log_dir / MARKER
     if marker.exists():
         try:
             return json.loads(marker.read_text(encoding="utf-8")).get("engine")
@@ -115,7 +123,7 @@ def _engine_of_log(log_dir: Path, checkpoints: list[dict]) -> str | None:
 
 
 def _model_of_log(log_dir: Path) -> str | None:
-    for name in ("machine_nb.json", "config.json"):
+    for name in (MARKER, "config.json"):
         try:
             data = json.loads((log_dir / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -140,6 +148,14 @@ def _cost(model: str | None, engine: str | None, tokens: int) -> float | None:
     return None if price.train is None else tokens * price.train / 1e6
 
 
+def _unique_steps(rows: list[dict]) -> list[dict]:
+    """One row per step, the last written (a resumed run logs again the steps it continues from)."""
+    by_step: dict[Any, dict] = {}
+    for i, m in enumerate(rows):
+        by_step[m.get("step", f"row{i}")] = m
+    return sorted(by_step.values(), key=lambda m: (m.get("step") is None, m.get("step") or 0))
+
+
 def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
     """The checkpoint, steps, tokens and losses of a tinker-cookbook log dir (finished or not).
 
@@ -151,7 +167,8 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
     if not path.is_dir():
         raise FileNotFoundError(f"No training log dir at {path}")
     checkpoints = _read_log_lines(path / "checkpoints.jsonl")
-    metrics = [m for m in _read_log_lines(path / "metrics.jsonl") if isinstance(m.get("train_mean_nll"), (int, float))]
+    metrics = _unique_steps([m for m in _read_log_lines(path / "metrics.jsonl")
+                             if isinstance(m.get("train_mean_nll"), (int, float))])
     sampler = [c for c in checkpoints if isinstance(c.get("sampler_path"), str)]
     states = [c for c in checkpoints if isinstance(c.get("state_path"), str)]
     tokens = int(sum(m.get("num_tokens", 0) or 0 for m in metrics))
@@ -185,7 +202,7 @@ def training_metrics(log_dirs: str | os.PathLike | Iterable[str | os.PathLike]):
     dirs = [log_dirs] if isinstance(log_dirs, (str, os.PathLike)) else list(log_dirs)
     rows = []
     for d in dirs:
-        for m in _read_log_lines(Path(d) / "metrics.jsonl"):
+        for m in _unique_steps(_read_log_lines(Path(d) / "metrics.jsonl")):
             rows.append({"run": Path(d).name, **m})
     df = pd.DataFrame(rows)
     for col in METRIC_COLUMNS:
@@ -288,6 +305,9 @@ def prepare_data(data: Any) -> tuple[list[dict], str]:
 # ---------------------------------------------------------------------------------------------
 # log dirs
 
+#: Marker file of a log dir this toolkit made (what `sft` accepts to resume or refuses to reuse).
+MARKER = "machine_nb.json"
+
 
 def new_log_dir(prefix: str = "sft", *, workspace: str | os.PathLike | None = None,
                 name: str | None = None) -> Path:
@@ -303,20 +323,40 @@ def new_log_dir(prefix: str = "sft", *, workspace: str | os.PathLike | None = No
 
 
 def _claim_log_dir(log_dir: Path, resume: bool) -> None:
+    """Make sure a run may write here, before a byte is written.
+
+    A log dir must be new or empty, or (with `resume`) hold this toolkit's own run. A folder with
+    anything else in it is refused: the cookbook would overwrite its files, and tightening
+    permissions would touch files that are not ours.
+    """
+    ours = (log_dir / MARKER).is_file()
     if resume:
         if not (log_dir / "checkpoints.jsonl").exists():
             raise FileNotFoundError(f"resume={str(log_dir)!r}: no checkpoints.jsonl there, so nothing to resume")
+        if not ours:
+            raise FileExistsError(f"resume={str(log_dir)!r}: not a log dir machine_nb made (no {MARKER}); "
+                                  "resume only runs started by sft()")
         return
-    if (log_dir / "checkpoints.jsonl").exists():
+    if log_dir.exists() and not log_dir.is_dir():
+        raise FileExistsError(f"log_dir={str(log_dir)!r} is a file, not a directory")
+    if log_dir.is_dir() and any(log_dir.iterdir()):
+        if ours or (log_dir / "checkpoints.jsonl").exists():
+            raise FileExistsError(
+                f"{log_dir} already holds a run; the cookbook would silently resume it. Pass "
+                f"resume={str(log_dir)!r} to continue that run, or leave log_dir=None for a fresh one.")
         raise FileExistsError(
-            f"{log_dir} already holds a run (checkpoints.jsonl); the cookbook would silently resume it. "
-            f"Pass resume={str(log_dir)!r} to continue that run, or leave log_dir=None for a fresh one.")
+            f"log_dir={str(log_dir)!r} is not empty and is not a machine_nb run: a run needs a new or empty "
+            "folder (nothing there was changed). Pick another log_dir, or leave it None for a fresh one.")
     log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(log_dir, 0o700)
 
 
 def _private_files(log_dir: Path) -> None:
-    """Machine's habit: the log dir 0700, its files 0600 (the cookbook creates them 0644)."""
+    """Machine's habit: the log dir 0700, its files 0600 (the cookbook creates them 0644).
+
+    Only called on a log dir `_claim_log_dir` accepted (new, empty or ours), so every file in it
+    was written by the run.
+    """
     for root, dirs, files in os.walk(log_dir):
         for d in dirs:
             with contextlib.suppress(OSError):
@@ -327,82 +367,7 @@ def _private_files(log_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# running the cookbook
-
-
-class _ModuleView(_pytypes.ModuleType):
-    """A stand-in for a module inside the cookbook: given names replaced, everything else the real one's."""
-
-    def __init__(self, real: _pytypes.ModuleType, **replaced: Any):
-        super().__init__(real.__name__)
-        self._real = real
-        self.__dict__.update(replaced)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-def _quiet_setup_logging(log_dir: str, wandb_project: str | None = None, wandb_name: str | None = None,
-                         config: Any = None, do_configure_logging_module: bool = True):
-    """The cookbook's logging without its console side effects: metrics.jsonl + config.json only.
-
-    The cookbook's own setup prints a Rich table per step and replaces the root logger's handlers;
-    in a notebook that buries the progress bar and rewires the user's logging. Its log messages
-    still go to `<log dir>/logs.log` (see `_log_to_file`).
-    """
-    from tinker_cookbook.utils import ml_log
-
-    loggers: list[Any] = [ml_log.JsonLogger(log_dir)]
-    if wandb_project:  # an explicit opt-in; keep the cookbook's behaviour
-        return ml_log.setup_logging(log_dir, wandb_project, wandb_name, config, do_configure_logging_module=False)
-    ml = ml_log.MultiplexLogger(loggers)
-    if config is not None:
-        ml.log_hparams(config)
-    return ml
-
-
-@contextlib.contextmanager
-def _log_to_file(log_dir: Path) -> Iterator[None]:
-    """Send the cookbook's (and SDK's) log records to `<log dir>/logs.log` only, while the run lasts."""
-    handler = logging.FileHandler(log_dir / "logs.log", mode="a", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s:%(lineno)d [%(levelname)s] %(message)s"))
-    saved = []
-    for name in ("tinker_cookbook", "tinker", "machine_nb"):
-        lg = logging.getLogger(name)
-        saved.append((lg, lg.level, lg.propagate))
-        lg.setLevel(logging.INFO)
-        lg.propagate = False
-        lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for lg, level, propagate in saved:
-            lg.removeHandler(handler)
-            lg.setLevel(level)
-            lg.propagate = propagate
-        handler.close()
-
-
-@contextlib.contextmanager
-def _cookbook_patched(service_factory: Any = None) -> Iterator[Any]:
-    """Run `tinker_cookbook.supervised.train` with quiet logging and, if given, another ServiceClient.
-
-    Only the names the cookbook's train module looks up (`tinker`, `ml_log`) are swapped, for views
-    that differ in one attribute; the real `tinker` and `ml_log` modules are untouched, so other
-    code in the process keeps the real SDK. Restored on exit, even after an error or Ctrl-C.
-    """
-    from tinker_cookbook.supervised import train as cookbook_train
-
-    with _RUN_LOCK:
-        saved = {"tinker": cookbook_train.tinker, "ml_log": cookbook_train.ml_log}
-        try:
-            if service_factory is not None:
-                cookbook_train.tinker = _ModuleView(saved["tinker"], ServiceClient=service_factory)
-            cookbook_train.ml_log = _ModuleView(saved["ml_log"], setup_logging=_quiet_setup_logging)
-            yield cookbook_train
-        finally:
-            cookbook_train.tinker = saved["tinker"]
-            cookbook_train.ml_log = saved["ml_log"]
+# running the cookbook (in a child process: runner.py says why)
 
 
 class _MetricsTail:
@@ -422,72 +387,120 @@ class _MetricsTail:
         self.offset += end
         rows = []
         for line in chunk[:end].splitlines():
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 value = json.loads(line)
                 if isinstance(value, dict):
                     rows.append(value)
         return rows
 
 
-def _run_in_thread(coro_factory: Any, on_poll: Any, poll_s: float = 0.2) -> None:
-    """Run `coro_factory()` on a fresh event loop in a worker thread, calling `on_poll()` meanwhile.
+def _child_env(engine: str) -> dict[str, str]:
+    """The child's environment: the caller's, unchanged, except that on the local engine the
+    child sends a placeholder key (the user's own TINKER_API_KEY never goes to the local server)."""
+    from .engines import LOCAL_API_KEY
 
-    A KeyboardInterrupt in the caller (or an error from `on_poll`) cancels the coroutine (the
-    cookbook stops at its next await; files it wrote stay whole), waits for the thread, re-raises.
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if engine == "local":
+        env["TINKER_API_KEY"] = LOCAL_API_KEY
+    return env
+
+
+def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Any = None, poll_s: float = 0.2,
+                 watchdog: Any = None) -> None:
+    """Run `runner.run(spec)` in a child process, calling `on_poll()` in this thread meanwhile.
+
+    Its console output goes to `<log dir>/train.log`. A KeyboardInterrupt here (or an error from
+    `on_poll`, or a watchdog that saw the service die) stops the child (SIGINT, then SIGTERM)
+    before re-raising; files it wrote stay whole. An error in the child is raised here as
+    EngineError (or MachineFormatError when the server named a corrupt file).
     """
-    import asyncio
+    import signal
+    import subprocess
+    import sys
 
-    state: dict[str, Any] = {}
-    ready = threading.Event()
-
-    def runner() -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            task = loop.create_task(coro_factory())
-            state["loop"], state["task"] = loop, task
-            ready.set()
-            loop.run_until_complete(task)
-        except BaseException as exc:  # handed to the caller's thread
-            state["error"] = exc
-        finally:
-            ready.set()
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    thread = threading.Thread(target=runner, name="machine-nb-sft", daemon=True)
-    thread.start()
+    log = open(log_dir / "train.log", "ab")
     try:
-        while thread.is_alive():
-            thread.join(poll_s)
-            on_poll()
-    except BaseException:  # Ctrl-C, or a failing progress callback: stop the run before leaving
-        ready.wait(5)
-        loop, task = state.get("loop"), state.get("task")
-        if loop is not None and task is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(task.cancel)
-        thread.join(60)
-        raise
-    on_poll()
-    error = state.get("error")
-    if error is not None:
-        import asyncio as _asyncio
+        child = subprocess.Popen([sys.executable, "-m", "machine_nb.runner"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log, env=_child_env(engine), cwd=os.getcwd())
+    finally:
+        log.close()
+    events: list[dict] = []
 
-        if isinstance(error, _asyncio.CancelledError):
-            raise KeyboardInterrupt("training was cancelled") from None
-        raise error
+    def read_status() -> None:
+        for line in child.stdout:  # type: ignore[union-attr]
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+
+    reader = threading.Thread(target=read_status, name="machine-nb-runner-status", daemon=True)
+    reader.start()
+    assert child.stdin is not None
+    child.stdin.write((json.dumps(spec) + "\n").encode("utf-8"))
+    child.stdin.flush()  # stdin stays open: the child exits when it closes (we ended)
+
+    def stop() -> None:
+        if child.poll() is None:
+            with contextlib.suppress(OSError):
+                child.send_signal(signal.SIGINT)
+            try:
+                child.wait(15)
+            except subprocess.TimeoutExpired:
+                child.terminate()
+                try:
+                    child.wait(5)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+
+    try:
+        while child.poll() is None:
+            try:
+                child.wait(poll_s)
+            except subprocess.TimeoutExpired:
+                pass
+            if on_poll is not None:
+                on_poll()
+            if watchdog is not None:
+                watchdog.check()
+    except BaseException:
+        stop()
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            child.stdin.close()
+        reader.join(5)
+    if on_poll is not None:
+        on_poll()
+    if child.returncode == 0:
+        return
+    error = next((e for e in reversed(events) if e.get("event") in ("error", "interrupted")), None)
+    if error is None:
+        raise EngineError(f"the training process ended with exit code {child.returncode}; see {log_dir / 'train.log'}")
+    if error["event"] == "interrupted":
+        raise KeyboardInterrupt("training was interrupted")
+    from .engines import explain
+
+    if isinstance(error.get("body"), dict):
+        class _Sdk(Exception):
+            body = error["body"]
+        raise explain(_Sdk(error["message"])) from None
+    raise EngineError(f"training failed: {error['type']}: {error['message']} (log: {log_dir / 'train.log'})")
 
 
 def _default_lr(engine: str, model: str, lora_rank: int) -> float:
-    if engine == "local":
-        return LOCAL_LEARNING_RATE if lora_rank > 0 else 5e-4
+    if render.is_local_model(model):
+        return LOCAL_LEARNING_RATE if lora_rank > 0 else LOCAL_FULL_LEARNING_RATE
     try:
         from tinker_cookbook.hyperparam_utils import get_lr
 
         return float(get_lr(model, is_lora=True))
     except Exception:  # the cookbook knows only Llama/Qwen families
         return TINKER_LEARNING_RATE
+
+
+#: Settings a resumed run takes from the run it continues (so the resumed run is the same run).
+_RESUMED = ("epochs", "batch_size", "max_steps", "learning_rate", "lora_rank", "seed", "max_length",
+            "lr_schedule", "save_every", "submit_ahead", "model", "engine")
 
 
 def sft(data: Any, model: str | None = None, engine: str | None = None, *, epochs: int = 10,
@@ -499,39 +512,55 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         base_url: str | None = None, progress: bool = True, on_metrics: Any = None) -> TrainResult:
     """Supervised fine-tuning with tinker-cookbook's `supervised.train.main`, on `engine`.
 
-    data: chat JSONL path (or a list of export lines / a DataFrame of them); a checked copy is
-        written to `<log dir>/train.jsonl` and is what the cookbook reads.
-    model: default None = the engine's default (`machine_nb.engines.local.DEFAULT_MODEL` locally;
-        Tinker has none). A Tinker model on the local engine, or the reverse, is an EngineError.
-    engine: "local" or "tinker"; default None = the model's own ("local/…" → local; no model → local).
-    epochs: passes over the data (default 10: small style sets need several; one epoch of 48 rows
-        at batch 8 is 6 steps, which in the seed's recorded run did not move eval accuracy).
-    max_steps: stop after this many steps (default None: epochs x full batches).
-    learning_rate: default None = 3e-3 for local LoRA (calibrated: exact match 0 → 0.92-1.00 in 60
-        steps), 5e-4 for local full fine-tuning (rank 0), the cookbook's `get_lr` on Tinker (1e-4
-        when it knows none). Linear decay to 0 (`lr_schedule`, the cookbook's default).
-    batch_size: rows per step (default 8; the partial last batch is dropped, as the cookbook does).
-    lora_rank: default None = 8 locally (calibrated), 32 on Tinker (the cookbook's); 0 = full
-        fine-tuning (local engine only).
-    log_dir / workspace / name: where the run writes (default: a fresh `runs/sft-<time>-<hex>`
-        under the cwd, or `<workspace>/.machine/training/<name>`); an existing dir that holds a run
-        is refused unless it is `resume`.
-    resume: a log dir to continue from its last checkpoint (the cookbook's auto-resume).
-    seed: data shuffling, LoRA init and sampling seeds (default 0: the same call twice gives the
-        same losses and outputs on the local engine).
-    max_length: tokens per example (default None = the local model's context, 128; no limit on Tinker).
-    save_every: checkpoint every N steps (default 20, the cookbook's), so a Ctrl-C loses little.
-    max_usd: Tinker budget; refused before spending when the estimate is over it or the price is
-        unknown (default None: no budget, but an unknown price is still refused). Local runs cost 0.
-    base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
-    progress: show a progress bar (steps, loss).
-    on_metrics: default None; a function called in the caller's thread with each list of new
-        `metrics.jsonl` rows while the run writes them (e.g. to refresh a LossPlot live).
-    Returns the TrainResult read back from the log dir. A Ctrl-C stops the run and re-raises
-    KeyboardInterrupt; the log dir then reads back with `read_training_log` (complete=False).
+    The cookbook's loop runs unchanged in a child process and reaches the engine through the real
+    tinker SDK: the local engine's server (started in this process) or Tinker at `base_url`.
+
+    Args:
+        data: chat JSONL path (or a list of export lines / a DataFrame of them); a checked copy is
+            written to `<log dir>/train.jsonl` and is what the cookbook reads.
+        model: default None = the engine's default (`machine_nb.engines.local.DEFAULT_MODEL`
+            locally; Tinker has none). A Tinker model on the local engine is an EngineError.
+        engine: "local" or "tinker"; default None = the model's own ("local/…" → local).
+            `engine="tinker"` with a local model works against a `machine-nb serve` base URL.
+        epochs: passes over the data (default 10: one epoch of 48 rows at batch 8 is 6 steps,
+            too few to learn a format).
+        max_steps: stop after this many steps (default None: epochs x full batches).
+        learning_rate: default None = 3e-3 for a local LoRA (5e-4 at rank 0), the cookbook's
+            `get_lr` on Tinker (1e-4 when it knows none); linear decay to 0 (`lr_schedule`).
+        batch_size: rows per step (default 8; the partial last batch is dropped, as the cookbook does).
+        lora_rank: default None = 8 for local models, 32 on Tinker (the cookbook's); 0 = full
+            fine-tuning (local models only).
+        log_dir / workspace / name: where the run writes (default: a fresh `runs/sft-<time>-<hex>`
+            under the cwd, or `<workspace>/.machine/training/<name>`). It must be new or empty.
+        resume: a log dir of an interrupted sft run to continue; its settings are the ones it was
+            started with, and it ends with the same losses and weights as an uninterrupted run.
+        seed: data shuffling (default 0). On the local engine the same call twice gives the same
+            losses and outputs (LoRA adapters start from the engine's fixed seed).
+        max_length: tokens per example (default None = the local model's context, 128; no limit on Tinker).
+        save_every: checkpoint every N steps (default 20, the cookbook's), so a Ctrl-C loses little.
+        max_usd: Tinker budget; refused before spending when the estimate is over it or the price is
+            unknown (default None: no budget, but an unknown price is still refused). Local runs cost 0.
+        base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
+        progress: show a progress bar (steps, loss).
+        on_metrics: default None; a function called in the caller's thread with each list of new
+            `metrics.jsonl` rows while the run writes them (e.g. to refresh a LossPlot live).
+    Returns:
+        The TrainResult read back from the log dir. A Ctrl-C stops the run and re-raises
+        KeyboardInterrupt; the log dir then reads back with `read_training_log` (complete=False)
+        and `sft(data, resume=log_dir)` finishes it.
     """
     from . import engines
 
+    submit_ahead = 1  # the cookbook's default: the next batch is prepared while one trains
+    if resume is not None:
+        path = Path(resume).absolute()
+        _claim_log_dir(path, resume=True)
+        saved = json.loads((path / MARKER).read_text(encoding="utf-8"))
+        epochs, batch_size, max_steps = saved["epochs"], saved["batch_size"], saved.get("max_steps")
+        learning_rate, lora_rank, seed = saved["learning_rate"], saved["lora_rank"], saved["seed"]
+        max_length, lr_schedule = saved.get("max_length"), saved.get("lr_schedule", lr_schedule)
+        save_every, submit_ahead = saved.get("save_every", save_every), saved.get("submit_ahead", submit_ahead)
+        model, engine = saved["model"], saved["engine"]
     if engine is None:
         engine = engines.engine_for(model) if model else "local"
     if engine not in engines.ENGINES:
@@ -539,6 +568,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     if model is None:
         model = engines.default_model(engine)
     engines.check_model(engine, model)
+    local_model = render.is_local_model(model)
     if engine == "tinker":  # refuse an unbounded cost first, before anything else is looked up
         from .pricing import UnknownPrice, price_for
 
@@ -550,11 +580,14 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be at least 1 or None, got {max_steps}")
     if lora_rank is None:
-        lora_rank = LOCAL_LORA_RANK if engine == "local" else TINKER_LORA_RANK
-    if lora_rank < 0 or (lora_rank == 0 and engine == "tinker"):
-        raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local engine only), got {lora_rank}")
+        lora_rank = LOCAL_LORA_RANK if local_model else TINKER_LORA_RANK
+    if lora_rank < 0 or (lora_rank == 0 and not local_model):
+        raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local models only), got {lora_rank}")
 
-    rows, train_on = prepare_data(data)
+    source = data
+    if resume is not None and (Path(resume) / "train.jsonl").exists():
+        source = Path(resume).absolute() / "train.jsonl"  # the very rows the run started with
+    rows, train_on = prepare_data(source)
     if len(rows) < batch_size:
         raise ValueError(f"{len(rows)} training rows make no full batch of {batch_size}; the cookbook would "
                          "train 0 steps. Lower batch_size or add rows.")
@@ -562,18 +595,11 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     if max_steps is not None:
         steps_total = min(steps_total, max_steps)
 
-    from . import render
-
     renderer = render.renderer_name(model)
-    if engine == "local":
-        from .engines.local import ensure_registered
+    if local_model and max_length is None:
+        from .engines.local import load_config
 
-        ensure_registered(render.base_model(model))
-        if max_length is None:
-            from .engines.local import load_config
-
-            max_length = load_config(render.base_model(model)).block_size
-
+        max_length = load_config(render.base_model(model)).block_size
     if max_length is not None:
         _warn_truncated(rows, model, max_length)
 
@@ -581,70 +607,54 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         from .engines.tinker import check_tinker
         from .pricing import estimate_cost
 
-        # refuse before spending (and before writing anything): over budget, no key, no answer
+        # refuse before spending (and before writing anything): over budget, no key, not Tinker
         estimate_cost(rows, model, epochs=epochs, batch_size=batch_size, max_usd=max_usd, max_steps=max_steps)
-        base_url = check_tinker(base_url)
-
-    if resume is not None:
-        path = Path(resume).absolute()
-        _claim_log_dir(path, resume=True)
+        url = check_tinker(base_url, models=(model,))
     else:
+        url = engines.local_base_url()
+
+    if resume is None:
         path = Path(log_dir).absolute() if log_dir is not None else new_log_dir(workspace=workspace, name=name)
         _claim_log_dir(path, resume=False)
-    data_path = path / "train.jsonl"
-    if resume is None or not data_path.exists():
-        write_jsonl(rows, data_path)
+        write_jsonl(rows, path / "train.jsonl")
+        if learning_rate is None:
+            learning_rate = _default_lr(engine, model, lora_rank)
+        marker = {"engine": engine, "model": model, "renderer": renderer, "train_on_what": train_on,
+                  "rows": len(rows), "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps,
+                  "learning_rate": learning_rate, "lora_rank": lora_rank, "seed": seed, "max_length": max_length,
+                  "lr_schedule": lr_schedule, "save_every": save_every, "submit_ahead": submit_ahead,
+                  "source": str(data) if isinstance(data, (str, os.PathLike)) else "<in-memory rows>"}
+        from .jsonl import atomic_write_text
 
-    marker = {"engine": engine, "model": model, "renderer": renderer, "train_on_what": train_on,
-              "rows": len(rows), "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps,
-              "learning_rate": learning_rate, "lora_rank": lora_rank, "seed": seed,
-              "source": str(data) if isinstance(data, (str, os.PathLike)) else "<in-memory rows>"}
-    if learning_rate is None:
-        learning_rate = _default_lr(engine, model, lora_rank)
-    marker["learning_rate"] = learning_rate
-    if resume is None or not (path / "machine_nb.json").exists():
-        (path / "machine_nb.json").write_text(json.dumps(marker, indent=1), encoding="utf-8")
+        atomic_write_text(path / MARKER, json.dumps(marker, indent=1))
 
-    from tinker_cookbook.supervised import train as cookbook_train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
-    from tinker_cookbook.renderers import TrainOnWhat
-    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+    spec = {"kind": "sft", "data_path": str(path / "train.jsonl"), "log_dir": str(path),
+            "model": render.base_model(model), "renderer": renderer, "train_on_what": train_on,
+            "max_length": max_length, "batch_size": batch_size, "seed": seed, "learning_rate": learning_rate,
+            "lr_schedule": lr_schedule, "epochs": epochs, "lora_rank": lora_rank, "base_url": url,
+            "save_every": save_every, "max_steps": max_steps, "submit_ahead": submit_ahead,
+            "resume": resume is not None, "local_models": local_model}
 
-    builder = FromConversationFileBuilder(
-        file_path=str(data_path), test_size=0, shuffle_seed=seed,
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer=render.base_model(model), renderer_name=renderer,
-            max_length=max_length, batch_size=batch_size, train_on_what=TrainOnWhat(train_on)))
-    config = cookbook_train.Config(
-        log_path=str(path), model_name=render.base_model(model), recipe_name="machine_nb_sft",
-        renderer_name=renderer, dataset_builder=builder, learning_rate=learning_rate,
-        lr_schedule=lr_schedule, num_epochs=epochs, lora_rank=lora_rank, base_url=base_url,
-        save_every=save_every, eval_every=0, infrequent_eval_every=0, max_steps=max_steps)
-
-    factory = None
-    if engine == "local":
-        from functools import partial
-
-        from .engines.local.service import ServiceClient
-
-        factory = partial(ServiceClient, log_dir=path, seed=seed)
-
+    from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
 
     tail = _MetricsTail(path / "metrics.jsonl")
+    seen_steps: set[int] = set()
+    watchdog = Watchdog(url) if engine == "tinker" else contextlib.nullcontext()
     with progress_bar(total=steps_total, desc="sft", unit="steps", enabled=None if progress else False) as bar, \
-            _log_to_file(path), _cookbook_patched(factory) as patched:
+            watchdog as dog:
 
         def poll() -> None:
-            rows = tail.new_rows()
-            steps = [m for m in rows if "train_mean_nll" in m]
+            new = tail.new_rows()
+            steps = [m for m in new if "train_mean_nll" in m and m.get("step") not in seen_steps]
+            seen_steps.update(m.get("step") for m in steps)
             if steps:
                 bar.update(len(steps), loss=float(steps[-1]["train_mean_nll"]))
-            if rows and on_metrics is not None:
-                on_metrics(rows)
+            if new and on_metrics is not None:
+                on_metrics(new)
 
         try:
-            _run_in_thread(lambda: patched.main(config), poll)
+            run_cookbook(spec, path, engine=engine, on_poll=poll, watchdog=dog)
         finally:
             _private_files(path)
     result = read_training_log(path)

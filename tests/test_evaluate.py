@@ -395,16 +395,16 @@ def test_evaluate_on_the_real_local_engine(tmp_path):
 
 
 def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch, capsys):
-    """A real local:// sampler checkpoint (a fresh LoRA: zero-initialised, so greedy replies equal the
-    base model's): baseline and checkpoint evals, their comparison, and the probe, all offline."""
+    """A real sampler checkpoint of the local server (a fresh LoRA: zero-initialised, so greedy replies
+    equal the base model's): baseline and checkpoint evals, their comparison, and the probe, all offline."""
     model = _local_engine()
     from machine_nb.engines import service_client
 
     monkeypatch.chdir(tmp_path)
-    service = service_client("local", log_dir=tmp_path / "run")
-    trainer = service.create_lora_training_client(base_model=model, rank=4)
+    service = service_client("local")
+    trainer = service.create_lora_training_client(base_model=model, rank=4).result()
     path = trainer.save_weights_for_sampler("final").result().path
-    assert path.startswith("local://")
+    assert path.startswith("tinker://local-")  # says which engine serves it: no engine= needed
     rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}",
              "format": r"answer: -?\d+"} for a, b in [(47, 15), (12, 30), (23, 41)]]
     base = evaluate(rows, model=model, max_tokens=12)
@@ -425,6 +425,48 @@ def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch, c
     printed = capsys.readouterr().out
     assert "'Who wrote Hamlet?'" in printed and "checkpoint: " in printed
     assert json.loads(printed.strip().splitlines()[-1])["path"] == os.path.join("eval_results", "final.json")
+
+
+def _saved_checkpoint() -> str:
+    from machine_nb.engines import service_client
+    from machine_nb.engines.local import DEFAULT_MODEL
+
+    trainer = service_client("local").create_lora_training_client(base_model=DEFAULT_MODEL, rank=4, seed=2).result()
+    return trainer.save_weights_for_sampler("final").result().path
+
+
+def test_checkpoints_written_before_the_server_still_load(tmp_path):
+    """A `local://<log dir>/sampler_weights/<name>` checkpoint of the in-process engine's layout
+    evaluates as it did (same files, same replies)."""
+    import shutil
+
+    from machine_nb.engines.local import checkpoints as ck
+    from machine_nb.engines.local.server import ensure_server
+
+    path = _saved_checkpoint()
+    old = tmp_path / "run" / "sampler_weights" / "final"
+    shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, path), old)
+    rows = eval_rows(2)
+    new_out = evaluate(rows, checkpoint=path, save=False)["output"].tolist()
+    old_out = evaluate(rows, checkpoint=f"local://{old}", save=False)
+    assert old_out["output"].tolist() == new_out and old_out.attrs["summary"]["engine"] == "local"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random"])
+def test_a_corrupt_local_checkpoint_names_its_file(tmp_path, damage):
+    import shutil
+
+    from machine_nb.engines.local import checkpoints as ck
+    from machine_nb.engines.local.server import ensure_server
+
+    folder = tmp_path / "run" / "sampler_weights" / "final"
+    shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, _saved_checkpoint()), folder)
+    weights = folder / "adapter.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 3] if damage == "truncated" else os.urandom(len(data)))
+    with pytest.raises(MachineFormatError) as info:
+        evaluate(eval_rows(1), checkpoint=f"local://{folder}", save=False)
+    assert info.value.path == str(weights) and "safetensors" in str(info.value)
 
 
 def test_tinker_without_a_key_fails_fast_with_a_clear_message(monkeypatch):

@@ -1,5 +1,6 @@
-"""The local engine's Tinker API: training steps lower the loss, checkpoints round-trip, async forms,
-sampling parameters (stop, max_tokens, seed), LoRA rank and AdamParams honoured, clear errors."""
+"""The local engine through the real tinker SDK: training steps lower the loss, checkpoints
+round-trip, async forms, sampling parameters (stop, max_tokens, seed), LoRA rank and AdamParams
+honoured, clear errors. The server runs in this process, so tests can look at its weights."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import torch
 
 from machine_nb.engines import check_model, engine_for, service_client
 from machine_nb.engines.local import DEFAULT_MODEL
+from machine_nb.engines.local import checkpoints as ck
 from machine_nb.engines.local import lora as lora_mod
-from machine_nb.engines.local.service import ServiceClient, parse_path
+from machine_nb.engines.local.server import ensure_server
 from machine_nb.errors import EngineError
 from machine_nb.render import get_renderer
 
@@ -38,6 +40,21 @@ def batch(renderer):
     return [conversation_to_datum(c, renderer, 128, TrainOnWhat.LAST_ASSISTANT_MESSAGE) for c in convs]
 
 
+@pytest.fixture(scope="module")
+def sc():
+    """The real SDK's ServiceClient, pointed at this process's local server."""
+    return service_client("local")
+
+
+def trainer(tc):
+    """The server-side trainer behind an SDK training client (its model and parameters)."""
+    return ensure_server().runs[tc.model_id].trainer
+
+
+def directory(path: str):
+    return ck.checkpoint_dir(ensure_server().data_dir, path)
+
+
 def prompt(renderer, text="What is 12 plus 30?"):
     return renderer.build_generation_prompt([{"role": "user", "content": text}])
 
@@ -52,9 +69,8 @@ def train_steps(tc, batch, n, lr=3e-3, **adam):
     return losses
 
 
-def test_forward_backward_optim_step_lowers_the_loss_and_returns_tinker_types(tmp_path, batch):
-    sc = ServiceClient(log_dir=tmp_path)
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8)
+def test_forward_backward_optim_step_lowers_the_loss_and_returns_tinker_types(sc, batch):
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8).result()
     out = tc.forward_backward(batch, "cross_entropy").result()
     assert isinstance(out, tinker.ForwardBackwardOutput)
     assert len(out.loss_fn_outputs) == len(batch)
@@ -72,40 +88,37 @@ def test_forward_backward_optim_step_lowers_the_loss_and_returns_tinker_types(tm
     assert losses[-1] < 0.8 * out.metrics["loss:sum"]
 
 
-def test_forward_alone_computes_no_gradients(tmp_path, batch):
-    tc = ServiceClient(log_dir=tmp_path).create_lora_training_client(DEFAULT_MODEL, rank=4)
+def test_forward_alone_computes_no_gradients(sc, batch):
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4).result()
     a = tc.forward(batch, "cross_entropy").result().metrics["loss:sum"]
     tc.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()  # nothing accumulated: no change
     b = tc.forward(batch, "cross_entropy").result().metrics["loss:sum"]
     assert a == b
 
 
-def test_lora_rank_and_alpha_are_honoured(tmp_path):
-    sc = ServiceClient(log_dir=tmp_path)
+def test_lora_rank_and_alpha_are_honoured(sc):
     for rank in (2, 8):
-        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=rank)
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=rank).result()
         info = tc.get_info()
         assert info.is_lora and info.lora_rank == rank and info.model_name == DEFAULT_MODEL
-        mods = lora_mod.lora_modules(tc._model)
-        cfg = tc._model.config
+        mods = lora_mod.lora_modules(trainer(tc).model)
+        cfg = trainer(tc).model.config
         # q, k, v, o and both MLP projections in every layer
         assert len(mods) == 6 * cfg.n_layer
         assert all(m.rank == rank and m.alpha == 2 * rank for m in mods.values())
         expected = sum(rank * (m.base.in_features + m.base.out_features) for m in mods.values())
-        assert tc.num_trainable() == expected
-    attn_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_mlp=False)
-    assert all("attn." in name for name in lora_mod.lora_modules(attn_only._model))
+        assert trainer(tc).num_trainable() == expected
+    attn_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_mlp=False).result()
+    assert all("attn." in name for name in lora_mod.lora_modules(trainer(attn_only).model))
 
 
-def test_adam_params_learning_rate_weight_decay_and_clip_are_honoured(tmp_path, batch):
-    sc = ServiceClient(log_dir=tmp_path)
-
+def test_adam_params_learning_rate_weight_decay_and_clip_are_honoured(sc, batch):
     def a_after(**adam):
-        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=1)
-        before = {k: v.clone() for k, v in lora_mod.adapter_state(tc._model).items()}
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=1).result()
+        before = {k: v.clone() for k, v in lora_mod.adapter_state(trainer(tc).model).items()}
         tc.forward_backward(batch, "cross_entropy")
         tc.optim_step(tinker.AdamParams(**adam)).result()
-        return before, lora_mod.adapter_state(tc._model)
+        return before, lora_mod.adapter_state(trainer(tc).model)
 
     before, zero_lr = a_after(learning_rate=0.0)
     assert all(torch.equal(before[k], zero_lr[k]) for k in before)
@@ -121,36 +134,36 @@ def test_adam_params_learning_rate_weight_decay_and_clip_are_honoured(tmp_path, 
     assert clipped[bkey].abs().sum() < 0.01 * unclipped[bkey].abs().sum()
 
 
-def test_full_fine_tuning_with_rank_zero(tmp_path, batch, renderer):
-    sc = ServiceClient(log_dir=tmp_path)
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=0)
+def test_full_fine_tuning_with_rank_zero(sc, batch, renderer):
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=0).result()
     assert not tc.get_info().is_lora
     losses = train_steps(tc, batch, 4, lr=5e-4)
     assert losses[-1] < losses[0]
     path = tc.save_weights_for_sampler("full").result().path
-    assert (parse_path(path) / "model.safetensors").exists()
-    res = sc.create_sampling_client(model_path=path).sample(
+    assert (directory(path) / "model.safetensors").exists()
+    res = sc.create_sampling_client(model_path=path).result().sample(
         prompt(renderer), 1, tinker.SamplingParams(max_tokens=8, temperature=0.0)).result()
     assert len(res.sequences[0].tokens) >= 1
 
 
-def test_save_then_sample_round_trip(tmp_path, batch, renderer):
-    sc = ServiceClient(log_dir=tmp_path)
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8)
+def test_save_then_sample_round_trip(sc, batch, renderer):
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8).result()
     train_steps(tc, batch, 6)
     saved = tc.save_weights_for_sampler("000006").result()
     assert isinstance(saved, tinker.types.SaveWeightsForSamplerResponse)
-    assert saved.path == f"local://{tmp_path.absolute()}/sampler_weights/000006"
-    directory = parse_path(saved.path)
-    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in directory.iterdir())
+    assert saved.path == f"tinker://{tc.model_id}/sampler_weights/000006"
+    assert engine_for(saved.path) == "local"
+    folder = directory(saved.path)
+    assert folder.is_relative_to(ensure_server().data_dir)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in folder.iterdir())
     state = tc.save_state("000006").result()
-    assert state.path.endswith("/weights/000006") and (parse_path(state.path) / "optimizer.pt").exists()
+    assert state.path.endswith("/weights/000006") and (directory(state.path) / "optimizer.pt").exists()
 
     params = tinker.SamplingParams(max_tokens=12, temperature=0.0, stop=renderer.get_stop_sequences())
-    loaded = sc.create_sampling_client(model_path=saved.path)
-    snapshot = tc.save_weights_and_get_sampling_client()
-    base = sc.create_sampling_client(base_model=DEFAULT_MODEL)
+    loaded = sc.create_sampling_client(model_path=saved.path).result()
+    snapshot = tc.save_weights_and_get_sampling_client().result()
+    base = sc.create_sampling_client(base_model=DEFAULT_MODEL).result()
     for text in ("What is 12 plus 30?", "What is 81 minus 17?"):
         a = loaded.sample(prompt(renderer, text), 1, params).result().sequences[0]
         b = snapshot.sample(prompt(renderer, text), 1, params).result().sequences[0]
@@ -165,33 +178,39 @@ def test_save_then_sample_round_trip(tmp_path, batch, renderer):
         assert (w * ckpt_lp).sum() > (w * base_lp).sum() + 1.0
 
 
-def test_resume_from_state_with_optimizer_continues_identically(tmp_path, batch):
-    sc = ServiceClient(log_dir=tmp_path, seed=3)
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4)
+def test_resume_from_state_with_optimizer_continues_identically(sc, batch):
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3).result()
     train_steps(tc, batch, 3)
     path = tc.save_state("000003").result().path
     original = train_steps(tc, batch, 2)
-    resumed_client = sc.create_training_client_from_state_with_optimizer(path)
+    resumed_client = sc.create_training_client_from_state_with_optimizer(path).result()
     assert train_steps(resumed_client, batch, 2) == original
-    fresh_opt = sc.create_training_client_from_state(path)
+    fresh_opt = sc.create_training_client_from_state(path).result()
     assert train_steps(fresh_opt, batch, 2) != original  # a fresh optimizer takes other steps
-    run = sc.create_rest_client().get_training_run_by_tinker_path(path).result()
+    rest = sc.create_rest_client()
+    run = rest.get_training_run_by_tinker_path(path).result()
     assert run.base_model == DEFAULT_MODEL and run.lora_rank == 4
+    names = [c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints]
+    assert names == ["weights/000003"]
+    info = rest.get_weights_info_by_tinker_path(path).result()
+    assert info.base_model == DEFAULT_MODEL and info.lora_rank == 4
 
 
-def test_same_seed_gives_identical_losses(tmp_path, batch):
+def test_same_seed_gives_identical_losses(sc, batch):
     runs = []
     for i in range(2):
-        tc = ServiceClient(log_dir=tmp_path / str(i), seed=7).create_lora_training_client(DEFAULT_MODEL, rank=8)
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=8, seed=7).result()
         runs.append(train_steps(tc, batch, 4))
     assert runs[0] == runs[1]
-    other = ServiceClient(log_dir=tmp_path / "o", seed=8).create_lora_training_client(DEFAULT_MODEL, rank=8)
+    other = sc.create_lora_training_client(DEFAULT_MODEL, rank=8, seed=8).result()
     assert train_steps(other, batch, 4) != runs[0]
+    unseeded = [train_steps(sc.create_lora_training_client(DEFAULT_MODEL, rank=8).result(), batch, 2) for _ in range(2)]
+    assert unseeded[0] == unseeded[1]  # no seed: the engine's fixed default, not a random draw
 
 
-def test_async_forms_as_the_cookbook_calls_them(tmp_path, batch, renderer):
+def test_async_forms_as_the_cookbook_calls_them(batch, renderer):
     async def main():
-        sc = ServiceClient(log_dir=tmp_path)
+        sc = service_client("local")
         tc = await sc.create_lora_training_client_async(base_model=DEFAULT_MODEL, rank=4)
         fb_future = await tc.forward_backward_async(batch, loss_fn="cross_entropy")
         opt_future = await tc.optim_step_async(tinker.AdamParams(learning_rate=1e-3))
@@ -212,10 +231,10 @@ def test_async_forms_as_the_cookbook_calls_them(tmp_path, batch, renderer):
     assert lps[0] is None and len(lps) == prompt(renderer).length
 
 
-def test_sampling_stop_max_tokens_and_seed(tmp_path, renderer):
-    sampler = ServiceClient(log_dir=tmp_path).create_sampling_client(base_model=DEFAULT_MODEL)
+def test_sampling_stop_max_tokens_and_seed(sc, renderer):
+    sampler = sc.create_sampling_client(base_model=DEFAULT_MODEL).result()
     p = prompt(renderer)
-    free = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0)).result().sequences[0]
+    free = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=[])).result().sequences[0]
     assert len(free.tokens) == len(free.logprobs) == 5 and free.stop_reason == "length"
     # a token-id stop: generation ends on it and keeps it
     stop_tok = free.tokens[2]
@@ -223,11 +242,13 @@ def test_sampling_stop_max_tokens_and_seed(tmp_path, renderer):
     hit = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=[stop_tok])).result().sequences[0]
     assert hit.stop_reason == "stop" and hit.tokens == free.tokens[:first + 1]
     # a string stop
-    tok = sampler.get_tokenizer()
+    from machine_nb.engines.local import get_tokenizer
+
+    tok = get_tokenizer(DEFAULT_MODEL)
     text = tok.decode(free.tokens)
     piece = text.strip()[:1]
     assert piece
-    s = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=piece)).result().sequences[0]
+    s = sampler.sample(p, 1, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=[piece])).result().sequences[0]
     assert s.stop_reason == "stop" and piece in tok.decode(s.tokens)
     assert piece not in tok.decode(s.tokens[:-1])
     # the renderer's stop sequence ends a chat reply
@@ -243,8 +264,8 @@ def test_sampling_stop_max_tokens_and_seed(tmp_path, renderer):
     assert len(a.sequences) == 3 and len({tuple(x.tokens) for x in a.sequences}) > 1
 
 
-def test_concurrent_samples_from_threads_match_sequential(tmp_path, renderer):
-    sampler = ServiceClient(log_dir=tmp_path).create_sampling_client(base_model=DEFAULT_MODEL)
+def test_concurrent_samples_from_threads_match_sequential(sc, renderer):
+    sampler = sc.create_sampling_client(base_model=DEFAULT_MODEL).result()
     params = tinker.SamplingParams(max_tokens=6, temperature=0.0)
     prompts = [prompt(renderer, f"What is {a} minus {b}?") for a, b in PAIRS]
     sequential = [sampler.sample(p, 1, params).result().sequences[0].tokens for p in prompts]
@@ -261,31 +282,33 @@ def test_concurrent_samples_from_threads_match_sequential(tmp_path, renderer):
     assert [results[i] for i in range(len(prompts))] == sequential
 
 
-def test_engine_routing_and_clear_errors(tmp_path, batch):
+def test_engine_routing_and_clear_errors(sc, batch, tmp_path):
     assert engine_for("local/arith-tiny") == "local"
     assert engine_for("local:///x/sampler_weights/final") == "local"
+    assert engine_for("tinker://local-0123abcd:train:0/sampler_weights/final") == "local"
     assert engine_for("thinkingmachines/Inkling-Small") == "tinker"
     assert engine_for("tinker://run/sampler_weights/final") == "tinker"
     check_model("local", DEFAULT_MODEL)
+    check_model("tinker", DEFAULT_MODEL)  # allowed: a `machine-nb serve` URL serves it (checked there)
     with pytest.raises(EngineError, match="engine='tinker'"):
         check_model("local", "Qwen/Qwen3-8B")
-    with pytest.raises(EngineError, match="engine='local'"):
-        check_model("tinker", DEFAULT_MODEL)
-    sc = service_client("local", log_dir=tmp_path)
-    with pytest.raises(EngineError, match="Tinker model"):
-        sc.create_lora_training_client("thinkingmachines/Inkling-Small")
-    with pytest.raises(EngineError, match="engine='tinker'"):
-        sc.create_sampling_client(model_path="tinker://abc/sampler_weights/final")
-    with pytest.raises(EngineError, match="No local checkpoint"):
-        sc.create_sampling_client(model_path=f"local://{tmp_path}/sampler_weights/missing")
-    with pytest.raises(EngineError, match="does not serve|has no model"):
-        sc.create_lora_training_client("local/no-such-model")
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2)
-    with pytest.raises(EngineError, match="cross_entropy"):
-        tc.forward_backward(batch, "importance_sampling")
-    with pytest.raises(EngineError, match="plain"):
-        tc.save_state("../escape")
+    with pytest.raises(tinker.BadRequestError, match="does not serve 'thinkingmachines/Inkling-Small'"):
+        sc.create_lora_training_client("thinkingmachines/Inkling-Small").result()
+    with pytest.raises(tinker.BadRequestError, match="engine='tinker'"):
+        sc.create_sampling_client(model_path="tinker://abc/sampler_weights/final").result()
+    missing = ck.to_tinker_path(f"local://{tmp_path}/sampler_weights/missing")
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        sc.create_sampling_client(model_path=missing).result()
+    with pytest.raises(tinker.BadRequestError, match="does not serve"):
+        sc.create_lora_training_client("local/no-such-model").result()
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
+    with pytest.raises(tinker.BadRequestError, match="cross_entropy"):
+        tc.forward_backward(batch, "importance_sampling").result()
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()  # a failed request poisons a client
+    with pytest.raises(tinker.BadRequestError, match="letters, digits"):
+        tc.save_state("../escape").result()
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
     too_long = tinker.Datum(model_input=tinker.ModelInput.from_ints([5] * 300),
                             loss_fn_inputs={"target_tokens": [5] * 300, "weights": [1.0] * 300})
-    with pytest.raises(EngineError, match="context"):
-        tc.forward_backward([too_long]).result()
+    with pytest.raises(tinker.BadRequestError, match="context"):
+        tc.forward_backward([too_long], "cross_entropy").result()

@@ -53,7 +53,7 @@ def blackhole():
 
 
 def test_no_key_is_refused_before_any_connection(no_key, monkeypatch):
-    monkeypatch.setattr(tinker_engine, "_probe", lambda *a: pytest.fail("must not connect without a key"))
+    monkeypatch.setattr(tinker_engine, "probe", lambda *a: pytest.fail("must not connect without a key"))
     with pytest.raises(EngineError, match="TINKER_API_KEY is not set"):
         check_tinker()
     with pytest.raises(EngineError, match="TINKER_API_KEY is not set"):
@@ -83,30 +83,80 @@ def test_base_url_from_the_environment(monkeypatch, closed_port):
         check_tinker(timeout=2.0)
 
 
-def test_a_service_that_answers_passes(monkeypatch):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # any HTTP answer, even 404, means the service is there
-            self.send_response(404)
-            self.end_headers()
+class _Fake(http.server.BaseHTTPRequestHandler):
+    """A server that is not Tinker: every request gets `status` (and counts the requests)."""
+    status = 500
+    hits = 0
 
-        def log_message(self, *args):
-            pass
+    def do_GET(self):
+        type(self).hits += 1
+        self.send_response(self.status)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"oops!")
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        monkeypatch.setenv("TINKER_API_KEY", SECRET)
-        url = f"http://127.0.0.1:{server.server_address[1]}/services/tinker"
-        assert check_tinker(url, timeout=5.0) == url
-    finally:
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    servers = []
+
+    def start(status: int) -> str:
+        handler = type("Handler", (_Fake,), {"status": status, "hits": 0})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/services/tinker"
+
+    yield start
+    for server in servers:
         server.shutdown()
         server.server_close()
 
 
+@pytest.mark.parametrize("status", [500, 404, 200])
+def test_a_server_that_is_not_tinker_fails_at_once(monkeypatch, fake_server, corpus, tmp_path, status):
+    """HTTP 500 (or any page that is not Tinker's health answer) passed the old reachability check,
+    then the SDK retried for minutes. Now: a clear EngineError in seconds, no log dir written."""
+    import time
+
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    url = fake_server(status)
+    with pytest.raises(EngineError, match="not answering as Tinker") as err:
+        check_tinker(url, timeout=5.0)
+    assert SECRET not in str(err.value)
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="not answering as Tinker"):
+        sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", base_url=url,
+            log_dir=tmp_path / "run", progress=False)
+    from machine_nb.evaluate import evaluate
+
+    monkeypatch.setenv("TINKER_BASE_URL", url)
+    with pytest.raises(EngineError, match="not answering as Tinker"):
+        evaluate([{"messages": [{"role": "user", "content": "hi"}], "expected": "x"}],
+                 model="thinkingmachines/Inkling", engine="tinker", save=False)
+    assert time.monotonic() - start < 30
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_local_server_passes_the_check(monkeypatch):
+    from machine_nb.engines.local.server import LocalServer
+
+    server = LocalServer().start()
+    try:
+        monkeypatch.setenv("TINKER_API_KEY", SECRET)
+        assert check_tinker(server.url, timeout=5.0, models=("local/arith-tiny",)) == server.url
+    finally:
+        server.stop()
+
+
 def test_sft_on_tinker_refuses_an_unknown_price_before_connecting(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", SECRET)
-    monkeypatch.setattr(tinker_engine, "_probe", lambda *a: pytest.fail("must refuse before connecting"))
+    monkeypatch.setattr(tinker_engine, "probe", lambda *a: pytest.fail("must refuse before connecting"))
     # Inkling-Small has sampling prices in the table but no training price
     with pytest.raises(BudgetExceeded, match="cannot bound the cost"):
         sft(corpus.train, model="thinkingmachines/Inkling-Small", engine="tinker", log_dir=tmp_path / "a",
@@ -117,7 +167,7 @@ def test_sft_on_tinker_refuses_an_unknown_price_before_connecting(corpus, tmp_pa
 
 def test_sft_on_tinker_refuses_over_budget(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", SECRET)
-    monkeypatch.setattr(tinker_engine, "_probe", lambda *a: pytest.fail("must refuse before connecting"))
+    monkeypatch.setattr(tinker_engine, "probe", lambda *a: pytest.fail("must refuse before connecting"))
     with pytest.raises(BudgetExceeded, match="over the budget"):
         sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", max_usd=1e-6,
             log_dir=tmp_path / "c", progress=False)
@@ -135,7 +185,9 @@ def test_sft_on_tinker_without_key_or_service(corpus, tmp_path, monkeypatch, no_
     assert not (tmp_path / "e").exists()  # refused before writing anything
 
 
-def test_local_model_on_tinker_is_a_clear_error(corpus, tmp_path):
+def test_local_model_on_tinker_is_a_clear_error(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    monkeypatch.setattr(tinker_engine, "probe", lambda *a: ["thinkingmachines/Inkling"])  # real Tinker's list
     with pytest.raises(EngineError, match="engine='local'"):
         sft(corpus.train, model="local/arith-tiny", engine="tinker", log_dir=tmp_path / "f", progress=False)
     with pytest.raises(EngineError, match="needs a model"):

@@ -13,7 +13,7 @@ import tinker
 
 from machine_nb.corpus import make_corpus
 from machine_nb.engines.local import DEFAULT_MODEL
-from machine_nb.engines.local.service import ServiceClient
+from machine_nb.engines import service_client, to_sdk_path
 from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.render import get_renderer
 from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
@@ -26,9 +26,10 @@ def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"), seed=0)
 
 
-def answers(checkpoint: str, rows: list[dict], log_dir) -> list[str]:
+def answers(checkpoint: str, rows: list[dict], log_dir=None) -> list[str]:
+    """Greedy replies of a checkpoint, sampled through the real tinker SDK from the local server."""
     renderer = get_renderer(DEFAULT_MODEL)
-    sampler = ServiceClient(log_dir=log_dir).create_sampling_client(model_path=checkpoint)
+    sampler = service_client("local").create_sampling_client(model_path=to_sdk_path(checkpoint)).result()
     params = tinker.SamplingParams(max_tokens=16, temperature=0.0, stop=renderer.get_stop_sequences())
     out = []
     for row in rows:
@@ -37,9 +38,9 @@ def answers(checkpoint: str, rows: list[dict], log_dir) -> list[str]:
     return out
 
 
-def answers_base(rows: list[dict], log_dir) -> list[str]:
+def answers_base(rows: list[dict], log_dir=None) -> list[str]:
     renderer = get_renderer(DEFAULT_MODEL)
-    sampler = ServiceClient(log_dir=log_dir).create_sampling_client(base_model=DEFAULT_MODEL)
+    sampler = service_client("local").create_sampling_client(base_model=DEFAULT_MODEL).result()
     params = tinker.SamplingParams(max_tokens=24, temperature=0.0, stop=renderer.get_stop_sequences())
     return [renderer.parse_response(sampler.sample(renderer.build_generation_prompt(r["messages"]), 1, params)
                                     .result().sequences[0].tokens)[0]["content"].strip() for r in rows]
@@ -55,7 +56,7 @@ def trained(corpus, tmp_path_factory):
 def test_sft_learns_the_house_style_end_to_end(trained, corpus):
     assert trained.engine == "local" and trained.model == DEFAULT_MODEL
     assert trained.steps == 60 and trained.complete and trained.cost_usd == 0.0
-    assert trained.checkpoint == f"local://{trained.log_dir}/sampler_weights/final"
+    assert trained.checkpoint.startswith("tinker://local-") and trained.checkpoint.endswith("/sampler_weights/final")
     assert trained.last_loss < 0.5 * trained.first_loss
     assert trained.tokens > 0
     eval_rows = [json.loads(line) for line in open(corpus.eval)]
@@ -74,7 +75,7 @@ def test_sft_learns_the_house_style_end_to_end(trained, corpus):
 def test_log_dir_holds_the_cookbook_files_privately(trained):
     log_dir = trained.log_dir
     names = set(os.listdir(log_dir))
-    assert {"config.json", "metrics.jsonl", "checkpoints.jsonl", "train.jsonl", "logs.log"} <= names
+    assert {"config.json", "metrics.jsonl", "checkpoints.jsonl", "train.jsonl", "logs.log", "train.log"} <= names
     assert stat.S_IMODE(os.stat(log_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.join(log_dir, "metrics.jsonl")).st_mode) == 0o600
     rows = [json.loads(line) for line in open(os.path.join(log_dir, "checkpoints.jsonl"))]
@@ -110,55 +111,59 @@ def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
     assert answers(runs[0].checkpoint, rows, tmp_path) == answers(runs[1].checkpoint, rows, tmp_path)
 
 
-def test_ctrl_c_leaves_a_readable_log_dir_and_resume_finishes_it(corpus, tmp_path, monkeypatch):
+def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, trained, tmp_path, monkeypatch):
+    """Interrupt the 60-step run near step 30, resume it: 60 steps, the same tokens, the very same
+    final loss and the same replies as the run that was never interrupted."""
     import threading
 
     import importlib
 
     progress_mod = importlib.import_module("machine_nb.progress")
-    from machine_nb.engines.local import service
+    from machine_nb.engines.local import compute
 
-    # the engine holds its 7th optimizer step until the "user" has pressed Ctrl-C (no timing involved)
+    # the engine (in this process) holds its 32nd optimizer step until the "user" has pressed
+    # Ctrl-C, so the run cannot finish first (no timing involved)
     gate, calls = threading.Event(), []
-    real_step, real_update = service.TrainingClient._step, progress_mod.progress.update
+    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
 
-    def held_step(self, params):
+    def held_step(self, **params):
         calls.append(1)
-        if len(calls) == 7:
+        if len(calls) == 32:
             gate.wait(60)
-        return real_step(self, params)
+        return real_step(self, **params)
 
     def interrupting_update(self, n=1, **postfix):
         real_update(self, n, **postfix)
-        if self.desc == "sft" and self.n >= 4:  # the training bar, not the token count before it
+        if self.desc == "sft" and self.n >= 28:  # the training bar, not the token count before it
             gate.set()
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(service.TrainingClient, "_step", held_step)
+    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
     monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
     log_dir = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
-        sft(corpus.train, log_dir=log_dir, epochs=10, save_every=2, progress=False)
+        sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, progress=False)
     monkeypatch.setattr(progress_mod.progress, "update", real_update)
-    monkeypatch.setattr(service.TrainingClient, "_step", real_step)
-    from tinker_cookbook.supervised import train as cookbook_train
-
-    assert cookbook_train.tinker is tinker  # the patch is undone even after Ctrl-C
+    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
     part = read_training_log(log_dir)
-    assert not part.complete and 4 <= part.steps < 60
-    assert part.state_path is not None and part.checkpoint.startswith("local://")
-    # reusing the dir without resume= is refused; resume finishes the run
+    assert not part.complete and 20 <= part.steps < 60
+    assert part.state_path is not None and part.state_path.endswith("/weights/000020")
+    # reusing the dir without resume= is refused; resume finishes the run exactly
     with pytest.raises(FileExistsError, match="resume="):
         sft(corpus.train, log_dir=log_dir, progress=False)
-    done = sft(corpus.train, resume=log_dir, epochs=10, save_every=2, progress=False)
+    done = sft(corpus.train, resume=log_dir, progress=False)
     assert done.complete and done.checkpoint.endswith("/sampler_weights/final")
-    assert done.steps >= 60  # steps after the last saved state are redone
+    assert done.steps == 60 and done.tokens == trained.tokens
+    assert done.last_loss == trained.last_loss
+    assert list(training_metrics(log_dir)["train_mean_nll"]) == list(training_metrics(trained.log_dir)["train_mean_nll"])
+    rows = [json.loads(line) for line in open(corpus.eval)][:6]
+    assert answers(done.checkpoint, rows) == answers(trained.checkpoint, rows)
 
 
 def test_smoke_runs_two_real_steps_and_reports_metrics_as_they_come(corpus, tmp_path):
     seen: list[dict] = []
     res = smoke(corpus.train, log_dir=tmp_path / "smoke", progress=False, on_metrics=seen.extend)
-    assert res.steps == 2 and res.complete and res.checkpoint.startswith("local://")
+    assert res.steps == 2 and res.complete and res.checkpoint.startswith("tinker://local-")
     assert [m["step"] for m in seen] == [0, 1] and all("train_mean_nll" in m for m in seen)
 
 
@@ -208,7 +213,7 @@ def test_cli_smoke_and_tinker_needs_yes(corpus, tmp_path, capsys):
 
     assert main(["smoke", str(corpus.train), "--log-dir", str(tmp_path / "cli"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["steps"] == 2 and out["checkpoint"].startswith("local://")
+    assert out["steps"] == 2 and out["checkpoint"].startswith("tinker://local-")
     code = main(["sft", str(corpus.train), "--engine", "tinker", "--model", "thinkingmachines/Inkling"])
     err = capsys.readouterr().err
     assert code == 2 and "--yes" in err and "$" in err

@@ -1,23 +1,34 @@
 """Engines: where training and sampling run. `local` (this machine) or `tinker` (the service).
 
-Both serve the `tinker` ServiceClient API, so training (train.py) and evaluation (evaluate.py)
-run one code path on either. Which engine a model or checkpoint path belongs to is decided here,
-by its name: local models are `local/…` and their checkpoints `local://…`; anything else is Tinker's.
+Both are reached through the real `tinker` SDK: the local engine is a server that speaks Tinker's
+HTTP API (engines/local/server.py), started in this process on a free loopback port the first
+time it is needed. So training (train.py) and evaluation (evaluate.py) run one code path, and the
+only differences between the engines are the base URL, the key and the model.
+
+Which engine a model or checkpoint belongs to is decided here, by its name: local models are
+`local/…`, their checkpoints `tinker://local-…` (and, from before the server, `local://…`);
+anything else is Tinker's. Higher layers reach the engines only through this module.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import os
+from typing import Any, Iterator
 
 from ..errors import EngineError
 
 ENGINES = ("local", "tinker")
+#: The API key the SDK sends to the local server (it must look like a Tinker key; none is checked).
+LOCAL_API_KEY = "tml-local-engine"
 
 
 def engine_for(model_or_path: str) -> str:
-    """"local" for a local model (`local/…`) or checkpoint (`local://…`), else "tinker"."""
+    """"local" for a local model (`local/…`) or checkpoint (`tinker://local-…`, `local://…`), else "tinker"."""
+    from .local.checkpoints import is_local_path
+
     name = str(model_or_path)
-    if name.startswith("local://") or name.startswith("local/"):
+    if name.startswith("local/") or is_local_path(name):
         return "local"
     return "tinker"
 
@@ -25,20 +36,16 @@ def engine_for(model_or_path: str) -> str:
 def check_model(engine: str, model: str) -> None:
     """Raise EngineError when `engine` cannot serve `model` (a model name or checkpoint path).
 
-    The local engine serves only its own `local/…` models; Tinker serves none of them.
+    The local engine serves only its own `local/…` models. Tinker serves none of them, except
+    at a base URL that is itself a local server (checked against its capabilities when the
+    service is checked: `engines.tinker.check_tinker(models=…)`).
     """
     if engine not in ENGINES:
         raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
-    owner = engine_for(model)
-    if owner == engine:
-        return
-    if engine == "local":
+    if engine == "local" and engine_for(model) != "local":
         raise EngineError(
             f"The local engine serves only its own models (local/…, e.g. 'local/arith-tiny'); "
             f"{model!r} is a Tinker model: pass engine='tinker' (needs TINKER_API_KEY) or a local model.")
-    raise EngineError(
-        f"{model!r} is the local engine's model, which Tinker does not serve: pass engine='local', "
-        "or a Tinker model such as 'thinkingmachines/Inkling-Small'.")
 
 
 def default_model(engine: str) -> str:
@@ -50,19 +57,100 @@ def default_model(engine: str) -> str:
     raise EngineError("engine='tinker' needs a model name, e.g. model='thinkingmachines/Inkling-Small'.")
 
 
-def service_client(engine: str = "local", **kwargs: Any) -> Any:
-    """A ServiceClient for `engine` ("local" default: runs here, no key, no cost).
+def local_base_url() -> str:
+    """The URL of this process's local server (started on first use, stopped at exit)."""
+    from .local.server import ensure_server
 
-    "local": `machine_nb.engines.local.service.ServiceClient(**kwargs)` (e.g. `log_dir=`, `seed=`).
-    "tinker": `tinker.ServiceClient(**kwargs)` after a 5 s key-and-reachability check (never the
-    SDK's ~5-minute hang); `timeout=` changes that limit.
-    """
+    return ensure_server().url
+
+
+def base_url(engine: str, base_url: str | None = None) -> str:
+    """The service URL for `engine`: the local server's, or `base_url` / $TINKER_BASE_URL / Tinker's."""
     if engine == "local":
-        from .local.service import ServiceClient
+        return local_base_url()
+    from .tinker import tinker_base_url
 
-        return ServiceClient(**kwargs)
+    return tinker_base_url(base_url)
+
+
+@contextlib.contextmanager
+def sdk_key(engine: str) -> Iterator[None]:
+    """While code that builds its own `tinker.ServiceClient` (tinker-cookbook's loops) talks to the
+    local server: a placeholder TINKER_API_KEY when none is set, removed again afterwards (the SDK
+    refuses to start without a key). A key the user set is left as it is; the local server never
+    stores or logs it."""
+    if engine != "local" or os.environ.get("TINKER_API_KEY", "").strip():
+        yield
+        return
+    os.environ["TINKER_API_KEY"] = LOCAL_API_KEY
+    try:
+        yield
+    finally:
+        if os.environ.get("TINKER_API_KEY") == LOCAL_API_KEY:
+            del os.environ["TINKER_API_KEY"]
+
+
+def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
+                   models: tuple[str, ...] = (), **kwargs: Any) -> Any:
+    """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no key, no cost).
+
+    "local": pointed at this process's local server, with a placeholder key.
+    "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
+    within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
+    """
+    import tinker
+
+    if engine == "local":
+        kwargs.setdefault("api_key", LOCAL_API_KEY)
+        return tinker.ServiceClient(base_url=local_base_url(), **kwargs)
     if engine == "tinker":
-        from .tinker import service_client as tinker_service_client
+        from .tinker import DEFAULT_TIMEOUT, check_tinker
 
-        return tinker_service_client(**kwargs)
+        url = check_tinker(base_url, DEFAULT_TIMEOUT if timeout is None else timeout,
+                           api_key=kwargs.get("api_key"), models=models)
+        return tinker.ServiceClient(base_url=url, **kwargs)
     raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
+
+
+def to_sdk_path(path: str) -> str:
+    """A checkpoint path as the SDK takes it (`tinker://…`; legacy `local://…` paths translated)."""
+    from .local.checkpoints import is_local_path, to_tinker_path
+
+    return to_tinker_path(path) if is_local_path(path) else path
+
+
+def checkpoint_base_model(path: str) -> str | None:
+    """The base model a local checkpoint was trained from (None for Tinker checkpoints: ask Tinker)."""
+    if engine_for(path) != "local":
+        return None
+    from .local.checkpoints import checkpoint_dir, default_data_dir
+    from .local.compute import read_meta
+
+    try:
+        from .local.server import _DEFAULT
+
+        data_dir = _DEFAULT.data_dir if _DEFAULT is not None else default_data_dir()
+    except ImportError:
+        data_dir = default_data_dir()
+    return read_meta(checkpoint_dir(data_dir, path))["base_model"]
+
+
+def sdk_errors() -> tuple[type[BaseException], ...]:
+    """The SDK's exceptions that mean "the request was refused" (for callers that translate them)."""
+    import tinker
+
+    return (tinker.APIStatusError, tinker.RequestFailedError)
+
+
+def explain(exc: BaseException) -> Exception:
+    """An SDK error as machine_nb's: MachineFormatError when the server named a corrupt file,
+    else EngineError with the server's message (never the SDK's long retry text)."""
+    from ..errors import MachineFormatError
+
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        detail = body.get("detail") or str(exc)
+        if body.get("error_type") == "MachineFormatError" and body.get("file"):
+            return MachineFormatError(body["file"], str(body.get("reason") or detail))
+        return EngineError(str(detail))
+    return EngineError(str(exc))

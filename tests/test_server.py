@@ -1,0 +1,342 @@
+"""`machine-nb serve` as the tinker SDK's server: the raw SDK, tinker-cookbook's own loop, bad
+requests, a server that dies mid-run, and the rules for binding beyond loopback. Each server here
+is a real subprocess, started the way a user starts it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tinker
+import torch
+from tinker import types
+
+from machine_nb.corpus import make_corpus
+from machine_nb.engines.local import DEFAULT_MODEL
+from machine_nb.errors import EngineError
+from machine_nb.render import get_renderer
+
+CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never show in any output
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen, url: str, data_dir, log):
+        self.proc, self.url, self.data_dir, self.log = proc, url, data_dir, log
+
+    def output(self) -> str:
+        self.log.flush()
+        return open(self.log.name, encoding="utf-8", errors="replace").read()
+
+
+def start_server(tmp_path, *args: str, name: str = "server") -> Served:
+    data_dir = tmp_path / f"{name}-data"
+    log = open(tmp_path / f"{name}.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
+                             str(data_dir), *args], stdout=subprocess.PIPE, stderr=log, text=True,
+                            start_new_session=True)
+    line = proc.stdout.readline()  # the ready line; a dead server gives "" at once
+    assert line.startswith("serving the Tinker API on http://"), (line, open(log.name).read())
+    return Served(proc, line.split(" on ", 1)[1].split()[0], data_dir, log)
+
+
+def stop_server(served: Served) -> int:
+    if served.proc.poll() is None:
+        served.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            served.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(served.proc.pid, signal.SIGKILL)
+            served.proc.wait()
+    served.log.close()
+    return served.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("serve"), "--verbose")
+    yield s
+    assert stop_server(s) == 0  # Ctrl-C stops it cleanly
+
+
+@pytest.fixture(scope="module")
+def sc(served):
+    return tinker.ServiceClient(base_url=served.url, api_key=CANARY_KEY)
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    return get_renderer(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def batch(renderer):
+    from tinker_cookbook.renderers import TrainOnWhat
+    from tinker_cookbook.supervised.data import conversation_to_datum
+
+    pairs = [(12, 30), (45, 11), (23, 67), (50, 19)]
+    return [conversation_to_datum([{"role": "user", "content": f"What is {a} plus {b}?"},
+                                   {"role": "assistant", "content": f"answer: {a + b}"}],
+                                  renderer, 128, TrainOnWhat.LAST_ASSISTANT_MESSAGE) for a, b in pairs]
+
+
+def steps(tc, data, n, lr=3e-3):
+    out = []
+    for _ in range(n):
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=lr))
+        out.append(fb.result().metrics["loss:sum"])
+        opt.result()
+    return out
+
+
+def test_raw_sdk_trains_saves_and_samples(sc, batch, renderer):
+    tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=8).result()
+    tok = tc.get_tokenizer()  # the SDK's own AutoTokenizer load, from the tokenizer_id the server reports
+    local = get_renderer(DEFAULT_MODEL).tokenizer
+    text = "<|user|> What is 47 plus 15?<|end|><|assistant|> answer: 62"
+    assert tok.encode(text, add_special_tokens=False) == local.encode(text)
+    losses = steps(tc, batch, 6)
+    assert losses[-1] < 0.7 * losses[0]
+    before = tc.forward(batch, "cross_entropy").result().metrics["loss:sum"]
+    assert tc.forward(batch, "cross_entropy").result().metrics["loss:sum"] == before  # forward only: no change
+    path = tc.save_weights_for_sampler("six").result().path
+    assert path.startswith("tinker://local-") and path.endswith("/sampler_weights/six")
+    sampler = sc.create_sampling_client(model_path=path).result()
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is 12 plus 30?"}])
+    res = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=10, temperature=0.0,
+                                                         stop=renderer.get_stop_sequences())).result()
+    assert len(res.sequences) == 2 and res.sequences[0].tokens == res.sequences[1].tokens
+    assert all(s.sequence_id for s in res.sequences)
+    lps = sampler.compute_logprobs(prompt).result()
+    assert lps[0] is None and len(lps) == prompt.length and all(x < 0 for x in lps[1:])
+    rest = sc.create_rest_client()
+    run = rest.get_training_run_by_tinker_path(path).result()
+    assert run.base_model == DEFAULT_MODEL and run.lora_rank == 8 and run.last_sampler_checkpoint is not None
+
+
+def test_forward_backward_custom_with_a_custom_loss(sc, batch):
+    """The SDK's forward_backward_custom: a forward-only request, the loss in the client, then a
+    backward with weights = -dLoss/dlogprobs (signed floats, negative ones included, as DPO sends)."""
+    def doubled_nll(data, logprobs_list):
+        loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].to_numpy())).sum() * 2.0
+                   for d, lp in zip(data, logprobs_list))
+        return loss, {"custom/doubled:sum": float(loss.detach())}
+
+    a = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=4, seed=9).result()
+    b = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=4, seed=9).result()
+    plain = a.forward_backward(batch, "cross_entropy").result().metrics["loss:sum"]
+    custom = b.forward_backward_custom(batch, doubled_nll).result()
+    assert custom.metrics["loss:sum"] == pytest.approx(2 * plain, rel=1e-5)
+    # a DPO-shaped loss: one reply pushed up, the other down (negative weights reach the server)
+    def reply_logprob(datum, lp):
+        return (lp * torch.tensor(datum.loss_fn_inputs["weights"].to_numpy())).sum()
+
+    def margin_now(client):
+        out = client.forward(batch[:2], "cross_entropy").result().loss_fn_outputs
+        return float(reply_logprob(batch[0], torch.tensor(out[0]["logprobs"].to_numpy()))
+                     - reply_logprob(batch[1], torch.tensor(out[1]["logprobs"].to_numpy())))
+
+    c = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=4, seed=9).result()
+    start = margin_now(c)
+
+    def push_apart(data, logprobs_list):
+        margin = reply_logprob(data[0], logprobs_list[0]) - reply_logprob(data[1], logprobs_list[1])
+        return -torch.nn.functional.logsigmoid(margin - start), {}
+
+    margins = [start]
+    for _ in range(3):
+        fb = c.forward_backward_custom(batch[:2], push_apart)
+        opt = c.optim_step(types.AdamParams(learning_rate=1e-2))
+        fb.result()
+        opt.result()
+        margins.append(margin_now(c))
+    assert margins[-1] > margins[0]
+
+
+def test_async_forms_and_two_training_runs_in_one_session(sc, batch):
+    async def main():
+        one = await sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=4, seed=1)
+        two = await sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2, seed=1)
+        assert one.model_id != two.model_id and one.model_id.rsplit(":", 1)[0] == two.model_id.rsplit(":", 1)[0]
+        first = []
+        for tc in (one, two):
+            fb = tc.forward_backward(batch, "cross_entropy")
+            opt = tc.optim_step(types.AdamParams(learning_rate=3e-3))
+            first.append((await fb).metrics["loss:sum"])
+            await opt
+        saved = await one.save_weights_for_sampler("a")
+        sampler = await sc.create_sampling_client(model_path=saved.path)
+        params = types.SamplingParams(max_tokens=4, temperature=0.0)
+        many = await asyncio.gather(*[sampler.sample(batch[0].model_input, 1, params) for _ in range(3)])
+        return first, many
+
+    first, many = asyncio.run(main())
+    assert len(first) == 2 and all(np.isfinite(first))
+    assert len({tuple(r.sequences[0].tokens) for r in many}) == 1
+
+
+COOKBOOK_SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    import machine_nb
+    from tinker_cookbook.supervised import train
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+    from tinker_cookbook.renderers import TrainOnWhat
+
+    machine_nb.use_local_models()  # the only line a Tinker script needs for a local model
+    data, log_path, base_url = sys.argv[1:4]
+    builder = FromConversationFileBuilder(
+        file_path=data, test_size=0, shuffle_seed=0,
+        common_config=ChatDatasetBuilderCommonConfig(
+            model_name_for_tokenizer="local/arith-tiny", renderer_name="machine_nb/local_chat",
+            max_length=128, batch_size=8, train_on_what=TrainOnWhat.LAST_ASSISTANT_MESSAGE))
+    config = train.Config(log_path=log_path, model_name="local/arith-tiny", recipe_name="my_recipe",
+                          renderer_name="machine_nb/local_chat",
+                          dataset_builder=builder, learning_rate=3e-3, num_epochs=1, lora_rank=8,
+                          base_url=base_url, save_every=3, eval_every=0)
+    asyncio.run(train.main(config))
+""")
+
+
+def test_the_cookbooks_own_training_loop_runs_against_the_server(served, tmp_path):
+    corpus = make_corpus(tmp_path / "corpus", seed=0)
+    script = tmp_path / "train_on_tinker.py"
+    script.write_text(COOKBOOK_SCRIPT)
+    env = {**os.environ, "TINKER_API_KEY": CANARY_KEY}
+    done = subprocess.run([sys.executable, str(script), str(corpus.train), str(tmp_path / "log"), served.url],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "log" / "checkpoints.jsonl")]
+    assert [r["name"] for r in rows] == ["000003", "final"]
+    assert all(r["sampler_path"].startswith("tinker://local-") for r in rows)
+    metrics = [json.loads(line) for line in open(tmp_path / "log" / "metrics.jsonl")]
+    assert len(metrics) == 6 and metrics[-1]["train_mean_nll"] < metrics[0]["train_mean_nll"]
+    # and the checkpoint is on the server's disk, where evaluate finds it by its path alone
+    run_id = rows[-1]["sampler_path"].split("/")[2]
+    assert (served.data_dir / "runs" / run_id / "sampler_weights" / "final" / "checkpoint.json").is_file()
+
+
+def _post(url: str, path: str, body: bytes, content_type: str = "application/json", key: str | None = CANARY_KEY,
+          length: int | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, data=body, method="POST",
+                                 headers={"Content-Type": content_type, **({"X-API-Key": key} if key else {})})
+    if length is not None:
+        req.add_header("Content-Length", str(length))
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _session(url: str) -> str:
+    status, body = _post(url, "/api/v1/create_session",
+                         json.dumps({"tags": [], "user_metadata": None, "sdk_version": "0"}).encode())
+    assert status == 200
+    return body["session_id"]
+
+
+def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(served, sc):
+    url = served.url
+    status, body = _post(url, "/api/v1/create_session", b"{not json")
+    assert status == 400 and "not valid JSON" in body["detail"]
+    status, body = _post(url, "/api/v1/create_session", json.dumps({"tags": "x", "user_metadata": None,
+                                                                      "sdk_version": "0"}).encode())
+    assert status == 400 and body["field"] == "tags"
+    sid = _session(url)
+    status, body = _post(url, "/api/v1/create_model", json.dumps(
+        {"session_id": sid, "model_seq_id": 0, "base_model": "Qwen/Qwen3-8B"}).encode())
+    assert status == 400 and body["field"] == "base_model" and "does not serve" in body["detail"]
+    status, body = _post(url, "/api/v1/no_such_call", b"{}")
+    assert status == 404 and "no_such_call" in body["detail"]
+    status, body = _post(url, "/api/v1/create_session", b"x" * 10, length=10**9)
+    assert status == 413 and "at most" in body["detail"]
+    # through the SDK: token ids outside the vocabulary and a context too long, raised at once
+    tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
+    bad = types.Datum(model_input=types.ModelInput.from_ints([1, 99999]),
+                      loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]})
+    with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
+        tc.forward_backward([bad], "cross_entropy").result(timeout=60)
+    sampler = sc.create_sampling_client(base_model=DEFAULT_MODEL).result()
+    with pytest.raises(tinker.BadRequestError, match="context"):
+        sampler.sample(types.ModelInput.from_ints([5] * 400), 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="does not serve"):
+        sc.create_sampling_client(base_model="thinkingmachines/Inkling").result(timeout=60)
+    # still serving
+    with urllib.request.urlopen(url + "/api/v1/healthz", timeout=10) as r:
+        assert json.loads(r.read()) == {"status": "ok"}
+
+
+def test_the_clients_key_is_never_logged_or_stored(served, sc):
+    sc.create_sampling_client(base_model=DEFAULT_MODEL).result()  # requests with the canary key were made
+    assert "POST /api/v1/create_sampling_session" in served.output()  # --verbose logs requests …
+    assert CANARY_KEY not in served.output()  # … never their key
+    for root, _, files in os.walk(served.data_dir):
+        for f in files:
+            assert CANARY_KEY.encode() not in open(os.path.join(root, f), "rb").read(), f
+
+
+def test_binding_beyond_loopback_needs_a_key(tmp_path):
+    refused = subprocess.run([sys.executable, "-m", "machine_nb.cli", "serve", "--host", "0.0.0.0", "--port", "0",
+                              "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "--key" in refused.stderr
+    s = start_server(tmp_path, "--host", "0.0.0.0", "--key", "tml-server-key-0000", name="keyed")
+    try:
+        url = s.url.replace("0.0.0.0", "127.0.0.1")
+        status, body = _post(url, "/api/v1/create_session", b"{}", key="tml-wrong")
+        assert status == 401 and "key" in body["detail"]
+        with pytest.raises(tinker.AuthenticationError):
+            tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_sampling_client(
+                base_model=DEFAULT_MODEL).result(timeout=60)
+        ok = tinker.ServiceClient(base_url=url, api_key="tml-server-key-0000")
+        assert ok.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60).get_base_model() == DEFAULT_MODEL
+    finally:
+        stop_server(s)
+
+
+def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(tmp_path, monkeypatch):
+    """sft on a `machine-nb serve` URL (engine="tinker"): kill the server after a few steps. The SDK
+    alone would retry for ~5 minutes; the call fails with EngineError well within 30 s, the log
+    dir reads back incomplete, and a restarted server (same data dir) lets the run resume."""
+    from machine_nb.train import read_training_log, sft
+
+    corpus = make_corpus(tmp_path / "corpus", seed=0)
+    s = start_server(tmp_path, name="doomed")
+    monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
+    log_dir = tmp_path / "run"
+    killed_at: list[float] = []
+
+    def kill_after_a_few_steps():
+        metrics = log_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 8):
+            time.sleep(0.05)
+        os.killpg(s.proc.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_after_a_few_steps, daemon=True)
+    killer.start()
+    with pytest.raises(EngineError, match="stopped answering"):
+        sft(corpus.train, model=DEFAULT_MODEL, engine="tinker", base_url=s.url, log_dir=log_dir,
+            save_every=4, progress=False)
+    assert killed_at and time.monotonic() - killed_at[0] < 30
+    s.proc.wait()
+    s.log.close()
+    part = read_training_log(log_dir)
+    assert not part.complete and part.state_path is not None
+    again = start_server(tmp_path, "--data-dir", str(s.data_dir), name="again")
+    try:
+        done = sft(corpus.train, resume=log_dir, base_url=again.url, progress=False)
+    finally:
+        stop_server(again)
+    assert done.complete and done.steps == 60
