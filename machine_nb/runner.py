@@ -9,8 +9,10 @@ console output goes to `<log dir>/train.log` (Machine's own habit) and nothing o
 process is touched. The child exits when its parent does (it watches its stdin), so it can
 never outlive the notebook or script that started it.
 
-The status channel is the child's stdout: one JSON object per line (`{"event": "done"}` or
-`{"event": "error", …}`); everything else the child prints goes to the log.
+The child serves one run after another (imports take seconds; the next run starts at once): a
+spec per line on its stdin, a status per line on its stdout (`{"event": "ready" | "done" |
+"error" | "interrupted"}`); everything else it prints goes to the run's log. After an error or
+an interrupt it exits, and the next run gets a fresh child.
 """
 
 from __future__ import annotations
@@ -27,16 +29,6 @@ from typing import Any
 def _status(channel: Any, **event: Any) -> None:
     channel.write(json.dumps(event) + "\n")
     channel.flush()
-
-
-def _watch_parent() -> None:
-    """Exit when the parent closes our stdin (it ended, or was killed)."""
-    try:
-        while sys.stdin.buffer.read(1 << 16):
-            pass
-    except (OSError, ValueError):
-        pass
-    os._exit(3)
 
 
 def _sft_config(spec: dict) -> Any:
@@ -120,30 +112,68 @@ def run(spec: dict) -> None:
     asyncio.run(cookbook_train.main(config))
 
 
+def _redirect(path: str | None) -> None:
+    """Point this process's stdout and stderr (fds 1 and 2) at a run's log file (None: /dev/null)."""
+    target = os.open(path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for fd in (1, 2):
+        os.dup2(target, fd)
+    os.close(target)
+
+
 def main() -> int:
+    """Serve specs, one line each on stdin, one at a time, until stdin closes.
+
+    The process stays for the next run (tinker-cookbook and the SDK take seconds to import);
+    each run applies the environment and working directory its spec carries, and writes its
+    console output to the spec's `log` file.
+    """
+    import queue
+
     status = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # the cookbook's prints go to the log, not the status channel
-    sys.stdout = os.fdopen(1, "w", encoding="utf-8", buffering=1)
-    spec = json.loads(sys.stdin.buffer.readline())
-    threading.Thread(target=_watch_parent, name="machine-nb-parent-watch", daemon=True).start()
-    try:
-        run(spec)
-    except KeyboardInterrupt:
-        _status(status, event="interrupted")
-        return 130
-    except BaseException as exc:  # reported to the parent, which raises it there
-        traceback.print_exc()
-        body = getattr(exc, "body", None)
-        _status(status, event="error", type=type(exc).__name__, message=str(exc)[:4000],
-                body=body if isinstance(body, (dict, str)) else None)
-        return 1
-    _status(status, event="done")
-    return 0
+    sys.stdout = os.fdopen(1, "w", encoding="utf-8", buffering=1, closefd=False)
+    _redirect(None)
+    specs: "queue.Queue[dict | None]" = queue.Queue()
+
+    def read_specs() -> None:
+        try:
+            for line in sys.stdin.buffer:
+                specs.put(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        os._exit(3)  # the parent closed our stdin: it ended, or was killed
+
+    threading.Thread(target=read_specs, name="machine-nb-specs", daemon=True).start()
+    _status(status, event="ready")
+    while True:
+        spec = specs.get()
+        os.environ.clear()
+        os.environ.update(spec.get("env") or {})
+        os.chdir(spec.get("cwd") or os.getcwd())
+        _redirect(spec.get("log"))
+        try:
+            run(spec)
+        except KeyboardInterrupt:
+            _status(status, event="interrupted")
+            return 130
+        except BaseException as exc:  # reported to the parent, which raises it there
+            traceback.print_exc()
+            body = getattr(exc, "body", None)
+            _status(status, event="error", type=type(exc).__name__, message=str(exc)[:4000],
+                    body=body if isinstance(body, (dict, str)) else None)
+            return 1
+        finally:
+            import logging
+
+            for handler in logging.getLogger().handlers:  # the cookbook's, pointing at this run's files
+                handler.flush()
+            sys.stdout.flush()
+            _redirect(None)
+        _status(status, event="done")
 
 
 if __name__ == "__main__":
     code = main()
-    # leave at once: the stdin watcher thread would block the interpreter's normal shutdown
+    # leave at once: the spec reader thread would block the interpreter's normal shutdown
     import logging
 
     logging.shutdown()

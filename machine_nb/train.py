@@ -395,8 +395,8 @@ class _MetricsTail:
 
 
 def _child_env(engine: str) -> dict[str, str]:
-    """The child's environment: the caller's, unchanged, except that on the local engine the
-    child sends a placeholder key (the user's own TINKER_API_KEY never goes to the local server)."""
+    """The run's environment: the caller's, unchanged, except that on the local engine the
+    training loop sends a placeholder key (the user's own TINKER_API_KEY never goes to the local server)."""
     from .engines import LOCAL_API_KEY
 
     env = dict(os.environ)
@@ -406,85 +406,134 @@ def _child_env(engine: str) -> dict[str, str]:
     return env
 
 
+class _Runner:
+    """A child process (runner.py) that runs training loops one after another.
+
+    Kept for the next run, since importing tinker-cookbook and the SDK takes seconds; replaced
+    after an error or an interrupt, and ended with this process (it exits when its stdin closes).
+    """
+
+    _idle: "_Runner | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "machine_nb.runner"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env("local"))
+        self.events: "list[dict]" = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, name="machine-nb-runner-status", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                with self._cond:
+                    self.events.append(event)
+                    self._cond.notify_all()
+        with self._cond:
+            self.events.append({"event": "exit"})
+            self._cond.notify_all()
+
+    @classmethod
+    def take(cls) -> "_Runner":
+        with cls._lock:
+            runner, cls._idle = cls._idle, None
+        if runner is not None and runner.proc.poll() is None:
+            return runner
+        return cls()
+
+    def give_back(self) -> None:
+        with type(self)._lock:
+            if type(self)._idle is None and self.proc.poll() is None:
+                type(self)._idle = self
+                return
+        self.close()
+
+    def send(self, spec: dict) -> int:
+        """Start a run; returns the index of the first event that belongs to it."""
+        with self._cond:
+            start = len(self.events)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(spec) + "\n").encode("utf-8"))
+        self.proc.stdin.flush()
+        return start
+
+    def outcome(self, start: int) -> dict | None:
+        with self._cond:
+            for event in self.events[start:]:
+                if event.get("event") in ("done", "error", "interrupted", "exit"):
+                    return event
+        return None
+
+    def stop(self) -> None:
+        """Ctrl-C for the run in progress (SIGINT, then harder), then the process ends."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+
+
 def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Any = None, poll_s: float = 0.2,
                  watchdog: Any = None) -> None:
-    """Run `runner.run(spec)` in a child process, calling `on_poll()` in this thread meanwhile.
+    """Run `runner.run(spec)` in the runner process, calling `on_poll()` in this thread meanwhile.
 
     Its console output goes to `<log dir>/train.log`. A KeyboardInterrupt here (or an error from
-    `on_poll`, or a watchdog that saw the service die) stops the child (SIGINT, then SIGTERM)
-    before re-raising; files it wrote stay whole. An error in the child is raised here as
-    EngineError (or MachineFormatError when the server named a corrupt file).
+    `on_poll`, or a watchdog that saw the service die) stops the run (SIGINT, then harder) before
+    re-raising; files it wrote stay whole. An error in the run is raised here as EngineError (or
+    MachineFormatError when the server named a corrupt file).
     """
-    import signal
-    import subprocess
-    import sys
-
-    log = open(log_dir / "train.log", "ab")
+    spec = {**spec, "env": _child_env(engine), "cwd": os.getcwd(), "log": str(log_dir / "train.log")}
+    runner = _Runner.take()
+    start = runner.send(spec)
     try:
-        child = subprocess.Popen([sys.executable, "-m", "machine_nb.runner"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=log, env=_child_env(engine), cwd=os.getcwd())
-    finally:
-        log.close()
-    events: list[dict] = []
-
-    def read_status() -> None:
-        for line in child.stdout:  # type: ignore[union-attr]
-            with contextlib.suppress(ValueError):
-                events.append(json.loads(line))
-
-    reader = threading.Thread(target=read_status, name="machine-nb-runner-status", daemon=True)
-    reader.start()
-    assert child.stdin is not None
-    child.stdin.write((json.dumps(spec) + "\n").encode("utf-8"))
-    child.stdin.flush()  # stdin stays open: the child exits when it closes (we ended)
-
-    def stop() -> None:
-        if child.poll() is None:
-            with contextlib.suppress(OSError):
-                child.send_signal(signal.SIGINT)
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.terminate()
-                try:
-                    child.wait(5)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
-
-    try:
-        while child.poll() is None:
-            try:
-                child.wait(poll_s)
-            except subprocess.TimeoutExpired:
-                pass
+        while True:
+            outcome = runner.outcome(start)
+            if outcome is not None:
+                break
+            with runner._cond:
+                runner._cond.wait(poll_s)
             if on_poll is not None:
                 on_poll()
             if watchdog is not None:
                 watchdog.check()
     except BaseException:
-        stop()
+        runner.stop()
         raise
-    finally:
-        with contextlib.suppress(OSError):
-            child.stdin.close()
-        reader.join(5)
     if on_poll is not None:
         on_poll()
-    if child.returncode == 0:
+    if outcome["event"] == "done":
+        runner.give_back()
         return
-    error = next((e for e in reversed(events) if e.get("event") in ("error", "interrupted")), None)
-    if error is None:
-        raise EngineError(f"the training process ended with exit code {child.returncode}; see {log_dir / 'train.log'}")
-    if error["event"] == "interrupted":
+    runner.close()
+    if outcome["event"] == "interrupted":
         raise KeyboardInterrupt("training was interrupted")
+    if outcome["event"] == "exit":
+        raise EngineError(f"the training process ended unexpectedly (exit code {runner.proc.returncode}); "
+                          f"see {log_dir / 'train.log'}")
     from .engines import explain
 
-    if isinstance(error.get("body"), dict):
+    if isinstance(outcome.get("body"), dict):
         class _Sdk(Exception):
-            body = error["body"]
-        raise explain(_Sdk(error["message"])) from None
-    raise EngineError(f"training failed: {error['type']}: {error['message']} (log: {log_dir / 'train.log'})")
+            body = outcome["body"]
+        raise explain(_Sdk(outcome["message"])) from None
+    raise EngineError(f"training failed: {outcome['type']}: {outcome['message']} (log: {log_dir / 'train.log'})")
 
 
 def _default_lr(engine: str, model: str, lora_rank: int) -> float:
