@@ -138,7 +138,9 @@ class CompareResult:
 
     cases: distinct cases (= n when each row is its own); design_effect and effective_n say how
     much clustering shrinks the evidence. rows_for_power: the rows an exact McNemar test needs to
-    detect the observed effect with 80% power (None: no effect observed, or over 100,000).
+    detect the observed effect with 80% power (with several rows per case: the cases that test
+    needs, counting each case as a win, a loss or neither, times this eval's rows per case; None:
+    no effect observed, or over 100,000).
     p_adjusted / adjustment: set by compare_many (Holm), else None.
     """
 
@@ -274,9 +276,14 @@ def _paired_numbers(ca: list[bool], cb: list[bool], clusters: list | None, *, al
     scale = eff_d / n
     table = [[both * scale, wins * scale], [losses * scale, (n - both - wins - losses) * scale]]
     deff = stats.design_effect(diff, clusters)
-    rows = stats.rows_for_power(wins / n, losses / n, alpha=power_alpha)
-    if rows is not None and clusters is not None:
-        rows = math.ceil(rows * deff)
+    case_wins = case_losses = None
+    if clusters is None:
+        rows = stats.rows_for_power(wins / n, losses / n, alpha=power_alpha)
+    else:  # the test counts cases: size the eval in cases that net a win or a loss, then in rows
+        sums, _ = stats.case_sums(diff, clusters)
+        case_wins, case_losses = float((sums > 0).mean()), float((sums < 0).mean())
+        units = stats.rows_for_power(case_wins, case_losses, alpha=power_alpha)
+        rows = None if units is None else math.ceil(units * n / cases)
     return {
         "n": n, "wins": wins, "losses": losses, "ties": n - wins - losses, "p_value": p, "p_method": p_method,
         "baseline_accuracy": acc_a, "checkpoint_accuracy": acc_b, "delta": acc_b - acc_a,
@@ -285,6 +292,7 @@ def _paired_numbers(ca: list[bool], cb: list[bool], clusters: list | None, *, al
         "delta_ci": stats.newcombe_paired_interval(table, level=level),
         "ci": stats.paired_bootstrap_ci(ca, cb, resamples=resamples, seed=seed, level=level, clusters=clusters),
         "cases": cases, "design_effect": deff, "effective_n": eff_d, "rows_for_power": rows,
+        "case_wins": case_wins, "case_losses": case_losses,
     }
 
 
@@ -325,7 +333,7 @@ def _summary_text(num: dict, base: str, ckpt: str, *, alpha: float, level: float
         lines.append(f"With {units} {unit_word} no result can reach p < {alpha:g}: that takes at least {need} "
                      + ("cases that changed, all in one direction." if clustered else
                         "discordant pairs, all in one direction.")
-                     + " Use more eval rows before drawing any conclusion.")
+                     + (" Use more cases" if clustered else " Use more eval rows") + " before drawing any conclusion.")
     elif decisive < alpha:
         better = "better" if wins > losses else "worse"
         lines.append(f"The checkpoint is {better} than the base model on these rows, and a difference this lopsided "
@@ -352,18 +360,23 @@ def _summary_text(num: dict, base: str, ckpt: str, *, alpha: float, level: float
 
     rows = num["rows_for_power"]
     level_words = f"two-sided α = {power_alpha:.3g}" + ("" if power_alpha == alpha else f" ({alpha:g} over the comparisons)")
-    if wins == losses:
+    if wins == losses or (clustered and num["case_wins"] == num["case_losses"]):
         lines.append("No difference was observed, so there is no observed effect to size a larger eval by.")
     else:
-        assumption = (f"assuming the true shares of rows only {ckpt} gets right and only {base} gets right are the "
-                      f"observed {wins / n:.1%} and {losses / n:.1%}")
-        size = "more than 100,000 rows" if rows is None else f"about {rows:,} rows"
-        if clustered and rows is not None:
-            assumption += f", and that new rows cluster as these do (design effect {num['design_effect']:.2f})"
+        if clustered:
+            per_case = n / num["cases"]
+            size = ("more than 100,000 cases" if rows is None else
+                    f"about {rows:,} rows ({math.ceil(rows / per_case - 1e-9):,} cases of {per_case:.3g} rows)")
+            lines.append(f"To detect a difference this size with 80% power ({level_words}) takes {size}, counting "
+                         "each case as one unit that nets a win, a loss or neither (an exact McNemar test over "
+                         f"cases), assuming the true shares of such cases are the observed {num['case_wins']:.1%} "
+                         f"and {num['case_losses']:.1%}; a smaller true difference needs more.")
         else:
-            assumption += ", with independent rows"
-        lines.append(f"To detect a difference this size with 80% power (exact McNemar, {level_words}) takes {size}, "
-                     f"{assumption}; a smaller true difference needs more.")
+            size = "more than 100,000 rows" if rows is None else f"about {rows:,} rows"
+            lines.append(f"To detect a difference this size with 80% power (exact McNemar, {level_words}) takes "
+                         f"{size}, assuming the true shares of rows only {ckpt} gets right and only {base} gets "
+                         f"right are the observed {wins / n:.1%} and {losses / n:.1%}, with independent rows; "
+                         "a smaller true difference needs more.")
     return "\n".join(lines)
 
 

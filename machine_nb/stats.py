@@ -121,8 +121,15 @@ def critical_minority(d: int, alpha: float = 0.05) -> int | None:
     return k if k >= 0 else None
 
 
-def _case_sums(values: Sequence[float], clusters: Sequence[Any] | None) -> tuple[Any, Any]:
-    """Per-case sums of values and per-case sizes (each row its own case when clusters is None)."""
+def case_sums(values: Sequence[float], clusters: Sequence[Any] | None) -> tuple[Any, Any]:
+    """Per-case sums of values and per-case sizes, as numpy arrays in order of first appearance.
+
+    Args:
+        values: per-row values. clusters: one case label per row; None: each row its own case.
+
+    Returns:
+        (sums, sizes).
+    """
     import numpy as np
     import pandas as pd
 
@@ -154,7 +161,7 @@ def sign_flip_test(differences: Sequence[int], clusters: Sequence[Any] | None = 
     import numpy as np
     from scipy.stats import binom
 
-    sums, _ = _case_sums(differences, clusters)
+    sums, _ = case_sums(differences, clusters)
     sums = np.rint(sums).astype(int)
     observed = abs(int(sums.sum()))
     sizes = np.abs(sums[sums != 0])
@@ -224,7 +231,7 @@ def paired_bootstrap_ci(baseline_correct: Any, checkpoint_correct: Any, *, resam
     if clusters is None:
         units, sizes = diff, None
     else:
-        units, sizes = _case_sums(diff, clusters)
+        units, sizes = case_sums(diff, clusters)
     n = len(units)
     if n == 0:
         return (0.0, 0.0)
@@ -262,7 +269,7 @@ def design_effect(values: Sequence[float], clusters: Sequence[Any] | None) -> fl
     n = len(x)
     if clusters is None or n < 2:
         return 1.0
-    sums, sizes = _case_sums(x - x.mean(), clusters)
+    sums, sizes = case_sums(x - x.mean(), clusters)
     g = len(sums)
     iid = float(((x - x.mean()) ** 2).sum()) / (n - 1) / n
     if g < 2 or iid <= 0:
@@ -291,7 +298,7 @@ def effective_size(values: Sequence[float], clusters: Sequence[Any] | None, *, l
     n = len(values)
     if clusters is None or n == 0:
         return float(n)
-    g = len(_case_sums(values, clusters)[1])
+    g = len(case_sums(values, clusters)[1])
     if g == n:
         return float(n)
     if g < 2:

@@ -247,6 +247,7 @@ def test_several_trials_per_case_are_not_counted_as_independent_rows():
     assert r.delta_ci_low < plain.delta_ci_low - 0.2 and r.checkpoint_ci_low < plain.checkpoint_ci_low - 0.2
     assert "The 24 rows come from 3 cases" in r.summary and "5.5 independent rows" in r.summary
     assert "With 3 cases no result can reach p < 0.05" in r.summary
+    assert r.rows_for_power == 48 and "about 48 rows (6 cases of 8 rows)" in r.summary  # 6 cases, all won
     # the same labels given directly, or the case column ignored
     assert compare(frame([False] * 24), frame([True] * 24), cluster=cases).p_value == r.p_value
     ignored = compare(frame([False] * 24).assign(case=cases), frame([True] * 24).assign(case=cases), cluster=False)
@@ -263,9 +264,11 @@ def test_clustered_bootstrap_and_power_use_cases():
     assert (r.ci_low, r.ci_high) == stats.paired_bootstrap_ci(base, ckpt, clusters=cases)
     assert (r.ci_low, r.ci_high) != stats.paired_bootstrap_ci(base, ckpt)
     assert r.design_effect == pytest.approx(stats.design_effect([1] * 18 + [0] * 6, cases)) and r.design_effect > 2
-    unclustered = stats.rows_for_power(18 / 24, 0)
-    assert r.rows_for_power == math.ceil(unclustered * r.design_effect)
-    assert f"design effect {r.design_effect:.2f}" in r.summary
+    # power is sized in cases, as the test counts them: 6 of 8 cases net a win, none a loss
+    cases_needed = stats.rows_for_power(6 / 8, 0)
+    assert r.rows_for_power == 3 * cases_needed
+    assert f"about {3 * cases_needed} rows ({cases_needed} cases of 3 rows)" in r.summary
+    assert "observed 75.0% and 0.0%" in r.summary
 
 
 def test_case_labels_are_checked():
