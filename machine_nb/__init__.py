@@ -62,10 +62,13 @@ _API: dict[str, str] = {
     "load_eval_rows": "evaluate",
     "score_output": "evaluate",
     "evaluate": "evaluate",
-    "compare": "evaluate",
     "probe": "evaluate",
     "load_results": "evaluate",
-    "CompareResult": "evaluate",
+    # comparing results: statistics that hold at small n
+    "compare": "compare",
+    "compare_many": "compare",
+    "CompareResult": "compare",
+    "CompareManyResult": "compare",
     # widgets
     "RunPicker": "widgets.run_picker",
     "ExamplePreviewer": "widgets.previewer",

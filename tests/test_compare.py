@@ -1,19 +1,27 @@
-"""compare(): baseline vs checkpoint with paired statistics a reader can trust.
+"""compare() and compare_many(): baseline vs checkpoint(s) with paired statistics a reader can trust.
 
-The numbers are checked against cases worked by hand (exact McNemar from binomial sums, a
-bootstrap whose distribution can be enumerated), then through files and the CLI.
+The statistics themselves are checked against published and hand-worked values in
+test_stats.py; here they are checked as a user meets them: the numbers and sentences compare()
+gives for the small evals people run (24/0/0, 7 wins and 1 loss, 12 vs 18 of 24), clustering by
+case, Holm across checkpoints, results files, HTML and the CLI.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 
-from machine_nb.evaluate import (CompareResult, compare, load_results, mcnemar_exact, min_discordant_for,
-                                 paired_bootstrap_ci)
+from machine_nb import stats
+from machine_nb.compare import CompareManyResult, CompareResult, compare, compare_many
+from machine_nb.evaluate import load_results
+
+Z2 = 1.959963984540054 ** 2
 
 
 def frame(correct, outputs=None, name=None, prompts=None):
@@ -35,49 +43,28 @@ def write_results(path, df, **summary):
     return path
 
 
-# --------------------------------------------------------------------------- McNemar by hand
+# --------------------------------------------------------------------------- the old home still works
 
-def test_mcnemar_hand_worked():
-    # b=1, c=6: 7 discordant pairs; P(X <= 1) = (C(7,0) + C(7,1)) / 2^7 = 8/128; two-sided doubles it
-    assert mcnemar_exact(1, 6) == pytest.approx(2 * (1 + 7) / 128) == pytest.approx(0.125)
-    assert mcnemar_exact(6, 1) == mcnemar_exact(1, 6)  # symmetric
-    # b=0, c=19: 2 * 0.5^19
-    assert mcnemar_exact(0, 19) == pytest.approx(2 * 0.5 ** 19) == pytest.approx(3.815e-6, rel=1e-3)
-    # b=2, c=8: (1 + 10 + 45) / 1024 * 2 = 0.109375
-    assert mcnemar_exact(2, 8) == pytest.approx(112 / 1024)
-    assert mcnemar_exact(0, 0) == 1.0  # no discordant pairs: no evidence
-    assert mcnemar_exact(3, 3) == 1.0  # capped at 1
-    assert mcnemar_exact(0, 5) == pytest.approx(0.0625) and mcnemar_exact(0, 6) == pytest.approx(0.03125)
+def test_evaluate_still_exports_the_moved_names():
+    import machine_nb
+    from machine_nb.evaluate import CompareResult as OldResult, compare as old_compare
+    from machine_nb.evaluate import mcnemar_exact, min_discordant_for, paired_bootstrap_ci
+
+    assert old_compare is compare and OldResult is CompareResult
+    assert mcnemar_exact is stats.mcnemar_exact and paired_bootstrap_ci is stats.paired_bootstrap_ci
+    assert min_discordant_for(0.05) == 6 and min_discordant_for(0.01) == 8  # 2/2^6 = 0.031, 2/2^8 = 0.0078
+    assert machine_nb.compare_many is compare_many and machine_nb.CompareManyResult is CompareManyResult
 
 
-def test_fewest_discordant_pairs_for_significance():
-    assert min_discordant_for(0.05) == 6   # 2/2^5 = 0.0625, 2/2^6 = 0.031
-    assert min_discordant_for(0.01) == 8   # 2/2^7 = 0.0156, 2/2^8 = 0.0078
-
-
-# --------------------------------------------------------------------------- bootstrap
-
-def test_bootstrap_matches_an_enumerable_case():
-    # two rows, deltas (1, 0): a resample's mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4,
-    # so the 2.5th and 97.5th percentiles are 0 and 1
-    assert paired_bootstrap_ci([0, 0], [1, 0]) == (0.0, 1.0)
-
-
-def test_bootstrap_is_reproducible_and_brackets_the_delta():
-    base = [True] + [False] * 23
-    ckpt = [True] * 20 + [False] * 4
-    lo, hi = paired_bootstrap_ci(base, ckpt, seed=0)
-    assert (lo, hi) == paired_bootstrap_ci(base, ckpt, seed=0)
-    delta = 19 / 24
-    assert lo < delta < hi
-    # normal approximation: sd = sqrt(p(1-p)/n) = 0.083, so about delta ± 0.16
-    assert 0.55 <= lo <= 0.7 and 0.9 <= hi <= 1.0
-    # every resampled delta is a multiple of 1/24
-    assert math.isclose(lo * 24, round(lo * 24)) and math.isclose(hi * 24, round(hi * 24))
-
-
-def test_bootstrap_all_ties_is_zero_width():
-    assert paired_bootstrap_ci([True, False, True], [True, False, True]) == (0.0, 0.0)
+def test_mnb_compare_is_callable_however_the_module_was_loaded():
+    # importing evaluate (or CompareView) loads machine_nb.compare, which binds the package's
+    # `compare` attribute to the module: calling it must still compare
+    code = ("import json, machine_nb as mnb, machine_nb.evaluate, pandas as pd\n"
+            "df = lambda c: pd.DataFrame({'prompt': ['p0', 'p1'], 'expected': ['a', 'a'], 'output': ['a', 'b'], 'correct': c})\n"
+            "r = mnb.compare(df([False, False]), df([True, False]))\n"
+            "print(json.dumps([r.wins, type(r).__name__]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [1, "CompareResult"]
 
 
 # --------------------------------------------------------------------------- compare
@@ -101,6 +88,14 @@ def test_compare_the_minimal_sft_story():
     assert "19 win(s), 5 tie(s), 0 loss(es)" in r.summary and "p = 3.81e-06" in r.summary
     assert "unlikely to be noise" in r.summary and "better" in r.summary
     assert r.baseline_format_rate == pytest.approx(1 / 24) and r.checkpoint_format_rate == pytest.approx(20 / 24)
+    # Wilson intervals for 1/24 and 20/24, Newcombe for the paired delta (a = 1, b = 19, c = 0, d = 4)
+    assert (r.baseline_ci_low, r.baseline_ci_high) == stats.proportion_interval(1, 24)
+    assert (r.checkpoint_ci_low, r.checkpoint_ci_high) == stats.proportion_interval(20, 24)
+    assert (r.delta_ci_low, r.delta_ci_high) == stats.newcombe_paired_interval([[1, 19], [0, 4]])
+    assert r.delta_ci_low < r.delta < r.delta_ci_high
+    assert r.cases == 24 and r.design_effect == 1.0 and r.effective_n == 24 and r.p_method == "exact McNemar"
+    assert r.rows_for_power == stats.rows_for_power(19 / 24, 0)
+    assert "(Wilson score)" in r.summary and "Newcombe's paired score interval" in r.summary
 
 
 def test_compare_small_effect_says_what_cannot_be_concluded():
@@ -160,7 +155,7 @@ def test_compare_from_result_files_and_html(tmp_path):
     assert (r.wins, r.losses) == (2, 0) and r.checkpoint_name == "final"
     html = r._repr_html_()
     assert "answer: &lt;b&gt;4&lt;/b&gt;" in html and "<b>4</b>" not in html  # outputs are escaped
-    assert "McNemar exact p = 0.5" in html and "95% CI" in html
+    assert "exact McNemar p = 0.5" in html and "95% CI" in html
     assert load_results(ckpt_path).attrs["summary"]["name"] == "final"
     d = r.to_dict()
     assert d["wins"] == 2 and isinstance(d["flips"], list) and d["flips"][0]["change"] == "win"
@@ -184,3 +179,180 @@ def test_cli_compare(tmp_path, capsys):
     (tmp_path / "junk.json").write_text("{")
     assert main(["eval", "compare", str(a), str(tmp_path / "junk.json")]) == 1
     assert "junk.json: not a results JSON" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the three small evals
+
+def test_all_24_wins_never_prints_a_zero_width_interval():
+    r = compare(frame([False] * 24), frame([True] * 24))
+    assert (r.wins, r.ties, r.losses) == (24, 0, 0) and r.delta == 1.0
+    assert (r.ci_low, r.ci_high) == (1.0, 1.0) and not r.bootstrap_has_spread  # the bootstrap collapses
+    # Newcombe by hand: 1 - sqrt(2) · z²/(24 + z²) to 1
+    assert r.delta_ci_low == pytest.approx(1 - math.sqrt(2) * Z2 / (24 + Z2)) == pytest.approx(0.8049, abs=1e-4)
+    assert r.delta_ci_high == 1.0
+    assert r.checkpoint_ci_low == pytest.approx(24 / (24 + Z2)) and r.baseline_ci_high == pytest.approx(Z2 / (24 + Z2))
+    assert r.delta_text == "+100.0% (95% CI +80.5% to +100.0%, Newcombe)"
+    shown = [r.summary, r._repr_html_(), repr(r)]
+    for text in shown:
+        assert "+100.0% to +100.0%" not in text and "[+100.0%, +100.0%]" not in text and "+1.000, +1.000" not in text
+    assert "the paired bootstrap shows no spread (every resample gives +100.0%" in r.summary
+    assert "not certainty; read the Newcombe interval" in r.summary
+    assert "the delta +80.5% to +100.0%" in r.summary
+    assert "takes about 6 rows" in r.summary and "observed 100.0% and 0.0%" in r.summary
+    assert r.rows_for_power == 6
+
+
+def test_seven_wins_one_loss_of_24():
+    base = [False] * 24
+    base[23] = True
+    ckpt = [True] * 7 + [False] * 17
+    r = compare(frame(base), frame(ckpt))
+    assert (r.wins, r.ties, r.losses) == (7, 16, 1)
+    assert r.p_value == pytest.approx(2 * 9 / 256)  # (C(8,0) + C(8,1)) / 2^8, doubled
+    assert (r.delta_ci_low, r.delta_ci_high) == stats.newcombe_paired_interval([[0, 7], [1, 16]])
+    assert round(r.delta_ci_low, 3) == 0.021 and round(r.delta_ci_high, 3) == 0.457
+    assert "cannot be told from noise" in r.summary and "needs a split of at least 8 to 0" in r.summary
+    # the score interval excludes 0 where the exact test does not reach 0.05: said, not hidden
+    assert "treat this result as borderline" in r.summary
+    assert r.rows_for_power == 43 == stats.rows_for_power(7 / 24, 1 / 24)
+    assert "takes about 43 rows" in r.summary and "observed 29.2% and 4.2%" in r.summary
+
+
+def test_twelve_vs_eighteen_of_24_paired():
+    # the baseline's 12 correct rows are among the checkpoint's 18: 6 wins, no loss
+    base = [True] * 12 + [False] * 12
+    ckpt = [True] * 18 + [False] * 6
+    r = compare(frame(base), frame(ckpt))
+    assert (r.wins, r.ties, r.losses) == (6, 18, 0) and r.p_value == pytest.approx(2 / 64)
+    assert (r.delta_ci_low, r.delta_ci_high) == stats.newcombe_paired_interval([[12, 6], [0, 6]])
+    # pairing is the point: the unpaired (independent samples) Newcombe interval for 18/24 vs 12/24
+    # is wider and includes 0
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    lo, hi = confint_proportions_2indep(18, 24, 12, 24, method="newcomb")
+    assert lo < 0 < r.delta_ci_low and r.delta_ci_high - r.delta_ci_low < 0.8 * (hi - lo)  # 0.36 vs 0.50
+    assert "unlikely to be noise" in r.summary and "borderline" not in r.summary
+
+
+# --------------------------------------------------------------------------- clustering by case
+
+def test_several_trials_per_case_are_not_counted_as_independent_rows():
+    cases = [f"case-{i // 8}" for i in range(24)]
+    plain = compare(frame([False] * 24), frame([True] * 24))
+    r = compare(frame([False] * 24).assign(case=cases), frame([True] * 24).assign(case=cases))
+    assert r.cases == 3 and r.p_method == "exact sign-flip test over 3 cases"
+    assert r.p_value == pytest.approx(0.25)  # 2 of the 2³ sign patterns
+    assert r.effective_n == pytest.approx(stats.effective_size([1] * 24, cases))
+    assert r.effective_n < 6
+    assert r.delta_ci_low < plain.delta_ci_low - 0.2 and r.checkpoint_ci_low < plain.checkpoint_ci_low - 0.2
+    assert "The 24 rows come from 3 cases" in r.summary and "5.5 independent rows" in r.summary
+    assert "With 3 cases no result can reach p < 0.05" in r.summary
+    assert r.rows_for_power == 48 and "about 48 rows (6 cases of 8 rows)" in r.summary  # 6 cases, all won
+    # the same labels given directly, or the case column ignored
+    assert compare(frame([False] * 24), frame([True] * 24), cluster=cases).p_value == r.p_value
+    ignored = compare(frame([False] * 24).assign(case=cases), frame([True] * 24).assign(case=cases), cluster=False)
+    assert ignored.cases == 24 and ignored.p_value == plain.p_value
+
+
+def test_clustered_bootstrap_and_power_use_cases():
+    # 8 cases of 3 trials: the checkpoint wins all three trials in 6 cases, ties the rest
+    cases = [i // 3 for i in range(24)]
+    base = [False] * 24
+    ckpt = [True] * 18 + [False] * 6
+    r = compare(frame(base), frame(ckpt), cluster=cases)
+    assert r.cases == 8 and r.p_value == pytest.approx(2 / 2 ** 6)
+    assert (r.ci_low, r.ci_high) == stats.paired_bootstrap_ci(base, ckpt, clusters=cases)
+    assert (r.ci_low, r.ci_high) != stats.paired_bootstrap_ci(base, ckpt)
+    assert r.design_effect == pytest.approx(stats.design_effect([1] * 18 + [0] * 6, cases)) and r.design_effect > 2
+    # power is sized in cases, as the test counts them: 6 of 8 cases net a win, none a loss
+    cases_needed = stats.rows_for_power(6 / 8, 0)
+    assert r.rows_for_power == 3 * cases_needed
+    assert f"about {3 * cases_needed} rows ({cases_needed} cases of 3 rows)" in r.summary
+    assert "observed 75.0% and 0.0%" in r.summary
+
+
+def test_case_labels_are_checked():
+    a, b = frame([True, False, True]), frame([True, True, True])
+    with pytest.raises(ValueError, match="row 1 has no case"):
+        compare(a.assign(case=["x", None, "y"]), b)
+    with pytest.raises(ValueError, match="disagree on the case of row 2"):
+        compare(a.assign(case=["x", "x", "y"]), b.assign(case=["x", "x", "z"]))
+    with pytest.raises(ValueError, match="neither result has a 'task' column"):
+        compare(a, b, cluster="task")
+    with pytest.raises(ValueError, match="2 case labels for 3 rows"):
+        compare(a, b, cluster=["x", "y"])
+
+
+def test_case_from_results_files(tmp_path):
+    cases = ["a", "a", "b", "b"]
+    base = write_results(tmp_path / "baseline.json", frame([False] * 4).assign(case=cases), name="baseline")
+    ckpt = write_results(tmp_path / "final.json", frame([True] * 4).assign(case=cases), name="final")
+    r = compare(base, ckpt)
+    assert r.cases == 2 and r.p_method == "exact sign-flip test over 2 cases" and r.p_value == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------- several checkpoints
+
+def test_compare_many_holm():
+    base = frame([False] * 24, name="baseline")
+    strong = frame([True] * 24)                          # 24 wins: p = 1.2e-7
+    edge = frame([True] * 6 + [False] * 18)              # 6 wins: p = 0.031, alone under 0.05
+    none = frame([False] * 24)                            # nothing changed: p = 1
+    many = compare_many(base, {"strong": strong, "edge": edge, "none": none})
+    assert isinstance(many, CompareManyResult) and list(many.results) == ["strong", "edge", "none"]
+    raw = [compare(base, c).p_value for c in (strong, edge, none)]
+    assert many.table["p_value"].tolist() == pytest.approx(raw)
+    assert many.table["p_holm"].tolist() == pytest.approx(stats.holm(raw))
+    # Holm by hand: sorted p1 < p2 < p3 -> 3·p1, max(3·p1, 2·p2), max(…, p3)
+    assert many.table["p_holm"].tolist() == pytest.approx([3 * raw[0], 2 * raw[1], 1.0])
+    assert many.table["significant"].tolist() == [True, False, False]
+    assert list(many.table.columns) == ["checkpoint", "n", "accuracy", "accuracy_low", "accuracy_high", "delta",
+                                        "delta_low", "delta_high", "wins", "ties", "losses", "p_value", "p_holm",
+                                        "significant"]
+    assert "Holm-adjusted over the 3 comparisons" in many.summary and "not adjusted" in many.summary
+    assert "edge: 25.0% correct" in many.summary and "not distinguishable from the baseline" in many.summary
+    edge_r = many.results["edge"]
+    assert edge_r.checkpoint_name == "edge" and edge_r.adjustment == "Holm over 3 comparisons"
+    assert edge_r.p_adjusted == pytest.approx(2 * raw[1])
+    assert "but not once corrected for the other comparisons" in edge_r.summary
+    assert "unlikely to be noise (Holm over 3 comparisons: adjusted p" in many.results["strong"].summary
+    # the power sentence uses alpha / 3
+    assert "two-sided α = 0.0167 (0.05 over the comparisons)" in edge_r.summary
+    assert edge_r.rows_for_power == stats.rows_for_power(0.25, 0, alpha=0.05 / 3)
+    html_text = many._repr_html_()
+    assert "p (Holm)" in html_text and "edge" in html_text
+
+
+def test_compare_many_inputs():
+    base = frame([False] * 4, name="baseline")
+    named = [frame([True] * 4, name="one"), frame([True, False, False, False], name="two")]
+    many = compare_many(base, named)
+    assert list(many.results) == ["one", "two"]
+    with pytest.raises(ValueError, match="share a name"):
+        compare_many(base, [frame([True] * 4, name="x"), frame([True] * 4, name="x")])
+    with pytest.raises(ValueError, match="at least one checkpoint"):
+        compare_many(base, {})
+    with pytest.raises(ValueError, match="not over the same rows"):
+        compare_many(base, {"short": frame([True] * 3)})
+
+
+# --------------------------------------------------------------------------- display
+
+def test_html_colours_follow_the_jupyterlab_theme():
+    base = [True] * 3 + [False] * 5
+    ckpt = [False] + [True] * 4 + [False] * 3
+    r = compare(frame(base), frame(ckpt))
+    many = compare_many(frame(base), {"c": frame(ckpt)})
+    for text in (r._repr_html_(), many._repr_html_()):
+        colours = re.findall(r"(?<![\w-])(?:color|background(?:-color)?|border(?:-(?:top|bottom|left|right))?)"
+                             r"\s*:\s*([^;'\"]+)", text)
+        assert colours and all("var(--jp-" in c for c in colours), colours
+        assert not re.search(r"#[0-9a-fA-F]{3,6}(?![^(]*\))", text)  # a hex colour only as a var() fallback
+
+
+def test_to_dict_is_plain_data_with_the_new_fields():
+    d = compare(frame([False] * 24), frame([True] * 24)).to_dict()
+    json.dumps(d)
+    for key in ("baseline_ci_low", "checkpoint_ci_high", "delta_ci_low", "delta_ci_high", "p_method", "cases",
+                "design_effect", "effective_n", "rows_for_power", "level"):
+        assert key in d
