@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import patterns
 from .jsonl import dumps_line, iter_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -176,14 +177,14 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
             out.append(("error", "unknown_match", f"field 'match' is {match!r}; known: {', '.join(MATCH_MODES)}"))
         elif match == "regex" and isinstance(expected, str):
             try:
-                re.compile(expected)
-            except re.error as exc:
+                patterns.compile_pattern(expected)
+            except patterns.pattern_error() as exc:
                 out.append(("error", "bad_regex", f"field 'expected' is not a valid regex: {exc}"))
         fmt = row.get("format")
         if fmt is not None:
             try:
-                re.compile(fmt)
-            except (re.error, TypeError) as exc:
+                patterns.compile_pattern(fmt)
+            except (patterns.pattern_error(), TypeError) as exc:
                 out.append(("error", "bad_format", f"field 'format' is not a valid regex: {exc}"))
     tools = row.get("tools")
     if tools is not None and (not isinstance(tools, list) or
