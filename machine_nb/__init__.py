@@ -76,6 +76,9 @@ _API: dict[str, str] = {
     "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
+    # hardening: the checks sft can run first, and what they raise
+    "preflight": "validate",
+    "ValidationFailed": "errors",
 }
 
 __all__ = sorted(_API)

@@ -73,8 +73,10 @@ def test_load_events_skips_with_a_warning_or_raises(tmp_path):
 
 
 def test_validate_reports_a_finding_on_its_line(tmp_path):
+    from machine_nb.validate import validate  # once imported, `mnb.validate` names the module
+
     path = _file(tmp_path / "train.jsonl")
-    r = mnb.validate(path, INKLING)
+    r = validate(path, INKLING)
     bad = r.findings[r.findings["code"] == "bad_json"]
     assert not r.ok and bad["line"].tolist() == [2] and "nested deeper than" in bad["message"].iloc[0]
     assert r.summary["rows"] == 2
