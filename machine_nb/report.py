@@ -137,25 +137,35 @@ def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
 
 
 def _scrub_tree(value: Any, secrets: list[str]) -> tuple[Any, int]:
-    """Every string in a JSON-like value (dict keys too) scrubbed; returns (value, replacements)."""
+    """Every string in a JSON-like value (dict keys too) scrubbed in place; returns (value, replacements).
+
+    Iterative, so an output nested however deep is scrubbed, never a RecursionError.
+    """
     if isinstance(value, str):
         return scrub(value, secrets)
-    if isinstance(value, list):
-        total, out = 0, []
-        for item in value:
-            item, n = _scrub_tree(item, secrets)
-            out.append(item)
-            total += n
-        return out, total
-    if isinstance(value, dict):
-        total, out = 0, {}
-        for key, item in value.items():
-            key, n1 = _scrub_tree(key, secrets)
-            item, n2 = _scrub_tree(item, secrets)
-            out[key] = item
-            total += n1 + n2
-        return out, total
-    return value, 0
+    total, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            items = list(enumerate(node))
+        elif isinstance(node, dict):
+            pairs = list(node.items())
+            node.clear()
+            for key, item in pairs:
+                if isinstance(key, str):
+                    key, n = scrub(key, secrets)
+                    total += n
+                node[key] = item
+            items = list(node.items())
+        else:
+            continue
+        for index, item in items:
+            if isinstance(item, str):
+                node[index], n = scrub(item, secrets)
+                total += n
+            elif isinstance(item, (list, dict)):
+                stack.append(item)
+    return value, total
 
 
 def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:

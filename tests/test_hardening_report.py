@@ -159,3 +159,15 @@ def test_cli_parameter_nested_too_deep_stays_a_string():
     from machine_nb.cli.report import _value
 
     assert _value("[" * 100_000) == "[" * 100_000 and _value("[1, 2]") == [1, 2] and _value("x") == "x"
+
+
+def test_scrubbing_a_deeply_nested_output_is_no_recursion_error():
+    from machine_nb.report import _scrub_tree
+
+    deep = inner = []
+    for _ in range(5_000):
+        inner.append([])
+        inner = inner[0]
+    inner.append(f"the key {CANARY}")
+    _, n = _scrub_tree({"outputs": deep, f"k {CANARY}": 1}, [CANARY])
+    assert n == 2 and inner == [f"the key {REDACTED}"]
