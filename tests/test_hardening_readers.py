@@ -108,6 +108,11 @@ def test_eval_rows_and_probe_prompts(tmp_path):
     with pytest.raises(MachineFormatError) as err:
         mnb.load_eval_rows(path)
     assert err.value.line == 2 and str(path) in str(err.value)
+    probe_path = tmp_path / "probe.jsonl"
+    probe_path.write_text(f"{GOOD}\n{DEEP}\n")
+    with pytest.raises(MachineFormatError) as err:  # before any sampling: the stand-ins are never called
+        mnb.probe(probe_path, INKLING, engine="tinker", baseline_client=object(), checkpoint_client=object())
+    assert err.value.line == 2 and str(probe_path) in str(err.value)
 
 
 def test_a_torn_line_says_at_column_once(tmp_path):
