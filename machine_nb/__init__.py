@@ -81,6 +81,9 @@ _API: dict[str, str] = {
     "run_report": "report",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines.local",
+    # the checks sft runs first, and what they raise
+    "preflight": "validate",
+    "ValidationFailed": "errors",
 }
 
 __all__ = sorted(_API)

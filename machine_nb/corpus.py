@@ -37,6 +37,9 @@ QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
 GENERATOR_VERSION = 1  # bump when the same seed would draw different rows
 ANSWER_FORMAT = r"^answer: -?\d+$"  # the style, checked apart from correctness
 DEFAULT_OUT_DIR = "data/minimal_sft"  # git-ignored
+OPERANDS = range(10, 100)  # two-digit operands
+MAX_ROWS = len(OPERANDS) * (len(OPERANDS) + 1) // 2
+"""Train + eval rows one corpus can hold: 4,095 distinct unordered operand pairs ({47, 15} == {15, 47})."""
 
 # Off-distribution questions: a learned `answer: …` style that bleeds shows up here.
 PROBE_QUESTIONS: tuple[tuple[str, str], ...] = (
@@ -63,9 +66,12 @@ def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = fr
     same sum with its operands swapped.
     """
     seen = set(exclude)
+    if n > MAX_ROWS - len(seen):  # the draw below would never finish
+        raise ValueError(f"cannot draw {n:,} questions: only {MAX_ROWS - len(seen):,} distinct operand pairs are left "
+                         f"(of {MAX_ROWS:,})")
     out = []
     while len(out) < n:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(OPERANDS[0], OPERANDS[-1]), rng.randint(OPERANDS[0], OPERANDS[-1])
         pair = frozenset((a, b))
         if pair in seen:
             continue
@@ -75,8 +81,28 @@ def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = fr
     return out
 
 
+def check_counts(n_train: int, n_eval: int) -> None:
+    """Refuse row counts the corpus cannot hold: each at least 1, together at most MAX_ROWS (4,095).
+
+    Raises TypeError for a count that is not an integer, ValueError (saying the limit) otherwise.
+    """
+    for name, n in (("n_train", n_train), ("n_eval", n_eval)):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{name} must be an integer, got {n!r}")
+        if n < 1:
+            raise ValueError(f"{name} must be at least 1, got {n}")
+    if n_train + n_eval > MAX_ROWS:
+        raise ValueError(f"{n_train:,} train + {n_eval:,} eval rows = {n_train + n_eval:,}, but the corpus holds at most "
+                         f"{MAX_ROWS:,} rows in all: that many distinct two-digit operand pairs exist, and no pair "
+                         "is used twice (train and eval never share one)")
+
+
 def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24) -> dict[str, list[dict[str, Any]]]:
-    """The corpus as rows (no I/O): {"train": [...], "eval": [...], "probe": [...]}, same seed → same rows."""
+    """The corpus as rows (no I/O): {"train": [...], "eval": [...], "probe": [...]}, same seed → same rows.
+
+    n_train / n_eval: at least 1 each and at most MAX_ROWS (4,095) together (see check_counts).
+    """
+    check_counts(n_train, n_eval)
     rng = random.Random(seed)
     train_q = draw_questions(n_train, rng)
     eval_q = draw_questions(n_eval, rng, exclude={frozenset((a, b)) for a, _, b, _ in train_q})
@@ -117,8 +143,9 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
     out_dir: default "data/minimal_sft" (git-ignored). seed: the draw (default 0); the same seed
     writes byte-identical files. force: replace an existing eval.jsonl whose content differs
     (default False: a held-out set is never silently replaced; nothing is written then).
-    n_train / n_eval: rows (default 48 / 24, the documented run's). Eval operand pairs are disjoint
-    from train pairs; eval rows carry expected, match "exact" and the answer format regex.
+    n_train / n_eval: rows (default 48 / 24, the documented run's); each at least 1 and together at
+    most MAX_ROWS (4,095), else ValueError before anything is written. Eval operand pairs are
+    disjoint from train pairs; eval rows carry expected, match "exact" and the answer format regex.
     """
     out = Path(out_dir)
     rows = corpus_rows(seed, n_train, n_eval)

@@ -32,3 +32,15 @@ class BudgetExceeded(RuntimeError):
 
 class EngineError(RuntimeError):
     """An engine cannot serve the request: no key, unreachable service, or a model it does not serve."""
+
+
+class ValidationFailed(MachineFormatError):
+    """Rows that validate() rejects, refused before training (validate.preflight).
+
+    `result` is the ValidationResult with every finding; the message names the first of them.
+    """
+
+    def __init__(self, message: str, result: object, *, path: str | os.PathLike | None = None,
+                 line: int | None = None):
+        super().__init__(path, message, line=line)
+        self.result = result

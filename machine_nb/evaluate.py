@@ -25,11 +25,13 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import patterns
 from .errors import EngineError, MachineFormatError
 
 MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
 """exact/prefix/contains compare Machine-normalised text; regex fullmatches the stripped raw
-output; number compares the last number in the output with the expected one."""
+output (time-bounded, see patterns.py); number compares the last number in the output with the
+expected one."""
 
 DEFAULT_MATCH = "exact"  # Machine's eval rows usually say "exact"; rows without "match" get it
 RESULTS_DIR = "eval_results"  # Machine's `/train eval` writes here too
@@ -45,8 +47,10 @@ RESULT_COLUMNS = ["row", "prompt", "expected", "match", "output", "correct", "fo
 """Columns of evaluate()'s frame: row (0-based position in the eval file), prompt (the last user
 message's text), expected, match, output (the parsed reply text), correct (bool), format_ok (bool,
 or None when the row has no "format"), prompt_tokens / output_tokens (exact, from the renderer
-and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None), error (None, or
-why that row's request failed: it then counts as wrong)."""
+and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None), error (None, or why the
+row could not be scored in full: its request failed, or a regex ran past patterns.REGEX_TIMEOUT_S;
+a failed request or a timed-out "regex" match counts as wrong, a timed-out "format" gives
+format_ok False)."""
 
 
 # --------------------------------------------------------------------------- rows and scoring
@@ -71,14 +75,16 @@ def _to_number(text: str) -> Decimal | None:
         return None
 
 
-def score_output(output: str, expected: str, match: str = DEFAULT_MATCH) -> bool:
+def score_output(output: str, expected: str, match: str = DEFAULT_MATCH, *,
+                 timeout_s: float | None = None) -> bool:
     """Whether `output` answers `expected` under `match` (default "exact", Machine's usual mode).
 
     exact / prefix / contains: both sides go through `normalize()` first (so "Answer: 62." equals
-    "answer: 62"). regex: `expected` must match the whole stripped raw output (re.fullmatch, the
-    stricter reading: a pattern that should allow extra text says so with `.*`). number: the last
-    integer or decimal in the output equals `expected` numerically ("62.0" == "62").
-    An unknown mode raises ValueError naming the known ones.
+    "answer: 62"). regex: `expected` must match the whole stripped raw output (fullmatch, the
+    stricter reading: a pattern that should allow extra text says so with `.*`; `.` matches
+    newlines), within `timeout_s` seconds (default None = patterns.REGEX_TIMEOUT_S, 1 s), else
+    patterns.RegexTimeout. number: the last integer or decimal in the output equals `expected`
+    numerically ("62.0" == "62"). An unknown mode raises ValueError naming the known ones.
     """
     output = "" if output is None else str(output)
     if match == "exact":
@@ -88,18 +94,37 @@ def score_output(output: str, expected: str, match: str = DEFAULT_MATCH) -> bool
     if match == "contains":
         return normalize(expected) in normalize(output)
     if match == "regex":
-        return re.fullmatch(str(expected), output.strip(), flags=re.DOTALL) is not None
+        return patterns.fullmatch(str(expected), output.strip(), timeout_s=timeout_s)
     if match == "number":
         got, want = last_number(output), _to_number(str(expected))
         return got is not None and want is not None and got == want
     raise ValueError(f"unknown match mode: {match!r} (known: {', '.join(MATCH_MODES)})")
 
 
-def format_matches(output: str, pattern: str | None) -> bool | None:
-    """Whether the stripped raw output fully matches the row's "format" regex (None: no format)."""
+def format_matches(output: str, pattern: str | None, *, timeout_s: float | None = None) -> bool | None:
+    """Whether the stripped raw output fully matches the row's "format" regex (None: no format).
+
+    timeout_s: as in score_output (default 1 s); past it, patterns.RegexTimeout.
+    """
     if not pattern:
         return None
-    return re.fullmatch(pattern, ("" if output is None else str(output)).strip(), flags=re.DOTALL) is not None
+    return patterns.fullmatch(pattern, ("" if output is None else str(output)).strip(), timeout_s=timeout_s)
+
+
+def _score_row(output: str, row: dict) -> tuple[bool, bool | None, str | None]:
+    """(correct, format_ok, why not scored in full) for one reply; a regex past its bound is not a hang."""
+    problems = []
+    try:
+        correct = score_output(output, row["expected"], row["match"])
+    except patterns.RegexTimeout as exc:
+        correct = False
+        problems.append(f"match 'regex' timed out, counted wrong: {exc}")
+    try:
+        format_ok = format_matches(output, row.get("format"))
+    except patterns.RegexTimeout as exc:
+        format_ok = False
+        problems.append(f"'format' timed out, format_ok False: {exc}")
+    return correct, format_ok, "; ".join(problems) or None
 
 
 def _text(content: Any) -> str:
@@ -150,8 +175,8 @@ def check_row(row: Any, *, path: str | os.PathLike | None = None, line: int | No
         raise bad(f"unknown match mode {match!r} (known: {', '.join(MATCH_MODES)})", "match")
     if match == "regex":
         try:
-            re.compile(expected)
-        except re.error as exc:
+            patterns.compile_pattern(expected)
+        except patterns.pattern_error() as exc:
             raise bad(f"not a valid regular expression for match 'regex': {exc}", "expected") from None
     elif match == "number" and _to_number(expected) is None:
         raise bad(f"match 'number' needs a number, got {expected!r}", "expected")
@@ -162,8 +187,8 @@ def check_row(row: Any, *, path: str | os.PathLike | None = None, line: int | No
         if not isinstance(fmt, str):
             raise bad(f"must be a regular expression string, got {type(fmt).__name__}", "format")
         try:
-            re.compile(fmt)
-        except re.error as exc:
+            patterns.compile_pattern(fmt)
+        except patterns.pattern_error() as exc:
             raise bad(f"not a valid regular expression: {exc}", "format") from None
     return {**row, "messages": messages, "expected": expected, "match": match, "format": fmt, "line": line}
 
@@ -494,21 +519,26 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     wall = time.perf_counter() - t0
     finished_at = _now()
 
-    records = []
+    records, timed_out = [], []
     for i, (row, got) in enumerate(zip(rows, sampled)):
-        correct = got["error"] is None and score_output(got["output"], row["expected"], row["match"])
+        correct, format_ok, problem = (False, None, None) if got["error"] else _score_row(got["output"], row)
+        if problem:
+            timed_out.append((i, problem))
         records.append({
             "row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"], "match": row["match"],
-            "output": got["output"], "correct": bool(correct),
-            "format_ok": None if got["error"] else format_matches(got["output"], row["format"]),
+            "output": got["output"], "correct": bool(correct), "format_ok": format_ok,
             "prompt_tokens": got["prompt_tokens"], "output_tokens": got["output_tokens"],
-            "latency_s": got["latency_s"], "stop_reason": got["stop_reason"], "error": got["error"],
+            "latency_s": got["latency_s"], "stop_reason": got["stop_reason"], "error": got["error"] or problem,
         })
     df = pd.DataFrame.from_records(records, columns=RESULT_COLUMNS)
-    errors = [r for r in records if r["error"]]
+    errors = [r for i, r in enumerate(records) if sampled[i]["error"]]
     if errors:
         listed = "\n".join(f"  row {r['row']}: {r['error']}" for r in errors[:10])
         warnings.warn(f"{len(errors)} of {len(rows)} eval request(s) failed and count as wrong:\n{listed}", stacklevel=2)
+    if timed_out:
+        listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
+        warnings.warn(f"{len(timed_out)} of {len(rows)} row(s) hit the regex time bound "
+                      f"({patterns.REGEX_TIMEOUT_S:g} s; machine_nb.patterns.REGEX_TIMEOUT_S):\n{listed}", stacklevel=2)
 
     with_format = [r["format_ok"] for r in records if r["format_ok"] is not None]
     summary = {
@@ -519,7 +549,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
         "n": len(records), "correct": sum(r["correct"] for r in records),
         "accuracy": sum(r["correct"] for r in records) / len(records),
         "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
-        "errors": len(errors),
+        "errors": len(errors), "regex_timeouts": len(timed_out),
         "prompt_tokens": int(df["prompt_tokens"].sum()), "output_tokens": int(df["output_tokens"].sum()),
         "cost": _eval_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
         "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
@@ -630,6 +660,13 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     if not checkpoint and checkpoint_client is None:
         raise ValueError("probe needs a checkpoint (or checkpoint_client) to set beside the base model")
     rows = _probe_rows(prompts)
+    for pattern in [format, *(r["format"] for r in rows)]:  # a bad pattern fails before any sample
+        if pattern is None:
+            continue
+        try:
+            patterns.compile_pattern(pattern)
+        except (patterns.pattern_error(), TypeError) as exc:
+            raise ValueError(f"probe: format {pattern!r} is not a valid regular expression: {exc}") from None
     model, engine = _resolve(model, checkpoint, engine)
     renderer_obj, _ = _renderer_for(model, renderer)
     if concurrency is None:
@@ -647,13 +684,21 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar, \
             _watchdog(engine) as dog:
         base_out, ckpt_out = _run(lambda: both(bar), dog)
-    records = []
-    for row, x, y in zip(rows, base_out, ckpt_out):
+    records, timed_out = [], []
+    for i, (row, x, y) in enumerate(zip(rows, base_out, ckpt_out)):
         pattern = format or row["format"]
-        fa, fb = format_matches(x["output"], pattern), format_matches(y["output"], pattern)
+        try:
+            fa, fb = format_matches(x["output"], pattern), format_matches(y["output"], pattern)
+            bled, problem = None if pattern is None else bool(fb and not fa), None
+        except patterns.RegexTimeout as exc:  # cannot tell whether the style bled
+            bled, problem = None, f"'format' timed out, bled unknown: {exc}"
+            timed_out.append((i, problem))
         records.append({"prompt": prompt_text(row["messages"]), "baseline_output": x["output"],
-                        "checkpoint_output": y["output"], "bled": None if pattern is None else bool(fb and not fa),
-                        "error": x["error"] or y["error"]})
+                        "checkpoint_output": y["output"], "bled": bled,
+                        "error": x["error"] or y["error"] or problem})
+    if timed_out:
+        listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
+        warnings.warn(f"{len(timed_out)} of {len(rows)} probe row(s) hit the regex time bound:\n{listed}", stacklevel=2)
     df = pd.DataFrame.from_records(records, columns=["prompt", "baseline_output", "checkpoint_output", "bled", "error"])
     df.attrs["summary"] = {"model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
                            "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}

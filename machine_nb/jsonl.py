@@ -3,7 +3,8 @@ write whole files atomically (temp file + rename), append under a lock so severa
 never interleave or lose a row.
 
 Reading streams (one line in memory at a time), so a 100,000-row file costs no more than its
-longest line. The lock is a sidecar file (`.<name>.lock`) rather than the data file itself, so a
+longest line. A value nested deeper than MAX_DEPTH is a bad line like any other (the same on every
+call stack, where Python's own recursion limit would depend on how deep the caller already is). The lock is a sidecar file (`.<name>.lock`) rather than the data file itself, so a
 rewrite (temp + rename, e.g. undoing a tag) and appends exclude each other too.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import tempfile
@@ -23,9 +25,77 @@ from .errors import MachineFormatError
 
 OnError = Literal["raise", "warn", "skip"]
 
+MAX_DEPTH = 512
+"""Deepest nesting of arrays and objects a line may have. Machine's records nest about 10 deep;
+json.loads itself fails near 1,000 levels minus the caller's stack, and code that walks the value
+afterwards needs headroom below Python's recursion limit (1,000)."""
+
 
 class SkippedLines(UserWarning):
     """Lines a tolerant reader left out, each with its file, line and reason."""
+
+
+def json_error_reason(exc: json.JSONDecodeError) -> str:
+    """The reason of a JSON syntax error in one phrase: "invalid JSON: <what> at column <n>".
+
+    The parser's messages may end in "at" already ("Unterminated string starting at"), so the
+    column is appended without doubling the word.
+    """
+    what = exc.msg.rstrip(": ")
+    what = what[:-3] if what.endswith(" at") else what
+    return f"invalid JSON: {what[:1].lower()}{what[1:]} at column {exc.colno}"
+
+
+_BRACKETS = b"[]{}"
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(_BRACKETS)))
+_STEPS = bytes.maketrans(_BRACKETS, b"\x01\xff\x01\xff")  # open +1, close -1 (as signed bytes)
+
+
+def _depth_bound(raw: bytes) -> int:
+    """An upper bound on the nesting depth of a JSON text, at C speed: the deepest run of unclosed
+    brackets, strings included (a bracket inside a string can only raise the bound)."""
+    steps = raw.translate(None, _NOT_BRACKETS).translate(_STEPS)
+    return max(itertools.accumulate(memoryview(steps).cast("b")), default=0)
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether arrays/objects nest more than `limit` levels deep in `value` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return False
+
+
+def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: int | None = None) -> Any:
+    """One JSON value, or MachineFormatError (a ValueError) naming `path` and `line`.
+
+    Besides syntax errors, a value nested deeper than MAX_DEPTH is refused, so no caller ever sees
+    a RecursionError, here or while walking the value later. Bytes must be UTF-8.
+    """
+    raw = text if isinstance(text, bytes) else None
+    if raw is not None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MachineFormatError(path, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                                     line=line) from None
+    too_deep = f"nested deeper than {MAX_DEPTH} levels of arrays/objects"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MachineFormatError(path, json_error_reason(exc), line=line) from None
+    except RecursionError:
+        raise MachineFormatError(path, too_deep, line=line) from None
+    # cheap bounds first: only a line with that many brackets, unclosed at once, can nest that deep
+    if (text.count("[") + text.count("{") > MAX_DEPTH
+            and _depth_bound(raw if raw is not None else text.encode("utf-8")) > MAX_DEPTH
+            and isinstance(value, (list, dict)) and _depth_over(value, MAX_DEPTH)):
+        raise MachineFormatError(path, too_deep, line=line)
+    return value
 
 
 def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
@@ -34,8 +104,9 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
 
     on_error: "raise" (default) raises MachineFormatError at the first bad line; "warn" skips bad
     lines and issues one SkippedLines warning listing them at the end; "skip" skips them silently
-    but appends each error to `skipped` when given. Bad lines are non-UTF-8 bytes, invalid JSON, and
-    a truncated last line (no newline at the end and not valid JSON).
+    but appends each error to `skipped` when given. Bad lines are non-UTF-8 bytes, invalid JSON,
+    values nested deeper than MAX_DEPTH, and a truncated last line (no newline at the end and not
+    valid JSON).
     """
     path = Path(path)
     errors: list[MachineFormatError] = [] if skipped is None else skipped
@@ -49,20 +120,15 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
             if not raw.strip():
                 continue
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                err = MachineFormatError(path, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})", line=number)
-            else:
-                try:
-                    yield number, json.loads(text)
-                    continue
-                except json.JSONDecodeError as exc:
-                    truncated = not raw.endswith(b"\n")
-                    what = "truncated last line (no newline, incomplete JSON)" if truncated else f"invalid JSON: {exc.msg} at column {exc.colno}"
-                    err = MachineFormatError(path, what, line=number)
-            if on_error == "raise":
-                raise err
-            errors.append(err)
+                value = parse_json(raw, path, number)
+            except MachineFormatError as err:
+                if not raw.endswith(b"\n") and err.reason.startswith("invalid JSON"):
+                    err = MachineFormatError(path, "truncated last line (no newline, incomplete JSON)", line=number)
+                if on_error == "raise":
+                    raise err from None
+                errors.append(err)
+                continue
+            yield number, value
     if on_error == "warn" and len(errors) > start:
         listed = "\n".join(f"  {e}" for e in errors[start:start + 20])
         more = f"\n  … and {len(errors) - start - 20} more" if len(errors) - start > 20 else ""

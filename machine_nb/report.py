@@ -1,10 +1,27 @@
 """Reports: execute a notebook with parameters and write a shareable, self-contained HTML.
 
 Execution is papermill's (parameters injected after the cell tagged `parameters`, the
-convention every notebook here follows). What leaves the machine is cleaned first: the value of
-any secret-looking environment variable (TINKER_API_KEY, *_TOKEN, *_SECRET, …) is replaced
-wherever it appears, and live-widget views are dropped from outputs that carry a static
-`text/html` fallback, with the widget-state metadata GitHub refuses to render.
+convention every notebook here follows). The notebook runs in memory (papermill saves it through
+an in-memory handler, never to disk), so neither a run in progress nor one stopped by Ctrl-C or a
+crash leaves an unredacted file anywhere; only the redacted notebook and HTML are written.
+
+What is redacted (`[redacted]`), everywhere in the notebook (outputs, sources, metadata), in the
+HTML and in the error a failing cell raises:
+- the value of every environment variable, and every `parameters` entry, with a secret name:
+  a name part (split at `_` and other non-letters) that ends in KEY, TOKEN, SECRET, PASSWORD,
+  PASSWD, PASSPHRASE, CREDENTIAL(S), or is PASS, PWD, CREDS, PAT, COOKIE, or starts with AUTH
+  (not AUTHOR): `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, `SVC_PWD`, `GCP_CREDENTIALS`, … but not
+  `PWD`, `OLDPWD` (the working directory) or `GIT_AUTHOR_NAME`;
+- whatever its length, except blank values, values under 3 characters and common flag words
+  ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
+  report and protect nothing. A value under 8 characters is replaced only where it stands as a
+  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
+- the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
+  value or anywhere in the text;
+- key-shaped strings (validate.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
+  private key blocks), set in the environment or not.
+Live-widget views are dropped from outputs that carry a static `text/html` fallback, with the
+widget-state metadata GitHub refuses to render.
 """
 
 from __future__ import annotations
@@ -12,8 +29,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
+import uuid
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +41,15 @@ from .jsonl import atomic_write_text
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 REDACTED = "[redacted]"
-# environment variables whose values must never reach a report
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
-_MIN_SECRET_LEN = 8  # shorter values ("1", "true") would redact ordinary text
+_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS")
+_PARTS = {"PASS", "PWD", "CREDS", "PAT", "COOKIE"}
+_NOT_SECRET_PARTS = {"AUTHOR", "AUTHORS"}
+_MIN_SECRET_LEN = 3  # shorter values ("1", "no") are not secrets, and redacting them garbles text
+_WHOLE_WORD_BELOW = 8  # shorter values are replaced only as whole words: "abc1" not inside "abc12"
+_COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "0", "1", "auto", "default",
+                  "enabled", "disabled", "local", "dev", "test", "prod"}
+# scheme://user:PASSWORD@ — userinfo holds no "/", "@" or whitespace; the password may hold ":"
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/@\"'<>]+)(?=@)")
 
 
 @dataclass
@@ -41,23 +67,105 @@ class Report:
                 f"{self.wall_s:.1f} s</p>")
 
 
-def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of secret-looking environment variables, longest first."""
+def is_secret_name(name: str) -> bool:
+    """Whether a variable's name says it holds a secret (the rule in this module's docstring)."""
+    parts = [p for p in re.split(r"[^A-Z0-9]+", str(name).upper()) if p]
+    if len(parts) < 2 and parts in (["PWD"], ["PASS"], ["PAT"]):  # the working directory, not a password
+        return False
+    return any(p.endswith(_SUFFIXES) or p in _PARTS or (p.startswith("AUTH") and p not in _NOT_SECRET_PARTS)
+               for p in parts)
+
+
+def _worth_redacting(value: str) -> bool:
+    v = value.strip()
+    return len(v) >= _MIN_SECRET_LEN and v.lower() not in _COMMON_VALUES
+
+
+def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
+    """The values to redact from a report, longest first: those of secret-named variables in
+    `environ` (default os.environ; non-string values are skipped) and the password of any URL value.
+    """
     environ = os.environ if environ is None else environ
-    values = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v.strip()) >= _MIN_SECRET_LEN}
+    values = set()
+    for name, value in environ.items():
+        if not isinstance(value, str):
+            continue
+        if is_secret_name(name) and _worth_redacting(value):
+            values.add(value)
+        for m in _URL_PASSWORD.finditer(value):
+            if _worth_redacting(m.group(2)):
+                values.add(m.group(2))
     return sorted(values, key=len, reverse=True)
 
 
+@lru_cache(maxsize=1)
+def _key_shapes() -> re.Pattern[str]:
+    """One pattern for every key-shaped string validate knows, a private key as its whole block."""
+    from .validate import SECRET_PATTERNS
+
+    shapes = [p.pattern for name, p in SECRET_PATTERNS if name != "private key"]
+    block = (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+             r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)")
+    return re.compile("|".join([block, *shapes]))
+
+
 def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
-    """Replace each secret (and its JSON-escaped form) with [redacted]; returns (text, count)."""
+    """Redact `secrets` (each in its raw and JSON-escaped form), URL passwords and key-shaped strings;
+    returns (text, number of replacements). Values under 8 characters are replaced as whole words only.
+    """
     count = 0
     for s in secrets:
         for form in {s, json.dumps(s)[1:-1]}:
-            n = text.count(form)
-            if n:
+            if form not in text:
+                continue
+            if len(form) >= _WHOLE_WORD_BELOW:
+                count += text.count(form)
                 text = text.replace(form, REDACTED)
+            else:
+                text, n = re.subn(rf"(?<![A-Za-z0-9_]){re.escape(form)}(?![A-Za-z0-9_])", REDACTED, text)
                 count += n
-    return text, count
+    replaced = [0]
+
+    def url(m: re.Match[str]) -> str:
+        if m.group(2) != REDACTED:  # not already redacted as a known value
+            replaced[0] += 1
+        return m.group(1) + REDACTED
+
+    text = _URL_PASSWORD.sub(url, text)
+    text, n = _key_shapes().subn(REDACTED, text)
+    return text, count + replaced[0] + n
+
+
+def _scrub_tree(value: Any, secrets: list[str]) -> tuple[Any, int]:
+    """Every string in a JSON-like value (dict keys too) scrubbed in place; returns (value, replacements).
+
+    Iterative, so an output nested however deep is scrubbed, never a RecursionError.
+    """
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    total, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            items = list(enumerate(node))
+        elif isinstance(node, dict):
+            pairs = list(node.items())
+            node.clear()
+            for key, item in pairs:
+                if isinstance(key, str):
+                    key, n = scrub(key, secrets)
+                    total += n
+                node[key] = item
+            items = list(node.items())
+        else:
+            continue
+        for index, item in items:
+            if isinstance(item, str):
+                node[index], n = scrub(item, secrets)
+                total += n
+            elif isinstance(item, (list, dict)):
+                stack.append(item)
+    return value, total
 
 
 def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
@@ -91,43 +199,122 @@ def to_html(notebook_json: str) -> str:
     return body
 
 
+class _MemoryNotebooks:
+    """A papermill I/O handler for `machine-nb-memory://…` paths: what papermill saves (after every
+    cell, and the error-marked notebook when a cell fails) stays in this process's memory."""
+
+    scheme = "machine-nb-memory://"
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: str) -> str:
+        with self._lock:
+            return self._buffers[path]
+
+    def write(self, buf: str, path: str) -> None:
+        with self._lock:
+            self._buffers[path] = buf
+
+    def pop(self, path: str) -> str | None:
+        with self._lock:
+            return self._buffers.pop(path, None)
+
+    def listdir(self, path: str) -> list[str]:
+        return []
+
+    def pretty_path(self, path: str) -> str:
+        return path
+
+
+_MEMORY = _MemoryNotebooks()
+_registered = threading.Lock()
+
+
+def _memory_path() -> str:
+    from papermill.iorw import papermill_io
+
+    path = f"{_MEMORY.scheme}{uuid.uuid4().hex}.ipynb"
+    with _registered:
+        if papermill_io.get_handler(path) is not _MEMORY:
+            papermill_io.register(_MEMORY.scheme, _MEMORY)
+    return path
+
+
+def _redacted_error(exc: BaseException, secrets: list[str]) -> BaseException | None:
+    """A copy of `exc` whose text holds no secret, or None when it held none (raise it as it is)."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        fields, n = _scrub_tree([exc.source, exc.ename, exc.evalue, list(exc.traceback or [])], secrets)
+        return PapermillExecutionError(exc.cell_index, exc.exec_count, *fields) if n else None
+    text, n = scrub(str(exc), secrets)
+    return RuntimeError(f"{type(exc).__name__}: {text}") if n else None
+
+
 def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = None,
                output: str | os.PathLike | None = None, *, kernel_name: str = "python3",
                cwd: str | os.PathLike | None = None, progress_bar: bool = True,
                timeout: float | None = None) -> Report:
-    """Execute `notebook` with `parameters` and write `<output>.html` and `<output>.ipynb`.
+    """Execute `notebook` with `parameters` and write `<output>.html` and `<output>.ipynb`, redacted.
 
     output: the HTML path; default `reports/<notebook stem>.html` under the current directory.
-    The executed notebook lands next to it with the same stem. cwd: the kernel's working
-    directory; default the notebook's own folder (as Jupyter and nbval run it), so relative paths
-    in the notebook mean the same everywhere. A failing cell still writes both files (the error
-    shows in place) and then raises papermill's PapermillExecutionError.
+    The executed notebook lands next to it with the same stem (never over `notebook` itself:
+    ValueError). cwd: the kernel's working directory; default the notebook's own folder (as
+    Jupyter and nbval run it), so relative paths in the notebook mean the same everywhere.
+    timeout: per-cell limit in seconds (default None: none).
+    A missing notebook is a FileNotFoundError before anything is created. A failing cell still
+    writes both files (the error shows in place) and then raises papermill's
+    PapermillExecutionError, its text redacted. A Ctrl-C writes nothing and re-raises.
     """
     import papermill
 
     notebook = Path(notebook).resolve()
+    if not notebook.is_file():
+        raise FileNotFoundError(f"no notebook at {notebook}")
     html_path = Path(output) if output else Path("reports") / f"{notebook.stem}.html"
     html_path = html_path.resolve()
     executed = html_path.with_suffix(".ipynb")
-    html_path.parent.mkdir(parents=True, exist_ok=True)
-    secrets = secret_values()
+    if executed == notebook:
+        raise ValueError(f"the executed notebook would overwrite its input {notebook}: choose another output "
+                         f"than {html_path.name}")
+    parameters = dict(parameters or {})
+    secrets = sorted(set(secret_values()) | set(secret_values({k: v for k, v in parameters.items()})),
+                     key=len, reverse=True)
+    memory = _memory_path()
     start = time.monotonic()
     error: BaseException | None = None
     try:
-        papermill.execute_notebook(
-            str(notebook), str(executed), parameters=parameters or {}, kernel_name=kernel_name,
-            cwd=str(cwd or notebook.parent), progress_bar=progress_bar,
-            **({"execution_timeout": timeout} if timeout else {}))
-    except Exception as exc:  # keep going: the partial notebook shows where it failed
-        error = exc
-    wall = time.monotonic() - start
-    if not executed.exists():
-        raise error or RuntimeError(f"papermill wrote no executed notebook for {notebook}")
-    nb = clean_notebook(json.loads(executed.read_text(encoding="utf-8")))
-    text, n1 = scrub(json.dumps(nb, ensure_ascii=False, indent=1), secrets)
+        try:
+            papermill.execute_notebook(
+                str(notebook), memory, parameters=parameters, kernel_name=kernel_name,
+                cwd=str(cwd or notebook.parent), progress_bar=progress_bar,
+                **({"execution_timeout": timeout} if timeout else {}))
+        except Exception as exc:  # keep going: the partial notebook shows where it failed
+            error = exc
+        wall = time.monotonic() - start
+        text = _MEMORY.pop(memory)
+    finally:
+        _MEMORY.pop(memory)  # Ctrl-C or a crash: drop the unredacted notebook
+    if error is not None:
+        safe = _redacted_error(error, secrets)
+    if text is None:
+        if error is None:
+            raise RuntimeError(f"papermill saved no executed notebook for {notebook}")
+        if safe is not None:
+            raise safe from None
+        raise error
+    nb = clean_notebook(json.loads(text))
+    nb.get("metadata", {}).get("papermill", {})["output_path"] = str(executed)
+    nb, n1 = _scrub_tree(nb, secrets)
+    text = json.dumps(nb, ensure_ascii=False, indent=1)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(executed, text + "\n", mode=0o644)
     page, n2 = scrub(to_html(text), secrets)
     atomic_write_text(html_path, page, mode=0o644)
     if error is not None:
+        if safe is not None:
+            raise safe from None
         raise error
     return Report(notebook=notebook, html=html_path, executed=executed, wall_s=wall, redactions=n1 + n2)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import patterns
 from .jsonl import dumps_line, iter_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -176,14 +177,14 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
             out.append(("error", "unknown_match", f"field 'match' is {match!r}; known: {', '.join(MATCH_MODES)}"))
         elif match == "regex" and isinstance(expected, str):
             try:
-                re.compile(expected)
-            except re.error as exc:
+                patterns.compile_pattern(expected)
+            except patterns.pattern_error() as exc:
                 out.append(("error", "bad_regex", f"field 'expected' is not a valid regex: {exc}"))
         fmt = row.get("format")
         if fmt is not None:
             try:
-                re.compile(fmt)
-            except (re.error, TypeError) as exc:
+                patterns.compile_pattern(fmt)
+            except (patterns.pattern_error(), TypeError) as exc:
                 out.append(("error", "bad_format", f"field 'format' is not a valid regex: {exc}"))
     tools = row.get("tools")
     if tools is not None and (not isinstance(tools, list) or
@@ -215,7 +216,7 @@ class ValidationResult:
     ok: no error findings.
     """
 
-    path: Path
+    path: Path | None  # None for preflight's in-memory rows
     model: str | None
     findings: Any
     summary: dict[str, Any] = field(default_factory=dict)
@@ -227,7 +228,7 @@ class ValidationResult:
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"ValidationResult({str(self.path)!r}, model={self.model!r}, ok={self.ok}, rows={s.get('rows')}, "
+        return (f"ValidationResult({str(self.path or 'in-memory rows')!r}, model={self.model!r}, ok={self.ok}, rows={s.get('rows')}, "
                 f"errors={s.get('errors')}, warnings={s.get('warnings')}, tokens={s.get('tokens')})")
 
     def _repr_html_(self) -> str:
@@ -237,7 +238,7 @@ class ValidationResult:
         hist = " · ".join(f"{k}: {v}" for k, v in s["histogram"].items() if v)
         kind = "exact" if s.get("exact") else "estimated"
         head = (f"<div class='machine-nb-validate'><b style='color:{colour}'>{html.escape(verdict)}</b> "
-                f"<code>{html.escape(str(self.path))}</code> ({s['kind']}, {html.escape(str(self.model))}): "
+                f"<code>{html.escape(str(self.path or 'in-memory rows'))}</code> ({s['kind']}, {html.escape(str(self.model))}): "
                 f"{s['rows']} rows · {s['tokens']:,} tokens ({kind})"
                 + (f" · {s['trained_tokens']:,} trained" if s["kind"] == "train" else "")
                 + f" · {s['warnings']} warning(s)<br><small>tokens per row: {html.escape(hist) or '—'}</small>")
@@ -277,7 +278,167 @@ def _load_prompt_keys(path: Path) -> tuple[set[bytes], set[bytes]]:
     return full, last
 
 
-def validate(path: str | os.PathLike, model: str | None = None, max_length: int | None = DEFAULT_MAX_LENGTH,
+def model_context(model: str | None) -> int | None:
+    """The most tokens `model` can hold, where known: a local model's block size (128 for
+    local/arith-tiny); None for other models (Tinker's contexts are not listed offline)."""
+    if not model:
+        return None
+    from .render import base_model, is_local_model
+
+    if not is_local_model(base_model(model)):
+        return None
+    from .engines.local import load_config
+
+    return int(load_config(base_model(model)).block_size)
+
+
+def resolve_max_length(model: str | None, max_length: int | str | None = "auto") -> tuple[int | None, int | None]:
+    """(the length limit rows are held to, the model's context): see validate's `max_length`."""
+    if max_length is not None and max_length != "auto" and (isinstance(max_length, bool) or not isinstance(max_length, int)):
+        raise TypeError(f"max_length must be an integer, 'auto' or None, got {max_length!r}")
+    if isinstance(max_length, int) and max_length < 1:
+        raise ValueError(f"max_length must be at least 1 (or None, or 'auto'), got {max_length}")
+    context = model_context(model)
+    if max_length == "auto":
+        return (context if context is not None else DEFAULT_MAX_LENGTH), context
+    if max_length is None:
+        return context, context
+    return (max_length if context is None else min(max_length, context)), context
+
+
+class _Checks:
+    """One validation pass: rows are fed in order (`row`, `bad_line`), `result()` sums them up."""
+
+    def __init__(self, path: Any, model: str | None, max_length: int | str | None, kind: str,
+                 train_on_what: Any = None, eval_path: Any = None, *, read: bool = True):
+        from .tokens import renderer_or_reason
+
+        self.path, self.model, self.kind = path, model, kind
+        self.train_on_what, self.eval_path = train_on_what, eval_path
+        self.findings: list[tuple[Any, str, str, str]] = []
+        self.per_code: dict[str, int] = {}
+        self.counts = {"error": 0, "warning": 0, "info": 0}
+        self.limit, self.context = resolve_max_length(model, max_length)
+        self.summary: dict[str, Any] = {"path": str(path), "model": model, "kind": kind, "rows": 0, "errors": 0,
+                                        "warnings": 0, "infos": 0, "tokens": 0, "trained_tokens": 0, "max_tokens": 0,
+                                        "exact": False, "histogram": empty_histogram(), "max_length": self.limit}
+        self.rows_with_tools = self.rows_flagged = 0
+        self.renderer = self.eval_keys = None
+        if not read:  # nothing to read: no renderer, no overlap
+            return
+        if model is None:
+            self.add(None, "info", "no_model", "no model given: renderer checks and exact token counts skipped "
+                                               "(token counts are 2.5-chars-per-token estimates)")
+        else:
+            self.renderer, note = renderer_or_reason(model)
+            if note:
+                self.add(None, "warning", "estimated_tokens", note)
+        self.summary["exact"] = self.renderer is not None
+        if eval_path is not None:
+            if Path(eval_path).exists():
+                self.eval_keys = _load_prompt_keys(Path(eval_path))
+            else:
+                self.add(None, "error", "no_file", f"eval file {eval_path} does not exist (overlap not checked)")
+        api_key = os.environ.get("TINKER_API_KEY", "").strip()
+        self.extra_secrets = (api_key,) if len(api_key) >= 8 else ()
+
+    def add(self, line: int | None, severity: str, code: str, message: str) -> None:
+        n = self.per_code[code] = self.per_code.get(code, 0) + 1
+        if n <= MAX_FINDINGS_PER_CODE:
+            self.findings.append((line, severity, code, message))
+        self.counts[severity] += 1
+
+    def bad_line(self, line: int | None, reason: str) -> None:
+        self.add(line, "error", "bad_json", reason)
+
+    def row(self, line: int, row: Any, raw: str) -> None:
+        """Check one row; `raw` is its JSON text (for the secret scan)."""
+        from .tokens import _estimate_tokens, render_row
+
+        kind, add = self.kind, self.add
+        self.summary["rows"] += 1
+        for severity, code, message in secret_findings(raw, self.extra_secrets):
+            add(line, severity, code, message)
+        problems = shape_findings(row, kind)
+        for severity, code, message in problems:
+            add(line, severity, code, message)
+        if not isinstance(row, Mapping) or not isinstance(row.get("messages"), list) or not row["messages"]:
+            return
+        if row.get("tools"):
+            self.rows_with_tools += 1
+        if row.get("whole_run") or any(isinstance(m, Mapping) and "trainable" in m for m in row["messages"]):
+            self.rows_flagged += 1
+        messages = row["messages"]
+        if self.eval_keys is not None:
+            full, last = prompt_keys(messages)
+            if full in self.eval_keys[0]:
+                add(line, "error", "eval_overlap", f"this prompt is also in the eval file {self.eval_path}: the "
+                                                   "held-out score would be measured on trained data")
+            elif last is not None and last in self.eval_keys[1]:
+                add(line, "warning", "eval_overlap_question",
+                    f"the last user question is also in the eval file {self.eval_path} (in another context)")
+        if any(p[0] == "error" for p in problems):
+            return  # the renderer would only repeat the shape error
+        tokens = trained = None
+        if self.renderer is not None:
+            try:
+                if kind == "train":
+                    tokens, trained = render_row(self.renderer, messages, self.train_on_what,
+                                                 whole_run=bool(row.get("whole_run")))
+                else:
+                    tokens, trained = int(self.renderer.build_generation_prompt(list(messages)).length), 0
+            except Exception as exc:
+                add(line, "error", "render_failed", f"the {self.model} renderer cannot render this row: "
+                                                    f"{type(exc).__name__}: {str(exc)[:300]}")
+                return
+        if tokens is None:
+            tokens, trained = _estimate_tokens(row), 0
+        s = self.summary
+        s["tokens"] += tokens
+        s["trained_tokens"] += trained or 0
+        s["max_tokens"] = max(s["max_tokens"], tokens)
+        s["histogram"][bucket_label(tokens)] += 1
+        if self.limit is not None and tokens > self.limit:
+            if self.limit == self.context:
+                add(line, "error", "too_long", f"{tokens} tokens, over {self.model}'s context of {self.context} "
+                                               "tokens: the model cannot hold this row")
+            else:
+                add(line, "error", "too_long", f"{tokens} tokens, over max_length {self.limit}: the cookbook "
+                                               "truncates it and cuts the target")
+        if self.renderer is not None and kind == "train" and trained == 0:
+            add(line, "error", "no_trainable_tokens", "no token has loss weight > 0 (no trainable assistant "
+                                                      "message): the row teaches nothing")
+
+    def result(self, empty: str = "has no rows") -> ValidationResult:
+        if self.summary["rows"] == 0:
+            name = self.path if self.path is not None else "the data"
+            self.add(None, "error", "empty_file", f"{name} {empty if self.counts['error'] == 0 else 'has no readable rows'}")
+        if self.rows_with_tools:
+            self.add(None, "info", "tools_ignored", f"{self.rows_with_tools} row(s) carry 'tools'; tinker-cookbook's "
+                                                    "FromConversationFileBuilder trains on 'messages' only")
+        if self.rows_flagged:
+            self.add(None, "info", "trainable_flags", f"{self.rows_flagged} row(s) are whole runs or carry per-message "
+                                                      "'trainable' flags: in them only assistant messages flagged true "
+                                                      "are trained (as sft does)")
+        return self.finish()
+
+    def finish(self) -> ValidationResult:
+        import pandas as pd
+
+        self.summary.update(errors=self.counts["error"], warnings=self.counts["warning"], infos=self.counts["info"])
+        findings = list(self.findings)
+        for code, n in self.per_code.items():
+            if n > MAX_FINDINGS_PER_CODE:
+                findings.append((None, "info", "truncated",
+                                 f"{n - MAX_FINDINGS_PER_CODE} more '{code}' finding(s) not listed ({n} in all)"))
+        df = pd.DataFrame(findings, columns=FINDING_COLUMNS)
+        df["line"] = pd.array(df["line"].tolist(), dtype="Int64")
+        df = df.sort_values("line", kind="stable", na_position="first").reset_index(drop=True)
+        return ValidationResult(Path(self.path) if self.path is not None else None, self.model, df, self.summary,
+                                ok=self.counts["error"] == 0)
+
+
+def validate(path: str | os.PathLike, model: str | None = None, max_length: int | str | None = "auto",
              eval_path: str | os.PathLike | None = None, *, kind: str = "auto", train_on_what: Any = None,
              progress: bool | None = None) -> ValidationResult:
     """Check a chat JSONL training or eval file; every problem becomes a finding with its line.
@@ -286,75 +447,31 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
     overlap and secret checks only, with an info finding saying so). A model whose tokenizer is
     not available offline gets estimated counts and a warning saying why.
     max_length: rows longer than this many tokens are errors (the cookbook would truncate them and
-    cut the target); default 32768; None disables the check.
+    cut the target). Default "auto": the model's context where it is known (model_context: 128
+    for local/arith-tiny), else 32768, the cookbook's usual SFT max_length. An integer is capped
+    at the model's context (no setting makes the model hold more); None drops the max_length
+    check, keeping only the context's.
     eval_path: a held-out file; a training prompt equal to one of its prompts is an error, the
     same last question under a different context a warning (default None: no overlap check).
     kind: "train", "eval" or "auto" (default: "eval" when rows carry `expected`).
     train_on_what: the cookbook's TrainOnWhat for trained-token counts (default None: as count_tokens).
     progress: progress bar (default None: only past 2,000 rows).
     """
-    import pandas as pd
-
     from .progress import progress as bar
-    from .tokens import (PROGRESS_MIN_ROWS, _estimate_tokens, count_lines, render_row,
-                         renderer_or_reason)
+    from .tokens import PROGRESS_MIN_ROWS, count_lines
 
     path = Path(path)
-    findings: list[tuple[Any, str, str, str]] = []
-    per_code: dict[str, int] = {}
-
-    def add(line: int | None, severity: str, code: str, message: str) -> None:
-        n = per_code[code] = per_code.get(code, 0) + 1
-        if n <= MAX_FINDINGS_PER_CODE:
-            findings.append((line, severity, code, message))
-        counts[severity] += 1
-
-    counts = {"error": 0, "warning": 0, "info": 0}
-    summary: dict[str, Any] = {"path": str(path), "model": model, "kind": kind, "rows": 0, "errors": 0,
-                               "warnings": 0, "infos": 0, "tokens": 0, "trained_tokens": 0, "max_tokens": 0,
-                               "exact": False, "histogram": empty_histogram(), "max_length": max_length}
-
-    def result() -> ValidationResult:
-        summary.update(errors=counts["error"], warnings=counts["warning"], infos=counts["info"])
-        for code, n in per_code.items():
-            if n > MAX_FINDINGS_PER_CODE:
-                findings.append((None, "info", "truncated",
-                                 f"{n - MAX_FINDINGS_PER_CODE} more '{code}' finding(s) not listed ({n} in all)"))
-        df = pd.DataFrame(findings, columns=FINDING_COLUMNS)
-        df["line"] = pd.array(df["line"].tolist(), dtype="Int64")
-        df = df.sort_values("line", kind="stable", na_position="first").reset_index(drop=True)
-        return ValidationResult(path, model, df, summary, ok=counts["error"] == 0)
-
     if not path.exists():
-        add(None, "error", "no_file", f"{path} does not exist")
-        return result()
+        checks = _Checks(path, model, max_length, kind, read=False)
+        checks.add(None, "error", "no_file", f"{path} does not exist")
+        return checks.finish()
     if kind == "auto":
         kind = _detect_kind(path)
     if kind not in ("train", "eval"):
         raise ValueError(f"kind must be 'train', 'eval' or 'auto', got {kind!r}")
-    summary["kind"] = kind
+    checks = _Checks(path, model, max_length, kind, train_on_what, eval_path)
 
-    renderer, note = (None, None)
-    if model is None:
-        add(None, "info", "no_model", "no model given: renderer checks and exact token counts skipped "
-                                      "(token counts are 2.5-chars-per-token estimates)")
-    else:
-        renderer, note = renderer_or_reason(model)
-        if note:
-            add(None, "warning", "estimated_tokens", note)
-    summary["exact"] = renderer is not None
-
-    eval_keys: tuple[set[bytes], set[bytes]] | None = None
-    if eval_path is not None:
-        if not Path(eval_path).exists():
-            add(None, "error", "no_file", f"eval file {eval_path} does not exist (overlap not checked)")
-        else:
-            eval_keys = _load_prompt_keys(Path(eval_path))
-
-    api_key = os.environ.get("TINKER_API_KEY", "").strip()
-    extra_secrets = (api_key,) if len(api_key) >= 8 else ()
     skipped: list = []
-    rows_with_tools = rows_flagged = 0
     total = count_lines(path)
     show = progress if progress is not None else total > PROGRESS_MIN_ROWS
     with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows",
@@ -363,74 +480,65 @@ def validate(path: str | os.PathLike, model: str | None = None, max_length: int 
         for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
             while skipped:
                 err = skipped.pop(0)
-                add(err.line, "error", "bad_json", err.reason)
+                checks.bad_line(err.line, err.reason)
             # the raw text of this line, for the secret scan (the same file, read in step)
             for n, raw in raw_lines:
                 if n == line:
                     break
-            summary["rows"] += 1
             pb.update()
-            for severity, code, message in secret_findings(raw.decode("utf-8", "replace"), extra_secrets):
-                add(line, severity, code, message)
-            problems = shape_findings(row, kind)
-            for severity, code, message in problems:
-                add(line, severity, code, message)
-            if not isinstance(row, Mapping) or not isinstance(row.get("messages"), list) or not row["messages"]:
-                continue
-            if row.get("tools"):
-                rows_with_tools += 1
-            if row.get("whole_run") or any(isinstance(m, Mapping) and "trainable" in m for m in row["messages"]):
-                rows_flagged += 1
-            messages = row["messages"]
-            if eval_keys is not None:
-                full, last = prompt_keys(messages)
-                if full in eval_keys[0]:
-                    add(line, "error", "eval_overlap", f"this prompt is also in the eval file {eval_path}: the "
-                                                       "held-out score would be measured on trained data")
-                elif last is not None and last in eval_keys[1]:
-                    add(line, "warning", "eval_overlap_question",
-                        f"the last user question is also in the eval file {eval_path} (in another context)")
-            if any(p[0] == "error" for p in problems):
-                continue  # the renderer would only repeat the shape error
-            tokens = trained = None
-            if renderer is not None:
-                try:
-                    if kind == "train":
-                        tokens, trained = render_row(renderer, messages, train_on_what,
-                                                     whole_run=bool(row.get("whole_run")))
-                    else:
-                        tokens, trained = int(renderer.build_generation_prompt(list(messages)).length), 0
-                except Exception as exc:
-                    add(line, "error", "render_failed", f"the {model} renderer cannot render this row: "
-                                                        f"{type(exc).__name__}: {str(exc)[:300]}")
-                    continue
-            if tokens is None:
-                tokens, trained = _estimate_tokens(row), 0
-            summary["tokens"] += tokens
-            summary["trained_tokens"] += trained or 0
-            summary["max_tokens"] = max(summary["max_tokens"], tokens)
-            summary["histogram"][bucket_label(tokens)] += 1
-            if max_length is not None and tokens > max_length:
-                add(line, "error", "too_long", f"{tokens} tokens, over max_length {max_length}: the cookbook "
-                                               "truncates it and cuts the target")
-            if renderer is not None and kind == "train" and trained == 0:
-                add(line, "error", "no_trainable_tokens", "no token has loss weight > 0 (no trainable assistant "
-                                                          "message): the row teaches nothing")
+            checks.row(line, row, raw.decode("utf-8", "replace"))
         while skipped:
             err = skipped.pop(0)
-            add(err.line, "error", "bad_json", err.reason)
-    if summary["rows"] == 0 and counts["error"] == 0:
-        add(None, "error", "empty_file", f"{path} has no rows")
-    elif summary["rows"] == 0:
-        add(None, "error", "empty_file", f"{path} has no readable rows")
-    if rows_with_tools:
-        add(None, "info", "tools_ignored", f"{rows_with_tools} row(s) carry 'tools'; tinker-cookbook's "
-                                           "FromConversationFileBuilder trains on 'messages' only")
-    if rows_flagged:
-        add(None, "info", "trainable_flags", f"{rows_flagged} row(s) are whole runs or carry per-message 'trainable' "
-                                             "flags: in them only assistant messages flagged true are trained (as sft does)")
-    return result()
+            checks.bad_line(err.line, err.reason)
+    return checks.result()
 
 
-__all__ = ["validate", "ValidationResult", "shape_findings", "secret_findings", "prompt_keys", "redact",
+def preflight(rows: Any, model: str | None = None, max_length: int | str | None = "auto", *,
+              eval_path: str | os.PathLike | None = None, train_on_what: Any = None,
+              raise_errors: bool = True) -> ValidationResult:
+    """validate()'s checks on training rows in memory, before a trainer spends a step on them.
+
+    Args:
+        rows: training rows (`{"messages": [...], ...}` dicts, in order; a DataFrame of export
+            lines is read row by row). Line numbers in findings are 1-based positions.
+        model: the model the rows are for; default None checks shape and secrets only (as validate).
+        max_length: as in validate (default "auto": the model's context where known, else 32768).
+        eval_path: a held-out eval file whose prompts must not be trained on (default None).
+        train_on_what: the cookbook's TrainOnWhat for trained-token counts (default None: as sft).
+        raise_errors: default True: raise ValidationFailed when there is any error finding;
+            False returns the result whatever it holds.
+
+    Returns:
+        The ValidationResult validate() gives for the same rows written to a file: the same
+        findings (line, severity, code, message) and summary (path None).
+
+    Raises:
+        ValidationFailed (a MachineFormatError): with raise_errors, naming the first rows that
+        fail and carrying the whole result in `.result`.
+    """
+    from .tokens import iter_rows
+
+    checks = _Checks(None, model, max_length, "train", train_on_what, eval_path)
+    for line, row in iter_rows(rows):
+        try:
+            raw = dumps_line(row)
+        except (TypeError, ValueError):  # not JSON-able: its text still goes through the secret scan
+            raw = repr(row)
+        checks.row(line, row, raw)
+    result = checks.result(empty="holds no rows")
+    if raise_errors and not result.ok:
+        from .errors import ValidationFailed
+
+        errors = result.errors()
+        lines = errors["line"].dropna()
+        listed = "; ".join(("" if _isna(r.line) else f"line {int(r.line)}: ") + f"{r.code}: {r.message}"
+                           for r in errors.head(5).itertuples())
+        more = f"; … {len(errors) - 5} more" if len(errors) > 5 else ""
+        raise ValidationFailed(f"{result.summary['errors']} error(s) in {result.summary['rows']} training row(s) for "
+                               f"{model}; validate() would reject them: {listed}{more}", result,
+                               line=int(lines.iloc[0]) if len(lines) else None)
+    return result
+
+
+__all__ = ["validate", "preflight", "model_context", "resolve_max_length", "ValidationResult", "shape_findings", "secret_findings", "prompt_keys", "redact",
            "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES", "FINDING_COLUMNS", "SECRET_PATTERNS"]

@@ -95,3 +95,40 @@ def test_the_corpus_passes_validation_with_the_inkling_renderer(tmp_path):
     evals = validate(c.eval, "thinkingmachines/Inkling-Small")
     assert train.ok and evals.ok and train.findings.empty and evals.findings.empty
     assert (train.summary["kind"], train.summary["rows"], evals.summary["kind"]) == ("train", 48, "eval")
+
+
+def test_impossible_counts_are_refused_at_once_naming_the_maximum(tmp_path):
+    from machine_nb.corpus import MAX_ROWS, corpus_rows
+
+    assert MAX_ROWS == 90 * 91 // 2  # distinct unordered pairs of two-digit operands
+    for n_train, n_eval in ((4000, 200), (MAX_ROWS, 1)):
+        with pytest.raises(ValueError, match="4,095") as err:
+            make_corpus(tmp_path / "big", n_train=n_train, n_eval=n_eval)
+        assert f"{n_train + n_eval:,}" in str(err.value)
+    for n_train, n_eval in ((0, 24), (48, 0), (-1, 24), (48, -5)):
+        with pytest.raises(ValueError, match="at least 1"):
+            make_corpus(tmp_path / "none", n_train=n_train, n_eval=n_eval)
+        with pytest.raises(ValueError, match="at least 1"):
+            corpus_rows(0, n_train, n_eval)
+    for bad in (2.5, "48", True):
+        with pytest.raises(TypeError):
+            corpus_rows(0, bad, 24)
+    assert not (tmp_path / "big").exists() and not (tmp_path / "none").exists()
+
+
+def test_the_largest_corpus_is_drawn_whole_and_disjoint():
+    from machine_nb.corpus import MAX_ROWS, corpus_rows
+
+    rows = corpus_rows(0, MAX_ROWS - 95, 95)
+    pairs = lambda rs: [frozenset(parse(r["messages"][0]["content"])[::2]) for r in rs]  # noqa: E731
+    train, evals = pairs(rows["train"]), pairs(rows["eval"])
+    assert len(set(train)) == MAX_ROWS - 95 and len(set(evals)) == 95 and not set(train) & set(evals)
+
+
+def test_cli_refuses_impossible_and_zero_counts(tmp_path, capsys):
+    assert main(["corpus", "--out", str(tmp_path / "c"), "--train-rows", "4000", "--eval-rows", "200"]) == 1
+    err = capsys.readouterr().err
+    assert "4,095" in err and "4,200" in err
+    assert main(["corpus", "--out", str(tmp_path / "c"), "--eval-rows", "0"]) == 1
+    assert "at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

@@ -49,7 +49,7 @@ def test_report_redacts_secret_env_values_everywhere(tmp_path, monkeypatch):
         ("code", "import os\nprint(os.environ['TINKER_API_KEY'])\nos.environ['TINKER_API_KEY']", []),
         ("code", "from IPython.display import HTML\nHTML('<b>' + os.environ['TINKER_API_KEY'] + '</b>')", []),
     ])
-    report = run_report(nb, {"note": CANARY[:4]}, tmp_path / "leak.html", progress_bar=False)
+    report = run_report(nb, {"note": CANARY[:4]}, tmp_path / "out" / "leak.html", progress_bar=False)
     for path in (report.html, report.executed):
         text = path.read_text()
         assert CANARY not in text, f"secret leaked into {path}"
@@ -66,8 +66,8 @@ def test_failed_cell_still_writes_partial_report_then_raises(tmp_path):
         ("code", "raise ValueError('boom in cell')", []),
     ])
     with pytest.raises(PapermillExecutionError):
-        run_report(nb, {}, tmp_path / "bad.html", progress_bar=False)
-    html = (tmp_path / "bad.html").read_text()
+        run_report(nb, {}, tmp_path / "out" / "bad.html", progress_bar=False)
+    html = (tmp_path / "out" / "bad.html").read_text()
     assert "before" in html and "boom in cell" in html
 
 
@@ -98,7 +98,7 @@ def test_cli_report_parses_parameters(tmp_path):
         ("code", "lr = 0.1\nname = 'x'", ["parameters"]),
         ("code", "print(type(lr).__name__, lr, name)", []),
     ])
-    out = tmp_path / "cli.html"
+    out = tmp_path / "out" / "cli.html"
     proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-p", "lr", "3e-3",
                            "-p", "name", "hello", "-o", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

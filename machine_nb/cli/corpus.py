@@ -13,13 +13,16 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Generate the deterministic minimal-SFT corpus: bare arithmetic questions whose target is exactly "
             "'answer: <integer>'. Reads: nothing. Writes: OUT/train.jsonl, OUT/eval.jsonl, OUT/probe.jsonl and "
             "OUT/manifest.json (seed, counts, sha256 per file). The same seed writes byte-identical files. "
-            "Refuses to replace an eval.jsonl with different rows unless --force. Cost: free (no model calls)."),
+            "Refuses to replace an eval.jsonl with different rows unless --force, and row counts the corpus cannot "
+            "hold (below 1, or over 4,095 train + eval: the distinct operand pairs). Cost: free (no model calls)."),
     )
     p.add_argument("-o", "--out", default="data/minimal_sft", help="output directory (default data/minimal_sft, git-ignored)")
     p.add_argument("--seed", type=int, default=0, help="the draw (default 0); another seed gives new questions")
     p.add_argument("--force", action="store_true", help="overwrite an existing eval.jsonl whose rows differ")
-    p.add_argument("--train-rows", type=int, default=48, help="training rows (default 48)")
-    p.add_argument("--eval-rows", type=int, default=24, help="held-out eval rows (default 24)")
+    p.add_argument("--train-rows", type=int, default=48,
+                   help="training rows (default 48; at least 1, and train + eval at most 4,095)")
+    p.add_argument("--eval-rows", type=int, default=24,
+                   help="held-out eval rows (default 24; at least 1, and train + eval at most 4,095)")
     p.set_defaults(func=_run)
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
 def _value(text: str):
     """A parameter value: JSON when it parses (numbers, true/false, null, lists), else the string."""
+    from ..jsonl import parse_json
+
     try:
-        return json.loads(text)
-    except ValueError:
+        return parse_json(text)
+    except ValueError:  # MachineFormatError too: not JSON, or nested too deep to be meant as JSON
         return text
 
 
@@ -22,8 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Execute NOTEBOOK top to bottom in a fresh kernel (papermill), with parameters injected "
             "after its cell tagged 'parameters', and write OUT.html plus the executed OUT.ipynb beside it. "
-            "Reads: the notebook and whatever it reads. Writes: the two report files (secret-looking "
-            "environment values such as TINKER_API_KEY are redacted from both). Cost: whatever the "
+            "Reads: the notebook and whatever it reads. Writes: the two report files only, redacted (values of "
+            "secret-named environment variables and parameters such as TINKER_API_KEY or DB_PASS, URL passwords, "
+            "key-shaped strings); the notebook runs in memory, so no unredacted file exists even mid-run or "
+            "after Ctrl-C. A failing cell's error is printed redacted too. Cost: whatever the "
             "notebook spends; the shipped notebooks default to the free local engine."),
     )
     p.add_argument("notebook", help="the .ipynb to execute")
@@ -36,17 +39,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..report import run_report
-
     from papermill.exceptions import PapermillExecutionError
+
+    from ..report import run_report, scrub, secret_values
 
     params = {name: _value(value) for name, value in args.parameter}
     try:
         report = run_report(args.notebook, params, args.output, cwd=args.cwd, timeout=args.timeout,
                             progress_bar=sys.stderr.isatty())
-    except PapermillExecutionError as exc:
+    except PapermillExecutionError as exc:  # its text is redacted already
         print(f"machine-nb report: cell {exc.exec_count} failed: {exc.ename}: {exc.evalue}\n"
-              "the partial report (with the error in place) was written anyway", file=sys.stderr)
+              "the partial report (with the error in place) was written anyway (redacted)", file=sys.stderr)
+        return 1
+    except (ValueError, RuntimeError, OSError) as exc:  # e.g. a kernel that died: its message may quote a cell
+        secrets = sorted(set(secret_values()) | set(secret_values(params)), key=len, reverse=True)
+        print(f"machine-nb report: {scrub(str(exc), secrets)[0]}", file=sys.stderr)
         return 1
     print(f"report: {report.html}")
     print(f"executed notebook: {report.executed}")

@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", help="the chat JSONL file to check")
     p.add_argument("-m", "--model", default=None,
                    help="model whose renderer to use (default: the local engine's model, else Inkling-Small)")
-    p.add_argument("--max-length", type=int, default=32768, help="longest row in tokens (default 32768); 0 disables")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="longest row in tokens (default: the model's context where known, 128 for local/arith-tiny, "
+                        "else 32768); capped at the model's context; 0 drops this limit but keeps the context's")
     p.add_argument("--eval", dest="eval_path", default=None, help="held-out eval file: prompts shared with it are errors")
     p.add_argument("--kind", choices=["auto", "train", "eval"], default="auto",
                    help="row kind (default auto: eval when rows carry 'expected')")
@@ -42,7 +44,8 @@ def _run(args: argparse.Namespace) -> int:
     from ..validate import validate
 
     model = args.model or _default_model()
-    result = validate(args.file, model, max_length=args.max_length or None, eval_path=args.eval_path, kind=args.kind)
+    max_length = "auto" if args.max_length is None else (args.max_length or None)
+    result = validate(args.file, model, max_length=max_length, eval_path=args.eval_path, kind=args.kind)
     cost = None
     if args.epochs is not None and result.ok:
         from ..pricing import estimate_cost

@@ -1,0 +1,116 @@
+"""What the input guards cost and how fast they refuse: JSONL reading with the nesting limit, eval
+regexes under a time bound, corpus counts, report redaction.
+
+- read: `iter_jsonl` over a 100,000-row chat file, against the bare parse (decode + `json.loads`) of
+  the same lines; plus rows with many brackets (900, 4 deep: only the C-speed text bound runs) and
+  rows with 600 `[` inside a string (the bound is exceeded, so the parsed value is walked).
+- deep line: how long a 100,000-`[` line takes to be refused (once, as a MachineFormatError).
+- regex: one `score_output(..., "regex")` on an answer-sized reply through the bounded engine vs
+  Python's `re`, and the wall time of one pathological row (`(a|aa)+$`), which `re` would not finish.
+- corpus: refusing 4,000 + 200 rows, and drawing the largest corpus (4,095 rows).
+- scrub: redacting a 2 MB notebook-sized text with 10 secrets.
+
+Run: .venv/bin/python benchmarks/bench_hardening.py [--rows 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+
+def timed(fn, repeat: int = 1) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=100_000)
+    args = ap.parse_args()
+
+    from machine_nb.corpus import MAX_ROWS, corpus_rows
+    from machine_nb.errors import MachineFormatError
+    from machine_nb.evaluate import score_output
+    from machine_nb.jsonl import MAX_DEPTH, iter_jsonl
+    from machine_nb.patterns import REGEX_TIMEOUT_S, RegexTimeout
+    from machine_nb.report import scrub
+
+    tmp = Path(tempfile.mkdtemp())
+    row = {"messages": [{"role": "user", "content": "What is 47 plus 15? " + "pad " * 20},
+                        {"role": "assistant", "content": "answer: 62"}]}
+    plain = tmp / "plain.jsonl"
+    plain.write_text((json.dumps(row) + "\n") * args.rows)
+    bracketed = tmp / "bracketed.jsonl"
+    wide = {**row, "tools": [[[]] for _ in range(300)]}  # 900 brackets, 4 levels deep: bounded cheaply, accepted
+    texty = {**row, "note": "[" * 600}  # 600 brackets inside a string: bound exceeded, so the value is walked
+    bracketed.write_text((json.dumps(wide) + "\n") * (args.rows // 10))
+    in_strings = tmp / "in_strings.jsonl"
+    in_strings.write_text((json.dumps(texty) + "\n") * (args.rows // 10))
+
+    def bare(path):  # the parse alone, as iter_jsonl did before the nesting limit
+        with open(path, "rb") as fh:
+            for raw in fh:
+                json.loads(raw.decode("utf-8"))
+
+    t_bare = timed(lambda: bare(plain), 3)
+    t_iter = timed(lambda: sum(1 for _ in iter_jsonl(plain)), 3)
+    t_bare_b = timed(lambda: bare(bracketed), 3)
+    t_iter_b = timed(lambda: sum(1 for _ in iter_jsonl(bracketed)), 3)
+    t_bare_s = timed(lambda: bare(in_strings), 3)
+    t_iter_s = timed(lambda: sum(1 for _ in iter_jsonl(in_strings)), 3)
+    print(f"read {args.rows:,} rows: iter_jsonl {t_iter:.3f} s vs bare parse {t_bare:.3f} s (x{t_iter / t_bare:.2f}); "
+          f"MAX_DEPTH {MAX_DEPTH}")
+    print(f"  {args.rows // 10:,} rows with 900 brackets, 4 deep (text bound only): {t_iter_b:.3f} s vs "
+          f"{t_bare_b:.3f} s (x{t_iter_b / t_bare_b:.2f})")
+    print(f"  {args.rows // 10:,} rows with 600 '[' inside a string (value walked): {t_iter_s:.3f} s vs "
+          f"{t_bare_s:.3f} s (x{t_iter_s / t_bare_s:.2f})")
+
+    deep = tmp / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "\n")
+
+    def refuse():
+        try:
+            list(iter_jsonl(deep))
+        except MachineFormatError as exc:
+            assert "nested deeper" in str(exc)
+    print(f"deep line (100,000 '['): refused in {timed(refuse, 3) * 1000:.1f} ms")
+
+    n = 20_000
+    t_bounded = timed(lambda: [score_output("answer: 62", r"answer: -?\d+", "regex") for _ in range(n)], 3) / n
+    pat = re.compile(r"answer: -?\d+", re.DOTALL)
+    t_re = timed(lambda: [pat.fullmatch("answer: 62".strip()) for _ in range(n)], 3) / n
+    print(f"regex score, one answer-sized reply: bounded {t_bounded * 1e6:.1f} us vs re {t_re * 1e6:.1f} us per row")
+    t0 = time.perf_counter()
+    try:
+        score_output("a" * 200 + "!", "(a|aa)+$", "regex")
+        outcome = "matched?"
+    except RegexTimeout:
+        outcome = "RegexTimeout"
+    print(f"pathological row (a|aa)+$ on 201 chars: {outcome} after {time.perf_counter() - t0:.2f} s "
+          f"(bound {REGEX_TIMEOUT_S:g} s)")
+
+    def too_many():
+        try:
+            corpus_rows(0, 4000, 200)
+        except ValueError:
+            pass
+    print(f"corpus 4,000 + 200 rows: refused in {timed(too_many, 3) * 1000:.2f} ms; "
+          f"largest corpus ({MAX_ROWS:,} rows) drawn in {timed(lambda: corpus_rows(0, MAX_ROWS - 95, 95)):.2f} s")
+
+    text = ("cell output line with some words and a path /home/user/project/data.jsonl\n" * 28_000)
+    secrets = [f"secret-value-{i:04d}-abcdef" for i in range(8)] + ["hunter2", "s3cr"]
+    t_scrub = timed(lambda: scrub(text, secrets), 3)
+    print(f"scrub {len(text) / 1e6:.1f} MB with {len(secrets)} secrets: {t_scrub:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

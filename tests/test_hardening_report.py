@@ -1,0 +1,173 @@
+"""Reports never carry a secret, not even for a moment: a failing cell's error (terminal line and the
+raised exception), the notebook while it runs, and after Ctrl-C. Redaction covers common secret
+names, passwords inside URLs, short values and key-shaped strings; nothing is created before the
+notebook is known to exist, and the input notebook is never overwritten."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from machine_nb.report import REDACTED, is_secret_name, run_report, scrub, secret_values
+
+CANARY = "tml-canary-7f3a-0123456789abcdefDEADBEEF"  # fake, shaped like a key
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"}}, "cells": []}
+    for i, source in enumerate(("x = 1", *sources)):
+        nb["cells"].append({"cell_type": "code", "id": f"c{i}", "metadata": {"tags": ["parameters"] if i == 0 else []},
+                            "source": source, "execution_count": None, "outputs": []})
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def _files_holding(root: Path, needle: str) -> list[Path]:
+    hits = []
+    for p in root.rglob("*"):
+        try:
+            if p.is_file() and needle.encode() in p.read_bytes():
+                hits.append(p)
+        except OSError:
+            pass
+    return hits
+
+
+def _env(tmp: Path, **extra) -> dict:
+    (tmp / "tmpdir").mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp / "tmpdir"), "TINKER_API_KEY": CANARY, **extra}
+
+
+def test_a_failing_cell_never_prints_or_raises_the_key(tmp_path, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+
+    nb = _notebook(tmp_path / "fail.ipynb", "print('before')",
+                   "import os\nraise RuntimeError('bad key ' + os.environ['TINKER_API_KEY'])")
+    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o", str(tmp_path / "out.html")],
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 1
+    assert "cell 3 failed: RuntimeError: bad key [redacted]" in proc.stderr
+    assert CANARY not in proc.stdout + proc.stderr
+    assert not _files_holding(tmp_path, CANARY)
+    assert "before" in (tmp_path / "out.html").read_text()  # the partial report is still written, redacted
+
+    monkeypatch.setenv("TINKER_API_KEY", CANARY)
+    with pytest.raises(PapermillExecutionError) as err:
+        run_report(nb, output=tmp_path / "lib.html", progress_bar=False)
+    exc = err.value
+    for text in (str(exc), repr(exc.args), exc.evalue, "\n".join(exc.traceback)):
+        assert CANARY not in text and REDACTED in text
+    assert exc.__cause__ is None and exc.__suppress_context__  # the raw exception is not chained
+
+
+def test_no_unredacted_file_while_running_or_after_ctrl_c(tmp_path):
+    go = tmp_path / "go"
+    nb = _notebook(tmp_path / "slow.ipynb",
+                   "import os\nprint('the key is', os.environ['TINKER_API_KEY'])",
+                   f"import pathlib, time\npathlib.Path({str(tmp_path / 'started')!r}).write_text('1')\n"
+                   f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.1)",
+                   "time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o",
+                             str(tmp_path / "reports" / "slow.html")], env=_env(tmp_path), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(3000):  # wait for cell 2 to run (cell 1 has printed the key by then)
+            if (tmp_path / "started").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "started").exists(), proc.stderr.read() if proc.poll() is not None else "never started"
+        time.sleep(1.5)  # papermill saves after each cell: give it the chance to
+        assert not _files_holding(tmp_path, CANARY), "an unredacted file exists while the report runs"
+        go.write_text("1")  # on to the long cell, then Ctrl-C
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert CANARY not in stderr
+    assert not _files_holding(tmp_path, CANARY), "an unredacted file was left behind after Ctrl-C"
+    assert not list((tmp_path / "tmpdir").iterdir()), "temporary files left behind"
+
+
+def test_secret_names_urls_and_short_values():
+    env = {"DB_PASS": "hunter2", "HF_AUTH": "abc123", "MY_PASSWORD": "pw12", "SVC_PWD": "s3cr",
+           "GCP_CREDENTIALS": "{\"k\": \"v-123\"}", "X_AUTHORIZATION": "Bearer zzz999", "OPENAI_API_KEY": "sk-short",
+           "DATABASE_URL": "postgres://admin:Pa55word@db.example/app",
+           "PWD": "/home/me/project", "OLDPWD": "/home/me", "GIT_AUTHOR_NAME": "Jane Doe", "HOME": "/home/me",
+           "DEBUG_TOKEN": "1", "FEATURE_KEY": "true", "EMPTY_SECRET": "  ", "AWS_SECRET_ACCESS_KEY": "aws/secret+value"}
+    values = secret_values(env)
+    for v in ("hunter2", "abc123", "pw12", "s3cr", "{\"k\": \"v-123\"}", "Bearer zzz999", "sk-short", "Pa55word",
+              "aws/secret+value"):
+        assert v in values, v
+    for v in ("/home/me/project", "/home/me", "Jane Doe", "1", "true", "  "):
+        assert v not in values, v
+    assert [is_secret_name(n) for n in ("DB_PASS", "PWD", "OLDPWD", "GIT_AUTHOR_EMAIL", "X_AUTH_TOKEN", "APIKEY",
+                                        "TINKER_API_KEY", "KEYBOARD_LAYOUT", "PATH")] == \
+        [True, False, False, False, True, True, True, False, False]
+
+    text, n = scrub("pw hunter2, hunter22 xhunter2 'hunter2' and s3cr in s3cret", values)
+    assert text == f"pw {REDACTED}, hunter22 xhunter2 '{REDACTED}' and {REDACTED} in s3cret" and n == 3
+    text, _ = scrub("connect postgres://u:pw@h/db and https://bob:t0k%40n@git.example/x and http://h/a:b@c", [])
+    assert text == f"connect postgres://u:{REDACTED}@h/db and https://bob:{REDACTED}@git.example/x and http://h/a:b@c"
+    text, n = scrub(f"key={CANARY} aws=AKIAIOSFODNN7EXAMPLE ok=task-list-of-things-to-do-today", [])
+    assert CANARY not in text and "AKIAIOSFODNN7EXAMPLE" not in text and "task-list-of-things-to-do-today" in text
+    assert n == 2
+    text, _ = scrub("a\n-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nxyz\n-----END RSA PRIVATE KEY-----\nb", [])
+    assert "MIIEow" not in text and text.startswith("a\n") and text.endswith("\nb")
+
+
+def test_parameters_with_secret_names_and_key_shaped_outputs_are_redacted(tmp_path):
+    nb = _notebook(tmp_path / "p.ipynb", "api_key = 'x'", "print('using', api_key)",
+                   "print('found tml-' + 'Z' * 30)")
+    rep = run_report(nb, {"api_key": "hush-hush-value-42"}, tmp_path / "out" / "p.html", progress_bar=False)
+    for path in (rep.html, rep.executed):
+        text = path.read_text()
+        assert "hush-hush-value-42" not in text and "tml-" + "Z" * 30 not in text and REDACTED in text
+    assert rep.redactions >= 3
+    meta = json.loads(rep.executed.read_text())["metadata"]["papermill"]
+    assert meta["output_path"] == str(rep.executed)  # not the private location it ran in
+
+
+def test_a_missing_notebook_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="missing.ipynb"):
+        run_report("missing.ipynb", progress_bar=False)
+    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", "missing.ipynb"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1 and "missing.ipynb" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_input_notebook_is_never_overwritten(tmp_path):
+    nb = _notebook(tmp_path / "same.ipynb", "print(1)")
+    before = nb.read_bytes()
+    with pytest.raises(ValueError, match="overwrite"):
+        run_report(nb, output=tmp_path / "same.html", progress_bar=False)
+    assert nb.read_bytes() == before and not (tmp_path / "same.html").exists()
+
+
+def test_cli_parameter_nested_too_deep_stays_a_string():
+    from machine_nb.cli.report import _value
+
+    assert _value("[" * 100_000) == "[" * 100_000 and _value("[1, 2]") == [1, 2] and _value("x") == "x"
+
+
+def test_scrubbing_a_deeply_nested_output_is_no_recursion_error():
+    from machine_nb.report import _scrub_tree
+
+    deep = inner = []
+    for _ in range(5_000):
+        inner.append([])
+        inner = inner[0]
+    inner.append(f"the key {CANARY}")
+    _, n = _scrub_tree({"outputs": deep, f"k {CANARY}": 1}, [CANARY])
+    assert n == 2 and inner == [f"the key {REDACTED}"]
