@@ -69,7 +69,7 @@ def _hide_rule(key: str) -> str:
 
 @dataclass
 class _Shown:
-    """One static output on screen: its display id and the message (cell) that displayed it."""
+    """One static output on screen: its display id and the request (cell run) that displayed it."""
 
     display_id: str
     parent: dict
@@ -161,33 +161,16 @@ class StaticFallback:
         del shown[:-MAX_DISPLAYS]
 
     def _static_changed(self) -> None:
-        """Re-send the static output(s) with the current state.
-
-        JupyterLab files an update under the cell that displayed the widget only when the update
-        names that cell's request as its parent (a button click's update names the click); nbclient
-        and papermill take it under the cell running now. So the update goes out with the
-        displaying cell as parent, and once more with the current parent when that differs.
-        """
+        """Re-send the static output(s) with the current state (`update_display_data` by display
+        id: JupyterLab, nbclient and papermill apply it to the output wherever it is)."""
         shown: list[_Shown] = self.__dict__.get("_mnb_shown") or []
-        ip = _shell() if shown else None
-        if ip is None:
+        if not shown or _shell() is None:
             return
         from IPython.display import update_display
 
         bundle = self.static_bundle()
-        pub = ip.display_pub
-        current = (getattr(pub, "parent_header", {}) or {}).get("msg_id")
         for s in list(shown):
-            if hasattr(pub, "set_thread_parent") and s.parent:
-                token = pub.set_thread_parent(s.parent)
-                try:
-                    update_display(bundle, raw=True, display_id=s.display_id)
-                finally:
-                    pub.reset_thread_parent(token)
-                if current and current != s.parent.get("msg_id"):
-                    update_display(bundle, raw=True, display_id=s.display_id)
-            else:
-                update_display(bundle, raw=True, display_id=s.display_id)
+            update_display(bundle, raw=True, display_id=s.display_id)
 
 
 def escape(value: Any) -> str:

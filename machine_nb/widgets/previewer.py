@@ -385,7 +385,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
                                     layout=widgets.Layout(width="80px"))
         # continuous_update=False: the value changes on Enter/blur, not per keystroke (on_submit is
         # deprecated); the placeholders say so
-        self._filter = widgets.Text(placeholder="filter: words in the example (Enter)", continuous_update=False,
+        self._filter = widgets.Text(placeholder="filter by words (Enter)", continuous_update=False,
                                     layout=widgets.Layout(width="240px"))
         self._jump = widgets.Text(placeholder="jump to run id (Enter)", continuous_update=False,
                                   layout=widgets.Layout(width="200px"))

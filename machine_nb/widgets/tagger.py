@@ -365,11 +365,14 @@ class Tagger(StaticFallback, w.VBox):
                 return (f'<div class="mnb-existing-tags" style="color:{text_colour(ORANGE)}">tags listed for this '
                         f'run: {escape(", ".join(listed))}</div>')
             return ""
-        items = []
+        counts: dict[tuple, int] = {}
         for r in rows:
             where = "this turn" if r["this_turn"] else f"turn “{r['user'][:40]}”"
             note = f", note “{r['note'][:60]}”" if r["note"] else ""
-            items.append(f"{escape(r['tag'])} ({escape(where)}{escape(note)})")
+            key = (str(r["tag"]), where, note)
+            counts[key] = counts.get(key, 0) + 1
+        items = [f"{escape(tag)}{f' ×{n}' if n > 1 else ''} ({escape(where)}{escape(note)})"
+                 for (tag, where, note), n in counts.items()]
         colour = ORANGE if any(r["this_turn"] for r in rows) else GREY
         return (f'<div class="mnb-existing-tags" style="color:{text_colour(colour)}">already tagged: '
                 f'{"; ".join(items)}</div>')
