@@ -176,7 +176,7 @@ class Tagger(StaticFallback, w.VBox):
         self.picker = None
         self._picker_handler: Callable | None = None
         self._known: list[dict] | None = None  # the store's rows, read on first need
-        self._confirm: tuple | None = None  # (run, turn, tag) a first press warned about
+        self._confirm: tuple | None = None  # (run, turn, button) a first press warned about
         self._run_pos = 0
         self._msgs = run_messages(self._runs[0]) if self._runs else []
         self._turns = split_turns(self._msgs)
@@ -206,10 +206,10 @@ class Tagger(StaticFallback, w.VBox):
         self._b_next_run.on_click(lambda _: self.next_run())
         self._b_prev_turn.on_click(lambda _: self.prev_turn())
         self._b_next_turn.on_click(lambda _: self.next_turn())
-        self._b_good.on_click(lambda _: self._press("good", self.good, self.note.value or None))
-        self._b_bad.on_click(lambda _: self._press("bad", self.bad, self.note.value or None))
-        self._b_rewrite.on_click(lambda _: self._press("good", self.good_with_rewrite, self.rewrite.value,
-                                                       self.note.value or None))
+        self._b_good.on_click(lambda _: self._press("Good", self.good, self.note.value or None))
+        self._b_bad.on_click(lambda _: self._press("Bad", self.bad, self.note.value or None))
+        self._b_rewrite.on_click(lambda _: self._press("Good with rewrite", self.good_with_rewrite,
+                                                       self.rewrite.value, self.note.value or None))
         self._b_undo.on_click(lambda _: self._guarded(self.undo))
         children = [
             w.HBox([self._b_prev_run, self._b_next_run, self._b_prev_turn, self._b_next_turn, self._header]),
@@ -380,16 +380,16 @@ class Tagger(StaticFallback, w.VBox):
     def _duplicates(self) -> list[dict]:
         return [r for r in self.existing_tags() if r["this_turn"]]
 
-    def _press(self, tag: str, fn: Any, *args: Any) -> None:
+    def _press(self, button: str, fn: Any, *args: Any) -> None:
         """A button: on a turn that already has a row, the first press warns, the second writes."""
         dups = self._duplicates() if self._runs else []
-        want = (self._run_pos, self._turn_pos, tag)
+        want = (self._run_pos, self._turn_pos, button)
         if dups and self._confirm != want:
             self._confirm = want
             tags = ", ".join(sorted({str(d["tag"]) for d in dups}))
             self._status.value = (f'<span class="mnb-duplicate" style="color:{text_colour(ORANGE)}">⚠ this turn is '
                                   f'already tagged {escape(tags)} ({len(dups)} row(s)); press '
-                                  f'{"Good" if tag == "good" else "Bad"} again to add another row</span>')
+                                  f'{escape(button)} again to add another row</span>')
             self._static_changed()
             return
         self._confirm = None
