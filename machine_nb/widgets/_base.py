@@ -1,12 +1,12 @@
 """What every machine_nb widget shares: theme colours, and a static fallback of its current state.
 
 A widget's live view needs a kernel; a saved notebook read on GitHub, nbviewer or as an
-nbconvert HTML export has none. So each widget is shown as two outputs: the live view, and next
-to it the `text/html` of what it shows now (plots also `image/png`) with a stable one-line
-`text/plain` (nbval compares text/plain; a repr with object ids would differ on every run). The
-widget re-sends that second output whenever its state changes (`_static_changed`), so the saved
-notebook keeps what the user did, not the first frame; while the live view is on screen a style
-rule inside it hides its static twin. Updating the static output alone leaves the live view as it
+nbconvert HTML export has none. So each widget is shown as two outputs: first the `text/html` of
+what it shows now (plots also `image/png`) with a stable one-line `text/plain` (nbval compares
+text/plain; a repr with object ids would differ on every run), then the live view. The widget
+re-sends the first whenever its state changes (`_static_changed`), so the saved notebook keeps
+what the user did, not the first frame; while the live view is on screen a style rule inside it
+hides its static twin. Updating the static output alone leaves the live view as it
 is: re-sending a widget view makes JupyterLab build a new view each time (keyboard focus lost,
 the old view kept alive).
 
@@ -152,11 +152,12 @@ class StaticFallback:
             self._static_changed()
             return
         self._ensure_hider()
+        # the static output first: readers of a saved notebook that take a cell's first output get it
+        handle = display(self.static_bundle(), raw=True, display_id=True)
         live = dict(super()._repr_mimebundle_() or {})  # type: ignore[misc]
         # text/html "" keeps this output blank where there is no widget manager (the static twin speaks)
         live.update({"text/plain": self.summary(), "text/html": ""})
         display(live, raw=True)
-        handle = display(self.static_bundle(), raw=True, display_id=True)
         shown.append(_Shown(handle.display_id, parent))
         del shown[:-MAX_DISPLAYS]
 
