@@ -49,7 +49,11 @@ _HUB_CHECKS: dict[tuple[str, int], tuple[float, bool]] = {}  # (host, port) -> (
 
 
 def offline() -> bool:
-    """Whether the Hugging Face hub is switched off (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set)."""
+    """Whether the Hugging Face hub is switched off.
+
+    Returns:
+        True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to 1/true/yes/on.
+    """
     return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
                for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
@@ -58,17 +62,26 @@ _offline = offline
 
 
 def hub_address() -> tuple[str, int]:
-    """(host, port) of the Hugging Face hub (HF_ENDPOINT, default https://huggingface.co)."""
+    """Where the Hugging Face hub is.
+
+    Returns:
+        (host, port) of HF_ENDPOINT (default https://huggingface.co, port 443).
+    """
     parts = urlsplit(os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co")
     return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
 
 
 def hub_reachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
-    """Whether the Hugging Face hub accepts a TCP connection within `timeout` seconds.
+    """Whether the Hugging Face hub accepts a TCP connection, checked in bounded time.
 
     DNS and the connection run in a daemon thread, so a resolver that never answers costs at most
-    `timeout` (default HUB_CHECK_TIMEOUT_S = 2 s). The answer is reused for HUB_CHECK_TTL_S (60 s).
-    Returns False at once when offline() is set.
+    `timeout`. The answer is reused for HUB_CHECK_TTL_S (60 s).
+
+    Args:
+        timeout: seconds to wait. Default HUB_CHECK_TIMEOUT_S (2 s).
+
+    Returns:
+        False at once when offline() is set; else whether the connection was made in time.
     """
     if offline():
         return False

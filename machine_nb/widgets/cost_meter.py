@@ -38,7 +38,14 @@ def model_choices(model: str | None = None) -> list[str]:
 
 
 def model_label(model: str) -> str:
-    """The dropdown's text for a model: its name, marked when training on it cannot be priced."""
+    """The dropdown's text for a model.
+
+    Args:
+        model: a model name.
+
+    Returns:
+        The name, with " (cannot price training)" when no training price is known for it.
+    """
     from ..pricing import price_for
 
     price = price_for(model, strict=False)

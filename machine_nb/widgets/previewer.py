@@ -275,7 +275,14 @@ def diff_html(diffs) -> str:
 # ---- the widget ---------------------------------------------------------------------------------
 
 def is_picker(value: Any) -> bool:
-    """Whether `value` is a run picker to follow (it has `.selected` and `.observe_selection`)."""
+    """Whether `value` is a run picker to follow.
+
+    Args:
+        value: anything a widget was given as its data.
+
+    Returns:
+        True when it has `.selected` and `.observe_selection` (RunPicker's public API) and is not a DataFrame.
+    """
     return hasattr(value, "observe_selection") and hasattr(value, "selected") and not hasattr(value, "columns")
 
 
@@ -293,7 +300,15 @@ def line_text(line: dict) -> str:
 
 
 def filter_lines(lines: list[dict], text: str) -> list[int]:
-    """Indices of the lines containing every whitespace-separated term of `text` (case-insensitive)."""
+    """The lines a text filter keeps.
+
+    Args:
+        lines: training lines (dicts with `messages`).
+        text: whitespace-separated terms; each must appear (case-insensitive) in `line_text`.
+
+    Returns:
+        Indices into `lines`, in order (all of them for an empty `text`).
+    """
     terms = text.lower().split()
     if not terms:
         return list(range(len(lines)))

@@ -106,7 +106,15 @@ def row_user(row: dict) -> str:
 
 
 def same_run(row: dict, run: dict) -> bool:
-    """Whether a tag row is about this run: the same id, and the same machine when both say one."""
+    """Whether a tag row is about a run (ids repeat across machines, so the machine counts too).
+
+    Args:
+        row: a tag row (`run`/`source`, `machine` keys).
+        run: a Run record (`id`, `machine`).
+
+    Returns:
+        True for the same id and, when both name one, the same machine.
+    """
     machine, rid = row_run(row)
     if rid is None or str(rid) != str(run.get("id")):
         return False
@@ -114,7 +122,14 @@ def same_run(row: dict, run: dict) -> bool:
 
 
 def store_rows(store: Any) -> list[dict]:
-    """Every tag row of a store (through `tagged()`); [] when the store does not exist yet."""
+    """Every tag row of a store, read through `tagged()`.
+
+    Args:
+        store: the store directory; None for `store_dir()` (as `tag()` defaults).
+
+    Returns:
+        The parsed rows in file order; [] when the store does not exist yet.
+    """
     from pathlib import Path
 
     from ..store.tags import store_dir, tagged
