@@ -4,14 +4,21 @@ Every module that turns chat rows into tokens (token counts, validation, the pre
 view, training, evaluation) asks here, so a model is rendered one way everywhere. The local
 engine's models ("local/…") register their tokenizer and renderer with tinker-cookbook on first
 use; Inkling renders offline through tml_renderers; other models (Qwen, Llama, …) need the
-Hugging Face hub, which is refused at once when offline instead of a ~50 s DNS retry.
+Hugging Face hub. It is never waited on when it cannot answer: with HF_HUB_OFFLINE (or
+TRANSFORMERS_OFFLINE) set, or when a bounded connection check (`hub_reachable`, 2 s) fails, the
+lookup is refused at once with EngineError, and callers fall back to labelled estimates, instead
+of the hub client's ~47 s of retries per model.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import EngineError
 
@@ -33,8 +40,70 @@ def has_offline_tokenizer(model: str) -> bool:
     return is_local_model(name) or name.startswith("thinkingmachines/Inkling")
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+# Seconds the hub check waits for DNS + a TCP connection. A reachable hub answers in well under a
+# second; the hub client's own retries take ~47 s to give up with no network.
+HUB_CHECK_TIMEOUT_S = 2.0
+# How long a check's answer is reused (a dropdown of models asks once, not per model).
+HUB_CHECK_TTL_S = 60.0
+_HUB_CHECKS: dict[tuple[str, int], tuple[float, bool]] = {}  # (host, port) -> (monotonic time, reachable)
+
+
+def offline() -> bool:
+    """Whether the Hugging Face hub is switched off.
+
+    Returns:
+        True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to 1/true/yes/on.
+    """
+    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+_offline = offline
+
+
+def hub_address() -> tuple[str, int]:
+    """Where the Hugging Face hub is.
+
+    Returns:
+        (host, port) of HF_ENDPOINT (default https://huggingface.co, port 443).
+    """
+    parts = urlsplit(os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co")
+    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
+
+
+def hub_reachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
+    """Whether the Hugging Face hub accepts a TCP connection, checked in bounded time.
+
+    DNS and the connection run in a daemon thread, so a resolver that never answers costs at most
+    `timeout`. The answer is reused for HUB_CHECK_TTL_S (60 s).
+
+    Args:
+        timeout: seconds to wait. Default HUB_CHECK_TIMEOUT_S (2 s).
+
+    Returns:
+        False at once when offline() is set; else whether the connection was made in time.
+    """
+    if offline():
+        return False
+    address = hub_address()
+    seen = _HUB_CHECKS.get(address)
+    if seen is not None and time.monotonic() - seen[0] < HUB_CHECK_TTL_S:
+        return seen[1]
+    result = {"ok": False}
+
+    def connect() -> None:
+        try:
+            with socket.create_connection(address, timeout=timeout):
+                result["ok"] = True
+        except (OSError, ValueError):
+            pass
+
+    worker = threading.Thread(target=connect, name="machine-nb-hub-check", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    ok = result["ok"] and not worker.is_alive()
+    _HUB_CHECKS[address] = (time.monotonic(), ok)
+    return ok
 
 
 def renderer_name(model: str) -> str:
@@ -55,17 +124,25 @@ def renderer_name(model: str) -> str:
 def get_tokenizer(model: str) -> Any:
     """The model's tokenizer (tinker-cookbook's Tokenizer protocol: encode/decode/eos_token_id).
 
-    Raises EngineError at once when it would need the Hugging Face hub while HF_HUB_OFFLINE is set.
+    Raises EngineError at once, without contacting the hub, when the tokenizer needs the Hugging
+    Face hub and the hub is switched off (offline()) or does not answer (hub_reachable()).
     """
     name = base_model(model)
     if is_local_model(name):
         from .engines.local import ensure_registered
 
         ensure_registered(name)
-    elif not has_offline_tokenizer(name) and _offline():
-        raise EngineError(
-            f"The tokenizer of {model!r} is not available offline (HF_HUB_OFFLINE is set and only "
-            "Inkling and the local engine's models ship their tokenizers); token counts for it are estimates.")
+    elif not has_offline_tokenizer(name):
+        if offline():
+            raise EngineError(
+                f"The tokenizer of {model!r} is not available offline (HF_HUB_OFFLINE is set and only "
+                "Inkling and the local engine's models ship their tokenizers); token counts for it are estimates.")
+        if not hub_reachable():
+            host, port = hub_address()
+            raise EngineError(
+                f"The tokenizer of {model!r} needs the Hugging Face hub, which cannot be reached ({host}:{port} "
+                f"did not answer within {HUB_CHECK_TIMEOUT_S:g} s); token counts for it are estimates. "
+                "Set HF_HUB_OFFLINE=1 to skip this check.")
     from tinker_cookbook import tokenizer_utils
 
     try:

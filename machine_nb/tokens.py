@@ -2,8 +2,10 @@
 
 A row is rendered as `train.sft` feeds it to the cookbook's SFT loop (`renderer.build_supervised_example`,
 the core of `conversation_to_datum`, with sft's choice of trained messages): tokens = the model
-input's length, trained_tokens = tokens with loss weight > 0. Models whose tokenizer needs the Hugging Face hub while offline get Machine's
-2.5-characters-per-token estimate instead, labelled `exact=False` with one line saying why.
+input's length, trained_tokens = tokens with loss weight > 0. Models whose tokenizer needs the
+Hugging Face hub while it is off or unreachable (render.get_tokenizer never waits on it) get
+Machine's 2.5-characters-per-token estimate instead, labelled `exact=False` with one line saying
+why; their trained tokens are estimated the same way from the messages sft would train.
 Prices are applied in pricing.py; validate.py uses `render_row` for its renderer checks.
 """
 
@@ -41,6 +43,34 @@ def _estimate_tokens(row: Mapping[str, Any]) -> int:
     from .export import estimate_tokens
 
     return estimate_tokens([row])
+
+
+def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, whole_run: bool) -> int:
+    """Machine's estimate of a row's trained tokens: the characters of the messages sft trains
+    (`sft_view`'s choice: the last assistant message, or the flagged ones) as compact JSON / 2.5."""
+    from .export import estimate_tokens
+
+    msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
+    mode = str(getattr(mode, "value", mode))
+    if mode == "all_tokens":
+        return estimate_tokens([{"messages": msgs}])
+    roles = [m.get("role") for m in msgs]
+    assistants = [i for i, r in enumerate(roles) if r == "assistant"]
+    if mode == "customized":
+        keep = [i for i, m in enumerate(msgs) if m.get("trainable")]
+    elif mode == "last_assistant_message":
+        keep = assistants[-1:]
+    elif mode == "last_assistant_turn":
+        users = [i for i, r in enumerate(roles) if r == "user"]
+        start = users[-1] + 1 if users else 0
+        keep = [i for i in assistants if i >= start]
+    elif mode == "all_assistant_messages":
+        keep = assistants
+    elif mode == "all_user_and_system_messages":
+        keep = [i for i, r in enumerate(roles) if r in ("user", "system")]
+    else:  # all_messages
+        keep = list(range(len(msgs)))
+    return estimate_tokens([{"messages": [msgs[i] for i in keep]}]) if keep else 0
 
 
 def iter_rows(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
@@ -119,12 +149,11 @@ def renderer_or_reason(model: str) -> tuple[Any, str | None]:
     try:
         return get_renderer(model), None
     except EngineError as exc:
-        from .render import has_offline_tokenizer
+        from .render import has_offline_tokenizer, offline
 
-        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-        if offline and not has_offline_tokenizer(model):
+        if offline() and not has_offline_tokenizer(model):
             return None, offline_note(model, "tokenizer needs the Hugging Face hub (HF_HUB_OFFLINE is set)")
-        return None, offline_note(model, str(exc).rstrip("."))
+        return None, offline_note(model, str(exc).split("; token counts")[0].rstrip("."))
     except Exception as exc:  # an unknown model name, a renderer that fails to build
         return None, offline_note(model, f"no renderer ({type(exc).__name__}: {exc})")
 
@@ -140,8 +169,9 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
     "warn" or "skip" (see jsonl.iter_jsonl).
     progress: show a progress bar (default None: only past 2,000 rows).
 
-    Exact counts need the model's tokenizer offline (Inkling; the local engine's models). For other
-    models every row is estimated (`exact=False`), `df.attrs["note"]` says why in one line, and a
+    Exact counts need the model's tokenizer offline (Inkling; the local engine's models) or a
+    reachable hub. Otherwise every row is estimated (`exact=False`; trained_tokens from the
+    messages sft trains, the same 2.5-characters rule), `df.attrs["note"]` says why in one line, and a
     TokenEstimateWarning repeats it. A row the renderer rejects falls back to the estimate with its
     reason in `error`; a row without a `messages` list raises MachineFormatError (file, line, field).
     """
@@ -181,7 +211,8 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
                     error = f"renderer failed: {type(exc).__name__}: {exc}"
             if renderer is None or error is not None:
                 tokens, exact = _estimate_tokens(row), False
-                trained = tokens  # unknown split: count every token as trained (errs high)
+                trained = min(tokens, _estimate_trained(messages, train_on_what,
+                                                        whole_run=bool(row.get("whole_run"))))
             cols["line"].append(line)
             cols["tokens"].append(tokens)
             cols["trained_tokens"].append(trained)

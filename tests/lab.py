@@ -1,8 +1,9 @@
 """Start a real JupyterLab on localhost and drive it with headless Chromium (for browser tests).
 
-Follows the measured recipe in shared/reference/browser-test.md: --allow-root, a token, a free
-port, a settings dir without the "Jupyter news?" toast, the server in its own process group,
-waiting for "| Idle" before Run > Run All. Any test module can reuse it:
+The recipe: --allow-root, a token, a free port, a settings dir without the "Jupyter news?" toast
+and with every notebook cell drawn (no windowing, so off-screen outputs can be measured), the
+server in its own process group, waiting for "| Idle" before Run > Run All. Any test module can
+reuse it:
 
     with lab_server(tmp) as lab, chromium_page() as page:
         write_notebook(tmp / "x.ipynb", ["print('ok')"])
@@ -81,6 +82,9 @@ def lab_server(root: Path, start_timeout_s: float = 90) -> Iterator[Lab]:
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no "Jupyter news?" toast
+    notebook_settings = root / ".lab-settings" / "@jupyterlab" / "notebook-extension"
+    notebook_settings.mkdir(parents=True, exist_ok=True)
+    (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -92,7 +96,8 @@ def lab_server(root: Path, start_timeout_s: float = 90) -> Iterator[Lab]:
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
              "--port-retries=0", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
              f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={root / '.lab-workspaces'}",
-             f"--LabApp.user_settings_dir={root / '.lab-settings'}", "--LabApp.news_url=None"],
+             f"--LabApp.user_settings_dir={root / '.lab-settings'}", "--LabApp.news_url=None",
+             "--LabApp.expose_app_in_browser=True"],  # window.jupyterapp: theme and save commands
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root, env=env)
         try:
             base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + start_timeout_s
@@ -144,3 +149,71 @@ def open_and_run_all(page, url: str) -> None:
     expect(page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\| Idle$"))).to_be_visible()
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+
+
+def run_command(page, command: str, args: dict | None = None) -> None:
+    """Run a JupyterLab command (e.g. "apputils:change-theme", "docmanager:save") and wait for it."""
+    page.evaluate("([c, a]) => window.jupyterapp.commands.execute(c, a)", [command, args or {}])
+
+
+def set_theme(page, theme: str) -> None:
+    """Switch JupyterLab's theme ("JupyterLab Light" / "JupyterLab Dark") and wait until it applies."""
+    from playwright.sync_api import expect
+
+    run_command(page, "apputils:change-theme", {"theme": theme})
+    expect(page.locator(f'body[data-jp-theme-name="{theme}"]')).to_have_count(1)
+    page.wait_for_timeout(500)  # the theme's stylesheet applies a moment after the attribute
+
+
+# Computed colours → WCAG contrast of each matching element's text against what is behind it
+# (backgrounds with alpha composited up the ancestors, over white when none is opaque).
+_CONTRAST_JS = """
+(selector) => {
+  const parse = (c) => {
+    let m = c.match(/^rgba?\\(([^)]+)\\)/);
+    if (m) {
+      const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number);
+      return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+    }
+    m = c.match(/^color\\(srgb ([^)]+)\\)/);
+    if (m) {
+      const [rgb, a] = m[1].split("/");
+      const p = rgb.trim().split(/\\s+/).map(Number);
+      return [p[0] * 255, p[1] * 255, p[2] * 255, a === undefined ? 1 : Number(a)];
+    }
+    throw new Error("unparsed colour " + c);
+  };
+  const over = (top, bottom) => {
+    const a = top[3];
+    return [0, 1, 2].map((i) => top[i] * a + bottom[i] * (1 - a)).concat([1]);
+  };
+  const lum = (c) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
+  };
+  const out = [];
+  for (const el of document.querySelectorAll(selector)) {
+    const box = el.getBoundingClientRect();
+    if (!box.width || !box.height || !el.textContent.trim()) continue;
+    const layers = [];
+    for (let n = el; n; n = n.parentElement) {
+      const bg = parse(getComputedStyle(n).backgroundColor);
+      if (bg[3] > 0) layers.push(bg);
+      if (bg[3] >= 1) break;
+    }
+    let bg = [255, 255, 255, 1];
+    for (const layer of layers.reverse()) bg = over(layer, bg);
+    const fg = over(parse(getComputedStyle(el).color), bg);
+    const [hi, lo] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    out.push({ text: el.textContent.trim().slice(0, 40), ratio: (hi + 0.05) / (lo + 0.05),
+               fg: getComputedStyle(el).color, bg: bg.map(Math.round).join(",") });
+    if (out.length >= 60) break;
+  }
+  return out;
+}
+"""
+
+
+def contrast(page, selector: str) -> list[dict]:
+    """Text contrast of the visible elements matching `selector`: text, ratio, fg, bg (at most 60)."""
+    return page.evaluate(_CONTRAST_JS, selector)

@@ -1,7 +1,17 @@
-"""Real browser test: JupyterLab in headless Chromium runs a notebook with RunPicker and Tagger;
-clicking rows in the picker's table changes Python's `.selected`, header clicks sort, the pager
-pages, the search box filters, and Tagger's Good / Undo last buttons write and remove tag-store rows. Screenshot: `<tmp_path>/run_picker.png` (also copied to
-$MACHINE_NB_TEST_ARTIFACTS/ when that is set, e.g. by CI to keep it).
+"""Real browser tests: JupyterLab in headless Chromium runs notebooks with the widgets.
+
+1. RunPicker and Tagger: clicking rows in the picker's table changes Python's `.selected`, header
+   clicks sort, the pager pages, the search box filters, and Tagger's Good / Undo last buttons
+   write and remove tag-store rows.
+2. Linked widgets: picking runs in the picker shows their examples in the previewer and their
+   turns in the tagger; arrow keys page the previewer; a second Good on a tagged turn is asked
+   for; the note and rewrite boxes fit the cell; the saved notebook's static outputs show what
+   was picked and tagged.
+3. Themes: in JupyterLab Light and Dark, the text the widgets draw (tokens, legend, cards,
+   compare rows, labels) has a contrast ratio of at least 4.5:1 with what is behind it.
+
+Screenshots go to `<tmp_path>/` and are copied to $MACHINE_NB_TEST_ARTIFACTS/ when that is set
+(`make test` sets it to test-artifacts/).
 """
 
 from __future__ import annotations
@@ -12,7 +22,8 @@ import shutil
 
 import pytest
 
-from lab import chromium_page, chromium_path, lab_server, open_and_run_all, write_notebook
+from lab import (chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, set_theme,
+                 write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -37,6 +48,16 @@ display(label)
 picker
 '''
 TAGGER = 'tagger = mnb.Tagger(runs, store="tag_store")\ntagger'
+
+
+def keep_screenshot(page, shot) -> None:
+    """Screenshot the page to `shot`, and copy it to $MACHINE_NB_TEST_ARTIFACTS when set."""
+    page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => { e.scrollTop = 0; })")
+    page.screenshot(path=str(shot), full_page=True)
+    if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
+        out = os.environ["MACHINE_NB_TEST_ARTIFACTS"]
+        os.makedirs(out, exist_ok=True)
+        shutil.copy(shot, os.path.join(out, shot.name))
 
 
 def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
@@ -88,12 +109,161 @@ def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
             good.click()
             expect(page.locator(".widget-html", has_text="wrote good row")).to_be_visible()
         finally:
-            page.screenshot(path=str(shot), full_page=True)
-            if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
-                out = os.environ["MACHINE_NB_TEST_ARTIFACTS"]
-                os.makedirs(out, exist_ok=True)
-                shutil.copy(shot, os.path.join(out, shot.name))
+            keep_screenshot(page, shot)
     rows_written = [json.loads(x) for x in (root / "tag_store" / "train.jsonl").read_text().splitlines()]
     assert [(r["tag"], r["run"], r["messages"][-1]["content"]) for r in rows_written] == [
         ("good", "run000", "The answer is 0.")]
     assert shot.stat().st_size > 10_000
+
+
+LINKED = [
+    SETUP,
+    "picker = mnb.RunPicker(runs, page_size=10)\npicker",
+    "preview = mnb.ExamplePreviewer(picker, model='thinkingmachines/Inkling-Small')\npreview",
+    "tagger = mnb.Tagger(picker, store='tag_store')\ntagger",
+    "print('ok')",
+]
+
+
+def saved_static(path, cell: int) -> str:
+    """The text/html of a saved cell's static fallback output."""
+    nb = json.loads(path.read_text())
+    for out in nb["cells"][cell].get("outputs", []):
+        html = out.get("data", {}).get("text/html", "")
+        html = "".join(html) if isinstance(html, list) else html
+        if "mnb-static" in html:
+            return html
+    return ""
+
+
+def test_picker_drives_previewer_and_tagger_and_the_saved_notebook_keeps_it(tmp_path):
+    from playwright.sync_api import expect
+
+    chromium_path()
+    root = tmp_path / "lab"
+    root.mkdir()
+    nb_path = write_notebook(root / "linked.ipynb", LINKED)
+    shot = tmp_path / "linked_picker_previewer.png"
+    with lab_server(root) as lab, chromium_page(height=2200) as page:
+        try:
+            open_and_run_all(page, lab.url("linked.ipynb"))
+            expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
+            status = page.locator(".mnb-previewer .widget-html", has_text="ExamplePreviewer")
+            expect(page.locator(".mnb-previewer", has_text="Select runs in the picker")).to_be_visible()
+            # the static twins stay hidden while their live views are on screen
+            expect(page.locator("[data-mnb-static]")).to_have_count(3)
+            for i in range(3):
+                expect(page.locator("[data-mnb-static]").nth(i)).to_be_hidden()
+
+            page.locator('.mnb-table tr[data-key="run002"]').click()
+            expect(status).to_contain_text("example 1/1 · run run002")
+            expect(page.locator(".mnb-previewer .mnb-card", has_text="What is 2 + 2?")).to_be_visible()
+            expect(page.locator(".mnb-previewer .mnb-tok-trained").first).to_be_visible()  # Inkling's tokens
+            expect(page.locator(".mnb-tagger-live .widget-html", has_text="run 1 of 1 · run002")).to_be_visible()
+
+            page.locator('.mnb-table tr[data-key="run003"]').click(modifiers=["ControlOrMeta"])
+            expect(status).to_contain_text("example 2/2 · run run003")  # the newly picked run
+            next_button = page.locator(".mnb-previewer .widget-button", has_text="next")
+            prev_button = page.locator(".mnb-previewer .widget-button", has_text="prev")
+            expect(next_button).to_be_disabled()  # on the last example
+            expect(prev_button).to_be_enabled()
+            page.locator(".mnb-previewer .mnb-card").first.click()  # focus the previewer
+            page.keyboard.press("ArrowLeft")
+            expect(status).to_contain_text("example 1/2 · run run002")
+            expect(prev_button).to_be_disabled()
+            page.keyboard.press("ArrowRight")
+            expect(status).to_contain_text("example 2/2 · run run003")
+            search = page.locator('.mnb-previewer input[placeholder="filter by words (Enter)"]')
+            search.fill("2 + 2")
+            search.press("Enter")
+            expect(status).to_contain_text("example 1/2 · run run002 · machine arith · step · 2 messages, 1 trained · filter '2 + 2': 1 of 1")
+
+            tagger = page.locator(".mnb-tagger-live")
+            expect(tagger.locator(".widget-html", has_text="run 2 of 2 · run003")).to_be_visible()
+            good = tagger.locator(".widget-button", has_text="Good").first
+            good.click()
+            expect(tagger.locator(".widget-html", has_text="wrote good row")).to_be_visible()
+            good.click()  # the same turn again: asked, not written
+            expect(tagger.locator(".mnb-duplicate")).to_contain_text("already tagged good")
+            expect(tagger.locator(".mnb-existing-tags")).to_contain_text("already tagged: good (this turn)")
+            good.click()
+            expect(tagger.locator(".widget-html", has_text="wrote good row")).to_be_visible()
+            # the note and rewrite boxes stay inside the tagger (and its cell)
+            out_area = tagger.locator("xpath=ancestor::div[contains(@class, 'jp-OutputArea-output')]").first
+            right = out_area.bounding_box()["x"] + out_area.bounding_box()["width"]
+            for box in (tagger.locator("input[placeholder='note (optional)']"), tagger.locator("textarea")):
+                b = box.bounding_box()
+                assert b["x"] + b["width"] <= right + 0.5, (b, right)
+                assert b["width"] > 300  # stretched to the cell's width, not squeezed
+
+            run_command(page, "docmanager:save")
+            deadline = page.evaluate("Date.now()") + 60_000
+            while "2 tagged here" not in saved_static(nb_path, 3) and page.evaluate("Date.now()") < deadline:
+                page.wait_for_timeout(250)
+        finally:
+            keep_screenshot(page, shot)
+    preview_html, tagger_html = saved_static(nb_path, 2), saved_static(nb_path, 3)
+    assert "example 1/2 · run run002" in preview_html and "What is 2 + 2?" in preview_html
+    assert "Select runs in the picker" not in preview_html
+    assert "2 tagged here" in tagger_html and "run003" in tagger_html
+    rows = [json.loads(x) for x in (root / "tag_store" / "train.jsonl").read_text().splitlines()]
+    assert [(r["tag"], r["run"]) for r in rows] == [("good", "run003")] * 2
+
+
+THEMED = [
+    "import pandas as pd\nimport machine_nb as mnb\n"
+    "lines = [{'machine': 'calc', 'run': f'r{i}', 'messages': [\n"
+    "    {'role': 'system', 'content': 'You add numbers.'},\n"
+    "    {'role': 'user', 'content': f'What is {i} + {i}? Answer in the house style.'},\n"
+    "    {'role': 'assistant', 'content': f'answer: {2 * i}'}]} for i in range(8)]\n"
+    "def res(correct):\n"
+    "    n = len(correct)\n"
+    "    return pd.DataFrame({'row': range(n), 'prompt': [f'{i} + 1' for i in range(n)], 'expected': [str(i + 1) for i in range(n)],\n"
+    "                         'match': ['number'] * n, 'output': [f'answer: {i}' for i in range(n)], 'correct': correct})",
+    "mnb.ExamplePreviewer(lines, model='thinkingmachines/Inkling-Small')",
+    "mnb.CompareView(res([True, False, True, False]), res([True, True, False, False]))",
+    "mnb.CostMeter(lines, model='thinkingmachines/Inkling', budget=100)",
+    "mnb.Tagger({'id': 'r1', 'machine': 'calc', 'history': [], 'trajectory': lines[1]['messages'][1:]}, store='tag_store')",
+    "print('ok')",
+]
+# Text that was unreadable in the dark theme (tokens, legend, compare rows, labels) and the rest
+# the widgets colour themselves.
+READABLE = {
+    "context tokens": ".mnb-tok:not(.mnb-tok-trained)",
+    "trained tokens": ".mnb-tok-trained",
+    "token legend": ".mnb-tokens > div:first-child, .mnb-legend-trained, .mnb-legend-context",
+    "card text": ".mnb-card pre",
+    "card headers": ".mnb-card > div:first-child",
+    "trained badge": ".mnb-trained",
+    "prompt check": ".mnb-diff div",
+    "compare rows": ".mnb-compare-rows td",
+    "compare numbers": ".mnb-compare-numbers td, .mnb-compare-numbers span",
+    "cost meter": ".mnb-cost-meter td, .mnb-cost-meter b, .mnb-cost-meter span",
+    "tagger turn": ".mnb-tagger-turn > div",
+}
+
+
+@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
+def test_widget_text_is_readable_in_light_and_dark_themes(tmp_path, theme):
+    from playwright.sync_api import expect
+
+    chromium_path()
+    root = tmp_path / "lab"
+    root.mkdir()
+    write_notebook(root / "themed.ipynb", THEMED)
+    shot = tmp_path / f"widgets_{theme.split()[-1].lower()}_theme.png"
+    with lab_server(root) as lab, chromium_page(width=1400, height=2600) as page:
+        try:
+            open_and_run_all(page, lab.url("themed.ipynb"))
+            expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
+            expect(page.locator(".mnb-tok-trained:visible").first).to_be_visible()  # the live views
+            expect(page.locator(".mnb-compare-rows:visible").first).to_be_visible()
+            set_theme(page, theme)
+            report = {name: contrast(page, sel) for name, sel in READABLE.items()}
+        finally:
+            keep_screenshot(page, shot)
+    missing = [name for name, found in report.items() if not found]
+    assert not missing, f"nothing visible for {missing}"
+    poor = {name: [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})" for x in found if x["ratio"] < 4.5]
+            for name, found in report.items()}
+    assert not any(poor.values()), {k: v[:3] for k, v in poor.items() if v}

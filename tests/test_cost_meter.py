@@ -3,6 +3,7 @@
 import json
 
 import pandas as pd
+import pytest
 import traitlets
 
 from machine_nb.pricing import estimate_cost, price_for
@@ -59,12 +60,18 @@ def test_eval_cost_and_linking_to_a_picker(tmp_path):
     eval_path = tmp_path / "eval.jsonl"
     eval_path.write_text("".join(json.dumps(x) + "\n" for x in LINES[:4]))
 
-    class Picker(traitlets.HasTraits):  # the RunPicker surface CostMeter uses
+    class Picker(traitlets.HasTraits):  # the RunPicker surface CostMeter uses: selected, observe_selection
         selected_ids = traitlets.List(traitlets.Unicode())
 
         @property
         def selected(self):
             return pd.DataFrame([x for x in LINES if x["run"] in self.selected_ids])
+
+        def observe_selection(self, callback):
+            def handler(_change):
+                callback(self.selected)
+            self.observe(handler, names="selected_ids")
+            return handler
 
     picker = Picker(selected_ids=["r1", "r2"])
     m = CostMeter(LINES, model=INKLING, eval_data=eval_path, batch_size=1)
@@ -96,3 +103,115 @@ def test_trained_tokens_are_what_sft_trains():
     assert not m.warnings()
     bad = CostMeter([{"messages": [{"role": "user", "content": "no answer"}]}], model=INKLING)
     assert bad.estimate is None and "no assistant message" in bad.error
+
+
+def test_a_model_it_cannot_price_says_so_and_never_within_budget(tmp_path):
+    eval_path = tmp_path / "eval.jsonl"
+    eval_path.write_text("".join(json.dumps(x) + "\n" for x in LINES[:4]))
+    # Inkling-Small has sampling prices (the eval part) but no training price
+    m = CostMeter(LINES, model="thinkingmachines/Inkling-Small", eval_data=eval_path, budget=1000)
+    html = m.static_html()
+    assert m.eval_estimate is not None and m.estimate is None
+    assert m.total_usd is None and m.over_by == 0
+    assert "within budget" not in html and "cannot price" in html
+    assert "cannot price" in m.summary()
+    m.model = INKLING
+    assert "within budget" in m.static_html() and "cannot price" not in m.static_html()
+
+
+def test_the_dropdown_marks_models_it_cannot_price():
+    m = CostMeter(LINES, model=INKLING)
+    labels = dict((value, label) for label, value in m._model.options)
+    assert labels[INKLING] == INKLING
+    assert "cannot price training" in labels["thinkingmachines/Inkling-Small"]
+    assert "cannot price" not in labels["local/arith-tiny"]
+    import pytest
+
+    from machine_nb.tokens import TokenEstimateWarning
+
+    with pytest.warns(TokenEstimateWarning):  # no tokenizer offline: estimated (and no price)
+        m.model = "someone/unknown-model"  # an unlisted model is added, marked too
+    labels = dict((value, label) for label, value in m._model.options)
+    assert "cannot price" in labels["someone/unknown-model"] and m.model == "someone/unknown-model"
+
+
+def test_max_steps_is_honoured_whatever_the_epochs():
+    m = CostMeter(LINES, model=INKLING, epochs=1, batch_size=4, max_steps=6)
+    assert m.estimate.steps == 4  # 16 rows / 4 = 4 steps, under the cap
+    full = m.estimate.usd
+    m.epochs = 3  # 12 steps without the cap
+    assert m.estimate.steps == 6 and abs(m.estimate.usd - full * 3 * 6 / 12) < 1e-12
+    assert estimate_cost(LINES, INKLING, epochs=3, batch_size=4, max_steps=6).usd == m.estimate.usd
+    assert "max 6 steps" in m.static_html()
+
+
+def test_estimated_models_do_not_count_every_token_as_trained():
+    import pytest
+
+    from machine_nb.tokens import TokenEstimateWarning
+
+    long = [{**x, "messages": [{"role": "system", "content": "You are a careful calculator. " * 10}] + x["messages"]}
+            for x in LINES]
+    with pytest.warns(TokenEstimateWarning):
+        m = CostMeter(long, model="Qwen/Qwen3-8B")  # priced, but its tokenizer needs the hub: estimated
+    e = m.estimate
+    assert not e.exact and 0 < e.trained_tokens < e.tokens / 4
+    assert "estimated" in m.static_html()
+
+
+@pytest.mark.filterwarnings("ignore::machine_nb.tokens.TokenEstimateWarning")  # Qwen is counted by estimate
+def test_counting_runs_off_the_kernel_thread_and_stale_results_are_dropped(monkeypatch):
+    """A slow count (a tokenizer being fetched) must not hold the caller; the meter says
+    "computing…" meanwhile and never shows one model's numbers under another model's name."""
+    import threading
+
+    import machine_nb.tokens as tokens
+
+    release = threading.Event()
+    real = tokens.count_tokens
+
+    def slow_for_qwen(rows, model, **kwargs):
+        if model == "Qwen/Qwen3-8B":
+            release.wait(60)
+        return real(rows, model, **kwargs)
+
+    monkeypatch.setattr(tokens, "count_tokens", slow_for_qwen)
+    m = CostMeter(LINES, model=INKLING, background=True)
+    m.wait()
+    assert m.estimate.model == INKLING
+    chooser = threading.Thread(target=lambda: setattr(m, "model", "Qwen/Qwen3-8B"), daemon=True)
+    chooser.start()
+    chooser.join(30)  # a deadline, not a timing: choosing a model returns at once
+    try:
+        assert not chooser.is_alive(), "choosing a model waited for the token count"
+        assert m.computing and m.estimate is None
+        assert "computing…" in m.static_html() and "Qwen/Qwen3-8B" in m.summary()
+        m.model = "local/arith-tiny"  # chosen while the Qwen count still runs
+        m.wait(30)
+        assert m.model == "local/arith-tiny" and m.estimate.model == "local/arith-tiny"
+    finally:
+        release.set()
+    import time
+
+    deadline = time.monotonic() + 60
+    while m._pending and time.monotonic() < deadline:  # the Qwen count finishes late
+        time.sleep(0.01)
+    assert not m._pending
+    assert m.model == "local/arith-tiny" and m.estimate.model == "local/arith-tiny"  # the late Qwen result was dropped
+    assert "local/arith-tiny" in m.summary() and "computing" not in m.static_html()
+
+
+def test_a_picker_can_be_the_data():
+    import machine_nb as mnb
+
+    runs = pd.DataFrame({"id": ["a", "b"], "machine": "calc", "run": [
+        {"id": i, "machine": "calc", "history": [], "trajectory": [
+            {"role": "user", "content": f"What is {n} + {n}?"}, {"role": "assistant", "content": f"answer: {2 * n}"}]}
+        for i, n in (("a", 1), ("b", 2))]})
+    picker = mnb.RunPicker(runs)
+    m = CostMeter(picker, model=INKLING, batch_size=1)
+    assert m.estimate is None and "no data" in m.summary()
+    picker.click("a")
+    assert m.estimate.rows == 1
+    picker.select(["a", "b"])
+    assert m.estimate.rows == 2

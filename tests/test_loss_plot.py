@@ -94,3 +94,37 @@ def test_same_named_dirs_stay_apart_and_bad_lines_are_named(tmp_path):
         frame = read_metrics([tmp_path / "a" / "log", tmp_path / "b" / "log"])
     counts = frame.groupby("run").size().to_dict()
     assert counts == {str(tmp_path / "a" / "log"): 3, str(tmp_path / "b" / "log"): 5}
+
+
+def test_fed_by_sft_the_plot_keeps_step_with_the_progress_bar(tmp_path):
+    """`sft(on_metrics=plot.update)`: each time the trainer hands over new metrics rows (the rows
+    the progress bar counts, in the same poll) the plot already shows them, so it never lags."""
+    from machine_nb.corpus import make_corpus
+    from machine_nb.train import sft
+
+    corpus = make_corpus(tmp_path / "corpus", seed=0)
+    log = tmp_path / "run"
+    plot = LossPlot(log, refresh_s=3600)  # the poll thread would not wake during the run
+    handed, behind = [], []
+
+    def on_metrics(rows):
+        plot.update(rows)
+        handed.extend(r for r in rows if "train_mean_nll" in r)
+        behind.append(len(handed) - int(plot.frame["train_mean_nll"].notna().sum()))
+
+    try:
+        result = sft(corpus.train, log_dir=log, max_steps=6, batch_size=8, seed=0, progress=False,
+                     on_metrics=on_metrics)
+    finally:
+        plot.stop()
+    assert result.steps == 6 and len(handed) == 6 and behind and max(behind) == 0, behind
+    assert plot.summary().startswith("LossPlot: run: 6 steps") and not plot.live
+
+
+def test_stop_draws_the_final_state(tmp_path):
+    log = tmp_path / "run"
+    write_metrics(log, rows(2))
+    p = LossPlot(log, refresh_s=3600)
+    write_metrics(log, rows(3, start=2), mode="a")  # written after the last poll
+    p.stop()
+    assert len(p.frame) == 5 and "5 steps" in p.summary()

@@ -215,3 +215,78 @@ def test_runs_from_the_sample_workspace_whole_runs_on_inkling():
     # Machine's claim for Inkling: every step's prompt is a token prefix of the whole run.
     assert len(p.diffs) == len(trained_indices(whole[0])) > 1
     assert p.diffs["matches"].all(), p.diffs
+
+
+def picker_runs(n=6):
+    import pandas as pd
+
+    def run(i):
+        return {"id": f"run{i:03d}", "machine": "arith", "history": [],
+                "trajectory": [{"role": "user", "content": f"What is {i} + {i}?"},
+                               {"role": "assistant", "content": f"The answer is {2 * i}."}]}
+
+    return pd.DataFrame({"id": [f"run{i:03d}" for i in range(n)], "machine": "arith",
+                         "input": [f"What is {i} + {i}?" for i in range(n)],
+                         "output": [f"The answer is {2 * i}." for i in range(n)], "run": [run(i) for i in range(n)]})
+
+
+def test_previewer_follows_a_run_picker():
+    import machine_nb as mnb
+
+    picker = mnb.RunPicker(picker_runs())
+    p = ExamplePreviewer(picker)
+    assert p.lines == [] and "Select runs in the picker" in p.static_html()
+    picker.click("run002")
+    assert p.line["run"] == "run002" and "What is 2 + 2?" in p.static_html()
+    assert p.jump("run002") and not p.jump("run004")  # only picked runs are there
+    picker.click("run004", toggle=True)  # a newly picked run is shown first
+    assert {x["run"] for x in p.lines} == {"run002", "run004"} and p.line["run"] == "run004"
+    picker.click("run002", toggle=True)  # unpick run002: run004 stays on screen
+    assert p.line["run"] == "run004" and len(p.lines) == 1
+    picker.clear_selection()
+    assert p.line is None and "Select runs in the picker" in p.summary()
+    # .link() on a previewer built from other data, and unlink()
+    q = ExamplePreviewer([STEP])
+    q.link(picker)
+    picker.click("run001")
+    assert q.line["run"] == "run001" and p.line["run"] == "run001"
+    q.unlink()
+    picker.click("run003")
+    assert q.line["run"] == "run001" and p.line["run"] == "run003"
+
+
+def test_text_filter_keeps_matching_examples_and_navigation_stays_inside():
+    lines = [{**STEP, "run": f"r{i}", "messages": [{"role": "user", "content": f"question {i} about {topic}"},
+                                                      {"role": "assistant", "content": f"answer {i}"}]}
+             for i, topic in enumerate(["cats", "dogs", "cats and dogs", "fish"])]
+    p = ExamplePreviewer(lines)
+    assert "(Enter)" in p._filter.placeholder and not p._filter.continuous_update
+    assert "(Enter)" in p._jump.placeholder and not p._jump.continuous_update
+    p._filter.value = "CATS"  # typed, then Enter
+    assert p.matches == [0, 2] and p.line["run"] == "r0"
+    p.next()
+    assert p.line["run"] == "r2" and p._next.disabled and not p._prev.disabled
+    p.next()
+    assert p.line["run"] == "r2"  # stays on the last match
+    assert "filter 'CATS': 2 of 2 matching" in p.summary()
+    p.set_filter("cats dogs")  # every word must appear
+    assert p.matches == [2]
+    p.set_filter("zebra")
+    assert p.line is None and "No example contains" in p.static_html() and p._next.disabled and p._prev.disabled
+    assert p.jump("r3") and p.filter_text == "" and p.line["run"] == "r3"  # a jump clears the filter hiding it
+
+
+def test_prev_and_next_are_disabled_at_the_ends_and_arrow_keys_page():
+    p = ExamplePreviewer([STEP, WHOLE, {**STEP, "run": "r3"}])
+    assert p._prev.disabled and not p._next.disabled
+    p._keys._handle_custom_msg({"event": "key", "key": "ArrowRight"}, [])  # as the browser sends it
+    assert p.current == 1 and not p._prev.disabled and not p._next.disabled
+    p._keys._handle_custom_msg({"event": "key", "key": "End"}, [])
+    assert p.current == 2 and p._next.disabled
+    p._keys._handle_custom_msg({"event": "key", "key": "ArrowRight"}, [])
+    assert p.current == 2
+    p._keys._handle_custom_msg({"event": "key", "key": "ArrowLeft"}, [])
+    assert p.current == 1
+    p._keys._handle_custom_msg({"event": "key", "key": "Home"}, [])
+    assert p.current == 0 and p._prev.disabled
+    assert "(→ key)" in p._next.tooltip

@@ -3,6 +3,8 @@ export it with nbconvert's HTMLExporter, and read the HTML as a person without a
 
 The exported page must show the previewer's current example, the cost numbers and the loss plot
 as an <img>; the saved notebook must not carry `metadata.widgets` without "state" (GitHub refuses it).
+What a later cell does to a widget (another example, a tag, another model) must show in the page
+too, and a loss plot shown while training is one output with the final curve.
 nbclient stores the widget state (JupyterLab does not by default); with it nbconvert picks the live
 view, which needs the widget manager from a CDN, so the page is read both as JupyterLab saves it
 (no widget state) and as `machine_nb.report.clean_notebook` leaves it.
@@ -57,6 +59,34 @@ CELLS = [
     "                         'match': ['number'] * 3, 'output': outputs, 'correct': correct})\n"
     "CompareView(res([True, False, True], ['answer: 2', 'four?', 'answer: 6']),\n"
     "            res([True, True, False], ['answer: 2', 'answer: 4', 'answer: 7']))",
+    # 7-8: a later cell moves the previewer; the page shows where it is now
+    "later = ExamplePreviewer(work / 'train.jsonl')\nlater",
+    "later.show(2)",
+    # 9-10: tagging in a later cell; the tagger's output counts it
+    "from machine_nb import Tagger\n"
+    "tagger = Tagger({'id': 'run-7', 'machine': 'calc', 'history': [], 'trajectory': [\n"
+    "    {'role': 'user', 'content': 'What is 7 + 17?'}, {'role': 'assistant', 'content': 'answer: 24'}]},\n"
+    "    store=work / 'store')\ntagger",
+    "tagger.good('tagged from a later cell')",
+    # 11: the SFT cell as notebook 01 wrote it: display with an id, train, then update the same handle
+    "def train(log, n, on_metrics=None):\n"
+    "    log.mkdir(exist_ok=True)\n"
+    "    for s in range(n):\n"
+    "        row = {'step': s, 'learning_rate': 1e-4, 'train_mean_nll': 3.0 / (1 + s)}\n"
+    "        with open(log / 'metrics.jsonl', 'a') as fh:\n"
+    "            fh.write(json.dumps(row) + '\\n')\n"
+    "        if on_metrics: on_metrics([row])\n"
+    "    (log / 'checkpoints.jsonl').write_text(json.dumps({'name': 'final'}) + '\\n')\n"
+    "plot = LossPlot(work / 'sft')\n"
+    "view = display(plot, display_id=True)\n"
+    "train(work / 'sft', 7)\n"
+    "plot.refresh()\n"
+    "view.update(plot)",
+    # 12: the same with the plot fed by the trainer's callback
+    "fed = LossPlot(work / 'fed')\ndisplay(fed)\ntrain(work / 'fed', 9, on_metrics=fed.update)\nfed.stop()",
+    # 13-14: another model chosen in a later cell
+    "meter = CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling-Small', budget=5)\nmeter",
+    "meter.model = 'local/arith-tiny'",
 ]
 
 
@@ -128,29 +158,55 @@ def test_html_export_shows_the_widgets_without_a_kernel(exported, page):
     assert re.search(r'<img alt="training loss" src="data:image/png;base64,iVBOR', html)
 
 
+def text(value):
+    return "".join(value) if isinstance(value, list) else value  # the file stores multiline text as a list
+
+
+def static_outputs(cell):
+    """A saved cell's static fallbacks (the widget view sits in an output of its own)."""
+    return [o for o in cell.get("outputs", []) if "mnb-static" in text(o.get("data", {}).get("text/html", ""))]
+
+
 def test_saved_notebook_widget_metadata_is_renderable_on_github(exported):
     _, saved, _ = exported
     widgets_meta = saved.get("metadata", {}).get("widgets")
     if widgets_meta is not None:  # allowed only with its "state" (GitHub's renderer requires it)
         state = widgets_meta.get("application/vnd.jupyter.widget-state+json")
         assert isinstance(state, dict) and "state" in state, widgets_meta
-    # each widget output also carries the static fallback and a stable text/plain
-    outs = [o for c in saved["cells"] for o in c.get("outputs", []) if "data" in o]
-    assert len(outs) == 5
-    for out in outs:
-        assert "text/html" in out["data"]
-        plain = out["data"]["text/plain"]
-        plain = "".join(plain) if isinstance(plain, list) else plain  # the file stores multiline text as a list
-        assert not re.search(r"0x[0-9a-f]{6,}", plain)  # no object ids: nbval compares text/plain
-    assert "image/png" in outs[2]["data"]
+    views = [o for c in saved["cells"] for o in c.get("outputs", [])
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    statics = [o for c in saved["cells"] for o in c.get("outputs", []) if o in static_outputs(c)]
+    assert len(views) == len(statics) == 10  # one live view and one static fallback per widget shown
+    for out in views + statics:  # a stable text/plain everywhere: nbval compares it
+        assert "text/html" in out["data"] and not re.search(r"0x[0-9a-f]{6,}", text(out["data"]["text/plain"]))
+    for view in views:  # the view's own html is empty: its static twin speaks where there is no kernel
+        assert text(view["data"]["text/html"]) == ""
+    assert "image/png" in static_outputs(saved["cells"][3])[0]["data"]
 
 
 def test_live_plot_did_not_block_and_saved_its_final_state(exported):
     nb, saved, _ = exported
     printed = "".join(o.get("text", "") for o in nb.cells[5].outputs if o.get("output_type") == "stream")
     assert "live plot rows: 6 still polling: False" in printed
-    live_out = [o for o in saved["cells"][4]["outputs"] if "data" in o][0]
-    plain = live_out["data"]["text/plain"]
-    plain = "".join(plain) if isinstance(plain, list) else plain
-    assert plain == "LossPlot: live: 6 steps, last loss 0.1667"  # the final state, updated in place
+    (live_out,) = static_outputs(saved["cells"][4])
+    assert text(live_out["data"]["text/plain"]) == "LossPlot: live: 6 steps, last loss 0.1667"  # updated in place
     assert "image/png" in live_out["data"]
+
+
+@pytest.mark.parametrize("cell, log, steps", [(11, "sft", 7), (12, "fed", 9)])
+def test_a_loss_plot_shown_while_training_is_one_output_with_the_final_curve(exported, cell, log, steps):
+    _, saved, _ = exported
+    outs = saved["cells"][cell]["outputs"]
+    assert len(static_outputs(saved["cells"][cell])) == 1, [list(o.get("data", {})) for o in outs]
+    assert sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outs) == 1
+    (static,) = static_outputs(saved["cells"][cell])
+    assert text(static["data"]["text/plain"]).startswith(f"LossPlot: {log}: {steps} steps")
+    assert "image/png" in static["data"]
+
+
+@pytest.mark.parametrize("page", ["lab", "report"])
+def test_the_page_shows_what_later_cells_did(exported, page):
+    html = exported[2][page]
+    assert "example 3/4 · run run-2" in html and "example 1/4" not in html  # moved by `later.show(2)`
+    assert "1 tagged here" in html and "tagged from a later cell" in html and "0 tagged here" not in html
+    assert "<b>local/arith-tiny</b>" in html and "Inkling-Small</b>" not in html  # the meter's last choice

@@ -86,7 +86,8 @@ def test_undo_removes_only_this_widgets_last_row(tmp_path):
     other = tag(make_run(9), "good", note="someone else", store=store)  # written by another tool
     t = Tagger(runs_frame(2), store=store)
     first = t.good()
-    second = t.good("second")
+    with pytest.warns(UserWarning, match="already tagged good"):  # the same turn twice, on purpose
+        second = t.good("second")
     also_other = tag(make_run(8), "good", store=store)  # interleaved foreign row, newer than ours
     assert t.undo() == second
     ids = [r["id"] for r in store_rows(store)]
@@ -133,3 +134,68 @@ def test_navigation_and_static_fallback(tmp_path):
     page = bundle["text/html"]
     assert "What is 0 + 0?" in page and "The answer is 0." in page and "2 step(s) before the answer" in page
     assert "wrong &lt;b&gt;format&lt;/b&gt;" in page and "<b>format</b>" not in page
+
+
+def test_a_tagged_turn_shows_its_tags_and_a_duplicate_needs_a_second_click(tmp_path):
+    store = tmp_path / "store"
+    tag(make_run(0), "good", note="from the CLI", store=store)  # tagged before the widget opened
+    t = Tagger(runs_frame(2), store=store)
+    assert "already tagged" in t.static_html() and "from the CLI" in t.static_html()
+    assert [r["tag"] for r in t.existing_tags()] == ["good"] and t.existing_tags()[0]["this_turn"]
+    t._b_good.click()  # a duplicate: warned, nothing written
+    assert len(store_rows(store)) == 1
+    assert "already tagged good" in t._status.value and "again" in t._status.value
+    t._b_good.click()  # the confirming second click writes it
+    assert len(store_rows(store)) == 2 and "wrote good row" in t._status.value
+    t.prev_turn()  # another turn of the same run: its tags are shown, no confirm needed there
+    assert not [r for r in t.existing_tags() if r["this_turn"]] and "already tagged" in t.static_html()
+    t._b_bad.click()
+    assert len(store_rows(store)) == 3
+    t.next_run()  # run1 has no tags
+    assert t.existing_tags() == [] and "already tagged" not in t.static_html()
+    t._b_good.click()
+    assert len(store_rows(store)) == 4
+    with pytest.warns(UserWarning, match="already tagged good"):  # the Python method writes, and warns
+        t.good()
+    assert len(store_rows(store)) == 5
+    t.undo()  # an undone row no longer counts as a tag
+    assert len([r for r in t.existing_tags() if r["this_turn"]]) == 1
+
+
+def test_tags_of_the_same_id_on_another_machine_do_not_count(tmp_path):
+    store = tmp_path / "store"
+    other = {**make_run(0), "machine": "other"}
+    tag(other, "good", store=store)
+    t = Tagger(runs_frame(1), store=store)
+    assert t.existing_tags() == []
+    t._b_good.click()
+    assert len(store_rows(store)) == 2  # written at once: no duplicate on this machine
+
+
+def test_tagger_follows_a_run_picker(tmp_path):
+    import machine_nb as mnb
+
+    frame = runs_frame(4)
+    picker = mnb.RunPicker(frame)
+    t = Tagger(picker, store=tmp_path / "store")
+    assert "Select runs in the picker" in t.static_html() and t._b_good.disabled
+    picker.click("run2")
+    assert t.current["run_id"] == "run2" and not t._b_good.disabled
+    t.good()
+    picker.click("run3", toggle=True)
+    assert t.current["run_id"] == "run3" and "run 2 of 2" in t.static_html()  # the newly picked run
+    assert "1 tagged here" in t.summary()
+    picker.clear_selection()
+    with pytest.raises(ValueError, match="no run"):
+        t.good()
+    other = Tagger(frame, store=tmp_path / "store")
+    other.link(picker)
+    picker.click("run1")
+    assert other.current["run_id"] == "run1" and t.current["run_id"] == "run1"
+
+
+def test_note_and_rewrite_boxes_fit_their_cell():
+    t = Tagger(runs_frame(1))
+    for box in (t.note, t.rewrite):
+        assert box.layout.width != "100%"  # width 100% plus the widget's margins overflowed the cell
+        assert box.layout.max_width == "100%" or box.layout.width == "auto"

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from machine_nb.errors import MachineFormatError
+from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.jsonl import write_jsonl
 from machine_nb.render import get_renderer
 from machine_nb.tokens import TokenEstimateWarning, count_prompt_tokens, count_tokens
@@ -118,3 +118,74 @@ def test_estimates_follow_the_export_rule_for_non_ascii():
     with pytest.warns(TokenEstimateWarning):
         df = count_tokens([row], "Qwen/Qwen3-8B")
     assert df["tokens"][0] == estimate_tokens([row])
+
+
+def test_unreachable_hub_is_not_waited_on(monkeypatch):
+    """No offline flag and no network: the tokenizer lookup gives up at once (a bounded check) and
+    counts fall back to labelled estimates, instead of the hub's ~47 s of retries."""
+    import socket
+    import threading
+
+    from machine_nb import render
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+    render.get_tokenizer.cache_clear()
+    render.get_renderer.cache_clear()
+    render._HUB_CHECKS.clear()
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging_dns(host, *args, **kwargs):  # a resolver that never answers, as with no network
+        if "invalid" in str(host):
+            release.wait(120)
+            raise socket.gaierror("no network")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging_dns)
+    outcome = {}
+
+    def count():
+        try:
+            outcome["df"] = count_tokens([qa("What is 47 plus 15?", "answer: 62")], "Qwen/Qwen3-8B")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=count, daemon=True)
+    with pytest.warns(TokenEstimateWarning, match="cannot be reached"):
+        worker.start()
+        worker.join(60)  # a deadline, not a timing: the lookup must not wait for the resolver
+        still_blocked = not release.is_set()
+        release.set()
+        worker.join(10)
+    assert still_blocked and "df" in outcome, outcome
+    df = outcome["df"]
+    assert not df["exact"][0] and "2.5-chars-per-token" in df.attrs["note"]
+    # the answer is fast again (the check's result is remembered for a while)
+    with pytest.raises(EngineError, match="cannot be reached"):
+        render.get_tokenizer("Qwen/Qwen3-8B")
+    render._HUB_CHECKS.clear()
+
+
+def test_estimated_trained_tokens_come_from_the_trained_messages():
+    """For a model counted by estimate, trained tokens are those of the messages sft trains (the
+    last assistant message, or the flagged ones), not every token of the row."""
+    long_prompt = "Please add these two numbers for me, carefully and showing no work at all: " * 4
+    row = {"messages": [{"role": "system", "content": "You add."}, {"role": "user", "content": long_prompt},
+                        {"role": "assistant", "content": "answer: 1"}, {"role": "user", "content": "again"},
+                        {"role": "assistant", "content": "answer: 2"}]}
+    with pytest.warns(TokenEstimateWarning):
+        df = count_tokens([row], "Qwen/Qwen3-8B")
+    last = json.dumps([row["messages"][-1]], separators=(",", ":"), ensure_ascii=False)
+    assert df["trained_tokens"][0] == math.ceil(len(last) / 2.5)
+    assert 0 < df["trained_tokens"][0] < df["tokens"][0] / 5
+    whole = {"whole_run": True, "messages": [dict(m) for m in row["messages"]]}
+    whole["messages"][2]["trainable"] = True  # the first answer only
+    with pytest.warns(TokenEstimateWarning):
+        flagged = count_tokens([whole], "Qwen/Qwen3-8B")
+    first = json.dumps([{**row["messages"][2], "trainable": True}], separators=(",", ":"), ensure_ascii=False)
+    assert flagged["trained_tokens"][0] == math.ceil(len(first) / 2.5)
+    with pytest.warns(TokenEstimateWarning):
+        every = count_tokens([row], "Qwen/Qwen3-8B", train_on_what="all_assistant_messages")
+    assert df["trained_tokens"][0] < every["trained_tokens"][0] < every["tokens"][0]

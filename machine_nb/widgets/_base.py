@@ -1,22 +1,99 @@
-"""What every machine_nb widget shares: a static fallback of its current state.
+"""What every machine_nb widget shares: theme colours, and a static fallback of its current state.
 
 A widget's live view needs a kernel; a saved notebook read on GitHub, nbviewer or as an
-nbconvert HTML export has none. So each widget's mime bundle carries, next to the widget view,
-`text/html` of what it shows now (plots also `image/png`) and a stable one-line `text/plain`
-(nbval compares text/plain; a repr with object ids would differ on every run).
+nbconvert HTML export has none. So each widget is shown as two outputs: first the `text/html` of
+what it shows now (plots also `image/png`) with a stable one-line `text/plain` (nbval compares
+text/plain; a repr with object ids would differ on every run), then the live view. The widget
+re-sends the first whenever its state changes (`_static_changed`), so the saved notebook keeps
+what the user did, not the first frame; while the live view is on screen a style rule inside it
+hides its static twin. Updating the static output alone leaves the live view as it
+is: re-sending a widget view makes JupyterLab build a new view each time (keyboard focus lost,
+the old view kept alive).
+
+Colours are JupyterLab's CSS variables (`--jp-…`), each with the light-theme value as fallback for
+renderers without them (nbconvert's classic template, VS Code, GitHub strips styles anyway). Every
+element that sets a background also sets its text colour from the same family, so a fallback
+never pairs a light background with a dark theme's light text.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+from dataclasses import dataclass
 from typing import Any
+
+# ---- theme colours ----------------------------------------------------------------------------
+
+FG = "var(--jp-content-font-color1, #111)"
+FG_MUTED = "var(--jp-content-font-color2, #4b5563)"
+BG = "var(--jp-layout-color0, #fff)"
+BG_ALT = "var(--jp-layout-color2, #eceff3)"
+BORDER = "var(--jp-border-color2, #d1d5db)"
+BORDER_STRONG = "var(--jp-border-color1, #9ca3af)"
+GREEN = "var(--jp-success-color1, #16a34a)"
+RED = "var(--jp-error-color1, #dc2626)"
+ORANGE = "var(--jp-warn-color1, #d97706)"
+BLUE = "var(--jp-brand-color1, #2563eb)"
+CYAN = "var(--jp-info-color1, #0891b2)"
+GREY = "var(--jp-layout-color4, #6b7280)"
+# The theme's strongest text colour: black in a light theme, white in a dark one.
+_INK = "var(--jp-content-font-color0, #000)"
+
+
+def text_colour(hue: str) -> str:
+    """A hue made readable as text on the page: mixed 30% toward the theme's text colour.
+
+    JupyterLab's accent colours are tuned as fills: its light-theme green is under 4.5:1 on white
+    and its dark-theme red under 4.5:1 on #111; the mix darkens them on light pages and lightens
+    them on dark ones (all above 4.5:1 in both themes, see tests/test_browser.py).
+    """
+    return f"color-mix(in srgb, {hue} 70%, {_INK})"
+
+
+def tint(hue: str, percent: int = 22) -> str:
+    """A background tinted with `hue` over the page colour (text on it uses FG)."""
+    return f"color-mix(in srgb, {hue} {percent}%, {BG})"
+
+
+def static_html_id(widget: Any) -> str:
+    """The key that ties a widget's static output to its live view (its model id)."""
+    return str(getattr(widget, "model_id", "") or id(widget))
+
+
+def _hide_rule(key: str) -> str:
+    # `:has` also collapses JupyterLab's output wrapper (prompt and padding) of the hidden twin.
+    return (f'<style>[data-mnb-static="{key}"]{{display:none!important}}'
+            f'.jp-OutputArea-child:has([data-mnb-static="{key}"]){{display:none!important}}</style>')
+
+
+@dataclass
+class _Shown:
+    """One static output on screen: its display id and the request (cell run) that displayed it."""
+
+    display_id: str
+    parent: dict
+
+
+# Keep at most this many static outputs per widget up to date (each re-run of a cell adds one;
+# the old ones are gone from the page, so updating them is wasted messages).
+MAX_DISPLAYS = 8
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - ipywidgets needs IPython
+        return None
+    ip = get_ipython()
+    return ip if ip is not None and type(ip).__name__ == "ZMQInteractiveShell" else None
 
 
 class StaticFallback:
     """Mixin for an ipywidgets DOMWidget subclass (put it first in the bases).
 
     Subclasses implement `static_html()`; plots also `static_png()`; `summary()` is the text/plain.
+    They call `_static_changed()` after any change a reader of the saved notebook should see.
     """
 
     def static_html(self) -> str:  # pragma: no cover - every widget overrides it
@@ -28,15 +105,73 @@ class StaticFallback:
     def summary(self) -> str:
         return f"<{type(self).__name__}>"
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        data = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]  # the widget view
-        data = dict(data or {})
-        data["text/plain"] = self.summary()
-        data["text/html"] = self.static_html()
+    # ---- bundles
+
+    def static_bundle(self) -> dict[str, Any]:
+        """The static output: text/plain (summary), text/html (current state), image/png (plots)."""
+        key = static_html_id(self)
+        data: dict[str, Any] = {
+            "text/plain": self.summary(),
+            "text/html": f'<div class="mnb-static" data-mnb-static="{key}">{self.static_html()}</div>',
+        }
         png = self.static_png()
         if png:
             data["image/png"] = base64.b64encode(png).decode("ascii")
         return data
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The widget view and the static fallback in one bundle (for callers that ask for one)."""
+        data = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]  # the widget view
+        data = dict(data or {})
+        data.update(self.static_bundle())
+        return data
+
+    # ---- display
+
+    def _ensure_hider(self) -> None:
+        """Put the style rule that hides the static twin inside the live view (once)."""
+        import ipywidgets as w
+
+        if getattr(self, "_mnb_hider", None) is None:
+            self._mnb_hider = w.HTML(_hide_rule(static_html_id(self)), layout=w.Layout(display="none"))
+        if self._mnb_hider not in self.children:  # type: ignore[attr-defined]
+            self.children = (*self.children, self._mnb_hider)  # type: ignore[attr-defined]
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        ip = _shell()
+        if ip is None:  # a terminal or a plain script: one bundle, nothing to keep up to date
+            display(self._repr_mimebundle_(), raw=True)
+            return
+        parent = dict(getattr(ip.display_pub, "parent_header", {}) or {})
+        shown: list[_Shown] = self.__dict__.setdefault("_mnb_shown", [])
+        if parent.get("msg_id") and any(s.parent.get("msg_id") == parent.get("msg_id") for s in shown):
+            # shown again by the same cell (e.g. `handle = display(w, display_id=True)` then
+            # `handle.update(w)`): one output, brought up to date, not a second copy
+            self._static_changed()
+            return
+        self._ensure_hider()
+        # the static output first: readers of a saved notebook that take a cell's first output get it
+        handle = display(self.static_bundle(), raw=True, display_id=True)
+        live = dict(super()._repr_mimebundle_() or {})  # type: ignore[misc]
+        # text/html "" keeps this output blank where there is no widget manager (the static twin speaks)
+        live.update({"text/plain": self.summary(), "text/html": ""})
+        display(live, raw=True)
+        shown.append(_Shown(handle.display_id, parent))
+        del shown[:-MAX_DISPLAYS]
+
+    def _static_changed(self) -> None:
+        """Re-send the static output(s) with the current state (`update_display_data` by display
+        id: JupyterLab, nbclient and papermill apply it to the output wherever it is)."""
+        shown: list[_Shown] = self.__dict__.get("_mnb_shown") or []
+        if not shown or _shell() is None:
+            return
+        from IPython.display import update_display
+
+        bundle = self.static_bundle()
+        for s in list(shown):
+            update_display(bundle, raw=True, display_id=s.display_id)
 
 
 def escape(value: Any) -> str:

@@ -4,6 +4,7 @@ Pure functions from plain data (a training line's messages, token rows) to self-
 with inline styles, so the same markup serves the live widget and the static fallback that an
 nbconvert export or GitHub shows with no kernel and no stylesheet. Which messages are trained on
 is decided in `previewer.trained_indices`; the token rows come from `previewer.token_frame`.
+Colours are JupyterLab theme variables (see `_base`), so the cards read in light and dark themes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from ._base import escape
+from ._base import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, escape, text_colour, tint
 
 # Fold a tool result or message text behind <details> past this size: long tool output would
 # push the rest of the conversation off screen (peers collapse it too).
@@ -19,14 +20,15 @@ FOLD_LINES = 20
 FOLD_CHARS = 2000
 
 ROLE_COLOURS = {
-    "system": "#6b7280",
-    "user": "#2563eb",
-    "assistant": "#059669",
-    "tool": "#b45309",
+    "system": GREY,
+    "user": BLUE,
+    "assistant": GREEN,
+    "tool": ORANGE,
 }
+OTHER_ROLE = CYAN
 
-CARD = ("border:1px solid #d1d5db;border-left:4px solid {colour};border-radius:6px;"
-        "margin:6px 0;padding:6px 10px;background:#fff;color:#111;font-family:system-ui,sans-serif;")
+CARD = (f"border:1px solid {BORDER};border-left:4px solid {{colour}};border-radius:6px;"
+        f"margin:6px 0;padding:6px 10px;background:{BG};color:{FG};font-family:system-ui,sans-serif;")
 PRE = "white-space:pre-wrap;word-break:break-word;margin:4px 0;font-family:ui-monospace,monospace;font-size:12px;"
 BADGE = "display:inline-block;border-radius:4px;padding:0 6px;margin-left:6px;font-size:11px;"
 
@@ -64,7 +66,7 @@ def folded(text: str, *, label: str = "output") -> str:
         return f'<pre style="{PRE}">{escape(text)}</pre>'
     head = "\n".join(text.splitlines()[:5])[:400]
     return (f'<pre style="{PRE}">{escape(head)}</pre>'
-            f'<details><summary style="cursor:pointer;color:#6b7280">{label}: {n_lines} lines, '
+            f'<details><summary style="cursor:pointer;color:{FG_MUTED}">{label}: {n_lines} lines, '
             f'{len(text):,} chars (show all)</summary><pre style="{PRE}">{escape(text)}</pre></details>')
 
 
@@ -84,42 +86,42 @@ def message_card(message: dict, *, index: int, trained: bool, results: dict[str,
     `results` maps tool_call_id → the tool's output so each call shows what came back under it.
     """
     role = str(message.get("role", "?"))
-    colour = ROLE_COLOURS.get(role, "#7c3aed")
+    colour = ROLE_COLOURS.get(role, OTHER_ROLE)
     badges = ""
     if trained:
-        badges += f'<span class="mnb-trained" style="{BADGE}background:#059669;color:#fff">trained</span>'
+        badges += f'<span class="mnb-trained" style="{BADGE}background:{tint(GREEN, 40)};color:{FG}">trained</span>'
     elif role == "assistant":
-        badges += f'<span style="{BADGE}background:#e5e7eb;color:#374151">context only</span>'
+        badges += f'<span style="{BADGE}background:{BG_ALT};color:{FG}">context only</span>'
     extra = ""
     if role == "tool":
         name = message.get("name") or ""
-        extra = f' <span style="color:#6b7280;font-size:12px">{escape(name)} · {escape(message.get("tool_call_id"))}</span>'
+        extra = f' <span style="color:{FG_MUTED};font-size:12px">{escape(name)} · {escape(message.get("tool_call_id"))}</span>'
     body = []
     for part in content_parts(message.get("content")):
         kind = part.get("type")
         if kind == "thinking":
             text = str(part.get("thinking") or "")
-            body.append(f'<details class="mnb-reasoning"><summary style="cursor:pointer;color:#6b7280">'
-                        f'reasoning ({len(text):,} chars)</summary><pre style="{PRE}color:#4b5563">'
+            body.append(f'<details class="mnb-reasoning"><summary style="cursor:pointer;color:{FG_MUTED}">'
+                        f'reasoning ({len(text):,} chars)</summary><pre style="{PRE}color:{FG_MUTED}">'
                         f'{escape(text)}</pre></details>')
         elif kind == "text":
             text = str(part.get("text") or "")
             if text:
                 body.append(folded(text, label=role))
         else:
-            body.append(f'<pre style="{PRE}color:#6b7280">{escape(json.dumps(part, default=str)[:FOLD_CHARS])}</pre>')
+            body.append(f'<pre style="{PRE}color:{FG_MUTED}">{escape(json.dumps(part, default=str)[:FOLD_CHARS])}</pre>')
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
         call_id = call.get("id")
-        body.append(f'<div class="mnb-tool-call" style="border:1px dashed #d1d5db;border-radius:4px;padding:4px 8px;margin:4px 0">'
+        body.append(f'<div class="mnb-tool-call" style="border:1px dashed {BORDER_STRONG};border-radius:4px;padding:4px 8px;margin:4px 0">'
                     f'<b>call</b> <code>{escape(fn.get("name"))}</code> '
-                    f'<span style="color:#6b7280;font-size:12px">{escape(call_id)}</span>'
+                    f'<span style="color:{FG_MUTED};font-size:12px">{escape(call_id)}</span>'
                     f'{folded(_arguments(fn.get("arguments")), label="arguments")}')
         if results is not None and call_id in results:
             body.append(f'<b>result</b>{folded(results[call_id], label="result")}')
         body.append("</div>")
     return (f'<div class="mnb-card mnb-role-{escape(role)}" style="{CARD.format(colour=colour)}">'
-            f'<div style="font-size:12px;color:{colour};font-weight:600">#{index} {escape(role)}{badges}{extra}</div>'
+            f'<div style="font-size:12px;color:{text_colour(colour)};font-weight:600">#{index} {escape(role)}{badges}{extra}</div>'
             f'{"".join(body)}</div>')
 
 
@@ -133,11 +135,16 @@ def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
 
 
 def weight_colour(weight: float) -> str:
-    """Background for a token: grey for weight 0 (context), green deepening with the weight."""
+    """Background for a token: the theme's second layout colour for weight 0 (context), green
+    deepening with the weight (22% to 45% over the page colour, so the theme's text stays above
+    4.5:1 on it in light and dark themes)."""
     if weight <= 0:
-        return "#eceff3"
-    alpha = 0.35 + 0.65 * min(1.0, float(weight))
-    return f"rgba(16,185,129,{alpha:.2f})"
+        return BG_ALT
+    return tint(GREEN, round(22 + 23 * min(1.0, float(weight))))
+
+
+def _token_style(weight: float) -> str:
+    return f"background:{weight_colour(weight)};color:{FG}"
 
 
 def _visible(text: str) -> str:
@@ -157,12 +164,12 @@ def token_view(tokens: Iterable[dict], *, max_tokens: int = 4000) -> str:
     for r in rows[:max_tokens]:
         trained_cls = " mnb-tok-trained" if r["weight"] > 0 else ""
         spans.append(f'<span class="mnb-tok{trained_cls}" title="id {r["token_id"]} · weight {r["weight"]:g}" '
-                     f'style="background:{weight_colour(r["weight"])};border:1px solid #cbd5e1;'
+                     f'style="{_token_style(r["weight"])};border:1px solid {BORDER};'
                      f'border-radius:2px;margin:0 1px 1px 0;padding:0 1px">{_visible(r["text"])}</span>')
     more = ""
     if len(rows) > max_tokens:
-        more = f'<div style="color:#6b7280">… {len(rows) - max_tokens:,} more tokens not drawn</div>'
+        more = f'<div style="color:{FG_MUTED}">… {len(rows) - max_tokens:,} more tokens not drawn</div>'
     legend = (f'<div style="font-size:12px;margin:4px 0">{len(rows):,} tokens, {trained:,} trained on · '
-              f'<span style="background:{weight_colour(1)};padding:0 4px">weight &gt; 0 (trained)</span> '
-              f'<span style="background:{weight_colour(0)};padding:0 4px">weight 0 (context)</span></div>')
+              f'<span class="mnb-legend-trained" style="{_token_style(1)};padding:0 4px">weight &gt; 0 (trained)</span> '
+              f'<span class="mnb-legend-context" style="{_token_style(0)};padding:0 4px">weight 0 (context)</span></div>')
     return (f'<div class="mnb-tokens">{legend}<div style="{PRE}line-height:1.7">{"".join(spans)}</div>{more}</div>')

@@ -12,9 +12,11 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ._base import StaticFallback, escape
+from ._base import BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
 
-WIN_BG, LOSS_BG = "#dcfce7", "#fee2e2"
+# Row backgrounds: the theme's success / error colour tinted over the page, with the theme's text
+# colour on them (a fixed pale green under a dark theme's white text was unreadable).
+WIN_BG, LOSS_BG = tint(GREEN), tint(RED)
 # Past this many rows the view starts with only the flips: a 1,000-row table buries them.
 FLIPS_FIRST_ABOVE = 200
 CELL_CHARS = 400  # outputs are cut here in the table (the frame keeps them whole)
@@ -61,14 +63,14 @@ def numbers_html(result: Any) -> str:
         (f"{base} accuracy", pct(result.baseline_accuracy)),
         (f"{ckpt} accuracy", pct(result.checkpoint_accuracy)),
         ("delta", f"{result.delta:+.1%} (paired bootstrap 95% CI [{result.ci_low:+.1%}, {result.ci_high:+.1%}])"),
-        ("wins / ties / losses", f'<span style="color:#15803d">{result.wins}</span> / {result.ties} / '
-                                 f'<span style="color:#b91c1c">{result.losses}</span>'),
+        ("wins / ties / losses", f'<span style="color:{text_colour(GREEN)}">{result.wins}</span> / {result.ties} / '
+                                 f'<span style="color:{text_colour(RED)}">{result.losses}</span>'),
         ("exact McNemar p", f"{result.p_value:.3g}"),
     ]
     fr_a, fr_b = getattr(result, "baseline_format_rate", None), getattr(result, "checkpoint_format_rate", None)
     if fr_a is not None or fr_b is not None:
         rows.append(("format rate", f"{pct(fr_a)} → {pct(fr_b)}"))
-    body = "".join(f'<tr><td style="padding:1px 12px 1px 0;color:#4b5563">{k}</td><td>{v}</td></tr>' for k, v in rows)
+    body = "".join(f'<tr><td style="padding:1px 12px 1px 0;color:{FG_MUTED}">{k}</td><td>{v}</td></tr>' for k, v in rows)
     paras = "".join(f"<p style='margin:4px 0'>{escape(p)}</p>" for p in str(result.summary).split("\n") if p.strip())
     return f'<table class="mnb-compare-numbers">{body}</table>{paras}'
 
@@ -79,7 +81,7 @@ def rows_html(frame: Any, *, only_flips: bool = False, base: str = "baseline", c
         frame = frame[frame["change"] != "tie"]
     if len(frame) == 0:
         return "<p>No row changed.</p>" if only_flips else "<p>No rows.</p>"
-    cell = "padding:2px 6px;border-bottom:1px solid #e5e7eb;vertical-align:top;white-space:pre-wrap"
+    cell = f"padding:2px 6px;border-bottom:1px solid {BORDER};vertical-align:top;white-space:pre-wrap;color:{FG}"
 
     def out(text: Any, ok: Any) -> str:
         mark = "✓" if bool(ok) else "✗"
@@ -87,7 +89,7 @@ def rows_html(frame: Any, *, only_flips: bool = False, base: str = "baseline", c
 
     trs = []
     for r in frame.to_dict("records"):
-        bg = {"win": WIN_BG, "loss": LOSS_BG}.get(r["change"], "transparent")
+        bg = {"win": WIN_BG, "loss": LOSS_BG}.get(r["change"], BG)
         trs.append(f'<tr class="mnb-{r["change"]}" style="background:{bg}"><td style="{cell}">{r["row"]}</td>'
                    f'<td style="{cell}">{escape(str(r["prompt"])[:CELL_CHARS])}</td><td style="{cell}">{escape(r["expected"])}</td>'
                    f'<td style="{cell}">{out(r["baseline_output"], r["baseline_correct"])}</td>'
@@ -158,6 +160,7 @@ class CompareView(StaticFallback, widgets.VBox):
 
     def _refresh(self) -> None:
         self._table.value = self._rows_html()
+        self._static_changed()
 
     def summary(self) -> str:
         r = self.result
@@ -165,5 +168,6 @@ class CompareView(StaticFallback, widgets.VBox):
                 f"W/T/L {r.wins}/{r.ties}/{r.losses}, p={r.p_value:.3g}")
 
     def static_html(self) -> str:
-        return (f'<div class="mnb-compare" style="font-family:system-ui,sans-serif;font-size:13px">'
+        return (f'<div class="mnb-compare" style="font-family:system-ui,sans-serif;font-size:13px;'
+                f'color:{FG};background:{BG}">'
                 f'{numbers_html(self.result)}{self._rows_html()}</div>')

@@ -1,21 +1,29 @@
 """CostMeter: what a training run (and an eval) will cost, updated as the data, model or epochs change.
 
 A view over `machine_nb.estimate_cost` / `estimate_eval_cost` (pricing.py decides prices and
-counts tokens through tokens.py); this file only caches the per-model token counts so that moving
-the epochs slider does not re-render the data, and turns the total red past a budget.
+counts tokens through tokens.py); this file caches the per-model token counts so that moving the
+epochs slider does not re-render the data, counts in a worker thread so the kernel stays free
+(a model's tokenizer may have to be fetched), drops a count that finishes after the user chose
+another model, and turns the total red past a budget.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 import ipywidgets as widgets
 
-from ..errors import BudgetExceeded, EngineError
-from ._base import StaticFallback, escape
+from ..errors import BudgetExceeded, EngineError, MachineFormatError
+from ._base import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 
-RED, GREEN = "#dc2626", "#059669"
+# Seconds the constructor waits for the first count before showing "computing…": long enough for
+# any offline count of a notebook-sized file (48 rows on Inkling: ~20 ms), so an executed
+# notebook or report shows the numbers; short enough that a slow tokenizer does not hold the cell.
+FIRST_WAIT_S = 5.0
+CANNOT_PRICE = "cannot price training"
 
 
 def model_choices(model: str | None = None) -> list[str]:
@@ -29,6 +37,21 @@ def model_choices(model: str | None = None) -> list[str]:
     return names
 
 
+def model_label(model: str) -> str:
+    """The dropdown's text for a model.
+
+    Args:
+        model: a model name.
+
+    Returns:
+        The name, with " (cannot price training)" when no training price is known for it.
+    """
+    from ..pricing import price_for
+
+    price = price_for(model, strict=False)
+    return model if price is not None and price.train is not None else f"{model} ({CANNOT_PRICE})"
+
+
 def _as_rows(data: Any) -> Any:
     """A path stays a path (streamed by the estimator); a runs DataFrame becomes training lines;
     a DataFrame of lines becomes its records; a list of lines is used as it is."""
@@ -37,55 +60,92 @@ def _as_rows(data: Any) -> Any:
     if hasattr(data, "columns") and hasattr(data, "to_dict"):
         if "messages" in data.columns:
             return data.to_dict("records")
+        if not len(data):
+            return []
         from .. import training_lines
 
         return training_lines(data)
     return list(data)
 
 
+def _in_kernel() -> bool:
+    from ..progress import _in_kernel as in_kernel
+
+    return in_kernel()
+
+
 class CostMeter(StaticFallback, widgets.VBox):
     """Tokens, trained tokens, steps and USD for training (and an eval), with the price row used.
 
     Args:
-        data: the training lines: a chat JSONL path, a list of lines, a DataFrame of lines, or a
-            runs DataFrame (through `machine_nb.training_lines`).
+        data: the training lines: a chat JSONL path, a list of lines, a DataFrame of lines, a
+            runs DataFrame (through `machine_nb.training_lines`), or a RunPicker to follow (its
+            picked runs; see `link`).
         model: the base model to price. Default "thinkingmachines/Inkling" (the model Machine's
             whole-run export targets and one with a known training price).
         epochs: passes over the data. Default 1, the cookbook's.
         batch_size: rows per optimizer step. Default 8, the minimal-SFT example's.
+        max_steps: stop after this many steps, as `sft(max_steps=)` does. Default None: no cap.
         eval_data: eval rows (path or rows) to price an eval too. Default None: no eval line.
-        budget: USD limit for training + eval; the meter turns red and says by how much when over.
-            Default None: no budget.
+        budget: USD limit for training + eval; the meter turns red and says by how much when over,
+            and says it cannot check it when a part cannot be priced. Default None: no budget.
         max_tokens: sampled tokens per eval answer, as evaluate() uses. Default 32.
+        background: count tokens in a worker thread ("computing…" meanwhile). Default None: in a
+            Jupyter kernel yes, elsewhere no (a script gets the numbers when the call returns).
 
     Trained tokens are counted as `machine_nb.sft` trains the rows (its `prepare_data`: step lines
-    train their last assistant message, whole runs their flagged ones).
-    `.estimate` / `.eval_estimate` are the pricing module's CostEstimate / EvalCostEstimate
-    (None when a price or tokenizer is missing: `.error` says why); `.total_usd`, `.over_by`.
+    train their last assistant message, whole runs their flagged ones). The dropdown marks models
+    it cannot price. `.estimate` / `.eval_estimate` are the pricing module's CostEstimate /
+    EvalCostEstimate (None when a price or the data is missing: `.error` says why, or while
+    `.computing`); `.total_usd`, `.over_by`; `.wait()` waits for a running count.
     """
 
     def __init__(self, data: Any, model: str = "thinkingmachines/Inkling", epochs: int = 1, batch_size: int = 8,
-                 eval_data: Any = None, budget: float | None = None, max_tokens: int = 32, **kwargs: Any):
-        self.data = _as_rows(data)
+                 eval_data: Any = None, budget: float | None = None, max_tokens: int = 32, *,
+                 max_steps: int | None = None, background: bool | None = None, **kwargs: Any):
+        from .previewer import is_picker
+
+        picker = data if is_picker(data) else None
+        self.data = None if picker is not None else _as_rows(data)
         self.eval_data = _as_rows(eval_data)
         self.batch_size = int(batch_size)
+        self.max_steps = None if max_steps is None else int(max_steps)
         self.budget = budget
         self.max_tokens = int(max_tokens)
+        self.background = _in_kernel() if background is None else bool(background)
         self.estimate = None
         self.eval_estimate = None
         self.error = ""
+        self.eval_error = ""
+        self.computing = False
+        self._lock = threading.RLock()
+        self._generation = 0  # bumped by every request; a result for an older one is dropped
         self._counts: dict[str, Any] = {}  # model -> count_tokens frame of the current data
+        self._evals: dict[str, Any] = {}  # model -> EvalCostEstimate or the error text
+        self._pending: dict[tuple, Future] = {}
+        self._settled = threading.Condition(self._lock)  # notified whenever a count has been filed
         self._prepared: tuple[list[dict], str] | None = None  # the data as sft would train it
-        self._model = widgets.Dropdown(options=model_choices(model), value=model, description="model",
-                                       layout=widgets.Layout(width="420px"))
+        self._hold = True
+        self._model = widgets.Dropdown(options=self._options(model), value=model, description="model",
+                                       layout=widgets.Layout(width="460px"))
         self._epochs = widgets.IntSlider(value=int(epochs), min=1, max=max(20, int(epochs)), description="epochs")
         self._out = widgets.HTML()
         super().__init__(children=[widgets.HBox([self._model, self._epochs]), self._out], **kwargs)
         self._model.observe(lambda _: self.recompute(), names="value")
         self._epochs.observe(lambda _: self.recompute(), names="value")
-        self.recompute()
+        self._hold = False
+        if picker is not None:
+            self.link(picker)
+        else:
+            self.recompute()
+        if self.computing:
+            self.wait(FIRST_WAIT_S)
 
     # inputs
+    @staticmethod
+    def _options(model: str) -> list[tuple[str, str]]:
+        return [(model_label(m), m) for m in model_choices(model)]
+
     @property
     def model(self) -> str:
         """The model priced (the dropdown's value; setting it adds an unlisted model to the list)."""
@@ -93,9 +153,16 @@ class CostMeter(StaticFallback, widgets.VBox):
 
     @model.setter
     def model(self, value: str) -> None:
-        if value not in self._model.options:
-            self._model.options = model_choices(value)
-        self._model.value = value
+        if value not in [v for _, v in self._model.options]:
+            self._hold = True
+            try:
+                self._model.options = self._options(value)
+            finally:
+                self._hold = False
+        if self._model.value == value:
+            self.recompute()
+        else:
+            self._model.value = value
 
     @property
     def epochs(self) -> int:
@@ -109,56 +176,183 @@ class CostMeter(StaticFallback, widgets.VBox):
 
     def update_data(self, data: Any) -> None:
         """Price new training data (e.g. a picker's selection) and redraw."""
-        self.data = _as_rows(data)
-        self._counts.clear()
-        self._prepared = None
+        with self._lock:
+            self.data = _as_rows(data)
+            self._counts.clear()
+            self._pending = {k: f for k, f in self._pending.items() if k[0] != "train"}
+            self._prepared = None
         self.recompute()
 
     def link(self, picker: Any) -> Any:
-        """Follow a RunPicker: each change of its selection re-prices `picker.selected`. Returns the handler."""
-        def handler(_change: Any) -> None:
-            self.update_data(picker.selected)
-
-        picker.observe(handler, names="selected_ids")
-        handler(None)
+        """Follow a RunPicker: each change of its selection re-prices `picker.selected`
+        (through `picker.observe_selection`). Returns the handler it registered."""
+        handler = picker.observe_selection(self.update_data)
+        self.update_data(picker.selected)
         return handler
 
     # numbers
-    def recompute(self) -> None:
-        """Re-estimate training (and eval) cost for the current data, model and epochs."""
-        from ..pricing import estimate_cost, estimate_eval_cost
+    def _has_data(self) -> bool:
+        return self.data is not None and (not isinstance(self.data, list) or bool(self.data))
+
+    def _count(self, model: str) -> Any:
+        """Training token counts of the current data for `model` (runs in the worker when background)."""
         from ..tokens import count_tokens
         from ..train import prepare_data
 
-        self.estimate = self.eval_estimate = None
-        self.error = ""
-        model = self.model
+        with self._lock:
+            data, prepared = self.data, self._prepared
+        if prepared is None:
+            # trained tokens as sft trains them: its own row preparation and train_on_what
+            prepared = prepare_data(data)
+            with self._lock:
+                if data is self.data:
+                    self._prepared = prepared
+        rows, mode = prepared
+        return count_tokens(rows, model, train_on_what=mode)
+
+    def _eval(self, model: str) -> Any:
+        from ..pricing import estimate_eval_cost
+
+        return estimate_eval_cost(self.eval_data, model, max_tokens=self.max_tokens)
+
+    def _needs(self, model: str) -> list[tuple]:
+        """The counts the current numbers still need: ("train", model) / ("eval", model)."""
+        out = []
+        if self._has_data() and model not in self._counts:
+            out.append(("train", model))
+        if self.eval_data is not None and model not in self._evals:
+            out.append(("eval", model))
+        return out
+
+    def _run(self, key: tuple) -> Any:
+        kind, model = key
         try:
-            if self.data is not None and (not isinstance(self.data, list) or self.data):
-                if model not in self._counts:
-                    # trained tokens as sft trains them: its own row preparation and train_on_what
-                    # (step lines: the last assistant message; whole runs: the flagged ones)
-                    if self._prepared is None:
-                        self._prepared = prepare_data(self.data)
-                    rows, mode = self._prepared
-                    self._counts[model] = count_tokens(rows, model, train_on_what=mode)
-                self.estimate = estimate_cost(self.data, model, self.epochs, self.batch_size,
-                                              counts=self._counts[model])
-            if self.eval_data is not None:
-                self.eval_estimate = estimate_eval_cost(self.eval_data, model, max_tokens=self.max_tokens)
-        except (BudgetExceeded, EngineError, ValueError) as exc:  # unknown price, no tokenizer, bad row
-            self.error = str(exc)
+            return self._count(model) if kind == "train" else self._eval(model)
+        except (BudgetExceeded, EngineError, ValueError, MachineFormatError) as exc:
+            return exc  # unknown price, no tokenizer, bad row: shown, not raised in a thread
+
+    def _store(self, key: tuple, value: Any) -> None:
+        kind, model = key
+        (self._counts if kind == "train" else self._evals)[model] = value
+
+    def recompute(self) -> None:
+        """Re-estimate training (and eval) cost for the current data, model and epochs.
+
+        Counts already made for the model are reused at once; missing ones run in the worker
+        thread when `background` (the meter shows "computing…" until they are in)."""
+        if self._hold:
+            return
+        with self._lock:
+            self._generation += 1
+            generation, model = self._generation, self.model
+            needs = self._needs(model)
+            if needs and self.background:
+                self.computing = True
+                self.estimate = self.eval_estimate = None
+                self.error = self.eval_error = ""
+                for key in needs:
+                    if key not in self._pending:
+                        # a thread per count: a slow one (a tokenizer being fetched) must not
+                        # hold the count of the model chosen after it
+                        future: Future = Future()
+                        self._pending[key] = future
+                        threading.Thread(target=self._work, args=(key, future), daemon=True,
+                                         name=f"CostMeter {key[0]} {key[1]}").start()
+            else:
+                for key in needs:
+                    self._store(key, self._run(key))
+        if needs and self.background:
+            self._redraw()
+        else:
+            self._apply(generation)
+
+    def _work(self, key: tuple, future: Future) -> None:
+        value = self._run(key)
+        try:
+            with self._lock:
+                if self._pending.get(key) is not future:
+                    return  # the data changed while it counted: this count is of old data
+                del self._pending[key]
+                self._store(key, value)
+                generation, ready = self._generation, not self._needs(self.model)
+            if ready:
+                self._apply(generation)  # dropped inside when the choice changed meanwhile
+        finally:
+            future.set_result(value)
+            with self._settled:
+                self._settled.notify_all()
+
+    def _apply(self, generation: int) -> None:
+        """Price the counts in hand for the current choice (dropped when a newer request came)."""
+        from ..pricing import estimate_cost
+
+        with self._lock:
+            if generation != self._generation:
+                return
+            model = self.model
+            estimate = eval_estimate = None
+            error = eval_error = ""
+            counts = self._counts.get(model)
+            if self._has_data():
+                if isinstance(counts, Exception):
+                    error = str(counts)
+                else:
+                    try:
+                        estimate = estimate_cost(self.data, model, self.epochs, self.batch_size,
+                                                 max_steps=self.max_steps, counts=counts)
+                    except (BudgetExceeded, EngineError, ValueError) as exc:  # no training price
+                        error = str(exc)
+            ev = self._evals.get(model)
+            if isinstance(ev, Exception):
+                eval_error = str(ev)
+            else:
+                eval_estimate = ev
+            self.estimate, self.eval_estimate = estimate, eval_estimate
+            self.error, self.eval_error = error, eval_error
+            self.computing = False
+        self._redraw()
+
+    def _redraw(self) -> None:
         self._out.value = self.static_html()
+        self._static_changed()
+
+    def wait(self, timeout: float | None = None) -> CostMeter:
+        """Wait (at most `timeout` seconds; default None: as long as it takes) for the counts the
+        current choice needs; returns the meter."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._settled:
+            while self._needs(self.model) and self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._settled.wait(left)
+        return self
+
+    @property
+    def unpriced(self) -> list[str]:
+        """The parts asked for that cannot be priced: "training" and/or "eval" (empty while computing)."""
+        if self.computing:
+            return []
+        out = []
+        if self._has_data() and self.estimate is None:
+            out.append("training")
+        if self.eval_data is not None and self.eval_estimate is None:
+            out.append("eval")
+        return out
 
     @property
     def total_usd(self) -> float | None:
-        """Training + eval USD (None when neither could be priced)."""
+        """Training + eval USD; None while computing or when any part asked for cannot be priced."""
         parts = [e.usd for e in (self.estimate, self.eval_estimate) if e is not None]
-        return sum(parts) if parts else None
+        if self.computing or self.unpriced or not parts:
+            return None
+        return sum(parts)
 
     @property
     def over_by(self) -> float:
-        """USD over the budget (0.0 when within it or with no budget)."""
+        """USD over the budget (0.0 when within it, with no budget, or when it cannot be priced)."""
         if self.budget is None or self.total_usd is None:
             return 0.0
         return max(0.0, self.total_usd - float(self.budget))
@@ -176,34 +370,56 @@ class CostMeter(StaticFallback, widgets.VBox):
         return out
 
     def summary(self) -> str:
-        if self.total_usd is None:
-            return f"CostMeter: {self.model}: no estimate ({self.error or 'no data'})"
+        head = f"CostMeter: {self.model} × {self.epochs} epoch(s)"
+        if self.computing:
+            return f"{head}: computing…"
+        if self.estimate is None and self.eval_estimate is None:
+            why = self.error or self.eval_error or "no data"
+            return f"CostMeter: {self.model}: no estimate ({'cannot price: ' if self.unpriced else ''}{why})"
         e = self.estimate
         train = (f"{e.tokens:,} tokens, {e.trained_tokens:,} trained, {e.steps} steps, ${e.usd:.4f} training"
-                 if e is not None else "no training data")
+                 if e is not None else ("cannot price training" if "training" in self.unpriced else "no training data"))
         ev = f", ≤ ${self.eval_estimate.usd:.4f} eval" if self.eval_estimate is not None else ""
+        if "eval" in self.unpriced:
+            ev = ", cannot price the eval"
         over = f" · over budget by ${self.over_by:.2f}" if self.over_by > 0 else ""
-        return f"CostMeter: {self.model} × {self.epochs} epoch(s): {train}{ev}{over}"
+        return f"{head}: {train}{ev}{over}"
 
     def static_html(self) -> str:
         e, ev = self.estimate, self.eval_estimate
         rows = []
+        if self.computing:
+            rows.append(("status", f'<i class="mnb-computing">computing… (counting tokens for '
+                                   f'{escape(self.model)})</i>'))
         if e is not None:
             kind = "exact" if e.exact else "estimated"
+            cap = f", max {self.max_steps} steps" if self.max_steps is not None else ""
             rows += [("rows", f"{e.rows:,}"), ("tokens (one epoch)", f"{e.tokens:,} ({kind})"),
-                     ("trained tokens", f"{e.trained_tokens:,}"),
-                     ("steps", f"{e.steps:,} ({e.epochs} epoch(s) at batch {e.batch_size})"),
+                     ("trained tokens", f"{e.trained_tokens:,}{'' if e.exact else ' (estimated)'}"),
+                     ("steps", f"{e.steps:,} ({e.epochs} epoch(s) at batch {e.batch_size}{cap})"),
                      ("training", f"${e.usd:.4f}")]
+        elif "training" in self.unpriced:
+            rows.append(("training", f'<b style="color:{text_colour(RED)}">cannot price</b>'))
         if ev is not None:
             rows += [("eval", f"≤ ${ev.usd:.4f} ({ev.rows} rows, {ev.prompt_tokens:,} prompt tokens, "
                               f"≤ {ev.max_output_tokens:,} output tokens)")]
+        elif "eval" in self.unpriced:
+            rows.append(("eval", f'<b style="color:{text_colour(RED)}">cannot price</b>'))
         total = self.total_usd
-        colour = RED if self.over_by > 0 else (GREEN if self.budget is not None else "#111")
         if total is not None:
+            colour = text_colour(RED) if self.over_by > 0 else (text_colour(GREEN) if self.budget is not None else FG)
             rows.append(("total", f'<b style="color:{colour}">${total:.4f}</b>'))
         if self.budget is not None:
-            verdict = (f'<b style="color:{RED}" class="mnb-over-budget">over budget by ${self.over_by:.2f}</b>'
-                       if self.over_by > 0 else f'<span style="color:{GREEN}">within budget</span>')
+            if self.computing:
+                verdict = "checked once the counts are in"
+            elif total is None:
+                verdict = (f'<b style="color:{text_colour(ORANGE)}" class="mnb-cannot-price">cannot price '
+                           f'{" and ".join(self.unpriced) or "it"}, so the budget cannot be checked</b>')
+            elif self.over_by > 0:
+                verdict = (f'<b style="color:{text_colour(RED)}" class="mnb-over-budget">over budget by '
+                           f'${self.over_by:.2f}</b>')
+            else:
+                verdict = f'<span style="color:{text_colour(GREEN)}">within budget</span>'
             rows.append(("budget", f"${float(self.budget):.2f} · {verdict}"))
         price = (e or ev).price if (e or ev) is not None else None
         if price is not None:
@@ -212,12 +428,13 @@ class CostMeter(StaticFallback, widgets.VBox):
                                              f"sample {f(price.sample)}"))
             rows.append(("price source", f"{escape(price.source)}{' · ' + escape(price.date) if price.date else ''}"))
         note = (e.note if e is not None else "") or ""
-        body = "".join(f'<tr><td style="padding:1px 10px 1px 0;color:#4b5563;white-space:nowrap;vertical-align:top">{k}</td><td>{v}</td></tr>'
-                       for k, v in rows)
-        err = "".join(f'<div class="mnb-cost-warning" style="color:{RED}">{escape(w)}</div>'
-                      for w in ([self.error] if self.error else []) + self.warnings())
-        border = RED if self.over_by > 0 else "#d1d5db"
+        body = "".join(f'<tr><td style="padding:1px 10px 1px 0;color:{FG_MUTED};white-space:nowrap;'
+                       f'vertical-align:top">{k}</td><td>{v}</td></tr>' for k, v in rows)
+        errors = [x for x in (self.error, self.eval_error) if x] + self.warnings()
+        err = "".join(f'<div class="mnb-cost-warning" style="color:{text_colour(RED)}">{escape(w)}</div>'
+                      for w in errors)
+        border = text_colour(RED) if self.over_by > 0 else BORDER
         return (f'<div class="mnb-cost-meter" style="border:2px solid {border};border-radius:6px;padding:6px 10px;'
-                f'font-family:system-ui,sans-serif;font-size:13px"><b>{escape(self.model)}</b> × {self.epochs} '
-                f'epoch(s)<table>{body}</table>{err}'
+                f'font-family:system-ui,sans-serif;font-size:13px;color:{FG};background:{BG}">'
+                f'<b>{escape(self.model)}</b> × {self.epochs} epoch(s)<table>{body}</table>{err}'
                 f'{"<small>" + escape(note) + "</small>" if note else ""}</div>')

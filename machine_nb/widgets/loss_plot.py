@@ -1,9 +1,12 @@
 """LossPlot: training (and eval) loss per step from tinker-cookbook log dirs, live while a run writes.
 
 Reads each log dir's `metrics.jsonl` (one row per step) and draws loss with an EMA whose meaning
-is written on the plot, several runs overlaid, learning rate on a second axis. A daemon thread
-polls the files' size and mtime so the kernel stays free; it stops at the run's "final" row in
-`checkpoints.jsonl` or on `.stop()`. The PNG is also the static fallback kept in saved notebooks.
+is written on the plot, several runs overlaid, learning rate on a second axis. Handed to
+`sft(on_metrics=plot.update)` it redraws in the same poll that moves the progress bar, so the
+two never disagree. Otherwise (a run started elsewhere) a daemon thread polls the files' size and
+mtime so the kernel stays free; it stops at the run's "final" row in `checkpoints.jsonl` or on
+`.stop()`. The PNG is also the static fallback kept in saved notebooks, brought up to date as the
+run goes (at most every STATIC_EVERY_S) and when it ends.
 """
 
 from __future__ import annotations
@@ -11,14 +14,18 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import ipywidgets as widgets
 
-from ._base import StaticFallback, escape
+from ._base import RED, StaticFallback, escape, text_colour
 
 LOSS = "train_mean_nll"
+# Seconds between updates of the saved notebook's copy of the plot while a run goes: each sends
+# the PNG again (~40 KB), the live image already shows every step.
+STATIC_EVERY_S = 2.0
 
 
 def _as_dirs(log_dirs: Any) -> list[Path]:
@@ -138,6 +145,13 @@ def png_bytes(fig) -> bytes:
 class LossPlot(StaticFallback, widgets.VBox):
     """Loss per step from one or several tinker-cookbook log dirs, updated live while they grow.
 
+    In a notebook cell that trains, display it first and hand its `update` to sft:
+
+        plot = mnb.LossPlot(log_dir)
+        display(plot)
+        result = mnb.sft(data, log_dir=log_dir, on_metrics=plot.update)
+        plot.stop()  # the final curve, also in the saved notebook
+
     Args:
         log_dirs: a log dir or a list of them (each with metrics.jsonl; several are overlaid).
         smoothing: EMA weight on the previous smoothed value. Default 0.6 (TensorBoard's UI
@@ -145,9 +159,10 @@ class LossPlot(StaticFallback, widgets.VBox):
         refresh_s: seconds between checks of the files. Default 1.0: a step on the local engine
             takes about a second; a check is two stat() calls.
         live: poll in a background thread until every run wrote its final checkpoint. Default
-            True; False draws once (`.refresh()` redraws).
+            True; False draws once (`.refresh()` / `.update()` redraw).
 
-    `.frame` is the metrics DataFrame (see `read_metrics`); `.stop()` ends the polling.
+    `.frame` is the metrics DataFrame (see `read_metrics`); `.stop()` ends the polling and draws
+    the final state. Displaying it again in the same cell updates the one output in place.
     """
 
     def __init__(self, log_dirs: Any, smoothing: float = 0.6, refresh_s: float = 1.0, live: bool = True,
@@ -164,7 +179,7 @@ class LossPlot(StaticFallback, widgets.VBox):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._handle = None  # the notebook display, updated with the final state (see _ipython_display_)
+        self._static_at = 0.0  # when the saved notebook's copy was last sent
         super().__init__(children=[self._image, self._status], **kwargs)
         self._draw()
         if live and not self.finished():
@@ -197,40 +212,36 @@ class LossPlot(StaticFallback, widgets.VBox):
                 try:
                     self.refresh()
                 except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
-                    self._status.value = f'<span style="color:#dc2626">{escape(exc)}</span>'
+                    self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
             if self.finished():
-                self.refresh()
-                self._update_display()
+                self.refresh(final=True)
                 break
 
     def stop(self) -> None:
-        """Stop the live polling (the plot keeps its last state, which the saved notebook keeps too)."""
+        """Stop the live polling and draw what the files hold now; the saved notebook keeps it."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self._update_display()
+        self.refresh(final=True)
 
-    def _ipython_display_(self) -> None:
-        # Shown through a display id so the static fallback (PNG, summary) can be replaced by the
-        # final state when the run ends: the saved notebook keeps the finished curve, not the first.
-        from IPython.display import display
+    def update(self, rows: Any = None) -> None:
+        """Redraw now with what the log dirs hold (`rows`: the new metrics rows, as
+        `sft(on_metrics=…)` hands them; they are already on disk, so the files are read whole)."""
+        done = self.finished()
+        if done or self._signature() != self._seen:  # nothing new on disk: nothing to draw
+            self.refresh(final=done)
 
-        self._handle = display(self._repr_mimebundle_(), raw=True, display_id=True)
-
-    def _update_display(self) -> None:
-        """Replace the displayed static fallback with the current state (only at the end: updating
-        it every poll would also re-create the live view each time)."""
-        if self._handle is not None:
-            try:
-                self._handle.update(self._repr_mimebundle_(), raw=True)
-            except Exception:  # the kernel or display went away; the live view is all there is
-                pass
-
-    def refresh(self) -> None:
-        """Re-read the metrics and redraw."""
+    def refresh(self, final: bool = False) -> None:
+        """Re-read the metrics and redraw (`final`: also update the saved copy at once)."""
         with self._lock:  # the poll thread and a user's call never interleave a redraw
             self._seen = self._signature()
             self._draw(read_metrics(self.log_dirs))
+            if final or time.monotonic() - self._static_at >= STATIC_EVERY_S:
+                self._static_at = time.monotonic()
+                try:
+                    self._static_changed()
+                except Exception:  # the kernel or display went away; the live view is all there is
+                    pass
 
     def _draw(self, frame=None) -> None:
         frame = self.frame if frame is None else frame

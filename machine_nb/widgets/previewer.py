@@ -5,20 +5,24 @@ each token by its loss weight; a second check renders the generation prompt the 
 sampling time before each trained message and flags what training shows that sampling never
 does (tinker-cookbook PR #885: `*_disable_thinking` renderers trained on reasoning absent from
 the prompt). Which messages are trained follows Machine's export: see `trained_indices`.
+A previewer can follow a RunPicker (`ExamplePreviewer(picker)` or `.link(picker)`): it then shows
+the training lines of the picked runs, the newest pick first.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anywidget
 import ipywidgets as widgets
 import traitlets
 
 from ..errors import MachineFormatError
-from ._base import StaticFallback, escape
+from ._base import FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 from .cards import chat_cards, token_view
 
 # Diff at most this many trained messages per example: each needs its own generation prompt
@@ -249,14 +253,14 @@ def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | 
 def diff_html(diffs) -> str:
     """The prompt-vs-training check as HTML: one line per trained message, flagged ones in red."""
     if diffs is None or len(diffs) == 0:
-        return '<div style="color:#6b7280">No trained message to check.</div>'
+        return f'<div style="color:{FG_MUTED}">No trained message to check.</div>'
     out = ['<div class="mnb-diff" style="font-size:13px"><b>Generation prompt vs supervised render</b>']
     for r in diffs.to_dict("records"):
         if r["matches"]:
-            out.append(f'<div style="color:#059669">message #{r["message"]}: the generation prompt '
+            out.append(f'<div style="color:{text_colour(GREEN)}">message #{r["message"]}: the generation prompt '
                        f'({r["prompt_tokens"]} tokens) is a prefix of the training tokens ✓</div>')
             continue
-        colour = "#dc2626" if r["trained_unseen"] else "#b45309"
+        colour = text_colour(RED if r["trained_unseen"] else ORANGE)
         out.append(f'<div class="mnb-flag" style="color:{colour}">⚠ message #{r["message"]}: {escape(r["flag"])}</div>')
         if r["training_only_text"]:
             out.append(f'<div style="margin-left:16px">only in training: <code style="white-space:pre-wrap">'
@@ -270,12 +274,91 @@ def diff_html(diffs) -> str:
 
 # ---- the widget ---------------------------------------------------------------------------------
 
+def is_picker(value: Any) -> bool:
+    """Whether `value` is a run picker to follow.
+
+    Args:
+        value: anything a widget was given as its data.
+
+    Returns:
+        True when it has `.selected` and `.observe_selection` (RunPicker's public API) and is not a DataFrame.
+    """
+    return hasattr(value, "observe_selection") and hasattr(value, "selected") and not hasattr(value, "columns")
+
+
+def line_text(line: dict) -> str:
+    """Lower-cased text a filter searches: run id, machine and every message's text and tool calls."""
+    from .cards import message_text
+
+    parts = [str(line.get("run", "")), str(line.get("machine", ""))]
+    for m in line["messages"]:
+        parts.append(message_text(m, reasoning=True))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            parts.append(f'{fn.get("name", "")} {fn.get("arguments", "")}')
+    return "\n".join(parts).lower()
+
+
+def filter_lines(lines: list[dict], text: str) -> list[int]:
+    """The lines a text filter keeps.
+
+    Args:
+        lines: training lines (dicts with `messages`).
+        text: whitespace-separated terms; each must appear (case-insensitive) in `line_text`.
+
+    Returns:
+        Indices into `lines`, in order (all of them for an empty `text`).
+    """
+    terms = text.lower().split()
+    if not terms:
+        return list(range(len(lines)))
+    return [i for i, line in enumerate(lines) if all(t in line_text(line) for t in terms)]
+
+
+_KEYS_ESM = """
+// Arrow keys page the previewer: a keydown listener on the previewer's own element (focused by
+// clicking in it or on one of its buttons); typing in a text box is left alone.
+const KEYS = ["ArrowLeft", "ArrowRight", "Home", "End"];
+function render({ model, el }) {
+  let root = null, frame = 0, tries = 0;
+  const onKey = (event) => {
+    if (!KEYS.includes(event.key) || event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    const t = event.target;
+    if (t && t.closest && t.closest("input, textarea, select, [contenteditable='true']")) return;
+    event.preventDefault();
+    event.stopPropagation();
+    model.send({ event: "key", key: event.key });
+  };
+  const attach = () => {
+    root = el.closest(model.get("target"));
+    if (!root) {
+      if (tries++ < 600) frame = requestAnimationFrame(attach);  // not in the page yet
+      return;
+    }
+    if (!root.hasAttribute("tabindex")) root.setAttribute("tabindex", "0");
+    root.addEventListener("keydown", onKey);
+  };
+  attach();
+  return () => { cancelAnimationFrame(frame); if (root) root.removeEventListener("keydown", onKey); };
+}
+export default { render };
+"""
+
+
+class KeyPager(anywidget.AnyWidget):
+    """Sends ArrowLeft / ArrowRight / Home / End pressed inside the element matching `target`."""
+
+    _esm = _KEYS_ESM
+    target = traitlets.Unicode(".mnb-previewer").tag(sync=True)
+
+
 class ExamplePreviewer(StaticFallback, widgets.VBox):
     """Step through training examples: chat cards, then the tokens the model's renderer trains on.
 
     Args:
-        data: training lines (list of dicts), a JSONL path, a DataFrame of lines, or a runs
-            DataFrame (converted with `machine_nb.training_lines`).
+        data: training lines (list of dicts), a JSONL path, a DataFrame of lines, a runs
+            DataFrame (converted with `machine_nb.training_lines`), or a RunPicker to follow
+            (its picked runs' lines; see `link`).
         model: model whose renderer draws the token view (e.g. "thinkingmachines/Inkling-Small").
             Default None: cards only, since tokens depend on the model.
         renderer, tokenizer: a tinker-cookbook renderer/tokenizer to use instead of the model's
@@ -285,60 +368,181 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             as `machine_nb.sft` trains them (whole runs: flagged messages; others: the last
             assistant message).
 
-    `.current` (trait) is the index shown; `.line` the current line; `.tokens` its token frame
-    and `.diffs` its prompt check (None without a model).
+    Keys: ← / → page through the examples (Home / End: first / last) once the previewer has
+    focus (click in it, or on a button). The filter box keeps the examples containing every word
+    typed (run id, machine, message text; applied on Enter); "jump" shows a run's first example.
+    `.current` (trait) is the index of the line shown in `.lines`; `.matches` the indices the
+    filter keeps; `.line` the current line; `.tokens` its token frame and `.diffs` its prompt
+    check (None without a model).
     """
 
     current = traitlets.Int(0)
 
-    def __init__(self, data: Any, model: str | None = None, *, renderer: Any = None,
+    def __init__(self, data: Any = None, model: str | None = None, *, renderer: Any = None,
                  tokenizer: Any = None, index: int = 0, train_on_what: Any = None, **kwargs: Any):
-        self.lines = load_lines(data)
+        picker = data if is_picker(data) else None
+        self.lines = [] if picker is not None or data is None else load_lines(data)
+        self.matches = list(range(len(self.lines)))
+        self.filter_text = ""
+        self.picker = None
+        self._picker_handler: Callable | None = None
         self.train_on_what = train_on_what
         self.model = model
         self._renderer, self._tokenizer = renderer, tokenizer
         self.tokens = None
         self.diffs = None
         self.token_error = ""
-        self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="80px"))
-        self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="80px"))
-        # continuous_update=False: the value changes on Enter/blur, not per keystroke (on_submit is deprecated)
-        self._jump = widgets.Text(placeholder="jump to run id", continuous_update=False,
-                                  layout=widgets.Layout(width="220px"))
+        self.note = ""  # why nothing is shown (no lines, nothing matches, a picker with nothing picked)
+        self._hold = False
+        self._prev = widgets.Button(description="◀ prev", tooltip="previous example (← key)",
+                                    layout=widgets.Layout(width="80px"))
+        self._next = widgets.Button(description="next ▶", tooltip="next example (→ key)",
+                                    layout=widgets.Layout(width="80px"))
+        # continuous_update=False: the value changes on Enter/blur, not per keystroke (on_submit is
+        # deprecated); the placeholders say so
+        self._filter = widgets.Text(placeholder="filter by words (Enter)", continuous_update=False,
+                                    layout=widgets.Layout(width="240px"))
+        self._jump = widgets.Text(placeholder="jump to run id (Enter)", continuous_update=False,
+                                  layout=widgets.Layout(width="200px"))
         self._status = widgets.HTML()
         self._cards = widgets.HTML()
         self._token_html = widgets.HTML()
-        self._prev.on_click(lambda _: self.show(self.current - 1))
-        self._next.on_click(lambda _: self.show(self.current + 1))
+        self._keys = KeyPager()
+        self._keys.on_msg(self._on_key)
+        self._prev.on_click(lambda _: self.prev())
+        self._next.on_click(lambda _: self.next())
         self._jump.observe(lambda ch: ch["new"].strip() and self.jump(ch["new"]), names="value")
+        self._filter.observe(lambda ch: self.set_filter(ch["new"]), names="value")
         sections = [self._cards]
         if model is not None or renderer is not None:
             sections.append(self._token_html)
-        super().__init__(children=[widgets.HBox([self._prev, self._next, self._jump, self._status]), *sections],
-                         **kwargs)
+        bar = widgets.HBox([self._prev, self._next, self._filter, self._jump, self._status, self._keys],
+                           layout=widgets.Layout(flex_flow="row wrap", align_items="center"))
+        super().__init__(children=[bar, *sections], **kwargs)
+        self.add_class("mnb-previewer")
         self.observe(self._refresh, names="current")
+        self._hold = True
         self.current = max(0, min(index, len(self.lines) - 1)) if self.lines else 0
+        self._hold = False
+        if picker is not None:
+            self.link(picker)
+        else:
+            self._refresh()
+
+    # following a picker
+    def link(self, picker: Any) -> Callable:
+        """Follow a RunPicker: show the training lines of `picker.selected`, now and at every change
+        of its selection (a newly picked run's first example is shown). Returns the handler that
+        `picker.observe_selection` registered; `unlink()` stops following."""
+        self.unlink()
+        self.picker = picker
+        self._picker_handler = picker.observe_selection(self._on_picked)
+        self._on_picked(picker.selected)
+        return self._picker_handler
+
+    def unlink(self) -> None:
+        """Stop following the picker (the lines shown stay)."""
+        if self.picker is not None and self._picker_handler is not None:
+            self.picker.unobserve(self._picker_handler, names="selected_ids")
+        self.picker, self._picker_handler = None, None
+
+    def _on_picked(self, frame: Any) -> None:
+        before = {str(x.get("run")) for x in self.lines}
+        try:
+            lines = load_lines(frame) if len(frame) else []
+            note = "" if len(frame) else "Select runs in the picker to preview their training examples."
+            if len(frame) and not lines:
+                note = f"The {len(frame)} picked run(s) give no training example (no assistant answer)."
+        except Exception as exc:  # a frame training_lines cannot read: say so in the widget
+            lines, note = [], f"Could not make training lines of the picked runs: {type(exc).__name__}: {exc}"
+        picked = [str(x) for x in frame["id"]] if len(frame) and "id" in getattr(frame, "columns", ()) else []
+        new = [r for r in picked if r not in before]
+        target = next((i for i, x in enumerate(lines) if str(x.get("run")) in new), None)
+        if target is None and self.line is not None:  # keep the run on screen when it is still picked
+            target = next((i for i, x in enumerate(lines) if x.get("run") == self.line.get("run")), None)
+        self.set_lines(lines, index=target or 0, note=note)
+
+    def set_lines(self, lines: Any, index: int = 0, *, note: str = "") -> None:
+        """Show other training lines (any `data` the constructor takes), from example `index`."""
+        self.lines = load_lines(lines)
+        self.note = note
+        self.matches = filter_lines(self.lines, self.filter_text)
+        start = max(0, min(int(index), len(self.lines) - 1)) if self.lines else 0
+        if self.matches and start not in self.matches:
+            start = self.matches[0]
+        self._hold = True
+        try:
+            self.current = start
+        finally:
+            self._hold = False
         self._refresh()
 
     # navigation
     @property
     def line(self) -> dict | None:
-        """The training line shown now (None when there are none)."""
-        return self.lines[self.current] if self.lines else None
+        """The training line shown now (None when there are none, or none matches the filter)."""
+        if not self.lines or not self.matches:
+            return None
+        return self.lines[self.current]
+
+    @property
+    def position(self) -> int | None:
+        """Where the current line is among `.matches` (0-based; None when nothing is shown)."""
+        return self.matches.index(self.current) if self.line is not None and self.current in self.matches else None
 
     def show(self, index: int) -> None:
-        """Show example `index` (clamped to the valid range)."""
+        """Show example `index` of `.lines` (clamped to the valid range)."""
         if self.lines:
             self.current = max(0, min(int(index), len(self.lines) - 1))
 
+    def next(self) -> None:
+        """Show the next example the filter keeps (stays on the last)."""
+        pos = self.position
+        if pos is not None and pos + 1 < len(self.matches):
+            self.current = self.matches[pos + 1]
+
+    def prev(self) -> None:
+        """Show the previous example the filter keeps (stays on the first)."""
+        pos = self.position
+        if pos:
+            self.current = self.matches[pos - 1]
+
+    def _on_key(self, _widget: Any, content: dict, _buffers: Any) -> None:
+        key = content.get("key") if isinstance(content, dict) else None
+        if key == "ArrowRight":
+            self.next()
+        elif key == "ArrowLeft":
+            self.prev()
+        elif key in ("Home", "End") and self.matches:
+            self.current = self.matches[0 if key == "Home" else -1]
+
+    def set_filter(self, text: str) -> None:
+        """Keep only the examples containing every word of `text` (case-insensitive; "" keeps all)."""
+        self.filter_text = str(text or "").strip()
+        if self._filter.value.strip() != self.filter_text:
+            self._filter.value = self.filter_text  # calls back here once, with the same text
+            return
+        self.matches = filter_lines(self.lines, self.filter_text)
+        if self.matches and self.current not in self.matches:
+            self._hold = True
+            try:
+                self.current = self.matches[0]
+            finally:
+                self._hold = False
+        self._refresh()
+
     def jump(self, run_id: str) -> bool:
-        """Show the first example of run `run_id`; False (and a note) when no line has it."""
+        """Show the first example of run `run_id` (clearing a filter that hides it); False (and a
+        note) when no line has it."""
         run_id = str(run_id).strip()
         for i, line in enumerate(self.lines):
             if str(line.get("run")) == run_id:
+                if i not in self.matches:
+                    self.set_filter("")
                 self.show(i)
                 return True
-        self._status.value = f'<span style="color:#dc2626">no example of run {escape(run_id)}</span>'
+        where = " among the picked runs" if self.picker is not None else ""
+        self._status.value = f'<span style="color:{text_colour(RED)}">no example of run {escape(run_id)}{where}</span>'
         return False
 
     # rendering
@@ -366,40 +570,53 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             self.token_error = f"{type(exc).__name__}: {exc}"
 
     def _refresh(self, _change: Any = None) -> None:
+        if self._hold:
+            return
         self._compute_tokens()
+        pos = self.position
+        self._prev.disabled = not pos  # None (nothing shown) or 0 (the first)
+        self._next.disabled = pos is None or pos + 1 >= len(self.matches)
         self._status.value = escape(self.summary())
         self._cards.value = self._cards_html()
         self._token_html.value = self._tokens_html()
+        self._static_changed()
 
     def _cards_html(self) -> str:
         if self.line is None:
-            return "<i>No training lines.</i>"
+            if self.lines and not self.matches:
+                return f"<i>No example contains every word of {escape(repr(self.filter_text))}.</i>"
+            return f"<i>{escape(self.note or 'No training lines.')}</i>"
         return chat_cards(self.line["messages"], trained_indices(self.line, self.train_on_what))
 
     def _tokens_html(self) -> str:
-        if self.model is None and self._renderer is None:
+        if self.model is None and self._renderer is None or self.line is None:
             return ""
         title = f'<h4 style="margin:8px 0 2px">Tokens as {escape(self.model or "the given renderer")} trains on them</h4>'
         if self.token_error:
-            return f'{title}<div style="color:#dc2626">Could not render this example: {escape(self.token_error)}</div>'
+            return (f'{title}<div style="color:{text_colour(RED)}">Could not render this example: '
+                    f'{escape(self.token_error)}</div>')
         if self.tokens is None:
             return ""
         empty = ""
         if not (self.tokens["weight"] > 0).any():  # the Unsloth "all labels are -100" trap
             why = trainer_refusal(self.line) if self.train_on_what is None else ""
-            empty = ('<div class="mnb-flag" style="color:#dc2626">⚠ no token of this example carries loss '
+            empty = (f'<div class="mnb-flag" style="color:{text_colour(RED)}">⚠ no token of this example carries loss '
                      f'weight: training on it teaches nothing{" (sft refuses it: " + escape(why) + ")" if why else ""}</div>')
         return title + empty + token_view(self.tokens.to_dict("records")) + diff_html(self.diffs)
 
     def summary(self) -> str:
-        if not self.lines:
-            return "ExamplePreviewer: no training lines"
+        if self.line is None:
+            if self.lines:
+                return f"ExamplePreviewer: no example of {len(self.lines)} matches {self.filter_text!r}"
+            return f"ExamplePreviewer: {self.note or 'no training lines'}"
         line = self.line
         kind = "whole run" if line.get("whole_run") else "step"
+        shown = (f" · filter {self.filter_text!r}: {self.position + 1} of {len(self.matches)} matching"
+                 if self.filter_text else "")
         return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)} · run {line.get('run', '?')} · "
                 f"machine {line.get('machine', '?')} · {kind} · {len(line['messages'])} messages, "
-                f"{len(trained_indices(line, self.train_on_what))} trained")
+                f"{len(trained_indices(line, self.train_on_what))} trained{shown}")
 
     def static_html(self) -> str:
-        return (f'<div class="mnb-previewer"><div style="font-weight:600">{escape(self.summary())}</div>'
+        return (f'<div class="mnb-previewer-static"><div style="font-weight:600">{escape(self.summary())}</div>'
                 f'{self._cards_html()}{self._tokens_html()}</div>')

@@ -2,18 +2,22 @@
 
 Every click writes one row through `machine_nb.tag()` (store/tags.py decides the row's shape
 and file, exactly as Machine's /good and /bad do); "Undo last" removes, through `untag()`, only
-a row this widget wrote. Which runs to tag is RunPicker's job (`Tagger(picker.selected)`).
+a row this widget wrote. Which runs to tag is RunPicker's job: `Tagger(picker)` follows its
+selection. A turn's existing tags (read once from the store through `tagged()`, matched by machine
+and run id) are shown, and a button that would add another row for a tagged turn asks for a
+second click first.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
 
-from ._base import StaticFallback, escape
+from ._base import FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
@@ -80,6 +84,65 @@ def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
             "trajectory": list(messages[turn["start"]:turn["end"]])}
 
 
+class DuplicateTagWarning(UserWarning):
+    """A tag row was written for a turn that already had one."""
+
+
+def row_run(row: dict) -> tuple[Any, Any]:
+    """(machine, run id) a tag row names: its `machine` and `run` keys (else a `source` of `<id>.json`)."""
+    rid = row.get("run")
+    if not isinstance(rid, str):
+        src = row.get("source")
+        rid = src[:-5] if isinstance(src, str) and src.endswith(".json") else None
+    return row.get("machine"), rid
+
+
+def row_user(row: dict) -> str:
+    """The text of a tag row's last user message (the turn it tags)."""
+    for m in reversed(row.get("messages") or []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return _text(m.get("content"))
+    return ""
+
+
+def same_run(row: dict, run: dict) -> bool:
+    """Whether a tag row is about a run (ids repeat across machines, so the machine counts too).
+
+    Args:
+        row: a tag row (`run`/`source`, `machine` keys).
+        run: a Run record (`id`, `machine`).
+
+    Returns:
+        True for the same id and, when both name one, the same machine.
+    """
+    machine, rid = row_run(row)
+    if rid is None or str(rid) != str(run.get("id")):
+        return False
+    return machine is None or run.get("machine") is None or str(machine) == str(run.get("machine"))
+
+
+def store_rows(store: Any) -> list[dict]:
+    """Every tag row of a store, read through `tagged()`.
+
+    Args:
+        store: the store directory; None for `store_dir()` (as `tag()` defaults).
+
+    Returns:
+        The parsed rows in file order; [] when the store does not exist yet.
+    """
+    from pathlib import Path
+
+    from ..store.tags import store_dir, tagged
+
+    root = Path(store) if store is not None else store_dir()
+    if not root.is_dir():
+        return []
+    frame = tagged(store=root)
+    if "row" in frame.columns:
+        return [r for r in frame["row"] if isinstance(r, dict)]
+    return frame.to_dict("records")
+
+
 def _records(runs: Any) -> list[dict]:
     """Run dicts from a load_runs frame (its `run` column), one row, a Run dict or a list of them."""
     if hasattr(runs, "columns"):
@@ -102,24 +165,35 @@ def _records(runs: Any) -> list[dict]:
 class Tagger(StaticFallback, w.VBox):
     """Step through runs and turns; Good / Bad / Good with rewrite (+ note) write through `tag()`.
 
-    runs: a load_runs DataFrame (or `RunPicker.selected`), a Run dict, or a list of them.
-    store: the tag store passed to `tag()`/`untag()`. Default None: the library's default store
-      for this project (as `tag()` itself defaults).
+    runs: a load_runs DataFrame (or `RunPicker.selected`), a Run dict, a list of them, or a
+      RunPicker to follow (its picked runs; see `link`).
+    store: the tag store passed to `tag()`/`untag()` and read for existing tags. Default None: the
+      library's default store for this project (as `tag()` itself defaults).
     trace: passed to `tag()`. Default False: the turn's user message and final answer, as /good.
 
     `.written` lists the rows this widget wrote (oldest first); `undo()` removes the newest of
-    them from the store and never touches any other row.
+    them from the store and never touches any other row. `existing_tags()` lists the current
+    run's tag rows. A button press on a turn that already has a row only warns; pressing it again
+    writes (the methods `good()` / `bad()` write at once, with a DuplicateTagWarning).
     """
 
     def __init__(self, runs: Any, *, store: Any = None, trace: bool = False, **kwargs: Any) -> None:
-        self._runs = _records(runs)
-        if not self._runs:
+        from .previewer import is_picker
+
+        picker = runs if is_picker(runs) else None
+        self._runs = [] if picker is not None else _records(runs)
+        if picker is None and not self._runs:
             raise ValueError("Tagger: no runs to tag (the frame is empty)")
+        self._frame_tags = self._tags_column(runs) if picker is None else {}
         self.store = store
         self.trace = trace
         self.written: list[dict] = []
+        self.picker = None
+        self._picker_handler: Callable | None = None
+        self._known: list[dict] | None = None  # the store's rows, read on first need
+        self._confirm: tuple | None = None  # (run, turn, button) a first press warned about
         self._run_pos = 0
-        self._msgs = run_messages(self._runs[0])
+        self._msgs = run_messages(self._runs[0]) if self._runs else []
         self._turns = split_turns(self._msgs)
         self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
 
@@ -135,9 +209,10 @@ class Tagger(StaticFallback, w.VBox):
         self._b_bad = button("Bad", "tag this turn bad", "danger", "thumbs-down")
         self._b_rewrite = button("Good with rewrite", "tag good with the answer replaced by the rewrite", "info")
         self._b_undo = button("Undo last", "remove the last row this tagger wrote", "warning", "undo")
-        self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="100%"))
+        # width auto (stretched by the box), not 100%: 100% plus the widget's own margins overflowed the cell
+        self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="auto", max_width="100%"))
         self.rewrite = w.Textarea(placeholder="the answer you want the model to learn",
-                                  layout=w.Layout(width="100%", height="6em"))
+                                  layout=w.Layout(width="auto", max_width="100%", height="6em"))
         self._header = w.HTML()
         self._turn_view = w.HTML()
         self._recent = w.HTML()
@@ -146,10 +221,10 @@ class Tagger(StaticFallback, w.VBox):
         self._b_next_run.on_click(lambda _: self.next_run())
         self._b_prev_turn.on_click(lambda _: self.prev_turn())
         self._b_next_turn.on_click(lambda _: self.next_turn())
-        self._b_good.on_click(lambda _: self._guarded(self.good, self.note.value or None))
-        self._b_bad.on_click(lambda _: self._guarded(self.bad, self.note.value or None))
-        self._b_rewrite.on_click(lambda _: self._guarded(self.good_with_rewrite, self.rewrite.value,
-                                                         self.note.value or None))
+        self._b_good.on_click(lambda _: self._press("Good", self.good, self.note.value or None))
+        self._b_bad.on_click(lambda _: self._press("Bad", self.bad, self.note.value or None))
+        self._b_rewrite.on_click(lambda _: self._press("Good with rewrite", self.good_with_rewrite,
+                                                       self.rewrite.value, self.note.value or None))
         self._b_undo.on_click(lambda _: self._guarded(self.undo))
         children = [
             w.HBox([self._b_prev_run, self._b_next_run, self._b_prev_turn, self._b_next_turn, self._header]),
@@ -158,13 +233,72 @@ class Tagger(StaticFallback, w.VBox):
             self._recent,
         ]
         super().__init__(children=children, **kwargs)
-        self._draw()
+        self.add_class("mnb-tagger-live")
+        if picker is not None:
+            self.link(picker)
+        else:
+            self._draw()
+
+    @staticmethod
+    def _tags_column(runs: Any) -> dict[tuple, list[str]]:
+        """(machine, id) -> the `tags` column of a load_runs frame, when it has one."""
+        if not hasattr(runs, "columns") or "tags" not in runs.columns or "id" not in runs.columns:
+            return {}
+        machines = runs["machine"] if "machine" in runs.columns else [None] * len(runs)
+        return {(str(m), str(i)): [str(x) for x in t] for m, i, t in zip(machines, runs["id"], runs["tags"])
+                if isinstance(t, (list, tuple)) and len(t)}
+
+    # ------------------------------------------------------------ following a picker
+
+    def link(self, picker: Any) -> Callable:
+        """Follow a RunPicker: tag the runs of `picker.selected`, now and at every change of its
+        selection (a newly picked run is shown). Returns the handler `picker.observe_selection`
+        registered; `unlink()` stops following."""
+        self.unlink()
+        self.picker = picker
+        self._picker_handler = picker.observe_selection(self.set_runs)
+        self.set_runs(picker.selected)
+        return self._picker_handler
+
+    def unlink(self) -> None:
+        """Stop following the picker (the runs shown stay)."""
+        if self.picker is not None and self._picker_handler is not None:
+            self.picker.unobserve(self._picker_handler, names="selected_ids")
+        self.picker, self._picker_handler = None, None
+
+    def set_runs(self, runs: Any) -> None:
+        """Tag other runs (a frame, Run dicts; may be empty): a newly added run is shown first,
+        else the run on screen when it is still there."""
+        before = {(r.get("machine"), r.get("id")) for r in self._runs}
+        on_screen = (self._runs[self._run_pos].get("machine"), self._runs[self._run_pos].get("id")) if self._runs else None
+        records = _records(runs) if len(runs) else []
+        self._frame_tags = self._tags_column(runs)
+        self._runs = records
+        keys = [(r.get("machine"), r.get("id")) for r in records]
+        new = [i for i, k in enumerate(keys) if k not in before]
+        pos = new[0] if new else (keys.index(on_screen) if on_screen in keys else 0)
+        if records:
+            self.go_to(pos)
+        else:
+            self._run_pos, self._msgs = 0, []
+            self._turns = split_turns([])
+            self._turn_pos = 0
+            self._confirm = None
+            self._draw()
 
     # ------------------------------------------------------------ navigation
 
+    def _need_run(self) -> dict:
+        if not self._runs:
+            raise ValueError("Tagger: no run to tag (select runs in the picker)")
+        return self._runs[self._run_pos]
+
     @property
     def current(self) -> dict:
-        """The turn on screen: run_id, machine, run (position), turn (position), user, answer."""
+        """The turn on screen: run_id, machine, run (position), turn (position), user, answer
+        (run_id None when there is no run: a picker with nothing picked)."""
+        if not self._runs:
+            return {"run_id": None, "machine": None, "run": -1, "turn": -1, "n_turns": 0, "user": "", "answer": ""}
         run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
         return {"run_id": run.get("id"), "machine": run.get("machine"), "run": self._run_pos,
                 "turn": self._turn_pos, "n_turns": len(self._turns), "user": turn["user"],
@@ -173,6 +307,7 @@ class Tagger(StaticFallback, w.VBox):
     def go_to(self, run: int | str, turn: int | None = None) -> None:
         """Show run `run` (a position, or a run id) at `turn` (default: its last turn, the one
         the run itself answered)."""
+        self._need_run()
         if isinstance(run, str):
             ids = [r.get("id") for r in self._runs]
             if run not in ids:
@@ -187,6 +322,7 @@ class Tagger(StaticFallback, w.VBox):
         self._turn_pos = last if turn is None else max(0, min(turn, last))
         self.rewrite.value = ""
         self.note.value = ""
+        self._confirm = None
         self._draw()
 
     def next_run(self) -> None:
@@ -200,19 +336,89 @@ class Tagger(StaticFallback, w.VBox):
     def next_turn(self) -> None:
         """Go to this run's next turn (stays on the last)."""
         self._turn_pos = min(self._turn_pos + 1, len(self._turns) - 1)
+        self._confirm = None
         self._draw()
 
     def prev_turn(self) -> None:
         """Go to this run's previous turn (stays on the first)."""
         self._turn_pos = max(self._turn_pos - 1, 0)
+        self._confirm = None
         self._draw()
+
+    # ------------------------------------------------------------ existing tags
+
+    def _store_rows(self) -> list[dict]:
+        if self._known is None:
+            try:
+                self._known = store_rows(self.store)
+            except Exception as exc:  # noqa: BLE001 - an unreadable store must not stop tagging
+                self._known = []
+                self._status.value = (f'<span style="color:{text_colour(ORANGE)}">could not read the tag store '
+                                      f'for existing tags: {escape(exc)}</span>')
+        return self._known
+
+    def existing_tags(self) -> list[dict]:
+        """The current run's tag rows in the store (and those this widget wrote): id, tag, note,
+        user (the turn's user text), this_turn (whether it tags the turn on screen)."""
+        if not self._runs:
+            return []
+        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        out = []
+        for row in self._store_rows():
+            if same_run(row, run):
+                user = row_user(row)
+                out.append({"id": row.get("id"), "tag": row.get("tag"), "note": row.get("note") or "",
+                            "user": user, "this_turn": user == turn["user"]})
+        return out
+
+    def _existing_html(self) -> str:
+        rows = self.existing_tags()
+        key = (str(self.current["machine"]), str(self.current["run_id"]))
+        if not rows:
+            listed = self._frame_tags.get(key)
+            if listed:  # the frame's `tags` (maybe another store): shown, not counted as duplicates
+                return (f'<div class="mnb-existing-tags" style="color:{text_colour(ORANGE)}">tags listed for this '
+                        f'run: {escape(", ".join(listed))}</div>')
+            return ""
+        counts: dict[tuple, int] = {}
+        for r in rows:
+            where = "this turn" if r["this_turn"] else f"turn “{r['user'][:40]}”"
+            note = f", note “{r['note'][:60]}”" if r["note"] else ""
+            key = (str(r["tag"]), where, note)
+            counts[key] = counts.get(key, 0) + 1
+        items = [f"{escape(tag)}{f' ×{n}' if n > 1 else ''} ({escape(where)}{escape(note)})"
+                 for (tag, where, note), n in counts.items()]
+        colour = ORANGE if any(r["this_turn"] for r in rows) else GREY
+        return (f'<div class="mnb-existing-tags" style="color:{text_colour(colour)}">already tagged: '
+                f'{"; ".join(items)}</div>')
+
+    def _duplicates(self) -> list[dict]:
+        return [r for r in self.existing_tags() if r["this_turn"]]
+
+    def _press(self, button: str, fn: Any, *args: Any) -> None:
+        """A button: on a turn that already has a row, the first press warns, the second writes."""
+        dups = self._duplicates() if self._runs else []
+        want = (self._run_pos, self._turn_pos, button)
+        if dups and self._confirm != want:
+            self._confirm = want
+            tags = ", ".join(sorted({str(d["tag"]) for d in dups}))
+            self._status.value = (f'<span class="mnb-duplicate" style="color:{text_colour(ORANGE)}">⚠ this turn is '
+                                  f'already tagged {escape(tags)} ({len(dups)} row(s)); press '
+                                  f'{escape(button)} again to add another row</span>')
+            self._static_changed()
+            return
+        self._confirm = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DuplicateTagWarning)  # the press was the confirmation
+            self._guarded(fn, *args)
 
     # ------------------------------------------------------------ tagging
 
     def _tag(self, tag: str, note: str | None, rewrite: str | None) -> dict:
         from ..store.tags import tag as write_tag  # the one writer of tag rows
 
-        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        run, turn = self._need_run(), self._turns[self._turn_pos]
+        dups = self._duplicates()
         if turn["answer_index"] is None and not rewrite:
             raise ValueError("this turn has no assistant answer to tag (write a rewrite and use "
                              "'Good with rewrite', or pick another turn)")
@@ -222,6 +428,12 @@ class Tagger(StaticFallback, w.VBox):
         row = write_tag(target, tag=tag, note=note or None,
                         rewrite=rewrite or None, trace=self.trace, store=self.store)
         self.written.append(row)
+        self._store_rows().append(row)
+        if dups:
+            warnings.warn(DuplicateTagWarning(
+                f"run {run.get('id')} ({run.get('machine')}): this turn was already tagged "
+                f"{', '.join(sorted({str(d['tag']) for d in dups}))}; wrote another {tag} row {row.get('id')}"),
+                stacklevel=3)
         self._status.value = f"wrote {escape(tag)} row {escape(row.get('id'))}"
         self.note.value = ""
         self._draw()
@@ -254,6 +466,7 @@ class Tagger(StaticFallback, w.VBox):
         row = self.written[-1]
         untag(row["id"], store=self.store)
         self.written.pop()
+        self._known = [r for r in self._store_rows() if r.get("id") != row.get("id")]
         self._status.value = f"removed row {escape(row.get('id'))}"
         self._draw()
         return row
@@ -263,16 +476,21 @@ class Tagger(StaticFallback, w.VBox):
         try:
             fn(*args)
         except Exception as exc:  # noqa: BLE001 - shown to the user, who can fix and retry
-            self._status.value = f'<span style="color:#b00">{escape(type(exc).__name__)}: {escape(exc)}</span>'
+            self._status.value = f'<span style="color:{text_colour(RED)}">{escape(type(exc).__name__)}: {escape(exc)}</span>'
+            self._static_changed()
 
     # ------------------------------------------------------------ view
 
     def _header_text(self) -> str:
         c = self.current
+        if not self._runs:
+            return "no run: select runs in the picker"
         return (f"run {c['run'] + 1} of {len(self._runs)} · {c['run_id']} · {c['machine']} · "
                 f"turn {c['turn'] + 1} of {c['n_turns']}")
 
     def _turn_html(self) -> str:
+        if not self._runs:
+            return "<p><i>Select runs in the picker to tag them.</i></p>"
         turn = self._turns[self._turn_pos]
         steps = ""
         if turn["steps"]:
@@ -282,9 +500,10 @@ class Tagger(StaticFallback, w.VBox):
                 for m in turn["steps"])
             steps = f"<details><summary>{len(turn['steps'])} step(s) before the answer</summary><ul>{items}</ul></details>"
         answer = escape(turn["answer"]) if turn["answer_index"] is not None else "<i>(no answer)</i>"
-        box = "white-space:pre-wrap;border-left:3px solid {};padding:2px 8px;margin:4px 0"
-        return (f'<div class="mnb-tagger-turn"><div style="{box.format("#888")}"><b>user</b>\n{escape(turn["user"])}</div>'
-                f'{steps}<div style="{box.format("#2a7")}"><b>assistant</b>\n{answer}</div></div>')
+        box = "white-space:pre-wrap;overflow-wrap:anywhere;border-left:3px solid {};padding:2px 8px;margin:4px 0"
+        return (f'<div class="mnb-tagger-turn">{self._existing_html()}'
+                f'<div style="{box.format(GREY)}"><b>user</b>\n{escape(turn["user"])}</div>'
+                f'{steps}<div style="{box.format(GREEN)}"><b>assistant</b>\n{answer}</div></div>')
 
     def recent_rows(self) -> list[dict]:
         """The newest rows this widget wrote (at most RECENT): id, tag, note, preview."""
@@ -300,7 +519,7 @@ class Tagger(StaticFallback, w.VBox):
     def _recent_html(self) -> str:
         rows = self.recent_rows()
         if not rows:
-            return "<p><i>nothing tagged yet in this tagger</i></p>"
+            return f'<p style="color:{FG_MUTED}"><i>nothing tagged yet in this tagger</i></p>'
         body = "".join(f"<tr><td>{escape(r['id'])}</td><td>{escape(r['tag'])}</td><td>{escape(r['note'])}</td>"
                        f"<td>{escape(r['preview'])}</td></tr>" for r in rows)
         return ("<p><b>recently tagged</b> (newest first)</p><table class=\"dataframe\"><thead><tr><th>id</th>"
@@ -311,16 +530,23 @@ class Tagger(StaticFallback, w.VBox):
         self._turn_view.value = self._turn_html()
         self._recent.value = self._recent_html()
         self._b_undo.disabled = not self.written
-        self._b_prev_run.disabled = self._run_pos == 0
-        self._b_next_run.disabled = self._run_pos == len(self._runs) - 1
-        self._b_prev_turn.disabled = self._turn_pos == 0
-        self._b_next_turn.disabled = self._turn_pos == len(self._turns) - 1
+        none = not self._runs
+        self._b_prev_run.disabled = none or self._run_pos == 0
+        self._b_next_run.disabled = none or self._run_pos == len(self._runs) - 1
+        self._b_prev_turn.disabled = none or self._turn_pos == 0
+        self._b_next_turn.disabled = none or self._turn_pos == len(self._turns) - 1
+        for b in (self._b_good, self._b_bad, self._b_rewrite):
+            b.disabled = none
+        self._static_changed()
 
     def summary(self) -> str:
         c = self.current
+        if not self._runs:
+            return f"Tagger: no run selected, {len(self.written)} tagged here"
         return (f"Tagger: run {c['run'] + 1} of {len(self._runs)}, turn {c['turn'] + 1} of {c['n_turns']}, "
                 f"{len(self.written)} tagged here")
 
     def static_html(self) -> str:
-        return (f'<div class="mnb-tagger"><p><b>{escape(self._header_text())}</b></p>{self._turn_html()}'
-                f'{self._recent_html()}</div>')
+        status = f"<p>{self._status.value}</p>" if self._status.value else ""
+        return (f'<div class="mnb-tagger"><p><b>{escape(self._header_text())}</b> · '
+                f'{len(self.written)} tagged here</p>{self._turn_html()}{status}{self._recent_html()}</div>')
