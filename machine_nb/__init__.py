@@ -76,6 +76,20 @@ _API: dict[str, str] = {
     "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
+    # a machine's cases, held-out eval and promotion gate
+    "load_cases": "cases",
+    "evaluate_cases": "cases",
+    "tagged_lines": "export",
+    "TaggedLines": "export",
+    "HeldOutExcluded": "export",
+    "candidate": "candidate",
+    "Candidate": "candidate",
+    "CandidateReport": "candidate",
+    "Gate": "candidate",
+    "CommitRefused": "candidate",
+    "CommitConflict": "candidate",
+    "revert": "candidate",
+    "CandidateView": "widgets.candidate_view",
 }
 
 __all__ = sorted(_API)
