@@ -88,16 +88,16 @@ class Gate:
             failed.append(f"its accuracy {r.candidate_accuracy:.0%} is not above the live version's "
                           f"{r.live_accuracy:.0%}" + (f" by more than {self.min_delta:.0%}" if self.min_delta else ""))
         if self.alpha is not None and not r.p_value < self.alpha:
-            text = (f"its gain is not beyond chance: {r.wins} case(s) won and {r.losses} lost, sign test "
-                    f"p = {r.p_value:.3g} (needs < {self.alpha:g})")
+            text = f"its gain is not beyond chance (sign test p = {r.p_value:.3g}, needs < {self.alpha:g})"
             need = min_discordant_for(self.alpha)
             if r.n_cases < need:
                 text += f"; with {r.n_cases} held-out cases no result can get there (it takes {need}): add cases"
             failed.append(text)
         numbers = (f"{r.wins} won, {r.ties} tied, {r.losses} lost of {r.n_cases} held-out cases; accuracy "
-                   f"{r.live_accuracy:.0%} → {r.candidate_accuracy:.0%}; sign test p = {r.p_value:.3g}")
+                   f"{r.live_accuracy:.0%} → {r.candidate_accuracy:.0%}"
+                   + (f"; sign test p = {r.p_value:.3g}" if self.alpha is not None else ""))
         if failed:
-            return False, "Refused: " + "; ".join(failed) + f" ({numbers})."
+            return False, "Refused: " + "; ".join(failed) + f". The numbers: {numbers}."
         return True, f"Passed: {numbers}."
 
 
@@ -209,8 +209,10 @@ def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, 
                                         f"<span style='color:#b91c1c'>{report.losses}</span> of {report.n_cases}"
                                         + (f" ({report.trials} trials each)" if report.trials > 1 else "")),
             ("sign test p", f"{report.p_value:.3g}")]
-    cell = "padding:2px 6px;border-bottom:1px solid #e5e7eb;vertical-align:top;white-space:pre-wrap"
-    body = "".join(f"<tr><td style='{cell};color:#4b5563'>{k}</td><td style='{cell}'>{v}</td></tr>" for k, v in rows)
+    # explicit alignment: notebook and nbconvert stylesheets right-align table cells
+    cell = "padding:2px 6px;border-bottom:1px solid #e5e7eb;vertical-align:top;white-space:pre-wrap;text-align:left"
+    body = "".join(f"<tr><td style='{cell};color:#4b5563;white-space:nowrap'>{k}</td><td style='{cell}'>{v}</td></tr>"
+                   for k, v in rows)
     flips = report.flipped
     if len(flips):
         def out(text: Any, ok: float) -> str:

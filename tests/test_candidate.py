@@ -106,7 +106,8 @@ def test_one_step_candidate_is_refused_with_a_reason_and_nothing_written(trained
     before = path.read_bytes()
     weak = mnb.candidate(ws, "tutor", trained["weak"], show_progress=False)
     assert not weak.passed and weak.report.candidate_accuracy <= 0.1
-    assert "its gain is not beyond chance: 0 case(s) won and 0 lost" in weak.reason
+    assert "its gain is not beyond chance (sign test p = 1, needs < 0.05)" in weak.reason
+    assert "The numbers: 0 won, 20 tied, 0 lost of 20 held-out cases" in weak.reason
     with pytest.raises(CommitRefused) as err:
         weak.commit()
     assert err.value.reason == weak.reason and err.value.report is weak.report
