@@ -284,11 +284,17 @@ def _next_id(versions: list[dict]) -> str:
 
 
 def revert(workspace: str | os.PathLike, machine: str) -> dict:
-    """Make the version before the live one live again; returns its entry.
+    """Make the version before the live one live again.
 
     Writes versions.json (the `live` flag moves; no entry is removed, so the history stays), and
     points model.json's `model` (and instructions.md, when that version recorded other
-    instructions) back at it. Raises ValueError when the live version is the first one.
+    instructions) back at it, under the same lock as commits.
+
+    Args:
+        workspace, machine: the machine whose live version steps back.
+
+    Returns:
+        The restored version's entry. Raises ValueError when the live version is the first one.
     """
     d = machine_path(workspace, machine)
     with versions_lock(workspace, machine):
@@ -461,8 +467,12 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
             `report.json` here. Default None: nothing is written.
         show_progress: progress bars (default on).
 
-    Raises MachineFormatError for a missing or malformed versions.json or holdout.json, and
-    ValueError when the checkpoint's base model is not the live version's.
+    Returns:
+        A Candidate (report, passed, reason; commit() to make it live).
+
+    Raises MachineFormatError for a missing or malformed versions.json or holdout.json (or any
+    other definition file), and ValueError when the checkpoint's base model is not the live
+    version's; both before anything is sampled.
     """
     from . import engines
     from .cases import evaluate_cases

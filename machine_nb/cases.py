@@ -112,9 +112,13 @@ def load_cases(workspace: str | os.PathLike, machine: str, split: str = "cases")
 def read_versions(workspace: str | os.PathLike, machine: str) -> list[dict]:
     """The machine's `versions.json`: a non-empty JSON array of version objects, oldest first.
 
-    Each needs a string `id` (unique) and a string `model`; `instructions` and `baseModel` are
-    strings when present. Raises MachineFormatError naming the file, entry and field otherwise
-    (a missing file says the machine has no recorded versions).
+    Args:
+        workspace, machine: where the machine is defined.
+
+    Returns:
+        The entries as dicts. Each has a string `id` (unique) and a string `model`; `instructions`
+        and `baseModel` are strings when present. Otherwise MachineFormatError names the file,
+        entry and field (a missing file says the machine has no recorded versions).
     """
     from .store.workspace import read_json
 
