@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cases import is_checkpoint, live_index, load_cases, machine_path, read_versions
+from .cases import evaluate_module, is_checkpoint, live_index, load_cases, machine_path, read_versions
 
 
 class CommitRefused(RuntimeError):
@@ -75,8 +75,7 @@ class Gate:
 
     def decide(self, report: "CandidateReport") -> tuple[bool, str]:
         """(passed, reason): the reason names every part of the rule that failed, or the numbers that passed."""
-        from .evaluate import min_discordant_for
-
+        min_discordant_for = evaluate_module().min_discordant_for
         r = report
         failed = []
         if r.trained_on_holdout:
@@ -181,8 +180,8 @@ def case_table(live: Any, candidate: Any):
 
 def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout: int = 0) -> CandidateReport:
     """The CandidateReport of two evaluate_cases frames over the same held-out cases."""
-    from .evaluate import compare, mcnemar_exact
-
+    ev = evaluate_module()
+    compare, mcnemar_exact = ev.compare, ev.mcnemar_exact
     cases = case_table(live, candidate)
     wins, losses = int((cases["change"] == "win").sum()), int((cases["change"] == "loss").sum())
     return CandidateReport(

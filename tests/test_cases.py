@@ -200,3 +200,19 @@ def test_select_runs_says_how_many_held_out_runs_it_left_out():
         warnings.simplefilter("error")
         everything = mnb.select_runs(runs, "support", exclude=())
     assert len(everything) == len(kept) + 2
+
+
+def test_public_functions_stay_callable_after_these_modules_load_their_namesakes():
+    """evaluate.py and candidate.py define functions of their own names; loading them from here must
+    not leave `mnb.evaluate` / `mnb.candidate` bound to the modules (which would not be callable)."""
+    import subprocess
+    import sys
+
+    code = ("import machine_nb as mnb\n"
+            "mnb.evaluate_cases('data/sample_workspace', 'tutor', cases=['What is 47 plus 15?'], "
+            "grader=lambda c, r: True, show_progress=False)\n"
+            "from machine_nb.candidate import Gate\n"
+            "print(callable(mnb.evaluate), callable(mnb.candidate), mnb.evaluate.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=SAMPLE.parents[1]).stdout
+    assert out.split() == ["True", "True", "evaluate"]
