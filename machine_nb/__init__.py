@@ -84,6 +84,20 @@ _API: dict[str, str] = {
     # the checks sft runs first, and what they raise
     "preflight": "validate",
     "ValidationFailed": "errors",
+    # a machine's cases, held-out eval and promotion gate
+    "load_cases": "cases",
+    "evaluate_cases": "cases",
+    "tagged_lines": "export",
+    "TaggedLines": "export",
+    "HeldOutExcluded": "export",
+    "candidate": "candidate",
+    "Candidate": "candidate",
+    "CandidateReport": "candidate",
+    "Gate": "candidate",
+    "CommitRefused": "candidate",
+    "CommitConflict": "candidate",
+    "revert": "candidate",
+    "CandidateView": "widgets.candidate_view",
 }
 
 __all__ = sorted(_API)

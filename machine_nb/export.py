@@ -423,3 +423,128 @@ def estimate_tokens(lines: Iterable[dict]) -> int:
     for line in lines:
         total += units(line["messages"]) + (units(line["tools"]) if line.get("tools") else 0)
     return math.ceil(total / 2.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# held-out inputs and tagged rows
+
+
+class HeldOutExcluded(UserWarning):
+    """Training data was left out because its input is a held-out case (never shown to a trainer)."""
+
+
+def case_key(text: Any) -> str:
+    """How inputs are compared against held-out cases: whitespace collapsed, lower-cased, stripped
+    (so "What is 2 + 2?" and "what is 2 + 2? " are the same case)."""
+    return re.sub(r"\s+", " ", str(text)).strip().lower()
+
+
+def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
+    """The case keys of held-out cases given as strings, `{input}` dicts or a load_cases frame."""
+    if exclude is None:
+        return set()
+    if hasattr(exclude, "columns") and "input" in exclude:
+        exclude = list(exclude["input"])
+    return {case_key(e["input"] if isinstance(e, dict) else e) for e in exclude}
+
+
+def say_excluded(n: int, total: int, what: str, source: str, stacklevel: int = 3) -> None:
+    """One HeldOutExcluded warning saying how many of `total` were left out and why."""
+    if n:
+        import warnings
+
+        warnings.warn(HeldOutExcluded(
+            f"left out {n} of {total} {what} whose input is a held-out case ({source}): held-out cases are "
+            "never trained on, so the measurement on them stays honest"), stacklevel=stacklevel)
+
+
+class TaggedLines(list):
+    """Training lines from tag rows (a list, ready for `write_jsonl` or `sft`), plus what was left out.
+
+    excluded: the tag rows left out because their input is a held-out case.
+    skipped: (row, reason) for rows not trained on for another reason (another tag, another
+    machine, no assistant reply).
+    """
+
+    def __init__(self, lines: Iterable[dict] = (), excluded: list[dict] | None = None,
+                 skipped: list[tuple[dict, str]] | None = None):
+        super().__init__(lines)
+        self.excluded = list(excluded or [])
+        self.skipped = list(skipped or [])
+
+
+def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any = None,
+                 exclude: Iterable[Any] | None = None, instructions: str | None = None,
+                 include: Iterable[str] = ("good",)) -> TaggedLines:
+    """Training lines from tag-store rows (what `/good`, `/good --as` and `/good --trace` saved).
+
+    Args:
+        rows: a `tagged()` DataFrame (its `row` column), or tag row dicts.
+        machine: a machine name (its definition is read from `workspace`) or a definition dict
+            (`name`, `instructions`, `holdout`, as load_machine returns). Rows that name another
+            machine are skipped; rows that name none are kept only when machine is None.
+            Default None: every row, no instructions, no held-out cases known.
+        workspace: where a machine given by name is defined (default None: only its name is known).
+        exclude: held-out cases whose inputs are never trained on (strings, `{input}` dicts or a
+            load_cases frame). Default None: the machine's holdout cases. `()` excludes nothing.
+            Rows left out are listed in `.excluded` and counted in one HeldOutExcluded warning.
+        instructions: the system message each line starts with (tag rows store only the turn).
+            Default None: the machine's instructions (what it runs with), none when unknown;
+            "" adds none.
+        include: tags to train on (default ("good",): /bad rows keep the rejected shape out of SFT).
+
+    Returns:
+        A TaggedLines list of `{"messages", "machine"?, "run"?, "tag_id"}` lines: one per row,
+        trained on its last assistant message (a rewrite's answer for `/good --as` rows).
+    """
+    if hasattr(rows, "columns"):
+        rows = list(rows["row"]) if "row" in rows.columns else rows.to_dict("records")
+    if isinstance(machine, str):
+        mdef: dict = {"name": machine}
+        if workspace is not None:
+            from .store.workspace import load_machine
+
+            mdef = load_machine(workspace, machine)
+    else:
+        mdef = dict(machine or {})
+    name = mdef.get("name")
+    held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
+    system = mdef.get("instructions") if instructions is None else instructions
+    wanted = set(include)
+    lines, excluded, skipped = [], [], []
+    for row in rows:
+        msgs = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(msgs, list):
+            skipped.append((row, "no messages"))
+            continue
+        if row.get("tag") not in wanted:
+            skipped.append((row, f"tag {row.get('tag')!r} is not trained on"))
+            continue
+        if name is not None and row.get("machine") != name:
+            skipped.append((row, f"machine {row.get('machine')!r}, not {name!r}"))
+            continue
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in msgs):
+            skipped.append((row, "no assistant reply"))
+            continue
+        users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
+        if held and any(case_key(_plain(m.get("content"))) in held for m in users):
+            excluded.append(row)
+            continue
+        chat = [dict(m) for m in msgs]
+        if system and not (chat and chat[0].get("role") == "system"):
+            chat = [{"role": "system", "content": system}] + chat
+        line: dict[str, Any] = {"messages": chat}
+        for key in ("machine", "run"):
+            if row.get(key) is not None:
+                line[key] = row[key]
+        line["tag_id"] = row.get("id")
+        lines.append(line)
+    say_excluded(len(excluded), len(excluded) + len(lines), "tagged row(s)",
+                 f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
+    return TaggedLines(uniform_content(lines), excluded, skipped)
+
+
+def _plain(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return "" if content is None else str(content)

@@ -5,6 +5,12 @@ Same seed, same bytes: random choices come from one `random.Random(seed)`, times
 start, tag ids are derived from the seed. It writes `.machine/runs|sessions|events.jsonl`,
 `machines/<name>/…` definitions, and a tag store in `.machine-store/`. Scale it up for
 benchmarks with `n_runs=` and `pad=` (extra characters of tool output per run).
+
+Four machines: support, chatbot/triage and coder (made-up runs to explore), and tutor, whose
+runs are replies the local engine's model really gave (recorded in the TUTOR_* tables), with
+cases, held-out cases and tag rows a model can learn the `answer: N` house style from
+(notebook 03 walks that loop). The tutor draws from its own random streams, after the others,
+so adding it left every other machine's files as they were.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -89,6 +96,129 @@ CODER_TOOLS = [
     {"name": "run_tests", "description": "Run the test suite (optionally one test).",
      "inputSchema": {"type": "object", "properties": {"test": {"type": "string"}}}},
 ]
+
+
+# The tutor: bare arithmetic and a few general questions, answered by the local engine's shipped
+# model. Its replies below are what `local/arith-tiny` produced through the engine's tinker API
+# (greedy, max_tokens 32, under TUTOR_INSTRUCTIONS; tests/test_sample_tutor.py samples them again
+# and compares), so the sample needs no model to generate. The instructions are a system prompt the
+# model saw in pretraining: one it never saw derails it (measured: "Jupiter is short and …").
+TUTOR_MODEL = "local/arith-tiny"
+TUTOR_INSTRUCTIONS = "You are a helpful assistant. Answer the question.\n"
+TUTOR_CRITERIA = [
+    {"id": "correct", "description": "Gives the right answer", "weight": 2, "grader": "check:answer"},
+    {"id": "house_style", "description": "Sums and differences are answered exactly `answer: <integer>`; "
+                                         "other questions in one plain sentence", "weight": 1, "grader": "check:house-style"},
+]
+TUTOR_STYLE = r"answer: -?\d+"
+# (question, right result, the model's reply, prompt tokens, reply tokens)
+TUTOR_ARITHMETIC = [
+    ('What is 12 minus 21?', '-9', '12 - 21 = -9.', 27, 15),
+    ('Compute 10 + 29.', '39', '10 + 29 = 39.', 27, 15),
+    ("What's 93 - 65?", '28', '93 - 65 = 28. The answer is 28.', 29, 22),
+    ('What is 28 minus 20?', '8', '28 - 20 = 9.', 27, 14),
+    ('What is 38 plus 60?', '98', '38 + 60 = 98.', 27, 15),
+    ('How much is 68 plus 72?', '140', '68 + 72 = 140. The answer is 140.', 28, 24),
+    ('What is 58 minus 47?', '11', '58 - 47 = 11.', 27, 15),
+    ('What is 15 plus 38?', '53', '15 + 38 = 53.', 27, 15),
+    ('How much is 47 minus 69?', '-22', '47 - 69 = -22. The answer is -22.', 28, 24),
+    ('What is 11 plus 77?', '88', '11 + 77 = 88.', 27, 15),
+    ('What is 15 plus 95?', '110', '15 + 95 = 110. The answer is 110.', 27, 24),
+    ('How much is 35 minus 39?', '-4', '35 - 39 = -4. The answer is -4.', 28, 22),
+    ('Compute 23 + 97.', '120', '23 + 97 = 120. The answer is 120.', 27, 24),
+    ('Compute 85 + 73.', '158', '85 + 73 = 158. The answer is 158.', 27, 24),
+    ("What's 96 - 45?", '51', '96 - 45 = 51. The answer is 51.', 29, 22),
+    ("What's 10 + 28?", '38', '10 + 28 = 38.', 29, 15),
+    ('How much is 51 minus 72?', '-21', '51 - 72 = -21. The answer is -21.', 28, 24),
+    ("What's 24 + 67?", '91', '24 + 67 = 91.', 29, 15),
+    ('What is 87 plus 10?', '97', '87 + 10 = 97.', 27, 15),
+    ('What is 66 plus 67?', '133', '66 + 67 = 133.', 27, 16),
+    ('Compute 45 - 59.', '-14', '45 - 59 = -14. The answer is -14.', 27, 24),
+    ('How much is 41 plus 34?', '75', '41 + 34 = 75. The answer is 75.', 28, 22),
+    ('How much is 43 minus 62?', '-19', '43 - 62 = -19. The answer is -19.', 28, 24),
+    ('Compute 54 + 64.', '118', '54 + 64 = 118. The answer is 118.', 27, 24),
+    ("What's 40 - 61?", '-21', '40 - 61 = -21. The answer is -21.', 29, 24),
+    ('Compute 82 - 24.', '58', '82 - 24 = 58.', 27, 15),
+    ("What's 40 + 21?", '61', '40 + 21 = 61. The answer is 61.', 29, 22),
+    ('What is 24 plus 83?', '107', '24 + 83 = 107. The answer is 107.', 27, 24),
+    ('Compute 48 - 52.', '-4', '48 - 52 = -4.', 27, 15),
+    ('What is 72 plus 76?', '148', '72 + 76 = 148. The answer is 148.', 27, 24),
+    ('What is 36 plus 54?', '90', '36 + 54 = 90.', 27, 15),
+    ('Compute 97 - 77.', '20', '97 - 77 = 20.', 27, 15),
+    ("What's 43 + 18?", '61', '43 + 18 = 61.', 29, 15),
+    ('How much is 91 minus 53?', '38', '91 - 53 = 38. The answer is 38.', 28, 22),
+    ('How much is 20 plus 45?', '65', '20 + 45 = 65. The answer is 65.', 28, 22),
+    ('What is 85 minus 20?', '65', '85 - 20 = 65.', 27, 15),
+    ('What is 70 minus 38?', '32', '70 - 38 = 32.', 27, 15),
+    ('What is 46 plus 50?', '96', '46 + 50 = 96.', 27, 15),
+    ('How much is 57 minus 54?', '3', '57 - 54 = 3.', 28, 14),
+    ('What is 24 minus 91?', '-67', '24 - 91 = -67. The answer is -67.', 27, 24),
+    ('What is 68 minus 62?', '6', '68 - 62 = 6.', 27, 14),
+    ("What's 70 + 37?", '107', '70 + 37 = 107.', 29, 16),
+    ('How much is 24 plus 21?', '45', '24 + 21 = 45. The answer is 45.', 28, 22),
+    ('Compute 12 + 24.', '36', '12 + 24 = 36. The answer is 36.', 27, 22),
+    ('What is 72 minus 77?', '-5', '72 - 77 = -6.', 27, 15),
+    ('What is 62 plus 35?', '97', '62 + 35 = 97.', 27, 15),
+    ('Compute 78 + 57.', '135', '78 + 57 = 135. The answer is 135.', 27, 24),
+    ('How much is 13 plus 83?', '96', '13 + 83 = 96. The answer is 96.', 28, 22),
+    ("What's 50 + 32?", '82', '50 + 32 = 82. The answer is 82.', 29, 22),
+    ('What is 52 plus 92?', '144', '52 + 92 = 144. The answer is 144.', 27, 24),
+    ('Compute 95 + 17.', '112', '95 + 17 = 112. The answer is 112.', 27, 24),
+    ("What's 24 + 96?", '120', '24 + 96 = 110.', 29, 16),
+    ("What's 93 - 27?", '66', '93 - 27 = 66. The answer is 66.', 29, 22),
+    ("What's 46 - 32?", '14', '46 - 32 = 14. The answer is 14.', 29, 22),
+    ('Compute 73 - 21.', '52', '73 - 21 = 52.', 27, 15),
+    ('How much is 55 minus 90?', '-35', '55 - 90 = -35. The answer is -35.', 28, 24),
+    ('How much is 61 minus 82?', '-21', '61 - 82 = -21. The answer is -21.', 28, 24),
+    ('Compute 17 + 35.', '52', '17 + 35 = 52.', 27, 15),
+    ('How much is 10 minus 45?', '-35', '10 - 45 = -35. The answer is -35.', 28, 24),
+    ('Compute 41 + 92.', '133', '41 + 92 = 133. The answer is 133.', 27, 24),
+]
+# (question, what a right reply contains, the model's reply, prompt tokens, reply tokens)
+TUTOR_FACTS = [
+    ('What is the capital of France?', 'Paris', 'The capital of France is Paris.', 24, 8),
+    ('Who wrote Hamlet?', 'William Shakespeare', 'Hamlet was written by William Shakespeare.', 21, 8),
+    ('How many legs does a spider have?', 'eight', 'A spider has eight legs.', 25, 8),
+    ('What do bees make?', 'honey', 'Bees make honey.', 22, 5),
+    ('What is the capital of Japan?', 'Tokyo', 'The capital of Japan is Tokyo.', 24, 8),
+    ('How many days are in a week?', '7', 'There are 7 days in a week.', 25, 10),
+    ('What is the opposite of hot?', 'cold', 'The opposite of hot is cold.', 24, 8),
+    ('What is water made of?', 'hydrogen and oxygen', 'Water is made of hydrogen and oxygen.', 23, 9),
+]
+# Held-out cases: operand pairs disjoint from TUTOR_ARITHMETIC's; (question, right result).
+TUTOR_HOLDOUT = [
+    ("What's 66 - 74?", '-8'),
+    ('What is 28 minus 74?', '-46'),
+    ('How much is 33 minus 45?', '-12'),
+    ('How much is 73 plus 51?', '124'),
+    ('How much is 51 plus 89?', '140'),
+    ('How much is 89 minus 14?', '75'),
+    ("What's 77 - 69?", '8'),
+    ('How much is 40 minus 47?', '-7'),
+    ('What is 16 minus 56?', '-40'),
+    ('How much is 48 minus 48?', '0'),
+    ('How much is 47 plus 18?', '65'),
+    ('How much is 70 plus 64?', '134'),
+    ('What is 92 plus 21?', '113'),
+    ('Compute 69 + 44.', '113'),
+    ('How much is 74 minus 26?', '48'),
+    ('Compute 98 - 58.', '40'),
+    ('What is 32 minus 74?', '-42'),
+    ('How much is 83 plus 69?', '152'),
+    ('Compute 79 - 81.', '-2'),
+    ('What is 43 minus 96?', '-53'),
+]
+# Runs of two held-out questions (someone asked them in a chat); the tag store holds rewrites of
+# both, which training must leave out.
+TUTOR_HOLDOUT_RUNS = [
+    ("What's 66 - 74?", '-8', '66 - 74 = -8.', 29, 15),
+    ('How much is 73 plus 51?', '124', '73 + 51 = 124. The answer is 124.', 28, 24),
+]
+# Which arithmetic runs the sample's tag store marks /bad for chattiness (indexes into TUTOR_ARITHMETIC);
+# wrong answers are marked /bad too, and the first TUTOR_REWRITTEN right ones get `/good --as`.
+TUTOR_CHATTY = (5, 12)
+TUTOR_REWRITTEN = 44
+TUTOR_GOOD_FACTS = 6
 
 
 def _iso(t: datetime) -> str:
@@ -276,6 +406,134 @@ def _coder_runs(g: _Gen, n: int, rubrics: tuple[str, str]) -> list[dict]:
     return runs
 
 
+TUTOR_START = datetime(2026, 11, 1, 18, 0, 0, tzinfo=timezone.utc)  # the evening before the others
+
+
+def tutor_rubric() -> str:
+    """The tutor's rubric fingerprint (the sample's rule, see `fingerprint`)."""
+    return fingerprint(json.dumps(TUTOR_CRITERIA))
+
+
+def tutor_cases() -> list[dict]:
+    """The tutor's cases.json: every question its runs asked, each with the eval rule that scores it
+    (`expected` + `match`, as eval rows declare them: `answer: N` exactly, or the fact contained)."""
+    return ([{"input": q, "expected": f"answer: {n}", "match": "exact"} for q, n, *_ in TUTOR_ARITHMETIC]
+            + [{"input": q, "expected": fact, "match": "contains"} for q, fact, *_ in TUTOR_FACTS])
+
+
+def tutor_holdout() -> list[dict]:
+    """The tutor's holdout.json: arithmetic only, so the live model's natural replies score 0."""
+    return [{"input": q, "expected": f"answer: {n}", "match": "exact"} for q, n in TUTOR_HOLDOUT]
+
+
+def _tutor_scores(reply: str, right: str, arithmetic: bool) -> dict[str, float]:
+    if arithmetic:
+        numbers = re.findall(r"-?\d+", reply)
+        correct = bool(numbers) and numbers[-1] == right
+        style = re.fullmatch(TUTOR_STYLE, reply.strip()) is not None
+    else:
+        correct, style = right.lower() in reply.lower(), True
+    return {"correct": 1.0 if correct else 0.0, "house_style": 1.0 if style else 0.0}
+
+
+def _tutor_runs(seed: int) -> tuple[list[dict], list[tuple[str, int]]]:
+    """The tutor's runs (arithmetic, facts, two held-out questions) in a shuffled order, scored;
+    and for each, the table row it came from (("arith" | "fact" | "holdout", index))."""
+    rng = random.Random(seed + 7)
+    items = ([("arith", i, row) for i, row in enumerate(TUTOR_ARITHMETIC)]
+             + [("fact", i, row) for i, row in enumerate(TUTOR_FACTS)]
+             + [("holdout", i, row) for i, row in enumerate(TUTOR_HOLDOUT_RUNS)])
+    rng.shuffle(items)
+    clock, rubric, runs = TUTOR_START, tutor_rubric(), []
+    for kind, index, (question, right, reply, prompt_tokens, reply_tokens) in items:
+        clock += timedelta(seconds=rng.randint(40, 300))
+        run = {"id": f"{clock:%Y%m%dt%H%M%S}-{rng.getrandbits(24):06x}", "machine": "tutor", "workspace": "sample",
+               "input": question, "history": [], "output": reply, "model": TUTOR_MODEL, "harness": "tinker",
+               "startedAt": _iso(clock),
+               "trajectory": [{"role": "user", "content": question}, {"role": "assistant", "content": reply}],
+               "finishedAt": _iso(clock + timedelta(milliseconds=rng.randint(200, 900))),
+               "version": "v1", "instructions": TUTOR_INSTRUCTIONS}
+        scores = _tutor_scores(reply, right, kind != "fact")
+        total = sum(c["weight"] * scores[c["id"]] for c in TUTOR_CRITERIA) / sum(c["weight"] for c in TUTOR_CRITERIA)
+        run["scorecard"] = {
+            "total": round(total, 4), "evaluatedAt": _iso(clock + timedelta(seconds=2)), "rubric": rubric,
+            "criteria": {c["id"]: {"score": scores[c["id"]], "reason": "meets it" if scores[c["id"]] >= 1 else "falls short",
+                                   "weight": c["weight"], "grader": c["grader"]} for c in TUTOR_CRITERIA}}
+        run["usage"] = {"inputTokens": prompt_tokens, "cachedInputTokens": 0, "outputTokens": reply_tokens, "costUsd": 0.0}
+        runs.append(run)
+    return runs, [(kind, index) for kind, index, _ in items]
+
+
+def _tutor_definition(ws: Path) -> None:
+    d = ws / "machines" / "tutor"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "instructions.md").write_text(TUTOR_INSTRUCTIONS, encoding="utf-8")
+    (d / "machine.ts").write_text('// sample stand-in for tutor\'s definition (code is not read by machine_nb)\n'
+                                  'export default { name: "tutor" };\n', encoding="utf-8")
+    _dump(d / "model.json", {"model": TUTOR_MODEL})
+    _dump(d / "rubric.json", {"fingerprint": tutor_rubric(), "criteria": TUTOR_CRITERIA})
+    _dump(d / "cases.json", tutor_cases())
+    _dump(d / "holdout.json", tutor_holdout())
+    _dump(d / "versions.json", [
+        {"id": "v1", "instructions": TUTOR_INSTRUCTIONS, "model": TUTOR_MODEL, "rubricFingerprint": tutor_rubric(),
+         "createdAt": _iso(TUTOR_START), "source": {"kind": "initial"}, "live": True},
+    ])
+
+
+def _tutor_tags(store: Path, runs: list[dict], items: list[tuple[str, int]], seed: int, tag: Any) -> None:
+    """The tutor's tag rows, as someone reviewing its chats would write them: `/good --as "answer: N"`
+    for right sums, `/bad` for a wrong one and two chatty ones, `/good` for natural fact replies.
+    Some runs stay untagged (notebook 03 tags them); two rewrites are of held-out questions."""
+    rng = random.Random(seed + 3)
+    n = [0]
+
+    def ids() -> dict:
+        n[0] += 1
+        return {"id": f"{rng.getrandbits(48):012x}", "created_at": _iso(START + timedelta(days=4, minutes=n[0]))}
+
+    by_item = dict(zip(items, runs))
+    rewritten = 0
+    for i, (_, right, reply, *_) in enumerate(TUTOR_ARITHMETIC):
+        run = by_item[("arith", i)]
+        if _tutor_scores(reply, right, True)["correct"] < 1:
+            tag(run, "bad", note="wrong answer", store=store, **ids())
+        elif i in TUTOR_CHATTY:
+            tag(run, "bad", note="too much explanation", store=store, **ids())
+        elif rewritten < TUTOR_REWRITTEN:
+            tag(run, "good", note="house style", rewrite=f"answer: {right}", store=store, **ids())
+            rewritten += 1
+    for i in range(TUTOR_GOOD_FACTS):
+        tag(by_item[("fact", i)], "good", note="clear, natural", store=store, **ids())
+    for i, (_, right, *_) in enumerate(TUTOR_HOLDOUT_RUNS):
+        tag(by_item[("holdout", i)], "good", note="house style", rewrite=f"answer: {right}", store=store, **ids())
+
+
+def sample_tutor_replies(questions: list[str], engine: str = "local") -> list[tuple[str, int, int]]:
+    """What the tutor's live model answers now: (reply, prompt tokens, reply tokens) per question.
+
+    Greedy, 32 tokens, under TUTOR_INSTRUCTIONS, through the tinker API of `engine` (default the
+    local one). The tables above hold these replies; a test compares the two, so the sample never
+    claims a reply the model did not give.
+    """
+    import tinker
+    from tinker_cookbook import renderers
+
+    from .engines import service_client
+    from .render import get_renderer
+
+    renderer = get_renderer(TUTOR_MODEL)
+    client = service_client(engine).create_sampling_client(base_model=TUTOR_MODEL)
+    params = tinker.SamplingParams(max_tokens=32, temperature=0.0, stop=renderer.get_stop_sequences())
+    out = []
+    for q in questions:
+        prompt = renderer.build_generation_prompt([{"role": "system", "content": TUTOR_INSTRUCTIONS},
+                                                   {"role": "user", "content": q}])
+        seq = client.sample(prompt=prompt, num_samples=1, sampling_params=params).result().sequences[0]
+        message, _ = renderer.parse_response(list(seq.tokens))
+        out.append((renderers.get_text_content(message), prompt.length, len(seq.tokens)))
+    return out
+
+
 def _definition(ws: Path, name: str, instructions: str, model: str, criteria: list[dict], rubric: str,
                 old_rubric: str, cases: list, holdout: list, tools: list | None = None,
                 old_instructions: str | None = None) -> None:
@@ -299,14 +557,16 @@ def _definition(ws: Path, name: str, instructions: str, model: str, criteria: li
 
 
 def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: int = 0,
-             tags: bool = True) -> Path:
+             tags: bool = True, tutor: bool | None = None) -> Path:
     """Write the sample workspace to `out` (its `.machine/`, `machines/` and `.machine-store/` are replaced).
 
     seed: the one seed every choice comes from (default 0: the committed sample).
-    n_runs: exactly how many runs (coder takes what support and triage leave); default None: the
-            committed sample's 312 runs across the three machines.
+    n_runs: exactly how many runs of support, triage and coder (coder takes what the other two
+            leave); default None: the committed sample's 312 runs across those three machines.
     pad: extra characters of file content in each coder run's tool output (benchmarks).
     tags: also write the sample tag store (default True).
+    tutor: also write the tutor machine, its 70 runs and its tag rows (default None: only for the
+           committed sample's shape, n_runs None, so `n_runs` stays exact for benchmarks).
     """
     from .store.tags import tag
 
@@ -322,6 +582,9 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
     # the committed sample (n_runs=None) keeps its original split (312 runs); an explicit n_runs is exact
     n_coder = total - total * 130 // 320 - total * 90 // 320 if n_runs is None else max(0, n_runs - len(runs))
     runs += _coder_runs(g, n_coder, fps["coder"])
+    tutor = n_runs is None if tutor is None else tutor
+    tutor_runs, tutor_items = _tutor_runs(seed) if tutor else ([], [])
+    runs += tutor_runs
     root = out / ".machine"
     for run in runs:
         _dump(root / "runs" / Path(*run["machine"].split("/")) / f"{run['id']}.json", run)
@@ -346,8 +609,14 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
                 *fps["chatbot/triage"], [c[0] for c in TRIAGE_CASES], TRIAGE_HOLDOUT)
     _definition(out, "coder", CODER_INSTRUCTIONS, "thinkingmachines/Inkling-Small", CODER_CRITERIA,
                 *fps["coder"], [f"Fix the failing test {c[0]}" for c in CODER_CASES], CODER_HOLDOUT, tools=CODER_TOOLS)
+    if tutor:
+        _tutor_definition(out)
     if tags:
         _sample_tags(out / ".machine-store", runs, seed, tag)
+        if tutor:  # after the others' rows, so those stay byte for byte as they were
+            _tutor_tags(out / ".machine-store", tutor_runs, tutor_items, seed, tag)
+            for lock in (out / ".machine-store").glob(".*.lock"):
+                lock.unlink()
     return out
 
 
@@ -382,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m machine_nb.sample", description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", default="data/sample_workspace", help="workspace directory to write")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0: the committed sample)")
-    p.add_argument("--runs", type=int, default=None, help="exactly this many runs (default: the sample's 312)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="exactly this many support/triage/coder runs, no tutor (default: the sample's 312 and the tutor's 70)")
     p.add_argument("--pad", type=int, default=0, help="extra characters per coder run (benchmarks)")
     a = p.parse_args(argv)
     out = generate(a.out, seed=a.seed, n_runs=a.runs, pad=a.pad)

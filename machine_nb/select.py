@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .export import run_case, run_records
+from .export import held_out_keys, case_key, run_case, run_records, say_excluded
 
 _UNSET: Any = object()
 
@@ -51,8 +51,10 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
     min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
     best_of: keep at most this many runs per case, best first (then newest). Default 2.
     exclude: cases never to train on, matched against a run's case and its input (strings, or
-             `{input}` case dicts). Default None = the machine's holdout cases (holdout.json is
-             never shown to a trainer); pass `()` to exclude nothing.
+             `{input}` case dicts; compared as `export.case_key` does: whitespace and case aside).
+             Default None = the machine's holdout cases (holdout.json is never shown to a
+             trainer); pass `()` to exclude nothing. Runs left out this way are counted in one
+             `HeldOutExcluded` warning.
     models: only runs by these models, when given (e.g. the live model, for rejection sampling).
     Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final
     turns of a conversation. The definition used is attached as `result.attrs["machine"]` for
@@ -64,9 +66,11 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         raise ValueError(f"no rubric fingerprint known for machine {mdef['name']!r}: pass rubric='<fingerprint>' "
                          "(the scorecard.rubric value to train on), or rubric=None to accept any rubric")
     want_instructions = mdef.get("instructions") if instructions is _UNSET else instructions
+    source = f"{mdef['name']}'s holdout.json" if exclude is None else "the exclude list"
     if exclude is None:
         exclude = mdef.get("holdout") or []
-    excluded = {e["input"] if isinstance(e, dict) else e for e in exclude}
+    excluded = held_out_keys(exclude)
+    n_excluded = 0
     model_set = set(models) if models is not None else None
 
     groups: dict[str, list[tuple[float, str, int]]] = {}
@@ -83,15 +87,17 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
             continue
         if fp is not None and card.get("rubric") != fp:
             continue
-        case = run_case(run)
-        if case in excluded or run.get("input") in excluded:
-            continue
         if model_set is not None and run.get("model") not in model_set:
             continue
         if want_instructions is not None and run.get("instructions") is not None \
                 and run["instructions"] != want_instructions:
             continue
+        case = run_case(run)  # held-out last, so the warning counts runs that would otherwise be kept
+        if excluded and (case_key(case) in excluded or case_key(run.get("input") or "") in excluded):
+            n_excluded += 1
+            continue
         groups.setdefault(case, []).append((total, run.get("id") or "", pos))
+    say_excluded(n_excluded, n_excluded + sum(len(g) for g in groups.values()), "run(s)", source)
     keep: list[int] = []
     for group in groups.values():
         group.sort(key=lambda t: (t[0], t[1]), reverse=True)

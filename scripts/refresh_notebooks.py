@@ -8,7 +8,7 @@ what changed. Absolute paths into this checkout (training results name their log
 written relative to notebooks/, as the notebooks' own cells name them, so the committed outputs do not
 carry this machine's layout. A notebook that fails is left untouched and the script exits 1.
 
-    .venv/bin/python scripts/refresh_notebooks.py                 # both notebooks
+    .venv/bin/python scripts/refresh_notebooks.py                 # every shipped notebook
     .venv/bin/python scripts/refresh_notebooks.py notebooks/02_explore_runs.ipynb
 """
 
@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = [ROOT / "notebooks" / "01_minimal_sft.ipynb", ROOT / "notebooks" / "02_explore_runs.ipynb"]
+NOTEBOOKS = [ROOT / "notebooks" / "01_minimal_sft.ipynb", ROOT / "notebooks" / "02_explore_runs.ipynb",
+             ROOT / "notebooks" / "03_tag_train_promote.ipynb"]
 # Cell metadata that records one execution, not the notebook (timings, papermill's bookkeeping).
 _RUN_METADATA = ("execution", "papermill", "collapsed", "scrolled")
 
@@ -73,7 +74,7 @@ def refresh(path: Path, timeout: float = 1800) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to refresh (default: both shipped ones)")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to refresh (default: every shipped one)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="per-cell timeout in seconds (default 1800: the training cell on a busy 2-core machine)")
     args = parser.parse_args(argv)

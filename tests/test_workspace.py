@@ -29,10 +29,11 @@ def runs():
 def test_sample_runs_table(runs):
     assert list(runs.columns) == RUN_COLUMNS
     assert len(runs) >= 300
-    assert set(runs["machine"]) == {"support", "chatbot/triage", "coder"}
+    assert set(runs["machine"]) == {"support", "chatbot/triage", "coder", "tutor"}
     assert {"echo", "tinker", "openai", "scripted"} <= set(runs["harness"])
     assert runs["model"].nunique() >= 3
-    assert runs["rubric"].dropna().groupby(runs["machine"]).nunique().min() == 2  # two fingerprints each
+    made_up = runs[runs["machine"] != "tutor"]  # the tutor's runs are real replies, under one rubric
+    assert made_up["rubric"].dropna().groupby(made_up["machine"]).nunique().min() == 2  # two fingerprints each
     # newest first
     assert runs["started_at"].is_monotonic_decreasing
     assert str(runs["started_at"].dtype).startswith("datetime64") and (runs["duration_s"] > 0).all()
@@ -85,7 +86,7 @@ def test_sessions_events_machines():
     events = mnb.load_events(SAMPLE)
     assert set(events["type"]) == {"run.started", "run.finished"}
     assert len(events) == 2 * len(list((SAMPLE / ".machine" / "runs").rglob("*.json")))
-    assert mnb.list_machines(SAMPLE) == ["chatbot/triage", "coder", "support"]
+    assert mnb.list_machines(SAMPLE) == ["chatbot/triage", "coder", "support", "tutor"]
     coder = mnb.load_machine(SAMPLE, "coder")
     assert coder["rubric"].startswith("rb-") and [t["name"] for t in coder["tools"]] == ["read_file", "edit_file", "run_tests"]
     assert coder["cases"] and coder["holdout"] and coder["live_version"] == "v2"

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # modules in this package, in the order their commands appear in --help
-_MODULES = ["data", "corpus", "validate", "train", "eval", "report", "serve"]
+_MODULES = ["data", "corpus", "validate", "train", "eval", "cases", "report", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

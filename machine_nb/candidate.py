@@ -1,0 +1,553 @@
+"""The promotion gate: a trained checkpoint is a *candidate*, measured against the machine's live
+version on its held-out cases; `Candidate.commit()` makes it live only if it passed the gate
+(unless forced), and `revert()` restores the previous version. Measuring is
+`cases.evaluate_cases`, the paired numbers `evaluate.compare`'s; this module decides, and writes
+the machine's `versions.json` (and the `model` of its `model.json`).
+
+Writes are whole-file replacements (temp + rename) under one lock per machine, after re-reading
+the file: two commits racing each other cannot both win, and the loser learns why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import html
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cases import evaluate_module, is_checkpoint, live_index, load_cases, machine_path, read_versions
+
+
+class CommitRefused(RuntimeError):
+    """`commit()` refused a candidate that did not pass the gate (pass force=True to commit anyway).
+
+    reason: the gate's sentence. report: the CandidateReport it was decided on.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None, report: Any = None):
+        super().__init__(message)
+        self.reason = reason or message
+        self.report = report
+
+
+class CommitConflict(RuntimeError):
+    """`commit()` or `revert()` found versions.json changed since the candidate was measured (another
+    commit or revert won), or the candidate already committed. Nothing was written; force does not help."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the gate
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The promotion rule, decided on the held-out cases (case by case, live vs candidate).
+
+    max_losses: held-out cases the live version gets right that the candidate may get wrong.
+        Default 0: a candidate never trades an old skill for a new one unseen.
+    min_delta: how far the candidate's accuracy must exceed the live version's (0.1 = ten points).
+        Default 0.0: any gain.
+    alpha: the wins must beat the losses beyond chance: exact two-sided sign test (McNemar on the
+        cases that changed) p < alpha. Default 0.05; None skips the test (then a margin decides).
+    """
+
+    max_losses: int = 0
+    min_delta: float = 0.0
+    alpha: float | None = 0.05
+
+    def describe(self) -> str:
+        """The rule in plain words."""
+        parts = ["it loses no held-out case the live version gets right" if self.max_losses == 0 else
+                 f"it loses at most {self.max_losses} held-out case(s) the live version gets right",
+                 "its held-out accuracy is above the live version's" if self.min_delta == 0 else
+                 f"its held-out accuracy beats the live version's by more than {self.min_delta:.0%}"]
+        if self.alpha is not None:
+            parts.append("its wins outnumber its losses beyond chance (exact two-sided sign test on the "
+                         f"cases that changed, p < {self.alpha:g})")
+        return "A candidate passes when " + ", ".join(parts[:-1]) + " and " + parts[-1] + "."
+
+    def decide(self, report: "CandidateReport") -> tuple[bool, str]:
+        """(passed, reason): the reason names every part of the rule that failed, or the numbers that passed."""
+        min_discordant_for = evaluate_module().min_discordant_for
+        r = report
+        failed = []
+        if r.trained_on_holdout:
+            failed.append(f"it was trained on {r.trained_on_holdout} held-out input(s), so its held-out score "
+                          "measures memory, not what it learned")
+        if r.losses > self.max_losses:
+            failed.append(f"it loses {r.losses} case(s) the live version gets right (allowed: {self.max_losses})")
+        if not r.delta > self.min_delta:
+            failed.append(f"its accuracy {r.candidate_accuracy:.0%} is not above the live version's "
+                          f"{r.live_accuracy:.0%}" + (f" by more than {self.min_delta:.0%}" if self.min_delta else ""))
+        if self.alpha is not None and not r.p_value < self.alpha:
+            text = f"its gain is not beyond chance (sign test p = {r.p_value:.3g}, needs < {self.alpha:g})"
+            need = min_discordant_for(self.alpha)
+            if r.n_cases < need:
+                text += f"; with {r.n_cases} held-out cases no result can get there (it takes {need}): add cases"
+            failed.append(text)
+        numbers = (f"{r.wins} won, {r.ties} tied, {r.losses} lost of {r.n_cases} held-out cases; accuracy "
+                   f"{r.live_accuracy:.0%} → {r.candidate_accuracy:.0%}"
+                   + (f"; sign test p = {r.p_value:.3g}" if self.alpha is not None else ""))
+        if failed:
+            return False, "Refused: " + "; ".join(failed) + f". The numbers: {numbers}."
+        return True, f"Passed: {numbers}."
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+CASE_TABLE_COLUMNS = ["case", "input", "expected", "live_output", "candidate_output", "live_correct",
+                      "candidate_correct", "change"]
+"""Columns of `CandidateReport.cases`: case, input, expected, live_output / candidate_output (the
+first trial's reply), live_correct / candidate_correct (share of trials right: 0 or 1 with one
+trial), change ("win": the candidate did better on this case, "loss": worse, "tie")."""
+
+
+@dataclass
+class CandidateReport:
+    """Live version vs candidate on the held-out cases.
+
+    live, candidate: the `evaluate_cases` frames (one row per case and trial).
+    cases: one row per case (CASE_TABLE_COLUMNS). comparison: `evaluate.compare` over the paired
+    rows (case and trial). wins / ties / losses, p_value: per case (a case's share of trials right,
+    live vs candidate), the exact sign test on the cases that changed (McNemar's, and equal to
+    comparison's with one trial). trained_on_holdout: training rows whose input is a held-out case
+    (when the training data was given).
+    """
+
+    machine: str
+    live_name: str
+    candidate_name: str
+    trials: int
+    live: Any
+    candidate: Any
+    cases: Any
+    comparison: Any
+    wins: int
+    ties: int
+    losses: int
+    p_value: float
+    live_accuracy: float
+    candidate_accuracy: float
+    trained_on_holdout: int = 0
+
+    @property
+    def n_cases(self) -> int:
+        return len(self.cases)
+
+    @property
+    def delta(self) -> float:
+        return self.candidate_accuracy - self.live_accuracy
+
+    @property
+    def flipped(self):
+        """The cases that changed (wins and losses)."""
+        return self.cases[self.cases["change"] != "tie"].reset_index(drop=True)
+
+    def to_dict(self) -> dict:
+        """The numbers and the per-case table as plain data (e.g. for a report's JSON)."""
+        return {"machine": self.machine, "live": self.live_name, "candidate": self.candidate_name,
+                "trials": self.trials, "n_cases": self.n_cases, "live_accuracy": self.live_accuracy,
+                "candidate_accuracy": self.candidate_accuracy, "delta": self.delta, "wins": self.wins,
+                "ties": self.ties, "losses": self.losses, "p_value": self.p_value,
+                "trained_on_holdout": self.trained_on_holdout, "cases": self.cases.to_dict("records")}
+
+
+def case_table(live: Any, candidate: Any):
+    """One row per case from two evaluate_cases frames over the same cases (CASE_TABLE_COLUMNS)."""
+    import pandas as pd
+
+    if len(live) != len(candidate) or list(live["case"]) != list(candidate["case"]):
+        raise ValueError("the two results are not over the same cases and trials")
+    rows = []
+    for case, a in live.groupby("case", sort=False):
+        b = candidate[candidate["case"] == case]
+        ra, rb = float(a["correct"].mean()), float(b["correct"].mean())
+        rows.append({"case": int(case), "input": a["input"].iloc[0], "expected": a["expected"].iloc[0],
+                     "live_output": a["output"].iloc[0], "candidate_output": b["output"].iloc[0],
+                     "live_correct": ra, "candidate_correct": rb,
+                     "change": "win" if rb > ra else "loss" if rb < ra else "tie"})
+    return pd.DataFrame(rows, columns=CASE_TABLE_COLUMNS)
+
+
+def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout: int = 0) -> CandidateReport:
+    """The CandidateReport of two evaluate_cases frames over the same held-out cases."""
+    ev = evaluate_module()
+    compare, mcnemar_exact = ev.compare, ev.mcnemar_exact
+    cases = case_table(live, candidate)
+    wins, losses = int((cases["change"] == "win").sum()), int((cases["change"] == "loss").sum())
+    return CandidateReport(
+        machine=machine, live_name=live.attrs.get("summary", {}).get("name", "live"),
+        candidate_name=candidate.attrs.get("summary", {}).get("name", "candidate"),
+        trials=int(live["trial"].max()) + 1 if len(live) else 0, live=live, candidate=candidate, cases=cases,
+        comparison=compare(live, candidate), wins=wins, losses=losses, ties=len(cases) - wins - losses,
+        p_value=mcnemar_exact(losses, wins), live_accuracy=float(live["correct"].mean()),
+        candidate_accuracy=float(candidate["correct"].mean()), trained_on_holdout=int(trained_on_holdout))
+
+
+def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, *, committed: str | None = None) -> str:
+    """The report as HTML: the decision and rule, the numbers, the cases that flipped."""
+    def escape(value: Any) -> str:
+        return "" if value is None or (isinstance(value, float) and value != value) else html.escape(str(value))
+
+    colour = "#15803d" if passed else "#b91c1c"
+    status = (f"<b style='color:{colour}'>{'passes' if passed else 'refused'}</b>"
+              + (f" · committed as <b>{escape(committed)}</b>" if committed else ""))
+    rows = [("decision", status), ("why", escape(reason)), ("rule", escape(gate.describe())),
+            (f"{escape(report.live_name)} accuracy", f"{report.live_accuracy:.1%}"),
+            (f"{escape(report.candidate_name)} accuracy", f"{report.candidate_accuracy:.1%}"),
+            ("cases won / tied / lost", f"<span style='color:#15803d'>{report.wins}</span> / {report.ties} / "
+                                        f"<span style='color:#b91c1c'>{report.losses}</span> of {report.n_cases}"
+                                        + (f" ({report.trials} trials each)" if report.trials > 1 else "")),
+            ("sign test p", f"{report.p_value:.3g}")]
+    # explicit alignment: notebook and nbconvert stylesheets right-align table cells
+    cell = "padding:2px 6px;border-bottom:1px solid #e5e7eb;vertical-align:top;white-space:pre-wrap;text-align:left"
+    body = "".join(f"<tr><td style='{cell};color:#4b5563;white-space:nowrap'>{k}</td><td style='{cell}'>{v}</td></tr>"
+                   for k, v in rows)
+    flips = report.flipped
+    if len(flips):
+        def out(text: Any, ok: float) -> str:
+            return f"{'✓' if ok >= 1 else '✗' if ok <= 0 else f'{ok:.0%}'} {escape(str(text)[:300])}"
+
+        trs = "".join(
+            f"<tr class='mnb-{r['change']}' style='background:{'#dcfce7' if r['change'] == 'win' else '#fee2e2'}'>"
+            f"<td style='{cell}'>{r['case']}</td><td style='{cell}'>{escape(r['input'])}</td>"
+            f"<td style='{cell}'>{escape(r['expected'])}</td><td style='{cell}'>{out(r['live_output'], r['live_correct'])}</td>"
+            f"<td style='{cell}'>{out(r['candidate_output'], r['candidate_correct'])}</td><td style='{cell}'>{r['change']}</td></tr>"
+            for r in flips.to_dict("records"))
+        head = "".join(f"<th style='{cell};text-align:left'>{h}</th>" for h in
+                       ("case", "input", "expected", escape(report.live_name), escape(report.candidate_name), "change"))
+        table = (f"<p style='margin:6px 0 2px'>{len(flips)} held-out case(s) flipped:</p><table class='mnb-candidate-flips' "
+                 f"style='border-collapse:collapse;font-size:12px'><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
+    else:
+        table = "<p>No held-out case changed.</p>"
+    return (f"<div class='mnb-candidate' style='font-family:system-ui,sans-serif;font-size:13px'>"
+            f"<table class='mnb-candidate-numbers' style='border-collapse:collapse'>{body}</table>{table}</div>")
+
+
+# ---------------------------------------------------------------------------------------------
+# versions.json writes
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@contextlib.contextmanager
+def versions_lock(workspace: str | os.PathLike, machine: str) -> Iterator[None]:
+    """The lock every commit and revert of one machine holds. It lives in the workspace's private
+    `.machine/` store, not beside the checked-in definition, so no lock file shows up in a diff."""
+    from .store.workspace import machine_dir, name_segments
+
+    d = machine_dir(workspace) / "locks"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(d / f"versions-{'--'.join(name_segments(machine, 'machine name'))}.lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _replace_json(path: Path, value: Any) -> None:
+    """Rewrite a JSON file whole (temp + fsync + rename), keeping its permission bits."""
+    from .jsonl import atomic_write_text
+
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n", mode=mode)
+
+
+def _set_model_json(d: Path, model: str) -> None:
+    """Point model.json's `model` at the live version's model (other keys kept), when the file exists."""
+    from .store.workspace import read_json
+
+    path = d / "model.json"
+    if not path.exists():
+        return
+    config = read_json(path)
+    if isinstance(config, dict) and config.get("model") != model:
+        _replace_json(path, {**config, "model": model})
+
+
+def _next_id(versions: list[dict]) -> str:
+    numbers = [int(v["id"][1:]) for v in versions if v["id"][:1] == "v" and v["id"][1:].isdigit()]
+    return f"v{max(numbers, default=0) + 1}"
+
+
+def revert(workspace: str | os.PathLike, machine: str) -> dict:
+    """Make the version before the live one live again.
+
+    Writes versions.json (the `live` flag moves; no entry is removed, so the history stays), and
+    points model.json's `model` (and instructions.md, when that version recorded other
+    instructions) back at it, under the same lock as commits.
+
+    Args:
+        workspace, machine: the machine whose live version steps back.
+
+    Returns:
+        The restored version's entry. Raises ValueError when the live version is the first one.
+    """
+    d = machine_path(workspace, machine)
+    with versions_lock(workspace, machine):
+        versions = read_versions(workspace, machine)
+        i = live_index(versions)
+        if i == 0:
+            raise ValueError(f"{d / 'versions.json'}: {versions[0]['id']} is the first version of {machine}; "
+                             "there is none before it to restore")
+        for v in versions:
+            v.pop("live", None)
+        previous = versions[i - 1]
+        previous["live"] = True
+        _replace_json(d / "versions.json", versions)
+        _set_model_json(d, previous["model"])
+        instructions = previous.get("instructions")
+        md = d / "instructions.md"
+        if isinstance(instructions, str) and md.exists() and md.read_text(encoding="utf-8") != instructions:
+            from .jsonl import atomic_write_text
+
+            atomic_write_text(md, instructions, mode=md.stat().st_mode & 0o777)
+    return dict(previous)
+
+
+# ---------------------------------------------------------------------------------------------
+# the candidate
+
+
+@dataclass
+class Candidate:
+    """A proposed new version of a machine: a checkpoint, measured against the live version.
+
+    workspace, machine: whose candidate it is. checkpoint: the sampler path it would run.
+    base_model: the model it was trained from (the live version's). engine: where it ran.
+    live_version: the versions.json entry it was measured against. report: the CandidateReport.
+    gate: the rule it was decided by; passed / reason: the decision. id: names it in the version
+    it becomes. committed: the version id once committed (None before).
+    """
+
+    workspace: str
+    machine: str
+    checkpoint: str
+    base_model: str
+    engine: str
+    live_version: dict
+    report: CandidateReport | None
+    gate: Gate = field(default_factory=Gate)
+    passed: bool = False
+    reason: str = ""
+    id: str = field(default_factory=lambda: f"cand-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dt%H%M%S}-{secrets.token_hex(2)}")
+    committed: str | None = None
+
+    def commit(self, force: bool = False, note: str | None = None) -> dict:
+        """Make this candidate the machine's live version; returns the new versions.json entry.
+
+        Appends `{id: "v<N+1>", instructions, model: checkpoint, baseModel, rubricFingerprint,
+        createdAt, source: {kind: "train", candidate, checkpoint}, report, live: true}` to
+        versions.json (the `live` flag moves from the old entry) and points model.json's `model`
+        at the checkpoint. Under the machine's lock, after re-reading the file.
+
+        Args:
+            force: commit even though the gate refused (default False). Recorded as `forced`.
+            note: a note kept in the entry's source (default None).
+
+        Raises CommitRefused (with `.reason` and `.report`) when the gate did not pass and force
+        is False, and CommitConflict when the live version changed since the measurement or this
+        candidate is already committed; either way nothing is written.
+        """
+        if self.committed:
+            raise CommitConflict(f"candidate {self.id} is already committed as {self.committed}")
+        if not self.passed and not force:
+            raise CommitRefused(f"{self.machine}: candidate {self.id} did not pass the promotion gate, so "
+                                f"{self.live_version['id']} stays live. {self.reason} "
+                                "(commit(force=True) commits it anyway.)", reason=self.reason, report=self.report)
+        from .store.workspace import load_machine
+
+        d = machine_path(self.workspace, self.machine)
+        with versions_lock(self.workspace, self.machine):
+            versions = read_versions(self.workspace, self.machine)
+            live = versions[live_index(versions)]
+            done = next((v for v in versions if (v.get("source") or {}).get("candidate") == self.id), None)
+            if done is not None:
+                raise CommitConflict(f"{d / 'versions.json'}: candidate {self.id} is already committed as {done['id']}")
+            if live["id"] != self.live_version["id"] or live.get("model") != self.live_version.get("model"):
+                raise CommitConflict(
+                    f"{d / 'versions.json'}: the live version is now {live['id']} ({live.get('model')}), not "
+                    f"{self.live_version['id']}, which this candidate was measured against: another commit or revert "
+                    "came first. Nothing was written; measure the candidate again with candidate(…).")
+            fp_key = "rubric" if "rubric" in live and "rubricFingerprint" not in live else "rubricFingerprint"
+            rubric = load_machine(self.workspace, self.machine).get("rubric") or live.get(fp_key)
+            source: dict[str, Any] = {"kind": "train", "candidate": self.id, "checkpoint": self.checkpoint}
+            if note:
+                source["note"] = note
+            entry: dict[str, Any] = {"id": _next_id(versions), "instructions": live.get("instructions"),
+                                     "model": self.checkpoint, "baseModel": self.base_model, fp_key: rubric,
+                                     "createdAt": _now(), "source": source}
+            if self.report is not None:
+                r = self.report
+                entry["report"] = {"live": live["id"], "cases": r.n_cases, "trials": r.trials,
+                                   "live_accuracy": round(r.live_accuracy, 6),
+                                   "candidate_accuracy": round(r.candidate_accuracy, 6), "wins": r.wins,
+                                   "ties": r.ties, "losses": r.losses, "p_value": r.p_value, "passed": self.passed}
+            if force and not self.passed:
+                entry["forced"] = True
+            entry["live"] = True
+            for v in versions:
+                v.pop("live", None)
+            versions.append(entry)
+            _replace_json(d / "versions.json", versions)
+            _set_model_json(d, self.checkpoint)
+        self.committed = entry["id"]
+        return entry
+
+    def summary(self) -> str:
+        r = self.report
+        nums = "" if r is None else (f": {r.live_accuracy:.1%} → {r.candidate_accuracy:.1%} on {r.n_cases} held-out "
+                                     f"cases, W/T/L {r.wins}/{r.ties}/{r.losses}")
+        state = f", committed as {self.committed}" if self.committed else ""
+        return f"Candidate {self.id} for {self.machine} ({'passes' if self.passed else 'refused'}{nums}{state})"
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        if self.report is None:
+            return f"<p>{html.escape(self.summary())}</p>"
+        return report_html(self.report, self.gate, self.passed, self.reason, committed=self.committed)
+
+
+def _training_inputs(data: Any) -> list[str]:
+    """The user messages of training rows (a JSONL path, a list of lines, a DataFrame of them)."""
+    from .jsonl import read_jsonl
+
+    if isinstance(data, (str, os.PathLike)):
+        data = read_jsonl(data)
+    elif hasattr(data, "to_dict") and hasattr(data, "columns"):
+        data = data.to_dict("records")
+    out = []
+    for row in data:
+        for m in (row.get("messages") or []) if isinstance(row, dict) else []:
+            if isinstance(m, dict) and m.get("role") == "user":
+                content = m.get("content")
+                if isinstance(content, list):
+                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                out.append(str(content or ""))
+    return out
+
+
+def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, trials: int = 1,
+              gate: Gate | None = None, engine: str | None = None, grader: Any = None, data: Any = None,
+              max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0, max_usd: float | None = None,
+              out_dir: str | os.PathLike | None = None, show_progress: bool | None = None) -> Candidate:
+    """Measure a trained checkpoint against the machine's live version on its held-out cases.
+
+    Never changes the machine: the result is a Candidate whose `.report` holds both versions'
+    results and their paired comparison, `.passed` / `.reason` the gate's decision, and whose
+    `.commit()` makes it live.
+
+    Args:
+        workspace, machine: the machine (its versions.json, holdout.json, instructions).
+        checkpoint: the sampler path to measure (`local://…` or `tinker://…`). Its base model
+            must be the live version's (ValueError otherwise: another renderer, another model).
+        trials: samples per case per version (default 1; more only say something at temperature > 0).
+        gate: the promotion rule (default `Gate()`: no case lost and a significant gain).
+        engine: default the checkpoint's own (local for local://).
+        grader: for held-out cases that declare no expected answer (see evaluate_cases).
+        data: the training data (JSONL path or lines), to check it held no held-out input: such a
+            candidate is refused (default None: not checked).
+        max_tokens, temperature, seed, max_usd: as in evaluate (defaults 32, greedy, 0, no budget).
+        out_dir: also write `live.json`, `candidate.json` (evaluate's results schema) and
+            `report.json` here. Default None: nothing is written.
+        show_progress: progress bars (default on).
+
+    Returns:
+        A Candidate (report, passed, reason; commit() to make it live).
+
+    Raises MachineFormatError for a missing or malformed versions.json or holdout.json (or any
+    other definition file), and ValueError when the checkpoint's base model is not the live
+    version's; both before anything is sampled.
+    """
+    from . import engines
+    from .cases import evaluate_cases
+    from .export import case_key, held_out_keys
+
+    workspace = os.fspath(workspace)
+    gate = gate or Gate()
+    versions = read_versions(workspace, machine)
+    live = versions[live_index(versions)]
+    holdout = load_cases(workspace, machine, "holdout")
+    from .store.workspace import load_machine
+
+    load_machine(workspace, machine)  # the whole definition reads cleanly (cases.json too) before sampling
+    trained_on = 0
+    if data is not None:
+        held = held_out_keys(holdout)
+        trained_on = len({case_key(t) for t in _training_inputs(data)} & held)
+
+    engine = engine or engines.engine_for(checkpoint)
+    service = engines.service_client(engine)
+    cand_client = service.create_sampling_client(model_path=str(checkpoint))
+    base = cand_client.get_base_model()
+    live_ckpt = live["model"] if is_checkpoint(live["model"]) else None
+    live_base = live.get("baseModel") or (None if live_ckpt else live["model"])
+    if live_base is not None and live_base != base:
+        raise ValueError(f"{checkpoint} was trained from {base}, but {machine}'s live version {live['id']} runs "
+                         f"{live_base}: a candidate must share the live version's base model (its renderer, "
+                         "tokens and price), so train it from that one")
+    engines.check_model(engine, live_ckpt or live_base)
+    live_client = (service.create_sampling_client(model_path=live_ckpt) if live_ckpt
+                   else service.create_sampling_client(base_model=live_base))
+    if live_base is None:
+        live_base = live_client.get_base_model()
+        if live_base != base:
+            raise ValueError(f"{checkpoint} was trained from {base}, but {machine}'s live version {live['id']} "
+                             f"({live_ckpt}) was trained from {live_base}: a candidate must share its base model")
+    instructions = live.get("instructions")
+    if not isinstance(instructions, str):
+        md = machine_path(workspace, machine) / "instructions.md"
+        instructions = md.read_text(encoding="utf-8") if md.exists() else ""
+    out = Path(out_dir) if out_dir is not None else None
+    common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
+                  max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",
+                  show_progress=show_progress)
+    live_df = evaluate_cases(workspace, machine, model=live_base, checkpoint=live_ckpt, name=f"live {live['id']}",
+                             sampling_client=live_client, out=None if out is None else out / "live.json", **common)
+    cand_df = evaluate_cases(workspace, machine, model=base, checkpoint=str(checkpoint), name="candidate",
+                             sampling_client=cand_client, out=None if out is None else out / "candidate.json",
+                             **common)
+    report = build_report(machine, live_df, cand_df, trained_on_holdout=trained_on)
+    passed, reason = gate.decide(report)
+    result = Candidate(workspace=workspace, machine=machine, checkpoint=str(checkpoint), base_model=base,
+                       engine=engine, live_version=dict(live), report=report, gate=gate, passed=passed, reason=reason)
+    if out is not None:
+        from .jsonl import atomic_write_text
+
+        atomic_write_text(out / "report.json", json.dumps(
+            {"candidate": result.id, "checkpoint": result.checkpoint, "base_model": base, "machine": machine,
+             "live_version": live["id"], "gate": {"rule": gate.describe(), "max_losses": gate.max_losses,
+                                                   "min_delta": gate.min_delta, "alpha": gate.alpha},
+             "passed": passed, "reason": reason, **report.to_dict()}, ensure_ascii=False, indent=1, default=str) + "\n")
+    return result
+
+
+__all__ = ["candidate", "Candidate", "CandidateReport", "Gate", "CommitRefused", "CommitConflict", "revert"]
+
+
+class _CallableModule(type(json)):
+    """This module, callable as `candidate(…)`: importing `machine_nb.candidate` binds the package's
+    `candidate` attribute to the module (the import system does that), so `mnb.candidate(…)` must
+    work whichever of the two it finds."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Candidate:
+        return candidate(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,89 @@
+"""CandidateView: a candidate's report (live vs candidate on the held-out cases, the flipped cases,
+the gate's rule and decision) and a Commit button that obeys the same gate.
+
+The decision is `candidate.py`'s (Gate.decide, made when the candidate was measured); the button
+only calls `Candidate.commit()`, so a refused candidate stays refused here too and nothing is
+written. Forcing a refused candidate is a deliberate `commit(force=True)` in code, not a click.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+
+from ._base import StaticFallback, escape
+
+
+class CandidateView(StaticFallback, widgets.VBox):
+    """A candidate's report with a Commit button.
+
+    Args:
+        candidate: a `machine_nb.Candidate` (from `machine_nb.candidate(…)`).
+        note: kept in the committed version's source (default None).
+
+    `.status` is the last outcome line ("" before any click); `.committed` the version id the
+    button wrote (None until then). After a commit the button is disabled.
+    """
+
+    def __init__(self, candidate: Any, *, note: str | None = None, **kwargs: Any):
+        from ..candidate import report_html
+
+        self.candidate = candidate
+        self.note = note
+        self.status = ""
+        self._report_html = report_html
+        self._report = widgets.HTML(self._body())
+        self._button = widgets.Button(description="Commit", icon="check",
+                                      button_style="success" if candidate.passed else "",
+                                      tooltip="make this candidate the live version (only if it passed the gate)")
+        self._status = widgets.HTML()
+        self._button.on_click(lambda _: self.commit())
+        if candidate.committed:
+            self._button.disabled = True
+        super().__init__(children=[self._report, widgets.HBox([self._button, self._status])], **kwargs)
+        self._show_status()
+
+    @property
+    def committed(self) -> str | None:
+        return self.candidate.committed
+
+    def _body(self) -> str:
+        c = self.candidate
+        if c.report is None:
+            return f"<p>{escape(c.summary())}</p>"
+        return self._report_html(c.report, c.gate, c.passed, c.reason, committed=c.committed)
+
+    def commit(self) -> str | None:
+        """What the button does: commit through the gate; returns the new version id, or None
+        when refused or in conflict (the reason is shown and kept in `.status`)."""
+        from ..candidate import CommitConflict, CommitRefused
+
+        try:
+            entry = self.candidate.commit(note=self.note)
+        except CommitRefused as exc:
+            self.status = f"Not committed: {exc.reason}"
+        except CommitConflict as exc:
+            self.status = f"Not committed: {exc}"
+        else:
+            self.status = f"Committed as {entry['id']}: {self.candidate.machine} now runs {entry['model']}."
+            self._button.disabled = True
+        self._report.value = self._body()
+        self._show_status()
+        return self.committed
+
+    def _show_status(self) -> None:
+        ok = self.status.startswith("Committed")
+        colour = "#15803d" if ok else "#b91c1c"
+        self._status.value = (f"<span class='mnb-candidate-status' style='color:{colour};margin-left:8px'>"
+                              f"{escape(self.status)}</span>" if self.status else "")
+
+    def summary(self) -> str:
+        return f"CandidateView: {self.candidate.summary()}"
+
+    def static_html(self) -> str:
+        c = self.candidate
+        text = self.status or (f"Committed as {c.committed}." if c.committed else
+                               f"Not committed yet ({'the gate passed it' if c.passed else 'the gate refused it'}).")
+        status = f"<p class='mnb-candidate-status' style='color:#4b5563'>{escape(text)}</p>"
+        return f"{self._body()}{status}"

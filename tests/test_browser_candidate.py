@@ -1,0 +1,79 @@
+"""Real browser test: CandidateView's Commit button in JupyterLab (headless Chromium). A click on a
+refused candidate shows why and writes nothing; a click on a passing one writes v2 to the machine's
+versions.json and turns the button off. Screenshot: `<tmp_path>/candidate_view.png` (also copied to
+$MACHINE_NB_TEST_ARTIFACTS/ when that is set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab import chromium_page, chromium_path, lab_server, open_and_run_all, write_notebook
+
+pytestmark = pytest.mark.browser
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+
+SETUP = '''\
+import pandas as pd
+import machine_nb as mnb
+from machine_nb.candidate import Candidate, Gate, build_report
+from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+cases = mnb.load_cases("ws", "tutor", "holdout").head(8)
+def results(name, outputs):
+    rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": e, "match": "exact", "output": o,
+             "correct": o == e, "format_ok": None, "prompt_tokens": 27, "output_tokens": 8, "latency_s": 0.0,
+             "stop_reason": "stop", "error": None} for i, (q, e, o) in enumerate(zip(cases["input"], cases["expected"], outputs))]
+    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
+    df.attrs["summary"] = {"name": name}
+    return df
+def make(learned):
+    live = results("live v1", ["It is so."] * len(cases))
+    cand = results("candidate", [e if i < learned else "It is so." for i, e in enumerate(cases["expected"])])
+    report = build_report("tutor", live, cand)
+    passed, reason = Gate().decide(report)
+    return Candidate(workspace="ws", machine="tutor", checkpoint=f"local:///ckpt/{learned}", base_model="local/arith-tiny",
+                     engine="local", live_version=read_versions("ws", "tutor")[0], report=report, passed=passed, reason=reason)
+'''
+
+
+def test_commit_button_obeys_the_gate_in_jupyterlab(tmp_path):
+    from playwright.sync_api import expect
+
+    chromium_path()
+    root = tmp_path / "lab"
+    shutil.copytree(SAMPLE / "machines" / "tutor", root / "ws" / "machines" / "tutor")
+    write_notebook(root / "candidate.ipynb", [SETUP, "mnb.CandidateView(make(2))", "mnb.CandidateView(make(8))",
+                                               "print('ok')"])
+    shot = tmp_path / "candidate_view.png"
+    versions = root / "ws" / "machines" / "tutor" / "versions.json"
+    before = versions.read_bytes()
+    with lab_server(root) as lab, chromium_page() as page:
+        try:
+            open_and_run_all(page, lab.url("candidate.ipynb"))
+            expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
+            buttons = page.locator(".widget-button", has_text="Commit")
+            expect(buttons).to_have_count(2)
+            expect(page.locator(".mnb-candidate").first).to_contain_text("refused")
+            buttons.nth(0).click()
+            expect(page.locator(".mnb-candidate-status").first).to_contain_text("Not committed: Refused:")
+            assert versions.read_bytes() == before  # the refused click wrote nothing
+            buttons.nth(1).click()
+            expect(page.locator(".mnb-candidate-status").nth(1)).to_contain_text("Committed as v2")
+            expect(buttons.nth(1)).to_be_disabled()
+            expect(page.locator(".mnb-candidate").nth(1)).to_contain_text("committed as v2")
+        finally:
+            page.screenshot(path=str(shot), full_page=True)
+            if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
+                out = os.environ["MACHINE_NB_TEST_ARTIFACTS"]
+                os.makedirs(out, exist_ok=True)
+                shutil.copy(shot, os.path.join(out, shot.name))
+    written = json.loads(versions.read_text())
+    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"] == "local:///ckpt/8"
+    assert [v["id"] for v in written if v.get("live")] == ["v2"]
+    assert shot.stat().st_size > 10_000

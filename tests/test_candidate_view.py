@@ -1,0 +1,90 @@
+"""CandidateView: the report, the flipped cases, the gate's decision, and a Commit button that obeys
+the gate (a refused candidate writes nothing; a passing one writes the version once)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import machine_nb as mnb
+from machine_nb.candidate import Candidate, Gate, build_report
+from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+HOLDOUT = [("What's 66 - 74?", "-8"), ("What is 28 minus 74?", "-46"), ("How much is 33 minus 45?", "-12"),
+           ("How much is 73 plus 51?", "124"), ("How much is 51 plus 89?", "140"), ("How much is 89 minus 14?", "75"),
+           ("What's 77 - 69?", "8"), ("How much is 40 minus 47?", "-7")]
+
+
+def results(name: str, outputs: list[str]) -> pd.DataFrame:
+    """An evaluate_cases-shaped frame over HOLDOUT with these replies (scored by exact match)."""
+    rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": f"answer: {n}", "match": "exact",
+             "output": o, "correct": o == f"answer: {n}", "format_ok": None, "prompt_tokens": 27, "output_tokens": 8,
+             "latency_s": 0.01, "stop_reason": "stop", "error": None}
+            for i, ((q, n), o) in enumerate(zip(HOLDOUT, outputs))]
+    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
+    df.attrs["summary"] = {"name": name}
+    return df
+
+
+@pytest.fixture
+def ws(tmp_path):
+    root = tmp_path / "ws"
+    shutil.copytree(SAMPLE / "machines" / "tutor", root / "machines" / "tutor")
+    return root
+
+
+def make(ws: Path, learned: int) -> Candidate:
+    """A candidate whose first `learned` held-out replies are in the house style."""
+    live = results("live v1", [f"It is {n}." for _, n in HOLDOUT])
+    cand = results("candidate", [f"answer: {n}" if i < learned else f"It is {n}." for i, (_, n) in enumerate(HOLDOUT)])
+    report = build_report("tutor", live, cand)
+    gate = Gate()
+    passed, reason = gate.decide(report)
+    return Candidate(workspace=str(ws), machine="tutor", checkpoint="local:///runs/sft/sampler_weights/final",
+                     base_model="local/arith-tiny", engine="local", live_version=read_versions(ws, "tutor")[0],
+                     report=report, gate=gate, passed=passed, reason=reason)
+
+
+def test_refused_candidate_shows_why_and_the_button_writes_nothing(ws):
+    cand = make(ws, learned=2)
+    assert not cand.passed
+    view = mnb.CandidateView(cand)
+    html = view.static_html()
+    assert "refused" in html and "not beyond chance" in html and "A candidate passes when" in html
+    assert html.count("class='mnb-win'") == 2 and "2 held-out case(s) flipped" in html
+    assert "Not committed yet (the gate refused it)." in html
+    before = (ws / "machines" / "tutor" / "versions.json").read_bytes()
+    view._button.click()  # what a click in the browser runs
+    assert view.committed is None and view.status.startswith("Not committed: Refused: ")
+    assert (ws / "machines" / "tutor" / "versions.json").read_bytes() == before
+    assert not view._button.disabled and "Not committed: Refused" in view.static_html()
+    bundle = view._repr_mimebundle_()
+    assert bundle["text/plain"].startswith("CandidateView: Candidate cand-") and "refused" in bundle["text/plain"]
+
+
+def test_passing_candidate_commits_once_from_the_button(ws):
+    cand = make(ws, learned=8)
+    assert cand.passed and cand.report.wins == 8
+    view = mnb.CandidateView(cand, note="from the view")
+    assert "passes" in view.static_html() and "Not committed yet (the gate passed it)." in view.static_html()
+    view._button.click()
+    assert view.committed == "v2" and view._button.disabled
+    assert view.status == "Committed as v2: tutor now runs local:///runs/sft/sampler_weights/final."
+    versions = read_versions(ws, "tutor")
+    assert [v["id"] for v in versions] == ["v1", "v2"] and versions[-1]["source"]["note"] == "from the view"
+    assert "committed as <b>v2</b>" in view.static_html()
+    view.commit()  # a second click (or call) writes nothing more
+    assert len(read_versions(ws, "tutor")) == 2 and "already committed" in view.status
+    assert json.loads((ws / "machines" / "tutor" / "model.json").read_text())["model"].endswith("final")
+
+
+def test_a_candidate_committed_elsewhere_opens_with_the_button_off(ws):
+    cand = make(ws, learned=8)
+    cand.commit()
+    view = mnb.CandidateView(cand)
+    assert view._button.disabled and "Committed as v2." in view.static_html()
