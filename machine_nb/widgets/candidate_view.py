@@ -74,9 +74,11 @@ class CandidateView(StaticFallback, widgets.VBox):
 
     def _show_status(self) -> None:
         ok = self.status.startswith("Committed")
-        colour = "#15803d" if ok else "#b91c1c"
+        colour = "var(--jp-success-color1, #15803d)" if ok else "var(--jp-error-color1, #b91c1c)"
         self._status.value = (f"<span class='mnb-candidate-status' style='color:{colour};margin-left:8px'>"
                               f"{escape(self.status)}</span>" if self.status else "")
+        if self.status:
+            self._static_changed()  # the saved notebook shows the outcome, not the state before the click
 
     def summary(self) -> str:
         return f"CandidateView: {self.candidate.summary()}"
@@ -85,5 +87,5 @@ class CandidateView(StaticFallback, widgets.VBox):
         c = self.candidate
         text = self.status or (f"Committed as {c.committed}." if c.committed else
                                f"Not committed yet ({'the gate passed it' if c.passed else 'the gate refused it'}).")
-        status = f"<p class='mnb-candidate-status' style='color:#4b5563'>{escape(text)}</p>"
+        status = f"<p class='mnb-candidate-status' style='color:var(--jp-ui-font-color2, #4b5563)'>{escape(text)}</p>"
         return f"{self._body()}{status}"
