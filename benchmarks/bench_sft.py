@@ -4,8 +4,8 @@ Baseline exact match of the shipped model on the 24 held-out rows (target ≤ 0.
 correctness of the number in its natural answers to 400 fresh plus/minus questions (≥ 95%);
 SFT through tinker-cookbook's loop (48 rows, batch 8, 10 epochs = 60 steps; wall ≤ 60 s);
 exact match after SFT (≥ 0.8); the style bleeding into general prompts; the same seed twice
-giving identical losses and outputs. Samples directly with the engine's sampling client and
-the renderer (greedy), not through evaluate.py.
+giving identical losses and outputs. Samples with the tinker SDK's sampling client against the local
+server and the renderer (greedy), not through evaluate.py.
 
     .venv/bin/python benchmarks/bench_sft.py [--rank 8] [--lr 3e-3] [--seed 0] [--fresh 400] [--weights DIR]
 """
@@ -61,7 +61,7 @@ def main() -> int:
 
     from machine_nb.corpus import QUESTION_TEMPLATES, answer, make_corpus
     from machine_nb.engines.local import DEFAULT_MODEL
-    from machine_nb.engines.local.service import ServiceClient
+    from machine_nb.engines import service_client
     from machine_nb.render import get_renderer
     from machine_nb.train import sft, training_metrics
 
@@ -70,7 +70,8 @@ def main() -> int:
     eval_rows = [json.loads(line) for line in open(corpus.eval)]
     probe_rows = [json.loads(line) for line in open(corpus.probe)]
     renderer = get_renderer(DEFAULT_MODEL)
-    sc = ServiceClient(log_dir=work / "scratch")
+    os.environ.setdefault("MACHINE_NB_DATA_DIR", str(work / "server-data"))
+    sc = service_client("local")  # the real tinker SDK against the local server
     print(f"machine: {os.cpu_count()} cpu(s), torch {torch.__version__}, threads {torch.get_num_threads()}")
     from machine_nb.engines import local
 
@@ -80,7 +81,7 @@ def main() -> int:
           f"random_init={build.get('random_init')}, partial={build.get('partial', False)})")
 
     # --- baseline
-    base = sc.create_sampling_client(base_model=DEFAULT_MODEL)
+    base = sc.create_sampling_client(base_model=DEFAULT_MODEL).result()
     t = time.perf_counter()
     base_eval = replies(base, renderer, eval_rows)
     t_eval = time.perf_counter() - t
@@ -124,7 +125,7 @@ def main() -> int:
     step_time = df["time/step"].sum() if "time/step" in df else float("nan")
     print(f"sft: {result.steps} steps, {result.tokens:,} tokens, loss {result.first_loss:.3f} -> {result.last_loss:.3f}, "
           f"wall {wall:.1f} s (target <= 60 s; cookbook time/step total {step_time:.1f} s)  {kw}")
-    ckpt = sc.create_sampling_client(model_path=result.checkpoint)
+    ckpt = sc.create_sampling_client(model_path=result.checkpoint).result()
     sft_eval = replies(ckpt, renderer, eval_rows)
     fmt = sum(bool(ANSWER.match(o)) for o in sft_eval) / len(sft_eval)
     print(f"after sft exact match on {len(eval_rows)} held-out rows: {exact(sft_eval, eval_rows):.3f} "
@@ -151,7 +152,7 @@ def main() -> int:
     if not args.no_repeat:
         again = sft(corpus.train, log_dir=work / "run2", **kw)
         same_loss = list(df["train_mean_nll"]) == list(training_metrics(again.log_dir)["train_mean_nll"])
-        again_eval = replies(sc.create_sampling_client(model_path=again.checkpoint), renderer, eval_rows)
+        again_eval = replies(sc.create_sampling_client(model_path=again.checkpoint).result(), renderer, eval_rows)
         print(f"same seed twice: identical losses {same_loss} (60 steps), identical outputs {again_eval == sft_eval}")
     print(f"(work dir {work})")
     return 0

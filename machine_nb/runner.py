@@ -1,8 +1,8 @@
 """Run one of tinker-cookbook's training loops in a child process, exactly as a script would.
 
-`sft` (train.py) hands this module a plain-JSON spec; the child builds the cookbook's own Config
-and runs `supervised.train.main` with `asyncio.run`, talking to the engine through the real
-tinker SDK (`Config.base_url`). A child process, because the cookbook's loop configures the
+`sft` (train.py) hands this module a plain-JSON spec naming the module whose `child_run(spec)`
+builds the cookbook's own Config and runs its loop (`supervised.train.main` with `asyncio.run`),
+talking to the engine through the real tinker SDK (`Config.base_url`). A child process, because the cookbook's loop configures the
 process's logging for itself (it replaces the root logger's handlers and logs every step at
 INFO): in a notebook kernel that would rewire the user's logging and flood the cell. Here its
 console output goes to `<log dir>/train.log` (Machine's own habit) and nothing of the caller's
@@ -17,7 +17,6 @@ an interrupt it exits, and the next run gets a fresh child.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -31,85 +30,16 @@ def _status(channel: Any, **event: Any) -> None:
     channel.flush()
 
 
-def _sft_config(spec: dict) -> Any:
-    from tinker_cookbook.renderers import TrainOnWhat
-    from tinker_cookbook.supervised import train as cookbook_train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
-    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
-
-    builder = FromConversationFileBuilder(
-        file_path=spec["data_path"], test_size=0, shuffle_seed=spec["seed"],
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer=spec["model"], renderer_name=spec["renderer"],
-            max_length=spec["max_length"], batch_size=spec["batch_size"],
-            train_on_what=TrainOnWhat(spec["train_on_what"])))
-    return cookbook_train.Config(
-        log_path=spec["log_dir"], model_name=spec["model"], recipe_name="machine_nb_sft",
-        renderer_name=spec["renderer"], dataset_builder=builder, learning_rate=spec["learning_rate"],
-        lr_schedule=spec["lr_schedule"], num_epochs=spec["epochs"], lora_rank=spec["lora_rank"],
-        base_url=spec["base_url"], save_every=spec["save_every"], eval_every=0, infrequent_eval_every=0,
-        max_steps=spec["max_steps"], submit_ahead=spec["submit_ahead"], ttl_seconds=None)
-
-
-def exact_resume_point(log_dir: str, config: Any) -> dict | None:
-    """Append the record from which the cookbook resumes a run exactly; returns it (None if none).
-
-    The cookbook saves checkpoint N while finishing step N, after it has already submitted steps
-    N+1 … N+submit_ahead, so the saved state holds min(N + submit_ahead, last) + 1 optimizer
-    steps, yet the record says to resume at batch N: a plain resume would train those steps
-    twice. The appended record points past them (epoch, batch, elapsed_tokens), so the resumed
-    run continues from the exact state and ends with the losses and weights of an uninterrupted
-    one. A record this function wrote already is left as it is.
-    """
-    from tinker_cookbook import checkpoint_utils
-
-    last = checkpoint_utils.get_last_checkpoint(log_dir)
-    if last is None or last.extra.get("machine_nb_resume") or last.batch is None:
-        return None
-    dataset, _ = config.dataset_builder()
-    n_batches = len(dataset)
-    if n_batches == 0:
-        return None
-    total = n_batches * config.num_epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
-    epoch = last.epoch or 0
-    if epoch >= config.num_epochs:  # the final record: nothing left to run
-        return None
-    saved_step = epoch * n_batches + last.batch
-    # the state can already hold the last step; the cookbook then saves no final checkpoint for a
-    # resume past the end, so that one step is run again (the only case that is not exact)
-    done_through = min(saved_step + config.submit_ahead, total - 2)
-    if done_through < saved_step:
-        return None
-    tokens = int(last.extra.get("elapsed_tokens", 0))
-    for step in range(saved_step + 1, done_through + 1):
-        e, b = divmod(step, n_batches)
-        dataset.set_epoch(seed=e)
-        tokens += sum(d.model_input.length for d in dataset.get_batch(b))
-    e, b = divmod(done_through + 1, n_batches)
-    record = {"name": last.name, "epoch": e, "batch": b, "state_path": last.state_path,
-              "sampler_path": last.sampler_path, "elapsed_tokens": tokens, "machine_nb_resume": True,
-              "steps_in_state": done_through + 1}
-    with open(os.path.join(log_dir, checkpoint_utils.CHECKPOINTS_BASE_NAME), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
-
-
 def run(spec: dict) -> None:
-    """Build the loop `spec` names and run it to the end (raises what it raises)."""
+    """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft)."""
+    import importlib
+
     if spec.get("local_models"):
         from .engines.local import use_local_models
 
         use_local_models()
-    if spec["kind"] != "sft":
-        raise ValueError(f"unknown training loop {spec['kind']!r}")
-    from tinker_cookbook.supervised import train as cookbook_train
-
-    config = _sft_config(spec)
-    if spec.get("resume"):
-        exact_resume_point(spec["log_dir"], config)
-    asyncio.run(cookbook_train.main(config))
+    module = importlib.import_module(spec["module"])
+    module.child_run(spec)
 
 
 def _redirect(path: str | None) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from . import render
 from .errors import EngineError, MachineFormatError
-from .jsonl import iter_jsonl, write_jsonl
+from .jsonl import iter_jsonl, parse_json, write_jsonl
 
 #: Defaults for local models, calibrated on the minimal-SFT corpus (48 rows, batch 8, 10 epochs
 #: = 60 steps; the measured figures are in benchmarks/bench_sft.py's output and the model card):
@@ -116,8 +116,8 @@ def _engine_of_log(log_dir: Path, checkpoints: list[dict]) -> str | None:
     marker = log_dir / MARKER
     if marker.exists():
         try:
-            return json.loads(marker.read_text(encoding="utf-8")).get("engine")
-        except (OSError, ValueError):
+            return parse_json(marker.read_bytes(), marker).get("engine")
+        except (OSError, ValueError, AttributeError):
             return None
     return None
 
@@ -125,8 +125,10 @@ def _engine_of_log(log_dir: Path, checkpoints: list[dict]) -> str | None:
 def _model_of_log(log_dir: Path) -> str | None:
     for name in (MARKER, "config.json"):
         try:
-            data = json.loads((log_dir / name).read_text(encoding="utf-8"))
+            data = parse_json((log_dir / name).read_bytes(), log_dir / name)
         except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
             continue
         model = data.get("model") or data.get("model_name")
         if model:
@@ -226,27 +228,6 @@ def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
     if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame of export lines
         data = data.to_dict("records")
     return "<data>", enumerate(list(data), start=1)
-
-
-def _warn_truncated(rows: list[dict], model: str, max_length: int) -> None:
-    """Warn when rows are longer than max_length: the cookbook cuts them, and a row whose trained
-    tokens fall past the cut trains nothing (a NaN loss for a batch made only of such rows)."""
-    import warnings
-
-    from .tokens import count_tokens
-
-    try:
-        counts = count_tokens(rows, model, on_error="skip", progress=False)
-    except Exception:  # counting is advisory here; training reports real failures itself
-        return
-    long_rows = counts[counts["tokens"] > max_length]
-    if len(long_rows):
-        first = ", ".join(str(x) for x in long_rows["line"].head(5))
-        warnings.warn(
-            f"{len(long_rows)} of {len(rows)} rows are longer than max_length={max_length} tokens "
-            f"(rows {first}{', …' if len(long_rows) > 5 else ''}) and will be cut; trained tokens past the "
-            "cut are lost (validate() lists them). The local model's context is 128 tokens: it is meant "
-            "for short chat rows such as the minimal-SFT corpus.", stacklevel=3)
 
 
 def prepare_data(data: Any) -> tuple[list[dict], str]:
@@ -387,8 +368,8 @@ class _MetricsTail:
         self.offset += end
         rows = []
         for line in chunk[:end].splitlines():
-            with contextlib.suppress(ValueError, RecursionError):
-                value = json.loads(line)
+            with contextlib.suppress(ValueError):  # MachineFormatError is one
+                value = parse_json(line, self.path)
                 if isinstance(value, dict):
                     rows.append(value)
         return rows
@@ -536,6 +517,84 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Any = None,
     raise EngineError(f"training failed: {outcome['type']}: {outcome['message']} (log: {log_dir / 'train.log'})")
 
 
+def _sft_config(spec: dict) -> Any:
+    """The cookbook's supervised Config for a spec `sft` wrote (runs in the child process)."""
+    from tinker_cookbook.renderers import TrainOnWhat
+    from tinker_cookbook.supervised import train as cookbook_train
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    builder = FromConversationFileBuilder(
+        file_path=spec["data_path"], test_size=0, shuffle_seed=spec["seed"],
+        common_config=ChatDatasetBuilderCommonConfig(
+            model_name_for_tokenizer=spec["model"], renderer_name=spec["renderer"],
+            max_length=spec["max_length"], batch_size=spec["batch_size"],
+            train_on_what=TrainOnWhat(spec["train_on_what"])))
+    return cookbook_train.Config(
+        log_path=spec["log_dir"], model_name=spec["model"], recipe_name="machine_nb_sft",
+        renderer_name=spec["renderer"], dataset_builder=builder, learning_rate=spec["learning_rate"],
+        lr_schedule=spec["lr_schedule"], num_epochs=spec["epochs"], lora_rank=spec["lora_rank"],
+        base_url=spec["base_url"], save_every=spec["save_every"], eval_every=0, infrequent_eval_every=0,
+        max_steps=spec["max_steps"], submit_ahead=spec["submit_ahead"], ttl_seconds=None)
+
+
+def exact_resume_point(log_dir: str, config: Any) -> dict | None:
+    """Append the record from which the cookbook resumes a run exactly; returns it (None if none).
+
+    The cookbook saves checkpoint N while finishing step N, after it has already submitted steps
+    N+1 … N+submit_ahead, so the saved state holds min(N + submit_ahead, last) + 1 optimizer
+    steps, yet the record says to resume at batch N: a plain resume would train those steps
+    twice. The appended record points past them (epoch, batch, elapsed_tokens), so the resumed
+    run continues from the exact state and ends with the losses and weights of an uninterrupted
+    one. A record this function wrote already is left as it is.
+    """
+    from tinker_cookbook import checkpoint_utils
+
+    last = checkpoint_utils.get_last_checkpoint(log_dir)
+    if last is None or last.extra.get("machine_nb_resume") or last.batch is None:
+        return None
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    if n_batches == 0:
+        return None
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    epoch = last.epoch or 0
+    if epoch >= config.num_epochs:  # the final record: nothing left to run
+        return None
+    saved_step = epoch * n_batches + last.batch
+    # the state can already hold the last step; the cookbook then saves no final checkpoint for a
+    # resume past the end, so that one step is run again (the only case that is not exact)
+    done_through = min(saved_step + config.submit_ahead, total - 2)
+    if done_through < saved_step:
+        return None
+    tokens = int(last.extra.get("elapsed_tokens", 0))
+    for step in range(saved_step + 1, done_through + 1):
+        e, b = divmod(step, n_batches)
+        dataset.set_epoch(seed=e)
+        tokens += sum(d.model_input.length for d in dataset.get_batch(b))
+    e, b = divmod(done_through + 1, n_batches)
+    record = {"name": last.name, "epoch": e, "batch": b, "state_path": last.state_path,
+              "sampler_path": last.sampler_path, "elapsed_tokens": tokens, "machine_nb_resume": True,
+              "steps_in_state": done_through + 1}
+    with open(os.path.join(log_dir, checkpoint_utils.CHECKPOINTS_BASE_NAME), "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+    return record
+
+
+def child_run(spec: dict) -> None:
+    """The sft half that runs in the child (runner.py): the cookbook's loop, unchanged."""
+    import asyncio
+
+    from tinker_cookbook.supervised import train as cookbook_train
+
+    config = _sft_config(spec)
+    if spec.get("resume"):
+        exact_resume_point(spec["log_dir"], config)
+    asyncio.run(cookbook_train.main(config))
+
+
 def _default_lr(engine: str, model: str, lora_rank: int) -> float:
     if render.is_local_model(model):
         return LOCAL_LEARNING_RATE if lora_rank > 0 else LOCAL_FULL_LEARNING_RATE
@@ -649,8 +708,11 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         from .engines.local import load_config
 
         max_length = load_config(render.base_model(model)).block_size
-    if max_length is not None:
-        _warn_truncated(rows, model, max_length)
+    # the very checks validate() runs (shape, secrets, length against the model's context, trained
+    # tokens): a row validate rejects is refused here too, on both engines, before anything is written
+    from .validate import preflight
+
+    preflight(rows, model, max_length if max_length is not None else "auto", train_on_what=train_on)
 
     if engine == "tinker":
         from .engines.tinker import check_tinker
@@ -677,7 +739,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
         atomic_write_text(path / MARKER, json.dumps(marker, indent=1))
 
-    spec = {"kind": "sft", "data_path": str(path / "train.jsonl"), "log_dir": str(path),
+    spec = {"module": __name__, "data_path": str(path / "train.jsonl"), "log_dir": str(path),
             "model": render.base_model(model), "renderer": renderer, "train_on_what": train_on,
             "max_length": max_length, "batch_size": batch_size, "seed": seed, "learning_rate": learning_rate,
             "lr_schedule": lr_schedule, "epochs": epochs, "lora_rank": lora_rank, "base_url": url,

@@ -58,6 +58,36 @@ def test_round_trip_with_special_token_text(text):
     assert t.decode(plain) == text and not any(i < len(t.special_tokens) for i in plain)
 
 
+@pytest.fixture(scope="module")
+def fast():
+    """The shipped fast tokenizer, loaded the way the tinker SDK's get_tokenizer() loads it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(local.tokenizer_dir()))
+
+
+WORDISH = st.lists(st.sampled_from(list(" abcdefghijklmnopqrstuvwxyz ABCDEFG0123456789:.,?!é日\n<|>")
+                                   + list(local.get_tokenizer().words) + list(local.get_tokenizer().special_tokens)),
+                   max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=60), WORDISH))
+def test_the_shipped_fast_tokenizer_gives_the_same_ids(fast, text):
+    t = local.get_tokenizer()
+    ids = t.encode(text)
+    assert fast.encode(text, add_special_tokens=False) == ids
+    assert fast.decode(ids) == t.decode(ids)
+
+
+def test_the_fast_tokenizer_files_are_what_the_vocabulary_builds(tmp_path, fast):
+    """weights/tokenizer/ is generated from vocab.json (build.py writes both): no drift."""
+    local.get_tokenizer().save_hf(tmp_path / "tok")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert json.loads((tmp_path / "tok" / name).read_text()) == json.loads((local.tokenizer_dir() / name).read_text())
+    assert (fast.bos_token_id, fast.eos_token_id, fast.pad_token_id) == (1, 2, 0)
+
+
 def test_digits_are_single_tokens_and_words_are_whole(tok):
     ids = tok.encode(" The answer is 1234.")
     pieces = tok.convert_ids_to_tokens(ids)

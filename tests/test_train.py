@@ -227,3 +227,40 @@ def test_sft_works_inside_a_running_event_loop_as_in_jupyter(corpus, tmp_path):
 
     res = asyncio.run(cell())
     assert res.steps == 2 and res.complete
+
+
+def test_rows_validate_rejects_are_refused_before_anything_is_written(tmp_path):
+    """sft runs validate's checks first, on both engines: a row longer than the local model's
+    context (128 tokens) or one holding a key used to train anyway on the local engine."""
+    from machine_nb.errors import ValidationFailed
+
+    long_row = {"messages": [{"role": "user", "content": "What is 1 plus 2? " * 40},
+                             {"role": "assistant", "content": "answer: 3"}]}
+    short = {"messages": [{"role": "user", "content": "What is 1 plus 2?"}, {"role": "assistant", "content": "answer: 3"}]}
+    with pytest.raises(ValidationFailed, match="too_long|context"):
+        sft([short] * 7 + [long_row], batch_size=8, log_dir=tmp_path / "long", progress=False)
+    assert not (tmp_path / "long").exists()
+    leaky = {"messages": [{"role": "user", "content": "my key is sk-ant-api03-" + "x" * 40},
+                          {"role": "assistant", "content": "answer: 3"}]}
+    with pytest.raises(ValidationFailed, match="secret|key"):
+        sft([short] * 7 + [leaky], batch_size=8, log_dir=tmp_path / "leak", progress=False)
+    assert not (tmp_path / "leak").exists()
+
+
+def test_a_log_dir_with_other_files_is_refused_untouched(tmp_path, corpus):
+    """An existing folder that is not a machine_nb run is refused before a byte is written: no
+    file overwritten, no permission changed."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    (folder / "config.json").write_text("{}")
+    os.chmod(folder / "notes.txt", 0o644)
+    before = {p.name: (p.read_bytes(), stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()}
+    mode = stat.S_IMODE(folder.stat().st_mode)
+    with pytest.raises(FileExistsError, match="not empty and is not a machine_nb run"):
+        sft(corpus.train, log_dir=folder, progress=False)
+    assert {p.name: (p.read_bytes(), stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()} == before
+    assert stat.S_IMODE(folder.stat().st_mode) == mode
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert smoke(corpus.train, log_dir=empty, progress=False).complete  # a new or empty folder is fine

@@ -1,9 +1,9 @@
 """LoRA for the local engine: low-rank adapters on attention and MLP projections, like Tinker's.
 
 `apply_lora` wraps the base model's projections (`attn.q_proj/k_proj/v_proj/o_proj`,
-`mlp.fc_in/fc_out`) in `LoRALinear` and freezes everything else; the training client
-(service.py) optimises only the adapters, saves them as a checkpoint, and the sampling client
-merges them into a copy of the base for fast generation. alpha = 2 * rank (scale 2.0 at every
+`mlp.fc_in/fc_out`) in `LoRALinear` and freezes everything else; the trainer (compute.py)
+optimises only the adapters, saves them as a checkpoint, and a sampler merges them into a copy
+of the base for fast generation. alpha = 2 * rank (scale 2.0 at every
 rank), the common choice, so a learning rate found at one rank carries over to others.
 """
 

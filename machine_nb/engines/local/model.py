@@ -2,7 +2,7 @@
 
 Attention and MLP projections are separate nn.Linear modules with stable names (attn.q_proj,
 attn.k_proj, attn.v_proj, attn.o_proj, mlp.fc_in, mlp.fc_out) so the engine's LoRA can wrap them;
-training and sampling clients live in service.py, pretraining in build.py.
+training and sampling steps live in compute.py, pretraining in build.py.
 """
 
 from __future__ import annotations
