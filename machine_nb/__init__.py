@@ -9,6 +9,8 @@ public API; each name lives in the module a reader would look for (`select_runs`
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -114,3 +116,21 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
+
+
+class _Package(types.ModuleType):
+    """This package's module type: a public function keeps its name when its namesake submodule loads.
+
+    `evaluate`, `validate`, `compare` and `candidate` are functions defined in modules of the same
+    name. When Python first loads such a submodule it binds it to the package's attribute of that
+    name, which would leave `machine_nb.evaluate` the module (not callable) for the rest of the
+    process. Here the function is bound instead; the module stays in `sys.modules`.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _API.get(name) == name and hasattr(value, name):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

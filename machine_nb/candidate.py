@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cases import evaluate_module, is_checkpoint, live_index, load_cases, machine_path, read_versions
+from .cases import is_checkpoint, live_index, load_cases, machine_path, read_versions
 
 
 class CommitRefused(RuntimeError):
@@ -75,7 +75,8 @@ class Gate:
 
     def decide(self, report: "CandidateReport") -> tuple[bool, str]:
         """(passed, reason): the reason names every part of the rule that failed, or the numbers that passed."""
-        min_discordant_for = evaluate_module().min_discordant_for
+        from .stats import min_discordant_for
+
         r = report
         failed = []
         if r.trained_on_holdout:
@@ -180,8 +181,9 @@ def case_table(live: Any, candidate: Any):
 
 def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout: int = 0) -> CandidateReport:
     """The CandidateReport of two evaluate_cases frames over the same held-out cases."""
-    ev = evaluate_module()
-    compare, mcnemar_exact = ev.compare, ev.mcnemar_exact
+    from .compare import compare
+    from .stats import mcnemar_exact
+
     cases = case_table(live, candidate)
     wins, losses = int((cases["change"] == "win").sum()), int((cases["change"] == "loss").sum())
     return CandidateReport(
@@ -542,17 +544,3 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
 
 __all__ = ["candidate", "Candidate", "CandidateReport", "Gate", "CommitRefused", "CommitConflict", "revert"]
-
-
-class _CallableModule(type(json)):
-    """This module, callable as `candidate(…)`: importing `machine_nb.candidate` binds the package's
-    `candidate` attribute to the module (the import system does that), so `mnb.candidate(…)` must
-    work whichever of the two it finds."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Candidate:
-        return candidate(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

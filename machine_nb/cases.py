@@ -43,23 +43,6 @@ prompt_tokens, output_tokens, latency_s, stop_reason, error)."""
 Grader = Callable[[dict, str], Any]
 
 
-def evaluate_module() -> Any:
-    """machine_nb.evaluate, loaded so that the package's `evaluate` stays the function.
-
-    The import system binds a submodule to its package's attribute of the same name when it first
-    loads it; for evaluate.py (which defines `evaluate`) that would leave `mnb.evaluate` the
-    module. Put back what the package's lazy lookup binds.
-    """
-    import importlib
-    import sys
-
-    module = importlib.import_module(".evaluate", __package__)
-    package = sys.modules[__package__]
-    if package.__dict__.get("evaluate") is module:
-        package.evaluate = module.evaluate
-    return module
-
-
 def machine_path(workspace: str | os.PathLike, machine: str) -> Path:
     """`<workspace>/machines/<name>/`, checked to exist (MachineFormatError naming the machines found)."""
     from .store.workspace import list_machines, name_segments, workspace_root
@@ -73,7 +56,7 @@ def machine_path(workspace: str | os.PathLike, machine: str) -> Path:
 
 def _check_rule(case: dict, i: int, path: Path) -> dict:
     """The case's eval rule {expected, match, format}, checked as evaluate checks an eval row."""
-    check_row = evaluate_module().check_row
+    from .evaluate import check_row
 
     if "expected" not in case or case["expected"] is None:
         for key in ("match", "format"):
@@ -265,8 +248,7 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     """
     import pandas as pd
 
-    ev = evaluate_module()
-    _now, evaluate, results_name = ev._now, ev.evaluate, ev.results_name
+    from .evaluate import _now, evaluate, results_name
 
     if int(trials) < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")

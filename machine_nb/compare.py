@@ -12,8 +12,6 @@ import html
 import json
 import math
 import os
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -559,17 +557,3 @@ def compare_many(baseline: Any, checkpoints: Mapping[str, Any] | Sequence[Any], 
     return CompareManyResult(baseline_name=base_name, baseline_accuracy=any_r.baseline_accuracy,
                              baseline_ci_low=any_r.baseline_ci_low, baseline_ci_high=any_r.baseline_ci_high,
                              results=results, table=table, summary="\n".join(lines), alpha=alpha, level=level)
-
-
-# --------------------------------------------------------------------------- the module's name
-
-class _CallableModule(types.ModuleType):
-    """`machine_nb.compare` is both this module and the function users call: importing the module
-    (evaluate.py re-exports from it) binds the package attribute to the module, so calling it
-    calls compare()."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> CompareResult:
-        return compare(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -25,3 +25,23 @@ def test_unknown_name_is_an_attribute_error():
         assert "no_such_thing" in str(exc)
     else:  # pragma: no cover
         raise AssertionError("expected AttributeError")
+
+
+def test_a_function_keeps_its_name_when_its_namesake_module_loads_first():
+    """`evaluate`, `validate`, `compare`, `candidate` live in modules of the same name; importing
+    such a module first (as internal code does) must not leave the package attribute the module."""
+    import subprocess
+    import sys
+
+    import machine_nb
+
+    namesakes = sorted(name for name, module in machine_nb._API.items() if module == name)
+    assert {"evaluate", "validate", "compare", "candidate"} <= set(namesakes)
+    code = ("import importlib, machine_nb as mnb\n"
+            f"names = {namesakes!r}\n"
+            "for n in names: importlib.import_module('machine_nb.' + n)\n"
+            "import machine_nb.evaluate, machine_nb.validate\n"
+            "from machine_nb.validate import preflight\n"
+            "print(all(callable(getattr(mnb, n)) and getattr(mnb, n).__name__ == n for n in names))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
