@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ["01_minimal_sft.ipynb", "02_explore_runs.ipynb"]
+NOTEBOOKS = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 # appended to notebook 01 (in memory only) so its final numbers come back as one JSON line
 _NUMBERS_CELL = """
 import json as _json

@@ -460,11 +460,11 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
     Args:
         workspace, machine: the machine (its versions.json, holdout.json, instructions).
-        checkpoint: the sampler path to measure (`local://…` or `tinker://…`). Its base model
+        checkpoint: the sampler path to measure (`tinker://…`; `tinker://local-…` on the local engine). Its base model
             must be the live version's (ValueError otherwise: another renderer, another model).
         trials: samples per case per version (default 1; more only say something at temperature > 0).
         gate: the promotion rule (default `Gate()`: no case lost and a significant gain).
-        engine: default the checkpoint's own (local for local://).
+        engine: default the checkpoint's own (local for tinker://local-…).
         grader: for held-out cases that declare no expected answer (see evaluate_cases).
         data: the training data (JSONL path or lines), to check it held no held-out input: such a
             candidate is refused (default None: not checked).

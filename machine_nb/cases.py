@@ -156,7 +156,8 @@ def live_index(versions: list[dict]) -> int:
 
 
 def is_checkpoint(model: str) -> bool:
-    """Whether a version's model is a sampler checkpoint path (`local://…`, `tinker://…`) rather than a name."""
+    """Whether a version's model is a sampler checkpoint path (`tinker://…`, or a `local://…` one
+    written before the local server) rather than a model name."""
     return "://" in str(model)
 
 
@@ -227,7 +228,7 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         split: "holdout" (default: the cases no trainer sees) or "cases".
         cases: case strings/dicts or a load_cases frame to run instead of the file (default None).
         trials: samples per case (default 1).
-        engine: "local" | "tinker"; default the model's own (local for local/… and local://).
+        engine: "local" | "tinker"; default the model's own (local for local/… and tinker://local-…).
         grader: `(case dict, reply text) -> bool` (a number counts as correct at >= 1) for cases
             that declare no expected answer. Default None: such a case is an error.
         instructions: the system prompt. Default None: the live version's instructions, else

@@ -530,7 +530,10 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
             "prompt_tokens": got["prompt_tokens"], "output_tokens": got["output_tokens"],
             "latency_s": got["latency_s"], "stop_reason": got["stop_reason"], "error": got["error"] or problem,
         })
-    df = pd.DataFrame.from_records(records, columns=RESULT_COLUMNS)
+        if row.get("case") is not None:  # rows that share a case are clustered by compare()
+            records[-1]["case"] = row["case"]
+    columns = RESULT_COLUMNS + (["case"] if any("case" in r for r in records) else [])
+    df = pd.DataFrame.from_records(records, columns=columns)
     errors = [r for i, r in enumerate(records) if sampled[i]["error"]]
     if errors:
         listed = "\n".join(f"  row {r['row']}: {r['error']}" for r in errors[:10])
@@ -574,13 +577,15 @@ def load_results(path: str | os.PathLike) -> Any:
     """
     import pandas as pd
 
+    from .jsonl import parse_json
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        with open(path, "rb") as fh:
+            data = parse_json(fh.read(), path)
     except FileNotFoundError:
         raise MachineFormatError(path, "file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MachineFormatError(path, f"not a results JSON: {exc}") from None
+    except MachineFormatError as exc:
+        raise MachineFormatError(path, f"not a results JSON: {exc.reason}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
     for i, row in enumerate(data["rows"]):
@@ -591,7 +596,7 @@ def load_results(path: str | os.PathLike) -> Any:
     for col in RESULT_COLUMNS:
         if col not in df.columns:
             df[col] = range(len(df)) if col == "row" else None
-    df = df[RESULT_COLUMNS]
+    df = df[RESULT_COLUMNS + (["case"] if "case" in df.columns else [])]
     df.attrs["summary"] = {k: v for k, v in data.items() if k != "rows"}
     df.attrs["path"] = os.fspath(path)
     return df

@@ -99,7 +99,12 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def min_discordant_for(alpha: float = 0.05) -> int:
-    """The fewest discordant pairs that can reach p < alpha: all in one direction, 2·½^m < alpha (6 at 0.05)."""
+    """The fewest discordant pairs that can reach p < alpha: all in one direction, 2·½^m < alpha (6 at 0.05).
+
+    ValueError unless 0 < alpha < 1 (no count of pairs reaches p < 0).
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1 (exclusive), got {alpha!r}")
     m = 1
     while 2 * 0.5 ** m >= alpha:
         m += 1

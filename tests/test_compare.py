@@ -356,3 +356,13 @@ def test_to_dict_is_plain_data_with_the_new_fields():
     for key in ("baseline_ci_low", "checkpoint_ci_high", "delta_ci_low", "delta_ci_high", "p_method", "cases",
                 "design_effect", "effective_n", "rows_for_power", "level"):
         assert key in d
+
+
+def test_an_impossible_alpha_is_refused_instead_of_looping():
+    import pytest as _pytest
+
+    from machine_nb.stats import min_discordant_for
+
+    for alpha in (0, -0.1, 1, 1.5):
+        with _pytest.raises(ValueError, match="alpha"):
+            min_discordant_for(alpha)

@@ -52,3 +52,13 @@ def test_from_a_compare_result_with_or_without_frames():
     assert len(full.rows) == 6
     no_change = CompareView(BASE, BASE, only_flips=True)
     assert "No row changed." in no_change.static_html()
+
+
+def test_all_wins_at_n_24_never_prints_a_zero_width_interval():
+    """24/0/0 used to read "+100.0% (paired bootstrap 95% CI [+100.0%, +100.0%])": a certainty 24
+    rows cannot give. The view shows the small-n intervals and says the bootstrap has no spread."""
+    base = results([False] * 24, [f"{i} + 1 = {i + 1}" for i in range(24)])
+    tuned = results([True] * 24, [f"answer: {i + 1}" for i in range(24)])
+    html = CompareView(base, tuned).static_html()
+    assert "+100.0%, +100.0%" not in html and "+100.0% to +100.0%" not in html
+    assert "Newcombe" in html and "no spread" in html and "86.2% to 100.0%" in html

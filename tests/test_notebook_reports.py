@@ -115,7 +115,7 @@ def test_refresh_writes_checkout_paths_relative_to_notebooks():
     assert rel(text, root) == "local://../runs/a/final ../data/x y.json /srv/other"
 
 
-@pytest.mark.parametrize("name", ["01_minimal_sft.ipynb", "02_explore_runs.ipynb"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
 def test_committed_notebooks_are_clean_and_parameterised(name):
     nb = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
     assert nb["nbformat"] == 4 and nb["nbformat_minor"] >= 5

@@ -20,10 +20,10 @@ def _machine_flags(p: argparse.ArgumentParser) -> None:
 
 def _measure_flags(p: argparse.ArgumentParser) -> None:
     _machine_flags(p)
-    p.add_argument("--checkpoint", required=True, help="the trained sampler path: local://… or tinker://…")
+    p.add_argument("--checkpoint", required=True, help="the trained sampler path: tinker://… (tinker://local-… on the local engine)")
     p.add_argument("--trials", type=int, default=1, help="samples per held-out case per version (default 1)")
     p.add_argument("--engine", choices=["local", "tinker"], default=None,
-                   help="default: the checkpoint's own (local for local://)")
+                   help="default: the checkpoint's own (local for tinker://local-…)")
     p.add_argument("--data", default=None,
                    help="the training JSONL, to refuse a candidate trained on held-out inputs (default: not checked)")
     p.add_argument("--max-losses", type=int, default=0,

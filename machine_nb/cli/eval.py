@@ -19,7 +19,7 @@ def _sampling_flags(p: argparse.ArgumentParser, data: str = DEFAULT_DATA) -> Non
                    help="base model whose renderer formats prompts (default: the local engine's model; "
                         "required for tinker:// checkpoints)")
     p.add_argument("--engine", choices=["local", "tinker"], default=None,
-                   help="default: local for local/… models and local:// paths, else tinker")
+                   help="default: local for local/… models and tinker://local-… paths, else tinker")
     p.add_argument("--max-tokens", type=int, default=32, help="reply budget per row (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, so reruns agree")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
@@ -44,10 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_eval, checkpoint=None)
 
     p = evsub.add_parser("checkpoint", help="evaluate a trained checkpoint (sampler path)",
-                         description="Sample every row of --data from CHECKPOINT (tinker://… or local://…) and score "
+                         description="Sample every row of --data from CHECKPOINT (tinker://…; tinker://local-… on the local engine) and score "
                                      "it. Reads: --data, the checkpoint. Writes: --out (default "
                                      "eval_results/<last path segment>.json). " + cost)
-    p.add_argument("checkpoint", help="sampler path: tinker://…/sampler_weights/… or local://…")
+    p.add_argument("checkpoint", help="sampler path: tinker://…/sampler_weights/…")
     _sampling_flags(p)
     p.add_argument("--out", default=None, help="results JSON (default eval_results/<checkpoint name>.json)")
     p.set_defaults(func=_run_eval)
@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Run off-distribution prompts (--data, default the corpus's probe.jsonl) "
                                      "through the base model and CHECKPOINT side by side. Reads: --data. Writes: "
                                      "nothing. " + cost.replace("each row", "each prompt, twice,"))
-    p.add_argument("checkpoint", help="sampler path: tinker://… or local://…")
+    p.add_argument("checkpoint", help="sampler path: tinker://…")
     _sampling_flags(p, data="data/minimal_sft/probe.jsonl")
     p.add_argument("--format", default=None, help="the learned style as a regex, e.g. 'answer: .*' (default: each row's)")
     p.set_defaults(func=_run_probe)

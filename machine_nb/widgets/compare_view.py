@@ -59,14 +59,25 @@ def numbers_html(result: Any) -> str:
         return "—" if v is None else f"{v:.1%}"
 
     base, ckpt = escape(getattr(result, "baseline_name", "baseline")), escape(getattr(result, "checkpoint_name", "checkpoint"))
+    def with_interval(value: Any, low: Any, high: Any) -> str:
+        return pct(value) if low is None else f"{pct(value)} ({pct(low)} to {pct(high)})"
+
+    # intervals that hold at small n (Wilson, Newcombe); the bootstrap as a second view, in words
+    # when it has no spread, so a zero-width interval is never printed as if it were one
     rows = [
-        (f"{base} accuracy", pct(result.baseline_accuracy)),
-        (f"{ckpt} accuracy", pct(result.checkpoint_accuracy)),
-        ("delta", f"{result.delta:+.1%} (paired bootstrap 95% CI [{result.ci_low:+.1%}, {result.ci_high:+.1%}])"),
+        (f"{base} accuracy", with_interval(result.baseline_accuracy, getattr(result, "baseline_ci_low", None),
+                                           getattr(result, "baseline_ci_high", None))),
+        (f"{ckpt} accuracy", with_interval(result.checkpoint_accuracy, getattr(result, "checkpoint_ci_low", None),
+                                           getattr(result, "checkpoint_ci_high", None))),
+        ("delta", escape(getattr(result, "delta_text", f"{result.delta:+.1%}"))),
+        ("paired bootstrap", escape(getattr(result, "bootstrap_text",
+                                            f"[{result.ci_low:+.1%}, {result.ci_high:+.1%}]"))),
         ("wins / ties / losses", f'<span style="color:{text_colour(GREEN)}">{result.wins}</span> / {result.ties} / '
                                  f'<span style="color:{text_colour(RED)}">{result.losses}</span>'),
-        ("exact McNemar p", f"{result.p_value:.3g}"),
+        (escape(getattr(result, "p_method", "exact McNemar p")), f"{result.p_value:.3g}"),
     ]
+    if getattr(result, "rows_for_power", None):
+        rows.append(("rows for 80% power", f"about {result.rows_for_power}"))
     fr_a, fr_b = getattr(result, "baseline_format_rate", None), getattr(result, "checkpoint_format_rate", None)
     if fr_a is not None or fr_b is not None:
         rows.append(("format rate", f"{pct(fr_a)} → {pct(fr_b)}"))
@@ -125,7 +136,7 @@ class CompareView(StaticFallback, widgets.VBox):
         if result is None:
             if frames is None:
                 raise ValueError("CompareView needs baseline and checkpoint results, or result= a CompareResult")
-            from ..evaluate import compare
+            from ..compare import compare
 
             result = compare(*frames)
         self.result = result

@@ -1,0 +1,64 @@
+"""Notebook 01 on the Tinker path, offline: `engine="tinker"` with TINKER_BASE_URL pointing at a
+`machine-nb serve` server and a placeholder `tml-…` key. It runs machine_nb's Tinker code path end
+to end (service check, SDK, cookbook, checkpoints served by the URL) and must give the very
+held-out numbers `engine="local"` gives with the same seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from machine_nb.report import run_report
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_minimal_sft.ipynb"
+PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: no real service sees it
+
+
+@pytest.fixture
+def server(tmp_path):
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
+                             str(tmp_path / "server-data")], stdout=subprocess.PIPE, stderr=log, text=True,
+                            start_new_session=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serving the Tinker API on "), open(log.name).read()
+    yield line.split(" on ", 1)[1].strip()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+def results(log_root: Path) -> dict[str, dict]:
+    (run,) = [p for p in log_root.iterdir() if p.is_dir()]
+    return {name: json.loads((run / f"{name}.json").read_text()) for name in ("baseline", "checkpoint")}
+
+
+@pytest.mark.slow
+def test_notebook_01_through_the_tinker_path_matches_the_local_engine(tmp_path, server, monkeypatch):
+    common = {"data_dir": str(tmp_path / "data"), "seed": 0}
+    monkeypatch.setenv("TINKER_BASE_URL", server)
+    monkeypatch.setenv("TINKER_API_KEY", PLACEHOLDER_KEY)
+    run_report(NOTEBOOK, {**common, "engine": "tinker", "model": "local/arith-tiny",
+                          "log_root": str(tmp_path / "runs-tinker")}, tmp_path / "out" / "tinker.html")
+    monkeypatch.delenv("TINKER_BASE_URL")
+    monkeypatch.delenv("TINKER_API_KEY")
+    run_report(NOTEBOOK, {**common, "engine": "local", "log_root": str(tmp_path / "runs-local")},
+               tmp_path / "out" / "local.html")
+    tinker, local = results(tmp_path / "runs-tinker"), results(tmp_path / "runs-local")
+    assert tinker["checkpoint"]["engine"] == "tinker" and local["checkpoint"]["engine"] == "local"
+    for name in ("baseline", "checkpoint"):
+        assert [r["output"] for r in tinker[name]["rows"]] == [r["output"] for r in local[name]["rows"]]
+        assert tinker[name]["accuracy"] == local[name]["accuracy"]
+    assert local["baseline"]["accuracy"] <= 0.05 and local["checkpoint"]["accuracy"] >= 0.8
+    assert tinker["checkpoint"]["checkpoint"].startswith("tinker://local-")  # served by the URL's server
+    for report in (tmp_path / "out").iterdir():
+        assert PLACEHOLDER_KEY not in report.read_text(encoding="utf-8", errors="replace"), report
