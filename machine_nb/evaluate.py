@@ -1,9 +1,9 @@
-"""Evaluation: held-out eval rows → samples through an engine → scores → a results JSON, and the
-paired comparison (baseline vs checkpoint) that tells a real improvement from noise.
+"""Evaluation: held-out eval rows → samples through an engine → scores → a results JSON.
 
-Rows are Machine's `{"messages", "expected", "match", "format"?}` (machine-format.md §6). Sampling
-goes through the engine's tinker-API sampling client (local or Tinker, see engines/); whether a
-checkpoint is *good enough* to use is the reader's call, made from `compare()`'s numbers.
+Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train eval` row format).
+Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
+whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
+numbers (re-exported here for older imports).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a training run or an eval will cost before it runs, and a budget guard that refuses first.
 
-Prices are USD per million tokens, each row with its source and date (Machine's `TINKER_PRICES`,
-see reference/machine-format.md §5); token counts come from `tokens.count_tokens` (exact where the
+Prices are USD per million tokens, each row with its source and date (Machine's `TINKER_PRICES`
+table in its src/pricing.ts); token counts come from `tokens.count_tokens` (exact where the
 model's renderer works offline). `train.sft` and `evaluate` call `check_budget` before spending.
 """
 

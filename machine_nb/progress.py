@@ -62,6 +62,11 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
             self.update()
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the bar has finished (closed by `close()`, the end of a `with`, or the end of iteration)."""
+        return self._closed
+
     def __enter__(self) -> progress:
         return self
 

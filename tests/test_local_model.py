@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from machine_nb.engines import local  # noqa: E402

@@ -202,9 +202,7 @@ def test_runs_from_the_sample_workspace_whole_runs_on_inkling():
 
     import machine_nb as mnb
 
-    workspace = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
-    if not workspace.exists():
-        pytest.skip("sample workspace not generated")
+    workspace = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"  # committed
     sel = mnb.select_runs(mnb.load_runs(workspace), "coder")
     steps = ExamplePreviewer(sel)  # a runs DataFrame goes through training_lines
     assert len(steps.lines) > len(sel) and {x["run"] for x in steps.lines} <= set(sel["id"])

@@ -13,8 +13,10 @@ def test_counts_and_postfix_text():
 
 
 def test_wraps_iterables_and_closes():
-    seen = list(progress(range(5), desc="rows", enabled=False))
+    bar = progress(range(5), desc="rows", enabled=False)
+    seen = list(bar)
     assert seen == [0, 1, 2, 3, 4]
+    assert bar.n == 5 and bar.closed  # iterating to the end closes the bar
 
 
 def test_terminal_mode_writes_to_stderr(capsys):

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-nbconvert = pytest.importorskip("nbconvert")
+import nbclient  # noqa: E402  - project dependencies: a broken install fails, never skips
+import nbconvert  # noqa: E402
+import nbformat  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -94,10 +94,7 @@ def test_prompt_tokens_are_the_generation_prompt():
 
 
 def test_local_engine_model_counts_exactly():
-    try:
-        from machine_nb.engines.local import DEFAULT_MODEL
-    except Exception as exc:  # pragma: no cover - the local engine is another engineer's
-        pytest.skip(f"machine_nb.engines.local not importable yet: {exc}")
+    from machine_nb.engines.local import DEFAULT_MODEL
     df = count_tokens([qa("What is 47 plus 15?", "answer: 62")], DEFAULT_MODEL)
     assert df["exact"][0] and 0 < df["trained_tokens"][0] < df["tokens"][0]
 

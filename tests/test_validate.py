@@ -81,10 +81,7 @@ def test_renderer_failures_length_and_histogram(tmp_path):
 
 
 def test_zero_trainable_tokens_on_the_local_engine(tmp_path):
-    try:
-        from machine_nb.engines.local import DEFAULT_MODEL
-    except Exception as exc:  # pragma: no cover - the local engine is another engineer's
-        pytest.skip(f"machine_nb.engines.local not importable yet: {exc}")
+    from machine_nb.engines.local import DEFAULT_MODEL
     path = write(tmp_path / "t.jsonl", [{"messages": [{"role": "user", "content": "x"},
                                                       {"role": "assistant", "content": "y", "trainable": False}]},
                                         qa("What is 47 plus 15?", "answer: 62")])
