@@ -13,14 +13,11 @@ import concurrent.futures
 import contextlib
 import datetime as _dt
 import hashlib
-import html
 import json
-import math
 import os
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Protocol
@@ -272,8 +269,10 @@ async def _sample_rows(client: Any, renderer: Any, prompts: list[Any], params: A
                 error = None
             except EngineError:
                 raise  # the engine refuses the whole job (wrong model, no key): stop at once
-            except Exception as exc:  # one failed request: record it, keep the other rows
-                response, error = None, f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # one failed request: record it (redacted), keep the other rows
+                from .redact import redacted
+
+                response, error = None, redacted(f"{type(exc).__name__}: {exc}")
             latency = time.perf_counter() - start
         out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
                "latency_s": round(latency, 4), "error": error}

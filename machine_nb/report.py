@@ -18,7 +18,7 @@ HTML and in the error a failing cell raises:
   whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
 - the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
   value or anywhere in the text;
-- key-shaped strings (validate.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
+- key-shaped strings (redact.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
   private key blocks), set in the environment or not.
 Live-widget views are dropped from outputs that carry a static `text/html` fallback, with the
 widget-state metadata GitHub refuses to render.
@@ -28,28 +28,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .jsonl import atomic_write_text
+from .redact import REDACTED, is_secret_name, scrub, secret_values  # noqa: F401  (the rule's home)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-REDACTED = "[redacted]"
-_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS")
-_PARTS = {"PASS", "PWD", "CREDS", "PAT", "COOKIE"}
-_NOT_SECRET_PARTS = {"AUTHOR", "AUTHORS"}
-_MIN_SECRET_LEN = 3  # shorter values ("1", "no") are not secrets, and redacting them garbles text
-_WHOLE_WORD_BELOW = 8  # shorter values are replaced only as whole words: "abc1" not inside "abc12"
-_COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "0", "1", "auto", "default",
-                  "enabled", "disabled", "local", "dev", "test", "prod"}
-# scheme://user:PASSWORD@ — userinfo holds no "/", "@" or whitespace; the password may hold ":"
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/@\"'<>]+)(?=@)")
 
 
 @dataclass
@@ -65,75 +54,6 @@ class Report:
     def _repr_html_(self) -> str:
         return (f"<p>Report: <code>{self.html}</code> (executed notebook <code>{self.executed}</code>), "
                 f"{self.wall_s:.1f} s</p>")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable's name says it holds a secret (the rule in this module's docstring)."""
-    parts = [p for p in re.split(r"[^A-Z0-9]+", str(name).upper()) if p]
-    if len(parts) < 2 and parts in (["PWD"], ["PASS"], ["PAT"]):  # the working directory, not a password
-        return False
-    return any(p.endswith(_SUFFIXES) or p in _PARTS or (p.startswith("AUTH") and p not in _NOT_SECRET_PARTS)
-               for p in parts)
-
-
-def _worth_redacting(value: str) -> bool:
-    v = value.strip()
-    return len(v) >= _MIN_SECRET_LEN and v.lower() not in _COMMON_VALUES
-
-
-def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
-    """The values to redact from a report, longest first: those of secret-named variables in
-    `environ` (default os.environ; non-string values are skipped) and the password of any URL value.
-    """
-    environ = os.environ if environ is None else environ
-    values = set()
-    for name, value in environ.items():
-        if not isinstance(value, str):
-            continue
-        if is_secret_name(name) and _worth_redacting(value):
-            values.add(value)
-        for m in _URL_PASSWORD.finditer(value):
-            if _worth_redacting(m.group(2)):
-                values.add(m.group(2))
-    return sorted(values, key=len, reverse=True)
-
-
-@lru_cache(maxsize=1)
-def _key_shapes() -> re.Pattern[str]:
-    """One pattern for every key-shaped string validate knows, a private key as its whole block."""
-    from .validate import SECRET_PATTERNS
-
-    shapes = [p.pattern for name, p in SECRET_PATTERNS if name != "private key"]
-    block = (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
-             r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)")
-    return re.compile("|".join([block, *shapes]))
-
-
-def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
-    """Redact `secrets` (each in its raw and JSON-escaped form), URL passwords and key-shaped strings;
-    returns (text, number of replacements). Values under 8 characters are replaced as whole words only.
-    """
-    count = 0
-    for s in secrets:
-        for form in {s, json.dumps(s)[1:-1]}:
-            if form not in text:
-                continue
-            if len(form) >= _WHOLE_WORD_BELOW:
-                count += text.count(form)
-                text = text.replace(form, REDACTED)
-            else:
-                text, n = re.subn(rf"(?<![A-Za-z0-9_]){re.escape(form)}(?![A-Za-z0-9_])", REDACTED, text)
-                count += n
-    replaced = [0]
-
-    def url(m: re.Match[str]) -> str:
-        if m.group(2) != REDACTED:  # not already redacted as a known value
-            replaced[0] += 1
-        return m.group(1) + REDACTED
-
-    text = _URL_PASSWORD.sub(url, text)
-    text, n = _key_shapes().subn(REDACTED, text)
-    return text, count + replaced[0] + n
 
 
 def _scrub_tree(value: Any, secrets: list[str]) -> tuple[Any, int]:

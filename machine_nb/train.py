@@ -514,7 +514,10 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Any = None,
         class _Sdk(Exception):
             body = outcome["body"]
         raise explain(_Sdk(outcome["message"])) from None
-    raise EngineError(f"training failed: {outcome['type']}: {outcome['message']} (log: {log_dir / 'train.log'})")
+    from .redact import redacted
+
+    raise EngineError(redacted(f"training failed: {outcome['type']}: {outcome['message']} "
+                               f"(log: {log_dir / 'train.log'})"))
 
 
 def _sft_config(spec: dict) -> Any:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import html
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from . import patterns
 from .jsonl import dumps_line, iter_jsonl
+from .redact import SECRET_PATTERNS
 
 ROLES = ("system", "user", "assistant", "tool")
 MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
@@ -32,14 +32,6 @@ FINDING_COLUMNS = ["line", "severity", "code", "message"]
 code (a stable short name, e.g. render_failed), message (what and where, secrets redacted)."""
 
 # API-key-like strings and private keys; a match is reported redacted, never printed whole.
-SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
-    ("API key (sk-…)", re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}")),
-    ("Tinker key (tml-…)", re.compile(r"\btml-[A-Za-z0-9_\-]{20,}")),
-    ("AWS access key", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),
-    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),
-    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
-)
 
 
 def redact(secret: str) -> str:

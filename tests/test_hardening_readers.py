@@ -127,3 +127,47 @@ def test_a_torn_line_says_at_column_once(tmp_path):
         with pytest.raises(MachineFormatError) as err:
             parse_json(text)
         assert words in str(err.value).lower() and "at at" not in str(err.value)
+
+
+def test_errors_that_carry_a_key_are_redacted_in_eval_rows_and_on_the_terminal(monkeypatch, capsys):
+    """A request error that quotes the key lands in an eval's per-row `error` (and its results
+    JSON) and a CLI error line: both are redacted by the same rule as reports."""
+    import tinker
+
+    from machine_nb.cli import main
+    from machine_nb.errors import EngineError
+    from machine_nb.evaluate import evaluate
+    from machine_nb.render import get_renderer
+
+    key = "tml-canary-for-redaction-tests-00000000"  # a fake key
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    reply = get_renderer("local/arith-tiny").tokenizer.encode(" answer: 3<|end|>")
+
+    class HalfLeaky:
+        calls = 0
+
+        async def sample_async(self, prompt, num_samples, sampling_params):
+            type(self).calls += 1
+            if type(self).calls % 2:
+                raise RuntimeError(f"upstream said: bad key {key}")
+            import numpy as np
+
+            return tinker.SampleResponse(sequences=[tinker.SampledSequence(
+                stop_reason="stop", sequence_id="s", tokens_np=np.asarray(reply, dtype=np.int32),
+                logprobs_np=np.zeros(len(reply), dtype=np.float32))])
+
+    rows = [{"messages": [{"role": "user", "content": "What is 1 plus 2?"}], "expected": "answer: 3"}] * 2
+    with pytest.warns(UserWarning, match="failed"):
+        df = evaluate(rows, model="local/arith-tiny", sampling_client=HalfLeaky(), save=False, concurrency=1)
+    assert df["error"].notna().sum() == 1 and key not in " ".join(df["error"].dropna())
+    assert "[redacted]" in " ".join(df["error"].dropna())
+
+    class Leaky:
+        async def sample_async(self, prompt, num_samples, sampling_params):
+            raise RuntimeError(f"upstream said: bad key {key}")
+
+    with pytest.raises(EngineError) as info:
+        evaluate(rows, model="local/arith-tiny", sampling_client=Leaky(), save=False)
+    assert key not in str(info.value)
+    assert main(["validate", "/no/such/file-" + key + ".jsonl"]) != 0
+    assert key not in capsys.readouterr().err

@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, RuntimeError, OSError) as exc:
         # errors of ours carry file/line/field; print them without a traceback
-        print(f"machine-nb {args.command}: {exc}", file=sys.stderr)
+        from ..redact import redacted
+
+        print(redacted(f"machine-nb {args.command}: {exc}"), file=sys.stderr)
         return 1
 
 

@@ -1,0 +1,120 @@
+"""Secrets: what counts as one, and how text is redacted before anyone sees it.
+
+The one home for the rule, so a report, an eval's per-row errors, a training error and
+validate's findings all redact the same things.
+
+What is redacted (`[redacted]`):
+- the value of every environment variable, and every `parameters` entry, with a secret name:
+  a name part (split at `_` and other non-letters) that ends in KEY, TOKEN, SECRET, PASSWORD,
+  PASSWD, PASSPHRASE, CREDENTIAL(S), or is PASS, PWD, CREDS, PAT, COOKIE, or starts with AUTH
+  (not AUTHOR): `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, `SVC_PWD`, `GCP_CREDENTIALS`, … but not
+  `PWD`, `OLDPWD` (the working directory) or `GIT_AUTHOR_NAME`;
+- whatever its length, except blank values, values under 3 characters and common flag words
+  ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
+  report and protect nothing. A value under 8 characters is replaced only where it stands as a
+  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
+- the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
+  value or anywhere in the text;
+- key-shaped strings (validate.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
+  private key blocks), set in the environment or not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from typing import Any
+
+SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("API key (sk-…)", re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}")),
+    ("Tinker key (tml-…)", re.compile(r"\btml-[A-Za-z0-9_\-]{20,}")),
+    ("AWS access key", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),
+    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
+)
+
+REDACTED = "[redacted]"
+_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS")
+_PARTS = {"PASS", "PWD", "CREDS", "PAT", "COOKIE"}
+_NOT_SECRET_PARTS = {"AUTHOR", "AUTHORS"}
+_MIN_SECRET_LEN = 3  # shorter values ("1", "no") are not secrets, and redacting them garbles text
+_WHOLE_WORD_BELOW = 8  # shorter values are replaced only as whole words: "abc1" not inside "abc12"
+_COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "0", "1", "auto", "default",
+                  "enabled", "disabled", "local", "dev", "test", "prod"}
+# scheme://user:PASSWORD@ — userinfo holds no "/", "@" or whitespace; the password may hold ":"
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/@\"'<>]+)(?=@)")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable's name says it holds a secret (the rule in this module's docstring)."""
+    parts = [p for p in re.split(r"[^A-Z0-9]+", str(name).upper()) if p]
+    if len(parts) < 2 and parts in (["PWD"], ["PASS"], ["PAT"]):  # the working directory, not a password
+        return False
+    return any(p.endswith(_SUFFIXES) or p in _PARTS or (p.startswith("AUTH") and p not in _NOT_SECRET_PARTS)
+               for p in parts)
+
+
+def _worth_redacting(value: str) -> bool:
+    v = value.strip()
+    return len(v) >= _MIN_SECRET_LEN and v.lower() not in _COMMON_VALUES
+
+
+def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
+    """The values to redact from a report, longest first: those of secret-named variables in
+    `environ` (default os.environ; non-string values are skipped) and the password of any URL value.
+    """
+    environ = os.environ if environ is None else environ
+    values = set()
+    for name, value in environ.items():
+        if not isinstance(value, str):
+            continue
+        if is_secret_name(name) and _worth_redacting(value):
+            values.add(value)
+        for m in _URL_PASSWORD.finditer(value):
+            if _worth_redacting(m.group(2)):
+                values.add(m.group(2))
+    return sorted(values, key=len, reverse=True)
+
+
+@lru_cache(maxsize=1)
+def _key_shapes() -> re.Pattern[str]:
+    """One pattern for every key-shaped string validate knows, a private key as its whole block."""
+    shapes = [p.pattern for name, p in SECRET_PATTERNS if name != "private key"]
+    block = (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+             r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)")
+    return re.compile("|".join([block, *shapes]))
+
+
+def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
+    """Redact `secrets` (each in its raw and JSON-escaped form), URL passwords and key-shaped strings;
+    returns (text, number of replacements). Values under 8 characters are replaced as whole words only.
+    """
+    count = 0
+    for s in secrets:
+        for form in {s, json.dumps(s)[1:-1]}:
+            if form not in text:
+                continue
+            if len(form) >= _WHOLE_WORD_BELOW:
+                count += text.count(form)
+                text = text.replace(form, REDACTED)
+            else:
+                text, n = re.subn(rf"(?<![A-Za-z0-9_]){re.escape(form)}(?![A-Za-z0-9_])", REDACTED, text)
+                count += n
+    replaced = [0]
+
+    def url(m: re.Match[str]) -> str:
+        if m.group(2) != REDACTED:  # not already redacted as a known value
+            replaced[0] += 1
+        return m.group(1) + REDACTED
+
+    text = _URL_PASSWORD.sub(url, text)
+    text, n = _key_shapes().subn(REDACTED, text)
+    return text, count + replaced[0] + n
+
+
+def redacted(text: str) -> str:
+    """`text` with the environment's secrets, URL passwords and key-shaped strings redacted."""
+    return scrub(str(text), secret_values())[0]
