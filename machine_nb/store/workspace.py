@@ -64,6 +64,34 @@ def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 
     warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
 
 
+def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3):
+    """ISO time strings as UTC datetimes; a value that does not parse becomes NaT with one warning.
+
+    values: the raw values (None for absent). where: for each value, its file, line and field as
+    text ("events.jsonl:3 (field 'at')"; used only when the value is bad). what: the records, for the warning
+    ("session file(s)", "event line(s)"). Returns a pandas Series of datetime64 UTC.
+    """
+    import pandas as pd
+
+    raw = pd.Series([v if isinstance(v, str) and v.strip() else None for v in values], dtype=object)
+    times = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+    bad = []
+    for i in range(len(values)):
+        v = values[i]
+        if v is None or (isinstance(v, str) and not v.strip()):
+            continue
+        if not isinstance(v, str):
+            bad.append(f"{where[i]}: {v!r} is not an ISO time string"[:300])
+        elif pd.isna(times.iloc[i]):
+            bad.append(f"{where[i]}: {v!r} does not parse as an ISO time"[:300])
+    if bad:
+        listed = "\n".join(f"  {b}" for b in bad[:20])
+        more = f"\n  … and {len(bad) - 20} more" if len(bad) > 20 else ""
+        warnings.warn(SkippedFiles(f"{len(bad)} {what} have a time that does not parse; kept with NaT:\n"
+                                   f"{listed}{more}"), stacklevel=stacklevel)
+    return times
+
+
 def _loads(data: bytes, path: str | os.PathLike) -> Any:
     """Parse one JSON document, naming the file, line and column on failure."""
     import orjson
@@ -95,36 +123,90 @@ def read_json(path: str | os.PathLike) -> Any:
     return _loads(data, path)
 
 
-def iter_named_files(root: str | os.PathLike, suffix: str = ".json") -> Iterator[tuple[str, str | None, str | None]]:
-    """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
+def walk_folders(root: str | os.PathLike) -> Iterator[tuple[str, list[str], list[str], list[str], str | None]]:
+    """Yield `(dirpath, segments, subdirs, filenames, problem)` for `root` and every folder below it.
 
-    `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
-    (a folder segment that breaks SEGMENT, or a file directly under `root`), else None.
-    Sorted, so readers are deterministic. Paths are strings: pathlib costs more than parsing
-    small run files (measured in benchmarks/bench_load_runs.py).
+    Symlinked folders are followed (a machine folder may live elsewhere), except one that leads
+    back to a folder it is inside of: that loop is yielded once with `problem` saying so, and not
+    entered. `segments` are the folder's names below `root` (as the link is named, not where it
+    points). Subfolders and files are sorted, so readers are deterministic.
     """
     root = os.fspath(root)
     if not os.path.isdir(root):
         return
+    try:
+        st = os.stat(root)
+    except OSError:
+        return
+    stack: list[tuple[str, list[str], tuple]] = [(root, [], ((st.st_dev, st.st_ino),))]
+    while stack:
+        dirpath, segments, ancestors = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                entries = list(it)
+        except OSError as exc:
+            yield dirpath, segments, [], [], f"cannot list folder: {exc.strerror}"
+            continue
+        subdirs, files = [], []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()  # follows a symlink
+            except OSError:
+                is_dir = False
+            (subdirs if is_dir else files).append(e.name)
+        subdirs.sort()
+        files.sort()
+        yield dirpath, segments, subdirs, files, None
+        for name in reversed(subdirs):  # a stack: reversed, so folders come out in sorted order
+            path = os.path.join(dirpath, name)
+            try:
+                sub = os.stat(path)
+            except OSError as exc:
+                yield path, [*segments, name], [], [], f"cannot read folder: {exc.strerror}"
+                continue
+            key = (sub.st_dev, sub.st_ino)
+            if key in ancestors:
+                yield path, [*segments, name], [], [], (
+                    f"symlink {name!r} leads back to a folder it is inside of ({os.path.realpath(path)}): "
+                    "a loop, not followed")
+                continue
+            stack.append((path, [*segments, name], (*ancestors, key)))
+
+
+def folder_problem(segments: list[str], name: str, base: str) -> str | None:
+    """Why a file at `<base>/<segments…>/<name>` is misplaced (see iter_named_files), else None."""
+    if not segments:
+        return f"file directly under {base}/ (expected {base}/<machine>/{name})"
+    bad = [s for s in segments if not SEGMENT.match(s)]
+    if bad:
+        return (f"folder segment {bad[0]!r} is not a valid machine name segment "
+                "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
+    return None
+
+
+def iter_named_files(root: str | os.PathLike, suffix: str = ".json") -> Iterator[tuple[str, str | None, str | None]]:
+    """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
+
+    `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
+    (a folder segment that breaks SEGMENT, or a file directly under `root`), else None. A folder
+    that cannot be entered (a symlink loop, no permission) is yielded once as `(folder, machine,
+    problem)`, so it is reported rather than silently left out. Sorted, so readers are
+    deterministic. Paths are strings: pathlib costs more than parsing small run files (measured
+    in benchmarks/bench_load_runs.py).
+    """
+    root = os.fspath(root)
     base = os.path.basename(root.rstrip(os.sep))
-    cut = len(root.rstrip(os.sep)) + 1
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        rel = dirpath[cut:]
-        segments = rel.split(os.sep) if rel else []
-        bad = [s for s in segments if not SEGMENT.match(s)]
+    for dirpath, segments, _, filenames, problem in walk_folders(root):
         folder = "/".join(segments)
-        for name in sorted(filenames):
+        if problem:
+            yield dirpath, folder or None, problem
+            continue
+        where = folder_problem(segments, "x", base)
+        for name in filenames:
             if not name.endswith(suffix) or name.startswith("."):
                 continue  # temp files of an atomic write, lock files
             path = os.path.join(dirpath, name)
-            if not segments:
-                yield path, None, f"file directly under {base}/ (expected {base}/<machine>/{name})"
-            elif bad:
-                yield path, folder, (f"folder segment {bad[0]!r} is not a valid machine name segment "
-                                     "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
-            else:
-                yield path, folder, None
+            yield path, folder or None, (folder_problem(segments, name, base) if where else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +368,8 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
 def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False):
     """Named chat sessions as a DataFrame, newest first.
 
-    Columns: machine, name, n_messages, updated_at (UTC datetime), messages (list of Machine
+    Columns: machine, name, n_messages, updated_at (UTC datetime; NaT, with a warning naming the
+    file, when `updatedAt` does not parse), messages (list of Machine
     Messages), path, session (the parsed record). A Session is `{machine, name, messages,
     updatedAt}` (store.ts). Bad files are skipped with one SkippedFiles warning (strict=True raises).
     """
@@ -327,14 +410,17 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
     warn_skipped("session file(s)", errors)
     cols = ["machine", "name", "n_messages", "updated_at", "messages", "path", "session"]
     df = pd.DataFrame(rows, columns=cols)
-    df["updated_at"] = pd.to_datetime(df["updated_at"], utc=True, errors="coerce", format="ISO8601")
+    df["updated_at"] = parse_times(list(df["updated_at"]),
+                                   [f"{p} (field 'updatedAt')" for p in df["path"]],
+                                   "session file(s)")
     return df.sort_values(["updated_at", "name"], ascending=False, na_position="last", kind="stable").reset_index(drop=True)
 
 
 def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
     """The workspace's live event stream `.machine/events.jsonl` as a DataFrame, in file order.
 
-    Columns: line (1-based), time (UTC datetime from `time`/`at`/`timestamp`, when present),
+    Columns: line (1-based), time (UTC datetime from the first of `time`/`at`/`timestamp`/`ts`
+    present; one that is not an ISO time string becomes NaT, with a warning naming the line and key),
     type (`type`/`event`/`kind`), machine, run (`run`/`runId`), event (the parsed record).
     The event schema is not known from Machine's sources, so only these common keys are lifted
     out and every record is kept whole in `event`. Unreadable lines (a writer mid-line, invalid
@@ -355,16 +441,21 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
                     raise err
                 warn_skipped("event line(s)", [err], stacklevel=2)
                 continue
+            key = next((k for k in _TIME_KEYS if ev.get(k) is not None), None)
             rows.append({"line": line,
-                         "time": _first(ev, "time", "at", "timestamp", "ts"),
+                         "time": None if key is None else ev[key],
+                         "time_field": key,
                          "type": _first(ev, "type", "event", "kind"),
                          "machine": _first(ev, "machine"),
                          "run": _first(ev, "run", "runId", "run_id"),
                          "event": ev})
-    df = pd.DataFrame(rows, columns=["line", "time", "type", "machine", "run", "event"])
-    df["time"] = pd.to_datetime(df["time"].where(df["time"].map(lambda v: isinstance(v, str))),
-                                utc=True, errors="coerce", format="ISO8601")
-    return df
+    df = pd.DataFrame(rows, columns=["line", "time", "time_field", "type", "machine", "run", "event"])
+    df["time"] = parse_times(list(df["time"]), [f"{path}:{line} (field {key!r})" for line, key in
+                                                zip(df["line"], df["time_field"])], "event line(s)")
+    return df.drop(columns="time_field")
+
+
+_TIME_KEYS = ("time", "at", "timestamp", "ts")
 
 
 def _first(d: dict, *keys: str) -> Any:
