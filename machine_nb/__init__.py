@@ -76,6 +76,9 @@ _API: dict[str, str] = {
     "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
+    # runs at scale: records on demand, the run index
+    "load_records": "frames",
+    "run_index_path": "store.index",
 }
 
 __all__ = sorted(_API)

@@ -123,13 +123,16 @@ def read_json(path: str | os.PathLike) -> Any:
     return _loads(data, path)
 
 
-def walk_folders(root: str | os.PathLike) -> Iterator[tuple[str, list[str], list[str], list[str], str | None]]:
+def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = None
+                 ) -> Iterator[tuple[str, list[str], list[str], list[str], str | None]]:
     """Yield `(dirpath, segments, subdirs, filenames, problem)` for `root` and every folder below it.
 
     Symlinked folders are followed (a machine folder may live elsewhere), except one that leads
     back to a folder it is inside of: that loop is yielded once with `problem` saying so, and not
     entered. `segments` are the folder's names below `root` (as the link is named, not where it
-    points). Subfolders and files are sorted, so readers are deterministic.
+    points). Subfolders and files are sorted, so readers are deterministic. `within`: a folder
+    `root` is inside of (e.g. `runs/` for `runs/<machine>`), whose folders down to `root` count
+    as ones it is inside of too.
     """
     root = os.fspath(root)
     if not os.path.isdir(root):
@@ -138,7 +141,8 @@ def walk_folders(root: str | os.PathLike) -> Iterator[tuple[str, list[str], list
         st = os.stat(root)
     except OSError:
         return
-    stack: list[tuple[str, list[str], tuple]] = [(root, [], ((st.st_dev, st.st_ino),))]
+    ancestors = folder_chain(within, root) if within is not None else ()
+    stack: list[tuple[str, list[str], tuple]] = [(root, [], (*ancestors, (st.st_dev, st.st_ino)))]
     while stack:
         dirpath, segments, ancestors = stack.pop()
         try:
@@ -173,6 +177,22 @@ def walk_folders(root: str | os.PathLike) -> Iterator[tuple[str, list[str], list
             stack.append((path, [*segments, name], (*ancestors, key)))
 
 
+def folder_chain(top: str | os.PathLike, down_to: str | os.PathLike) -> tuple:
+    """(st_dev, st_ino) of `top` and each folder below it on the way to `down_to` (excluded)."""
+    top, down_to = os.fspath(top), os.fspath(down_to)
+    rel = os.path.relpath(down_to, top)
+    chain, path = [], top
+    parts = [] if rel == "." else rel.split(os.sep)
+    for part in [None, *parts[:-1]]:
+        path = path if part is None else os.path.join(path, part)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        chain.append((st.st_dev, st.st_ino))
+    return tuple(chain)
+
+
 def folder_problem(segments: list[str], name: str, base: str) -> str | None:
     """Why a file at `<base>/<segments…>/<name>` is misplaced (see iter_named_files), else None."""
     if not segments:
@@ -184,7 +204,8 @@ def folder_problem(segments: list[str], name: str, base: str) -> str | None:
     return None
 
 
-def iter_named_files(root: str | os.PathLike, suffix: str = ".json") -> Iterator[tuple[str, str | None, str | None]]:
+def iter_named_files(root: str | os.PathLike, suffix: str = ".json", within: str | os.PathLike | None = None
+                     ) -> Iterator[tuple[str, str | None, str | None]]:
     """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
 
     `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
@@ -192,11 +213,11 @@ def iter_named_files(root: str | os.PathLike, suffix: str = ".json") -> Iterator
     that cannot be entered (a symlink loop, no permission) is yielded once as `(folder, machine,
     problem)`, so it is reported rather than silently left out. Sorted, so readers are
     deterministic. Paths are strings: pathlib costs more than parsing small run files (measured
-    in benchmarks/bench_load_runs.py).
+    in benchmarks/bench_load_runs.py). `within`: see walk_folders.
     """
     root = os.fspath(root)
     base = os.path.basename(root.rstrip(os.sep))
-    for dirpath, segments, _, filenames, problem in walk_folders(root):
+    for dirpath, segments, _, filenames, problem in walk_folders(root, within):
         folder = "/".join(segments)
         if problem:
             yield dirpath, folder or None, problem
@@ -342,12 +363,12 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
     strict: False (default, so one bad file does not hide hundreds of good ones) collects each bad
     or misplaced file as a MachineFormatError in `skipped`; True raises the first one.
     """
-    root = machine_dir(workspace) / "runs"
+    top = root = machine_dir(workspace) / "runs"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     prefix = "" if machine is None else machine + "/"
     errors = [] if skipped is None else skipped
-    for path, folder, problem in iter_named_files(root):
+    for path, folder, problem in iter_named_files(root, within=top):
         if machine is not None:
             folder = machine if folder is None else prefix + folder
             problem = None if problem and problem.startswith("file directly") else problem
@@ -375,11 +396,11 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
     """
     import pandas as pd
 
-    root = machine_dir(workspace) / "sessions"
+    top = root = machine_dir(workspace) / "sessions"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     rows, errors = [], []
-    for path, folder, problem in iter_named_files(root):
+    for path, folder, problem in iter_named_files(root, within=top):
         if machine is not None:
             folder = machine if folder is None else f"{machine}/{folder}"
             problem = None if problem and problem.startswith("file directly") else problem
