@@ -47,7 +47,14 @@ def cmd_tagged(args: argparse.Namespace) -> int:
     from ..store.tags import store_dir, tagged
 
     store = Path(args.store) if args.store else store_dir(args.project)
-    df = tagged(store)
+    if not store.exists():
+        if args.store:  # a path the user typed that is not there: a mistake to say, not an empty list
+            print(f"machine-nb tagged: no tag store at {store} (check --store)", file=sys.stderr)
+            return 1
+        print(f"store: {store} (no tag store yet: nothing tagged in this project)", file=sys.stderr)
+        print("[]" if args.json else "(none)")
+        return 0
+    df = tagged(store)  # a file, not a folder: MachineFormatError, printed as one line
     if args.limit:
         df = df.tail(args.limit)
     cols = ["id", "file", "tag", "kind", "note", "source", "n_messages", "last_user", "last_assistant"]
