@@ -245,6 +245,23 @@ def test_static_fallback_shows_page_filters_and_selection():
         RunPicker(runs, columns=["id", "colour"])
 
 
+def test_text_search_paths_agree(monkeypatch):
+    """Distinct texts searched once and mapped back, every row searched, in threads: same rows."""
+    from machine_nb.widgets import run_picker as rp
+
+    runs = make_runs(60)
+    runs["output"] = ["The ANSWER is one", "no", None, "İstanbul ANSWER"] * 15
+    want = None
+    for ratio, parallel in [(2.0, 10**9), (0.0, 10**9), (2.0, 7), (0.0, 7)]:
+        monkeypatch.setattr(rp, "DISTINCT_SEARCH_RATIO", ratio)
+        monkeypatch.setattr(rp, "PARALLEL_TEXTS", parallel)
+        index = rp.FilterIndex(runs)
+        got = [index.text_mask(q).tolist() for q in ("answer", "what 1", "istanbul", "is  one", "zzz")]
+        assert sum(got[0]) == 30 and not any(got[4])
+        want = want or got
+        assert got == want
+
+
 def test_choose_columns_and_hover_text():
     runs = make_runs()
     runs.loc[101, "output"] = "long " * 100

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import MachineFormatError
-from .workspace import folder_chain, folder_problem, machine_dir, name_segments
+from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
 
 SCHEMA_VERSION = 1
 """Bumped whenever INDEX_SCHEMA or the meaning of a column changes: an older index is rebuilt."""
@@ -288,9 +288,10 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                     files.append(e.name)
             subdirs.sort()
             base = dirpath + os.sep
+            misplaced = folder_problem(segments, "x", "runs") is not None  # once per folder, not per file
             if not len(pos):  # nothing indexed here: every file is new (stat-ed as it is read)
                 for name in files:
-                    todo.append((base + name, d, name, folder_problem(segments, name, "runs")))
+                    todo.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
                     todo_stat.append(None)
             else:
                 fsizes, fmtimes, present = [], [], []
@@ -319,7 +320,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                     keep.append(old_pos[fresh])
                 for i in np.flatnonzero(~same).tolist():
                     name = present[i]
-                    todo.append((base + name, d, name, folder_problem(segments, name, "runs")))
+                    todo.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
                     todo_stat.append(None)
         new_dirs[d] = [-1 if sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
         for name in reversed(subdirs):
@@ -353,17 +354,9 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         seen = [None] * len(chunk)  # (size, mtime_ns) of each file, taken from the handle it is read through
 
         def read(k: int, chunk=chunk, seen=seen) -> bytes:
-            path = chunk[k][0]
-            try:
-                fh = open(path, "rb")
-            except FileNotFoundError:
-                raise MachineFormatError(path, "file not found") from None
-            except OSError as exc:
-                raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
-            with fh:
-                st = os.fstat(fh.fileno())  # before reading: a write after it changes the mtime seen next time
-                seen[k] = (st.st_size, st.st_mtime_ns)
-                return fh.read()
+            data, st = read_file(chunk[k][0])  # stat before reading: a later write changes the mtime seen next time
+            seen[k] = (st.st_size, st.st_mtime_ns)
+            return data
 
         rows = parse(chunk, read)
         for k, got in enumerate(seen):

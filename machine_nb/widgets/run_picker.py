@@ -100,17 +100,20 @@ def tag_masks(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     """One boolean array per tag in the `tags` column (lists of strings), plus UNTAGGED."""
     if "tags" not in frame.columns:
         return {}
-    masks: dict[str, np.ndarray] = {}
+    rows: dict[str, list[int]] = {}
     untagged = np.ones(len(frame), dtype=bool)
     for i, tags in enumerate(frame["tags"].tolist()):
+        if not tags or isinstance(tags, float):  # empty, None, NaN
+            continue
         if isinstance(tags, str):
             tags = [tags]
-        if tags is None or isinstance(tags, float):  # NaN / missing
-            continue
+        untagged[i] = False
         for t in tags:
-            untagged[i] = False
-            masks.setdefault(str(t), np.zeros(len(frame), dtype=bool))[i] = True
-    masks = dict(sorted(masks.items()))
+            rows.setdefault(str(t), []).append(i)
+    masks: dict[str, np.ndarray] = {}
+    for t in sorted(rows):
+        masks[t] = np.zeros(len(frame), dtype=bool)
+        masks[t][rows[t]] = True
     masks[UNTAGGED] = untagged
     return masks
 
@@ -144,15 +147,7 @@ class FilterIndex:
         self.started = (_utc(frame["started_at"]).dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
                         if "started_at" in frame.columns else None)
         self.tags = tag_masks(frame)
-        self.texts = []
-        for col in text_columns:
-            if col in frame.columns:
-                codes, uniques = _factorize(frame[col].map(_as_text) if frame[col].dtype == object else frame[col])
-                import pyarrow as pa
-                import pyarrow.compute as pc
-
-                lowered = pc.utf8_lower(pa.array([_as_text(u) for u in uniques], pa.large_string()))
-                self.texts.append((codes, lowered))
+        self.texts = [_lowered(frame[col]) for col in text_columns if col in frame.columns]
         self._terms: dict[str, np.ndarray] = {}
 
     def term_mask(self, term: str) -> np.ndarray:
@@ -160,12 +155,10 @@ class FilterIndex:
         hit = self._terms.get(term)
         if hit is not None:
             return hit
-        import pyarrow.compute as pc
-
         hit = np.zeros(self.n, dtype=bool)
         for codes, lowered in self.texts:
-            found = pc.match_substring(lowered, term).to_numpy(zero_copy_only=False)
-            hit |= np.append(found, False)[codes]  # code -1 (missing) lands on the appended False
+            found = _match(lowered, term)
+            hit |= found if codes is None else np.append(found, False)[codes]  # code -1 (missing): False
         if len(self._terms) >= self.TERMS_KEPT:
             self._terms.pop(next(iter(self._terms)))
         self._terms[term] = hit
@@ -214,6 +207,49 @@ class FilterIndex:
         if (filters.get("text") or "").strip():
             mask &= self.text_mask(filters["text"])
         return mask
+
+
+# A text column whose sample is at least this distinct is searched row by row (encoding it would
+# cost more than it saves); below it, through its distinct values.
+DISTINCT_SEARCH_RATIO = 0.5
+# Searches over more texts than this are split across threads (pyarrow releases the GIL).
+PARALLEL_TEXTS = 200_000
+
+
+def _lowered(col: pd.Series) -> tuple[np.ndarray | None, Any]:
+    """(codes or None, lower-cased texts as a pyarrow array) for one text column: codes into its
+    distinct texts when they repeat (then each distinct text is searched once), else every row's."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col.dtype, pd.StringDtype) or str(col.dtype).endswith("[pyarrow]"):
+        arr = pc.fill_null(pa.array(col.array).cast(pa.large_string()), "")  # pandas' arrow strings, no copy of the texts
+    else:
+        arr = pa.array(col.map(_as_text).tolist(), pa.large_string())
+    n = len(arr)
+    sample = arr if n <= 20_000 else arr.take(pa.array(np.random.default_rng(0).choice(n, 20_000, replace=False)))
+    if n and pc.count_distinct(sample).as_py() / len(sample) < DISTINCT_SEARCH_RATIO:
+        enc = pc.dictionary_encode(arr)
+        return enc.indices.to_numpy(zero_copy_only=False).astype(np.intp), pc.utf8_lower(enc.dictionary)
+    return None, pc.utf8_lower(arr)
+
+
+def _match(texts: Any, term: str) -> np.ndarray:
+    """Which of these pyarrow texts contain `term`, as a numpy bool array (in threads when many)."""
+    import pyarrow.compute as pc
+
+    n = len(texts)
+    if n <= PARALLEL_TEXTS:
+        return pc.match_substring(texts, term).to_numpy(zero_copy_only=False)
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = max(2, min(8, os.cpu_count() or 2))
+    step = -(-n // parts)
+    with ThreadPoolExecutor(parts) as pool:
+        found = pool.map(lambda i: pc.match_substring(texts.slice(i, step), term).to_numpy(zero_copy_only=False),
+                         range(0, n, step))
+        return np.concatenate(list(found))
 
 
 def _factorize(col: pd.Series) -> tuple[np.ndarray, Any]:
