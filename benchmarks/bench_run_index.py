@@ -13,7 +13,7 @@ load_runs + RunPicker <= 2 GB; text filter median <= 100 ms, worst <= 300 ms at 
 Times are wall seconds and process CPU seconds (on a shared machine other processes only add
 wall time). Generated workspaces (about 4.2 kB a run on disk) are removed afterwards unless --keep.
 
-Run: .venv/bin/python benchmarks/bench_run_index.py [--runs 100000 1000000] [--dir DIR] [--keep]
+Run: .venv/bin/python benchmarks/bench_run_index.py [--runs 100000 1000000] [--dir DIR] [--keep [--reuse]]
 """
 
 from __future__ import annotations
@@ -178,15 +178,21 @@ def change_files(ws: Path, fraction: float) -> int:
     return n
 
 
-def bench(n: int, base: Path, keep: bool) -> None:
+def bench(n: int, base: Path, keep: bool, reuse: bool = False) -> None:
     ws, cache = base / f"ws-{n}", base / f"cache-{n}"
     print(f"\n== {n:,} runs ==", flush=True)
-    if ws.exists():
-        shutil.rmtree(ws)
+    done = ws / ".generated"  # written once a workspace is complete (for --reuse)
     if cache.exists():
         shutil.rmtree(cache)
-    ws.mkdir(parents=True)
-    gen_s = generate(ws, n)
+    if reuse and done.exists():
+        gen_s = float(done.read_text())
+        print(f"reusing {ws} (generated earlier in {gen_s:.0f} s)")
+    else:
+        if ws.exists():
+            shutil.rmtree(ws)
+        ws.mkdir(parents=True)
+        gen_s = generate(ws, n)
+        done.write_text(f"{gen_s:.1f}")
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ws / ".machine" / "runs") for f in fs)
     print(f"generated {n:,} run files, {size / 1e9:.2f} GB, in {gen_s:.0f} s")
     try:
@@ -236,6 +242,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--dir", default=None, help="where to generate (default: a temp dir); removed after unless --keep")
     p.add_argument("--keep", action="store_true", help="keep the generated workspaces and indexes")
+    p.add_argument("--reuse", action="store_true", help="use a workspace a run with --keep left in --dir")
     p.add_argument("--step", nargs=2, metavar=("STEP", "WS"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.step:
@@ -246,7 +253,7 @@ def main() -> int:
     free = shutil.disk_usage(base).free / 1e9
     print(f"disk free at {base}: {free:.0f} GB (need about {max(a.runs) * 4.2e3 * 1.3 / 1e9:.1f} GB)")
     for n in a.runs:
-        bench(n, base, a.keep)
+        bench(n, base, a.keep, a.reuse)
     if not a.keep and a.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0

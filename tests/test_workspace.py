@@ -227,3 +227,14 @@ def test_session_and_event_times_that_do_not_parse_are_named(tmp_path):
     text = str(rec[0].message)
     assert "events.jsonl:2" in text and "'time'" in text and "soon" in text and "events.jsonl:3" in text
     assert events["time"].isna().tolist() == [False, True, True]
+
+
+def test_symlinked_machine_definition_is_listed(tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / "machines" / "support", ws / "machines" / "support")
+    shutil.copytree(SAMPLE / "machines" / "coder", tmp_path / "shared" / "coder")
+    (ws / "machines" / "coder").symlink_to(tmp_path / "shared" / "coder", target_is_directory=True)
+    (tmp_path / "shared" / "coder" / "up").symlink_to(ws / "machines", target_is_directory=True)  # a loop
+    with pytest.warns(SkippedFiles, match="loop"):
+        assert mnb.list_machines(ws) == ["coder", "support"]
+    assert mnb.load_machine(ws, "coder")["tools"]

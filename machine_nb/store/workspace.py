@@ -521,15 +521,14 @@ def list_machines(workspace: str | os.PathLike) -> list[str]:
     cases.json, …) and every segment of its path is a valid name segment.
     """
     root = workspace_root(workspace) / "machines"
-    names = []
-    if root.is_dir():
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            rel = Path(dirpath).relative_to(root)
-            if str(rel) == "." or not any(f in DEFINITION_FILES for f in filenames):
-                continue
-            if all(SEGMENT.match(p) for p in rel.parts):
-                names.append("/".join(rel.parts))
+    names, problems = [], []
+    for dirpath, segments, _, filenames, problem in walk_folders(root):  # symlinked folders followed
+        if problem:
+            problems.append(MachineFormatError(dirpath, problem))
+            continue
+        if segments and any(f in DEFINITION_FILES for f in filenames) and all(SEGMENT.match(p) for p in segments):
+            names.append("/".join(segments))
+    warn_skipped("machine folder(s)", problems)
     return sorted(names)
 
 
