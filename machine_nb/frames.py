@@ -269,6 +269,8 @@ def _frame(table: Any, workspace: Any, store: Any, strict: bool, problems: list,
         table = table.filter(pc.invert(is_bad))
     if strict and skipped:
         raise skipped[0]
+    if any(c.num_chunks > 1 for c in table.columns):
+        table = table.combine_chunks()  # the picker takes pages of rows: one chunk each keeps that fast
     sep = os.sep
     dirs = table["dir"] if sep == "/" else pc.replace_substring(table["dir"], "/", sep)
     path = pc.binary_join_element_wise(pa.scalar(root, pa.large_string()), dirs, table["name"],

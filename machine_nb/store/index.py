@@ -139,14 +139,31 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         dict_cols = [c for c in meta.get("dictionary", []) if c in names]
         table = pf.read(use_threads=True) if not dict_cols else pq.read_table(
             path, read_dictionary=dict_cols, use_threads=True)
-        # columns stored with a dictionary come back decoded: the run table is plain strings
-        table = pa.table([c.cast(_STR) if pa.types.is_dictionary(c.type) else c for c in table.columns],
-                         schema=INDEX_SCHEMA)
+        # columns stored with a dictionary come back decoded (the run table is plain strings),
+        # as one chunk each (taking rows from many chunks copies them all first: measured 5 ms for
+        # 25 rows of a million), several at a time: pyarrow releases the GIL while it copies
+        cols = table.columns
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            cols = list(pool.map(_one_chunk, cols))
+        table = pa.table(cols, schema=INDEX_SCHEMA)
         if not isinstance(meta.get("dirs"), dict):
             return None, {}, "its folder list is missing"
         return table, meta, None
     except Exception as exc:  # any unreadable index (truncated, not Parquet, wrong types) is rebuilt
         return None, {}, f"unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _one_chunk(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A column as one chunk of plain values: a dictionary column decoded with one copy."""
+    if pa.types.is_dictionary(col.type):
+        col = col.unify_dictionaries()
+        if col.num_chunks == 0:
+            return pa.chunked_array([], type=col.type.value_type).cast(_STR)
+        indices = pa.concat_arrays([c.indices for c in col.chunks])
+        return pa.chunked_array([col.chunk(0).dictionary.cast(_STR).take(indices)])
+    return col if col.num_chunks <= 1 else pa.chunked_array([col.combine_chunks()])
 
 
 def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
@@ -220,8 +237,8 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     groups = _groups(cached["dir"])
     in_scope = (lambda d: True) if not prefix else (lambda d: d == prefix or d.startswith(prefix + "/"))
     keep: list[np.ndarray] = []
-    todo: list[tuple[str, str, str, str | None]] = []
-    todo_stat: list[None] = []
+    # files to parse, by folder: (dirpath, dir, segments, names); paths are made a batch at a time
+    todo: list[tuple[str, str, list[str], list[str]]] = []
     new_dirs: dict[str, list] = {d: v for d, v in old_dirs.items() if not in_scope(d)}
     for d, pos in groups.items():
         if not in_scope(d):
@@ -251,23 +268,21 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         if unchanged:
             subdirs = list(old[2])
             if len(pos):
-                watch = pos[recheck[pos]]
+                watched = np.flatnonzero(recheck[pos])
                 ok = np.ones(len(pos), dtype=bool)
-                if len(watch):
-                    where = {int(p): i for i, p in enumerate(pos.tolist())}
-                    for p in watch.tolist():
-                        name = names_col[p].as_py()
-                        stats.stats += 1
-                        try:
-                            fst = os.stat(os.path.join(dirpath, name))
-                        except OSError:
-                            ok[where[p]] = False  # gone
-                            stats.removed += 1
-                            continue
-                        if fst.st_size != sizes[p] or fst.st_mtime_ns != mtimes[p] or mtimes[p] == -1:
-                            ok[where[p]] = False
-                            todo.append((os.path.join(dirpath, name), d, name, folder_problem(segments, name, "runs")))
-                            todo_stat.append(None)
+                names = names_col.take(pa.array(pos[watched])).to_pylist() if len(watched) else []
+                for j, name in zip(watched.tolist(), names):
+                    p = pos[j]
+                    stats.stats += 1
+                    try:
+                        fst = os.stat(os.path.join(dirpath, name))
+                    except OSError:
+                        ok[j] = False  # gone
+                        stats.removed += 1
+                        continue
+                    if fst.st_size != sizes[p] or fst.st_mtime_ns != mtimes[p] or mtimes[p] == -1:
+                        ok[j] = False
+                        todo.append((dirpath, d, segments, [name]))
                 keep.append(pos[ok])
         else:
             try:
@@ -287,14 +302,11 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                 elif e.name.endswith(".json") and not e.name.startswith("."):
                     files.append(e.name)
             subdirs.sort()
-            base = dirpath + os.sep
-            misplaced = folder_problem(segments, "x", "runs") is not None  # once per folder, not per file
             if not len(pos):  # nothing indexed here: every file is new (stat-ed as it is read)
-                for name in files:
-                    todo.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
-                    todo_stat.append(None)
+                todo.append((dirpath, d, segments, files))
             else:
                 fsizes, fmtimes, present = [], [], []
+                base = dirpath + os.sep
                 for name in files:
                     try:
                         fst = os.stat(base + name)
@@ -318,10 +330,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                         & (mtimes[old_pos] != -1)
                     same[same_idx[~fresh]] = False
                     keep.append(old_pos[fresh])
-                for i in np.flatnonzero(~same).tolist():
-                    name = present[i]
-                    todo.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
-                    todo_stat.append(None)
+                todo.append((dirpath, d, segments, [present[i] for i in np.flatnonzero(~same).tolist()]))
         new_dirs[d] = [-1 if sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
         for name in reversed(subdirs):
             path = os.path.join(dirpath, name)
@@ -349,8 +358,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
             parts.append(cached.take(pa.array(np.sort(kept))))
         else:
             parts.append(cached)
-    for i in range(0, len(todo), BATCH):
-        chunk = todo[i:i + BATCH]
+    for chunk in _batches(todo):
         seen = [None] * len(chunk)  # (size, mtime_ns) of each file, taken from the handle it is read through
 
         def read(k: int, chunk=chunk, seen=seen) -> bytes:
@@ -382,8 +390,8 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     changed = stats.parsed > 0 or stats.removed > 0 or why is not None or new_dirs != old_dirs \
         or not os.path.exists(ipath)
     if changed:
-        table = pa.concat_tables(parts) if parts else empty_table()
-        table = sort_table(table)
+        del cached  # parts hold what is kept of it
+        table = sort_table(parts)  # consumes parts: memory holds the table once, plus one column
         write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now})
         stats.written = True
     else:
@@ -395,13 +403,41 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     return table, stats, problems
 
 
-def sort_table(table: pa.Table) -> pa.Table:
-    """Newest first: started_at, then id, both descending, missing last; then dir ascending."""
+def _batches(todo: list[tuple[str, str, list[str], list[str]]]):
+    """`[(path, dir, name, problem)]` lists of up to BATCH files, folder by folder."""
+    batch: list[tuple[str, str, str, str | None]] = []
+    for dirpath, d, segments, names in todo:
+        base = dirpath + os.sep
+        misplaced = folder_problem(segments, "x", "runs") is not None  # once per folder, not per file
+        for name in names:
+            batch.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
+            if len(batch) >= BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def sort_table(table: pa.Table | list[pa.Table]) -> pa.Table:
+    """Newest first: started_at, then id, both descending, missing last; then dir and name.
+
+    A list of tables is concatenated and emptied, so this holds the only reference to the rows
+    and each column is freed as soon as its sorted copy is made."""
+    if isinstance(table, list):
+        parts = table
+        table = pa.concat_tables(parts) if parts else empty_table()
+        parts.clear()
     if table.num_rows < 2:
         return table
     order = pc.sort_indices(table, sort_keys=[("started_at", "descending", "at_end"), ("id", "descending", "at_end"),
                                               ("dir", "ascending", "at_end"), ("name", "ascending", "at_end")])
-    return table.take(order)
+    # a column at a time, so only one column is held twice (table.take would copy all at once)
+    schema, cols = table.schema, table.columns
+    del table
+    for i in range(len(cols)):
+        cols[i] = cols[i].take(order)
+    pa.default_memory_pool().release_unused()  # hand the freed columns back to the system
+    return pa.table(cols, schema=schema)
 
 
 def _groups(dirs: pa.ChunkedArray) -> dict[str, np.ndarray]:

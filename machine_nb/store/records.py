@@ -40,11 +40,9 @@ class _LazyRecords(ExtensionArray):
 
     _dtype_cls: type[_LazyDtype]
 
-    def __init__(self, where: pa.Array, extra: pa.Array | None = None, overrides: dict[int, Any] | None = None):
-        if isinstance(where, pa.ChunkedArray):
-            where = where.combine_chunks()
-        if isinstance(extra, pa.ChunkedArray):
-            extra = extra.combine_chunks()
+    def __init__(self, where: pa.Array | pa.ChunkedArray, extra: pa.Array | pa.ChunkedArray | None = None,
+                 overrides: dict[int, Any] | None = None):
+        # kept as given (a chunked array is not combined: that would copy a million paths)
         self._where = where
         self._extra = extra
         self._set = overrides or {}
@@ -143,10 +141,10 @@ class _LazyRecords(ExtensionArray):
     @classmethod
     def _concat_same_type(cls, to_concat: Any) -> _LazyRecords:
         arrays = list(to_concat)
-        where = pa.concat_arrays([a._where for a in arrays]) if arrays else pa.array([], pa.large_string())
+        where = _concat([a._where for a in arrays]) if arrays else pa.array([], pa.large_string())
         extra = None
         if arrays and all(a._extra is not None for a in arrays):
-            extra = pa.concat_arrays([a._extra for a in arrays])
+            extra = _concat([a._extra for a in arrays])
         moved, base = {}, 0
         for a in arrays:
             moved.update({base + i: v for i, v in a._set.items()})
@@ -184,6 +182,13 @@ class _LazyRecords(ExtensionArray):
 
     def _formatter(self, boxed: bool = False):
         return lambda v: "" if v is None else repr(v)
+
+
+def _concat(arrays: list) -> pa.ChunkedArray:
+    chunks = []
+    for a in arrays:
+        chunks.extend(a.chunks if isinstance(a, pa.ChunkedArray) else [a])
+    return pa.chunked_array(chunks, type=pa.large_string())
 
 
 @register_extension_dtype

@@ -223,7 +223,8 @@ def _lowered(col: pd.Series) -> tuple[np.ndarray | None, Any]:
     import pyarrow.compute as pc
 
     if isinstance(col.dtype, pd.StringDtype) or str(col.dtype).endswith("[pyarrow]"):
-        arr = pc.fill_null(pa.array(col.array).cast(pa.large_string()), "")  # pandas' arrow strings, no copy of the texts
+        arr = pa.array(col.array)  # pandas' arrow strings, as they are
+        arr = pc.fill_null((arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr).cast(pa.large_string()), "")
     else:
         arr = pa.array(col.map(_as_text).tolist(), pa.large_string())
     n = len(arr)
