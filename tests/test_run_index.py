@@ -222,3 +222,19 @@ def test_symlinked_machine_folder_is_indexed(ws, tmp_path):
         warnings.simplefilter("always")
         again = mnb.load_runs(ws)
     assert any("loop" in str(r.message) for r in rec) and len(again) == len(df)
+
+
+def test_a_cache_that_cannot_be_written_costs_speed_not_the_result(ws, tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("x")
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(blocked))
+    with pytest.warns(UserWarning, match="could not write the run index"):
+        df = mnb.load_runs(ws, index=True)
+    pd.testing.assert_frame_equal(df.drop(columns="run"), mnb.load_runs(ws, index=False).drop(columns="run"))
+    empty = tmp_path / "empty"
+    (empty / ".machine" / "runs").mkdir(parents=True)
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(tmp_path / "cache2"))
+    assert len(mnb.load_runs(empty, index=True)) == 0
+    with pytest.warns(UserWarning, match="is this a Machine workspace"):
+        assert len(mnb.load_runs(tmp_path / "ws" / "machines", index=True)) == 0
+    assert [p.name for p in (tmp_path / "cache2" / "runs").iterdir()] == [run_index.run_index_path(empty).name]

@@ -392,8 +392,15 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     if changed:
         del cached  # parts hold what is kept of it
         table = sort_table(parts)  # consumes parts: memory holds the table once, plus one column
-        write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now})
-        stats.written = True
+        if os.path.isdir(root) or os.path.exists(ipath):  # no index for a folder that holds no runs
+            try:
+                write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now})
+                stats.written = True
+            except OSError as exc:  # a cache that cannot be written costs speed, never the result
+                import warnings
+
+                warnings.warn(f"could not write the run index {ipath} ({exc.strerror or exc}): the next load parses "
+                              "every run file again; set MACHINE_NB_CACHE_DIR to a writable folder", stacklevel=3)
     else:
         table = cached
     if prefix:
