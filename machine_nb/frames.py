@@ -203,7 +203,8 @@ def _error_row(exc: MachineFormatError) -> tuple:
 
 def _rows_table(rows: list[tuple]):
     """Row tuples (in _ROW_FIELDS order) as an arrow table: typed times and numbers, a `bad_time`
-    note for times that do not parse (kept as null, as pandas' ISO 8601 parser decides)."""
+    note for times that do not parse (kept as null, as pandas' ISO 8601 parser decides; a batch
+    whose times pyarrow parses is not handed to pandas)."""
     import numpy as np
     import pandas as pd
     import pyarrow as pa
@@ -214,17 +215,25 @@ def _rows_table(rows: list[tuple]):
     cols = dict(zip(_ROW_FIELDS, columns))
     out: dict[str, Any] = {}
     bad = [None] * len(rows)
-    times = {}
     for c in ("started_at", "finished_at"):
-        raw = pd.Series(cols[c], dtype=object)
-        ts = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601").dt.as_unit("us")
-        for i in np.flatnonzero((raw.notna() & ts.isna()).to_numpy()).tolist():
-            note = f"field {c!r}: {raw.iloc[i]!r}"[:200]
+        kind = INDEX_SCHEMA.field(c).type
+        raw = pa.array(cols[c], pa.large_string())
+        try:  # pyarrow parses the usual ISO 8601 forms at C speed…
+            out[c] = raw.cast(kind)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        # … and pandas' ISO 8601 parser decides the batches with other forms (or bad values)
+        series = pd.Series(cols[c], dtype=object)
+        ts = pd.to_datetime(series, utc=True, errors="coerce", format="ISO8601").dt.as_unit("us")
+        for i in np.flatnonzero((series.notna() & ts.isna()).to_numpy()).tolist():
+            note = f"field {c!r}: {series.iloc[i]!r}"[:200]
             bad[i] = note if bad[i] is None else f"{bad[i]}; {note}"
-        times[c] = ts
-        out[c] = pa.Array.from_pandas(ts, type=INDEX_SCHEMA.field(c).type)
-    dur = (times["finished_at"] - times["started_at"]).dt.total_seconds()
-    out["duration_s"] = pa.array(dur.to_numpy(dtype=float, na_value=np.nan), pa.float64(), from_pandas=True)
+        out[c] = pa.Array.from_pandas(ts, type=kind)
+    import pyarrow.compute as pc
+
+    gap = pc.subtract(out["finished_at"], out["started_at"])  # a duration in µs, null where either is
+    out["duration_s"] = pc.divide(pc.cast(gap, pa.int64()).cast(pa.float64()), 1e6)
     out["bad_time"] = pa.array(bad, pa.large_string())
     for name in _ROW_FIELDS:
         if name in out:

@@ -337,7 +337,7 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
     if machine is not None and run["machine"] != machine:
         raise MachineFormatError(path, f"run says machine {run['machine']!r} but is stored under "
                                        f"runs/{machine}/", field="machine")
-    name = os.path.basename(path)
+    name = os.fspath(path).rpartition(os.sep)[2]
     if name.endswith(".json") and name[:-5] != run["id"]:
         raise MachineFormatError(path, f"run id {run['id']!r} does not match its file name {name!r}", field="id")
     for key in _STR_FIELDS:
