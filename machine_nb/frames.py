@@ -66,7 +66,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
            True: always; False: parse every file, keep nothing.
     check: how an indexed reload finds changed files: "dirs" (default; folder times, which every
            file created, deleted or renamed into place changes, plus a stat of unfinished or
-           unscored runs) or "files" (stat every file; also sees files rewritten in place). See
+           unfinished runs) or "files" (stat every file; also sees files rewritten in place). See
            `store.index.update_index`.
     Columns: see RUN_COLUMNS. With the index, `run` is filled on demand (a lazy column: each value
     is read from its run file when asked for, see `load_records`); without it, `run` holds the
@@ -176,7 +176,7 @@ def _parser(failed: FailedPredicate, records: list | None = None):
             case = get("case")
             finished = get("finishedAt") or None
             rows.append((  # one tuple per run, in _ROW_FIELDS order; columns are made once per batch
-                None, None, None, finished is None or card is _EMPTY,
+                None, None, None, finished is None,  # recheck: an unfinished run is still being written
                 run["id"], run["machine"], get("model"), get("harness"), get("input"), get("output"),
                 case if case.__class__ is str else run_case(run), card.get("total"), card.get("rubric"),
                 get("startedAt") or None, finished,

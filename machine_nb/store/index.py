@@ -42,7 +42,7 @@ INDEX_SCHEMA = pa.schema([
     ("name", _STR),          # file name ("<id>.json")
     ("size", pa.int64()),    # bytes, when parsed
     ("mtime_ns", pa.int64()),  # modification time in ns when parsed; -1: re-read next time (see RACY_NS)
-    ("recheck", pa.bool_()),  # stat this file on every load (unfinished or unscored runs, see update_index)
+    ("recheck", pa.bool_()),  # stat this file on every load (unfinished runs, bad files; see update_index)
     ("error", _STR),         # why the file is skipped (null for a good run); then the run columns are null
     ("error_line", pa.int64()),
     ("error_field", _STR),
@@ -137,8 +137,7 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         if pf.schema_arrow.names != names:
             return None, {}, "its columns differ"
         dict_cols = [c for c in meta.get("dictionary", []) if c in names]
-        table = pf.read(use_threads=True) if not dict_cols else pq.read_table(
-            path, read_dictionary=dict_cols, use_threads=True)
+        table = pq.read_table(path, read_dictionary=dict_cols or None, use_threads=True, memory_map=True)
         # columns stored with a dictionary come back decoded (the run table is plain strings),
         # as one chunk each (taking rows from many chunks copies them all first: measured 5 ms for
         # 25 rows of a million), several at a time: pyarrow releases the GIL while it copies
@@ -211,10 +210,10 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     check: how a reload finds what changed. "dirs" (default): stat every folder; a folder whose
            modification time is unchanged has the same files (creating, deleting or renaming a
            file into place, as an atomic write does, changes its folder's time), so only its
-           rows marked `recheck` (runs without finishedAt or scorecard, which a writer is still
-           likely to update) are stat-ed; files of changed folders are compared by size and
-           mtime. "files": stat every run file, which also sees a file rewritten in place
-           (about 2 µs a file measured here: two seconds for a million).
+           rows marked `recheck` (runs without finishedAt, which a writer is still updating, and
+           bad files) are stat-ed; files of changed folders are compared by size and mtime.
+           "files": stat every run file, which also sees a file rewritten in place (measured
+           here: about 6 s of CPU for a million files; see benchmarks/bench_run_index.py).
     Returns (table of INDEX_SCHEMA, IndexStats, problems: a MachineFormatError per folder that
     could not be entered, such as a symlink loop).
     """
