@@ -11,9 +11,8 @@ from typing import Any
 
 from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
 from .errors import MachineFormatError
-from .store.workspace import (check_run, iter_named_files, machine_dir, name_segments, read_json, warn_skipped,
-                              workspace_root)
-from .store.workspace import _loads as loads_json
+from .store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, read_json,
+                              warn_skipped, workspace_root)
 
 RUN_COLUMNS = [
     "id", "machine", "model", "harness", "input", "output", "case", "score", "rubric",
@@ -65,8 +64,8 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
            when the workspace has an index already or holds at least INDEX_MIN_RUNS run files;
            True: always; False: parse every file, keep nothing.
     check: how an indexed reload finds changed files: "dirs" (default; folder times, which every
-           file created, deleted or renamed into place changes, plus a stat of unfinished or
-           unfinished runs) or "files" (stat every file; also sees files rewritten in place). See
+           file created, deleted or renamed into place changes, plus a stat of unfinished runs
+           and bad files) or "files" (stat every file; also sees files rewritten in place). See
            `store.index.update_index`.
     Columns: see RUN_COLUMNS. With the index, `run` is filled on demand (a lazy column: each value
     is read from its run file when asked for, see `load_records`); without it, `run` holds the
@@ -74,6 +73,8 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
     index did (an IndexStats: files, parsed, reused, removed, …) or None.
     """
     failed_rule = failed or default_failed
+    if check not in ("dirs", "files"):
+        raise ValueError(f"check must be one of ('dirs', 'files'), not {check!r}")
     if not os.path.isdir(workspace):
         raise MachineFormatError(workspace, "no such workspace directory")
     root = machine_dir(workspace) / "runs"

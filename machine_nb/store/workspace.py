@@ -92,7 +92,7 @@ def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3):
     return times
 
 
-def _loads(data: bytes, path: str | os.PathLike) -> Any:
+def loads_json(data: bytes, path: str | os.PathLike) -> Any:
     """Parse one JSON document, naming the file, line and column on failure."""
     import orjson
 
@@ -143,7 +143,7 @@ def read_file(path: str | os.PathLike) -> tuple[bytes, os.stat_result]:
 
 def read_json(path: str | os.PathLike) -> Any:
     """One JSON file (orjson); MachineFormatError naming file and line when unreadable."""
-    return _loads(read_file(path)[0], path)
+    return loads_json(read_file(path)[0], path)
 
 
 def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = None
