@@ -100,6 +100,9 @@ _API: dict[str, str] = {
     "CommitConflict": "candidate",
     "revert": "candidate",
     "CandidateView": "widgets.candidate_view",
+    # runs at scale: records on demand, the run index
+    "load_records": "frames",
+    "run_index_path": "store.index",
 }
 
 __all__ = sorted(_API)

@@ -11,8 +11,8 @@ from typing import Any
 
 from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
 from .errors import MachineFormatError
-from .store.workspace import (check_run, iter_named_files, machine_dir, name_segments, read_json, warn_skipped,
-                              workspace_root)
+from .store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, read_json,
+                              warn_skipped, workspace_root)
 
 RUN_COLUMNS = [
     "id", "machine", "model", "harness", "input", "output", "case", "score", "rubric",
@@ -31,7 +31,8 @@ n_tool_calls: assistant tool-call messages; n_failed_tool_calls: those whose res
 input_tokens, output_tokens, cost_usd: from `usage` (NaN when absent).
 version, instructions: what the run was made under (None when not recorded).
 final: False only for a non-final turn of a conversation (`conversation.final` false).
-path: the run file. run: the parsed Run record itself.
+path: the run file. run: the parsed Run record itself (read on demand from `path` when the
+frame comes from the run index: see load_runs and load_records).
 """
 
 MESSAGE_COLUMNS = [
@@ -40,8 +41,14 @@ MESSAGE_COLUMNS = [
 ]
 
 
+INDEX_MIN_RUNS = 5_000
+"""load_runs(index=None) keeps a run index for workspaces with at least this many run files
+(below it, parsing every file takes well under a second and the frame holds the records)."""
+
+
 def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
-              store: str | os.PathLike | None = None, failed: FailedPredicate | None = None):
+              store: str | os.PathLike | None = None, failed: FailedPredicate | None = None,
+              index: bool | None = None, check: str = "dirs"):
     """All runs of a workspace as a DataFrame, one row per run, newest first (started_at, then id).
 
     workspace: the workspace root (holding `.machine/`) or the `.machine` directory itself.
@@ -49,109 +56,315 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
     strict: False (default) skips bad or misplaced run files with one SkippedFiles warning that
             lists each file and why; True raises MachineFormatError naming file and field.
     store: a tag store directory; when given, adds a `tags` column (list of the tags whose rows
-           name the run). Default None keeps loading fast.
+           name the run, matched by machine and id; see `attach_tags`). Default None keeps loading fast.
     failed: the failed-tool predicate for n_failed_tool_calls (default export.default_failed).
-    Columns: see RUN_COLUMNS. `attrs["workspace"]` records the workspace root.
+            Another predicate parses every file (the index holds counts by the default rule).
+    index: keep the run table in the run index (`store/index.py`: a Parquet file in the user's
+           cache folder) and parse only new or changed files on the next load. Default None: yes
+           when the workspace has an index already or holds at least INDEX_MIN_RUNS run files;
+           True: always; False: parse every file, keep nothing.
+    check: how an indexed reload finds changed files: "dirs" (default; folder times, which every
+           file created, deleted or renamed into place changes, plus a stat of unfinished runs
+           and bad files) or "files" (stat every file; also sees files rewritten in place). See
+           `store.index.update_index`.
+    Columns: see RUN_COLUMNS. With the index, `run` is filled on demand (a lazy column: each value
+    is read from its run file when asked for, see `load_records`); without it, `run` holds the
+    parsed records. `attrs["workspace"]` records the workspace root; `attrs["index"]` what the
+    index did (an IndexStats: files, parsed, reused, removed, …) or None.
     """
-    failed = failed or default_failed
-    skipped: list = []
-    rows: list[tuple] = []
-    root = machine_dir(workspace) / "runs"
+    failed_rule = failed or default_failed
+    if check not in ("dirs", "files"):
+        raise ValueError(f"check must be one of ('dirs', 'files'), not {check!r}")
     if not os.path.isdir(workspace):
         raise MachineFormatError(workspace, "no such workspace directory")
+    root = machine_dir(workspace) / "runs"
     if not root.parent.is_dir():
         import warnings
 
         warnings.warn(f"no runs in {workspace}: {root.parent} does not exist (is this a Machine workspace?)",
                       stacklevel=2)
-    if machine is not None:
-        root = root.joinpath(*name_segments(machine, "machine name"))
+    scope = name_segments(machine, "machine name") if machine is not None else []
     gc_was_on = gc.isenabled()
     # Parsed runs hold no reference cycles; with the collector on, each collection re-walks every
     # object kept so far (measured: about a third of load_runs' time over 10,000 runs).
     gc.disable()
     try:
-        _collect(root, machine, strict, failed, skipped, rows)
-        return _frame(rows, workspace, store, skipped)
+        use_index = index
+        listed = None
+        if failed is not None and failed is not default_failed:
+            use_index = False
+        if use_index is None:
+            from .store.index import run_index_path
+
+            use_index = run_index_path(workspace).exists()
+            if not use_index:
+                listed = list(iter_named_files(root.joinpath(*scope), within=root))
+                use_index = len(listed) >= INDEX_MIN_RUNS
+        if use_index:
+            from .store.index import update_index
+
+            table, stats, problems = update_index(workspace, _parser(default_failed), machine=machine, check=check)
+            return _frame(table, workspace, store, strict, problems, None, stats)
+        if listed is None:
+            listed = list(iter_named_files(root.joinpath(*scope), within=root))
+        entries, problems = [], []
+        for path, folder, problem in listed:
+            if machine is not None:
+                folder = machine if folder is None else f"{machine}/{folder}"
+                problem = None if problem and problem.startswith("file directly") else problem
+            if problem and os.path.isdir(path):  # a folder that could not be entered (a symlink loop)
+                problems.append(MachineFormatError(path, problem))
+                continue
+            entries.append((path, folder or "", os.path.basename(path), problem))
+        records: list = []
+        table = _parser(failed_rule, records)(entries)
+        from .store.index import sort_table
+
+        table = table.append_column("_pos", _arange(table.num_rows))
+        table = sort_table(_with_file_fields(table, entries))
+        return _frame(table, workspace, store, strict, problems, records, None)
     finally:
         if gc_was_on:
             gc.enable()
 
 
-def _collect(root: Any, machine: str | None, strict: bool, failed: FailedPredicate, skipped: list,
-             rows: list[tuple]) -> None:
-    """Read, check and flatten every run file under `root` into `rows` (tuples in RUN_COLUMNS order)."""
-    for path, folder, problem in iter_named_files(root):
-        # iter_runs's loop, inlined so tool calls are counted while the messages are checked
-        if machine is not None:
-            folder = machine if folder is None else f"{machine}/{folder}"
-            problem = None if problem and problem.startswith("file directly") else problem
-        calls: list = []
-        results: dict = {}
-        try:
-            if problem:
-                raise MachineFormatError(path, problem, field="machine")
-            run = check_run(read_json(path), path, folder, calls, results)
-        except MachineFormatError as exc:
-            if strict:
-                raise
-            skipped.append(exc)
+def _arange(n: int):
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.array(np.arange(n, dtype=np.int64))
+
+
+def _with_file_fields(table, entries):
+    """The parser's rows plus dir/name (size and mtime unknown: -1) for the unindexed path."""
+    import pyarrow as pa
+
+    table = table.append_column("dir", pa.array([e[1] for e in entries], pa.large_string()))
+    return table.append_column("name", pa.array([e[2] for e in entries], pa.large_string()))
+
+
+def _parser(failed: FailedPredicate, records: list | None = None):
+    """The index's parser: `[(path, dir, name, problem)]` -> a table of the run columns (plus
+    error, recheck and bad_time), reading each file with `read(k)` when given (the index's reader,
+    which notes the file's size and mtime), else by path; when `records` is a list, each parsed
+    Run (None for a bad file) is appended to it in row order."""
+
+    def parse(entries: list[tuple[str, str, str, str | None]], read=None):
+        rows: list[tuple] = []
+        keep = records is not None
+        for k, (path, folder, _name, problem) in enumerate(entries):
+            calls: list = []
+            results: dict = {}
+            try:
+                if problem:
+                    raise MachineFormatError(path, problem, field="machine")
+                run = check_run(read_json(path) if read is None else loads_json(read(k), path), path,
+                                folder or None, calls, results)
+            except MachineFormatError as exc:
+                rows.append(_error_row(exc))
+                if keep:
+                    records.append(None)
+                continue
+            n_failed = 0
+            for c in calls:
+                r = results.get(c.get("toolCallId"))
+                if r is not None and failed(c, r):
+                    n_failed += 1
+            card = run.get("scorecard") or _EMPTY
+            usage = run.get("usage") or _EMPTY
+            conv = run.get("conversation")
+            get = run.get
+            case = get("case")
+            finished = get("finishedAt") or None
+            rows.append((  # one tuple per run, in _ROW_FIELDS order; columns are made once per batch
+                None, None, None, finished is None,  # recheck: an unfinished run is still being written
+                run["id"], run["machine"], get("model"), get("harness"), get("input"), get("output"),
+                case if case.__class__ is str else run_case(run), card.get("total"), card.get("rubric"),
+                get("startedAt") or None, finished,
+                len(get("history") or ()) + len(get("trajectory") or ()), len(calls), n_failed,
+                usage.get("inputTokens"), usage.get("outputTokens"), usage.get("costUsd"),
+                get("version"), get("instructions"), not (conv.__class__ is dict and not conv.get("final"))))
+            if keep:
+                records.append(run)
+        return _rows_table(rows)
+
+    return parse
+
+
+_ROW_FIELDS = ("error", "error_line", "error_field", "recheck", "id", "machine", "model", "harness", "input",
+               "output", "case", "score", "rubric", "started_at", "finished_at", "n_messages", "n_tool_calls",
+               "n_failed_tool_calls", "input_tokens", "output_tokens", "cost_usd", "version", "instructions",
+               "final")
+
+
+def _error_row(exc: MachineFormatError) -> tuple:
+    # a bad file is re-checked on every load, so fixing it in place is seen
+    return (exc.reason, exc.line, exc.field, True) + (None,) * (len(_ROW_FIELDS) - 4)
+
+
+def _rows_table(rows: list[tuple]):
+    """Row tuples (in _ROW_FIELDS order) as an arrow table: typed times and numbers, a `bad_time`
+    note for times that do not parse (kept as null, as pandas' ISO 8601 parser decides; a batch
+    whose times pyarrow parses is not handed to pandas)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    from .store.index import INDEX_SCHEMA
+
+    columns = list(zip(*rows)) if rows else [()] * len(_ROW_FIELDS)
+    cols = dict(zip(_ROW_FIELDS, columns))
+    out: dict[str, Any] = {}
+    bad = [None] * len(rows)
+    for c in ("started_at", "finished_at"):
+        kind = INDEX_SCHEMA.field(c).type
+        raw = pa.array(cols[c], pa.large_string())
+        try:  # pyarrow parses the usual ISO 8601 forms at C speed…
+            out[c] = raw.cast(kind)
             continue
-        n_failed = 0
-        for c in calls:
-            r = results.get(c.get("toolCallId"))
-            if r is not None and failed(c, r):
-                n_failed += 1
-        card = run.get("scorecard") or _EMPTY
-        usage = run.get("usage") or _EMPTY
-        conv = run.get("conversation")
-        get = run.get
-        case = get("case")
-        rows.append((  # one tuple per run, in RUN_COLUMNS order; columns are made once at the end
-            run["id"], run["machine"], get("model"), get("harness"), get("input"), get("output"),
-            case if case.__class__ is str else run_case(run), card.get("total"), card.get("rubric"),
-            get("startedAt") or None, get("finishedAt") or None, None,
-            len(get("history") or ()) + len(get("trajectory") or ()), len(calls), n_failed,
-            usage.get("inputTokens"), usage.get("outputTokens"), usage.get("costUsd"),
-            get("version"), get("instructions"), not (conv.__class__ is dict and not conv.get("final")),
-            path, run))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        # … and pandas' ISO 8601 parser decides the batches with other forms (or bad values)
+        series = pd.Series(cols[c], dtype=object)
+        ts = pd.to_datetime(series, utc=True, errors="coerce", format="ISO8601").dt.as_unit("us")
+        for i in np.flatnonzero((series.notna() & ts.isna()).to_numpy()).tolist():
+            note = f"field {c!r}: {series.iloc[i]!r}"[:200]
+            bad[i] = note if bad[i] is None else f"{bad[i]}; {note}"
+        out[c] = pa.Array.from_pandas(ts, type=kind)
+    import pyarrow.compute as pc
+
+    gap = pc.subtract(out["finished_at"], out["started_at"])  # a duration in µs, null where either is
+    out["duration_s"] = pc.divide(pc.cast(gap, pa.int64()).cast(pa.float64()), 1e6)
+    out["bad_time"] = pa.array(bad, pa.large_string())
+    for name in _ROW_FIELDS:
+        if name in out:
+            continue
+        out[name] = pa.array(cols[name], INDEX_SCHEMA.field(name).type)
+    return pa.table(out)
 
 
 _EMPTY: dict = {}
+_STR_DTYPE = None
 
 
-def _frame(rows: list[tuple], workspace: Any, store: Any, skipped: list):
-    """The runs DataFrame from the row tuples: typed times and numbers, newest first, tags."""
-    import pandas as pd
+def _str_dtype():
+    """pandas' default string dtype (pyarrow-backed `str`, NaN for missing), as load_runs has always had."""
+    global _STR_DTYPE
+    if _STR_DTYPE is None:
+        import numpy as np
+        import pandas as pd
 
-    columns = list(zip(*rows)) if rows else [()] * len(RUN_COLUMNS)
-    df = pd.DataFrame({c: list(v) for c, v in zip(RUN_COLUMNS, columns)}, columns=RUN_COLUMNS)
-    for c in ("started_at", "finished_at"):
-        raw = df[c]
-        df[c] = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
-        bad = raw.notna() & df[c].isna()
-        if bad.any():
-            import warnings
+        _STR_DTYPE = pd.StringDtype("pyarrow", na_value=np.nan)
+    return _STR_DTYPE
 
-            from .store.workspace import SkippedFiles
 
-            listed = "\n".join(f"  {p} (field {c!r}): {v!r}" for p, v in list(zip(df.loc[bad, "path"], raw[bad]))[:20])
-            warnings.warn(SkippedFiles(f"{int(bad.sum())} run(s) have an unparseable {c}; kept with NaT:\n{listed}"),
-                          stacklevel=3)
-    df["duration_s"] = (df["finished_at"] - df["started_at"]).dt.total_seconds()
-    for c in ("score", "input_tokens", "output_tokens", "cost_usd"):
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    df["final"] = df["final"].astype(bool)
-    df = df.sort_values(["started_at", "id"], ascending=False, na_position="last", kind="stable")
-    df = df.reset_index(drop=True)
+def _frame(table: Any, workspace: Any, store: Any, strict: bool, problems: list, records: list | None,
+           stats: Any):
+    """The runs DataFrame from index rows (sorted): bad files warned about (or raised), times
+    warned about, `path` and `run` added, tags attached."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .store.records import RunRecords
+
+    root = os.fspath(machine_dir(workspace) / "runs")
+    is_bad = pc.is_valid(table["error"])
+    skipped = list(problems)
+    if pc.any(is_bad).as_py():
+        bad = table.filter(is_bad).select(["dir", "name", "error", "error_line", "error_field"]).to_pylist()
+        for b in sorted(bad, key=lambda b: (b["dir"].split("/"), b["name"])):
+            path = os.path.join(root, *([b["dir"]] if b["dir"] else []), b["name"]) if os.sep == "/" else \
+                os.path.join(root, *b["dir"].split("/"), b["name"])
+            skipped.append(MachineFormatError(path, b["error"], line=b["error_line"], field=b["error_field"]))
+        table = table.filter(pc.invert(is_bad))
+    if strict and skipped:
+        raise skipped[0]
+    if any(c.num_chunks > 1 for c in table.columns):
+        table = table.combine_chunks()  # the picker takes pages of rows: one chunk each keeps that fast
+    sep = os.sep
+    dirs = table["dir"] if sep == "/" else pc.replace_substring(table["dir"], "/", sep)
+    path = pc.binary_join_element_wise(pa.scalar(root, pa.large_string()), dirs, table["name"],
+                                       pa.scalar(sep, pa.large_string()))
+    cols = [c for c in RUN_COLUMNS if c not in ("path", "run")]
+    df = table.select(cols).to_pandas(types_mapper=lambda t: _str_dtype() if t in (pa.large_string(), pa.string()) else None)
+    df["path"] = path.to_pandas(types_mapper=lambda t: _str_dtype())
+    if records is None:
+        df["run"] = RunRecords(path)
+    else:
+        df["run"] = [records[i] for i in table["_pos"].to_pylist()]
+    notes = table["bad_time"]
+    if pc.any(pc.is_valid(notes)).as_py():
+        import warnings
+
+        from .store.workspace import SkippedFiles
+
+        has = pc.is_valid(notes).to_numpy(zero_copy_only=False)
+        listed = [f"  {p} ({n})" for p, n in zip(df["path"][has], notes.filter(pc.is_valid(notes)).to_pylist())]
+        fields = sorted({f for n in notes.filter(pc.is_valid(notes)).to_pylist() for f in ("started_at", "finished_at")
+                         if f"'{f}'" in n})
+        warnings.warn(SkippedFiles(f"{len(listed)} run(s) have an unparseable {' / '.join(fields)}; kept with NaT:\n"
+                                   + "\n".join(listed[:20]) + (f"\n  … and {len(listed) - 20} more" if len(listed) > 20 else "")),
+                      stacklevel=4)
     if store is not None:
-        from .store.tags import run_tags
-
-        by_run = run_tags(store)
-        df["tags"] = [list(by_run.get(i, [])) for i in df["id"]]
+        df["tags"] = attach_tags(df, store)
     df.attrs["workspace"] = str(workspace_root(workspace))
+    df.attrs["index"] = stats
     warn_skipped("run file(s)", skipped, stacklevel=4)
     return df
+
+
+def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
+    """The `tags` column for a runs frame: per row, the tags of the store rows that name it.
+
+    A row written by `tag()` names its run by `machine` and `run` (the id), and tags only that run:
+    run ids are unique within a machine, not across machines. A row without `machine` (as Machine
+    itself writes them: only `source`, `<id>.json`) tags the run with that id when exactly one
+    run among `runs` has it; when several machines have a run with that id, it tags none of them
+    and a warning lists it, since it cannot say which.
+    """
+    import warnings
+
+    from .store.tags import run_tags
+
+    by_key, by_id = run_tags(store)
+    machines = runs["machine"].tolist()
+    ids = runs["id"].tolist()
+    counts: dict = {}
+    if by_id:
+        for i in ids:
+            if i in by_id:
+                counts[i] = counts.get(i, 0) + 1
+    ambiguous = sorted(i for i, n in counts.items() if n > 1)
+    if ambiguous:
+        listed = []
+        for i in ambiguous[:20]:
+            ms = sorted({m for m, j in zip(machines, ids) if j == i})
+            listed.append(f"  {i} (machines {', '.join(ms)}): {len(by_id[i])} row(s)")
+        warnings.warn(f"{len(ambiguous)} tagged run id(s) without a machine match runs of several machines; "
+                      "those rows tag none of them (re-tag with mnb.tag to record the machine):\n"
+                      + "\n".join(listed), stacklevel=4)
+    out = []
+    for m, i in zip(machines, ids):
+        tags = by_key.get((m, i))
+        loose = by_id.get(i) if by_id and counts.get(i) == 1 else None
+        out.append(list(tags or ()) + list(loose or ()))
+    return out
+
+
+def load_records(runs: Any) -> list[dict]:
+    """The Run records of a runs frame's rows (or of one row), in row order, read on demand.
+
+    runs: a load_runs DataFrame (or any selection of one, e.g. `picker.selected`), a row, or Run
+          dicts. Rows of an indexed frame are read from their run files now (their `run` column
+          is lazy); otherwise the records the frame holds are returned. A frame without a `run`
+          column is read from its `path` column.
+    Returns: a list of Run dicts.
+    """
+    from .store.records import load_run_records
+
+    if hasattr(runs, "columns"):
+        return load_run_records(runs)
+    return run_records(runs)
 
 
 def messages(runs: Any, *, failed: FailedPredicate | None = None):
@@ -188,4 +401,5 @@ def messages(runs: Any, *, failed: FailedPredicate | None = None):
     return pd.DataFrame.from_records(rows, columns=MESSAGE_COLUMNS)
 
 
-__all__ = ["load_runs", "messages", "RUN_COLUMNS", "MESSAGE_COLUMNS"]
+__all__ = ["load_runs", "load_records", "attach_tags", "messages", "RUN_COLUMNS", "MESSAGE_COLUMNS",
+           "INDEX_MIN_RUNS"]

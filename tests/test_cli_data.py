@@ -58,3 +58,17 @@ def test_errors_are_one_line_not_tracebacks(tmp_path, capsys):
     (bad / "r1.json").write_text("{")
     assert main(["runs", str(tmp_path / "ws"), "--strict"]) == 1
     assert "r1.json" in capsys.readouterr().err
+
+
+def test_runs_with_and_without_the_index(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(tmp_path / "cache"))
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / ".machine", ws / ".machine")
+    assert main(["runs", str(ws), "--json", "--no-index"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert not (tmp_path / "cache").exists()  # nothing written
+    mnb.load_runs(ws, index=True)
+    assert main(["runs", str(ws), "--json", "--check", "files"]) == 0
+    assert json.loads(capsys.readouterr().out) == plain

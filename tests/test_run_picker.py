@@ -62,7 +62,7 @@ def test_needs_ids_and_makes_them_unique_per_machine():
 def test_filter_controls_update_the_one_page_view_model():
     runs = make_runs()
     p = RunPicker(runs, page_size=5)
-    assert p._table.columns == ["id", "machine", "model", "harness", "score", "started_at", "tags", "input", "output"]
+    assert p._table.columns == ["id", "machine", "input", "output", "score", "tags", "model", "harness", "started_at"]
     assert len(p._table.rows) == 5 and p._table.n_pages == 6
     assert p._count.value == "30 runs · 30 match · 0 selected"
 
@@ -115,11 +115,12 @@ def test_filter_mask_matches_a_row_by_row_reference(rows, lo, hi, text):
     frame = pd.DataFrame({"id": range(len(rows)), "machine": [r[0] for r in rows],
                           "score": [r[1] for r in rows], "input": [r[2] for r in rows], "output": ""})
     lo, hi = min(lo, hi), max(lo, hi)
-    got = filter_mask(frame, {"machine": ["a"], "score": (lo, hi), "text": text},
-                      haystack=text_haystack(frame, ("input", "output")))
+    filters = {"machine": ["a"], "score": (lo, hi), "text": text}
+    got = filter_mask(frame, filters)  # through a FilterIndex: codes and distinct lower-cased texts
     want = [m == "a" and lo <= s <= hi and all(t in i.lower() for t in text.lower().split())
             for m, s, i in rows]
     assert got.tolist() == want
+    assert filter_mask(frame, filters, haystack=text_haystack(frame, ("input", "output"))).tolist() == want
 
 
 def test_sort_by_header_messages_and_python():
@@ -244,9 +245,73 @@ def test_static_fallback_shows_page_filters_and_selection():
         RunPicker(runs, columns=["id", "colour"])
 
 
+def test_text_search_paths_agree(monkeypatch):
+    """Distinct texts searched once and mapped back, every row searched, in threads: same rows."""
+    from machine_nb.widgets import run_picker as rp
+
+    runs = make_runs(60)
+    runs["output"] = ["The ANSWER is one", "no", None, "İstanbul ANSWER"] * 15
+    want = None
+    for ratio, parallel in [(2.0, 10**9), (0.0, 10**9), (2.0, 7), (0.0, 7)]:
+        monkeypatch.setattr(rp, "DISTINCT_SEARCH_RATIO", ratio)
+        monkeypatch.setattr(rp, "PARALLEL_TEXTS", parallel)
+        index = rp.FilterIndex(runs)
+        got = [index.text_mask(q).tolist() for q in ("answer", "what 1", "istanbul", "is  one", "zzz")]
+        assert sum(got[0]) == 30 and not any(got[4])
+        want = want or got
+        assert got == want
+
+
+def test_choose_columns_and_hover_text():
+    runs = make_runs()
+    runs.loc[101, "output"] = "long " * 100
+    p = RunPicker(runs, page_size=5)
+    chooser = p._column_choice
+    assert "run" not in chooser.options and set(chooser.value) == set(p.columns)
+    chooser.value = tuple(c for c in chooser.value if c not in ("model", "harness"))  # untick two
+    assert p.columns == ["id", "machine", "input", "output", "score", "tags", "started_at"] == p._table.columns
+    chooser.value = (*chooser.value, "model")  # ticked again: joins at the end
+    assert p.columns[-1] == "model" and set(p._table.rows[0]) >= {"__key__", "model"}
+    p.show_columns(["output", "id"])
+    assert p._table.columns == ["output", "id"] and set(chooser.value) == {"id", "output"}
+    row = next(r for r in p._table.rows if r["__key__"] == "run001")
+    assert row["output"].endswith("…") and row["__full__"]["output"] == "long " * 100  # the hover title
+    assert "__full__" not in p._table.rows[0]  # short cells need none
+    with pytest.raises(ValueError, match="cannot show"):
+        p.show_columns(["run"])
+
+
 def test_format_cell():
     assert format_cell(pd.Timestamp("2026-11-01 10:22:33", tz="UTC")) == "2026-11-01 10:22"
     assert format_cell(0.123456) == "0.123" and format_cell(float("nan")) == "" and format_cell(None) == ""
     assert format_cell(["good", "x"]) == "good, x" and format_cell(pd.NaT) == ""
     long = format_cell("word\n" * 100)
     assert len(long) == 120 and long.endswith("…") and "\n" not in long
+
+
+def test_the_displayed_static_fallback_follows_the_current_state():
+    """A saved notebook keeps the output's text/html: it must be what the picker shows now."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.display import display
+
+    shell = InteractiveShell.instance()
+    published = []
+    real = shell.display_pub.publish
+    shell.display_pub.publish = lambda data, metadata=None, *a, **kw: published.append((data, kw))
+    try:
+        p = RunPicker(make_runs(), page_size=4)
+        display(p)
+        (first, kw0), = published
+        display_id = kw0["transient"]["display_id"]
+        assert "filters: none" in first["text/html"] and "application/vnd.jupyter.widget-view+json" in first
+        p.set_filters(machine=["a", "b"], text="what")
+        p.click("run001")
+        send(p, event="page", page=1)
+        data, kw = published[-1]
+        assert kw.get("update") and kw["transient"]["display_id"] == display_id
+        html = data["text/html"]
+        assert "machine: [&#x27;a&#x27;, &#x27;b&#x27;]" in html and "text: what" in html
+        assert "1 selected" in html and "page 2 of 5" in html
+        assert data["application/vnd.jupyter.widget-view+json"] == first["application/vnd.jupyter.widget-view+json"]
+    finally:
+        shell.display_pub.publish = real

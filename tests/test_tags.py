@@ -90,7 +90,6 @@ def test_tagged_and_untag(tmp_path, runs):
     assert [r["id"] for r in lines_ok(tmp_path / "train.jsonl")] == [rows[0]["id"], rows[2]["id"]]
     with pytest.raises(KeyError):
         mnb.untag(rows[1]["id"], store=tmp_path)
-    assert len(mnb.tagged(tmp_path / "nowhere")) == 0
 
 
 def lines_ok(path):
@@ -138,3 +137,94 @@ def test_concurrent_tagging_loses_nothing(tmp_path):
     assert len(rows) == 200 and len({r["id"] for r in rows}) == 200
     assert sorted(r["messages"][0]["content"] for r in rows) == sorted(f"w{k} q{i}" for k in range(4) for i in range(50))
     assert os.stat(tmp_path / "train.jsonl").st_mode & 0o777 == 0o600
+
+
+def _two_machines_same_id(tmp_path):
+    """A workspace where machines `a` and `b` each have a run with id `r1` (ids are unique per machine only)."""
+    ws = tmp_path / "ws"
+    for machine in ("a", "b"):
+        d = ws / ".machine" / "runs" / machine
+        d.mkdir(parents=True)
+        (d / "r1.json").write_text(json.dumps({
+            "id": "r1", "machine": machine, "input": f"q {machine}", "output": f"a {machine}",
+            "startedAt": "2026-11-02T09:00:00Z",
+            "trajectory": [{"role": "user", "content": f"q {machine}"}, {"role": "assistant", "content": f"a {machine}"}]}))
+    return ws
+
+
+def test_tags_are_keyed_by_machine_and_id(tmp_path):
+    ws = _two_machines_same_id(tmp_path)
+    store = tmp_path / "store"
+    runs = mnb.load_runs(ws)
+    mnb.tag(runs[runs["machine"] == "a"].iloc[0], "good", store=store)
+    tagged = mnb.load_runs(ws, store=store).set_index("machine")
+    assert tagged.loc["a", "tags"] == ["good"] and tagged.loc["b", "tags"] == []
+    assert list(mnb.tagged(store)[["machine", "run"]].iloc[0]) == ["a", "r1"]
+
+
+def test_rows_without_machine_match_an_id_only_when_it_is_unambiguous(tmp_path):
+    ws = _two_machines_same_id(tmp_path)
+    store = tmp_path / "store"
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    mnb.tag(msgs, "good", store=store, source="r1.json")  # as Machine writes it: no machine, no run
+    with pytest.warns(UserWarning, match=r"(?s)r1.*machines a, b"):
+        both = mnb.load_runs(ws, store=store)
+    assert all(t == [] for t in both["tags"])  # never on the wrong run
+    alone = mnb.load_runs(ws, "b", store=store)  # one run with that id among those loaded
+    assert list(alone["tags"]) == [["good"]]
+
+
+def test_tagged_says_when_the_store_is_missing_or_not_a_folder(tmp_path, capsys):
+    from machine_nb.cli import main
+    from machine_nb.errors import MachineFormatError
+
+    with pytest.warns(UserWarning, match="no tag store"):
+        assert len(mnb.tagged(tmp_path / "nowhere")) == 0
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MachineFormatError, match="not a folder"):
+        mnb.tagged(tmp_path / "file")
+    assert main(["tagged", "--store", str(tmp_path / "nowhere")]) == 1
+    assert "no tag store" in capsys.readouterr().err
+    assert main(["tagged", "--store", str(tmp_path / "file")]) == 1
+    assert "not a folder" in capsys.readouterr().err
+
+
+def test_untag_names_a_line_nested_too_deep(tmp_path):
+    from machine_nb.errors import MachineFormatError
+
+    row = mnb.tag([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], store=tmp_path, id="abc123")
+    deep = '{"id": "deep", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    with open(tmp_path / "train.jsonl", "a") as fh:
+        fh.write(deep)
+    assert mnb.untag("abc123", store=tmp_path) == row  # the deep line is kept byte for byte
+    assert (tmp_path / "train.jsonl").read_text() == deep
+    with pytest.raises(MachineFormatError, match=r"train.jsonl:1.*nested") as exc:
+        mnb.untag("deep", store=tmp_path)
+    assert exc.value.line == 1
+
+
+def test_tagged_and_untag_stream_a_big_store(tmp_path):
+    """Memory held by tagged() + untag() grows with the rows' summaries (the last user and assistant
+    texts), not with whole rows: here each row's bulk is a long tool result, as in a trace."""
+    import tracemalloc
+
+    line = {"id": None, "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x" * 4000},
+                                     {"role": "assistant", "content": "done"}], "tag": "good", "kind": "trace"}
+
+    def peak(n):
+        store = tmp_path / f"s{n}"
+        store.mkdir()
+        with open(store / "train.jsonl", "w") as fh:
+            for i in range(n):
+                fh.write(json.dumps({**line, "id": f"id{i}"}) + "\n")
+        tracemalloc.start()
+        df = mnb.tagged(store)
+        mnb.untag(f"id{n // 2}", store=store)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(df) == n and len(mnb.tagged(store)) == n - 1
+        return top
+
+    peak(10)  # imports and first-call set-up out of the way
+    small, big = peak(500), peak(5000)
+    assert big < 3 * small  # ten times the rows, far less than ten times the memory

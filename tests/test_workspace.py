@@ -192,3 +192,50 @@ def test_sample_generator_is_deterministic_and_matches_commit(tmp_path):
         assert filecmp.cmp(f, out / f.relative_to(SAMPLE), shallow=False)
     total = sum(f.stat().st_size for f in SAMPLE.rglob("*") if f.is_file())
     assert total < 3_000_000
+
+
+def test_symlinked_machine_folder_is_followed_and_loops_are_reported(tmp_path):
+    ws = _ws(tmp_path)
+    n = len(list((ws / ".machine/runs/support").glob("*.json")))
+    elsewhere = tmp_path / "elsewhere" / "coder"
+    shutil.copytree(SAMPLE / ".machine" / "runs" / "coder", elsewhere)
+    (ws / ".machine/runs/coder").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "loop").symlink_to(ws / ".machine" / "runs", target_is_directory=True)  # back up the tree
+    with pytest.warns(SkippedFiles) as rec:
+        df = mnb.load_runs(ws)
+    assert (df["machine"] == "coder").sum() == len(list(elsewhere.glob("*.json"))) > 0
+    assert (df["machine"] == "support").sum() == n
+    text = "\n".join(str(r.message) for r in rec)
+    assert "loop" in text and "symlink" in text  # said, not silently dropped
+    with pytest.warns(SkippedFiles, match="loop"):  # the same loop, seen from inside the machine
+        assert len(mnb.load_runs(ws, "coder")) == (df["machine"] == "coder").sum()
+
+
+def test_session_and_event_times_that_do_not_parse_are_named(tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / ".machine" / "sessions", ws / ".machine" / "sessions")
+    path = sorted((ws / ".machine/sessions/support").glob("*.json"))[0]
+    s = json.loads(path.read_text())
+    path.write_text(json.dumps({**s, "updatedAt": "last tuesday"}))
+    with pytest.warns(SkippedFiles, match=r"(?s)updatedAt.*last tuesday") as rec:
+        sessions = mnb.load_sessions(ws)
+    assert str(path) in str(rec[0].message) and sessions["updated_at"].isna().sum() == 1
+    (ws / ".machine" / "events.jsonl").write_text(
+        '{"type": "run.started", "time": "2026-11-02T09:00:00Z"}\n{"type": "run.finished", "time": "soon"}\n'
+        '{"type": "x", "at": 12}\n')
+    with pytest.warns(SkippedFiles) as rec:
+        events = mnb.load_events(ws)
+    text = str(rec[0].message)
+    assert "events.jsonl:2" in text and "'time'" in text and "soon" in text and "events.jsonl:3" in text
+    assert events["time"].isna().tolist() == [False, True, True]
+
+
+def test_symlinked_machine_definition_is_listed(tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / "machines" / "support", ws / "machines" / "support")
+    shutil.copytree(SAMPLE / "machines" / "coder", tmp_path / "shared" / "coder")
+    (ws / "machines" / "coder").symlink_to(tmp_path / "shared" / "coder", target_is_directory=True)
+    (tmp_path / "shared" / "coder" / "up").symlink_to(ws / "machines", target_is_directory=True)  # a loop
+    with pytest.warns(SkippedFiles, match="loop"):
+        assert mnb.list_machines(ws) == ["coder", "support"]
+    assert mnb.load_machine(ws, "coder")["tools"]

@@ -35,7 +35,8 @@ def _print_frame(df, columns: list[str], as_json: bool) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from ..frames import load_runs
 
-    df = load_runs(args.workspace, args.machine, strict=args.strict)
+    df = load_runs(args.workspace, args.machine, strict=args.strict, index=False if args.no_index else None,
+                   check=args.check)
     if args.limit:
         df = df.head(args.limit)
     cols = _RUN_TABLE + (["input", "output", "case", "rubric", "cost_usd", "final"] if args.json else [])
@@ -47,7 +48,14 @@ def cmd_tagged(args: argparse.Namespace) -> int:
     from ..store.tags import store_dir, tagged
 
     store = Path(args.store) if args.store else store_dir(args.project)
-    df = tagged(store)
+    if not store.exists():
+        if args.store:  # a path the user typed that is not there: a mistake to say, not an empty list
+            print(f"machine-nb tagged: no tag store at {store} (check --store)", file=sys.stderr)
+            return 1
+        print(f"store: {store} (no tag store yet: nothing tagged in this project)", file=sys.stderr)
+        print("[]" if args.json else "(none)")
+        return 0
+    df = tagged(store)  # a file, not a folder: MachineFormatError, printed as one line
     if args.limit:
         df = df.tail(args.limit)
     cols = ["id", "file", "tag", "kind", "note", "source", "n_messages", "last_user", "last_assistant"]
@@ -91,12 +99,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="List a workspace's stored runs, newest first (reads .machine/runs; free).",
                        description="List the runs stored under WORKSPACE/.machine/runs, newest first, as a table or "
-                                   "JSON. Reads files only; writes nothing; costs nothing.")
+                                   "JSON. Reads files only; writes nothing in the workspace (large workspaces keep a run "
+                                   "index in the user's cache folder, see `machine_nb.run_index_path`); costs nothing.")
     p.add_argument("workspace", help="workspace directory (the one holding .machine/)")
     p.add_argument("--machine", help="only this machine and its nested machines")
     p.add_argument("--limit", type=int, default=0, help="show at most N runs (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     p.add_argument("--strict", action="store_true", help="fail on the first bad run file instead of skipping it")
+    p.add_argument("--no-index", action="store_true",
+                   help="parse every run file; neither use nor write the run index (default: use it for large workspaces)")
+    p.add_argument("--check", choices=["dirs", "files"], default="dirs",
+                   help="how the index finds changed files: folder times (dirs, default) or a stat of every file "
+                        "(files: also sees files rewritten in place)")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("tagged", help="List the tag store's rows like /tagged (reads the store; free).",

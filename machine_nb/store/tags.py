@@ -20,8 +20,8 @@ from ..errors import MachineFormatError
 
 DATA_FILES = {"train": "train.jsonl", "traces": "traces.jsonl", "observed": "observed.jsonl",
               "rejected": "rejected.jsonl"}
-TAGGED_COLUMNS = ["id", "file", "line", "tag", "kind", "note", "source", "n_messages", "last_user",
-                  "last_assistant", "created_at", "row"]
+TAGGED_COLUMNS = ["id", "file", "line", "tag", "kind", "note", "source", "machine", "run", "n_messages",
+                  "last_user", "last_assistant", "created_at", "row"]
 
 
 def project_key(project: str | os.PathLike | None = None) -> str:
@@ -207,9 +207,26 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
     return row
 
 
-def _iter_rows(store: Path, skipped: list):
+def _existing_store(store: str | os.PathLike | None, stacklevel: int = 3) -> Path | None:
+    """The store folder to read; None (with a warning) when there is none yet. A path that is a
+    file is an error: it cannot be a store, and reading it as an empty one would hide the mistake."""
+    import warnings
+
+    root = _resolve_store(store)
+    if root.is_dir():
+        return root
+    if root.exists():
+        raise MachineFormatError(root, "not a folder: a tag store is a folder holding train.jsonl, traces.jsonl, "
+                                       "observed.jsonl and rejected.jsonl")
+    warnings.warn(f"no tag store at {root} (nothing tagged there yet, or a wrong path?)", stacklevel=stacklevel)
+    return None
+
+
+def _iter_rows(store: Path | None, skipped: list):
     from ..jsonl import iter_jsonl
 
+    if store is None:
+        return
     for fname in DATA_FILES.values():
         path = store / fname
         if not path.exists():
@@ -229,95 +246,145 @@ def tagged(store: str | os.PathLike | None = None):
     observed, rejected; then line order).
 
     Columns: id ("(no id)" when a row has none, as Machine prints it), file, line, tag, kind
-    (default "final"), note, source, n_messages, last_user, last_assistant (the texts of the last
-    user and assistant messages), created_at (when recorded; ours), row (the parsed row).
+    (default "final"), note, source, machine and run (the run a row names, as `tag()` records it;
+    None for rows Machine wrote), n_messages, last_user, last_assistant (the texts of the last
+    user and assistant messages), created_at (when recorded; ours), row (the whole row, read from
+    its line when asked for: a lazy column, so a big store is streamed, not held).
     Unreadable lines and rows without `messages` are skipped with one warning listing file and line.
+    A store folder that does not exist gives an empty frame and a warning; a path that is a file
+    raises MachineFormatError.
     """
     import pandas as pd
+    import pyarrow as pa
 
+    from .records import TagRows
     from .workspace import warn_skipped
 
-    root = _resolve_store(store)
+    root = _existing_store(store)
     skipped: list = []
-    out = []
+    out, where, ids = [], [], []
     for fname, line, row in _iter_rows(root, skipped):
         msgs = row["messages"]
         last_user = next((_text(m.get("content")) for m in reversed(msgs) if isinstance(m, dict) and m.get("role") == "user"), None)
         last_asst = next((_text(m.get("content")) for m in reversed(msgs)
                           if isinstance(m, dict) and m.get("role") == "assistant" and _text(m.get("content"))), None)
+        machine, run = row.get("machine"), row.get("run")
         out.append((row.get("id") or "(no id)", fname, line, row.get("tag"), row.get("kind", "final"),
-                    row.get("note"), row.get("source"), len(msgs), last_user, last_asst, row.get("created_at"), row))
+                    row.get("note"), row.get("source"), machine if isinstance(machine, str) else None,
+                    run if isinstance(run, str) else None, len(msgs), last_user, last_asst, row.get("created_at")))
+        where.append(f"{root / fname}:{line}")
+        ids.append(row.get("id") if isinstance(row.get("id"), str) else None)
     warn_skipped("tag row(s)", skipped)
-    return pd.DataFrame.from_records(out, columns=TAGGED_COLUMNS)
+    df = pd.DataFrame.from_records(out, columns=TAGGED_COLUMNS[:-1])
+    df["row"] = TagRows(pa.array(where, pa.large_string()), pa.array(ids, pa.large_string()))
+    return df
 
 
-def run_tags(store: str | os.PathLike) -> dict[str, list[str]]:
-    """Run id → tags of the rows that name it (`run` key, else a `source` of `<id>.json`)."""
+def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]], dict[str, list[str]]]:
+    """The tags of a store's rows by the run they name: `({(machine, run id): tags}, {run id: tags})`.
+
+    The first holds rows that name their machine (`tag()` writes `machine` and `run`); the second
+    rows without one (Machine's own rows: the id from a `source` of `<id>.json`), which
+    `frames.attach_tags` matches only where the id is unambiguous.
+    """
     from .workspace import warn_skipped
 
-    out: dict[str, list[str]] = {}
+    by_key: dict[tuple[str, str], list[str]] = {}
+    by_id: dict[str, list[str]] = {}
     skipped: list = []
-    for _, _, row in _iter_rows(Path(store), skipped):
+    for _, _, row in _iter_rows(_existing_store(store, stacklevel=5), skipped):
         rid = row.get("run")
         if not isinstance(rid, str):
             src = row.get("source")
             rid = src[:-5] if isinstance(src, str) and src.endswith(".json") else None
-        if rid and isinstance(row.get("tag"), str):
-            out.setdefault(rid, []).append(row["tag"])
+        if not rid or not isinstance(row.get("tag"), str):
+            continue
+        machine = row.get("machine")
+        if isinstance(machine, str) and machine:
+            by_key.setdefault((machine, rid), []).append(row["tag"])
+        else:
+            by_id.setdefault(rid, []).append(row["tag"])
     warn_skipped("tag row(s)", skipped, stacklevel=4)
-    return out
+    return by_key, by_id
 
 
 def untag(id: str, store: str | os.PathLike | None = None) -> dict:
     """Remove the row with this id from whichever store file holds it; returns the removed row.
 
     The file is rewritten atomically under the same lock appends use, so no other row (not even
-    an unreadable line, kept byte for byte) is lost. KeyError when no row has this id.
+    an unreadable line, kept byte for byte) is lost. It is streamed: only lines that may hold the
+    id are parsed, and memory does not grow with the file. KeyError when no row has this id;
+    MachineFormatError naming file and line when a line that may hold it cannot be parsed for
+    being nested too deep (it cannot be told apart from the row asked for).
     """
-    import json
-
     from ..jsonl import locked
 
     root = _resolve_store(store)
+    needle = id.encode("utf-8")
     for fname in DATA_FILES.values():
         path = root / fname
         if not path.exists():
             continue
         with locked(path):
-            raw = path.read_bytes().splitlines(keepends=True)
-            kept, removed = [], None
-            for line in raw:
-                if removed is None:
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        row = None
-                    if isinstance(row, dict) and row.get("id") == id:
-                        removed = row
-                        continue
-                kept.append(line)
-            if removed is not None:
-                body = b"".join(kept)
-                if body and not body.endswith(b"\n"):
-                    body += b"\n"
-                _atomic_write_bytes(path, body)
+            found = _find_row(path, id, needle)
+            if found is not None:
+                start, end, removed = found
+                _rewrite_without(path, start, end)
                 return removed
-    raise KeyError(f"no tag row with id {id!r} in {root}")
+    where = f"in {root}" if root.is_dir() else f"(no tag store at {root})"
+    raise KeyError(f"no tag row with id {id!r} {where}")
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace a file's bytes atomically (temp + fsync + rename), keeping non-UTF-8 lines as they were."""
+def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | None:
+    """(start, end, row) of the line holding the row with this id, or None; one line in memory."""
+    import orjson
+
+    offset = 0
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            start, offset = offset, offset + len(raw)
+            if needle not in raw and b"\\u" not in raw:  # the id, or an escape that could spell it
+                continue
+            try:
+                row = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                if "depth" in str(exc) or "recursion" in str(exc):
+                    raise MachineFormatError(path, "JSON nested too deeply to read (over 1,024 levels); cannot tell "
+                                                   "whether this line is the row asked for", line=number) from None
+                continue  # a torn or broken line: never the row asked for, kept as it is
+            if isinstance(row, dict) and row.get("id") == id:
+                return start, offset, row
+    return None
+
+
+def _rewrite_without(path: Path, start: int, end: int) -> None:
+    """Replace a file by itself without bytes [start, end), streamed, atomically (temp + fsync +
+    rename); every other byte is kept as it was."""
+    import shutil
     import tempfile
 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            _copy_range(src, out, 0, start, shutil)
+            src.seek(end)
+            shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _copy_range(src, out, start: int, end: int, shutil) -> None:
+    src.seek(start)
+    left = end - start
+    while left > 0:
+        chunk = src.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        out.write(chunk)
+        left -= len(chunk)

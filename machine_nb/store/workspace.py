@@ -64,7 +64,35 @@ def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 
     warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
 
 
-def _loads(data: bytes, path: str | os.PathLike) -> Any:
+def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3):
+    """ISO time strings as UTC datetimes; a value that does not parse becomes NaT with one warning.
+
+    values: the raw values (None for absent). where: for each value, its file, line and field as
+    text ("events.jsonl:3 (field 'at')"; used only when the value is bad). what: the records, for the warning
+    ("session file(s)", "event line(s)"). Returns a pandas Series of datetime64 UTC.
+    """
+    import pandas as pd
+
+    raw = pd.Series([v if isinstance(v, str) and v.strip() else None for v in values], dtype=object)
+    times = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+    bad = []
+    for i in range(len(values)):
+        v = values[i]
+        if v is None or (isinstance(v, str) and not v.strip()):
+            continue
+        if not isinstance(v, str):
+            bad.append(f"{where[i]}: {v!r} is not an ISO time string"[:300])
+        elif pd.isna(times.iloc[i]):
+            bad.append(f"{where[i]}: {v!r} does not parse as an ISO time"[:300])
+    if bad:
+        listed = "\n".join(f"  {b}" for b in bad[:20])
+        more = f"\n  … and {len(bad) - 20} more" if len(bad) > 20 else ""
+        warnings.warn(SkippedFiles(f"{len(bad)} {what} have a time that does not parse; kept with NaT:\n"
+                                   f"{listed}{more}"), stacklevel=stacklevel)
+    return times
+
+
+def loads_json(data: bytes, path: str | os.PathLike) -> Any:
     """Parse one JSON document, naming the file, line and column on failure."""
     import orjson
 
@@ -83,48 +111,146 @@ def _loads(data: bytes, path: str | os.PathLike) -> Any:
         raise MachineFormatError(path, f"invalid JSON: {exc.msg} at column {exc.colno}", line=exc.lineno) from None
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """One JSON file (orjson); MachineFormatError naming file and line when unreadable."""
+def read_file(path: str | os.PathLike) -> tuple[bytes, os.stat_result]:
+    """A file's bytes and its stat (taken before reading, from the same open file), through the
+    os-level calls: for small run files, Python's buffered file objects cost more than the read.
+    MachineFormatError naming the file when it cannot be read."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise MachineFormatError(path, "file not found") from None
     except OSError as exc:
         raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
-    return _loads(data, path)
+    try:
+        st = os.fstat(fd)
+        data = os.read(fd, st.st_size + 1)
+        if len(data) > st.st_size:  # grew since the stat: read the rest
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        elif len(data) < st.st_size:  # a short read (pipes, some network filesystems)
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data, st
+    except OSError as exc:
+        raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
 
 
-def iter_named_files(root: str | os.PathLike, suffix: str = ".json") -> Iterator[tuple[str, str | None, str | None]]:
-    """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
+def read_json(path: str | os.PathLike) -> Any:
+    """One JSON file (orjson); MachineFormatError naming file and line when unreadable."""
+    return loads_json(read_file(path)[0], path)
 
-    `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
-    (a folder segment that breaks SEGMENT, or a file directly under `root`), else None.
-    Sorted, so readers are deterministic. Paths are strings: pathlib costs more than parsing
-    small run files (measured in benchmarks/bench_load_runs.py).
+
+def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = None
+                 ) -> Iterator[tuple[str, list[str], list[str], list[str], str | None]]:
+    """Yield `(dirpath, segments, subdirs, filenames, problem)` for `root` and every folder below it.
+
+    Symlinked folders are followed (a machine folder may live elsewhere), except one that leads
+    back to a folder it is inside of: that loop is yielded once with `problem` saying so, and not
+    entered. `segments` are the folder's names below `root` (as the link is named, not where it
+    points). Subfolders and files are sorted, so readers are deterministic. `within`: a folder
+    `root` is inside of (e.g. `runs/` for `runs/<machine>`), whose folders down to `root` count
+    as ones it is inside of too.
     """
     root = os.fspath(root)
     if not os.path.isdir(root):
         return
+    try:
+        st = os.stat(root)
+    except OSError:
+        return
+    ancestors = folder_chain(within, root) if within is not None else ()
+    stack: list[tuple[str, list[str], tuple]] = [(root, [], (*ancestors, (st.st_dev, st.st_ino)))]
+    while stack:
+        dirpath, segments, ancestors = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                entries = list(it)
+        except OSError as exc:
+            yield dirpath, segments, [], [], f"cannot list folder: {exc.strerror}"
+            continue
+        subdirs, files = [], []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()  # follows a symlink
+            except OSError:
+                is_dir = False
+            (subdirs if is_dir else files).append(e.name)
+        subdirs.sort()
+        files.sort()
+        yield dirpath, segments, subdirs, files, None
+        for name in reversed(subdirs):  # a stack: reversed, so folders come out in sorted order
+            path = os.path.join(dirpath, name)
+            try:
+                sub = os.stat(path)
+            except OSError as exc:
+                yield path, [*segments, name], [], [], f"cannot read folder: {exc.strerror}"
+                continue
+            key = (sub.st_dev, sub.st_ino)
+            if key in ancestors:
+                yield path, [*segments, name], [], [], (
+                    f"symlink {name!r} leads back to a folder it is inside of ({os.path.realpath(path)}): "
+                    "a loop, not followed")
+                continue
+            stack.append((path, [*segments, name], (*ancestors, key)))
+
+
+def folder_chain(top: str | os.PathLike, down_to: str | os.PathLike) -> tuple:
+    """(st_dev, st_ino) of `top` and each folder below it on the way to `down_to` (excluded)."""
+    top, down_to = os.fspath(top), os.fspath(down_to)
+    rel = os.path.relpath(down_to, top)
+    chain, path = [], top
+    parts = [] if rel == "." else rel.split(os.sep)
+    for part in [None, *parts[:-1]]:
+        path = path if part is None else os.path.join(path, part)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        chain.append((st.st_dev, st.st_ino))
+    return tuple(chain)
+
+
+def folder_problem(segments: list[str], name: str, base: str) -> str | None:
+    """Why a file at `<base>/<segments…>/<name>` is misplaced (see iter_named_files), else None."""
+    if not segments:
+        return f"file directly under {base}/ (expected {base}/<machine>/{name})"
+    bad = [s for s in segments if not SEGMENT.match(s)]
+    if bad:
+        return (f"folder segment {bad[0]!r} is not a valid machine name segment "
+                "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
+    return None
+
+
+def iter_named_files(root: str | os.PathLike, suffix: str = ".json", within: str | os.PathLike | None = None
+                     ) -> Iterator[tuple[str, str | None, str | None]]:
+    """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
+
+    `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
+    (a folder segment that breaks SEGMENT, or a file directly under `root`), else None. A folder
+    that cannot be entered (a symlink loop, no permission) is yielded once as `(folder, machine,
+    problem)`, so it is reported rather than silently left out. Sorted, so readers are
+    deterministic. Paths are strings: pathlib costs more than parsing small run files (measured
+    in benchmarks/bench_load_runs.py). `within`: see walk_folders.
+    """
+    root = os.fspath(root)
     base = os.path.basename(root.rstrip(os.sep))
-    cut = len(root.rstrip(os.sep)) + 1
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        rel = dirpath[cut:]
-        segments = rel.split(os.sep) if rel else []
-        bad = [s for s in segments if not SEGMENT.match(s)]
+    for dirpath, segments, _, filenames, problem in walk_folders(root, within):
         folder = "/".join(segments)
-        for name in sorted(filenames):
+        if problem:
+            yield dirpath, folder or None, problem
+            continue
+        where = folder_problem(segments, "x", base)
+        for name in filenames:
             if not name.endswith(suffix) or name.startswith("."):
                 continue  # temp files of an atomic write, lock files
             path = os.path.join(dirpath, name)
-            if not segments:
-                yield path, None, f"file directly under {base}/ (expected {base}/<machine>/{name})"
-            elif bad:
-                yield path, folder, (f"folder segment {bad[0]!r} is not a valid machine name segment "
-                                     "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
-            else:
-                yield path, folder, None
+            yield path, folder or None, (folder_problem(segments, name, base) if where else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +337,7 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
     if machine is not None and run["machine"] != machine:
         raise MachineFormatError(path, f"run says machine {run['machine']!r} but is stored under "
                                        f"runs/{machine}/", field="machine")
-    name = os.path.basename(path)
+    name = os.fspath(path).rpartition(os.sep)[2]
     if name.endswith(".json") and name[:-5] != run["id"]:
         raise MachineFormatError(path, f"run id {run['id']!r} does not match its file name {name!r}", field="id")
     for key in _STR_FIELDS:
@@ -260,12 +386,12 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
     strict: False (default, so one bad file does not hide hundreds of good ones) collects each bad
     or misplaced file as a MachineFormatError in `skipped`; True raises the first one.
     """
-    root = machine_dir(workspace) / "runs"
+    top = root = machine_dir(workspace) / "runs"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     prefix = "" if machine is None else machine + "/"
     errors = [] if skipped is None else skipped
-    for path, folder, problem in iter_named_files(root):
+    for path, folder, problem in iter_named_files(root, within=top):
         if machine is not None:
             folder = machine if folder is None else prefix + folder
             problem = None if problem and problem.startswith("file directly") else problem
@@ -286,17 +412,18 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
 def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False):
     """Named chat sessions as a DataFrame, newest first.
 
-    Columns: machine, name, n_messages, updated_at (UTC datetime), messages (list of Machine
+    Columns: machine, name, n_messages, updated_at (UTC datetime; NaT, with a warning naming the
+    file, when `updatedAt` does not parse), messages (list of Machine
     Messages), path, session (the parsed record). A Session is `{machine, name, messages,
     updatedAt}` (store.ts). Bad files are skipped with one SkippedFiles warning (strict=True raises).
     """
     import pandas as pd
 
-    root = machine_dir(workspace) / "sessions"
+    top = root = machine_dir(workspace) / "sessions"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     rows, errors = [], []
-    for path, folder, problem in iter_named_files(root):
+    for path, folder, problem in iter_named_files(root, within=top):
         if machine is not None:
             folder = machine if folder is None else f"{machine}/{folder}"
             problem = None if problem and problem.startswith("file directly") else problem
@@ -327,14 +454,17 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
     warn_skipped("session file(s)", errors)
     cols = ["machine", "name", "n_messages", "updated_at", "messages", "path", "session"]
     df = pd.DataFrame(rows, columns=cols)
-    df["updated_at"] = pd.to_datetime(df["updated_at"], utc=True, errors="coerce", format="ISO8601")
+    df["updated_at"] = parse_times(list(df["updated_at"]),
+                                   [f"{p} (field 'updatedAt')" for p in df["path"]],
+                                   "session file(s)")
     return df.sort_values(["updated_at", "name"], ascending=False, na_position="last", kind="stable").reset_index(drop=True)
 
 
 def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
     """The workspace's live event stream `.machine/events.jsonl` as a DataFrame, in file order.
 
-    Columns: line (1-based), time (UTC datetime from `time`/`at`/`timestamp`, when present),
+    Columns: line (1-based), time (UTC datetime from the first of `time`/`at`/`timestamp`/`ts`
+    present; one that is not an ISO time string becomes NaT, with a warning naming the line and key),
     type (`type`/`event`/`kind`), machine, run (`run`/`runId`), event (the parsed record).
     The event schema is not known from Machine's sources, so only these common keys are lifted
     out and every record is kept whole in `event`. Unreadable lines (a writer mid-line, invalid
@@ -355,16 +485,21 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
                     raise err
                 warn_skipped("event line(s)", [err], stacklevel=2)
                 continue
+            key = next((k for k in _TIME_KEYS if ev.get(k) is not None), None)
             rows.append({"line": line,
-                         "time": _first(ev, "time", "at", "timestamp", "ts"),
+                         "time": None if key is None else ev[key],
+                         "time_field": key,
                          "type": _first(ev, "type", "event", "kind"),
                          "machine": _first(ev, "machine"),
                          "run": _first(ev, "run", "runId", "run_id"),
                          "event": ev})
-    df = pd.DataFrame(rows, columns=["line", "time", "type", "machine", "run", "event"])
-    df["time"] = pd.to_datetime(df["time"].where(df["time"].map(lambda v: isinstance(v, str))),
-                                utc=True, errors="coerce", format="ISO8601")
-    return df
+    df = pd.DataFrame(rows, columns=["line", "time", "time_field", "type", "machine", "run", "event"])
+    df["time"] = parse_times(list(df["time"]), [f"{path}:{line} (field {key!r})" for line, key in
+                                                zip(df["line"], df["time_field"])], "event line(s)")
+    return df.drop(columns="time_field")
+
+
+_TIME_KEYS = ("time", "at", "timestamp", "ts")
 
 
 def _first(d: dict, *keys: str) -> Any:
@@ -386,15 +521,14 @@ def list_machines(workspace: str | os.PathLike) -> list[str]:
     cases.json, …) and every segment of its path is a valid name segment.
     """
     root = workspace_root(workspace) / "machines"
-    names = []
-    if root.is_dir():
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            rel = Path(dirpath).relative_to(root)
-            if str(rel) == "." or not any(f in DEFINITION_FILES for f in filenames):
-                continue
-            if all(SEGMENT.match(p) for p in rel.parts):
-                names.append("/".join(rel.parts))
+    names, problems = [], []
+    for dirpath, segments, _, filenames, problem in walk_folders(root):  # symlinked folders followed
+        if problem:
+            problems.append(MachineFormatError(dirpath, problem))
+            continue
+        if segments and any(f in DEFINITION_FILES for f in filenames) and all(SEGMENT.match(p) for p in segments):
+            names.append("/".join(segments))
+    warn_skipped("machine folder(s)", problems)
     return sorted(names)
 
 

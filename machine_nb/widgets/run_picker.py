@@ -1,8 +1,10 @@
 """RunPicker: filter, sort and select runs from a `load_runs` DataFrame; `.selected` hands them back.
 
-All filtering, sorting and selection logic runs in pandas on the Python side (pure functions
-below); the browser view (`table.js`, an anywidget) receives one formatted page at a time and
-sends clicks back, so 100,000 runs stay responsive. Tagging the chosen runs is `tagger.py`'s job.
+All filtering, sorting and selection logic runs on the Python side (pure functions below, over
+arrays computed once per frame by `FilterIndex`: a filter change is array work, and the text
+search scans each distinct text once through pyarrow, not a Python loop); the browser view
+(`table.js`, an anywidget) receives one formatted page at a time and sends clicks back, so a
+million runs stay responsive. Tagging the chosen runs is `tagger.py`'s job.
 """
 
 from __future__ import annotations
@@ -23,16 +25,38 @@ import traitlets
 from ._base import StaticFallback, escape
 
 # Columns shown by default, in this order, when the frame has them (`run`, `instructions` and
-# `final` are left out: nested or long, and `output` already carries the answer).
-DEFAULT_COLUMNS = ("id", "machine", "model", "harness", "case", "score", "started_at",
-                   "duration_s", "n_messages", "n_tool_calls", "cost_usd", "tags", "input", "output")
+# `final` are left out: nested or long, and `output` already carries the answer). The texts come
+# right after the run's name, so they are on screen beside an open file browser at 1400 px; every
+# column can be chosen in the view.
+DEFAULT_COLUMNS = ("id", "machine", "input", "output", "score", "tags", "model", "harness", "case", "started_at",
+                   "duration_s", "n_messages", "n_tool_calls", "cost_usd")
+# Columns never offered in the column chooser (nested records).
+HIDDEN_COLUMNS = ("run",)
 # Columns offered as multi-select filters when present.
 CHOICE_COLUMNS = ("machine", "model", "harness")
 # A multi-select is offered for 2 to MAX_CHOICES distinct values (beyond that free text serves better).
 MAX_CHOICES = 500
 # Cell text longer than this is cut with "…" (the page stays small; the full value is in `.selected`).
 MAX_CELL_CHARS = 120
+# The full text a cell shows on hover (its `title`) is cut at this length.
+MAX_TITLE_CHARS = 2000
 ANY_TAG, UNTAGGED = "(any)", "(untagged)"
+# A change made in the view reaches the displayed static fallback once the view has been still
+# this long (each update re-creates the live view in JupyterLab, so not on every click).
+PUBLISH_DELAY_S = 2.0
+
+
+def _from_the_view() -> bool:
+    """Whether the kernel is handling a message from a widget view now (not running a cell)."""
+    try:
+        from ipykernel.kernelbase import Kernel
+
+        if not Kernel.initialized():
+            return False
+        parent = Kernel.instance().get_parent("shell") or {}
+        return parent.get("header", {}).get("msg_type") == "comm_msg"
+    except Exception:
+        return False
 
 
 # ---------------------------------------------------------------- pure helpers over plain data
@@ -76,17 +100,20 @@ def tag_masks(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     """One boolean array per tag in the `tags` column (lists of strings), plus UNTAGGED."""
     if "tags" not in frame.columns:
         return {}
-    masks: dict[str, np.ndarray] = {}
+    rows: dict[str, list[int]] = {}
     untagged = np.ones(len(frame), dtype=bool)
     for i, tags in enumerate(frame["tags"].tolist()):
+        if not tags or isinstance(tags, float):  # empty, None, NaN
+            continue
         if isinstance(tags, str):
             tags = [tags]
-        if tags is None or isinstance(tags, float):  # NaN / missing
-            continue
+        untagged[i] = False
         for t in tags:
-            untagged[i] = False
-            masks.setdefault(str(t), np.zeros(len(frame), dtype=bool))[i] = True
-    masks = dict(sorted(masks.items()))
+            rows.setdefault(str(t), []).append(i)
+    masks: dict[str, np.ndarray] = {}
+    for t in sorted(rows):
+        masks[t] = np.zeros(len(frame), dtype=bool)
+        masks[t][rows[t]] = True
     masks[UNTAGGED] = untagged
     return masks
 
@@ -96,44 +123,167 @@ def _utc(ts: pd.Series) -> pd.Series:
     return ts
 
 
+class FilterIndex:
+    """The arrays `filter_mask` works on, computed once per frame, so a filter change is array
+    work on a million rows: choice columns as integer codes, scores as floats, start times as
+    datetime64, one boolean array per tag, and each text column as codes into its distinct
+    lower-cased texts (a search scans each distinct text once, in pyarrow, and maps the hits
+    back through the codes; the last few terms' results are kept).
+
+    frame: the runs DataFrame. text_columns: searched by `text` (default input and output).
+    """
+
+    TERMS_KEPT = 16
+
+    def __init__(self, frame: pd.DataFrame, text_columns: Sequence[str] = ("input", "output")):
+        self.n = len(frame)
+        self.choices: dict[str, tuple[np.ndarray, pd.Index]] = {}
+        for col in CHOICE_COLUMNS:
+            if col in frame.columns:
+                codes, uniques = _factorize(frame[col])
+                self.choices[col] = (codes, pd.Index(uniques, dtype=object))
+        self.score = (pd.to_numeric(frame["score"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+                      if "score" in frame.columns else None)
+        self.started = (_utc(frame["started_at"]).dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
+                        if "started_at" in frame.columns else None)
+        self.tags = tag_masks(frame)
+        self.texts = [_lowered(frame[col]) for col in text_columns if col in frame.columns]
+        self._terms: dict[str, np.ndarray] = {}
+
+    def term_mask(self, term: str) -> np.ndarray:
+        """Rows where `term` (already lower-cased) appears in any text column."""
+        hit = self._terms.get(term)
+        if hit is not None:
+            return hit
+        hit = np.zeros(self.n, dtype=bool)
+        for codes, lowered in self.texts:
+            found = _match(lowered, term)
+            hit |= found if codes is None else np.append(found, False)[codes]  # code -1 (missing): False
+        if len(self._terms) >= self.TERMS_KEPT:
+            self._terms.pop(next(iter(self._terms)))
+        self._terms[term] = hit
+        return hit
+
+    def text_mask(self, text: str) -> np.ndarray:
+        """Rows whose text columns contain every whitespace-separated term of `text`, any case."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        mask = np.ones(self.n, dtype=bool)
+        for term in text.split():
+            mask &= self.term_mask(pc.utf8_lower(pa.scalar(term, pa.large_string())).as_py())
+        return mask
+
+    def choice_mask(self, col: str, values: Sequence[Any]) -> np.ndarray:
+        codes, uniques = self.choices[col]
+        lut = np.zeros(len(uniques) + 1, dtype=bool)
+        where = uniques.get_indexer(list(values))
+        lut[where[where >= 0]] = True
+        return lut[codes]
+
+    def mask(self, filters: dict[str, Any]) -> np.ndarray:
+        """Boolean array over the frame's rows (positional) for `filters` (see filter_mask)."""
+        mask = np.ones(self.n, dtype=bool)
+        for col in CHOICE_COLUMNS:
+            values = filters.get(col)
+            if values and col in self.choices:
+                mask &= self.choice_mask(col, values)
+        score = filters.get("score")
+        if score is not None and self.score is not None:
+            with np.errstate(invalid="ignore"):
+                mask &= (self.score >= score[0]) & (self.score <= score[1])
+        date = filters.get("date")
+        if date is not None and self.started is not None and any(d is not None for d in date):
+            ts = self.started
+            keep = ~np.isnat(ts)
+            if date[0] is not None:
+                keep &= ts >= np.datetime64(pd.Timestamp(date[0]).to_datetime64(), "ns")
+            if date[1] is not None:
+                keep &= ts < np.datetime64((pd.Timestamp(date[1]) + pd.Timedelta(days=1)).to_datetime64(), "ns")
+            mask &= keep
+        tag = filters.get("tag")
+        if tag and tag != ANY_TAG:
+            mask &= self.tags.get(tag, np.zeros(self.n, dtype=bool))
+        if (filters.get("text") or "").strip():
+            mask &= self.text_mask(filters["text"])
+        return mask
+
+
+# A text column whose sample is at least this distinct is searched row by row (encoding it would
+# cost more than it saves); below it, through its distinct values.
+DISTINCT_SEARCH_RATIO = 0.5
+# Searches over more texts than this are split across threads (pyarrow releases the GIL).
+PARALLEL_TEXTS = 200_000
+
+
+def _lowered(col: pd.Series) -> tuple[np.ndarray | None, Any]:
+    """(codes or None, lower-cased texts as a pyarrow array) for one text column: codes into its
+    distinct texts when they repeat (then each distinct text is searched once), else every row's."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col.dtype, pd.StringDtype) or str(col.dtype).endswith("[pyarrow]"):
+        arr = pa.array(col.array)  # pandas' arrow strings, as they are
+        arr = pc.fill_null((arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr).cast(pa.large_string()), "")
+    else:
+        arr = pa.array(col.map(_as_text).tolist(), pa.large_string())
+    n = len(arr)
+    sample = arr if n <= 20_000 else arr.take(pa.array(np.random.default_rng(0).choice(n, 20_000, replace=False)))
+    if n and pc.count_distinct(sample).as_py() / len(sample) < DISTINCT_SEARCH_RATIO:
+        enc = pc.dictionary_encode(arr)
+        return enc.indices.to_numpy(zero_copy_only=False).astype(np.intp), pc.utf8_lower(enc.dictionary)
+    return None, pc.utf8_lower(arr)
+
+
+def _match(texts: Any, term: str) -> np.ndarray:
+    """Which of these pyarrow texts contain `term`, as a numpy bool array (in threads when many)."""
+    import pyarrow.compute as pc
+
+    n = len(texts)
+    if n <= PARALLEL_TEXTS:
+        return pc.match_substring(texts, term).to_numpy(zero_copy_only=False)
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = max(2, min(8, os.cpu_count() or 2))
+    step = -(-n // parts)
+    with ThreadPoolExecutor(parts) as pool:
+        found = pool.map(lambda i: pc.match_substring(texts.slice(i, step), term).to_numpy(zero_copy_only=False),
+                         range(0, n, step))
+        return np.concatenate(list(found))
+
+
+def _factorize(col: pd.Series) -> tuple[np.ndarray, Any]:
+    """Integer codes (-1 for missing) and the distinct values, in order of appearance."""
+    try:
+        return pd.factorize(col, use_na_sentinel=True)
+    except TypeError:  # unhashable values (lists): by their text
+        return pd.factorize(col.map(_as_text), use_na_sentinel=True)
+
+
 def filter_mask(frame: pd.DataFrame, filters: dict[str, Any], *, haystack: pd.Series | None = None,
-                tags: dict[str, np.ndarray] | None = None, started: pd.Series | None = None) -> np.ndarray:
+                tags: dict[str, np.ndarray] | None = None, started: pd.Series | None = None,
+                index: FilterIndex | None = None) -> np.ndarray:
     """Boolean array over `frame`'s rows (positional) for `filters`; an absent/empty filter keeps all.
 
     filters: `machine`/`model`/`harness` (a list of values: keep rows with any of them), `score`
     ((lo, hi) inclusive; rows without a score are dropped once a range is set), `date`
     ((start, end) `datetime.date`s or None, on `started_at` in UTC, both days inclusive), `tag`
     (a tag name, or UNTAGGED), `text` (whitespace-separated terms, each must appear,
-    case-insensitive, in the haystack). `haystack`/`tags` are the precomputed `text_haystack` and
-    `tag_masks`, `started` is `started_at` in UTC (computed here when not given; pass them for speed).
+    case-insensitive, in the input or output). `index`: a FilterIndex of this frame (built here
+    when not given; the picker keeps one). `haystack` (a `text_haystack`), `tags` (`tag_masks`)
+    and `started` (`started_at` in UTC) are older ways to pass precomputed parts, still honoured.
     """
-    mask = np.ones(len(frame), dtype=bool)
-    for col in CHOICE_COLUMNS:
-        values = filters.get(col)
-        if values and col in frame.columns:
-            mask &= frame[col].isin(list(values)).to_numpy()
-    score = filters.get("score")
-    if score is not None and "score" in frame.columns:
-        s = pd.to_numeric(frame["score"], errors="coerce").to_numpy(dtype=float)
-        with np.errstate(invalid="ignore"):
-            mask &= (s >= score[0]) & (s <= score[1])
-    date = filters.get("date")
-    if date is not None and "started_at" in frame.columns and any(d is not None for d in date):
-        ts = _utc(frame["started_at"]) if started is None else started
-        keep = ts.notna().to_numpy().copy()
-        if date[0] is not None:
-            keep &= (ts >= pd.Timestamp(date[0], tz="UTC")).to_numpy(na_value=False)
-        if date[1] is not None:
-            end = pd.Timestamp(date[1], tz="UTC") + pd.Timedelta(days=1)
-            keep &= (ts < end).to_numpy(na_value=False)
-        mask &= keep
-    tag = filters.get("tag")
-    if tag and tag != ANY_TAG:
-        tags = tag_masks(frame) if tags is None else tags
-        mask &= tags.get(tag, np.zeros(len(frame), dtype=bool))
-    if (filters.get("text") or "").strip():
-        hay = text_haystack(frame, ("input", "output")) if haystack is None else haystack
-        mask &= text_mask(hay, filters["text"])
+    if index is None:
+        index = FilterIndex(frame, () if haystack is not None else ("input", "output"))
+        if tags is not None:
+            index.tags = tags
+        if started is not None:
+            index.started = pd.to_datetime(started, utc=True).dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
+    text = (filters.get("text") or "").strip()
+    mask = index.mask({k: v for k, v in filters.items() if k != "text"} if haystack is not None else filters)
+    if haystack is not None and text:
+        mask &= text_mask(haystack, text)
     return mask
 
 
@@ -193,15 +343,38 @@ def format_cell(value: Any) -> str:
     return text if len(text) <= MAX_CELL_CHARS else text[: MAX_CELL_CHARS - 1] + "…"
 
 
+def full_text(value: Any) -> str:
+    """The whole text of a cell for its hover title (lists joined, times as shown), cut at MAX_TITLE_CHARS."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(_as_text(v) for v in value)
+    else:
+        return format_cell(value)
+    return text if len(text) <= MAX_TITLE_CHARS else text[: MAX_TITLE_CHARS - 1] + "…"
+
+
 def page_rows(frame: pd.DataFrame, positions: np.ndarray, keys: Sequence[str],
-              columns: Sequence[str]) -> list[dict[str, str]]:
-    """The view model of one page: a dict per row of formatted cells plus its key under `__key__`."""
-    part = frame.iloc[positions]
+              columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The view model of one page: a dict per row of formatted cells plus its key under `__key__`
+    and, under `__full__`, the whole text of the cells whose shown text is cut or reflowed."""
+    part = frame.iloc[positions, [frame.columns.get_loc(c) for c in columns]]
     rows = []
     cols = {c: part[c].tolist() for c in columns}
     for i, pos in enumerate(positions.tolist()):
-        row = {c: format_cell(cols[c][i]) for c in columns}
+        row: dict[str, Any] = {}
+        full: dict[str, str] = {}
+        for c in columns:
+            value = cols[c][i]
+            shown = format_cell(value)
+            row[c] = shown
+            if isinstance(value, (str, list, tuple)):
+                whole = full_text(value)
+                if whole != shown:
+                    full[c] = whole
         row["__key__"] = keys[pos]
+        if full:
+            row["__full__"] = full
         rows.append(row)
     return rows
 
@@ -247,6 +420,9 @@ class RunTable(anywidget.AnyWidget):
     sort = traitlets.Dict({"column": None, "ascending": True}).tag(sync=True)
     page = traitlets.Int(0).tag(sync=True)
     n_pages = traitlets.Int(1).tag(sync=True)
+    # where the view is scrolled ({"left", "top"} in px), set by the view, so a view re-created
+    # for the same picker opens where the last one was
+    scroll = traitlets.Dict({"left": 0, "top": 0}).tag(sync=True)
 
 
 # ---------------------------------------------------------------- the widget
@@ -257,12 +433,18 @@ class RunPicker(StaticFallback, w.VBox):
     runs: any DataFrame with an `id` column (`load_runs` output uses machine, model, harness,
     score, started_at, tags, input, output for the filters when present).
     columns: columns shown. Default: DEFAULT_COLUMNS that the frame has (nested `run` left out).
+      The view's "columns" chooser (or `show_columns`) changes them; the selection column and
+      the first column stay pinned when the table scrolls sideways.
     sort_by / ascending: initial sort. Default None = the frame's order.
     page_size: rows per page. Default 25: the view model carries one page only.
     text_columns: searched by the free-text box. Default ("input", "output") as the issue asks.
 
     Observe selection with `observe_selection(callback)` (called with the selected DataFrame) or
     `observe(handler, names="selected_ids")`.
+
+    Shown as a cell's result (or with `display(picker)`), the output's static `text/html` is
+    replaced with the current state (filters, sort, page, selection) after each change, so a saved
+    notebook or its HTML export shows what the user last saw, not the first page.
     """
 
     # row keys (see row_keys), Python-side only; items checked in _check_selected (a per-item
@@ -284,11 +466,13 @@ class RunPicker(StaticFallback, w.VBox):
             missing = [c for c in columns if c not in runs.columns]
             raise ValueError(f"RunPicker: no such columns {missing} (have {list(runs.columns)})")
         self.page_size = page_size
-        self._haystack = text_haystack(runs, text_columns)
-        self._tags = tag_masks(runs)
-        self._started = _utc(runs["started_at"]) if "started_at" in runs.columns else None
+        self._index = FilterIndex(runs, text_columns)
         self._anchor: str | None = None
-        self._text_cache: tuple[str, np.ndarray | None] = ("", None)
+        self._handles: list = []  # displays of this picker, whose static fallback follows its state
+        self._timer = None
+        import threading
+
+        self._publish_lock = threading.RLock()
         self._sort = (sort_by, ascending)
         self._order = sort_order(runs, sort_by, ascending)
         self._mask = np.ones(len(runs), dtype=bool)
@@ -302,6 +486,14 @@ class RunPicker(StaticFallback, w.VBox):
         select_all.on_click(lambda _: self.select_all_filtered())
         clear.on_click(lambda _: self.clear_selection())
         self._buttons = (select_all, clear)
+        shown = [c for c in runs.columns if c not in HIDDEN_COLUMNS]
+        self._column_choice = w.SelectMultiple(
+            options=shown, value=tuple(self._columns), rows=min(8, max(1, len(shown))),
+            description="columns", layout=w.Layout(width="22em"))
+        # a column ticked in the chooser joins at the end; the others keep their order
+        self._column_choice.observe(lambda ch: self.show_columns(
+            [c for c in self._columns if c in ch["new"]] + [c for c in shown if c in ch["new"] and c not in self._columns]),
+            names="value")
         super().__init__(children=self._layout(), **kwargs)
         self._sel_mask = np.zeros(len(runs), dtype=bool)  # selected_ids as a mask over positions
         self._refresh(reset_page=True)
@@ -339,11 +531,11 @@ class RunPicker(StaticFallback, w.VBox):
                 c["score"] = w.FloatRangeSlider(value=(float(lo), float(hi)), min=float(lo), max=float(hi),
                                                 step=(float(hi) - float(lo)) / 100, description="score",
                                                 readout_format=".2f", continuous_update=False)
-        if self._started is not None and self._started.notna().any():
+        if self._index.started is not None and (~np.isnat(self._index.started)).any():
             c["date_from"] = w.DatePicker(description="from", layout=w.Layout(width="auto"))
             c["date_to"] = w.DatePicker(description="to", layout=w.Layout(width="auto"))
-        if self._tags:
-            c["tag"] = w.Dropdown(options=[ANY_TAG, *self._tags], value=ANY_TAG, description="tag")
+        if self._index.tags:
+            c["tag"] = w.Dropdown(options=[ANY_TAG, *self._index.tags], value=ANY_TAG, description="tag")
         # continuous_update=False: search on Enter/blur, not each keystroke (a scan of every text)
         c["text"] = w.Text(placeholder="search input/output (Enter)", description="text",
                            continuous_update=False)
@@ -360,6 +552,8 @@ class RunPicker(StaticFallback, w.VBox):
             rows.append(w.HBox(choices, layout=w.Layout(flex_flow="row wrap")))
         rows.append(w.HBox(others, layout=w.Layout(flex_flow="row wrap")))
         rows.append(w.HBox([*self._buttons, self._count]))
+        columns = w.Accordion(children=[self._column_choice], titles=("columns",), selected_index=None)
+        rows.append(columns)
         rows.append(self._table)
         return rows
 
@@ -413,13 +607,7 @@ class RunPicker(StaticFallback, w.VBox):
     def _refilter(self) -> None:
         if getattr(self, "_hold", False):
             return
-        filters = self.filters
-        text = filters.pop("text", "").strip().lower()
-        if self._text_cache[0] != text:  # the scan of every text is the slow part: redo it only on a new query
-            self._text_cache = (text, text_mask(self._haystack, text) if text else None)
-        self._mask = filter_mask(self.runs, filters, tags=self._tags, started=self._started)
-        if self._text_cache[1] is not None:
-            self._mask &= self._text_cache[1]
+        self._mask = self._index.mask(self.filters)
         self._view = self._order[self._mask[self._order]]
         self._refresh(reset_page=True)
 
@@ -435,6 +623,63 @@ class RunPicker(StaticFallback, w.VBox):
             t.page_selected = [self._keys[p] for p in positions.tolist() if self._sel_mask[p]]
             t.rows = rows
         self._count.value = html.escape(self.count_line())
+        self._publish()
+
+    # ------------------------------------------------------------ the display and its static fallback
+
+    def _ipython_display_(self) -> None:
+        # Shown through a display id, so each change can replace the output's static text/html
+        # (what a saved notebook, nbviewer or GitHub shows) with the current state.
+        from IPython.display import display
+
+        self._handles.append(display(self._repr_mimebundle_(), raw=True, display_id=True))
+
+    def _publish(self) -> None:
+        """Replace the displayed static fallback with the current state. A change made in a cell
+        publishes at once; a change from the view (a click, a filter control) publishes once the
+        view has been still for PUBLISH_DELAY_S, since JupyterLab re-creates a widget's view when
+        its output is updated (the table's scroll position is kept across that: see RunTable.scroll)."""
+        if not getattr(self, "_handles", None):
+            return
+        if not _from_the_view():
+            self._publish_now()
+            return
+        import threading
+
+        with self._publish_lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(PUBLISH_DELAY_S, self._publish_now)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _publish_now(self) -> None:
+        with self._publish_lock:
+            self._timer = None
+            bundle = self._repr_mimebundle_()
+            for handle in self._handles:
+                try:
+                    handle.update(bundle, raw=True)
+                except Exception:  # the kernel or its display went away: the live view is all there is
+                    pass
+
+    # ------------------------------------------------------------ columns
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns shown, in order."""
+        return list(self._columns)
+
+    def show_columns(self, columns: Sequence[str]) -> None:
+        """Show these columns (in this order); the view and the chooser follow."""
+        missing = [c for c in columns if c not in self.runs.columns or c in HIDDEN_COLUMNS]
+        if missing:
+            raise ValueError(f"RunPicker: cannot show columns {missing} (have {list(self.runs.columns)})")
+        self._columns = list(dict.fromkeys(columns))
+        if tuple(self._column_choice.value) != tuple(c for c in self._column_choice.options if c in self._columns):
+            self._column_choice.value = tuple(c for c in self._column_choice.options if c in self._columns)
+        self._table.columns = self._columns
+        self._refresh()
 
     def count_line(self) -> str:
         """"312 runs · 40 match · 2 selected" (plus how many selected rows the filters hide)."""

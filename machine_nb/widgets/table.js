@@ -1,10 +1,13 @@
 // RunPicker's table view (anywidget ESM): draws the one page Python sends and reports clicks.
 // Filtering, sorting, paging and the selection itself are decided in Python (run_picker.py);
 // this file only renders `rows`/`columns`/`page_selected` and sends {event: ...} messages back.
+// The selection column and the first data column stay pinned when the table scrolls sideways
+// (table.css), and a redraw keeps the scroll position, so sorting a far column keeps it in view.
 
 function render({ model, el }) {
   const root = document.createElement("div");
   root.className = "mnb-table";
+  root.dataset.view = `${Date.now()}-${Math.random()}`; // tells one view of the table from the next
   el.appendChild(root);
 
   function send(msg) {
@@ -18,40 +21,52 @@ function render({ model, el }) {
     const sort = model.get("sort") || {};
     const page = model.get("page");
     const nPages = model.get("n_pages");
+    const scrollLeft = root.scrollLeft;
+    const scrollTop = root.scrollTop;
     root.replaceChildren();
 
     const table = document.createElement("table");
     const thead = table.createTHead();
     const hr = thead.insertRow();
-    hr.appendChild(document.createElement("th")); // checkbox column
-    for (const c of columns) {
+    const corner = document.createElement("th");
+    corner.className = "mnb-pin mnb-check";
+    hr.appendChild(corner); // checkbox column
+    columns.forEach((c, i) => {
       const th = document.createElement("th");
       th.textContent = c + (sort.column === c ? (sort.ascending ? " ▲" : " ▼") : "");
       th.title = "sort by " + c;
       th.dataset.column = c;
+      if (i === 0) th.classList.add("mnb-pin", "mnb-first");
       th.addEventListener("click", () => send({ event: "sort", column: c }));
       hr.appendChild(th);
-    }
+    });
     const tbody = table.createTBody();
     for (const r of rows) {
       const key = r.__key__;
+      const full = r.__full__ || {};
       const tr = tbody.insertRow();
       tr.dataset.key = key;
       if (selected.has(key)) tr.classList.add("mnb-selected");
       const box = document.createElement("input");
       box.type = "checkbox";
       box.checked = selected.has(key);
+      box.title = "select (shift: a range)";
       box.addEventListener("click", (e) => {
         e.stopPropagation(); // the checkbox toggles this row only (or a range with shift)
         e.preventDefault(); // Python's reply redraws the box
         send({ event: "click", key, shift: e.shiftKey, toggle: true });
       });
       const td0 = tr.insertCell();
+      td0.className = "mnb-pin mnb-check";
       td0.appendChild(box);
-      for (const c of columns) {
+      columns.forEach((c, i) => {
         const td = tr.insertCell();
-        td.textContent = r[c] ?? "";
-      }
+        const text = r[c] ?? "";
+        td.textContent = text;
+        td.dataset.column = c;
+        if (full[c] !== undefined || text.length > 12) td.title = full[c] ?? text; // the whole text on hover
+        if (i === 0) td.classList.add("mnb-pin", "mnb-first");
+      });
       tr.addEventListener("mousedown", (e) => {
         if (e.shiftKey) e.preventDefault(); // no text selection on shift-click
       });
@@ -67,6 +82,10 @@ function render({ model, el }) {
       td.textContent = "no runs match the filters";
     }
     root.appendChild(table);
+    // the first data column is pinned right after the checkbox column, however wide that renders
+    table.style.setProperty("--mnb-pin-left", `${corner.getBoundingClientRect().width}px`);
+    root.scrollLeft = scrollLeft; // a redraw (sort, page, click) keeps the view where it was
+    root.scrollTop = scrollTop;
 
     const pager = document.createElement("div");
     pager.className = "mnb-pager";
@@ -86,8 +105,23 @@ function render({ model, el }) {
     pager.appendChild(info);
     button("›", page + 1, "next page");
     button("»", nPages - 1, "last page");
-    root.appendChild(pager);
+    pagerBox.replaceChildren(pager);
   }
+
+  const pagerBox = document.createElement("div");
+  el.appendChild(pagerBox);
+
+  // Keep the scroll position in the model, so a re-created view (JupyterLab makes a new one when
+  // the output's static fallback is updated) opens where this one was.
+  let saving = null;
+  root.addEventListener("scroll", () => {
+    if (saving) return;
+    saving = setTimeout(() => {
+      saving = null;
+      model.set("scroll", { left: root.scrollLeft, top: root.scrollTop });
+      model.save_changes();
+    }, 150);
+  });
 
   // One Python update changes several traits at once: draw once for all of them.
   let pending = false;
@@ -100,6 +134,13 @@ function render({ model, el }) {
     });
   }
   draw();
+  const restore = () => {
+    const at = model.get("scroll") || {};
+    root.scrollLeft = at.left || 0;
+    root.scrollTop = at.top || 0;
+  };
+  restore();
+  requestAnimationFrame(restore); // once the view is in the page and has its size
   for (const name of ["rows", "columns", "page_selected", "sort", "page", "n_pages"]) {
     model.on(`change:${name}`, schedule);
   }

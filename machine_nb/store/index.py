@@ -1,0 +1,472 @@
+"""The run index: one Parquet file per workspace holding its run table (one row per run file),
+kept in step with `.machine/runs/` from file sizes and modification times, so a second
+`load_runs` reads the table instead of every run file, and parses only new or changed files.
+
+It lives outside the workspace, in a per-user cache folder (`cache_dir()`), named after the real
+path of the workspace's `runs/` folder. Writes are atomic (temp file + rename); an index that
+cannot be read, or has another schema version or workspace, is rebuilt, never trusted. What a
+row holds is `INDEX_SCHEMA` (documented in the README, for DuckDB or Polars); how a run file
+becomes a row is decided in `frames.py`, which hands `update_index` its parser.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import MachineFormatError
+from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
+
+SCHEMA_VERSION = 1
+"""Bumped whenever INDEX_SCHEMA or the meaning of a column changes: an older index is rebuilt."""
+
+_STR = pa.large_string()
+_TS = pa.timestamp("us", tz="UTC")
+INDEX_SCHEMA = pa.schema([
+    # the file a row comes from, and what it looked like when parsed
+    ("dir", _STR),           # folder under .machine/runs/ ("chatbot/triage"); "" for a file directly in it
+    ("name", _STR),          # file name ("<id>.json")
+    ("size", pa.int64()),    # bytes, when parsed
+    ("mtime_ns", pa.int64()),  # modification time in ns when parsed; -1: re-read next time (see RACY_NS)
+    ("recheck", pa.bool_()),  # stat this file on every load (unfinished runs, bad files; see update_index)
+    ("error", _STR),         # why the file is skipped (null for a good run); then the run columns are null
+    ("error_line", pa.int64()),
+    ("error_field", _STR),
+    ("bad_time", _STR),      # startedAt/finishedAt values that do not parse (kept as null times)
+    # the run table (frames.RUN_COLUMNS without path and run)
+    ("id", _STR), ("machine", _STR), ("model", _STR), ("harness", _STR), ("input", _STR), ("output", _STR),
+    ("case", _STR), ("score", pa.float64()), ("rubric", _STR), ("started_at", _TS), ("finished_at", _TS),
+    ("duration_s", pa.float64()), ("n_messages", pa.int64()), ("n_tool_calls", pa.int64()),
+    ("n_failed_tool_calls", pa.int64()), ("input_tokens", pa.float64()), ("output_tokens", pa.float64()),
+    ("cost_usd", pa.float64()), ("version", _STR), ("instructions", _STR), ("final", pa.bool_()),
+])
+FILE_FIELDS = ("dir", "name", "size", "mtime_ns")
+
+# A file or folder changed this close to a scan may change again within the same timestamp tick
+# (filesystems keep mtimes from 1 ns to 2 s apart): such entries are re-read next time.
+RACY_NS = 2_000_000_000
+# Rows per parsed batch: the Python objects of one batch are all that is held besides the table.
+BATCH = 20_000
+
+CHECKS = ("dirs", "files")
+
+# A parser turns `[(path, dir, name, problem)]` into a table of INDEX_SCHEMA without the
+# FILE_FIELDS (the index adds those), reading entry k's bytes with `read(k)` (which raises
+# MachineFormatError for a file that cannot be read): frames.py's is the one used.
+Parser = Callable[[list[tuple[str, str, str, str | None]], Callable[[int], bytes]], pa.Table]
+
+
+def cache_dir() -> Path:
+    """The folder for machine_nb's caches.
+
+    `$MACHINE_NB_CACHE_DIR` when set (tests point it at a temporary folder), else the platform's
+    user cache folder: `$XDG_CACHE_HOME/machine_nb` or `~/.cache/machine_nb` (Linux and other
+    Unix), `~/Library/Caches/machine_nb` (macOS), `%LOCALAPPDATA%\\machine_nb\\Cache` (Windows).
+    """
+    env = os.environ.get("MACHINE_NB_CACHE_DIR", "").strip()
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "machine_nb" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "machine_nb"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "machine_nb"
+
+
+def runs_root(workspace: str | os.PathLike) -> Path:
+    """`<workspace>/.machine/runs`, the folder the index covers."""
+    return machine_dir(workspace) / "runs"
+
+
+def run_index_path(workspace: str | os.PathLike) -> Path:
+    """Where the run index of a workspace lives: `<cache_dir()>/runs/<folder>-<16 hex>.parquet`,
+    keyed by the real (symlink-resolved) path of its `.machine/runs` folder."""
+    real = os.path.realpath(runs_root(workspace))
+    ws_name = os.path.basename(os.path.dirname(os.path.dirname(real)))
+    slug = re.sub(r"[^a-z0-9]+", "-", ws_name.lower()).strip("-") or "workspace"
+    return cache_dir() / "runs" / f"{slug}-{hashlib.sha256(real.encode('utf-8')).hexdigest()[:16]}.parquet"
+
+
+@dataclass
+class IndexStats:
+    """What one `update_index` did: how many run files it saw, parsed, reused and dropped."""
+
+    path: str
+    check: str
+    files: int = 0       # run files in the table returned (the machine's, when one is given)
+    parsed: int = 0      # files read and parsed this time (new, changed, or not yet indexed)
+    reused: int = 0      # rows taken from the index unchanged
+    removed: int = 0     # rows of files that are gone
+    stats: int = 0       # files stat-ed
+    rebuilt: str | None = None  # why an existing index was not used (unreadable, other version…)
+    written: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and writing the index file
+
+
+def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None, dict, str | None]:
+    """(table, metadata, why not) for an index file; (None, {}, reason) when it must be rebuilt."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return None, {}, None
+    try:
+        pf = pq.ParquetFile(path)
+        raw = (pf.schema_arrow.metadata or {}).get(b"machine_nb")
+        meta = json.loads(raw) if raw else {}
+        if meta.get("version") != SCHEMA_VERSION:
+            return None, {}, f"schema version {meta.get('version')!r}, not {SCHEMA_VERSION}"
+        if meta.get("runs_root") != root_real:
+            return None, {}, "it indexes another workspace"
+        names = [f.name for f in INDEX_SCHEMA]
+        if pf.schema_arrow.names != names:
+            return None, {}, "its columns differ"
+        dict_cols = [c for c in meta.get("dictionary", []) if c in names]
+        table = pq.read_table(path, read_dictionary=dict_cols or None, use_threads=True, memory_map=True)
+        # columns stored with a dictionary come back decoded (the run table is plain strings),
+        # as one chunk each (taking rows from many chunks copies them all first: measured 5 ms for
+        # 25 rows of a million), several at a time: pyarrow releases the GIL while it copies
+        cols = table.columns
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            cols = list(pool.map(_one_chunk, cols))
+        table = pa.table(cols, schema=INDEX_SCHEMA)
+        if not isinstance(meta.get("dirs"), dict):
+            return None, {}, "its folder list is missing"
+        return table, meta, None
+    except Exception as exc:  # any unreadable index (truncated, not Parquet, wrong types) is rebuilt
+        return None, {}, f"unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _one_chunk(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A column as one chunk of plain values: a dictionary column decoded with one copy."""
+    if pa.types.is_dictionary(col.type):
+        col = col.unify_dictionaries()
+        if col.num_chunks == 0:
+            return pa.chunked_array([], type=col.type.value_type).cast(_STR)
+        indices = pa.concat_arrays([c.indices for c in col.chunks])
+        return pa.chunked_array([col.chunk(0).dictionary.cast(_STR).take(indices)])
+    return col if col.num_chunks <= 1 else pa.chunked_array([col.combine_chunks()])
+
+
+def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
+    """Write the index atomically (temp file in the same folder, fsync, rename), private to the user."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # columns with few distinct values are stored and read as dictionaries (measured: a million
+    # rows read in a quarter of the time)
+    n = max(1, table.num_rows)
+    meta = {**meta, "version": SCHEMA_VERSION, "dictionary": [
+        f.name for f in INDEX_SCHEMA
+        if f.type == _STR and f.name not in ("name", "id") and pc.count_distinct(table[f.name]).as_py() <= n // 4 + 1]}
+    table = table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode("utf-8")})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def empty_table() -> pa.Table:
+    return INDEX_SCHEMA.empty_table()
+
+
+# ---------------------------------------------------------------------------------------------
+# Keeping it in step
+
+
+def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | None = None,
+                 check: str = "dirs") -> tuple[pa.Table, IndexStats, list[MachineFormatError]]:
+    """Bring the workspace's run index up to date and return its rows (of `machine` and its
+    nested machines when given), sorted newest first (started_at, then id, descending).
+
+    parse: turns `[(path, dir, name, problem)]` into rows, reading files through the `read(k)`
+           it is given (frames.py's parser; see Parser).
+    machine: scan and refresh only this machine's folders (default None: all); the other rows of
+             the index are kept as they are.
+    check: how a reload finds what changed. "dirs" (default): stat every folder; a folder whose
+           modification time is unchanged has the same files (creating, deleting or renaming a
+           file into place, as an atomic write does, changes its folder's time), so only its
+           rows marked `recheck` (runs without finishedAt, which a writer is still updating, and
+           bad files) are stat-ed; files of changed folders are compared by size and mtime.
+           "files": stat every run file, which also sees a file rewritten in place (measured
+           here: about 6 s of CPU for a million files; see benchmarks/bench_run_index.py).
+    Returns (table of INDEX_SCHEMA, IndexStats, problems: a MachineFormatError per folder that
+    could not be entered, such as a symlink loop).
+    """
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
+    root = os.fspath(runs_root(workspace))
+    root_real = os.path.realpath(root)
+    ipath = run_index_path(workspace)
+    stats = IndexStats(path=str(ipath), check=check)
+    problems: list[MachineFormatError] = []  # folders that could not be entered (symlink loops)
+    scope = name_segments(machine, "machine name") if machine is not None else []
+    prefix = "/".join(scope)
+    cached, meta, why = read_index(ipath, root_real)
+    stats.rebuilt = why
+    if cached is None:
+        cached, meta = empty_table(), {"dirs": {}}
+    old_dirs: dict[str, list] = meta.get("dirs", {})
+    now = time.time_ns()
+
+    groups = _groups(cached["dir"])
+    in_scope = (lambda d: True) if not prefix else (lambda d: d == prefix or d.startswith(prefix + "/"))
+    keep: list[np.ndarray] = []
+    # files to parse, by folder: (dirpath, dir, segments, names); paths are made a batch at a time
+    todo: list[tuple[str, str, list[str], list[str]]] = []
+    new_dirs: dict[str, list] = {d: v for d, v in old_dirs.items() if not in_scope(d)}
+    for d, pos in groups.items():
+        if not in_scope(d):
+            keep.append(pos)  # outside the machine asked for: untouched
+    seen_dirs: set[str] = set()
+    sizes = cached["size"].to_numpy()
+    mtimes = cached["mtime_ns"].to_numpy()
+    recheck = cached["recheck"].to_numpy(zero_copy_only=False)
+    names_col = cached["name"]
+
+    start = os.path.join(root, *scope) if scope else root
+    try:
+        st0 = os.stat(start)
+    except OSError:
+        st0 = None
+    above = folder_chain(root, start) if scope else ()
+    stack = [] if st0 is None or not os.path.isdir(start) else [
+        (start, list(scope), (*above, (st0.st_dev, st0.st_ino)), st0)]
+    while stack:
+        dirpath, segments, ancestors, st = stack.pop()
+        d = "/".join(segments)
+        seen_dirs.add(d)
+        sig = [st.st_mtime_ns, st.st_ino]
+        old = old_dirs.get(d)
+        pos = groups.get(d, np.empty(0, dtype=np.int64))
+        unchanged = check == "dirs" and old is not None and old[0] != -1 and old[:2] == sig
+        if unchanged:
+            subdirs = list(old[2])
+            if len(pos):
+                watched = np.flatnonzero(recheck[pos])
+                ok = np.ones(len(pos), dtype=bool)
+                names = names_col.take(pa.array(pos[watched])).to_pylist() if len(watched) else []
+                for j, name in zip(watched.tolist(), names):
+                    p = pos[j]
+                    stats.stats += 1
+                    try:
+                        fst = os.stat(os.path.join(dirpath, name))
+                    except OSError:
+                        ok[j] = False  # gone
+                        stats.removed += 1
+                        continue
+                    if fst.st_size != sizes[p] or fst.st_mtime_ns != mtimes[p] or mtimes[p] == -1:
+                        ok[j] = False
+                        todo.append((dirpath, d, segments, [name]))
+                keep.append(pos[ok])
+        else:
+            try:
+                with os.scandir(dirpath) as it:
+                    entries = list(it)
+            except OSError as exc:
+                problems.append(MachineFormatError(dirpath, f"cannot list folder: {exc.strerror}"))
+                continue
+            subdirs, files = [], []
+            for e in entries:
+                try:
+                    is_dir = e.is_dir()
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    subdirs.append(e.name)
+                elif e.name.endswith(".json") and not e.name.startswith("."):
+                    files.append(e.name)
+            subdirs.sort()
+            if not len(pos):  # nothing indexed here: every file is new (stat-ed as it is read)
+                todo.append((dirpath, d, segments, files))
+            else:
+                fsizes, fmtimes, present = [], [], []
+                base = dirpath + os.sep
+                for name in files:
+                    try:
+                        fst = os.stat(base + name)
+                    except OSError:
+                        continue  # vanished while listing
+                    present.append(name)
+                    fsizes.append(fst.st_size)
+                    fmtimes.append(fst.st_mtime_ns)
+                stats.stats += len(present)
+                import pandas as pd
+
+                old_names = pd.Index(names_col.take(pa.array(pos)).to_numpy(zero_copy_only=False))
+                hit = old_names.get_indexer(present) if present else np.empty(0, dtype=np.int64)
+                fs, fm = np.asarray(fsizes, dtype=np.int64), np.asarray(fmtimes, dtype=np.int64)
+                same = hit >= 0
+                stats.removed += len(pos) - int(same.sum())  # indexed files no longer listed
+                if same.any():
+                    same_idx = np.flatnonzero(same)
+                    old_pos = pos[hit[same_idx]]
+                    fresh = (sizes[old_pos] == fs[same_idx]) & (mtimes[old_pos] == fm[same_idx]) \
+                        & (mtimes[old_pos] != -1)
+                    same[same_idx[~fresh]] = False
+                    keep.append(old_pos[fresh])
+                todo.append((dirpath, d, segments, [present[i] for i in np.flatnonzero(~same).tolist()]))
+        new_dirs[d] = [-1 if sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
+        for name in reversed(subdirs):
+            path = os.path.join(dirpath, name)
+            try:
+                sub = os.stat(path)
+            except OSError as exc:
+                problems.append(MachineFormatError(path, f"cannot read folder: {exc.strerror}"))
+                continue
+            key = (sub.st_dev, sub.st_ino)
+            if key in ancestors:
+                problems.append(MachineFormatError(
+                    path, f"symlink {name!r} leads back to a folder it is inside of "
+                          f"({os.path.realpath(path)}): a loop, not followed"))
+                continue
+            stack.append((path, [*segments, name], (*ancestors, key), sub))
+    for d, pos in groups.items():  # folders in scope that are gone
+        if in_scope(d) and d not in seen_dirs:
+            stats.removed += len(pos)
+
+    parts = []
+    if keep:
+        kept = np.concatenate(keep)
+        stats.reused = len(kept)
+        if len(kept) != cached.num_rows:
+            parts.append(cached.take(pa.array(np.sort(kept))))
+        else:
+            parts.append(cached)
+    for chunk in _batches(todo):
+        seen = [None] * len(chunk)  # (size, mtime_ns) of each file, taken from the handle it is read through
+
+        def read(k: int, chunk=chunk, seen=seen) -> bytes:
+            data, st = read_file(chunk[k][0])  # stat before reading: a later write changes the mtime seen next time
+            seen[k] = (st.st_size, st.st_mtime_ns)
+            return data
+
+        rows = parse(chunk, read)
+        for k, got in enumerate(seen):
+            if got is None:  # not read (misplaced) or unreadable: its stat now, or "re-read next time"
+                try:
+                    st = os.stat(chunk[k][0])
+                    seen[k] = (st.st_size, st.st_mtime_ns)
+                except OSError:
+                    seen[k] = (-1, -1)
+        stats.stats += len(chunk)
+        mt = np.array([m for _, m in seen], dtype=np.int64)
+        racy = (mt > now - RACY_NS) | (mt == -1)
+        table = pa.table({
+            "dir": pa.array([c[1] for c in chunk], _STR),
+            "name": pa.array([c[2] for c in chunk], _STR),
+            "size": pa.array([sz for sz, _ in seen], pa.int64()),
+            "mtime_ns": pa.array(np.where(racy, -1, mt)),
+            "recheck": pc.or_(rows["recheck"], pa.array(racy)),
+            **{f.name: rows[f.name] for f in INDEX_SCHEMA if f.name not in ("dir", "name", "size", "mtime_ns", "recheck")},
+        }, schema=INDEX_SCHEMA)
+        parts.append(table)
+        stats.parsed += len(chunk)
+    changed = stats.parsed > 0 or stats.removed > 0 or why is not None or new_dirs != old_dirs \
+        or not os.path.exists(ipath)
+    if changed:
+        del cached  # parts hold what is kept of it
+        table = sort_table(parts)  # consumes parts: memory holds the table once, plus one column
+        if os.path.isdir(root) or os.path.exists(ipath):  # no index for a folder that holds no runs
+            try:
+                write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now})
+                stats.written = True
+            except OSError as exc:  # a cache that cannot be written costs speed, never the result
+                import warnings
+
+                warnings.warn(f"could not write the run index {ipath} ({exc.strerror or exc}): the next load parses "
+                              "every run file again; set MACHINE_NB_CACHE_DIR to a writable folder", stacklevel=3)
+    else:
+        table = cached
+    if prefix:
+        mask = pc.or_(pc.equal(table["dir"], prefix), pc.starts_with(table["dir"], prefix + "/"))
+        table = table.filter(mask)
+    stats.files = table.num_rows
+    return table, stats, problems
+
+
+def _batches(todo: list[tuple[str, str, list[str], list[str]]]):
+    """`[(path, dir, name, problem)]` lists of up to BATCH files, folder by folder."""
+    batch: list[tuple[str, str, str, str | None]] = []
+    for dirpath, d, segments, names in todo:
+        base = dirpath + os.sep
+        misplaced = folder_problem(segments, "x", "runs") is not None  # once per folder, not per file
+        for name in names:
+            batch.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
+            if len(batch) >= BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def sort_table(table: pa.Table | list[pa.Table]) -> pa.Table:
+    """Newest first: started_at, then id, both descending, missing last; then dir and name.
+
+    A list of tables is concatenated and emptied, so this holds the only reference to the rows
+    and each column is freed as soon as its sorted copy is made."""
+    if isinstance(table, list):
+        parts = table
+        table = pa.concat_tables(parts) if parts else empty_table()
+        parts.clear()
+    if table.num_rows < 2:
+        return table
+    order = pc.sort_indices(table, sort_keys=[("started_at", "descending", "at_end"), ("id", "descending", "at_end"),
+                                              ("dir", "ascending", "at_end"), ("name", "ascending", "at_end")])
+    # a column at a time, so only one column is held twice (table.take would copy all at once)
+    schema, cols = table.schema, table.columns
+    del table
+    for i in range(len(cols)):
+        cols[i] = cols[i].take(order)
+    pa.default_memory_pool().release_unused()  # hand the freed columns back to the system
+    return pa.table(cols, schema=schema)
+
+
+def _groups(dirs: pa.ChunkedArray) -> dict[str, np.ndarray]:
+    """Row positions per folder (one pass: dictionary codes, then a stable argsort)."""
+    if len(dirs) == 0:
+        return {}
+    enc = pc.dictionary_encode(dirs).combine_chunks()
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(enc.dictionary) + 1))
+    return {enc.dictionary[k].as_py(): order[bounds[k]:bounds[k + 1]] for k in range(len(enc.dictionary))
+            if bounds[k + 1] > bounds[k]}
+
+
+def remove_index(workspace: str | os.PathLike) -> bool:
+    """Delete a workspace's run index (the next load_runs rebuilds it); True when there was one."""
+    path = run_index_path(workspace)
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+__all__ = ["INDEX_SCHEMA", "SCHEMA_VERSION", "IndexStats", "cache_dir", "run_index_path", "update_index",
+           "read_index", "remove_index", "runs_root", "sort_table"]

@@ -1,0 +1,240 @@
+"""The run index behind load_runs: the same frame as parsing every file, a reload that parses only
+what changed (new, changed, deleted files; both check modes), a corrupt or stale index rebuilt,
+records read on demand, and the index kept outside the workspace, private to the user."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import machine_nb as mnb
+from machine_nb import frames
+from machine_nb.store import index as run_index
+from machine_nb.store.workspace import SkippedFiles
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def ws(tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / ".machine", ws / ".machine")
+    shutil.copytree(SAMPLE / "machines", ws / "machines")
+    return ws
+
+
+def age(ws: Path, seconds: float = 3600) -> None:
+    """Set every run file's and folder's times into the past, as in a workspace not written lately."""
+    t = time.time() - seconds
+    for dirpath, _, files in os.walk(ws / ".machine" / "runs"):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (t, t))
+        os.utime(dirpath, (t, t))
+
+
+def run_files(ws: Path) -> list[Path]:
+    return sorted((ws / ".machine" / "runs").rglob("*.json"))
+
+
+def rewrite(path: Path, change, *, atomic: bool) -> None:
+    run = json.loads(path.read_text())
+    change(run)
+    if atomic:  # as Machine writes (temp file + rename): the folder's time changes
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(run))
+        os.replace(tmp, path)
+    else:  # rewritten in place: only the file's time changes
+        path.write_text(json.dumps(run))
+
+
+def test_indexed_frame_is_the_parsed_frame(ws, cache):
+    plain = mnb.load_runs(ws, index=False)
+    first = mnb.load_runs(ws, index=True)
+    second = mnb.load_runs(ws)  # an index exists: used by default
+    for df in (first, second):
+        pd.testing.assert_frame_equal(df.drop(columns="run"), plain.drop(columns="run"))
+        assert list(df["run"]) == list(plain["run"])  # every record, read on demand
+        assert str(df["run"].dtype) == "run_record" and df.attrs["workspace"] == plain.attrs["workspace"]
+    assert first.attrs["index"].parsed == len(plain) and second.attrs["index"].parsed == 0
+    assert second.attrs["index"].reused == len(plain) and plain.attrs["index"] is None
+    one = mnb.load_runs(ws, "chatbot", index=True)
+    pd.testing.assert_frame_equal(one.drop(columns="run"),
+                                  plain[plain["machine"] == "chatbot/triage"].reset_index(drop=True).drop(columns="run"))
+    # the index lives in the cache folder, not in the workspace, private to the user
+    path = run_index.run_index_path(ws)
+    assert path.is_relative_to(cache) and path.exists() and not any(ws.rglob("*.parquet"))
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_reload_parses_only_new_changed_and_drops_deleted(ws):
+    age(ws)
+    n = len(mnb.load_runs(ws, index=True))
+    files = run_files(ws)
+    rewrite(files[0], lambda r: r.update(output="changed answer"), atomic=True)
+    files[1].unlink()
+    new = files[2].with_name("20991231t000000-abcdef.json")
+    run = json.loads(files[2].read_text())
+    new.write_text(json.dumps({**run, "id": new.stem, "startedAt": "2099-12-31T00:00:00.000Z"}))
+    past = time.time() - 60
+    for p in (files[0], new):  # written a minute ago: outside the racy window (see the next test)
+        os.utime(p, (past, past))
+    df = mnb.load_runs(ws)
+    stats = df.attrs["index"]
+    assert (stats.parsed, stats.removed, len(df)) == (2, 1, n)
+    assert df.iloc[0]["id"] == new.stem  # newest first
+    assert files[1].stem not in set(df["id"])
+    assert df.set_index("id").loc[files[0].stem, "output"] == "changed answer"
+    assert mnb.load_runs(ws).attrs["index"].parsed == 0
+
+
+def test_check_modes_for_a_file_rewritten_in_place(ws):
+    age(ws)
+    mnb.load_runs(ws, index=True)
+    done = next(p for p in run_files(ws) if "finishedAt" in (r := json.loads(p.read_text())) and r.get("scorecard"))
+    rewrite(done, lambda r: r.update(output="edited in place"), atomic=False)
+    # "dirs" trusts an unchanged folder: a finished, scored run rewritten in place is not seen…
+    assert mnb.load_runs(ws).set_index("id").loc[done.stem, "output"] != "edited in place"
+    # … "files" stats every file and sees it
+    df = mnb.load_runs(ws, check="files")
+    assert df.attrs["index"].parsed == 1 and df.set_index("id").loc[done.stem, "output"] == "edited in place"
+    # an unfinished run is what a writer still updates: "dirs" re-checks those files too
+    path = run_files(ws)[5]
+    rewrite(path, lambda r: r.pop("finishedAt"), atomic=True)
+    mnb.load_runs(ws)
+    age(ws)
+    mnb.load_runs(ws)  # folder times are settled again
+    rewrite(path, lambda r: r.update(finishedAt="2026-11-02T10:00:00.000Z", output="finished now"), atomic=False)
+    df = mnb.load_runs(ws)
+    assert df.attrs["index"].parsed == 1 and df.set_index("id").loc[path.stem, "output"] == "finished now"
+    with pytest.raises(ValueError, match="check must be"):
+        mnb.load_runs(ws, check="inode")
+
+
+def test_a_change_within_the_timestamp_tick_is_not_missed(ws):
+    age(ws)
+    path = run_files(ws)[3]
+    run = json.loads(path.read_text())
+    path.write_text(json.dumps(run, indent=2) + "\n")  # written just now…
+    mnb.load_runs(ws, index=True)  # … so within RACY_NS of this scan
+    st = path.stat()
+    path.write_text(json.dumps({**run, "output": run["output"].swapcase()}, indent=2) + "\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: a change in the same tick
+    assert path.stat().st_size == st.st_size
+    df = mnb.load_runs(ws, check="files")
+    assert df.set_index("id").loc[path.stem, "output"] == run["output"].swapcase()
+
+
+def test_corrupt_or_stale_index_is_rebuilt(ws):
+    good = mnb.load_runs(ws, index=False).drop(columns="run")
+    mnb.load_runs(ws, index=True)
+    path = run_index.run_index_path(ws)
+    path.write_bytes(b"PAR1 not really parquet")
+    df = mnb.load_runs(ws)
+    assert df.attrs["index"].rebuilt.startswith("unreadable") and df.attrs["index"].parsed == len(good)
+    pd.testing.assert_frame_equal(df.drop(columns="run"), good)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    meta = json.loads(table.schema.metadata[b"machine_nb"])
+    pq.write_table(table.replace_schema_metadata({b"machine_nb": json.dumps({**meta, "version": 0}).encode()}), path)
+    df = mnb.load_runs(ws)
+    assert "schema version 0" in df.attrs["index"].rebuilt
+    pd.testing.assert_frame_equal(df.drop(columns="run"), good)
+    # the index of another workspace copied over this one's is not trusted either
+    other = ws.parent / "other"
+    shutil.copytree(ws, other)
+    mnb.load_runs(other, index=True)
+    shutil.copy(run_index.run_index_path(other), path)
+    assert mnb.load_runs(ws).attrs["index"].rebuilt == "it indexes another workspace"
+    assert run_index.remove_index(ws) and not path.exists()
+
+
+def test_bad_files_are_reported_on_every_load(ws):
+    bad = ws / ".machine" / "runs" / "support" / "broken.json"
+    bad.write_text('{"id": "broken", "machine": "supp')
+    (ws / ".machine" / "runs" / "loose.json").write_text("{}")
+    for _ in range(2):  # first from parsing, then from the index
+        with pytest.warns(SkippedFiles, match=r"(?s)skipped 2 run file\(s\).*loose.json.*broken.json:1"):
+            mnb.load_runs(ws, index=True)
+    with pytest.raises(mnb.MachineFormatError, match="loose.json"):  # the first, in folder order
+        mnb.load_runs(ws, strict=True)
+    some = next(p for p in run_files(ws) if p.parent.name == "support" and p != bad)
+    bad.write_text(json.dumps({**json.loads(some.read_text()), "id": "broken"}))
+    with pytest.warns(SkippedFiles, match="skipped 1 run file"):  # the fixed file is read again
+        df = mnb.load_runs(ws)
+    assert "broken" in set(df["id"])
+
+
+def test_default_uses_the_index_from_a_size_on(ws, monkeypatch):
+    assert mnb.load_runs(ws).attrs["index"] is None  # 312 runs: parsed, records held
+    monkeypatch.setattr(frames, "INDEX_MIN_RUNS", 100)
+    df = mnb.load_runs(ws)
+    assert df.attrs["index"] is not None and str(df["run"].dtype) == "run_record"
+    assert mnb.load_runs(ws, failed=lambda c, r: False).attrs["index"] is None  # own rule: parsed
+
+
+def test_records_on_demand_feed_messages_export_and_tags(ws, tmp_path):
+    plain = mnb.load_runs(ws, index=False)
+    lazy = mnb.load_runs(ws, index=True)
+    coder = lazy[lazy["machine"] == "coder"]
+    pd.testing.assert_frame_equal(mnb.messages(coder), mnb.messages(plain[plain["machine"] == "coder"]))
+    chosen = mnb.select_runs(lazy, "coder", workspace=ws)
+    assert mnb.training_lines(chosen) == mnb.training_lines(mnb.select_runs(plain, "coder", workspace=ws))
+    first = coder.iloc[0]
+    assert first["run"] == json.loads(Path(first["path"]).read_text())
+    assert lazy.mnb.record(first["id"]) == first["run"]
+    assert mnb.load_records(coder.head(3)) == list(plain[plain["machine"] == "coder"].head(3)["run"])
+    with pytest.raises(KeyError):
+        lazy.mnb.record("nope")
+    row = mnb.tag(coder.iloc[0], "good", store=tmp_path / "store")
+    assert row["run"] == first["id"]
+    tags = mnb.load_runs(ws, store=tmp_path / "store").set_index("id")["tags"]
+    assert tags[first["id"]] == ["good"] and sum(map(len, tags)) == 1
+    # a record whose file went away since says which file
+    gone = coder["id"].iloc[1]
+    Path(coder["path"].iloc[1]).unlink()
+    with pytest.raises(mnb.MachineFormatError, match=f"{gone}.json: file not found"):
+        coder["run"].iloc[1]
+
+
+def test_symlinked_machine_folder_is_indexed(ws, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(ws / ".machine" / "runs" / "coder", elsewhere)
+    (ws / ".machine" / "runs" / "coder").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "loop").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.warns(SkippedFiles, match="loop"):
+        df = mnb.load_runs(ws, index=True)
+    assert (df["machine"] == "coder").sum() == len(list(elsewhere.glob("*.json")))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        again = mnb.load_runs(ws)
+    assert any("loop" in str(r.message) for r in rec) and len(again) == len(df)
+
+
+def test_a_cache_that_cannot_be_written_costs_speed_not_the_result(ws, tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("x")
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(blocked))
+    with pytest.warns(UserWarning, match="could not write the run index"):
+        df = mnb.load_runs(ws, index=True)
+    pd.testing.assert_frame_equal(df.drop(columns="run"), mnb.load_runs(ws, index=False).drop(columns="run"))
+    empty = tmp_path / "empty"
+    (empty / ".machine" / "runs").mkdir(parents=True)
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(tmp_path / "cache2"))
+    assert len(mnb.load_runs(empty, index=True)) == 0
+    with pytest.warns(UserWarning, match="is this a Machine workspace"):
+        assert len(mnb.load_runs(tmp_path / "ws" / "machines", index=True)) == 0
+    assert [p.name for p in (tmp_path / "cache2" / "runs").iterdir()] == [run_index.run_index_path(empty).name]
