@@ -118,8 +118,10 @@ def without_thinking(message: dict) -> dict:
 
 def _arguments(tool_input: Any) -> str:
     if isinstance(tool_input, str):
+        from .jsonl import parse_json
+
         try:
-            json.loads(tool_input)
+            parse_json(tool_input)  # bounded nesting: never a RecursionError on a hostile string
             return tool_input  # already a JSON string
         except ValueError:
             pass

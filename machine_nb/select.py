@@ -33,6 +33,30 @@ def _machine_definition(runs: Any, machine: dict | str, workspace: Any) -> dict:
     return load_machine(ws, machine)
 
 
+def _candidates(runs: Any, machine: str, min_score: float, rubric: str | None, models: set | None) -> list[int] | None:
+    """Positions of the rows the frame's own columns do not already rule out (machine, harness,
+    score, rubric, final, model), so only their records are read: on an indexed frame of a million
+    runs each record is a file. None for a list of records (nothing to pre-filter on)."""
+    if not hasattr(runs, "columns"):
+        return None
+    import numpy as np
+
+    keep = np.ones(len(runs), dtype=bool)
+    if "machine" in runs:
+        keep &= (runs["machine"] == machine).to_numpy(dtype=bool, na_value=False)
+    if "harness" in runs:
+        keep &= (runs["harness"] != "echo").to_numpy(dtype=bool, na_value=True)
+    if "score" in runs:
+        keep &= (runs["score"] >= min_score).to_numpy(dtype=bool, na_value=False)
+    if rubric is not None and "rubric" in runs:
+        keep &= (runs["rubric"] == rubric).to_numpy(dtype=bool, na_value=False)
+    if "final" in runs:
+        keep &= (runs["final"] != False).to_numpy(dtype=bool, na_value=True)  # noqa: E712 - NA keeps
+    if models is not None and "model" in runs:
+        keep &= runs["model"].isin(models).to_numpy(dtype=bool, na_value=False)
+    return [int(i) for i in np.flatnonzero(keep)]
+
+
 def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
                 instructions: str | None = _UNSET, min_score: float = 1, best_of: int = 2,
                 exclude: Iterable[Any] | None = None, models: Iterable[str] | None = None,
@@ -74,8 +98,9 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
     model_set = set(models) if models is not None else None
 
     groups: dict[str, list[tuple[float, str, int]]] = {}
-    records = run_records(runs)
-    for pos, run in enumerate(records):
+    positions = _candidates(runs, mdef["name"], min_score, fp, model_set)
+    records = run_records(runs.iloc[positions] if positions is not None else runs)
+    for pos, run in zip(positions if positions is not None else range(len(records)), records):
         card = run.get("scorecard")
         if run.get("machine") != mdef["name"] or run.get("harness") == "echo" or not isinstance(card, dict):
             continue
@@ -106,4 +131,4 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         out = runs.iloc[keep].reset_index(drop=True)
         out.attrs = {**runs.attrs, "machine": mdef}
         return out
-    return [records[i] for i in keep]
+    return [records[i] for i in keep]  # a list of records: positions are the records' own

@@ -171,3 +171,20 @@ def test_errors_that_carry_a_key_are_redacted_in_eval_rows_and_on_the_terminal(m
     assert key not in str(info.value)
     assert main(["validate", "/no/such/file-" + key + ".jsonl"]) != 0
     assert key not in capsys.readouterr().err
+
+
+def test_a_deeply_nested_tool_input_string_is_text_not_a_recursion_error():
+    """Export lines and the previewer's cards parse tool-call arguments that arrive as JSON strings;
+    a hostile one nested 100,000 deep is kept as text."""
+    from machine_nb.export import to_chat
+    from machine_nb.widgets.cards import message_card
+
+    deep = "[" * 100_000
+    chat, _ = to_chat([{"role": "user", "content": "go"},
+                    {"role": "assistant", "content": "", "name": "t", "toolCallId": "c", "toolInput": deep}])
+    call = next(m for m in chat if m.get("tool_calls"))
+    import json
+
+    assert call["tool_calls"][0]["function"]["arguments"] == json.dumps(deep)  # text, as any non-JSON input
+    html = message_card(call, index=1, trained=True)
+    assert "[[[" in html

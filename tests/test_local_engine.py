@@ -312,3 +312,23 @@ def test_engine_routing_and_clear_errors(sc, batch, tmp_path):
                             loss_fn_inputs={"target_tokens": [5] * 300, "weights": [1.0] * 300})
     with pytest.raises(tinker.BadRequestError, match="context"):
         tc.forward_backward([too_long], "cross_entropy").result()
+
+
+def test_a_session_that_stopped_its_heartbeats_is_let_go(monkeypatch):
+    """Runs and samplers of a session gone quiet are released (a long notebook session would keep
+    every model it trained); their checkpoints stay on disk."""
+    from machine_nb.engines.local import server as server_mod
+
+    srv = server_mod.LocalServer().start()
+    try:
+        sc = tinker.ServiceClient(base_url=srv.url, api_key="tml-test-placeholder-key")
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
+        path = tc.save_weights_for_sampler("kept").result().path
+        sc.create_sampling_client(model_path=path).result()
+        assert tc.model_id in srv.runs and srv.samplers
+        monkeypatch.setattr(server_mod, "SESSION_TTL_S", -1.0)  # every session counts as quiet now
+        srv._reap()
+        assert tc.model_id not in srv.runs and not srv.samplers
+        assert (ck.checkpoint_dir(srv.data_dir, path) / "checkpoint.json").is_file()
+    finally:
+        srv.stop()

@@ -287,31 +287,3 @@ def test_format_cell():
     assert format_cell(["good", "x"]) == "good, x" and format_cell(pd.NaT) == ""
     long = format_cell("word\n" * 100)
     assert len(long) == 120 and long.endswith("…") and "\n" not in long
-
-
-def test_the_displayed_static_fallback_follows_the_current_state():
-    """A saved notebook keeps the output's text/html: it must be what the picker shows now."""
-    from IPython.core.interactiveshell import InteractiveShell
-    from IPython.display import display
-
-    shell = InteractiveShell.instance()
-    published = []
-    real = shell.display_pub.publish
-    shell.display_pub.publish = lambda data, metadata=None, *a, **kw: published.append((data, kw))
-    try:
-        p = RunPicker(make_runs(), page_size=4)
-        display(p)
-        (first, kw0), = published
-        display_id = kw0["transient"]["display_id"]
-        assert "filters: none" in first["text/html"] and "application/vnd.jupyter.widget-view+json" in first
-        p.set_filters(machine=["a", "b"], text="what")
-        p.click("run001")
-        send(p, event="page", page=1)
-        data, kw = published[-1]
-        assert kw.get("update") and kw["transient"]["display_id"] == display_id
-        html = data["text/html"]
-        assert "machine: [&#x27;a&#x27;, &#x27;b&#x27;]" in html and "text: what" in html
-        assert "1 selected" in html and "page 2 of 5" in html
-        assert data["application/vnd.jupyter.widget-view+json"] == first["application/vnd.jupyter.widget-view+json"]
-    finally:
-        shell.display_pub.publish = real

@@ -87,6 +87,12 @@ CELLS = [
     # 13-14: another model chosen in a later cell
     "meter = CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling-Small', budget=5)\nmeter",
     "meter.model = 'local/arith-tiny'",
+    # 15-16: a run picker, filtered and clicked in a later cell; its saved output shows that state
+    "from machine_nb import RunPicker\n"
+    "frame = pd.DataFrame({'id': [f'r{i}' for i in range(6)], 'machine': ['a', 'b'] * 3,\n"
+    "                      'input': ['what is up', 'hello', 'what now', 'bye', 'what?', 'x'], 'output': ['o'] * 6})\n"
+    "picker = RunPicker(frame, page_size=2)\npicker",
+    "picker.set_filters(text='what')\npicker.click('r2')",
 ]
 
 
@@ -176,7 +182,7 @@ def test_saved_notebook_widget_metadata_is_renderable_on_github(exported):
     views = [o for c in saved["cells"] for o in c.get("outputs", [])
              if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     statics = [o for c in saved["cells"] for o in c.get("outputs", []) if o in static_outputs(c)]
-    assert len(views) == len(statics) == 10  # one live view and one static fallback per widget shown
+    assert len(views) == len(statics) == 11  # one live view and one static fallback per widget shown
     for out in views + statics:  # a stable text/plain everywhere: nbval compares it
         assert "text/html" in out["data"] and not re.search(r"0x[0-9a-f]{6,}", text(out["data"]["text/plain"]))
     for view in views:  # the view's own html is empty: its static twin speaks where there is no kernel
@@ -210,3 +216,11 @@ def test_the_page_shows_what_later_cells_did(exported, page):
     assert "example 3/4 · run run-2" in html and "example 1/4" not in html  # moved by `later.show(2)`
     assert "1 tagged here" in html and "tagged from a later cell" in html and "0 tagged here" not in html
     assert "<b>local/arith-tiny</b>" in html and "Inkling-Small</b>" not in html  # the meter's last choice
+
+
+def test_a_run_pickers_saved_output_shows_what_it_shows_now(exported):
+    _, saved, pages = exported
+    (out,) = static_outputs(saved["cells"][15])
+    html = text(out["data"]["text/html"])
+    assert "text: what" in html and "1 selected" in html and "3 match" in html
+    assert "text: what" in pages["report"]

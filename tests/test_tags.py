@@ -205,26 +205,48 @@ def test_untag_names_a_line_nested_too_deep(tmp_path):
 
 def test_tagged_and_untag_stream_a_big_store(tmp_path):
     """Memory held by tagged() + untag() grows with the rows' summaries (the last user and assistant
-    texts), not with whole rows: here each row's bulk is a long tool result, as in a trace."""
-    import tracemalloc
+    texts), not with whole rows: here each row's bulk is a long tool result, as in a trace.
+    Measured in a fresh process (tracemalloc beside the local server's threads risks a crash)."""
+    import subprocess
+    import sys
 
-    line = {"id": None, "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x" * 4000},
-                                     {"role": "assistant", "content": "done"}], "tag": "good", "kind": "trace"}
-
-    def peak(n):
-        store = tmp_path / f"s{n}"
-        store.mkdir()
-        with open(store / "train.jsonl", "w") as fh:
-            for i in range(n):
-                fh.write(json.dumps({**line, "id": f"id{i}"}) + "\n")
-        tracemalloc.start()
-        df = mnb.tagged(store)
-        mnb.untag(f"id{n // 2}", store=store)
-        _, top = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        assert len(df) == n and len(mnb.tagged(store)) == n - 1
-        return top
-
-    peak(10)  # imports and first-call set-up out of the way
-    small, big = peak(500), peak(5000)
+    code = """
+import json, sys, tracemalloc
+from pathlib import Path
+import machine_nb as mnb
+tmp = Path(sys.argv[1])
+line = {"id": None, "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x" * 4000},
+                                 {"role": "assistant", "content": "done"}], "tag": "good", "kind": "trace"}
+def peak(n):
+    store = tmp / f"s{n}"
+    store.mkdir()
+    with open(store / "train.jsonl", "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({**line, "id": f"id{i}"}) + "\\n")
+    tracemalloc.start()
+    df = mnb.tagged(store)
+    mnb.untag(f"id{n // 2}", store=store)
+    _, top = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(df) == n and len(mnb.tagged(store)) == n - 1
+    return top
+peak(10)  # imports and first-call set-up out of the way
+print(json.dumps([peak(500), peak(5000)]))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    small, big = json.loads(out.stdout.strip().splitlines()[-1])
     assert big < 3 * small  # ten times the rows, far less than ten times the memory
+
+
+def test_the_lazy_row_column_maps_like_plain_records(tmp_path):
+    """tagged()'s `row` column reads rows on demand; `.map` must still give plain values (a
+    boolean mask filters the frame, as notebooks do)."""
+    import machine_nb as mnb
+
+    store = tmp_path / "store"
+    for i in range(3):
+        mnb.tag({"trajectory": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}],
+                 "history": [], "id": f"r{i}", "machine": "m" if i else "other"}, "good", store=store)
+    tags = mnb.tagged(store=store)
+    mask = tags["row"].map(lambda r: r.get("machine") == "m")
+    assert str(mask.dtype) in ("bool", "boolean") and len(tags[mask]) == 2

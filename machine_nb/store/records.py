@@ -51,6 +51,15 @@ class _LazyRecords(ExtensionArray):
     def _load(self, i: int) -> Any:
         raise NotImplementedError
 
+    def map(self, mapper: Any, na_action: Any = None) -> Any:
+        """`Series.map` on a lazy column: the mapped values with their own dtype (booleans stay
+        booleans, so `tags[tags["row"].map(lambda r: …)]` filters as it would on plain records)."""
+        import pandas as pd
+
+        values = [None if (na_action == "ignore" and v is None) else
+                  (mapper.get(v) if isinstance(mapper, dict) else mapper(v)) for v in self]
+        return pd.array(values) if values else np.array([], dtype=object)
+
     def _value(self, i: int) -> Any:
         if i in self._set:
             return self._set[i]

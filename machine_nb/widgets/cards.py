@@ -73,9 +73,11 @@ def folded(text: str, *, label: str = "output") -> str:
 def _arguments(raw: Any) -> str:
     """Tool-call arguments pretty-printed when they are JSON (they arrive as a JSON string)."""
     if isinstance(raw, str):
+        from ..jsonl import parse_json
+
         try:
-            return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
-        except ValueError:
+            return json.dumps(parse_json(raw), indent=2, ensure_ascii=False)
+        except ValueError:  # not JSON, or nested too deep to walk: shown as it came
             return raw
     return json.dumps(raw, indent=2, ensure_ascii=False, default=str)
 

@@ -283,7 +283,9 @@ def is_picker(value: Any) -> bool:
     Returns:
         True when it has `.selected` and `.observe_selection` (RunPicker's public API) and is not a DataFrame.
     """
-    return hasattr(value, "observe_selection") and hasattr(value, "selected") and not hasattr(value, "columns")
+    import pandas as pd
+
+    return hasattr(value, "observe_selection") and hasattr(value, "selected") and not isinstance(value, pd.DataFrame)
 
 
 def line_text(line: dict) -> str:
@@ -447,7 +449,11 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         self.picker, self._picker_handler = None, None
 
     def _on_picked(self, frame: Any) -> None:
-        before = {str(x.get("run")) for x in self.lines}
+        # runs are told apart by machine and id: ids are unique within a machine only
+        def key(x: dict) -> tuple[str, str]:
+            return str(x.get("machine")), str(x.get("run"))
+
+        before = {key(x) for x in self.lines}
         try:
             lines = load_lines(frame) if len(frame) else []
             note = "" if len(frame) else "Select runs in the picker to preview their training examples."
@@ -455,11 +461,13 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
                 note = f"The {len(frame)} picked run(s) give no training example (no assistant answer)."
         except Exception as exc:  # a frame training_lines cannot read: say so in the widget
             lines, note = [], f"Could not make training lines of the picked runs: {type(exc).__name__}: {exc}"
-        picked = [str(x) for x in frame["id"]] if len(frame) and "id" in getattr(frame, "columns", ()) else []
-        new = [r for r in picked if r not in before]
-        target = next((i for i, x in enumerate(lines) if str(x.get("run")) in new), None)
+        cols = getattr(frame, "columns", ())
+        picked = (list(zip(frame["machine"].astype(str), frame["id"].astype(str)))
+                  if len(frame) and "id" in cols and "machine" in cols else [])
+        new = {k for k in picked if k not in before}
+        target = next((i for i, x in enumerate(lines) if key(x) in new), None)
         if target is None and self.line is not None:  # keep the run on screen when it is still picked
-            target = next((i for i, x in enumerate(lines) if x.get("run") == self.line.get("run")), None)
+            target = next((i for i, x in enumerate(lines) if key(x) == key(self.line)), None)
         self.set_lines(lines, index=target or 0, note=note)
 
     def set_lines(self, lines: Any, index: int = 0, *, note: str = "") -> None:
@@ -531,12 +539,12 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
                 self._hold = False
         self._refresh()
 
-    def jump(self, run_id: str) -> bool:
-        """Show the first example of run `run_id` (clearing a filter that hides it); False (and a
-        note) when no line has it."""
+    def jump(self, run_id: str, machine: str | None = None) -> bool:
+        """Show the first example of run `run_id` (of `machine` when given: ids are unique within a
+        machine only), clearing a filter that hides it; False (and a note) when no line has it."""
         run_id = str(run_id).strip()
         for i, line in enumerate(self.lines):
-            if str(line.get("run")) == run_id:
+            if str(line.get("run")) == run_id and (machine is None or str(line.get("machine")) == str(machine)):
                 if i not in self.matches:
                     self.set_filter("")
                 self.show(i)

@@ -41,22 +41,7 @@ MAX_CELL_CHARS = 120
 # The full text a cell shows on hover (its `title`) is cut at this length.
 MAX_TITLE_CHARS = 2000
 ANY_TAG, UNTAGGED = "(any)", "(untagged)"
-# A change made in the view reaches the displayed static fallback once the view has been still
-# this long (each update re-creates the live view in JupyterLab, so not on every click).
-PUBLISH_DELAY_S = 2.0
 
-
-def _from_the_view() -> bool:
-    """Whether the kernel is handling a message from a widget view now (not running a cell)."""
-    try:
-        from ipykernel.kernelbase import Kernel
-
-        if not Kernel.initialized():
-            return False
-        parent = Kernel.instance().get_parent("shell") or {}
-        return parent.get("header", {}).get("msg_type") == "comm_msg"
-    except Exception:
-        return False
 
 
 # ---------------------------------------------------------------- pure helpers over plain data
@@ -468,11 +453,6 @@ class RunPicker(StaticFallback, w.VBox):
         self.page_size = page_size
         self._index = FilterIndex(runs, text_columns)
         self._anchor: str | None = None
-        self._handles: list = []  # displays of this picker, whose static fallback follows its state
-        self._timer = None
-        import threading
-
-        self._publish_lock = threading.RLock()
         self._sort = (sort_by, ascending)
         self._order = sort_order(runs, sort_by, ascending)
         self._mask = np.ones(len(runs), dtype=bool)
@@ -627,41 +607,11 @@ class RunPicker(StaticFallback, w.VBox):
 
     # ------------------------------------------------------------ the display and its static fallback
 
-    def _ipython_display_(self) -> None:
-        # Shown through a display id, so each change can replace the output's static text/html
-        # (what a saved notebook, nbviewer or GitHub shows) with the current state.
-        from IPython.display import display
-
-        self._handles.append(display(self._repr_mimebundle_(), raw=True, display_id=True))
-
     def _publish(self) -> None:
-        """Replace the displayed static fallback with the current state. A change made in a cell
-        publishes at once; a change from the view (a click, a filter control) publishes once the
-        view has been still for PUBLISH_DELAY_S, since JupyterLab re-creates a widget's view when
-        its output is updated (the table's scroll position is kept across that: see RunTable.scroll)."""
-        if not getattr(self, "_handles", None):
-            return
-        if not _from_the_view():
-            self._publish_now()
-            return
-        import threading
-
-        with self._publish_lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(PUBLISH_DELAY_S, self._publish_now)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _publish_now(self) -> None:
-        with self._publish_lock:
-            self._timer = None
-            bundle = self._repr_mimebundle_()
-            for handle in self._handles:
-                try:
-                    handle.update(bundle, raw=True)
-                except Exception:  # the kernel or its display went away: the live view is all there is
-                    pass
+        """Bring the displayed static fallback (what a saved notebook, nbviewer or GitHub shows) up
+        to the current filters, sort, page and selection. It is the widget's static twin output, so
+        updating it leaves the live view as it is (no re-created view, no lost focus or scroll)."""
+        self._static_changed()
 
     # ------------------------------------------------------------ columns
 

@@ -143,12 +143,36 @@ def store_rows(store: Any) -> list[dict]:
     return frame.to_dict("records")
 
 
-def _records(runs: Any) -> list[dict]:
-    """Run dicts from a load_runs frame (its `run` column), one row, a Run dict or a list of them."""
+class _Runs(Sequence):
+    """The runs a Tagger steps through. From a load_runs frame the records are read one at a time,
+    when shown (an indexed frame's `run` column reads each from its file), and (machine, id) come
+    from the frame's own columns, so following a picker over a million runs reads only what is
+    on screen."""
+
+    def __init__(self, column: Any, keys: list[tuple[Any, Any]]):
+        self._column, self.keys = column, keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        record = self._column.iloc[i] if hasattr(self._column, "iloc") else self._column[i]
+        if not isinstance(record, dict):
+            raise ValueError(f"Tagger: run {i} is a {type(record).__name__}, not a Run record (dict)")
+        return record
+
+
+def _records(runs: Any) -> _Runs:
+    """The runs of a load_runs frame (its `run` column, read on demand), one row, a Run dict or a list."""
     if hasattr(runs, "columns"):
         if "run" not in runs.columns:
             raise ValueError("Tagger needs load_runs' `run` column (the parsed Run records); "
                              f"the frame has {list(runs.columns)}")
+        if {"machine", "id"} <= set(runs.columns):
+            keys = list(zip(runs["machine"].tolist(), runs["id"].tolist()))
+            return _Runs(runs["run"], keys)
         records = list(runs["run"])
     elif isinstance(runs, dict):
         records = [runs]
@@ -157,7 +181,7 @@ def _records(runs: Any) -> list[dict]:
     for i, r in enumerate(records):
         if not isinstance(r, dict):
             raise ValueError(f"Tagger: run {i} is a {type(r).__name__}, not a Run record (dict)")
-    return records
+    return _Runs(records, [(r.get("machine"), r.get("id")) for r in records])
 
 
 # ---------------------------------------------------------------- the widget
@@ -181,7 +205,7 @@ class Tagger(StaticFallback, w.VBox):
         from .previewer import is_picker
 
         picker = runs if is_picker(runs) else None
-        self._runs = [] if picker is not None else _records(runs)
+        self._runs = _Runs([], []) if picker is not None else _records(runs)
         if picker is None and not self._runs:
             raise ValueError("Tagger: no runs to tag (the frame is empty)")
         self._frame_tags = self._tags_column(runs) if picker is None else {}
@@ -269,12 +293,12 @@ class Tagger(StaticFallback, w.VBox):
     def set_runs(self, runs: Any) -> None:
         """Tag other runs (a frame, Run dicts; may be empty): a newly added run is shown first,
         else the run on screen when it is still there."""
-        before = {(r.get("machine"), r.get("id")) for r in self._runs}
-        on_screen = (self._runs[self._run_pos].get("machine"), self._runs[self._run_pos].get("id")) if self._runs else None
-        records = _records(runs) if len(runs) else []
+        before = set(self._runs.keys) if self._runs else set()
+        on_screen = self._runs.keys[self._run_pos] if self._runs else None
+        records = _records(runs) if len(runs) else _Runs([], [])
         self._frame_tags = self._tags_column(runs)
         self._runs = records
-        keys = [(r.get("machine"), r.get("id")) for r in records]
+        keys = records.keys
         new = [i for i, k in enumerate(keys) if k not in before]
         pos = new[0] if new else (keys.index(on_screen) if on_screen in keys else 0)
         if records:
@@ -309,7 +333,7 @@ class Tagger(StaticFallback, w.VBox):
         the run itself answered)."""
         self._need_run()
         if isinstance(run, str):
-            ids = [r.get("id") for r in self._runs]
+            ids = [k[1] for k in self._runs.keys]
             if run not in ids:
                 raise KeyError(f"Tagger: no run with id {run!r}")
             run = ids.index(run)

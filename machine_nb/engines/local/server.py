@@ -52,6 +52,13 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 SEQ_GAP_TIMEOUT_S = 120.0
 #: Seconds a finished future's result is kept for a client that polls again (a retried poll).
 FUTURE_TTL_S = 600.0
+#: Seconds after a session's last heartbeat (the SDK sends one every 10 s) before its training
+#: runs and samplers are let go: a long notebook session would otherwise keep every model it trained.
+SESSION_TTL_S = 300.0
+#: Samplers kept at most, the least recently used let go first (each holds a copy of its model),
+#: and the seconds an unused one is kept.
+MAX_SAMPLERS = 64
+SAMPLER_IDLE_S = 1800.0
 
 
 class ApiError(Exception):
@@ -236,13 +243,17 @@ class _Run:
 class _Sampler:
     """A sampling session: fixed weights and one worker that runs its requests in arrival order."""
 
-    def __init__(self, server: "LocalServer", sampler_id: str, sampler: Any, model_path: str | None):
+    def __init__(self, server: "LocalServer", sampler_id: str, sampler: Any, model_path: str | None,
+                 session_id: str | None = None):
         self.server, self.sampler_id, self.sampler, self.model_path = server, sampler_id, sampler, model_path
+        self.session_id = session_id
+        self.last_used = time.monotonic()
         self.base_model = sampler.base_model
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"local-sampler-{sampler_id[-6:]}")
         self.pool.submit(_configure, server.threads)
 
     def submit(self, call: str, fn: Callable) -> _Future:
+        self.last_used = time.monotonic()
         fut = self.server.futures.new(call)
         self.pool.submit(_run_job, fut, fn)
         return fut
@@ -445,6 +456,7 @@ class LocalServer:
         from tinker import types
 
         req = _parse(types.CreateSessionRequest, body, "create_session")
+        self._reap()
         sid = f"{ck.RUN_PREFIX}{secrets.token_hex(8)}"
         now = time.time()
         with self._lock:
@@ -475,6 +487,27 @@ class LocalServer:
             runs = [m for m, r in self.runs.items() if r.session_id == sid]
             samplers = list(self.samplers)
         return {"training_run_ids": runs, "sampler_ids": samplers}
+
+    def _reap(self) -> None:
+        """Let go of the runs and samplers of sessions that stopped sending heartbeats (their
+        checkpoints stay on disk; a client that comes back after that gets a 404 naming the run)."""
+        cutoff = time.time() - SESSION_TTL_S
+        with self._lock:
+            gone = {sid for sid, s in self.sessions.items() if s.finished or s.last_heartbeat < cutoff}
+            runs = [self.runs.pop(m) for m, r in list(self.runs.items())
+                    if r.session_id in gone and r.last_request < cutoff]
+            idle = time.monotonic() - SAMPLER_IDLE_S
+            samplers = [self.samplers.pop(k) for k, v in list(self.samplers.items())
+                        if v.session_id in gone or v.last_used < idle]
+            by_use = sorted(self.samplers.items(), key=lambda kv: kv[1].last_used)
+            samplers += [self.samplers.pop(k) for k, _ in by_use[:max(0, len(by_use) - MAX_SAMPLERS)]]
+            for sid in gone:
+                if not any(r.session_id == sid for r in self.runs.values()):
+                    self.sessions.pop(sid, None)
+        for run in runs:
+            run.close()
+        for sampler in samplers:
+            sampler.pool.shutdown(wait=False, cancel_futures=True)
 
     def _session(self, sid: str, call: str) -> _Session:
         session = self.sessions.get(sid)
@@ -682,7 +715,7 @@ class LocalServer:
         else:
             def work() -> dict:
                 sampler = run.trainer.snapshot(seed=run.trainer.seed)
-                sid = self._add_sampler(sampler, None)
+                sid = self._add_sampler(sampler, None, run.session_id)
                 return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
 
         fut = run.submit(req.seq_id, "save_weights_for_sampler", work)
@@ -734,10 +767,11 @@ class LocalServer:
         return {"request_id": fut.request_id, "model_id": run.model_id}
 
     # -- sampling
-    def _add_sampler(self, sampler: Any, model_path: str | None) -> str:
+    def _add_sampler(self, sampler: Any, model_path: str | None, session_id: str | None = None) -> str:
+        self._reap()
         sid = f"{ck.RUN_PREFIX}sampler-{secrets.token_hex(8)}"
         with self._lock:
-            self.samplers[sid] = _Sampler(self, sid, sampler, model_path)
+            self.samplers[sid] = _Sampler(self, sid, sampler, model_path, session_id)
         return sid
 
     def create_sampling_session(self, q: dict, body: Any) -> dict:
@@ -761,7 +795,8 @@ class LocalServer:
         else:
             self._check_base_model(req.base_model, "create_sampling_session")
             sampler = Sampler(load_base(req.base_model), req.base_model)
-        return {"type": "create_sampling_session", "sampling_session_id": self._add_sampler(sampler, req.model_path)}
+        return {"type": "create_sampling_session",
+                "sampling_session_id": self._add_sampler(sampler, req.model_path, req.session_id)}
 
     def get_sampler(self, sid: str) -> dict:
         s = self.samplers.get(sid)
