@@ -100,6 +100,9 @@ _API: dict[str, str] = {
     "CommitConflict": "candidate",
     "revert": "candidate",
     "CandidateView": "widgets.candidate_view",
+    # held-out accuracy while training, sweeps
+    "heldout_curve": "train",
+    "heldout_results": "train",
 }
 
 __all__ = sorted(_API)

@@ -43,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8; the partial last batch is dropped)")
     p.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8 local, 32 Tinker; 0 = full fine-tuning, local only)")
     p.add_argument("--resume", default=None, help="continue the run in this log dir from its last checkpoint")
+    p.add_argument("--eval", dest="eval_data", default=None,
+                   help="held-out eval JSONL to score while training (e.g. data/minimal_sft/valid.jsonl; "
+                        "default: none). Writes heldout.jsonl; on Tinker its sampling is in the estimate")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="score --eval every N steps (default: once an epoch) and the final checkpoint")
     p.set_defaults(func=_run_sft)
 
     s = sub.add_parser(
@@ -72,9 +77,22 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         return False
     est = estimate_cost(args.data, args.model, epochs=epochs, batch_size=batch_size, max_steps=steps,
                         max_usd=args.max_usd)
+    evals = ""
+    if getattr(args, "eval_data", None):
+        from ..evaluate import load_eval_rows
+        from ..train import prepare_data, run_estimate
+
+        rows, _ = prepare_data(args.data)
+        every = args.eval_every or max(1, len(rows) // batch_size)
+        n = -(-est.steps // every) + 1  # the eval steps and the final checkpoint
+        held = load_eval_rows(args.eval_data)
+        both = run_estimate(rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
+                            eval_rows=held, evals=n)
+        eval_usd = "an unknown amount" if both["eval_usd"] is None else f"at most ${both['eval_usd']:.4f}"
+        evals = f" Held-out evals: {n} x {len(held)} rows, {eval_usd}."
     print(f"This trains {args.model} on Tinker: {est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
           f"{est.steps} steps, about ${est.usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
-          f"{est.price.source} {est.price.date}). Re-run with --yes to spend.", file=sys.stderr)
+          f"{est.price.source} {est.price.date}).{evals} Re-run with --yes to spend.", file=sys.stderr)
     return False
 
 
@@ -85,8 +103,13 @@ def _print(result, as_json: bool) -> None:
         print(json.dumps(result.as_dict()))
         return
     loss = ("–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}")
-    cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.4f}"
+    usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
+    cost = usd(result.cost_usd) + ("" if result.estimated_usd is None else f" (estimated {usd(result.estimated_usd)})")
     print(f"{result.model} on {result.engine}: {result.steps} steps, {result.tokens:,} tokens, loss {loss}, cost {cost}")
+    if result.evals:
+        final = "–" if result.heldout_accuracy is None else f"{result.heldout_accuracy:.1%}"
+        print(f"held-out:   {final} at the final checkpoint; best {result.best_accuracy:.1%} at step "
+              f"{result.best_step} ({result.evals} evals, heldout.jsonl)")
     print(f"checkpoint: {result.checkpoint}")
     print(f"log dir:    {result.log_dir}")
 
@@ -99,7 +122,7 @@ def _run_sft(args: argparse.Namespace) -> int:
     result = sft(args.data, args.model, args.engine, epochs=args.epochs, max_steps=args.steps,
                  learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
-                 max_usd=args.max_usd)
+                 max_usd=args.max_usd, eval_data=args.eval_data, eval_every=args.eval_every)
     _print(result, args.json)
     return 0
 
