@@ -103,6 +103,9 @@ _API: dict[str, str] = {
     # held-out accuracy while training, sweeps
     "heldout_curve": "train",
     "heldout_results": "train",
+    "sweep": "sweeps",
+    "read_sweep": "sweeps",
+    "sweep_summary": "sweeps",
 }
 
 __all__ = sorted(_API)

@@ -587,7 +587,8 @@ class _Runner:
     after an error or an interrupt, and ended with this process (it exits when its stdin closes).
     """
 
-    _idle: "_Runner | None" = None
+    _idle: "list[_Runner]" = []
+    _keep = 1  # idle processes kept for the next run (keep_runners raises it while runs go in parallel)
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -613,18 +614,28 @@ class _Runner:
 
     @classmethod
     def take(cls) -> "_Runner":
-        with cls._lock:
-            runner, cls._idle = cls._idle, None
-        if runner is not None and runner.proc.poll() is None:
-            return runner
-        return cls()
+        while True:
+            with cls._lock:
+                runner = cls._idle.pop() if cls._idle else None
+            if runner is None:
+                return cls()
+            if runner.proc.poll() is None:
+                return runner
 
     def give_back(self) -> None:
         with type(self)._lock:
-            if type(self)._idle is None and self.proc.poll() is None:
-                type(self)._idle = self
+            if len(type(self)._idle) < type(self)._keep and self.proc.poll() is None:
+                type(self)._idle.append(self)
                 return
         self.close()
+
+    @classmethod
+    def trim(cls) -> None:
+        """Close idle processes beyond the number kept."""
+        with cls._lock:
+            extra, cls._idle = cls._idle[cls._keep:], cls._idle[:cls._keep]
+        for runner in extra:
+            runner.close()
 
     def send(self, spec: dict) -> int:
         """Start a run; returns the index of the first event that belongs to it."""
@@ -662,6 +673,20 @@ class _Runner:
             self.proc.stdin.close()  # type: ignore[union-attr]
         with contextlib.suppress(Exception):
             self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def keep_runners(n: int) -> Iterator[None]:
+    """While the block runs, keep up to `n` training processes for the next runs (one each for
+    runs going in parallel: a fresh one takes seconds to import the cookbook); one afterwards."""
+    with _Runner._lock:
+        before, _Runner._keep = _Runner._keep, max(_Runner._keep, int(n))
+    try:
+        yield
+    finally:
+        with _Runner._lock:
+            _Runner._keep = before
+        _Runner.trim()
 
 
 def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Any = None, poll_s: float = 0.2,
