@@ -180,9 +180,14 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
              if c.name == "final" and c.sampler_path]
     if not final:
         return None
-    service = tinker.ServiceClient(base_url=base_url)
-    client = service.create_sampling_client(model_path=final[-1].sampler_path)
-    metrics = asyncio.run(HeldOutEvaluator(builder).run(client, total_steps, final=True))
+    try:
+        service = tinker.ServiceClient(base_url=base_url)
+        client = service.create_sampling_client(model_path=final[-1].sampler_path)
+        metrics = asyncio.run(HeldOutEvaluator(builder).run(client, total_steps, final=True))
+    except BaseException as exc:  # say the run is over (a live plot stops waiting), then fail the run
+        _append(os.path.join(builder.log_dir, HELDOUT_FILE),
+                {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
+        raise
     _append(os.path.join(builder.log_dir, "metrics.jsonl"), {"step": total_steps, **metrics})
     return metrics
 
