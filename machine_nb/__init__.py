@@ -106,6 +106,7 @@ _API: dict[str, str] = {
     "sweep": "sweeps",
     "read_sweep": "sweeps",
     "sweep_summary": "sweeps",
+    "SweepView": "widgets.sweep_view",
 }
 
 __all__ = sorted(_API)

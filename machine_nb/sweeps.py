@@ -493,7 +493,8 @@ def sweep_summary(frame: Any, metric: str = "heldout_accuracy", *, level: float 
             correct = [float(bool(c)) for c in pooled["correct"]]
             # at most one question's worth per question: seeds cannot add questions that were not asked
             n_eff = min(effective_size(correct, list(pooled["case"]), level=level), float(pooled["case"].nunique()))
-            low, high = proportion_interval(sum(correct) / len(correct) * n_eff, n_eff, level=level)
+            low, high = (round(v, 12) for v in proportion_interval(sum(correct) / len(correct) * n_eff, n_eff,
+                                                                    level=level))
         def total(col: str) -> float | None:
             return None if g[col].isna().any() else float(g[col].sum())
         out.append({**dict(zip(axes, key)), "seeds": len(g), "metric": metric, "mean": float(values.mean()),
