@@ -147,7 +147,7 @@ def test_held_out_accuracy_gets_its_own_axis(tmp_path):
     assert labels[:2] == ["loss (train_mean_nll)", "held-out"] and "learning rate (dotted)" in labels
     acc_ax = fig.axes[1]
     assert acc_ax.get_ylim() == (-0.05, 1.05)
-    assert [line.get_label() for line in acc_ax.get_lines()] == ["run held-out accuracy", "run format rate"]
+    assert [line.get_label() for line in acc_ax.get_lines()] == ["held-out accuracy", "format rate"]
     assert list(acc_ax.get_lines()[0].get_xdata()) == [0, 3, 6, 9, 10]
     # the final checkpoint's row is no training step
     assert p.summary() == "LossPlot: run: 10 steps, last loss 0.3, held-out 90.0% at step 10 (best 90.0% at step 9)"  # the earliest of equal bests
@@ -166,7 +166,7 @@ def test_dpo_runs_plot_dpo_loss_with_accuracy_and_margin_apart(tmp_path):
     labels, fig = axis_labels(p.frame)
     assert labels == ["loss (dpo_loss)", "preference acc.", "learning rate (dotted)", "margin (dashed)"]
     pref = fig.axes[1]
-    assert [line.get_label() for line in pref.get_lines()] == ["dpo preference accuracy"]
+    assert [line.get_label() for line in pref.get_lines()] == ["preference accuracy"]
     assert list(pref.get_lines()[0].get_ydata()) == [0.5 + 0.04 * s for s in range(8)]
     assert p.summary() == "LossPlot: dpo: 8 steps, last loss 0.41, preference accuracy 78.0%"
     assert p.static_png().startswith(b"\x89PNG")

@@ -174,13 +174,14 @@ def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
             for col, style, label in HELDOUT:
                 if col in df.columns and df[col].notna().any():
                     sel = df[col].notna()
+                    # one legend entry per line style: the runs' colours are in the loss legend above
                     acc_ax.plot(list(steps[sel]), df.loc[sel, col], style, color=colour, ms=4, lw=1.2,
-                                label=f"{run} {label}")
+                                label=label if i == 0 else None)
         if pref_ax is not None:
             if DPO_ACCURACY in df.columns and df[DPO_ACCURACY].notna().any():
                 sel = df[DPO_ACCURACY].notna()
                 pref_ax.plot(list(steps[sel]), df.loc[sel, DPO_ACCURACY], "-", color=colour, lw=1.4,
-                             label=f"{run} preference accuracy")
+                             label="preference accuracy" if i == 0 else None)
             if DPO_MARGIN in df.columns and df[DPO_MARGIN].notna().any():
                 if margin_ax is None:
                     margin_ax = pref_ax.twinx()
