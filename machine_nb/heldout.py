@@ -27,23 +27,25 @@ from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 from .train import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX
 
 
-def eval_schedule(start_step: int, total_steps: int, eval_every: int) -> list[int]:
-    """The steps at which the cookbook's supervised loop calls its evaluators, in order.
+def eval_schedule(start_step: int, total_steps: int, eval_every: int, *, last: bool = False) -> list[int]:
+    """The steps at which a cookbook training loop calls its evaluators, in order.
 
     `supervised.train.main` evaluates before submitting step s when s % eval_every == 0, for s
     from the step it starts (or resumes) at up to the last; so the eval at step s sees the
-    weights after s optimizer steps (step 0: the base model).
+    weights after s optimizer steps (step 0: the base model). `preference.train_dpo` also
+    evaluates before its last step (`last=True`).
 
     Args:
         start_step: the first step the loop runs (0, or where a resumed run continues).
         total_steps: steps of the whole run. eval_every: N (0: never).
+        last: also the last step, total_steps - 1 (default False: the supervised loop's rule).
 
     Returns:
         The steps, ascending.
     """
     if eval_every <= 0:
         return []
-    return [s for s in range(start_step, total_steps) if s % eval_every == 0]
+    return [s for s in range(start_step, total_steps) if s % eval_every == 0 or (last and s == total_steps - 1)]
 
 
 @dataclass(frozen=True)

@@ -354,12 +354,27 @@ def _parallel(runs: list, one: Any, max_parallel: int, stop: threading.Event, ro
     pool.shutdown(wait=True)
 
 
-def _guard_cost(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
-                settings: Mapping[str, Any], max_usd: float | None) -> None:
-    """Price every run still to run on Tinker (training plus held-out evals); refuse the sweep when
-    the sum is over `max_usd` or, with a budget, when a price is unknown. Nothing has run yet."""
+def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] = (0,), eval_data: Any = None,
+                   eval_every: int | None = None, model: str, **settings: Any) -> tuple[float, list[str]]:
+    """What a sweep's runs are estimated to cost on Tinker: training plus held-out evals, summed.
+
+    Args:
+        data, grid, seeds, eval_data, eval_every, model, **settings: as `sweep` takes them.
+
+    Returns:
+        (USD of the runs that can be priced, names of the runs that cannot).
+
+    Raises:
+        UnknownPrice: when the model has no training price.
+    """
+    pending = [(run_name(point, seed), point, seed, None) for point in grid_points(grid) for seed in seeds]
+    return _estimate_runs(data, eval_data, eval_every, model, pending, settings)
+
+
+def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
+                   settings: Mapping[str, Any]) -> tuple[float, list[str]]:
     from .evaluate import check_row, load_eval_rows
-    from .pricing import UnknownPrice, check_budget, price_for
+    from .pricing import UnknownPrice, price_for
     from .train import prepare_data, run_estimate
 
     if price_for(model).train is None:
@@ -385,6 +400,16 @@ def _guard_cost(data: Any, eval_data: Any, eval_every: int | None, model: str, p
             unknown.append(name)
         else:
             total += est["usd"]
+    return total, unknown
+
+
+def _guard_cost(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
+                settings: Mapping[str, Any], max_usd: float | None) -> None:
+    """Price every run still to run on Tinker (training plus held-out evals); refuse the sweep when
+    the sum is over `max_usd` or, with a budget, when a price is unknown. Nothing has run yet."""
+    from .pricing import check_budget
+
+    total, unknown = _estimate_runs(data, eval_data, eval_every, model, pending, settings)
     if unknown and max_usd is not None:
         check_budget(None, max_usd, f"the sweep ({len(unknown)} run(s) cannot be priced, e.g. {unknown[0]})")
     check_budget(total, max_usd, f"the sweep's {len(pending)} run(s) still to run")
@@ -564,5 +589,5 @@ def verdict(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95
     return " ".join(text)
 
 
-__all__ = ["sweep", "read_sweep", "sweep_summary", "verdict", "grid_points", "run_name", "AXES", "RUN_COLUMNS",
-           "SUMMARY_COLUMNS"]
+__all__ = ["sweep", "read_sweep", "sweep_summary", "verdict", "estimate_sweep", "grid_points", "run_name", "AXES",
+           "RUN_COLUMNS", "SUMMARY_COLUMNS"]

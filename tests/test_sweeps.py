@@ -184,3 +184,30 @@ def test_on_tinker_the_whole_sweep_is_priced_before_the_first_run(corpus, tmp_pa
         sweep(c.train, {"epochs": [1]}, model="thinkingmachines/Inkling-Small", sweep_dir=tmp_path / "t",
               progress=False)
     assert not (tmp_path / "t").exists()
+
+
+def test_cli_sweep_prints_the_summary_and_the_verdict_and_tinker_needs_yes(corpus, tmp_path, capsys, monkeypatch):
+    from machine_nb.cli import main
+
+    c, valid = corpus
+    args = ["sweep", str(c.train), "--grid", "learning_rate=1e-3,3e-3", "--seeds", "0", "--eval", str(valid),
+            "--eval-every", "3", "--set", "max_steps=3", "--set", "eval_max_tokens=8", "--sweep-dir", str(tmp_path / "s")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "learning_rate" in out and "Best by mean heldout_accuracy" in out and str(tmp_path / "s") in out
+    assert main([*args, "--json"]) == 0  # the same dir: read back
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["status"] for r in rows] == ["read back", "read back"] and rows[0]["steps"] == 3
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
+    code = main(["sweep", str(c.train), "--grid", "epochs=5,10", "--seeds", "0,1", "--eval", str(valid),
+                 "--model", "thinkingmachines/Inkling", "--sweep-dir", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert code == 2 and "4 runs, about $" in err and "--yes" in err and not (tmp_path / "t").exists()
+    assert main(["sweep", str(c.train), "--grid", "learning_rate"]) == 1
+    assert "SETTING=VALUES" in capsys.readouterr().err
+
+
+def test_cli_sweep_help_says_what_it_reads_writes_and_costs():
+    from test_cli import _help, _says_reads_writes_costs
+
+    _says_reads_writes_costs("sweep", _help("sweep"))

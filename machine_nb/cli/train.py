@@ -7,6 +7,7 @@ Tinker needs `--yes` before spending (the estimate is printed first) and TINKER_
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 _COMMON_DESC = (
@@ -56,6 +57,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(s)
     s.add_argument("--steps", type=int, default=2, help="steps to run (default 2)")
     s.set_defaults(func=_run_smoke)
+
+    w = sub.add_parser(
+        "sweep", help="one sft run per grid point and seed, resumable; prints a row per setting and the verdict",
+        description=(
+            "Run sft for every combination of --grid values and every --seeds value, each in its own log dir under "
+            "--sweep-dir, scoring --eval while training. Reads: DATA (chat JSONL) and --eval. Writes: SWEEP_DIR/sweep.json "
+            "and one log dir per run (as sft); the same --sweep-dir again reads finished runs back and runs only what "
+            "is missing. Cost: free on the local engine; on Tinker every run still to run is priced (training plus "
+            "held-out evals) first: without --yes the total is printed and nothing runs; over --max-usd it is refused."))
+    w.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
+    w.add_argument("--grid", action="append", required=True, metavar="SETTING=V1,V2",
+                   help="a setting and its values, e.g. learning_rate=1e-3,3e-3 (repeat for more axes)")
+    w.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
+    w.add_argument("--eval", dest="eval_data", default=None,
+                   help="held-out JSONL to choose on, scored while training (e.g. data/minimal_sft/valid.jsonl)")
+    w.add_argument("--eval-every", type=int, default=None, help="score --eval every N steps (default: once an epoch)")
+    w.add_argument("--set", action="append", default=[], metavar="SETTING=V",
+                   help="an sft setting fixed for every run, e.g. batch_size=8 (repeatable)")
+    w.add_argument("--sweep-dir", default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
+    w.add_argument("--model", default=None, help="base model (default: the engine's; local/arith-tiny locally)")
+    w.add_argument("--engine", choices=["local", "tinker"], default=None, help="where to train (default: the model's)")
+    w.add_argument("--max-parallel", type=int, default=1, help="runs at once (default 1)")
+    w.add_argument("--max-usd", type=float, default=None, help="budget for the whole sweep on Tinker")
+    w.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
+    w.add_argument("--json", action="store_true", help="print one JSON object per run instead of the summary")
+    w.set_defaults(func=_run_sweep)
 
 
 def _engine(args: argparse.Namespace) -> str:
@@ -138,3 +165,63 @@ def _run_smoke(args: argparse.Namespace) -> int:
                    workspace=args.workspace, seed=args.seed, max_usd=args.max_usd)
     _print(result, args.json)
     return 0
+
+
+def _value(text: str):
+    """A command-line value as sft takes it: an int, a float, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(items: list[str], flag: str, many: bool) -> dict:
+    out = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name or not values:
+            raise ValueError(f"{flag} {item!r}: write SETTING=VALUE{'S (comma-separated)' if many else ''}")
+        out[name] = [_value(v) for v in values.split(",")] if many else _value(values)
+    return out
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from ..sweeps import estimate_sweep, sweep, sweep_summary, verdict
+
+    grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    if _engine(args) == "tinker" and not args.yes:
+        if not args.model:
+            print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling-Small)", file=sys.stderr)
+            return 2
+        total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
+                                        eval_every=args.eval_every, model=args.model, **fixed)
+        from ..sweeps import grid_points
+
+        runs = len(seeds) * len(grid_points(grid))
+        extra = f"; {len(unknown)} cannot be priced" if unknown else ""
+        print(f"This sweep trains {args.model} on Tinker: {runs} runs, about ${total:.4f} with their held-out evals"
+              f"{extra}. Runs already finished in --sweep-dir are not charged again. Re-run with --yes to spend.",
+              file=sys.stderr)
+        return 2
+    frame = sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data, eval_every=args.eval_every,
+                  model=args.model, engine=args.engine, sweep_dir=args.sweep_dir, max_parallel=args.max_parallel,
+                  max_usd=args.max_usd, **fixed)
+    if args.json:
+        import json
+
+        for row in frame.to_dict("records"):
+            print(json.dumps(row, default=str))
+        return 0 if (frame["status"] != "failed").all() else 1
+    metric = "heldout_accuracy" if frame["heldout_accuracy"].notna().any() else "final_loss"
+    summary = sweep_summary(frame, metric)
+    print(summary.to_string(index=False))
+    print()
+    print(verdict(frame, metric, summary=summary))
+    failed = frame[frame["status"] == "failed"]
+    for row in failed.itertuples():
+        print(f"failed: {row.run}: {row.error}", file=sys.stderr)
+    print(f"sweep dir: {os.path.dirname(frame['log_dir'].iloc[0])}")
+    return 0 if failed.empty else 1
