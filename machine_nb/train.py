@@ -66,7 +66,7 @@ class TrainResult:
     tokens x its prefill and sample prices (0 on the local engine; None when a price is unknown).
     estimated_usd: what the same was estimated to cost before the run (None when not recorded);
     estimated_tokens: the training tokens that estimate priced (the renderer's count of each row,
-    one more than the loop trains: a datum's input drops its last token). eval_cost_usd: the
+    one token a row more than the loop trains: a datum's input drops its last token). eval_cost_usd: the
     held-out evals' part of cost_usd. model / engine: what was trained, where.
     complete: whether the run saved its "final" checkpoint (False after a Ctrl-C or a crash).
     state_path: the last resumable training state.
