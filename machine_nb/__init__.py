@@ -103,6 +103,13 @@ _API: dict[str, str] = {
     # runs at scale: records on demand, the run index
     "load_records": "frames",
     "run_index_path": "store.index",
+    # held-out accuracy while training, sweeps
+    "heldout_curve": "train",
+    "heldout_results": "train",
+    "sweep": "sweeps",
+    "read_sweep": "sweeps",
+    "sweep_summary": "sweeps",
+    "SweepView": "widgets.sweep_view",
 }
 
 __all__ = sorted(_API)

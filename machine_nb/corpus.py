@@ -1,5 +1,9 @@
 """The minimal-SFT arithmetic corpus: bare questions whose target is exactly `answer: <integer>`.
 
+Three disjoint splits: `train` (what SFT trains on), `valid` (what a step, an epoch count or a
+learning rate is chosen on: `sft(eval_data=…)`, `sweep(eval_data=…)`) and `eval` (what the chosen
+checkpoint is reported on, once). Choosing on the set you report on would bias the report upward.
+
 The phrasings below are shared with the local engine's pretraining corpus
 (machine_nb/engines/local/build.py), so the shipped base model answers these very questions
 naturally ("47 + 15 = 62") before SFT teaches it the house style.
@@ -39,7 +43,7 @@ ANSWER_FORMAT = r"^answer: -?\d+$"  # the style, checked apart from correctness
 DEFAULT_OUT_DIR = "data/minimal_sft"  # git-ignored
 OPERANDS = range(10, 100)  # two-digit operands
 MAX_ROWS = len(OPERANDS) * (len(OPERANDS) + 1) // 2
-"""Train + eval rows one corpus can hold: 4,095 distinct unordered operand pairs ({47, 15} == {15, 47})."""
+"""Train + eval + valid rows one corpus can hold: 4,095 distinct unordered operand pairs ({47, 15} == {15, 47})."""
 
 # Off-distribution questions: a learned `answer: …` style that bleeds shows up here.
 PROBE_QUESTIONS: tuple[tuple[str, str], ...] = (
@@ -81,49 +85,65 @@ def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = fr
     return out
 
 
-def check_counts(n_train: int, n_eval: int) -> None:
-    """Refuse row counts the corpus cannot hold: each at least 1, together at most MAX_ROWS (4,095).
+def check_counts(n_train: int, n_eval: int, n_valid: int = 0) -> None:
+    """Refuse row counts the corpus cannot hold: train and eval at least 1, valid at least 0, all
+    together at most MAX_ROWS (4,095).
 
     Raises TypeError for a count that is not an integer, ValueError (saying the limit) otherwise.
     """
-    for name, n in (("n_train", n_train), ("n_eval", n_eval)):
+    for name, n, least in (("n_train", n_train, 1), ("n_eval", n_eval, 1), ("n_valid", n_valid, 0)):
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"{name} must be an integer, got {n!r}")
-        if n < 1:
-            raise ValueError(f"{name} must be at least 1, got {n}")
-    if n_train + n_eval > MAX_ROWS:
-        raise ValueError(f"{n_train:,} train + {n_eval:,} eval rows = {n_train + n_eval:,}, but the corpus holds at most "
+        if n < least:
+            raise ValueError(f"{name} must be at least {least}, got {n}")
+    total = n_train + n_eval + n_valid
+    if total > MAX_ROWS:
+        parts = f"{n_train:,} train + {n_eval:,} eval" + (f" + {n_valid:,} valid" if n_valid else "")
+        raise ValueError(f"{parts} rows = {total:,}, but the corpus holds at most "
                          f"{MAX_ROWS:,} rows in all: that many distinct two-digit operand pairs exist, and no pair "
-                         "is used twice (train and eval never share one)")
+                         "is used twice (no two splits share one)")
 
 
-def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24) -> dict[str, list[dict[str, Any]]]:
-    """The corpus as rows (no I/O): {"train": [...], "eval": [...], "probe": [...]}, same seed → same rows.
+def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24,
+                n_valid: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """The corpus as rows (no I/O): {"train", "eval", "probe", "valid"} lists, same seed → same rows.
 
-    n_train / n_eval: at least 1 each and at most MAX_ROWS (4,095) together (see check_counts).
+    n_train / n_eval: at least 1 each. n_valid: selection rows, default 0 here (make_corpus writes
+    24). At most MAX_ROWS (4,095) together (see check_counts). The valid rows are drawn after the
+    others, so train and eval are the same rows whatever n_valid is.
     """
-    check_counts(n_train, n_eval)
+    check_counts(n_train, n_eval, n_valid)
     rng = random.Random(seed)
     train_q = draw_questions(n_train, rng)
-    eval_q = draw_questions(n_eval, rng, exclude={frozenset((a, b)) for a, _, b, _ in train_q})
+    used = {frozenset((a, b)) for a, _, b, _ in train_q}
+    eval_q = draw_questions(n_eval, rng, exclude=used)
+    used |= {frozenset((a, b)) for a, _, b, _ in eval_q}
+    valid_q = draw_questions(n_valid, rng, exclude=used)
     train = [{"messages": [{"role": "user", "content": q},
                            {"role": "assistant", "content": f"answer: {answer(a, op, b)}"}]}
              for a, op, b, q in train_q]
-    evals = [{"messages": [{"role": "user", "content": q}], "expected": f"answer: {answer(a, op, b)}",
-              "match": "exact", "format": ANSWER_FORMAT} for a, op, b, q in eval_q]
+
+    def held_out(questions: list[tuple[int, str, int, str]]) -> list[dict[str, Any]]:
+        return [{"messages": [{"role": "user", "content": q}], "expected": f"answer: {answer(a, op, b)}",
+                 "match": "exact", "format": ANSWER_FORMAT} for a, op, b, q in questions]
+
     probe = [{"messages": [{"role": "user", "content": q}], "expected_natural": hint} for q, hint in PROBE_QUESTIONS]
-    return {"train": train, "eval": evals, "probe": probe}
+    return {"train": train, "eval": held_out(eval_q), "probe": probe, "valid": held_out(valid_q)}
 
 
 @dataclass
 class Corpus:
-    """What make_corpus wrote: the directory, the three files and the manifest's content."""
+    """What make_corpus wrote: the directory, its files and the manifest's content.
+
+    valid: the selection split (None when made with n_valid=0).
+    """
 
     out_dir: Path
     train: Path
     eval: Path
     probe: Path
     manifest: dict[str, Any] = field(default_factory=dict)
+    valid: Path | None = None
 
     def _repr_html_(self) -> str:
         files = "".join(f"<li><code>{html.escape(name)}</code>: {f['rows']} rows, sha256 {f['sha256'][:12]}…</li>"
@@ -137,25 +157,34 @@ def _body(rows: list[dict[str, Any]]) -> str:
 
 
 def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, force: bool = False, *,
-                n_train: int = 48, n_eval: int = 24) -> Corpus:
-    """Write the minimal-SFT corpus: train.jsonl, eval.jsonl, probe.jsonl and manifest.json in `out_dir`.
+                n_train: int = 48, n_eval: int = 24, n_valid: int = 24) -> Corpus:
+    """Write the minimal-SFT corpus: train.jsonl, eval.jsonl, probe.jsonl, valid.jsonl and manifest.json.
 
-    out_dir: default "data/minimal_sft" (git-ignored). seed: the draw (default 0); the same seed
-    writes byte-identical files. force: replace an existing eval.jsonl whose content differs
-    (default False: a held-out set is never silently replaced; nothing is written then).
-    n_train / n_eval: rows (default 48 / 24, the documented run's); each at least 1 and together at
-    most MAX_ROWS (4,095), else ValueError before anything is written. Eval operand pairs are
-    disjoint from train pairs; eval rows carry expected, match "exact" and the answer format regex.
+    Args:
+        out_dir: default "data/minimal_sft" (git-ignored).
+        seed: the draw (default 0); the same seed writes byte-identical files, and train, eval
+            and probe are the same bytes as before the valid split existed.
+        force: replace an existing eval.jsonl or valid.jsonl whose content differs (default
+            False: a held-out set is never silently replaced; nothing is written then).
+        n_train / n_eval: rows (default 48 / 24, the documented run's), each at least 1.
+        n_valid: selection rows (default 24; 0 writes no valid.jsonl).
+            All three together at most MAX_ROWS (4,095), else ValueError before anything is written.
+
+    Returns:
+        The Corpus. Operand pairs never repeat across train, eval and valid; eval and valid rows
+        carry expected, match "exact" and the answer format regex. Choose steps and settings on
+        valid.jsonl; report the chosen checkpoint on eval.jsonl.
     """
     out = Path(out_dir)
-    rows = corpus_rows(seed, n_train, n_eval)
+    rows = corpus_rows(seed, n_train, n_eval, n_valid)
+    if not n_valid:
+        del rows["valid"]
     bodies = {f"{name}.jsonl": _body(r) for name, r in rows.items()}
-    eval_path = out / "eval.jsonl"
-    if eval_path.exists() and not force:
-        current = eval_path.read_bytes()
-        if current != bodies["eval.jsonl"].encode("utf-8"):
+    for held in ("eval.jsonl", "valid.jsonl"):
+        path = out / held
+        if held in bodies and path.exists() and not force and path.read_bytes() != bodies[held].encode("utf-8"):
             raise FileExistsError(
-                f"{eval_path} exists with different held-out rows (seed {seed} draws others); refusing to replace a "
+                f"{path} exists with different held-out rows (seed {seed} draws others); refusing to replace a "
                 "held-out set. Use another out_dir, or pass force=True (CLI: --force) to overwrite it.")
     manifest = {
         "generator": "machine_nb.corpus.make_corpus",
@@ -170,4 +199,5 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
     for name, body in bodies.items():
         atomic_write_text(out / name, body, mode=0o644)
     atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", mode=0o644)
-    return Corpus(out, out / "train.jsonl", eval_path, out / "probe.jsonl", manifest)
+    return Corpus(out, out / "train.jsonl", out / "eval.jsonl", out / "probe.jsonl", manifest,
+                  out / "valid.jsonl" if n_valid else None)

@@ -4,7 +4,9 @@
 the service and the price: pricing.py decides what a run may cost), then runs the cookbook's loop
 unchanged in a child process (runner.py) against the engine's URL, with a progress bar fed from
 `metrics.jsonl`. Both engines are the real tinker SDK; only the base URL, key and model differ.
-Reading a finished (or interrupted) log dir back is `read_training_log` / `training_metrics`.
+With `eval_data`, the loop also calls the held-out evaluator (heldout.py) every `eval_every`
+steps. Reading a finished (or interrupted) log dir back is `read_training_log` /
+`training_metrics`, and its held-out scores `heldout_curve` / `heldout_results`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ LOCAL_FULL_LEARNING_RATE = 5e-4
 TINKER_LORA_RANK = 32
 TINKER_LEARNING_RATE = 1e-4
 
+#: The loss a step logs: supervised runs `train_mean_nll`, the cookbook's DPO `dpo_loss`.
+SFT_LOSS = "train_mean_nll"
+DPO_LOSS = "dpo_loss"
+LOSS_METRICS = (SFT_LOSS, DPO_LOSS)
+#: Held-out scores in metrics.jsonl (the cookbook's `test/` prefix for evaluator metrics).
+HELDOUT_PREFIX = "test/"
+HELDOUT_ACCURACY = "test/accuracy"
+HELDOUT_FORMAT_RATE = "test/format_rate"
+#: In a log dir: one line per eval step with its per-row results, and the eval rows it scored.
+HELDOUT_FILE = "heldout.jsonl"
+HELDOUT_DATA = "heldout_data.jsonl"
+
 
 # ---------------------------------------------------------------------------------------------
 # results
@@ -44,13 +58,23 @@ TINKER_LEARNING_RATE = 1e-4
 class TrainResult:
     """What a training run produced, read from its log dir (see `read_training_log`).
 
-    checkpoint: the last sampler checkpoint (`local://…/sampler_weights/final` or `tinker://…`),
-    None if the run saved none. steps: optimizer steps logged. tokens: tokens processed over all
-    steps (what Tinker bills). first_loss / last_loss: `train_mean_nll` of the first and last
-    step. log_dir: the run's directory. cost_usd: 0 on the local engine; tokens x the model's
-    train price on Tinker (None when no price is known). model / engine: what was trained, where.
+    checkpoint: the last sampler checkpoint (`tinker://…`), None if the run saved none. steps:
+    optimizer steps logged. tokens: tokens processed over all steps (what Tinker bills).
+    first_loss / last_loss: the loss of the first and last step (`loss_metric`: `train_mean_nll`
+    for SFT, `dpo_loss` for DPO). log_dir: the run's directory. cost_usd: the observed cost:
+    tokens actually trained x the model's train price, plus the held-out evals' prompt and output
+    tokens x its prefill and sample prices (0 on the local engine; None when a price is unknown).
+    estimated_usd: what the same was estimated to cost before the run (None when not recorded);
+    estimated_tokens: the training tokens that estimate priced (the renderer's count of each row,
+    one token a row more than the loop trains: a datum's input drops its last token). eval_cost_usd: the
+    held-out evals' part of cost_usd. model / engine: what was trained, where.
     complete: whether the run saved its "final" checkpoint (False after a Ctrl-C or a crash).
     state_path: the last resumable training state.
+
+    With held-out evals (`sft(eval_data=…)`): heldout_accuracy / heldout_format_rate: the final
+    checkpoint's scores; best_step / best_accuracy: the eval step with the highest accuracy (the
+    earliest such; step s = the weights after s optimizer steps, 0 = the base model); evals: how
+    many eval steps were logged. Choose on a validation set, report on another (see README).
     """
 
     checkpoint: str | None
@@ -64,6 +88,15 @@ class TrainResult:
     engine: str | None = None
     complete: bool = False
     state_path: str | None = None
+    loss_metric: str | None = None
+    estimated_usd: float | None = None
+    estimated_tokens: int | None = None
+    eval_cost_usd: float | None = None
+    heldout_accuracy: float | None = None
+    heldout_format_rate: float | None = None
+    best_step: int | None = None
+    best_accuracy: float | None = None
+    evals: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,12 +107,22 @@ class TrainResult:
         def f(v: float | None) -> str:
             return "–" if v is None else f"{v:.4f}"
 
-        cost = "–" if self.cost_usd is None else f"${self.cost_usd:.4f}"
+        def usd(v: float | None) -> str:
+            return "unknown" if v is None else f"${v:.4f}"
+
+        cost = f"{usd(self.cost_usd)} observed" + ("" if self.estimated_usd is None
+                                                    else f" (estimated {usd(self.estimated_usd)})")
         state = "complete" if self.complete else "<b>incomplete</b> (no final checkpoint)"
         log_dir = _shown_path(self.log_dir)
+        held = ""
+        if self.evals:
+            fmt = "" if self.heldout_format_rate is None else f", format {self.heldout_format_rate:.1%}"
+            best = "" if self.best_step is None else f" · best {self.best_accuracy:.1%} at step {self.best_step}"
+            final = "–" if self.heldout_accuracy is None else f"{self.heldout_accuracy:.1%}"
+            held = f"<br>held-out accuracy {final}{fmt} (final){best} · {self.evals} evals"
         return (f"<div class='machine-nb-train'><b>{html.escape(str(self.model))}</b> on {html.escape(str(self.engine))}: "
                 f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
-                f"{cost} · {state}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
+                f"{cost} · {state}{held}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
                 f"<small>{html.escape(log_dir)}</small></div>")
 
 
@@ -107,18 +150,16 @@ def _read_log_lines(path: Path) -> list[dict]:
 
 
 def _engine_of_log(log_dir: Path, checkpoints: list[dict]) -> str | None:
+    """The engine a run was started on (its machine_nb.json), else the one its checkpoints name."""
     from .engines import engine_for
 
+    engine = _read_marker(log_dir).get("engine")
+    if isinstance(engine, str):
+        return engine
     for row in checkpoints:
         for key in ("sampler_path", "state_path"):
             if isinstance(row.get(key), str):
                 return engine_for(row[key])
-    marker = log_dir / MARKER
-    if marker.exists():
-        try:
-            return parse_json(marker.read_bytes(), marker).get("engine")
-        except (OSError, ValueError, AttributeError):
-            return None
     return None
 
 
@@ -136,18 +177,33 @@ def _model_of_log(log_dir: Path) -> str | None:
     return None
 
 
-def _cost(model: str | None, engine: str | None, tokens: int) -> float | None:
-    if engine == "local":
-        return 0.0
+def _price(model: str | None) -> Any:
     if model is None:
         return None
     try:
         from .pricing import price_for
 
-        price = price_for(model)
+        return price_for(model)
     except Exception:  # unknown price: the cost cannot be stated
         return None
-    return None if price.train is None else tokens * price.train / 1e6
+
+
+def _cost(model: str | None, engine: str | None, tokens: int) -> float | None:
+    """Observed training cost: tokens trained x the train price (0 locally, None when unknown)."""
+    if engine == "local":
+        return 0.0
+    price = _price(model)
+    return None if price is None or price.train is None else tokens * price.train / 1e6
+
+
+def _eval_cost(model: str | None, engine: str | None, prompt_tokens: int, output_tokens: int) -> float | None:
+    """Observed sampling cost: prompt tokens x prefill price + output tokens x sample price."""
+    if engine == "local":
+        return 0.0
+    price = _price(model)
+    if price is None or price.prefill is None or price.sample is None:
+        return None
+    return (prompt_tokens * price.prefill + output_tokens * price.sample) / 1e6
 
 
 def _unique_steps(rows: list[dict]) -> list[dict]:
@@ -158,32 +214,169 @@ def _unique_steps(rows: list[dict]) -> list[dict]:
     return sorted(by_step.values(), key=lambda m: (m.get("step") is None, m.get("step") or 0))
 
 
+def loss_metric(rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """The loss a run logs: `train_mean_nll` (SFT) if any row has it, else `dpo_loss` (DPO), else None."""
+    rows = list(rows)
+    for key in LOSS_METRICS:
+        if any(isinstance(m.get(key), (int, float)) for m in rows):
+            return key
+    return None
+
+
+def _read_marker(path: Path) -> dict:
+    try:
+        data = parse_json((path / MARKER).read_bytes(), path / MARKER)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
-    """The checkpoint, steps, tokens and losses of a tinker-cookbook log dir (finished or not).
+    """The checkpoint, steps, tokens, losses, held-out scores and costs of a tinker-cookbook log dir
+    (finished or not).
 
     Reads `checkpoints.jsonl` (the last row with a `sampler_path` is the checkpoint; a "final" row
-    means complete) and `metrics.jsonl` (rows with `train_mean_nll` are steps). A dir interrupted by
-    Ctrl-C reads back with `complete=False`. Raises FileNotFoundError when `log_dir` does not exist.
+    means complete), `metrics.jsonl` (rows with `train_mean_nll`, or `dpo_loss` for a DPO run,
+    are steps; its held-out rows give the best step) and, when present, `heldout.jsonl` (the
+    held-out evals' tokens, for their cost) and the run's machine_nb.json (the estimate made
+    before it). A dir interrupted by Ctrl-C reads back with `complete=False`.
+
+    Args:
+        log_dir: the run's log dir.
+
+    Returns:
+        The TrainResult.
+
+    Raises:
+        FileNotFoundError: when `log_dir` does not exist.
     """
     path = Path(log_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"No training log dir at {path}")
     checkpoints = _read_log_lines(path / "checkpoints.jsonl")
-    metrics = _unique_steps([m for m in _read_log_lines(path / "metrics.jsonl")
-                             if isinstance(m.get("train_mean_nll"), (int, float))])
+    all_rows = _unique_steps(_read_log_lines(path / "metrics.jsonl"))
+    loss_key = loss_metric(all_rows)
+    metrics = [m for m in all_rows if loss_key and isinstance(m.get(loss_key), (int, float))]
     sampler = [c for c in checkpoints if isinstance(c.get("sampler_path"), str)]
     states = [c for c in checkpoints if isinstance(c.get("state_path"), str)]
     tokens = int(sum(m.get("num_tokens", 0) or 0 for m in metrics))
     model = _model_of_log(path)
     engine = _engine_of_log(path, checkpoints)
+    marker = _read_marker(path)
+    cost = _cost(model, engine, tokens)
+    evals = [m for m in all_rows if isinstance(m.get(HELDOUT_ACCURACY), (int, float))]
+    eval_cost, last_eval = None, None
+    if (path / HELDOUT_FILE).exists():
+        steps = _heldout_steps(path)
+        eval_cost = _eval_cost(model, engine, sum(int(s.get("prompt_tokens") or 0) for s in steps),
+                               sum(int(s.get("output_tokens") or 0) for s in steps))
+        cost = None if cost is None or eval_cost is None else cost + eval_cost
+        finals = [s for s in steps if s.get("final")]
+        last_eval = finals[-1] if finals else None
+    best = max(evals, key=lambda m: m[HELDOUT_ACCURACY]) if evals else None  # max keeps the earliest tie
+    estimate = marker.get("estimate") if isinstance(marker.get("estimate"), dict) else {}
     return TrainResult(
         checkpoint=sampler[-1]["sampler_path"] if sampler else None,
         steps=len(metrics), tokens=tokens,
-        first_loss=float(metrics[0]["train_mean_nll"]) if metrics else None,
-        last_loss=float(metrics[-1]["train_mean_nll"]) if metrics else None,
-        log_dir=str(path), cost_usd=_cost(model, engine, tokens), model=model, engine=engine,
+        first_loss=float(metrics[0][loss_key]) if metrics else None,
+        last_loss=float(metrics[-1][loss_key]) if metrics else None,
+        log_dir=str(path), cost_usd=cost, model=model, engine=engine,
         complete=any(c.get("name") == "final" for c in checkpoints),
-        state_path=states[-1]["state_path"] if states else None)
+        state_path=states[-1]["state_path"] if states else None, loss_metric=loss_key,
+        estimated_usd=estimate.get("usd"), estimated_tokens=estimate.get("tokens"), eval_cost_usd=eval_cost,
+        heldout_accuracy=None if last_eval is None else last_eval.get("accuracy"),
+        heldout_format_rate=None if last_eval is None else last_eval.get("format_rate"),
+        best_step=None if best is None else int(best["step"]),
+        best_accuracy=None if best is None else float(best[HELDOUT_ACCURACY]),
+        evals=len(evals))
+
+
+def _heldout_steps(log_dir: Path) -> list[dict]:
+    """The lines of heldout.jsonl, one per eval step (the last written when a resumed run repeated one)."""
+    rows = [r for r in _read_log_lines(log_dir / HELDOUT_FILE) if isinstance(r.get("rows"), list)]
+    return _unique_steps(rows)
+
+
+#: Columns of `heldout_curve`, in order.
+CURVE_COLUMNS = ["step", "accuracy", "ci_low", "ci_high", "format_rate", "correct", "n", "final",
+                 "max_tokens", "temperature", "prompt_tokens", "output_tokens", "errors"]
+
+
+def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95):
+    """Held-out accuracy per eval step of a run trained with `sft(eval_data=…)`, as a DataFrame.
+
+    Args:
+        log_dir: the run's log dir (reads its heldout.jsonl; a partial last line is skipped).
+        level: the confidence level of the interval. Default 0.95.
+
+    Returns:
+        One row per eval step, CURVE_COLUMNS: step (the weights after that many optimizer steps;
+        0 = the base model), accuracy, ci_low / ci_high (Wilson score interval over the rows),
+        format_rate (None without format regexes), correct, n, final (the run's final
+        checkpoint), max_tokens / temperature (the sampling the scores were taken with),
+        prompt_tokens / output_tokens, errors (rows whose request failed). Empty when the run had
+        no held-out evals.
+    """
+    import pandas as pd
+
+    from .stats import proportion_interval
+
+    out = []
+    for s in _heldout_steps(Path(log_dir)):
+        n, k = int(s.get("n") or 0), int(s.get("correct") or 0)
+        low, high = (round(x, 12) for x in proportion_interval(k, n, level=level)) if n else (None, None)
+        params = s.get("parameters") or {}
+        out.append({"step": s.get("step"), "accuracy": s.get("accuracy"), "ci_low": low, "ci_high": high,
+                    "format_rate": s.get("format_rate"), "correct": k, "n": n, "final": bool(s.get("final")),
+                    "max_tokens": params.get("max_tokens"), "temperature": params.get("temperature"),
+                    "prompt_tokens": s.get("prompt_tokens"), "output_tokens": s.get("output_tokens"),
+                    "errors": s.get("errors", 0)})
+    return pd.DataFrame(out, columns=CURVE_COLUMNS)
+
+
+def heldout_results(log_dir: str | os.PathLike, step: int | str | None = None):
+    """The per-row held-out results of a run's evals, as a DataFrame.
+
+    Args:
+        log_dir: the run's log dir.
+        step: default None = every eval step (a `step` column first); an int = that step's rows
+            alone, in evaluate()'s result shape, so `mnb.compare(heldout_results(d, 0),
+            heldout_results(d, "final"))` pairs the base model with the checkpoint row by row;
+            "final" / "best" = the final checkpoint's / the best step's.
+
+    Returns:
+        evaluate()'s RESULT_COLUMNS (with `step` first when step is None); for one step,
+        `attrs["summary"]` holds its name, accuracy, format rate and sampling parameters.
+
+    Raises:
+        KeyError: when the run logged no eval at that step (the message lists the steps it has).
+    """
+    import pandas as pd
+
+    from .evaluate import RESULT_COLUMNS
+
+    path = Path(log_dir)
+    steps = _heldout_steps(path)
+    if step is None:
+        rows = [{"step": s.get("step"), **r} for s in steps for r in s["rows"]]
+        return pd.DataFrame(rows, columns=["step", *RESULT_COLUMNS])
+    if step == "final":
+        chosen = [s for s in steps if s.get("final")]
+    elif step == "best":
+        best = read_training_log(path).best_step
+        chosen = [s for s in steps if best is not None and s.get("step") == best]
+    else:
+        chosen = [s for s in steps if s.get("step") == step]
+    if not chosen:
+        have = ", ".join(str(s.get("step")) for s in steps) or "none"
+        raise KeyError(f"{path} logged no held-out eval at step {step!r} (steps: {have})")
+    s = chosen[-1]
+    df = pd.DataFrame(s["rows"], columns=RESULT_COLUMNS)
+    label = f"{path.name} step {s.get('step')}" + (" (final)" if s.get("final") else "")
+    df.attrs["summary"] = {"name": label, "step": s.get("step"), "accuracy": s.get("accuracy"),
+                           "format_rate": s.get("format_rate"), "n": s.get("n"),
+                           "parameters": s.get("parameters"), "data": s.get("data")}
+    return df
 
 
 #: Columns `training_metrics` always has, first, in this order (then any others the log has).
@@ -394,7 +587,8 @@ class _Runner:
     after an error or an interrupt, and ended with this process (it exits when its stdin closes).
     """
 
-    _idle: "_Runner | None" = None
+    _idle: "list[_Runner]" = []
+    _keep = 1  # idle processes kept for the next run (keep_runners raises it while runs go in parallel)
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -420,18 +614,28 @@ class _Runner:
 
     @classmethod
     def take(cls) -> "_Runner":
-        with cls._lock:
-            runner, cls._idle = cls._idle, None
-        if runner is not None and runner.proc.poll() is None:
-            return runner
-        return cls()
+        while True:
+            with cls._lock:
+                runner = cls._idle.pop() if cls._idle else None
+            if runner is None:
+                return cls()
+            if runner.proc.poll() is None:
+                return runner
 
     def give_back(self) -> None:
         with type(self)._lock:
-            if type(self)._idle is None and self.proc.poll() is None:
-                type(self)._idle = self
+            if len(type(self)._idle) < type(self)._keep and self.proc.poll() is None:
+                type(self)._idle.append(self)
                 return
         self.close()
+
+    @classmethod
+    def trim(cls) -> None:
+        """Close idle processes beyond the number kept."""
+        with cls._lock:
+            extra, cls._idle = cls._idle[cls._keep:], cls._idle[:cls._keep]
+        for runner in extra:
+            runner.close()
 
     def send(self, spec: dict) -> int:
         """Start a run; returns the index of the first event that belongs to it."""
@@ -469,6 +673,20 @@ class _Runner:
             self.proc.stdin.close()  # type: ignore[union-attr]
         with contextlib.suppress(Exception):
             self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def keep_runners(n: int) -> Iterator[None]:
+    """While the block runs, keep up to `n` training processes for the next runs (one each for
+    runs going in parallel: a fresh one takes seconds to import the cookbook); one afterwards."""
+    with _Runner._lock:
+        before, _Runner._keep = _Runner._keep, max(_Runner._keep, int(n))
+    try:
+        yield
+    finally:
+        with _Runner._lock:
+            _Runner._keep = before
+        _Runner.trim()
 
 
 def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Any = None, poll_s: float = 0.2,
@@ -586,8 +804,30 @@ def exact_resume_point(log_dir: str, config: Any) -> dict | None:
     return record
 
 
+def _with_heldout(spec: dict, config: Any) -> tuple[Any, Any, int]:
+    """The Config with the held-out evaluator in its `evaluator_builders` (when the spec asks for
+    one), the builder, and the run's total steps."""
+    import chz
+    from tinker_cookbook import checkpoint_utils
+
+    from .heldout import HeldOutEvalBuilder, eval_schedule
+
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    last = checkpoint_utils.get_last_checkpoint(spec["log_dir"])
+    start = 0 if last is None or last.batch is None else (last.epoch or 0) * n_batches + last.batch
+    every = int(spec["heldout"]["every"])
+    builder = HeldOutEvalBuilder.from_spec(spec, eval_schedule(start, total, every))
+    return chz.replace(config, evaluator_builders=[builder], eval_every=every), builder, total
+
+
 def child_run(spec: dict) -> None:
-    """The sft half that runs in the child (runner.py): the cookbook's loop, unchanged."""
+    """The sft half that runs in the child (runner.py): the cookbook's loop, unchanged; with
+    held-out evals, its evaluator in the loop's `evaluator_builders`, then the final checkpoint
+    scored the same way (the loop evaluates before a step, so never the weights after the last)."""
     import asyncio
 
     from tinker_cookbook.supervised import train as cookbook_train
@@ -595,7 +835,14 @@ def child_run(spec: dict) -> None:
     config = _sft_config(spec)
     if spec.get("resume"):
         exact_resume_point(spec["log_dir"], config)
+    builder = None
+    if spec.get("heldout"):
+        config, builder, total = _with_heldout(spec, config)
     asyncio.run(cookbook_train.main(config))
+    if builder is not None:
+        from .heldout import evaluate_final
+
+        evaluate_final(builder, spec["base_url"], total)
 
 
 def _default_lr(engine: str, model: str, lora_rank: int) -> float:
@@ -609,6 +856,73 @@ def _default_lr(engine: str, model: str, lora_rank: int) -> float:
         return TINKER_LEARNING_RATE
 
 
+def _heldout_settings(eval_data: Any, model: str, eval_every: int | None, per_epoch: int, max_tokens: int,
+                      temperature: float, steps_total: int) -> dict:
+    """The held-out eval of a run, checked before anything is written: its rows (every one
+    checked as evaluate() checks it, and rendered by the model's renderer), how often, how sampled."""
+    from .evaluate import _render_prompts, _renderer_for, _sha256, check_row, load_eval_rows
+
+    if isinstance(eval_data, (str, os.PathLike)):
+        source = os.fspath(eval_data)
+        rows = load_eval_rows(source)
+    else:
+        source = None
+        if hasattr(eval_data, "to_dict") and hasattr(eval_data, "columns"):
+            eval_data = eval_data.to_dict("records")
+        rows = [check_row(r, line=i + 1) for i, r in enumerate(eval_data)]
+        if not rows:
+            raise MachineFormatError(None, "eval_data holds no eval rows")
+    every = per_epoch if eval_every is None else eval_every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"eval_every must be a whole number of steps, at least 1 (got {eval_every!r})")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"eval_max_tokens must be at least 1, got {max_tokens!r}")
+    renderer, name = _renderer_for(model, None)
+    _render_prompts(renderer, rows, source)  # a row the renderer cannot format fails now, not mid-run
+    return {"rows": [{k: v for k, v in r.items() if k != "line"} for r in rows], "source": source,
+            "source_sha256": _sha256(source) if source else None, "n": len(rows), "every": every,
+            "evals": -(-steps_total // every) + 1,  # steps 0, N, 2N, … before the last, and the final checkpoint
+            "max_tokens": int(max_tokens), "temperature": float(temperature), "seed": 0, "renderer": name}
+
+
+def run_estimate(rows: Any, model: str, engine: str, *, epochs: int, batch_size: int, max_steps: int | None,
+                 eval_rows: Any = None, evals: int = 0, eval_max_tokens: int = 32) -> dict:
+    """What a training run is estimated to cost before it starts: training plus its held-out evals.
+
+    Args:
+        rows: the training rows as sft trains them. model / engine: what and where.
+        epochs / batch_size / max_steps: as sft takes them.
+        eval_rows: the held-out rows (default None: no evals). evals: how many times they are
+            scored (eval steps plus the final checkpoint). eval_max_tokens: output tokens a reply.
+
+    Returns:
+        {"usd" (None when a price is unknown), "train_usd", "eval_usd", "tokens" (tokens the
+        training is priced on), "evals", "exact", "price_source", "price_date"}: 0 on the local engine.
+    """
+    from .pricing import UnknownPrice, estimate_cost, estimate_eval_cost
+
+    try:
+        train = estimate_cost(rows, model, epochs=epochs, batch_size=batch_size, max_steps=max_steps)
+    except UnknownPrice:
+        return {"usd": None, "train_usd": None, "eval_usd": None, "tokens": None, "evals": evals, "exact": None,
+                "price_source": None, "price_date": None}
+    full = (train.rows // batch_size) * epochs
+    tokens = round(train.tokens * epochs * (train.steps / full if full else 1.0))
+    eval_usd = 0.0
+    if eval_rows is not None and evals:
+        try:
+            eval_usd = estimate_eval_cost(eval_rows, model, max_tokens=eval_max_tokens).usd * evals
+        except UnknownPrice:
+            eval_usd = None
+    if engine == "local":
+        train_usd, eval_usd = 0.0, 0.0
+    else:
+        train_usd = train.usd
+    usd = None if eval_usd is None else train_usd + eval_usd
+    return {"usd": usd, "train_usd": train_usd, "eval_usd": eval_usd, "tokens": tokens, "evals": evals,
+            "exact": train.exact, "price_source": train.price.source, "price_date": train.price.date}
+
+
 #: Settings a resumed run takes from the run it continues (so the resumed run is the same run).
 _RESUMED = ("epochs", "batch_size", "max_steps", "learning_rate", "lora_rank", "seed", "max_length",
             "lr_schedule", "save_every", "submit_ahead", "model", "engine")
@@ -620,11 +934,17 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         workspace: str | os.PathLike | None = None, name: str | None = None,
         resume: str | os.PathLike | None = None, seed: int = 0, max_length: int | None = None,
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
-        base_url: str | None = None, progress: bool = True, on_metrics: Any = None) -> TrainResult:
+        base_url: str | None = None, progress: bool = True, on_metrics: Any = None,
+        eval_data: Any = None, eval_every: int | None = None, eval_max_tokens: int = 32,
+        eval_temperature: float = 0.0) -> TrainResult:
     """Supervised fine-tuning with tinker-cookbook's `supervised.train.main`, on `engine`.
 
     The cookbook's loop runs unchanged in a child process and reaches the engine through the real
     tinker SDK: the local engine's server (started in this process) or Tinker at `base_url`.
+    With `eval_data`, the loop itself calls the held-out evaluator (heldout.py, the cookbook's
+    `SamplingClientEvaluator` interface) every `eval_every` steps, and the final checkpoint is
+    scored the same way: `metrics.jsonl` gains `test/accuracy` and `test/format_rate` per eval
+    step, `heldout.jsonl` keeps the per-row results, and the result says which step was best.
 
     Args:
         data: chat JSONL path (or a list of export lines / a DataFrame of them); a checked copy is
@@ -649,12 +969,22 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             losses and outputs (LoRA adapters start from the engine's fixed seed).
         max_length: tokens per example (default None = the local model's context, 128; no limit on Tinker).
         save_every: checkpoint every N steps (default 20, the cookbook's), so a Ctrl-C loses little.
-        max_usd: Tinker budget; refused before spending when the estimate is over it or the price is
-            unknown (default None: no budget, but an unknown price is still refused). Local runs cost 0.
+        max_usd: Tinker budget; refused before spending when the estimate (training plus the
+            held-out evals at `eval_max_tokens` a reply) is over it or a price is unknown (default
+            None: no budget, but an unknown training price is still refused). Local runs cost 0.
         base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
-        progress: show a progress bar (steps, loss).
+        progress: show a progress bar (steps, loss, last held-out accuracy).
         on_metrics: default None; a function called in the caller's thread with each list of new
             `metrics.jsonl` rows while the run writes them (e.g. to refresh a LossPlot live).
+        eval_data: held-out eval rows to score while training (a JSONL path or a list of row dicts,
+            evaluate()'s shape); every row is checked before anything is written, and a copy goes
+            to `<log dir>/heldout_data.jsonl`. Default None: no held-out evals. Choose steps and
+            settings on a validation set (the corpus's valid.jsonl) and report the chosen
+            checkpoint once on another (eval.jsonl): the set you choose on flatters the choice.
+        eval_every: score every N steps (the eval at step s sees the weights after s steps; step
+            0 is the base model). Default None = once an epoch (rows // batch_size steps).
+        eval_max_tokens / eval_temperature: the evals' sampling, as evaluate() takes it (default
+            32 tokens, greedy); recorded with every score, since scores move with them.
     Returns:
         The TrainResult read back from the log dir. A Ctrl-C stops the run and re-raises
         KeyboardInterrupt; the log dir then reads back with `read_training_log` (complete=False)
@@ -672,6 +1002,11 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         max_length, lr_schedule = saved.get("max_length"), saved.get("lr_schedule", lr_schedule)
         save_every, submit_ahead = saved.get("save_every", save_every), saved.get("submit_ahead", submit_ahead)
         model, engine = saved["model"], saved["engine"]
+        held = saved.get("heldout")
+        eval_data = path / HELDOUT_DATA if held else None
+        if held:
+            eval_every, eval_max_tokens = held["every"], held["max_tokens"]
+            eval_temperature = held["temperature"]
     if engine is None:
         engine = engines.engine_for(model) if model else "local"
     if engine not in engines.ENGINES:
@@ -705,6 +1040,13 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     steps_total = (len(rows) // batch_size) * epochs
     if max_steps is not None:
         steps_total = min(steps_total, max_steps)
+    heldout = held_rows = None
+    if eval_data is not None:
+        heldout = _heldout_settings(eval_data, model, eval_every, len(rows) // batch_size, eval_max_tokens,
+                                    eval_temperature, steps_total)
+        held_rows = heldout.pop("rows")
+        if resume is not None and saved.get("heldout"):  # the file the run was started with, not its copy
+            heldout.update(source=saved["heldout"].get("source"), source_sha256=saved["heldout"].get("source_sha256"))
 
     renderer = render.renderer_name(model)
     if local_model and max_length is None:
@@ -715,14 +1057,20 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     # tokens): a row validate rejects is refused here too, on both engines, before anything is written
     from .validate import preflight
 
-    preflight(rows, model, max_length if max_length is not None else "auto", train_on_what=train_on)
+    overlap = heldout["source"] if heldout and heldout["source"] and Path(heldout["source"]).is_file() else None
+    preflight(rows, model, max_length if max_length is not None else "auto", train_on_what=train_on,
+              eval_path=overlap)
 
+    # refuse before spending (and before writing anything): over budget, no key, not Tinker
+    estimate = run_estimate(rows, model, engine, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
+                            eval_rows=held_rows, evals=heldout["evals"] if heldout else 0,
+                            eval_max_tokens=eval_max_tokens)
     if engine == "tinker":
         from .engines.tinker import check_tinker
-        from .pricing import estimate_cost
+        from .pricing import check_budget
 
-        # refuse before spending (and before writing anything): over budget, no key, not Tinker
-        estimate_cost(rows, model, epochs=epochs, batch_size=batch_size, max_usd=max_usd, max_steps=max_steps)
+        check_budget(estimate["usd"], max_usd, f"training {model} for {epochs} epoch(s)"
+                     + (f" with {estimate['evals']} held-out evals" if heldout else ""))
         url = check_tinker(base_url, models=(model,))
     else:
         url = engines.local_base_url()
@@ -731,13 +1079,16 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         path = Path(log_dir).absolute() if log_dir is not None else new_log_dir(workspace=workspace, name=name)
         _claim_log_dir(path, resume=False)
         write_jsonl(rows, path / "train.jsonl")
+        if held_rows is not None:
+            write_jsonl(held_rows, path / HELDOUT_DATA)
         if learning_rate is None:
             learning_rate = _default_lr(engine, model, lora_rank)
         marker = {"engine": engine, "model": model, "renderer": renderer, "train_on_what": train_on,
                   "rows": len(rows), "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps,
                   "learning_rate": learning_rate, "lora_rank": lora_rank, "seed": seed, "max_length": max_length,
                   "lr_schedule": lr_schedule, "save_every": save_every, "submit_ahead": submit_ahead,
-                  "source": str(data) if isinstance(data, (str, os.PathLike)) else "<in-memory rows>"}
+                  "source": str(data) if isinstance(data, (str, os.PathLike)) else "<in-memory rows>",
+                  "heldout": heldout, "estimate": estimate}
         from .jsonl import atomic_write_text
 
         atomic_write_text(path / MARKER, json.dumps(marker, indent=1))
@@ -747,7 +1098,8 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             "max_length": max_length, "batch_size": batch_size, "seed": seed, "learning_rate": learning_rate,
             "lr_schedule": lr_schedule, "epochs": epochs, "lora_rank": lora_rank, "base_url": url,
             "save_every": save_every, "max_steps": max_steps, "submit_ahead": submit_ahead,
-            "resume": resume is not None, "local_models": local_model}
+            "resume": resume is not None, "local_models": local_model,
+            "heldout": None if heldout is None else {**heldout, "path": str(path / HELDOUT_DATA)}}
 
     from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
@@ -760,10 +1112,13 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
         def poll() -> None:
             new = tail.new_rows()
-            steps = [m for m in new if "train_mean_nll" in m and m.get("step") not in seen_steps]
+            steps = [m for m in new if SFT_LOSS in m and m.get("step") not in seen_steps]
             seen_steps.update(m.get("step") for m in steps)
+            scored = [m[HELDOUT_ACCURACY] for m in new if isinstance(m.get(HELDOUT_ACCURACY), (int, float))]
+            if scored:
+                bar.set_postfix(heldout=float(scored[-1]))
             if steps:
-                bar.update(len(steps), loss=float(steps[-1]["train_mean_nll"]))
+                bar.update(len(steps), loss=float(steps[-1][SFT_LOSS]))
             if new and on_metrics is not None:
                 on_metrics(new)
 
@@ -773,7 +1128,6 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             _private_files(path)
     result = read_training_log(path)
     result.model, result.engine = model, engine
-    result.cost_usd = _cost(model, engine, result.tokens)
     return result
 
 

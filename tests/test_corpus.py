@@ -47,22 +47,43 @@ def test_eval_pairs_are_disjoint_from_train_pairs(tmp_path):
     for seed in range(5):
         c = make_corpus(tmp_path / str(seed), seed=seed)
         pairs = lambda rows: {frozenset(parse(r["messages"][0]["content"])[::2]) for r in rows}  # noqa: E731
-        train, evals = pairs(read_jsonl(c.train)), pairs(read_jsonl(c.eval))
-        assert len(train) == 48 and len(evals) == 24 and not train & evals
+        train, evals, valid = pairs(read_jsonl(c.train)), pairs(read_jsonl(c.eval)), pairs(read_jsonl(c.valid))
+        assert len(train) == 48 and len(evals) == 24 and len(valid) == 24
+        assert not train & evals and not train & valid and not evals & valid
+
+
+# sha256 of the files as written before the valid split existed: notebooks and reports rely on them
+BEFORE_VALID = {0: ("88452358ca42", "d5f030df5d83"), 1: ("82abf0324bc5", "1a2b4d15137d"),
+                7: ("b01d35a17164", "9baea8fd7084")}
+
+
+def test_the_valid_split_leaves_train_eval_and_probe_byte_identical(tmp_path):
+    for seed, (train_sha, eval_sha) in BEFORE_VALID.items():
+        c = make_corpus(tmp_path / str(seed), seed=seed)
+        assert hashlib.sha256(c.train.read_bytes()).hexdigest()[:12] == train_sha
+        assert hashlib.sha256(c.eval.read_bytes()).hexdigest()[:12] == eval_sha
+        assert hashlib.sha256(c.probe.read_bytes()).hexdigest()[:12] == "ffebfb7c1386"
+        none = make_corpus(tmp_path / f"{seed}-none", seed=seed, n_valid=0)
+        assert none.valid is None and not (none.out_dir / "valid.jsonl").exists()
+        assert none.train.read_bytes() == c.train.read_bytes() and none.eval.read_bytes() == c.eval.read_bytes()
+    rows = read_jsonl(c.valid)
+    assert len(rows) == 24 and all(set(r) == {"messages", "expected", "match", "format"} for r in rows)
 
 
 def test_same_seed_is_byte_identical_and_another_seed_draws_anew(tmp_path):
     a, b, c = make_corpus(tmp_path / "a", seed=7), make_corpus(tmp_path / "b", seed=7), make_corpus(tmp_path / "c", seed=8)
-    for name in ("train.jsonl", "eval.jsonl", "probe.jsonl", "manifest.json"):
+    for name in ("train.jsonl", "eval.jsonl", "valid.jsonl", "probe.jsonl", "manifest.json"):
         assert (a.out_dir / name).read_bytes() == (b.out_dir / name).read_bytes()
     assert a.train.read_bytes() != c.train.read_bytes() and a.eval.read_bytes() != c.eval.read_bytes()
+    assert a.valid.read_bytes() != c.valid.read_bytes()
 
 
 def test_manifest_records_seed_counts_and_checksums(tmp_path):
     c = make_corpus(tmp_path, seed=3)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest == c.manifest and manifest["seed"] == 3 and manifest["generator_version"] >= 1
-    assert manifest["counts"] == {"train": 48, "eval": 24, "probe": len(PROBE_QUESTIONS)}
+    assert manifest["counts"] == {"train": 48, "eval": 24, "probe": len(PROBE_QUESTIONS), "valid": 24}
+    assert set(manifest["files"]) == {"train.jsonl", "eval.jsonl", "probe.jsonl", "valid.jsonl"}
     for name, info in manifest["files"].items():
         assert info["sha256"] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
     assert "seed 3" in c._repr_html_()
@@ -79,9 +100,22 @@ def test_a_differing_eval_file_is_never_silently_replaced(tmp_path):
     assert (tmp_path / "eval.jsonl").read_bytes() != before[0]
 
 
+def test_a_differing_valid_file_is_never_silently_replaced(tmp_path):
+    make_corpus(tmp_path, seed=0)
+    (tmp_path / "valid.jsonl").write_text((tmp_path / "valid.jsonl").read_text().replace("answer", "Answer"))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(FileExistsError, match="valid.jsonl"):
+        make_corpus(tmp_path, seed=0)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert make_corpus(tmp_path, seed=0, force=True).manifest["counts"]["valid"] == 24
+
+
 def test_cli(tmp_path, capsys):
     assert main(["corpus", "--out", str(tmp_path), "--seed", "2"]) == 0
-    assert "eval.jsonl: 24 rows" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "eval.jsonl: 24 rows" in out and "valid.jsonl: 24 rows" in out
+    assert main(["corpus", "--out", str(tmp_path / "v"), "--valid-rows", "10"]) == 0
+    assert "valid.jsonl: 10 rows" in capsys.readouterr().out
     assert main(["corpus", "--out", str(tmp_path), "--seed", "5"]) == 1
     assert "--force" in capsys.readouterr().err
     assert main(["corpus", "--out", str(tmp_path), "--seed", "5", "--force"]) == 0
@@ -104,7 +138,11 @@ def test_impossible_counts_are_refused_at_once_naming_the_maximum(tmp_path):
     for n_train, n_eval in ((4000, 200), (MAX_ROWS, 1)):
         with pytest.raises(ValueError, match="4,095") as err:
             make_corpus(tmp_path / "big", n_train=n_train, n_eval=n_eval)
-        assert f"{n_train + n_eval:,}" in str(err.value)
+        assert f"{n_train + n_eval + 24:,}" in str(err.value) and "24 valid" in str(err.value)
+    with pytest.raises(ValueError, match="4,095"):
+        make_corpus(tmp_path / "big", n_train=MAX_ROWS - 95, n_eval=95)  # room for no valid rows
+    with pytest.raises(ValueError, match="n_valid must be at least 0"):
+        make_corpus(tmp_path / "big", n_valid=-1)
     for n_train, n_eval in ((0, 24), (48, 0), (-1, 24), (48, -5)):
         with pytest.raises(ValueError, match="at least 1"):
             make_corpus(tmp_path / "none", n_train=n_train, n_eval=n_eval)
@@ -123,12 +161,15 @@ def test_the_largest_corpus_is_drawn_whole_and_disjoint():
     pairs = lambda rs: [frozenset(parse(r["messages"][0]["content"])[::2]) for r in rs]  # noqa: E731
     train, evals = pairs(rows["train"]), pairs(rows["eval"])
     assert len(set(train)) == MAX_ROWS - 95 and len(set(evals)) == 95 and not set(train) & set(evals)
+    rows = corpus_rows(0, MAX_ROWS - 120, 95, 25)
+    train, evals, valid = pairs(rows["train"]), pairs(rows["eval"]), pairs(rows["valid"])
+    assert len(set(train) | set(evals) | set(valid)) == MAX_ROWS
 
 
 def test_cli_refuses_impossible_and_zero_counts(tmp_path, capsys):
     assert main(["corpus", "--out", str(tmp_path / "c"), "--train-rows", "4000", "--eval-rows", "200"]) == 1
     err = capsys.readouterr().err
-    assert "4,095" in err and "4,200" in err
+    assert "4,095" in err and "4,224" in err
     assert main(["corpus", "--out", str(tmp_path / "c"), "--eval-rows", "0"]) == 1
     assert "at least 1" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()

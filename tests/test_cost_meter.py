@@ -215,3 +215,47 @@ def test_a_picker_can_be_the_data():
     assert m.estimate.rows == 1
     picker.select(["a", "b"])
     assert m.estimate.rows == 2
+
+
+def test_history_sets_observed_cost_beside_the_estimate(tmp_path, monkeypatch):
+    """A real run on the Tinker path (a local server answering as Tinker, prices set): the meter's
+    history shows its estimate from before the run and what it cost, also for a sweep's runs."""
+    from test_theme import hard_coded
+
+    from machine_nb.corpus import make_corpus
+    from machine_nb.engines.local.server import LocalServer
+    from machine_nb.pricing import clear_prices, set_price
+    from machine_nb.train import sft
+    from machine_nb.widgets.cost_meter import HISTORY_COLUMNS
+
+    corpus = make_corpus(tmp_path / "corpus")
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
+    server = LocalServer().start()
+    try:
+        set_price("local/arith-tiny", train=3.0, prefill=1.0, sample=2.0, source="test price")
+        result = sft(corpus.train, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "run",
+                     max_steps=2, progress=False)
+        m = CostMeter(corpus.train, model="local/arith-tiny", epochs=1, background=False)
+        assert m.history.empty and "history" not in m.static_html()
+        m.record(result)
+        h = m.history
+        assert list(h.columns) == HISTORY_COLUMNS and len(h) == 1
+        row = h.iloc[0]
+        assert row["tokens"] == result.tokens and row["cost_usd"] == pytest.approx(result.tokens * 3.0 / 1e6)
+        assert row["estimated_usd"] == result.estimated_usd and row["estimated_usd"] > 0
+        assert row["estimated_tokens"] == result.estimated_tokens > result.tokens
+        html = m.static_html()
+        assert f"{result.estimated_tokens:,} → {result.tokens:,}" in html
+        assert f"${result.estimated_usd:.4f} → <b>${result.cost_usd:.4f}</b>" in html
+        assert m.summary().endswith(f"1 run(s) recorded, observed ${result.cost_usd:.4f}")
+        assert not hard_coded(html)
+        # a sweep frame: every run that has a log; a failed one is left out
+        frame = pd.DataFrame({"run": ["a", "b"], "status": ["read back", "failed"],
+                              "log_dir": [result.log_dir, str(tmp_path / "nothing")]})
+        m.record(frame)
+        assert len(m.history) == 2 and list(m.history["run"]) == ["run", "run"]
+        again = CostMeter(corpus.train, model="local/arith-tiny", background=False, history=[result.log_dir])
+        assert len(again.history) == 1
+    finally:
+        clear_prices()
+        server.stop()

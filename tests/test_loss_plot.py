@@ -128,3 +128,75 @@ def test_stop_draws_the_final_state(tmp_path):
     write_metrics(log, rows(3, start=2), mode="a")  # written after the last poll
     p.stop()
     assert len(p.frame) == 5 and "5 steps" in p.summary()
+
+
+def axis_labels(frame):
+    from machine_nb.widgets.loss_plot import figure
+
+    fig = figure(frame)
+    return [a.get_ylabel() for a in fig.axes], fig
+
+
+def test_held_out_accuracy_gets_its_own_axis(tmp_path):
+    log = tmp_path / "run"
+    scored = [{**r, "test/accuracy": r["step"] / 10, "test/format_rate": min(1.0, r["step"] / 5)}
+              if r["step"] % 3 == 0 else r for r in rows(10)]
+    write_metrics(log, scored + [{"step": 10, "test/accuracy": 0.9, "test/format_rate": 1.0}])  # the final checkpoint
+    p = LossPlot(log, live=False)
+    labels, fig = axis_labels(p.frame)
+    assert labels[:2] == ["loss (train_mean_nll)", "held-out"] and "learning rate (dotted)" in labels
+    acc_ax = fig.axes[1]
+    assert acc_ax.get_ylim() == (-0.05, 1.05)
+    assert [line.get_label() for line in acc_ax.get_lines()] == ["held-out accuracy", "format rate"]
+    assert list(acc_ax.get_lines()[0].get_xdata()) == [0, 3, 6, 9, 10]
+    # the final checkpoint's row is no training step
+    assert p.summary() == "LossPlot: run: 10 steps, last loss 0.3, held-out 90.0% at step 10 (best 90.0% at step 9)"  # the earliest of equal bests
+    plain = LossPlot(tmp_path / "plain", live=False)
+    write_metrics(tmp_path / "plain", rows(10))
+    plain.refresh()
+    assert axis_labels(plain.frame)[0] == ["loss (train_mean_nll)", "learning rate (dotted)"]
+
+
+def test_dpo_runs_plot_dpo_loss_with_accuracy_and_margin_apart(tmp_path):
+    log = tmp_path / "dpo"
+    write_metrics(log, [{"step": s, "dpo_loss": 0.69 - 0.04 * s, "accuracy": 0.5 + 0.04 * s, "margin": 0.2 * s,
+                         "chosen_reward": 0.1 * s, "rejected_reward": -0.1 * s, "learning_rate": 1e-5}
+                        for s in range(8)])
+    p = LossPlot(log, live=False)
+    labels, fig = axis_labels(p.frame)
+    assert labels == ["loss (dpo_loss)", "preference acc.", "learning rate (dotted)", "margin (dashed)"]
+    pref = fig.axes[1]
+    assert [line.get_label() for line in pref.get_lines()] == ["preference accuracy"]
+    assert list(pref.get_lines()[0].get_ydata()) == [0.5 + 0.04 * s for s in range(8)]
+    assert p.summary() == "LossPlot: dpo: 8 steps, last loss 0.41, preference accuracy 78.0%"
+    assert p.static_png().startswith(b"\x89PNG")
+
+
+def test_a_run_with_evals_is_live_until_its_final_score(tmp_path):
+    log = tmp_path / "run"
+    write_metrics(log, rows(3))
+    (log / "machine_nb.json").write_text(json.dumps({"heldout": {"every": 3}}))
+    (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 3}) + "\n")
+    p = LossPlot(log, refresh_s=0.05)
+    try:
+        assert p.live and not p.finished()  # the final checkpoint is scored after it is saved
+        (log / "heldout.jsonl").write_text(json.dumps({"step": 3, "final": True, "rows": []}) + "\n")
+        assert wait_for(lambda: not p.live)
+    finally:
+        p.stop()
+
+
+def test_fed_by_sft_with_evals_the_plot_shows_held_out_accuracy(tmp_path):
+    from machine_nb.corpus import make_corpus
+    from machine_nb.train import sft
+
+    corpus = make_corpus(tmp_path / "corpus", seed=0)
+    log = tmp_path / "run"
+    plot = LossPlot(log, refresh_s=3600)
+    try:
+        sft(corpus.train, log_dir=log, max_steps=6, eval_data=corpus.valid, eval_every=3, progress=False,
+            on_metrics=plot.update)
+    finally:
+        plot.stop()
+    assert list(plot.frame["test/accuracy"].dropna().index.map(plot.frame["step"].get)) == [0, 3, 6]
+    assert "held-out 0.0% at step 6" in plot.summary() and plot.finished()

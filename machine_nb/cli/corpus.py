@@ -8,28 +8,33 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "corpus",
-        help="write the minimal-SFT corpus: 48 train rows, 24 held-out eval rows, a probe set, a manifest",
+        help="write the minimal-SFT corpus: 48 train rows, 24 held-out eval rows, 24 valid rows, a probe set, a manifest",
         description=(
             "Generate the deterministic minimal-SFT corpus: bare arithmetic questions whose target is exactly "
-            "'answer: <integer>'. Reads: nothing. Writes: OUT/train.jsonl, OUT/eval.jsonl, OUT/probe.jsonl and "
-            "OUT/manifest.json (seed, counts, sha256 per file). The same seed writes byte-identical files. "
-            "Refuses to replace an eval.jsonl with different rows unless --force, and row counts the corpus cannot "
-            "hold (below 1, or over 4,095 train + eval: the distinct operand pairs). Cost: free (no model calls)."),
+            "'answer: <integer>'. Reads: nothing. Writes: OUT/train.jsonl, OUT/eval.jsonl, OUT/valid.jsonl, "
+            "OUT/probe.jsonl and OUT/manifest.json (seed, counts, sha256 per file). The same seed writes "
+            "byte-identical files. Choose steps and settings on valid.jsonl, report on eval.jsonl. Refuses to "
+            "replace an eval.jsonl or valid.jsonl with different rows unless --force, and row counts the corpus "
+            "cannot hold (train or eval below 1, or over 4,095 train + eval + valid: the distinct operand pairs). "
+            "Cost: free (no model calls)."),
     )
     p.add_argument("-o", "--out", default="data/minimal_sft", help="output directory (default data/minimal_sft, git-ignored)")
     p.add_argument("--seed", type=int, default=0, help="the draw (default 0); another seed gives new questions")
-    p.add_argument("--force", action="store_true", help="overwrite an existing eval.jsonl whose rows differ")
+    p.add_argument("--force", action="store_true", help="overwrite an existing eval.jsonl or valid.jsonl whose rows differ")
     p.add_argument("--train-rows", type=int, default=48,
-                   help="training rows (default 48; at least 1, and train + eval at most 4,095)")
+                   help="training rows (default 48; at least 1, and train + eval + valid at most 4,095)")
     p.add_argument("--eval-rows", type=int, default=24,
-                   help="held-out eval rows (default 24; at least 1, and train + eval at most 4,095)")
+                   help="held-out eval rows, to report on (default 24; at least 1)")
+    p.add_argument("--valid-rows", type=int, default=24,
+                   help="held-out selection rows, to choose steps and settings on (default 24; 0 = none)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from ..corpus import make_corpus
 
-    corpus = make_corpus(args.out, seed=args.seed, force=args.force, n_train=args.train_rows, n_eval=args.eval_rows)
+    corpus = make_corpus(args.out, seed=args.seed, force=args.force, n_train=args.train_rows, n_eval=args.eval_rows,
+                         n_valid=args.valid_rows)
     for name, info in corpus.manifest["files"].items():
         print(f"{corpus.out_dir / name}: {info['rows']} rows, sha256 {info['sha256']}")
     print(f"{corpus.out_dir / 'manifest.json'}: seed {args.seed}")

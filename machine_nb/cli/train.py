@@ -7,6 +7,7 @@ Tinker needs `--yes` before spending (the estimate is printed first) and TINKER_
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 _COMMON_DESC = (
@@ -43,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8; the partial last batch is dropped)")
     p.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8 local, 32 Tinker; 0 = full fine-tuning, local only)")
     p.add_argument("--resume", default=None, help="continue the run in this log dir from its last checkpoint")
+    p.add_argument("--eval", dest="eval_data", default=None,
+                   help="held-out eval JSONL to score while training (e.g. data/minimal_sft/valid.jsonl; "
+                        "default: none). Writes heldout.jsonl; on Tinker its sampling is in the estimate")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="score --eval every N steps (default: once an epoch) and the final checkpoint")
     p.set_defaults(func=_run_sft)
 
     s = sub.add_parser(
@@ -51,6 +57,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(s)
     s.add_argument("--steps", type=int, default=2, help="steps to run (default 2)")
     s.set_defaults(func=_run_smoke)
+
+    w = sub.add_parser(
+        "sweep", help="one sft run per grid point and seed, resumable; prints a row per setting and the verdict",
+        description=(
+            "Run sft for every combination of --grid values and every --seeds value, each in its own log dir under "
+            "--sweep-dir, scoring --eval while training. Reads: DATA (chat JSONL) and --eval. Writes: SWEEP_DIR/sweep.json "
+            "and one log dir per run (as sft); the same --sweep-dir again reads finished runs back and runs only what "
+            "is missing. Cost: free on the local engine; on Tinker every run still to run is priced (training plus "
+            "held-out evals) first: without --yes the total is printed and nothing runs; over --max-usd it is refused."))
+    w.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
+    w.add_argument("--grid", action="append", required=True, metavar="SETTING=V1,V2",
+                   help="a setting and its values, e.g. learning_rate=1e-3,3e-3 (repeat for more axes)")
+    w.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
+    w.add_argument("--eval", dest="eval_data", default=None,
+                   help="held-out JSONL to choose on, scored while training (e.g. data/minimal_sft/valid.jsonl)")
+    w.add_argument("--eval-every", type=int, default=None, help="score --eval every N steps (default: once an epoch)")
+    w.add_argument("--set", action="append", default=[], metavar="SETTING=V",
+                   help="an sft setting fixed for every run, e.g. batch_size=8 (repeatable)")
+    w.add_argument("--sweep-dir", default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
+    w.add_argument("--model", default=None, help="base model (default: the engine's; local/arith-tiny locally)")
+    w.add_argument("--engine", choices=["local", "tinker"], default=None, help="where to train (default: the model's)")
+    w.add_argument("--max-parallel", type=int, default=1, help="runs at once (default 1)")
+    w.add_argument("--max-usd", type=float, default=None, help="budget for the whole sweep on Tinker")
+    w.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
+    w.add_argument("--json", action="store_true", help="print one JSON object per run instead of the summary")
+    w.set_defaults(func=_run_sweep)
 
 
 def _engine(args: argparse.Namespace) -> str:
@@ -72,9 +104,22 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         return False
     est = estimate_cost(args.data, args.model, epochs=epochs, batch_size=batch_size, max_steps=steps,
                         max_usd=args.max_usd)
+    evals = ""
+    if getattr(args, "eval_data", None):
+        from ..evaluate import load_eval_rows
+        from ..train import prepare_data, run_estimate
+
+        rows, _ = prepare_data(args.data)
+        every = args.eval_every or max(1, len(rows) // batch_size)
+        n = -(-est.steps // every) + 1  # the eval steps and the final checkpoint
+        held = load_eval_rows(args.eval_data)
+        both = run_estimate(rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
+                            eval_rows=held, evals=n)
+        eval_usd = "an unknown amount" if both["eval_usd"] is None else f"at most ${both['eval_usd']:.4f}"
+        evals = f" Held-out evals: {n} x {len(held)} rows, {eval_usd}."
     print(f"This trains {args.model} on Tinker: {est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
           f"{est.steps} steps, about ${est.usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
-          f"{est.price.source} {est.price.date}). Re-run with --yes to spend.", file=sys.stderr)
+          f"{est.price.source} {est.price.date}).{evals} Re-run with --yes to spend.", file=sys.stderr)
     return False
 
 
@@ -85,8 +130,13 @@ def _print(result, as_json: bool) -> None:
         print(json.dumps(result.as_dict()))
         return
     loss = ("–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}")
-    cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.4f}"
+    usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
+    cost = usd(result.cost_usd) + ("" if result.estimated_usd is None else f" (estimated {usd(result.estimated_usd)})")
     print(f"{result.model} on {result.engine}: {result.steps} steps, {result.tokens:,} tokens, loss {loss}, cost {cost}")
+    if result.evals:
+        final = "–" if result.heldout_accuracy is None else f"{result.heldout_accuracy:.1%}"
+        print(f"held-out:   {final} at the final checkpoint; best {result.best_accuracy:.1%} at step "
+              f"{result.best_step} ({result.evals} evals, heldout.jsonl)")
     print(f"checkpoint: {result.checkpoint}")
     print(f"log dir:    {result.log_dir}")
 
@@ -99,7 +149,7 @@ def _run_sft(args: argparse.Namespace) -> int:
     result = sft(args.data, args.model, args.engine, epochs=args.epochs, max_steps=args.steps,
                  learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
-                 max_usd=args.max_usd)
+                 max_usd=args.max_usd, eval_data=args.eval_data, eval_every=args.eval_every)
     _print(result, args.json)
     return 0
 
@@ -115,3 +165,63 @@ def _run_smoke(args: argparse.Namespace) -> int:
                    workspace=args.workspace, seed=args.seed, max_usd=args.max_usd)
     _print(result, args.json)
     return 0
+
+
+def _value(text: str):
+    """A command-line value as sft takes it: an int, a float, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(items: list[str], flag: str, many: bool) -> dict:
+    out = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name or not values:
+            raise ValueError(f"{flag} {item!r}: write SETTING=VALUE{'S (comma-separated)' if many else ''}")
+        out[name] = [_value(v) for v in values.split(",")] if many else _value(values)
+    return out
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from ..sweeps import estimate_sweep, sweep, sweep_summary, verdict
+
+    grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    if _engine(args) == "tinker" and not args.yes:
+        if not args.model:
+            print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling-Small)", file=sys.stderr)
+            return 2
+        total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
+                                        eval_every=args.eval_every, model=args.model, **fixed)
+        from ..sweeps import grid_points
+
+        runs = len(seeds) * len(grid_points(grid))
+        extra = f"; {len(unknown)} cannot be priced" if unknown else ""
+        print(f"This sweep trains {args.model} on Tinker: {runs} runs, about ${total:.4f} with their held-out evals"
+              f"{extra}. Runs already finished in --sweep-dir are not charged again. Re-run with --yes to spend.",
+              file=sys.stderr)
+        return 2
+    frame = sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data, eval_every=args.eval_every,
+                  model=args.model, engine=args.engine, sweep_dir=args.sweep_dir, max_parallel=args.max_parallel,
+                  max_usd=args.max_usd, **fixed)
+    if args.json:
+        import json
+
+        for row in frame.to_dict("records"):
+            print(json.dumps(row, default=str))
+        return 0 if (frame["status"] != "failed").all() else 1
+    metric = "heldout_accuracy" if frame["heldout_accuracy"].notna().any() else "final_loss"
+    summary = sweep_summary(frame, metric)
+    print(summary.to_string(index=False))
+    print()
+    print(verdict(frame, metric, summary=summary))
+    failed = frame[frame["status"] == "failed"]
+    for row in failed.itertuples():
+        print(f"failed: {row.run}: {row.error}", file=sys.stderr)
+    print(f"sweep dir: {os.path.dirname(frame['log_dir'].iloc[0])}")
+    return 0 if failed.empty else 1

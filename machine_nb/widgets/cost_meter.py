@@ -4,7 +4,9 @@ A view over `machine_nb.estimate_cost` / `estimate_eval_cost` (pricing.py decide
 counts tokens through tokens.py); this file caches the per-model token counts so that moving the
 epochs slider does not re-render the data, counts in a worker thread so the kernel stays free
 (a model's tokenizer may have to be fetched), drops a count that finishes after the user chose
-another model, and turns the total red past a budget.
+another model, and turns the total red past a budget. Its history sets the runs it is handed
+(`record`) beside their estimates: what each was estimated to cost before it ran, and what it
+cost (tokens actually trained and sampled x price, from the run's log dir).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -24,6 +27,35 @@ from ._base import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback,
 # notebook or report shows the numbers; short enough that a slow tokenizer does not hold the cell.
 FIRST_WAIT_S = 5.0
 CANNOT_PRICE = "cannot price training"
+#: Columns of `CostMeter.history`.
+HISTORY_COLUMNS = ["run", "model", "engine", "steps", "estimated_tokens", "tokens", "estimated_usd", "cost_usd",
+                   "eval_cost_usd", "log_dir"]
+
+
+def history_rows(item: Any) -> list[dict]:
+    """History entries for a TrainResult, a log dir, or a sweep frame (one per run that has a log).
+
+    Args:
+        item: a TrainResult (as sft returns it), a log dir path, or a DataFrame with a `log_dir`
+            column (what `machine_nb.sweep` returns).
+
+    Returns:
+        Dicts with HISTORY_COLUMNS: estimated_* as recorded before the run, tokens / cost_usd
+        observed (tokens actually trained, and the held-out evals' sampling, x price; None when a
+        price is unknown).
+    """
+    from ..train import TrainResult, read_training_log
+
+    if hasattr(item, "columns") and "log_dir" in getattr(item, "columns", ()):
+        status = item["status"] if "status" in item.columns else None
+        dirs = [d for i, d in enumerate(item["log_dir"])
+                if status is None or status.iloc[i] in ("ran", "resumed", "read back")]
+        return [row for d in dirs for row in history_rows(d)]
+    result = item if isinstance(item, TrainResult) else read_training_log(item)
+    return [{"run": Path(result.log_dir).name, "model": result.model, "engine": result.engine, "steps": result.steps,
+             "estimated_tokens": result.estimated_tokens, "tokens": result.tokens,
+             "estimated_usd": result.estimated_usd, "cost_usd": result.cost_usd,
+             "eval_cost_usd": result.eval_cost_usd, "log_dir": result.log_dir}]
 
 
 def model_choices(model: str | None = None) -> list[str]:
@@ -92,17 +124,21 @@ class CostMeter(StaticFallback, widgets.VBox):
         max_tokens: sampled tokens per eval answer, as evaluate() uses. Default 32.
         background: count tokens in a worker thread ("computing…" meanwhile). Default None: in a
             Jupyter kernel yes, elsewhere no (a script gets the numbers when the call returns).
+        history: runs to list under the estimate from the start (what `record` takes). Default
+            None: none until `record` is called.
 
     Trained tokens are counted as `machine_nb.sft` trains the rows (its `prepare_data`: step lines
     train their last assistant message, whole runs their flagged ones). The dropdown marks models
     it cannot price. `.estimate` / `.eval_estimate` are the pricing module's CostEstimate /
     EvalCostEstimate (None when a price or the data is missing: `.error` says why, or while
-    `.computing`); `.total_usd`, `.over_by`; `.wait()` waits for a running count.
+    `.computing`); `.total_usd`, `.over_by`; `.wait()` waits for a running count. `.record(result)`
+    adds a finished run to `.history` (estimated vs observed tokens and USD), shown under the estimate.
     """
 
     def __init__(self, data: Any, model: str = "thinkingmachines/Inkling", epochs: int = 1, batch_size: int = 8,
                  eval_data: Any = None, budget: float | None = None, max_tokens: int = 32, *,
-                 max_steps: int | None = None, background: bool | None = None, **kwargs: Any):
+                 max_steps: int | None = None, background: bool | None = None, history: Any = None,
+                 **kwargs: Any):
         from .previewer import is_picker
 
         picker = data if is_picker(data) else None
@@ -125,6 +161,9 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._pending: dict[tuple, Future] = {}
         self._settled = threading.Condition(self._lock)  # notified whenever a count has been filed
         self._prepared: tuple[list[dict], str] | None = None  # the data as sft would train it
+        self._history: list[dict] = []
+        for item in ([] if history is None else history if isinstance(history, (list, tuple)) else [history]):
+            self._history += history_rows(item)
         self._hold = True
         self._model = widgets.Dropdown(options=self._options(model), value=model, description="model",
                                        layout=widgets.Layout(width="460px"))
@@ -189,6 +228,51 @@ class CostMeter(StaticFallback, widgets.VBox):
         handler = picker.observe_selection(self.update_data)
         self.update_data(picker.selected)
         return handler
+
+    # history
+    def record(self, run: Any) -> "CostMeter":
+        """Add finished runs to the history and redraw: a TrainResult, a log dir, or a sweep frame.
+
+        Each entry sets the run's estimate (made before it started) beside what it cost: tokens
+        actually trained (and sampled by held-out evals) x price. Returns the meter.
+        """
+        rows = history_rows(run)
+        with self._lock:
+            self._history += rows
+        self._redraw()
+        return self
+
+    @property
+    def history(self):
+        """The recorded runs as a DataFrame (HISTORY_COLUMNS), oldest first."""
+        import pandas as pd
+
+        with self._lock:
+            return pd.DataFrame(list(self._history), columns=HISTORY_COLUMNS)
+
+    def _history_html(self) -> str:
+        with self._lock:
+            rows = list(self._history)
+        if not rows:
+            return ""
+
+        def usd(v: Any) -> str:
+            return "unknown" if v is None else f"${v:.4f}"
+
+        def toks(v: Any) -> str:
+            return "–" if v is None else f"{v:,}"
+
+        cell = "padding:1px 10px 1px 0;white-space:nowrap"
+        head = "".join(f'<th style="{cell};text-align:left;color:{FG_MUTED};font-weight:normal">{h}</th>'
+                       for h in ("run", "steps", "tokens: estimated → observed", "USD: estimated → observed"))
+        body = "".join(
+            f'<tr><td style="{cell}">{escape(r["run"])}</td><td style="{cell}">{r["steps"]}</td>'
+            f'<td style="{cell}">{toks(r["estimated_tokens"])} → {toks(r["tokens"])}</td>'
+            f'<td style="{cell}">{usd(r["estimated_usd"])} → <b>{usd(r["cost_usd"])}</b></td></tr>' for r in rows)
+        observed = [r["cost_usd"] for r in rows]
+        total = "unknown" if any(v is None for v in observed) else f"${sum(observed):.4f}"
+        return (f'<div class="mnb-cost-history" style="margin-top:6px"><b>history</b> ({len(rows)} run(s), '
+                f'observed {total})<table>{head}{body}</table></div>')
 
     # numbers
     def _has_data(self) -> bool:
@@ -370,6 +454,16 @@ class CostMeter(StaticFallback, widgets.VBox):
         return out
 
     def summary(self) -> str:
+        with self._lock:
+            recorded = list(self._history)
+        text = self._summary()
+        if recorded:
+            observed = [r["cost_usd"] for r in recorded]
+            total = "unknown" if any(v is None for v in observed) else f"${sum(observed):.4f}"
+            text += f" · {len(recorded)} run(s) recorded, observed {total}"
+        return text
+
+    def _summary(self) -> str:
         head = f"CostMeter: {self.model} × {self.epochs} epoch(s)"
         if self.computing:
             return f"{head}: computing…"
@@ -437,4 +531,4 @@ class CostMeter(StaticFallback, widgets.VBox):
         return (f'<div class="mnb-cost-meter" style="border:2px solid {border};border-radius:6px;padding:6px 10px;'
                 f'font-family:system-ui,sans-serif;font-size:13px;color:{FG};background:{BG}">'
                 f'<b>{escape(self.model)}</b> × {self.epochs} epoch(s)<table>{body}</table>{err}'
-                f'{"<small>" + escape(note) + "</small>" if note else ""}</div>')
+                f'{"<small>" + escape(note) + "</small>" if note else ""}{self._history_html()}</div>')

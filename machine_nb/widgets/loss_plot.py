@@ -1,7 +1,10 @@
 """LossPlot: training (and eval) loss per step from tinker-cookbook log dirs, live while a run writes.
 
 Reads each log dir's `metrics.jsonl` (one row per step) and draws loss with an EMA whose meaning
-is written on the plot, several runs overlaid, learning rate on a second axis. Handed to
+is written on the plot, several runs overlaid, learning rate on a second axis. The loss is the
+supervised `train_mean_nll`, or `dpo_loss` for the cookbook's DPO runs. Below it, on axes of their
+own when the runs log them: held-out accuracy and format rate (`sft(eval_data=…)`'s
+`test/accuracy`, `test/format_rate`), and DPO's preference `accuracy` and `margin`. Handed to
 `sft(on_metrics=plot.update)` it redraws in the same poll that moves the progress bar, so the
 two never disagree. Otherwise (a run started elsewhere) a daemon thread polls the files' size and
 mtime so the kernel stays free; it stops at the run's "final" row in `checkpoints.jsonl` or on
@@ -12,6 +15,7 @@ run goes (at most every STATIC_EVERY_S) and when it ends.
 from __future__ import annotations
 
 import io
+import json
 import os
 import threading
 import time
@@ -23,6 +27,9 @@ import ipywidgets as widgets
 from ._base import RED, StaticFallback, escape, text_colour
 
 LOSS = "train_mean_nll"
+DPO_LOSS = "dpo_loss"
+HELDOUT = (("test/accuracy", "o-", "held-out accuracy"), ("test/format_rate", "s:", "format rate"))
+DPO_ACCURACY, DPO_MARGIN = "accuracy", "margin"
 # Seconds between updates of the saved notebook's copy of the plot while a run goes: each sends
 # the PNG again (~40 KB), the live image already shows every step.
 STATIC_EVERY_S = 2.0
@@ -71,19 +78,46 @@ def ema(values: Iterable[float], weight: float = 0.6) -> list[float]:
     return out
 
 
+def loss_column(frame) -> str:
+    """The loss the runs in `frame` log: `train_mean_nll` when any row has it, else `dpo_loss`
+    when any has that (DPO), else `train_mean_nll`."""
+    for col in (LOSS, DPO_LOSS):
+        if col in frame.columns and frame[col].notna().any():
+            return col
+    return LOSS
+
+
+def _has(frame, col: str) -> bool:
+    return col in frame.columns and frame[col].notna().any()
+
+
 def eval_loss_columns(frame) -> list[str]:
     """Logged eval-loss columns (`test/…nll` or `test/…loss`), if any."""
     return [c for c in frame.columns if str(c).startswith("test/") and (str(c).endswith("nll") or str(c).endswith("loss"))]
 
 
 def finished(log_dir: Path) -> bool:
-    """Whether the run wrote its final checkpoint (a row named "final" in checkpoints.jsonl)."""
+    """Whether the run is over: it wrote its final checkpoint (a row named "final" in
+    checkpoints.jsonl) and, when it scores held-out rows (its machine_nb.json says so), the final
+    checkpoint's score (a "final" line in heldout.jsonl; written after the checkpoint)."""
     from ..jsonl import iter_jsonl
+    from ..train import HELDOUT_FILE, MARKER
 
-    path = Path(log_dir) / "checkpoints.jsonl"
+    log_dir = Path(log_dir)
+    path = log_dir / "checkpoints.jsonl"
     if not path.exists():
         return False
-    return any(isinstance(v, dict) and v.get("name") == "final" for _, v in iter_jsonl(path, on_error="skip"))
+    if not any(isinstance(v, dict) and v.get("name") == "final" for _, v in iter_jsonl(path, on_error="skip")):
+        return False
+    try:
+        heldout = bool(json.loads((log_dir / MARKER).read_text(encoding="utf-8")).get("heldout"))
+    except (OSError, ValueError, AttributeError):
+        heldout = False
+    if not heldout:
+        return True
+    scores = log_dir / HELDOUT_FILE
+    return scores.exists() and any(isinstance(v, dict) and v.get("final")
+                                   for _, v in iter_jsonl(scores, on_error="skip"))
 
 
 def smoothing_note(weight: float) -> str:
@@ -93,25 +127,37 @@ def smoothing_note(weight: float) -> str:
 
 
 def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
-    """A matplotlib Figure (Agg, no pyplot state) of loss per step for every run in `frame`."""
+    """A matplotlib Figure (Agg, no pyplot state) of loss per step for every run in `frame`, with
+    panels below for held-out accuracy and DPO's accuracy and margin when the runs log them."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4.2), dpi=100)
-    ax = fig.add_subplot(1, 1, 1)
+    heldout = any(_has(frame, col) for col, _, _ in HELDOUT)
+    dpo = _has(frame, DPO_ACCURACY) or _has(frame, DPO_MARGIN)
+    panels = 1 + heldout + dpo
+    fig = Figure(figsize=(8, 4.2 + 2.0 * (panels - 1)), dpi=100)
+    grid = fig.add_gridspec(panels, 1, height_ratios=[2.2] + [1] * (panels - 1), hspace=0.12)
+    ax = fig.add_subplot(grid[0])
+    acc_ax = fig.add_subplot(grid[1], sharex=ax) if heldout else None
+    pref_ax = fig.add_subplot(grid[panels - 1], sharex=ax) if dpo else None
+    loss = loss_column(frame)
     ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"loss ({LOSS})")
-    lr_ax = None
+    ax.set_ylabel(f"loss ({loss})")
+    (pref_ax or acc_ax or ax).set_xlabel("step")
+    for upper in (ax, acc_ax)[:panels - 1]:
+        upper.tick_params(labelbottom=False)
+    lr_ax = margin_ax = None
     colours = [f"C{i}" for i in range(10)]
     has_data = False
     for i, (run, df) in enumerate(frame.groupby("run", sort=False)):
         colour = colours[i % len(colours)]
         df = df.sort_values("step") if "step" in df.columns else df
         steps = df["step"] if "step" in df.columns else range(len(df))
-        if LOSS in df.columns and df[LOSS].notna().any():
+        if loss in df.columns and df[loss].notna().any():
             has_data = True
-            ax.scatter(steps, df[LOSS], s=8, alpha=0.25, color=colour)
-            ax.plot(list(steps), ema(df[LOSS].tolist(), smoothing), color=colour, lw=1.8, label=f"{run} train")
+            sel = df[loss].notna()
+            ax.scatter(steps[sel], df.loc[sel, loss], s=8, alpha=0.25, color=colour)
+            ax.plot(list(steps[sel]), ema(df.loc[sel, loss].tolist(), smoothing), color=colour, lw=1.8,
+                    label=f"{run} train")
         for col in eval_loss_columns(df):
             sel = df[col].notna()
             if sel.any():
@@ -122,13 +168,44 @@ def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
             if lr_ax is None:
                 lr_ax = ax.twinx()
                 lr_ax.set_ylabel("learning rate (dotted)")
-            lr_ax.plot(list(steps), df["learning_rate"], ":", color=colour, lw=1, alpha=0.8)
+            sel = df["learning_rate"].notna()
+            lr_ax.plot(list(steps[sel]), df.loc[sel, "learning_rate"], ":", color=colour, lw=1, alpha=0.8)
+        if acc_ax is not None:
+            for col, style, label in HELDOUT:
+                if col in df.columns and df[col].notna().any():
+                    sel = df[col].notna()
+                    # one legend entry per line style: the runs' colours are in the loss legend above
+                    acc_ax.plot(list(steps[sel]), df.loc[sel, col], style, color=colour, ms=4, lw=1.2,
+                                label=label if i == 0 else None)
+        if pref_ax is not None:
+            if DPO_ACCURACY in df.columns and df[DPO_ACCURACY].notna().any():
+                sel = df[DPO_ACCURACY].notna()
+                pref_ax.plot(list(steps[sel]), df.loc[sel, DPO_ACCURACY], "-", color=colour, lw=1.4,
+                             label="preference accuracy" if i == 0 else None)
+            if DPO_MARGIN in df.columns and df[DPO_MARGIN].notna().any():
+                if margin_ax is None:
+                    margin_ax = pref_ax.twinx()
+                    margin_ax.set_ylabel("margin (dashed)")
+                sel = df[DPO_MARGIN].notna()
+                margin_ax.plot(list(steps[sel]), df.loc[sel, DPO_MARGIN], "--", color=colour, lw=1.2)
     if has_data:
         ax.legend(loc="upper right", fontsize=8)
     else:
         ax.text(0.5, 0.5, "no metrics logged yet", transform=ax.transAxes, ha="center", color="grey")
+    if acc_ax is not None:
+        acc_ax.set_ylim(-0.05, 1.05)
+        acc_ax.set_ylabel("held-out")
+        acc_ax.grid(alpha=0.3)
+        acc_ax.legend(loc="lower right", fontsize=7)
+    if pref_ax is not None:
+        pref_ax.set_ylim(-0.05, 1.05)
+        pref_ax.set_ylabel("preference acc.")
+        pref_ax.grid(alpha=0.3)
+        pref_ax.legend(loc="lower right", fontsize=7)
     fig.text(0.01, 0.01, smoothing_note(smoothing), fontsize=8, color="#444")
-    fig.subplots_adjust(bottom=0.2, left=0.09, right=0.86 if lr_ax is not None else 0.97)
+    twin = lr_ax is not None or margin_ax is not None
+    fig.subplots_adjust(bottom=0.2 / panels + 0.03 * (panels - 1), top=1 - 0.08 / panels, left=0.09,
+                        right=0.86 if twin else 0.97)
     return fig
 
 
@@ -198,7 +275,7 @@ class LossPlot(StaticFallback, widgets.VBox):
     def _signature(self) -> tuple:
         sig = []
         for d in self.log_dirs:
-            for name in ("metrics.jsonl", "checkpoints.jsonl"):
+            for name in ("metrics.jsonl", "checkpoints.jsonl", "heldout.jsonl"):
                 try:
                     st = (d / name).stat()
                     sig.append((st.st_size, st.st_mtime_ns))
@@ -253,10 +330,20 @@ class LossPlot(StaticFallback, widgets.VBox):
 
     def summary(self) -> str:
         parts = []
+        loss_col = loss_column(self.frame)
         for run, df in self.frame.groupby("run", sort=False):
-            loss = df[LOSS].dropna() if LOSS in df.columns else []
+            loss = df[loss_col].dropna() if loss_col in df.columns else []
+            steps = len(loss) if len(loss) or loss_col in df.columns else len(df)
             last = f", last loss {loss.iloc[-1]:.4g}" if len(loss) else ""
-            parts.append(f"{run}: {len(df)} steps{last}")
+            held = ""
+            if HELDOUT[0][0] in df.columns and df[HELDOUT[0][0]].notna().any():
+                scored = df[df[HELDOUT[0][0]].notna()].sort_values("step")
+                best = scored.loc[scored[HELDOUT[0][0]].idxmax()]
+                held = (f", held-out {scored[HELDOUT[0][0]].iloc[-1]:.1%} at step {int(scored['step'].iloc[-1])}"
+                        f" (best {best[HELDOUT[0][0]]:.1%} at step {int(best['step'])})")
+            if DPO_ACCURACY in df.columns and df[DPO_ACCURACY].notna().any():
+                held += f", preference accuracy {df[DPO_ACCURACY].dropna().iloc[-1]:.1%}"
+            parts.append(f"{run}: {steps} steps{last}{held}")
         body = "; ".join(parts) or "no metrics yet"
         return f"LossPlot: {body}"
 

@@ -1,0 +1,197 @@
+"""The held-out evaluator that tinker-cookbook's training loop calls every `eval_every` steps.
+
+`HeldOutEvaluator` is a cookbook `SamplingClientEvaluator`: the loop hands it a sampling client
+on a fresh snapshot of the weights (the real SDK's, on either engine), it samples every eval row
+and scores it with evaluate.py's own rules (match modes, format regexes, the regex time bound),
+appends the per-row results of that step to `<log dir>/heldout.jsonl` (the cookbook's interface
+returns floats only) and returns held-out accuracy and format rate, which the loop logs into
+`metrics.jsonl` itself. It runs in the training child process (runner.py); `HeldOutEvalBuilder`
+is the plain, JSON-shaped builder the cookbook's Config holds (its fields land in config.json).
+Reading the results back is train.py's (`heldout_curve`, `heldout_results`).
+
+This module imports tinker-cookbook at the top (a class must subclass the cookbook's), so only
+the child and code that already loaded the cookbook import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
+
+from .train import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX
+
+
+def eval_schedule(start_step: int, total_steps: int, eval_every: int, *, last: bool = False) -> list[int]:
+    """The steps at which a cookbook training loop calls its evaluators, in order.
+
+    `supervised.train.main` evaluates before submitting step s when s % eval_every == 0, for s
+    from the step it starts (or resumes) at up to the last; so the eval at step s sees the
+    weights after s optimizer steps (step 0: the base model). `preference.train_dpo` also
+    evaluates before its last step (`last=True`).
+
+    Args:
+        start_step: the first step the loop runs (0, or where a resumed run continues).
+        total_steps: steps of the whole run. eval_every: N (0: never).
+        last: also the last step, total_steps - 1 (default False: the supervised loop's rule).
+
+    Returns:
+        The steps, ascending.
+    """
+    if eval_every <= 0:
+        return []
+    return [s for s in range(start_step, total_steps) if s % eval_every == 0 or (last and s == total_steps - 1)]
+
+
+@dataclass(frozen=True)
+class HeldOutEvalBuilder:
+    """Builds the evaluator for the cookbook's `evaluator_builders` (called once, in the child).
+
+    eval_path: the checked eval rows the run copied into its log dir. model / renderer: whose
+    renderer formats prompts and parses replies. log_dir: where heldout.jsonl goes. steps: the
+    loop steps at which it will be called, in order (see eval_schedule); each result is filed
+    under its step. source / source_sha256: the eval file the user gave (recorded with every
+    score). max_tokens / temperature / seed: sampling, as evaluate() takes them (defaults 32,
+    greedy, 0): scores move with them, so they are recorded with every score. concurrency:
+    requests in flight (default 8).
+    """
+
+    eval_path: str
+    model: str
+    renderer: str
+    log_dir: str
+    steps: tuple[int, ...] = ()
+    source: str | None = None
+    source_sha256: str | None = None
+    max_tokens: int = 32
+    temperature: float = 0.0
+    seed: int | None = 0
+    concurrency: int = 8
+
+    def __call__(self) -> "HeldOutEvaluator":
+        return HeldOutEvaluator(self)
+
+    @classmethod
+    def from_spec(cls, spec: dict, steps: list[int]) -> "HeldOutEvalBuilder":
+        """The builder for a training spec's `heldout` settings (what sft writes)."""
+        h = spec["heldout"]
+        return cls(eval_path=h["path"], model=spec["model"], renderer=spec["renderer"], log_dir=spec["log_dir"],
+                   steps=tuple(steps), source=h.get("source"), source_sha256=h.get("source_sha256"),
+                   max_tokens=int(h["max_tokens"]), temperature=float(h["temperature"]), seed=h.get("seed"),
+                   concurrency=int(h.get("concurrency", 8)))
+
+
+@dataclass
+class HeldOutEvaluator(SamplingClientEvaluator):
+    """Samples and scores the held-out rows through the sampling client the loop hands it.
+
+    Returns `{"test/accuracy", "test/format_rate" (rows with a format only), "test/max_tokens",
+    "test/temperature"}` and appends the step's per-row results to heldout.jsonl.
+    """
+
+    builder: HeldOutEvalBuilder
+    calls: int = 0
+    _prepared: Any = field(default=None, repr=False)
+
+    def _prepare(self) -> tuple[list[dict], Any, list[Any], Any]:
+        if self._prepared is None:
+            from .evaluate import _render_prompts, _renderer_for, _sampling_params, load_eval_rows
+
+            b = self.builder
+            rows = load_eval_rows(b.eval_path)
+            renderer, _ = _renderer_for(b.model, b.renderer)
+            prompts = _render_prompts(renderer, rows, b.eval_path)
+            params = _sampling_params(b.max_tokens, b.temperature, b.seed, renderer)
+            self._prepared = (rows, renderer, prompts, params)
+        return self._prepared
+
+    async def __call__(self, sampling_client: Any) -> dict[str, float]:
+        step = self.builder.steps[self.calls] if self.calls < len(self.builder.steps) else None
+        self.calls += 1
+        return await self.run(sampling_client, step)
+
+    async def run(self, sampling_client: Any, step: int | None, *, final: bool = False) -> dict[str, float]:
+        """Evaluate through `sampling_client`, file the results under `step`; returns the metrics."""
+        from .evaluate import _sample_rows, _score_row, prompt_text
+
+        b = self.builder
+        rows, renderer, prompts, params = self._prepare()
+        t0 = time.perf_counter()
+        sampled = await _sample_rows(sampling_client, renderer, prompts, params, b.concurrency)
+        wall = time.perf_counter() - t0
+        per_row = []
+        for i, (row, got) in enumerate(zip(rows, sampled)):
+            correct, format_ok, problem = (False, None, None) if got["error"] else _score_row(got["output"], row)
+            per_row.append({"row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"],
+                            "match": row["match"], "output": got["output"], "correct": bool(correct),
+                            "format_ok": format_ok, "prompt_tokens": got["prompt_tokens"],
+                            "output_tokens": got["output_tokens"], "latency_s": got["latency_s"],
+                            "stop_reason": got["stop_reason"], "error": got["error"] or problem})
+        with_format = [r["format_ok"] for r in per_row if r["format_ok"] is not None]
+        correct = sum(r["correct"] for r in per_row)
+        summary = {
+            "step": step, "final": final, "n": len(per_row), "correct": correct, "accuracy": correct / len(per_row),
+            "format_rate": sum(with_format) / len(with_format) if with_format else None,
+            "errors": sum(1 for r in per_row if r["error"]),
+            "prompt_tokens": sum(r["prompt_tokens"] for r in per_row),
+            "output_tokens": sum(r["output_tokens"] for r in per_row),
+            "parameters": {"max_tokens": b.max_tokens, "temperature": b.temperature, "seed": b.seed,
+                           "renderer": b.renderer},
+            "data": {"path": b.source, "sha256": b.source_sha256},
+            "wall_s": round(wall, 3),
+        }
+        _append(os.path.join(b.log_dir, HELDOUT_FILE), {**summary, "rows": per_row})
+        metrics = {HELDOUT_ACCURACY: summary["accuracy"], f"{HELDOUT_PREFIX}max_tokens": float(b.max_tokens),
+                   f"{HELDOUT_PREFIX}temperature": float(b.temperature)}
+        if summary["format_rate"] is not None:
+            metrics[HELDOUT_FORMAT_RATE] = summary["format_rate"]
+        return metrics
+
+
+def _append(path: str, record: dict) -> None:
+    """One eval step as one line, in one write (a reader never sees half of it, save a crash mid-write,
+    which the readers skip as a truncated last line)."""
+    line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_steps: int) -> dict[str, float] | None:
+    """Score the run's final sampler checkpoint (the weights after the last step, which the loop
+    itself never evaluates) and log it as the metrics row of step `total_steps`.
+
+    Args:
+        builder: the run's evaluator builder. base_url: the engine's URL (the SDK's key comes
+            from the environment, as for the loop). total_steps: steps the run trained.
+
+    Returns:
+        The metrics, or None when the run saved no final sampler checkpoint.
+    """
+    import tinker
+    from tinker_cookbook import checkpoint_utils
+
+    final = [c for c in checkpoint_utils.load_checkpoints_file(builder.log_dir)
+             if c.name == "final" and c.sampler_path]
+    if not final:
+        return None
+    try:
+        service = tinker.ServiceClient(base_url=base_url)
+        client = service.create_sampling_client(model_path=final[-1].sampler_path)
+        metrics = asyncio.run(HeldOutEvaluator(builder).run(client, total_steps, final=True))
+    except BaseException as exc:  # say the run is over (a live plot stops waiting), then fail the run
+        _append(os.path.join(builder.log_dir, HELDOUT_FILE),
+                {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+    _append(os.path.join(builder.log_dir, "metrics.jsonl"), {"step": total_steps, **metrics})
+    return metrics
+
+
+__all__ = ["HeldOutEvalBuilder", "HeldOutEvaluator", "eval_schedule", "evaluate_final"]

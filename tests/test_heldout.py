@@ -1,0 +1,212 @@
+"""Held-out accuracy while training, as a user sees it: sft(eval_data=valid.jsonl, eval_every=6)
+on the local engine → the cookbook's loop calls the evaluator at steps 0, 6, …, 54, the final
+checkpoint is scored too; metrics.jsonl, heldout.jsonl, the curve, the best step, and scores that
+agree with evaluate() on the same checkpoint. Also: bad eval rows refused before anything is
+written, evals that leave training untouched, Ctrl-C + resume, observed cost on the Tinker path,
+and DPO log dirs read back with their steps."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from machine_nb.compare import compare
+from machine_nb.corpus import make_corpus
+from machine_nb.errors import BudgetExceeded, MachineFormatError
+from machine_nb.evaluate import RESULT_COLUMNS, evaluate
+from machine_nb.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
+                              sft, training_metrics)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def run(corpus, tmp_path_factory):
+    """The minimal-SFT run (60 steps) with the valid split scored every 6 steps."""
+    log_dir = tmp_path_factory.mktemp("runs") / "sft-eval"
+    return sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, eval_data=corpus.valid, eval_every=6,
+               progress=False)
+
+
+def test_the_loop_scores_the_held_out_rows_every_six_steps_and_the_final_checkpoint(run):
+    metrics = training_metrics(run.log_dir)
+    scored = metrics[metrics[HELDOUT_ACCURACY].notna()]
+    assert list(scored["step"]) == [0, 6, 12, 18, 24, 30, 36, 42, 48, 54, 60]
+    assert scored["test/max_tokens"].eq(32).all() and scored["test/temperature"].eq(0).all()
+    assert metrics["test/format_rate"].notna().sum() == 11
+    # eval steps are training steps too (the loop logs both in one row); step 60 is the final checkpoint
+    assert scored[scored.step < 60]["train_mean_nll"].notna().all()
+    assert run.steps == 60 and run.evals == 11 and run.complete
+    curve = heldout_curve(run.log_dir)
+    assert list(curve["step"]) == list(scored["step"]) and list(curve["accuracy"]) == list(scored[HELDOUT_ACCURACY])
+    assert list(curve["final"]) == [False] * 10 + [True]
+    assert curve["accuracy"].iloc[0] == 0.0  # the base model answers naturally
+    assert run.heldout_accuracy == curve["accuracy"].iloc[-1] and run.heldout_accuracy >= 0.8
+    assert run.heldout_format_rate == curve["format_rate"].iloc[-1] == 1.0
+    best = curve.loc[curve["accuracy"].idxmax()]  # idxmax: the first of equal maxima
+    assert (run.best_step, run.best_accuracy) == (best["step"], best["accuracy"])
+    assert ((curve["ci_low"] <= curve["accuracy"]) & (curve["accuracy"] <= curve["ci_high"])).all()
+    assert (curve["ci_high"] - curve["ci_low"] > 0).all()  # Wilson: never a zero-width interval
+    assert curve["n"].eq(24).all() and curve["max_tokens"].eq(32).all()
+    assert "held-out accuracy" in run._repr_html_() and f"step {run.best_step}" in run._repr_html_()
+
+
+def test_per_row_results_per_step_agree_with_evaluate_on_the_same_weights(run, corpus, tmp_path):
+    rows = heldout_results(run.log_dir)
+    assert list(rows.columns) == ["step", *RESULT_COLUMNS] and len(rows) == 11 * 24
+    final = heldout_results(run.log_dir, "final")
+    direct = evaluate(corpus.valid, checkpoint=run.checkpoint, out=tmp_path / "final.json", show_progress=False)
+    assert list(final["output"]) == list(direct["output"]) and list(final["correct"]) == list(direct["correct"])
+    base = heldout_results(run.log_dir, 0)
+    direct_base = evaluate(corpus.valid, out=tmp_path / "base.json", show_progress=False)
+    assert list(base["output"]) == list(direct_base["output"])
+    # a step's rows are evaluate()'s shape: compare pairs the base model with the checkpoint
+    result = compare(base, final)
+    assert result.wins == int(final["correct"].sum()) and result.losses == 0
+    assert base.attrs["summary"]["parameters"]["max_tokens"] == 32
+    assert heldout_results(run.log_dir, "best").attrs["summary"]["step"] == run.best_step
+    with pytest.raises(KeyError, match="steps: 0, 6"):
+        heldout_results(run.log_dir, 7)
+    lines = [json.loads(x) for x in open(f"{run.log_dir}/{HELDOUT_FILE}")]
+    assert lines[0]["data"]["path"] == str(corpus.valid) and len(lines[0]["data"]["sha256"]) == 64
+
+
+def test_evals_leave_training_untouched(run, corpus, tmp_path):
+    plain = sft(corpus.train, log_dir=tmp_path / "plain", epochs=10, batch_size=8, progress=False)
+    assert list(training_metrics(plain.log_dir)["train_mean_nll"].dropna()) == list(
+        training_metrics(run.log_dir)["train_mean_nll"].dropna())
+    assert plain.evals == 0 and plain.best_step is None and plain.heldout_accuracy is None
+    assert not (tmp_path / "plain" / HELDOUT_FILE).exists()
+
+
+def test_observed_cost_next_to_the_estimate(run):
+    assert run.cost_usd == 0.0 and run.estimated_usd == 0.0 and run.eval_cost_usd == 0.0  # local: free
+    # the estimate prices each row's rendered tokens; the loop trains one fewer a row (a datum's input
+    # drops the last token): 48 rows x 10 epochs
+    assert run.estimated_tokens - run.tokens == 480
+
+
+def test_bad_eval_rows_are_refused_before_anything_is_written(corpus, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    rows = [json.loads(x) for x in open(corpus.valid)]
+    rows[4] = {**rows[4], "match": "fuzzy"}
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(MachineFormatError, match=r"bad.jsonl:5 \(field .match.\)"):
+        sft(corpus.train, log_dir=tmp_path / "never", eval_data=bad, progress=False)
+    with pytest.raises(ValueError, match="eval_every"):
+        sft(corpus.train, log_dir=tmp_path / "never", eval_data=corpus.valid, eval_every=0, progress=False)
+    with pytest.raises(MachineFormatError, match="expected"):
+        sft(corpus.train, log_dir=tmp_path / "never", eval_data=[{"messages": [{"role": "user", "content": "hi"}]}],
+            progress=False)
+    assert not (tmp_path / "never").exists()
+
+
+def test_eval_rows_in_memory_and_the_default_once_an_epoch(corpus, tmp_path):
+    rows = [json.loads(x) for x in open(corpus.valid)][:6]
+    res = sft(corpus.train, log_dir=tmp_path / "mem", max_steps=12, eval_data=rows, progress=False)
+    curve = heldout_curve(res.log_dir)
+    assert list(curve["step"]) == [0, 6, 12] and curve["n"].eq(6).all()  # 48 rows at batch 8: 6 steps an epoch
+    marker = json.loads((tmp_path / "mem" / "machine_nb.json").read_text())
+    assert marker["heldout"]["source"] is None and marker["heldout"]["every"] == 6
+
+
+def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path, monkeypatch):
+    import importlib
+
+    from machine_nb.engines.local import compute
+
+    progress_mod = importlib.import_module("machine_nb.progress")
+    gate, calls = threading.Event(), []
+    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
+
+    def held_step(self, **params):
+        calls.append(1)
+        if len(calls) == 32:
+            gate.wait(60)
+        return real_step(self, **params)
+
+    def interrupting_update(self, n=1, **postfix):
+        real_update(self, n, **postfix)
+        if self.desc == "sft" and self.n >= 28:
+            gate.set()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
+    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+    log_dir = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, eval_data=corpus.valid, eval_every=6,
+            progress=False)
+    monkeypatch.setattr(progress_mod.progress, "update", real_update)
+    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
+    part = read_training_log(log_dir)
+    assert not part.complete and part.heldout_accuracy is None and part.evals >= 4
+    done = sft(corpus.train, resume=log_dir, progress=False)  # the eval settings come from the run
+    assert done.complete and done.steps == 60
+    assert list(heldout_curve(log_dir)["step"]) == list(heldout_curve(run.log_dir)["step"])
+    assert list(heldout_curve(log_dir)["accuracy"]) == list(heldout_curve(run.log_dir)["accuracy"])
+    assert (done.heldout_accuracy, done.best_step) == (run.heldout_accuracy, run.best_step)
+
+
+def test_observed_cost_on_the_tinker_path(corpus, tmp_path, monkeypatch):
+    """engine="tinker" against a server that speaks Tinker's API, with prices set: the observed
+    cost is the tokens the loop trained at the train price plus the eval tokens at the sampling prices."""
+    from machine_nb.engines.local.server import LocalServer
+    from machine_nb.pricing import clear_prices, set_price
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
+    server = LocalServer().start()
+    try:
+        set_price("local/arith-tiny", train=2.0, prefill=0.5, sample=1.5, source="test price")
+        res = sft(corpus.train, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "t",
+                  max_steps=6, eval_data=corpus.valid, eval_every=3, progress=False, max_usd=1.0)
+        again = read_training_log(res.log_dir)
+        # the guard counts the evals: a budget the training alone fits is refused, before anything is written
+        train_only = json.loads((tmp_path / "t" / "machine_nb.json").read_text())["estimate"]["train_usd"]
+        with pytest.raises(BudgetExceeded, match="with 3 held-out evals"):
+            sft(corpus.train, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "over",
+                max_steps=6, eval_data=corpus.valid, eval_every=3, progress=False, max_usd=train_only * 1.01)
+        assert not (tmp_path / "over").exists()
+    finally:
+        clear_prices()
+        server.stop()
+    curve = heldout_curve(res.log_dir)
+    assert list(curve["step"]) == [0, 3, 6]
+    train_usd = res.tokens * 2.0 / 1e6
+    eval_usd = (curve["prompt_tokens"].sum() * 0.5 + curve["output_tokens"].sum() * 1.5) / 1e6
+    assert res.eval_cost_usd == pytest.approx(eval_usd) and res.cost_usd == pytest.approx(train_usd + eval_usd)
+    # the estimate: rendered tokens at the train price, and every eval at max_tokens a reply (so it errs high)
+    assert res.estimated_usd > res.cost_usd > 0
+    assert (again.engine, again.cost_usd, again.estimated_usd) == ("tinker", res.cost_usd, res.estimated_usd)
+
+
+def test_a_dpo_log_dir_reads_back_with_its_steps(tmp_path):
+    """The cookbook's train_dpo logs `dpo_loss`, `accuracy`, `margin` per step and no train_mean_nll."""
+    rows = [{"step": s, "dpo_loss": 0.69 - 0.05 * s, "accuracy": 0.5 + 0.05 * s, "margin": 0.1 * s,
+             "num_tokens": 100, "learning_rate": 1e-5} for s in range(5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "sampler_path": "tinker://x/s"}) + "\n")
+    res = read_training_log(tmp_path)
+    assert (res.steps, res.tokens, res.loss_metric) == (5, 500, "dpo_loss")
+    assert res.first_loss == pytest.approx(0.69) and res.last_loss == pytest.approx(0.49) and res.complete
+    # a run that logs both counts by the supervised loss
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({**r, "train_mean_nll": 2.0}) + "\n" for r in rows))
+    assert read_training_log(tmp_path).loss_metric == "train_mean_nll"
+
+
+def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus, tmp_path, capsys):
+    from machine_nb.cli import main
+
+    assert main(["sft", str(corpus.train), "--log-dir", str(tmp_path / "cli"), "--steps", "6",
+                 "--eval", str(corpus.valid), "--eval-every", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out:" in out and "3 evals" in out and "(estimated $0.0000)" in out
+    code = main(["sft", str(corpus.train), "--engine", "tinker", "--model", "thinkingmachines/Inkling",
+                 "--eval", str(corpus.valid), "--eval-every", "6"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Held-out evals: 11 x 24 rows, at most $" in err and "--yes" in err

@@ -1,0 +1,53 @@
+"""The committed notebook 04 (learning rate x epochs, 3 seeds): executed, clean, parameterised,
+listed for refresh and in the README, and its saved outputs read as a report without a kernel:
+the grid's plot and table, the verdict in words with its uncertainty, the chosen setting's curves,
+the report on eval.jsonl, and the cost history."""
+
+import json
+from pathlib import Path
+
+from machine_nb.report import WIDGET_VIEW
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "04_sweep.ipynb"
+
+
+def outputs_text(cell: dict) -> str:
+    parts = []
+    for o in cell.get("outputs", []):
+        parts.append("".join(o.get("text", "")))
+        for mime in ("text/plain", "text/html", "text/markdown"):
+            parts.append("".join(o.get("data", {}).get(mime, "")))
+    return "\n".join(parts)
+
+
+def test_committed_notebook_is_clean_parameterised_and_refreshed_by_the_script():
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    assert nb["nbformat"] == 4 and nb["nbformat_minor"] >= 5 and "widgets" not in nb["metadata"]
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert "parameters" in code[0]["metadata"].get("tags", []) and all(c.get("id") for c in nb["cells"])
+    params = "".join(code[0]["source"])
+    for name in ("learning_rates", "epochs", "seeds", "eval_every", "engine", "max_usd", "max_parallel"):
+        assert f"\n{name} = " in f"\n{params}", name
+    assert all(c.get("execution_count") for c in code), "committed notebooks carry executed outputs (refresh them)"
+    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    text = json.dumps(nb)
+    assert WIDGET_VIEW not in text and "papermill" not in json.dumps(nb["metadata"])
+    assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, "absolute local paths in outputs"
+    assert "04_sweep.ipynb" in (ROOT / "scripts" / "refresh_notebooks.py").read_text()
+    assert "notebooks/04_sweep.ipynb" in (ROOT / "README.md").read_text()
+    # assertion cells guard the story when nbval re-runs it
+    sources = ["".join(c["source"]) for c in code]
+    assert sum(s.lstrip().startswith("assert") for s in sources) >= 3
+
+
+def test_the_saved_outputs_read_as_a_report():
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    shown = "\n".join(outputs_text(c) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "3 x 2 settings x 3 seeds = 18 runs" in shown and "18 runs in" in shown
+    assert "mnb-sweep-table" in shown and "image/png" in json.dumps(nb)  # SweepView's static twin
+    assert "Best by mean heldout_accuracy: " in shown and "95% interval over questions" in shown
+    assert "Best minus the runner-up" in shown and "Newcombe" in shown
+    assert "eval.jsonl, chosen setting: " in shown and "base model: 0.0%" in shown
+    assert "18 run(s) recorded" in shown and "mnb-cost-history" in shown
+    assert "**Reported on eval.jsonl**" in shown and "max_tokens 32 and temperature 0" in shown
