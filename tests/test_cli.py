@@ -15,7 +15,8 @@ import pytest
 from machine_nb.cli import build_parser
 
 # Machine's /train, /tagged and data commands, plus the report runner
-COMMANDS = ["corpus", "validate", "sft", "smoke", "eval", "tagged", "runs", "export", "report"]
+COMMANDS = ["corpus", "validate", "sft", "smoke", "eval", "tagged", "runs", "export", "report", "serve", "cases",
+            "candidate", "commit", "revert", "sweep"]
 EVAL_COMMANDS = ["baseline", "checkpoint", "compare"]
 
 

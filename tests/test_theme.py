@@ -89,6 +89,7 @@ def widgets_to_check(tmp_path):
     from machine_nb.widgets.cost_meter import CostMeter
     from machine_nb.widgets.loss_plot import LossPlot
     from machine_nb.widgets.previewer import ExamplePreviewer
+    from machine_nb.widgets.run_picker import RunPicker
     from machine_nb.widgets.tagger import Tagger
 
     log = tmp_path / "log"
@@ -108,6 +109,8 @@ def widgets_to_check(tmp_path):
         "compare view": CompareView(results([True, False, True, False]), results([True, True, False, False])),
         "tagger": Tagger([run], store=tmp_path / "store"),
         "loss plot": LossPlot(log, live=False),
+        "run picker": RunPicker(pd.DataFrame({"id": ["r1", "r2"], "machine": ["calc", "calc"], "input": ["hi", "yo"],
+                                              "output": ["hello", "hey"], "score": [1.0, 0.5]})),
     }
 
 
