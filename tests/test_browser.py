@@ -31,7 +31,7 @@ SETUP = '''\
 import pandas as pd, ipywidgets as w
 import machine_nb as mnb
 def run(i):
-    return {"id": f"run{i:03d}", "machine": "arith", "history": [],
+    return {"id": f"run{i:03d}", "machine": "abc"[i % 3], "history": [],  # as the frame's machine column
             "trajectory": [{"role": "user", "content": f"What is {i} + {i}?"},
                            {"role": "assistant", "content": f"The answer is {2 * i}."}]}
 runs = pd.DataFrame({"id": [f"run{i:03d}" for i in range(30)], "machine": ["a", "b", "c"] * 10,
@@ -176,7 +176,7 @@ def test_picker_drives_previewer_and_tagger_and_the_saved_notebook_keeps_it(tmp_
             search = page.locator('.mnb-previewer input[placeholder="filter by words (Enter)"]')
             search.fill("2 + 2")
             search.press("Enter")
-            expect(status).to_contain_text("example 1/2 · run run002 · machine arith · step · 2 messages, 1 trained · filter '2 + 2': 1 of 1")
+            expect(status).to_contain_text("example 1/2 · run run002 · machine c · step · 2 messages, 1 trained · filter '2 + 2': 1 of 1")
 
             tagger = page.locator(".mnb-tagger-live")
             expect(tagger.locator(".widget-html", has_text="run 2 of 2 · run003")).to_be_visible()

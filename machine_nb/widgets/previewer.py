@@ -462,10 +462,17 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         except Exception as exc:  # a frame training_lines cannot read: say so in the widget
             lines, note = [], f"Could not make training lines of the picked runs: {type(exc).__name__}: {exc}"
         cols = getattr(frame, "columns", ())
-        picked = (list(zip(frame["machine"].astype(str), frame["id"].astype(str)))
-                  if len(frame) and "id" in cols and "machine" in cols else [])
-        new = {k for k in picked if k not in before}
-        target = next((i for i, x in enumerate(lines) if key(x) in new), None)
+        if len(frame) and "id" in cols:
+            machines = frame["machine"].astype(str) if "machine" in cols else [None] * len(frame)
+            picked = list(zip(machines, frame["id"].astype(str)))
+        else:
+            picked = []
+        # a frame without a machine column names runs by id alone
+        seen = before if all(m is not None for m, _ in picked) else {r for _, r in before}
+        new = {k for k in picked if (k if k[0] is not None else k[1]) not in seen}
+        new_keys = {k if k[0] is not None else k[1] for k in new}
+        target = next((i for i, x in enumerate(lines)
+                       if key(x) in new_keys or key(x)[1] in new_keys), None)
         if target is None and self.line is not None:  # keep the run on screen when it is still picked
             target = next((i for i, x in enumerate(lines) if key(x) == key(self.line)), None)
         self.set_lines(lines, index=target or 0, note=note)
