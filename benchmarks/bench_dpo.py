@@ -24,6 +24,7 @@ notebooks/05_preference.ipynb top to bottom in a fresh kernel (nothing is writte
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -34,6 +35,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
+# evaluate's sampler resolves a client future inside its event loop, which the SDK logs with a stack dump
+logging.getLogger("tinker.lib.sync_only").setLevel(logging.ERROR)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SAMPLE = ROOT / "data" / "sample_workspace"
@@ -63,7 +66,8 @@ def tutor(mnb, tmp: Path, seeds: list[int]) -> bool:
     lines = quiet(mnb.tagged_lines, mnb.tagged(store), "tutor", workspace=SAMPLE)
     live, t_live = timed(mnb.evaluate_cases, SAMPLE, "tutor", show_progress=False)
     held = mnb.pairs_from_results(live, instructions=live_version(SAMPLE, "tutor")["instructions"], machine="tutor")
-    print(f"tutor: {len(pairs)} training pairs ({dict(pairs['source'].value_counts())}), {len(pairs.excluded)} left "
+    sources = {k: int(v) for k, v in pairs["source"].value_counts().items()}
+    print(f"tutor: {len(pairs)} training pairs ({sources}), {len(pairs.excluded)} left "
           f"out as held-out; {len(lines)} SFT rows; {len(held)} held-out pairs (expected answer over the live reply)")
     print(f"live v1 on the 20 held-out cases: exact match {live['correct'].mean():.2f} [{t_live:.1f} s]")
     base_pairs = mnb.score_pairs(held)

@@ -483,7 +483,7 @@ def _records(pairs: Any) -> list[dict]:
 
 
 def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison") -> Path:
-    """Write pairs to a JSONL file, atomically; returns the path.
+    """Write pairs to a JSONL file, atomically.
 
     Args:
         pairs: a pairs frame (or records with prompt, chosen, rejected).
@@ -492,6 +492,9 @@ def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison")
             "completion_A", "completion_B"}, "label": "A"}` (A = chosen); "trl": TRL's conversational
             preference format `{"prompt", "chosen", "rejected"}` (message lists). Either carries
             `pair`, `source` and `machine` beside it, which neither reader looks at.
+
+    Returns:
+        The path written.
     """
     from .jsonl import write_jsonl
 
@@ -525,8 +528,15 @@ def read_pairs(path: str | os.PathLike) -> PreferencePairs:
     """Pairs from a JSONL file in either format `write_pairs` writes (recognised line by line).
 
     A comparison line labelled "B" is read with its completions swapped; "Tie" and any other label
-    is refused, as are completions that are not one assistant reply. Errors name the file, line
-    and field. Returns a PreferencePairs frame (source from the line, else "file").
+    is refused, as are completions that are not one assistant reply and pairs whose two replies
+    are the same.
+
+    Args:
+        path: the pairs JSONL.
+
+    Returns:
+        A PreferencePairs frame (source from the line, else "file"). Raises MachineFormatError
+        naming the file, line and field of the first bad line.
     """
     from .jsonl import iter_jsonl
 

@@ -122,9 +122,17 @@ def _dpo_steps(log_dir: Path) -> list[dict]:
 
 
 def read_dpo_log(log_dir: str | os.PathLike):
-    """`read_training_log` for a DPO run: steps are the metrics rows with `dpo_loss`, the losses are
-    `dpo_loss`, tokens are `num_tokens` (chosen + rejected sequences), the cost is that of
-    DPOCostEstimate (train + policy forward + reference forward)."""
+    """The checkpoint, steps, tokens and losses of a DPO log dir (finished or not).
+
+    Args:
+        log_dir: the run's log dir.
+
+    Returns:
+        `read_training_log`'s TrainResult, with steps counted from the metrics rows that carry
+        `dpo_loss`, first_loss / last_loss their `dpo_loss`, tokens their `num_tokens` (chosen +
+        rejected sequences) and the cost as DPOCostEstimate bounds it (training + policy forward +
+        reference forward; 0 locally).
+    """
     from .pricing import dpo_cost
     from .train import read_training_log
 
@@ -204,7 +212,8 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         `margin`, `chosen_reward` and `rejected_reward` are in `training_metrics(log_dir)`.
     """
     from . import engines
-    from .train import (MARKER, _claim_log_dir, _MetricsTail, _private_files, new_log_dir, run_cookbook)
+    from .train import (LOCAL_LORA_RANK, MARKER, TINKER_LORA_RANK, _claim_log_dir, _MetricsTail, _private_files,
+                        new_log_dir, run_cookbook)
 
     start_path = None
     if resume is not None:
@@ -217,6 +226,8 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
          save_every, model, engine, start_path) = (saved[k] for k in _RESUMED)
     elif load_checkpoint is not None:
         start_path, start_model, start_engine = _state_path(load_checkpoint)
+        if model is not None and start_model is not None and render.base_model(model) != render.base_model(start_model):
+            raise ValueError(f"load_checkpoint was trained from {start_model!r}, not model={model!r}")
         model = model or start_model
         engine = engine or start_engine
     if engine is None:
@@ -243,7 +254,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
     if beta <= 0:
         raise ValueError(f"beta must be above 0, got {beta}")
     if lora_rank is None:
-        lora_rank = 8 if local_model else 32
+        lora_rank = LOCAL_LORA_RANK if local_model else TINKER_LORA_RANK
     if lora_rank < 0 or (lora_rank == 0 and not local_model):
         raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local models only), got {lora_rank}")
 
@@ -287,7 +298,8 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             learning_rate = _default_lr(model, start_path is not None)
         marker = {"kind": "dpo", "engine": engine, "model": model, "renderer": renderer, "pairs": len(records),
                   "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps, "learning_rate": learning_rate,
-                  "beta": beta, "lora_rank": lora_rank, "seed": seed, "max_length": max_length,
+                  "beta": beta, "lora_rank": None if start_path else lora_rank,  # a checkpoint keeps its own
+                  "seed": seed, "max_length": max_length,
                   "lr_schedule": lr_schedule, "save_every": save_every, "load_checkpoint": start_path,
                   "source": str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<in-memory pairs>"}
         atomic_write_text(path / MARKER, json.dumps(marker, indent=1))
@@ -372,6 +384,10 @@ def _reply_logprob(client: Any, renderer: Any, messages: list[dict]) -> Any:
     return _Sum()
 
 
+#: The local engine's SDK client, by server URL, reused by every score_pairs call of this process.
+_LOCAL_SERVICE: dict[str, Any] = {}
+
+
 def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None):
     """How a model (or checkpoint) ranks each pair's replies: the summed log-probability of each.
 
@@ -392,7 +408,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     """
     import pandas as pd
 
-    from .engines import checkpoint_base_model, default_model, engine_for, service_client, to_sdk_path
+    from .engines import checkpoint_base_model, default_model, engine_for, local_base_url, service_client, to_sdk_path
     from .evaluate import prompt_text
 
     records = _pair_records(pairs)
@@ -404,7 +420,13 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
         if checkpoint is not None:
             raise ValueError("model= is needed with a Tinker checkpoint (its renderer formats the pairs)")
         model = default_model(engine)
-    client_of = service_client(engine, models=(model,))
+    if engine == "local":  # one SDK client for the process: each new one keeps its threads and connections
+        url = local_base_url()
+        if url not in _LOCAL_SERVICE:
+            _LOCAL_SERVICE[url] = service_client("local")
+        client_of = _LOCAL_SERVICE[url]
+    else:
+        client_of = service_client(engine, models=(model,))
     import tinker
 
     client = (client_of.create_sampling_client(model_path=to_sdk_path(checkpoint)) if checkpoint

@@ -315,10 +315,19 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
                       max_steps: int | None = None, prices: Mapping[str, Any] | None = None) -> DPOCostEstimate:
     """Price a DPO run on preference pairs before it runs (see DPOCostEstimate for what a step costs).
 
-    pairs: a pairs frame (`preference_pairs`), pair records, or a pairs JSONL path. epochs,
-    batch_size (pairs per step), max_steps, price, prices, max_usd: as in estimate_cost (defaults 1,
-    8, None, the table's row, None, no budget). A model without a train or prefill price raises
-    UnknownPrice ("cannot bound the cost"); over max_usd raises BudgetExceeded.
+    Args:
+        pairs: a pairs frame (`preference_pairs`), pair records, or a pairs JSONL path.
+        model: the model to train (its renderer counts the tokens).
+        epochs: passes over the pairs (default 1, the cookbook's).
+        batch_size: pairs per step (default 8).
+        price / prices: a Price (or dict of its fields) instead of the table's row, or per-call
+            overrides (default None: `price_for(model)`).
+        max_usd: raise BudgetExceeded when the estimate is over it (default None: no budget).
+        max_steps: stop after this many steps, as `dpo(max_steps=)` does (default None).
+
+    Returns:
+        A DPOCostEstimate. A model without a train or prefill price raises UnknownPrice ("cannot
+        bound the cost").
     """
     from .pairs import _records
     from .tokens import count_tokens

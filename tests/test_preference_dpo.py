@@ -170,7 +170,12 @@ def test_bad_pairs_are_refused_before_anything_is_written(pairs, tmp_path):
         dpo(pairs.head(3), log_dir=tmp_path / "few", progress=False)
     with pytest.raises(EngineError, match="engine='tinker'"):
         dpo(pairs, model="Qwen/Qwen3-8B", engine="local", log_dir=tmp_path / "qwen", progress=False)
-    assert not any((tmp_path / d).exists() for d in ("same", "long", "few", "qwen"))
+    other = mnb.TrainResult(checkpoint=None, steps=1, tokens=1, first_loss=1.0, last_loss=1.0, log_dir=str(tmp_path),
+                            cost_usd=0.0, model="local/other-tiny", engine="local",
+                            state_path="tinker://local-0123456789ab:train:0/weights/final")
+    with pytest.raises(ValueError, match="trained from 'local/other-tiny'"):
+        dpo(pairs, model="local/arith-tiny", load_checkpoint=other, log_dir=tmp_path / "other", progress=False)
+    assert not any((tmp_path / d).exists() for d in ("same", "long", "few", "qwen", "other"))
 
 
 # --------------------------------------------------------------------------- Tinker: refused before spending
