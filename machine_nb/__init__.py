@@ -110,6 +110,17 @@ _API: dict[str, str] = {
     "read_sweep": "sweeps",
     "sweep_summary": "sweeps",
     "SweepView": "widgets.sweep_view",
+    # preference pairs from tags, and DPO on them
+    "preference_pairs": "pairs",
+    "pairs_from_results": "pairs",
+    "write_pairs": "pairs",
+    "read_pairs": "pairs",
+    "PreferencePairs": "pairs",
+    "PairsSkipped": "pairs",
+    "dpo": "preference",
+    "score_pairs": "preference",
+    "read_dpo_log": "preference",
+    "estimate_dpo_cost": "pricing",
 }
 
 __all__ = sorted(_API)

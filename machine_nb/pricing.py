@@ -2,7 +2,8 @@
 
 Prices are USD per million tokens, each row with its source and date (Machine's `TINKER_PRICES`
 table in its src/pricing.ts); token counts come from `tokens.count_tokens` (exact where the
-model's renderer works offline). `train.sft` and `evaluate` call `check_budget` before spending.
+model's renderer works offline). `train.sft`, `preference.dpo` and `evaluate` call `check_budget`
+before spending.
 """
 
 from __future__ import annotations
@@ -267,6 +268,108 @@ def estimate_eval_cost(eval_path: str | os.PathLike | Iterable[Mapping[str, Any]
     return est
 
 
+@dataclass
+class DPOCostEstimate:
+    """A DPO run's cost before it runs.
+
+    Each step passes every pair's two sequences (prompt + chosen, prompt + rejected) three times:
+    the reference model's log-probabilities (a forward pass on a sampler snapshot of the starting
+    weights, at the prefill price: `reference_usd`), the policy's forward pass that the DPO loss is
+    computed from (`forward_usd`) and the forward-backward pass that trains (`train_usd`), both on
+    the training client and both at the train price (how Tinker bills a forward-only pass is not
+    published, so it is bounded by the training price: the estimate errs high).
+
+    pairs: pairs given; tokens: rendered tokens of both sequences of every pair (one epoch);
+    trained_tokens: those of the two completions; steps: (pairs // batch_size) * epochs, capped by
+    max_steps; usd: the three parts together (the dropped partial batch counted too, as for SFT);
+    exact: whether counts come from the model's real renderer.
+    """
+
+    model: str
+    pairs: int
+    tokens: int
+    trained_tokens: int
+    epochs: int
+    batch_size: int
+    steps: int
+    train_usd: float
+    forward_usd: float
+    reference_usd: float
+    usd: float
+    exact: bool
+    price: Price
+    note: str = ""
+
+    def _repr_html_(self) -> str:
+        kind = "exact" if self.exact else "estimated"
+        note = f"<br><small>{html.escape(self.note)}</small>" if self.note else ""
+        return (f"<div class='machine-nb-cost'><b>{html.escape(self.model)}</b> DPO: "
+                f"{self.pairs} pairs · {self.tokens:,} tokens an epoch ({kind}, chosen + rejected) · "
+                f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · <b>${self.usd:.4f}</b> "
+                f"= train ${self.train_usd:.4f} + policy forward ${self.forward_usd:.4f} + reference model "
+                f"forward ${self.reference_usd:.4f}<br>{_price_html(self.price)}{note}</div>")
+
+
+def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int = 8,
+                      price: Price | Mapping[str, Any] | None = None, max_usd: float | None = None, *,
+                      max_steps: int | None = None, prices: Mapping[str, Any] | None = None) -> DPOCostEstimate:
+    """Price a DPO run on preference pairs before it runs (see DPOCostEstimate for what a step costs).
+
+    Args:
+        pairs: a pairs frame (`preference_pairs`), pair records, or a pairs JSONL path.
+        model: the model to train (its renderer counts the tokens).
+        epochs: passes over the pairs (default 1, the cookbook's).
+        batch_size: pairs per step (default 8).
+        price / prices: a Price (or dict of its fields) instead of the table's row, or per-call
+            overrides (default None: `price_for(model)`).
+        max_usd: raise BudgetExceeded when the estimate is over it (default None: no budget).
+        max_steps: stop after this many steps, as `dpo(max_steps=)` does (default None).
+
+    Returns:
+        A DPOCostEstimate. A model without a train or prefill price raises UnknownPrice ("cannot
+        bound the cost").
+    """
+    from .pairs import _records
+    from .tokens import count_tokens
+
+    row = _resolve_price(model, price, prices)
+    if row.train is None or row.prefill is None:
+        missing = "training" if row.train is None else "prefill (the reference model's forward pass)"
+        raise UnknownPrice(f"No {missing} price is known for {model!r} ({row.source or 'no source'}): cannot bound the "
+                           f"cost of DPO. Call machine_nb.pricing.set_price({model!r}, train=…, prefill=…).")
+    records = _records(pairs)
+    rows = [{"messages": list(p["prompt"]) + list(p[side])} for p in records for side in ("chosen", "rejected")]
+    df = count_tokens(rows, model) if rows else None
+    tokens = int(df["tokens"].sum()) if rows else 0
+    trained = int(df["trained_tokens"].sum()) if rows else 0
+    exact = bool(df["exact"].all()) if rows else True
+    full_steps = (len(records) // batch_size) * epochs
+    steps = full_steps if max_steps is None else min(full_steps, max_steps)
+    fraction = 1.0 if not full_steps else steps / full_steps
+    passed = tokens * epochs * fraction / 1e6
+    train_usd, forward_usd, reference_usd = passed * row.train, passed * row.train, passed * row.prefill
+    usd = train_usd + forward_usd + reference_usd
+    est = DPOCostEstimate(model=model, pairs=len(records), tokens=tokens, trained_tokens=trained, epochs=epochs,
+                          batch_size=batch_size, steps=steps, train_usd=train_usd, forward_usd=forward_usd,
+                          reference_usd=reference_usd, usd=usd, exact=exact, price=row,
+                          note=(df.attrs.get("note", "") if df is not None else ""))
+    check_budget(usd, max_usd, f"DPO on {model} for {epochs} epoch(s)")
+    return est
+
+
+def dpo_cost(model: str | None, engine: str | None, tokens: int) -> float | None:
+    """What a DPO run that processed `tokens` cost (train + policy forward + reference forward, as
+    DPOCostEstimate bounds it): 0 on the local engine, None when a price is unknown."""
+    if engine == "local":
+        return 0.0
+    if model is None:
+        return None
+    row = price_for(model, strict=False)
+    if row is None or row.train is None or row.prefill is None:
+        return None
+    return tokens * (2 * row.train + row.prefill) / 1e6
+
+
 def prices_frame():
     """The price table (overrides applied) as a DataFrame: model, prefill, cached_prefill, sample, train, source, date."""
     import pandas as pd
@@ -277,4 +380,5 @@ def prices_frame():
 
 
 __all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget",
-           "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "prices_frame"]
+           "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "prices_frame",
+           "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost"]

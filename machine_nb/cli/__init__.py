@@ -12,7 +12,8 @@ import importlib
 import sys
 
 # modules in this package, in the order their commands appear in --help
-_MODULES = ["data", "corpus", "validate", "train", "eval", "cases", "report", "serve"]
+_MODULES = ["data", "corpus", "validate", "train", "eval", "cases", "report", "serve",
+            "preference"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,144 @@
+"""`machine-nb pairs` and `machine-nb dpo`: preference pairs from a tag store, and DPO on them, from a
+terminal. The work is machine_nb.pairs's and machine_nb.preference's; this module parses flags, asks
+for `--yes` before spending on Tinker, and prints what a reader needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pairs", help="preference pairs (prompt, chosen, rejected) from tag rows and scored runs",
+        description="Build preference pairs from a tag store: /good --as rewrites (the rewrite over the reply it "
+                    "replaced), /bad and /good rows of the same conversation, and runs of the same case whose "
+                    "scores differ by at least --min-gap. Ties, identical replies and duplicates are dropped; "
+                    "held-out cases are left out. Reads: the store, and with --workspace the machine's definition "
+                    "(instructions, holdout.json) and runs. Writes: --out (atomic), nothing else. Cost: free.")
+    p.add_argument("--store", default=None, help="tag store directory (default: the current project's, as `tagged`)")
+    p.add_argument("--workspace", default=None, help="workspace holding the machine's definition and runs")
+    p.add_argument("--machine", default=None, help="only this machine's rows and runs (its holdout is excluded)")
+    p.add_argument("--min-gap", type=float, default=0.25,
+                   help="smallest score difference that makes a score pair (default 0.25)")
+    p.add_argument("--source", action="append", choices=["rewrite", "tags", "scores"], default=None,
+                   help="use only this source (repeatable; default all three)")
+    p.add_argument("-o", "--out", default=None, help="write the pairs here (JSONL)")
+    p.add_argument("--format", choices=["comparison", "trl"], default="comparison",
+                   help="comparison: tinker-cookbook's comparison JSONL (default); trl: TRL's prompt/chosen/rejected")
+    p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    p.set_defaults(func=_run_pairs)
+
+    d = sub.add_parser(
+        "dpo", help="direct preference optimisation with tinker-cookbook's train_dpo, on the local engine or Tinker",
+        description="Train on preference pairs with tinker-cookbook's preference.train_dpo.main. Reads: PAIRS (a "
+                    "pairs JSONL, either format `machine-nb pairs` writes). Writes: a fresh log dir (runs/dpo-<time>-"
+                    "<hex> unless --log-dir/--workspace; 0700) with pairs.jsonl, config.json, metrics.jsonl "
+                    "(dpo_loss, accuracy, margin, chosen/rejected reward), checkpoints.jsonl and the checkpoints. "
+                    "Cost: free on the local engine; on Tinker each step passes both replies of every pair through "
+                    "training, the policy's forward pass and the reference model's (needs --yes, TINKER_API_KEY and "
+                    "known train and prefill prices; refused over --max-usd).")
+    d.add_argument("pairs", help="pairs JSONL (from `machine-nb pairs -o`)")
+    d.add_argument("--model", default=None, help="base model (default: the engine's; local/arith-tiny locally)")
+    d.add_argument("--engine", choices=["local", "tinker"], default=None,
+                   help="where to train (default: the model's or checkpoint's engine; local when neither is given)")
+    d.add_argument("--from", dest="load_checkpoint", default=None,
+                   help="start from an SFT run: its log dir or a tinker://…/weights/<name> state path")
+    d.add_argument("--beta", type=float, default=0.1, help="DPO's KL coefficient (default 0.1)")
+    d.add_argument("--learning-rate", "--lr", type=float, default=None,
+                   help="peak learning rate, linear decay (default: 3e-3 local from the base model, 1e-4 from a "
+                        "checkpoint; 1e-5 on Tinker)")
+    d.add_argument("--epochs", type=int, default=10, help="passes over the pairs (default 10)")
+    d.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: epochs x full batches)")
+    d.add_argument("--batch-size", type=int, default=8, help="pairs per step (default 8)")
+    d.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8 local, 32 Tinker)")
+    d.add_argument("--log-dir", default=None, help="log dir for this run (default: a fresh runs/… dir)")
+    d.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
+    d.add_argument("--resume", default=None, help="continue the dpo run in this log dir from its last checkpoint")
+    d.add_argument("--seed", type=int, default=0, help="the order the pairs are written in (default 0)")
+    d.add_argument("--max-usd", type=float, default=None, help="Tinker budget: refuse when the estimate is over it")
+    d.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
+    d.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    d.set_defaults(func=_run_dpo)
+
+
+def _run_pairs(args: argparse.Namespace) -> int:
+    from ..pairs import SOURCES, PairsSkipped, preference_pairs, write_pairs
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:  # counted below, in the same words
+        warnings.simplefilter("always")
+        pairs = preference_pairs(args.store, machine=args.machine, workspace=args.workspace, min_gap=args.min_gap,
+                                 sources=args.source or SOURCES)
+    for w in said:
+        if issubclass(w.category, PairsSkipped):
+            print(f"machine-nb pairs: {w.message}", file=sys.stderr)
+    counts = {"pairs": len(pairs), "by_source": {k: int(v) for k, v in pairs["source"].value_counts().items()},
+              "excluded_held_out": len(pairs.excluded),
+              "skipped": {k: int(v) for k, v in pairs.skipped_counts().items()}}
+    if args.out:
+        counts["out"] = str(write_pairs(pairs, args.out, format=args.format))
+    if args.json:
+        print(json.dumps(counts))
+        return 0
+    by = ", ".join(f"{n} {k}" for k, n in counts["by_source"].items()) or "none"
+    print(f"{len(pairs)} pair(s) ({by}); {len(pairs.excluded)} left out as held-out")
+    for reason, n in counts["skipped"].items():
+        print(f"  skipped {n}: {reason}")
+    if args.out:
+        print(f"wrote {counts['out']} ({args.format})")
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> str:
+    from ..engines import engine_for
+
+    if args.engine:
+        return args.engine
+    if args.model:
+        return engine_for(args.model)
+    if args.load_checkpoint:
+        from pathlib import Path
+
+        if Path(args.load_checkpoint).is_dir():  # an sft log dir: the engine it ran on
+            from ..train import read_training_log
+
+            return read_training_log(args.load_checkpoint).engine or "local"
+        return engine_for(args.load_checkpoint)
+    return "local"
+
+
+def _run_dpo(args: argparse.Namespace) -> int:
+    from ..preference import dpo
+
+    if _engine(args) == "tinker" and not args.yes:
+        from ..pricing import estimate_dpo_cost
+
+        if not args.model:
+            print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling)", file=sys.stderr)
+            return 2
+        est = estimate_dpo_cost(args.pairs, args.model, epochs=args.epochs, batch_size=args.batch_size,
+                                max_steps=args.steps, max_usd=args.max_usd)
+        print(f"This trains {args.model} on Tinker with DPO: {est.pairs} pairs, {est.tokens:,} tokens (chosen + "
+              f"rejected) x {args.epochs} epoch(s), {est.steps} steps, about ${est.usd:.4f} = training "
+              f"${est.train_usd:.4f} + the policy's forward pass ${est.forward_usd:.4f} + the reference model's "
+              f"forward pass ${est.reference_usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
+              f"{est.price.source} {est.price.date}). Re-run with --yes to spend.", file=sys.stderr)
+        return 2
+    result = dpo(args.pairs, args.model, args.engine, beta=args.beta, learning_rate=args.learning_rate,
+                 epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, lora_rank=args.lora_rank,
+                 load_checkpoint=args.load_checkpoint, log_dir=args.log_dir, workspace=args.workspace,
+                 resume=args.resume, seed=args.seed, max_usd=args.max_usd)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    loss = "–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}"
+    cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.4f}"
+    print(f"{result.model} on {result.engine}: {result.steps} DPO steps, {result.tokens:,} tokens, dpo_loss {loss}, "
+          f"cost {cost}")
+    print(f"checkpoint: {result.checkpoint}")
+    print(f"log dir:    {result.log_dir}")
+    return 0

@@ -1,0 +1,578 @@
+"""Preference pairs from what a team already said: a prompt with a chosen and a rejected reply.
+
+Sources: a rewrite row (`/good --as`: the rewrite over the reply it replaced), a `/bad` row and a
+`/good` row of the same conversation, runs of the same case whose scores differ by at least
+`min_gap`, and eval results (the expected answer over the model's own wrong one). Held-out cases
+are left out as `export.tagged_lines` leaves them out of SFT. Written out, pairs are
+tinker-cookbook's comparison JSONL (what `preference.dpo` trains on) or TRL's conversational
+preference format. Training on them is preference.py's.
+
+pandas is imported at module level: every public function here returns a frame (`import
+machine_nb` still loads none of this module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .errors import MachineFormatError
+from .export import case_key, held_out_keys, run_case, say_excluded, without_thinking
+
+#: The tag-row key holding the assistant reply a rewrite replaced (its text), next to `rewritten: true`.
+REPLACED_KEY = "replaced"
+
+#: Where pairs come from, in the order they are built (a duplicate keeps the first source's row).
+SOURCES = ("rewrite", "tags", "scores")
+
+PAIR_COLUMNS = ["pair", "source", "machine", "input", "prompt", "chosen", "rejected", "chosen_tag", "rejected_tag",
+                "chosen_run", "rejected_run", "chosen_score", "rejected_score"]
+"""Columns of a pairs frame: pair (12 hex of sha256 over prompt, chosen and rejected: the same pair
+has the same id everywhere), source ("rewrite" | "tags" | "scores" | "results" | "file"), machine,
+input (the last user message's text), prompt (the chat messages before the reply, starting with
+the machine's instructions as a system message when known), chosen and rejected (each a list
+holding one assistant message, TRL's conversational shape), chosen_tag / rejected_tag (tag row
+ids; a rewrite row is both), chosen_run / rejected_run (run ids), chosen_score / rejected_score
+(scorecard totals, for score pairs)."""
+
+# Skip reasons (`PreferencePairs.skipped`), one phrase each.
+OTHER_MACHINE = "another machine"
+NO_REPLY = "no assistant reply"
+REPLACED_UNKNOWN = "rewrite whose replaced reply is unknown (no 'replaced' key, no tagged run to rebuild it from)"
+TURN_DIFFERS = "rewrite whose tagged run no longer holds the tagged turn"
+IDENTICAL = "identical completions"
+TIE = "tie (equal scores)"
+SMALL_GAP = "score gap below min_gap"
+UNSCORED = "unscored run"
+DUPLICATE = "duplicate pair"
+CONTRADICTS = "contradicted by a pair the other way round"
+
+
+class PairsSkipped(UserWarning):
+    """Tag rows that should have made preference pairs and could not (each listed in `.skipped`)."""
+
+
+class PreferencePairs(pd.DataFrame):
+    """A pairs frame (PAIR_COLUMNS, one row per pair), plus what was left out and why.
+
+    excluded: pair records left out because their input is a held-out case.
+    skipped: `{"source", "id", "reason"}` dicts for rows, runs or pairs that gave no pair (ties,
+    identical completions, duplicates, rewrites whose replaced reply is unknown, …).
+    """
+
+    _metadata = ["excluded", "skipped"]
+
+    @property
+    def _constructor(self):
+        return PreferencePairs
+
+    def skipped_counts(self) -> pd.Series:
+        """How many were skipped for each reason (most first)."""
+        reasons = [s["reason"] for s in (getattr(self, "skipped", None) or [])]
+        return pd.Series(reasons, dtype="object").value_counts().rename_axis("reason").rename("skipped")
+
+
+# ---------------------------------------------------------------------------------------------
+# messages
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    return "" if content is None else str(content)
+
+
+def _message(m: dict) -> dict:
+    """A message as pairs keep it: reasoning dropped, content a string, `trainable` flags gone."""
+    out = {k: v for k, v in without_thinking(dict(m)).items() if k != "trainable"}
+    out["content"] = _text(out.get("content"))
+    return out
+
+
+def _is_reply(m: Any) -> bool:
+    return (isinstance(m, dict) and m.get("role") == "assistant" and not m.get("tool_calls")
+            and bool(_text(m.get("content")).strip()))
+
+
+def split_reply(messages: list[dict]) -> tuple[list[dict], dict] | None:
+    """(the messages before the last assistant reply, that reply), or None when there is none.
+
+    A reply is an assistant message with text and no tool calls; what follows it is not part of
+    the pair.
+    """
+    at = max((i for i, m in enumerate(messages) if _is_reply(m)), default=-1)
+    if at < 0:
+        return None
+    return [_message(m) for m in messages[:at]], _message(messages[at])
+
+
+def _with_system(prompt: list[dict], system: str | None) -> list[dict]:
+    if system and not (prompt and prompt[0].get("role") == "system"):
+        return [{"role": "system", "content": system}] + prompt
+    return prompt
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def pair_id(prompt: list[dict], chosen: list[dict], rejected: list[dict]) -> str:
+    """12 hex of sha256 over the pair's canonical JSON: the same pair has the same id in every file."""
+    return hashlib.sha256(_key([prompt, chosen, rejected]).encode("utf-8")).hexdigest()[:12]
+
+
+def _last_user(prompt: list[dict]) -> str:
+    return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
+
+
+def _record(source: str, machine: Any, prompt: list[dict], chosen: dict, rejected: dict, **ids: Any) -> dict:
+    c, r = [chosen], [rejected]
+    rec = {"pair": pair_id(prompt, c, r), "source": source, "machine": machine, "input": _last_user(prompt),
+           "prompt": prompt, "chosen": c, "rejected": r}
+    for col in PAIR_COLUMNS[7:]:
+        rec[col] = ids.get(col)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def _tag_rows(store: Any) -> list[dict]:
+    if store is None or isinstance(store, (str, os.PathLike)):
+        from .store.tags import tagged
+
+        frame = tagged(store)
+        return list(frame["row"])
+    if isinstance(store, pd.DataFrame):
+        return list(store["row"]) if "row" in store.columns else store.to_dict("records")
+    return [r for r in store]
+
+
+def _run_id_of(row: dict) -> str | None:
+    rid = row.get("run")
+    if isinstance(rid, str) and rid:
+        return rid
+    src = row.get("source")
+    return src[:-5] if isinstance(src, str) and src.endswith(".json") else None
+
+
+def _machine_def(machine: Any, workspace: Any) -> dict:
+    if isinstance(machine, dict):
+        return dict(machine)
+    if isinstance(machine, str):
+        if workspace is not None:
+            from .store.workspace import load_machine
+
+            return load_machine(workspace, machine)
+        return {"name": machine}
+    return {}
+
+
+def _run_records(runs: Any, workspace: Any, name: str | None) -> list[dict]:
+    if runs is None:
+        if workspace is None:
+            return []
+        from .frames import load_runs
+
+        runs = load_runs(workspace, name)
+    from .export import run_records
+
+    records = run_records(runs)
+    return [r for r in records if name is None or r.get("machine") == name]
+
+
+# ---------------------------------------------------------------------------------------------
+# the sources
+
+
+class _Collector:
+    """Pair records in order, with duplicates, contradictions and held-out inputs taken out."""
+
+    def __init__(self, held: set[str]):
+        self.held = held
+        self.records: list[dict] = []
+        self.excluded: list[dict] = []
+        self.skipped: list[dict] = []
+        self._seen: dict[tuple[str, str, str], int] = {}
+
+    def skip(self, source: str, ident: Any, reason: str) -> None:
+        self.skipped.append({"source": source, "id": ident, "reason": reason})
+
+    def add(self, rec: dict) -> None:
+        chosen, rejected = rec["chosen"][0]["content"], rec["rejected"][0]["content"]
+        ident = rec.get("chosen_tag") or rec.get("chosen_run") or rec["pair"]
+        if chosen.strip() == rejected.strip():
+            self.skip(rec["source"], ident, IDENTICAL)
+            return
+        if self.held and any(case_key(m["content"]) in self.held for m in rec["prompt"] if m.get("role") == "user"):
+            self.excluded.append(rec)
+            return
+        prompt = _key(rec["prompt"])
+        if (prompt, chosen, rejected) in self._seen:
+            self.skip(rec["source"], ident, DUPLICATE)
+            return
+        self._seen[(prompt, chosen, rejected)] = len(self.records)
+        self.records.append(rec)
+
+    def result(self) -> list[dict]:
+        """The records, less both sides of every contradiction (A over B and B over A)."""
+        keys = set(self._seen)
+        out = []
+        for rec in self.records:
+            k = (_key(rec["prompt"]), rec["chosen"][0]["content"], rec["rejected"][0]["content"])
+            if (k[0], k[2], k[1]) in keys:
+                self.skip(rec["source"], rec.get("chosen_tag") or rec["pair"], CONTRADICTS)
+                continue
+            out.append(rec)
+        return out
+
+
+def _rebuilt_reply(row: dict, user: str, runs_by_id: dict[str, dict]) -> tuple[str | None, str | None]:
+    """(the reply the rewrite replaced, the skip reason): read back from the tagged run's latest turn."""
+    from .store.tags import _item_messages, _text as tag_text, latest_turn
+
+    run = runs_by_id.get(_run_id_of(row) or "")
+    if run is None:
+        return None, REPLACED_UNKNOWN
+    msgs, _ = _item_messages(run)
+    try:
+        user_i, reply_i = latest_turn(msgs)
+    except ValueError:
+        return None, TURN_DIFFERS
+    if tag_text(msgs[user_i].get("content")) != user.strip():
+        return None, TURN_DIFFERS
+    return tag_text(msgs[reply_i].get("content")), None
+
+
+def _from_tags(rows: list[dict], name: str | None, system: str | None, runs_by_id: dict[str, dict],
+               sources: set[str], out: _Collector) -> None:
+    good: dict[str, list[tuple[dict, list[dict], dict]]] = {}
+    bad: dict[str, list[tuple[dict, list[dict], dict]]] = {}
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            continue
+        if name is not None and row.get("machine") != name:
+            continue  # rows of other machines are not this machine's preferences (not counted)
+        if row.get("tag") not in ("good", "bad"):
+            continue
+        split = split_reply(row["messages"])
+        if split is None:
+            out.skip("tags", row.get("id"), NO_REPLY)
+            continue
+        prompt, reply = split
+        prompt = _with_system(prompt, system)
+        entry = (row, prompt, reply)
+        (good if row["tag"] == "good" else bad).setdefault(_key(prompt), []).append(entry)
+        if "rewrite" in sources and row["tag"] == "good" and row.get("rewritten") is True:
+            replaced = row.get(REPLACED_KEY)
+            reason = None
+            if not isinstance(replaced, str):
+                replaced, reason = _rebuilt_reply(row, _last_user(prompt), runs_by_id)
+            if replaced is None:
+                out.skip("rewrite", row.get("id"), reason or REPLACED_UNKNOWN)
+                continue
+            run = _run_id_of(row)
+            out.add(_record("rewrite", row.get("machine"), prompt, reply, {"role": "assistant", "content": replaced},
+                            chosen_tag=row.get("id"), rejected_tag=row.get("id"), chosen_run=run, rejected_run=run))
+    if "tags" not in sources:
+        return
+    for key, goods in good.items():
+        for g_row, prompt, g_reply in goods:
+            for b_row, _, b_reply in bad.get(key, []):
+                out.add(_record("tags", g_row.get("machine") or b_row.get("machine"), prompt, g_reply, b_reply,
+                                chosen_tag=g_row.get("id"), rejected_tag=b_row.get("id"),
+                                chosen_run=_run_id_of(g_row), rejected_run=_run_id_of(b_row)))
+
+
+def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Collector) -> None:
+    from .export import conversation
+
+    groups: dict[tuple[str, str, str], list[tuple[float | None, str, dict, list[dict], dict]]] = {}
+    for run in runs:
+        split = split_reply(conversation(run, system, reasoning=False))
+        if split is None:
+            continue
+        prompt, reply = split
+        score = (run.get("scorecard") or {}).get("total")
+        score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+        key = (str(run.get("machine")), run_case(run), _key(prompt))
+        groups.setdefault(key, []).append((score, str(run.get("startedAt") or ""), run, prompt, reply))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        scored = [m for m in members if m[0] is not None]
+        for m in members:
+            if m[0] is None:
+                out.skip("scores", m[2].get("id"), UNSCORED)
+        if len(scored) < 2:
+            continue
+        # best: highest score, then newest (Machine's bestOf order); worst: lowest score, then newest
+        top, bottom = max(m[0] for m in scored), min(m[0] for m in scored)
+        best = max((m for m in scored if m[0] == top), key=lambda m: m[1])
+        worst = max((m for m in scored if m[0] == bottom), key=lambda m: m[1])
+        gap = best[0] - worst[0]
+        if gap == 0:
+            out.skip("scores", best[2].get("id"), TIE)
+            continue
+        if gap < min_gap:
+            out.skip("scores", best[2].get("id"), SMALL_GAP)
+            continue
+        out.add(_record("scores", best[2].get("machine"), best[3], best[4], worst[4],
+                        chosen_run=best[2].get("id"), rejected_run=worst[2].get("id"),
+                        chosen_score=best[0], rejected_score=worst[0]))
+
+
+def _frame(records: list[dict], excluded: list[dict], skipped: list[dict]) -> PreferencePairs:
+    df = PreferencePairs(pd.DataFrame.from_records(records, columns=PAIR_COLUMNS))
+    for col in ("chosen_score", "rejected_score"):
+        df[col] = df[col].astype("float64")
+    df.excluded = list(excluded)
+    df.skipped = list(skipped)
+    return df
+
+
+def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict | None = None,
+                     workspace: str | os.PathLike | None = None, min_gap: float = 0.25,
+                     exclude: Iterable[Any] | None = None, instructions: str | None = None,
+                     sources: Iterable[str] = SOURCES) -> PreferencePairs:
+    """Preference pairs (prompt, chosen, rejected) from tag rows and scored runs.
+
+    - **rewrite**: a `/good --as` row (`rewritten: true`): chosen = the rewrite, rejected = the reply
+      it replaced (the row's `replaced` key; for rows without it, such as Machine's own, the latest
+      turn of the run the row names, read from `runs`; else the row is skipped and counted).
+    - **tags**: a `/good` row and a `/bad` row with the same conversation up to the reply (every
+      good x bad combination): chosen = the good reply, rejected = the bad one.
+    - **scores**: runs of the same case and conversation whose scorecard totals differ by at least
+      `min_gap`: chosen = the best run's reply, rejected = the worst's (newest first on equal scores).
+
+    Identical completions, ties, duplicates (the first source keeps its row) and contradicting pairs
+    (A over B and B over A: both go) are dropped and listed in `.skipped`; pairs whose input is a
+    held-out case are left out, listed in `.excluded` and counted in one HeldOutExcluded warning.
+
+    Args:
+        store: the tag rows: a tag store directory, a `tagged()` DataFrame, or tag row dicts.
+            Default None: `store_dir()` of the current directory, as `tagged()` reads.
+        runs: runs for score pairs and for rebuilding rewrites: a `load_runs` frame or Run dicts.
+            Default None: the runs of `workspace` (of `machine` when given), none without a workspace.
+        machine: a machine name (its definition read from `workspace`) or definition dict. Rows and
+            runs of other machines are left out. Default None: every row and run.
+        workspace: where the machine is defined and its runs live (default None).
+        min_gap: the smallest scorecard difference that makes a score pair (default 0.25, a quarter
+            of the 0-1 score range: closer scores are as likely a grader's noise as a preference).
+        exclude: held-out cases never trained on (strings, `{input}` dicts or a load_cases frame).
+            Default None: the machine's holdout cases (none known without a machine). `()`: none.
+        instructions: the system message every prompt starts with (tag rows store only the turn).
+            Default None: the machine's instructions, none when unknown; "" adds none.
+        sources: which sources to use (default all of SOURCES).
+
+    Returns:
+        A PreferencePairs frame (PAIR_COLUMNS, one row per pair, in source order).
+    """
+    wanted = set(sources)
+    unknown = wanted - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown pair source(s) {sorted(unknown)}; known: {', '.join(SOURCES)}")
+    if min_gap is None or min_gap <= 0:
+        raise ValueError(f"min_gap must be above 0 (equal scores are a tie, never a preference), got {min_gap}")
+    mdef = _machine_def(machine, workspace)
+    name = mdef.get("name")
+    system = mdef.get("instructions") if instructions is None else instructions
+    held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
+    out = _Collector(held)
+    run_list = _run_records(runs, workspace, name) if (wanted & {"rewrite", "scores"}) else []
+    if wanted & {"rewrite", "tags"}:
+        rows = _tag_rows(store)
+        _from_tags(rows, name, system, {str(r.get("id")): r for r in run_list}, wanted, out)
+    if "scores" in wanted:
+        _from_scores(run_list, system, float(min_gap), out)
+    records = out.result()
+    lost = [s for s in out.skipped if s["reason"] in (REPLACED_UNKNOWN, TURN_DIFFERS)]
+    if lost:
+        ids = ", ".join(str(s["id"]) for s in lost[:10]) + (" …" if len(lost) > 10 else "")
+        warnings.warn(PairsSkipped(
+            f"{len(lost)} rewrite row(s) gave no pair: the reply they replaced is unknown ({ids}). Pass the "
+            "workspace (or runs=) holding the runs they name; rows written from now on keep it."), stacklevel=2)
+    say_excluded(len(out.excluded), len(out.excluded) + len(records), "preference pair(s)",
+                 f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
+    return _frame(records, out.excluded, out.skipped)
+
+
+def pairs_from_results(results: Any, *, instructions: str | None = None, machine: str | None = None) -> PreferencePairs:
+    """Pairs from eval results: the expected answer over the model's own wrong reply.
+
+    One pair per row scored `exact` that the model got wrong (a right reply, an error or a rule
+    that is not a literal answer, such as `contains`, gives none). Held-out cases' results make
+    held-out pairs: a measure of whether a checkpoint prefers the answer to what the base model says.
+
+    Args:
+        results: an `evaluate` / `evaluate_cases` DataFrame, or the path of a results JSON (its
+            rows carry the exact prompt messages).
+        instructions: for a DataFrame, the system message of the prompt (`[system, user: input]`,
+            as `evaluate_cases` prompts); default None: none. Ignored when rows carry messages.
+        machine: recorded in the `machine` column (default None).
+
+    Returns:
+        A PreferencePairs frame with source "results" (`chosen_tag`/`rejected_tag` None).
+    """
+    if isinstance(results, (str, os.PathLike)):
+        path = Path(results)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise MachineFormatError(path, "file not found") from None
+        except ValueError as exc:
+            raise MachineFormatError(path, f"not a results JSON: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise MachineFormatError(path, "not a results JSON (no 'rows' list)", field="rows")
+        rows = data["rows"]
+    else:
+        rows = results.to_dict("records")
+    out = _Collector(set())
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    for i, r in enumerate(rows):
+        if r.get("match") != "exact" or r.get("correct") or isinstance(r.get("error"), str):
+            continue
+        expected, output = r.get("expected"), r.get("output")
+        if not isinstance(expected, str) or not isinstance(output, str) or not output.strip():
+            continue
+        if isinstance(r.get("messages"), list):
+            prompt = [_message(m) for m in r["messages"]]
+        else:
+            text = r.get("input") if isinstance(r.get("input"), str) else r.get("prompt")
+            prompt = system + [{"role": "user", "content": str(text)}]
+        out.add(_record("results", machine, prompt, {"role": "assistant", "content": expected},
+                        {"role": "assistant", "content": output}))
+    return _frame(out.result(), [], out.skipped)
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+FORMATS = ("comparison", "trl")
+
+
+def comparison_line(pair: dict) -> dict:
+    """A pair as tinker-cookbook's ComparisonBuilderFromJsonl reads it: completion A is the chosen one.
+
+    The label is always "A": the cookbook's DPO builder treats anything else, "Tie" included, as B
+    winning, which is why ties never become pairs.
+    """
+    return {"comparison": {"prompt_conversation": pair["prompt"], "completion_A": pair["chosen"],
+                           "completion_B": pair["rejected"]}, "label": "A"}
+
+
+def _provenance(pair: dict) -> dict:
+    return {k: pair.get(k) for k in ("pair", "source", "machine") if pair.get(k) is not None}
+
+
+def _records(pairs: Any) -> list[dict]:
+    if isinstance(pairs, (str, os.PathLike)):
+        return read_pairs(pairs).to_dict("records")
+    if isinstance(pairs, pd.DataFrame):
+        return pairs.to_dict("records")
+    return [dict(p) for p in pairs]
+
+
+def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison") -> Path:
+    """Write pairs to a JSONL file, atomically.
+
+    Args:
+        pairs: a pairs frame (or records with prompt, chosen, rejected).
+        path: the file to write (replaced whole; parents created).
+        format: "comparison" (default): tinker-cookbook's `{"comparison": {"prompt_conversation",
+            "completion_A", "completion_B"}, "label": "A"}` (A = chosen); "trl": TRL's conversational
+            preference format `{"prompt", "chosen", "rejected"}` (message lists). Either carries
+            `pair`, `source` and `machine` beside it, which neither reader looks at.
+
+    Returns:
+        The path written.
+    """
+    from .jsonl import write_jsonl
+
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    lines = []
+    for p in _records(pairs):
+        body = comparison_line(p) if format == "comparison" else {
+            "prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]}
+        lines.append({**body, **_provenance(p)})
+    return write_jsonl(lines, path)
+
+
+def _messages(value: Any, path: Path, line: int, field: str, *, reply: bool = False) -> list[dict]:
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise MachineFormatError(path, "must be a list of chat messages", line=line, field=field)
+    for i, m in enumerate(value):
+        if not isinstance(m.get("role"), str):
+            raise MachineFormatError(path, "each message needs a string 'role'", line=line, field=f"{field}.{i}.role")
+    if reply:
+        if not value or not _is_reply(value[-1]):
+            raise MachineFormatError(path, "must end with an assistant reply (with text, no tool calls)",
+                                     line=line, field=field)
+        if len(value) > 1:
+            raise MachineFormatError(path, "a completion is one assistant message (DPO scores the last one only)",
+                                     line=line, field=field)
+    return [_message(m) for m in value]
+
+
+def read_pairs(path: str | os.PathLike) -> PreferencePairs:
+    """Pairs from a JSONL file in either format `write_pairs` writes (recognised line by line).
+
+    A comparison line labelled "B" is read with its completions swapped; "Tie" and any other label
+    is refused, as are completions that are not one assistant reply and pairs whose two replies
+    are the same.
+
+    Args:
+        path: the pairs JSONL.
+
+    Returns:
+        A PreferencePairs frame (source from the line, else "file"). Raises MachineFormatError
+        naming the file, line and field of the first bad line.
+    """
+    from .jsonl import iter_jsonl
+
+    path = Path(path)
+    records = []
+    for line, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            raise MachineFormatError(path, "a pair must be a JSON object", line=line)
+        if "comparison" in row:
+            comp = row["comparison"]
+            if not isinstance(comp, dict):
+                raise MachineFormatError(path, "must be an object", line=line, field="comparison")
+            label = row.get("label")
+            if label not in ("A", "B"):
+                raise MachineFormatError(path, f"must be \"A\" or \"B\", not {label!r} (a tie is no preference)",
+                                         line=line, field="label")
+            a = _messages(comp.get("completion_A"), path, line, "comparison.completion_A", reply=True)
+            b = _messages(comp.get("completion_B"), path, line, "comparison.completion_B", reply=True)
+            prompt = _messages(comp.get("prompt_conversation"), path, line, "comparison.prompt_conversation")
+            chosen, rejected = (a, b) if label == "A" else (b, a)
+        elif "chosen" in row:
+            prompt = _messages(row.get("prompt"), path, line, "prompt")
+            chosen = _messages(row.get("chosen"), path, line, "chosen", reply=True)
+            rejected = _messages(row.get("rejected"), path, line, "rejected", reply=True)
+        else:
+            raise MachineFormatError(path, "neither a comparison line ('comparison', 'label') nor a TRL line "
+                                           "('prompt', 'chosen', 'rejected')", line=line)
+        if chosen[0]["content"].strip() == rejected[0]["content"].strip():
+            raise MachineFormatError(path, "chosen and rejected are the same reply: no preference to learn",
+                                     line=line, field="chosen")
+        rec = _record(str(row.get("source") or "file"), row.get("machine"), prompt, chosen[0], rejected[0])
+        records.append(rec)
+    if not records:
+        raise MachineFormatError(path, "no pairs in the file")
+    return _frame(records, [], [])
+
+
+__all__ = ["preference_pairs", "pairs_from_results", "write_pairs", "read_pairs", "comparison_line", "split_reply",
+           "PreferencePairs", "PairsSkipped", "PAIR_COLUMNS", "SOURCES", "REPLACED_KEY"]

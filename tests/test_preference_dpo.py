@@ -1,0 +1,258 @@
+"""DPO as a user runs it: the tutor's rewrite pairs → `dpo` on the local engine through
+tinker-cookbook's own `train_dpo` loop → the loss falls and the checkpoint ranks the chosen replies
+first; SFT then DPO; Ctrl-C and resume; and on Tinker, every refusal comes before anything is spent."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+import machine_nb as mnb
+from machine_nb.engines import tinker as tinker_engine
+from machine_nb.errors import BudgetExceeded, EngineError, MachineFormatError, ValidationFailed
+from machine_nb.export import HeldOutExcluded
+from machine_nb.preference import SCORE_COLUMNS, dpo, read_dpo_log, score_pairs
+from machine_nb.pricing import UnknownPrice, clear_prices, estimate_dpo_cost, set_price
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+SECRET = "tml-test-key-that-must-never-show-0123456789"
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    with pytest.warns(HeldOutExcluded):
+        return mnb.preference_pairs(SAMPLE / ".machine-store", workspace=SAMPLE, machine="tutor")
+
+
+@pytest.fixture(scope="module")
+def trained(pairs, tmp_path_factory):
+    """The default run: 44 pairs at batch 8 = 5 steps an epoch, 10 epochs."""
+    return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "dpo", progress=False)
+
+
+def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_first(pairs, trained):
+    assert trained.engine == "local" and trained.model == "local/arith-tiny"
+    assert trained.steps == 50 and trained.complete and trained.cost_usd == 0.0
+    assert trained.checkpoint.startswith("tinker://local-") and trained.checkpoint.endswith("/sampler_weights/final")
+    metrics = mnb.training_metrics(trained.log_dir)
+    assert len(metrics) == 50 and list(metrics["step"]) == list(range(50))
+    for col in ("dpo_loss", "accuracy", "margin", "chosen_reward", "rejected_reward", "num_pairs"):
+        assert metrics[col].notna().all(), col
+    # the first step is measured against a reference equal to the policy: log 2, no margin
+    assert math.isclose(metrics["dpo_loss"].iloc[0], math.log(2), rel_tol=1e-4) and abs(metrics["margin"].iloc[0]) < 1e-4
+    assert trained.first_loss == metrics["dpo_loss"].iloc[0] and trained.last_loss == metrics["dpo_loss"].iloc[-1]
+    assert trained.last_loss < 0.05 and metrics["accuracy"].tail(5).min() == 1.0 and metrics["margin"].iloc[-1] > 1
+    assert trained.tokens == int(metrics["num_tokens"].sum())
+    # the checkpoint, not just the loop's own metric: absolute log-probabilities of each pair's replies
+    before, after = score_pairs(pairs), score_pairs(pairs, checkpoint=trained.checkpoint)
+    assert list(after.columns) == SCORE_COLUMNS and len(after) == 44
+    assert before["correct"].mean() == 0.0  # the base model prefers its own natural answers
+    assert after["correct"].mean() == 1.0 and (after["margin"] > before["margin"]).all()
+    # two score frames compare pair by pair like eval results
+    cmp = mnb.compare(before, after)
+    assert cmp.wins == 44 and cmp.losses == 0
+
+
+def test_the_log_dir_holds_the_pairs_the_cookbook_read_and_reads_back(trained, pairs):
+    log_dir = Path(trained.log_dir)
+    assert {"pairs.jsonl", "metrics.jsonl", "checkpoints.jsonl", "config.json", "machine_nb.json"} <= set(os.listdir(log_dir))
+    lines = [json.loads(line) for line in (log_dir / "pairs.jsonl").read_text().splitlines()]
+    assert len(lines) == 44 and {line["label"] for line in lines} == {"A"}
+    assert sorted(line["comparison"]["completion_A"][0]["content"] for line in lines) == \
+        sorted(p[0]["content"] for p in pairs["chosen"])
+    marker = json.loads((log_dir / "machine_nb.json").read_text())
+    assert marker["kind"] == "dpo" and marker["beta"] == 0.1 and marker["learning_rate"] == 3e-3
+    assert (os.stat(log_dir).st_mode & 0o777) == 0o700
+    again = read_dpo_log(log_dir)
+    assert (again.steps, again.checkpoint, again.complete, again.last_loss) == (50, trained.checkpoint, True,
+                                                                               trained.last_loss)
+    assert [r["name"] for r in map(json.loads, (log_dir / "checkpoints.jsonl").read_text().splitlines())] == \
+        ["000020", "000040", "final"]
+
+
+def test_sft_then_dpo_starts_from_the_sft_weights(pairs, tmp_path):
+    with pytest.warns(HeldOutExcluded):
+        lines = mnb.tagged_lines(mnb.tagged(SAMPLE / ".machine-store"), "tutor", workspace=SAMPLE)
+    sft = mnb.sft(lines, max_steps=30, log_dir=tmp_path / "sft", progress=False)
+    both = dpo(pairs, load_checkpoint=sft, max_steps=5, log_dir=tmp_path / "dpo", progress=False)
+    marker = json.loads((tmp_path / "dpo" / "machine_nb.json").read_text())
+    assert marker["load_checkpoint"] == sft.state_path and marker["learning_rate"] == 1e-4
+    assert both.steps == 5 and both.complete and both.model == "local/arith-tiny"
+    # the SFT checkpoint already prefers the chosen replies more than the base model; DPO widens that
+    base = score_pairs(pairs)
+    start, end = score_pairs(pairs, checkpoint=sft.checkpoint), score_pairs(pairs, checkpoint=both.checkpoint)
+    assert start["margin"].mean() > base["margin"].mean() + 20
+    assert (end["margin"] > start["margin"]).all()
+    # a log dir works as well as the result; sampler weights are not a starting point
+    again = dpo(pairs, load_checkpoint=tmp_path / "sft", max_steps=1, log_dir=tmp_path / "dpo2", progress=False)
+    assert json.loads((tmp_path / "dpo2" / "machine_nb.json").read_text())["load_checkpoint"] == sft.state_path
+    assert again.steps == 1
+    with pytest.raises(ValueError, match="sampler weights"):
+        dpo(pairs, load_checkpoint=sft.checkpoint, log_dir=tmp_path / "dpo3", progress=False)
+    assert not (tmp_path / "dpo3").exists()
+
+
+def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, tmp_path, monkeypatch):
+    import importlib
+    import threading
+
+    progress_mod = importlib.import_module("machine_nb.progress")
+    from machine_nb.engines.local import compute
+
+    # the engine holds its 32nd optimizer step until the "user" has pressed Ctrl-C (no timing involved)
+    gate, calls = threading.Event(), []
+    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
+
+    def held_step(self, **params):
+        calls.append(1)
+        if len(calls) == 32:
+            gate.wait(60)
+        return real_step(self, **params)
+
+    def interrupting_update(self, n=1, **postfix):
+        real_update(self, n, **postfix)
+        if self.desc == "dpo" and self.n >= 28:
+            gate.set()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
+    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+    log_dir = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        dpo(pairs, log_dir=log_dir, progress=False)
+    monkeypatch.setattr(progress_mod.progress, "update", real_update)
+    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
+    part = read_dpo_log(log_dir)
+    assert not part.complete and 20 <= part.steps < 50 and part.state_path.endswith("/weights/000020")
+    with pytest.raises(FileExistsError, match="resume="):
+        dpo(pairs, log_dir=log_dir, progress=False)
+    with pytest.raises(ValueError, match="not a dpo run"):
+        sft_dir = tmp_path / "sft"
+        mnb.smoke(mnb.tagged_lines(mnb.tagged(SAMPLE / ".machine-store"), "tutor", workspace=SAMPLE, exclude=()),
+                  log_dir=sft_dir, progress=False)
+        dpo(pairs, resume=sft_dir, progress=False)
+    done = dpo(pairs, resume=log_dir, progress=False)
+    assert done.complete and done.steps == 50 and done.tokens == trained.tokens
+    full, resumed = mnb.training_metrics(trained.log_dir), mnb.training_metrics(log_dir)
+    assert list(resumed["step"]) == list(range(50))
+    # the steps before the checkpoint are the uninterrupted run's; the cookbook then takes its
+    # reference model from the weights it resumes from, so step 20 is measured from log 2 again
+    assert list(resumed["dpo_loss"][:20]) == list(full["dpo_loss"][:20])
+    assert math.isclose(resumed["dpo_loss"].iloc[20], math.log(2), rel_tol=1e-4)
+    assert done.last_loss < 0.05 and resumed["accuracy"].iloc[-1] == 1.0
+    assert score_pairs(pairs, checkpoint=done.checkpoint)["correct"].mean() == 1.0
+
+
+def test_dpo_works_inside_a_running_event_loop_as_in_jupyter(pairs, tmp_path):
+    import asyncio
+
+    async def cell():
+        return dpo(pairs, max_steps=2, log_dir=tmp_path / "nb", progress=False)
+
+    res = asyncio.run(cell())
+    assert res.steps == 2 and res.complete
+
+
+def test_bad_pairs_are_refused_before_anything_is_written(pairs, tmp_path):
+    same = pairs.to_dict("records")[:8]
+    same[3] = {**same[3], "rejected": same[3]["chosen"]}
+    with pytest.raises(MachineFormatError, match=r"<pairs>:4 \(field 'chosen'\): chosen and rejected are the same"):
+        dpo(same, log_dir=tmp_path / "same", progress=False)
+    long = pairs.to_dict("records")[:8]
+    long[5] = {**long[5], "rejected": [{"role": "assistant", "content": "12 + 1 = 13. " * 40}]}
+    with pytest.raises(ValidationFailed, match=r"pair 6 \(rejected\)"):
+        dpo(long, log_dir=tmp_path / "long", progress=False)
+    with pytest.raises(ValueError, match="no full batch"):
+        dpo(pairs.head(3), log_dir=tmp_path / "few", progress=False)
+    with pytest.raises(EngineError, match="engine='tinker'"):
+        dpo(pairs, model="Qwen/Qwen3-8B", engine="local", log_dir=tmp_path / "qwen", progress=False)
+    other = mnb.TrainResult(checkpoint=None, steps=1, tokens=1, first_loss=1.0, last_loss=1.0, log_dir=str(tmp_path),
+                            cost_usd=0.0, model="local/other-tiny", engine="local",
+                            state_path="tinker://local-0123456789ab:train:0/weights/final")
+    with pytest.raises(ValueError, match="trained from 'local/other-tiny'"):
+        dpo(pairs, model="local/arith-tiny", load_checkpoint=other, log_dir=tmp_path / "other", progress=False)
+    assert not any((tmp_path / d).exists() for d in ("same", "long", "few", "qwen", "other"))
+
+
+# --------------------------------------------------------------------------- Tinker: refused before spending
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    monkeypatch.setattr(tinker_engine, "probe", lambda *a: pytest.fail("must refuse before connecting"))
+    yield
+    clear_prices()
+
+
+@pytest.mark.filterwarnings("ignore::machine_nb.tokens.TokenEstimateWarning")  # a made-up model: estimated counts
+def test_the_estimate_counts_the_reference_model_and_the_policy_forward_pass(pairs):
+    try:
+        set_price("someone/Priced-8B", train=2.0, prefill=0.5, sample=1.0)
+        est = estimate_dpo_cost(pairs, "someone/Priced-8B", epochs=3, batch_size=8)
+        assert est.pairs == 44 and est.steps == 15 and est.tokens > 0
+        passed = est.tokens * 3 / 1e6
+        assert math.isclose(est.train_usd, passed * 2.0) and math.isclose(est.forward_usd, passed * 2.0)
+        assert math.isclose(est.reference_usd, passed * 0.5)
+        assert math.isclose(est.usd, est.train_usd + est.forward_usd + est.reference_usd)
+        assert "reference model" in est._repr_html_()
+        with pytest.raises(BudgetExceeded, match="over the budget"):
+            estimate_dpo_cost(pairs, "someone/Priced-8B", epochs=3, max_usd=est.usd / 2)
+    finally:
+        clear_prices()
+
+
+def test_unknown_prices_are_refused_before_connecting(pairs, tmp_path, monkeypatch, no_network):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    with pytest.raises(UnknownPrice, match="cannot bound the cost"):  # no price at all
+        dpo(pairs, model="someone/Unpriced-7B", engine="tinker", log_dir=tmp_path / "a", progress=False)
+    with pytest.raises(UnknownPrice, match="cannot bound the cost"):  # sampling prices, no training price
+        dpo(pairs, model="thinkingmachines/Inkling-Small", engine="tinker", log_dir=tmp_path / "b", progress=False)
+    set_price("someone/TrainOnly-7B", train=1.0)                      # no prefill price for the reference model
+    with pytest.raises(UnknownPrice, match="prefill"):
+        dpo(pairs, model="someone/TrainOnly-7B", engine="tinker", log_dir=tmp_path / "c", progress=False)
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_over_budget_is_refused_before_connecting(pairs, tmp_path, monkeypatch, no_network):
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    with pytest.raises(BudgetExceeded, match="over the budget"):
+        dpo(pairs, model="thinkingmachines/Inkling", engine="tinker", max_usd=1e-6, log_dir=tmp_path / "d",
+            progress=False)
+    assert not (tmp_path / "d").exists()
+
+
+def test_no_key_or_no_service_is_refused_before_anything_is_written(pairs, tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+    with pytest.raises(EngineError, match="TINKER_API_KEY is not set"):
+        dpo(pairs, model="thinkingmachines/Inkling", engine="tinker", log_dir=tmp_path / "e", progress=False)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    with pytest.raises(EngineError, match="did not answer") as err:
+        dpo(pairs, model="thinkingmachines/Inkling", engine="tinker", base_url=f"http://127.0.0.1:{port}",
+            log_dir=tmp_path / "f", progress=False)
+    assert SECRET not in str(err.value)
+    assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
+
+
+def test_cli_dpo_trains_locally_and_asks_before_spending_on_tinker(pairs, tmp_path, capsys):
+    from machine_nb.cli import main
+    from machine_nb.pairs import write_pairs
+
+    path = write_pairs(pairs, tmp_path / "pairs.jsonl")
+    assert main(["dpo", str(path), "--steps", "2", "--log-dir", str(tmp_path / "cli"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 2 and out["checkpoint"].startswith("tinker://local-")
+    code = main(["dpo", str(path), "--engine", "tinker", "--model", "thinkingmachines/Inkling"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--yes" in err and "reference model" in err and "$" in err
+    assert not (tmp_path / "runs").exists()
