@@ -359,18 +359,10 @@ def _open_sampler(model: str, checkpoint: str | None, engine: str, service_clien
         raise engines.explain(exc) from None
 
 
-_LOCAL_SERVICE: dict[str, Any] = {}
-
-
 def _service(engine: str, models: tuple[str, ...]) -> Any:
-    """The ServiceClient for `engine`: one per process for the local server (its session is reused)."""
+    """The engine's ServiceClient (engines keeps one per engine, URL and key)."""
     from . import engines
 
-    if engine == "local":
-        url = engines.local_base_url()
-        if url not in _LOCAL_SERVICE:
-            _LOCAL_SERVICE[url] = engines.service_client("local")
-        return _LOCAL_SERVICE[url]
     return engines.service_client(engine, models=models)
 
 

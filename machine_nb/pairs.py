@@ -25,9 +25,7 @@ import pandas as pd
 
 from .errors import MachineFormatError
 from .export import case_key, held_out_keys, run_case, say_excluded, without_thinking
-
-#: The tag-row key holding the assistant reply a rewrite replaced (its text), next to `rewritten: true`.
-REPLACED_KEY = "replaced"
+from .store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
 
 #: Where pairs come from, in the order they are built (a duplicate keeps the first source's row).
 SOURCES = ("rewrite", "tags", "scores")

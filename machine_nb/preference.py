@@ -385,7 +385,6 @@ def _reply_logprob(client: Any, renderer: Any, messages: list[dict]) -> Any:
 
 
 #: The local engine's SDK client, by server URL, reused by every score_pairs call of this process.
-_LOCAL_SERVICE: dict[str, Any] = {}
 
 
 def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None):
@@ -408,7 +407,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     """
     import pandas as pd
 
-    from .engines import checkpoint_base_model, default_model, engine_for, local_base_url, service_client, to_sdk_path
+    from .engines import checkpoint_base_model, default_model, engine_for, service_client, to_sdk_path
     from .evaluate import prompt_text
 
     records = _pair_records(pairs)
@@ -420,13 +419,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
         if checkpoint is not None:
             raise ValueError("model= is needed with a Tinker checkpoint (its renderer formats the pairs)")
         model = default_model(engine)
-    if engine == "local":  # one SDK client for the process: each new one keeps its threads and connections
-        url = local_base_url()
-        if url not in _LOCAL_SERVICE:
-            _LOCAL_SERVICE[url] = service_client("local")
-        client_of = _LOCAL_SERVICE[url]
-    else:
-        client_of = service_client(engine, models=(model,))
+    client_of = service_client(engine, models=(model,))  # engines keeps one client per engine and URL
     import tinker
 
     client = (client_of.create_sampling_client(model_path=to_sdk_path(checkpoint)) if checkpoint

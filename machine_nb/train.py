@@ -509,7 +509,7 @@ def _claim_log_dir(log_dir: Path, resume: bool) -> None:
             raise FileNotFoundError(f"resume={str(log_dir)!r}: no checkpoints.jsonl there, so nothing to resume")
         if not ours:
             raise FileExistsError(f"resume={str(log_dir)!r}: not a log dir machine_nb made (no {MARKER}); "
-                                  "resume only runs started by sft()")
+                                  "resume only runs started by sft() or dpo()")
         return
     if log_dir.exists() and not log_dir.is_dir():
         raise FileExistsError(f"log_dir={str(log_dir)!r} is a file, not a directory")
@@ -997,6 +997,9 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         path = Path(resume).absolute()
         _claim_log_dir(path, resume=True)
         saved = json.loads((path / MARKER).read_text(encoding="utf-8"))
+        if saved.get("kind", "sft") != "sft":
+            raise ValueError(f"resume={str(path)!r} is a {saved['kind']} run: continue it with "
+                             f"machine_nb.{saved['kind']}(…, resume=…), not sft()")
         epochs, batch_size, max_steps = saved["epochs"], saved["batch_size"], saved.get("max_steps")
         learning_rate, lora_rank, seed = saved["learning_rate"], saved["lora_rank"], saved["seed"]
         max_length, lr_schedule = saved.get("max_length"), saved.get("lr_schedule", lr_schedule)

@@ -76,6 +76,15 @@ def test_a_rewrite_row_pairs_the_rewrite_over_the_reply_it_replaced(ws, tmp_path
     assert pairs["pair"].is_unique and pairs.skipped == [] and pairs.excluded == []
 
 
+def as_machine_writes(store):
+    """The store's rows without the `replaced` key tag() adds (Machine's own rows lack it)."""
+    import json
+
+    path = store / "train.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "replaced"}) + "\n" for r in rows))
+
+
 def test_a_rewrite_whose_replaced_reply_is_unknown_is_skipped_and_counted(ws, tmp_path):
     store = tmp_path / "store"
     r = run("r1", "Compute 10 + 29.", "10 + 29 = 39.", 0.6667)  # never saved: the run is not in the workspace
@@ -84,6 +93,7 @@ def test_a_rewrite_whose_replaced_reply_is_unknown_is_skipped_and_counted(ws, tm
     mnb.tag(moved, "good", rewrite="answer: 12", store=store, id="t2")
     moved["trajectory"][0]["content"] = "Compute 11 + 2."  # the run file no longer holds the tagged turn
     save(ws, moved)
+    as_machine_writes(store)
     with pytest.warns(PairsSkipped, match=r"2 rewrite row\(s\) gave no pair.*t1, t2"):
         pairs = preference_pairs(store, workspace=ws, machine="tutor")
     assert len(pairs) == 0

@@ -250,3 +250,17 @@ def test_the_lazy_row_column_maps_like_plain_records(tmp_path):
     tags = mnb.tagged(store=store)
     mask = tags["row"].map(lambda r: r.get("machine") == "m")
     assert str(mask.dtype) in ("bool", "boolean") and len(tags[mask]) == 2
+
+
+def test_a_rewrite_row_keeps_the_reply_it_replaced(tmp_path):
+    """`/good --as` rows keep what the model said, so a preference pair can set the rewrite against it."""
+    import machine_nb as mnb
+
+    run = {"id": "r1", "machine": "m", "history": [],
+           "trajectory": [{"role": "user", "content": "What is 2 plus 2?"}, {"role": "assistant", "content": "2 + 2 = 4"}]}
+    row = mnb.tag(run, "good", rewrite="answer: 4", store=tmp_path)
+    assert row["rewritten"] and row["replaced"] == "2 + 2 = 4" and row["messages"][-1]["content"] == "answer: 4"
+    pairs = mnb.preference_pairs(store=tmp_path)
+    assert pairs["rejected"].iloc[0] == [{"role": "assistant", "content": "2 + 2 = 4"}]
+    assert pairs["chosen"].iloc[0] == [{"role": "assistant", "content": "answer: 4"}]
+    assert "replaced" not in mnb.tag(run, "good", store=tmp_path)

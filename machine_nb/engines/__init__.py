@@ -90,6 +90,9 @@ def sdk_key(engine: str) -> Iterator[None]:
             del os.environ["TINKER_API_KEY"]
 
 
+_CLIENTS: dict[tuple, Any] = {}
+
+
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
                    models: tuple[str, ...] = (), **kwargs: Any) -> Any:
     """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no key, no cost).
@@ -97,19 +100,30 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     "local": pointed at this process's local server, with a placeholder key.
     "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
     within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
+    One client is kept per engine, URL and key (each keeps a session, its heartbeat and a few
+    threads for the life of the process), unless other SDK arguments (`kwargs`) are given.
     """
+    import hashlib
+
     import tinker
 
     if engine == "local":
         kwargs.setdefault("api_key", LOCAL_API_KEY)
-        return tinker.ServiceClient(base_url=local_base_url(), **kwargs)
-    if engine == "tinker":
+        url = local_base_url()
+    elif engine == "tinker":
         from .tinker import DEFAULT_TIMEOUT, check_tinker
 
         url = check_tinker(base_url, DEFAULT_TIMEOUT if timeout is None else timeout,
                            api_key=kwargs.get("api_key"), models=models)
+    else:
+        raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
+    key = kwargs.get("api_key") or os.environ.get("TINKER_API_KEY", "")
+    cache_key = (engine, url, hashlib.sha256(key.encode()).hexdigest())
+    if set(kwargs) - {"api_key"}:  # other settings: a client of its own
         return tinker.ServiceClient(base_url=url, **kwargs)
-    raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
+    if cache_key not in _CLIENTS:
+        _CLIENTS[cache_key] = tinker.ServiceClient(base_url=url, **kwargs)
+    return _CLIENTS[cache_key]
 
 
 def to_sdk_path(path: str) -> str:

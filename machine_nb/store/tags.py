@@ -20,6 +20,8 @@ from ..errors import MachineFormatError
 
 DATA_FILES = {"train": "train.jsonl", "traces": "traces.jsonl", "observed": "observed.jsonl",
               "rejected": "rejected.jsonl"}
+#: The key of a rewrite row that keeps the reply the rewrite replaced (ours: Machine's rows lack it).
+REPLACED = "replaced"
 TAGGED_COLUMNS = ["id", "file", "line", "tag", "kind", "note", "source", "machine", "run", "n_messages",
                   "last_user", "last_assistant", "created_at", "row"]
 
@@ -164,7 +166,8 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
             file, as Machine records its session file), else None.
     id, created_at: for deterministic fixtures; default 12 random hex digits and now (UTC ISO).
     Row keys: id, messages, tag, kind, note?, source?, trajectory? (traces), machine?, run? (runs),
-    rewritten? (true with rewrite), created_at. Appended under the file's lock: never lost or
+    rewritten? (true with rewrite), replaced? (with rewrite: the text of the assistant reply it
+    replaced; rows Machine writes lack it), created_at. Appended under the file's lock: never lost or
     half-written with several writers.
     """
     from ..jsonl import append_jsonl
@@ -202,6 +205,8 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
         row["run"] = run.get("id")
     if rewrite is not None:
         row["rewritten"] = True
+        if not trace and reply_i is not None and msgs[reply_i].get("role") == "assistant":
+            row[REPLACED] = _text(msgs[reply_i].get("content"))  # the reply a preference pair sets against it
     row["created_at"] = stamp
     append_jsonl(_resolve_store(store) / fname, [row])
     return row

@@ -1001,6 +1001,14 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 128
     app: LocalServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that went away mid-request (a training run stopped with Ctrl-C) is not news
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            return
+        super().handle_error(request, client_address)
+
     def server_bind(self) -> None:
         if ":" in self.server_address[0]:
             self.address_family = socket.AF_INET6
