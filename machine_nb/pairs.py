@@ -384,6 +384,9 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
     name = mdef.get("name")
     system = mdef.get("instructions") if instructions is None else instructions
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
+    if exclude is None and "holdout" not in mdef:
+        warnings.warn(f"held-out cases were not checked: no definition of machine {name!r} was read (pass "
+                      "workspace= for its holdout.json, or exclude= the cases never to train on)", stacklevel=2)
     out = _Collector(held)
     run_list = _run_records(runs, workspace, name) if (wanted & {"rewrite", "scores"}) else []
     if wanted & {"rewrite", "tags"}:

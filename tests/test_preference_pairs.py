@@ -198,9 +198,11 @@ def test_held_out_cases_are_never_paired(ws, tmp_path):
         assert len(preference_pairs(store, workspace=ws, machine="tutor", exclude=())) == 2
 
 
-def test_the_sample_tutor_gives_its_rewrites_as_pairs_held_out_ones_left_out():
-    """The committed sample's rows were written before rows kept the replaced reply: every rewrite
-    is rebuilt from the run it names."""
+def test_the_sample_tutor_gives_its_rewrites_as_pairs_held_out_ones_left_out(tmp_path):
+    """The committed sample's rewrite rows keep the reply they replaced; rows without it (as
+    Machine writes them) are rebuilt from the run they name, to the very same pairs."""
+    import shutil
+
     with pytest.warns(HeldOutExcluded, match="left out 2 of 46"):
         pairs = preference_pairs(SAMPLE / ".machine-store", workspace=SAMPLE, machine="tutor")
     assert len(pairs) == 44 and set(pairs["source"]) == {"rewrite"} and pairs.skipped == []
@@ -208,9 +210,15 @@ def test_the_sample_tutor_gives_its_rewrites_as_pairs_held_out_ones_left_out():
     assert not any(p["rejected"][0]["content"].startswith("answer: ") for p in pairs.to_dict("records"))
     holdout = {c["input"] for c in json.loads((SAMPLE / "machines" / "tutor" / "holdout.json").read_text())}
     assert not set(pairs["input"]) & holdout and {p["input"] for p in pairs.excluded} <= holdout
-    # without the workspace the runs are unknown: every rewrite is skipped, counted and warned about
+    store = tmp_path / "store"
+    shutil.copytree(SAMPLE / ".machine-store", store)
+    as_machine_writes(store)
+    with pytest.warns(HeldOutExcluded, match="left out 2 of 46"):
+        rebuilt = preference_pairs(store, workspace=SAMPLE, machine="tutor")
+    assert rebuilt[["input", "chosen", "rejected"]].equals(pairs[["input", "chosen", "rejected"]])
+    # without the workspace the runs are unknown: every rewrite without its reply is skipped and counted
     with pytest.warns(PairsSkipped, match="46 rewrite row"):
-        blind = preference_pairs(SAMPLE / ".machine-store", machine="tutor")
+        blind = preference_pairs(store, machine="tutor")
     assert len(blind) == 0 and blind.skipped_counts().to_dict() == {REPLACED_UNKNOWN: 46}
 
 
@@ -313,6 +321,16 @@ def test_cli_pairs_writes_the_file_and_counts(tmp_path, capsys):
     counts = json.loads(capsys.readouterr().out)
     assert counts["pairs"] == 44 and counts["by_source"] == {"rewrite": 44} and counts["excluded_held_out"] == 2
     assert len(read_pairs(out)) == 44
-    assert main(["pairs", "--store", str(SAMPLE / ".machine-store"), "--machine", "tutor"]) == 0
+    stripped = tmp_path / "store"
+    import shutil
+
+    shutil.copytree(SAMPLE / ".machine-store", stripped)
+    as_machine_writes(stripped)
+    assert main(["pairs", "--store", str(stripped), "--machine", "tutor"]) == 0
     captured = capsys.readouterr()
     assert "0 pair(s)" in captured.out and "skipped 46" in captured.out and "46 rewrite row" in captured.err
+
+
+def test_pairs_without_a_machine_definition_say_held_out_cases_were_not_checked():
+    with pytest.warns(UserWarning, match="held-out cases were not checked"):
+        preference_pairs(SAMPLE / ".machine-store", machine="tutor")
