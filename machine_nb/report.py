@@ -26,7 +26,8 @@ above it (the project a `notebooks/` folder sits in) as `../…`, one elsewhere 
 as `~/…`, so a report names no folder of the machine that made it (the raised error, read on this
 machine, keeps them). Other text, path-like or not, is left as it is.
 Live-widget views are dropped from outputs that carry a static `text/html` fallback, with the
-widget-state metadata GitHub refuses to render.
+widget-state metadata GitHub refuses to render; a machine_nb widget's live output goes whole, its
+static twin holding the final state (clean_notebook).
 """
 
 from __future__ import annotations
@@ -170,16 +171,36 @@ def scrub_notebook(nb: dict[str, Any], secrets: list[str], folder: str | os.Path
     return _scrub_tree(nb, secrets, path_rewriter(folder, home))
 
 
+# A machine_nb widget's static output (widgets/_base.py) names the widget's model id.
+_STATIC_KEY = re.compile(r'data-mnb-static="([^"]+)"')
+
+
+def _text(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else value if isinstance(value, str) else ""
+
+
 def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
     """Drop live-widget views that have a static fallback, and the widget-state metadata.
 
     A widget view without its kernel renders as an error on GitHub/nbviewer; the `text/html` (and
-    `image/png`) our widgets put beside it renders everywhere. Outputs with nothing but a widget
-    view (a third-party widget) keep it, with a text note, so nothing silently disappears.
+    `image/png`) our widgets put beside it renders everywhere. A machine_nb widget is shown as two
+    outputs, its static view (kept up to date) and its live view, whose text/plain is the state it
+    was first shown in: the live output goes whole, its stale text with it ("LossPlot: no metrics
+    yet" beside the final curve). Outputs with nothing but a widget view (a third-party widget)
+    keep it, with a text note, so nothing silently disappears.
     """
     nb.get("metadata", {}).pop("widgets", None)
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []) or []:
+    cells = nb.get("cells", [])
+    static = {key for cell in cells for out in cell.get("outputs", []) or []
+              for key in _STATIC_KEY.findall(_text((out.get("data") or {}).get("text/html")))}
+    for cell in cells:
+        outputs = cell.get("outputs") or []
+        live_twins = [out for out in outputs if isinstance((out.get("data") or {}).get(WIDGET_VIEW), dict)
+                      and out["data"][WIDGET_VIEW].get("model_id") in static
+                      and not _text(out["data"].get("text/html")).strip()]
+        if live_twins:
+            cell["outputs"] = outputs = [out for out in outputs if not any(out is twin for twin in live_twins)]
+        for out in outputs:
             data = out.get("data")
             if not data or WIDGET_VIEW not in data:
                 continue

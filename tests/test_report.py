@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_nb.report import clean_notebook, run_report, scrub, secret_values
+from machine_nb.report import WIDGET_VIEW, clean_notebook, run_report, scrub, secret_values
 
 CANARY = "tml-canary-0123456789abcdefDEADBEEF"
 
@@ -188,3 +188,23 @@ def test_secrets_are_redacted_before_paths_are_rewritten():
     nb, n = scrub_notebook(nb, secret_values({"GCP_CREDENTIALS": key_file}), "/home/me/proj/notebooks", "/home/me")
     assert n == 1 and nb["cells"][0]["outputs"][0]["text"] == "key at [redacted], runs at ../runs"
 
+
+def test_clean_notebook_drops_the_live_twin_of_a_widget_whose_static_output_is_kept():
+    """A machine_nb widget shows as its static output (kept up to date) then its live view, whose
+    text/plain is the state when it was first shown: with the view gone that copy is stale
+    ("LossPlot: no metrics yet" beside the final curve), so the whole live output goes."""
+    static = {"output_type": "display_data", "metadata": {}, "data": {
+        "text/html": '<div class="mnb-static" data-mnb-static="m1"><img/></div>', "image/png": "iVBOR",
+        "text/plain": "LossPlot: sft: 60 steps, last loss 0.01"}}
+    live = {"output_type": "display_data", "metadata": {}, "data": {
+        WIDGET_VIEW: {"version_major": 2, "model_id": "m1"},
+        "text/html": "", "text/plain": "LossPlot: no metrics yet"}}
+    other = {"output_type": "display_data", "data": {WIDGET_VIEW: {"model_id": "m2"}, "text/html": "<b>slider</b>",
+                                                      "text/plain": "IntSlider(value=3)"}}
+    bare = {"output_type": "display_data", "data": {WIDGET_VIEW: {"model_id": "m3"}}}
+    nb = {"metadata": {}, "cells": [{"cell_type": "code", "outputs": [static, live]},
+                                    {"cell_type": "code", "outputs": [other, bare]}]}
+    first, second = (c["outputs"] for c in clean_notebook(nb)["cells"])
+    assert first == [static], "the live twin (and its stale text) is left"
+    assert second[0]["data"] == {"text/html": "<b>slider</b>", "text/plain": "IntSlider(value=3)"}
+    assert "interactive widget" in second[1]["data"]["text/plain"]
