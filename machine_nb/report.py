@@ -20,20 +20,28 @@ HTML and in the error a failing cell raises:
   value or anywhere in the text;
 - key-shaped strings (redact.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
   private key blocks), set in the environment or not.
+Local paths (path_rewriter), in the same pass over the notebook and the HTML, after the secrets:
+a path under the notebook's folder is written relative to it (`cache/a.json`), one under the folder
+above it (the project a `notebooks/` folder sits in) as `../…`, one elsewhere under the home folder
+as `~/…`, so a report names no folder of the machine that made it (the raised error, read on this
+machine, keeps them). Other text, path-like or not, is left as it is.
 Live-widget views are dropped from outputs that carry a static `text/html` fallback, with the
-widget-state metadata GitHub refuses to render.
+widget-state metadata GitHub refuses to render; a machine_nb widget's live output goes whole, its
+static twin holding the final state (clean_notebook).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .jsonl import atomic_write_text
 from .redact import REDACTED, is_secret_name, scrub, secret_values  # noqa: F401  (the rule's home)
@@ -56,13 +64,71 @@ class Report:
                 f"{self.wall_s:.1f} s</p>")
 
 
-def _scrub_tree(value: Any, secrets: list[str]) -> tuple[Any, int]:
-    """Every string in a JSON-like value (dict keys too) scrubbed in place; returns (value, replacements).
+# A character that continues a file name: a folder's path followed by one is another folder's name
+# (a full stop too, unless it ends the sentence: `/home/me.bak` is another folder, `… in /home/me.` not).
+_NAME_CHAR = r"[\w.~+\-]"
+_NAME_GOES_ON = r"[\w~+\-]|\.[\w.~+\-]"
 
-    Iterative, so an output nested however deep is scrubbed, never a RecursionError.
+
+def path_rewriter(folder: str | os.PathLike, home: str | os.PathLike | None = None) -> Callable[[str], str]:
+    """A function that writes this machine's absolute paths in a text as a reader elsewhere can read them.
+
+    Args:
+        folder: the notebook's folder. A path under it becomes relative (`<folder>/cache/a.json` ->
+            `cache/a.json`, `<folder>/../runs` -> `../runs`, the folder itself `.`); a path under the
+            folder above it becomes `../…` (unless that folder is `/` or holds the home folder).
+        home: the home folder (default: the current user's, `~`); a path under it elsewhere becomes `~/…`.
+
+    Returns:
+        rewrite(text) -> text. Only those folders' own paths change, raw, JSON-escaped or HTML-escaped,
+        where they stand as a path (`/data/home/me/x` or `<home>2/x` is not under `<home>`); symlinked
+        folders are matched by both their given and their real path.
     """
+    folder = Path(os.path.abspath(folder))
+    home = Path(os.path.abspath(os.path.expanduser("~") if home is None else home))
+    forms = lambda p: {str(p), os.path.realpath(p)}  # noqa: E731
+    shown: dict[str, str] = {}
+
+    def claim(base: Path | str, name: str) -> None:
+        for form in forms(base):
+            if Path(form).parent == Path(form):  # the root: every absolute path is under it
+                continue
+            for escaped in (form, json.dumps(form)[1:-1], html.escape(form)):
+                shown.setdefault(escaped, name)
+
+    claim(folder, ".")
+    parent = folder.parent
+    if not any(Path(h).is_relative_to(p) for h in forms(home) for p in forms(parent)):
+        claim(parent, "..")
+    claim(home, "~")
+    pattern = re.compile(f"(?<!{_NAME_CHAR})(" + "|".join(re.escape(b) for b in sorted(shown, key=len, reverse=True))
+                         + f")(?:(/)|(?!{_NAME_GOES_ON}))")
+
+    def replace(m: re.Match[str]) -> str:
+        name, sep = shown[m.group(1)], m.group(2) or ""
+        if name == "." and sep and re.match(_NAME_CHAR, m.string[m.end():m.end() + 1]):
+            return ""  # <folder>/x -> x
+        return name + sep
+
+    return lambda text: pattern.sub(replace, text) if text else text
+
+
+def _scrub_tree(value: Any, secrets: list[str],
+                rewrite: Callable[[str], str] | None = None) -> tuple[Any, int]:
+    """Every string in a JSON-like value (dict keys too) scrubbed in place, then rewritten by `rewrite`
+    (path_rewriter's) when given; returns (value, secret replacements).
+
+    Iterative, so an output nested however deep is scrubbed, never a RecursionError. Secrets go
+    first: a secret value that holds a path is still found whole.
+    """
+    if rewrite is not None:
+        def scrub_one(text: str, secrets: list[str]) -> tuple[str, int]:
+            text, n = scrub(text, secrets)
+            return rewrite(text), n
+    else:
+        scrub_one = scrub
     if isinstance(value, str):
-        return scrub(value, secrets)
+        return scrub_one(value, secrets)
     total, stack = 0, [value]
     while stack:
         node = stack.pop()
@@ -73,7 +139,7 @@ def _scrub_tree(value: Any, secrets: list[str]) -> tuple[Any, int]:
             node.clear()
             for key, item in pairs:
                 if isinstance(key, str):
-                    key, n = scrub(key, secrets)
+                    key, n = scrub_one(key, secrets)
                     total += n
                 node[key] = item
             items = list(node.items())
@@ -81,23 +147,60 @@ def _scrub_tree(value: Any, secrets: list[str]) -> tuple[Any, int]:
             continue
         for index, item in items:
             if isinstance(item, str):
-                node[index], n = scrub(item, secrets)
+                node[index], n = scrub_one(item, secrets)
                 total += n
             elif isinstance(item, (list, dict)):
                 stack.append(item)
     return value, total
 
 
+def scrub_notebook(nb: dict[str, Any], secrets: list[str], folder: str | os.PathLike,
+                   home: str | os.PathLike | None = None) -> tuple[dict[str, Any], int]:
+    """Redact `secrets` (redact.scrub) and rewrite local paths (path_rewriter) in every string of a
+    notebook: sources, every output's every mime type, error tracebacks, metadata, in place.
+
+    Args:
+        nb: the notebook as JSON-like data.
+        secrets: values to redact (redact.secret_values), longest first.
+        folder: the notebook's folder, which its paths are written relative to.
+        home: the home folder (default `~`).
+
+    Returns:
+        (nb, number of secret redactions).
+    """
+    return _scrub_tree(nb, secrets, path_rewriter(folder, home))
+
+
+# A machine_nb widget's static output (widgets/_base.py) names the widget's model id.
+_STATIC_KEY = re.compile(r'data-mnb-static="([^"]+)"')
+
+
+def _text(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else value if isinstance(value, str) else ""
+
+
 def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
     """Drop live-widget views that have a static fallback, and the widget-state metadata.
 
     A widget view without its kernel renders as an error on GitHub/nbviewer; the `text/html` (and
-    `image/png`) our widgets put beside it renders everywhere. Outputs with nothing but a widget
-    view (a third-party widget) keep it, with a text note, so nothing silently disappears.
+    `image/png`) our widgets put beside it renders everywhere. A machine_nb widget is shown as two
+    outputs, its static view (kept up to date) and its live view, whose text/plain is the state it
+    was first shown in: the live output goes whole, its stale text with it ("LossPlot: no metrics
+    yet" beside the final curve). Outputs with nothing but a widget view (a third-party widget)
+    keep it, with a text note, so nothing silently disappears.
     """
     nb.get("metadata", {}).pop("widgets", None)
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []) or []:
+    cells = nb.get("cells", [])
+    static = {key for cell in cells for out in cell.get("outputs", []) or []
+              for key in _STATIC_KEY.findall(_text((out.get("data") or {}).get("text/html")))}
+    for cell in cells:
+        outputs = cell.get("outputs") or []
+        live_twins = [out for out in outputs if isinstance((out.get("data") or {}).get(WIDGET_VIEW), dict)
+                      and out["data"][WIDGET_VIEW].get("model_id") in static
+                      and not _text(out["data"].get("text/html")).strip()]
+        if live_twins:
+            cell["outputs"] = outputs = [out for out in outputs if not any(out is twin for twin in live_twins)]
+        for out in outputs:
             data = out.get("data")
             if not data or WIDGET_VIEW not in data:
                 continue
@@ -177,7 +280,8 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
                output: str | os.PathLike | None = None, *, kernel_name: str = "python3",
                cwd: str | os.PathLike | None = None, progress_bar: bool = True,
                timeout: float | None = None) -> Report:
-    """Execute `notebook` with `parameters` and write `<output>.html` and `<output>.ipynb`, redacted.
+    """Execute `notebook` with `parameters` and write `<output>.html` and `<output>.ipynb`, redacted,
+    with local paths written relative to the notebook's folder or as `~/…` (this module's docstring).
 
     output: the HTML path; default `reports/<notebook stem>.html` under the current directory.
     The executed notebook lands next to it with the same stem (never over `notebook` itself:
@@ -190,6 +294,7 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
     """
     import papermill
 
+    folder = Path(os.path.abspath(notebook)).parent  # as given: path_rewriter adds its real path
     notebook = Path(notebook).resolve()
     if not notebook.is_file():
         raise FileNotFoundError(f"no notebook at {notebook}")
@@ -227,11 +332,11 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         raise error
     nb = clean_notebook(json.loads(text))
     nb.get("metadata", {}).get("papermill", {})["output_path"] = str(executed)
-    nb, n1 = _scrub_tree(nb, secrets)
+    nb, n1 = scrub_notebook(nb, secrets, folder)
     text = json.dumps(nb, ensure_ascii=False, indent=1)
     html_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(executed, text + "\n", mode=0o644)
-    page, n2 = scrub(to_html(text), secrets)
+    page, n2 = _scrub_tree(to_html(text), secrets, path_rewriter(folder))
     atomic_write_text(html_path, page, mode=0o644)
     if error is not None:
         if safe is not None:

@@ -2,11 +2,12 @@
 
 Each notebook runs top to bottom in a fresh kernel with its default parameters, from the notebooks/
 folder (as Jupyter and nbval run it). Then it is cleaned the way a report is (report.clean_notebook:
-widget views replaced by their static fallback, no widget-state metadata; secret-looking environment
-values redacted) and stripped of per-run noise (timings, papermill metadata), so a diff shows only
-what changed. Absolute paths into this checkout (training results name their log dirs in full) are
-written relative to notebooks/, as the notebooks' own cells name them, so the committed outputs do not
-carry this machine's layout. A notebook that fails is left untouched and the script exits 1.
+widget views replaced by their static fallback, no widget-state metadata; report.scrub_notebook:
+secret-looking environment values redacted, absolute paths into this checkout written relative to
+notebooks/ as the notebooks' own cells name them, other paths under the home folder as `~/…`) and
+stripped of per-run noise (timings, papermill metadata), so a diff shows only what changed and the
+committed outputs do not carry this machine's layout. A notebook that fails is left untouched and
+the script exits 1.
 
     .venv/bin/python scripts/refresh_notebooks.py                 # every shipped notebook
     .venv/bin/python scripts/refresh_notebooks.py notebooks/02_explore_runs.ipynb
@@ -40,11 +41,12 @@ def strip_run_metadata(nb: dict[str, Any]) -> dict[str, Any]:
     return nb
 
 
-def relative_paths(text: str, root: Path = ROOT) -> str:
-    """Rewrite absolute paths into the checkout as seen from notebooks/ (`<root>/runs/x` -> `../runs/x`)."""
-    for prefix in (f"{root}/notebooks/../", f"{root}/notebooks/", f"{root}/"):
-        text = text.replace(prefix, "../" if prefix != f"{root}/notebooks/" else "")
-    return text
+def clean(nb: dict[str, Any], folder: Path, home: str | None = None) -> tuple[dict[str, Any], int]:
+    """An executed notebook made fit to commit, in place (the module docstring's rules); returns
+    (nb, number of secret values redacted). folder: the notebook's folder; home: default `~`."""
+    from machine_nb.report import clean_notebook, scrub_notebook, secret_values
+
+    return scrub_notebook(strip_run_metadata(clean_notebook(nb)), secret_values(), folder, home)
 
 
 def execute(path: Path, timeout: float) -> dict[str, Any]:
@@ -62,14 +64,12 @@ def execute(path: Path, timeout: float) -> dict[str, Any]:
 def refresh(path: Path, timeout: float = 1800) -> float:
     """Execute, clean and rewrite one notebook atomically; returns the wall time in seconds."""
     from machine_nb.jsonl import atomic_write_text
-    from machine_nb.report import clean_notebook, scrub, secret_values
 
     start = time.monotonic()
-    nb = strip_run_metadata(clean_notebook(execute(path, timeout)))
-    text, redactions = scrub(relative_paths(json.dumps(nb, indent=1, ensure_ascii=False)), secret_values())
+    nb, redactions = clean(execute(path, timeout), path.parent)
     if redactions:
         print(f"  {redactions} secret value(s) redacted from {path.name}: check which cell prints them", file=sys.stderr)
-    atomic_write_text(path, text + "\n", mode=0o644)
+    atomic_write_text(path, json.dumps(nb, indent=1, ensure_ascii=False) + "\n", mode=0o644)
     return time.monotonic() - start
 
 

@@ -42,3 +42,16 @@ def test_the_report_shows_the_decision_the_refusal_and_the_commit():
     assert "left out 2 of" in shown and "held-out" in shown
     assert "checks passed; the source workspace is unchanged" in shown
     assert "held-out case(s) flipped" in shown  # the static CandidateView lists the flips
+
+
+def test_the_training_cell_draws_the_loss_with_each_step_and_saves_only_the_final_plot():
+    """The SFT cell hands LossPlot.update to sft (the plot moves with the progress bar, no poll lag)
+    and the saved notebook shows the final curve, with no stale "no metrics yet" copy beside it."""
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "mnb.LossPlot(" in "".join(c["source"]))
+    source = "".join(cell["source"])
+    assert "on_metrics=plot.update" in source and "plot.stop()" in source
+    plots = [o for o in cell["outputs"] if "image/png" in o.get("data", {})]
+    assert len(plots) == 1 and "".join(plots[0]["data"]["text/plain"]).startswith("LossPlot: sft: ")
+    assert " steps, last loss " in "".join(plots[0]["data"]["text/plain"])
+    assert "no metrics yet" not in json.dumps(nb), "a stale text/plain of the loss plot was saved"

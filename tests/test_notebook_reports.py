@@ -108,11 +108,20 @@ def test_refresh_strips_per_run_metadata():
     assert out["cells"][0]["metadata"] == {"tags": ["parameters"]}
 
 
-def test_refresh_writes_checkout_paths_relative_to_notebooks():
-    rel = _refresh_module().relative_paths
-    root = Path("/srv/repo")
-    text = "local:///srv/repo/notebooks/../runs/a/final /srv/repo/data/x /srv/repo/notebooks/y.json /srv/other"
-    assert rel(text, root) == "local://../runs/a/final ../data/x y.json /srv/other"
+def test_refresh_writes_checkout_paths_relative_to_notebooks_with_the_reports_rule(monkeypatch):
+    """The committed notebooks and a report name local paths by one rule (report.scrub_notebook)."""
+    monkeypatch.setenv("MACHINE_NB_TEST_TOKEN", "s3cret-token-value")
+    text = ("local:///srv/repo/notebooks/../runs/a/final /srv/repo/data/x /srv/repo/notebooks/y.json /srv/other "
+            "/home/me/.cache/m s3cret-token-value")
+    nb = {"metadata": {"papermill": {"input_path": "/srv/repo/notebooks/a.ipynb"}},
+          "cells": [{"cell_type": "code", "metadata": {}, "outputs": [
+              {"output_type": "stream", "name": "stdout", "text": [text]},
+              {"output_type": "display_data", "data": {"text/html": f"<pre>{text}</pre>", "text/plain": text}}]}]}
+    nb, redactions = _refresh_module().clean(nb, Path("/srv/repo/notebooks"), home="/home/me")
+    want = "local://../runs/a/final ../data/x y.json /srv/other ~/.cache/m [redacted]"
+    stream, shown = nb["cells"][0]["outputs"]
+    assert stream["text"] == [want] and shown["data"] == {"text/html": f"<pre>{want}</pre>", "text/plain": want}
+    assert redactions == 3 and nb["metadata"] == {}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_nb.report import clean_notebook, run_report, scrub, secret_values
+from machine_nb.report import WIDGET_VIEW, clean_notebook, run_report, scrub, secret_values
 
 CANARY = "tml-canary-0123456789abcdefDEADBEEF"
 
@@ -22,6 +22,7 @@ def _notebook(path: Path, cells: list[tuple[str, str, list[str]]]) -> Path:
         if kind == "code":
             cell.update(execution_count=None, outputs=[])
         nb["cells"].append(cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(nb))
     return path
 
@@ -103,3 +104,107 @@ def test_cli_report_parses_parameters(tmp_path):
                            "-p", "name", "hello", "-o", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "float 0.003 hello" in out.read_text()
+
+
+def test_report_writes_local_paths_relative_to_the_notebook_and_home_as_tilde(tmp_path, monkeypatch):
+    """A report made on a user's machine names no absolute path of it: what the notebook prints under
+    its own folder (or the project folder above it) reads relative to the notebook, what it prints
+    under the home folder reads `~/…`, in every output type, the metadata and the HTML."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # the kernel inherits it
+    nb = _notebook(tmp_path / "proj" / "notebooks" / "paths.ipynb", [
+        ("code", "log_root = '../runs'", ["parameters"]),
+        ("code", "import os\nfrom pathlib import Path\nfrom IPython.display import HTML, JSON, display\n"
+                 "log_dir = Path(log_root).absolute() / 'x' / 'sft'\n"
+                 "here = Path.cwd() / 'cache' / 'a.json'\n"
+                 "ckpt = Path(os.environ['HOME']) / 'models' / 'ckpt'\n"
+                 "print(log_dir, here, ckpt, '/elsewhere/x')", []),
+        ("code", "class Result:\n"
+                 "    def __repr__(self): return f'Result(log_dir={str(log_dir.resolve())!r}, ckpt={str(ckpt)!r})'\n"
+                 "    def _repr_html_(self): return f'<code>{log_dir}</code> <code>{ckpt}</code>'\n"
+                 "display(JSON({'log_dir': str(log_dir), 'here': str(here)}))\nResult()", []),
+        ("code", "raise ValueError(f'no checkpoint at {ckpt}')", []),
+    ])
+    out = tmp_path / "proj" / "reports" / "paths.html"
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError):
+        run_report(nb, {}, out, progress_bar=False)
+    for path in (out, out.with_suffix(".ipynb")):
+        text = path.read_text(encoding="utf-8")
+        assert str(tmp_path) not in text, f"an absolute path of this machine in {path.name}"
+        assert str(home) not in text and str(tmp_path / "proj") not in text
+        for shown in ("../runs/x/sft", "cache/a.json", "~/models/ckpt", "/elsewhere/x", "no checkpoint at ~/models/ckpt"):
+            assert shown in text, f"{shown!r} not in {path.name}"
+    executed = json.loads(out.with_suffix(".ipynb").read_text(encoding="utf-8"))
+    shown, result = next(c for c in executed["cells"] if c["id"] == "c2")["outputs"]
+    assert shown["data"]["application/json"] == {"log_dir": "../runs/x/sft", "here": "cache/a.json"}
+    assert "".join(result["data"]["text/plain"]) == "Result(log_dir='../runs/x/sft', ckpt='~/models/ckpt')"
+    assert "".join(result["data"]["text/html"]) == "<code>../runs/x/sft</code> <code>~/models/ckpt</code>"
+    assert executed["metadata"]["papermill"]["output_path"] == "../reports/paths.ipynb"
+
+
+def test_path_rewriter_changes_only_the_notebook_project_and_home_folders(tmp_path):
+    from machine_nb.report import path_rewriter
+
+    rewrite = path_rewriter("/srv/proj/notebooks", home="/home/me")
+    cases = {
+        "/srv/proj/notebooks/cache/a.json": "cache/a.json",
+        "/srv/proj/notebooks/../runs/x/sft": "../runs/x/sft",
+        "local:///srv/proj/notebooks/../runs/a/final": "local://../runs/a/final",
+        "/srv/proj/runs/x": "../runs/x",
+        "cwd=/srv/proj/notebooks, root=/srv/proj.": "cwd=., root=...",
+        "/srv/proj/notebooks/": "./",
+        "/home/me/.cache/machine_nb/i.parquet": "~/.cache/machine_nb/i.parquet",
+        "'/home/me'": "'~'",
+        # not under those folders, only alike: left as they are
+        "/srv/proj2/x /srv/project /home/me2/x /home/me.bak /data/home/me/x /srv/other /tmp/x":
+            "/srv/proj2/x /srv/project /home/me2/x /home/me.bak /data/home/me/x /srv/other /tmp/x",
+        "see /home/meaning and srv/proj/notebooks/x": "see /home/meaning and srv/proj/notebooks/x",
+    }
+    for text, want in cases.items():
+        assert rewrite(text) == want, text
+    # escaped as JSON inside a string, or as HTML
+    odd = path_rewriter('/srv/a "b"/nb', home="/home/me")
+    assert odd(json.dumps({"p": '/srv/a "b"/nb/x'})) == json.dumps({"p": "x"})
+    assert odd("<code>/srv/a &quot;b&quot;/nb/x</code>") == "<code>x</code>"
+    # a folder above that holds the home folder (or is /) is not claimed: home paths read ~/…
+    assert path_rewriter("/home/me/nb", home="/home/me")("/home/me/data /home/you") == "~/data /home/you"
+    assert path_rewriter("/nb", home="/home/me")("/nb/x /etc/hosts /home/me/y") == "x /etc/hosts ~/y"
+    # a symlinked folder is matched by its given and its real path
+    (tmp_path / "real" / "nb").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    linked = path_rewriter(tmp_path / "link" / "nb", home="/nowhere")
+    assert linked(f"{tmp_path}/link/nb/x {tmp_path}/real/nb/y {tmp_path}/real/z") == "x y ../z"
+
+
+def test_secrets_are_redacted_before_paths_are_rewritten():
+    """A secret value that is a path under home is found whole, never left behind as `~/…`."""
+    from machine_nb.report import scrub_notebook
+
+    key_file = "/home/me/.config/gcloud/service-key.json"
+    nb = {"cells": [{"outputs": [{"text": f"key at {key_file}, runs at /home/me/proj/runs"}]}]}
+    nb, n = scrub_notebook(nb, secret_values({"GCP_CREDENTIALS": key_file}), "/home/me/proj/notebooks", "/home/me")
+    assert n == 1 and nb["cells"][0]["outputs"][0]["text"] == "key at [redacted], runs at ../runs"
+
+
+def test_clean_notebook_drops_the_live_twin_of_a_widget_whose_static_output_is_kept():
+    """A machine_nb widget shows as its static output (kept up to date) then its live view, whose
+    text/plain is the state when it was first shown: with the view gone that copy is stale
+    ("LossPlot: no metrics yet" beside the final curve), so the whole live output goes."""
+    static = {"output_type": "display_data", "metadata": {}, "data": {
+        "text/html": '<div class="mnb-static" data-mnb-static="m1"><img/></div>', "image/png": "iVBOR",
+        "text/plain": "LossPlot: sft: 60 steps, last loss 0.01"}}
+    live = {"output_type": "display_data", "metadata": {}, "data": {
+        WIDGET_VIEW: {"version_major": 2, "model_id": "m1"},
+        "text/html": "", "text/plain": "LossPlot: no metrics yet"}}
+    other = {"output_type": "display_data", "data": {WIDGET_VIEW: {"model_id": "m2"}, "text/html": "<b>slider</b>",
+                                                      "text/plain": "IntSlider(value=3)"}}
+    bare = {"output_type": "display_data", "data": {WIDGET_VIEW: {"model_id": "m3"}}}
+    nb = {"metadata": {}, "cells": [{"cell_type": "code", "outputs": [static, live]},
+                                    {"cell_type": "code", "outputs": [other, bare]}]}
+    first, second = (c["outputs"] for c in clean_notebook(nb)["cells"])
+    assert first == [static], "the live twin (and its stale text) is left"
+    assert second[0]["data"] == {"text/html": "<b>slider</b>", "text/plain": "IntSlider(value=3)"}
+    assert "interactive widget" in second[1]["data"]["text/plain"]

@@ -1,6 +1,8 @@
 """The run index behind load_runs: the same frame as parsing every file, a reload that parses only
-what changed (new, changed, deleted files; both check modes), a corrupt or stale index rebuilt,
-records read on demand, and the index kept outside the workspace, private to the user."""
+what changed (new, changed, deleted files; both check modes), a corrupt or stale index rebuilt (for
+every reason read_index knows), records read on demand (and only those asked for: run files opened
+are counted), the README's schema table the code's, and the index kept outside the workspace,
+private to the user."""
 
 from __future__ import annotations
 
@@ -238,3 +240,183 @@ def test_a_cache_that_cannot_be_written_costs_speed_not_the_result(ws, tmp_path,
     with pytest.warns(UserWarning, match="is this a Machine workspace"):
         assert len(mnb.load_runs(tmp_path / "ws" / "machines", index=True)) == 0
     assert [p.name for p in (tmp_path / "cache2" / "runs").iterdir()] == [run_index.run_index_path(empty).name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Records on demand read only the runs they are given
+
+
+@pytest.fixture
+def opened(ws, monkeypatch):
+    """The run files of `ws` opened from now on, in order, by any reader (os.open, open(), Path.open)."""
+    import builtins
+    import io
+
+    runs = (str(ws / ".machine" / "runs") + os.sep, os.path.realpath(ws / ".machine" / "runs") + os.sep)
+    seen: list[str] = []
+
+    def note(path):
+        if isinstance(path, (str, os.PathLike)):
+            p = os.fspath(path)
+            if p.startswith(runs) and p.endswith(".json"):
+                seen.append(os.path.realpath(p))
+
+    def tracked(real):
+        def open_(path, *args, **kwargs):
+            note(path)
+            return real(path, *args, **kwargs)
+        return open_
+
+    monkeypatch.setattr(os, "open", tracked(os.open))
+    monkeypatch.setattr(io, "open", tracked(io.open))
+    monkeypatch.setattr(builtins, "open", tracked(builtins.open))
+    return seen
+
+
+def paths_of(frame: pd.DataFrame) -> list[str]:
+    return [os.path.realpath(p) for p in frame["path"]]
+
+
+def test_records_on_demand_read_only_the_rows_asked_for(ws, tmp_path, opened):
+    lazy = mnb.load_runs(ws, index=True)
+    assert str(lazy["run"].dtype) == "run_record" and len(lazy) > 100
+    opened.clear()
+    mnb.load_runs(ws)  # a reload from the index opens no run file
+    assert opened == []
+
+    two = lazy.head(2)
+    msgs = mnb.messages(two)
+    assert sorted(opened) == sorted(paths_of(two)) and set(msgs["run_id"]) == set(two["id"])
+
+    opened.clear()
+    coder = mnb.select_runs(lazy, "coder", workspace=ws)
+    selecting = list(opened)
+    opened.clear()
+    lines = mnb.training_lines(coder.head(2))
+    assert sorted(opened) == sorted(paths_of(coder.head(2))) and {ln["run"] for ln in lines} == set(coder.head(2)["id"])
+    # select_runs reads the machine's candidates (scored enough, under its rubric: from the index's
+    # columns) once each, to check what the table does not hold; never another machine's runs
+    coder_files = {os.path.realpath(p) for p in lazy.loc[lazy["machine"] == "coder", "path"]}
+    assert set(selecting) <= coder_files and len(selecting) == len(set(selecting)) >= len(coder)
+
+    row = lazy[["id", "machine", "path"]].iloc[7]  # (a whole row, `run` included, would read its record)
+    opened.clear()
+    assert lazy.mnb.record(row["id"], row["machine"])["id"] == row["id"]
+    assert opened == [os.path.realpath(row["path"])]
+
+    opened.clear()
+    assert [r["id"] for r in mnb.load_records(lazy.iloc[[3, 9]])] == list(lazy.iloc[[3, 9]]["id"])
+    assert sorted(opened) == sorted(paths_of(lazy.iloc[[3, 9]]))
+
+
+def test_previewer_and_tagger_read_only_their_slice(ws, tmp_path, opened):
+    lazy = mnb.load_runs(ws, index=True)
+    coder = mnb.select_runs(lazy, "coder", workspace=ws)
+    for frame, make in ((coder.iloc[2:4], lambda f: mnb.ExamplePreviewer(f)),
+                        (lazy.iloc[5:7], lambda f: mnb.Tagger(f, store=tmp_path / "store"))):
+        mine = set(paths_of(frame))
+        opened.clear()
+        widget = make(frame)
+        widget.static_html()
+        read, name = set(opened), type(widget).__name__
+        assert read, f"{name} read no run"
+        assert read <= mine, f"{name} read runs outside its 2 rows: {sorted(read - mine)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's schema table is the code's
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+README_TYPES = {"string": ("string", "large_string"), "int64": ("int64",), "bool": ("bool",)}
+
+
+def readme_index_table() -> tuple[int, list[tuple[list[str], list[str]]]]:
+    """(schema version, [(column names, type words)]) from the README's run-index schema table."""
+    import re
+
+    text = README.read_text(encoding="utf-8")
+    head = re.search(r"The index's schema \(`machine_nb\.store\.index\.INDEX_SCHEMA`, version (\d+)\)", text)
+    assert head, "the README no longer introduces the index's schema table"
+    rows = []
+    for line in text[head.end():].splitlines()[1:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ("column", "---") or set(cells[0]) <= {"-"}:
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        if "…" in cells[0]:
+            names = [names[0], "…", names[-1]]
+        rows.append((names, [t.strip() for t in cells[1].split(",")]))
+    return int(head.group(1)), rows
+
+
+def test_the_readme_schema_table_matches_index_schema():
+    version, rows = readme_index_table()
+    assert version == run_index.SCHEMA_VERSION
+    schema = run_index.INDEX_SCHEMA
+    names = [f.name for f in schema]
+    documented: list[str] = []
+    for cols, types in rows:
+        if "…" in cols:  # `id` … `final`: the run table, typed as load_runs types it
+            first, last = cols[0], cols[-1]
+            assert first in names and last in names, f"README run-table span {first} … {last}"
+            span = names[names.index(first):names.index(last) + 1]
+            assert span == [c for c in frames.RUN_COLUMNS if c not in ("path", "run")], "the run table's columns"
+            assert types == ["as `load_runs`"], f"README types of the run table: {types}"
+            documented += span
+            continue
+        if len(types) == 1:
+            types = types * len(cols)
+        assert len(types) == len(cols), f"README row {cols}: {len(types)} types for {len(cols)} columns"
+        for col, word in zip(cols, types):
+            assert col in names, f"the README documents a column {col!r} that INDEX_SCHEMA does not have"
+            assert word in README_TYPES, f"README type {word!r} of {col}"
+            assert str(schema.field(col).type) in README_TYPES[word], f"{col}: README {word}, code {schema.field(col).type}"
+        documented += cols
+    assert documented == names, "the README's table and INDEX_SCHEMA list other columns (or another order)"
+    # "as load_runs" holds: each run column converts to the dtype kind load_runs gives it, times as UTC timestamps
+    plain = mnb.load_runs(SAMPLE, index=False)
+    as_pandas = schema.empty_table().to_pandas()
+    for col in names[names.index("id"):]:
+        assert as_pandas[col].dtype.kind == plain[col].dtype.kind, f"{col}: index {as_pandas[col].dtype}, load_runs {plain[col].dtype}"
+    for col in ("started_at", "finished_at"):
+        assert str(schema.field(col).type.tz) == "UTC" and str(plain[col].dt.tz) == "UTC"
+
+
+# ---------------------------------------------------------------------------------------------
+# A stale index is rebuilt for every reason read_index knows
+
+
+def _rewrite_index(ws: Path, change) -> None:
+    """Rewrite the workspace's index file with `change(table, meta) -> (table, meta)` applied."""
+    import pyarrow.parquet as pq
+
+    path = run_index.run_index_path(ws)
+    table = pq.read_table(path)
+    meta = json.loads(table.schema.metadata[b"machine_nb"])
+    table, meta = change(table.replace_schema_metadata(None), meta)
+    pq.write_table(table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode()}), path)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda t, m: (t.append_column("extra", t["name"]), m), "its columns differ"),
+    (lambda t, m: (t.drop_columns(["bad_time"]), m), "its columns differ"),
+    (lambda t, m: (t.rename_columns(["directory", *t.column_names[1:]]), m), "its columns differ"),
+    (lambda t, m: (t.select([1, 0, *range(2, t.num_columns)]), m), "its columns differ"),
+    (lambda t, m: (t, {k: v for k, v in m.items() if k != "dirs"}), "its folder list is missing"),
+    (lambda t, m: (t, {**m, "dirs": ["chatbot"]}), "its folder list is missing"),
+], ids=["extra", "missing", "renamed", "reordered", "no-dirs", "dirs-not-a-map"])
+def test_an_index_of_other_columns_or_without_its_folder_list_is_rebuilt(ws, change, reason):
+    good = mnb.load_runs(ws, index=False).drop(columns="run")
+    mnb.load_runs(ws, index=True)
+    _rewrite_index(ws, change)
+    df = mnb.load_runs(ws)
+    stats = df.attrs["index"]
+    assert stats.rebuilt == reason and stats.parsed == len(good) and stats.reused == 0 and stats.written
+    pd.testing.assert_frame_equal(df.drop(columns="run"), good)
+    again = mnb.load_runs(ws).attrs["index"]  # the rebuilt index is trusted again
+    assert again.rebuilt is None and again.parsed == 0 and again.reused == len(good)
