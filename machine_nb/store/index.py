@@ -136,6 +136,8 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         names = [f.name for f in INDEX_SCHEMA]
         if pf.schema_arrow.names != names:
             return None, {}, "its columns differ"
+        if not isinstance(meta.get("dirs"), dict):  # checked before the table is read
+            return None, {}, "its folder list is missing"
         dict_cols = [c for c in meta.get("dictionary", []) if c in names]
         table = pq.read_table(path, read_dictionary=dict_cols or None, use_threads=True, memory_map=True)
         # columns stored with a dictionary come back decoded (the run table is plain strings),
@@ -147,8 +149,6 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
             cols = list(pool.map(_one_chunk, cols))
         table = pa.table(cols, schema=INDEX_SCHEMA)
-        if not isinstance(meta.get("dirs"), dict):
-            return None, {}, "its folder list is missing"
         return table, meta, None
     except Exception as exc:  # any unreadable index (truncated, not Parquet, wrong types) is rebuilt
         return None, {}, f"unreadable ({type(exc).__name__}: {str(exc)[:120]})"

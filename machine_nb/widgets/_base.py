@@ -155,8 +155,10 @@ class StaticFallback:
         # the static output first: readers of a saved notebook that take a cell's first output get it
         handle = display(self.static_bundle(), raw=True, display_id=True)
         live = dict(super()._repr_mimebundle_() or {})  # type: ignore[misc]
-        # text/html "" keeps this output blank where there is no widget manager (the static twin speaks)
-        live.update({"text/plain": self.summary(), "text/html": ""})
+        # text/html "" keeps this output blank where there is no widget manager (the static twin
+        # speaks); a fixed label, since this output is never re-sent and its state would go stale
+        live.update({"text/plain": f"{type(self).__name__}: live view (its state is the output above)",
+                     "text/html": ""})
         display(live, raw=True)
         shown.append(_Shown(handle.display_id, parent))
         del shown[:-MAX_DISPLAYS]
