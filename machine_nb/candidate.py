@@ -499,7 +499,8 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
     engine = engine or engines.engine_for(checkpoint)
     service = engines.service_client(engine)
-    cand_client = service.create_sampling_client(model_path=str(checkpoint))
+    # create_sampling_client returns a future of the client; using the future as the client is deprecated
+    cand_client = service.create_sampling_client(model_path=str(checkpoint)).result()
     base = cand_client.get_base_model()
     live_ckpt = live["model"] if is_checkpoint(live["model"]) else None
     live_base = live.get("baseModel") or (None if live_ckpt else live["model"])
@@ -509,7 +510,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          "tokens and price), so train it from that one")
     engines.check_model(engine, live_ckpt or live_base)
     live_client = (service.create_sampling_client(model_path=live_ckpt) if live_ckpt
-                   else service.create_sampling_client(base_model=live_base))
+                   else service.create_sampling_client(base_model=live_base)).result()
     if live_base is None:
         live_base = live_client.get_base_model()
         if live_base != base:

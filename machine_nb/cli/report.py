@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "after its cell tagged 'parameters', and write OUT.html plus the executed OUT.ipynb beside it. "
             "Reads: the notebook and whatever it reads. Writes: the two report files only, redacted (values of "
             "secret-named environment variables and parameters such as TINKER_API_KEY or DB_PASS, URL passwords, "
-            "key-shaped strings); the notebook runs in memory, so no unredacted file exists even mid-run or "
+            "key-shaped strings), with this machine's folders written relative to the notebook (or as ~/… under "
+            "home); the notebook runs in memory, so no unredacted file exists even mid-run or "
             "after Ctrl-C. A failing cell's error is printed redacted too. Cost: whatever the "
             "notebook spends; the shipped notebooks default to the free local engine."),
     )
