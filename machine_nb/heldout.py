@@ -5,8 +5,9 @@ on a fresh snapshot of the weights (the real SDK's, on either engine), it sample
 and scores it with evaluate.py's own rules (match modes, format regexes, the regex time bound),
 appends the per-row results of that step to `<log dir>/heldout.jsonl` (the cookbook's interface
 returns floats only) and returns held-out accuracy and format rate, which the loop logs into
-`metrics.jsonl` itself. It runs in the training child process (runner.py); `HeldOutEvalBuilder`
-is the plain, JSON-shaped builder the cookbook's Config holds (its fields land in config.json).
+`metrics.jsonl` itself (`supervised.train` for sft, `preference.train_dpo` for dpo). It runs in the
+training child process (runner.py); `HeldOutEvalBuilder` is the plain, JSON-shaped builder the
+cookbook's Config holds (its fields land in config.json).
 Reading the results back is train.py's (`heldout_curve`, `heldout_results`).
 
 This module imports tinker-cookbook at the top (a class must subclass the cookbook's), so only
@@ -33,7 +34,7 @@ def eval_schedule(start_step: int, total_steps: int, eval_every: int, *, last: b
     `supervised.train.main` evaluates before submitting step s when s % eval_every == 0, for s
     from the step it starts (or resumes) at up to the last; so the eval at step s sees the
     weights after s optimizer steps (step 0: the base model). `preference.train_dpo` also
-    evaluates before its last step (`last=True`).
+    evaluates before its last step (`last=True`, what dpo's evaluator is filed by).
 
     Args:
         start_step: the first step the loop runs (0, or where a resumed run continues).
@@ -78,7 +79,7 @@ class HeldOutEvalBuilder:
 
     @classmethod
     def from_spec(cls, spec: dict, steps: list[int]) -> "HeldOutEvalBuilder":
-        """The builder for a training spec's `heldout` settings (what sft writes)."""
+        """The builder for a training spec's `heldout` settings (what sft and dpo write)."""
         h = spec["heldout"]
         return cls(eval_path=h["path"], model=spec["model"], renderer=spec["renderer"], log_dir=spec["log_dir"],
                    steps=tuple(steps), source=h.get("source"), source_sha256=h.get("source_sha256"),

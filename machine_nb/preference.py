@@ -5,8 +5,9 @@ local engine or Tinker, and how a model ranks the two replies of each pair.
 the service and the price, before anything is spent: pricing.estimate_dpo_cost), then the
 cookbook's loop unchanged in the runner child process against the engine's URL, with a progress
 bar fed from `metrics.jsonl`. The pairs come from pairs.py (`preference_pairs`), written into the
-log dir as the cookbook's comparison JSONL. `score_pairs` measures a model or checkpoint on pairs:
-the summed log-probability of each reply, as the DPO loss sees them.
+log dir as the cookbook's comparison JSONL. With `eval_data`, the loop also calls the held-out
+evaluator (heldout.py) as sft's does. `score_pairs` measures a model or checkpoint on pairs: the
+summed log-probability of each reply, as the DPO loss sees them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import contextlib
 import json
 import os
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import render
 from .errors import EngineError, MachineFormatError
+from .train import HELDOUT_FILE, TrainResult
 
 #: Local LoRA (rank 8, beta 0.1, 10 epochs) learning rates, chosen on a validation split of the
 #: tutor's training pairs, never its held-out cases (benchmarks/bench_dpo.py re-measures the grid).
@@ -69,15 +72,18 @@ def _pair_records(pairs: Any) -> list[dict]:
     return out
 
 
-def _preflight_pairs(records: list[dict], model: str, max_length: Any) -> None:
+def _preflight_pairs(records: list[dict], model: str, max_length: Any, eval_path: Any = None) -> None:
     """validate()'s checks (shape, secrets, the model's context, trained tokens) on both sides of
-    every pair; ValidationFailed names the pair and side of the first failures."""
+    every pair, and with `eval_path` that no pair's prompt is one of that eval file's;
+    ValidationFailed names the pair and side of the first failures."""
     from .errors import ValidationFailed
     from .validate import preflight
 
     for side in ("chosen", "rejected"):
         rows = [{"messages": r["prompt"] + r[side]} for r in records]
-        result = preflight(rows, model, max_length, raise_errors=False)
+        # both sides share their prompt: the overlap is checked once
+        result = preflight(rows, model, max_length, raise_errors=False,
+                           eval_path=eval_path if side == "chosen" else None)
         if result.ok:
             continue
         errors = result.errors()
@@ -121,28 +127,85 @@ def _dpo_steps(log_dir: Path) -> list[dict]:
                           if isinstance(m.get(STEP_KEY), (int, float))])
 
 
-def read_dpo_log(log_dir: str | os.PathLike):
-    """The checkpoint, steps, tokens and losses of a DPO log dir (finished or not).
+def resume_note(resumed_at: list[int], steps: int | None = None) -> str | None:
+    """What a resumed DPO run does differently from an uninterrupted one, in words.
+
+    Args:
+        resumed_at: the steps the run was resumed at (ascending). steps: the run's steps, when known.
+
+    Returns:
+        The sentence `DPOResult.note` carries; None when the run was never resumed.
+    """
+    if not resumed_at:
+        return None
+    first = resumed_at[0]
+    where = (f"step {first}: the cookbook took the reference model from the step-{first} checkpoint"
+             if len(resumed_at) == 1 else
+             f"steps {', '.join(map(str, resumed_at))}: each time the cookbook took the reference model from "
+             f"the checkpoint it resumed from")
+    later = f"steps {first}-{steps - 1}" if steps else f"the steps from {first} on"
+    return (f"resumed at {where}, not from the weights the run started from, so {later} are measured "
+            f"against that checkpoint (dpo_loss restarts at log 2, margin and rewards at 0) and train "
+            f"differently: their losses, weights and held-out scores, and the final checkpoint, differ from an "
+            f"uninterrupted run's. Steps 0-{first - 1}, and the weights they reach (scored as step {first}), "
+            f"are the same.")
+
+
+@dataclass
+class DPOResult(TrainResult):
+    """A DPO run's TrainResult (see `read_dpo_log`), with what a resume changed.
+
+    resumed_at: the steps at which the run was resumed (empty: never). note: what that changed,
+    in words (None when never resumed): the cookbook takes the reference model of a resumed run
+    from the checkpoint it resumes from, so from that step on the run differs from an
+    uninterrupted one.
+    """
+
+    resumed_at: list[int] = field(default_factory=list)
+    note: str | None = None
+
+    def _repr_html_(self) -> str:
+        import html
+
+        out = super()._repr_html_()
+        if not self.note:
+            return out
+        return out[:-len("</div>")] + f"<br><small><b>note</b>: {html.escape(self.note)}</small></div>"
+
+
+def read_dpo_log(log_dir: str | os.PathLike) -> DPOResult:
+    """The checkpoint, steps, tokens, losses, held-out scores and cost of a DPO log dir (finished or not).
 
     Args:
         log_dir: the run's log dir.
 
     Returns:
-        `read_training_log`'s TrainResult, with steps counted from the metrics rows that carry
-        `dpo_loss`, first_loss / last_loss their `dpo_loss`, tokens their `num_tokens` (chosen +
-        rejected sequences) and the cost as DPOCostEstimate bounds it (training + policy forward +
-        reference forward; 0 locally).
+        A DPOResult: `read_training_log`'s fields, with steps counted from the metrics rows that
+        carry `dpo_loss`, first_loss / last_loss their `dpo_loss`, tokens their `num_tokens`
+        (chosen + rejected sequences), the cost as DPOCostEstimate bounds it (training + policy
+        forward + reference forward; 0 locally) plus the held-out evals' sampling
+        (`eval_cost_usd`), and with `dpo(eval_data=…)` the best eval step and the final
+        checkpoint's scores. A resumed run says so in `resumed_at` and `note`.
     """
     from .pricing import dpo_cost
-    from .train import read_training_log
+    from .train import _read_marker, read_training_log
 
-    result = read_training_log(log_dir)
+    base = read_training_log(log_dir)
+    result = DPOResult(**base.as_dict())
     steps = _dpo_steps(Path(log_dir))
     result.steps = len(steps)
     result.tokens = int(sum(m.get("num_tokens", 0) or 0 for m in steps))
     result.first_loss = float(steps[0][STEP_KEY]) if steps else None
     result.last_loss = float(steps[-1][STEP_KEY]) if steps else None
     result.cost_usd = dpo_cost(result.model, result.engine, result.tokens)
+    if (Path(log_dir) / HELDOUT_FILE).exists():  # the held-out evals' sampling (read_training_log prices it)
+        result.cost_usd = (None if result.cost_usd is None or result.eval_cost_usd is None
+                           else result.cost_usd + result.eval_cost_usd)
+    marker = _read_marker(Path(log_dir))
+    resumed = marker.get("resumed_at")
+    result.resumed_at = sorted({int(k) for k in resumed if isinstance(k, int)}) if isinstance(resumed, list) else []
+    total = marker.get("steps") if isinstance(marker.get("steps"), int) else None
+    result.note = resume_note(result.resumed_at, total)
     return result
 
 
@@ -163,13 +226,19 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         workspace: str | os.PathLike | None = None, name: str | None = None,
         resume: str | os.PathLike | None = None, seed: int = 0, max_length: int | None = None,
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
-        base_url: str | None = None, progress: bool = True, on_metrics: Any = None):
+        base_url: str | None = None, progress: bool = True, on_metrics: Any = None,
+        eval_data: Any = None, eval_every: int | None = None, eval_max_tokens: int = 32,
+        eval_temperature: float = 0.0) -> DPOResult:
     """Direct preference optimisation with tinker-cookbook's `preference.train_dpo.main`, on `engine`.
 
     The cookbook's loop runs unchanged in a child process (its `main` calls `asyncio.run` itself, so
     it never touches a notebook's event loop) and reaches the engine through the real tinker SDK.
     Its reference model is a frozen snapshot of the weights it starts from: the base model, or the
-    SFT checkpoint given as `load_checkpoint` (SFT then DPO).
+    SFT checkpoint given as `load_checkpoint` (SFT then DPO). With `eval_data`, the loop itself
+    calls the held-out evaluator (heldout.py, in its Config's `evaluator_builders`) every
+    `eval_every` steps and before its last step, and the final checkpoint is scored the same way,
+    as `sft(eval_data=…)` does: `metrics.jsonl` gains `test/accuracy` and `test/format_rate`,
+    `heldout.jsonl` keeps the per-row results, and the result says which step was best.
 
     Args:
         pairs: a `preference_pairs` frame, pair records (prompt, chosen, rejected message lists),
@@ -193,29 +262,48 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         log_dir / workspace / name: where the run writes (default a fresh `runs/dpo-<time>-<hex>`, or
             `<workspace>/.machine/training/<name>`); it must be new or empty.
         resume: a log dir of an interrupted dpo run to continue from its last checkpoint, with the
-            settings it was started with. Steps already done are not repeated; the cookbook takes
-            its reference model from the weights it resumes from, so the resumed steps are measured
-            against the checkpoint rather than the starting weights.
+            settings (held-out evals included) it was started with. Steps already done are not
+            repeated, and the optimizer state and learning-rate schedule carry on, but the resumed
+            run is not the uninterrupted one: the cookbook takes the reference model from the
+            weights it resumes from (the checkpoint at step k), not from the starting weights. So
+            from step k on, the DPO loss restarts at log 2 (margin and rewards at 0), the steps
+            train differently, and their weights, held-out scores and the final checkpoint differ
+            from an uninterrupted run's; steps 0 to k-1 are the same. The result says so
+            (`resumed_at`, `note`).
         seed: the order the pairs are written in (default 0), which the cookbook shuffles per epoch.
         max_length: tokens per sequence (default None = the local model's context, 128; none on Tinker).
         save_every: checkpoint every N steps (default 20, the cookbook's).
         max_usd: Tinker budget, refused before spending when the estimate (pricing.estimate_dpo_cost:
-            training, the policy's forward pass and the reference model's) is over it; an unknown
-            price is always refused. Local runs cost 0.
+            training, the policy's forward pass and the reference model's, plus the held-out evals
+            at `eval_max_tokens` a reply) is over it; an unknown training or prefill price is always
+            refused, an unknown sampling price whenever a budget is set. Local runs cost 0.
         base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
-        progress: show a progress bar (steps, dpo loss, pair accuracy).
+        progress: show a progress bar (steps, dpo loss, pair accuracy, last held-out accuracy).
         on_metrics: default None; called in the caller's thread with each list of new metrics rows.
+        eval_data: held-out eval rows to score while training (a JSONL path or a list of row dicts,
+            evaluate()'s shape); every row is checked before anything is written, a pair whose
+            prompt is in the eval file is refused, and a copy goes to `<log dir>/heldout_data.jsonl`.
+            Default None: no held-out evals. Choose on a validation set, report on another.
+        eval_every: score every N steps (the eval at step s sees the weights after s steps; step 0
+            is the starting weights); the cookbook's DPO loop also scores before its last step.
+            Default None = once an epoch (pairs // batch_size steps).
+        eval_max_tokens / eval_temperature: the evals' sampling, as evaluate() takes it (default
+            32 tokens, greedy); recorded with every score.
 
     Returns:
-        A TrainResult read back from the log dir (`read_dpo_log`): steps, tokens, first / last
-        `dpo_loss`, the final sampler checkpoint, the cost. The per-step `dpo_loss`, `accuracy`,
-        `margin`, `chosen_reward` and `rejected_reward` are in `training_metrics(log_dir)`.
+        A DPOResult (a TrainResult) read back from the log dir (`read_dpo_log`): steps, tokens,
+        first / last `dpo_loss`, the final sampler checkpoint, the cost next to the estimate, and
+        with `eval_data` the final checkpoint's held-out scores and the best step. The per-step
+        `dpo_loss`, `accuracy`, `margin`, `chosen_reward` and `rejected_reward` are in
+        `training_metrics(log_dir)`, the held-out scores in `heldout_curve(log_dir)`. A Ctrl-C
+        stops the run and re-raises KeyboardInterrupt; `dpo(pairs, resume=log_dir)` finishes it.
     """
     from . import engines
-    from .train import (LOCAL_LORA_RANK, MARKER, TINKER_LORA_RANK, _claim_log_dir, _MetricsTail, _private_files,
-                        new_log_dir, run_cookbook)
+    from .train import (HELDOUT_ACCURACY, HELDOUT_DATA, LOCAL_LORA_RANK, MARKER, TINKER_LORA_RANK, _claim_log_dir,
+                        _heldout_settings, _MetricsTail, _private_files, new_log_dir, run_cookbook)
 
     start_path = None
+    saved: dict = {}
     if resume is not None:
         path = Path(resume).absolute()
         _claim_log_dir(path, resume=True)
@@ -224,6 +312,10 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             raise ValueError(f"resume={str(resume)!r} is not a dpo run (resume an sft run with sft(resume=…))")
         (epochs, batch_size, max_steps, learning_rate, beta, lora_rank, seed, max_length, lr_schedule,
          save_every, model, engine, start_path) = (saved[k] for k in _RESUMED)
+        held = saved.get("heldout")
+        eval_data = path / HELDOUT_DATA if held else None
+        if held:
+            eval_every, eval_max_tokens, eval_temperature = held["every"], held["max_tokens"], held["temperature"]
     elif load_checkpoint is not None:
         start_path, start_model, start_engine = _state_path(load_checkpoint)
         if model is not None and start_model is not None and render.base_model(model) != render.base_model(start_model):
@@ -265,28 +357,44 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
     if len(records) < batch_size:
         raise ValueError(f"{len(records)} pairs make no full batch of {batch_size}; the cookbook would train 0 "
                          "steps. Lower batch_size or add pairs.")
-    steps_total = (len(records) // batch_size) * epochs
+    per_epoch = len(records) // batch_size
+    steps_total = per_epoch * epochs
     if max_steps is not None:
         steps_total = min(steps_total, max_steps)
+    heldout = held_rows = None
+    if eval_data is not None:
+        heldout = _heldout_settings(eval_data, model, eval_every, per_epoch, eval_max_tokens, eval_temperature,
+                                    steps_total)
+        held_rows = heldout.pop("rows")
+        heldout["evals"] = dpo_evals(steps_total, heldout["every"])
+        if saved.get("heldout"):  # the file the run was started with, not its copy
+            heldout.update(source=saved["heldout"].get("source"), source_sha256=saved["heldout"].get("source_sha256"))
     renderer = render.renderer_name(model)
     if local_model and max_length is None:
         from .engines.local import load_config
 
         max_length = load_config(render.base_model(model)).block_size
-    _preflight_pairs(records, model, max_length if max_length is not None else "auto")
+    overlap = heldout["source"] if heldout and heldout["source"] and Path(heldout["source"]).is_file() else None
+    _preflight_pairs(records, model, max_length if max_length is not None else "auto", eval_path=overlap)
 
+    # refuse before spending (and before writing anything): over budget, no key, not Tinker
+    estimate = dpo_estimate(records, model, engine, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
+                            eval_rows=held_rows, evals=heldout["evals"] if heldout else 0,
+                            eval_max_tokens=eval_max_tokens)
     if engine == "tinker":
         from .engines.tinker import check_tinker
-        from .pricing import estimate_dpo_cost
+        from .pricing import check_budget
 
-        # refuse before spending (and before writing anything): over budget, no key, not Tinker
-        estimate_dpo_cost(records, model, epochs=epochs, batch_size=batch_size, max_usd=max_usd, max_steps=max_steps)
+        check_budget(estimate["usd"], max_usd, f"DPO on {model} for {epochs} epoch(s)"
+                     + (f" with {estimate['evals']} held-out evals" if heldout else ""))
         url = check_tinker(base_url, models=(model,))
     else:
         url = engines.local_base_url()
 
+    from .jsonl import atomic_write_text
+
     if resume is None:
-        from .jsonl import atomic_write_text, write_jsonl
+        from .jsonl import write_jsonl
         from .pairs import comparison_line
 
         path = (Path(log_dir).absolute() if log_dir is not None
@@ -294,22 +402,33 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         _claim_log_dir(path, resume=False)
         random.Random(seed).shuffle(records)
         write_jsonl([comparison_line(r) for r in records], path / "pairs.jsonl")
+        if held_rows is not None:
+            write_jsonl(held_rows, path / HELDOUT_DATA)
         if learning_rate is None:
             learning_rate = _default_lr(model, start_path is not None)
         marker = {"kind": "dpo", "engine": engine, "model": model, "renderer": renderer, "pairs": len(records),
-                  "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps, "learning_rate": learning_rate,
-                  "beta": beta, "lora_rank": None if start_path else lora_rank,  # a checkpoint keeps its own
+                  "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps, "steps": steps_total,
+                  "learning_rate": learning_rate, "beta": beta,
+                  "lora_rank": None if start_path else lora_rank,  # a checkpoint keeps its own
                   "seed": seed, "max_length": max_length,
                   "lr_schedule": lr_schedule, "save_every": save_every, "load_checkpoint": start_path,
-                  "source": str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<in-memory pairs>"}
+                  "source": str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<in-memory pairs>",
+                  "heldout": heldout, "estimate": estimate}
         atomic_write_text(path / MARKER, json.dumps(marker, indent=1))
+    else:
+        at = _resume_step(path, per_epoch)
+        if at is not None and 0 < at < steps_total:  # the reference model will be taken here: say so
+            saved["resumed_at"] = sorted({*saved.get("resumed_at", []), at})
+            saved.setdefault("steps", steps_total)
+            atomic_write_text(path / MARKER, json.dumps(saved, indent=1))
 
     spec = {"module": __name__, "data_path": str(path / "pairs.jsonl"), "log_dir": str(path),
             "model": render.base_model(model), "renderer": renderer, "max_length": max_length,
             "batch_size": batch_size, "learning_rate": learning_rate, "lr_schedule": lr_schedule, "epochs": epochs,
             "beta": beta, "lora_rank": lora_rank, "base_url": url, "save_every": save_every, "max_steps": max_steps,
             "load_checkpoint": None if start_path is None else engines.to_sdk_path(start_path),
-            "local_models": local_model}
+            "local_models": local_model,
+            "heldout": None if heldout is None else {**heldout, "path": str(path / HELDOUT_DATA)}}
 
     from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
@@ -324,6 +443,9 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             new = tail.new_rows()
             steps = [m for m in new if STEP_KEY in m and m.get("step") not in seen_steps]
             seen_steps.update(m.get("step") for m in steps)
+            scored = [m[HELDOUT_ACCURACY] for m in new if isinstance(m.get(HELDOUT_ACCURACY), (int, float))]
+            if scored:
+                bar.set_postfix(heldout=float(scored[-1]))
             if steps:
                 bar.update(len(steps), loss=float(steps[-1][STEP_KEY]), acc=float(steps[-1].get("accuracy", 0.0)))
             if new and on_metrics is not None:
@@ -335,14 +457,68 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             _private_files(path)
     result = read_dpo_log(path)
     result.model, result.engine = model, engine
-    from .pricing import dpo_cost
-
-    result.cost_usd = dpo_cost(model, engine, result.tokens)
     return result
 
 
-def child_run(spec: dict) -> None:
-    """The dpo half that runs in the child (runner.py): the cookbook's DPO loop, unchanged."""
+def dpo_evals(steps: int, every: int) -> int:
+    """How many times a DPO run of `steps` steps scores its held-out rows every `every` steps: the
+    cookbook's DPO loop evaluates before step s when s % every == 0 and before its last step
+    (heldout.eval_schedule with last=True), then the final checkpoint is scored."""
+    from .heldout import eval_schedule
+
+    return len(eval_schedule(0, steps, every, last=True)) + 1
+
+
+def dpo_estimate(records: Any, model: str, engine: str, *, epochs: int, batch_size: int, max_steps: int | None,
+                 eval_rows: Any = None, evals: int = 0, eval_max_tokens: int = 32) -> dict:
+    """What a DPO run is estimated to cost before it starts: training (pricing.estimate_dpo_cost)
+    plus its held-out evals.
+
+    Args:
+        records: the pairs. model / engine: what and where. epochs / batch_size / max_steps: as dpo takes them.
+        eval_rows: the held-out rows (default None: no evals). evals: how many times they are
+            scored (`dpo_evals`). eval_max_tokens: output tokens a reply.
+
+    Returns:
+        {"usd" (None when a price is unknown), "train_usd" (training, policy forward and reference
+        forward), "eval_usd", "tokens" (tokens the training is priced on, both sequences of every
+        pair), "evals", "exact", "price_source", "price_date"}: 0 on the local engine.
+    """
+    from .pricing import UnknownPrice, estimate_dpo_cost, estimate_eval_cost
+
+    try:
+        train = estimate_dpo_cost(records, model, epochs=epochs, batch_size=batch_size, max_steps=max_steps)
+    except UnknownPrice:
+        return {"usd": None, "train_usd": None, "eval_usd": None, "tokens": None, "evals": evals, "exact": None,
+                "price_source": None, "price_date": None}
+    full = (train.pairs // batch_size) * epochs
+    tokens = round(train.tokens * epochs * (train.steps / full if full else 1.0))
+    eval_usd: float | None = 0.0
+    if eval_rows is not None and evals:
+        try:
+            eval_usd = estimate_eval_cost(eval_rows, model, max_tokens=eval_max_tokens).usd * evals
+        except UnknownPrice:
+            eval_usd = None
+    train_usd = train.usd
+    if engine == "local":
+        train_usd, eval_usd = 0.0, 0.0
+    usd = None if eval_usd is None else train_usd + eval_usd
+    return {"usd": usd, "train_usd": train_usd, "eval_usd": eval_usd, "tokens": tokens, "evals": evals,
+            "exact": train.exact, "price_source": train.price.source, "price_date": train.price.date}
+
+
+def _resume_step(log_dir: Path, per_epoch: int) -> int | None:
+    """The step a resumed run continues from: the last checkpoint with training state, as the cookbook picks it."""
+    from .train import _read_log_lines
+
+    states = [c for c in _read_log_lines(log_dir / "checkpoints.jsonl") if isinstance(c.get("state_path"), str)]
+    if not states or not isinstance(states[-1].get("batch"), int):
+        return None
+    return int(states[-1].get("epoch") or 0) * per_epoch + states[-1]["batch"]
+
+
+def _dpo_config(spec: dict) -> Any:
+    """The cookbook's train_dpo Config for a spec `dpo` wrote (runs in the child process)."""
     from tinker_cookbook.preference import train_dpo
     from tinker_cookbook.preference.dpo_datasets import DPODatasetBuilderFromComparisons
     from tinker_cookbook.preference.preference_datasets import ComparisonBuilderFromJsonl
@@ -353,13 +529,51 @@ def child_run(spec: dict) -> None:
         common_config=ChatDatasetBuilderCommonConfig(
             model_name_for_tokenizer=spec["model"], renderer_name=spec["renderer"],
             max_length=spec["max_length"], batch_size=spec["batch_size"]))
-    config = train_dpo.Config(
+    return train_dpo.Config(
         log_path=spec["log_dir"], model_name=spec["model"], recipe_name="machine_nb_dpo", dataset_builder=builder,
         load_checkpoint_path=spec["load_checkpoint"], renderer_name=spec["renderer"],
         learning_rate=spec["learning_rate"], lr_schedule=spec["lr_schedule"], num_epochs=spec["epochs"],
         dpo_beta=spec["beta"], lora_rank=spec["lora_rank"], base_url=spec["base_url"], save_every=spec["save_every"],
         eval_every=0, infrequent_eval_every=0, ttl_seconds=None, max_steps=spec["max_steps"])
+
+
+def _with_heldout(spec: dict, config: Any) -> tuple[Any, Any, int]:
+    """The Config with the held-out evaluator in its `evaluator_builders`, the builder, and the run's
+    total steps. train_dpo evaluates before step s when s % eval_every == 0 and before its last
+    step, from the step it starts (or resumes) at; each score is filed under its step."""
+    import chz
+    from tinker_cookbook import checkpoint_utils
+
+    from .heldout import HeldOutEvalBuilder, eval_schedule
+
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    last = checkpoint_utils.get_last_checkpoint(spec["log_dir"])
+    start = 0 if last is None else (last.epoch or 0) * n_batches + (last.batch or 0)  # as train_dpo.main resumes
+    every = int(spec["heldout"]["every"])
+    builder = HeldOutEvalBuilder.from_spec(spec, eval_schedule(start, total, every, last=True))
+    return chz.replace(config, evaluator_builders=[builder], eval_every=every), builder, total
+
+
+def child_run(spec: dict) -> None:
+    """The dpo half that runs in the child (runner.py): the cookbook's DPO loop, unchanged; with
+    held-out evals, its evaluator in the loop's `evaluator_builders`, then the final checkpoint
+    scored the same way (the loop evaluates before a step, so never the weights after the last)."""
+    from tinker_cookbook.preference import train_dpo
+
+    config = _dpo_config(spec)
+    builder = None
+    if spec.get("heldout"):
+        config, builder, total = _with_heldout(spec, config)
     train_dpo.main(config)  # synchronous; it runs its own event loops
+    if builder is not None:
+        from .heldout import evaluate_final
+
+        evaluate_final(builder, spec["base_url"], total)
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,4 +656,5 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
 
-__all__ = ["dpo", "score_pairs", "read_dpo_log", "child_run", "SCORE_COLUMNS", "STEP_KEY"]
+__all__ = ["dpo", "score_pairs", "read_dpo_log", "DPOResult", "resume_note", "dpo_estimate", "dpo_evals", "child_run",
+           "SCORE_COLUMNS", "STEP_KEY"]

@@ -144,6 +144,9 @@ def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trai
     assert list(resumed["dpo_loss"][:20]) == list(full["dpo_loss"][:20])
     assert math.isclose(resumed["dpo_loss"].iloc[20], math.log(2), rel_tol=1e-4)
     assert done.last_loss < 0.05 and resumed["accuracy"].iloc[-1] == 1.0
+    # and the result says so: where it resumed and what that changed
+    assert done.resumed_at == [20] and "resumed at step 20" in done.note and "steps 20-49" in done.note
+    assert trained.resumed_at == [] and trained.note is None and part.note is None
     assert score_pairs(pairs, checkpoint=done.checkpoint)["correct"].mean() == 1.0
 
 

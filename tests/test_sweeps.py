@@ -211,3 +211,50 @@ def test_cli_sweep_help_says_what_it_reads_writes_and_costs():
     from test_cli import _help, _says_reads_writes_costs
 
     _says_reads_writes_costs("sweep", _help("sweep"))
+
+
+def test_the_summary_sums_observed_and_estimated_cost_per_setting_at_a_real_price(corpus, tmp_path, monkeypatch):
+    """engine="tinker" against a server that speaks Tinker's API, with prices the test sets: each
+    setting's cost_usd is its seeds' observed costs (tokens trained x the train price plus the eval
+    tokens x the sampling prices) summed, estimated_usd their estimates summed; one unpriced run makes
+    its setting's sum unknown, not smaller."""
+    import pandas as pd
+
+    from machine_nb.engines.local.server import LocalServer
+    from machine_nb.pricing import clear_prices, set_price
+    from machine_nb.train import heldout_curve
+
+    c, valid = corpus
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
+    server = LocalServer().start()
+    try:
+        set_price("local/arith-tiny", train=2.0, prefill=0.5, sample=1.5, source="test price")
+        df = sweep(c.train, GRID, seeds=[0, 1], eval_data=valid, eval_every=2, model="local/arith-tiny",
+                   engine="tinker", base_url=server.url, sweep_dir=tmp_path / "priced", progress=False,
+                   max_usd=1.0, max_steps=2, eval_max_tokens=8)
+    finally:
+        clear_prices()
+        server.stop()
+    assert list(df["status"]) == ["ran"] * 4
+    observed = {}
+    for row in df.itertuples():
+        curve = heldout_curve(row.log_dir)
+        observed[row.run] = (row.tokens * 2.0 + curve["prompt_tokens"].sum() * 0.5
+                             + curve["output_tokens"].sum() * 1.5) / 1e6
+        assert row.cost_usd == pytest.approx(observed[row.run]) and row.cost_usd > 0
+        assert row.estimated_usd == json.loads(open(f"{row.log_dir}/machine_nb.json").read())["estimate"]["usd"] > 0
+    for metric in ("final_loss", "heldout_accuracy"):
+        s = sweep_summary(df, metric)
+        assert list(s["learning_rate"]) == [1e-3, 3e-3]
+        for row in s.itertuples():
+            runs = df[df.learning_rate == row.learning_rate]
+            assert row.seeds == 2
+            assert row.cost_usd == pytest.approx(sum(observed[r] for r in runs["run"]))
+            assert row.estimated_usd == pytest.approx(runs["estimated_usd"].sum())
+            assert row.estimated_usd > row.cost_usd > 0  # every eval reply priced at max_tokens: the estimate errs high
+    unpriced = df.copy()
+    unpriced.loc[0, "cost_usd"] = None  # e.g. a run whose model's price was unknown when it was read back
+    s = sweep_summary(unpriced, "final_loss")
+    assert pd.isna(s["cost_usd"].iloc[0]) and s["cost_usd"].iloc[1] == pytest.approx(
+        df[df.learning_rate == 3e-3]["cost_usd"].sum())
+    assert s["estimated_usd"].iloc[0] == pytest.approx(df[df.learning_rate == 1e-3]["estimated_usd"].sum())

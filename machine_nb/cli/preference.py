@@ -34,12 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser(
         "dpo", help="direct preference optimisation with tinker-cookbook's train_dpo, on the local engine or Tinker",
         description="Train on preference pairs with tinker-cookbook's preference.train_dpo.main. Reads: PAIRS (a "
-                    "pairs JSONL, either format `machine-nb pairs` writes). Writes: a fresh log dir (runs/dpo-<time>-"
+                    "pairs JSONL, either format `machine-nb pairs` writes) and --eval. Writes: a fresh log dir (runs/dpo-<time>-"
                     "<hex> unless --log-dir/--workspace; 0700) with pairs.jsonl, config.json, metrics.jsonl "
-                    "(dpo_loss, accuracy, margin, chosen/rejected reward), checkpoints.jsonl and the checkpoints. "
+                    "(dpo_loss, accuracy, margin, chosen/rejected reward; with --eval, test/accuracy and "
+                    "test/format_rate), checkpoints.jsonl, the checkpoints and, with --eval, heldout.jsonl. "
                     "Cost: free on the local engine; on Tinker each step passes both replies of every pair through "
-                    "training, the policy's forward pass and the reference model's (needs --yes, TINKER_API_KEY and "
-                    "known train and prefill prices; refused over --max-usd).")
+                    "training, the policy's forward pass and the reference model's, and --eval samples its rows at "
+                    "each eval step (needs --yes, TINKER_API_KEY and known train and prefill prices; refused over "
+                    "--max-usd).")
     d.add_argument("pairs", help="pairs JSONL (from `machine-nb pairs -o`)")
     d.add_argument("--model", default=None, help="base model (default: the engine's; local/arith-tiny locally)")
     d.add_argument("--engine", choices=["local", "tinker"], default=None,
@@ -58,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
     d.add_argument("--resume", default=None, help="continue the dpo run in this log dir from its last checkpoint")
     d.add_argument("--seed", type=int, default=0, help="the order the pairs are written in (default 0)")
+    d.add_argument("--eval", dest="eval_data", default=None,
+                   help="held-out eval JSONL to score while training (e.g. data/minimal_sft/valid.jsonl; "
+                        "default: none). Writes heldout.jsonl; on Tinker its sampling is in the estimate")
+    d.add_argument("--eval-every", type=int, default=None,
+                   help="score --eval every N steps (default: once an epoch), before the last step and at the "
+                        "final checkpoint")
     d.add_argument("--max-usd", type=float, default=None, help="Tinker budget: refuse when the estimate is over it")
     d.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
     d.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -122,23 +130,47 @@ def _run_dpo(args: argparse.Namespace) -> int:
             return 2
         est = estimate_dpo_cost(args.pairs, args.model, epochs=args.epochs, batch_size=args.batch_size,
                                 max_steps=args.steps, max_usd=args.max_usd)
+        evals = ""
+        if args.eval_data:
+            from ..evaluate import load_eval_rows
+            from ..pricing import UnknownPrice, check_budget, estimate_eval_cost
+            from ..preference import dpo_evals
+
+            n = dpo_evals(est.steps, args.eval_every or max(1, est.pairs // args.batch_size))
+            held = load_eval_rows(args.eval_data)
+            try:
+                eval_usd = estimate_eval_cost(held, args.model).usd * n
+            except UnknownPrice:
+                eval_usd = None
+            check_budget(None if eval_usd is None else est.usd + eval_usd, args.max_usd,
+                         f"DPO on {args.model} for {args.epochs} epoch(s) with {n} held-out evals")
+            evals = (f" Held-out evals: {n} x {len(held)} rows, "
+                     f"{'an unknown amount' if eval_usd is None else f'at most ${eval_usd:.4f}'}.")
         print(f"This trains {args.model} on Tinker with DPO: {est.pairs} pairs, {est.tokens:,} tokens (chosen + "
               f"rejected) x {args.epochs} epoch(s), {est.steps} steps, about ${est.usd:.4f} = training "
               f"${est.train_usd:.4f} + the policy's forward pass ${est.forward_usd:.4f} + the reference model's "
               f"forward pass ${est.reference_usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
-              f"{est.price.source} {est.price.date}). Re-run with --yes to spend.", file=sys.stderr)
+              f"{est.price.source} {est.price.date}).{evals} Re-run with --yes to spend.", file=sys.stderr)
         return 2
     result = dpo(args.pairs, args.model, args.engine, beta=args.beta, learning_rate=args.learning_rate,
                  epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  load_checkpoint=args.load_checkpoint, log_dir=args.log_dir, workspace=args.workspace,
-                 resume=args.resume, seed=args.seed, max_usd=args.max_usd)
+                 resume=args.resume, seed=args.seed, max_usd=args.max_usd, eval_data=args.eval_data,
+                 eval_every=args.eval_every)
     if args.json:
         print(json.dumps(result.as_dict()))
         return 0
     loss = "–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}"
-    cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.4f}"
+    usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
+    cost = usd(result.cost_usd) + ("" if result.estimated_usd is None else f" (estimated {usd(result.estimated_usd)})")
     print(f"{result.model} on {result.engine}: {result.steps} DPO steps, {result.tokens:,} tokens, dpo_loss {loss}, "
           f"cost {cost}")
+    if result.evals:
+        final = "–" if result.heldout_accuracy is None else f"{result.heldout_accuracy:.1%}"
+        print(f"held-out:   {final} at the final checkpoint; best {result.best_accuracy:.1%} at step "
+              f"{result.best_step} ({result.evals} evals, heldout.jsonl)")
+    if result.note:
+        print(f"note:       {result.note}")
     print(f"checkpoint: {result.checkpoint}")
     print(f"log dir:    {result.log_dir}")
     return 0
