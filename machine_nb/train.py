@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 import warnings
@@ -525,19 +526,64 @@ def _claim_log_dir(log_dir: Path, resume: bool) -> None:
     os.chmod(log_dir, 0o700)
 
 
-def _private_files(log_dir: Path) -> None:
-    """Machine's habit: the log dir 0700, its files 0600 (the cookbook creates them 0644).
+#: Top-level files a run writes in its log dir (the cookbook's and this toolkit's): tightened
+#: after every run, also when they were there before it (a resumed run appends to them).
+RUN_FILES = frozenset({
+    "metrics.jsonl", "checkpoints.jsonl", "config.json", "code.diff", "logs.log", "timing_spans.jsonl",
+    "trace_events.jsonl", "train.log", "train.jsonl", "heldout.jsonl", "heldout_data.jsonl", "pairs.jsonl",
+    MARKER})
 
-    Only called on a log dir `_claim_log_dir` accepted (new, empty or ours), so every file in it
-    was written by the run.
-    """
+
+def _log_entries(log_dir: Path) -> set[str]:
+    """The relative paths under a log dir now (symlinked folders listed, not entered): what
+    `_private_files` must leave alone unless the run wrote it."""
+    found: set[str] = set()
     for root, dirs, files in os.walk(log_dir):
+        rel = os.path.relpath(root, log_dir)
+        found.update(os.path.normpath(os.path.join(rel, name)) for name in dirs + files)
+    return found
+
+
+def _tighten(path: str, mode: int, *, folder: bool) -> None:
+    """chmod a plain file or folder through a descriptor opened without following a symlink (a
+    symlink, or anything else, is left as it is, and so is its target)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if folder else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # a symlink (ELOOP), gone, or not ours to open
+        return
+    try:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind) if folder else stat.S_ISREG(kind):
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _private_files(log_dir: Path, before: set[str] | None = None) -> None:
+    """Machine's habit: the log dir 0700, the run's files 0600 (the cookbook creates them 0644).
+
+    Only what the run wrote is touched: the RUN_FILES at the top, and with `before` (the
+    `_log_entries` taken as the run started) every file and folder that was not there then.
+    A file or folder a user added (before a resume, say) keeps its mode, and no symlink is
+    followed, so nothing outside the log dir changes.
+    """
+    _tighten(str(log_dir), 0o700, folder=True)
+    for root, dirs, files in os.walk(log_dir):
+        rel_root = os.path.relpath(root, log_dir)
+
+        def own(name: str) -> bool:
+            rel = os.path.normpath(os.path.join(rel_root, name))
+            return (before is not None and rel not in before) or (rel_root == "." and name in RUN_FILES)
+
+        dirs[:] = [d for d in dirs if own(d)]  # a user's folder is not entered
         for d in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, d), 0o700)
+            _tighten(os.path.join(root, d), 0o700, folder=True)
         for f in files:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, f), 0o600)
+            if own(f):
+                _tighten(os.path.join(root, f), 0o600, folder=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1107,6 +1153,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
 
+    before = _log_entries(path) if resume is not None else set()
     tail = _MetricsTail(path / "metrics.jsonl")
     seen_steps: set[int] = set()
     watchdog = Watchdog(url) if engine == "tinker" else contextlib.nullcontext()
@@ -1128,7 +1175,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         try:
             run_cookbook(spec, path, engine=engine, on_poll=poll, watchdog=dog)
         finally:
-            _private_files(path)
+            _private_files(path, before)
     result = read_training_log(path)
     result.model, result.engine = model, engine
     return result

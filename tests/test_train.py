@@ -264,3 +264,33 @@ def test_a_log_dir_with_other_files_is_refused_untouched(tmp_path, corpus):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert smoke(corpus.train, log_dir=empty, progress=False).complete  # a new or empty folder is fine
+
+
+def test_resume_tightens_only_the_runs_own_files_and_follows_no_symlink(tmp_path, corpus):
+    """Files a user adds to an own-run log dir keep their permissions across a resume, and a
+    symlink there never carries a chmod to its target outside the dir."""
+    log_dir = tmp_path / "run"
+    first = smoke(corpus.train, log_dir=log_dir, progress=False)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's")
+    os.chmod(outside, 0o644)
+    (log_dir / "notes.txt").write_text("my notes on this run")
+    os.chmod(log_dir / "notes.txt", 0o644)
+    (log_dir / "mine").mkdir()
+    (log_dir / "mine" / "plot.png").write_bytes(b"png")
+    os.chmod(log_dir / "mine", 0o755)
+    os.chmod(log_dir / "mine" / "plot.png", 0o644)
+    (log_dir / "link.txt").symlink_to(outside)
+    (log_dir / "outside-dir").symlink_to(tmp_path, target_is_directory=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(log_dir / "metrics.jsonl", 0o644)  # the run's own file: tightened again
+
+    done = sft(corpus.train, resume=log_dir, progress=False)
+    assert done.complete and done.checkpoint == first.checkpoint
+    mode = lambda p: stat.S_IMODE(os.lstat(p).st_mode)  # noqa: E731
+    assert mode(outside) == 0o644 and mode(tmp_path) == 0o755
+    assert mode(log_dir / "notes.txt") == 0o644
+    assert mode(log_dir / "mine") == 0o755 and mode(log_dir / "mine" / "plot.png") == 0o644
+    assert (log_dir / "link.txt").is_symlink() and outside.read_text() == "someone else's"
+    assert mode(log_dir) == 0o700 and mode(log_dir / "metrics.jsonl") == 0o600
+    assert mode(log_dir / "checkpoints.jsonl") == 0o600 and mode(log_dir / "train.log") == 0o600
