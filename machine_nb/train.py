@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -76,6 +76,12 @@ class TrainResult:
     checkpoint's scores; best_step / best_accuracy: the eval step with the highest accuracy (the
     earliest such; step s = the weights after s optimizer steps, 0 = the base model); evals: how
     many eval steps were logged. Choose on a validation set, report on another (see README).
+
+    unconfirmed_steps: steps a resume trained again because no metrics row showed them finished
+    before the interrupt ([] when the rows showed every step the resumed state held, the usual
+    case). The engine may have failed them (training them again was exact) or the interrupt came
+    in the moments between a checkpoint and their rows (the state already held them: they were
+    trained twice, and the weights differ from an uninterrupted run's); the log cannot tell which.
     """
 
     checkpoint: str | None
@@ -98,6 +104,7 @@ class TrainResult:
     best_step: int | None = None
     best_accuracy: float | None = None
     evals: int = 0
+    unconfirmed_steps: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +128,9 @@ class TrainResult:
             best = "" if self.best_step is None else f" · best {self.best_accuracy:.1%} at step {self.best_step}"
             final = "–" if self.heldout_accuracy is None else f"{self.heldout_accuracy:.1%}"
             held = f"<br>held-out accuracy {final}{fmt} (final){best} · {self.evals} evals"
+        if self.unconfirmed_steps:
+            state += (f" · resumed: steps {', '.join(map(str, self.unconfirmed_steps))} trained again (their "
+                      "rows were missing; if the saved state held them, they were trained twice)")
         return (f"<div class='machine-nb-train'><b>{html.escape(str(self.model))}</b> on {html.escape(str(self.engine))}: "
                 f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
                 f"{cost} · {state}{held}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
@@ -289,7 +299,9 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         heldout_format_rate=None if last_eval is None else last_eval.get("format_rate"),
         best_step=None if best is None else int(best["step"]),
         best_accuracy=None if best is None else float(best[HELDOUT_ACCURACY]),
-        evals=len(evals))
+        evals=len(evals),
+        unconfirmed_steps=sorted({int(step) for c in checkpoints if c.get("machine_nb_resume")
+                                  for step in (c.get("unconfirmed") or []) if isinstance(step, int)}))
 
 
 def _heldout_steps(log_dir: Path) -> list[dict]:
@@ -805,49 +817,90 @@ def _sft_config(spec: dict) -> Any:
         max_steps=spec["max_steps"], submit_ahead=spec["submit_ahead"], ttl_seconds=None)
 
 
+def _total_steps(config: Any) -> tuple[Any, int, int]:
+    """(dataset, batches an epoch, the run's steps) for a cookbook supervised Config."""
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    return dataset, n_batches, total
+
+
 def exact_resume_point(log_dir: str, config: Any) -> dict | None:
     """Append the record from which the cookbook resumes a run exactly; returns it (None if none).
 
     The cookbook saves checkpoint N while finishing step N, after it has already submitted steps
-    N+1 … N+submit_ahead, so the saved state holds min(N + submit_ahead, last) + 1 optimizer
-    steps, yet the record says to resume at batch N: a plain resume would train those steps
-    twice. The appended record points past them (epoch, batch, elapsed_tokens), so the resumed
-    run continues from the exact state and ends with the losses and weights of an uninterrupted
-    one. A record this function wrote already is left as it is.
+    N+1 … N+submit_ahead, yet the record says to resume at batch N: a plain resume would train
+    the steps the state already holds twice. Which of N … N+submit_ahead the state holds is told
+    by `metrics.jsonl`: a step's row is written once its optimizer step has finished, and the
+    engine ran it before the save that was queued after it. The appended record points past the
+    steps with rows (epoch, batch, elapsed_tokens) and says how many steps the state holds
+    (`steps_in_state`), so the resumed run continues from the exact state and ends with the
+    losses and weights of an uninterrupted one; when the state holds every step, `child_run`
+    saves the final checkpoint from it. A step without a row is trained again and listed in
+    `unconfirmed`: the engine may have failed it (the state lacks it: training it again is
+    exact), or an interrupt came between the checkpoint and its row (the state holds it: it is
+    trained twice); the log cannot tell which. A record this function wrote is returned as it is.
     """
     from tinker_cookbook import checkpoint_utils
 
     last = checkpoint_utils.get_last_checkpoint(log_dir)
-    if last is None or last.extra.get("machine_nb_resume") or last.batch is None:
+    if last is None or last.batch is None:
         return None
-    dataset, _ = config.dataset_builder()
-    n_batches = len(dataset)
+    if last.extra.get("machine_nb_resume"):
+        return last.to_dict()
+    dataset, n_batches, total = _total_steps(config)
     if n_batches == 0:
         return None
-    total = n_batches * config.num_epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
     epoch = last.epoch or 0
     if epoch >= config.num_epochs:  # the final record: nothing left to run
         return None
     saved_step = epoch * n_batches + last.batch
-    # the state can already hold the last step; the cookbook then saves no final checkpoint for a
-    # resume past the end, so that one step is run again (the only case that is not exact)
-    done_through = min(saved_step + config.submit_ahead, total - 2)
-    if done_through < saved_step:
+    submitted = min(saved_step + config.submit_ahead, total - 1)
+    if submitted < saved_step:
         return None
-    tokens = int(last.extra.get("elapsed_tokens", 0))
-    for step in range(saved_step + 1, done_through + 1):
+    logged = {m.get("step") for m in _read_log_lines(Path(log_dir) / "metrics.jsonl")
+              if isinstance(m.get(SFT_LOSS), (int, float))}
+    done_through = saved_step - 1
+    while done_through < submitted and done_through + 1 in logged:
+        done_through += 1
+
+    def batch_tokens(step: int) -> int:
         e, b = divmod(step, n_batches)
         dataset.set_epoch(seed=e)
-        tokens += sum(d.model_input.length for d in dataset.get_batch(b))
+        return sum(d.model_input.length for d in dataset.get_batch(b))
+
+    tokens = int(last.extra.get("elapsed_tokens", 0))  # through step N
+    tokens += sum(batch_tokens(step) for step in range(saved_step + 1, done_through + 1))
+    if done_through < saved_step:
+        tokens -= batch_tokens(saved_step)
     e, b = divmod(done_through + 1, n_batches)
     record = {"name": last.name, "epoch": e, "batch": b, "state_path": last.state_path,
               "sampler_path": last.sampler_path, "elapsed_tokens": tokens, "machine_nb_resume": True,
-              "steps_in_state": done_through + 1}
+              "steps_in_state": done_through + 1, "unconfirmed": list(range(done_through + 1, submitted + 1))}
     with open(os.path.join(log_dir, checkpoint_utils.CHECKPOINTS_BASE_NAME), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")
     return record
+
+
+async def _final_from_state(config: Any, record: dict) -> None:
+    """The final checkpoint of a run whose saved state already holds every step: the state
+    loaded (weights and optimizer) and saved again as "final", as the cookbook's loop ends a run
+    (its loop would train nothing and so save no final checkpoint)."""
+    import tinker
+    from tinker_cookbook import checkpoint_utils
+    from tinker_cookbook.utils.git_rev import recipe_user_metadata
+
+    service = tinker.ServiceClient(base_url=config.base_url, user_metadata=recipe_user_metadata(config.recipe_name))
+    metadata: dict[str, str] = {}
+    checkpoint_utils.add_renderer_name_to_user_metadata(metadata, config.renderer_name)
+    client = await service.create_training_client_from_state_with_optimizer_async(record["state_path"],
+                                                                                   user_metadata=metadata)
+    await checkpoint_utils.save_checkpoint_async(
+        training_client=client, name="final", log_path=config.log_path, kind="both",
+        loop_state={"epoch": config.num_epochs, "batch": 0, "elapsed_tokens": int(record.get("elapsed_tokens", 0))},
+        ttl_seconds=None)
 
 
 def _with_heldout(spec: dict, config: Any) -> tuple[Any, Any, int]:
@@ -879,12 +932,14 @@ def child_run(spec: dict) -> None:
     from tinker_cookbook.supervised import train as cookbook_train
 
     config = _sft_config(spec)
-    if spec.get("resume"):
-        exact_resume_point(spec["log_dir"], config)
+    record = exact_resume_point(spec["log_dir"], config) if spec.get("resume") else None
     builder = None
     if spec.get("heldout"):
         config, builder, total = _with_heldout(spec, config)
-    asyncio.run(cookbook_train.main(config))
+    if record is not None and "steps_in_state" in record and int(record["steps_in_state"]) >= _total_steps(config)[2]:
+        asyncio.run(_final_from_state(config, record))
+    else:
+        asyncio.run(cookbook_train.main(config))
     if builder is not None:
         from .heldout import evaluate_final
 
@@ -1010,7 +1065,12 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         log_dir / workspace / name: where the run writes (default: a fresh `runs/sft-<time>-<hex>`
             under the cwd, or `<workspace>/.machine/training/<name>`). It must be new or empty.
         resume: a log dir of an interrupted sft run to continue; its settings are the ones it was
-            started with, and it ends with the same losses and weights as an uninterrupted run.
+            started with. It continues after the last step its last checkpoint's state holds, as
+            `metrics.jsonl` shows (a state holding the last step is saved as the final checkpoint,
+            untrained); on the local engine it ends with the steps, tokens, losses and weights of
+            an uninterrupted run (tested; on Tinker the same records are written, not tested). A
+            step whose row is missing is trained again and named in
+            `TrainResult.unconfirmed_steps` (see `exact_resume_point`).
         seed: data shuffling (default 0). On the local engine the same call twice gives the same
             losses and outputs (LoRA adapters start from the engine's fixed seed).
         max_length: tokens per example (default None = the local model's context, 128; no limit on Tinker).
