@@ -1102,7 +1102,9 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     if resume is not None:
         path = Path(resume).absolute()
         _claim_log_dir(path, resume=True)
-        saved = json.loads((path / MARKER).read_text(encoding="utf-8"))
+        saved = parse_json((path / MARKER).read_bytes(), path / MARKER)
+        if not isinstance(saved, dict):
+            raise MachineFormatError(path / MARKER, "not a machine_nb run record (a JSON object)")
         if saved.get("kind", "sft") != "sft":
             raise ValueError(f"resume={str(path)!r} is a {saved['kind']} run: continue it with "
                              f"machine_nb.{saved['kind']}(…, resume=…), not sft()")

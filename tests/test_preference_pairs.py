@@ -334,3 +334,20 @@ def test_cli_pairs_writes_the_file_and_counts(tmp_path, capsys):
 def test_pairs_without_a_machine_definition_say_held_out_cases_were_not_checked():
     with pytest.warns(UserWarning, match="held-out cases were not checked"):
         preference_pairs(SAMPLE / ".machine-store", machine="tutor")
+
+
+def test_a_results_json_nested_too_deep_or_broken_is_a_format_error_naming_file_and_line(tmp_path):
+    path = tmp_path / "results.json"
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text('{\n "model": "m",\n "rows": [\n  ' + deep + '\n ]\n}\n')
+    with pytest.raises(MachineFormatError, match="nested deeper") as e:
+        mnb.pairs_from_results(path)
+    assert e.value.path == str(path) and e.value.line == 4
+    path.write_text('{\n "rows": [\n  {"match": "exact",}\n ]\n}\n')
+    with pytest.raises(MachineFormatError, match="invalid JSON") as e:
+        mnb.pairs_from_results(path)
+    assert e.value.path == str(path) and e.value.line == 3
+    path.write_text('{"rows": [["not", "a", "row"]]}\n')
+    with pytest.raises(MachineFormatError, match="rows.0") as e:
+        mnb.pairs_from_results(path)
+    assert e.value.path == str(path)

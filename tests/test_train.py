@@ -414,3 +414,16 @@ def test_steps_without_rows_are_trained_again_and_reported(corpus, tmp_path, mon
     assert len(trained_again) == 3  # steps 8, 9 and 10: none skipped
     assert done.complete and done.steps == 11 and done.unconfirmed_steps == [8, 9]
     assert "steps 8, 9 trained again" in done._repr_html_()
+
+
+def test_a_broken_run_record_is_a_format_error_naming_it(tmp_path, corpus):
+    log_dir = tmp_path / "run"
+    smoke(corpus.train, log_dir=log_dir, progress=False)
+    marker = log_dir / "machine_nb.json"
+    marker.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(MachineFormatError, match="nested deeper") as e:
+        sft(corpus.train, resume=log_dir, progress=False)
+    assert e.value.path == str(marker)
+    marker.write_text("[1, 2]")
+    with pytest.raises(MachineFormatError, match="run record"):
+        sft(corpus.train, resume=log_dir, progress=False)
