@@ -234,11 +234,33 @@ class _Collector:
         return out
 
 
-def _rebuilt_reply(row: dict, user: str, runs_by_id: dict[str, dict]) -> tuple[str | None, str | None]:
+class _RunLookup:
+    """Runs by (machine, id), as tags match them (frames.attach_tags): run ids are unique within
+    a machine only, so a row that names no machine (Machine's own) finds a run only when one
+    machine alone has that id."""
+
+    def __init__(self, runs: list[dict]):
+        self.by_key = {(str(r.get("machine")), str(r.get("id"))): r for r in runs}
+        by_id: dict[str, list[dict]] = {}
+        for r in runs:
+            by_id.setdefault(str(r.get("id")), []).append(r)
+        self.unique = {rid: found[0] for rid, found in by_id.items() if len(found) == 1}
+
+    def of(self, row: dict) -> dict | None:
+        rid = _run_id_of(row)
+        if rid is None:
+            return None
+        machine = row.get("machine")
+        if isinstance(machine, str) and machine:
+            return self.by_key.get((machine, rid))
+        return self.unique.get(rid)
+
+
+def _rebuilt_reply(row: dict, user: str, runs: _RunLookup) -> tuple[str | None, str | None]:
     """(the reply the rewrite replaced, the skip reason): read back from the tagged run's latest turn."""
     from .store.tags import _item_messages, _text as tag_text, latest_turn
 
-    run = runs_by_id.get(_run_id_of(row) or "")
+    run = runs.of(row)
     if run is None:
         return None, REPLACED_UNKNOWN
     msgs, _ = _item_messages(run)
@@ -251,7 +273,7 @@ def _rebuilt_reply(row: dict, user: str, runs_by_id: dict[str, dict]) -> tuple[s
     return tag_text(msgs[reply_i].get("content")), None
 
 
-def _from_tags(rows: list[dict], name: str | None, system: str | None, runs_by_id: dict[str, dict],
+def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _RunLookup,
                sources: set[str], out: _Collector) -> None:
     good: dict[str, list[tuple[dict, list[dict], dict]]] = {}
     bad: dict[str, list[tuple[dict, list[dict], dict]]] = {}
@@ -274,7 +296,7 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs_by_i
             replaced = row.get(REPLACED_KEY)
             reason = None
             if not isinstance(replaced, str):
-                replaced, reason = _rebuilt_reply(row, _last_user(prompt), runs_by_id)
+                replaced, reason = _rebuilt_reply(row, _last_user(prompt), runs)
             if replaced is None:
                 out.skip("rewrite", row.get("id"), reason or REPLACED_UNKNOWN)
                 continue
@@ -392,7 +414,7 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
     run_list = _run_records(runs, workspace, name) if (wanted & {"rewrite", "scores"}) else []
     if wanted & {"rewrite", "tags"}:
         rows = _tag_rows(store)
-        _from_tags(rows, name, system, {str(r.get("id")): r for r in run_list}, wanted, out)
+        _from_tags(rows, name, system, _RunLookup(run_list), wanted, out)
     if "scores" in wanted:
         _from_scores(run_list, system, float(min_gap), out)
     records = out.result()
