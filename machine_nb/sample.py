@@ -3,7 +3,8 @@ the tests and the benchmarks (`python -m machine_nb.sample data/sample_workspace
 
 Same seed, same bytes: random choices come from one `random.Random(seed)`, times from a fixed
 start, tag ids are derived from the seed. It writes `.machine/runs|sessions|events.jsonl`,
-`machines/<name>/…` definitions, and a tag store in `.machine-store/`. Scale it up for
+`machines/<name>/…` definitions, a tag store in `.machine-store/`, and `.machine-nb-sample.json`
+listing every file it wrote (what it may replace next time, and nothing else). Scale it up for
 benchmarks with `n_runs=` and `pad=` (extra characters of tool output per run).
 
 Four machines: support, chatbot/triage and coder (made-up runs to explore), and tutor, whose
@@ -667,7 +668,9 @@ def _files_under(out: Path) -> tuple[list[Path], list[Path]]:
                 raise FileExistsError(f"{d} is not a folder the sample generator wrote (a symlink or another "
                                       "kind of file); nothing was replaced")
             folders.append(d)
-            for entry in sorted(os.scandir(d), key=lambda e: e.name):
+            with os.scandir(d) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+            for entry in entries:
                 path = Path(entry.path)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(path)
