@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .jsonl import atomic_write_text, dumps_line
+from .jsonl import atomic_write_text, dumps_line, parse_json
 
 # {a} and {b} are two-digit operands; results may be negative for "-".
 QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -156,6 +156,64 @@ def _body(rows: list[dict[str, Any]]) -> str:
     return "".join(dumps_line(r) + "\n" for r in rows)
 
 
+GENERATOR = "machine_nb.corpus.make_corpus"  # the manifest's "generator": how make_corpus knows its own files
+HELD_OUT = ("eval.jsonl", "valid.jsonl")
+
+
+def _own_checksums(out: Path) -> dict[str, str]:
+    """{file name: sha256} from the manifest make_corpus wrote in `out` ({} when there is none or
+    it is someone else's file)."""
+    path = out / "manifest.json"
+    if path.is_symlink() or not path.is_file():
+        return {}
+    try:
+        manifest = parse_json(path.read_bytes(), path)
+    except ValueError:
+        return {}
+    if not isinstance(manifest, dict) or manifest.get("generator") != GENERATOR \
+            or not isinstance(manifest.get("files"), dict):
+        return {}
+    own = {name: info.get("sha256") for name, info in manifest["files"].items() if isinstance(info, dict)}
+    own["manifest.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return own
+
+
+def _files_to_write(out: Path, bodies: dict[str, str], seed: int, force: bool) -> list[str]:
+    """The names among `bodies` whose file in `out` is missing or holds other bytes.
+
+    Without `force`, a differing held-out file (eval, valid) is refused, and so is any file that
+    make_corpus did not write: not listed with its sha256 in make_corpus's own manifest (a user's
+    file, one edited since, a symlink). All are checked before anything is written.
+
+    Raises:
+        FileExistsError: naming the file, unless force.
+    """
+    own = _own_checksums(out)
+    changed = []
+    for name, body in bodies.items():
+        path = out / name
+        if not os.path.lexists(path):
+            changed.append(name)
+            continue
+        data = body.encode("utf-8")
+        if not path.is_symlink() and path.is_file() and path.read_bytes() == data:
+            continue  # the same bytes: left as they are
+        changed.append(name)
+        if force:
+            continue
+        if name in HELD_OUT and path.is_file() and not path.is_symlink():
+            raise FileExistsError(
+                f"{path} exists with different held-out rows (seed {seed} draws others); refusing to replace a "
+                "held-out set. Use another out_dir, or pass force=True (CLI: --force) to overwrite it.")
+        if path.is_symlink() or not path.is_file() \
+                or own.get(name) != hashlib.sha256(path.read_bytes()).hexdigest():
+            raise FileExistsError(
+                f"{path} was not written by make_corpus (or was changed since: its manifest.json does not list "
+                "it with this content); refusing to replace it. Use another out_dir, or pass force=True "
+                "(CLI: --force) to overwrite it.")
+    return changed
+
+
 def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, force: bool = False, *,
                 n_train: int = 48, n_eval: int = 24, n_valid: int = 24) -> Corpus:
     """Write the minimal-SFT corpus: train.jsonl, eval.jsonl, probe.jsonl, valid.jsonl and manifest.json.
@@ -164,8 +222,11 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
         out_dir: default "data/minimal_sft" (git-ignored).
         seed: the draw (default 0); the same seed writes byte-identical files, and train, eval
             and probe are the same bytes as before the valid split existed.
-        force: replace an existing eval.jsonl or valid.jsonl whose content differs (default
-            False: a held-out set is never silently replaced; nothing is written then).
+        force: replace existing files whose content differs even when make_corpus did not write
+            them (default False: nothing is written when an eval.jsonl or valid.jsonl holds other
+            rows, or when any of the five files is not one this function wrote, i.e. listed with
+            its sha256 in its own manifest.json; FileExistsError names the file). Files that
+            already hold the same bytes are left as they are.
         n_train / n_eval: rows (default 48 / 24, the documented run's), each at least 1.
         n_valid: selection rows (default 24; 0 writes no valid.jsonl).
             All three together at most MAX_ROWS (4,095), else ValueError before anything is written.
@@ -180,14 +241,8 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
     if not n_valid:
         del rows["valid"]
     bodies = {f"{name}.jsonl": _body(r) for name, r in rows.items()}
-    for held in ("eval.jsonl", "valid.jsonl"):
-        path = out / held
-        if held in bodies and path.exists() and not force and path.read_bytes() != bodies[held].encode("utf-8"):
-            raise FileExistsError(
-                f"{path} exists with different held-out rows (seed {seed} draws others); refusing to replace a "
-                "held-out set. Use another out_dir, or pass force=True (CLI: --force) to overwrite it.")
     manifest = {
-        "generator": "machine_nb.corpus.make_corpus",
+        "generator": GENERATOR,
         "generator_version": GENERATOR_VERSION,
         "seed": seed,
         "counts": {name: len(r) for name, r in rows.items()},
@@ -196,8 +251,9 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
                          "sha256": hashlib.sha256(body.encode("utf-8")).hexdigest()}
                   for name, body in bodies.items()},
     }
-    for name, body in bodies.items():
-        atomic_write_text(out / name, body, mode=0o644)
-    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", mode=0o644)
+    bodies["manifest.json"] = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    changed = _files_to_write(out, bodies, seed, force)
+    for name in sorted(changed, key=lambda n: n == "manifest.json"):  # the manifest last: it vouches for the rest
+        atomic_write_text(out / name, bodies[name], mode=0o644)
     return Corpus(out, out / "train.jsonl", out / "eval.jsonl", out / "probe.jsonl", manifest,
                   out / "valid.jsonl" if n_valid else None)

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import MachineFormatError
+from .jsonl import MAX_DEPTH, parse_json
 from .export import case_key, held_out_keys, run_case, say_excluded, without_thinking
 from .store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
 
@@ -233,11 +234,33 @@ class _Collector:
         return out
 
 
-def _rebuilt_reply(row: dict, user: str, runs_by_id: dict[str, dict]) -> tuple[str | None, str | None]:
+class _RunLookup:
+    """Runs by (machine, id), as tags match them (frames.attach_tags): run ids are unique within
+    a machine only, so a row that names no machine (Machine's own) finds a run only when one
+    machine alone has that id."""
+
+    def __init__(self, runs: list[dict]):
+        self.by_key = {(str(r.get("machine")), str(r.get("id"))): r for r in runs}
+        by_id: dict[str, list[dict]] = {}
+        for r in runs:
+            by_id.setdefault(str(r.get("id")), []).append(r)
+        self.unique = {rid: found[0] for rid, found in by_id.items() if len(found) == 1}
+
+    def of(self, row: dict) -> dict | None:
+        rid = _run_id_of(row)
+        if rid is None:
+            return None
+        machine = row.get("machine")
+        if isinstance(machine, str) and machine:
+            return self.by_key.get((machine, rid))
+        return self.unique.get(rid)
+
+
+def _rebuilt_reply(row: dict, user: str, runs: _RunLookup) -> tuple[str | None, str | None]:
     """(the reply the rewrite replaced, the skip reason): read back from the tagged run's latest turn."""
     from .store.tags import _item_messages, _text as tag_text, latest_turn
 
-    run = runs_by_id.get(_run_id_of(row) or "")
+    run = runs.of(row)
     if run is None:
         return None, REPLACED_UNKNOWN
     msgs, _ = _item_messages(run)
@@ -250,7 +273,7 @@ def _rebuilt_reply(row: dict, user: str, runs_by_id: dict[str, dict]) -> tuple[s
     return tag_text(msgs[reply_i].get("content")), None
 
 
-def _from_tags(rows: list[dict], name: str | None, system: str | None, runs_by_id: dict[str, dict],
+def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _RunLookup,
                sources: set[str], out: _Collector) -> None:
     good: dict[str, list[tuple[dict, list[dict], dict]]] = {}
     bad: dict[str, list[tuple[dict, list[dict], dict]]] = {}
@@ -273,7 +296,7 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs_by_i
             replaced = row.get(REPLACED_KEY)
             reason = None
             if not isinstance(replaced, str):
-                replaced, reason = _rebuilt_reply(row, _last_user(prompt), runs_by_id)
+                replaced, reason = _rebuilt_reply(row, _last_user(prompt), runs)
             if replaced is None:
                 out.skip("rewrite", row.get("id"), reason or REPLACED_UNKNOWN)
                 continue
@@ -391,7 +414,7 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
     run_list = _run_records(runs, workspace, name) if (wanted & {"rewrite", "scores"}) else []
     if wanted & {"rewrite", "tags"}:
         rows = _tag_rows(store)
-        _from_tags(rows, name, system, {str(r.get("id")): r for r in run_list}, wanted, out)
+        _from_tags(rows, name, system, _RunLookup(run_list), wanted, out)
     if "scores" in wanted:
         _from_scores(run_list, system, float(min_gap), out)
     records = out.result()
@@ -423,14 +446,10 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
     Returns:
         A PreferencePairs frame with source "results" (`chosen_tag`/`rejected_tag` None).
     """
+    path: Path | None = None
     if isinstance(results, (str, os.PathLike)):
         path = Path(results)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise MachineFormatError(path, "file not found") from None
-        except ValueError as exc:
-            raise MachineFormatError(path, f"not a results JSON: {exc}") from None
+        data = _json_document(path, "not a results JSON")
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise MachineFormatError(path, "not a results JSON (no 'rows' list)", field="rows")
         rows = data["rows"]
@@ -439,12 +458,16 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
     out = _Collector(set())
     system = [{"role": "system", "content": instructions}] if instructions else []
     for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise MachineFormatError(path, "a per-row result must be an object", field=f"rows.{i}")
         if r.get("match") != "exact" or r.get("correct") or isinstance(r.get("error"), str):
             continue
         expected, output = r.get("expected"), r.get("output")
         if not isinstance(expected, str) or not isinstance(output, str) or not output.strip():
             continue
         if isinstance(r.get("messages"), list):
+            if not all(isinstance(m, dict) for m in r["messages"]):
+                raise MachineFormatError(path, "must be a list of chat messages", field=f"rows.{i}.messages")
             prompt = [_message(m) for m in r["messages"]]
         else:
             text = r.get("input") if isinstance(r.get("input"), str) else r.get("prompt")
@@ -452,6 +475,42 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
         out.add(_record("results", machine, prompt, {"role": "assistant", "content": expected},
                         {"role": "assistant", "content": output}))
     return _frame(out.result(), [], out.skipped)
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _json_document(path: Path, what: str) -> Any:
+    """A whole-file JSON document through jsonl's bounded parser; its errors name the file and,
+    where it can be told, the line (a syntax error's, or the one where the nesting passes MAX_DEPTH)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise MachineFormatError(path, "file not found") from None
+    try:
+        return parse_json(raw, path)
+    except MachineFormatError as exc:
+        raise MachineFormatError(path, f"{what}: {exc.reason}", line=_error_line(raw, exc.reason)) from None
+
+
+def _error_line(raw: bytes, reason: str) -> int | None:
+    """The 1-based line of a whole-file JSON document that a parse_json error is about (None if unknown)."""
+    if reason.startswith("invalid JSON"):
+        try:
+            json.loads(raw.decode("utf-8"))
+        except json.JSONDecodeError as exc:
+            return exc.lineno
+        except (ValueError, RecursionError):
+            return None
+        return None
+    if "nested deeper" in reason:
+        depth = 0
+        for number, line in enumerate(raw.split(b"\n"), start=1):
+            for byte in line.translate(None, _NOT_BRACKETS):
+                depth += 1 if byte in b"[{" else -1
+                if depth > MAX_DEPTH:
+                    return number
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ the tests and the benchmarks (`python -m machine_nb.sample data/sample_workspace
 
 Same seed, same bytes: random choices come from one `random.Random(seed)`, times from a fixed
 start, tag ids are derived from the seed. It writes `.machine/runs|sessions|events.jsonl`,
-`machines/<name>/…` definitions, and a tag store in `.machine-store/`. Scale it up for
+`machines/<name>/…` definitions, a tag store in `.machine-store/`, and `.machine-nb-sample.json`
+listing every file it wrote (what it may replace next time, and nothing else). Scale it up for
 benchmarks with `n_runs=` and `pad=` (extra characters of tool output per run).
 
 Four machines: support, chatbot/triage and coder (made-up runs to explore), and tutor, whose
@@ -19,11 +20,14 @@ import argparse
 import hashlib
 import json
 import random
+import os
 import re
-import shutil
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+
+from .jsonl import parse_json
 
 START = datetime(2026, 11, 2, 9, 0, 0, tzinfo=timezone.utc)
 MODELS = ["thinkingmachines/Inkling-Small", "Qwen/Qwen3.6-35B-A3B", "local/arith-tiny"]
@@ -558,22 +562,32 @@ def _definition(ws: Path, name: str, instructions: str, model: str, criteria: li
 
 def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: int = 0,
              tags: bool = True, tutor: bool | None = None) -> Path:
-    """Write the sample workspace to `out` (its `.machine/`, `machines/` and `.machine-store/` are replaced).
+    """Write the sample workspace to `out`, and MARKER (every written file's sha256) beside it.
 
-    seed: the one seed every choice comes from (default 0: the committed sample).
-    n_runs: exactly how many runs of support, triage and coder (coder takes what the other two
+    An earlier sample's `.machine/`, `machines/` and `.machine-store/` are replaced; anything
+    else in them (a real workspace, a run or tag row added since, a symlink) refuses the whole
+    replacement before anything is deleted. Other files in `out` are left alone.
+
+    Args:
+        out: the workspace folder (created if missing).
+        seed: the one seed every choice comes from (default 0: the committed sample).
+        n_runs: exactly how many runs of support, triage and coder (coder takes what the other two
             leave); default None: the committed sample's 312 runs across those three machines.
-    pad: extra characters of file content in each coder run's tool output (benchmarks).
-    tags: also write the sample tag store (default True).
-    tutor: also write the tutor machine, its 70 runs and its tag rows (default None: only for the
-           committed sample's shape, n_runs None, so `n_runs` stays exact for benchmarks).
+        pad: extra characters of file content in each coder run's tool output (benchmarks).
+        tags: also write the sample tag store (default True).
+        tutor: also write the tutor machine, its 70 runs and its tag rows (default None: only for the
+            committed sample's shape, n_runs None, so `n_runs` stays exact for benchmarks).
+
+    Returns:
+        `out` as a Path.
+
+    Raises:
+        FileExistsError: naming the first file or folder under `out` the generator did not write.
     """
     from .store.tags import tag
 
     out = Path(out)
-    for sub in (".machine", "machines", ".machine-store"):
-        if (out / sub).exists():
-            shutil.rmtree(out / sub)
+    _remove_own_output(out)
     g = _Gen(seed, pad)
     total = n_runs or 320
     fps = {m: (fingerprint(json.dumps(c) + "v2"), fingerprint(json.dumps(c) + "v1"))
@@ -617,7 +631,106 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
             _tutor_tags(out / ".machine-store", tutor_runs, tutor_items, seed, tag)
             for lock in (out / ".machine-store").glob(".*.lock"):
                 lock.unlink()
+    _write_marker(out)
     return out
+
+
+MARKER = ".machine-nb-sample.json"
+"""The generator's record of what it wrote (every file's sha256), at the workspace's top."""
+OWN_FOLDERS = (".machine", "machines", ".machine-store")
+_WRITTEN_BY = "machine_nb.sample.generate"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files_under(out: Path) -> tuple[list[Path], list[Path]]:
+    """(files, folders) under the generator's folders of `out`, without following any symlink.
+
+    Raises FileExistsError naming the first entry that is neither a plain file nor a folder
+    (a symlink, a socket…): the generator never writes one, so it is someone else's.
+    """
+    files: list[Path] = []
+    folders: list[Path] = []
+    for sub in OWN_FOLDERS:
+        top = out / sub
+        if not os.path.lexists(top):
+            continue
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            if d.is_symlink() or not d.is_dir():
+                raise FileExistsError(f"{d} is not a folder the sample generator wrote (a symlink or another "
+                                      "kind of file); nothing was replaced")
+            folders.append(d)
+            with os.scandir(d) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+            for entry in entries:
+                path = Path(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(path)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(path)
+                else:
+                    raise FileExistsError(f"{path} was not written by the sample generator (a symlink or another "
+                                          "kind of file); nothing was replaced")
+    return files, folders
+
+
+def _write_marker(out: Path) -> None:
+    files, _ = _files_under(out)
+    listed = {p.relative_to(out).as_posix(): _sha256(p) for p in files}
+    _dump(out / MARKER, {"written_by": _WRITTEN_BY,
+                         "note": f"python -m machine_nb.sample replaces {', '.join(OWN_FOLDERS)} here only while "
+                                 "they hold nothing but these files, unchanged",
+                         "files": dict(sorted(listed.items()))})
+
+
+def _remove_own_output(out: Path) -> None:
+    """Delete what an earlier `generate` wrote to `out`, and only that.
+
+    Every file under `.machine/`, `machines/` and `.machine-store/` must be listed in the
+    marker with the same sha256; one that is not (a run Machine added, a tag row appended, a
+    symlink, a workspace the generator never wrote) refuses the whole replacement before
+    anything is deleted.
+
+    Raises:
+        FileExistsError: naming the first file or folder the generator did not write.
+    """
+    present = [out / sub for sub in OWN_FOLDERS if os.path.lexists(out / sub)]
+    marker = out / MARKER
+    listed: dict[str, str] = {}
+    if os.path.lexists(marker):
+        try:
+            record = parse_json(marker.read_bytes(), marker) if marker.is_file() and not marker.is_symlink() else None
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or record.get("written_by") != _WRITTEN_BY \
+                or not isinstance(record.get("files"), dict):
+            raise FileExistsError(f"{marker} was not written by the sample generator; nothing was replaced. "
+                                  "Choose another folder.")
+        listed = record["files"]
+    elif present:
+        raise FileExistsError(
+            f"{present[0]} exists and {out} has no {MARKER}: it is not a workspace the sample generator wrote "
+            "(a real one would lose its runs and tags). Nothing was replaced; choose another folder.")
+    files, folders = _files_under(out)
+    for path in files:
+        if listed.get(path.relative_to(out).as_posix()) != _sha256(path):
+            raise FileExistsError(f"{path} was not written by the sample generator, or was changed since "
+                                  f"(not as {marker} lists it); nothing was replaced. Move it away or choose "
+                                  "another folder.")
+    for path in files:
+        path.unlink()
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        os.rmdir(folder)  # empty now; a file that appeared meanwhile makes this fail, not vanish
+    if listed or os.path.lexists(marker):
+        marker.unlink()
 
 
 def _sample_tags(store: Path, runs: list[dict], seed: int, tag: Any) -> None:
@@ -655,7 +768,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="exactly this many support/triage/coder runs, no tutor (default: the sample's 312 and the tutor's 70)")
     p.add_argument("--pad", type=int, default=0, help="extra characters per coder run (benchmarks)")
     a = p.parse_args(argv)
-    out = generate(a.out, seed=a.seed, n_runs=a.runs, pad=a.pad)
+    try:
+        out = generate(a.out, seed=a.seed, n_runs=a.runs, pad=a.pad)
+    except FileExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     n = sum(1 for _ in (out / ".machine" / "runs").rglob("*.json"))
     print(f"wrote {n} runs to {out}")
     return 0

@@ -16,10 +16,11 @@ import json
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -75,6 +76,12 @@ class TrainResult:
     checkpoint's scores; best_step / best_accuracy: the eval step with the highest accuracy (the
     earliest such; step s = the weights after s optimizer steps, 0 = the base model); evals: how
     many eval steps were logged. Choose on a validation set, report on another (see README).
+
+    unconfirmed_steps: steps a resume trained again because no metrics row showed them finished
+    before the interrupt ([] when the rows showed every step the resumed state held, the usual
+    case). The engine may have failed them (training them again was exact) or the interrupt came
+    in the moments between a checkpoint and their rows (the state already held them: they were
+    trained twice, and the weights differ from an uninterrupted run's); the log cannot tell which.
     """
 
     checkpoint: str | None
@@ -97,6 +104,7 @@ class TrainResult:
     best_step: int | None = None
     best_accuracy: float | None = None
     evals: int = 0
+    unconfirmed_steps: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +128,9 @@ class TrainResult:
             best = "" if self.best_step is None else f" · best {self.best_accuracy:.1%} at step {self.best_step}"
             final = "–" if self.heldout_accuracy is None else f"{self.heldout_accuracy:.1%}"
             held = f"<br>held-out accuracy {final}{fmt} (final){best} · {self.evals} evals"
+        if self.unconfirmed_steps:
+            state += (f" · resumed: steps {', '.join(map(str, self.unconfirmed_steps))} trained again (their "
+                      "rows were missing; if the saved state held them, they were trained twice)")
         return (f"<div class='machine-nb-train'><b>{html.escape(str(self.model))}</b> on {html.escape(str(self.engine))}: "
                 f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
                 f"{cost} · {state}{held}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
@@ -288,7 +299,9 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         heldout_format_rate=None if last_eval is None else last_eval.get("format_rate"),
         best_step=None if best is None else int(best["step"]),
         best_accuracy=None if best is None else float(best[HELDOUT_ACCURACY]),
-        evals=len(evals))
+        evals=len(evals),
+        unconfirmed_steps=sorted({int(step) for c in checkpoints if c.get("machine_nb_resume")
+                                  for step in (c.get("unconfirmed") or []) if isinstance(step, int)}))
 
 
 def _heldout_steps(log_dir: Path) -> list[dict]:
@@ -525,19 +538,64 @@ def _claim_log_dir(log_dir: Path, resume: bool) -> None:
     os.chmod(log_dir, 0o700)
 
 
-def _private_files(log_dir: Path) -> None:
-    """Machine's habit: the log dir 0700, its files 0600 (the cookbook creates them 0644).
+#: Top-level files a run writes in its log dir (the cookbook's and this toolkit's): tightened
+#: after every run, also when they were there before it (a resumed run appends to them).
+RUN_FILES = frozenset({
+    "metrics.jsonl", "checkpoints.jsonl", "config.json", "code.diff", "logs.log", "timing_spans.jsonl",
+    "trace_events.jsonl", "train.log", "train.jsonl", "heldout.jsonl", "heldout_data.jsonl", "pairs.jsonl",
+    MARKER})
 
-    Only called on a log dir `_claim_log_dir` accepted (new, empty or ours), so every file in it
-    was written by the run.
-    """
+
+def _log_entries(log_dir: Path) -> set[str]:
+    """The relative paths under a log dir now (symlinked folders listed, not entered): what
+    `_private_files` must leave alone unless the run wrote it."""
+    found: set[str] = set()
     for root, dirs, files in os.walk(log_dir):
+        rel = os.path.relpath(root, log_dir)
+        found.update(os.path.normpath(os.path.join(rel, name)) for name in dirs + files)
+    return found
+
+
+def _tighten(path: str, mode: int, *, folder: bool) -> None:
+    """chmod a plain file or folder through a descriptor opened without following a symlink (a
+    symlink, or anything else, is left as it is, and so is its target)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if folder else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # a symlink (ELOOP), gone, or not ours to open
+        return
+    try:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind) if folder else stat.S_ISREG(kind):
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _private_files(log_dir: Path, before: set[str] | None = None) -> None:
+    """Machine's habit: the log dir 0700, the run's files 0600 (the cookbook creates them 0644).
+
+    Only what the run wrote is touched: the RUN_FILES at the top, and with `before` (the
+    `_log_entries` taken as the run started) every file and folder that was not there then.
+    A file or folder a user added (before a resume, say) keeps its mode, and no symlink is
+    followed, so nothing outside the log dir changes.
+    """
+    _tighten(str(log_dir), 0o700, folder=True)
+    for root, dirs, files in os.walk(log_dir):
+        rel_root = os.path.relpath(root, log_dir)
+
+        def own(name: str) -> bool:
+            rel = os.path.normpath(os.path.join(rel_root, name))
+            return (before is not None and rel not in before) or (rel_root == "." and name in RUN_FILES)
+
+        dirs[:] = [d for d in dirs if own(d)]  # a user's folder is not entered
         for d in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, d), 0o700)
+            _tighten(os.path.join(root, d), 0o700, folder=True)
         for f in files:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(root, f), 0o600)
+            if own(f):
+                _tighten(os.path.join(root, f), 0o600, folder=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -759,49 +817,90 @@ def _sft_config(spec: dict) -> Any:
         max_steps=spec["max_steps"], submit_ahead=spec["submit_ahead"], ttl_seconds=None)
 
 
+def _total_steps(config: Any) -> tuple[Any, int, int]:
+    """(dataset, batches an epoch, the run's steps) for a cookbook supervised Config."""
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    return dataset, n_batches, total
+
+
 def exact_resume_point(log_dir: str, config: Any) -> dict | None:
     """Append the record from which the cookbook resumes a run exactly; returns it (None if none).
 
     The cookbook saves checkpoint N while finishing step N, after it has already submitted steps
-    N+1 … N+submit_ahead, so the saved state holds min(N + submit_ahead, last) + 1 optimizer
-    steps, yet the record says to resume at batch N: a plain resume would train those steps
-    twice. The appended record points past them (epoch, batch, elapsed_tokens), so the resumed
-    run continues from the exact state and ends with the losses and weights of an uninterrupted
-    one. A record this function wrote already is left as it is.
+    N+1 … N+submit_ahead, yet the record says to resume at batch N: a plain resume would train
+    the steps the state already holds twice. Which of N … N+submit_ahead the state holds is told
+    by `metrics.jsonl`: a step's row is written once its optimizer step has finished, and the
+    engine ran it before the save that was queued after it. The appended record points past the
+    steps with rows (epoch, batch, elapsed_tokens) and says how many steps the state holds
+    (`steps_in_state`), so the resumed run continues from the exact state and ends with the
+    losses and weights of an uninterrupted one; when the state holds every step, `child_run`
+    saves the final checkpoint from it. A step without a row is trained again and listed in
+    `unconfirmed`: the engine may have failed it (the state lacks it: training it again is
+    exact), or an interrupt came between the checkpoint and its row (the state holds it: it is
+    trained twice); the log cannot tell which. A record this function wrote is returned as it is.
     """
     from tinker_cookbook import checkpoint_utils
 
     last = checkpoint_utils.get_last_checkpoint(log_dir)
-    if last is None or last.extra.get("machine_nb_resume") or last.batch is None:
+    if last is None or last.batch is None:
         return None
-    dataset, _ = config.dataset_builder()
-    n_batches = len(dataset)
+    if last.extra.get("machine_nb_resume"):
+        return last.to_dict()
+    dataset, n_batches, total = _total_steps(config)
     if n_batches == 0:
         return None
-    total = n_batches * config.num_epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
     epoch = last.epoch or 0
     if epoch >= config.num_epochs:  # the final record: nothing left to run
         return None
     saved_step = epoch * n_batches + last.batch
-    # the state can already hold the last step; the cookbook then saves no final checkpoint for a
-    # resume past the end, so that one step is run again (the only case that is not exact)
-    done_through = min(saved_step + config.submit_ahead, total - 2)
-    if done_through < saved_step:
+    submitted = min(saved_step + config.submit_ahead, total - 1)
+    if submitted < saved_step:
         return None
-    tokens = int(last.extra.get("elapsed_tokens", 0))
-    for step in range(saved_step + 1, done_through + 1):
+    logged = {m.get("step") for m in _read_log_lines(Path(log_dir) / "metrics.jsonl")
+              if isinstance(m.get(SFT_LOSS), (int, float))}
+    done_through = saved_step - 1
+    while done_through < submitted and done_through + 1 in logged:
+        done_through += 1
+
+    def batch_tokens(step: int) -> int:
         e, b = divmod(step, n_batches)
         dataset.set_epoch(seed=e)
-        tokens += sum(d.model_input.length for d in dataset.get_batch(b))
+        return sum(d.model_input.length for d in dataset.get_batch(b))
+
+    tokens = int(last.extra.get("elapsed_tokens", 0))  # through step N
+    tokens += sum(batch_tokens(step) for step in range(saved_step + 1, done_through + 1))
+    if done_through < saved_step:
+        tokens -= batch_tokens(saved_step)
     e, b = divmod(done_through + 1, n_batches)
     record = {"name": last.name, "epoch": e, "batch": b, "state_path": last.state_path,
               "sampler_path": last.sampler_path, "elapsed_tokens": tokens, "machine_nb_resume": True,
-              "steps_in_state": done_through + 1}
+              "steps_in_state": done_through + 1, "unconfirmed": list(range(done_through + 1, submitted + 1))}
     with open(os.path.join(log_dir, checkpoint_utils.CHECKPOINTS_BASE_NAME), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")
     return record
+
+
+async def _final_from_state(config: Any, record: dict) -> None:
+    """The final checkpoint of a run whose saved state already holds every step: the state
+    loaded (weights and optimizer) and saved again as "final", as the cookbook's loop ends a run
+    (its loop would train nothing and so save no final checkpoint)."""
+    import tinker
+    from tinker_cookbook import checkpoint_utils
+    from tinker_cookbook.utils.git_rev import recipe_user_metadata
+
+    service = tinker.ServiceClient(base_url=config.base_url, user_metadata=recipe_user_metadata(config.recipe_name))
+    metadata: dict[str, str] = {}
+    checkpoint_utils.add_renderer_name_to_user_metadata(metadata, config.renderer_name)
+    client = await service.create_training_client_from_state_with_optimizer_async(record["state_path"],
+                                                                                   user_metadata=metadata)
+    await checkpoint_utils.save_checkpoint_async(
+        training_client=client, name="final", log_path=config.log_path, kind="both",
+        loop_state={"epoch": config.num_epochs, "batch": 0, "elapsed_tokens": int(record.get("elapsed_tokens", 0))},
+        ttl_seconds=None)
 
 
 def _with_heldout(spec: dict, config: Any) -> tuple[Any, Any, int]:
@@ -833,12 +932,14 @@ def child_run(spec: dict) -> None:
     from tinker_cookbook.supervised import train as cookbook_train
 
     config = _sft_config(spec)
-    if spec.get("resume"):
-        exact_resume_point(spec["log_dir"], config)
+    record = exact_resume_point(spec["log_dir"], config) if spec.get("resume") else None
     builder = None
     if spec.get("heldout"):
         config, builder, total = _with_heldout(spec, config)
-    asyncio.run(cookbook_train.main(config))
+    if record is not None and "steps_in_state" in record and int(record["steps_in_state"]) >= _total_steps(config)[2]:
+        asyncio.run(_final_from_state(config, record))
+    else:
+        asyncio.run(cookbook_train.main(config))
     if builder is not None:
         from .heldout import evaluate_final
 
@@ -964,7 +1065,12 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         log_dir / workspace / name: where the run writes (default: a fresh `runs/sft-<time>-<hex>`
             under the cwd, or `<workspace>/.machine/training/<name>`). It must be new or empty.
         resume: a log dir of an interrupted sft run to continue; its settings are the ones it was
-            started with, and it ends with the same losses and weights as an uninterrupted run.
+            started with. It continues after the last step its last checkpoint's state holds, as
+            `metrics.jsonl` shows (a state holding the last step is saved as the final checkpoint,
+            untrained); on the local engine it ends with the steps, tokens, losses and weights of
+            an uninterrupted run (tested; on Tinker the same records are written, not tested). A
+            step whose row is missing is trained again and named in
+            `TrainResult.unconfirmed_steps` (see `exact_resume_point`).
         seed: data shuffling (default 0). On the local engine the same call twice gives the same
             losses and outputs (LoRA adapters start from the engine's fixed seed).
         max_length: tokens per example (default None = the local model's context, 128; no limit on Tinker).
@@ -996,7 +1102,9 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     if resume is not None:
         path = Path(resume).absolute()
         _claim_log_dir(path, resume=True)
-        saved = json.loads((path / MARKER).read_text(encoding="utf-8"))
+        saved = parse_json((path / MARKER).read_bytes(), path / MARKER)
+        if not isinstance(saved, dict):
+            raise MachineFormatError(path / MARKER, "not a machine_nb run record (a JSON object)")
         if saved.get("kind", "sft") != "sft":
             raise ValueError(f"resume={str(path)!r} is a {saved['kind']} run: continue it with "
                              f"machine_nb.{saved['kind']}(…, resume=…), not sft()")
@@ -1107,6 +1215,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
 
+    before = _log_entries(path) if resume is not None else set()
     tail = _MetricsTail(path / "metrics.jsonl")
     seen_steps: set[int] = set()
     watchdog = Watchdog(url) if engine == "tinker" else contextlib.nullcontext()
@@ -1128,7 +1237,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         try:
             run_cookbook(spec, path, engine=engine, on_poll=poll, watchdog=dog)
         finally:
-            _private_files(path)
+            _private_files(path, before)
     result = read_training_log(path)
     result.model, result.engine = model, engine
     return result

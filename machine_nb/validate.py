@@ -224,8 +224,10 @@ class ValidationResult:
                 f"errors={s.get('errors')}, warnings={s.get('warnings')}, tokens={s.get('tokens')})")
 
     def _repr_html_(self) -> str:
+        from .widgets._base import GREEN, RED, text_colour  # the widgets' theme palette (light and dark)
+
         s = self.summary
-        colour = "#1a7f37" if self.ok else "#cf222e"
+        colour = text_colour(GREEN if self.ok else RED)
         verdict = "ready" if self.ok else f"{s['errors']} error(s)"
         hist = " · ".join(f"{k}: {v}" for k, v in s["histogram"].items() if v)
         kind = "exact" if s.get("exact") else "estimated"

@@ -110,6 +110,52 @@ def test_a_differing_valid_file_is_never_silently_replaced(tmp_path):
     assert make_corpus(tmp_path, seed=0, force=True).manifest["counts"]["valid"] == 24
 
 
+@pytest.mark.parametrize("name", ["train.jsonl", "probe.jsonl", "valid.jsonl", "eval.jsonl", "manifest.json"])
+def test_files_the_corpus_did_not_write_are_never_replaced(tmp_path, name, capsys):
+    mine = tmp_path / name
+    mine.write_text('{"my": "own rows"}\n')
+    with pytest.raises(FileExistsError, match=re.escape(str(mine))):
+        make_corpus(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [name] and mine.read_text() == '{"my": "own rows"}\n'
+    assert main(["corpus", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert str(mine) in err and "--force" in err
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    make_corpus(tmp_path, force=True)  # asked for in so many words, as for a held-out file
+    assert mine.read_text() != '{"my": "own rows"}\n'
+
+
+def test_a_corpus_file_changed_since_it_was_written_is_kept(tmp_path):
+    make_corpus(tmp_path, seed=0)
+    train = tmp_path / "train.jsonl"
+    with train.open("a") as f:  # the user's own extra row: no longer the file make_corpus wrote
+        f.write('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "answer: 1"}]}\n')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(FileExistsError, match=re.escape(str(train))):
+        make_corpus(tmp_path, seed=0)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_symlinked_corpus_file_is_refused_and_its_target_untouched(tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("mine\n")
+    out = tmp_path / "corpus"
+    out.mkdir()
+    (out / "probe.jsonl").symlink_to(outside)
+    with pytest.raises(FileExistsError, match="probe.jsonl"):
+        make_corpus(out)
+    assert outside.read_text() == "mine\n" and (out / "probe.jsonl").is_symlink()
+    assert [p.name for p in out.iterdir()] == ["probe.jsonl"]
+
+
+def test_its_own_files_are_replaced_and_identical_ones_left_alone(tmp_path):
+    first = make_corpus(tmp_path, seed=0)
+    make_corpus(tmp_path, seed=0, n_valid=0)  # a new manifest over its own: no force needed
+    assert "valid.jsonl" not in json.loads((tmp_path / "manifest.json").read_text())["files"]
+    assert make_corpus(tmp_path, seed=0).manifest == first.manifest  # the valid file is the same bytes: kept
+    assert json.loads((tmp_path / "manifest.json").read_text()) == first.manifest
+
+
 def test_cli(tmp_path, capsys):
     assert main(["corpus", "--out", str(tmp_path), "--seed", "2"]) == 0
     out = capsys.readouterr().out

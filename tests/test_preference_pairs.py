@@ -101,6 +101,35 @@ def test_a_rewrite_whose_replaced_reply_is_unknown_is_skipped_and_counted(ws, tm
     assert pairs.skipped_counts().to_dict() == {REPLACED_UNKNOWN: 1, TURN_DIFFERS: 1}
 
 
+def test_runs_of_two_machines_with_the_same_id_are_told_apart_by_machine(ws, tmp_path):
+    """Run ids are unique within a machine only: a rewrite row is rebuilt from the run of its own
+    machine, and a row that names no machine only from an id no other machine has."""
+    store = tmp_path / "store"
+    (ws / ".machine" / "runs" / "other").mkdir(parents=True)
+    mine = save(ws, run("r1", "Compute 10 + 29.", "10 + 29 = 39.", 0.5))[0]
+    theirs = {**run("r1", "Compute 10 + 29.", "It is 39, I think.", 0.5), "machine": "other"}
+    (ws / ".machine" / "runs" / "other" / "r1.json").write_text(json.dumps(theirs), encoding="utf-8")
+    solo = {**run("r2", "Compute 1 + 2.", "1 + 2 = 3.", 0.5), "machine": "other"}
+    (ws / ".machine" / "runs" / "other" / "r2.json").write_text(json.dumps(solo), encoding="utf-8")
+    mnb.tag(mine, "good", rewrite="answer: 39", store=store, id="t-mine")
+    mnb.tag(theirs, "good", rewrite="answer: 39.", store=store, id="t-theirs")
+    mnb.tag(solo, "good", rewrite="answer: 3", store=store, id="t-solo")
+    as_machine_writes(store)
+    pairs = preference_pairs(store, workspace=ws, exclude=[], sources=["rewrite"])
+    got = {p["chosen_tag"]: (p["machine"], p["rejected"][0]["content"]) for p in pairs.to_dict("records")}
+    assert got == {"t-mine": ("tutor", "10 + 29 = 39."), "t-theirs": ("other", "It is 39, I think."),
+                   "t-solo": ("other", "1 + 2 = 3.")}
+    # rows as Machine writes them name no machine: r1 is ambiguous (skipped, counted), r2 is not
+    path = store / "train.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "machine"}) + "\n" for r in rows))
+    with pytest.warns(PairsSkipped, match="t-mine, t-theirs"):
+        pairs = preference_pairs(store, workspace=ws, exclude=[], sources=["rewrite"])
+    assert texts(pairs) == [("Compute 1 + 2.", "answer: 3", "1 + 2 = 3.")]
+    assert [(s["id"], s["reason"]) for s in pairs.skipped] == [("t-mine", REPLACED_UNKNOWN),
+                                                                ("t-theirs", REPLACED_UNKNOWN)]
+
+
 # --------------------------------------------------------------------------- /bad + /good
 
 
@@ -334,3 +363,20 @@ def test_cli_pairs_writes_the_file_and_counts(tmp_path, capsys):
 def test_pairs_without_a_machine_definition_say_held_out_cases_were_not_checked():
     with pytest.warns(UserWarning, match="held-out cases were not checked"):
         preference_pairs(SAMPLE / ".machine-store", machine="tutor")
+
+
+def test_a_results_json_nested_too_deep_or_broken_is_a_format_error_naming_file_and_line(tmp_path):
+    path = tmp_path / "results.json"
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text('{\n "model": "m",\n "rows": [\n  ' + deep + '\n ]\n}\n')
+    with pytest.raises(MachineFormatError, match="nested deeper") as e:
+        mnb.pairs_from_results(path)
+    assert e.value.path == str(path) and e.value.line == 4
+    path.write_text('{\n "rows": [\n  {"match": "exact",}\n ]\n}\n')
+    with pytest.raises(MachineFormatError, match="invalid JSON") as e:
+        mnb.pairs_from_results(path)
+    assert e.value.path == str(path) and e.value.line == 3
+    path.write_text('{"rows": [["not", "a", "row"]]}\n')
+    with pytest.raises(MachineFormatError, match="rows.0") as e:
+        mnb.pairs_from_results(path)
+    assert e.value.path == str(path)

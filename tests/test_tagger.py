@@ -115,6 +115,31 @@ def test_errors_show_in_the_widget_not_as_tracebacks(tmp_path):
         Tagger([])
 
 
+def test_rewrite_rows_record_the_reply_they_replaced_and_none_for_an_unanswered_turn(tmp_path):
+    """`replaced` is the reply a rewrite set aside (what a preference pair rejects): the turn's
+    own answer when it had one, and no key at all when it had none."""
+    from machine_nb.store.tags import REPLACED
+
+    answered = make_run(1)
+    unanswered = make_run(2, turns=1)
+    unanswered["trajectory"] = [{"role": "user", "content": "What is 2 + 2?"}]
+    t = Tagger([answered, unanswered], store=tmp_path)
+    t.rewrite.value = "answer: 2"
+    t._b_rewrite.click()
+    t.next_run()
+    t.rewrite.value = "answer: 4"
+    t._b_rewrite.click()
+    rows = {r["run"]: r for r in store_rows(tmp_path)}
+    assert rows["run1"][REPLACED] == "The answer is 2." and rows["run1"]["messages"][-1]["content"] == "answer: 2"
+    assert REPLACED not in rows["run2"]
+    assert rows["run2"]["messages"] == [{"role": "user", "content": "What is 2 + 2?"},
+                                        {"role": "assistant", "content": "answer: 4"}]
+    assert rows["run2"]["rewritten"] is True and rows["run2"]["machine"] == "arith"
+    assert [r["id"] for r in t.written] == [rows["run1"]["id"], rows["run2"]["id"]]
+    assert {p.name for p in tmp_path.iterdir() if not p.name.startswith(".")} == {"train.jsonl"}
+    assert t.undo()["id"] == rows["run2"]["id"] and [r["run"] for r in store_rows(tmp_path)] == ["run1"]
+
+
 def test_navigation_and_static_fallback(tmp_path):
     t = Tagger(runs_frame(3), store=tmp_path)
     t.go_to("run2")

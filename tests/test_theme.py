@@ -114,9 +114,30 @@ def widgets_to_check(tmp_path):
     }
 
 
+def results_to_check(tmp_path):
+    """The HTML of result objects a notebook shows beside the widgets (the same themes apply)."""
+    from machine_nb.validate import validate
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"messages": [{"role": "user", "content": "What is 2 + 2?"},
+                                             {"role": "assistant", "content": "answer: 4"}]}) + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + '{"messages": "not a list"}\n')
+    ready, failed = validate(good, "local/arith-tiny"), validate(bad, "local/arith-tiny")
+    assert ready.ok and not failed.ok
+    return {"validation (ready)": ready._repr_html_(), "validation (errors)": failed._repr_html_()}
+
+
 def test_every_widget_colour_is_a_theme_variable(tmp_path):
     found = {name: hard_coded(html_of(w)) for name, w in widgets_to_check(tmp_path).items()}
+    found.update({name: hard_coded(html) for name, html in results_to_check(tmp_path).items()})
     assert not {k: v for k, v in found.items() if v}, found
+
+
+def test_the_validation_verdict_uses_the_palettes_readable_green_and_red(tmp_path):
+    shown = results_to_check(tmp_path)
+    assert _base.text_colour(_base.GREEN) in shown["validation (ready)"]
+    assert _base.text_colour(_base.RED) in shown["validation (errors)"]
 
 
 def test_the_checker_sees_hard_coded_colours():

@@ -264,3 +264,166 @@ def test_a_log_dir_with_other_files_is_refused_untouched(tmp_path, corpus):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert smoke(corpus.train, log_dir=empty, progress=False).complete  # a new or empty folder is fine
+
+
+def test_resume_tightens_only_the_runs_own_files_and_follows_no_symlink(tmp_path, corpus):
+    """Files a user adds to an own-run log dir keep their permissions across a resume, and a
+    symlink there never carries a chmod to its target outside the dir."""
+    log_dir = tmp_path / "run"
+    first = smoke(corpus.train, log_dir=log_dir, progress=False)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's")
+    os.chmod(outside, 0o644)
+    (log_dir / "notes.txt").write_text("my notes on this run")
+    os.chmod(log_dir / "notes.txt", 0o644)
+    (log_dir / "mine").mkdir()
+    (log_dir / "mine" / "plot.png").write_bytes(b"png")
+    os.chmod(log_dir / "mine", 0o755)
+    os.chmod(log_dir / "mine" / "plot.png", 0o644)
+    (log_dir / "link.txt").symlink_to(outside)
+    (log_dir / "outside-dir").symlink_to(tmp_path, target_is_directory=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(log_dir / "metrics.jsonl", 0o644)  # the run's own file: tightened again
+
+    done = sft(corpus.train, resume=log_dir, progress=False)
+    assert done.complete and done.checkpoint == first.checkpoint
+    mode = lambda p: stat.S_IMODE(os.lstat(p).st_mode)  # noqa: E731
+    assert mode(outside) == 0o644 and mode(tmp_path) == 0o755
+    assert mode(log_dir / "notes.txt") == 0o644
+    assert mode(log_dir / "mine") == 0o755 and mode(log_dir / "mine" / "plot.png") == 0o644
+    assert (log_dir / "link.txt").is_symlink() and outside.read_text() == "someone else's"
+    assert mode(log_dir) == 0o700 and mode(log_dir / "metrics.jsonl") == 0o600
+    assert mode(log_dir / "checkpoints.jsonl") == 0o600 and mode(log_dir / "train.log") == 0o600
+
+
+def _interrupt_before_final(corpus, log_dir, monkeypatch, total, **kw):
+    """Run sft until every step is logged, then Ctrl-C while the engine holds the "final" save:
+    the log dir ends at its last periodic checkpoint, as a Ctrl-C (or a dead service) at that
+    moment leaves it. Returns how many optimizer steps the engine ran."""
+    import importlib
+    import threading
+
+    progress_mod = importlib.import_module("machine_nb.progress")
+    from machine_nb.engines.local import compute
+
+    released = threading.Event()
+    real_save, real_update = compute.Trainer.save, progress_mod.progress.update
+
+    def held_save(self, final, meta, *, optimizer):
+        if final.name == "final":
+            released.wait(60)
+        return real_save(self, final, meta, optimizer=optimizer)
+
+    def interrupting_update(self, n=1, **postfix):
+        real_update(self, n, **postfix)
+        if self.desc == "sft" and self.n >= total:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(compute.Trainer, "save", held_save)
+    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sft(corpus.train, log_dir=log_dir, **kw)
+    finally:
+        released.set()
+        monkeypatch.setattr(progress_mod.progress, "update", real_update)
+        monkeypatch.setattr(compute.Trainer, "save", real_save)
+
+
+def _count_optim_steps(monkeypatch):
+    from machine_nb.engines.local import compute
+
+    calls = []
+    real_step = compute.Trainer.optim_step
+
+    def counted(self, **params):
+        calls.append(1)
+        return real_step(self, **params)
+
+    monkeypatch.setattr(compute.Trainer, "optim_step", counted)
+    return calls
+
+
+@pytest.mark.parametrize("total", [9, 10, 11])
+def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_path, monkeypatch, total):
+    """save_every=4: the last checkpoint is step 8, which is the last step of 9, the one before
+    the last of 10 (the state saved there already holds every step of both: the cookbook's next
+    batch is in flight as it saves), or two before the last of 11. Resumed, each run equals the
+    uninterrupted one: no step trained twice, the same steps, tokens, losses and replies."""
+    kw = dict(epochs=2, max_steps=total, batch_size=8, save_every=4, progress=False)
+    whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
+    log_dir = tmp_path / "interrupted"
+    _interrupt_before_final(corpus, log_dir, monkeypatch, total, **kw)
+    part = read_training_log(log_dir)
+    assert not part.complete and part.steps == total and part.state_path.endswith("/weights/000008")
+
+    trained_again = _count_optim_steps(monkeypatch)
+    done = sft(corpus.train, resume=log_dir, progress=False)
+    assert len(trained_again) == max(0, total - 10)  # only the step the saved state did not hold
+    assert done.complete and done.checkpoint.endswith("/sampler_weights/final") and done.unconfirmed_steps == []
+    assert (done.steps, done.tokens, done.first_loss, done.last_loss) == \
+        (whole.steps, whole.tokens, whole.first_loss, whole.last_loss) == (total, whole.tokens, whole.first_loss,
+                                                                          whole.last_loss)
+    assert list(training_metrics(log_dir)["train_mean_nll"]) == list(training_metrics(whole.log_dir)["train_mean_nll"])
+    rows = [json.loads(line) for line in open(corpus.eval)][:6]
+    assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
+
+
+def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tmp_path, monkeypatch):
+    """The engine fails step 5 after it was submitted, before checkpoint 4 was saved: that state
+    holds steps 0-4 only. The resume trains step 5 (its row never came), and the run equals the
+    uninterrupted one."""
+    from machine_nb.engines.local import compute
+
+    kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
+    whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
+    real_step, calls = compute.Trainer.optim_step, []
+
+    def failing_step(self, **params):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("engine fault for the test")
+        return real_step(self, **params)
+
+    monkeypatch.setattr(compute.Trainer, "optim_step", failing_step)
+    log_dir = tmp_path / "failed"
+    with pytest.raises(EngineError):
+        sft(corpus.train, log_dir=log_dir, **kw)
+    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
+    assert read_training_log(log_dir).state_path.endswith("/weights/000004")
+    done = sft(corpus.train, resume=log_dir, progress=False)
+    assert done.complete and done.unconfirmed_steps == [5]
+    assert (done.steps, done.tokens, done.last_loss) == (whole.steps, whole.tokens, whole.last_loss)
+    assert list(training_metrics(log_dir)["train_mean_nll"]) == list(training_metrics(whole.log_dir)["train_mean_nll"])
+    rows = [json.loads(line) for line in open(corpus.eval)][:6]
+    assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
+
+
+def test_steps_without_rows_are_trained_again_and_reported(corpus, tmp_path, monkeypatch):
+    """The rows of steps 8 and 9 missing after checkpoint 8 (as an interrupt in the moments
+    between the checkpoint and those rows leaves the log): the resume cannot tell whether the
+    state holds them, trains them again rather than skip one, and says so."""
+    kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
+    log_dir = tmp_path / "interrupted"
+    _interrupt_before_final(corpus, log_dir, monkeypatch, 11, **kw)
+    metrics = log_dir / "metrics.jsonl"
+    kept = [line for line in metrics.read_text().splitlines(keepends=True) if json.loads(line).get("step", 0) < 8]
+    metrics.write_text("".join(kept))
+    trained_again = _count_optim_steps(monkeypatch)
+    done = sft(corpus.train, resume=log_dir, progress=False)
+    assert len(trained_again) == 3  # steps 8, 9 and 10: none skipped
+    assert done.complete and done.steps == 11 and done.unconfirmed_steps == [8, 9]
+    assert "steps 8, 9 trained again" in done._repr_html_()
+
+
+def test_a_broken_run_record_is_a_format_error_naming_it(tmp_path, corpus):
+    log_dir = tmp_path / "run"
+    smoke(corpus.train, log_dir=log_dir, progress=False)
+    marker = log_dir / "machine_nb.json"
+    marker.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(MachineFormatError, match="nested deeper") as e:
+        sft(corpus.train, resume=log_dir, progress=False)
+    assert e.value.path == str(marker)
+    marker.write_text("[1, 2]")
+    with pytest.raises(MachineFormatError, match="run record"):
+        sft(corpus.train, resume=log_dir, progress=False)

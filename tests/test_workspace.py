@@ -4,6 +4,7 @@ sample workspace generator is deterministic."""
 
 import filecmp
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -192,6 +193,76 @@ def test_sample_generator_is_deterministic_and_matches_commit(tmp_path):
         assert filecmp.cmp(f, out / f.relative_to(SAMPLE), shallow=False)
     total = sum(f.stat().st_size for f in SAMPLE.rglob("*") if f.is_file())
     assert total < 3_000_000
+
+
+def _tree(root):
+    """Every file under root (symlinks as links) with its bytes."""
+    return {p.relative_to(root).as_posix(): (os.readlink(p) if p.is_symlink() else p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+def test_sample_generator_refuses_a_workspace_it_did_not_write(tmp_path, capsys):
+    from machine_nb.sample import generate, main
+
+    ws = tmp_path / "mine"
+    shutil.copytree(SAMPLE / ".machine", ws / ".machine")  # a real workspace: Machine wrote these, not the generator
+    (ws / "machines" / "bot").mkdir(parents=True)
+    (ws / "machines" / "bot" / "instructions.md").write_text("my own machine\n")
+    before = _tree(ws)
+    with pytest.raises(FileExistsError, match=r"\.machine-nb-sample\.json") as e:
+        generate(ws)
+    assert str(ws / ".machine") in str(e.value)
+    assert main([str(ws)]) != 0
+    assert str(ws / ".machine") in capsys.readouterr().err
+    assert _tree(ws) == before  # nothing deleted, nothing written
+    only_store = tmp_path / "store-only"
+    (only_store / ".machine-store").mkdir(parents=True)
+    (only_store / ".machine-store" / "tags.jsonl").write_text('{"tag": "good"}\n')
+    with pytest.raises(FileExistsError, match="machine-store"):
+        generate(only_store)
+    assert (only_store / ".machine-store" / "tags.jsonl").read_text() == '{"tag": "good"}\n'
+
+
+@pytest.mark.parametrize("change", ["added run", "changed tag row", "symlink", "foreign marker"])
+def test_sample_generator_replaces_only_its_own_unchanged_files(tmp_path, change):
+    from machine_nb.sample import generate
+
+    ws = generate(tmp_path / "ws", n_runs=40)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the generator's\n")
+    store = next((ws / ".machine-store").glob("*.jsonl"))
+    if change == "added run":  # e.g. Machine ran in the sample workspace afterwards
+        culprit = ws / ".machine" / "runs" / "support" / "my-run.json"
+        culprit.write_text('{"id": "my-run"}\n')
+    elif change == "changed tag row":  # e.g. /good written into the sample's store
+        culprit = store
+        with store.open("a") as f:
+            f.write('{"tag": "good", "id": "mine"}\n')
+    elif change == "symlink":
+        culprit = ws / "machines" / "support" / "notes.txt"
+        culprit.symlink_to(outside)
+    else:  # a file of the marker's name that the generator did not write
+        culprit = ws / ".machine-nb-sample.json"
+        culprit.write_text("my notes\n")
+    before = _tree(ws)
+    with pytest.raises(FileExistsError) as e:
+        generate(ws, n_runs=40)
+    assert str(culprit) in str(e.value)
+    assert _tree(ws) == before and outside.read_text() == "not the generator's\n"
+
+
+def test_sample_generator_replaces_its_own_output_whole(tmp_path):
+    from machine_nb.sample import generate
+
+    ws = generate(tmp_path / "ws", n_runs=80, seed=3)
+    (ws / "README.txt").write_text("beside the generated folders: kept\n")
+    generate(ws, n_runs=40, seed=0)  # fewer runs: the first one's extra files must go
+    fresh = generate(tmp_path / "fresh", n_runs=40, seed=0)
+    assert {k: v for k, v in _tree(ws).items() if k != "README.txt"} == _tree(fresh)
+    assert (ws / "README.txt").read_text() == "beside the generated folders: kept\n"
+    generate(ws)  # the committed sample's shape over it, twice
+    generate(ws)
+    assert {k: v for k, v in _tree(ws).items() if k != "README.txt"} == _tree(SAMPLE)
 
 
 def test_symlinked_machine_folder_is_followed_and_loops_are_reported(tmp_path):

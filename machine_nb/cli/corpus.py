@@ -13,14 +13,15 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Generate the deterministic minimal-SFT corpus: bare arithmetic questions whose target is exactly "
             "'answer: <integer>'. Reads: nothing. Writes: OUT/train.jsonl, OUT/eval.jsonl, OUT/valid.jsonl, "
             "OUT/probe.jsonl and OUT/manifest.json (seed, counts, sha256 per file). The same seed writes "
-            "byte-identical files. Choose steps and settings on valid.jsonl, report on eval.jsonl. Refuses to "
-            "replace an eval.jsonl or valid.jsonl with different rows unless --force, and row counts the corpus "
+            "byte-identical files. Choose steps and settings on valid.jsonl, report on eval.jsonl. Refuses, "
+            "unless --force, to replace an eval.jsonl or valid.jsonl with different rows or any file it did not "
+            "write (not listed with its sha256 in its own manifest.json), and refuses row counts the corpus "
             "cannot hold (train or eval below 1, or over 4,095 train + eval + valid: the distinct operand pairs). "
             "Cost: free (no model calls)."),
     )
     p.add_argument("-o", "--out", default="data/minimal_sft", help="output directory (default data/minimal_sft, git-ignored)")
     p.add_argument("--seed", type=int, default=0, help="the draw (default 0); another seed gives new questions")
-    p.add_argument("--force", action="store_true", help="overwrite an existing eval.jsonl or valid.jsonl whose rows differ")
+    p.add_argument("--force", action="store_true", help="overwrite existing files that differ: held-out rows, and files make_corpus did not write")
     p.add_argument("--train-rows", type=int, default=48,
                    help="training rows (default 48; at least 1, and train + eval + valid at most 4,095)")
     p.add_argument("--eval-rows", type=int, default=24,

@@ -84,6 +84,30 @@ def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
             "trajectory": list(messages[turn["start"]:turn["end"]])}
 
 
+def _tag_unanswered(target: dict, tag: str, rewrite: str, note: str | None, trace: bool, store: Any) -> dict:
+    """The row of a turn that has no answer yet, with `rewrite` as its answer.
+
+    tag() records a turn only with a reply to replace, and would record the rewrite standing in
+    for it as the `replaced` reply, which a preference pair would then reject. So tag() builds the
+    row in a scratch store, with the rewrite as the reply, and the row goes to the real store
+    without `replaced` (nothing was replaced), appended under the lock tag() uses.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from ..jsonl import append_jsonl
+    from ..store.tags import REPLACED, _resolve_store
+    from ..store.tags import tag as write_tag
+
+    answered = {**target, "trajectory": list(target["trajectory"]) + [{"role": "assistant", "content": rewrite}]}
+    with tempfile.TemporaryDirectory(prefix="mnb-tag-") as scratch:
+        row = write_tag(answered, tag=tag, note=note, rewrite=rewrite, trace=trace, store=scratch)
+        written = [p.name for p in Path(scratch).glob("*.jsonl")]
+    row.pop(REPLACED, None)
+    append_jsonl(_resolve_store(store) / written[0], [row])
+    return row
+
+
 class DuplicateTagWarning(UserWarning):
     """A tag row was written for a turn that already had one."""
 
@@ -447,10 +471,11 @@ class Tagger(StaticFallback, w.VBox):
             raise ValueError("this turn has no assistant answer to tag (write a rewrite and use "
                              "'Good with rewrite', or pick another turn)")
         target = turn_run(run, self._msgs, turn)
-        if turn["answer_index"] is None:  # an unanswered turn: the rewrite is its answer
-            target["trajectory"] = target["trajectory"] + [{"role": "assistant", "content": rewrite}]
-        row = write_tag(target, tag=tag, note=note or None,
-                        rewrite=rewrite or None, trace=self.trace, store=self.store)
+        if turn["answer_index"] is None:
+            row = _tag_unanswered(target, tag, rewrite, note or None, self.trace, self.store)
+        else:
+            row = write_tag(target, tag=tag, note=note or None,
+                            rewrite=rewrite or None, trace=self.trace, store=self.store)
         self.written.append(row)
         self._store_rows().append(row)
         if dups:
