@@ -12,9 +12,8 @@ anything else is Tinker's. Higher layers reach the engines only through this mod
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import EngineError
 
@@ -71,23 +70,6 @@ def base_url(engine: str, base_url: str | None = None) -> str:
     from .tinker import tinker_base_url
 
     return tinker_base_url(base_url)
-
-
-@contextlib.contextmanager
-def sdk_key(engine: str) -> Iterator[None]:
-    """While code that builds its own `tinker.ServiceClient` (tinker-cookbook's loops) talks to the
-    local server: a placeholder TINKER_API_KEY when none is set, removed again afterwards (the SDK
-    refuses to start without a key). A key the user set is left as it is; the local server never
-    stores or logs it."""
-    if engine != "local" or os.environ.get("TINKER_API_KEY", "").strip():
-        yield
-        return
-    os.environ["TINKER_API_KEY"] = LOCAL_API_KEY
-    try:
-        yield
-    finally:
-        if os.environ.get("TINKER_API_KEY") == LOCAL_API_KEY:
-            del os.environ["TINKER_API_KEY"]
 
 
 _CLIENTS: dict[tuple, Any] = {}
