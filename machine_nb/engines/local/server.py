@@ -538,12 +538,18 @@ class LocalServer:
             self.runs[model_id] = run
         return run
 
+    def _writable(self, path: Path) -> Path:
+        """`path`, when it lies under the data dir (links resolved): the server writes nowhere else."""
+        if not ck.is_inside(path, self.data_dir):
+            raise EngineError(f"{path} is outside this server's data dir {self.data_dir} (a link?); not written")
+        return path
+
     def _write_run_record(self, run: _Run) -> None:
         t = run.trainer
         record = {"training_run_id": run.model_id, "base_model": run.base_model, "lora_rank": t.rank,
                   "lora_alpha": t.alpha, "targets": t.targets, "seed": t.seed, "user_metadata": run.user_metadata,
                   "created": run.created}
-        directory = ck.ensure_private_dir(ck.run_dir(self.data_dir, run.model_id))
+        directory = ck.ensure_private_dir(self._writable(ck.run_dir(self.data_dir, run.model_id)))
         path = directory / "run.json"
         tmp = directory / f".run.json.tmp-{secrets.token_hex(3)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -678,7 +684,7 @@ class LocalServer:
 
     def _save(self, run: _Run, kind: str, name: str, user_metadata: dict | None, overwrite: bool = True) -> str:
         sub = "weights" if kind == "state" else "sampler_weights"
-        final = ck.run_dir(self.data_dir, run.model_id) / sub / ck.check_name(name)
+        final = self._writable(ck.run_dir(self.data_dir, run.model_id) / sub / ck.check_name(name))
         if final.exists() and not overwrite:
             raise EngineError(f"checkpoint {name!r} exists already (pass overwrite=True to replace it)")
         meta = run.trainer.meta(kind, name, run.model_id, {**run.user_metadata, **(user_metadata or {})})
@@ -721,13 +727,33 @@ class LocalServer:
         fut = run.submit(req.seq_id, "save_weights_for_sampler", work)
         return {"request_id": fut.request_id, "model_id": run.model_id}
 
-    def _checkpoint_dir(self, path: str, call: str, field_name: str = "path") -> Path:
+    def _checkpoint_dir(self, path: str, call: str, field_name: str = "path", *, delete: bool = False) -> Path:
+        """The folder of the checkpoint a request names in `field_name`, or the 4xx that says why not.
+
+        A legacy path (`tinker://local-file.…`, from a `local://` one) can name any folder: it is
+        read only when it holds a checkpoint this toolkit wrote, and never deleted (`delete=True`).
+        """
         try:
-            directory = ck.checkpoint_dir(self.data_dir, path)
+            run_id, kind, name = ck.parse(ck.to_tinker_path(path))
+            directory = ck.run_dir(self.data_dir, run_id) / kind / name
         except EngineError as exc:
             raise ApiError(400, f"{call}: {exc}", field_name) from None
+        legacy = ck.is_legacy_run(run_id)
+        if delete and (legacy or not ck.is_inside(directory, self.data_dir)):
+            raise ApiError(403, f"{call}: {path} is a folder outside this server's data dir ({directory}); the "
+                                "server deletes only checkpoints it wrote there. Delete the folder yourself if you "
+                                "mean to.", field_name)
         if not (directory / "checkpoint.json").is_file():
-            raise ApiError(404, f"{call}: no checkpoint {path} on this server (looked in {directory})", field_name)
+            hint = "" if legacy else (
+                " A checkpoint made by another server (e.g. a separate `machine-nb serve`) is served by that server: "
+                "send the request there (with machine_nb: engine='tinker' and TINKER_BASE_URL set to its URL).")
+            raise ApiError(404, f"{call}: no checkpoint {path} on this server (looked in {directory}).{hint}",
+                           field_name)
+        if legacy:
+            problem = ck.not_a_checkpoint(directory)
+            if problem is not None:
+                raise ApiError(400, f"{call}: {path} names {directory}, which is not a checkpoint machine_nb wrote: "
+                                    f"{problem}", field_name)
         return directory
 
     def load_weights(self, q: dict, body: Any) -> dict:
@@ -881,7 +907,7 @@ class LocalServer:
         except EngineError as exc:
             raise ApiError(404, str(exc)) from None
         path = directory / "run.json"
-        if path.is_file():
+        if path.is_file() and not ck.is_legacy_run(run_id):  # a legacy folder is read only for its checkpoints
             try:
                 return json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -891,7 +917,7 @@ class LocalServer:
 
         for sub in ("weights", "sampler_weights"):
             for d in sorted((directory / sub).glob("*")) if (directory / sub).is_dir() else []:
-                if (d / "checkpoint.json").is_file():
+                if ck.not_a_checkpoint(d) is None:
                     try:
                         meta = read_meta(d)
                     except MachineFormatError:
@@ -905,6 +931,7 @@ class LocalServer:
         import datetime as dt
 
         directory = ck.run_dir(self.data_dir, run_id)
+        legacy = ck.is_legacy_run(run_id)
         out = []
         for sub, kind in ck.KINDS.items():
             base = directory / sub
@@ -912,6 +939,8 @@ class LocalServer:
                 continue
             for d in sorted(base.iterdir()):
                 if d.name.startswith(".") or not (d / "checkpoint.json").is_file():
+                    continue
+                if legacy and ck.not_a_checkpoint(d) is not None:
                     continue
                 size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
                 when = dt.datetime.fromtimestamp((d / "checkpoint.json").stat().st_mtime, dt.timezone.utc)
@@ -979,8 +1008,9 @@ class LocalServer:
 
         parts = checkpoint_id.split("/")
         if len(parts) != 2 or parts[0] not in ck.KINDS:
-            raise ApiError(400, f"not a checkpoint id: {checkpoint_id!r}")
-        directory = self._checkpoint_dir(ck.tinker_path(run_id, parts[0], parts[1]), "delete_checkpoint")
+            raise ApiError(400, f"delete_checkpoint: not a checkpoint id: {checkpoint_id!r}", "checkpoint_id")
+        directory = self._checkpoint_dir(ck.tinker_path(run_id, parts[0], parts[1]), "delete_checkpoint",
+                                         "checkpoint_id", delete=True)
         shutil.rmtree(directory)
         return {}
 
