@@ -330,5 +330,6 @@ def test_a_session_that_stopped_its_heartbeats_is_let_go(monkeypatch):
         srv._reap()
         assert tc.model_id not in srv.runs and not srv.samplers
         assert (ck.checkpoint_dir(srv.data_dir, path) / "checkpoint.json").is_file()
+        sc.close("success").result(timeout=60)
     finally:
         srv.stop()

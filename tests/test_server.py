@@ -71,7 +71,9 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sc(served):
-    return tinker.ServiceClient(base_url=served.url, api_key=CANARY_KEY)
+    client = tinker.ServiceClient(base_url=served.url, api_key=CANARY_KEY)
+    yield client
+    client.close("success").result(timeout=60)  # its session ends before the server does: no heartbeat left failing
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +303,7 @@ def test_binding_beyond_loopback_needs_a_key(tmp_path):
                 base_model=DEFAULT_MODEL).result(timeout=60)
         ok = tinker.ServiceClient(base_url=url, api_key="tml-server-key-0000")
         assert ok.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60).get_base_model() == DEFAULT_MODEL
+        ok.close("success").result(timeout=60)
     finally:
         stop_server(s)
 

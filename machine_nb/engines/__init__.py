@@ -13,6 +13,7 @@ anything else is Tinker's. Higher layers reach the engines only through this mod
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from ..errors import EngineError
@@ -73,6 +74,8 @@ def base_url(engine: str, base_url: str | None = None) -> str:
 
 
 _CLIENTS: dict[tuple, Any] = {}
+_WATCHED: set[str] = set()  # URLs of in-process servers told to close our clients when they stop
+_CLIENTS_LOCK = threading.Lock()
 
 
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
@@ -83,7 +86,10 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
     within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
     One client is kept per engine, URL and key (each keeps a session, its heartbeat and a few
-    threads for the life of the process), unless other SDK arguments (`kwargs`) are given.
+    threads for the life of the process), unless other SDK arguments (`kwargs`) are given. A kept
+    client is closed, its session finished, before an in-process server it talks to stops (at
+    exit, or when stopped), and dropped once its service is found gone (a failed check here, or a
+    `Watchdog` that saw it die), so no heartbeat of it keeps failing and warning.
     """
     import hashlib
 
@@ -93,19 +99,66 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
         kwargs.setdefault("api_key", LOCAL_API_KEY)
         url = local_base_url()
     elif engine == "tinker":
-        from .tinker import DEFAULT_TIMEOUT, check_tinker
+        from .tinker import DEFAULT_TIMEOUT, check_tinker, tinker_base_url
 
-        url = check_tinker(base_url, DEFAULT_TIMEOUT if timeout is None else timeout,
-                           api_key=kwargs.get("api_key"), models=models)
+        try:
+            url = check_tinker(base_url, DEFAULT_TIMEOUT if timeout is None else timeout,
+                               api_key=kwargs.get("api_key"), models=models)
+        except EngineError:
+            _drop_clients(tinker_base_url(base_url), finish=False)  # it does not answer: nothing to finish
+            raise
     else:
         raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
     key = kwargs.get("api_key") or os.environ.get("TINKER_API_KEY", "")
     cache_key = (engine, url, hashlib.sha256(key.encode()).hexdigest())
     if set(kwargs) - {"api_key"}:  # other settings: a client of its own
         return tinker.ServiceClient(base_url=url, **kwargs)
-    if cache_key not in _CLIENTS:
-        _CLIENTS[cache_key] = tinker.ServiceClient(base_url=url, **kwargs)
-    return _CLIENTS[cache_key]
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(cache_key)
+        if client is None:
+            client = _CLIENTS[cache_key] = tinker.ServiceClient(base_url=url, **kwargs)
+        watch = url not in _WATCHED
+        _WATCHED.add(url)
+    if watch:
+        from .local.server import running_at
+
+        server = running_at(url)
+        if server is not None:
+            server.on_stop(lambda: _drop_clients(url, finish=True))
+    return client
+
+
+def _drop_clients(url: str, *, finish: bool) -> None:
+    """Close and forget the clients kept for `url`: with `finish`, their sessions are finished on
+    the server first (it still answers); without, only their heartbeats and connections stop."""
+    with _CLIENTS_LOCK:
+        clients = [_CLIENTS.pop(k) for k in [k for k in _CLIENTS if k[1] == url]]
+        _WATCHED.discard(url)
+    for client in clients:
+        _close(client, finish=finish)
+
+
+def _close(client: Any, *, finish: bool) -> None:
+    if finish:
+        try:
+            client.close("success").result(timeout=10)
+            return
+        except Exception:  # the server went away meanwhile: stop the client below without it
+            pass
+    # A finish request to a server that is gone would be retried for ~5 minutes, heartbeats going
+    # on meanwhile; so the client's holders (tinker's `_session_holder` / `_rest_holder`) are closed
+    # directly: that stops the heartbeat and closes the connections, and sends nothing.
+    lock = getattr(client, "_lifecycle_lock", None)
+    if lock is not None:
+        with lock:
+            client._closed = True
+    for name in ("_session_holder", "_rest_holder"):
+        holder = getattr(client, name, None)
+        if holder is not None:
+            try:
+                holder.close()
+            except Exception:  # already closed, or the SDK's loop has ended at exit
+                pass
 
 
 def to_sdk_path(path: str) -> str:

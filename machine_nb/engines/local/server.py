@@ -341,6 +341,8 @@ class LocalServer:
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.app = self
         self._thread: threading.Thread | None = None
+        self._serving = self._stopped = False
+        self._on_stop: list[Callable[[], None]] = []
         self.port = self._httpd.server_address[1]
         self._routes = self._route_table()
 
@@ -352,18 +354,45 @@ class LocalServer:
     # -- lifecycle
     def start(self) -> "LocalServer":
         """Serve in a daemon thread; returns once the socket accepts connections."""
+        self._serving = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="machine-nb-tinker-server", daemon=True)
         self._thread.start()
+        with _RUNNING_LOCK:
+            _RUNNING[self.url] = self
         return self
 
     def serve_forever(self) -> None:
+        self._serving = True
         self._httpd.serve_forever(poll_interval=0.2)
 
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` when `stop()` begins, while this server still answers: a client of it
+        finishes its SDK sessions there (`engines.service_client` does so for the clients it keeps),
+        so no heartbeat of theirs is left failing against a server that is gone."""
+        with self._lock:
+            self._on_stop.append(callback)
+
     def stop(self) -> None:
-        """Stop accepting requests and end the workers (finished checkpoints stay on disk)."""
-        self._httpd.shutdown()
+        """Finish what `on_stop` asked for, stop accepting requests, close the connections still
+        open, and end the workers (finished checkpoints stay on disk). A second call does nothing."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            callbacks, self._on_stop = self._on_stop, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a client that cannot finish must not keep the server up
+                logger.debug("local server: a stop callback failed", exc_info=True)
+        with _RUNNING_LOCK:
+            if _RUNNING.get(self.url) is self:
+                del _RUNNING[self.url]
+        if self._serving:
+            self._httpd.shutdown()
         self._httpd.server_close()
+        self._httpd.close_connections()  # a keep-alive connection would otherwise go on being served
         with self._lock:
             runs, samplers = list(self.runs.values()), list(self.samplers.values())
         for run in runs:
@@ -1031,6 +1060,31 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 128
     app: LocalServer
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End every connection still open (their handler threads see the end and return)."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that went away mid-request (a training run stopped with Ctrl-C) is not news
         import sys
@@ -1123,20 +1177,45 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 _DEFAULT: LocalServer | None = None
 _DEFAULT_LOCK = threading.Lock()
+# every server this process started with `start()` and has not stopped, by URL
+_RUNNING: dict[str, LocalServer] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def running_at(url: str) -> LocalServer | None:
+    """The server this process runs at `url` (started with `start()`, not yet stopped), else None."""
+    with _RUNNING_LOCK:
+        return _RUNNING.get(str(url).rstrip("/"))
 
 
 def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
-    first time it is needed, reused afterwards, stopped at interpreter exit. It runs in this
-    process (a thread), so it can never outlive it."""
+    first time it is needed, reused afterwards, stopped when the interpreter exits (after
+    machine_nb's SDK sessions on it are finished: `LocalServer.on_stop`). It runs in this process
+    (a thread), so it can never outlive it."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            import atexit
-
             _DEFAULT = LocalServer().start()
-            atexit.register(_stop_default)
+            _at_exit(_stop_default)
         return _DEFAULT
+
+
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Call `fn` as the interpreter begins to exit, before concurrent.futures refuses new work: the
+    SDK needs its event loop's executor to finish a session, and by the time `atexit` handlers run
+    every executor is shut ("cannot schedule new futures after shutdown"). threading's own exit
+    hooks (which concurrent.futures uses) run in reverse order of registration, so this one,
+    registered after concurrent.futures' (imported above), runs before it."""
+    import atexit
+
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hooks")
+        register(fn)
+    except RuntimeError:  # an interpreter without them, or one already exiting
+        atexit.register(fn)
 
 
 def _stop_default() -> None:
