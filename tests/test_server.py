@@ -423,3 +423,30 @@ def test_no_request_deletes_or_reads_files_outside_the_data_dir(served, sc, tmp_
     # and what the server wrote itself is still deleted on request
     rest.delete_checkpoint_from_tinker_path(path).result(timeout=60)
     assert not ck.checkpoint_dir(served.data_dir, path).exists()
+
+
+EVAL_ROWS = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
+             for a, b in [(12, 30), (45, 11)]]
+
+
+def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monkeypatch):
+    """A `tinker://local-…` checkpoint made by a separate `machine-nb serve` goes to this process's
+    own local server when no engine is given; that server does not have it, and the error says
+    what to do (engine='tinker' with TINKER_BASE_URL at that server), which then works."""
+    from machine_nb.engines import close_clients
+    from machine_nb.evaluate import evaluate
+
+    tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
+    path = tc.save_weights_for_sampler("elsewhere").result().path
+    for model in (None, DEFAULT_MODEL):  # the base model read from the checkpoint, or given
+        with pytest.raises(EngineError) as err:
+            evaluate(EVAL_ROWS, model=model, checkpoint=path, save=False, show_progress=False)
+        assert path in str(err.value) and "engine='tinker'" in str(err.value) and "TINKER_BASE_URL" in str(err.value)
+    monkeypatch.setenv("TINKER_BASE_URL", served.url)
+    monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
+    try:
+        df = evaluate(EVAL_ROWS, model=DEFAULT_MODEL, checkpoint=path, engine="tinker", save=False,
+                      show_progress=False)
+    finally:
+        close_clients(served.url)  # this server stops with the module: end the session kept for it first
+    assert len(df) == 2 and df["error"].isna().all()

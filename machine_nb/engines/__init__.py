@@ -128,6 +128,23 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     return client
 
 
+def close_clients(base_url: str | None = None) -> None:
+    """Close the SDK clients `service_client` keeps, finishing their sessions on the server.
+
+    Call it before stopping a `machine-nb serve` server this process used with engine="tinker":
+    a kept client's heartbeat would otherwise go on failing against it, and after two minutes
+    the SDK warns that "Tinker is down". (Clients of the process's own local server are closed
+    when it stops, by itself.)
+
+    Args:
+        base_url: the service URL whose clients to close; default None closes every kept client.
+    """
+    with _CLIENTS_LOCK:
+        urls = {k[1] for k in _CLIENTS} if base_url is None else {str(base_url).rstrip("/")}
+    for url in urls:
+        _drop_clients(url, finish=True)
+
+
 def _drop_clients(url: str, *, finish: bool) -> None:
     """Close and forget the clients kept for `url`: with `finish`, their sessions are finished on
     the server first (it still answers); without, only their heartbeats and connections stop."""
@@ -169,10 +186,15 @@ def to_sdk_path(path: str) -> str:
 
 
 def checkpoint_base_model(path: str) -> str | None:
-    """The base model a local checkpoint was trained from (None for Tinker checkpoints: ask Tinker)."""
+    """The base model a local checkpoint was trained from (None for Tinker checkpoints: ask Tinker).
+
+    A `tinker://local-…` path is looked up in this process's local server's data dir; one that
+    is not there (made by a separate `machine-nb serve`) raises EngineError saying to point
+    engine="tinker" at the server that made it.
+    """
     if engine_for(path) != "local":
         return None
-    from .local.checkpoints import checkpoint_dir, default_data_dir
+    from .local.checkpoints import LEGACY_SCHEME, checkpoint_dir, default_data_dir
     from .local.compute import read_meta
 
     try:
@@ -181,7 +203,14 @@ def checkpoint_base_model(path: str) -> str | None:
         data_dir = _DEFAULT.data_dir if _DEFAULT is not None else default_data_dir()
     except ImportError:
         data_dir = default_data_dir()
-    return read_meta(checkpoint_dir(data_dir, path))["base_model"]
+    directory = checkpoint_dir(data_dir, path)
+    if not (directory / "checkpoint.json").is_file() and not str(path).startswith(LEGACY_SCHEME):
+        raise EngineError(
+            f"{path} is not a checkpoint of this process's local engine (its data dir {data_dir} does not hold "
+            "it). A checkpoint made by a separate `machine-nb serve` is served by that server: pass "
+            "engine='tinker' with TINKER_BASE_URL set to its URL and TINKER_API_KEY to a placeholder 'tml-…' "
+            "key (and model= the model it was trained from, e.g. 'local/arith-tiny').")
+    return read_meta(directory)["base_model"]
 
 
 def sdk_errors() -> tuple[type[BaseException], ...]:
