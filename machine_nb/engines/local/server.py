@@ -90,6 +90,7 @@ class _Future:
     content_type: str = "application/json"
     body: bytes = b""
     finished_at: float | None = None
+    polls: int = 0  # retrieve_future requests for it (long-polling keeps this near 1 per LONG_POLL_S waited)
 
 
 class _Futures:
@@ -115,6 +116,11 @@ class _Futures:
     def get(self, request_id: str) -> _Future | None:
         with self._lock:
             return self._items.get(request_id)
+
+    def of_call(self, call: str) -> list[_Future]:
+        """The futures of one kind of call still kept (e.g. "asample"), oldest first."""
+        with self._lock:
+            return [f for f in self._items.values() if f.call == call]
 
     @staticmethod
     def resolve(fut: _Future, body: bytes, content_type: str = "application/json") -> None:
@@ -925,6 +931,7 @@ class LocalServer:
         if fut is None:
             raise ApiError(404, f"retrieve_future: no request {req.request_id!r} on this server (was it restarted?)",
                            "request_id")
+        fut.polls += 1
         if not fut.done.wait(LONG_POLL_S):
             return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
         return 200, fut.body, fut.content_type
