@@ -450,3 +450,30 @@ def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monk
     finally:
         close_clients(served.url)  # this server stops with the module: end the session kept for it first
     assert len(df) == 2 and df["error"].isna().all()
+
+
+def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
+    """evaluate on a `machine-nb serve` URL (engine="tinker"): kill the server while it samples.
+    The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s."""
+    from machine_nb.evaluate import evaluate
+
+    s = start_server(tmp_path, "--verbose", name="doomed-eval")
+    monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
+    monkeypatch.setenv("TINKER_BASE_URL", s.url)
+    rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
+            for a in range(10, 40) for b in range(10, 20)]  # 300 rows: sampling takes a while
+    killed_at: list[float] = []
+
+    def kill_while_sampling():
+        while s.output().count("POST /api/v1/asample") < 3:
+            time.sleep(0.05)
+        os.killpg(s.proc.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_while_sampling, daemon=True)
+    killer.start()
+    with pytest.raises(EngineError, match="stopped answering"):
+        evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, show_progress=False, max_tokens=64)
+    assert killed_at and time.monotonic() - killed_at[0] < 30
+    s.proc.wait()
+    s.log.close()
