@@ -264,6 +264,8 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(se
     assert status == 404 and "no_such_call" in body["detail"]
     status, body = _post(url, "/api/v1/create_session", b"x" * 10, length=10**9)
     assert status == 413 and "at most" in body["detail"]
+    status, body = _call("GET", url, "/api/v1/training_runs?limit=ten")
+    assert status == 400 and body["field"] == "limit" and "'ten'" in body["detail"]
     # through the SDK: token ids outside the vocabulary and a context too long, raised at once
     tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
     bad = types.Datum(model_input=types.ModelInput.from_ints([1, 99999]),

@@ -1005,8 +1005,7 @@ class LocalServer:
     def list_training_runs(self, q: dict, body: Any) -> dict:
         root = self.data_dir / "runs"
         ids = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        limit = int((q.get("limit") or ["20"])[0])
-        offset = int((q.get("offset") or ["0"])[0])
+        limit, offset = _count(q, "limit", 20), _count(q, "offset", 0)
         page = ids[offset:offset + limit]
         return {"training_runs": [self.get_training_run(i) for i in page],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
@@ -1049,6 +1048,18 @@ class LocalServer:
                                          "checkpoint_id", delete=True)
         shutil.rmtree(directory)
         return {}
+
+
+def _count(query: dict, name: str, default: int) -> int:
+    """A whole number >= 0 from the query string; a 400 naming it otherwise."""
+    raw = (query.get(name) or [str(default)])[0]
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ApiError(400, f"{name} must be a whole number >= 0, got {raw!r}", name)
+    return value
 
 
 def _empty_sample() -> Any:
