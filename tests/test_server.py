@@ -477,5 +477,8 @@ def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_pa
     with pytest.raises(EngineError, match="stopped answering"):
         evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, show_progress=False, max_tokens=64)
     assert killed_at and time.monotonic() - killed_at[0] < 30
+    from machine_nb import engines
+
+    assert not [k for k in engines._CLIENTS if k[1] == s.url]  # no SDK client kept heartbeating at a dead server
     s.proc.wait()
     s.log.close()
