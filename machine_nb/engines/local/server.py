@@ -9,7 +9,8 @@ one per sampler); checkpoints live under the data dir (checkpoints.py).
 
 Things a Tinker client relies on, and how they are met here:
 - futures are polled with `retrieve_future` and the SDK re-polls at once, so a poll that is not
-  ready is held open (long-poll) for up to `LONG_POLL_S` seconds before a "try_again";
+  ready is held open (long-poll) for up to `LONG_POLL_S` seconds before a "try_again" (an HTTP 408
+  with the try_again body, which the SDK retries silently);
 - the SDK retries 5xx answers and dropped connections for about five minutes, so every error
   this server means (bad input, unknown model, a request it does not support) is a 4xx with a
   JSON body naming the call and field, or a failed future (`{"error", "category"}`), both of
@@ -933,7 +934,10 @@ class LocalServer:
                            "request_id")
         fut.polls += 1
         if not fut.done.wait(LONG_POLL_S):
-            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+            # 408 with the try_again body, as Tinker answers it: the SDK polls again without a word
+            # (a 200 try_again makes it log a "Retrying request …" warning each time)
+            again = {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+            return 408, json.dumps(again).encode("utf-8"), "application/json"
         return 200, fut.body, fut.content_type
 
     # -- REST lookups
