@@ -380,7 +380,7 @@ def test_a_poll_that_is_not_ready_is_held_open(monkeypatch, caplog):
         def polls_while_held(until_polls: int) -> tuple[int, int]:
             """(polls while the sample was held back, polls in all) for one sample request."""
             gate = threading.Event()
-            worker.pool.submit(gate.wait)  # the sampler's one worker is busy until the gate opens
+            worker.worker.submit(gate.wait)  # the sampler's one worker is busy until the gate opens
             pending = sampler.sample(prompt(renderer), 1, params)
             for _ in range(3000):  # the SDK's first poll (and, without a hold, more) arrives
                 futs = [f for f in srv.futures.of_call("asample") if not f.done.is_set()]

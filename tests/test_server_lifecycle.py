@@ -83,6 +83,29 @@ def test_a_script_on_the_local_engine_exits_promptly_with_its_sessions_finished(
     assert time.monotonic() - start < 180  # (the bound is the requirement: "exits promptly", not a benchmark)
 
 
+def test_work_still_going_in_another_thread_at_exit_finishes(tmp_path):
+    """The main thread ends while a (non-daemon) thread still evaluates: Python waits for that
+    thread, and the local server keeps serving it until it is done."""
+    body = ROWS + textwrap.dedent("""
+        import threading
+        import machine_nb as mnb
+
+        mnb.evaluate(ROWS, save=False, show_progress=False)  # the server is up, the imports done
+        many = ROWS * 40
+
+        def work():
+            for _ in range(3):
+                assert len(mnb.evaluate(many, save=False, show_progress=False)) == len(many)
+            print("thread done", flush=True)
+
+        threading.Thread(target=work).start()
+        print("main done", flush=True)
+    """)
+    done = run_script(tmp_path, body, timeout=180)
+    assert_quiet(done)
+    assert "main done" in done.stdout and "thread done" in done.stdout
+
+
 def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
     """A stopped local server and a killed `machine-nb serve` (engine="tinker"): machine_nb keeps no
     SDK client for either, so no heartbeat keeps failing and nothing is printed; the next call on

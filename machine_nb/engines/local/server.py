@@ -22,6 +22,7 @@ with `key=` (required to bind anything but loopback).
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook now, so ours runs before it (_at_exit)
 import hmac
 import http.server
 import ipaddress
@@ -34,7 +35,6 @@ import socketserver
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +56,9 @@ FUTURE_TTL_S = 600.0
 #: Seconds after a session's last heartbeat (the SDK sends one every 10 s) before its training
 #: runs and samplers are let go: a long notebook session would otherwise keep every model it trained.
 SESSION_TTL_S = 300.0
+#: Requests a client sends while idle (not work: `busy()` leaves them out).
+_HOUSEKEEPING = frozenset({"/api/v1/healthz", "/api/v1/session_heartbeat", "/api/v1/telemetry",
+                           "/api/v1/client/dynamic_config"})
 #: Samplers kept at most, the least recently used let go first (each holds a copy of its model),
 #: and the seconds an unused one is kept.
 MAX_SAMPLERS = 64
@@ -247,6 +250,36 @@ class _Run:
             self._cond.notify_all()
 
 
+class _Worker:
+    """One daemon thread running the jobs given to it in order. Not a ThreadPoolExecutor: those
+    refuse new work once the interpreter begins to exit, while a thread of the user's may still be
+    sampling (Python joins it only afterwards)."""
+
+    def __init__(self, name: str, threads: int | None):
+        import queue
+
+        self._jobs: "queue.SimpleQueue[tuple[Callable, tuple] | None]" = queue.SimpleQueue()
+        self._closed = False
+        self.submit(_configure, threads)
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self._jobs.put((fn, args))
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None or self._closed:
+                return
+            fn, args = job
+            fn(*args)
+
+    def shutdown(self) -> None:
+        """End the thread after the job in progress; jobs still queued are dropped."""
+        self._closed = True
+        self._jobs.put(None)
+
+
 class _Sampler:
     """A sampling session: fixed weights and one worker that runs its requests in arrival order."""
 
@@ -256,13 +289,12 @@ class _Sampler:
         self.session_id = session_id
         self.last_used = time.monotonic()
         self.base_model = sampler.base_model
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"local-sampler-{sampler_id[-6:]}")
-        self.pool.submit(_configure, server.threads)
+        self.worker = _Worker(f"local-sampler-{sampler_id[-6:]}", server.threads)
 
     def submit(self, call: str, fn: Callable) -> _Future:
         self.last_used = time.monotonic()
         fut = self.server.futures.new(call)
-        self.pool.submit(_run_job, fut, fn)
+        self.worker.submit(_run_job, fut, fn)
         return fut
 
 
@@ -350,6 +382,7 @@ class LocalServer:
         self._thread: threading.Thread | None = None
         self._serving = self._stopped = False
         self._on_stop: list[Callable[[], None]] = []
+        self._in_flight = 0
         self.port = self._httpd.server_address[1]
         self._routes = self._route_table()
 
@@ -380,14 +413,15 @@ class LocalServer:
         with self._lock:
             self._on_stop.append(callback)
 
-    def stop(self) -> None:
-        """Finish what `on_stop` asked for, stop accepting requests, close the connections still
-        open, and end the workers (finished checkpoints stay on disk). A second call does nothing."""
+    def stop(self, *, notify: bool = True) -> None:
+        """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, close the
+        connections still open, and end the workers (finished checkpoints stay on disk). A second
+        call does nothing."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
-            callbacks, self._on_stop = self._on_stop, []
+            callbacks, self._on_stop = (self._on_stop if notify else []), []
         for callback in callbacks:
             try:
                 callback()
@@ -405,7 +439,7 @@ class LocalServer:
         for run in runs:
             run.close()
         for s in samplers:
-            s.pool.shutdown(wait=False, cancel_futures=True)
+            s.worker.shutdown()
         if self._thread is not None:
             self._thread.join(5)
 
@@ -438,6 +472,22 @@ class LocalServer:
         return r
 
     def dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
+        if path in _HOUSEKEEPING:
+            return self._dispatch(method, path, query, body, raw, headers)
+        with self._lock:
+            self._in_flight += 1
+        try:
+            return self._dispatch(method, path, query, body, raw, headers)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def busy(self) -> bool:
+        """Whether a request is in progress here (heartbeats, telemetry and health checks aside)."""
+        with self._lock:
+            return self._in_flight > 0
+
+    def _dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
         if self.key is not None and path != "/api/v1/healthz":
             sent = headers.get("X-API-Key", "")
             if not hmac.compare_digest(sent.encode("utf-8", "replace"), self.key.encode("utf-8")):
@@ -543,7 +593,7 @@ class LocalServer:
         for run in runs:
             run.close()
         for sampler in samplers:
-            sampler.pool.shutdown(wait=False, cancel_futures=True)
+            sampler.worker.shutdown()
 
     def _session(self, sid: str, call: str) -> _Session:
         session = self.sessions.get(sid)
@@ -1219,8 +1269,28 @@ def ensure_server() -> LocalServer:
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
             _DEFAULT = LocalServer().start()
-            _at_exit(_stop_default)
+            _at_exit(_stop_default_at_exit)
         return _DEFAULT
+
+
+def _stop_default_at_exit() -> None:
+    """Stop the process's server as the interpreter exits, unless work may still come to it: a
+    request in progress, or a thread of the user's still running (Python joins non-daemon threads
+    only after this runs). Then it stops after they are done, from `atexit`, without finishing the
+    SDK sessions on it: that needs executors, shut by then, and the process ends at once anyway,
+    its clients' heartbeats with it (they warn only after two minutes of failures)."""
+    server = _DEFAULT
+    if server is None:
+        return
+    pool_threads = getattr(concurrent.futures.thread, "_threads_queues", {})  # executors' own workers
+    running = [t for t in threading.enumerate() if t.is_alive() and not t.daemon
+               and t is not threading.current_thread() and t not in pool_threads]
+    if running or server.busy():
+        import atexit
+
+        atexit.register(_stop_default, notify=False)
+        return
+    _stop_default()
 
 
 def _at_exit(fn: Callable[[], None]) -> None:
@@ -1240,13 +1310,13 @@ def _at_exit(fn: Callable[[], None]) -> None:
         atexit.register(fn)
 
 
-def _stop_default() -> None:
+def _stop_default(notify: bool = True) -> None:
     global _DEFAULT
     with _DEFAULT_LOCK:
         server, _DEFAULT = _DEFAULT, None
     if server is not None:
         try:
-            server.stop()
+            server.stop(notify=notify)
         except Exception:  # interpreter shutdown: nothing left to report to
             pass
 
