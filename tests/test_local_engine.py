@@ -5,6 +5,7 @@ honoured, clear errors. The server runs in this process, so tests can look at it
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
 import threading
@@ -330,5 +331,101 @@ def test_a_session_that_stopped_its_heartbeats_is_let_go(monkeypatch):
         srv._reap()
         assert tc.model_id not in srv.runs and not srv.samplers
         assert (ck.checkpoint_dir(srv.data_dir, path) / "checkpoint.json").is_file()
+        sc.close("success").result(timeout=60)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.filterwarnings("ignore:.*load_state.*is deprecated:FutureWarning")  # the SDK's; the server serves it
+def test_load_state_into_an_existing_training_client(sc, batch):
+    """TrainingClient.load_state / load_state_with_optimizer on a client that has trained already:
+    its weights (and with the optimizer, Adam's moments) become the checkpoint's."""
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3).result()
+    train_steps(tc, batch, 3)
+    path = tc.save_state("three").result().path
+    original = train_steps(tc, batch, 2)
+
+    other = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
+    train_steps(other, batch, 1)  # weights and optimizer state of its own, to be replaced
+    other.load_state_with_optimizer(path).result()
+    assert train_steps(other, batch, 2) == original
+
+    weights_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
+    train_steps(weights_only, batch, 1)
+    weights_only.load_state(path).result()
+    fresh = train_steps(weights_only, batch, 2)
+    assert fresh[0] == original[0]  # the same weights give the same loss …
+    assert fresh[1] != original[1]  # … and a fresh optimizer takes another step
+
+    wrong_rank = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
+    with pytest.raises(tinker.RequestFailedError, match="rank 4"):
+        wrong_rank.load_state(path).result()
+
+
+def test_a_poll_that_is_not_ready_is_held_open(monkeypatch, caplog):
+    """retrieve_future long-polls: while a sample waits behind a busy sampler, the SDK's one poll
+    is held open and answered when the result is ready; without the hold (LONG_POLL_S = 0) the SDK
+    polls again at once, over and over. Counted by the server, per request. A poll that ends not
+    ready is answered the way the SDK retries silently (no "Retrying request …" warning per poll)."""
+    from machine_nb.engines.local import server as server_mod
+
+    renderer = get_renderer(DEFAULT_MODEL)
+    srv = server_mod.LocalServer().start()
+    client = tinker.ServiceClient(base_url=srv.url, api_key="tml-test-placeholder-key")
+    try:
+        sampler = client.create_sampling_client(base_model=DEFAULT_MODEL).result()
+        (worker,) = srv.samplers.values()
+        params = tinker.SamplingParams(max_tokens=4, temperature=0.0)
+
+        def polls_while_held(until_polls: int) -> tuple[int, int]:
+            """(polls while the sample was held back, polls in all) for one sample request."""
+            gate = threading.Event()
+            worker.worker.submit(gate.wait)  # the sampler's one worker is busy until the gate opens
+            pending = sampler.sample(prompt(renderer), 1, params)
+            for _ in range(3000):  # the SDK's first poll (and, without a hold, more) arrives
+                futs = [f for f in srv.futures.of_call("asample") if not f.done.is_set()]
+                if futs and futs[0].polls >= until_polls:
+                    break
+                gate.wait(0.01)
+            (fut,) = futs
+            gate.wait(1.0)  # a second of waiting: a client that polls at once polls many times in it
+            held = fut.polls
+            gate.set()
+            assert pending.result().sequences
+            return held, fut.polls
+
+        held, total = polls_while_held(until_polls=1)
+        assert held == 1 and total == 1
+        monkeypatch.setattr(server_mod, "LONG_POLL_S", 0.0)
+        held, total = polls_while_held(until_polls=5)
+        assert held >= 5 and total >= held
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("tinker")]
+    finally:
+        client.close("success").result(timeout=60)
+        srv.stop()
+
+
+def test_telemetry_is_accepted_and_dropped(tmp_path):
+    """The SDK's telemetry gets {"status": "accepted"} (a 5xx would delay every SDK error) and is
+    neither written anywhere nor kept."""
+    import json
+    import urllib.request
+
+    from machine_nb.engines.local import server as server_mod
+
+    srv = server_mod.LocalServer(data_dir=tmp_path / "data").start()
+    try:
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        canary = "telemetry-canary-0123456789"
+        body = json.dumps({"events": [{"event": "GENERIC_EVENT", "event_name": canary}],
+                           "platform": "x", "sdk_version": "0", "session_id": "local-0"}).encode()
+        req = urllib.request.Request(srv.url + "/api/v1/telemetry", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200 and json.loads(r.read()) == {"status": "accepted"}
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+        assert not srv.futures.of_call("telemetry") and not srv.sessions
+        for p in tmp_path.rglob("*"):
+            assert not p.is_file() or canary.encode() not in p.read_bytes()
     finally:
         srv.stop()

@@ -71,7 +71,9 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sc(served):
-    return tinker.ServiceClient(base_url=served.url, api_key=CANARY_KEY)
+    client = tinker.ServiceClient(base_url=served.url, api_key=CANARY_KEY)
+    yield client
+    client.close("success").result(timeout=60)  # its session ends before the server does: no heartbeat left failing
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +264,8 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(se
     assert status == 404 and "no_such_call" in body["detail"]
     status, body = _post(url, "/api/v1/create_session", b"x" * 10, length=10**9)
     assert status == 413 and "at most" in body["detail"]
+    status, body = _call("GET", url, "/api/v1/training_runs?limit=ten")
+    assert status == 400 and body["field"] == "limit" and "'ten'" in body["detail"]
     # through the SDK: token ids outside the vocabulary and a context too long, raised at once
     tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
     bad = types.Datum(model_input=types.ModelInput.from_ints([1, 99999]),
@@ -301,6 +305,7 @@ def test_binding_beyond_loopback_needs_a_key(tmp_path):
                 base_model=DEFAULT_MODEL).result(timeout=60)
         ok = tinker.ServiceClient(base_url=url, api_key="tml-server-key-0000")
         assert ok.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60).get_base_model() == DEFAULT_MODEL
+        ok.close("success").result(timeout=60)
     finally:
         stop_server(s)
 
@@ -340,3 +345,140 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
     finally:
         stop_server(again)
     assert done.complete and done.steps == 60
+
+
+def _call(method: str, url: str, path: str, key: str | None = CANARY_KEY) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, method=method, headers={"X-API-Key": key} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _files(root) -> dict[str, tuple[int, int]]:
+    """Every file under `root`: (size, mtime in ns), to tell that nothing was written or removed."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            st = os.stat(os.path.join(dirpath, n))
+            out[os.path.relpath(os.path.join(dirpath, n), root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_no_request_deletes_or_reads_files_outside_the_data_dir(served, sc, tmp_path):
+    """Checkpoints written before the server (`local://<dir>`, sent as `tinker://local-file.<base64>`)
+    still load, read-only: deleting one is refused and its files stay. A path that names a folder
+    machine_nb did not write as a checkpoint is refused with a 4xx naming the request field, and a
+    run folder linked out of the data dir is never deleted through."""
+    import shutil
+
+    from machine_nb.engines.local import checkpoints as ck
+
+    tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
+    path = tc.save_weights_for_sampler("kept").result().path
+    legacy_dir = tmp_path / "old-run" / "sampler_weights" / "final"
+    shutil.copytree(ck.checkpoint_dir(served.data_dir, path), legacy_dir)
+    legacy = ck.to_tinker_path(f"local://{legacy_dir}")
+    before = _files(tmp_path / "old-run")
+    assert sc.create_sampling_client(model_path=legacy).result().get_base_model() == DEFAULT_MODEL
+    rest = tinker.RestClient(base_url=served.url, api_key=CANARY_KEY)
+    with pytest.raises(tinker.PermissionDeniedError, match="outside this server's data dir"):
+        rest.delete_checkpoint_from_tinker_path(legacy).result(timeout=60)
+    legacy_run = legacy.split("/")[2]
+    status, body = _call("DELETE", served.url, f"/api/v1/training_runs/{legacy_run}/checkpoints/sampler_weights/final")
+    assert status == 403 and "delete" in body["detail"]
+    assert _files(tmp_path / "old-run") == before
+
+    # a run folder in the data dir that is a link to somewhere else: nothing there is deleted
+    run_id = path.split("/")[2]
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(served.data_dir / "runs" / run_id, outside)
+    linked = f"local-{'ab' * 8}:train:0"
+    (served.data_dir / "runs" / linked).symlink_to(outside, target_is_directory=True)
+    kept = _files(outside)
+    status, body = _call("DELETE", served.url, f"/api/v1/training_runs/{linked}/checkpoints/sampler_weights/kept")
+    assert status == 403 and _files(outside) == kept
+    (served.data_dir / "runs" / linked).unlink()
+
+    # a folder that is not a checkpoint machine_nb wrote: refused, naming the field, its files unread
+    fake = tmp_path / "notes" / "sampler_weights" / "x"
+    fake.mkdir(parents=True)
+    (fake / "checkpoint.json").write_text(json.dumps({"base_model": DEFAULT_MODEL, "lora_rank": 0}))
+    (fake / "model.safetensors").write_bytes(b"not weights")
+    (fake.parent.parent / "run.json").write_text(json.dumps({"base_model": "from-run-json", "lora_rank": 1}))
+    fake_path = ck.to_tinker_path(f"local://{fake}")
+    sid = _session(served.url)
+    for call, field_name, body in [
+            ("create_sampling_session", "model_path",
+             {"session_id": sid, "sampling_session_seq_id": 0, "model_path": fake_path}),
+            ("weights_info", "tinker_path", {"tinker_path": fake_path}),
+            ("load_weights", "path", {"session_id": sid, "model_seq_id": 7, "path": fake_path, "optimizer": False})]:
+        status, answer = _post(served.url, f"/api/v1/{call}", json.dumps(body).encode())
+        assert status == 400 and answer["field"] == field_name, (call, answer)
+        assert "not a checkpoint machine_nb wrote" in answer["detail"], (call, answer)
+    status, answer = _call("GET", served.url, f"/api/v1/training_runs/{fake_path.split('/')[2]}")
+    assert status == 404 and "from-run-json" not in json.dumps(answer)
+    status, answer = _call("DELETE", served.url, f"/api/v1/training_runs/{fake_path.split('/')[2]}/checkpoints/sampler_weights/x")
+    assert status == 403 and (fake / "model.safetensors").exists()
+
+    # and what the server wrote itself is still deleted on request
+    rest.delete_checkpoint_from_tinker_path(path).result(timeout=60)
+    assert not ck.checkpoint_dir(served.data_dir, path).exists()
+
+
+EVAL_ROWS = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
+             for a, b in [(12, 30), (45, 11)]]
+
+
+def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monkeypatch):
+    """A `tinker://local-…` checkpoint made by a separate `machine-nb serve` goes to this process's
+    own local server when no engine is given; that server does not have it, and the error says
+    what to do (engine='tinker' with TINKER_BASE_URL at that server), which then works."""
+    from machine_nb.engines import close_clients
+    from machine_nb.evaluate import evaluate
+
+    tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
+    path = tc.save_weights_for_sampler("elsewhere").result().path
+    for model in (None, DEFAULT_MODEL):  # the base model read from the checkpoint, or given
+        with pytest.raises(EngineError) as err:
+            evaluate(EVAL_ROWS, model=model, checkpoint=path, save=False, show_progress=False)
+        assert path in str(err.value) and "engine='tinker'" in str(err.value) and "TINKER_BASE_URL" in str(err.value)
+    monkeypatch.setenv("TINKER_BASE_URL", served.url)
+    monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
+    try:
+        df = evaluate(EVAL_ROWS, model=DEFAULT_MODEL, checkpoint=path, engine="tinker", save=False,
+                      show_progress=False)
+    finally:
+        close_clients(served.url)  # this server stops with the module: end the session kept for it first
+    assert len(df) == 2 and df["error"].isna().all()
+
+
+def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
+    """evaluate on a `machine-nb serve` URL (engine="tinker"): kill the server while it samples.
+    The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s."""
+    from machine_nb.evaluate import evaluate
+
+    s = start_server(tmp_path, "--verbose", name="doomed-eval")
+    monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
+    monkeypatch.setenv("TINKER_BASE_URL", s.url)
+    rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
+            for a in range(10, 40) for b in range(10, 20)]  # 300 rows: sampling takes a while
+    killed_at: list[float] = []
+
+    def kill_while_sampling():
+        while s.output().count("POST /api/v1/asample") < 3:
+            time.sleep(0.05)
+        os.killpg(s.proc.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_while_sampling, daemon=True)
+    killer.start()
+    with pytest.raises(EngineError, match="stopped answering"):
+        evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, show_progress=False, max_tokens=64)
+    assert killed_at and time.monotonic() - killed_at[0] < 30
+    from machine_nb import engines
+
+    assert not [k for k in engines._CLIENTS if k[1] == s.url]  # no SDK client kept heartbeating at a dead server
+    s.proc.wait()
+    s.log.close()

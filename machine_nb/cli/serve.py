@@ -19,7 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "offline: TINKER_BASE_URL=http://HOST:PORT TINKER_API_KEY=tml-local python my_script.py. "
             "Prints 'serving the Tinker API on http://HOST:PORT' when ready; Ctrl-C stops it. "
             "Writes: training runs and checkpoints under --data-dir (default $MACHINE_NB_DATA_DIR, else "
-            "~/.cache/machine_nb/tinker-server; 0700 folders, 0600 files). Cost: free, runs on this machine. "
+            "~/.cache/machine_nb/tinker-server; 0700 folders, 0600 files); nothing is written or deleted "
+            "anywhere else (checkpoints written before the server, local://…, are served read-only). "
+            "Cost: free, runs on this machine. "
             "Scripts that look up a local model's tokenizer or renderer through tinker-cookbook call "
             "machine_nb.use_local_models() first."))
     p.add_argument("--host", default="127.0.0.1",

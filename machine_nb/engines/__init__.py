@@ -12,9 +12,9 @@ anything else is Tinker's. Higher layers reach the engines only through this mod
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Iterator
+import threading
+from typing import Any
 
 from ..errors import EngineError
 
@@ -73,24 +73,9 @@ def base_url(engine: str, base_url: str | None = None) -> str:
     return tinker_base_url(base_url)
 
 
-@contextlib.contextmanager
-def sdk_key(engine: str) -> Iterator[None]:
-    """While code that builds its own `tinker.ServiceClient` (tinker-cookbook's loops) talks to the
-    local server: a placeholder TINKER_API_KEY when none is set, removed again afterwards (the SDK
-    refuses to start without a key). A key the user set is left as it is; the local server never
-    stores or logs it."""
-    if engine != "local" or os.environ.get("TINKER_API_KEY", "").strip():
-        yield
-        return
-    os.environ["TINKER_API_KEY"] = LOCAL_API_KEY
-    try:
-        yield
-    finally:
-        if os.environ.get("TINKER_API_KEY") == LOCAL_API_KEY:
-            del os.environ["TINKER_API_KEY"]
-
-
 _CLIENTS: dict[tuple, Any] = {}
+_WATCHED: set[str] = set()  # URLs of in-process servers told to close our clients when they stop
+_CLIENTS_LOCK = threading.Lock()
 
 
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
@@ -101,7 +86,10 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
     within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
     One client is kept per engine, URL and key (each keeps a session, its heartbeat and a few
-    threads for the life of the process), unless other SDK arguments (`kwargs`) are given.
+    threads for the life of the process), unless other SDK arguments (`kwargs`) are given. A kept
+    client is closed, its session finished, before an in-process server it talks to stops (at
+    exit, or when stopped), and dropped once its service is found gone (a failed check here, or a
+    `Watchdog` that saw it die), so no heartbeat of it keeps failing and warning.
     """
     import hashlib
 
@@ -111,19 +99,83 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
         kwargs.setdefault("api_key", LOCAL_API_KEY)
         url = local_base_url()
     elif engine == "tinker":
-        from .tinker import DEFAULT_TIMEOUT, check_tinker
+        from .tinker import DEFAULT_TIMEOUT, check_tinker, tinker_base_url
 
-        url = check_tinker(base_url, DEFAULT_TIMEOUT if timeout is None else timeout,
-                           api_key=kwargs.get("api_key"), models=models)
+        try:
+            url = check_tinker(base_url, DEFAULT_TIMEOUT if timeout is None else timeout,
+                               api_key=kwargs.get("api_key"), models=models)
+        except EngineError:
+            _drop_clients(tinker_base_url(base_url), finish=False)  # it does not answer: nothing to finish
+            raise
     else:
         raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
     key = kwargs.get("api_key") or os.environ.get("TINKER_API_KEY", "")
     cache_key = (engine, url, hashlib.sha256(key.encode()).hexdigest())
     if set(kwargs) - {"api_key"}:  # other settings: a client of its own
         return tinker.ServiceClient(base_url=url, **kwargs)
-    if cache_key not in _CLIENTS:
-        _CLIENTS[cache_key] = tinker.ServiceClient(base_url=url, **kwargs)
-    return _CLIENTS[cache_key]
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(cache_key)
+        if client is None:
+            client = _CLIENTS[cache_key] = tinker.ServiceClient(base_url=url, **kwargs)
+        watch = url not in _WATCHED
+        _WATCHED.add(url)
+    if watch:
+        from .local.server import running_at
+
+        server = running_at(url)
+        if server is not None:
+            server.on_stop(lambda: _drop_clients(url, finish=True))
+    return client
+
+
+def close_clients(base_url: str | None = None) -> None:
+    """Close the SDK clients `service_client` keeps, finishing their sessions on the server.
+
+    Call it before stopping a `machine-nb serve` server this process used with engine="tinker":
+    a kept client's heartbeat would otherwise go on failing against it, and after two minutes
+    the SDK warns that "Tinker is down". (Clients of the process's own local server are closed
+    when it stops, by itself.)
+
+    Args:
+        base_url: the service URL whose clients to close; default None closes every kept client.
+    """
+    with _CLIENTS_LOCK:
+        urls = {k[1] for k in _CLIENTS} if base_url is None else {str(base_url).rstrip("/")}
+    for url in urls:
+        _drop_clients(url, finish=True)
+
+
+def _drop_clients(url: str, *, finish: bool) -> None:
+    """Close and forget the clients kept for `url`: with `finish`, their sessions are finished on
+    the server first (it still answers); without, only their heartbeats and connections stop."""
+    with _CLIENTS_LOCK:
+        clients = [_CLIENTS.pop(k) for k in [k for k in _CLIENTS if k[1] == url]]
+        _WATCHED.discard(url)
+    for client in clients:
+        _close(client, finish=finish)
+
+
+def _close(client: Any, *, finish: bool) -> None:
+    if finish:
+        try:
+            client.close("success").result(timeout=10)
+            return
+        except Exception:  # the server went away meanwhile: stop the client below without it
+            pass
+    # A finish request to a server that is gone would be retried for ~5 minutes, heartbeats going
+    # on meanwhile; so the client's holders (tinker's `_session_holder` / `_rest_holder`) are closed
+    # directly: that stops the heartbeat and closes the connections, and sends nothing.
+    lock = getattr(client, "_lifecycle_lock", None)
+    if lock is not None:
+        with lock:
+            client._closed = True
+    for name in ("_session_holder", "_rest_holder"):
+        holder = getattr(client, name, None)
+        if holder is not None:
+            try:
+                holder.close()
+            except Exception:  # already closed, or the SDK's loop has ended at exit
+                pass
 
 
 def to_sdk_path(path: str) -> str:
@@ -134,10 +186,15 @@ def to_sdk_path(path: str) -> str:
 
 
 def checkpoint_base_model(path: str) -> str | None:
-    """The base model a local checkpoint was trained from (None for Tinker checkpoints: ask Tinker)."""
+    """The base model a local checkpoint was trained from (None for Tinker checkpoints: ask Tinker).
+
+    A `tinker://local-…` path is looked up in this process's local server's data dir; one that
+    is not there (made by a separate `machine-nb serve`) raises EngineError saying to point
+    engine="tinker" at the server that made it.
+    """
     if engine_for(path) != "local":
         return None
-    from .local.checkpoints import checkpoint_dir, default_data_dir
+    from .local.checkpoints import LEGACY_SCHEME, checkpoint_dir, default_data_dir
     from .local.compute import read_meta
 
     try:
@@ -146,7 +203,14 @@ def checkpoint_base_model(path: str) -> str | None:
         data_dir = _DEFAULT.data_dir if _DEFAULT is not None else default_data_dir()
     except ImportError:
         data_dir = default_data_dir()
-    return read_meta(checkpoint_dir(data_dir, path))["base_model"]
+    directory = checkpoint_dir(data_dir, path)
+    if not (directory / "checkpoint.json").is_file() and not str(path).startswith(LEGACY_SCHEME):
+        raise EngineError(
+            f"{path} is not a checkpoint of this process's local engine (its data dir {data_dir} does not hold "
+            "it). A checkpoint made by a separate `machine-nb serve` is served by that server: pass "
+            "engine='tinker' with TINKER_BASE_URL set to its URL and TINKER_API_KEY to a placeholder 'tml-…' "
+            "key (and model= the model it was trained from, e.g. 'local/arith-tiny').")
+    return read_meta(directory)["base_model"]
 
 
 def sdk_errors() -> tuple[type[BaseException], ...]:

@@ -163,6 +163,10 @@ class Watchdog:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self.failed:  # the work has stopped: the SDK clients kept for the dead service go too
+            from . import _drop_clients
+
+            _drop_clients(self.url, finish=False)
 
     def _run(self) -> None:
         last_ok = time.monotonic()

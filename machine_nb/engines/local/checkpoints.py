@@ -12,12 +12,15 @@ The `tinker://local-` prefix is how a checkpoint string says which engine serves
 (`engines.engine_for`). Checkpoints the in-process engine wrote before the server existed are
 `local://<abs log dir>/{weights,sampler_weights}/<name>`; they keep loading through the path
 `tinker://local-file.<base64url of the log dir>/<kind>/<name>` (`to_tinker_path` makes it).
+Such a path can name any folder, so the server reads one only when it holds a checkpoint this
+toolkit wrote (`not_a_checkpoint`), and never deletes or writes outside its data dir (`is_inside`).
 Directories are 0700 and files 0600: runs hold what was trained on.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 from pathlib import Path
@@ -29,6 +32,8 @@ LEGACY_SCHEME = "local://"
 RUN_PREFIX = "local-"
 _FILE_RUN_PREFIX = "local-file."
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
+#: What every checkpoint.json this toolkit writes says it is (the in-process engine's before the server too).
+FORMAT = "machine-nb-local/1"
 _RUN_ID = re.compile(r"^local-[0-9a-f]{8,64}:train:\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -96,9 +101,47 @@ def parse(path: str) -> tuple[str, str, str]:
     return run_id, kind, name
 
 
+def is_legacy_run(run_id: str) -> bool:
+    """Whether a run id names a folder outside the data dir (`local-file.…`: a `local://` checkpoint's)."""
+    return run_id.startswith(_FILE_RUN_PREFIX)
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    """Whether `path`, links resolved, lies under `root` (the only place the server deletes or writes)."""
+    try:
+        return Path(path).resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
+
+
+def not_a_checkpoint(directory: Path) -> str | None:
+    """None when `directory` holds a checkpoint this toolkit wrote, else what is missing from it.
+
+    Such a checkpoint has a `checkpoint.json` saying `"format": FORMAT` with its base model and
+    LoRA rank, and its weights file beside it (`adapter.safetensors`, or `model.safetensors` at rank 0).
+    Whether the weights themselves are readable is checked when they are loaded.
+    """
+    meta_path = Path(directory) / "checkpoint.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"it has no {meta_path.name}"
+    except (OSError, ValueError, RecursionError):
+        return f"its {meta_path.name} is not readable JSON"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"its {meta_path.name} does not say \"format\": \"{FORMAT}\""
+    rank = meta.get("lora_rank")
+    if not isinstance(meta.get("base_model"), str) or not isinstance(rank, int) or rank < 0:
+        return f"its {meta_path.name} does not name a base model and a LoRA rank"
+    weights = Path(directory) / ("adapter.safetensors" if rank > 0 else "model.safetensors")
+    if not weights.is_file():
+        return f"it has no {weights.name}"
+    return None
+
+
 def run_dir(data_dir: Path, run_id: str) -> Path:
     """The directory of a run: `<data dir>/runs/<run id>`, or a legacy log dir (`local-file.…`)."""
-    if run_id.startswith(_FILE_RUN_PREFIX):
+    if is_legacy_run(run_id):
         token = run_id[len(_FILE_RUN_PREFIX):]
         try:
             decoded = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8")

@@ -23,8 +23,8 @@ import torch
 
 from ...errors import EngineError, MachineFormatError
 from . import lora as _lora
+from .checkpoints import FORMAT
 
-FORMAT = "machine-nb-local/1"
 #: torch threads when MACHINE_NB_THREADS is unset: 1, because 2 threads next to any other busy
 #: process slowed a step ~5x here and 1 vs 2 threads change results from the 4th decimal.
 DEFAULT_THREADS = 1

@@ -9,7 +9,8 @@ one per sampler); checkpoints live under the data dir (checkpoints.py).
 
 Things a Tinker client relies on, and how they are met here:
 - futures are polled with `retrieve_future` and the SDK re-polls at once, so a poll that is not
-  ready is held open (long-poll) for up to `LONG_POLL_S` seconds before a "try_again";
+  ready is held open (long-poll) for up to `LONG_POLL_S` seconds before a "try_again" (an HTTP 408
+  with the try_again body, which the SDK retries silently);
 - the SDK retries 5xx answers and dropped connections for about five minutes, so every error
   this server means (bad input, unknown model, a request it does not support) is a 4xx with a
   JSON body naming the call and field, or a failed future (`{"error", "category"}`), both of
@@ -21,6 +22,7 @@ with `key=` (required to bind anything but loopback).
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook now, so ours runs before it (_at_exit)
 import hmac
 import http.server
 import ipaddress
@@ -33,7 +35,6 @@ import socketserver
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +56,9 @@ FUTURE_TTL_S = 600.0
 #: Seconds after a session's last heartbeat (the SDK sends one every 10 s) before its training
 #: runs and samplers are let go: a long notebook session would otherwise keep every model it trained.
 SESSION_TTL_S = 300.0
+#: Requests a client sends while idle (not work: `busy()` leaves them out).
+_HOUSEKEEPING = frozenset({"/api/v1/healthz", "/api/v1/session_heartbeat", "/api/v1/telemetry",
+                           "/api/v1/client/dynamic_config"})
 #: Samplers kept at most, the least recently used let go first (each holds a copy of its model),
 #: and the seconds an unused one is kept.
 MAX_SAMPLERS = 64
@@ -90,6 +94,7 @@ class _Future:
     content_type: str = "application/json"
     body: bytes = b""
     finished_at: float | None = None
+    polls: int = 0  # retrieve_future requests for it (long-polling keeps this near 1 per LONG_POLL_S waited)
 
 
 class _Futures:
@@ -115,6 +120,11 @@ class _Futures:
     def get(self, request_id: str) -> _Future | None:
         with self._lock:
             return self._items.get(request_id)
+
+    def of_call(self, call: str) -> list[_Future]:
+        """The futures of one kind of call still kept (e.g. "asample"), oldest first."""
+        with self._lock:
+            return [f for f in self._items.values() if f.call == call]
 
     @staticmethod
     def resolve(fut: _Future, body: bytes, content_type: str = "application/json") -> None:
@@ -240,6 +250,36 @@ class _Run:
             self._cond.notify_all()
 
 
+class _Worker:
+    """One daemon thread running the jobs given to it in order. Not a ThreadPoolExecutor: those
+    refuse new work once the interpreter begins to exit, while a thread of the user's may still be
+    sampling (Python joins it only afterwards)."""
+
+    def __init__(self, name: str, threads: int | None):
+        import queue
+
+        self._jobs: "queue.SimpleQueue[tuple[Callable, tuple] | None]" = queue.SimpleQueue()
+        self._closed = False
+        self.submit(_configure, threads)
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self._jobs.put((fn, args))
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None or self._closed:
+                return
+            fn, args = job
+            fn(*args)
+
+    def shutdown(self) -> None:
+        """End the thread after the job in progress; jobs still queued are dropped."""
+        self._closed = True
+        self._jobs.put(None)
+
+
 class _Sampler:
     """A sampling session: fixed weights and one worker that runs its requests in arrival order."""
 
@@ -249,13 +289,12 @@ class _Sampler:
         self.session_id = session_id
         self.last_used = time.monotonic()
         self.base_model = sampler.base_model
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"local-sampler-{sampler_id[-6:]}")
-        self.pool.submit(_configure, server.threads)
+        self.worker = _Worker(f"local-sampler-{sampler_id[-6:]}", server.threads)
 
     def submit(self, call: str, fn: Callable) -> _Future:
         self.last_used = time.monotonic()
         fut = self.server.futures.new(call)
-        self.pool.submit(_run_job, fut, fn)
+        self.worker.submit(_run_job, fut, fn)
         return fut
 
 
@@ -341,6 +380,9 @@ class LocalServer:
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.app = self
         self._thread: threading.Thread | None = None
+        self._serving = self._stopped = False
+        self._on_stop: list[Callable[[], None]] = []
+        self._in_flight = 0
         self.port = self._httpd.server_address[1]
         self._routes = self._route_table()
 
@@ -352,24 +394,52 @@ class LocalServer:
     # -- lifecycle
     def start(self) -> "LocalServer":
         """Serve in a daemon thread; returns once the socket accepts connections."""
+        self._serving = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="machine-nb-tinker-server", daemon=True)
         self._thread.start()
+        with _RUNNING_LOCK:
+            _RUNNING[self.url] = self
         return self
 
     def serve_forever(self) -> None:
+        self._serving = True
         self._httpd.serve_forever(poll_interval=0.2)
 
-    def stop(self) -> None:
-        """Stop accepting requests and end the workers (finished checkpoints stay on disk)."""
-        self._httpd.shutdown()
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` when `stop()` begins, while this server still answers: a client of it
+        finishes its SDK sessions there (`engines.service_client` does so for the clients it keeps),
+        so no heartbeat of theirs is left failing against a server that is gone."""
+        with self._lock:
+            self._on_stop.append(callback)
+
+    def stop(self, *, notify: bool = True) -> None:
+        """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, close the
+        connections still open, and end the workers (finished checkpoints stay on disk). A second
+        call does nothing."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            callbacks, self._on_stop = (self._on_stop if notify else []), []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a client that cannot finish must not keep the server up
+                logger.debug("local server: a stop callback failed", exc_info=True)
+        with _RUNNING_LOCK:
+            if _RUNNING.get(self.url) is self:
+                del _RUNNING[self.url]
+        if self._serving:
+            self._httpd.shutdown()
         self._httpd.server_close()
+        self._httpd.close_connections()  # a keep-alive connection would otherwise go on being served
         with self._lock:
             runs, samplers = list(self.runs.values()), list(self.samplers.values())
         for run in runs:
             run.close()
         for s in samplers:
-            s.pool.shutdown(wait=False, cancel_futures=True)
+            s.worker.shutdown()
         if self._thread is not None:
             self._thread.join(5)
 
@@ -402,6 +472,22 @@ class LocalServer:
         return r
 
     def dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
+        if path in _HOUSEKEEPING:
+            return self._dispatch(method, path, query, body, raw, headers)
+        with self._lock:
+            self._in_flight += 1
+        try:
+            return self._dispatch(method, path, query, body, raw, headers)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def busy(self) -> bool:
+        """Whether a request is in progress here (heartbeats, telemetry and health checks aside)."""
+        with self._lock:
+            return self._in_flight > 0
+
+    def _dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
         if self.key is not None and path != "/api/v1/healthz":
             sent = headers.get("X-API-Key", "")
             if not hmac.compare_digest(sent.encode("utf-8", "replace"), self.key.encode("utf-8")):
@@ -507,7 +593,7 @@ class LocalServer:
         for run in runs:
             run.close()
         for sampler in samplers:
-            sampler.pool.shutdown(wait=False, cancel_futures=True)
+            sampler.worker.shutdown()
 
     def _session(self, sid: str, call: str) -> _Session:
         session = self.sessions.get(sid)
@@ -538,12 +624,18 @@ class LocalServer:
             self.runs[model_id] = run
         return run
 
+    def _writable(self, path: Path) -> Path:
+        """`path`, when it lies under the data dir (links resolved): the server writes nowhere else."""
+        if not ck.is_inside(path, self.data_dir):
+            raise EngineError(f"{path} is outside this server's data dir {self.data_dir} (a link?); not written")
+        return path
+
     def _write_run_record(self, run: _Run) -> None:
         t = run.trainer
         record = {"training_run_id": run.model_id, "base_model": run.base_model, "lora_rank": t.rank,
                   "lora_alpha": t.alpha, "targets": t.targets, "seed": t.seed, "user_metadata": run.user_metadata,
                   "created": run.created}
-        directory = ck.ensure_private_dir(ck.run_dir(self.data_dir, run.model_id))
+        directory = ck.ensure_private_dir(self._writable(ck.run_dir(self.data_dir, run.model_id)))
         path = directory / "run.json"
         tmp = directory / f".run.json.tmp-{secrets.token_hex(3)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -678,7 +770,7 @@ class LocalServer:
 
     def _save(self, run: _Run, kind: str, name: str, user_metadata: dict | None, overwrite: bool = True) -> str:
         sub = "weights" if kind == "state" else "sampler_weights"
-        final = ck.run_dir(self.data_dir, run.model_id) / sub / ck.check_name(name)
+        final = self._writable(ck.run_dir(self.data_dir, run.model_id) / sub / ck.check_name(name))
         if final.exists() and not overwrite:
             raise EngineError(f"checkpoint {name!r} exists already (pass overwrite=True to replace it)")
         meta = run.trainer.meta(kind, name, run.model_id, {**run.user_metadata, **(user_metadata or {})})
@@ -721,13 +813,33 @@ class LocalServer:
         fut = run.submit(req.seq_id, "save_weights_for_sampler", work)
         return {"request_id": fut.request_id, "model_id": run.model_id}
 
-    def _checkpoint_dir(self, path: str, call: str, field_name: str = "path") -> Path:
+    def _checkpoint_dir(self, path: str, call: str, field_name: str = "path", *, delete: bool = False) -> Path:
+        """The folder of the checkpoint a request names in `field_name`, or the 4xx that says why not.
+
+        A legacy path (`tinker://local-file.…`, from a `local://` one) can name any folder: it is
+        read only when it holds a checkpoint this toolkit wrote, and never deleted (`delete=True`).
+        """
         try:
-            directory = ck.checkpoint_dir(self.data_dir, path)
+            run_id, kind, name = ck.parse(ck.to_tinker_path(path))
+            directory = ck.run_dir(self.data_dir, run_id) / kind / name
         except EngineError as exc:
             raise ApiError(400, f"{call}: {exc}", field_name) from None
+        legacy = ck.is_legacy_run(run_id)
+        if delete and (legacy or not ck.is_inside(directory, self.data_dir)):
+            raise ApiError(403, f"{call}: {path} is a folder outside this server's data dir ({directory}); the "
+                                "server deletes only checkpoints it wrote there. Delete the folder yourself if you "
+                                "mean to.", field_name)
         if not (directory / "checkpoint.json").is_file():
-            raise ApiError(404, f"{call}: no checkpoint {path} on this server (looked in {directory})", field_name)
+            hint = "" if legacy else (
+                " A checkpoint made by another server (e.g. a separate `machine-nb serve`) is served by that server: "
+                "send the request there (with machine_nb: engine='tinker' and TINKER_BASE_URL set to its URL).")
+            raise ApiError(404, f"{call}: no checkpoint {path} on this server (looked in {directory}).{hint}",
+                           field_name)
+        if legacy:
+            problem = ck.not_a_checkpoint(directory)
+            if problem is not None:
+                raise ApiError(400, f"{call}: {path} names {directory}, which is not a checkpoint machine_nb wrote: "
+                                    f"{problem}", field_name)
         return directory
 
     def load_weights(self, q: dict, body: Any) -> dict:
@@ -870,8 +982,12 @@ class LocalServer:
         if fut is None:
             raise ApiError(404, f"retrieve_future: no request {req.request_id!r} on this server (was it restarted?)",
                            "request_id")
+        fut.polls += 1
         if not fut.done.wait(LONG_POLL_S):
-            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+            # 408 with the try_again body, as Tinker answers it: the SDK polls again without a word
+            # (a 200 try_again makes it log a "Retrying request …" warning each time)
+            again = {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+            return 408, json.dumps(again).encode("utf-8"), "application/json"
         return 200, fut.body, fut.content_type
 
     # -- REST lookups
@@ -881,7 +997,7 @@ class LocalServer:
         except EngineError as exc:
             raise ApiError(404, str(exc)) from None
         path = directory / "run.json"
-        if path.is_file():
+        if path.is_file() and not ck.is_legacy_run(run_id):  # a legacy folder is read only for its checkpoints
             try:
                 return json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -891,7 +1007,7 @@ class LocalServer:
 
         for sub in ("weights", "sampler_weights"):
             for d in sorted((directory / sub).glob("*")) if (directory / sub).is_dir() else []:
-                if (d / "checkpoint.json").is_file():
+                if ck.not_a_checkpoint(d) is None:
                     try:
                         meta = read_meta(d)
                     except MachineFormatError:
@@ -905,6 +1021,7 @@ class LocalServer:
         import datetime as dt
 
         directory = ck.run_dir(self.data_dir, run_id)
+        legacy = ck.is_legacy_run(run_id)
         out = []
         for sub, kind in ck.KINDS.items():
             base = directory / sub
@@ -912,6 +1029,8 @@ class LocalServer:
                 continue
             for d in sorted(base.iterdir()):
                 if d.name.startswith(".") or not (d / "checkpoint.json").is_file():
+                    continue
+                if legacy and ck.not_a_checkpoint(d) is not None:
                     continue
                 size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
                 when = dt.datetime.fromtimestamp((d / "checkpoint.json").stat().st_mtime, dt.timezone.utc)
@@ -940,8 +1059,7 @@ class LocalServer:
     def list_training_runs(self, q: dict, body: Any) -> dict:
         root = self.data_dir / "runs"
         ids = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        limit = int((q.get("limit") or ["20"])[0])
-        offset = int((q.get("offset") or ["0"])[0])
+        limit, offset = _count(q, "limit", 20), _count(q, "offset", 0)
         page = ids[offset:offset + limit]
         return {"training_runs": [self.get_training_run(i) for i in page],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
@@ -979,10 +1097,23 @@ class LocalServer:
 
         parts = checkpoint_id.split("/")
         if len(parts) != 2 or parts[0] not in ck.KINDS:
-            raise ApiError(400, f"not a checkpoint id: {checkpoint_id!r}")
-        directory = self._checkpoint_dir(ck.tinker_path(run_id, parts[0], parts[1]), "delete_checkpoint")
+            raise ApiError(400, f"delete_checkpoint: not a checkpoint id: {checkpoint_id!r}", "checkpoint_id")
+        directory = self._checkpoint_dir(ck.tinker_path(run_id, parts[0], parts[1]), "delete_checkpoint",
+                                         "checkpoint_id", delete=True)
         shutil.rmtree(directory)
         return {}
+
+
+def _count(query: dict, name: str, default: int) -> int:
+    """A whole number >= 0 from the query string; a 400 naming it otherwise."""
+    raw = (query.get(name) or [str(default)])[0]
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ApiError(400, f"{name} must be a whole number >= 0, got {raw!r}", name)
+    return value
 
 
 def _empty_sample() -> Any:
@@ -1000,6 +1131,31 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
     app: LocalServer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End every connection still open (their handler threads see the end and return)."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that went away mid-request (a training run stopped with Ctrl-C) is not news
@@ -1093,29 +1249,74 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 _DEFAULT: LocalServer | None = None
 _DEFAULT_LOCK = threading.Lock()
+# every server this process started with `start()` and has not stopped, by URL
+_RUNNING: dict[str, LocalServer] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def running_at(url: str) -> LocalServer | None:
+    """The server this process runs at `url` (started with `start()`, not yet stopped), else None."""
+    with _RUNNING_LOCK:
+        return _RUNNING.get(str(url).rstrip("/"))
 
 
 def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
-    first time it is needed, reused afterwards, stopped at interpreter exit. It runs in this
-    process (a thread), so it can never outlive it."""
+    first time it is needed, reused afterwards, stopped when the interpreter exits (after
+    machine_nb's SDK sessions on it are finished: `LocalServer.on_stop`). It runs in this process
+    (a thread), so it can never outlive it."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            import atexit
-
             _DEFAULT = LocalServer().start()
-            atexit.register(_stop_default)
+            _at_exit(_stop_default_at_exit)
         return _DEFAULT
 
 
-def _stop_default() -> None:
+def _stop_default_at_exit() -> None:
+    """Stop the process's server as the interpreter exits, unless work may still come to it: a
+    request in progress, or a thread of the user's still running (Python joins non-daemon threads
+    only after this runs). Then it stops after they are done, from `atexit`, without finishing the
+    SDK sessions on it: that needs executors, shut by then, and the process ends at once anyway,
+    its clients' heartbeats with it (they warn only after two minutes of failures)."""
+    server = _DEFAULT
+    if server is None:
+        return
+    pool_threads = getattr(concurrent.futures.thread, "_threads_queues", {})  # executors' own workers
+    running = [t for t in threading.enumerate() if t.is_alive() and not t.daemon
+               and t is not threading.current_thread() and t not in pool_threads]
+    if running or server.busy():
+        import atexit
+
+        atexit.register(_stop_default, notify=False)
+        return
+    _stop_default()
+
+
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Call `fn` as the interpreter begins to exit, before concurrent.futures refuses new work: the
+    SDK needs its event loop's executor to finish a session, and by the time `atexit` handlers run
+    every executor is shut ("cannot schedule new futures after shutdown"). threading's own exit
+    hooks (which concurrent.futures uses) run in reverse order of registration, so this one,
+    registered after concurrent.futures' (imported above), runs before it."""
+    import atexit
+
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hooks")
+        register(fn)
+    except RuntimeError:  # an interpreter without them, or one already exiting
+        atexit.register(fn)
+
+
+def _stop_default(notify: bool = True) -> None:
     global _DEFAULT
     with _DEFAULT_LOCK:
         server, _DEFAULT = _DEFAULT, None
     if server is not None:
         try:
-            server.stop()
+            server.stop(notify=notify)
         except Exception:  # interpreter shutdown: nothing left to report to
             pass
 

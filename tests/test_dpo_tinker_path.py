@@ -1,0 +1,98 @@
+"""DPO on the Tinker path, offline: `dpo(engine="tinker")` with TINKER_BASE_URL pointing at a
+`machine-nb serve` server and a placeholder `tml-…` key runs end to end (service check, price
+guard, the cookbook's `train_dpo` in the child, checkpoints on that server); and a server that
+dies mid-run fails the call with EngineError within 30 s, where the SDK alone retries for minutes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tinker
+
+import machine_nb as mnb
+from machine_nb.errors import EngineError
+from machine_nb.export import HeldOutExcluded
+from machine_nb.preference import dpo
+from machine_nb.pricing import clear_prices, set_price
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: no real service sees it
+MODEL = "local/arith-tiny"
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    with pytest.warns(HeldOutExcluded):
+        return mnb.preference_pairs(SAMPLE / ".machine-store", workspace=SAMPLE, machine="tutor").head(8)
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """A `machine-nb serve` subprocess, TINKER_BASE_URL at it, a placeholder key and a known price."""
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
+                             str(tmp_path / "server-data")], stdout=subprocess.PIPE, stderr=log, text=True,
+                            start_new_session=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serving the Tinker API on "), open(log.name).read()
+    url = line.split(" on ", 1)[1].strip()
+    monkeypatch.setenv("TINKER_BASE_URL", url)
+    monkeypatch.setenv("TINKER_API_KEY", PLACEHOLDER_KEY)
+    set_price(MODEL, train=2.0, prefill=0.5, sample=1.5, source="test price")
+    yield proc, url, tmp_path / "server-data"
+    clear_prices()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    log.close()
+
+
+def test_dpo_on_the_tinker_path_trains_on_the_served_server(pairs, served, tmp_path):
+    proc, url, data_dir = served
+    res = dpo(pairs, model=MODEL, engine="tinker", batch_size=4, epochs=1, log_dir=tmp_path / "run",
+              progress=False, max_usd=1.0)
+    assert (res.engine, res.model, res.steps, res.complete) == ("tinker", MODEL, 2, True)
+    assert res.tokens > 0 and res.cost_usd > 0  # priced as Tinker would charge, from the tokens trained
+    # the checkpoint lives on the served server, which serves it to any SDK client
+    assert res.checkpoint.startswith("tinker://local-") and res.checkpoint.endswith("/sampler_weights/final")
+    run_id = res.checkpoint.split("/")[2]
+    assert (data_dir / "runs" / run_id / "sampler_weights" / "final" / "checkpoint.json").is_file()
+    info = tinker.RestClient(base_url=url, api_key=PLACEHOLDER_KEY).get_weights_info_by_tinker_path(
+        res.checkpoint).result(timeout=60)
+    assert info.base_model == MODEL
+    metrics = mnb.training_metrics(res.log_dir)
+    assert len(metrics) == 2 and metrics["dpo_loss"].notna().all()
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".log"):
+            assert PLACEHOLDER_KEY not in path.read_text(encoding="utf-8", errors="replace"), path
+
+
+def test_a_server_that_dies_mid_dpo_fails_the_call_quickly(pairs, served, tmp_path):
+    proc, url, _ = served
+    log_dir = tmp_path / "run"
+    killed_at: list[float] = []
+
+    def kill_after_two_steps():
+        metrics = log_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    threading.Thread(target=kill_after_two_steps, daemon=True).start()
+    with pytest.raises(EngineError, match="stopped answering"):
+        dpo(pairs, model=MODEL, engine="tinker", batch_size=4, epochs=200, log_dir=log_dir, progress=False,
+            max_usd=10.0)
+    assert killed_at and time.monotonic() - killed_at[0] < 30
+    assert not mnb.read_training_log(log_dir).complete

@@ -1,0 +1,201 @@
+"""The local server's life as a user's script sees it: machine_nb's SDK sessions end before the
+server they talk to goes away (at exit, when it is stopped, or when a `machine-nb serve` it used
+dies), so no script or notebook prints the SDK's "Session heartbeat failed … Tinker is down"; and
+the training child process never outlives the process that started it. Each story runs as a
+real script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOISE = ("heartbeat failed", "Tinker is down", "Traceback")
+
+# The SDK warns once a session's heartbeats have failed for 2 minutes, checking every 10 s. This
+# preamble runs the SDK's clock 20x fast, so a heartbeat that fails once (after 10 s) is seen as
+# 200 s of failures and warns: the warning a long-lived notebook would print, within one heartbeat.
+FAST_SDK_CLOCK = textwrap.dedent("""
+    import time, types
+    import tinker.lib.internal_client_holder as _holder
+    _real = time.monotonic
+    _clock = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("__")})
+    _clock.monotonic = lambda: _real() * 20
+    _holder.time = _clock
+""")
+
+ROWS = textwrap.dedent("""
+    ROWS = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
+            for a, b in [(12, 30), (45, 11)]]
+""")
+
+
+def run_script(tmp_path: Path, body: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MACHINE_NB_DATA_DIR": str(tmp_path / "data")}
+    env.pop("TINKER_API_KEY", None)
+    env.pop("TINKER_BASE_URL", None)
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_quiet(done: subprocess.CompletedProcess) -> None:
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    for word in NOISE:
+        assert word not in out, out[-3000:]
+
+
+def test_a_script_on_the_local_engine_exits_promptly_with_its_sessions_finished(tmp_path):
+    """At exit the process's own server stops; machine_nb's SDK sessions on it are finished first
+    (the server recorded each one as finished), and nothing is printed."""
+    body = textwrap.dedent("""
+        import atexit, json
+        seen = {}
+        # registered first, so it runs last: after the local server has stopped
+        atexit.register(lambda: print("SESSIONS", json.dumps(seen.get("server") and
+                        {sid: s.finished for sid, s in seen["server"].sessions.items()}), flush=True))
+        import machine_nb as mnb
+        from machine_nb.engines import service_client
+        from machine_nb.engines.local.server import ensure_server
+    """) + ROWS + textwrap.dedent("""
+        df = mnb.evaluate(ROWS, save=False, show_progress=False)
+        assert len(df) == 2
+        service_client("local").create_sampling_client(base_model="local/arith-tiny").result()
+        seen["server"] = ensure_server()
+        print("evaluated", flush=True)
+    """)
+    start = time.monotonic()
+    done = run_script(tmp_path, body, timeout=180)
+    assert_quiet(done)
+    assert "evaluated" in done.stdout
+    sessions = json.loads(done.stdout.split("SESSIONS", 1)[1])
+    assert sessions and all(sessions.values()), sessions  # every session was finished before the server stopped
+    assert time.monotonic() - start < 180  # (the bound is the requirement: "exits promptly", not a benchmark)
+
+
+def test_work_still_going_in_another_thread_at_exit_finishes(tmp_path):
+    """The main thread ends while a (non-daemon) thread still evaluates: Python waits for that
+    thread, and the local server keeps serving it until it is done."""
+    body = ROWS + textwrap.dedent("""
+        import threading
+        import machine_nb as mnb
+
+        mnb.evaluate(ROWS, save=False, show_progress=False)  # the server is up, the imports done
+        many = ROWS * 40
+
+        def work():
+            for _ in range(3):
+                assert len(mnb.evaluate(many, save=False, show_progress=False)) == len(many)
+            print("thread done", flush=True)
+
+        threading.Thread(target=work).start()
+        print("main done", flush=True)
+    """)
+    done = run_script(tmp_path, body, timeout=180)
+    assert_quiet(done)
+    assert "main done" in done.stdout and "thread done" in done.stdout
+
+
+def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
+    """A stopped local server and a killed `machine-nb serve` (engine="tinker"): machine_nb keeps no
+    SDK client for either, so no heartbeat keeps failing and nothing is printed; the next call on
+    the local engine starts a fresh server and works."""
+    body = FAST_SDK_CLOCK + ROWS + textwrap.dedent("""
+        import os, signal, subprocess, sys, time
+        import machine_nb as mnb
+        from machine_nb.engines.local import server as server_mod
+        from machine_nb.errors import EngineError
+
+        old = server_mod.ensure_server()
+        assert len(mnb.evaluate(ROWS, save=False, show_progress=False)) == 2
+        server_mod._stop_default()           # as a test (or a user) may stop it
+        assert all(s.finished for s in old.sessions.values())
+        assert len(mnb.evaluate(ROWS, save=False, show_progress=False)) == 2   # a fresh server
+        assert server_mod.ensure_server() is not old
+
+        proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
+                                 "served"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                start_new_session=True)
+        url = proc.stdout.readline().split(" on ", 1)[1].strip()
+        os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-placeholder-key-0000")
+        assert len(mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, show_progress=False)) == 2
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        try:
+            mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, show_progress=False)
+        except EngineError as exc:
+            print("refused:", str(exc)[:60], flush=True)
+        time.sleep(12)                       # one SDK heartbeat (seen as 240 s by its fast clock)
+        print("done", flush=True)
+    """)
+    done = run_script(tmp_path, body)
+    assert_quiet(done)
+    assert "refused: Tinker at http://127.0.0.1" in done.stdout and "done" in done.stdout
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; only its parent's reaping is left
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc (Linux)")
+def test_the_training_child_ends_when_its_parent_is_killed(tmp_path):
+    """kill -9 a script while sft's child process (runner.py) trains: the child exits by itself."""
+    from machine_nb.corpus import make_corpus
+
+    corpus = make_corpus(tmp_path / "corpus", seed=0)
+    body = textwrap.dedent(f"""
+        import machine_nb as mnb
+        mnb.sft({str(corpus.train)!r}, log_dir="run", epochs=50, progress=False)
+    """)
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MACHINE_NB_DATA_DIR": str(tmp_path / "data")}
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # the child is training
+            assert parent.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        children = _children(parent.pid)
+        assert children, "no child process"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [c for c in children if _alive(c)]
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+    for c in left:  # do not leave it running if the assertion fails
+        os.kill(c, signal.SIGKILL)
+    assert not left, f"child processes {left} outlived their killed parent"
