@@ -18,26 +18,17 @@ import os
 import re
 import time
 import warnings
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Protocol
 
 from . import patterns
 from .errors import EngineError, MachineFormatError
+from .scoring import (DEFAULT_MATCH, MATCH_MODES, format_matches, last_number, normalize,  # noqa: F401
+                      score_output)
+from .scoring import score_row as _score_row
+from .scoring import to_number as _to_number
 
-MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
-"""exact/prefix/contains compare Machine-normalised text; regex fullmatches the stripped raw
-output (time-bounded, see patterns.py); number compares the last number in the output with the
-expected one."""
-
-DEFAULT_MATCH = "exact"  # Machine's eval rows usually say "exact"; rows without "match" get it
 RESULTS_DIR = "eval_results"  # Machine's `/train eval` writes here too
-
-# Trailing characters Machine's normalize() trims after lower-casing and collapsing whitespace.
-_TRIM = " \t\n\r.,;:!?"
-_WS = re.compile(r"\s+")
-# A number as people write it: optional sign, optional thousands commas, optional decimals.
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 
 RESULT_COLUMNS = ["row", "prompt", "expected", "match", "output", "correct", "format_ok",
                   "prompt_tokens", "output_tokens", "latency_s", "stop_reason", "error"]
@@ -50,79 +41,7 @@ a failed request or a timed-out "regex" match counts as wrong, a timed-out "form
 format_ok False)."""
 
 
-# --------------------------------------------------------------------------- rows and scoring
-
-def normalize(text: str) -> str:
-    """Machine's normalisation: strip → lower-case → collapse whitespace → trim ` \\t\\n\\r.,;:!?`."""
-    return _WS.sub(" ", str(text).strip().lower()).strip(_TRIM)
-
-
-def last_number(text: str) -> Decimal | None:
-    """The last integer or decimal in `text` ("47 + 15 = 62." → 62), or None when there is none."""
-    found = _NUMBER.findall(str(text))
-    if not found:
-        return None
-    return _to_number(found[-1])
-
-
-def _to_number(text: str) -> Decimal | None:
-    try:
-        return Decimal(str(text).strip().replace(",", ""))
-    except InvalidOperation:
-        return None
-
-
-def score_output(output: str, expected: str, match: str = DEFAULT_MATCH, *,
-                 timeout_s: float | None = None) -> bool:
-    """Whether `output` answers `expected` under `match` (default "exact", Machine's usual mode).
-
-    exact / prefix / contains: both sides go through `normalize()` first (so "Answer: 62." equals
-    "answer: 62"). regex: `expected` must match the whole stripped raw output (fullmatch, the
-    stricter reading: a pattern that should allow extra text says so with `.*`; `.` matches
-    newlines), within `timeout_s` seconds (default None = patterns.REGEX_TIMEOUT_S, 1 s), else
-    patterns.RegexTimeout. number: the last integer or decimal in the output equals `expected`
-    numerically ("62.0" == "62"). An unknown mode raises ValueError naming the known ones.
-    """
-    output = "" if output is None else str(output)
-    if match == "exact":
-        return normalize(output) == normalize(expected)
-    if match == "prefix":
-        return normalize(output).startswith(normalize(expected))
-    if match == "contains":
-        return normalize(expected) in normalize(output)
-    if match == "regex":
-        return patterns.fullmatch(str(expected), output.strip(), timeout_s=timeout_s)
-    if match == "number":
-        got, want = last_number(output), _to_number(str(expected))
-        return got is not None and want is not None and got == want
-    raise ValueError(f"unknown match mode: {match!r} (known: {', '.join(MATCH_MODES)})")
-
-
-def format_matches(output: str, pattern: str | None, *, timeout_s: float | None = None) -> bool | None:
-    """Whether the stripped raw output fully matches the row's "format" regex (None: no format).
-
-    timeout_s: as in score_output (default 1 s); past it, patterns.RegexTimeout.
-    """
-    if not pattern:
-        return None
-    return patterns.fullmatch(pattern, ("" if output is None else str(output)).strip(), timeout_s=timeout_s)
-
-
-def _score_row(output: str, row: dict) -> tuple[bool, bool | None, str | None]:
-    """(correct, format_ok, why not scored in full) for one reply; a regex past its bound is not a hang."""
-    problems = []
-    try:
-        correct = score_output(output, row["expected"], row["match"])
-    except patterns.RegexTimeout as exc:
-        correct = False
-        problems.append(f"match 'regex' timed out, counted wrong: {exc}")
-    try:
-        format_ok = format_matches(output, row.get("format"))
-    except patterns.RegexTimeout as exc:
-        format_ok = False
-        problems.append(f"'format' timed out, format_ok False: {exc}")
-    return correct, format_ok, "; ".join(problems) or None
-
+# --------------------------------------------------------------------------- rows
 
 def _text(content: Any) -> str:
     if isinstance(content, str):

@@ -20,9 +20,9 @@ from typing import Any
 from . import patterns
 from .jsonl import dumps_line, iter_jsonl
 from .redact import SECRET_PATTERNS
+from .scoring import MATCH_MODES
 
 ROLES = ("system", "user", "assistant", "tool")
-MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
 PART_TYPES = ("text", "thinking", "image", "audio")
 BUCKETS = (512, 2048, 8192, 16384, 32768, 65536)  # Machine's token-length buckets (validate-dataset.py)
 DEFAULT_MAX_LENGTH = 32768  # the cookbook's usual SFT max_length; longer rows are truncated by it

@@ -132,6 +132,21 @@ def test_last_number_and_unknown_mode():
         score_output("a", "a", "fuzzy")
 
 
+def test_match_rules_have_one_home():
+    """validate checks rows against the very modes evaluate scores with (scoring.py)."""
+    import importlib
+
+    from machine_nb import scoring
+
+    ev, va = importlib.import_module("machine_nb.evaluate"), importlib.import_module("machine_nb.validate")
+
+    assert va.MATCH_MODES is scoring.MATCH_MODES is ev.MATCH_MODES
+    assert ev.score_output is scoring.score_output and ev.normalize is scoring.normalize
+    assert scoring.to_number("1,234.50") == scoring.last_number("about 1,234.5 apples") == 1234.5
+    assert scoring.score_row("answer: 62.", {"expected": "Answer: 62", "match": "exact", "format": r"answer: \d+\."}) \
+        == (True, True, None)
+
+
 # --------------------------------------------------------------------------- eval rows
 
 def test_load_eval_rows_fills_default_match_and_line(tmp_path):
