@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import patterns
+from .chat import prompt_text
 from .errors import EngineError, MachineFormatError
 from .scoring import (DEFAULT_MATCH, MATCH_MODES, format_matches, last_number, normalize,  # noqa: F401
                       score_output)
@@ -42,22 +43,6 @@ format_ok False)."""
 
 
 # --------------------------------------------------------------------------- rows
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-    return "" if content is None else str(content)
-
-
-def prompt_text(messages: list[dict]) -> str:
-    """The text of the last user message (what a reader recognises the row by)."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return _text(message.get("content"))
-    return _text(messages[-1].get("content")) if messages else ""
-
 
 def check_row(row: Any, *, path: str | os.PathLike | None = None, line: int | None = None) -> dict:
     """One eval row checked and filled in (match defaults to "exact"); MachineFormatError if bad.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import patterns
+from .chat import content_text
 from .jsonl import dumps_line, iter_jsonl
 from .redact import SECRET_PATTERNS
 from .scoring import MATCH_MODES
@@ -55,14 +56,6 @@ def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-    return ""
-
-
 def prompt_of(messages: list[Any]) -> list[Any]:
     """The prompt of a row: its messages up to (not including) the trailing assistant messages."""
     end = len(messages)
@@ -74,10 +67,11 @@ def prompt_of(messages: list[Any]) -> list[Any]:
 def prompt_keys(messages: list[Any]) -> tuple[bytes, bytes | None]:
     """(digest of the whole prompt, digest of its last user text) for overlap checks, whitespace/case-normalised."""
     prompt = [m for m in prompt_of(messages) if isinstance(m, Mapping)]
-    full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(_text(m.get("content")))] for m in prompt]).encode(),
-                           digest_size=12).digest()
+    full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(content_text(m.get("content"), sep=" "))]
+                                       for m in prompt]).encode(), digest_size=12).digest()
     users = [m for m in prompt if m.get("role") == "user"]
-    last = hashlib.blake2b(_norm(_text(users[-1].get("content"))).encode(), digest_size=12).digest() if users else None
+    last = hashlib.blake2b(_norm(content_text(users[-1].get("content"), sep=" ")).encode(),
+                           digest_size=12).digest() if users else None
     return full, last
 
 

@@ -83,3 +83,25 @@ def test_prompt_text_is_the_last_user_message():
                         {"role": "user", "content": "second"}, {"role": "assistant", "content": "b"}]) == "second"
     assert prompt_text([{"role": "system", "content": "no user here"}]) == "no user here"
     assert prompt_text([]) == ""
+
+
+# --------------------------------------------------------------------------- content_text
+
+@pytest.mark.parametrize("name", list(CONTENTS))
+@pytest.mark.parametrize("rule", list(OPTIONS))
+def test_content_text_gives_each_callers_text(name, rule):
+    from machine_nb.chat import content_text
+
+    assert content_text(CONTENTS[name], **OPTIONS[rule]) == PINNED[name][rule]
+
+
+def test_content_text_on_odd_content():
+    """What is not text adds nothing; a part-like object reads as its text (Machine's rule)."""
+    from machine_nb.chat import content_text
+
+    assert content_text([{"text": "no type"}, {"type": "text", "text": "typed"}]) == "typed"
+    assert content_text([{"type": "text", "text": None}, "not a part", {"type": "text", "text": "y"}]) == "y"
+    assert content_text({"text": " object "}, strip=True) == "object"
+    assert content_text({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, sep="\n") == "a\nb"
+    assert content_text(42) == "42"
+    assert content_text([{"type": "thinking", "thinking": "only reasoning"}]) == ""

@@ -27,7 +27,7 @@ for _names, _layer in [
     ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats", 3),  # checks and numbers
     ("select export frames", 2),  # Machine's data as frames and lines
-    ("store jsonl progress patterns redact scoring", 1),  # files on disk, and pure helpers under everything
+    ("store jsonl progress patterns redact scoring chat", 1),  # files on disk, and pure helpers under everything
     ("engines errors", 0),  # the local server and the Tinker glue; the errors every layer raises
 ]:
     for _name in _names.split():
