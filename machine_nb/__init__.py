@@ -61,7 +61,7 @@ _API: dict[str, str] = {
     "read_training_log": "train",
     "training_metrics": "train",
     # evaluation
-    "load_eval_rows": "evaluate",
+    "load_eval_rows": "chat",
     "score_output": "evaluate",
     "evaluate": "evaluate",
     "probe": "evaluate",

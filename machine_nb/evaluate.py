@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import patterns
-from .chat import prompt_text
+from .chat import check_row, eval_rows, load_eval_rows, probe_rows, prompt_text  # noqa: F401
 from .errors import EngineError, MachineFormatError
 from .scoring import (DEFAULT_MATCH, MATCH_MODES, format_matches, last_number, normalize,  # noqa: F401
                       score_output)
@@ -40,83 +40,6 @@ and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None
 row could not be scored in full: its request failed, or a regex ran past patterns.REGEX_TIMEOUT_S;
 a failed request or a timed-out "regex" match counts as wrong, a timed-out "format" gives
 format_ok False)."""
-
-
-# --------------------------------------------------------------------------- rows
-
-def check_row(row: Any, *, path: str | os.PathLike | None = None, line: int | None = None) -> dict:
-    """One eval row checked and filled in (match defaults to "exact"); MachineFormatError if bad.
-
-    The error names the file, line and field, so a bad row of 24 is found without guessing.
-    """
-    def bad(message: str, fld: str | None = None) -> MachineFormatError:
-        return MachineFormatError(path, message, line=line, field=fld)
-
-    if not isinstance(row, dict):
-        raise bad(f"an eval row must be a JSON object, got {type(row).__name__}")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("missing or empty: a non-empty list of chat messages (the prompt)", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad("each message needs a string 'role'", f"messages.{i}.role")
-        if "content" not in message:
-            raise bad("each message needs 'content'", f"messages.{i}.content")
-    if messages[-1]["role"] == "assistant":
-        raise bad("the last message is the assistant's: eval rows hold the prompt only, the answer goes in 'expected'",
-                  f"messages.{len(messages) - 1}.role")
-    if "expected" not in row or row["expected"] is None:
-        raise bad("missing: the answer to score against", "expected")
-    expected = row["expected"]
-    if isinstance(expected, bool) or not isinstance(expected, (str, int, float)):
-        raise bad(f"must be a string (or a number), got {type(expected).__name__}", "expected")
-    expected = str(expected)
-    match = row.get("match", DEFAULT_MATCH)
-    if match not in MATCH_MODES:
-        raise bad(f"unknown match mode {match!r} (known: {', '.join(MATCH_MODES)})", "match")
-    if match == "regex":
-        try:
-            patterns.compile_pattern(expected)
-        except patterns.pattern_error() as exc:
-            raise bad(f"not a valid regular expression for match 'regex': {exc}", "expected") from None
-    elif match == "number" and _to_number(expected) is None:
-        raise bad(f"match 'number' needs a number, got {expected!r}", "expected")
-    elif match in ("prefix", "contains") and not normalize(expected):
-        raise bad(f"empty after normalisation: match {match!r} would accept every output", "expected")
-    fmt = row.get("format")
-    if fmt is not None:
-        if not isinstance(fmt, str):
-            raise bad(f"must be a regular expression string, got {type(fmt).__name__}", "format")
-        try:
-            patterns.compile_pattern(fmt)
-        except patterns.pattern_error() as exc:
-            raise bad(f"not a valid regular expression: {exc}", "format") from None
-    return {**row, "messages": messages, "expected": expected, "match": match, "format": fmt, "line": line}
-
-
-def load_eval_rows(path: str | os.PathLike) -> list[dict]:
-    """Read and check an eval JSONL file: `{"messages", "expected", "match"?, "format"?}` per line.
-
-    Every row is checked before anything is sampled (a bad row 23 should not cost 22 samples):
-    invalid JSON, a missing "expected", an unknown "match" or a bad regex raise MachineFormatError
-    naming the file, line and field. Each returned row carries its `line` number.
-    """
-    from .jsonl import iter_jsonl
-
-    rows = [check_row(value, path=path, line=number) for number, value in iter_jsonl(path)]
-    if not rows:
-        raise MachineFormatError(path, "no eval rows (the file is empty)")
-    return rows
-
-
-def _rows_from(data: Any) -> tuple[list[dict], str | None]:
-    """Eval rows from a path or a list of row dicts; also the path (None for in-memory rows)."""
-    if isinstance(data, (str, os.PathLike)):
-        return load_eval_rows(data), os.fspath(data)
-    rows = [check_row(r, line=i + 1) for i, r in enumerate(data)]
-    if not rows:
-        raise MachineFormatError(None, "no eval rows given")
-    return rows, None
 
 
 # --------------------------------------------------------------------------- sampling
@@ -392,7 +315,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
 
     from .progress import progress
 
-    rows, data_path = _rows_from(eval_path)
+    rows, data_path = eval_rows(eval_path)
     data_sha = _sha256(data_path)  # of the file as read, not as it may be after a long eval
     model, engine = _resolve(model, checkpoint, engine)
     renderer_obj, renderer_label = _renderer_for(model, renderer)
@@ -506,34 +429,6 @@ from .stats import mcnemar_exact, min_discordant_for, paired_bootstrap_ci  # noq
 
 # --------------------------------------------------------------------------- bleed probe
 
-def _probe_rows(prompts: Any) -> list[dict]:
-    from .jsonl import iter_jsonl
-
-    if isinstance(prompts, (str, os.PathLike)) and (Path(prompts).suffix == ".jsonl" or Path(prompts).exists()):
-        items = list(iter_jsonl(prompts))
-        path = os.fspath(prompts)
-    elif isinstance(prompts, str):
-        items, path = [(1, prompts)], None
-    else:
-        items, path = list(enumerate(prompts, start=1)), None
-    rows = []
-    for line, item in items:
-        if isinstance(item, str):
-            rows.append({"messages": [{"role": "user", "content": item}], "format": None, "line": line})
-            continue
-        if not isinstance(item, dict) or not isinstance(item.get("messages"), list) or not item["messages"]:
-            raise MachineFormatError(path, "a probe row is a prompt string or {\"messages\": [...]}", line=line, field="messages")
-        messages = [m for m in item["messages"]]
-        if messages[-1].get("role") == "assistant":  # a training-style row: probe its prompt
-            messages = messages[:-1]
-        if not messages:
-            raise MachineFormatError(path, "no prompt left once the assistant reply is dropped", line=line, field="messages")
-        rows.append({"messages": messages, "format": item.get("format"), "line": line})
-    if not rows:
-        raise MachineFormatError(path, "no probe prompts")
-    return rows
-
-
 def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
           format: str | None = None, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
           concurrency: int | None = None, renderer: Any = None, baseline_client: SamplingClientLike | None = None,
@@ -559,14 +454,12 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
 
     if not checkpoint and checkpoint_client is None:
         raise ValueError("probe needs a checkpoint (or checkpoint_client) to set beside the base model")
-    rows = _probe_rows(prompts)
-    for pattern in [format, *(r["format"] for r in rows)]:  # a bad pattern fails before any sample
-        if pattern is None:
-            continue
+    rows = probe_rows(prompts)
+    if format is not None:  # a bad pattern fails before any sample (rows' own are checked with the rows)
         try:
-            patterns.compile_pattern(pattern)
+            patterns.compile_pattern(format)
         except (patterns.pattern_error(), TypeError) as exc:
-            raise ValueError(f"probe: format {pattern!r} is not a valid regular expression: {exc}") from None
+            raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
     model, engine = _resolve(model, checkpoint, engine)
     renderer_obj, _ = _renderer_for(model, renderer)
     if concurrency is None:

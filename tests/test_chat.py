@@ -7,8 +7,13 @@ derives is pinned here to the exact strings (and digests) it gave before the rul
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from machine_nb.errors import MachineFormatError
 
 # Realistic message contents: what Machine's runs, export lines and eval files hold.
 CONTENTS = {
@@ -105,3 +110,104 @@ def test_content_text_on_odd_content():
     assert content_text({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, sep="\n") == "a\nb"
     assert content_text(42) == "42"
     assert content_text([{"type": "thinking", "thinking": "only reasoning"}]) == ""
+
+
+# --------------------------------------------------------------------------- row shapes
+
+def user(text="What is 47 plus 15?"):
+    return {"role": "user", "content": text}
+
+
+def reply(text="answer: 62", **extra):
+    return {"role": "assistant", "content": text, **extra}
+
+
+def test_validate_trainers_and_evals_share_one_rule():
+    """validate's findings are chat.row_findings'; check_row raises the first error of the same list."""
+    from machine_nb.chat import check_row, row_findings
+    from machine_nb.validate import shape_findings
+
+    rows = [
+        ({"messages": [{"role": "bot", "content": "hi"}, reply()]}, "train", "unknown_role", "messages.0.role"),
+        ({"messages": [user(), reply(trainable="yes")]}, "train", "bad_trainable", "messages.1.trainable"),
+        ({"messages": [user(), {"role": "tool", "tool_call_id": "c9", "content": "x"}, reply()]}, "train",
+         "orphan_tool_result", "messages.1.tool_call_id"),
+        ({"messages": [user()], "expected": "62", "match": "number", "format": 5}, "eval", "bad_format", "format"),
+        ({"messages": [user()], "expected": "sixty", "match": "number"}, "eval", "bad_number", "expected"),
+        ({"messages": [user()], "expected": " . ", "match": "contains"}, "eval", "empty_expected", "expected"),
+        ({"messages": [user()], "expected": ["62"]}, "eval", "bad_expected", "expected"),
+        ({"messages": [user(), reply()], "format": "["}, "probe", "bad_format", "format"),
+        ({"messages": [reply()]}, "probe", "empty_messages", "messages"),
+    ]
+    for row, kind, code, field in rows:
+        findings = row_findings(row, kind)
+        assert [f.code for f in findings if f.severity == "error"] == [code], (row, findings)
+        if kind != "probe":
+            assert shape_findings(row, kind) == [(f.severity, f.code, f.message) for f in findings]
+        with pytest.raises(MachineFormatError) as err:
+            check_row(row, kind, path="rows.jsonl", line=7)
+        assert err.value.field == field and err.value.line == 7 and err.value.reason == findings[0].message
+        assert str(err.value).startswith(f"rows.jsonl:7 (field {field!r}): ")
+
+
+def test_where_the_copies_disagreed_the_stricter_rule_holds():
+    """A row validate rejects is refused by the trainer and the eval too (and the other way round)."""
+    from machine_nb.chat import check_row, row_findings
+    from machine_nb.train import prepare_data
+
+    # training: the assistant's reply must come last (the trainer used to take any assistant message)
+    tool_last = {"messages": [user(), reply(), {"role": "tool", "content": "x"}]}
+    with pytest.raises(MachineFormatError, match=r"<data>:1 \(field 'messages.2.role'\): the last message is 'tool'"):
+        prepare_data([tool_last])
+    with pytest.raises(MachineFormatError, match="no assistant message to train on"):
+        prepare_data([{"messages": [user()]}])
+    # eval: the prompt ends with the user's question (evaluate used to allow a system or tool message)
+    with pytest.raises(MachineFormatError, match="the last message is 'system'"):
+        check_row({"messages": [user(), {"role": "system", "content": "be terse"}], "expected": "62"})
+    # eval: an expected answer its match mode cannot score (validate used to pass these)
+    assert [f.code for f in row_findings({"messages": [user()], "expected": "many", "match": "number"}, "eval")] \
+        == ["bad_number"]
+
+
+def test_check_row_fills_in_eval_and_probe_rows():
+    from machine_nb.chat import check_row, probe_rows
+
+    row = check_row({"messages": [user()], "expected": 62, "id": "r1"}, line=3)
+    assert row == {"messages": [user()], "expected": "62", "match": "exact", "format": None, "line": 3, "id": "r1"}
+    assert check_row({"messages": [user()], "expected": "62", "match": None})["match"] == "exact"
+    assert check_row({"messages": [user(), reply()], "format": "answer: .*"}, "probe", line=2) == \
+        {"messages": [user()], "format": "answer: .*", "line": 2}
+    assert probe_rows(["Name a colour.", {"messages": [user("Who wrote Hamlet?"), reply()]}]) == [
+        {"messages": [user("Name a colour.")], "format": None, "line": 1},
+        {"messages": [user("Who wrote Hamlet?")], "format": None, "line": 2}]
+    with pytest.raises(MachineFormatError, match=r"<data>:1: a probe row must be a prompt string or an object"):
+        probe_rows([5])
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                           lambda children: st.lists(children, max_size=4)
+                           | st.dictionaries(st.sampled_from(["role", "content", "messages", "tool_calls",
+                                                              "function", "id", "tool_call_id", "expected",
+                                                              "match", "format", "type", "text", "trainable",
+                                                              "tools", "name", "arguments", "thinking"]),
+                                             children, max_size=5),
+                           max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=json_values, kind=st.sampled_from(["train", "eval", "probe"]))
+def test_any_json_is_a_list_of_findings_or_a_checked_row(row, kind):
+    from machine_nb.chat import check_row, row_findings
+
+    findings = row_findings(row, kind)
+    for severity, code, message, field in findings:
+        assert severity in ("error", "warning") and code and message
+        assert field is None or isinstance(field, str)
+    try:
+        checked = check_row(row, kind, path="x.jsonl", line=1)
+    except MachineFormatError as exc:
+        assert any(f.severity == "error" for f in findings)
+        assert exc.reason == next(f.message for f in findings if f.severity == "error")
+    else:
+        assert not any(f.severity == "error" for f in findings)
+        json.dumps(checked)  # still plain JSON

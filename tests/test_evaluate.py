@@ -282,7 +282,8 @@ def test_every_request_failing_is_an_engine_error_not_a_zero_score(tmp_path):
 
 def test_a_prompt_the_renderer_cannot_format_fails_before_sampling(tmp_path):
     rows = eval_rows(3)
-    rows[1]["messages"] = [{"role": "wizard", "content": "abracadabra"}]
+    # a well-formed row (validate passes it) whose image the renderer will not fetch
+    rows[1]["messages"] = [{"role": "user", "content": [{"type": "image", "image": "http://example.com/cat.png"}]}]
     sampler = StandInSampler(house_style)
     with pytest.raises(MachineFormatError, match=r"eval.jsonl:2 \(field 'messages'\): the renderer cannot format"):
         evaluate(write_rows(tmp_path / "eval.jsonl", rows), model=MODEL, engine="tinker", sampling_client=sampler)
