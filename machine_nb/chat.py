@@ -312,6 +312,113 @@ def check_row(row: Any, kind: str = "eval", *, path: str | os.PathLike | None = 
             "match": DEFAULT_MATCH if match is None else match, "format": row.get("format"), "line": line}
 
 
+# --------------------------------------------------------------------------- trainable flags
+# Which messages a training row trains: sft's rule (Machine's export). A row that is a whole run
+# (`"whole_run": true`) or carries per-message `trainable` flags trains exactly the assistant
+# messages flagged true; any other row trains its last assistant message. The cookbook's
+# CUSTOMIZED mode needs a flag on every message (its renderers assert all or none).
+
+def is_flagged(row: Mapping[str, Any]) -> bool:
+    """Whether a training row chooses its trained messages itself.
+
+    Args:
+        row: a training row.
+
+    Returns:
+        True for a whole run (`"whole_run": true`) or a row with a `trainable` key on any message.
+    """
+    messages = row.get("messages") or []
+    return bool(row.get("whole_run")) or any(isinstance(m, Mapping) and "trainable" in m for m in messages)
+
+
+def trainable_flags(messages: list[Any], *, whole_run: bool = False) -> list[bool]:
+    """The `trainable` flag sft gives each message of a row trained in CUSTOMIZED mode.
+
+    Args:
+        messages: the row's messages.
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        One flag per message: a message with a `trainable` key (or any message of a whole run)
+        is trained when the flag is true and the message is the assistant's; a message without
+        one in any other row is trained when it is the last assistant message.
+    """
+    roles = [_role(m) for m in messages]
+    last = max((i for i, r in enumerate(roles) if r == "assistant"), default=-1)
+    return [bool(m.get("trainable")) and roles[i] == "assistant"
+            if isinstance(m, Mapping) and (whole_run or "trainable" in m) else i == last
+            for i, m in enumerate(messages)]
+
+
+def trained_indices(messages: list[Any], train_on_what: Any = None, *, whole_run: bool = False) -> list[int]:
+    """Which messages of a row are trained.
+
+    Args:
+        messages: the row's messages.
+        train_on_what: the cookbook's TrainOnWhat (or its value). Default None: sft's choice for
+            the row (CUSTOMIZED when it is a whole run or carries flags, else the last assistant
+            message). "customized" applies trainable_flags.
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        The indices of the trained messages, in order.
+    """
+    roles = [_role(m) for m in messages]
+    assistants = [i for i, r in enumerate(roles) if r == "assistant"]
+    if train_on_what is None:
+        flagged = whole_run or any(isinstance(m, Mapping) and "trainable" in m for m in messages)
+        mode = "customized" if flagged else "last_assistant_message"
+    else:
+        mode = str(getattr(train_on_what, "value", train_on_what))
+    if mode == "customized":
+        return [i for i, flag in enumerate(trainable_flags(messages, whole_run=whole_run)) if flag]
+    if mode == "last_assistant_message":
+        return assistants[-1:]
+    if mode == "last_assistant_turn":
+        users = [i for i, r in enumerate(roles) if r == "user"]
+        return [i for i in assistants if i > (users[-1] if users else -1)]
+    if mode == "all_assistant_messages":
+        return assistants
+    if mode == "all_user_and_system_messages":
+        return [i for i, r in enumerate(roles) if r in ("user", "system")]
+    if mode in ("all_messages", "all_tokens"):
+        return list(range(len(messages)))
+    raise ValueError(f"unknown train_on_what {mode!r}")
+
+
+def train_messages(row: Mapping[str, Any], *, customized: bool | None = None, path: str | os.PathLike | None = None,
+                   line: int | None = None) -> list[dict]:
+    """The messages sft hands the cookbook for one checked training row.
+
+    Args:
+        row: a training row that passed check_row(row, "train").
+        customized: give every message its `trainable` flag (trainable_flags). Default None:
+            when the row is flagged (is_flagged). sft passes True for every row of a file in
+            which any row is flagged: the cookbook loads rows with `datasets`, which gives every
+            message every key seen in the file.
+        path / line: where the row came from, named in the error.
+
+    Returns:
+        Copies of the messages, flagged when customized.
+
+    Raises:
+        MachineFormatError: customized and no message is trainable (field "messages").
+    """
+    messages = [dict(m) for m in row["messages"]]
+    if customized is None:
+        customized = is_flagged(row)
+    if not customized:
+        return messages
+    flags = trainable_flags(messages, whole_run=bool(row.get("whole_run")))
+    if not any(flags):
+        why = "a whole run trains only" if row.get("whole_run") else "its flags leave untrained all"
+        raise MachineFormatError(path, f"no trainable assistant message: {why} the assistant messages flagged "
+                                       "\"trainable\": true", line=line, field="messages")
+    for message, flag in zip(messages, flags):
+        message["trainable"] = flag
+    return messages
+
+
 # --------------------------------------------------------------------------- eval and probe rows
 
 def load_eval_rows(path: str | os.PathLike) -> list[dict]:
@@ -390,4 +497,5 @@ def probe_rows(prompts: Any) -> list[dict]:
 
 
 __all__ = ["ROLES", "PART_TYPES", "KINDS", "Finding", "content_text", "prompt_text", "row_findings", "check_row",
-           "load_eval_rows", "eval_rows", "probe_rows"]
+           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "load_eval_rows", "eval_rows",
+           "probe_rows"]

@@ -211,3 +211,65 @@ def test_any_json_is_a_list_of_findings_or_a_checked_row(row, kind):
     else:
         assert not any(f.severity == "error" for f in findings)
         json.dumps(checked)  # still plain JSON
+
+
+# --------------------------------------------------------------------------- trainable flags
+
+def test_a_row_with_nothing_to_train_is_refused_on_its_line():
+    from machine_nb.train import prepare_data
+
+    good = {"messages": [user(), reply()]}
+    whole = {"whole_run": True, "messages": [user(), reply(), user("and?"), reply("done")]}  # no flag: none trained
+    with pytest.raises(MachineFormatError) as err:
+        prepare_data([good, whole])
+    assert err.value.line == 2 and err.value.field == "messages" and "no trainable assistant message" in str(err.value)
+
+
+FLAG_ROWS = [
+    {"messages": [user(), reply()]},                                                          # a step
+    {"messages": [user(), reply("think"), user("and?"), reply("done")]},                       # two turns
+    {"whole_run": True, "messages": [user(), reply("a", trainable=True), user("b"), reply("c")]},  # unflagged: not
+    {"messages": [user(), reply("a", trainable=False), user("b"), reply("c")]},                # partly flagged
+    {"messages": [user(), reply("a", trainable=True), user("b"), reply("c", trainable=False)]},
+    {"messages": [{"role": "user", "content": "q", "trainable": True}, reply()]},                # a user flag: no
+]
+
+
+def test_sft_tokens_and_the_previewer_train_the_same_messages():
+    from machine_nb.chat import trained_indices
+    from machine_nb.tokens import sft_view
+    from machine_nb.train import prepare_data
+    from machine_nb.widgets.previewer import trained_indices as previewed
+
+    expected = [[1], [3], [1], [3], [1], [1]]
+    for row, want in zip(FLAG_ROWS, expected):
+        whole = bool(row.get("whole_run"))
+        assert trained_indices(row["messages"], whole_run=whole) == want, row
+        assert previewed(row) == want, row
+        rows, mode = prepare_data([row])
+        flags = [m.get("trainable") for m in rows[0]["messages"]]
+        if mode == "customized":
+            assert [i for i, f in enumerate(flags) if f] == want, row
+        else:
+            assert flags == [None] * len(flags) and want == trained_indices(row["messages"], mode)
+        msgs, view_mode = sft_view(row["messages"], whole_run=whole)
+        assert str(view_mode.value) == mode and [i for i, m in enumerate(msgs) if m.get("trainable")] == \
+            (want if mode == "customized" else [])
+    # one flagged row makes the whole file state its flags (the cookbook's `datasets` unifies keys)
+    rows, mode = prepare_data(FLAG_ROWS[:3])
+    assert mode == "customized" and [[i for i, m in enumerate(r["messages"]) if m["trainable"]] for r in rows] \
+        == [[1], [3], [1]]
+
+
+def test_trained_indices_for_every_mode():
+    from machine_nb.chat import trained_indices
+
+    messages = [{"role": "system", "content": "s"}, user(), reply("a"), user("b"), reply("c"), reply("d")]
+    assert trained_indices(messages, "last_assistant_message") == [5]
+    assert trained_indices(messages, "last_assistant_turn") == [4, 5]
+    assert trained_indices(messages, "all_assistant_messages") == [2, 4, 5]
+    assert trained_indices(messages, "all_user_and_system_messages") == [0, 1, 3]
+    assert trained_indices(messages, "all_messages") == trained_indices(messages, "all_tokens") == list(range(6))
+    assert trained_indices(messages, "customized") == [5]  # no flags: the last assistant message
+    with pytest.raises(ValueError, match="unknown train_on_what"):
+        trained_indices(messages, "everything")

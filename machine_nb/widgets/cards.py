@@ -3,7 +3,7 @@
 Pure functions from plain data (a training line's messages, token rows) to self-contained HTML
 with inline styles, so the same markup serves the live widget and the static fallback that an
 nbconvert export or GitHub shows with no kernel and no stylesheet. Which messages are trained on
-is decided in `previewer.trained_indices`; the token rows come from `previewer.token_frame`.
+is decided in `chat.trained_indices` (sft's rule); the token rows come from `previewer.token_frame`.
 Colours are JupyterLab theme variables (see `_base`), so the cards read in light and dark themes.
 """
 
