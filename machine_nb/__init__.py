@@ -62,10 +62,10 @@ _API: dict[str, str] = {
     "training_metrics": "train",
     # evaluation
     "load_eval_rows": "chat",
-    "score_output": "evaluate",
+    "score_output": "scoring",
     "evaluate": "evaluate",
     "probe": "evaluate",
-    "load_results": "evaluate",
+    "load_results": "results",
     # comparing results: statistics that hold at small n
     "compare": "compare",
     "compare_many": "compare",

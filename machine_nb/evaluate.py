@@ -3,7 +3,8 @@
 Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train eval` row format).
 Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
 whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
-numbers (re-exported here for older imports).
+numbers. Rows are checked in chat.py, replies scored in scoring.py, results read in results.py;
+the names that moved there stay importable from here.
 """
 
 from __future__ import annotations
@@ -11,35 +12,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import datetime as _dt
-import hashlib
+import importlib
 import json
 import os
-import re
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
 from . import patterns
-from .chat import check_row, eval_rows, load_eval_rows, probe_rows, prompt_text  # noqa: F401
+from .chat import eval_rows, probe_rows, prompt_text
 from .errors import EngineError, MachineFormatError
-from .scoring import (DEFAULT_MATCH, MATCH_MODES, format_matches, last_number, normalize,  # noqa: F401
-                      score_output)
-from .scoring import score_row as _score_row
-from .scoring import to_number as _to_number
-
-RESULTS_DIR = "eval_results"  # Machine's `/train eval` writes here too
-
-RESULT_COLUMNS = ["row", "prompt", "expected", "match", "output", "correct", "format_ok",
-                  "prompt_tokens", "output_tokens", "latency_s", "stop_reason", "error"]
-"""Columns of evaluate()'s frame: row (0-based position in the eval file), prompt (the last user
-message's text), expected, match, output (the parsed reply text), correct (bool), format_ok (bool,
-or None when the row has no "format"), prompt_tokens / output_tokens (exact, from the renderer
-and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None), error (None, or why the
-row could not be scored in full: its request failed, or a regex ran past patterns.REGEX_TIMEOUT_S;
-a failed request or a timed-out "regex" match counts as wrong, a timed-out "format" gives
-format_ok False)."""
+from .results import RESULT_COLUMNS, RESULTS_DIR, file_sha256, results_name, utc_now
+from .scoring import format_matches, score_row
 
 
 # --------------------------------------------------------------------------- sampling
@@ -254,29 +239,6 @@ def _price_field(price: Any, *names: str) -> Any:
 
 # --------------------------------------------------------------------------- evaluate
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _sha256(path: str | None) -> str | None:
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def results_name(checkpoint: str | None) -> str:
-    """The results file's name: "baseline" for a base model, else the checkpoint's last path segment
-    ("tinker://…/sampler_weights/final" → "final"), made safe for a file name."""
-    if not checkpoint:
-        return "baseline"
-    last = [p for p in re.split(r"[/\\]+", str(checkpoint).split("://", 1)[-1]) if p]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", last[-1] if last else "checkpoint") or "checkpoint"
-
-
 def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
@@ -316,7 +278,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     from .progress import progress
 
     rows, data_path = eval_rows(eval_path)
-    data_sha = _sha256(data_path)  # of the file as read, not as it may be after a long eval
+    data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
     model, engine = _resolve(model, checkpoint, engine)
     renderer_obj, renderer_label = _renderer_for(model, renderer)
     if concurrency is None:
@@ -329,17 +291,17 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
     client = sampling_client if sampling_client is not None else _open_sampler(model, checkpoint, engine, service_client)
 
-    started_at, t0 = _now(), time.perf_counter()
+    started_at, t0 = utc_now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
     with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar, \
             _watchdog(engine) as dog:
         sampled = _run(lambda: _sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
     wall = time.perf_counter() - t0
-    finished_at = _now()
+    finished_at = utc_now()
 
     records, timed_out = [], []
     for i, (row, got) in enumerate(zip(rows, sampled)):
-        correct, format_ok, problem = (False, None, None) if got["error"] else _score_row(got["output"], row)
+        correct, format_ok, problem = (False, None, None) if got["error"] else score_row(got["output"], row)
         if problem:
             timed_out.append((i, problem))
         records.append({
@@ -386,45 +348,6 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     df.attrs["summary"] = summary
     df.attrs["path"] = None if path is None else str(path)
     return df
-
-
-def load_results(path: str | os.PathLike) -> Any:
-    """Read a results JSON written by evaluate() back as the same DataFrame (summary in attrs).
-
-    A file that is not such a result raises MachineFormatError naming the file and field.
-    """
-    import pandas as pd
-
-    from .jsonl import parse_json
-
-    try:
-        with open(path, "rb") as fh:
-            data = parse_json(fh.read(), path)
-    except FileNotFoundError:
-        raise MachineFormatError(path, "file not found") from None
-    except MachineFormatError as exc:
-        raise MachineFormatError(path, f"not a results JSON: {exc.reason}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
-    for i, row in enumerate(data["rows"]):
-        for key in ("prompt", "expected", "output", "correct"):
-            if not isinstance(row, dict) or key not in row:
-                raise MachineFormatError(path, "missing in a per-row result", field=f"rows.{i}.{key}")
-    df = pd.DataFrame.from_records(data["rows"])
-    for col in RESULT_COLUMNS:
-        if col not in df.columns:
-            df[col] = range(len(df)) if col == "row" else None
-    df = df[RESULT_COLUMNS + (["case"] if "case" in df.columns else [])]
-    df.attrs["summary"] = {k: v for k, v in data.items() if k != "rows"}
-    df.attrs["path"] = os.fspath(path)
-    return df
-
-
-# --------------------------------------------------------------------------- paired statistics
-# compare() and its statistics live in compare.py and stats.py; these names stay importable here.
-
-from .compare import CompareManyResult, CompareResult, compare, compare_many  # noqa: E402,F401
-from .stats import mcnemar_exact, min_discordant_for, paired_bootstrap_ci  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- bleed probe
@@ -496,3 +419,33 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     df.attrs["summary"] = {"model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
                            "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
     return df
+
+
+# --------------------------------------------------------------------------- moved names
+# Names that now live in their own modules stay importable from here (loaded on first use):
+# old name -> "module.name".
+_MOVED: dict[str, str] = {
+    # scoring.py
+    "MATCH_MODES": "scoring.MATCH_MODES", "DEFAULT_MATCH": "scoring.DEFAULT_MATCH", "normalize": "scoring.normalize",
+    "last_number": "scoring.last_number", "score_output": "scoring.score_output",
+    "_to_number": "scoring.to_number", "_score_row": "scoring.score_row",
+    # chat.py
+    "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
+    "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
+    # results.py
+    "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
+    # compare.py and stats.py
+    "compare": "compare.compare", "compare_many": "compare.compare_many", "CompareResult": "compare.CompareResult",
+    "CompareManyResult": "compare.CompareManyResult", "mcnemar_exact": "stats.mcnemar_exact",
+    "min_discordant_for": "stats.min_discordant_for", "paired_bootstrap_ci": "stats.paired_bootstrap_ci",
+}
+
+
+def __getattr__(name: str) -> Any:
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = moved.rpartition(".")
+    value = getattr(importlib.import_module(f".{module}", __package__), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value

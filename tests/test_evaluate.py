@@ -147,6 +147,27 @@ def test_match_rules_have_one_home():
         == (True, True, None)
 
 
+def test_moved_names_stay_importable_from_evaluate():
+    """Older imports (`from machine_nb.evaluate import compare, load_results, …`) keep working,
+    and loading evaluate loads neither compare nor pandas until one of them is asked for."""
+    import importlib
+    import subprocess
+    import sys
+
+    ev = importlib.import_module("machine_nb.evaluate")
+    for old, new in ev._MOVED.items():
+        module, _, attr = new.rpartition(".")
+        assert getattr(ev, old) is getattr(importlib.import_module(f"machine_nb.{module}"), attr), old
+    with pytest.raises(AttributeError, match="no_such_name"):
+        ev.no_such_name  # noqa: B018
+    code = ("import sys, machine_nb.evaluate as ev\n"
+            "print('machine_nb.compare' in sys.modules, 'pandas' in sys.modules)\n"
+            "from machine_nb.evaluate import compare\n"
+            "print('machine_nb.compare' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "True"]
+
+
 # --------------------------------------------------------------------------- eval rows
 
 def test_load_eval_rows_fills_default_match_and_line(tmp_path):

@@ -26,7 +26,7 @@ for _names, _layer in [
     ("__init__ cli widgets report", 5),  # what users touch (`__init__`: the package's lazy public API)
     ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats", 3),  # checks and numbers
-    ("select export frames", 2),  # Machine's data as frames and lines
+    ("select export frames results", 2),  # Machine's data as frames and lines
     ("store jsonl progress patterns redact scoring chat", 1),  # files on disk, and pure helpers under everything
     ("engines errors", 0),  # the local server and the Tinker glue; the errors every layer raises
 ]:
@@ -36,7 +36,6 @@ for _names, _layer in [
 # Cycles other changes are still removing: each entry is the set of modules of one cycle.
 ALLOWED_CYCLES = {
     frozenset({"heldout", "train"}),  # train imports heldout inside sft(); heldout imports train's log readers
-    frozenset({"compare", "evaluate"}),  # evaluate re-exports compare; compare reads results through evaluate
 }
 
 # Upward imports other changes are still removing: (importer, imported).

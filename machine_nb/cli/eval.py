@@ -116,7 +116,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from ..evaluate import compare
+    from ..compare import compare
 
     result = compare(args.a, args.b, seed=args.seed)
     if args.json:
