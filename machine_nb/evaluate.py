@@ -10,196 +10,20 @@ the names that moved there stay importable from here.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import importlib
 import json
 import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import patterns
 from .chat import eval_rows, probe_rows, prompt_text
-from .errors import EngineError, MachineFormatError
 from .results import RESULT_COLUMNS, RESULTS_DIR, file_sha256, results_name, utc_now
+from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
+                       run_coroutine, sample_rows, sampling_params, watchdog)
 from .scoring import format_matches, score_row
-
-
-# --------------------------------------------------------------------------- sampling
-
-class SamplingClientLike(Protocol):
-    """What evaluate() needs of a sampler: tinker's `sample_async(prompt, num_samples, sampling_params)`
-    (or `sample(...)` returning an awaitable / a future) that yields a `tinker.SampleResponse`."""
-
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any: ...
-
-
-async def _call_sampler(client: Any, prompt: Any, params: Any) -> Any:
-    import tinker
-
-    if isinstance(client, tinker.SamplingClient) or not hasattr(client, "sample_async"):
-        # tinker's own client: sample() returns an awaitable APIFuture (sample_async is deprecated)
-        result = client.sample(prompt=prompt, num_samples=1, sampling_params=params)
-    else:
-        result = client.sample_async(prompt=prompt, num_samples=1, sampling_params=params)
-    if hasattr(result, "__await__"):
-        result = await result
-    if hasattr(result, "result_async"):
-        result = await result.result_async()
-    elif isinstance(result, concurrent.futures.Future) or (hasattr(result, "result") and not hasattr(result, "sequences")):
-        result = await asyncio.get_running_loop().run_in_executor(None, result.result)
-    return result
-
-
-def _render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[Any]:
-    """Every row's generation prompt, rendered before anything is sent: a row the renderer cannot
-    format is a MachineFormatError naming its line, not a failure halfway through a paid eval."""
-    prompts = []
-    for row in rows:
-        try:
-            prompts.append(renderer.build_generation_prompt(row["messages"]))
-        except Exception as exc:  # the cookbook raises ValueError/KeyError/TypeError on odd messages
-            raise MachineFormatError(path, f"the renderer cannot format this prompt: {type(exc).__name__}: {exc}",
-                                     line=row.get("line"), field="messages") from None
-    return prompts
-
-
-async def _sample_rows(client: Any, renderer: Any, prompts: list[Any], params: Any, concurrency: int,
-                       bar: Any = None) -> list[dict]:
-    """Sample one reply per prompt, at most `concurrency` in flight; per-row output, tokens, latency."""
-    from tinker_cookbook import renderers
-
-    semaphore = asyncio.Semaphore(max(1, int(concurrency)))
-
-    async def one(prompt: Any) -> dict:
-        async with semaphore:
-            start = time.perf_counter()
-            try:
-                response = await _call_sampler(client, prompt, params)
-                error = None
-            except EngineError:
-                raise  # the engine refuses the whole job (wrong model, no key): stop at once
-            except Exception as exc:  # one failed request: record it (redacted), keep the other rows
-                from .redact import redacted
-
-                response, error = None, redacted(f"{type(exc).__name__}: {exc}")
-            latency = time.perf_counter() - start
-        out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
-               "latency_s": round(latency, 4), "error": error}
-        if response is not None:
-            seq = response.sequences[0]
-            tokens = list(seq.tokens)
-            message, _ = renderer.parse_response(tokens)
-            out.update(output=renderers.get_text_content(message), output_tokens=len(tokens),
-                       stop_reason=getattr(seq, "stop_reason", None))
-        if bar is not None:
-            bar.update(1)
-        return out
-
-    results = list(await asyncio.gather(*(one(p) for p in prompts)))
-    if results and all(r["error"] for r in results):  # nothing to score: an engine problem, not the rows
-        raise EngineError(f"All {len(results)} sampling requests failed; the first: {results[0]['error']}")
-    return results
-
-
-def _run(coro_factory: Any, watchdog: Any = None) -> Any:
-    """Run a coroutine to completion, also from Jupyter (where an event loop already runs: then
-    it runs in a worker thread with its own loop). With a `watchdog` (engines.tinker.Watchdog),
-    a service that stops answering cancels the work and raises EngineError within seconds."""
-    async def guarded() -> Any:
-        task = asyncio.ensure_future(coro_factory())
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if watchdog is not None and watchdog.failed:
-                task.cancel()
-                raise EngineError(watchdog.failed)
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(guarded())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(guarded())).result()
-
-
-def _default_model() -> str:
-    from .engines import default_model
-
-    return default_model("local")
-
-
-def _resolve(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
-    """The renderer's model and the engine, with the engine's own name rules (engines.engine_for).
-
-    A checkpoint says which engine serves it, so `engine` is needed only to point a local model's
-    checkpoint at a Tinker-compatible server (`engine="tinker"` with TINKER_BASE_URL)."""
-    from . import engines
-
-    if model is None:
-        if checkpoint and engines.engine_for(str(checkpoint)) == "local":
-            model = engines.checkpoint_base_model(str(checkpoint))  # a local checkpoint records it
-        elif checkpoint:
-            raise EngineError(f"Pass model= (the base model of {checkpoint!r}): its renderer formats the prompts")
-        else:
-            model = _default_model()
-    engine = engine or engines.engine_for(str(checkpoint or model))
-    # asking one engine for the other's model: a clear error now, not a failed request later
-    engines.check_model(engine, str(checkpoint or model))
-    return model, engine
-
-
-def _open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
-    """A sampling client (the real tinker SDK's) for the base model or the checkpoint. On Tinker,
-    engines.service_client checks the key and the service first (5 s), never leaving the SDK to
-    hang for minutes. A refused checkpoint (missing, corrupt) is an EngineError or a
-    MachineFormatError naming the file."""
-    from . import engines
-
-    if service_client is None:
-        service_client = _service(engine, (model,))
-    try:
-        if checkpoint:
-            future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
-        else:
-            future = service_client.create_sampling_client(base_model=model)
-        return future.result() if hasattr(future, "result") else future
-    except engines.sdk_errors() as exc:
-        raise engines.explain(exc) from None
-
-
-def _service(engine: str, models: tuple[str, ...]) -> Any:
-    """The engine's ServiceClient (engines keeps one per engine, URL and key)."""
-    from . import engines
-
-    return engines.service_client(engine, models=models)
-
-
-def _watchdog(engine: str) -> Any:
-    if engine != "tinker":
-        return contextlib.nullcontext()
-    from .engines.tinker import Watchdog, tinker_base_url
-
-    return Watchdog(tinker_base_url())
-
-
-def _sampling_params(max_tokens: int, temperature: float, seed: int | None, renderer: Any) -> Any:
-    import tinker
-
-    return tinker.SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), seed=seed,
-                                 stop=renderer.get_stop_sequences())
-
-
-def _renderer_for(model: str, renderer: Any) -> tuple[Any, str]:
-    from .render import get_renderer, renderer_name
-
-    if renderer is None or isinstance(renderer, str):
-        name = renderer or renderer_name(model)
-        return get_renderer(model, name), name
-    return renderer, type(renderer).__name__
 
 
 # --------------------------------------------------------------------------- cost
@@ -279,23 +103,23 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
 
     rows, data_path = eval_rows(eval_path)
     data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
-    model, engine = _resolve(model, checkpoint, engine)
-    renderer_obj, renderer_label = _renderer_for(model, renderer)
+    model, engine = resolve_model(model, checkpoint, engine)
+    renderer_obj, renderer_label = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
-    params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
-    prompts = _render_prompts(renderer_obj, rows, data_path)
+    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
+    prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
         from .pricing import estimate_eval_cost
 
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
-    client = sampling_client if sampling_client is not None else _open_sampler(model, checkpoint, engine, service_client)
+    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
 
     started_at, t0 = utc_now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
     with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar, \
-            _watchdog(engine) as dog:
-        sampled = _run(lambda: _sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
+            watchdog(engine) as dog:
+        sampled = run_coroutine(lambda: sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
     wall = time.perf_counter() - t0
     finished_at = utc_now()
 
@@ -383,23 +207,23 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
             patterns.compile_pattern(format)
         except (patterns.pattern_error(), TypeError) as exc:
             raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
-    model, engine = _resolve(model, checkpoint, engine)
-    renderer_obj, _ = _renderer_for(model, renderer)
+    model, engine = resolve_model(model, checkpoint, engine)
+    renderer_obj, _ = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
-    params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     source = os.fspath(prompts) if isinstance(prompts, (str, os.PathLike)) and Path(prompts).is_file() else None
-    rendered = _render_prompts(renderer_obj, rows, source)
-    base_client = baseline_client if baseline_client is not None else _open_sampler(model, None, engine, service_client)
-    ckpt_client = checkpoint_client if checkpoint_client is not None else _open_sampler(model, checkpoint, engine, service_client)
+    rendered = render_prompts(renderer_obj, rows, source)
+    base_client = baseline_client if baseline_client is not None else open_sampler(model, None, engine, service_client)
+    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(model, checkpoint, engine, service_client)
 
     async def both(bar: Any) -> tuple[list[dict], list[dict]]:
-        return tuple(await asyncio.gather(_sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
-                                          _sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
+        return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
+                                          sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
 
     with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar, \
-            _watchdog(engine) as dog:
-        base_out, ckpt_out = _run(lambda: both(bar), dog)
+            watchdog(engine) as dog:
+        base_out, ckpt_out = run_coroutine(lambda: both(bar), dog)
     records, timed_out = [], []
     for i, (row, x, y) in enumerate(zip(rows, base_out, ckpt_out)):
         pattern = format or row["format"]
@@ -432,6 +256,11 @@ _MOVED: dict[str, str] = {
     # chat.py
     "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
     "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
+    # sampling.py
+    "_call_sampler": "sampling.call_sampler", "_render_prompts": "sampling.render_prompts",
+    "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
+    "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
+    "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
     # results.py
     "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
     # compare.py and stats.py

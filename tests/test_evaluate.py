@@ -168,6 +168,29 @@ def test_moved_names_stay_importable_from_evaluate():
     assert out == ["False", "False", "True"]
 
 
+def test_run_coroutine_inside_a_running_loop_and_with_a_failed_watchdog():
+    """A notebook kernel already runs an event loop: the work then runs on its own loop in a thread;
+    a watchdog that reports the service gone cancels the work with EngineError."""
+    from machine_nb.sampling import run_coroutine
+
+    async def answer():
+        return 42
+
+    async def in_a_kernel():
+        return run_coroutine(answer)
+
+    assert run_coroutine(answer) == 42 and asyncio.run(in_a_kernel()) == 42
+
+    class Gone:
+        failed = "the service stopped answering"
+
+    async def forever():
+        await asyncio.sleep(3600)
+
+    with pytest.raises(EngineError, match="stopped answering"):
+        run_coroutine(forever, Gone())
+
+
 # --------------------------------------------------------------------------- eval rows
 
 def test_load_eval_rows_fills_default_match_and_line(tmp_path):

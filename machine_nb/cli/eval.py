@@ -77,9 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
     """On Tinker without --yes: print what the eval could cost and refuse (Machine's habit)."""
     from ..chat import load_eval_rows, probe_rows
-    from ..evaluate import _resolve
+    from ..sampling import resolve_model
 
-    model, engine = _resolve(args.model, args.checkpoint, args.engine)
+    model, engine = resolve_model(args.model, args.checkpoint, args.engine)
     if engine != "tinker" or args.yes:
         return True
     from ..pricing import estimate_eval_cost
