@@ -20,45 +20,11 @@ from typing import Any
 
 from . import patterns
 from .chat import eval_rows, probe_rows, prompt_text
+from .pricing import sample_cost
 from .results import RESULT_COLUMNS, RESULTS_DIR, file_sha256, results_name, utc_now
 from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
                        run_coroutine, sample_rows, sampling_params, watchdog)
 from .scoring import format_matches, score_row
-
-
-# --------------------------------------------------------------------------- cost
-
-def _eval_cost(model: str, engine: str, prompt_tokens: int, output_tokens: int) -> dict:
-    """The eval's cost: prompt tokens × prefill price + output tokens × sample price, with its source."""
-    if engine == "local":
-        return {"usd": 0.0, "source": "local engine: runs on this machine, no charge"}
-    try:
-        from .pricing import price_for
-    except ImportError:
-        return {"usd": None, "source": "unknown: machine_nb.pricing is not available"}
-    try:
-        price = price_for(model)
-    except Exception as exc:  # unknown model: no price to quote
-        return {"usd": None, "source": f"unknown: {exc}"}
-    if price is None:
-        return {"usd": None, "source": f"unknown: no price for {model!r}"}
-    prefill = _price_field(price, "prefill", "prefill_per_m", "input", "input_per_m")
-    sample = _price_field(price, "sample", "sample_per_m", "output", "output_per_m")
-    if prefill is None or sample is None:
-        return {"usd": None, "source": f"unknown: no prefill/sample price for {model!r}"}
-    usd = (prompt_tokens * prefill + output_tokens * sample) / 1_000_000
-    source = _price_field(price, "source") or "machine_nb.pricing"
-    date = _price_field(price, "date", "as_of")
-    return {"usd": round(usd, 9), "source": f"{source}{f' ({date})' if date else ''}",
-            "prefill_per_m": prefill, "sample_per_m": sample}
-
-
-def _price_field(price: Any, *names: str) -> Any:
-    for name in names:
-        value = price.get(name) if isinstance(price, dict) else getattr(price, name, None)
-        if value is not None:
-            return value
-    return None
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -158,7 +124,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
         "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
         "errors": len(errors), "regex_timeouts": len(timed_out),
         "prompt_tokens": int(df["prompt_tokens"].sum()), "output_tokens": int(df["output_tokens"].sum()),
-        "cost": _eval_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
+        "cost": sample_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
         "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
     }
     path = None
@@ -261,6 +227,8 @@ _MOVED: dict[str, str] = {
     "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
     "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
     "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
+    # pricing.py
+    "_eval_cost": "pricing.sample_cost",
     # results.py
     "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
     # compare.py and stats.py

@@ -373,14 +373,6 @@ def test_budget_is_checked_before_any_request():
     assert df["correct"].all()
 
 
-def test_unknown_model_cost_is_recorded_as_unknown_not_guessed():
-    from machine_nb.evaluate import _eval_cost
-
-    cost = _eval_cost("acme/NoSuchModel-1B", "tinker", 100, 10)
-    assert cost["usd"] is None and cost["source"].startswith("unknown")
-    assert _eval_cost("local/arith-tiny", "local", 100, 10)["usd"] == 0.0
-
-
 def test_asking_an_engine_for_the_other_engines_model_is_a_clear_error():
     with pytest.raises(EngineError, match="local engine serves only its own models"):
         evaluate(eval_rows(1), model=MODEL, engine="local", sampling_client=object(), save=False)
