@@ -20,7 +20,7 @@ from typing import Any
 
 from . import patterns
 from .chat import eval_rows, probe_rows, prompt_text
-from .pricing import sample_cost
+from .pricing import estimate_eval_cost, sample_cost
 from .results import RESULT_COLUMNS, RESULTS_DIR, file_sha256, results_name, utc_now
 from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
                        run_coroutine, sample_rows, sampling_params, watchdog)
@@ -76,8 +76,6 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
-        from .pricing import estimate_eval_cost
-
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
     client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
 
