@@ -35,14 +35,14 @@ for _names, _layer in [
 
 # Cycles other changes are still removing: each entry is the set of modules of one cycle.
 ALLOWED_CYCLES = {
-    frozenset({"heldout", "train"}),  # train imports heldout inside sft(); heldout imports train's log readers
+    frozenset({"heldout", "train"}),  # train imports heldout inside sft(); heldout imports train's log-file names
 }
 
 # Upward imports other changes are still removing: (importer, imported).
 ALLOWED_UPWARD = {
     ("engines.local.build", "corpus"),  # the shipped model's build script makes its training corpus
     ("pricing", "pairs"),  # estimate_dpo_cost reads pair records with pairs._records
-    ("store.tags", "export"),  # the tag store builds rewrite rows with export's message helpers
+    ("store.tags", "export"),  # the tag store reads turns with export's message helpers (is_tool_call, to_chat, …)
 }
 
 # Engine internals reached from outside engines/ (not through machine_nb.engines): (importer, imported).
