@@ -61,11 +61,11 @@ _API: dict[str, str] = {
     "read_training_log": "train",
     "training_metrics": "train",
     # evaluation
-    "load_eval_rows": "evaluate",
-    "score_output": "evaluate",
+    "load_eval_rows": "chat",
+    "score_output": "scoring",
     "evaluate": "evaluate",
     "probe": "evaluate",
-    "load_results": "evaluate",
+    "load_results": "results",
     # comparing results: statistics that hold at small n
     "compare": "compare",
     "compare_many": "compare",

@@ -56,7 +56,7 @@ def machine_path(workspace: str | os.PathLike, machine: str) -> Path:
 
 def _check_rule(case: dict, i: int, path: Path) -> dict:
     """The case's eval rule {expected, match, format}, checked as evaluate checks an eval row."""
-    from .evaluate import check_row
+    from .chat import check_row
 
     if "expected" not in case or case["expected"] is None:
         for key in ("match", "format"):
@@ -199,12 +199,6 @@ def _grade(grader: Grader, case: dict, reply: str) -> bool:
     return bool(value)
 
 
-def _sha256(path: str | None) -> str | None:
-    if path is None or not os.path.exists(path):
-        return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None = None,
                    checkpoint: str | None = None, *, split: str = "holdout", cases: Any = None, trials: int = 1,
                    engine: str | None = None, grader: Grader | None = None, instructions: str | None = None,
@@ -249,7 +243,8 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     """
     import pandas as pd
 
-    from .evaluate import _now, evaluate, results_name
+    from .evaluate import evaluate
+    from .results import file_sha256, results_name, utc_now
 
     if int(trials) < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
@@ -284,9 +279,9 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
 
         engine = engine_for(str(checkpoint or model))
     if sampling_client is None:
-        from .evaluate import _open_sampler  # the SDK's client itself (not its future), errors explained
+        from .sampling import open_sampler  # the SDK's client itself (not its future), errors explained
 
-        sampling_client = _open_sampler(model, str(checkpoint) if checkpoint else None, engine, service_client)
+        sampling_client = open_sampler(model, str(checkpoint) if checkpoint else None, engine, service_client)
     if model is None:  # a checkpoint's base model: its renderer formats the prompts
         model = sampling_client.get_base_model()
     label = name or (results_name(checkpoint) if checkpoint else f"live {live['id']}" if live else "baseline")
@@ -296,7 +291,7 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
              "expected": c["expected"] if c.get("expected") is not None else "(?s).*",
              "match": (c.get("match") or "exact") if c.get("expected") is not None else "regex",
              **({"format": c["format"]} if c.get("format") else {})} for c in records]
-    started, t0 = _now(), time.perf_counter()
+    started, t0 = utc_now(), time.perf_counter()
     frames = []
     for t in range(int(trials)):
         frames.append(evaluate(rows, model=model, checkpoint=checkpoint, engine=engine, max_tokens=max_tokens,
@@ -329,13 +324,13 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         "machine": machine, "split": split, "trials": int(trials), "version": None if live is None else live["id"],
         "instructions_sha256": hashlib.sha256(instructions.encode("utf-8")).hexdigest(),
         "parameters": {**first["parameters"], "seed": seed},
-        "data": {"path": cases_path, "sha256": _sha256(cases_path)},
+        "data": {"path": cases_path, "sha256": file_sha256(cases_path)},
         "n_cases": len(records), "n": len(result), "correct": int(result["correct"].sum()),
         "accuracy": float(result["correct"].mean()), "case_accuracy": float(per_case.mean()),
         "errors": int(sum(isinstance(e, str) for e in result["error"])),
         "prompt_tokens": int(result["prompt_tokens"].sum()), "output_tokens": int(result["output_tokens"].sum()),
         "cost": {"usd": usd, "source": costs[0].get("source")},
-        "started_at": started, "finished_at": _now(), "wall_s": round(wall, 3),
+        "started_at": started, "finished_at": utc_now(), "wall_s": round(wall, 3),
     }
     path = None
     if out is not None:

@@ -9,7 +9,6 @@ Whether a checkpoint is good enough to use stays the reader's call.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -38,16 +37,10 @@ def _as_results(value: Any, label: str) -> Any:
     """A results frame from a path, an evaluate() frame, or a loaded results dict."""
     import pandas as pd
 
-    from .evaluate import load_results
+    from .results import load_results
 
     if isinstance(value, (str, os.PathLike)):
-        df = load_results(value)
-        if CASE_COLUMN not in df.columns:  # load_results keeps only the standard columns
-            with open(value, encoding="utf-8") as fh:
-                rows = json.load(fh)["rows"]
-            if any(isinstance(r, dict) and CASE_COLUMN in r for r in rows):
-                df[CASE_COLUMN] = [r.get(CASE_COLUMN) for r in rows]
-        return df
+        return load_results(value)  # keeps the case column where rows have one
     if isinstance(value, pd.DataFrame):
         missing = [c for c in ("prompt", "expected", "output", "correct") if c not in value.columns]
         if missing:

@@ -3,452 +3,31 @@
 Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train eval` row format).
 Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
 whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
-numbers (re-exported here for older imports).
+numbers. Rows are checked in chat.py, replies scored in scoring.py, results read in results.py;
+the names that moved there stay importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import datetime as _dt
-import hashlib
+import importlib
 import json
 import os
-import re
 import time
 import warnings
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import patterns
-from .errors import EngineError, MachineFormatError
-
-MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
-"""exact/prefix/contains compare Machine-normalised text; regex fullmatches the stripped raw
-output (time-bounded, see patterns.py); number compares the last number in the output with the
-expected one."""
-
-DEFAULT_MATCH = "exact"  # Machine's eval rows usually say "exact"; rows without "match" get it
-RESULTS_DIR = "eval_results"  # Machine's `/train eval` writes here too
-
-# Trailing characters Machine's normalize() trims after lower-casing and collapsing whitespace.
-_TRIM = " \t\n\r.,;:!?"
-_WS = re.compile(r"\s+")
-# A number as people write it: optional sign, optional thousands commas, optional decimals.
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
-
-RESULT_COLUMNS = ["row", "prompt", "expected", "match", "output", "correct", "format_ok",
-                  "prompt_tokens", "output_tokens", "latency_s", "stop_reason", "error"]
-"""Columns of evaluate()'s frame: row (0-based position in the eval file), prompt (the last user
-message's text), expected, match, output (the parsed reply text), correct (bool), format_ok (bool,
-or None when the row has no "format"), prompt_tokens / output_tokens (exact, from the renderer
-and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None), error (None, or why the
-row could not be scored in full: its request failed, or a regex ran past patterns.REGEX_TIMEOUT_S;
-a failed request or a timed-out "regex" match counts as wrong, a timed-out "format" gives
-format_ok False)."""
-
-
-# --------------------------------------------------------------------------- rows and scoring
-
-def normalize(text: str) -> str:
-    """Machine's normalisation: strip → lower-case → collapse whitespace → trim ` \\t\\n\\r.,;:!?`."""
-    return _WS.sub(" ", str(text).strip().lower()).strip(_TRIM)
-
-
-def last_number(text: str) -> Decimal | None:
-    """The last integer or decimal in `text` ("47 + 15 = 62." → 62), or None when there is none."""
-    found = _NUMBER.findall(str(text))
-    if not found:
-        return None
-    return _to_number(found[-1])
-
-
-def _to_number(text: str) -> Decimal | None:
-    try:
-        return Decimal(str(text).strip().replace(",", ""))
-    except InvalidOperation:
-        return None
-
-
-def score_output(output: str, expected: str, match: str = DEFAULT_MATCH, *,
-                 timeout_s: float | None = None) -> bool:
-    """Whether `output` answers `expected` under `match` (default "exact", Machine's usual mode).
-
-    exact / prefix / contains: both sides go through `normalize()` first (so "Answer: 62." equals
-    "answer: 62"). regex: `expected` must match the whole stripped raw output (fullmatch, the
-    stricter reading: a pattern that should allow extra text says so with `.*`; `.` matches
-    newlines), within `timeout_s` seconds (default None = patterns.REGEX_TIMEOUT_S, 1 s), else
-    patterns.RegexTimeout. number: the last integer or decimal in the output equals `expected`
-    numerically ("62.0" == "62"). An unknown mode raises ValueError naming the known ones.
-    """
-    output = "" if output is None else str(output)
-    if match == "exact":
-        return normalize(output) == normalize(expected)
-    if match == "prefix":
-        return normalize(output).startswith(normalize(expected))
-    if match == "contains":
-        return normalize(expected) in normalize(output)
-    if match == "regex":
-        return patterns.fullmatch(str(expected), output.strip(), timeout_s=timeout_s)
-    if match == "number":
-        got, want = last_number(output), _to_number(str(expected))
-        return got is not None and want is not None and got == want
-    raise ValueError(f"unknown match mode: {match!r} (known: {', '.join(MATCH_MODES)})")
-
-
-def format_matches(output: str, pattern: str | None, *, timeout_s: float | None = None) -> bool | None:
-    """Whether the stripped raw output fully matches the row's "format" regex (None: no format).
-
-    timeout_s: as in score_output (default 1 s); past it, patterns.RegexTimeout.
-    """
-    if not pattern:
-        return None
-    return patterns.fullmatch(pattern, ("" if output is None else str(output)).strip(), timeout_s=timeout_s)
-
-
-def _score_row(output: str, row: dict) -> tuple[bool, bool | None, str | None]:
-    """(correct, format_ok, why not scored in full) for one reply; a regex past its bound is not a hang."""
-    problems = []
-    try:
-        correct = score_output(output, row["expected"], row["match"])
-    except patterns.RegexTimeout as exc:
-        correct = False
-        problems.append(f"match 'regex' timed out, counted wrong: {exc}")
-    try:
-        format_ok = format_matches(output, row.get("format"))
-    except patterns.RegexTimeout as exc:
-        format_ok = False
-        problems.append(f"'format' timed out, format_ok False: {exc}")
-    return correct, format_ok, "; ".join(problems) or None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-    return "" if content is None else str(content)
-
-
-def prompt_text(messages: list[dict]) -> str:
-    """The text of the last user message (what a reader recognises the row by)."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return _text(message.get("content"))
-    return _text(messages[-1].get("content")) if messages else ""
-
-
-def check_row(row: Any, *, path: str | os.PathLike | None = None, line: int | None = None) -> dict:
-    """One eval row checked and filled in (match defaults to "exact"); MachineFormatError if bad.
-
-    The error names the file, line and field, so a bad row of 24 is found without guessing.
-    """
-    def bad(message: str, fld: str | None = None) -> MachineFormatError:
-        return MachineFormatError(path, message, line=line, field=fld)
-
-    if not isinstance(row, dict):
-        raise bad(f"an eval row must be a JSON object, got {type(row).__name__}")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("missing or empty: a non-empty list of chat messages (the prompt)", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad("each message needs a string 'role'", f"messages.{i}.role")
-        if "content" not in message:
-            raise bad("each message needs 'content'", f"messages.{i}.content")
-    if messages[-1]["role"] == "assistant":
-        raise bad("the last message is the assistant's: eval rows hold the prompt only, the answer goes in 'expected'",
-                  f"messages.{len(messages) - 1}.role")
-    if "expected" not in row or row["expected"] is None:
-        raise bad("missing: the answer to score against", "expected")
-    expected = row["expected"]
-    if isinstance(expected, bool) or not isinstance(expected, (str, int, float)):
-        raise bad(f"must be a string (or a number), got {type(expected).__name__}", "expected")
-    expected = str(expected)
-    match = row.get("match", DEFAULT_MATCH)
-    if match not in MATCH_MODES:
-        raise bad(f"unknown match mode {match!r} (known: {', '.join(MATCH_MODES)})", "match")
-    if match == "regex":
-        try:
-            patterns.compile_pattern(expected)
-        except patterns.pattern_error() as exc:
-            raise bad(f"not a valid regular expression for match 'regex': {exc}", "expected") from None
-    elif match == "number" and _to_number(expected) is None:
-        raise bad(f"match 'number' needs a number, got {expected!r}", "expected")
-    elif match in ("prefix", "contains") and not normalize(expected):
-        raise bad(f"empty after normalisation: match {match!r} would accept every output", "expected")
-    fmt = row.get("format")
-    if fmt is not None:
-        if not isinstance(fmt, str):
-            raise bad(f"must be a regular expression string, got {type(fmt).__name__}", "format")
-        try:
-            patterns.compile_pattern(fmt)
-        except patterns.pattern_error() as exc:
-            raise bad(f"not a valid regular expression: {exc}", "format") from None
-    return {**row, "messages": messages, "expected": expected, "match": match, "format": fmt, "line": line}
-
-
-def load_eval_rows(path: str | os.PathLike) -> list[dict]:
-    """Read and check an eval JSONL file: `{"messages", "expected", "match"?, "format"?}` per line.
-
-    Every row is checked before anything is sampled (a bad row 23 should not cost 22 samples):
-    invalid JSON, a missing "expected", an unknown "match" or a bad regex raise MachineFormatError
-    naming the file, line and field. Each returned row carries its `line` number.
-    """
-    from .jsonl import iter_jsonl
-
-    rows = [check_row(value, path=path, line=number) for number, value in iter_jsonl(path)]
-    if not rows:
-        raise MachineFormatError(path, "no eval rows (the file is empty)")
-    return rows
-
-
-def _rows_from(data: Any) -> tuple[list[dict], str | None]:
-    """Eval rows from a path or a list of row dicts; also the path (None for in-memory rows)."""
-    if isinstance(data, (str, os.PathLike)):
-        return load_eval_rows(data), os.fspath(data)
-    rows = [check_row(r, line=i + 1) for i, r in enumerate(data)]
-    if not rows:
-        raise MachineFormatError(None, "no eval rows given")
-    return rows, None
-
-
-# --------------------------------------------------------------------------- sampling
-
-class SamplingClientLike(Protocol):
-    """What evaluate() needs of a sampler: tinker's `sample_async(prompt, num_samples, sampling_params)`
-    (or `sample(...)` returning an awaitable / a future) that yields a `tinker.SampleResponse`."""
-
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any: ...
-
-
-async def _call_sampler(client: Any, prompt: Any, params: Any) -> Any:
-    import tinker
-
-    if isinstance(client, tinker.SamplingClient) or not hasattr(client, "sample_async"):
-        # tinker's own client: sample() returns an awaitable APIFuture (sample_async is deprecated)
-        result = client.sample(prompt=prompt, num_samples=1, sampling_params=params)
-    else:
-        result = client.sample_async(prompt=prompt, num_samples=1, sampling_params=params)
-    if hasattr(result, "__await__"):
-        result = await result
-    if hasattr(result, "result_async"):
-        result = await result.result_async()
-    elif isinstance(result, concurrent.futures.Future) or (hasattr(result, "result") and not hasattr(result, "sequences")):
-        result = await asyncio.get_running_loop().run_in_executor(None, result.result)
-    return result
-
-
-def _render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[Any]:
-    """Every row's generation prompt, rendered before anything is sent: a row the renderer cannot
-    format is a MachineFormatError naming its line, not a failure halfway through a paid eval."""
-    prompts = []
-    for row in rows:
-        try:
-            prompts.append(renderer.build_generation_prompt(row["messages"]))
-        except Exception as exc:  # the cookbook raises ValueError/KeyError/TypeError on odd messages
-            raise MachineFormatError(path, f"the renderer cannot format this prompt: {type(exc).__name__}: {exc}",
-                                     line=row.get("line"), field="messages") from None
-    return prompts
-
-
-async def _sample_rows(client: Any, renderer: Any, prompts: list[Any], params: Any, concurrency: int,
-                       bar: Any = None) -> list[dict]:
-    """Sample one reply per prompt, at most `concurrency` in flight; per-row output, tokens, latency."""
-    from tinker_cookbook import renderers
-
-    semaphore = asyncio.Semaphore(max(1, int(concurrency)))
-
-    async def one(prompt: Any) -> dict:
-        async with semaphore:
-            start = time.perf_counter()
-            try:
-                response = await _call_sampler(client, prompt, params)
-                error = None
-            except EngineError:
-                raise  # the engine refuses the whole job (wrong model, no key): stop at once
-            except Exception as exc:  # one failed request: record it (redacted), keep the other rows
-                from .redact import redacted
-
-                response, error = None, redacted(f"{type(exc).__name__}: {exc}")
-            latency = time.perf_counter() - start
-        out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
-               "latency_s": round(latency, 4), "error": error}
-        if response is not None:
-            seq = response.sequences[0]
-            tokens = list(seq.tokens)
-            message, _ = renderer.parse_response(tokens)
-            out.update(output=renderers.get_text_content(message), output_tokens=len(tokens),
-                       stop_reason=getattr(seq, "stop_reason", None))
-        if bar is not None:
-            bar.update(1)
-        return out
-
-    results = list(await asyncio.gather(*(one(p) for p in prompts)))
-    if results and all(r["error"] for r in results):  # nothing to score: an engine problem, not the rows
-        raise EngineError(f"All {len(results)} sampling requests failed; the first: {results[0]['error']}")
-    return results
-
-
-def _run(coro_factory: Any, watchdog: Any = None) -> Any:
-    """Run a coroutine to completion, also from Jupyter (where an event loop already runs: then
-    it runs in a worker thread with its own loop). With a `watchdog` (engines.tinker.Watchdog),
-    a service that stops answering cancels the work and raises EngineError within seconds."""
-    async def guarded() -> Any:
-        task = asyncio.ensure_future(coro_factory())
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if watchdog is not None and watchdog.failed:
-                task.cancel()
-                raise EngineError(watchdog.failed)
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(guarded())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(guarded())).result()
-
-
-def _default_model() -> str:
-    from .engines import default_model
-
-    return default_model("local")
-
-
-def _resolve(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
-    """The renderer's model and the engine, with the engine's own name rules (engines.engine_for).
-
-    A checkpoint says which engine serves it, so `engine` is needed only to point a local model's
-    checkpoint at a Tinker-compatible server (`engine="tinker"` with TINKER_BASE_URL)."""
-    from . import engines
-
-    if model is None:
-        if checkpoint and engines.engine_for(str(checkpoint)) == "local":
-            model = engines.checkpoint_base_model(str(checkpoint))  # a local checkpoint records it
-        elif checkpoint:
-            raise EngineError(f"Pass model= (the base model of {checkpoint!r}): its renderer formats the prompts")
-        else:
-            model = _default_model()
-    engine = engine or engines.engine_for(str(checkpoint or model))
-    # asking one engine for the other's model: a clear error now, not a failed request later
-    engines.check_model(engine, str(checkpoint or model))
-    return model, engine
-
-
-def _open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
-    """A sampling client (the real tinker SDK's) for the base model or the checkpoint. On Tinker,
-    engines.service_client checks the key and the service first (5 s), never leaving the SDK to
-    hang for minutes. A refused checkpoint (missing, corrupt) is an EngineError or a
-    MachineFormatError naming the file."""
-    from . import engines
-
-    if service_client is None:
-        service_client = _service(engine, (model,))
-    try:
-        if checkpoint:
-            future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
-        else:
-            future = service_client.create_sampling_client(base_model=model)
-        return future.result() if hasattr(future, "result") else future
-    except engines.sdk_errors() as exc:
-        raise engines.explain(exc) from None
-
-
-def _service(engine: str, models: tuple[str, ...]) -> Any:
-    """The engine's ServiceClient (engines keeps one per engine, URL and key)."""
-    from . import engines
-
-    return engines.service_client(engine, models=models)
-
-
-def _watchdog(engine: str) -> Any:
-    if engine != "tinker":
-        return contextlib.nullcontext()
-    from .engines.tinker import Watchdog, tinker_base_url
-
-    return Watchdog(tinker_base_url())
-
-
-def _sampling_params(max_tokens: int, temperature: float, seed: int | None, renderer: Any) -> Any:
-    import tinker
-
-    return tinker.SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), seed=seed,
-                                 stop=renderer.get_stop_sequences())
-
-
-def _renderer_for(model: str, renderer: Any) -> tuple[Any, str]:
-    from .render import get_renderer, renderer_name
-
-    if renderer is None or isinstance(renderer, str):
-        name = renderer or renderer_name(model)
-        return get_renderer(model, name), name
-    return renderer, type(renderer).__name__
-
-
-# --------------------------------------------------------------------------- cost
-
-def _eval_cost(model: str, engine: str, prompt_tokens: int, output_tokens: int) -> dict:
-    """The eval's cost: prompt tokens × prefill price + output tokens × sample price, with its source."""
-    if engine == "local":
-        return {"usd": 0.0, "source": "local engine: runs on this machine, no charge"}
-    try:
-        from .pricing import price_for
-    except ImportError:
-        return {"usd": None, "source": "unknown: machine_nb.pricing is not available"}
-    try:
-        price = price_for(model)
-    except Exception as exc:  # unknown model: no price to quote
-        return {"usd": None, "source": f"unknown: {exc}"}
-    if price is None:
-        return {"usd": None, "source": f"unknown: no price for {model!r}"}
-    prefill = _price_field(price, "prefill", "prefill_per_m", "input", "input_per_m")
-    sample = _price_field(price, "sample", "sample_per_m", "output", "output_per_m")
-    if prefill is None or sample is None:
-        return {"usd": None, "source": f"unknown: no prefill/sample price for {model!r}"}
-    usd = (prompt_tokens * prefill + output_tokens * sample) / 1_000_000
-    source = _price_field(price, "source") or "machine_nb.pricing"
-    date = _price_field(price, "date", "as_of")
-    return {"usd": round(usd, 9), "source": f"{source}{f' ({date})' if date else ''}",
-            "prefill_per_m": prefill, "sample_per_m": sample}
-
-
-def _price_field(price: Any, *names: str) -> Any:
-    for name in names:
-        value = price.get(name) if isinstance(price, dict) else getattr(price, name, None)
-        if value is not None:
-            return value
-    return None
+from .chat import eval_rows, probe_rows, prompt_text
+from .pricing import estimate_eval_cost, sample_cost
+from .results import RESULT_COLUMNS, RESULTS_DIR, file_sha256, results_name, utc_now
+from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
+                       run_coroutine, sample_rows, sampling_params, watchdog)
+from .scoring import format_matches, score_row
 
 
 # --------------------------------------------------------------------------- evaluate
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _sha256(path: str | None) -> str | None:
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def results_name(checkpoint: str | None) -> str:
-    """The results file's name: "baseline" for a base model, else the checkpoint's last path segment
-    ("tinker://…/sampler_weights/final" → "final"), made safe for a file name."""
-    if not checkpoint:
-        return "baseline"
-    last = [p for p in re.split(r"[/\\]+", str(checkpoint).split("://", 1)[-1]) if p]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", last[-1] if last else "checkpoint") or "checkpoint"
-
 
 def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
@@ -488,31 +67,29 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
 
     from .progress import progress
 
-    rows, data_path = _rows_from(eval_path)
-    data_sha = _sha256(data_path)  # of the file as read, not as it may be after a long eval
-    model, engine = _resolve(model, checkpoint, engine)
-    renderer_obj, renderer_label = _renderer_for(model, renderer)
+    rows, data_path = eval_rows(eval_path)
+    data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
+    model, engine = resolve_model(model, checkpoint, engine)
+    renderer_obj, renderer_label = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
-    params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
-    prompts = _render_prompts(renderer_obj, rows, data_path)
+    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
+    prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
-        from .pricing import estimate_eval_cost
-
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
-    client = sampling_client if sampling_client is not None else _open_sampler(model, checkpoint, engine, service_client)
+    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
 
-    started_at, t0 = _now(), time.perf_counter()
+    started_at, t0 = utc_now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
     with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar, \
-            _watchdog(engine) as dog:
-        sampled = _run(lambda: _sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
+            watchdog(engine) as dog:
+        sampled = run_coroutine(lambda: sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
     wall = time.perf_counter() - t0
-    finished_at = _now()
+    finished_at = utc_now()
 
     records, timed_out = [], []
     for i, (row, got) in enumerate(zip(rows, sampled)):
-        correct, format_ok, problem = (False, None, None) if got["error"] else _score_row(got["output"], row)
+        correct, format_ok, problem = (False, None, None) if got["error"] else score_row(got["output"], row)
         if problem:
             timed_out.append((i, problem))
         records.append({
@@ -545,7 +122,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
         "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
         "errors": len(errors), "regex_timeouts": len(timed_out),
         "prompt_tokens": int(df["prompt_tokens"].sum()), "output_tokens": int(df["output_tokens"].sum()),
-        "cost": _eval_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
+        "cost": sample_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
         "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
     }
     path = None
@@ -561,74 +138,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
     return df
 
 
-def load_results(path: str | os.PathLike) -> Any:
-    """Read a results JSON written by evaluate() back as the same DataFrame (summary in attrs).
-
-    A file that is not such a result raises MachineFormatError naming the file and field.
-    """
-    import pandas as pd
-
-    from .jsonl import parse_json
-
-    try:
-        with open(path, "rb") as fh:
-            data = parse_json(fh.read(), path)
-    except FileNotFoundError:
-        raise MachineFormatError(path, "file not found") from None
-    except MachineFormatError as exc:
-        raise MachineFormatError(path, f"not a results JSON: {exc.reason}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
-    for i, row in enumerate(data["rows"]):
-        for key in ("prompt", "expected", "output", "correct"):
-            if not isinstance(row, dict) or key not in row:
-                raise MachineFormatError(path, "missing in a per-row result", field=f"rows.{i}.{key}")
-    df = pd.DataFrame.from_records(data["rows"])
-    for col in RESULT_COLUMNS:
-        if col not in df.columns:
-            df[col] = range(len(df)) if col == "row" else None
-    df = df[RESULT_COLUMNS + (["case"] if "case" in df.columns else [])]
-    df.attrs["summary"] = {k: v for k, v in data.items() if k != "rows"}
-    df.attrs["path"] = os.fspath(path)
-    return df
-
-
-# --------------------------------------------------------------------------- paired statistics
-# compare() and its statistics live in compare.py and stats.py; these names stay importable here.
-
-from .compare import CompareManyResult, CompareResult, compare, compare_many  # noqa: E402,F401
-from .stats import mcnemar_exact, min_discordant_for, paired_bootstrap_ci  # noqa: E402,F401
-
-
 # --------------------------------------------------------------------------- bleed probe
-
-def _probe_rows(prompts: Any) -> list[dict]:
-    from .jsonl import iter_jsonl
-
-    if isinstance(prompts, (str, os.PathLike)) and (Path(prompts).suffix == ".jsonl" or Path(prompts).exists()):
-        items = list(iter_jsonl(prompts))
-        path = os.fspath(prompts)
-    elif isinstance(prompts, str):
-        items, path = [(1, prompts)], None
-    else:
-        items, path = list(enumerate(prompts, start=1)), None
-    rows = []
-    for line, item in items:
-        if isinstance(item, str):
-            rows.append({"messages": [{"role": "user", "content": item}], "format": None, "line": line})
-            continue
-        if not isinstance(item, dict) or not isinstance(item.get("messages"), list) or not item["messages"]:
-            raise MachineFormatError(path, "a probe row is a prompt string or {\"messages\": [...]}", line=line, field="messages")
-        messages = [m for m in item["messages"]]
-        if messages[-1].get("role") == "assistant":  # a training-style row: probe its prompt
-            messages = messages[:-1]
-        if not messages:
-            raise MachineFormatError(path, "no prompt left once the assistant reply is dropped", line=line, field="messages")
-        rows.append({"messages": messages, "format": item.get("format"), "line": line})
-    if not rows:
-        raise MachineFormatError(path, "no probe prompts")
-    return rows
-
 
 def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
           format: str | None = None, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
@@ -655,31 +165,29 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
 
     if not checkpoint and checkpoint_client is None:
         raise ValueError("probe needs a checkpoint (or checkpoint_client) to set beside the base model")
-    rows = _probe_rows(prompts)
-    for pattern in [format, *(r["format"] for r in rows)]:  # a bad pattern fails before any sample
-        if pattern is None:
-            continue
+    rows = probe_rows(prompts)
+    if format is not None:  # a bad pattern fails before any sample (rows' own are checked with the rows)
         try:
-            patterns.compile_pattern(pattern)
+            patterns.compile_pattern(format)
         except (patterns.pattern_error(), TypeError) as exc:
-            raise ValueError(f"probe: format {pattern!r} is not a valid regular expression: {exc}") from None
-    model, engine = _resolve(model, checkpoint, engine)
-    renderer_obj, _ = _renderer_for(model, renderer)
+            raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
+    model, engine = resolve_model(model, checkpoint, engine)
+    renderer_obj, _ = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
-    params = _sampling_params(max_tokens, temperature, seed, renderer_obj)
+    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     source = os.fspath(prompts) if isinstance(prompts, (str, os.PathLike)) and Path(prompts).is_file() else None
-    rendered = _render_prompts(renderer_obj, rows, source)
-    base_client = baseline_client if baseline_client is not None else _open_sampler(model, None, engine, service_client)
-    ckpt_client = checkpoint_client if checkpoint_client is not None else _open_sampler(model, checkpoint, engine, service_client)
+    rendered = render_prompts(renderer_obj, rows, source)
+    base_client = baseline_client if baseline_client is not None else open_sampler(model, None, engine, service_client)
+    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(model, checkpoint, engine, service_client)
 
     async def both(bar: Any) -> tuple[list[dict], list[dict]]:
-        return tuple(await asyncio.gather(_sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
-                                          _sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
+        return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
+                                          sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
 
     with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar, \
-            _watchdog(engine) as dog:
-        base_out, ckpt_out = _run(lambda: both(bar), dog)
+            watchdog(engine) as dog:
+        base_out, ckpt_out = run_coroutine(lambda: both(bar), dog)
     records, timed_out = [], []
     for i, (row, x, y) in enumerate(zip(rows, base_out, ckpt_out)):
         pattern = format or row["format"]
@@ -699,3 +207,40 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     df.attrs["summary"] = {"model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
                            "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
     return df
+
+
+# --------------------------------------------------------------------------- moved names
+# Names that now live in their own modules stay importable from here (loaded on first use):
+# old name -> "module.name".
+_MOVED: dict[str, str] = {
+    # scoring.py
+    "MATCH_MODES": "scoring.MATCH_MODES", "DEFAULT_MATCH": "scoring.DEFAULT_MATCH", "normalize": "scoring.normalize",
+    "last_number": "scoring.last_number", "score_output": "scoring.score_output",
+    "_to_number": "scoring.to_number", "_score_row": "scoring.score_row",
+    # chat.py
+    "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
+    "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
+    # sampling.py
+    "_call_sampler": "sampling.call_sampler", "_render_prompts": "sampling.render_prompts",
+    "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
+    "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
+    "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
+    # pricing.py
+    "_eval_cost": "pricing.sample_cost",
+    # results.py
+    "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
+    # compare.py and stats.py
+    "compare": "compare.compare", "compare_many": "compare.compare_many", "CompareResult": "compare.CompareResult",
+    "CompareManyResult": "compare.CompareManyResult", "mcnemar_exact": "stats.mcnemar_exact",
+    "min_discordant_for": "stats.min_discordant_for", "paired_bootstrap_ci": "stats.paired_bootstrap_ci",
+}
+
+
+def __getattr__(name: str) -> Any:
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = moved.rpartition(".")
+    value = getattr(importlib.import_module(f".{module}", __package__), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -3,7 +3,7 @@
 Prices are USD per million tokens, each row with its source and date (Machine's `TINKER_PRICES`
 table in its src/pricing.ts); token counts come from `tokens.count_tokens` (exact where the
 model's renderer works offline). `train.sft`, `preference.dpo` and `evaluate` call `check_budget`
-before spending.
+before spending; what sampling cost once it ran is `sample_cost`.
 """
 
 from __future__ import annotations
@@ -261,11 +261,44 @@ def estimate_eval_cost(eval_path: str | os.PathLike | Iterable[Mapping[str, Any]
     rows = len(df)
     prompt = int(df["prompt_tokens"].sum()) * samples_per_row if rows else 0
     out = rows * max_tokens * samples_per_row
-    usd = (prompt * row.prefill + out * row.sample) / 1e6
+    usd = _sampling_usd(row, prompt, out)
     est = EvalCostEstimate(model=model, rows=rows, prompt_tokens=prompt, max_output_tokens=out, usd=usd,
                            exact=bool(df["exact"].all()) if rows else True, price=row, note=df.attrs.get("note", ""))
     check_budget(usd, max_usd, f"evaluating {model} on {rows} rows")
     return est
+
+
+def _sampling_usd(price: Price, prompt_tokens: int, output_tokens: int) -> float:
+    """Prompt tokens at the prefill price plus output tokens at the sample price (both known)."""
+    return (prompt_tokens * price.prefill + output_tokens * price.sample) / 1e6
+
+
+def sample_cost(model: str, engine: str | None, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """What sampling cost once it has run (an eval's summary records it).
+
+    Args:
+        model: the base model sampled (a checkpoint is priced at its base model's rate).
+        engine: "local" (no charge) or "tinker".
+        prompt_tokens: prompt tokens sent (prefilled).
+        output_tokens: tokens sampled.
+
+    Returns:
+        {"usd", "source"} and, when priced, "prefill_per_m" and "sample_per_m". usd is 0.0 on the
+        local engine and None, with the reason in source ("unknown: …"), when no prefill or sample
+        price is known: an unknown cost is recorded as unknown, never guessed.
+    """
+    if engine == "local":
+        return {"usd": 0.0, "source": "local engine: runs on this machine, no charge"}
+    try:
+        price = price_for(model)
+    except BudgetExceeded as exc:  # UnknownPrice: no price to quote
+        return {"usd": None, "source": f"unknown: {exc}"}
+    if price.prefill is None or price.sample is None:
+        return {"usd": None, "source": f"unknown: no prefill/sample price for {model!r}"}
+    source = price.source or "machine_nb.pricing"
+    return {"usd": round(_sampling_usd(price, prompt_tokens, output_tokens), 9),
+            "source": f"{source} ({price.date})" if price.date else source,
+            "prefill_per_m": price.prefill, "sample_per_m": price.sample}
 
 
 @dataclass
@@ -380,5 +413,5 @@ def prices_frame():
 
 
 __all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget",
-           "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "prices_frame",
+           "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "sample_cost", "prices_frame",
            "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost"]

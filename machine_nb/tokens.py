@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from .chat import is_flagged, trainable_flags, trained_indices
 from .errors import EngineError, MachineFormatError
 from .jsonl import iter_jsonl
 
@@ -51,25 +52,7 @@ def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, 
     from .export import estimate_tokens
 
     msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
-    mode = str(getattr(mode, "value", mode))
-    if mode == "all_tokens":
-        return estimate_tokens([{"messages": msgs}])
-    roles = [m.get("role") for m in msgs]
-    assistants = [i for i, r in enumerate(roles) if r == "assistant"]
-    if mode == "customized":
-        keep = [i for i, m in enumerate(msgs) if m.get("trainable")]
-    elif mode == "last_assistant_message":
-        keep = assistants[-1:]
-    elif mode == "last_assistant_turn":
-        users = [i for i, r in enumerate(roles) if r == "user"]
-        start = users[-1] + 1 if users else 0
-        keep = [i for i in assistants if i >= start]
-    elif mode == "all_assistant_messages":
-        keep = assistants
-    elif mode == "all_user_and_system_messages":
-        keep = [i for i, r in enumerate(roles) if r in ("user", "system")]
-    else:  # all_messages
-        keep = list(range(len(msgs)))
+    keep = trained_indices(msgs, mode, whole_run=whole_run)
     return estimate_tokens([{"messages": [msgs[i] for i in keep]}]) if keep else 0
 
 
@@ -97,33 +80,24 @@ def count_lines(path_or_rows: Any) -> int | None:
 
 def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
              whole_run: bool = False) -> tuple[list[Mapping[str, Any]], Any]:
-    """The messages and TrainOnWhat that `train.sft` hands the cookbook for one row (its prepare_data rule).
+    """The messages and TrainOnWhat that `train.sft` hands the cookbook for one row.
 
     Default (train_on_what None): a row with no `trainable` flags and not a whole run trains its
     last assistant message (LAST_ASSISTANT_MESSAGE); otherwise CUSTOMIZED with a flag on every
-    message (the cookbook's renderers assert all or none): a flagged message (or any message of a
-    whole run) keeps `bool(flag)` and only if it is the assistant's, an unflagged one in a partly
-    flagged row trains only if it is the last assistant message. An explicit CUSTOMIZED applies the
-    same rule; any other explicit mode drops the flags (the renderers assert none is present).
+    message (the cookbook's renderers assert all or none), as chat.trainable_flags gives them. An
+    explicit CUSTOMIZED applies the same rule; any other explicit mode drops the flags (the
+    renderers assert none is present).
     """
     from tinker_cookbook.renderers import TrainOnWhat
 
     msgs = [m for m in messages if isinstance(m, Mapping)]
-    flagged = whole_run or any("trainable" in m for m in msgs)
+    flagged = whole_run or is_flagged({"messages": msgs})
     mode = TrainOnWhat(train_on_what) if train_on_what is not None else (
         TrainOnWhat.CUSTOMIZED if flagged else TrainOnWhat.LAST_ASSISTANT_MESSAGE)
     if mode != TrainOnWhat.CUSTOMIZED:
         return [{k: v for k, v in m.items() if k != "trainable"} if "trainable" in m else m for m in msgs], mode
-    assistants = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
-    last = assistants[-1] if assistants else -1
-    out = []
-    for i, m in enumerate(msgs):
-        if whole_run or "trainable" in m:
-            flag = bool(m.get("trainable")) and m.get("role") == "assistant"
-        else:
-            flag = i == last
-        out.append({**m, "trainable": flag})
-    return out, mode
+    flags = trainable_flags(msgs, whole_run=whole_run)
+    return [{**m, "trainable": flag} for m, flag in zip(msgs, flags)], mode
 
 
 def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None, *,

@@ -439,53 +439,25 @@ def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
 def prepare_data(data: Any) -> tuple[list[dict], str]:
     """Check chat rows and choose what to train on: (rows for the cookbook, train_on_what value).
 
-    Each row needs `messages`: a non-empty list of {"role", "content"} with an assistant message.
+    Each row must pass chat.check_row's training-row rules (the shape rules validate applies: known
+    roles, content, tool calls, and the assistant's reply last).
     Rows are step examples (train the last assistant message) unless some are whole runs
     (`"whole_run": true`) or carry per-message `trainable` flags: then every row states its flags
-    ("customized"): whole-run rows keep theirs (assistant messages without one are not trained),
-    other rows train their last assistant message. Stating every flag matters because the
-    cookbook loads rows with `datasets`, which gives every message every key seen in the file.
-    Raises MachineFormatError naming the file, line and field of the first bad row.
+    ("customized", chat.trainable_flags): whole-run rows keep theirs (assistant messages without
+    one are not trained), other rows train their last assistant message. Stating every flag
+    matters because the cookbook loads rows with `datasets`, which gives every message every key
+    seen in the file. Raises MachineFormatError naming the file, line and field of the first bad row.
     """
+    from .chat import check_row, is_flagged, train_messages
+
     name, source = _source_rows(data)
-    rows: list[dict] = []
-    flagged = False
-    for line, row in source:
-        if not isinstance(row, Mapping):
-            raise MachineFormatError(name, "a training row must be a JSON object", line=line)
-        messages = row.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise MachineFormatError(name, "needs a non-empty list of chat messages", line=line, field="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-                raise MachineFormatError(name, "each message needs a string 'role'", line=line,
-                                         field=f"messages.{i}.role")
-            if "trainable" in m:
-                flagged = True
-        if not any(m["role"] == "assistant" for m in messages):
-            raise MachineFormatError(name, "no assistant message to train on", line=line, field="messages")
-        if row.get("whole_run"):
-            flagged = True
-        # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
-        # unify the schemas of every other key (tools' JSON schemas differ from run to run)
-        out = {"messages": [dict(m) for m in messages]}
-        out["_whole_run"] = bool(row.get("whole_run"))
-        rows.append(out)
-    if not rows:
+    checked = [(line, check_row(row, "train", path=name, line=line)) for line, row in source]
+    if not checked:
         raise MachineFormatError(name, "no training rows")
-    for out in rows:
-        whole = out.pop("_whole_run")
-        if not flagged:
-            continue
-        msgs = out["messages"]
-        last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-        for i, m in enumerate(msgs):
-            if whole or "trainable" in m:
-                m["trainable"] = bool(m.get("trainable")) and m["role"] == "assistant"
-            else:
-                m["trainable"] = i == last
-        if not any(m["trainable"] for m in msgs):
-            raise MachineFormatError(name, "a whole-run row with no trainable assistant message", field="messages")
+    flagged = any(is_flagged(row) for _, row in checked)
+    # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
+    # unify the schemas of every other key (tools' JSON schemas differ from run to run)
+    rows = [{"messages": train_messages(row, customized=flagged, path=name, line=line)} for line, row in checked]
     return rows, ("customized" if flagged else "last_assistant_message")
 
 

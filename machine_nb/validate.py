@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from . import patterns
+from .chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
 from .jsonl import dumps_line, iter_jsonl
 from .redact import SECRET_PATTERNS
+from .scoring import MATCH_MODES
 
-ROLES = ("system", "user", "assistant", "tool")
-MATCH_MODES = ("exact", "prefix", "contains", "regex", "number")
-PART_TYPES = ("text", "thinking", "image", "audio")
 BUCKETS = (512, 2048, 8192, 16384, 32768, 65536)  # Machine's token-length buckets (validate-dataset.py)
 DEFAULT_MAX_LENGTH = 32768  # the cookbook's usual SFT max_length; longer rows are truncated by it
 MAX_FINDINGS_PER_CODE = 200  # beyond this a code is summarised, so a broken 100k-row file stays readable
@@ -55,14 +54,6 @@ def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-    return ""
-
-
 def prompt_of(messages: list[Any]) -> list[Any]:
     """The prompt of a row: its messages up to (not including) the trailing assistant messages."""
     end = len(messages)
@@ -74,115 +65,27 @@ def prompt_of(messages: list[Any]) -> list[Any]:
 def prompt_keys(messages: list[Any]) -> tuple[bytes, bytes | None]:
     """(digest of the whole prompt, digest of its last user text) for overlap checks, whitespace/case-normalised."""
     prompt = [m for m in prompt_of(messages) if isinstance(m, Mapping)]
-    full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(_text(m.get("content")))] for m in prompt]).encode(),
-                           digest_size=12).digest()
+    full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(content_text(m.get("content"), sep=" "))]
+                                       for m in prompt]).encode(), digest_size=12).digest()
     users = [m for m in prompt if m.get("role") == "user"]
-    last = hashlib.blake2b(_norm(_text(users[-1].get("content"))).encode(), digest_size=12).digest() if users else None
+    last = hashlib.blake2b(_norm(content_text(users[-1].get("content"), sep=" ")).encode(),
+                           digest_size=12).digest() if users else None
     return full, last
 
 
 def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
     """Shape problems of one row as (severity, code, message); pure, no renderer.
 
-    kind "train": the last message must be the assistant's (the target); "eval": the last message
-    is the user's and the row needs `expected` and a known `match`.
+    Args:
+        row: one row as read from JSONL.
+        kind: "train" (the last message must be the assistant's, the target) or "eval" (the
+            last message is the user's and the row needs `expected` and a known `match`).
+
+    Returns:
+        Every problem chat.row_findings finds (the rules sft, evaluate and the previewer apply
+        too), without the field each is in.
     """
-    out: list[tuple[str, str, str]] = []
-    if not isinstance(row, Mapping):
-        return [("error", "not_object", f"a row must be a JSON object, got {type(row).__name__}")]
-    messages = row.get("messages")
-    if not isinstance(messages, list):
-        what = "missing" if messages is None else f"a {type(messages).__name__}, not a list"
-        return [("error", "no_messages", f"field 'messages' is {what}")]
-    if not messages:
-        return [("error", "empty_messages", "field 'messages' is an empty list")]
-    calls: dict[str, int] = {}  # tool_call id -> message index
-    answered: set[str] = set()
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            out.append(("error", "bad_message", f"{where} is a {type(m).__name__}, not an object"))
-            continue
-        role = m.get("role")
-        if role not in ROLES:
-            out.append(("error", "unknown_role", f"{where}.role is {role!r}; known roles: {', '.join(ROLES)}"))
-        content = m.get("content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                ptype = part.get("type") if isinstance(part, Mapping) else None
-                if ptype not in PART_TYPES:
-                    out.append(("error", "bad_content", f"{where}.content[{j}] has type {ptype!r}; known part types: "
-                                                        f"{', '.join(PART_TYPES)}"))
-                elif ptype in ("text", "thinking") and not isinstance(part.get(ptype), str):
-                    out.append(("error", "bad_content", f"{where}.content[{j}] needs a string field {ptype!r}"))
-        elif not isinstance(content, str) and not (content is None and role == "assistant" and m.get("tool_calls")):
-            what = "missing" if content is None else f"a {type(content).__name__}"
-            out.append(("error", "bad_content", f"{where}.content is {what}; it must be a string or a list of parts"))
-        if "trainable" in m and not isinstance(m["trainable"], bool):
-            out.append(("error", "bad_trainable", f"{where}.trainable must be true or false"))
-        tool_calls = m.get("tool_calls")
-        if tool_calls is not None:
-            if role != "assistant" or not isinstance(tool_calls, list):
-                out.append(("error", "bad_tool_call", f"{where}.tool_calls must be a list on an assistant message"))
-            else:
-                for j, call in enumerate(tool_calls):
-                    fn = call.get("function") if isinstance(call, Mapping) else None
-                    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
-                            or not isinstance(fn.get("arguments"), str):
-                        out.append(("error", "bad_tool_call", f"{where}.tool_calls[{j}] needs function.name and "
-                                                              "function.arguments (a JSON string)"))
-                        continue
-                    if isinstance(call.get("id"), str):
-                        calls[call["id"]] = i
-        if role == "tool":
-            ref = m.get("tool_call_id")
-            if ref is None:
-                out.append(("warning", "tool_result_unlinked", f"{where} (role tool) has no tool_call_id"))
-            elif not isinstance(ref, str):
-                out.append(("error", "orphan_tool_result", f"{where}.tool_call_id must be a string"))
-            elif ref not in calls:
-                out.append(("error", "orphan_tool_result",
-                            f"{where}.tool_call_id {ref!r} answers no earlier assistant tool call"))
-            else:
-                answered.add(ref)
-    last_index = len(messages) - 1
-    for ref, i in calls.items():
-        if ref not in answered and i != last_index:  # the final message's calls are the target: no result yet
-            out.append(("warning", "unanswered_tool_call", f"messages[{i}] tool call {ref!r} has no tool result"))
-    last = messages[-1]
-    last_role = last.get("role") if isinstance(last, Mapping) else None
-    if kind == "train":
-        if last_role != "assistant":
-            out.append(("error", "last_not_assistant",
-                        f"the last message is {last_role!r}; a training row ends with the assistant's reply (the target)"))
-    else:
-        if last_role != "user":
-            out.append(("error", "last_not_user", f"the last message is {last_role!r}; an eval row ends with the "
-                                                  "user's question the model answers"))
-        expected = row.get("expected")
-        if not isinstance(expected, (str, int, float)) or isinstance(expected, bool):
-            out.append(("error", "no_expected", "field 'expected' (the reference answer, a string) is missing"))
-        match = row.get("match")
-        if match is None:
-            out.append(("warning", "no_match", "field 'match' is missing; evaluate() uses \"exact\""))
-        elif match not in MATCH_MODES:
-            out.append(("error", "unknown_match", f"field 'match' is {match!r}; known: {', '.join(MATCH_MODES)}"))
-        elif match == "regex" and isinstance(expected, str):
-            try:
-                patterns.compile_pattern(expected)
-            except patterns.pattern_error() as exc:
-                out.append(("error", "bad_regex", f"field 'expected' is not a valid regex: {exc}"))
-        fmt = row.get("format")
-        if fmt is not None:
-            try:
-                patterns.compile_pattern(fmt)
-            except (patterns.pattern_error(), TypeError) as exc:
-                out.append(("error", "bad_format", f"field 'format' is not a valid regex: {exc}"))
-    tools = row.get("tools")
-    if tools is not None and (not isinstance(tools, list) or
-                              not all(isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in tools)):
-        out.append(("error", "bad_tools", "field 'tools' must be a list of {name, description, parameters}"))
-    return out
+    return [(f.severity, f.code, f.message) for f in row_findings(row, kind)]
 
 
 def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:

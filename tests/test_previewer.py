@@ -50,6 +50,38 @@ def test_trained_indices_are_what_sft_trains():
         trained_indices(two, "all_tokens")
 
 
+def test_what_the_previewer_says_sft_refuses_is_what_sft_refuses():
+    """trainer_refusal runs sft's own checks: the row rules, the flags, then validate.preflight."""
+    from machine_nb.train import prepare_data
+    from machine_nb.validate import preflight
+    from machine_nb.widgets.previewer import trainer_refusal
+
+    local = "local/arith-tiny"  # a 128-token context: a long reply does not fit
+    lines = [
+        STEP, WHOLE,
+        {"messages": [{"role": "user", "content": "hi"}]},                                     # no reply
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "trainable": False}]},
+        {"messages": [{"role": "user", "content": "my key tml-ABCDEFGHIJKLMNOPQRSTUVWX"},
+                      {"role": "assistant", "content": "noted"}]},                              # a secret
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "and 1 " * 60}]},  # too long
+        {"messages": [{"role": "developer", "content": "x"}, {"role": "assistant", "content": "y"}]},  # unknown role
+    ]
+    for line in lines:
+        try:
+            rows, mode = prepare_data([line])
+            accepted = preflight(rows, local, train_on_what=mode, raise_errors=False).ok
+        except MachineFormatError:
+            accepted = False
+        assert (trainer_refusal(line, local) == "") is accepted, line
+    # the whole run's 40-line tool output is too long for this model as well
+    assert [bool(trainer_refusal(line, local)) for line in lines] == [False, True, True, True, True, True, True]
+    assert "context of 128 tokens" in trainer_refusal(lines[5], local)
+    assert trainer_refusal(lines[5]) == trainer_refusal(WHOLE) == ""  # no model: nothing to measure the length with
+    assert "no assistant message to train on" in trainer_refusal(lines[2])
+    assert "no trainable assistant message" in trainer_refusal(lines[3])
+    assert "tml-" in trainer_refusal(lines[4]) and "ABCDEFGHIJKLMNOPQRSTUVWX" not in trainer_refusal(lines[4])
+
+
 def test_cards_mark_trained_fold_tool_output_and_collapse_reasoning():
     p = ExamplePreviewer([STEP, WHOLE], index=1)
     html = p.static_html()

@@ -102,6 +102,26 @@ def test_estimated_counts_are_labelled():
     assert math.isclose(est.usd, est.tokens * 0.40 / 1e6)
 
 
+def test_what_sampling_cost_is_priced_or_recorded_as_unknown():
+    from machine_nb.pricing import sample_cost
+
+    cost = sample_cost(INKLING, "tinker", 1_000_000, 2_000_000)
+    assert math.isclose(cost["usd"], 3.74 + 2 * 9.36) and cost["prefill_per_m"] == 3.74 and cost["sample_per_m"] == 9.36
+    assert cost["source"].startswith("Machine src/pricing.ts") and cost["source"].endswith("(2026-10-07)")
+    unknown = sample_cost("acme/NoSuchModel-1B", "tinker", 100, 10)
+    assert unknown["usd"] is None and unknown["source"].startswith("unknown: No price is known for 'acme/NoSuchModel-1B'")
+    assert sample_cost("local/arith-tiny", "local", 100, 10) == {"usd": 0.0, "source": "local engine: runs on this "
+                                                                                       "machine, no charge"}
+    set_price("acme/Half-1B", prefill=0.5)  # a price without a sample rate cannot price sampling
+    try:
+        assert sample_cost("acme/Half-1B", "tinker", 100, 10)["usd"] is None
+        set_price("acme/Half-1B", sample=1.0, source="a quote")
+        assert sample_cost("acme/Half-1B", "tinker", 2_000_000, 1_000_000) == {
+            "usd": 2.0, "source": "a quote", "prefill_per_m": 0.5, "sample_per_m": 1.0}
+    finally:
+        clear_prices()
+
+
 def test_eval_cost():
     data = [{"messages": r["messages"][:1], "expected": r["messages"][1]["content"], "match": "exact"} for r in rows(5)]
     prompt = count_prompt_tokens(data, INKLING)["prompt_tokens"].sum()

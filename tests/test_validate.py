@@ -184,29 +184,3 @@ def test_streaming_memory_does_not_grow_with_the_file(tmp_path):
     rows, ok, peak = json.loads(out.strip().splitlines()[-1])
     assert rows == 20_000 and ok
     assert peak < path.stat().st_size / 10, (peak, path.stat().st_size)
-
-
-json_values = None
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                               lambda children: st.lists(children, max_size=4)
-                               | st.dictionaries(st.sampled_from(["role", "content", "messages", "tool_calls",
-                                                                  "function", "id", "tool_call_id", "expected",
-                                                                  "match", "format", "type", "text", "trainable",
-                                                                  "tools", "name", "arguments"]), children, max_size=5),
-                               max_leaves=20)
-except ImportError:  # pragma: no cover
-    pass
-
-
-if json_values is not None:
-    @settings(max_examples=300, deadline=None)
-    @given(row=json_values, kind=st.sampled_from(["train", "eval"]))
-    def test_shape_checks_never_raise_on_any_json(row, kind):
-        from machine_nb.validate import shape_findings
-
-        for severity, code, message in shape_findings(row, kind):
-            assert severity in ("error", "warning", "info") and code and message

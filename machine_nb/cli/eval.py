@@ -76,14 +76,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
     """On Tinker without --yes: print what the eval could cost and refuse (Machine's habit)."""
-    from ..evaluate import _probe_rows, _resolve, load_eval_rows
+    from ..chat import load_eval_rows, probe_rows
+    from ..sampling import resolve_model
 
-    model, engine = _resolve(args.model, args.checkpoint, args.engine)
+    model, engine = resolve_model(args.model, args.checkpoint, args.engine)
     if engine != "tinker" or args.yes:
         return True
     from ..pricing import estimate_eval_cost
 
-    rows = load_eval_rows(args.data) if n_prompts_factor == 1 else _probe_rows(args.data)
+    rows = load_eval_rows(args.data) if n_prompts_factor == 1 else probe_rows(args.data)
     try:
         est = estimate_eval_cost(rows, model, max_tokens=args.max_tokens, samples_per_row=n_prompts_factor)
         what = f"up to ${est.usd:.4f} ({est.prompt_tokens} prompt tokens, ≤{est.max_output_tokens} reply tokens)"
@@ -115,7 +116,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from ..evaluate import compare
+    from ..compare import compare
 
     result = compare(args.a, args.b, seed=args.seed)
     if args.json:

@@ -3,7 +3,7 @@
 Pure functions from plain data (a training line's messages, token rows) to self-contained HTML
 with inline styles, so the same markup serves the live widget and the static fallback that an
 nbconvert export or GitHub shows with no kernel and no stylesheet. Which messages are trained on
-is decided in `previewer.trained_indices`; the token rows come from `previewer.token_frame`.
+is decided in `chat.trained_indices` (sft's rule); the token rows come from `previewer.token_frame`.
 Colours are JupyterLab theme variables (see `_base`), so the cards read in light and dark themes.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from ..chat import content_text
 from ._base import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, escape, text_colour, tint
 
 # Fold a tool result or message text behind <details> past this size: long tool output would
@@ -49,14 +50,16 @@ def content_parts(content: Any) -> list[dict]:
 
 
 def message_text(message: dict, *, reasoning: bool = False) -> str:
-    """The text of a message's content (reasoning parts too when `reasoning`; default off)."""
-    out = []
-    for part in content_parts(message.get("content")):
-        if part.get("type") == "text":
-            out.append(str(part.get("text") or ""))
-        elif reasoning and part.get("type") == "thinking":
-            out.append(str(part.get("thinking") or ""))
-    return "".join(out)
+    """The text of a message's content, parts joined with "" (chat.content_text).
+
+    Args:
+        message: a chat message.
+        reasoning: include the text of reasoning ("thinking") parts too (default False).
+
+    Returns:
+        The text.
+    """
+    return content_text(message.get("content"), reasoning=reasoning)
 
 
 def folded(text: str, *, label: str = "output") -> str:

@@ -1,7 +1,7 @@
 """CompareView: baseline vs checkpoint, the evaluator's paired numbers and the outputs side by side.
 
 The numbers (accuracies, delta, W/T/L, McNemar p, bootstrap CI) come from `machine_nb.compare`
-in evaluate.py; this view lays them out, joins the two per-row result frames into one table
+(compare.py); this view lays them out, joins the two per-row result frames into one table
 (`side_by_side`), highlights the rows that flipped and can show only those.
 """
 
@@ -24,7 +24,7 @@ CELL_CHARS = 400  # outputs are cut here in the table (the frame keeps them whol
 
 def _frame(value: Any) -> Any:
     if isinstance(value, (str, os.PathLike)):
-        from ..evaluate import load_results
+        from ..results import load_results
 
         return load_results(value)
     if isinstance(value, dict) and isinstance(value.get("rows"), list):

@@ -72,57 +72,75 @@ def load_lines(data: Any) -> list[dict]:
 _MODES = {"customized", "last_assistant_message", "all_assistant_messages"}
 
 
-def trainer_refusal(line: dict) -> str:
-    """Why `machine_nb.sft` would refuse this line ("" when it would train it)."""
-    from ..train import prepare_data
+def trainer_refusal(line: dict, model: str | None = None) -> str:
+    """Why `machine_nb.sft` would refuse this line.
+
+    Args:
+        line: a training line.
+        model: the model sft would train (default None: the checks that need no renderer).
+
+    Returns:
+        The first reason sft's own checks give, in their order: the row's shape
+        (chat.check_row), its trainable flags (chat.train_messages), then validate.preflight on
+        the messages sft trains (secrets; with a model, rendering, length and "no token has loss
+        weight > 0"). "" when sft would train the line.
+    """
+    from ..chat import check_row, train_messages
 
     try:
-        prepare_data([line])
+        check_row(line, "train")
+        messages = train_messages(line)
     except MachineFormatError as exc:
         return exc.reason
-    return ""
+    from ..validate import preflight
+
+    errors = preflight([{"messages": messages}], model, train_on_what=_sft_mode(line), raise_errors=False).errors()
+    return "" if errors.empty else str(errors["message"].iloc[0])
+
+
+def _sft_mode(line: dict) -> str:
+    from ..chat import is_flagged
+
+    return "customized" if is_flagged(line) else "last_assistant_message"
 
 
 def _trainer_plan(line: dict) -> tuple[list[dict], str] | None:
-    """The messages and mode `machine_nb.sft` would train this line with (train.prepare_data), or
-    None when the trainer would refuse the line (no assistant message, nothing trainable)."""
-    from ..train import prepare_data
+    """The messages and mode `machine_nb.sft` would train this line with, or None when its row
+    checks refuse the line (chat.check_row: a bad shape; chat.train_messages: nothing trainable)."""
+    from ..chat import check_row, train_messages
 
     try:
-        rows, mode = prepare_data([line])
+        check_row(line, "train")
+        return train_messages(line), _sft_mode(line)
     except MachineFormatError:
         return None
-    return rows[0]["messages"], mode
 
 
 def trained_indices(line: dict, train_on_what: Any = None) -> list[int]:
     """Indices of the messages a line trains on.
 
-    Default (train_on_what None): exactly what `machine_nb.sft` trains (its `prepare_data`), which
-    is Machine's rule: a whole-run line (`"whole_run": true`) trains its assistant messages flagged
-    `"trainable": true` (no flag: not trained); any other line its last assistant message (or its
-    flags, when it carries some). An empty list when the trainer would refuse the line.
-    train_on_what: "customized" (flags), "last_assistant_message" or "all_assistant_messages" (or
-    the cookbook's TrainOnWhat) to show a trainer configured otherwise.
+    Args:
+        line: a training line.
+        train_on_what: default None: exactly what `machine_nb.sft` trains (chat.trained_indices,
+            Machine's rule: a whole-run line (`"whole_run": true`) trains its assistant messages
+            flagged `"trainable": true` (no flag: not trained); any other line its last assistant
+            message, or its flags when it carries some). "customized" (the same flag rule),
+            "last_assistant_message" or "all_assistant_messages" (or the cookbook's TrainOnWhat)
+            show a trainer configured otherwise.
+
+    Returns:
+        The indices; an empty list when sft's row checks would refuse the line.
     """
-    msgs = line["messages"]
-    assistants = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    from ..chat import trained_indices as trained
+
+    whole_run = bool(line.get("whole_run"))
     if train_on_what is None:
         plan = _trainer_plan(line)
-        if plan is None:
-            return []
-        messages, mode = plan
-        if mode == "customized":
-            return [i for i, m in enumerate(messages) if m.get("trainable")]
-        return assistants[-1:]
+        return [] if plan is None else trained(plan[0], plan[1], whole_run=whole_run)
     mode = str(getattr(train_on_what, "value", train_on_what))
     if mode not in _MODES:
         raise ValueError(f"train_on_what {mode!r} is not one the previewer can show; use one of {sorted(_MODES)}")
-    if mode == "customized":
-        return [i for i in assistants if msgs[i].get("trainable")]
-    if mode == "all_assistant_messages":
-        return assistants
-    return assistants[-1:]
+    return trained(line["messages"], mode, whole_run=whole_run)
 
 
 def render_plan(line: dict, train_on_what: Any = None) -> tuple[list[dict], Any]:
@@ -614,7 +632,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             return ""
         empty = ""
         if not (self.tokens["weight"] > 0).any():  # the Unsloth "all labels are -100" trap
-            why = trainer_refusal(self.line) if self.train_on_what is None else ""
+            why = trainer_refusal(self.line, self.model) if self.train_on_what is None else ""
             empty = (f'<div class="mnb-flag" style="color:{text_colour(RED)}">⚠ no token of this example carries loss '
                      f'weight: training on it teaches nothing{" (sft refuses it: " + escape(why) + ")" if why else ""}</div>')
         return title + empty + token_view(self.tokens.to_dict("records")) + diff_html(self.diffs)
