@@ -27,7 +27,7 @@ for _names, _layer in [
     ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats sampling", 3),  # checks and numbers
     ("select export frames results", 2),  # Machine's data as frames and lines
-    ("store jsonl progress patterns redact scoring chat theme", 1),  # files on disk, and pure helpers under everything
+    ("store jsonl progress patterns redact scoring chat theme compat", 1),  # files on disk, and pure helpers under everything
     ("engines errors", 0),  # the local server and the Tinker glue; the errors every layer raises
 ]:
     for _name in _names.split():
