@@ -163,6 +163,19 @@ _WATCHED: set[str] = set()  # URLs of in-process servers told to close our clien
 _CLIENTS_LOCK = threading.Lock()
 
 
+def _forget_clients_in_child() -> None:
+    """In a forked child the kept SDK clients are the parent's (their threads did not come along):
+    the child makes its own when it needs one, and never closes the parent's sessions."""
+    global _CLIENTS_LOCK
+    _CLIENTS.clear()
+    _WATCHED.clear()
+    _CLIENTS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_clients_in_child)
+
+
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
                    models: tuple[str, ...] = (), **kwargs: Any) -> Any:
     """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no key, no cost).
