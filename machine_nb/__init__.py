@@ -82,7 +82,7 @@ _API: dict[str, str] = {
     # reports
     "run_report": "report",
     # the local engine (a Tinker-compatible server)
-    "use_local_models": "engines.local",
+    "use_local_models": "engines",
     # the checks sft runs first, and what they raise
     "preflight": "validate",
     "ValidationFailed": "errors",

@@ -200,9 +200,9 @@ def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, 
     def escape(value: Any) -> str:
         return "" if value is None or (isinstance(value, float) and value != value) else html.escape(str(value))
 
-    # theme colours (JupyterLab's CSS variables, light-theme fallbacks), text mixed toward the ink
-    green, red = ("color-mix(in srgb, var(--jp-success-color1, #15803d) 70%, var(--jp-content-font-color0, #000))",
-                  "color-mix(in srgb, var(--jp-error-color1, #b91c1c) 70%, var(--jp-content-font-color0, #000))")
+    from .theme import BORDER, FG, FG_MUTED, GREEN, RED, text_colour, tint
+
+    green, red = text_colour(GREEN), text_colour(RED)
     colour = green if passed else red
     status = (f"<b style='color:{colour}'>{'passes' if passed else 'refused'}</b>"
               + (f" · committed as <b>{escape(committed)}</b>" if committed else ""))
@@ -214,8 +214,8 @@ def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, 
                                         + (f" ({report.trials} trials each)" if report.trials > 1 else "")),
             ("sign test p", f"{report.p_value:.3g}")]
     # explicit alignment: notebook and nbconvert stylesheets right-align table cells
-    cell = "padding:2px 6px;border-bottom:1px solid var(--jp-border-color2, #e5e7eb);vertical-align:top;white-space:pre-wrap;text-align:left"
-    body = "".join(f"<tr><td style='{cell};color:var(--jp-content-font-color2, #4b5563);white-space:nowrap'>{k}</td><td style='{cell}'>{v}</td></tr>"
+    cell = f"padding:2px 6px;border-bottom:1px solid {BORDER};vertical-align:top;white-space:pre-wrap;text-align:left"
+    body = "".join(f"<tr><td style='{cell};color:{FG_MUTED};white-space:nowrap'>{k}</td><td style='{cell}'>{v}</td></tr>"
                    for k, v in rows)
     flips = report.flipped
     if len(flips):
@@ -223,9 +223,7 @@ def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, 
             return f"{'✓' if ok >= 1 else '✗' if ok <= 0 else f'{ok:.0%}'} {escape(str(text)[:300])}"
 
         trs = "".join(
-            f"<tr class='mnb-{r['change']}' style='color:var(--jp-content-font-color1, #111);background:color-mix(in srgb, "
-            f"{'var(--jp-success-color1, #16a34a)' if r['change'] == 'win' else 'var(--jp-error-color1, #dc2626)'} 22%, "
-            f"var(--jp-layout-color0, #fff))'>"
+            f"<tr class='mnb-{r['change']}' style='color:{FG};background:{tint(GREEN if r['change'] == 'win' else RED)}'>"
             f"<td style='{cell}'>{r['case']}</td><td style='{cell}'>{escape(r['input'])}</td>"
             f"<td style='{cell}'>{escape(r['expected'])}</td><td style='{cell}'>{out(r['live_output'], r['live_correct'])}</td>"
             f"<td style='{cell}'>{out(r['candidate_output'], r['candidate_correct'])}</td><td style='{cell}'>{r['change']}</td></tr>"

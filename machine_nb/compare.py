@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import stats
+from .theme import BORDER, FG, FG_MUTED, GREEN, RED, text_colour
 
 CASE_COLUMN = "case"  # results rows that share a value here are trials of one case
 
@@ -23,11 +24,8 @@ ACCURACY_INTERVAL = "Wilson score"
 DELTA_INTERVAL = "Newcombe paired score (method 10)"
 
 # JupyterLab's theme variables, with light-theme fallbacks for pages outside Lab.
-_WIN = "var(--jp-success-color1, #1a7f37)"
-_LOSS = "var(--jp-error-color1, #cf222e)"
-_MUTED = "var(--jp-ui-font-color2, #57606a)"
-_BORDER = "var(--jp-border-color2, #d0d7de)"
-_TEXT = "var(--jp-ui-font-color1, #1f2328)"
+_WIN, _LOSS = text_colour(GREEN), text_colour(RED)  # readable as text in light and dark themes
+_MUTED, _BORDER, _TEXT = FG_MUTED, BORDER, FG
 _FONT = "var(--jp-ui-font-family, system-ui, sans-serif)"
 
 

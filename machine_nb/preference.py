@@ -12,7 +12,6 @@ summed log-probability of each reply, as the DPO loss sees them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -371,9 +370,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             heldout.update(source=saved["heldout"].get("source"), source_sha256=saved["heldout"].get("source_sha256"))
     renderer = render.renderer_name(model)
     if local_model and max_length is None:
-        from .engines.local import load_config
-
-        max_length = load_config(render.base_model(model)).block_size
+        max_length = engines.model_context(render.base_model(model))
     overlap = heldout["source"] if heldout and heldout["source"] and Path(heldout["source"]).is_file() else None
     _preflight_pairs(records, model, max_length if max_length is not None else "auto", eval_path=overlap)
 
@@ -382,14 +379,11 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
                             eval_rows=held_rows, evals=heldout["evals"] if heldout else 0,
                             eval_max_tokens=eval_max_tokens)
     if engine == "tinker":
-        from .engines.tinker import check_tinker
         from .pricing import check_budget
 
         check_budget(estimate["usd"], max_usd, f"DPO on {model} for {epochs} epoch(s)"
                      + (f" with {estimate['evals']} held-out evals" if heldout else ""))
-        url = check_tinker(base_url, models=(model,))
-    else:
-        url = engines.local_base_url()
+    url = engines.check_service(engine, base_url, (model,))
 
     from .jsonl import atomic_write_text
 
@@ -430,12 +424,11 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             "local_models": local_model,
             "heldout": None if heldout is None else {**heldout, "path": str(path / HELDOUT_DATA)}}
 
-    from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
 
     tail = _MetricsTail(path / "metrics.jsonl")
     seen_steps: set[int] = set()
-    watchdog = Watchdog(url) if engine == "tinker" else contextlib.nullcontext()
+    watchdog = engines.watchdog(engine, url)
     with progress_bar(total=steps_total, desc="dpo", unit="steps", enabled=None if progress else False) as bar, \
             watchdog as dog:
 

@@ -109,7 +109,7 @@ def hub_reachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
 def renderer_name(model: str) -> str:
     """The renderer tinker-cookbook recommends for a model (the local engine's own for local models)."""
     if is_local_model(model):
-        from .engines.local import ensure_registered
+        from .engines import ensure_registered
 
         return ensure_registered(base_model(model))["renderer"]
     from tinker_cookbook import model_info
@@ -129,7 +129,7 @@ def get_tokenizer(model: str) -> Any:
     """
     name = base_model(model)
     if is_local_model(name):
-        from .engines.local import ensure_registered
+        from .engines import ensure_registered
 
         ensure_registered(name)
     elif not has_offline_tokenizer(name):

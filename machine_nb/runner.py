@@ -35,7 +35,7 @@ def run(spec: dict) -> None:
     import importlib
 
     if spec.get("local_models"):
-        from .engines.local import use_local_models
+        from .engines import use_local_models
 
         use_local_models()
     module = importlib.import_module(spec["module"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -233,20 +232,19 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
 
 
 def watchdog(engine: str) -> Any:
-    """A context manager that watches the service while work runs on it.
+    """A context manager that watches the service while work runs on it (engines.watchdog at
+    Tinker's URL).
 
     Args:
         engine: "local" | "tinker".
 
     Returns:
-        On Tinker, an engines.tinker.Watchdog on the service's URL (its `failed` says why the
-        service stopped answering); locally, a context manager that watches nothing.
+        On Tinker, a Watchdog on the service's URL (its `failed` says why the service stopped
+        answering); locally, a context manager that watches nothing.
     """
-    if engine != "tinker":
-        return contextlib.nullcontext()
-    from .engines.tinker import Watchdog, tinker_base_url
+    from . import engines
 
-    return Watchdog(tinker_base_url())
+    return engines.watchdog(engine)
 
 
 def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog: Any = None) -> Any:

@@ -1133,9 +1133,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
     renderer = render.renderer_name(model)
     if local_model and max_length is None:
-        from .engines.local import load_config
-
-        max_length = load_config(render.base_model(model)).block_size
+        max_length = engines.model_context(render.base_model(model))
     # the very checks validate() runs (shape, secrets, length against the model's context, trained
     # tokens): a row validate rejects is refused here too, on both engines, before anything is written
     from .validate import preflight
@@ -1149,14 +1147,11 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
                             eval_rows=held_rows, evals=heldout["evals"] if heldout else 0,
                             eval_max_tokens=eval_max_tokens)
     if engine == "tinker":
-        from .engines.tinker import check_tinker
         from .pricing import check_budget
 
         check_budget(estimate["usd"], max_usd, f"training {model} for {epochs} epoch(s)"
                      + (f" with {estimate['evals']} held-out evals" if heldout else ""))
-        url = check_tinker(base_url, models=(model,))
-    else:
-        url = engines.local_base_url()
+    url = engines.check_service(engine, base_url, (model,))
 
     if resume is None:
         path = Path(log_dir).absolute() if log_dir is not None else new_log_dir(workspace=workspace, name=name)
@@ -1184,13 +1179,12 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             "resume": resume is not None, "local_models": local_model,
             "heldout": None if heldout is None else {**heldout, "path": str(path / HELDOUT_DATA)}}
 
-    from .engines.tinker import Watchdog
     from .progress import progress as progress_bar
 
     before = _log_entries(path) if resume is not None else set()
     tail = _MetricsTail(path / "metrics.jsonl")
     seen_steps: set[int] = set()
-    watchdog = Watchdog(url) if engine == "tinker" else contextlib.nullcontext()
+    watchdog = engines.watchdog(engine, url)
     with progress_bar(total=steps_total, desc="sft", unit="steps", enabled=None if progress else False) as bar, \
             watchdog as dog:
 

@@ -127,7 +127,7 @@ class ValidationResult:
                 f"errors={s.get('errors')}, warnings={s.get('warnings')}, tokens={s.get('tokens')})")
 
     def _repr_html_(self) -> str:
-        from .widgets._base import GREEN, RED, text_colour  # the widgets' theme palette (light and dark)
+        from .theme import GREEN, RED, text_colour  # the widgets' palette (light and dark themes)
 
         s = self.summary
         colour = text_colour(GREEN if self.ok else RED)
@@ -180,13 +180,10 @@ def model_context(model: str | None) -> int | None:
     local/arith-tiny); None for other models (Tinker's contexts are not listed offline)."""
     if not model:
         return None
-    from .render import base_model, is_local_model
+    from . import engines
+    from .render import base_model
 
-    if not is_local_model(base_model(model)):
-        return None
-    from .engines.local import load_config
-
-    return int(load_config(base_model(model)).block_size)
+    return engines.model_context(base_model(model))
 
 
 def resolve_max_length(model: str | None, max_length: int | str | None = "auto") -> tuple[int | None, int | None]:

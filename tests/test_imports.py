@@ -27,7 +27,7 @@ for _names, _layer in [
     ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats sampling", 3),  # checks and numbers
     ("select export frames results", 2),  # Machine's data as frames and lines
-    ("store jsonl progress patterns redact scoring chat", 1),  # files on disk, and pure helpers under everything
+    ("store jsonl progress patterns redact scoring chat theme compat", 1),  # files on disk, and pure helpers under everything
     ("engines errors", 0),  # the local server and the Tinker glue; the errors every layer raises
 ]:
     for _name in _names.split():
@@ -46,19 +46,7 @@ ALLOWED_UPWARD = {
 }
 
 # Engine internals reached from outside engines/ (not through machine_nb.engines): (importer, imported).
-ALLOWED_ENGINE_INTERNALS = {
-    ("cli.serve", "engines.local.server"),
-    ("cli.validate", "engines.local"),
-    ("sampling", "engines.tinker"),  # the Tinker watchdog and base URL (engines/__init__ does not export them)
-    ("preference", "engines.local"),
-    ("preference", "engines.tinker"),
-    ("render", "engines.local"),
-    ("runner", "engines.local"),
-    ("train", "engines.local"),
-    ("train", "engines.tinker"),
-    ("validate", "engines.local"),  # model_context reads a local model's config
-    ("widgets.cost_meter", "engines.local"),
-}
+ALLOWED_ENGINE_INTERNALS: set[tuple[str, str]] = set()
 
 
 # --------------------------------------------------------------------------- the graph

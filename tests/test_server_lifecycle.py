@@ -199,3 +199,34 @@ def test_the_training_child_ends_when_its_parent_is_killed(tmp_path):
     for c in left:  # do not leave it running if the assertion fails
         os.kill(c, signal.SIGKILL)
     assert not left, f"child processes {left} outlived their killed parent"
+
+
+def test_a_process_forked_after_the_local_engine_ran_exits_and_leaves_the_parents_server_alone(tmp_path):
+    """A forked child (multiprocessing's fork, data-loader workers) shares nothing of the parent's
+    server but its memory: it exits without trying to stop a server whose threads it never had,
+    and the parent's server keeps serving."""
+    done = run_script(tmp_path, ROWS + textwrap.dedent("""
+        import multiprocessing as mp
+        import machine_nb as mnb
+        from machine_nb import engines
+
+        mnb.evaluate(ROWS, model="local/arith-tiny", show_progress=False)
+        url = engines.local_base_url()
+
+        def work(q):
+            q.put(sum(range(10)))
+
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=work, args=(q,))
+        p.start()
+        p.join(60)
+        if p.exitcode is None:
+            p.kill()
+        print("child", p.exitcode, q.get(timeout=5) if p.exitcode == 0 else None)
+        assert engines.local_base_url() == url  # the same server, still running
+        print("accuracy", mnb.evaluate(ROWS, model="local/arith-tiny", show_progress=False)["correct"].mean() >= 0)
+    """), timeout=300)
+    assert_quiet(done)
+    assert "child 0 45" in done.stdout, done.stdout + done.stderr
+    assert "accuracy True" in done.stdout

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..engines.local.server import serve
+    from ..engines import serve
 
     serve(args.host, args.port, data_dir=args.data_dir, key=args.key, threads=args.threads,
           verbose=args.verbose, announce=lambda line: print(line, flush=True))

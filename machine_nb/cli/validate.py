@@ -8,8 +8,8 @@ import json
 
 def _default_model() -> str:
     try:
-        from ..engines.local import DEFAULT_MODEL
-        return DEFAULT_MODEL
+        from ..engines import DEFAULT_LOCAL_MODEL
+        return DEFAULT_LOCAL_MODEL
     except Exception:  # the local engine not built: Inkling also renders offline
         return "thinkingmachines/Inkling-Small"
 

@@ -48,12 +48,14 @@ def check_model(engine: str, model: str) -> None:
             f"{model!r} is a Tinker model: pass engine='tinker' (needs TINKER_API_KEY) or a local model.")
 
 
+#: The shipped base model the local engine serves (see engines/local/MODEL_CARD.md).
+from .local import DEFAULT_MODEL as DEFAULT_LOCAL_MODEL  # noqa: E402  (a cheap module: names and paths)
+
+
 def default_model(engine: str) -> str:
     """The model `sft(model=None)` trains: the shipped one locally; Tinker has no default."""
     if engine == "local":
-        from .local import DEFAULT_MODEL
-
-        return DEFAULT_MODEL
+        return DEFAULT_LOCAL_MODEL
     raise EngineError("engine='tinker' needs a model name, e.g. model='thinkingmachines/Inkling-Small'.")
 
 
@@ -73,9 +75,105 @@ def base_url(engine: str, base_url: str | None = None) -> str:
     return tinker_base_url(base_url)
 
 
+def check_service(engine: str, base_url: str | None = None, models: tuple[str, ...] = ()) -> str:
+    """The service URL to hand the SDK, once the engine is known to answer as Tinker does.
+
+    Args:
+        engine: "local" | "tinker".
+        base_url: Tinker only: the service URL (default $TINKER_BASE_URL, else Tinker's).
+        models: Tinker only: models the service must list.
+
+    Returns:
+        The URL. Locally, this process's server (started on first use); on Tinker, after the key
+        and the service were checked within seconds (EngineError otherwise), never left to the
+        SDK's minutes of retries.
+    """
+    if engine == "local":
+        return local_base_url()
+    from .tinker import check_tinker
+
+    return check_tinker(base_url, models=models)
+
+
+def watchdog(engine: str, url: str | None = None) -> Any:
+    """A context manager watching the service while work runs on it.
+
+    Args:
+        engine: "local" | "tinker".
+        url: the service URL (default: Tinker's, from $TINKER_BASE_URL).
+
+    Returns:
+        On Tinker, a Watchdog whose `failed` says why the service stopped answering (callers stop
+        the work and raise EngineError within seconds); locally, one that watches nothing (the
+        server lives in this process).
+    """
+    if engine != "tinker":
+        import contextlib
+
+        return contextlib.nullcontext()
+    from .tinker import Watchdog, tinker_base_url
+
+    # once the work stopped on a dead service, the SDK clients kept for it go too
+    return Watchdog(url or tinker_base_url(), on_failed=lambda dead: _drop_clients(dead, finish=False))
+
+
+def model_context(model: str) -> int | None:
+    """The context length of a local base model, in tokens; None for Tinker's (not listed offline)."""
+    if not str(model).startswith("local/"):
+        return None
+    from .local import load_config
+
+    return int(load_config(model).block_size)
+
+
+def ensure_registered(model: str) -> dict:
+    """Register a local model's tokenizer and renderer with tinker-cookbook; returns its names."""
+    from .local import ensure_registered as register
+
+    return register(model)
+
+
+def use_local_models() -> list[str]:
+    """Register every local model's tokenizer and renderer with tinker-cookbook; returns their names.
+
+    Call it before tinker-cookbook code that looks a local model up by name
+    (`tokenizer_utils.get_tokenizer("local/arith-tiny")`, `model_info`/renderer lookups), e.g. in a
+    script run against `machine-nb serve`. machine_nb's own functions call it themselves.
+    """
+    from .local import use_local_models as register_all
+
+    return register_all()
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
+    """Serve Tinker's HTTP API with the local engine until Ctrl-C (`machine-nb serve`).
+
+    Args:
+        host: the address to bind (any but loopback needs `key=`).
+        port: the port (0: a free one).
+        **options: data_dir, key, threads, verbose, announce (see engines/local/server.py `serve`).
+    """
+    from .local.server import serve as run_server
+
+    run_server(host, port, **options)
+
+
 _CLIENTS: dict[tuple, Any] = {}
 _WATCHED: set[str] = set()  # URLs of in-process servers told to close our clients when they stop
 _CLIENTS_LOCK = threading.Lock()
+
+
+def _forget_clients_in_child() -> None:
+    """In a forked child the kept SDK clients are the parent's (their threads did not come along):
+    the child makes its own when it needs one, and never closes the parent's sessions."""
+    global _CLIENTS_LOCK
+    _CLIENTS.clear()
+    _WATCHED.clear()
+    _CLIENTS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_clients_in_child)
 
 
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,

@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
 from ..errors import EngineError
@@ -151,8 +151,10 @@ class Watchdog:
     going away, where the SDK alone would retry for ~5 minutes.
     """
 
-    def __init__(self, url: str, *, every: float = 2.0, grace: float = 10.0, timeout: float = 3.0):
+    def __init__(self, url: str, *, every: float = 2.0, grace: float = 10.0, timeout: float = 3.0,
+                 on_failed: Callable[[str], None] | None = None):
         self.url, self.every, self.grace, self.timeout = url, every, grace, timeout
+        self.on_failed = on_failed  # called with the URL once the work stopped on a dead service
         self.failed: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="machine-nb-watchdog", daemon=True)
@@ -163,10 +165,8 @@ class Watchdog:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self.failed:  # the work has stopped: the SDK clients kept for the dead service go too
-            from . import _drop_clients
-
-            _drop_clients(self.url, finish=False)
+        if self.failed and self.on_failed is not None:
+            self.on_failed(self.url)
 
     def _run(self) -> None:
         last_ok = time.monotonic()

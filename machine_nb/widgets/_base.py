@@ -23,37 +23,9 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-# ---- theme colours ----------------------------------------------------------------------------
+# ---- theme colours (machine_nb/theme.py) -----------------------------------------------------
 
-FG = "var(--jp-content-font-color1, #111)"
-FG_MUTED = "var(--jp-content-font-color2, #4b5563)"
-BG = "var(--jp-layout-color0, #fff)"
-BG_ALT = "var(--jp-layout-color2, #eceff3)"
-BORDER = "var(--jp-border-color2, #d1d5db)"
-BORDER_STRONG = "var(--jp-border-color1, #9ca3af)"
-GREEN = "var(--jp-success-color1, #16a34a)"
-RED = "var(--jp-error-color1, #dc2626)"
-ORANGE = "var(--jp-warn-color1, #d97706)"
-BLUE = "var(--jp-brand-color1, #2563eb)"
-CYAN = "var(--jp-info-color1, #0891b2)"
-GREY = "var(--jp-layout-color4, #6b7280)"
-# The theme's strongest text colour: black in a light theme, white in a dark one.
-_INK = "var(--jp-content-font-color0, #000)"
-
-
-def text_colour(hue: str) -> str:
-    """A hue made readable as text on the page: mixed 30% toward the theme's text colour.
-
-    JupyterLab's accent colours are tuned as fills: its light-theme green is under 4.5:1 on white
-    and its dark-theme red under 4.5:1 on #111; the mix darkens them on light pages and lightens
-    them on dark ones (all above 4.5:1 in both themes, see tests/test_browser.py).
-    """
-    return f"color-mix(in srgb, {hue} 70%, {_INK})"
-
-
-def tint(hue: str, percent: int = 22) -> str:
-    """A background tinted with `hue` over the page colour (text on it uses FG)."""
-    return f"color-mix(in srgb, {hue} {percent}%, {BG})"
+from ..theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour, tint  # noqa: E402,F401
 
 
 def static_html_id(widget: Any) -> str:

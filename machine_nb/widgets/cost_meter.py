@@ -60,10 +60,10 @@ def history_rows(item: Any) -> list[dict]:
 
 def model_choices(model: str | None = None) -> list[str]:
     """The models the dropdown offers: the local engine's default, every priced model, and `model`."""
-    from ..engines.local import DEFAULT_MODEL
+    from ..engines import DEFAULT_LOCAL_MODEL
     from ..pricing import PRICES
 
-    names = [DEFAULT_MODEL, *sorted(PRICES)]
+    names = [DEFAULT_LOCAL_MODEL, *sorted(PRICES)]
     if model and model not in names:
         names.insert(0, model)
     return names

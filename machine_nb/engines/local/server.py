@@ -1273,6 +1273,19 @@ def ensure_server() -> LocalServer:
         return _DEFAULT
 
 
+def _forget_in_child() -> None:
+    """In a forked child: the parent's servers are not this process's (their threads did not come
+    along), so there is nothing here to stop or reuse; a call in the child starts its own."""
+    global _DEFAULT, _DEFAULT_LOCK, _RUNNING_LOCK
+    _DEFAULT = None
+    _DEFAULT_LOCK, _RUNNING_LOCK = threading.Lock(), threading.Lock()
+    _RUNNING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _stop_default_at_exit() -> None:
     """Stop the process's server as the interpreter exits, unless work may still come to it: a
     request in progress, or a thread of the user's still running (Python joins non-daemon threads
