@@ -99,17 +99,17 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     if not _spend_ok(args):
         return 2
-    df = evaluate(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine,
-                  max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                  concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
-    s = df.attrs["summary"]
+    res = evaluate(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine,
+                   max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                   concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
+    s = res.summary
     if args.json:
-        print(json.dumps({**s, "path": df.attrs["path"]}))
+        print(json.dumps({**s, "path": res.path}))
         return 0
     fmt = "" if s["format_rate"] is None else f", format {s['format_rate']:.1%}"
     usd = "unknown" if s["cost"]["usd"] is None else f"${s['cost']['usd']:.4f}"
     print(f"{s['name']}: {s['correct']}/{s['n']} correct ({s['accuracy']:.1%}){fmt}; {s['wall_s']:.1f} s; "
-          f"cost {usd} ({s['cost']['source']}); wrote {df.attrs['path']}")
+          f"cost {usd} ({s['cost']['source']}); wrote {res.path}")
     if s["errors"]:
         print(f"warning: {s['errors']} request(s) failed and count as wrong (see 'error' in the results)", file=sys.stderr)
     return 0
@@ -137,7 +137,8 @@ def _run_probe(args: argparse.Namespace) -> int:
     if not _spend_ok(args, n_prompts_factor=2):
         return 2
     df = probe(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine, format=args.format,
-               max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed, concurrency=args.concurrency)
+               max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+               concurrency=args.concurrency).rows
     if args.json:
         print(json.dumps(df.to_dict("records"), default=str))
         return 0
