@@ -217,13 +217,21 @@ class CompareView(StaticFallback, widgets.VBox):
         self._static_changed()
 
     def summary(self) -> str:
-        """One line for the saved notebook's text/plain: accuracies, delta, W/T/L and p."""
+        """The saved notebook's text/plain.
+
+        Returns:
+            One line: accuracies, delta, W/T/L and p.
+        """
         r = self.result
         return (f"CompareView: {r.baseline_accuracy:.1%} → {r.checkpoint_accuracy:.1%} ({r.delta:+.1%}), "
                 f"W/T/L {r.wins}/{r.ties}/{r.losses}, p={r.p_value:.3g}")
 
     def static_html(self) -> str:
-        """The numbers and the table as they stand, for the saved notebook and HTML exports."""
+        """The view as it stands, for the saved notebook and HTML exports.
+
+        Returns:
+            The numbers, then the table (only the flips when the checkbox is on).
+        """
         return (f'<div class="mnb-compare" style="font-family:system-ui,sans-serif;font-size:13px;'
                 f'color:{FG};background:{BG}">'
                 f'{numbers_html(self.result)}{self._rows_html()}</div>')
