@@ -164,9 +164,9 @@ def as_eval_result(value: Any, what: str = "results") -> EvalResult:
 HTML_ROWS = 10  # rows of the table the notebook view shows (the whole frame is `.rows`)
 
 
-def _deprecated_frame_use(what: str) -> None:
-    warnings.warn(f"EvalResult{what} uses the rows as a DataFrame: write result.rows{what} (an EvalResult "
-                  "forwards DataFrame use to .rows for one release only)", DeprecationWarning, stacklevel=3)
+def _deprecated_frame_use(old: str, new: str) -> None:
+    warnings.warn(f"{old} treats an EvalResult as the DataFrame evaluate() used to return: write {new} "
+                  "(this forwarding to .rows will be removed in a later release)", DeprecationWarning, stacklevel=3)
 
 
 @dataclass(repr=False, eq=False)
@@ -239,7 +239,7 @@ class EvalResult:
             as_eval_result() read it back.
         """
         if args or kwargs:
-            _deprecated_frame_use(".to_dict(...)")
+            _deprecated_frame_use("result.to_dict(...)", "result.rows.to_dict(...)")
             return self.rows.to_dict(*args, **kwargs)
         return {**self.summary, "path": self.path, "rows": self.rows.to_dict("records")}
 
@@ -291,7 +291,7 @@ class EvalResult:
     @property
     def attrs(self) -> dict:
         """Deprecated: `{"summary": ..., "path": ...}`, as the DataFrame evaluate() returned had."""
-        _deprecated_frame_use(".attrs")
+        _deprecated_frame_use("result.attrs", "result.summary and result.path")
         return {"summary": self.summary, "path": self.path}
 
     def __getattr__(self, name: str) -> Any:
@@ -303,27 +303,27 @@ class EvalResult:
             value = getattr(self.rows, name)
         except AttributeError:
             raise AttributeError(f"'EvalResult' object has no attribute {name!r}") from None
-        _deprecated_frame_use(f".{name}")
+        _deprecated_frame_use(f"result.{name}", f"result.rows.{name}")
         return value
 
     def __getitem__(self, key: Any) -> Any:
-        _deprecated_frame_use("[...]")
+        _deprecated_frame_use("result[...]", "result.rows[...]")
         return self.rows[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        _deprecated_frame_use("[...] = ...")
+        _deprecated_frame_use("result[...] = ...", "result.rows[...] = ...")
         self.rows[key] = value
 
     def __len__(self) -> int:
-        _deprecated_frame_use(" in len()")
+        _deprecated_frame_use("len(result)", "len(result.rows)")
         return len(self.rows)
 
     def __iter__(self) -> Iterator:
-        _deprecated_frame_use(" iterated")
+        _deprecated_frame_use("iterating over result", "result.rows")
         return iter(self.rows)
 
     def __contains__(self, key: Any) -> bool:
-        _deprecated_frame_use(" with `in`")
+        _deprecated_frame_use("`x in result`", "`x in result.rows`")
         return key in self.rows
 
     def __bool__(self) -> bool:

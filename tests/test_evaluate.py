@@ -348,11 +348,13 @@ def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warnin
         '"correct" in res': lambda: "correct" in res,
     }
     for what, use in uses.items():
-        with pytest.warns(DeprecationWarning, match=r"write result\.rows") as caught:
+        with pytest.warns(DeprecationWarning, match="treats an EvalResult as the DataFrame evaluate") as caught:
             assert use(), what
         assert caught[0].filename == __file__, what  # the warning points at the caller's line
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(DeprecationWarning, match=r"result\[\.\.\.\] = \.\.\. treats .*write result\.rows\[\.\.\.\]"):
         res["took_shape"] = [True, False]
+    with pytest.warns(DeprecationWarning, match=r"^len\(result\) treats .*: write len\(result\.rows\)"):
+        len(res)
     assert res.rows["took_shape"].tolist() == [True, False]
     with pytest.raises(AttributeError, match="'EvalResult' object has no attribute 'no_such'"):
         res.no_such  # noqa: B018
