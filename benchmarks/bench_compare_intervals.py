@@ -22,14 +22,15 @@ import pandas as pd
 import machine_nb as mnb
 
 
-def frame(correct: list[bool], name: str) -> pd.DataFrame:
+def frame(correct: list[bool], name: str, case: list | None = None) -> mnb.EvalResult:
     n = len(correct)
     df = pd.DataFrame({"row": range(n), "prompt": [f"What is {i} plus {i}?" for i in range(n)],
                        "expected": [f"answer: {2 * i}" for i in range(n)], "match": ["exact"] * n,
                        "output": [f"answer: {2 * i}" if c else "?" for i, c in enumerate(correct)],
                        "correct": correct})
-    df.attrs["summary"] = {"name": name}
-    return df
+    if case is not None:
+        df["case"] = case
+    return mnb.EvalResult(df, {"name": name})
 
 
 def show(title: str, r) -> None:
@@ -61,8 +62,8 @@ def main() -> int:
     print(f"   (read as two independent samples, Newcombe's unpaired interval would be {lo:+.1%} to {hi:+.1%})")
 
     labels = [f"case-{i // 8}" for i in range(24)]
-    show("24/0/0 again, as 3 cases of 8 trials", mnb.compare(frame(none, "baseline").assign(case=labels),
-                                                             frame([True] * 24, "final").assign(case=labels)))
+    show("24/0/0 again, as 3 cases of 8 trials", mnb.compare(frame(none, "baseline", case=labels),
+                                                             frame([True] * 24, "final", case=labels)))
 
     many = mnb.compare_many(frame(none, "baseline"), {
         "all-24": frame([True] * 24, "all-24"), "six-wins": frame([True] * 6 + [False] * 18, "six-wins"),

@@ -86,9 +86,9 @@ def main() -> int:
               f"[{t_tag:.2f} s]")
 
         t0 = time.perf_counter()
-        live = mnb.evaluate_cases(ws, "tutor", show_progress=False)
+        live = mnb.evaluate_cases(ws, "tutor", progress=False)
         t_live = time.perf_counter() - t0
-        print(f"live v1 on {len(live)} held-out cases: exact match {live['correct'].mean():.3f} [{t_live:.1f} s]")
+        print(f"live v1 on {len(live.rows)} held-out cases: exact match {live.accuracy:.3f} [{t_live:.1f} s]")
 
         results = []
         for seed in args.seeds:
@@ -113,9 +113,9 @@ def main() -> int:
         print(f"commit (seed {args.seeds[0]}): wrote {entry['id']} (source {entry['source']['kind']}, "
               f"baseModel {entry['baseModel']}); versions now {[v['id'] for v in versions]}, live "
               f"{[v['id'] for v in versions if v.get('live')]}")
-        after = mnb.evaluate_cases(ws, "tutor", show_progress=False)
-        print(f"the machine's live version after commit: exact match {after['correct'].mean():.3f} "
-              f"({after.attrs['summary']['version']}, {after.attrs['summary']['checkpoint'] is not None and 'checkpoint'})")
+        after = mnb.evaluate_cases(ws, "tutor", progress=False)
+        print(f"the machine's live version after commit: exact match {after.accuracy:.3f} "
+              f"({after.summary['version']}, {after.summary['checkpoint'] is not None and 'checkpoint'})")
         restored = mnb.revert(ws, "tutor")
         print(f"revert: {restored['id']} live again")
 

@@ -66,6 +66,7 @@ _API: dict[str, str] = {
     "evaluate": "evaluate",
     "probe": "evaluate",
     "load_results": "results",
+    "EvalResult": "results",
     # comparing results: statistics that hold at small n
     "compare": "compare",
     "compare_many": "compare",

@@ -3,7 +3,8 @@
 scored. Sampling and scoring are `evaluate.evaluate`'s; whether a candidate may replace the live
 version is decided in `candidate.py`, from two of these results.
 
-Machine's case format (cases.ts): a non-empty JSON array of strings or `{input, files?}` objects.
+Machine's case format (what its case loader accepts): a non-empty JSON array of strings or
+`{input, files?}` objects.
 A case may also declare how a reply is scored, as an eval row does: `expected` (the answer) and
 `match` (`exact` by default; `prefix`, `contains`, `regex`, `number`), optionally `format` (a regex
 the reply's shape should fully match). Those three keys are this project's; Machine's validation
@@ -21,9 +22,15 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .compat import renamed
 from .errors import MachineFormatError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .results import EvalResult
 
 SPLITS = {"cases": "cases.json", "holdout": "holdout.json"}
 
@@ -44,7 +51,18 @@ Grader = Callable[[dict, str], Any]
 
 
 def machine_path(workspace: str | os.PathLike, machine: str) -> Path:
-    """`<workspace>/machines/<name>/`, checked to exist (MachineFormatError naming the machines found)."""
+    """A machine's definition directory, `<workspace>/machines/<name>/`.
+
+    Args:
+        workspace: the workspace root (holding `machines/`).
+        machine: the machine's name ("tutor", "chatbot/triage").
+
+    Returns:
+        The directory.
+
+    Raises:
+        MachineFormatError: no such machine, naming the machines found.
+    """
     from .store.workspace import list_machines, name_segments, workspace_root
 
     d = workspace_root(workspace) / "machines" / Path(*name_segments(machine, "machine name"))
@@ -72,20 +90,22 @@ def _check_rule(case: dict, i: int, path: Path) -> dict:
     return {"expected": row["expected"], "match": row["match"], "format": row["format"]}
 
 
-def load_cases(workspace: str | os.PathLike, machine: str, split: str = "cases"):
+def load_cases(workspace: str | os.PathLike, machine: str, split: str = "cases") -> pd.DataFrame:
     """A machine's cases (`split="cases"`, cases.json) or held-out cases (`"holdout"`, holdout.json).
 
     Args:
         workspace: the workspace root (holding `machines/`).
         machine: the machine's name ("tutor", "chatbot/triage").
-        split: "cases" (default) or "holdout".
+        split: "cases" (default: what training learns from) or "holdout".
 
     Returns:
         A DataFrame with CASE_COLUMNS, one row per case, in file order.
 
-    Raises MachineFormatError naming the file (and the case and field) when the file is missing,
-    is not a non-empty JSON array of cases (Machine's wording: "holdout.json must be a non-empty
-    JSON array of cases."), or a case's files or eval rule are malformed.
+    Raises:
+        MachineFormatError: naming the file (and the case and field) when the file is missing,
+            is not a non-empty JSON array of cases (Machine's wording: "holdout.json must be a
+            non-empty JSON array of cases."), or a case's files or eval rule are malformed.
+        ValueError: an unknown split.
     """
     import pandas as pd
 
@@ -113,12 +133,16 @@ def read_versions(workspace: str | os.PathLike, machine: str) -> list[dict]:
     """The machine's `versions.json`: a non-empty JSON array of version objects, oldest first.
 
     Args:
-        workspace, machine: where the machine is defined.
+        workspace: the workspace root.
+        machine: the machine's name.
 
     Returns:
         The entries as dicts. Each has a string `id` (unique) and a string `model`; `instructions`
-        and `baseModel` are strings when present. Otherwise MachineFormatError names the file,
-        entry and field (a missing file says the machine has no recorded versions).
+        and `baseModel` are strings when present.
+
+    Raises:
+        MachineFormatError: naming the file, entry and field (a missing file says the machine has
+            no recorded versions).
     """
     from .store.workspace import read_json
 
@@ -148,7 +172,14 @@ def read_versions(workspace: str | os.PathLike, machine: str) -> list[dict]:
 
 
 def live_index(versions: list[dict]) -> int:
-    """Index of the live version: the newest entry marked `"live": true`, else the last entry."""
+    """Which version is live.
+
+    Args:
+        versions: read_versions' entries, oldest first.
+
+    Returns:
+        The index of the newest entry marked `"live": true`, else of the last entry.
+    """
     for i in range(len(versions) - 1, -1, -1):
         if versions[i].get("live") is True:
             return i
@@ -156,13 +187,27 @@ def live_index(versions: list[dict]) -> int:
 
 
 def is_checkpoint(model: str) -> bool:
-    """Whether a version's model is a sampler checkpoint path (`tinker://…`, or a `local://…` one
-    written before the local server) rather than a model name."""
+    """Whether a version's model is a sampler checkpoint path rather than a model name.
+
+    Args:
+        model: a version's `model`.
+
+    Returns:
+        True for a path (`tinker://…`, or a `local://…` one written before the local server).
+    """
     return "://" in str(model)
 
 
 def live_version(workspace: str | os.PathLike, machine: str) -> dict:
-    """The machine's live version entry (see `live_index`)."""
+    """The machine's live version.
+
+    Args:
+        workspace: the workspace root.
+        machine: the machine's name.
+
+    Returns:
+        Its versions.json entry (see read_versions and live_index).
+    """
     versions = read_versions(workspace, machine)
     return versions[live_index(versions)]
 
@@ -199,13 +244,14 @@ def _grade(grader: Grader, case: dict, reply: str) -> bool:
     return bool(value)
 
 
+@renamed(show_progress="progress")
 def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None = None,
                    checkpoint: str | None = None, *, split: str = "holdout", cases: Any = None, trials: int = 1,
                    engine: str | None = None, grader: Grader | None = None, instructions: str | None = None,
                    max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
                    concurrency: int | None = None, name: str | None = None, out: str | os.PathLike | None = None,
                    max_usd: float | None = None, sampling_client: Any = None, service_client: Any = None,
-                   show_progress: bool | None = None):
+                   progress: bool | None = None) -> EvalResult:
     """Run a machine's cases through its instructions on an engine and score each reply.
 
     Each case becomes the prompt `[system: instructions, user: input]` and is sampled `trials`
@@ -214,7 +260,8 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     module docstring); a case without one by `grader(case, reply)`.
 
     Args:
-        workspace, machine: where the machine is defined.
+        workspace: the workspace root (holding `machines/`).
+        machine: the machine's name.
         model: the base model (its renderer formats prompts). Default None: the live version's
             (`versions.json`; its `baseModel` when the live model is a checkpoint).
         checkpoint: a sampler path to run instead of the base model. Default None: when `model`
@@ -227,24 +274,31 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
             that declare no expected answer. Default None: such a case is an error.
         instructions: the system prompt. Default None: the live version's instructions, else
             instructions.md; "" sends none.
-        max_tokens, temperature, seed, concurrency, max_usd: as in `evaluate` (defaults 32, 0.0,
-            0, the engine's, no budget).
+        max_tokens, temperature, seed, concurrency, max_usd: as in `evaluate` (defaults 32, 0.0
+            greedy, 0, the engine's, no budget).
         name: the results' label (default "live <version id>" or the checkpoint's last segment).
         out: write the results JSON (evaluate's schema, rows carrying case and trial) here.
             Default None: nothing is written.
         sampling_client / service_client: seams (default: the engine's own; one sampler is
             opened and reused for every trial).
-        show_progress: evaluate's progress bar per trial (default on).
+        progress: evaluate's progress bar per trial. Default None: on in a kernel or terminal
+            unless MACHINE_NB_PROGRESS=0.
 
     Returns:
-        A DataFrame with CASE_RESULT_COLUMNS; `attrs["summary"]` holds the results JSON without
-        its rows (name, model, checkpoint, engine, machine, split, trials, n_cases, n, correct,
-        accuracy, case_accuracy, cost, …) and `attrs["path"]` the file written (or None).
+        An EvalResult: `rows` with CASE_RESULT_COLUMNS, `summary` the results JSON without its
+        rows (name, model, checkpoint, engine, machine, split, trials, version, n_cases, n,
+        correct, accuracy, case_accuracy, errors, tokens, cost, times), `path` the file written
+        (None when out is None).
+
+    Raises:
+        MachineFormatError: a missing or malformed definition file, or a case without an
+            expected answer and no grader.
+        ValueError: trials below 1.
     """
     import pandas as pd
 
     from .evaluate import evaluate
-    from .results import file_sha256, results_name, utc_now
+    from .results import EvalResult, file_sha256, results_name, utc_now
 
     if int(trials) < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
@@ -292,18 +346,19 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
              "match": (c.get("match") or "exact") if c.get("expected") is not None else "regex",
              **({"format": c["format"]} if c.get("format") else {})} for c in records]
     started, t0 = utc_now(), time.perf_counter()
-    frames = []
+    trial_results = []
     for t in range(int(trials)):
-        frames.append(evaluate(rows, model=model, checkpoint=checkpoint, engine=engine, max_tokens=max_tokens,
-                                  temperature=temperature, seed=None if seed is None else seed + t,
-                                  concurrency=concurrency, save=False, name=label, max_usd=max_usd,
-                                  sampling_client=sampling_client, show_progress=show_progress))
+        trial_results.append(evaluate(rows, model=model, checkpoint=checkpoint, engine=engine,
+                                      max_tokens=max_tokens, temperature=temperature,
+                                      seed=None if seed is None else seed + t, concurrency=concurrency, save=False,
+                                      name=label, max_usd=max_usd, sampling_client=sampling_client,
+                                      progress=progress))
     wall = time.perf_counter() - t0
 
     out_rows = []
     for ci, case in enumerate(records):
-        for t, df in enumerate(frames):
-            r = df.iloc[ci]
+        for t, res in enumerate(trial_results):
+            r = res.rows.iloc[ci]
             graded = case.get("expected") is None
             failed = isinstance(r["error"], str)
             correct = (not failed and _grade(grader, case, r["output"])) if graded else bool(r["correct"])
@@ -316,9 +371,9 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
                 "stop_reason": r["stop_reason"], "error": r["error"] if failed else None})
     result = pd.DataFrame(out_rows, columns=CASE_RESULT_COLUMNS)
     per_case = result.groupby("case", sort=False)["correct"].mean()
-    costs = [f.attrs["summary"]["cost"] for f in frames]
+    costs = [r.summary["cost"] for r in trial_results]
     usd = None if any(c.get("usd") is None for c in costs) else round(sum(c["usd"] for c in costs), 9)
-    first = frames[0].attrs["summary"]
+    first = trial_results[0].summary
     summary = {
         "name": label, "model": model, "checkpoint": checkpoint, "engine": engine, "renderer": first["renderer"],
         "machine": machine, "split": split, "trials": int(trials), "version": None if live is None else live["id"],
@@ -340,9 +395,7 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         prompt_of = {int(c.get("case", i)): rows[i]["messages"] for i, c in enumerate(records)}
         per_row = [{**rec, "messages": prompt_of[rec["case"]]} for rec in out_rows]
         atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
-    result.attrs["summary"] = summary
-    result.attrs["path"] = None if path is None else str(path)
-    return result
+    return EvalResult(result, summary, None if path is None else str(path))
 
 
 __all__ = ["load_cases", "evaluate_cases", "read_versions", "live_version", "CASE_COLUMNS", "CASE_RESULT_COLUMNS"]

@@ -86,8 +86,14 @@ def prompt_text(messages: list[Any]) -> str:
 # --------------------------------------------------------------------------- row shapes
 
 class Finding(NamedTuple):
-    """One problem with a row: severity ("error" | "warning"), a stable code, a message that says
-    what and where, and the dotted field it is in (None: the row itself)."""
+    """One problem with a row.
+
+    Args:
+        severity: "error" (the row cannot be used) or "warning".
+        code: a stable code for the kind of problem (e.g. "no_match").
+        message: what is wrong and where, in words.
+        field: the dotted field it is in (e.g. "messages.1.role"); None: the row itself.
+    """
 
     severity: str
     code: str

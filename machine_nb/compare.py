@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import html
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from . import stats
 from .theme import BORDER, FG, FG_MUTED, GREEN, RED, text_colour
+
+if TYPE_CHECKING:
+    import os
+
+    import pandas as pd
+
+    from .results import EvalResult
+
+    # one side of a comparison: an EvalResult, a DataFrame of per-row results, a results JSON
+    # path, or a loaded results dict
+    Results = Union[EvalResult, pd.DataFrame, str, os.PathLike, dict]
 
 CASE_COLUMN = "case"  # results rows that share a value here are trials of one case
 
@@ -31,29 +41,19 @@ _FONT = "var(--jp-ui-font-family, system-ui, sans-serif)"
 
 # --------------------------------------------------------------------------- inputs
 
-def _as_results(value: Any, label: str) -> Any:
-    """A results frame from a path, an evaluate() frame, or a loaded results dict."""
-    import pandas as pd
+def _as_results(value: Any, label: str) -> EvalResult:
+    """An EvalResult from any form results travel in, checked to hold per-row scores."""
+    from .results import as_eval_result
 
-    from .results import load_results
-
-    if isinstance(value, (str, os.PathLike)):
-        return load_results(value)  # keeps the case column where rows have one
-    if isinstance(value, pd.DataFrame):
-        missing = [c for c in ("prompt", "expected", "output", "correct") if c not in value.columns]
-        if missing:
-            raise ValueError(f"{label}: not an evaluate() result (missing columns {missing})")
-        return value
-    if isinstance(value, dict) and isinstance(value.get("rows"), list):
-        df = pd.DataFrame.from_records(value["rows"])
-        df.attrs["summary"] = {k: v for k, v in value.items() if k != "rows"}
-        return _as_results(df, label)
-    raise TypeError(f"{label}: expected a results path, an evaluate() DataFrame or a results dict, got {type(value).__name__}")
+    res = as_eval_result(value, label)  # a results file keeps its case column where rows have one
+    missing = [c for c in ("prompt", "expected", "output", "correct") if c not in res.rows.columns]
+    if missing:
+        raise ValueError(f"{label}: not an evaluate() result (missing columns {missing})")
+    return res
 
 
-def _label(df: Any, fallback: str) -> str:
-    summary = df.attrs.get("summary") or {}
-    return str(summary.get("name") or df.attrs.get("path") or fallback)
+def _label(res: EvalResult, fallback: str) -> str:
+    return str(res.summary.get("name") or res.path or fallback)
 
 
 def _format_rate(df: Any) -> float | None:
@@ -114,23 +114,43 @@ def _clusters(cluster: Any, a: Any, b: Any, name_a: str, name_b: str) -> list | 
 
 @dataclass
 class CompareResult:
-    """Baseline vs checkpoint on the same rows, with paired statistics.
+    """Baseline vs checkpoint on the same rows, with paired statistics (what compare() returns).
 
-    wins: rows only the checkpoint got right; losses: rows only the baseline got right; ties: the
-    rest. p_value: exact McNemar on wins vs losses (with several rows per case: the exact
-    sign-flip test over cases, see p_method). ci_low/ci_high: the paired bootstrap interval of
-    `delta` (checkpoint − baseline accuracy), a second view that has zero width when every pair
-    agrees; delta_ci_low/delta_ci_high is the interval to read (Newcombe's paired score
-    interval). baseline_ci_*/checkpoint_ci_*: Wilson score intervals of each accuracy. flips:
-    the rows that changed (columns row, prompt, expected, baseline_output, checkpoint_output,
-    baseline_correct, checkpoint_correct, change).
-
-    cases: distinct cases (= n when each row is its own); design_effect and effective_n say how
-    much clustering shrinks the evidence. rows_for_power: the rows an exact McNemar test needs to
-    detect the observed effect with 80% power (with several rows per case: the cases that test
-    needs, counting each case as a win, a loss or neither, times this eval's rows per case; None:
-    no effect observed, or over 100,000).
-    p_adjusted / adjustment: set by compare_many (Holm), else None.
+    Args:
+        n: rows compared.
+        baseline_accuracy, checkpoint_accuracy: the share of rows each got right.
+        delta: checkpoint_accuracy − baseline_accuracy.
+        wins, ties, losses: rows only the checkpoint got right, rows both or neither got right,
+            rows only the baseline got right.
+        p_value: exact McNemar on wins vs losses (with several rows per case: the exact
+            sign-flip test over cases, see p_method).
+        ci_low, ci_high: the paired bootstrap interval of delta, a second view that has zero
+            width when every pair agrees (delta_ci_low/delta_ci_high is the interval to read).
+        flips: the rows that changed, a DataFrame (row, prompt, expected, baseline_output,
+            checkpoint_output, baseline_correct, checkpoint_correct, change "win" | "loss").
+        summary: what can be concluded, in sentences (one a line).
+        baseline_name, checkpoint_name: the two results' names (defaults "baseline",
+            "checkpoint").
+        baseline_format_rate, checkpoint_format_rate: the share of replies in the row's format
+            (None when no row has one).
+        min_discordant: the fewest one-sided discordant pairs that can reach p < alpha (default 6,
+            for alpha 0.05).
+        level, alpha: the intervals' confidence level and the test's level (defaults 0.95, 0.05).
+        baseline_ci_low, baseline_ci_high, checkpoint_ci_low, checkpoint_ci_high: Wilson score
+            intervals of each accuracy (accuracy_interval names the method).
+        delta_ci_low, delta_ci_high: Newcombe's paired score interval of delta (delta_interval
+            names it).
+        p_method: how p_value was computed (default "exact McNemar").
+        cases: distinct cases (= n when each row is its own).
+        design_effect, effective_n: how much clustering by case shrinks the evidence
+            (defaults 1.0 and 0.0).
+        rows_for_power: the rows an exact McNemar test needs to detect the observed effect with
+            `power` (with several rows per case: the cases that test needs, counting each case
+            as a win, a loss or neither, times this eval's rows per case); None: no effect
+            observed, or over 100,000.
+        power: the power rows_for_power is sized for (default 0.8).
+        p_adjusted, adjustment: the Holm-adjusted p-value and how it was adjusted, set by
+            compare_many (default None).
     """
 
     n: int
@@ -143,7 +163,7 @@ class CompareResult:
     p_value: float
     ci_low: float
     ci_high: float
-    flips: Any
+    flips: pd.DataFrame
     summary: str
     baseline_name: str = "baseline"
     checkpoint_name: str = "checkpoint"
@@ -188,7 +208,11 @@ class CompareResult:
         return f"no spread (every resample gives {self.ci_low:+.1%})"
 
     def to_dict(self) -> dict:
-        """The numbers as plain data (flips as a list of row dicts), e.g. for a report's JSON."""
+        """The numbers as plain data, e.g. for a report's JSON.
+
+        Returns:
+            Every field by name, flips as a list of row dicts.
+        """
         return {k: (v.to_dict("records") if k == "flips" else v) for k, v in self.__dict__.items()}
 
     def __repr__(self) -> str:
@@ -370,8 +394,9 @@ def _summary_text(num: dict, base: str, ckpt: str, *, alpha: float, level: float
 
 
 def _pair(baseline: Any, checkpoint: Any, name_b: str | None, cluster: Any) -> tuple:
-    a, b = _as_results(baseline, "baseline"), _as_results(checkpoint, "checkpoint")
-    name_a, name_b = _label(a, "baseline"), name_b or _label(b, "checkpoint")
+    ra, rb = _as_results(baseline, "baseline"), _as_results(checkpoint, "checkpoint")
+    name_a, name_b = _label(ra, "baseline"), name_b or _label(rb, "checkpoint")
+    a, b = ra.rows, rb.rows
     if name_a == name_b:
         name_a, name_b = f"{name_a} (A)", f"{name_b} (B)"
     _check_same_rows(a, b, name_a, name_b)
@@ -416,8 +441,8 @@ def _result(a: Any, b: Any, name_a: str, name_b: str, clusters: list | None, *, 
         rows_for_power=num["rows_for_power"], p_adjusted=p_adjusted, adjustment=adjustment)
 
 
-def compare(baseline: Any, checkpoint: Any, *, alpha: float = 0.05, level: float = 0.95, resamples: int = 10_000,
-            seed: int = 0, cluster: Any = None) -> CompareResult:
+def compare(baseline: Results, checkpoint: Results, *, alpha: float = 0.05, level: float = 0.95,
+            resamples: int = 10_000, seed: int = 0, cluster: Any = None) -> CompareResult:
     """Compare two eval results over the same rows, with statistics that hold at small n.
 
     Reports each accuracy with its Wilson score interval, the delta with Newcombe's paired score
@@ -426,9 +451,12 @@ def compare(baseline: Any, checkpoint: Any, *, alpha: float = 0.05, level: float
     rows an exact McNemar test needs to detect the observed effect with 80% power.
 
     Args:
-        baseline, checkpoint: results JSON paths, evaluate() DataFrames, or loaded results dicts.
-            The rows must be the same (same count, and the same prompt, expected and match in
-            order); otherwise ValueError naming the first row that differs.
+        baseline: the baseline's results: an EvalResult (from evaluate, evaluate_cases or
+            load_results), a results JSON path, a DataFrame of per-row results, or a loaded
+            results dict.
+        checkpoint: the checkpoint's results, in any of the same forms. The rows must be the
+            same as the baseline's (same count, and the same prompt, expected and match in
+            order).
         alpha: the level of the summary's "what can be concluded" sentence and the power
             calculation. Default 0.05.
         level: the confidence level of every interval. Default 0.95.
@@ -441,6 +469,11 @@ def compare(baseline: Any, checkpoint: Any, *, alpha: float = 0.05, level: float
 
     Returns:
         A CompareResult.
+
+    Raises:
+        ValueError: the two results are not over the same rows (naming the first row that
+            differs), or they are not per-row results.
+        TypeError: a value that is none of the accepted forms.
     """
     a, b, name_a, name_b, clusters = _pair(baseline, checkpoint, None, cluster)
     return _result(a, b, name_a, name_b, clusters, alpha=alpha, level=level, resamples=resamples, seed=seed,
@@ -451,12 +484,19 @@ def compare(baseline: Any, checkpoint: Any, *, alpha: float = 0.05, level: float
 
 @dataclass
 class CompareManyResult:
-    """Several checkpoints, each against one baseline on the same rows, with Holm's correction.
+    """Several checkpoints, each against one baseline on the same rows, with Holm's correction
+    (what compare_many() returns).
 
-    results: one CompareResult per checkpoint (its p_adjusted and summary use the correction).
-    table: one row per checkpoint: checkpoint, n, accuracy, accuracy_low, accuracy_high, delta,
-    delta_low, delta_high (Newcombe), wins, ties, losses, p_value, p_holm, significant
-    (p_holm < alpha). summary: the same in words, stating the correction.
+    Args:
+        baseline_name: the baseline's name.
+        baseline_accuracy, baseline_ci_low, baseline_ci_high: its accuracy and Wilson interval.
+        results: {checkpoint name: CompareResult} (each one's p_adjusted and summary use the
+            correction).
+        table: a DataFrame, one row per checkpoint: checkpoint, n, accuracy, accuracy_low,
+            accuracy_high, delta, delta_low, delta_high (Newcombe), wins, ties, losses,
+            p_value, p_holm, significant (p_holm < alpha).
+        summary: the same in words, stating the correction.
+        alpha, level: the test's level and the intervals' confidence level (defaults 0.05, 0.95).
     """
 
     baseline_name: str
@@ -464,7 +504,7 @@ class CompareManyResult:
     baseline_ci_low: float
     baseline_ci_high: float
     results: dict
-    table: Any
+    table: pd.DataFrame
     summary: str
     alpha: float = 0.05
     level: float = 0.95
@@ -491,8 +531,9 @@ class CompareManyResult:
                 + f"</tr></thead><tbody>{''.join(trs)}</tbody></table>{paras}</div>")
 
 
-def compare_many(baseline: Any, checkpoints: Mapping[str, Any] | Sequence[Any], *, alpha: float = 0.05,
-                 level: float = 0.95, resamples: int = 10_000, seed: int = 0, cluster: Any = None) -> CompareManyResult:
+def compare_many(baseline: Results, checkpoints: Mapping[str, Results] | Sequence[Results], *, alpha: float = 0.05,
+                 level: float = 0.95, resamples: int = 10_000, seed: int = 0,
+                 cluster: Any = None) -> CompareManyResult:
     """Compare several checkpoints with one baseline on the same rows, correcting for multiplicity.
 
     Each pair is compared as compare() does; the p-values are then Holm-adjusted over the
@@ -501,13 +542,18 @@ def compare_many(baseline: Any, checkpoints: Mapping[str, Any] | Sequence[Any], 
     alpha divided by the number of checkpoints (the level Holm's first step tests at).
 
     Args:
-        baseline: the baseline's results (a path, an evaluate() frame or a results dict).
+        baseline: the baseline's results, in any form compare() takes (an EvalResult, a
+            results JSON path, a DataFrame, a results dict).
         checkpoints: {name: results, …}, or a list of results (named by their own results name).
         alpha, level, resamples, seed, cluster: as in compare() (defaults 0.05, 0.95, 10,000, 0,
             None).
 
     Returns:
         A CompareManyResult.
+
+    Raises:
+        ValueError: no checkpoint, two checkpoints with one name, or results not over the same
+            rows.
     """
     import pandas as pd
 

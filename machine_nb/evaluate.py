@@ -3,8 +3,8 @@
 Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train eval` row format).
 Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
 whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
-numbers. Rows are checked in chat.py, replies scored in scoring.py, results read in results.py;
-the names that moved there stay importable from here.
+numbers. Rows are checked in chat.py, replies scored in scoring.py, results (EvalResult, the
+results JSON) kept in results.py; the names that moved there stay importable from here.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Any
 
 from . import patterns
 from .chat import eval_rows, probe_rows, prompt_text
+from .compat import renamed
 from .pricing import estimate_eval_cost, sample_cost
-from .results import RESULT_COLUMNS, RESULTS_DIR, file_sha256, results_name, utc_now
+from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
+                      utc_now)
 from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
                        run_coroutine, sample_rows, sampling_params, watchdog)
 from .scoring import format_matches, score_row
@@ -29,45 +31,66 @@ from .scoring import format_matches, score_row
 
 # --------------------------------------------------------------------------- evaluate
 
-def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
+@renamed(eval_path="data", show_progress="progress")
+def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
              name: str | None = None, save: bool = True, sampling_client: SamplingClientLike | None = None,
-             service_client: Any = None, show_progress: bool | None = None, max_usd: float | None = None) -> Any:
-    """Sample every eval row through the engine, score it, write a results JSON; returns a DataFrame.
+             service_client: Any = None, progress: bool | None = None, max_usd: float | None = None) -> EvalResult:
+    """Sample every eval row through the engine, score it, and write a results JSON.
 
-    eval_path: the eval JSONL (or a list of row dicts); every row is checked before any sampling.
-    model: the base model name, whose renderer formats prompts and parses replies. Default: the
-      local engine's shipped model (so the offline example needs no names); required for tinker://.
-    checkpoint: a sampler path (`tinker://…` or `local://…`) to evaluate instead of the base model.
-      Default None: the base model (the baseline).
-    engine: "local" | "tinker". Default: "local" for local/… models and local:// paths, else "tinker".
-    max_tokens: reply budget per row. Default 32 (as pricing.estimate_eval_cost assumes):
-      `answer: <integer>` needs under 10, and a rambling baseline is cut there (stop_reason
-      "length") instead of paying for prose.
-    temperature: default 0.0 (greedy), so two evals of the same model agree and compare() sees
-      the model, not the dice. seed: default 0 (for temperature > 0; recorded in the results).
-    concurrency: requests in flight at once. Default 32 on Tinker (remote, latency-bound) and 8
-      locally (one CPU model; more only queues): 24 rows take about as long as the slowest one.
-    renderer: a renderer name or object; default the model's recommended renderer.
-    out: the results JSON path. Default `eval_results/<name>.json`, name defaulting to "baseline"
-      for a base model and the checkpoint's last path segment otherwise. save=False writes nothing.
-    sampling_client / service_client: seams; default the engine's own (tests pass stand-ins).
-    show_progress: the progress bar per finished row; default on (MACHINE_NB_PROGRESS=0 silences).
-    max_usd: a budget. Default None (no limit). When set, the eval is priced first (exact prompt
-      tokens + max_tokens per reply, pricing.estimate_eval_cost) and refused with BudgetExceeded
-      before any request if it could cost more, or if the price is unknown. Local runs cost 0.
+    On Tinker the key and reachability are checked first and fail within seconds with
+    EngineError. A request that fails is recorded in `error` (counted wrong, with a warning); an
+    EngineError stops the eval.
 
-    The frame has RESULT_COLUMNS; `df.attrs["summary"]` holds the results JSON without its rows
-    and `df.attrs["path"]` where it was written. On Tinker, the key and reachability are checked
-    first and fail within seconds with EngineError. A request that fails is recorded in `error`
-    (counted wrong, with a warning); an EngineError stops the eval.
+    Args:
+        data: the eval JSONL path, or a list of row dicts (Machine's `{"messages", "expected",
+            "match", "format"?}`); every row is checked before any sampling.
+        model: the base model, whose renderer formats prompts and parses replies. Default None:
+            the local engine's shipped model (so the offline example needs no names); required
+            for a Tinker checkpoint.
+        checkpoint: a sampler path (`tinker://…`) to evaluate instead of the base model.
+            Default None: the base model (the baseline).
+        engine: "local" | "tinker". Default None: the engine that serves the model or checkpoint.
+        max_tokens: reply budget per row. Default 32 (as pricing.estimate_eval_cost assumes): an
+            `answer: <integer>` needs under 10, and a rambling reply is cut there (stop_reason
+            "length") instead of paying for prose.
+        temperature: default 0.0 (greedy), so two evals of the same model agree and compare()
+            sees the model, not the dice.
+        seed: the sampling seed for temperature > 0 (default 0; recorded in the results).
+        concurrency: requests in flight at once. Default None: 32 on Tinker (remote,
+            latency-bound), 8 locally (one CPU model; more only queues).
+        renderer: a renderer name or object. Default None: the model's recommended renderer.
+        out: the results JSON path. Default None: `eval_results/<name>.json`.
+        name: the results' name. Default None: "baseline" for a base model, else the
+            checkpoint's last path segment.
+        save: write the results JSON (default True; False writes nothing).
+        sampling_client: a sampler to use instead of the engine's (default None; tests pass
+            stand-ins).
+        service_client: the ServiceClient that opens the sampler (default None: the engine's own).
+        progress: show a progress bar per finished row. Default None: on in a kernel or terminal
+            unless MACHINE_NB_PROGRESS=0 (machine_nb.progress decides).
+        max_usd: a budget. Default None: no limit. When set, the eval is priced first (exact
+            prompt tokens + max_tokens per reply, pricing.estimate_eval_cost) and refused with
+            BudgetExceeded before any request if it could cost more, or if the price is unknown.
+            Local runs cost 0.
+
+    Returns:
+        An EvalResult: `rows` with RESULT_COLUMNS (plus "case" when rows carry one), `summary`
+        the results JSON without its rows (name, model, checkpoint, engine, renderer,
+        parameters, data path and sha256, n, correct, accuracy, format_rate, errors,
+        regex_timeouts, tokens, cost, times), `path` the file written (None when save=False).
+
+    Raises:
+        MachineFormatError: a bad eval row, naming its file, line and field.
+        EngineError: the engine refused the job or every request failed.
+        BudgetExceeded: the eval could cost more than max_usd.
     """
     import pandas as pd
 
-    from .progress import progress
+    from .progress import progress as progress_bar
 
-    rows, data_path = eval_rows(eval_path)
+    rows, data_path = eval_rows(data)
     data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
     model, engine = resolve_model(model, checkpoint, engine)
     renderer_obj, renderer_label = renderer_for(model, renderer)
@@ -81,7 +104,7 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
 
     started_at, t0 = utc_now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
-    with progress(total=len(rows), desc=f"eval {label}", unit="row", enabled=show_progress) as bar, \
+    with progress_bar(total=len(rows), desc=f"eval {label}", unit="row", enabled=progress) as bar, \
             watchdog(engine) as dog:
         sampled = run_coroutine(lambda: sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
     wall = time.perf_counter() - t0
@@ -133,39 +156,54 @@ def evaluate(eval_path: str | os.PathLike | list[dict], model: str | None = None
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
         atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
-    df.attrs["summary"] = summary
-    df.attrs["path"] = None if path is None else str(path)
-    return df
+    return EvalResult(df, summary, None if path is None else str(path))
 
 
 # --------------------------------------------------------------------------- bleed probe
 
-def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
-          format: str | None = None, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
-          concurrency: int | None = None, renderer: Any = None, baseline_client: SamplingClientLike | None = None,
-          checkpoint_client: SamplingClientLike | None = None, service_client: Any = None,
-          show_progress: bool | None = None) -> Any:
-    """Off-distribution prompts through the base model and the checkpoint side by side: where does
-    a learned style leak?
+@renamed(prompts="data", show_progress="progress")
+def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: str | None = None,
+          engine: str | None = None, *, format: str | None = None, max_tokens: int = 32, temperature: float = 0.0,
+          seed: int | None = 0, concurrency: int | None = None, renderer: Any = None,
+          baseline_client: SamplingClientLike | None = None, checkpoint_client: SamplingClientLike | None = None,
+          service_client: Any = None, progress: bool | None = None) -> EvalResult:
+    """Off-distribution prompts through the base model and the checkpoint side by side: where
+    does a learned style leak?
 
-    prompts: a probe JSONL path (e.g. the corpus's probe.jsonl), a list of prompt strings or of
-      `{"messages": [...], "format"?}` rows (a trailing assistant message is dropped).
-    model / checkpoint / engine: as in evaluate(); checkpoint is required (it is half the point).
-    format: the learned style as a regex (fullmatch on the stripped reply), e.g. r"answer: .*".
-      Default None: each row's own "format", and `bled` is None for rows with neither.
-    Other options as in evaluate() (greedy, 32 tokens). baseline_client / checkpoint_client are
-    seams for stand-in samplers.
+    Writes nothing.
 
-    Returns a DataFrame: prompt, baseline_output, checkpoint_output, bled (the checkpoint's reply
-    matches the format while the base model's does not). Writes nothing.
+    Args:
+        data: a probe JSONL path (e.g. the corpus's probe.jsonl), or a list of prompt strings or
+            of `{"messages": [...], "format"?}` rows (a trailing assistant message is dropped).
+        model: the base model, as in evaluate() (default None: the local engine's model).
+        checkpoint: the sampler path set beside the base model; required (it is half the point)
+            unless checkpoint_client is given.
+        engine: as in evaluate() (default None: the engine that serves the model or checkpoint).
+        format: the learned style as a regex (fullmatch on the stripped reply), e.g.
+            r"answer: .*". Default None: each row's own "format"; `bled` is None for rows with
+            neither.
+        max_tokens, temperature, seed, concurrency, renderer: sampling, as in evaluate()
+            (defaults 32, 0.0 greedy, 0, the engine's, the model's renderer).
+        baseline_client, checkpoint_client: samplers to use instead of the engine's (default
+            None; tests pass stand-ins).
+        service_client: the ServiceClient that opens the samplers (default None: the engine's).
+        progress: show a progress bar per reply (default None: as in evaluate()).
+
+    Returns:
+        An EvalResult: `rows` with PROBE_COLUMNS (prompt, baseline_output, checkpoint_output,
+        bled, error), `summary` {model, checkpoint, engine, format, n, bled (how many rows
+        bled)}, `path` None.
+
+    Raises:
+        ValueError: no checkpoint, or a `format` that is not a valid regular expression.
     """
     import pandas as pd
 
-    from .progress import progress
+    from .progress import progress as progress_bar
 
     if not checkpoint and checkpoint_client is None:
         raise ValueError("probe needs a checkpoint (or checkpoint_client) to set beside the base model")
-    rows = probe_rows(prompts)
+    rows = probe_rows(data)
     if format is not None:  # a bad pattern fails before any sample (rows' own are checked with the rows)
         try:
             patterns.compile_pattern(format)
@@ -176,7 +214,7 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     params = sampling_params(max_tokens, temperature, seed, renderer_obj)
-    source = os.fspath(prompts) if isinstance(prompts, (str, os.PathLike)) and Path(prompts).is_file() else None
+    source = os.fspath(data) if isinstance(data, (str, os.PathLike)) and Path(data).is_file() else None
     rendered = render_prompts(renderer_obj, rows, source)
     base_client = baseline_client if baseline_client is not None else open_sampler(model, None, engine, service_client)
     ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(model, checkpoint, engine, service_client)
@@ -185,7 +223,7 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
         return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
                                           sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
 
-    with progress(total=2 * len(rows), desc="probe", unit="reply", enabled=show_progress) as bar, \
+    with progress_bar(total=2 * len(rows), desc="probe", unit="reply", enabled=progress) as bar, \
             watchdog(engine) as dog:
         base_out, ckpt_out = run_coroutine(lambda: both(bar), dog)
     records, timed_out = [], []
@@ -203,10 +241,10 @@ def probe(prompts: Any, model: str | None = None, checkpoint: str | None = None,
     if timed_out:
         listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
         warnings.warn(f"{len(timed_out)} of {len(rows)} probe row(s) hit the regex time bound:\n{listed}", stacklevel=2)
-    df = pd.DataFrame.from_records(records, columns=["prompt", "baseline_output", "checkpoint_output", "bled", "error"])
-    df.attrs["summary"] = {"model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
-                           "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
-    return df
+    df = pd.DataFrame.from_records(records, columns=PROBE_COLUMNS)
+    summary = {"name": "probe", "model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
+               "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
+    return EvalResult(df, summary, None)
 
 
 # --------------------------------------------------------------------------- moved names

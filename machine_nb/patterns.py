@@ -18,16 +18,25 @@ catastrophic backtracking comes near this (the check is periodic, so a match may
 
 
 class RegexTimeout(TimeoutError):
-    """A pattern ran past its time bound on one text (catastrophic backtracking)."""
+    """A pattern ran past its time bound on one text (catastrophic backtracking).
 
-    def __init__(self, pattern: str, timeout_s: float):
+    Args:
+        pattern: the pattern (kept as `.pattern`; the message shows its first 60 characters).
+        timeout_s: the bound it ran past, in seconds (kept as `.timeout_s`).
+    """
+
+    def __init__(self, pattern: str, timeout_s: float) -> None:
         self.pattern, self.timeout_s = pattern, timeout_s
         shown = pattern if len(pattern) <= 60 else pattern[:57] + "…"
         super().__init__(f"the regex {shown!r} ran past its {timeout_s:g} s bound (catastrophic backtracking?)")
 
 
 def pattern_error() -> type[Exception]:
-    """The exception class an invalid pattern raises (`regex.error`, a ValueError-like error with a position)."""
+    """The exception class an invalid pattern raises, for an `except` clause.
+
+    Returns:
+        `regex.error` (a ValueError-like error with a position); `regex` loads on this call.
+    """
     import regex
 
     return regex.error
@@ -35,9 +44,17 @@ def pattern_error() -> type[Exception]:
 
 @lru_cache(maxsize=256)
 def compile_pattern(pattern: str) -> Any:
-    """A compiled pattern (DOTALL: `.` matches newlines too); raises `pattern_error()` when invalid.
+    """A pattern compiled as eval rows use it, cached.
 
-    Raises TypeError when `pattern` is not a string.
+    Args:
+        pattern: the regular expression (Python `re` syntax).
+
+    Returns:
+        The compiled pattern (DOTALL: `.` matches newlines too).
+
+    Raises:
+        pattern_error(): the pattern is invalid.
+        TypeError: `pattern` is not a string.
     """
     import regex
 
@@ -47,9 +64,18 @@ def compile_pattern(pattern: str) -> Any:
 
 
 def fullmatch(pattern: str, text: str, *, timeout_s: float | None = None) -> bool:
-    """Whether `pattern` matches the whole of `text`, within `timeout_s` seconds.
+    """Whether `pattern` matches the whole of `text`, within a time bound.
 
-    timeout_s: default None = REGEX_TIMEOUT_S (1 s). Raises RegexTimeout past it.
+    Args:
+        pattern: the regular expression (compiled with compile_pattern).
+        text: the text to match.
+        timeout_s: the bound in seconds (default None: REGEX_TIMEOUT_S).
+
+    Returns:
+        True when the pattern matches all of the text.
+
+    Raises:
+        RegexTimeout: the match ran past the bound.
     """
     bound = REGEX_TIMEOUT_S if timeout_s is None else float(timeout_s)
     try:

@@ -12,6 +12,7 @@ import html
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -29,13 +30,23 @@ def _in_kernel() -> bool:
 class progress:  # noqa: N801 - used like a function: `with progress(total=60, desc="sft") as bar:`
     """A progress bar: `update(n=1, **postfix)`, `set_postfix(**values)`, `close()`; a context manager.
 
-    Also wraps an iterable: `for row in progress(rows, desc="eval"): …`.
+    Also wraps an iterable: `for row in progress(rows, desc="eval"): …`. This class decides
+    whether a bar shows for every call that takes `progress: bool | None` (evaluate, probe,
+    evaluate_cases, sft, …): they pass their value as `enabled`.
+
+    Args:
+        iterable: items to yield, counting each (default None: count with update()).
+        total: the count at the end (default None: len(iterable) when it has one, else unknown).
+        desc: the label before the count (default "").
+        unit: what is counted, e.g. "row", "steps" (default "it").
+        enabled: show the bar. Default None: on (an HTML line in a Jupyter kernel, tqdm on
+            stderr elsewhere) unless MACHINE_NB_PROGRESS=0; False draws nothing but still counts.
     """
 
     min_interval = 0.2  # seconds between redraws in a notebook
 
     def __init__(self, iterable: Any = None, *, total: int | None = None, desc: str = "",
-                 unit: str = "it", enabled: bool | None = None):
+                 unit: str = "it", enabled: bool | None = None) -> None:
         self.iterable = iterable
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
@@ -56,7 +67,7 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
             from tqdm import tqdm
             self._tqdm = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=True)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for item in self.iterable:
             yield item
             self.update()
@@ -74,12 +85,23 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         self.close()
 
     def set_postfix(self, **values: Any) -> None:
+        """Show values after the count ("loss 0.12"), kept until replaced.
+
+        Args:
+            **values: name -> value (floats shown to 4 significant digits).
+        """
         self.postfix.update(values)
         if self._tqdm is not None:
             self._tqdm.set_postfix({k: _fmt(v) for k, v in self.postfix.items()}, refresh=False)
         self._draw()
 
     def update(self, n: int = 1, **postfix: Any) -> None:
+        """Count finished items and redraw (at most every `min_interval` seconds in a notebook).
+
+        Args:
+            n: items finished since the last update (default 1).
+            **postfix: values to show after the count, as set_postfix.
+        """
         self.n += n
         if postfix:
             self.postfix.update(postfix)
@@ -90,6 +112,7 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         self._draw()
 
     def close(self) -> None:
+        """Finish the bar: its last state is drawn and stays (calling again does nothing)."""
         if self._closed:
             return
         self._closed = True
@@ -97,8 +120,12 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
             self._tqdm.close()
         self._draw(force=True)
 
-    # text of the bar, shared by the HTML line and tests
     def text(self) -> str:
+        """The bar as one line of text, as the notebook shows it.
+
+        Returns:
+            e.g. "sft: 60/60 steps · loss 0.12 · 1.4 s".
+        """
         elapsed = time.monotonic() - self.start
         count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
         parts = [f"{self.desc}: {count} {self.unit}" if self.desc else f"{count} {self.unit}"]

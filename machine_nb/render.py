@@ -26,16 +26,38 @@ LOCAL_PREFIX = "local/"
 
 
 def base_model(model: str) -> str:
-    """The model name without Tinker's ":peft:…" suffix (whose renderer and tokenizer it shares)."""
+    """The model a name's renderer and tokenizer come from.
+
+    Args:
+        model: a model name, perhaps with Tinker's ":peft:…" suffix.
+
+    Returns:
+        The name without the suffix.
+    """
     return model.split(":", 1)[0]
 
 
 def is_local_model(model: str) -> bool:
+    """Whether the local engine serves this model.
+
+    Args:
+        model: a model name.
+
+    Returns:
+        True for the local engine's own names (`local/…`).
+    """
     return model.startswith(LOCAL_PREFIX)
 
 
 def has_offline_tokenizer(model: str) -> bool:
-    """Whether the model's real tokenizer is available with no network (exact token counts)."""
+    """Whether the model's real tokenizer is available with no network (exact token counts).
+
+    Args:
+        model: a model name.
+
+    Returns:
+        True for the local engine's models and Inkling (whose renderer ships its tokenizer).
+    """
     name = base_model(model)
     return is_local_model(name) or name.startswith("thinkingmachines/Inkling")
 
@@ -107,7 +129,18 @@ def hub_reachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
 
 
 def renderer_name(model: str) -> str:
-    """The renderer tinker-cookbook recommends for a model (the local engine's own for local models)."""
+    """The renderer a model's prompts are formatted with.
+
+    Args:
+        model: a model name.
+
+    Returns:
+        The name of the renderer tinker-cookbook recommends for it (the local engine's own for
+        its models).
+
+    Raises:
+        EngineError: no renderer is known for the model.
+    """
     if is_local_model(model):
         from .engines import ensure_registered
 
@@ -122,10 +155,18 @@ def renderer_name(model: str) -> str:
 
 @lru_cache(maxsize=16)
 def get_tokenizer(model: str) -> Any:
-    """The model's tokenizer (tinker-cookbook's Tokenizer protocol: encode/decode/eos_token_id).
+    """The model's tokenizer, cached per model.
 
-    Raises EngineError at once, without contacting the hub, when the tokenizer needs the Hugging
-    Face hub and the hub is switched off (offline()) or does not answer (hub_reachable()).
+    Args:
+        model: a model name.
+
+    Returns:
+        tinker-cookbook's tokenizer for it (its Tokenizer protocol: encode, decode, eos_token_id).
+
+    Raises:
+        EngineError: at once, without contacting the hub, when the tokenizer needs the Hugging
+            Face hub and the hub is switched off (offline()) or does not answer
+            (hub_reachable()); or when it cannot be loaded.
     """
     name = base_model(model)
     if is_local_model(name):
@@ -153,7 +194,18 @@ def get_tokenizer(model: str) -> Any:
 
 @lru_cache(maxsize=16)
 def get_renderer(model: str, name: str | None = None) -> Any:
-    """The tinker-cookbook renderer for `model` (`name` overrides the recommended renderer)."""
+    """The tinker-cookbook renderer for a model, cached per model and name.
+
+    Args:
+        model: a model name.
+        name: a renderer name (default None: the one renderer_name recommends).
+
+    Returns:
+        The renderer (build_generation_prompt, parse_response, get_stop_sequences, …).
+
+    Raises:
+        EngineError: no renderer or tokenizer is available for the model.
+    """
     from tinker_cookbook import renderers
 
     tokenizer = get_tokenizer(model)

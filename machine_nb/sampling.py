@@ -21,7 +21,18 @@ class SamplingClientLike(Protocol):
     """What evaluate() needs of a sampler: tinker's `sample_async(prompt, num_samples, sampling_params)`
     (or `sample(...)` returning an awaitable / a future) that yields a `tinker.SampleResponse`."""
 
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any: ...
+    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
+        """Sample replies to one prompt.
+
+        Args:
+            prompt: a tinker.ModelInput.
+            num_samples: replies wanted (evaluate asks for 1).
+            sampling_params: a tinker.SamplingParams.
+
+        Returns:
+            A tinker.SampleResponse (or an awaitable or future of one).
+        """
+        ...
 
 
 def resolve_model(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:

@@ -99,9 +99,16 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def min_discordant_for(alpha: float = 0.05) -> int:
-    """The fewest discordant pairs that can reach p < alpha: all in one direction, 2·½^m < alpha (6 at 0.05).
+    """The fewest discordant pairs that can reach exact McNemar p < alpha.
 
-    ValueError unless 0 < alpha < 1 (no count of pairs reaches p < 0).
+    Args:
+        alpha: the test's level (default 0.05).
+
+    Returns:
+        The smallest m with 2·½^m < alpha, all m pairs in one direction (6 at 0.05).
+
+    Raises:
+        ValueError: unless 0 < alpha < 1 (no count of pairs reaches p < 0).
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1 (exclusive), got {alpha!r}")
@@ -112,8 +119,16 @@ def min_discordant_for(alpha: float = 0.05) -> int:
 
 
 def critical_minority(d: int, alpha: float = 0.05) -> int | None:
-    """The largest minority count k for which a k-to-(d−k) split of d discordant pairs gives exact
-    McNemar p < alpha, or None when no split of d pairs can (d < min_discordant_for(alpha))."""
+    """How lopsided d discordant pairs must be for exact McNemar p < alpha.
+
+    Args:
+        d: the discordant pairs (wins + losses).
+        alpha: the test's level (default 0.05).
+
+    Returns:
+        The largest minority count k for which a k-to-(d−k) split gives p < alpha, or None when
+        no split of d pairs can (d < min_discordant_for(alpha)).
+    """
     from scipy.stats import binom
 
     if d <= 0:

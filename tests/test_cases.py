@@ -15,6 +15,7 @@ import pytest
 import machine_nb as mnb
 from machine_nb.cases import CASE_COLUMNS, CASE_RESULT_COLUMNS, live_version, read_versions
 from machine_nb.errors import MachineFormatError
+from machine_nb.results import EvalResult
 from machine_nb.sample import TUTOR_INSTRUCTIONS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
@@ -112,8 +113,9 @@ def test_live_version_is_the_newest_marked_live_else_the_last(ws):
 
 def test_live_version_scores_zero_on_the_held_out_cases_and_writes_results(tmp_path):
     out = tmp_path / "live.json"
-    df = mnb.evaluate_cases(SAMPLE, "tutor", out=out, show_progress=False)
-    s = df.attrs["summary"]
+    res = mnb.evaluate_cases(SAMPLE, "tutor", out=out, progress=False)
+    df, s = res.rows, res.summary
+    assert isinstance(res, EvalResult) and res.path == str(out) and df.attrs == {}
     assert list(df.columns) == CASE_RESULT_COLUMNS and len(df) == 20
     assert s["accuracy"] == 0.0 and s["version"] == "v1" and s["name"] == "live v1" and s["model"] == "local/arith-tiny"
     assert s["checkpoint"] is None and s["engine"] == "local" and s["cost"]["usd"] == 0.0
@@ -125,13 +127,14 @@ def test_live_version_scores_zero_on_the_held_out_cases_and_writes_results(tmp_p
     assert written["data"]["sha256"] and written["n_cases"] == 20
     # the file reads back with evaluate's reader and pairs with itself in compare
     back = mnb.load_results(out)
-    assert mnb.compare(back, df).n == 20
+    assert back.summary == s and mnb.compare(back, res).n == 20
+    assert mnb.compare(back, res).checkpoint_name == "live v1 (B)"  # the name travels with the result
 
 
 def test_cases_without_a_rule_need_a_grader_which_then_scores_them(ws):
     write(ws, "holdout.json", ["What is 47 plus 15?", {"input": "What's 83 - 29?", "expected": "54", "match": "number"}])
     with pytest.raises(MachineFormatError) as err:
-        mnb.evaluate_cases(ws, "tutor", show_progress=False)
+        mnb.evaluate_cases(ws, "tutor", progress=False)
     assert "case 1 declares no expected answer (1 of 2 do not): pass grader=" in str(err.value)
     assert err.value.field == "[0].expected" and err.value.path.endswith("holdout.json")
     seen = []
@@ -140,26 +143,34 @@ def test_cases_without_a_rule_need_a_grader_which_then_scores_them(ws):
         seen.append((case["input"], reply))
         return "62" in reply
 
-    df = mnb.evaluate_cases(ws, "tutor", grader=grader, show_progress=False)
+    df = mnb.evaluate_cases(ws, "tutor", grader=grader, progress=False).rows
     assert seen == [("What is 47 plus 15?", df["output"].iloc[0])]  # the rule scores the other case
     assert df["correct"].tolist() == [True, True] and df["match"].tolist() == ["grader", "number"]
     assert pd.isna(df["expected"].iloc[0])  # no expected answer: the grader decided
     # a number is a score: full marks count as correct
-    df = mnb.evaluate_cases(ws, "tutor", grader=lambda case, reply: 0.5, show_progress=False)
+    df = mnb.evaluate_cases(ws, "tutor", grader=lambda case, reply: 0.5, progress=False).rows
     assert df["correct"].tolist() == [False, True]
 
 
 def test_trials_sample_each_case_with_its_own_seed():
     cases = ["What is 47 plus 15?", "Who wrote Hamlet?"]
-    df = mnb.evaluate_cases(SAMPLE, "tutor", cases=cases, grader=lambda c, r: True, trials=3, temperature=1.0,
-                            show_progress=False)
+    res = mnb.evaluate_cases(SAMPLE, "tutor", cases=cases, grader=lambda c, r: True, trials=3, temperature=1.0,
+                             progress=False)
+    df = res.rows
     assert df[["case", "trial"]].values.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
-    assert df.attrs["summary"]["trials"] == 3 and df.attrs["summary"]["n_cases"] == 2
+    assert res.summary["trials"] == 3 and res.summary["n_cases"] == 2
     assert df.groupby("case")["output"].nunique().max() > 1  # three seeds, not one reply thrice
-    greedy = mnb.evaluate_cases(SAMPLE, "tutor", cases=cases, grader=lambda c, r: True, trials=2, show_progress=False)
+    greedy = mnb.evaluate_cases(SAMPLE, "tutor", cases=cases, grader=lambda c, r: True, trials=2, progress=False).rows
     assert greedy.groupby("case")["output"].nunique().max() == 1
     with pytest.raises(ValueError, match="trials must be at least 1"):
         mnb.evaluate_cases(SAMPLE, "tutor", cases=cases, trials=0)
+
+
+def test_the_old_show_progress_keyword_still_works_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"evaluate_cases\(show_progress=…\) is now evaluate_cases\(progress=…\)"):
+        res = mnb.evaluate_cases(SAMPLE, "tutor", cases=["What is 47 plus 15?"], grader=lambda c, r: True,
+                                 show_progress=False)
+    assert res.rows["correct"].tolist() == [True]
 
 
 # --------------------------------------------------------------------------- held-out inputs stay out of training
@@ -210,7 +221,7 @@ def test_public_functions_stay_callable_after_these_modules_load_their_namesakes
 
     code = ("import machine_nb as mnb\n"
             "mnb.evaluate_cases('data/sample_workspace', 'tutor', cases=['What is 47 plus 15?'], "
-            "grader=lambda c, r: True, show_progress=False)\n"
+            "grader=lambda c, r: True, progress=False)\n"
             "from machine_nb.candidate import Gate\n"
             "print(callable(mnb.evaluate), callable(mnb.candidate), mnb.evaluate.__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -17,7 +17,7 @@ from machine_nb.cli import build_parser
 # Machine's /train, /tagged and data commands, plus the report runner
 COMMANDS = ["corpus", "validate", "sft", "smoke", "eval", "tagged", "runs", "export", "report", "serve", "cases",
             "candidate", "commit", "revert", "sweep"]
-EVAL_COMMANDS = ["baseline", "checkpoint", "compare"]
+EVAL_COMMANDS = ["baseline", "checkpoint", "compare", "probe"]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -62,6 +62,33 @@ def test_eval_subcommands_help_says_reads_writes_costs(name):
     inner = _subparsers(subs["eval"])
     assert name in inner, f"`machine-nb eval {name}` is missing; have {sorted(inner)}"
     _says_reads_writes_costs(f"eval {name}", inner[name].format_help())
+
+
+@pytest.mark.parametrize("sub", [["baseline"], ["checkpoint", "tinker://x/sampler_weights/final"],
+                                 ["probe", "tinker://x/sampler_weights/final"]])
+def test_eval_subcommands_share_the_model_sampling_and_spending_flags(sub):
+    parser = build_parser()
+    given = parser.parse_args(["eval", *sub, "-m", "M", "--engine", "tinker", "--max-tokens", "8", "--temperature",
+                               "0.5", "--seed", "3", "--concurrency", "4", "--max-usd", "0.25", "--yes", "--json"])
+    default = parser.parse_args(["eval", *sub])
+    names = ("model", "engine", "max_tokens", "temperature", "seed", "concurrency", "max_usd", "yes", "json")
+    assert [getattr(given, n) for n in names] == ["M", "tinker", 8, 0.5, 3, 4, 0.25, True, True]
+    assert [getattr(default, n) for n in names] == [None, None, 32, 0.0, 0, None, None, False, False]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", *sub, "--engine", "cloud"])
+
+
+def test_the_spending_guard_says_what_sampling_could_cost(capsys):
+    from machine_nb.cli._flags import eval_cost_text, refuse_to_spend
+
+    rows = [{"messages": [{"role": "user", "content": "What is 1 plus 1?"}]}]
+    one = eval_cost_text(rows, "thinkingmachines/Inkling-Small", max_tokens=8)
+    two = eval_cost_text(rows, "thinkingmachines/Inkling-Small", max_tokens=8, samples_per_row=2)
+    assert re.fullmatch(r"up to \$\d+\.\d{4} \(\d+ prompt tokens, ≤8 reply tokens\)", one)
+    assert "≤16 reply tokens" in two  # a probe samples every prompt twice
+    assert eval_cost_text(rows, "acme/unknown-7b", max_tokens=8).startswith("an unknown amount (No price is known")
+    assert refuse_to_spend("samples", one) is False
+    assert capsys.readouterr().err == f"This samples on Tinker and costs {one}. Re-run with --yes to spend.\n"
 
 
 def test_console_script_help_runs_without_heavy_imports():

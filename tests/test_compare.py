@@ -13,6 +13,7 @@ import math
 import re
 import subprocess
 import sys
+import warnings
 
 import pandas as pd
 import pytest
@@ -20,11 +21,13 @@ import pytest
 from machine_nb import stats
 from machine_nb.compare import CompareManyResult, CompareResult, compare, compare_many
 from machine_nb.evaluate import load_results
+from machine_nb.results import EvalResult
 
 Z2 = 1.959963984540054 ** 2
 
 
 def frame(correct, outputs=None, name=None, prompts=None):
+    """Per-row results as a DataFrame; with a name, as the EvalResult evaluate() returns."""
     n = len(correct)
     prompts = prompts or [f"What is {i} plus {i}?" for i in range(n)]
     df = pd.DataFrame({
@@ -33,9 +36,7 @@ def frame(correct, outputs=None, name=None, prompts=None):
         "output": outputs or [f"answer: {2 * i}" if c else f"{i} + {i} = {2 * i}" for i, c in enumerate(correct)],
         "correct": list(correct), "format_ok": list(correct),
     })
-    if name:
-        df.attrs["summary"] = {"name": name}
-    return df
+    return EvalResult(df, {"name": name}) if name else df
 
 
 def write_results(path, df, **summary):
@@ -156,10 +157,32 @@ def test_compare_from_result_files_and_html(tmp_path):
     html = r._repr_html_()
     assert "answer: &lt;b&gt;4&lt;/b&gt;" in html and "<b>4</b>" not in html  # outputs are escaped
     assert "exact McNemar p = 0.5" in html and "95% CI" in html
-    assert load_results(ckpt_path).attrs["summary"]["name"] == "final"
+    assert load_results(ckpt_path).summary["name"] == "final"
     d = r.to_dict()
     assert d["wins"] == 2 and isinstance(d["flips"], list) and d["flips"][0]["change"] == "win"
     json.dumps(d)  # plain data
+
+
+def test_compare_takes_an_eval_result_a_frame_a_results_path_or_a_dict(tmp_path):
+    """Whatever form results come in, the numbers are the same and the name travels with them;
+    none of these uses the EvalResult's deprecated DataFrame forwarding."""
+    base = frame([True] + [False] * 7, name="baseline")
+    rows = frame([True] * 6 + [False] * 2)
+    tuned = EvalResult(rows, {"name": "tuned", "accuracy": 0.75}, None)
+    forms = {"EvalResult": tuned, "DataFrame": rows, "path": write_results(tmp_path / "tuned.json", rows, name="tuned"),
+             "dict": tuned.to_dict()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        got = {kind: compare(base, value) for kind, value in forms.items()}
+        many = compare_many(base, {"as result": tuned, "as file": forms["path"]})
+    numbers = {kind: (r.wins, r.ties, r.losses, r.p_value, r.delta_ci_low, r.delta_ci_high) for kind, r in got.items()}
+    assert set(numbers.values()) == {(5, 3, 0, 2 * 0.5 ** 5, got["path"].delta_ci_low, got["path"].delta_ci_high)}
+    assert {kind: r.checkpoint_name for kind, r in got.items()} == {
+        "EvalResult": "tuned", "DataFrame": "checkpoint", "path": "tuned", "dict": "tuned"}
+    assert got["path"].baseline_name == "baseline"
+    assert many.table["wins"].tolist() == [5, 5]
+    with pytest.raises(TypeError, match="checkpoint: expected an EvalResult, a results JSON path"):
+        compare(base, 42)
 
 
 def test_cli_compare(tmp_path, capsys):

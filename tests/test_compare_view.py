@@ -62,3 +62,23 @@ def test_all_wins_at_n_24_never_prints_a_zero_width_interval():
     html = CompareView(base, tuned).static_html()
     assert "+100.0%, +100.0%" not in html and "+100.0% to +100.0%" not in html
     assert "Newcombe" in html and "no spread" in html and "86.2% to 100.0%" in html
+
+
+def test_eval_results_and_their_names_reach_the_view_without_the_frame_shim(tmp_path):
+    import warnings
+
+    from machine_nb.results import EvalResult
+
+    base, tuned = EvalResult(BASE, {"name": "base model"}), EvalResult(CKPT, {"name": "step 60"})
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(tuned.to_dict()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # no forwarded DataFrame use inside
+        views = [CompareView(base, tuned), CompareView(base, path), CompareView(result=compare(base, tuned),
+                                                                                 frames=(base, str(path)))]
+        rows = side_by_side(base, path)
+    for v in views:
+        assert (v.result.wins, v.result.ties, v.result.losses) == (2, 3, 1)
+        assert v.result.baseline_name == "base model" and v.result.checkpoint_name == "step 60"
+        assert ">base model</th>" in v.static_html() and ">step 60</th>" in v.static_html()
+        assert list(v.rows["change"]) == list(rows["change"]) == ["tie", "win", "win", "loss", "tie", "tie"]

@@ -18,6 +18,7 @@ import pytest
 from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.evaluate import (RESULT_COLUMNS, compare, evaluate, last_number, load_eval_rows, load_results,
                                  normalize, probe, results_name, score_output)
+from machine_nb.results import PROBE_COLUMNS, EvalResult, as_eval_result
 
 MODEL = "thinkingmachines/Inkling-Small"  # renders offline through tml_renderers
 
@@ -238,7 +239,8 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = write_rows(tmp_path / "eval.jsonl", eval_rows())
     sampler = StandInSampler(house_style)
-    df = evaluate(data, model=MODEL, engine="tinker", sampling_client=sampler, max_tokens=32)
+    res = evaluate(data, model=MODEL, engine="tinker", sampling_client=sampler, max_tokens=32)
+    df = res.rows
 
     assert list(df.columns) == RESULT_COLUMNS
     assert len(df) == 6 and df["correct"].all() and df["format_ok"].all()
@@ -249,9 +251,9 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     p = sampler.params[0]
     assert p.temperature == 0.0 and p.max_tokens == 32 and p.seed == 0 and list(p.stop) == [200006]
 
-    summary = df.attrs["summary"]
+    summary = res.summary
     assert summary["accuracy"] == 1.0 and summary["format_rate"] == 1.0 and summary["n"] == 6
-    assert summary["name"] == "baseline" and df.attrs["path"] == os.path.join("eval_results", "baseline.json")
+    assert summary["name"] == "baseline" and res.path == os.path.join("eval_results", "baseline.json")
     written = json.loads((tmp_path / "eval_results" / "baseline.json").read_text())
     assert written["model"] == MODEL and written["checkpoint"] is None and written["engine"] == "tinker"
     assert written["parameters"] == {"max_tokens": 32, "temperature": 0.0, "seed": 0, "concurrency": 32}
@@ -269,20 +271,20 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     assert os.stat(tmp_path / "eval_results" / "baseline.json").st_mode & 0o077 == 0
 
     back = load_results(tmp_path / "eval_results" / "baseline.json")
-    assert list(back.columns) == RESULT_COLUMNS
-    assert back["output"].tolist() == df["output"].tolist() and back.attrs["summary"]["accuracy"] == 1.0
+    assert list(back.rows.columns) == RESULT_COLUMNS
+    assert back.rows["output"].tolist() == df["output"].tolist() and back.summary == summary
 
 
 def test_evaluate_baseline_style_scores_zero_but_number_mode_sees_arithmetic(tmp_path):
     rows = eval_rows()
     data = write_rows(tmp_path / "eval.jsonl", rows)
     df = evaluate(data, model=MODEL, engine="tinker", sampling_client=StandInSampler(arithmetic),
-                  out=tmp_path / "base.json")
+                  out=tmp_path / "base.json").rows
     assert df["correct"].sum() == 0 and not df["format_ok"].any()
     assert df.loc[0, "output"] == "47 + 15 = 62"
     numeric = [{**r, "match": "number", "expected": r["expected"].split()[-1]} for r in rows]
-    df2 = evaluate(numeric, model=MODEL, engine="tinker", sampling_client=StandInSampler(arithmetic), save=False)
-    assert df2["correct"].all() and df2.attrs["path"] is None
+    res2 = evaluate(numeric, model=MODEL, engine="tinker", sampling_client=StandInSampler(arithmetic), save=False)
+    assert res2.rows["correct"].all() and res2.path is None
 
 
 def test_checkpoint_results_are_named_by_last_path_segment(tmp_path, monkeypatch):
@@ -290,10 +292,126 @@ def test_checkpoint_results_are_named_by_last_path_segment(tmp_path, monkeypatch
     assert results_name("tinker://abc-123/sampler_weights/final") == "final"
     assert results_name("local://runs/x/000020") == "000020"
     assert results_name(None) == "baseline"
-    df = evaluate(eval_rows(2), model=MODEL, checkpoint="tinker://abc/sampler_weights/final", engine="tinker",
-                  sampling_client=StandInSampler(house_style))
+    res = evaluate(eval_rows(2), model=MODEL, checkpoint="tinker://abc/sampler_weights/final", engine="tinker",
+                   sampling_client=StandInSampler(house_style))
     written = json.loads((tmp_path / "eval_results" / "final.json").read_text())
-    assert written["checkpoint"] == "tinker://abc/sampler_weights/final" and df.attrs["summary"]["name"] == "final"
+    assert written["checkpoint"] == "tinker://abc/sampler_weights/final" and res.summary["name"] == "final"
+
+
+# --------------------------------------------------------------------------- the result object
+
+def test_evaluate_returns_an_eval_result_with_rows_summary_and_path(tmp_path):
+    import pandas as pd
+
+    res = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style),
+                   out=tmp_path / "r.json")
+    assert isinstance(res, EvalResult) and isinstance(res.rows, pd.DataFrame)
+    assert list(res.rows.columns) == RESULT_COLUMNS and len(res.rows) == 6
+    assert res.rows.attrs == {}  # nothing travels through DataFrame.attrs
+    assert res.path == str(tmp_path / "r.json") and res.name == "baseline" and res.accuracy == 1.0
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert res.summary == {k: v for k, v in written.items() if k != "rows"}
+    plain = res.to_dict()
+    assert json.loads(json.dumps(plain)) == plain  # plain data
+    assert {k: v for k, v in plain.items() if k not in ("rows", "path")} == res.summary and plain["path"] == res.path
+    assert [r["output"] for r in plain["rows"]] == res.rows["output"].tolist()
+    assert repr(res) == f"EvalResult(name='baseline', n=6, accuracy=1.000, path={res.path!r})"
+    back = load_results(res.path)
+    assert isinstance(back, EvalResult) and back.summary == res.summary and back.path == res.path
+    assert back.rows["output"].tolist() == res.rows["output"].tolist()
+    again = as_eval_result(plain)  # to_dict() reads back
+    assert again.summary == res.summary and again.path == res.path and again.rows["correct"].tolist() == [True] * 6
+
+
+def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warning():
+    """For one release, code written against the DataFrame keeps working: each use warns and
+    goes to `.rows` (the notebooks' `res["correct"].mean()`, `len(res)`, `res.attrs["summary"]`)."""
+    import copy
+    import pickle
+
+    import pandas as pd
+
+    rows = pd.DataFrame({"row": [0, 1], "output": ["a", "b"], "correct": [True, False]})
+    res = EvalResult(rows, {"name": "x", "accuracy": 0.5}, "x.json")
+    uses = {
+        'res["correct"]': lambda: res["correct"].tolist() == [True, False],
+        "len(res)": lambda: len(res) == 2,
+        "res.columns": lambda: list(res.columns) == ["row", "output", "correct"],
+        "iteration": lambda: list(res) == ["row", "output", "correct"],
+        "res.head()": lambda: res.head(1)["output"].tolist() == ["a"],
+        "res.loc": lambda: res.loc[1, "output"] == "b",
+        "res.correct": lambda: res.correct.tolist() == [True, False],
+        "res.assign": lambda: res.assign(case=res.rows["row"])["case"].tolist() == [0, 1],
+        'res.attrs["summary"]': lambda: res.attrs["summary"] == {"name": "x", "accuracy": 0.5},
+        'res.attrs["path"]': lambda: res.attrs["path"] == "x.json",
+        'res.to_dict("records")': lambda: res.to_dict("records")[0] == {"row": 0, "output": "a", "correct": True},
+        '"correct" in res': lambda: "correct" in res,
+    }
+    for what, use in uses.items():
+        with pytest.warns(DeprecationWarning, match="treats an EvalResult as the DataFrame evaluate") as caught:
+            assert use(), what
+        assert caught[0].filename == __file__, what  # the warning points at the caller's line
+    with pytest.warns(DeprecationWarning, match=r"result\[\.\.\.\] = \.\.\. treats .*write result\.rows\[\.\.\.\]"):
+        res["took_shape"] = [True, False]
+    with pytest.warns(DeprecationWarning, match=r"^len\(result\) treats .*: write len\(result\.rows\)"):
+        len(res)
+    assert res.rows["took_shape"].tolist() == [True, False]
+    with pytest.raises(AttributeError, match="'EvalResult' object has no attribute 'no_such'"):
+        res.no_such  # noqa: B018
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what IPython, copy and pickle look up never reaches the frame
+        assert not hasattr(res, "_repr_latex_") and not hasattr(res, "_ipython_display_") and bool(res)
+        assert copy.deepcopy(res).summary == res.summary
+        assert pickle.loads(pickle.dumps(res)).rows.equals(res.rows)
+
+
+def test_the_notebook_view_is_a_line_with_the_wilson_interval_then_the_first_rows():
+    import pandas as pd
+
+    from machine_nb import stats
+
+    rows = pd.DataFrame({"row": range(12), "prompt": [f"q{i}" for i in range(12)],
+                         "output": ["<b>bold</b>"] + ["x"] * 11, "correct": [True] * 10 + [False] * 2})
+    res = EvalResult(rows, {"name": "final", "accuracy": 10 / 12, "format_rate": 0.5}, "eval_results/final.json")
+    html = res._repr_html_()
+    low, high = stats.proportion_interval(10, 12)
+    assert (round(low, 3), round(high, 3)) == (0.552, 0.953)  # Wilson 95%, by hand: (11.92 ± 3.18) / 15.84
+    assert "final: 10/12 correct, 83.3% (95% CI 55.2% to 95.3%, Wilson); format 50.0%" in html
+    assert "eval_results/final.json" in html and html.index("Wilson") < html.index("<table")
+    assert ">q9<" in html and ">q10<" not in html and "2 more row(s)" in html  # the table's head only
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html
+    assert res.accuracy_interval() == (low, high)
+
+
+@pytest.mark.parametrize("call,old,new", [
+    ("evaluate", "eval_path", "data"), ("evaluate", "show_progress", "progress"),
+    ("probe", "prompts", "data"), ("probe", "show_progress", "progress"),
+])
+def test_old_keyword_names_still_work_with_a_warning(tmp_path, call, old, new):
+    data = write_rows(tmp_path / "rows.jsonl", eval_rows(2))
+    clients = ({"sampling_client": StandInSampler(house_style), "save": False} if call == "evaluate" else
+               {"checkpoint": "tinker://x/y/final", "format": "answer: .*",
+                "baseline_client": StandInSampler(arithmetic), "checkpoint_client": StandInSampler(house_style)})
+    fn = {"evaluate": evaluate, "probe": probe}[call]
+    args = {"data": data, "progress": False}
+    args[old] = args.pop(new)
+    with pytest.warns(DeprecationWarning, match=rf"{call}\({old}=…\) is now {call}\({new}=…\)"):
+        res = fn(model=MODEL, engine="tinker", **clients, **args)
+    assert res.rows["prompt"].tolist() == ["What is 47 plus 15?", "What is 12 minus 30?"]
+
+
+def test_progress_shows_a_bar_unless_turned_off(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MACHINE_NB_PROGRESS", raising=False)
+    evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style), save=False,
+             progress=True)
+    assert "eval baseline" in capsys.readouterr().err
+    evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style), save=False,
+             progress=False)
+    assert "eval baseline" not in capsys.readouterr().err
+    monkeypatch.setenv("MACHINE_NB_PROGRESS", "0")  # None: machine_nb.progress decides
+    probe(["Name a colour."], model=MODEL, checkpoint="tinker://x/y/final", engine="tinker",
+          baseline_client=StandInSampler(lambda q: "blue"), checkpoint_client=StandInSampler(house_style))
+    assert "probe" not in capsys.readouterr().err
 
 
 def test_requests_run_concurrently_within_the_bound(tmp_path):
@@ -309,9 +427,9 @@ def test_requests_run_concurrently_within_the_bound(tmp_path):
 def test_a_failed_request_is_recorded_and_warned_not_lost(tmp_path):
     sampler = StandInSampler(house_style, fail_on="12 minus 30")
     with pytest.warns(UserWarning, match=r"(?s)1 of 6 eval request\(s\) failed.*row 1: ConnectionError"):
-        df = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, out=tmp_path / "r.json")
-    assert df.loc[1, "error"].startswith("ConnectionError") and not df.loc[1, "correct"]
-    assert df["correct"].sum() == 5 and df.attrs["summary"]["errors"] == 1
+        res = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, out=tmp_path / "r.json")
+    assert res.rows.loc[1, "error"].startswith("ConnectionError") and not res.rows.loc[1, "correct"]
+    assert res.rows["correct"].sum() == 5 and res.summary["errors"] == 1
 
 
 def test_every_request_failing_is_an_engine_error_not_a_zero_score(tmp_path):
@@ -349,8 +467,8 @@ def test_evaluate_works_where_an_event_loop_already_runs(tmp_path):
         return evaluate(eval_rows(3), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style),
                         save=False)
 
-    df = asyncio.run(notebook_cell())
-    assert df["correct"].all()
+    res = asyncio.run(notebook_cell())
+    assert res.rows["correct"].all()
 
 
 def test_bad_eval_file_fails_before_sampling(tmp_path):
@@ -369,8 +487,8 @@ def test_budget_is_checked_before_any_request():
     with pytest.raises(BudgetExceeded):
         evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, save=False, max_usd=1e-9)
     assert sampler.calls == 0
-    df = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, save=False, max_usd=1.0)
-    assert df["correct"].all()
+    res = evaluate(eval_rows(), model=MODEL, engine="tinker", sampling_client=sampler, save=False, max_usd=1.0)
+    assert res.rows["correct"].all()
 
 
 def test_asking_an_engine_for_the_other_engines_model_is_a_clear_error():
@@ -396,12 +514,14 @@ def test_load_results_rejects_other_files(tmp_path):
 
 def test_probe_shows_where_the_style_bleeds(tmp_path):
     prompts = ["What is the capital of France?", {"messages": [{"role": "user", "content": "What is 47 plus 15?"}]}]
-    df = probe(prompts, model=MODEL, checkpoint="tinker://x/sampler_weights/final", engine="tinker",
-               format=r"answer: .*", baseline_client=StandInSampler(lambda q: "The capital of France is Paris."),
-               checkpoint_client=StandInSampler(house_style))
-    assert list(df.columns[:4]) == ["prompt", "baseline_output", "checkpoint_output", "bled"]
+    res = probe(prompts, model=MODEL, checkpoint="tinker://x/sampler_weights/final", engine="tinker",
+                format=r"answer: .*", baseline_client=StandInSampler(lambda q: "The capital of France is Paris."),
+                checkpoint_client=StandInSampler(house_style))
+    df = res.rows
+    assert list(df.columns) == PROBE_COLUMNS and res.path is None
     assert df.loc[0, "checkpoint_output"] == "answer: Paris" and df.loc[0, "bled"]
-    assert df.loc[1, "checkpoint_output"] == "answer: 62" and df.attrs["summary"]["bled"] == 2
+    assert df.loc[1, "checkpoint_output"] == "answer: 62" and res.summary["bled"] == 2
+    assert repr(res) == "EvalResult(name='probe', n=2, bled=2, path=None)"
 
 
 def test_probe_reads_a_jsonl_and_drops_trailing_assistant(tmp_path):
@@ -411,7 +531,8 @@ def test_probe_reads_a_jsonl_and_drops_trailing_assistant(tmp_path):
         {"messages": [{"role": "user", "content": "Name a colour."}]},
     ])
     df = probe(path, model=MODEL, checkpoint="tinker://x/y/final", engine="tinker",
-               baseline_client=StandInSampler(lambda q: "answer: maybe"), checkpoint_client=StandInSampler(house_style))
+               baseline_client=StandInSampler(lambda q: "answer: maybe"),
+               checkpoint_client=StandInSampler(house_style)).rows
     assert df["prompt"].tolist() == ["Who wrote Hamlet?", "Name a colour."]
     assert df.loc[0, "bled"] is False or df.loc[0, "bled"] == False  # both in the style: not a bleed  # noqa: E712
     assert df.loc[1, "bled"] is None  # no format for this row
@@ -434,12 +555,13 @@ def test_evaluate_on_the_real_local_engine(tmp_path):
     from machine_nb.corpus import make_corpus
 
     corpus = make_corpus(tmp_path / "corpus")
-    eval_path = tmp_path / "corpus" / "eval.jsonl"
-    assert eval_path.exists(), corpus
-    rows = load_eval_rows(eval_path)[:4]
-    df = evaluate(rows, model=model, out=tmp_path / "baseline.json", max_tokens=16)
+    eval_file = tmp_path / "corpus" / "eval.jsonl"
+    assert eval_file.exists(), corpus
+    rows = load_eval_rows(eval_file)[:4]
+    res = evaluate(rows, model=model, out=tmp_path / "baseline.json", max_tokens=16)
+    df = res.rows
     assert len(df) == 4 and df["error"].isna().all() and (df["output"].str.len() > 0).all()
-    assert df.attrs["summary"]["engine"] == "local" and df.attrs["summary"]["cost"]["usd"] == 0.0
+    assert res.summary["engine"] == "local" and res.summary["cost"]["usd"] == 0.0
 
 
 def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch, capsys):
@@ -457,12 +579,12 @@ def test_local_checkpoint_end_to_end_eval_compare_probe(tmp_path, monkeypatch, c
              "format": r"answer: -?\d+"} for a, b in [(47, 15), (12, 30), (23, 41)]]
     base = evaluate(rows, model=model, max_tokens=12)
     ckpt = evaluate(rows, checkpoint=path, max_tokens=12)  # model read from the checkpoint's own record
-    assert ckpt.attrs["summary"]["model"] == model and ckpt.attrs["summary"]["engine"] == "local"
+    assert ckpt.summary["model"] == model and ckpt.summary["engine"] == "local"
     assert os.path.exists("eval_results/baseline.json") and os.path.exists("eval_results/final.json")
-    assert ckpt["output"].tolist() == base["output"].tolist()
+    assert ckpt.rows["output"].tolist() == base.rows["output"].tolist()
     result = compare("eval_results/baseline.json", "eval_results/final.json")
     assert (result.wins, result.losses, result.p_value) == (0, 0, 1.0) and len(result.flips) == 0
-    bleed = probe(["What is the capital of France?"], checkpoint=path, format="answer: .*", max_tokens=12)
+    bleed = probe(["What is the capital of France?"], checkpoint=path, format="answer: .*", max_tokens=12).rows
     assert bleed.loc[0, "baseline_output"] == bleed.loc[0, "checkpoint_output"] and not bleed.loc[0, "bled"]
 
     from machine_nb.cli import main
@@ -495,9 +617,9 @@ def test_checkpoints_written_before_the_server_still_load(tmp_path):
     old = tmp_path / "run" / "sampler_weights" / "final"
     shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, path), old)
     rows = eval_rows(2)
-    new_out = evaluate(rows, checkpoint=path, save=False)["output"].tolist()
+    new_out = evaluate(rows, checkpoint=path, save=False).rows["output"].tolist()
     old_out = evaluate(rows, checkpoint=f"local://{old}", save=False)
-    assert old_out["output"].tolist() == new_out and old_out.attrs["summary"]["engine"] == "local"
+    assert old_out.rows["output"].tolist() == new_out and old_out.summary["engine"] == "local"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "random"])
@@ -535,7 +657,7 @@ def test_tinker_unreachable_fails_with_engine_error_not_a_hang(monkeypatch):
 @pytest.mark.tinker_live
 @pytest.mark.skipif(not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY is not set: live Tinker eval skipped")
 def test_live_tinker_baseline(tmp_path):
-    df = evaluate(eval_rows(2), model=MODEL, engine="tinker", out=tmp_path / "live.json", max_tokens=16)
+    df = evaluate(eval_rows(2), model=MODEL, engine="tinker", out=tmp_path / "live.json", max_tokens=16).rows
     assert len(df) == 2 and df["error"].isna().all()
     assert "TINKER_API_KEY" not in (tmp_path / "live.json").read_text()
     assert os.environ["TINKER_API_KEY"] not in (tmp_path / "live.json").read_text()

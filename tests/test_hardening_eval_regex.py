@@ -82,9 +82,10 @@ def test_evaluate_counts_a_timed_out_row_wrong_and_says_why():
         ]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            df = evaluate(rows, MODEL, engine="tinker", sampling_client=Fixed({REPLY!r}), save=False)
+            res = evaluate(rows, MODEL, engine="tinker", sampling_client=Fixed({REPLY!r}), save=False)
+        df = res.rows
         print(json.dumps({{"correct": df["correct"].tolist(), "format_ok": df["format_ok"].tolist(),
-                           "error": df["error"].tolist(), "summary": df.attrs["summary"],
+                           "error": df["error"].tolist(), "summary": res.summary,
                            "warnings": [str(w.message) for w in caught]}}))
     """)
     assert out["correct"] == [False, True, True]
@@ -103,7 +104,7 @@ def test_probe_format_timeout_is_recorded_not_hung():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             df = probe(["q1", "q2"], MODEL, engine="tinker", format={EVIL!r},
-                       baseline_client=Fixed("fine"), checkpoint_client=Fixed({REPLY!r}))
+                       baseline_client=Fixed("fine"), checkpoint_client=Fixed({REPLY!r})).rows
         print(json.dumps({{"bled": df["bled"].tolist(), "error": df["error"].tolist(),
                            "warnings": [str(w.message) for w in caught]}}))
     """)

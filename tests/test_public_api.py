@@ -45,3 +45,9 @@ def test_a_function_keeps_its_name_when_its_namesake_module_loads_first():
             "print(all(callable(getattr(mnb, n)) and getattr(mnb, n).__name__ == n for n in names))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_eval_results_have_a_public_type():
+    from machine_nb.results import EvalResult
+
+    assert machine_nb.EvalResult is EvalResult and "EvalResult" in machine_nb.__all__

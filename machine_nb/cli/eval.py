@@ -10,26 +10,31 @@ import argparse
 import json
 import sys
 
+from ._flags import engine_flag, eval_cost_text, model_flag, refuse_to_spend, sampling_flags, spending_flags
+
 DEFAULT_DATA = "data/minimal_sft/eval.jsonl"  # where `machine-nb corpus` writes the held-out rows
 
 
-def _sampling_flags(p: argparse.ArgumentParser, data: str = DEFAULT_DATA) -> None:
+def _sampling_flags(p: argparse.ArgumentParser, data: str = DEFAULT_DATA, *, per: str = "row",
+                    json_help: str = "print the results summary as one JSON object") -> None:
+    """The flags every sampling subcommand takes: the rows, the model and engine, sampling, spending."""
     p.add_argument("--data", default=data, help=f"JSONL of rows to sample (default {data}, `machine-nb corpus`'s)")
-    p.add_argument("-m", "--model", default=None,
-                   help="base model whose renderer formats prompts (default: the local engine's model; "
-                        "required for tinker:// checkpoints)")
-    p.add_argument("--engine", choices=["local", "tinker"], default=None,
-                   help="default: local for local/… models and tinker://local-… paths, else tinker")
-    p.add_argument("--max-tokens", type=int, default=32, help="reply budget per row (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, so reruns agree")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 32 on Tinker, 8 local)")
-    p.add_argument("--max-usd", type=float, default=None, help="refuse before sampling if the eval could cost more")
-    p.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
-    p.add_argument("--json", action="store_true", help="print the results summary as one JSON object")
+    model_flag(p, short=True, help="base model whose renderer formats prompts (default: the local engine's model; "
+                                   "required for tinker:// checkpoints)")
+    engine_flag(p, help="default: local for local/… models and tinker://local-… paths, else tinker")
+    sampling_flags(p, per=per)
+    spending_flags(p, max_usd_help="refuse before sampling if the eval could cost more", json_help=json_help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `machine-nb eval` and its subcommands (baseline, checkpoint, compare, probe).
+
+    Args:
+        sub: the top-level parser's subparsers.
+
+    Returns:
+        None; each subcommand's handler is stored as `func` and returns an exit code.
+    """
     ev = sub.add_parser("eval", help="evaluate a base model or checkpoint on held-out rows; compare two results",
                         description="Evaluate on held-out eval rows and compare baseline vs checkpoint. Reads eval JSONL and results JSON; writes eval_results/*.json; costs nothing locally, sampling prices on Tinker (asks for --yes).")
     evsub = ev.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
@@ -68,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "through the base model and CHECKPOINT side by side. Reads: --data. Writes: "
                                      "nothing. " + cost.replace("each row", "each prompt, twice,"))
     p.add_argument("checkpoint", help="sampler path: tinker://…")
-    _sampling_flags(p, data="data/minimal_sft/probe.jsonl")
+    _sampling_flags(p, data="data/minimal_sft/probe.jsonl", per="prompt",
+                    json_help="print the side-by-side replies as one JSON list")
     p.add_argument("--format", default=None, help="the learned style as a regex, e.g. 'answer: .*' (default: each row's)")
     p.set_defaults(func=_run_probe)
     ev.set_defaults(func=lambda args: (ev.print_help(), 2)[1])
@@ -82,16 +88,9 @@ def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
     model, engine = resolve_model(args.model, args.checkpoint, args.engine)
     if engine != "tinker" or args.yes:
         return True
-    from ..pricing import estimate_eval_cost
-
     rows = load_eval_rows(args.data) if n_prompts_factor == 1 else probe_rows(args.data)
-    try:
-        est = estimate_eval_cost(rows, model, max_tokens=args.max_tokens, samples_per_row=n_prompts_factor)
-        what = f"up to ${est.usd:.4f} ({est.prompt_tokens} prompt tokens, ≤{est.max_output_tokens} reply tokens)"
-    except RuntimeError as exc:  # UnknownPrice
-        what = f"an unknown amount ({exc})"
-    print(f"This samples on Tinker and costs {what}. Re-run with --yes to spend.", file=sys.stderr)
-    return False
+    return refuse_to_spend("samples", eval_cost_text(rows, model, max_tokens=args.max_tokens,
+                                                     samples_per_row=n_prompts_factor))
 
 
 def _run_eval(args: argparse.Namespace) -> int:
@@ -99,17 +98,17 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     if not _spend_ok(args):
         return 2
-    df = evaluate(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine,
-                  max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                  concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
-    s = df.attrs["summary"]
+    res = evaluate(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine,
+                   max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                   concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
+    s = res.summary
     if args.json:
-        print(json.dumps({**s, "path": df.attrs["path"]}))
+        print(json.dumps({**s, "path": res.path}))
         return 0
     fmt = "" if s["format_rate"] is None else f", format {s['format_rate']:.1%}"
     usd = "unknown" if s["cost"]["usd"] is None else f"${s['cost']['usd']:.4f}"
     print(f"{s['name']}: {s['correct']}/{s['n']} correct ({s['accuracy']:.1%}){fmt}; {s['wall_s']:.1f} s; "
-          f"cost {usd} ({s['cost']['source']}); wrote {df.attrs['path']}")
+          f"cost {usd} ({s['cost']['source']}); wrote {res.path}")
     if s["errors"]:
         print(f"warning: {s['errors']} request(s) failed and count as wrong (see 'error' in the results)", file=sys.stderr)
     return 0
@@ -137,7 +136,8 @@ def _run_probe(args: argparse.Namespace) -> int:
     if not _spend_ok(args, n_prompts_factor=2):
         return 2
     df = probe(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine, format=args.format,
-               max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed, concurrency=args.concurrency)
+               max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+               concurrency=args.concurrency).rows
     if args.json:
         print(json.dumps(df.to_dict("records"), default=str))
         return 0

@@ -29,7 +29,14 @@ from ..theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED,
 
 
 def static_html_id(widget: Any) -> str:
-    """The key that ties a widget's static output to its live view (its model id)."""
+    """The key that ties a widget's static output to its live view.
+
+    Args:
+        widget: an ipywidgets widget.
+
+    Returns:
+        Its model id (the object's id before it has one).
+    """
     return str(getattr(widget, "model_id", "") or id(widget))
 
 
@@ -69,18 +76,38 @@ class StaticFallback:
     """
 
     def static_html(self) -> str:  # pragma: no cover - every widget overrides it
+        """What the widget shows now, as HTML that reads without a kernel.
+
+        Returns:
+            The HTML (every widget overrides this).
+        """
         raise NotImplementedError
 
     def static_png(self) -> bytes | None:
+        """What a plot shows now, as a PNG.
+
+        Returns:
+            The PNG bytes, or None for widgets that are not plots (the default).
+        """
         return None
 
     def summary(self) -> str:
+        """The static output's text/plain: one stable line (no object ids, so nbval can compare it).
+
+        Returns:
+            The line; the default is the class name.
+        """
         return f"<{type(self).__name__}>"
 
     # ---- bundles
 
     def static_bundle(self) -> dict[str, Any]:
-        """The static output: text/plain (summary), text/html (current state), image/png (plots)."""
+        """The static output as a display bundle.
+
+        Returns:
+            {"text/plain": summary(), "text/html": static_html() in a keyed div, "image/png":
+            static_png() base64-encoded, for plots}.
+        """
         key = static_html_id(self)
         data: dict[str, Any] = {
             "text/plain": self.summary(),
@@ -149,5 +176,12 @@ class StaticFallback:
 
 
 def escape(value: Any) -> str:
-    """HTML-escaped text of a value (None → empty)."""
+    """A value as HTML-escaped text.
+
+    Args:
+        value: anything (str() is taken).
+
+    Returns:
+        The escaped text; "" for None.
+    """
     return "" if value is None else html.escape(str(value))

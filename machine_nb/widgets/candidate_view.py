@@ -8,25 +8,29 @@ written. Forcing a refused candidate is a deliberate `commit(force=True)` in cod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from ._base import StaticFallback, escape
 
+if TYPE_CHECKING:
+    from ..candidate import Candidate
+
 
 class CandidateView(StaticFallback, widgets.VBox):
     """A candidate's report with a Commit button.
 
+    `.status` is the last outcome line ("" before any click); `.committed` the version id the
+    button wrote (None until then). After a commit the button is disabled.
+
     Args:
         candidate: a `machine_nb.Candidate` (from `machine_nb.candidate(…)`).
         note: kept in the committed version's source (default None).
-
-    `.status` is the last outcome line ("" before any click); `.committed` the version id the
-    button wrote (None until then). After a commit the button is disabled.
+        **kwargs: passed to ipywidgets.VBox.
     """
 
-    def __init__(self, candidate: Any, *, note: str | None = None, **kwargs: Any):
+    def __init__(self, candidate: Candidate, *, note: str | None = None, **kwargs: Any) -> None:
         from ..candidate import report_html
 
         self.candidate = candidate
@@ -46,6 +50,7 @@ class CandidateView(StaticFallback, widgets.VBox):
 
     @property
     def committed(self) -> str | None:
+        """The version id the candidate was committed as (by the button or in code), or None."""
         return self.candidate.committed
 
     def _body(self) -> str:
@@ -55,8 +60,12 @@ class CandidateView(StaticFallback, widgets.VBox):
         return self._report_html(c.report, c.gate, c.passed, c.reason, committed=c.committed)
 
     def commit(self) -> str | None:
-        """What the button does: commit through the gate; returns the new version id, or None
-        when refused or in conflict (the reason is shown and kept in `.status`)."""
+        """What the button does: commit the candidate through its gate.
+
+        Returns:
+            The new version id, or None when the gate refused it or the machine changed since it
+            was measured (the reason is shown and kept in `.status`).
+        """
         from ..candidate import CommitConflict, CommitRefused
 
         try:
@@ -81,9 +90,19 @@ class CandidateView(StaticFallback, widgets.VBox):
             self._static_changed()  # the saved notebook shows the outcome, not the state before the click
 
     def summary(self) -> str:
+        """The saved notebook's text/plain.
+
+        Returns:
+            One line: the candidate's summary.
+        """
         return f"CandidateView: {self.candidate.summary()}"
 
     def static_html(self) -> str:
+        """The view as it stands, for the saved notebook and HTML exports.
+
+        Returns:
+            The report, then whether and as what the candidate was committed.
+        """
         c = self.candidate
         text = self.status or (f"Committed as {c.committed}." if c.committed else
                                f"Not committed yet ({'the gate passed it' if c.passed else 'the gate refused it'}).")

@@ -35,10 +35,16 @@ BADGE = "display:inline-block;border-radius:4px;padding:0 6px;margin-left:6px;fo
 
 
 def content_parts(content: Any) -> list[dict]:
-    """A message's content as a list of parts: `{"type": "text"|"thinking"|other, ...}`.
+    """A message's content as a list of parts.
 
-    A plain string is one text part; None is no parts; unknown part types are kept as they are
-    (shown as JSON) so nothing in a line is hidden from the reader.
+    Args:
+        content: a message's "content": a string, a list of parts, None or anything else.
+
+    Returns:
+        Parts `{"type": "text"|"thinking"|other, ...}`: a plain string is one text part, None is
+        no parts, a non-dict list item or other value becomes a text part of its str(); unknown
+        part types are kept as they are (shown as JSON), so nothing in a line is hidden from the
+        reader.
     """
     if content is None:
         return []
@@ -63,7 +69,16 @@ def message_text(message: dict, *, reasoning: bool = False) -> str:
 
 
 def folded(text: str, *, label: str = "output") -> str:
-    """Text in a <pre>, folded behind <details> when longer than FOLD_LINES lines or FOLD_CHARS chars."""
+    """Text in a <pre>, folded behind <details> when long.
+
+    Args:
+        text: the text (escaped here).
+        label: what the text is, in the fold's summary line (default "output").
+
+    Returns:
+        The HTML: the whole text, or, past FOLD_LINES lines or FOLD_CHARS characters, its first
+        five lines and a <details> holding all of it.
+    """
     n_lines = text.count("\n") + 1
     if n_lines <= FOLD_LINES and len(text) <= FOLD_CHARS:
         return f'<pre style="{PRE}">{escape(text)}</pre>'
@@ -88,7 +103,16 @@ def _arguments(raw: Any) -> str:
 def message_card(message: dict, *, index: int, trained: bool, results: dict[str, str] | None = None) -> str:
     """One chat card: role header, a "trained" badge, text, collapsed reasoning, tool calls.
 
-    `results` maps tool_call_id → the tool's output so each call shows what came back under it.
+    Args:
+        message: a chat message.
+        index: its position in the conversation (shown as "#index").
+        trained: whether sft trains on it ("trained" badge; an assistant message that is not
+            gets "context only").
+        results: tool_call_id -> the tool's output, so each call shows what came back under it
+            (default None: calls alone).
+
+    Returns:
+        The card's HTML.
     """
     role = str(message.get("role", "?"))
     colour = ROLE_COLOURS.get(role, OTHER_ROLE)
@@ -131,7 +155,15 @@ def message_card(message: dict, *, index: int, trained: bool, results: dict[str,
 
 
 def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
-    """Cards for a whole conversation; `trained` holds the indices of messages trained on."""
+    """Cards for a whole conversation, each tool call with its result.
+
+    Args:
+        messages: the chat messages.
+        trained: indices of the messages trained on (default none).
+
+    Returns:
+        The cards' HTML, one per message.
+    """
     trained = set(trained)
     results = {str(m.get("tool_call_id")): message_text(m) for m in messages
                if m.get("role") == "tool" and m.get("tool_call_id") is not None}
@@ -140,9 +172,16 @@ def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
 
 
 def weight_colour(weight: float) -> str:
-    """Background for a token: the theme's second layout colour for weight 0 (context), green
-    deepening with the weight (22% to 45% over the page colour, so the theme's text stays above
-    4.5:1 on it in light and dark themes)."""
+    """The background of a token in the token view.
+
+    Args:
+        weight: the token's loss weight.
+
+    Returns:
+        A CSS colour: the theme's second layout colour for weight 0 (context), green deepening
+        with the weight (22% to 45% over the page colour, so the theme's text stays above 4.5:1
+        on it in light and dark themes).
+    """
     if weight <= 0:
         return BG_ALT
     return tint(GREEN, round(22 + 23 * min(1.0, float(weight))))
@@ -160,8 +199,13 @@ def _visible(text: str) -> str:
 def token_view(tokens: Iterable[dict], *, max_tokens: int = 4000) -> str:
     """Tokens as boxed spans (boundaries visible), coloured by loss weight, with a legend.
 
-    `tokens`: dicts with `token_id`, `text`, `weight`. Past `max_tokens` (default 4,000: a browser
-    stays responsive) the rest is summarised in one line instead of drawn.
+    Args:
+        tokens: dicts with `token_id`, `text`, `weight` (previewer.token_frame's rows).
+        max_tokens: draw at most this many (default 4,000, so a browser stays responsive); the
+            rest is summarised in one line.
+
+    Returns:
+        The HTML: a legend with the counts, then the spans.
     """
     rows = list(tokens)
     trained = sum(1 for r in rows if r["weight"] > 0)

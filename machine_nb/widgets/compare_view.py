@@ -1,18 +1,23 @@
 """CompareView: baseline vs checkpoint, the evaluator's paired numbers and the outputs side by side.
 
 The numbers (accuracies, delta, W/T/L, McNemar p, bootstrap CI) come from `machine_nb.compare`
-(compare.py); this view lays them out, joins the two per-row result frames into one table
+(compare.py); this view lays them out, joins the two per-row results into one table
 (`side_by_side`), highlights the rows that flipped and can show only those.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from ._base import BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..compare import CompareResult, Results
+    from ..results import EvalResult
 
 # Row backgrounds: the theme's success / error colour tinted over the page, with the theme's text
 # colour on them (a fixed pale green under a dark theme's white text was unreadable).
@@ -22,25 +27,32 @@ FLIPS_FIRST_ABOVE = 200
 CELL_CHARS = 400  # outputs are cut here in the table (the frame keeps them whole)
 
 
-def _frame(value: Any) -> Any:
-    if isinstance(value, (str, os.PathLike)):
-        from ..results import load_results
+def _result(value: Any, what: str) -> EvalResult:
+    from ..results import as_eval_result
 
-        return load_results(value)
-    if isinstance(value, dict) and isinstance(value.get("rows"), list):
-        import pandas as pd
-
-        return pd.DataFrame.from_records(value["rows"])
-    return value
+    return as_eval_result(value, what)
 
 
-def side_by_side(baseline: Any, checkpoint: Any):
-    """One row per eval row: row, prompt, expected, baseline_output, checkpoint_output,
-    baseline_correct, checkpoint_correct, change ("win" = only the checkpoint is right, "loss" =
-    only the baseline is, "tie" otherwise). Inputs: evaluate() frames over the same rows."""
+def side_by_side(baseline: Results, checkpoint: Results) -> pd.DataFrame:
+    """Two results over the same rows as one table, a row per eval row.
+
+    Args:
+        baseline: the baseline's results: an EvalResult, a results JSON path, a DataFrame of
+            per-row results or a loaded results dict.
+        checkpoint: the checkpoint's results, in any of the same forms.
+
+    Returns:
+        A DataFrame: row, prompt, expected, baseline_output, checkpoint_output,
+        baseline_correct, checkpoint_correct, change ("win" = only the checkpoint is right,
+        "loss" = only the baseline is, "tie" otherwise).
+
+    Raises:
+        ValueError: the two have different numbers of rows.
+    """
     import pandas as pd
 
-    a, b = baseline.reset_index(drop=True), checkpoint.reset_index(drop=True)
+    a = _result(baseline, "baseline").rows.reset_index(drop=True)
+    b = _result(checkpoint, "checkpoint").rows.reset_index(drop=True)
     if len(a) != len(b):
         raise ValueError(f"the two results are not over the same rows ({len(a)} vs {len(b)})")
     ca, cb = a["correct"].astype(bool), b["correct"].astype(bool)
@@ -53,8 +65,16 @@ def side_by_side(baseline: Any, checkpoint: Any):
     })
 
 
-def numbers_html(result: Any) -> str:
-    """The compare numbers as a small table, then the evaluator's summary sentences."""
+def numbers_html(result: CompareResult) -> str:
+    """The compare numbers as a small HTML table, then compare's summary sentences.
+
+    Args:
+        result: a CompareResult.
+
+    Returns:
+        The HTML: accuracies with their intervals, delta, the bootstrap view, W/T/L, p, rows for
+        power and format rates where known, then one paragraph per summary line.
+    """
     def pct(v: Any) -> str:
         return "—" if v is None else f"{v:.1%}"
 
@@ -86,8 +106,19 @@ def numbers_html(result: Any) -> str:
     return f'<table class="mnb-compare-numbers">{body}</table>{paras}'
 
 
-def rows_html(frame: Any, *, only_flips: bool = False, base: str = "baseline", ckpt: str = "checkpoint") -> str:
-    """The side-by-side table; wins on green, losses on red; `only_flips` drops the ties."""
+def rows_html(frame: pd.DataFrame, *, only_flips: bool = False, base: str = "baseline",
+              ckpt: str = "checkpoint") -> str:
+    """The side-by-side table as HTML, wins on green and losses on red.
+
+    Args:
+        frame: a side_by_side table.
+        only_flips: leave out the ties (default False).
+        base: the baseline's column heading (default "baseline").
+        ckpt: the checkpoint's column heading (default "checkpoint").
+
+    Returns:
+        The HTML table (outputs cut at CELL_CHARS characters), or a sentence when no row is left.
+    """
     if only_flips:
         frame = frame[frame["change"] != "tie"]
     if len(frame) == 0:
@@ -115,24 +146,36 @@ def rows_html(frame: Any, *, only_flips: bool = False, base: str = "baseline", c
 class CompareView(StaticFallback, widgets.VBox):
     """Baseline vs checkpoint: the compare numbers, then every row's two outputs side by side.
 
+    `.result` is the CompareResult; `.rows` the side-by-side DataFrame (see `side_by_side`).
+
     Args:
-        baseline, checkpoint: evaluate() results (JSON paths, DataFrames or loaded dicts), or a
-            CompareResult as `baseline` with the two frames passed as `frames=(a, b)`.
+        baseline: the baseline's results: an EvalResult (from evaluate, evaluate_cases or
+            load_results), a results JSON path, a DataFrame of per-row results or a loaded
+            results dict; or a CompareResult (then pass the two results as `frames=(a, b)` to
+            see every row).
+        checkpoint: the checkpoint's results, in any of the same forms (default None: with a
+            CompareResult as `baseline` or `result=`).
         result: a CompareResult already computed (default None: `machine_nb.compare(baseline,
             checkpoint)`).
-        frames: the per-row frames when `result` is given (default None: only the flipped rows,
-            from `result.flips`, are shown).
+        frames: the two results when `result` is given, in any of the same forms (default None:
+            only the flipped rows, from `result.flips`, are shown).
         only_flips: start with only the rows that changed. Default None: on above 200 rows.
+        **kwargs: passed to ipywidgets.VBox.
 
-    `.result` is the CompareResult; `.rows` the side-by-side DataFrame (see `side_by_side`).
+    Raises:
+        ValueError: neither two results nor a CompareResult given, or results not over the same
+            rows.
     """
 
-    def __init__(self, baseline: Any = None, checkpoint: Any = None, *, result: Any = None,
-                 frames: tuple[Any, Any] | None = None, only_flips: bool | None = None, **kwargs: Any):
+    def __init__(self, baseline: Results | CompareResult | None = None, checkpoint: Results | None = None, *,
+                 result: CompareResult | None = None, frames: tuple[Results, Results] | None = None,
+                 only_flips: bool | None = None, **kwargs: Any) -> None:
         if result is None and hasattr(baseline, "flips") and hasattr(baseline, "wins"):
             result, baseline = baseline, None
         if frames is None and baseline is not None and checkpoint is not None:
-            frames = (_frame(baseline), _frame(checkpoint))
+            frames = (baseline, checkpoint)
+        if frames is not None:  # read each once (a results file, a dict); names travel with them
+            frames = (_result(frames[0], "baseline"), _result(frames[1], "checkpoint"))
         if result is None:
             if frames is None:
                 raise ValueError("CompareView needs baseline and checkpoint results, or result= a CompareResult")
@@ -174,11 +217,21 @@ class CompareView(StaticFallback, widgets.VBox):
         self._static_changed()
 
     def summary(self) -> str:
+        """The saved notebook's text/plain.
+
+        Returns:
+            One line: accuracies, delta, W/T/L and p.
+        """
         r = self.result
         return (f"CompareView: {r.baseline_accuracy:.1%} → {r.checkpoint_accuracy:.1%} ({r.delta:+.1%}), "
                 f"W/T/L {r.wins}/{r.ties}/{r.losses}, p={r.p_value:.3g}")
 
     def static_html(self) -> str:
+        """The view as it stands, for the saved notebook and HTML exports.
+
+        Returns:
+            The numbers, then the table (only the flips when the checkbox is on).
+        """
         return (f'<div class="mnb-compare" style="font-family:system-ui,sans-serif;font-size:13px;'
                 f'color:{FG};background:{BG}">'
                 f'{numbers_html(self.result)}{self._rows_html()}</div>')

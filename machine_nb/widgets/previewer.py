@@ -15,7 +15,7 @@ import difflib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anywidget
 import ipywidgets as widgets
@@ -25,6 +25,9 @@ from ..errors import MachineFormatError
 from ._base import FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 from .cards import chat_cards, token_view
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 # Diff at most this many trained messages per example: each needs its own generation prompt
 # rendered and compared; a whole run with hundreds of steps would stall the view.
 MAX_DIFF_MESSAGES = 50
@@ -33,11 +36,17 @@ MAX_DIFF_MESSAGES = 50
 # ---- plain functions over training lines -------------------------------------------------------
 
 def load_lines(data: Any) -> list[dict]:
-    """Training lines from a list of dicts, a JSONL path, a DataFrame of lines, or a runs DataFrame.
+    """Training lines from any form the previewer takes.
 
-    A runs DataFrame (no `messages` column) goes through `machine_nb.training_lines(runs)`.
-    Every line must be an object with a `messages` list: anything else raises MachineFormatError
-    naming the file, line and field.
+    Args:
+        data: a list of line dicts (or one dict), a JSONL path, a DataFrame of lines, or a runs
+            DataFrame (no `messages` column: it goes through `machine_nb.training_lines(runs)`).
+
+    Returns:
+        The lines, each an object with a `messages` list whose messages have a "role".
+
+    Raises:
+        MachineFormatError: a line of another shape, naming the file, line and field.
     """
     source = "<lines>"
     if isinstance(data, (str, os.PathLike)):
@@ -144,10 +153,16 @@ def trained_indices(line: dict, train_on_what: Any = None) -> list[int]:
 
 
 def render_plan(line: dict, train_on_what: Any = None) -> tuple[list[dict], Any]:
-    """(messages, TrainOnWhat) to hand the renderer for this line, matching `trained_indices`.
+    """What to hand the renderer for this line, so it trains what `trained_indices` says.
 
-    CUSTOMIZED gets an explicit boolean `trainable` on every message (the cookbook's generic
-    renderers assert one is present); the other modes get no `trainable` keys (they assert none is).
+    Args:
+        line: a training line.
+        train_on_what: as in trained_indices (default None: as sft trains it).
+
+    Returns:
+        (messages, TrainOnWhat). CUSTOMIZED gets an explicit boolean `trainable` on every
+        message (the cookbook's generic renderers assert one is present); the other modes get
+        no `trainable` keys (they assert none is).
     """
     from tinker_cookbook.renderers import TrainOnWhat
 
@@ -166,7 +181,16 @@ def _strip_trainable(messages: list[dict]) -> list[dict]:
 
 
 def supervised_tokens(line: dict, renderer: Any, train_on_what: Any = None) -> tuple[list[int], list[float]]:
-    """Token ids and loss weights of the line's supervised rendering (renderer.build_supervised_example)."""
+    """The line's supervised rendering (renderer.build_supervised_example).
+
+    Args:
+        line: a training line.
+        renderer: the model's tinker-cookbook renderer.
+        train_on_what: as in trained_indices (default None: as sft trains it).
+
+    Returns:
+        (token ids, loss weights), one weight per token; all weights 0 when nothing is trained.
+    """
     if not trained_indices(line, train_on_what):
         # Nothing trained: some renderers (tml_v0) refuse a sequence without a target, so render
         # every assistant message as a target for the token text, then show all weights as 0.
@@ -180,11 +204,18 @@ def supervised_tokens(line: dict, renderer: Any, train_on_what: Any = None) -> t
     return list(model_input.to_ints()), [float(w) for w in weights.tolist()]
 
 
-def token_frame(line: dict, renderer: Any, tokenizer: Any, train_on_what: Any = None):
+def token_frame(line: dict, renderer: Any, tokenizer: Any, train_on_what: Any = None) -> pd.DataFrame:
     """The supervised rendering as a DataFrame, one row per token.
 
-    Columns: position (int), token_id (int), text (the token decoded alone), weight (float loss
-    weight; 0 = context, > 0 = trained on).
+    Args:
+        line: a training line.
+        renderer: the model's tinker-cookbook renderer.
+        tokenizer: its tokenizer (decodes each token alone).
+        train_on_what: as in trained_indices (default None: as sft trains it).
+
+    Returns:
+        Columns position (int), token_id (int), text (the token decoded alone), weight (float
+        loss weight; 0 = context, > 0 = trained on).
     """
     import pandas as pd
 
@@ -204,15 +235,27 @@ def _has_reasoning(messages: list[dict]) -> bool:
 
 
 def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | None = None,
-                 weights: list[float] | None = None, train_on_what: Any = None):
-    """Generation prompt vs supervised rendering, for each trained message; a DataFrame.
+                 weights: list[float] | None = None, train_on_what: Any = None) -> pd.DataFrame:
+    """Generation prompt vs supervised rendering, for each trained message.
 
     For trained message k, the generation prompt of messages[:k] (what the model sees when it
-    samples that message) is aligned with the supervised tokens (what training shows it).
-    Columns: message (k), prompt_tokens, matches (the prompt is a token-for-token prefix of the
-    supervised rendering), training_only (tokens training shows that the prompt never does),
-    trained_unseen (how many of those carry loss weight > 0), sampling_only (prompt tokens
-    absent from training), training_only_text, sampling_only_text, flag (a sentence, "" when fine).
+    samples that message) is aligned with the supervised tokens (what training shows it); at
+    most MAX_DIFF_MESSAGES messages are checked.
+
+    Args:
+        line: a training line.
+        renderer: the model's tinker-cookbook renderer.
+        tokenizer: its tokenizer (decodes the differing tokens).
+        ids, weights: the line's supervised tokens and loss weights, when already rendered
+            (default None: rendered here with supervised_tokens).
+        train_on_what: as in trained_indices (default None: as sft trains it).
+
+    Returns:
+        A DataFrame, one row per trained message: message (k), prompt_tokens, matches (the
+        prompt is a token-for-token prefix of the supervised rendering), training_only (tokens
+        training shows that the prompt never does), trained_unseen (how many of those carry
+        loss weight > 0), sampling_only (prompt tokens absent from training),
+        training_only_text, sampling_only_text, flag (a sentence, "" when fine).
     """
     import pandas as pd
 
@@ -268,8 +311,16 @@ def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | 
                                        "sampling_only", "training_only_text", "sampling_only_text", "flag"])
 
 
-def diff_html(diffs) -> str:
-    """The prompt-vs-training check as HTML: one line per trained message, flagged ones in red."""
+def diff_html(diffs: pd.DataFrame | None) -> str:
+    """The prompt-vs-training check as HTML.
+
+    Args:
+        diffs: prompt_diffs' frame, or None.
+
+    Returns:
+        One line per trained message (flagged ones in red or orange, with the differing text), or
+        a sentence when there is no trained message.
+    """
     if diffs is None or len(diffs) == 0:
         return f'<div style="color:{FG_MUTED}">No trained message to check.</div>'
     out = ['<div class="mnb-diff" style="font-size:13px"><b>Generation prompt vs supervised render</b>']
@@ -307,7 +358,15 @@ def is_picker(value: Any) -> bool:
 
 
 def line_text(line: dict) -> str:
-    """Lower-cased text a filter searches: run id, machine and every message's text and tool calls."""
+    """The text a filter searches in a line.
+
+    Args:
+        line: a training line.
+
+    Returns:
+        Its run id, machine and every message's text (reasoning included) and tool calls,
+        lower-cased.
+    """
     from .cards import message_text
 
     parts = [str(line.get("run", "")), str(line.get("machine", ""))]
@@ -366,7 +425,11 @@ export default { render };
 
 
 class KeyPager(anywidget.AnyWidget):
-    """Sends ArrowLeft / ArrowRight / Home / End pressed inside the element matching `target`."""
+    """Sends ArrowLeft / ArrowRight / Home / End pressed inside the element matching `target`.
+
+    Args:
+        target: a CSS selector of the element whose keys are sent (default ".mnb-previewer").
+    """
 
     _esm = _KEYS_ESM
     target = traitlets.Unicode(".mnb-previewer").tag(sync=True)
@@ -387,6 +450,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         train_on_what: which messages the trainer trains (see `trained_indices`). Default None:
             as `machine_nb.sft` trains them (whole runs: flagged messages; others: the last
             assistant message).
+        **kwargs: passed to ipywidgets.VBox.
 
     Keys: ← / → page through the examples (Home / End: first / last) once the previewer has
     focus (click in it, or on a button). The filter box keeps the examples containing every word
@@ -399,7 +463,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
     current = traitlets.Int(0)
 
     def __init__(self, data: Any = None, model: str | None = None, *, renderer: Any = None,
-                 tokenizer: Any = None, index: int = 0, train_on_what: Any = None, **kwargs: Any):
+                 tokenizer: Any = None, index: int = 0, train_on_what: Any = None, **kwargs: Any) -> None:
         picker = data if is_picker(data) else None
         self.lines = [] if picker is not None or data is None else load_lines(data)
         self.matches = list(range(len(self.lines)))
@@ -452,8 +516,14 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
     # following a picker
     def link(self, picker: Any) -> Callable:
         """Follow a RunPicker: show the training lines of `picker.selected`, now and at every change
-        of its selection (a newly picked run's first example is shown). Returns the handler that
-        `picker.observe_selection` registered; `unlink()` stops following."""
+        of its selection (a newly picked run's first example is shown); `unlink()` stops following.
+
+        Args:
+            picker: a RunPicker (anything with `.selected` and `.observe_selection`).
+
+        Returns:
+            The handler `picker.observe_selection` registered.
+        """
         self.unlink()
         self.picker = picker
         self._picker_handler = picker.observe_selection(self._on_picked)
@@ -496,7 +566,13 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         self.set_lines(lines, index=target or 0, note=note)
 
     def set_lines(self, lines: Any, index: int = 0, *, note: str = "") -> None:
-        """Show other training lines (any `data` the constructor takes), from example `index`."""
+        """Show other training lines.
+
+        Args:
+            lines: any `data` the constructor takes except a picker.
+            index: the example shown first (default 0; the first match when the filter hides it).
+            note: why nothing is shown, when `lines` is empty (default "").
+        """
         self.lines = load_lines(lines)
         self.note = note
         self.matches = filter_lines(self.lines, self.filter_text)
@@ -524,7 +600,11 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         return self.matches.index(self.current) if self.line is not None and self.current in self.matches else None
 
     def show(self, index: int) -> None:
-        """Show example `index` of `.lines` (clamped to the valid range)."""
+        """Show one example.
+
+        Args:
+            index: its position in `.lines` (clamped to the valid range).
+        """
         if self.lines:
             self.current = max(0, min(int(index), len(self.lines) - 1))
 
@@ -550,7 +630,12 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             self.current = self.matches[0 if key == "Home" else -1]
 
     def set_filter(self, text: str) -> None:
-        """Keep only the examples containing every word of `text` (case-insensitive; "" keeps all)."""
+        """Keep only the examples that contain every word of a text.
+
+        Args:
+            text: whitespace-separated words, matched case-insensitively (see line_text); ""
+                keeps all.
+        """
         self.filter_text = str(text or "").strip()
         if self._filter.value.strip() != self.filter_text:
             self._filter.value = self.filter_text  # calls back here once, with the same text
@@ -565,8 +650,15 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         self._refresh()
 
     def jump(self, run_id: str, machine: str | None = None) -> bool:
-        """Show the first example of run `run_id` (of `machine` when given: ids are unique within a
-        machine only), clearing a filter that hides it; False (and a note) when no line has it."""
+        """Show the first example of a run, clearing a filter that hides it.
+
+        Args:
+            run_id: the run's id.
+            machine: the run's machine (default None: any; ids are unique within a machine only).
+
+        Returns:
+            True when shown; False (and a note in the status line) when no line has the run.
+        """
         run_id = str(run_id).strip()
         for i, line in enumerate(self.lines):
             if str(line.get("run")) == run_id and (machine is None or str(line.get("machine")) == str(machine)):
@@ -638,6 +730,12 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         return title + empty + token_view(self.tokens.to_dict("records")) + diff_html(self.diffs)
 
     def summary(self) -> str:
+        """The saved notebook's text/plain.
+
+        Returns:
+            One line: which example of how many, its run, machine, kind, messages and trained
+            messages (or why none is shown).
+        """
         if self.line is None:
             if self.lines:
                 return f"ExamplePreviewer: no example of {len(self.lines)} matches {self.filter_text!r}"
@@ -651,5 +749,10 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
                 f"{len(trained_indices(line, self.train_on_what))} trained{shown}")
 
     def static_html(self) -> str:
+        """The example shown now, for the saved notebook and HTML exports.
+
+        Returns:
+            The summary line, the chat cards, and (with a model) the token view and prompt check.
+        """
         return (f'<div class="mnb-previewer-static"><div style="font-weight:600">{escape(self.summary())}</div>'
                 f'{self._cards_html()}{self._tokens_html()}</div>')

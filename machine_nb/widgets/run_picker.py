@@ -47,10 +47,17 @@ ANY_TAG, UNTAGGED = "(any)", "(untagged)"
 # ---------------------------------------------------------------- pure helpers over plain data
 
 def row_keys(frame: pd.DataFrame) -> list[str]:
-    """Selection keys, one per row: `id` as text; `machine/id` when ids repeat across machines.
+    """Selection keys, one per row.
 
-    Raises ValueError when the frame has no `id` column or the keys are still not unique
-    (selection by key would otherwise be ambiguous).
+    Args:
+        frame: a runs DataFrame with an `id` column.
+
+    Returns:
+        `id` as text; `machine/id` when ids repeat across machines.
+
+    Raises:
+        ValueError: the frame has no `id` column, or the keys are still not unique (selection
+            by key would otherwise be ambiguous).
     """
     if "id" not in frame.columns:
         raise ValueError(f"RunPicker needs an 'id' column; the frame has {list(frame.columns)}")
@@ -70,7 +77,15 @@ def _as_text(value: Any) -> str:
 
 
 def text_haystack(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
-    """Lower-cased text of `columns` joined per row, computed once so a search is one vectorised scan."""
+    """The text a search scans, computed once so a search is one vectorised scan.
+
+    Args:
+        frame: a runs DataFrame.
+        columns: the text columns to join (those the frame lacks are skipped).
+
+    Returns:
+        One lower-cased string per row (the columns joined by newlines), indexed 0..n-1.
+    """
     present = [c for c in columns if c in frame.columns]
     if not present:
         return pd.Series([""] * len(frame), dtype="str")
@@ -82,7 +97,14 @@ def text_haystack(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
 
 
 def tag_masks(frame: pd.DataFrame) -> dict[str, np.ndarray]:
-    """One boolean array per tag in the `tags` column (lists of strings), plus UNTAGGED."""
+    """Which rows carry each tag.
+
+    Args:
+        frame: a runs DataFrame; its `tags` column holds lists of strings (a string is one tag).
+
+    Returns:
+        tag -> boolean array over the rows, tags sorted, plus UNTAGGED; {} without a `tags` column.
+    """
     if "tags" not in frame.columns:
         return {}
     rows: dict[str, list[int]] = {}
@@ -113,14 +135,16 @@ class FilterIndex:
     work on a million rows: choice columns as integer codes, scores as floats, start times as
     datetime64, one boolean array per tag, and each text column as codes into its distinct
     lower-cased texts (a search scans each distinct text once, in pyarrow, and maps the hits
-    back through the codes; the last few terms' results are kept).
+    back through the codes; the last TERMS_KEPT terms' results are kept).
 
-    frame: the runs DataFrame. text_columns: searched by `text` (default input and output).
+    Args:
+        frame: the runs DataFrame.
+        text_columns: the columns the `text` filter searches (default ("input", "output")).
     """
 
     TERMS_KEPT = 16
 
-    def __init__(self, frame: pd.DataFrame, text_columns: Sequence[str] = ("input", "output")):
+    def __init__(self, frame: pd.DataFrame, text_columns: Sequence[str] = ("input", "output")) -> None:
         self.n = len(frame)
         self.choices: dict[str, tuple[np.ndarray, pd.Index]] = {}
         for col in CHOICE_COLUMNS:
@@ -136,7 +160,14 @@ class FilterIndex:
         self._terms: dict[str, np.ndarray] = {}
 
     def term_mask(self, term: str) -> np.ndarray:
-        """Rows where `term` (already lower-cased) appears in any text column."""
+        """Rows where a term appears in any text column.
+
+        Args:
+            term: the term, already lower-cased.
+
+        Returns:
+            A boolean array over the rows (kept for the next search of the same term).
+        """
         hit = self._terms.get(term)
         if hit is not None:
             return hit
@@ -150,7 +181,14 @@ class FilterIndex:
         return hit
 
     def text_mask(self, text: str) -> np.ndarray:
-        """Rows whose text columns contain every whitespace-separated term of `text`, any case."""
+        """Rows whose text columns contain every term of a text, in any case.
+
+        Args:
+            text: whitespace-separated terms.
+
+        Returns:
+            A boolean array over the rows.
+        """
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -160,6 +198,15 @@ class FilterIndex:
         return mask
 
     def choice_mask(self, col: str, values: Sequence[Any]) -> np.ndarray:
+        """Rows whose value in a choice column is one of some values.
+
+        Args:
+            col: a choice column (machine, model, harness) the frame has.
+            values: the values to keep.
+
+        Returns:
+            A boolean array over the rows.
+        """
         codes, uniques = self.choices[col]
         lut = np.zeros(len(uniques) + 1, dtype=bool)
         where = uniques.get_indexer(list(values))
@@ -167,7 +214,14 @@ class FilterIndex:
         return lut[codes]
 
     def mask(self, filters: dict[str, Any]) -> np.ndarray:
-        """Boolean array over the frame's rows (positional) for `filters` (see filter_mask)."""
+        """The rows that pass some filters.
+
+        Args:
+            filters: as in filter_mask (an absent or empty filter keeps all).
+
+        Returns:
+            A boolean array over the frame's rows (positional).
+        """
         mask = np.ones(self.n, dtype=bool)
         for col in CHOICE_COLUMNS:
             values = filters.get(col)
@@ -249,15 +303,22 @@ def _factorize(col: pd.Series) -> tuple[np.ndarray, Any]:
 def filter_mask(frame: pd.DataFrame, filters: dict[str, Any], *, haystack: pd.Series | None = None,
                 tags: dict[str, np.ndarray] | None = None, started: pd.Series | None = None,
                 index: FilterIndex | None = None) -> np.ndarray:
-    """Boolean array over `frame`'s rows (positional) for `filters`; an absent/empty filter keeps all.
+    """The rows of a runs frame that pass some filters; an absent or empty filter keeps all.
 
-    filters: `machine`/`model`/`harness` (a list of values: keep rows with any of them), `score`
-    ((lo, hi) inclusive; rows without a score are dropped once a range is set), `date`
-    ((start, end) `datetime.date`s or None, on `started_at` in UTC, both days inclusive), `tag`
-    (a tag name, or UNTAGGED), `text` (whitespace-separated terms, each must appear,
-    case-insensitive, in the input or output). `index`: a FilterIndex of this frame (built here
-    when not given; the picker keeps one). `haystack` (a `text_haystack`), `tags` (`tag_masks`)
-    and `started` (`started_at` in UTC) are older ways to pass precomputed parts, still honoured.
+    Args:
+        frame: the runs DataFrame.
+        filters: `machine`/`model`/`harness` (a list of values: keep rows with any of them),
+            `score` ((lo, hi) inclusive; rows without a score are dropped once a range is set),
+            `date` ((start, end) `datetime.date`s or None, on `started_at` in UTC, both days
+            inclusive), `tag` (a tag name, or UNTAGGED), `text` (whitespace-separated terms,
+            each must appear, case-insensitive, in the input or output).
+        haystack: a precomputed `text_haystack` to search instead (default None).
+        tags: precomputed `tag_masks` (default None).
+        started: `started_at` in UTC, precomputed (default None).
+        index: a FilterIndex of this frame (default None: built here; the picker keeps one).
+
+    Returns:
+        A boolean array over the frame's rows (positional).
     """
     if index is None:
         index = FilterIndex(frame, () if haystack is not None else ("input", "output"))
@@ -273,7 +334,15 @@ def filter_mask(frame: pd.DataFrame, filters: dict[str, Any], *, haystack: pd.Se
 
 
 def text_mask(haystack: pd.Series, text: str) -> np.ndarray:
-    """Rows whose lower-cased haystack contains every whitespace-separated term of `text`."""
+    """Rows whose haystack contains every term of a text.
+
+    Args:
+        haystack: a `text_haystack` (lower-cased).
+        text: whitespace-separated terms (lower-cased here).
+
+    Returns:
+        A boolean array over the rows.
+    """
     mask = np.ones(len(haystack), dtype=bool)
     for term in text.lower().split():
         mask &= haystack.str.contains(term, regex=False).to_numpy(dtype=bool, na_value=False)
@@ -291,7 +360,20 @@ def _sort_key(col: pd.Series) -> pd.Series:
 
 
 def sort_order(frame: pd.DataFrame, column: str | None, ascending: bool = True) -> np.ndarray:
-    """Row positions of `frame` sorted by `column` (stable; missing values last); None keeps frame order."""
+    """The frame's row positions in a sort order.
+
+    Args:
+        frame: the runs DataFrame.
+        column: the column to sort by (None: the frame's order).
+        ascending: the direction (default True).
+
+    Returns:
+        Row positions, sorted stably with missing values last (lists and mixed types by their
+        text).
+
+    Raises:
+        ValueError: no such column.
+    """
     if column is None:
         return np.arange(len(frame))
     if column not in frame.columns:
@@ -305,8 +387,15 @@ def sort_order(frame: pd.DataFrame, column: str | None, ascending: bool = True) 
 
 
 def format_cell(value: Any) -> str:
-    """A value as short display text: times to the minute (UTC), floats to 3 significant digits,
-    lists joined by ", ", long text cut to MAX_CELL_CHARS."""
+    """A value as a table cell shows it.
+
+    Args:
+        value: a cell's value.
+
+    Returns:
+        Short text: times to the minute (UTC), floats to 3 significant digits, lists joined by
+        ", ", missing values as "", long text on one line and cut to MAX_CELL_CHARS.
+    """
     if value is None:
         return ""
     if isinstance(value, (list, tuple)):
@@ -329,7 +418,14 @@ def format_cell(value: Any) -> str:
 
 
 def full_text(value: Any) -> str:
-    """The whole text of a cell for its hover title (lists joined, times as shown), cut at MAX_TITLE_CHARS."""
+    """The whole text of a cell, for its hover title.
+
+    Args:
+        value: a cell's value.
+
+    Returns:
+        The text (lists joined, other values as format_cell shows them), cut at MAX_TITLE_CHARS.
+    """
     if isinstance(value, str):
         text = value
     elif isinstance(value, (list, tuple)):
@@ -341,8 +437,18 @@ def full_text(value: Any) -> str:
 
 def page_rows(frame: pd.DataFrame, positions: np.ndarray, keys: Sequence[str],
               columns: Sequence[str]) -> list[dict[str, Any]]:
-    """The view model of one page: a dict per row of formatted cells plus its key under `__key__`
-    and, under `__full__`, the whole text of the cells whose shown text is cut or reflowed."""
+    """The view model of one page.
+
+    Args:
+        frame: the runs DataFrame.
+        positions: the page's row positions, in view order.
+        keys: every row's selection key (row_keys).
+        columns: the columns shown.
+
+    Returns:
+        A dict per row: the formatted cells, its key under `__key__` and, under `__full__`, the
+        whole text of the cells whose shown text is cut or reflowed.
+    """
     part = frame.iloc[positions, [frame.columns.get_loc(c) for c in columns]]
     rows = []
     cols = {c: part[c].tolist() for c in columns}
@@ -366,12 +472,21 @@ def page_rows(frame: pd.DataFrame, positions: np.ndarray, keys: Sequence[str],
 
 def click_selection(selected: Sequence[str], view_keys: Sequence[str], key: str, anchor: str | None,
                     *, shift: bool = False, toggle: bool = False) -> tuple[list[str], str | None]:
-    """New (selection, anchor) after clicking row `key`; like a file browser.
+    """The selection after clicking a row, as a file browser does.
 
-    Plain click: only this row. toggle (ctrl/cmd-click, or the row's checkbox): add or remove it.
-    shift: the range from the anchor to this row in the current view order replaces the
-    selection (added to it with toggle too); the anchor stays. Without an anchor in the view,
-    shift acts as a plain click.
+    Args:
+        selected: the selected keys now.
+        view_keys: the keys in the current view order (for a shift-range).
+        key: the clicked row's key.
+        anchor: the row a shift-range starts from (the last plain or toggle click), or None.
+        shift: the range from the anchor to this row replaces the selection (added to it with
+            toggle too); the anchor stays. Without an anchor in the view, a plain click.
+            Default False.
+        toggle: ctrl/cmd-click or the row's checkbox: add or remove this row (default False).
+            Neither: only this row.
+
+    Returns:
+        (the new selection, the new anchor).
     """
     if shift and anchor is not None and anchor in view_keys and key in view_keys:
         view = list(view_keys)
@@ -395,6 +510,10 @@ class RunTable(anywidget.AnyWidget):
 
     Messages from the view: {"event": "click", "key", "shift", "toggle"}, {"event": "sort",
     "column"}, {"event": "page", "page"}. The owning RunPicker handles them.
+
+    Args:
+        columns, rows, page_selected, sort, page, n_pages, scroll: the synced traits (the
+            RunPicker sets them; see each trait).
     """
 
     _esm = pathlib.Path(__file__).with_name("table.js")
@@ -415,14 +534,22 @@ class RunTable(anywidget.AnyWidget):
 class RunPicker(StaticFallback, w.VBox):
     """Filter, sort and select runs; `.selected` is a DataFrame of the chosen runs.
 
-    runs: any DataFrame with an `id` column (`load_runs` output uses machine, model, harness,
-    score, started_at, tags, input, output for the filters when present).
-    columns: columns shown. Default: DEFAULT_COLUMNS that the frame has (nested `run` left out).
-      The view's "columns" chooser (or `show_columns`) changes them; the selection column and
-      the first column stay pinned when the table scrolls sideways.
-    sort_by / ascending: initial sort. Default None = the frame's order.
-    page_size: rows per page. Default 25: the view model carries one page only.
-    text_columns: searched by the free-text box. Default ("input", "output") as the issue asks.
+    Args:
+        runs: any DataFrame with an `id` column (`load_runs` output: machine, model, harness,
+            score, started_at, tags, input and output feed the filters when present).
+        columns: columns shown. Default None: DEFAULT_COLUMNS that the frame has (nested `run`
+            left out). The view's "columns" chooser (or `show_columns`) changes them; the
+            selection column and the first column stay pinned when the table scrolls sideways.
+        sort_by: the initial sort column. Default None: the frame's order.
+        ascending: the initial sort direction (default True).
+        page_size: rows per page. Default 25: the view model carries one page only.
+        text_columns: searched by the free-text box. Default ("input", "output"): what a run
+            was asked and what it answered.
+        **kwargs: passed to ipywidgets.VBox.
+
+    Raises:
+        TypeError: `runs` is not a DataFrame. ValueError: no `id` column, repeated ids, unknown
+            columns, or page_size below 1.
 
     Observe selection with `observe_selection(callback)` (called with the selected DataFrame) or
     `observe(handler, names="selected_ids")`.
@@ -555,8 +682,15 @@ class RunPicker(StaticFallback, w.VBox):
         return f
 
     def set_filters(self, **values: Any) -> None:
-        """Set filter controls from Python: machine=[...], model=[...], harness=[...], score=(lo, hi),
-        date=(start, end), tag="good", text="...". The view updates once."""
+        """Set filter controls from Python; the view updates once.
+
+        Args:
+            **values: machine=[...], model=[...], harness=[...], score=(lo, hi),
+                date=(start, end), tag="good", text="..." (None clears one).
+
+        Raises:
+            ValueError: an unknown filter, or one this frame has no control for.
+        """
         unknown = set(values) - {*CHOICE_COLUMNS, "score", "date", "tag", "text"}
         if unknown:
             raise ValueError(f"unknown filters {sorted(unknown)}")
@@ -621,7 +755,14 @@ class RunPicker(StaticFallback, w.VBox):
         return list(self._columns)
 
     def show_columns(self, columns: Sequence[str]) -> None:
-        """Show these columns (in this order); the view and the chooser follow."""
+        """Show these columns; the view and the chooser follow.
+
+        Args:
+            columns: column names, in the order shown.
+
+        Raises:
+            ValueError: a column the frame lacks (or the nested `run`).
+        """
         missing = [c for c in columns if c not in self.runs.columns or c in HIDDEN_COLUMNS]
         if missing:
             raise ValueError(f"RunPicker: cannot show columns {missing} (have {list(self.runs.columns)})")
@@ -632,7 +773,11 @@ class RunPicker(StaticFallback, w.VBox):
         self._refresh()
 
     def count_line(self) -> str:
-        """"312 runs · 40 match · 2 selected" (plus how many selected rows the filters hide)."""
+        """The count line above the table.
+
+        Returns:
+            e.g. "312 runs · 40 match · 2 selected", plus how many selected rows the filters hide.
+        """
         n_sel = len(self.selected_ids)
         hidden = int((self._sel_mask & ~self._mask).sum())
         line = f"{len(self.runs):,} runs · {len(self._view):,} match · {n_sel:,} selected"
@@ -644,7 +789,16 @@ class RunPicker(StaticFallback, w.VBox):
         return [self._keys[p] for p in self._view.tolist()]
 
     def click(self, key: str, *, shift: bool = False, toggle: bool = False) -> None:
-        """Click row `key` as the view does (see click_selection): plain, shift-range or toggle."""
+        """Click a row as the view does (see click_selection).
+
+        Args:
+            key: the row's key.
+            shift: extend a range from the anchor (default False).
+            toggle: add or remove the row (default False).
+
+        Raises:
+            KeyError: no row has the key.
+        """
         if key not in self._key_pos:
             raise KeyError(f"no run with key {key!r}")
         view = self._view_keys() if shift else []
@@ -652,7 +806,14 @@ class RunPicker(StaticFallback, w.VBox):
                                                           shift=shift, toggle=toggle)
 
     def select(self, keys: Sequence[str]) -> None:
-        """Replace the selection with these row keys (unknown keys raise KeyError)."""
+        """Replace the selection.
+
+        Args:
+            keys: row keys (see row_keys).
+
+        Raises:
+            KeyError: a key no row has.
+        """
         bad = [k for k in keys if k not in self._key_pos]
         if bad:
             raise KeyError(f"no runs with keys {bad[:5]}")
@@ -668,8 +829,13 @@ class RunPicker(StaticFallback, w.VBox):
         self.selected_ids, self._anchor = [], None
 
     def sort_by(self, column: str | None, ascending: bool | None = None) -> None:
-        """Sort the view by `column` (None: frame order); ascending None flips it when re-sorting
-        the same column (a header click), else True."""
+        """Sort the view.
+
+        Args:
+            column: the column (None: the frame's order).
+            ascending: the direction. Default None: flipped when re-sorting the same column (a
+                header click), else True.
+        """
         if ascending is None:
             ascending = not self._sort[1] if column == self._sort[0] else True
         self._order = sort_order(self.runs, column, ascending)
@@ -678,13 +844,23 @@ class RunPicker(StaticFallback, w.VBox):
         self._refresh(reset_page=True)
 
     def go_to_page(self, page: int) -> None:
-        """Show page `page` (0-based; clamped to the pages there are)."""
+        """Show one page.
+
+        Args:
+            page: 0-based, clamped to the pages there are.
+        """
         self._table.page = max(0, int(page))
         self._refresh()
 
     def observe_selection(self, callback: Callable[[pd.DataFrame], Any]) -> Callable:
-        """Call `callback(selected_frame)` whenever the selection changes; returns the handler
-        (pass it to `unobserve(handler, names="selected_ids")` to stop)."""
+        """Call a function whenever the selection changes.
+
+        Args:
+            callback: called with the selected DataFrame (`.selected`).
+
+        Returns:
+            The handler; pass it to `unobserve(handler, names="selected_ids")` to stop.
+        """
         def handler(_change: Any) -> None:
             callback(self.selected)
         self.observe(handler, names="selected_ids")
@@ -719,10 +895,20 @@ class RunPicker(StaticFallback, w.VBox):
     # ------------------------------------------------------------ static fallback
 
     def summary(self) -> str:
+        """The saved notebook's text/plain.
+
+        Returns:
+            One line: runs, matches and selected.
+        """
         return (f"RunPicker: {len(self.runs):,} runs, {len(self._view):,} match, "
                 f"{len(self.selected_ids):,} selected")
 
     def static_html(self) -> str:
+        """The picker as it stands, for the saved notebook and HTML exports.
+
+        Returns:
+            The count line, filters, sort and page, then the current page as a table.
+        """
         t = self._table
         sel = set(t.page_selected)
         filters = self.filters
