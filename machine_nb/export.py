@@ -17,49 +17,13 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-# A failed-tool predicate: (tool call message, tool result message) -> whether the call failed.
-FailedPredicate = Callable[[dict, dict], bool]
+# The message rules live in the store layer (the tag store reads turns with them); export's names
+# for them stay importable from here.
+from .store.messages import (FailedPredicate, default_failed, is_tool_call, to_chat, tool_results,  # noqa: F401
+                             without_thinking)
 
 # Harnesses that send a step's whole reply back to the model, reasoning included (chat completions).
 RESENDS_REASONING = frozenset({"tinker", "openrouter", "openai", "chat-completions"})
-
-# "Error…" or "error:" (any case) after leading whitespace; a regex, so long outputs are not copied
-_ERROR_TEXT = re.compile(r"\s*(?:Error|(?i:error:))")
-
-
-def default_failed(call: dict, result: dict) -> bool:
-    """The default rule for a failed tool call, judged from its result message alone.
-
-    A result failed when it carries `"isError": true` or a non-empty `"error"` key, or when its
-    text content starts with "Error" or "error:" (after leading whitespace). Machine's own
-    `stepFailed` also consults the machine's tool code, which is not in its files, so this is a
-    guess a user can see and replace: pass `failed=` (a `(call, result) -> bool` predicate) to
-    `messages()`, `training_lines()` or `step_failed()`.
-    """
-    if result.get("isError") is True or result.get("is_error") is True or result.get("error"):
-        return True
-    content = result.get("content")
-    if isinstance(content, list):  # chat parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return isinstance(content, str) and _ERROR_TEXT.match(content) is not None
-
-
-def is_tool_call(message: dict) -> bool:
-    """Whether a Machine Message is an assistant tool call (one message per call: name/toolCallId/toolInput)."""
-    return message.get("role") == "assistant" and (
-        message.get("toolCallId") is not None or message.get("toolInput") is not None
-        or (message.get("name") is not None and not message.get("content")))
-
-
-def tool_results(messages: Sequence[dict]) -> dict[str, dict]:
-    """Tool result messages by the call id they answer (Machine `toolCallId` or chat `tool_call_id`)."""
-    out = {}
-    for m in messages:
-        if m.get("role") == "tool":
-            cid = m.get("toolCallId", m.get("tool_call_id"))
-            if cid is not None:
-                out[cid] = m
-    return out
 
 
 def _step_calls(messages: Sequence[dict], i: int) -> list[tuple[dict, str | None]]:
@@ -96,114 +60,6 @@ def step_failed(messages: Sequence[dict], i: int, failed: FailedPredicate | None
         if result is None or not failed(call, result):
             return False
     return True
-
-
-def _parts(text: str, thinking: str | None) -> Any:
-    if thinking:
-        parts: list[dict] = [{"type": "thinking", "thinking": thinking}]
-        if text:
-            parts.append({"type": "text", "text": text})
-        return parts
-    return text
-
-
-def without_thinking(message: dict) -> dict:
-    """The message without reasoning: thinking parts dropped, content back to a string."""
-    content = message.get("content")
-    if not isinstance(content, list):
-        return message
-    text = "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return {**message, "content": text}
-
-
-def _arguments(tool_input: Any) -> str:
-    if isinstance(tool_input, str):
-        from .jsonl import parse_json
-
-        try:
-            parse_json(tool_input)  # bounded nesting: never a RecursionError on a hostile string
-            return tool_input  # already a JSON string
-        except ValueError:
-            pass
-    return json.dumps({} if tool_input is None else tool_input, ensure_ascii=False, separators=(",", ":"))
-
-
-def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | None = True,
-            failed: FailedPredicate | None = None) -> tuple[list[dict], list[bool]]:
-    """Machine Messages → chat messages, plus for each chat message whether it is a failed step.
-
-    Consecutive assistant tool-call messages (and the assistant prose right before them) become
-    one assistant message with OpenAI `tool_calls` `[{id, type: "function", function: {name,
-    arguments: JSON string}}]`; tool results become `{role: "tool", tool_call_id, name, content}`.
-    `reasoning`: True keeps each message's `reasoning` as a thinking part, a function rewrites it
-    (Machine's `transformReasoning`), False/None drops it. Failure is judged on the Machine
-    messages (where error flags live) with `failed` (default `default_failed`).
-    """
-    results = tool_results(messages)
-    failed = failed or default_failed
-    out: list[dict] = []
-    flags: list[bool] = []
-    pending_calls: list[tuple[dict, dict]] = []  # (machine call message, its result) of the open step
-    step_at = [-1]  # index in `out` of the assistant step the pending calls belong to
-
-    def close_step() -> None:
-        if pending_calls and step_at[0] >= 0:
-            flags[step_at[0]] = all(res is not None and failed(call, res) for call, res in pending_calls)
-        pending_calls.clear()
-
-    def think(m: dict) -> str | None:
-        r = m.get("reasoning")
-        if not r or not reasoning:
-            return None
-        return reasoning(r) if callable(reasoning) else r
-
-    for m in messages:
-        role = m.get("role")
-        content = m.get("content") or ""
-        if role == "assistant" and is_tool_call(m):
-            cid = m.get("toolCallId") or f"call_{len(out)}_{len(pending_calls)}"
-            call = {"id": cid, "type": "function",
-                    "function": {"name": m.get("name") or "", "arguments": _arguments(m.get("toolInput"))}}
-            prev = out[-1] if out else None
-            if prev is not None and prev["role"] == "assistant" and not prev.get("_closed"):
-                # merge into the open assistant step: its prose, reasoning and earlier calls
-                prev.setdefault("tool_calls", []).append(call)
-                prev["_text"] = "\n".join(t for t in (prev["_text"], content) if t)
-                prev["_think"] = "\n\n".join(t for t in (prev["_think"], think(m)) if t) or None
-            else:
-                close_step()
-                out.append({"role": "assistant", "_text": content, "_think": think(m), "tool_calls": [call]})
-                flags.append(False)
-            step_at[0] = len(out) - 1
-            pending_calls.append((m, results.get(m.get("toolCallId"))))
-            continue
-        if out and out[-1]["role"] == "assistant":
-            out[-1]["_closed"] = True
-        if role == "assistant":
-            close_step()
-            out.append({"role": "assistant", "_text": content, "_think": think(m)})
-            flags.append(False)
-            continue
-        if role != "tool":
-            close_step()
-        msg: dict[str, Any] = {"role": role, "content": content}
-        if role == "tool":
-            if m.get("toolCallId") is not None:
-                msg["tool_call_id"] = m["toolCallId"]
-            if m.get("name") is not None:
-                msg["name"] = m["name"]
-        out.append(msg)
-        flags.append(False)
-    close_step()
-    for msg in out:
-        if "_text" in msg:
-            text, thinking = msg.pop("_text"), msg.pop("_think")
-            msg.pop("_closed", None)
-            calls = msg.pop("tool_calls", None)
-            msg["content"] = _parts(text, thinking)
-            if calls:
-                msg["tool_calls"] = calls
-    return out, flags
 
 
 def run_case(run: dict) -> str:

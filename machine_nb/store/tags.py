@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MachineFormatError
+from .messages import is_tool_call, to_chat, without_thinking
 
 DATA_FILES = {"train": "train.jsonl", "traces": "traces.jsonl", "observed": "observed.jsonl",
               "rejected": "rejected.jsonl"}
@@ -92,11 +93,7 @@ def _item_messages(item: Any) -> tuple[list[dict], dict | None]:
 
 
 def _is_call(m: dict) -> bool:
-    if m.get("tool_calls"):
-        return True
-    from ..export import is_tool_call
-
-    return is_tool_call(m)
+    return bool(m.get("tool_calls")) or is_tool_call(m)
 
 
 def latest_turn(msgs: list[dict]) -> tuple[int, int]:
@@ -114,14 +111,10 @@ def latest_turn(msgs: list[dict]) -> tuple[int, int]:
 
 def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[list[dict], list[dict]]:
     """(chat messages, Letta-style trajectory records) for the turn starting at user message `start`."""
-    from ..export import to_chat
-
     turn = msgs[start:]
     chat_shaped = any("tool_calls" in m or "tool_call_id" in m for m in turn)
     chat = turn if chat_shaped else to_chat(turn, reasoning=reasoning)[0]
     if not reasoning:
-        from ..export import without_thinking
-
         chat = [without_thinking(m) for m in chat]
     records: list[dict] = []
     for m in chat:

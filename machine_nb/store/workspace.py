@@ -297,7 +297,7 @@ def check_messages(value: Any, path: str | os.PathLike, field: str, calls: list 
                     results[cid] = m
             elif role == "assistant" and (cid is not None or m.get("toolInput") is not None
                                           or (name is not None and not content)):
-                calls.append(m)  # the rule of export.is_tool_call
+                calls.append(m)  # the rule of store.messages.is_tool_call
     else:
         return
     _explain_messages(value, path, field)
