@@ -362,7 +362,7 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
         A DPOCostEstimate. A model without a train or prefill price raises UnknownPrice ("cannot
         bound the cost").
     """
-    from .pairs import _records
+    from .store.pairs import pair_records
     from .tokens import count_tokens
 
     row = _resolve_price(model, price, prices)
@@ -370,7 +370,7 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
         missing = "training" if row.train is None else "prefill (the reference model's forward pass)"
         raise UnknownPrice(f"No {missing} price is known for {model!r} ({row.source or 'no source'}): cannot bound the "
                            f"cost of DPO. Call machine_nb.pricing.set_price({model!r}, train=…, prefill=…).")
-    records = _records(pairs)
+    records = pair_records(pairs)
     rows = [{"messages": list(p["prompt"]) + list(p[side])} for p in records for side in ("chosen", "rejected")]
     df = count_tokens(rows, model) if rows else None
     tokens = int(df["tokens"].sum()) if rows else 0

@@ -41,7 +41,6 @@ ALLOWED_CYCLES = {
 # Upward imports other changes are still removing: (importer, imported).
 ALLOWED_UPWARD = {
     ("engines.local.build", "corpus"),  # the shipped model's build script makes its training corpus
-    ("pricing", "pairs"),  # estimate_dpo_cost reads pair records with pairs._records
 }
 
 # Engine internals reached from outside engines/ (not through machine_nb.engines): (importer, imported).
