@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from .compat import renamed
+from .store.workspace import resolve_machine
 
 # The message rules live in the store layer (the tag store reads turns with them); export's names
 # for them stay importable from here.
@@ -197,10 +201,11 @@ def run_records(runs: Any) -> list[dict]:
     return [r["run"] if isinstance(r, dict) and isinstance(r.get("run"), dict) else r for r in runs]
 
 
-def training_lines(selected: Any, machine: dict | str | None = None, *, tools: Iterable[dict] | None = None,
+@renamed(selected="runs")
+def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Iterable[dict] | None = None,
                    whole_runs: bool | None = None, base_model: str | None = None,
                    reasoning: bool | Callable[[str], str] = True, instructions: str | None = None,
-                   failed: FailedPredicate | None = None, workspace: Any = None) -> list[dict]:
+                   failed: FailedPredicate | None = None, workspace: str | os.PathLike | None = None) -> list[dict]:
     """Training lines (Machine's ExportLine) from selected runs.
 
     Each line: `{"messages", "tools"? (when the machine has tools), "machine", "run", "score",
@@ -208,22 +213,30 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     RESENDS_REASONING keep earlier steps' reasoning), or with whole runs one line per run of such
     a harness (see `whole_run_example`); runs of other harnesses still give step lines.
 
-    selected: a DataFrame from `select_runs` (its `attrs["machine"]` supplies the definition), or
-              Run dicts. machine: the definition dict or a name (read from `workspace`); default
-              the one select_runs attached, else just the runs' machine name.
-    tools: tool declarations (Machine tools or ToolSpecs); default the machine's.
-    whole_runs: default None = `whole_runs_for(base_model)` when base_model is given, else False.
-              True with a non-Inkling base model (base_model, else the machine's model) is an
-              error: Machine verified whole runs only for Inkling's renderer.
-    base_model: the model to be trained (default None: the machine's model where needed).
-    reasoning: True (default) keeps reasoning as thinking parts (rewritten by the definition's
-              `transform_reasoning` function when it has one, Machine's transformReasoning),
-              False drops it, a function rewrites it.
-    instructions: the system message; default the machine's instructions, else each run's own.
-    failed: failed-tool predicate, default `default_failed`.
-    The result has uniform content (see `uniform_content`).
+    Args:
+        runs: the runs to export: a load_runs frame (e.g. select_runs' result), a row, or Run dicts.
+        machine: the machine's definition dict or name (its definition read from `workspace`).
+            Default None: the machine all of `runs` belong to, its definition read from the
+            workspace they were loaded from when it has one (only its name otherwise); runs of
+            several machines use no definition. (A frame's `attrs["machine"]`, which select_runs
+            once attached, is still read, with a DeprecationWarning.)
+        tools: tool declarations (Machine tools or ToolSpecs); default None: the machine's.
+        whole_runs: one line per whole run. Default None: `whole_runs_for(base_model)` when
+            base_model is given, else False. True with a non-Inkling base model (base_model, else
+            the machine's model) is an error: Machine verified whole runs only for Inkling's renderer.
+        base_model: the model to be trained (default None: the machine's model where needed).
+        reasoning: True (default) keeps reasoning as thinking parts (rewritten by the definition's
+            `transform_reasoning` function when it has one, Machine's transformReasoning); False
+            drops it; a function rewrites it.
+        instructions: the system message; default None: the machine's instructions, else each
+            run's own.
+        failed: the failed-tool predicate (default None: `default_failed`).
+        workspace: where a machine given by name is defined (default None: the runs' workspace).
+
+    Returns:
+        The lines, with uniform content (see `uniform_content`).
     """
-    mdef = _machine_def(selected, machine, workspace)
+    mdef = _definition(runs, machine, workspace)
     if whole_runs is None:
         whole_runs = bool(base_model) and whole_runs_for(base_model)
     elif whole_runs and base_model is None and isinstance(mdef.get("model"), str) \
@@ -238,7 +251,7 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     system = instructions if instructions is not None else mdef.get("instructions")
     extra = {"tools": specs} if specs else {}
     lines: list[dict] = []
-    for run in run_records(selected):
+    for run in run_records(runs):
         name = mdef.get("name") or run.get("machine")
         score = (run.get("scorecard") or {}).get("total")
         msgs, flags = _conversation(run, system, reasoning, failed)
@@ -252,20 +265,18 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     return uniform_content(lines)
 
 
-def _machine_def(selected: Any, machine: dict | str | None, workspace: Any) -> dict:
-    if isinstance(machine, dict):
-        return machine
-    attached = getattr(selected, "attrs", {}).get("machine") if hasattr(selected, "attrs") else None
-    if machine is None and isinstance(attached, dict):
-        return attached
-    if isinstance(machine, str):
-        ws = workspace or (getattr(selected, "attrs", {}) or {}).get("workspace")
-        if ws is not None:
-            from .store.workspace import load_machine
+def _definition(runs: Any, machine: dict | str | None, workspace: Any) -> dict:
+    """The machine definition training_lines uses (resolve_machine's), or the deprecated attached one."""
+    attrs = getattr(runs, "attrs", None) if hasattr(runs, "columns") else None
+    attached = attrs.get("machine") if isinstance(attrs, dict) else None
+    if machine is None and workspace is None and isinstance(attached, dict):
+        import warnings
 
-            return load_machine(ws, machine)
-        return {"name": machine}
-    return {}
+        warnings.warn("training_lines read the machine definition from the frame's attrs['machine'], which "
+                      "select_runs no longer sets: pass machine= (a name or the definition) and workspace= instead",
+                      DeprecationWarning, stacklevel=3)
+        return attached
+    return resolve_machine(machine, workspace, runs=runs, undefined="name" if machine is None else "raise")
 
 
 def estimate_tokens(lines: Iterable[dict]) -> int:
@@ -357,14 +368,7 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
     """
     if hasattr(rows, "columns"):
         rows = list(rows["row"]) if "row" in rows.columns else rows.to_dict("records")
-    if isinstance(machine, str):
-        mdef: dict = {"name": machine}
-        if workspace is not None:
-            from .store.workspace import load_machine
-
-            mdef = load_machine(workspace, machine)
-    else:
-        mdef = dict(machine or {})
+    mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
     system = mdef.get("instructions") if instructions is None else instructions

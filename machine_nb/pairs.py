@@ -33,6 +33,7 @@ from .store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages,
 # the older private names (preference.py's imports)
 _messages, _records = check_messages, pair_records
 from .store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
+from .store.workspace import resolve_machine
 
 #: Where pairs come from, in the order they are built (a duplicate keeps the first source's row).
 SOURCES = ("rewrite", "tags", "scores")
@@ -117,18 +118,6 @@ def _run_id_of(row: dict) -> str | None:
         return rid
     src = row.get("source")
     return src[:-5] if isinstance(src, str) and src.endswith(".json") else None
-
-
-def _machine_def(machine: Any, workspace: Any) -> dict:
-    if isinstance(machine, dict):
-        return dict(machine)
-    if isinstance(machine, str):
-        if workspace is not None:
-            from .store.workspace import load_machine
-
-            return load_machine(workspace, machine)
-        return {"name": machine}
-    return {}
 
 
 def _run_records(runs: Any, workspace: Any, name: str | None) -> list[dict]:
@@ -360,7 +349,7 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
         raise ValueError(f"unknown pair source(s) {sorted(unknown)}; known: {', '.join(SOURCES)}")
     if min_gap is None or min_gap <= 0:
         raise ValueError(f"min_gap must be above 0 (equal scores are a tie, never a preference), got {min_gap}")
-    mdef = _machine_def(machine, workspace)
+    mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     system = mdef.get("instructions") if instructions is None else instructions
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)

@@ -9,28 +9,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from .export import held_out_keys, case_key, run_case, run_records, say_excluded
+from .store.workspace import resolve_machine
 
 _UNSET: Any = object()
-
-
-def _machine_definition(runs: Any, machine: dict | str, workspace: Any) -> dict:
-    if isinstance(machine, dict):
-        if not isinstance(machine.get("name"), str):
-            raise ValueError("a machine definition dict needs a 'name'")
-        return machine
-    ws = workspace if workspace is not None else getattr(runs, "attrs", {}).get("workspace")
-    if ws is None and hasattr(runs, "columns") and "path" in runs and len(runs):
-        # <ws>/.machine/runs/<segments>/<id>.json
-        parts = os.path.normpath(runs["path"].iloc[0]).split(os.sep)
-        if ".machine" in parts:
-            ws = os.sep.join(parts[:len(parts) - 1 - parts[::-1].index(".machine")]) or os.sep
-    if ws is None:
-        return {"name": machine}
-    from .store.workspace import list_machines, load_machine
-
-    if machine not in list_machines(ws):
-        return {"name": machine}  # runs without a checked-in definition: pass rubric/instructions yourself
-    return load_machine(ws, machine)
 
 
 def _candidates(runs: Any, machine: str, min_score: float, rubric: str | None, models: set | None) -> list[int] | None:
@@ -81,10 +62,12 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
              `HeldOutExcluded` warning.
     models: only runs by these models, when given (e.g. the live model, for rejection sampling).
     Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final
-    turns of a conversation. The definition used is attached as `result.attrs["machine"]` for
-    `training_lines`.
+    turns of a conversation. `training_lines` resolves the same definition itself (pass it the same
+    `machine` and `workspace`).
     """
-    mdef = _machine_definition(runs, machine, workspace)
+    if isinstance(machine, dict) and not isinstance(machine.get("name"), str):
+        raise ValueError("a machine definition dict needs a 'name'")
+    mdef = resolve_machine(machine, workspace, runs=runs, undefined="name")
     fp = mdef.get("rubric") if rubric is _UNSET else rubric
     if rubric is _UNSET and fp is None:
         raise ValueError(f"no rubric fingerprint known for machine {mdef['name']!r}: pass rubric='<fingerprint>' "
@@ -128,7 +111,5 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         group.sort(key=lambda t: (t[0], t[1]), reverse=True)
         keep.extend(pos for _, _, pos in group[:best_of])
     if hasattr(runs, "columns"):
-        out = runs.iloc[keep].reset_index(drop=True)
-        out.attrs = {**runs.attrs, "machine": mdef}
-        return out
+        return runs.iloc[keep].reset_index(drop=True)
     return [records[i] for i in keep]  # a list of records: positions are the records' own

@@ -637,3 +637,74 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
         "versions": versions,
         "live_version": live,
     }
+
+
+def runs_workspace(runs: Any) -> Path | None:
+    """The workspace a load_runs frame was read from, found from its `path` column.
+
+    Args:
+        runs: a load_runs frame (or a selection of one); anything else gives None.
+
+    Returns:
+        The folder holding the `.machine` folder of the first run's path
+        (`<ws>/.machine/runs/<machine…>/<id>.json`), or None when the frame has no such path.
+    """
+    if not (hasattr(runs, "columns") and "path" in runs.columns and len(runs)):
+        return None
+    first = runs["path"].iloc[0]
+    if not isinstance(first, str):
+        return None
+    parts = os.path.normpath(first).split(os.sep)
+    if ".machine" not in parts:
+        return None
+    return Path(os.sep.join(parts[:len(parts) - 1 - parts[::-1].index(".machine")]) or os.sep)
+
+
+def _runs_machine(runs: Any) -> str | None:
+    """The one machine every run of `runs` belongs to (None when they name several, or none)."""
+    if hasattr(runs, "columns"):
+        names = set(runs["machine"].dropna().tolist()) if "machine" in runs.columns else set()
+    elif isinstance(runs, dict):
+        names = {(runs["run"] if isinstance(runs.get("run"), dict) else runs).get("machine")}
+    elif isinstance(runs, (list, tuple)):
+        names = {(r["run"] if isinstance(r.get("run"), dict) else r).get("machine") for r in runs if isinstance(r, dict)}
+    else:
+        names = set()
+    names.discard(None)
+    return next(iter(names)) if len(names) == 1 and isinstance(next(iter(names)), str) else None
+
+
+def resolve_machine(machine: dict | str | None, workspace: str | os.PathLike | None = None, *, runs: Any = None,
+                    undefined: str = "raise") -> dict:
+    """A machine's definition, resolved the one way every step resolves it (select_runs,
+    training_lines, tagged_lines, preference_pairs).
+
+    Args:
+        machine: a definition dict (as load_machine returns it), a machine name, or None: the one
+            machine all of `runs` belong to (none when they belong to several).
+        workspace: where a named machine is defined. Default None: the workspace `runs` were read
+            from (runs_workspace); with neither, only the name is known.
+        runs: a load_runs frame, a Run dict or a list of them, consulted for what is not given
+            (default None).
+        undefined: what a name the workspace does not define gives: "raise" (default: the
+            MachineFormatError of load_machine, which lists the machines there are) or "name"
+            (`{"name": machine}`: runs of a machine without a checked-in definition).
+
+    Returns:
+        A copy of the definition dict; `{"name": machine}` when no workspace is known; `{}` when
+        no machine is given or found.
+    """
+    if undefined not in ("raise", "name"):
+        raise ValueError(f"undefined must be 'raise' or 'name', not {undefined!r}")
+    if isinstance(machine, dict):
+        return dict(machine)
+    if machine is None:
+        machine = _runs_machine(runs) if runs is not None else None
+        if machine is None:
+            return {}
+    if not isinstance(machine, str):
+        raise TypeError(f"machine must be a name or a definition dict, not {type(machine).__name__}")
+    ws = workspace if workspace is not None else runs_workspace(runs)
+    if ws is None or (undefined == "name" and machine not in list_machines(ws)):
+        return {"name": machine}
+    return load_machine(ws, machine)
