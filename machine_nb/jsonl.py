@@ -145,15 +145,28 @@ def dumps_line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) -> Path:
-    """Write a whole file so that readers see the old content or the new, never half of it."""
+@contextlib.contextmanager
+def atomic_replace(path: str | os.PathLike, *, mode: int = 0o600) -> Iterator[Path]:
+    """Replace a whole file so that readers see the old content or the new, never half of it.
+
+    The one way machine_nb rewrites a file in place: the new content is written to a temporary
+    file in the same folder (the caller writes it), synced to disk, given `mode` and renamed over
+    `path`; if the block raises, the temporary file is removed and `path` is untouched.
+
+    Args:
+        path: the file to replace (created when missing; its folder too).
+        mode: permission bits of the new file (default 0o600: private to the user).
+
+    Returns:
+        A context manager yielding the temporary file's path to write the new content to.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -161,7 +174,23 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) -> Path:
+    """Write a whole text file atomically (see atomic_replace).
+
+    Args:
+        path: the file to write (replaced whole; its folder created).
+        text: the new content (UTF-8, "\\n" line ends).
+        mode: permission bits (default 0o600).
+
+    Returns:
+        The path written.
+    """
+    with atomic_replace(path, mode=mode) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+    return Path(path)
 
 
 def write_jsonl(lines: Iterable[Any], path: str | os.PathLike) -> Path:

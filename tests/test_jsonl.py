@@ -54,6 +54,39 @@ def test_write_is_atomic_on_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]  # no temp file left behind
 
 
+def test_one_atomic_replace_serves_every_rewrite(tmp_path, monkeypatch):
+    """atomic_replace is the one rewrite: text files, the run index and a tag store's untag go
+    through it, so a failure mid-write leaves the old file and no temp file, and the new file gets
+    the mode asked for."""
+    import machine_nb.jsonl as jsonl
+    from machine_nb.jsonl import atomic_replace, atomic_write_text
+    from machine_nb.store import index, tags
+
+    path = atomic_write_text(tmp_path / "a.txt", "old\n", mode=0o640)
+    assert path.read_text() == "old\n" and (path.stat().st_mode & 0o777) == 0o640
+    with pytest.raises(RuntimeError):
+        with atomic_replace(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("died mid-write")
+    assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+    replaced = []
+
+    def noting(target, **kw):
+        replaced.append(os.path.basename(target))
+        return atomic_replace(target, **kw)
+
+    monkeypatch.setattr(jsonl, "atomic_replace", noting)
+    monkeypatch.setattr(index, "atomic_replace", noting)
+    index.write_index(tmp_path / "idx.parquet", index.empty_table(), {"dirs": {}})
+    store = tmp_path / "store"
+    append_jsonl(store / "train.jsonl", [{"id": "a", "messages": []}, {"id": "b", "messages": []}])
+    tags.untag("a", store=store)
+    assert replaced == ["idx.parquet", "train.jsonl"]
+    assert [r["id"] for r in read_jsonl(store / "train.jsonl")] == ["b"]
+    assert (store / "train.jsonl").stat().st_mode & 0o777 == 0o600
+
+
 def test_append_after_torn_line_starts_fresh_line(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b'{"a": 1}\n{"torn": ')

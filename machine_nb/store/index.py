@@ -16,12 +16,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import MachineFormatError
+from ..jsonl import atomic_replace
 from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
 
 SCHEMA_VERSION = 1
@@ -176,18 +175,8 @@ def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
         f.name for f in INDEX_SCHEMA
         if f.type == _STR and f.name not in ("name", "id") and pc.count_distinct(table[f.name]).as_py() <= n // 4 + 1]}
     table = table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode("utf-8")})
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.close(fd)
+    with atomic_replace(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def empty_table() -> pa.Table:

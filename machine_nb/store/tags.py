@@ -356,33 +356,19 @@ def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | Non
 
 
 def _rewrite_without(path: Path, start: int, end: int) -> None:
-    """Replace a file by itself without bytes [start, end), streamed, atomically (temp + fsync +
-    rename); every other byte is kept as it was."""
+    """Replace a file by itself without bytes [start, end), streamed, atomically (jsonl.atomic_replace);
+    every other byte is kept as it was."""
     import shutil
-    import tempfile
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-            _copy_range(src, out, 0, start, shutil)
-            src.seek(end)
-            shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from ..jsonl import atomic_replace
 
-
-def _copy_range(src, out, start: int, end: int, shutil) -> None:
-    src.seek(start)
-    left = end - start
-    while left > 0:
-        chunk = src.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        out.write(chunk)
-        left -= len(chunk)
+    with atomic_replace(path) as tmp, open(tmp, "wb") as out, open(path, "rb") as src:
+        left = start
+        while left > 0:
+            chunk = src.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+        src.seek(end)
+        shutil.copyfileobj(src, out, 1 << 20)
