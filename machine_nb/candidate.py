@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .cases import is_checkpoint, live_index, load_cases, machine_path, read_versions
+from .chat import content_text
 
 
 class CommitRefused(RuntimeError):
@@ -439,10 +440,7 @@ def _training_inputs(data: Any) -> list[str]:
     for row in data:
         for m in (row.get("messages") or []) if isinstance(row, dict) else []:
             if isinstance(m, dict) and m.get("role") == "user":
-                content = m.get("content")
-                if isinstance(content, list):
-                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-                out.append(str(content or ""))
+                out.append(content_text(m.get("content")))
     return out
 
 

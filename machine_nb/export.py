@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .chat import content_text
 from .compat import renamed
 from .store.workspace import resolve_machine
 
@@ -389,7 +390,7 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
             skipped.append((row, "no assistant reply"))
             continue
         users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
-        if held and any(case_key(_plain(m.get("content"))) in held for m in users):
+        if held and any(case_key(content_text(m.get("content"))) in held for m in users):
             excluded.append(row)
             continue
         chat = [dict(m) for m in msgs]
@@ -404,9 +405,3 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
     say_excluded(len(excluded), len(excluded) + len(lines), "tagged row(s)",
                  f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
     return TaggedLines(uniform_content(lines), excluded, skipped)
-
-
-def _plain(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return "" if content is None else str(content)

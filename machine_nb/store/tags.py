@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..chat import content_text
 from ..errors import MachineFormatError
 from .messages import is_tool_call, to_chat, without_thinking
 
@@ -64,18 +65,8 @@ def _resolve_store(store: str | os.PathLike | None) -> Path:
 
 
 def _text(content: Any) -> str:
-    """Machine's extractMessageText: a string trimmed; text parts joined by newlines; .text / .content."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content.strip()
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text").strip()
-    if isinstance(content, dict):
-        if isinstance(content.get("text"), str):
-            return content["text"].strip()
-        return _text(content.get("content"))
-    return str(content)
+    """Machine's extractMessageText: the text parts joined by newlines, trimmed."""
+    return content_text(content, sep="\n", strip=True)
 
 
 def _item_messages(item: Any) -> tuple[list[dict], dict | None]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..chat import content_text
 from ._base import FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
@@ -34,13 +35,8 @@ def run_messages(run: dict) -> list[dict]:
 
 
 def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # chat parts: [{"type": "text", "text": ...}, ...]
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(content)
+    """A message's text as the tagger shows it: text parts joined by newlines."""
+    return content_text(content, sep="\n")
 
 
 def split_turns(messages: Sequence[dict]) -> list[dict]:
