@@ -15,7 +15,7 @@ What is redacted (`[redacted]`):
   whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
 - the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
   value or anywhere in the text;
-- key-shaped strings (validate.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
+- key-shaped strings (SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
   private key blocks), set in the environment or not.
 """
 
@@ -46,6 +46,18 @@ _COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "ni
                   "enabled", "disabled", "local", "dev", "test", "prod"}
 # scheme://user:PASSWORD@ — userinfo holds no "/", "@" or whitespace; the password may hold ":"
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/@\"'<>]+)(?=@)")
+
+
+def mask(secret: str) -> str:
+    """A secret shown safely, where a finding must say which one it is.
+
+    Args:
+        secret: the secret text.
+
+    Returns:
+        Its first 4 characters and its length: "sk-a…(51 chars)".
+    """
+    return f"{secret[:4]}…({len(secret)} chars)"
 
 
 def is_secret_name(name: str) -> bool:

@@ -6,20 +6,9 @@ an in-memory handler, never to disk), so neither a run in progress nor one stopp
 crash leaves an unredacted file anywhere; only the redacted notebook and HTML are written.
 
 What is redacted (`[redacted]`), everywhere in the notebook (outputs, sources, metadata), in the
-HTML and in the error a failing cell raises:
-- the value of every environment variable, and every `parameters` entry, with a secret name:
-  a name part (split at `_` and other non-letters) that ends in KEY, TOKEN, SECRET, PASSWORD,
-  PASSWD, PASSPHRASE, CREDENTIAL(S), or is PASS, PWD, CREDS, PAT, COOKIE, or starts with AUTH
-  (not AUTHOR): `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, `SVC_PWD`, `GCP_CREDENTIALS`, … but not
-  `PWD`, `OLDPWD` (the working directory) or `GIT_AUTHOR_NAME`;
-- whatever its length, except blank values, values under 3 characters and common flag words
-  ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
-  report and protect nothing. A value under 8 characters is replaced only where it stands as a
-  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
-- the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
-  value or anywhere in the text;
-- key-shaped strings (redact.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
-  private key blocks), set in the environment or not.
+HTML and in the error a failing cell raises: what `machine_nb.redact` redacts (the rule's one
+home; its docstring lists it: the values of secret-named environment variables, the report's
+secret-named `parameters` too, URL passwords and key-shaped strings).
 Local paths (path_rewriter), in the same pass over the notebook and the HTML, after the secrets:
 a path under the notebook's folder is written relative to it (`cache/a.json`), one under the folder
 above it (the project a `notebooks/` folder sits in) as `../…`, one elsewhere under the home folder

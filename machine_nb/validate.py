@@ -20,7 +20,7 @@ from typing import Any
 from . import patterns
 from .chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
 from .jsonl import dumps_line, iter_jsonl
-from .redact import SECRET_PATTERNS
+from .redact import SECRET_PATTERNS, mask
 from .scoring import MATCH_MODES
 
 BUCKETS = (512, 2048, 8192, 16384, 32768, 65536)  # Machine's token-length buckets (validate-dataset.py)
@@ -30,12 +30,7 @@ FINDING_COLUMNS = ["line", "severity", "code", "message"]
 """findings' columns: line (1-based; <NA> for the whole file), severity (error|warning|info),
 code (a stable short name, e.g. render_failed), message (what and where, secrets redacted)."""
 
-# API-key-like strings and private keys; a match is reported redacted, never printed whole.
-
-
-def redact(secret: str) -> str:
-    """A secret shown safely: its first 4 characters and its length."""
-    return f"{secret[:4]}…({len(secret)} chars)"
+redact = mask  # the older name of redact.mask, the one rule for showing a secret in a finding
 
 
 def bucket_label(tokens: int) -> str:
@@ -93,11 +88,11 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
     out = []
     for name, pattern in SECRET_PATTERNS:
         for m in pattern.finditer(raw):
-            shown = m.group(0) if name == "private key" else redact(m.group(0))
+            shown = m.group(0) if name == "private key" else mask(m.group(0))
             out.append(("error", "secret", f"{name} in the row: {shown}; remove it before training"))
     for value in extra:
         if value and value in raw:
-            out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {redact(value)}"))
+            out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {mask(value)}"))
     return out
 
 

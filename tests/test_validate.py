@@ -138,6 +138,15 @@ def test_secrets_are_found_and_redacted(tmp_path, monkeypatch):
         assert s not in text
     assert "TINKER_API_KEY" in found["message"].iloc[-1] and "tk_l…(27 chars)" in found["message"].iloc[-1]
     assert r.findings["code"].tolist()[0] == "no_model"
+    # one rule for secrets: validate shows them as redact.mask does, and the report redacts what redact does
+    import importlib
+
+    from machine_nb import redact, report
+
+    validate_module = importlib.import_module("machine_nb.validate")
+
+    assert redact.mask(key) == "tk_l…(27 chars)" and validate_module.redact is redact.mask
+    assert report.secret_values is redact.secret_values and report.scrub is redact.scrub
 
 
 def test_empty_missing_and_estimated(tmp_path):
