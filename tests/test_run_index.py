@@ -323,6 +323,24 @@ def test_previewer_and_tagger_read_only_their_slice(ws, tmp_path, opened):
         assert read <= mine, f"{name} read runs outside its 2 rows: {sorted(read - mine)}"
 
 
+def test_the_tagger_reads_the_run_on_screen_once(ws, tmp_path, opened):
+    """The Tagger keeps the record of the run it shows: opening it reads that run's file once,
+    redrawing and the static view read none, and moving to the next run reads that one once."""
+    lazy = mnb.load_runs(ws, index=True)
+    frame = lazy.iloc[5:7]
+    first, second = paths_of(frame)
+    opened.clear()
+    tagger = mnb.Tagger(frame, store=tmp_path / "store")
+    assert opened == [first]
+    opened.clear()
+    tagger.static_html()
+    tagger.existing_tags()
+    assert tagger.current["run_id"] == frame["id"].iloc[0] and opened == []
+    tagger.next_run()
+    tagger.static_html()
+    assert opened == [second]
+
+
 # ---------------------------------------------------------------------------------------------
 # The README's schema table is the code's
 

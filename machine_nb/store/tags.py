@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..chat import content_text
+from ..compat import renamed
 from ..errors import MachineFormatError
 from .messages import is_tool_call, to_chat, without_thinking
 
@@ -87,8 +88,20 @@ def _is_call(m: dict) -> bool:
     return bool(m.get("tool_calls")) or is_tool_call(m)
 
 
-def latest_turn(msgs: list[dict]) -> tuple[int, int]:
-    """Indexes of the latest user message and of the last assistant reply (not a tool call) after it."""
+def latest_turn(msgs: list[dict], *, answered: bool = True) -> tuple[int, int | None]:
+    """The latest user/assistant turn of a conversation.
+
+    Args:
+        msgs: the messages (Machine or chat).
+        answered: the turn must have a reply (default True); False accepts a turn without one.
+
+    Returns:
+        (index of the latest user message, index of the last assistant reply after it that is
+        not a tool call and has text; None when there is none and `answered` is False).
+
+    Raises:
+        ValueError: no user message, or (answered) no reply after it.
+    """
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
     if last_user < 0:
         raise ValueError("no user message to tag: a tagged turn is the latest user/assistant turn")
@@ -96,7 +109,9 @@ def latest_turn(msgs: list[dict]) -> tuple[int, int]:
                  if msgs[i].get("role") == "assistant" and not _is_call(msgs[i]) and _text(msgs[i].get("content"))),
                 default=-1)
     if reply < 0:
-        raise ValueError("no assistant reply after the latest user message to tag")
+        if answered:
+            raise ValueError("no assistant reply after the latest user message to tag")
+        return last_user, None
     return last_user, reply
 
 
@@ -131,28 +146,43 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
     return chat, records
 
 
-def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
+@renamed(item="run")
+def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
         trace: bool = False, store: str | os.PathLike | None = None, *, reasoning: bool = False,
-        source: str | None = None, id: str | None = None, created_at: str | None = None) -> dict:
-    """Save the latest user/assistant turn of a run (or message list) as a tag row; returns the row.
+        source: str | None = None, id: str | None = None, created_at: str | None = None,
+        replaced: str | None = None) -> dict:
+    """Save the latest user/assistant turn of a run (or message list) as a tag row, like Machine's
+    /good, /good --as, /good --trace and /bad.
 
-    item: a load_runs row (Series or dict), a Run dict, or a list of messages (Machine or chat).
-    tag: "good" (default; → train.jsonl, like /good), "bad" (→ rejected.jsonl, like /bad) or
-         "observed" (→ observed.jsonl).
-    note: free text kept on the row (default None: no note key).
-    rewrite: replaces the assistant answer with this text (/good --as); the note is kept.
-    trace: True writes the whole last turn (user, assistant prose, OpenAI tool_calls, tool
-           results) to traces.jsonl with kind "trace" and Letta-style `trajectory` records
-           (/good --trace). Default False: the [user, assistant] pair, kind "final".
-    store: the store directory; default `store_dir()` for the current directory.
-    reasoning: keep reasoning in a trace (default False, as Machine omits it unless --reasoning).
-    source: where the turn came from; default `<run id>.json` for runs (the basename of the run
-            file, as Machine records its session file), else None.
-    id, created_at: for deterministic fixtures; default 12 random hex digits and now (UTC ISO).
-    Row keys: id, messages, tag, kind, note?, source?, trajectory? (traces), machine?, run? (runs),
-    rewritten? (true with rewrite), replaced? (with rewrite: the text of the assistant reply it
-    replaced; rows Machine writes lack it), created_at. Appended under the file's lock: never lost or
-    half-written with several writers.
+    Args:
+        run: a load_runs row (Series or dict), a Run dict, or a list of messages (Machine or chat).
+        tag: "good" (default; to train.jsonl, like /good), "bad" (to rejected.jsonl, like /bad) or
+            "observed" (to observed.jsonl).
+        note: free text kept on the row (default None: no note key).
+        rewrite: replaces the assistant answer with this text (/good --as); the note is kept.
+            A turn with no reply yet can be tagged with a rewrite (its answer to learn); default
+            None: the turn's own reply, which it must have.
+        trace: True writes the whole last turn (user, assistant prose, OpenAI tool_calls, tool
+            results) to traces.jsonl with kind "trace" and Letta-style `trajectory` records
+            (/good --trace). Default False: the [user, assistant] pair, kind "final".
+        store: the store directory; default None: `store_dir()` for the current directory.
+        reasoning: keep reasoning in a trace (default False, as Machine omits it unless --reasoning).
+        source: where the turn came from; default None: `<run id>.json` for runs (the basename of
+            the run file, as Machine records its session file), else no source key.
+        id: the row's id (default None: 12 random hex digits; fixtures pass one).
+        created_at: when it was recorded (default None: now, UTC ISO 8601).
+        replaced: with `rewrite`, the text of the reply the rewrite replaces (default None: the
+            turn's own reply when it has one; a turn without one records none).
+
+    Returns:
+        The row written. Keys: id, messages, tag, kind, note?, source?, trajectory? (traces),
+        machine? and run? (runs), rewritten? (true with rewrite), replaced? (with rewrite: the text
+        of the reply it replaced, which a preference pair rejects; rows Machine writes lack it),
+        created_at. Appended under the file's lock: never lost or half-written with several writers.
+
+    Raises:
+        ValueError: an unknown tag, rewrite with trace, replaced without rewrite, no user message,
+            or no reply to tag (and no rewrite).
     """
     from ..jsonl import append_jsonl
 
@@ -160,8 +190,10 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
         raise ValueError(f"tag must be 'good', 'bad' or 'observed', not {tag!r}")
     if trace and rewrite is not None:
         raise ValueError("rewrite (/good --as) replaces a final answer; it cannot be combined with trace=True")
-    msgs, run = _item_messages(item)
-    user_i, reply_i = latest_turn(msgs)
+    if replaced is not None and rewrite is None:
+        raise ValueError("replaced= names the reply a rewrite replaces: give rewrite= too")
+    msgs, record = _item_messages(run)
+    user_i, reply_i = latest_turn(msgs, answered=rewrite is None)
     stamp = created_at or datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     row: dict[str, Any] = {"id": id or secrets.token_hex(6)}
     trajectory = None
@@ -178,19 +210,21 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
     row["kind"] = kind
     if note is not None:
         row["note"] = note
-    if source is None and run is not None and run.get("id"):
-        source = f"{run['id']}.json"
+    if source is None and record is not None and record.get("id"):
+        source = f"{record['id']}.json"
     if source is not None:
         row["source"] = source
     if trajectory is not None:
         row["trajectory"] = trajectory
-    if run is not None:
-        row["machine"] = run.get("machine")
-        row["run"] = run.get("id")
+    if record is not None:
+        row["machine"] = record.get("machine")
+        row["run"] = record.get("id")
     if rewrite is not None:
         row["rewritten"] = True
-        if not trace and reply_i is not None and msgs[reply_i].get("role") == "assistant":
-            row[REPLACED] = _text(msgs[reply_i].get("content"))  # the reply a preference pair sets against it
+        if replaced is None and reply_i is not None:
+            replaced = _text(msgs[reply_i].get("content"))
+        if replaced is not None:
+            row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
     append_jsonl(_resolve_store(store) / fname, [row])
     return row

@@ -80,30 +80,6 @@ def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
             "trajectory": list(messages[turn["start"]:turn["end"]])}
 
 
-def _tag_unanswered(target: dict, tag: str, rewrite: str, note: str | None, trace: bool, store: Any) -> dict:
-    """The row of a turn that has no answer yet, with `rewrite` as its answer.
-
-    tag() records a turn only with a reply to replace, and would record the rewrite standing in
-    for it as the `replaced` reply, which a preference pair would then reject. So tag() builds the
-    row in a scratch store, with the rewrite as the reply, and the row goes to the real store
-    without `replaced` (nothing was replaced), appended under the lock tag() uses.
-    """
-    import tempfile
-    from pathlib import Path
-
-    from ..jsonl import append_jsonl
-    from ..store.tags import REPLACED, _resolve_store
-    from ..store.tags import tag as write_tag
-
-    answered = {**target, "trajectory": list(target["trajectory"]) + [{"role": "assistant", "content": rewrite}]}
-    with tempfile.TemporaryDirectory(prefix="mnb-tag-") as scratch:
-        row = write_tag(answered, tag=tag, note=note, rewrite=rewrite, trace=trace, store=scratch)
-        written = [p.name for p in Path(scratch).glob("*.jsonl")]
-    row.pop(REPLACED, None)
-    append_jsonl(_resolve_store(store) / written[0], [row])
-    return row
-
-
 class DuplicateTagWarning(UserWarning):
     """A tag row was written for a turn that already had one."""
 
@@ -237,7 +213,8 @@ class Tagger(StaticFallback, w.VBox):
         self._known: list[dict] | None = None  # the store's rows, read on first need
         self._confirm: tuple | None = None  # (run, turn, button) a first press warned about
         self._run_pos = 0
-        self._msgs = run_messages(self._runs[0]) if self._runs else []
+        self._run: dict | None = self._runs[0] if self._runs else None  # the run on screen, read once
+        self._msgs = run_messages(self._run) if self._run is not None else []
         self._turns = split_turns(self._msgs)
         self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
 
@@ -321,10 +298,14 @@ class Tagger(StaticFallback, w.VBox):
         keys = records.keys
         new = [i for i, k in enumerate(keys) if k not in before]
         pos = new[0] if new else (keys.index(on_screen) if on_screen in keys else 0)
+        if records and keys[pos] == on_screen and self._run is not None:
+            self._run_pos = pos  # the same run stays on screen: its record is not read again
+        else:
+            self._run = None
         if records:
             self.go_to(pos)
         else:
-            self._run_pos, self._msgs = 0, []
+            self._run_pos, self._run, self._msgs = 0, None, []
             self._turns = split_turns([])
             self._turn_pos = 0
             self._confirm = None
@@ -333,9 +314,9 @@ class Tagger(StaticFallback, w.VBox):
     # ------------------------------------------------------------ navigation
 
     def _need_run(self) -> dict:
-        if not self._runs:
+        if not self._runs or self._run is None:
             raise ValueError("Tagger: no run to tag (select runs in the picker)")
-        return self._runs[self._run_pos]
+        return self._run
 
     @property
     def current(self) -> dict:
@@ -343,7 +324,7 @@ class Tagger(StaticFallback, w.VBox):
         (run_id None when there is no run: a picker with nothing picked)."""
         if not self._runs:
             return {"run_id": None, "machine": None, "run": -1, "turn": -1, "n_turns": 0, "user": "", "answer": ""}
-        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        run, turn = self._need_run(), self._turns[self._turn_pos]
         return {"run_id": run.get("id"), "machine": run.get("machine"), "run": self._run_pos,
                 "turn": self._turn_pos, "n_turns": len(self._turns), "user": turn["user"],
                 "answer": turn["answer"]}
@@ -351,7 +332,8 @@ class Tagger(StaticFallback, w.VBox):
     def go_to(self, run: int | str, turn: int | None = None) -> None:
         """Show run `run` (a position, or a run id) at `turn` (default: its last turn, the one
         the run itself answered)."""
-        self._need_run()
+        if not self._runs:
+            raise ValueError("Tagger: no run to tag (select runs in the picker)")
         if isinstance(run, str):
             ids = [k[1] for k in self._runs.keys]
             if run not in ids:
@@ -359,8 +341,10 @@ class Tagger(StaticFallback, w.VBox):
             run = ids.index(run)
         if not 0 <= run < len(self._runs):
             raise IndexError(f"Tagger: run position {run} is outside 0..{len(self._runs) - 1}")
+        if run != self._run_pos or self._run is None:  # the run on screen is not read again
+            self._run = self._runs[run]
         self._run_pos = run
-        self._msgs = run_messages(self._runs[run])
+        self._msgs = run_messages(self._run)
         self._turns = split_turns(self._msgs)
         last = len(self._turns) - 1
         self._turn_pos = last if turn is None else max(0, min(turn, last))
@@ -406,7 +390,7 @@ class Tagger(StaticFallback, w.VBox):
         user (the turn's user text), this_turn (whether it tags the turn on screen)."""
         if not self._runs:
             return []
-        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        run, turn = self._need_run(), self._turns[self._turn_pos]
         out = []
         for row in self._store_rows():
             if same_run(row, run):
@@ -459,19 +443,18 @@ class Tagger(StaticFallback, w.VBox):
     # ------------------------------------------------------------ tagging
 
     def _tag(self, tag: str, note: str | None, rewrite: str | None) -> dict:
-        from ..store.tags import tag as write_tag  # the one writer of tag rows
+        from ..store import tags  # tags.tag: the one writer of tag rows
+
+        write_tag = tags.tag
 
         run, turn = self._need_run(), self._turns[self._turn_pos]
         dups = self._duplicates()
         if turn["answer_index"] is None and not rewrite:
             raise ValueError("this turn has no assistant answer to tag (write a rewrite and use "
                              "'Good with rewrite', or pick another turn)")
-        target = turn_run(run, self._msgs, turn)
-        if turn["answer_index"] is None:
-            row = _tag_unanswered(target, tag, rewrite, note or None, self.trace, self.store)
-        else:
-            row = write_tag(target, tag=tag, note=note or None,
-                            rewrite=rewrite or None, trace=self.trace, store=self.store)
+        # an unanswered turn is tagged with its rewrite as the answer, and no `replaced` reply
+        row = write_tag(turn_run(run, self._msgs, turn), tag=tag, note=note or None, rewrite=rewrite or None,
+                        trace=self.trace, store=self.store)
         self.written.append(row)
         self._store_rows().append(row)
         if dups:
