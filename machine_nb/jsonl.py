@@ -15,6 +15,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
@@ -70,31 +71,87 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]')  # strings, brackets, commas, colons
+
+
+def _too_deep_at(raw: bytes) -> tuple[int, str | None]:
+    """(1-based line, top-level field) where a JSON text's nesting first passes MAX_DEPTH: the
+    field is the key of the top-level object's member (or the index of the top-level array's
+    element) it happens in, None when that cannot be told. Only called on the error path."""
+    depth, field, top_is_object, index, last_string = 0, None, True, 0, b""
+    for m in _TOKENS.finditer(raw):
+        token = m.group()
+        first = token[:1]
+        if first == b'"':
+            last_string = token
+        elif first in b"[{":
+            if depth == 0:
+                top_is_object = first == b"{"
+            elif depth == 1 and not top_is_object:
+                field = str(index)
+            depth += 1
+            if depth > MAX_DEPTH:
+                return raw.count(b"\n", 0, m.start()) + 1, field
+        elif first in b"]}":
+            depth -= 1
+        elif depth == 1 and first == b":" and top_is_object:
+            try:
+                field = json.loads(last_string)
+            except ValueError:
+                field = last_string[1:-1].decode("utf-8", "replace")
+        elif depth == 1 and first == b",":
+            index += 1
+    return raw.count(b"\n") + 1, field
+
+
 def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: int | None = None) -> Any:
-    """One JSON value, or MachineFormatError (a ValueError) naming `path` and `line`.
+    """One JSON value, or MachineFormatError (a ValueError) naming `path`, the line and the field.
 
     Besides syntax errors, a value nested deeper than MAX_DEPTH is refused, so no caller ever sees
-    a RecursionError, here or while walking the value later. Bytes must be UTF-8.
+    a RecursionError, here or while walking the value later; its error names the top-level field
+    the nesting is in.
+
+    Args:
+        text: the JSON text (bytes must be UTF-8).
+        path: the file it came from, named in errors (default None: in-memory text).
+        line: the text's line in its file (a JSONL row's number). Default None: for a document
+            of several lines, errors name the line within it (a syntax error's, or the one where
+            the nesting passes MAX_DEPTH); a one-line text gets none.
+
+    Returns:
+        The value.
+
+    Raises:
+        MachineFormatError: not UTF-8, invalid JSON, or nested too deep.
     """
     raw = text if isinstance(text, bytes) else None
     if raw is not None:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
+            where = line
+            if where is None and b"\n" in raw[:exc.start]:
+                where = raw.count(b"\n", 0, exc.start) + 1
             raise MachineFormatError(path, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                                     line=line) from None
+                                     line=where) from None
+    several = line is None and "\n" in text.rstrip()
     too_deep = f"nested deeper than {MAX_DEPTH} levels of arrays/objects"
+
+    def deep_error() -> MachineFormatError:
+        at, field = _too_deep_at(raw if raw is not None else text.encode("utf-8"))
+        return MachineFormatError(path, too_deep, line=at if several else line, field=field)
+
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MachineFormatError(path, json_error_reason(exc), line=line) from None
+        raise MachineFormatError(path, json_error_reason(exc), line=exc.lineno if several else line) from None
     except RecursionError:
-        raise MachineFormatError(path, too_deep, line=line) from None
+        raise deep_error() from None
     # cheap bounds first: only a line with that many brackets, unclosed at once, can nest that deep
     if (text.count("[") + text.count("{") > MAX_DEPTH
             and _depth_bound(raw if raw is not None else text.encode("utf-8")) > MAX_DEPTH
             and isinstance(value, (list, dict)) and _depth_over(value, MAX_DEPTH)):
-        raise MachineFormatError(path, too_deep, line=line)
+        raise deep_error()
     return value
 
 

@@ -13,7 +13,6 @@ machine_nb` still loads none of this module).
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterable
@@ -23,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import MachineFormatError
-from .jsonl import MAX_DEPTH, parse_json
+from .jsonl import parse_json
 from .export import case_key, held_out_keys, run_case, say_excluded
 # Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
 from .store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages, comparison_line,  # noqa: F401
@@ -423,12 +422,9 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
     return _frame(out.result(), [], out.skipped)
 
 
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
 def _json_document(path: Path, what: str) -> Any:
-    """A whole-file JSON document through jsonl's bounded parser; its errors name the file and,
-    where it can be told, the line (a syntax error's, or the one where the nesting passes MAX_DEPTH)."""
+    """A whole-file JSON document through jsonl's bounded parser; its errors name the file, the
+    line and the field."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -436,27 +432,7 @@ def _json_document(path: Path, what: str) -> Any:
     try:
         return parse_json(raw, path)
     except MachineFormatError as exc:
-        raise MachineFormatError(path, f"{what}: {exc.reason}", line=_error_line(raw, exc.reason)) from None
-
-
-def _error_line(raw: bytes, reason: str) -> int | None:
-    """The 1-based line of a whole-file JSON document that a parse_json error is about (None if unknown)."""
-    if reason.startswith("invalid JSON"):
-        try:
-            json.loads(raw.decode("utf-8"))
-        except json.JSONDecodeError as exc:
-            return exc.lineno
-        except (ValueError, RecursionError):
-            return None
-        return None
-    if "nested deeper" in reason:
-        depth = 0
-        for number, line in enumerate(raw.split(b"\n"), start=1):
-            for byte in line.translate(None, _NOT_BRACKETS):
-                depth += 1 if byte in b"[{" else -1
-                if depth > MAX_DEPTH:
-                    return number
-    return None
+        raise MachineFormatError(path, f"{what}: {exc.reason}", line=exc.line, field=exc.field) from None
 
 
 # ---------------------------------------------------------------------------------------------

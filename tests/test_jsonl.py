@@ -112,3 +112,29 @@ def test_concurrent_appends_lose_nothing(tmp_path):
     assert len(rows) == 400
     assert {(r["worker"], r["i"]) for r in rows} == {(w, i) for w in range(4) for i in range(100)}
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+def test_a_whole_file_document_names_the_line_of_its_error(tmp_path):
+    """parse_json on a multi-line document (a results JSON, a manifest) names the line a syntax
+    error is on and the line where nesting passes MAX_DEPTH, with the top-level field it is in; a
+    single line (a JSONL row, numbered by its reader) gets no line of its own."""
+    from machine_nb.jsonl import MAX_DEPTH, parse_json
+
+    path = tmp_path / "doc.json"
+    with pytest.raises(MachineFormatError, match="invalid JSON") as e:
+        parse_json('{\n "model": "m",\n "rows": [\n  {"match": "exact",}\n ]\n}\n', path)
+    assert e.value.line == 4 and e.value.path == str(path) and "column" in e.value.reason
+    deep = "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5)
+    for depth_error in ("[" * 100_000 + "]" * 100_000, deep):  # past the recursion limit, and past MAX_DEPTH only
+        with pytest.raises(MachineFormatError, match="nested deeper") as e:
+            parse_json('{\n "model": "m",\n "rows": [\n  ' + depth_error + '\n ]\n}\n', path)
+        assert e.value.line == 4 and e.value.field == "rows"
+    with pytest.raises(MachineFormatError, match="nested deeper") as e:
+        parse_json('{"session_id": "s", "prompt": ' + deep + "}", None)
+    assert e.value.line is None and e.value.field == "prompt" and "'prompt'" in str(e.value)
+    with pytest.raises(MachineFormatError) as e:
+        parse_json('{"a": }\n', path, 7)  # a JSONL line keeps the number its reader gives it
+    assert e.value.line == 7
+    with pytest.raises(MachineFormatError) as e:
+        parse_json('{"a": }\n', path)
+    assert e.value.line is None

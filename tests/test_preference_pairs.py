@@ -380,3 +380,10 @@ def test_a_results_json_nested_too_deep_or_broken_is_a_format_error_naming_file_
     with pytest.raises(MachineFormatError, match="rows.0") as e:
         mnb.pairs_from_results(path)
     assert e.value.path == str(path)
+
+
+def test_a_folder_given_as_results_is_an_error_naming_it(tmp_path):
+    with pytest.raises((MachineFormatError, IsADirectoryError), match=str(tmp_path)):
+        mnb.pairs_from_results(tmp_path)
+    with pytest.raises((MachineFormatError, IsADirectoryError), match=str(tmp_path)):
+        mnb.load_results(tmp_path)
