@@ -193,3 +193,30 @@ def test_streaming_memory_does_not_grow_with_the_file(tmp_path):
     rows, ok, peak = json.loads(out.strip().splitlines()[-1])
     assert rows == 20_000 and ok
     assert peak < path.stat().st_size / 10, (peak, path.stat().st_size)
+
+
+def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
+    """Settings, preparation, per-row problems (pure) and counting are steps of their own;
+    validate() is their composition, and its old keyword names still work."""
+    from machine_nb.validate import Tally, count_row, prepare, resolve_settings, row_problems
+
+    evals = write(tmp_path / "eval.jsonl", [{"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                                            "expected": "4", "match": "exact"}])
+    settings = resolve_settings(None, 5, "train", eval_data=evals)
+    assert (settings.max_length, settings.kind) == (5, "train")
+    prepared = prepare(settings)
+    assert [f[2] for f in prepared.findings] == ["no_model"] and prepared.renderer is None
+    row = qa("What is 2 + 2?", "It is 4, my key is sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123")
+    raw = json.dumps(row)
+    assert [c for _, c, _ in row_problems(row, raw, settings, prepared)] == ["secret", "eval_overlap"]
+    tokens, trained, problems = count_row(row, settings, prepared)
+    assert tokens > 5 and trained == 0 and [c for _, c, _ in problems] == ["too_long"]
+    tally = Tally(tmp_path / "t.jsonl", settings, prepared)
+    tally.row(1, row, raw, prepared)
+    by_steps = tally.result()
+    path = write(tmp_path / "t.jsonl", [row])
+    whole = validate(path, None, 5, evals)
+    assert by_steps.findings.equals(whole.findings) and by_steps.summary == whole.summary
+    with pytest.warns(DeprecationWarning, match="eval_data"):
+        old = validate(path=path, max_length=5, eval_path=evals)
+    assert old.findings.equals(whole.findings)

@@ -45,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
 
     model = args.model or _default_model()
     max_length = "auto" if args.max_length is None else (args.max_length or None)
-    result = validate(args.file, model, max_length=max_length, eval_path=args.eval_path, kind=args.kind)
+    result = validate(args.file, model, max_length=max_length, eval_data=args.eval_path, kind=args.kind)
     cost = None
     if args.epochs is not None and result.ok:
         from ..pricing import estimate_cost
