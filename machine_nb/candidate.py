@@ -20,10 +20,14 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cases import is_checkpoint, live_index, load_cases, machine_path, read_versions
 from .chat import content_text
+from .compat import renamed
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class CommitRefused(RuntimeError):
@@ -163,10 +167,35 @@ class CandidateReport:
                 "trained_on_holdout": self.trained_on_holdout, "cases": self.cases.to_dict("records")}
 
 
-def case_table(live: Any, candidate: Any):
-    """One row per case from two evaluate_cases frames over the same cases (CASE_TABLE_COLUMNS)."""
+def _results(results: Any) -> tuple[Any, dict]:
+    """(rows frame, summary) of an evaluate_cases result: an EvalResult, a frame (its summary in
+    `attrs`, as evaluate_cases once returned it) or a results JSON path (read with load_results)."""
+    if isinstance(results, (str, os.PathLike)):
+        from .results import load_results
+
+        results = load_results(results)
+    rows = getattr(results, "rows", None)
+    if rows is not None and hasattr(rows, "columns"):
+        return rows, dict(getattr(results, "summary", None) or {})
+    return results, dict(getattr(results, "attrs", {}).get("summary", {}))
+
+
+def case_table(live: Any, candidate: Any) -> pd.DataFrame:
+    """One row per case from two evaluate_cases results over the same cases and trials.
+
+    Args:
+        live: the live version's results (an EvalResult, a frame or a results JSON path).
+        candidate: the candidate's, over the same cases and trials.
+
+    Returns:
+        A DataFrame with CASE_TABLE_COLUMNS.
+
+    Raises:
+        ValueError: the two are not over the same cases and trials.
+    """
     import pandas as pd
 
+    live, candidate = _results(live)[0], _results(candidate)[0]
     if len(live) != len(candidate) or list(live["case"]) != list(candidate["case"]):
         raise ValueError("the two results are not over the same cases and trials")
     rows = []
@@ -181,15 +210,26 @@ def case_table(live: Any, candidate: Any):
 
 
 def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout: int = 0) -> CandidateReport:
-    """The CandidateReport of two evaluate_cases frames over the same held-out cases."""
+    """The CandidateReport of two evaluate_cases results over the same held-out cases.
+
+    Args:
+        machine: the machine's name.
+        live: the live version's results (an EvalResult, a frame or a results JSON path).
+        candidate: the candidate's, over the same cases and trials.
+        trained_on_holdout: training rows whose input is a held-out case (default 0).
+
+    Returns:
+        The CandidateReport (its `live` and `candidate` the two results' rows).
+    """
     from .compare import compare
     from .stats import mcnemar_exact
 
+    (live, live_summary), (candidate, cand_summary) = _results(live), _results(candidate)
     cases = case_table(live, candidate)
     wins, losses = int((cases["change"] == "win").sum()), int((cases["change"] == "loss").sum())
     return CandidateReport(
-        machine=machine, live_name=live.attrs.get("summary", {}).get("name", "live"),
-        candidate_name=candidate.attrs.get("summary", {}).get("name", "candidate"),
+        machine=machine, live_name=live_summary.get("name", "live"),
+        candidate_name=cand_summary.get("name", "candidate"),
         trials=int(live["trial"].max()) + 1 if len(live) else 0, live=live, candidate=candidate, cases=cases,
         comparison=compare(live, candidate), wins=wins, losses=losses, ties=len(cases) - wins - losses,
         p_value=mcnemar_exact(losses, wins), live_accuracy=float(live["correct"].mean()),
@@ -444,10 +484,11 @@ def _training_inputs(data: Any) -> list[str]:
     return out
 
 
+@renamed(show_progress="progress")
 def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, trials: int = 1,
               gate: Gate | None = None, engine: str | None = None, grader: Any = None, data: Any = None,
               max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0, max_usd: float | None = None,
-              out_dir: str | os.PathLike | None = None, show_progress: bool | None = None) -> Candidate:
+              out_dir: str | os.PathLike | None = None, progress: bool | None = None) -> Candidate:
     """Measure a trained checkpoint against the machine's live version on its held-out cases.
 
     Never changes the machine: the result is a Candidate whose `.report` holds both versions'
@@ -467,7 +508,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
         max_tokens, temperature, seed, max_usd: as in evaluate (defaults 32, greedy, 0, no budget).
         out_dir: also write `live.json`, `candidate.json` (evaluate's results schema) and
             `report.json` here. Default None: nothing is written.
-        show_progress: progress bars (default on).
+        progress: progress bars (default None: on in a kernel or terminal unless MACHINE_NB_PROGRESS=0).
 
     Returns:
         A Candidate (report, passed, reason; commit() to make it live).
@@ -479,6 +520,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     from . import engines
     from .cases import evaluate_cases
     from .export import case_key, held_out_keys
+    from .sampling import open_sampler
 
     workspace = os.fspath(workspace)
     gate = gate or Gate()
@@ -495,8 +537,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
     engine = engine or engines.engine_for(checkpoint)
     service = engines.service_client(engine)
-    # create_sampling_client returns a future of the client; using the future as the client is deprecated
-    cand_client = service.create_sampling_client(model_path=str(checkpoint)).result()
+    cand_client = open_sampler("", str(checkpoint), engine, service)  # a checkpoint: its base model is asked
     base = cand_client.get_base_model()
     live_ckpt = live["model"] if is_checkpoint(live["model"]) else None
     live_base = live.get("baseModel") or (None if live_ckpt else live["model"])
@@ -505,8 +546,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          f"{live_base}: a candidate must share the live version's base model (its renderer, "
                          "tokens and price), so train it from that one")
     engines.check_model(engine, live_ckpt or live_base)
-    live_client = (service.create_sampling_client(model_path=live_ckpt) if live_ckpt
-                   else service.create_sampling_client(base_model=live_base)).result()
+    live_client = open_sampler(live_base or "", live_ckpt, engine, service)
     if live_base is None:
         live_base = live_client.get_base_model()
         if live_base != base:
@@ -519,7 +559,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     out = Path(out_dir) if out_dir is not None else None
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",
-                  show_progress=show_progress)
+                  show_progress=progress)
     live_df = evaluate_cases(workspace, machine, model=live_base, checkpoint=live_ckpt, name=f"live {live['id']}",
                              sampling_client=live_client, out=None if out is None else out / "live.json", **common)
     cand_df = evaluate_cases(workspace, machine, model=base, checkpoint=str(checkpoint), name="candidate",
