@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from .compat import renamed
 from .errors import MachineFormatError
 
 OnError = Literal["raise", "warn", "skip"]
@@ -250,13 +251,20 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) 
     return Path(path)
 
 
-def write_jsonl(lines: Iterable[Any], path: str | os.PathLike) -> Path:
-    """Write values as a JSONL file atomically (temp file + rename); returns the path.
+@renamed(lines="rows")
+def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
+    """Write values as a JSONL file atomically (see atomic_replace).
 
-    Accepts dicts or a DataFrame (one line per row)."""
-    if hasattr(lines, "to_dict") and hasattr(lines, "columns"):  # a DataFrame
-        lines = lines.to_dict("records")
-    body = "".join(dumps_line(v) + "\n" for v in lines)
+    Args:
+        rows: the values, one line each: dicts, or a DataFrame (one line per row).
+        path: the file (replaced whole; its folder created).
+
+    Returns:
+        The path written.
+    """
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a DataFrame
+        rows = rows.to_dict("records")
+    body = "".join(dumps_line(v) + "\n" for v in rows)
     return atomic_write_text(path, body)
 
 
@@ -274,12 +282,25 @@ def locked(path: str | os.PathLike) -> Iterator[Path]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def append_jsonl(path: str | os.PathLike, rows: Iterable[Any], *, mode: int = 0o600) -> Path:
+def append_jsonl(rows: Iterable[Any], path: str | os.PathLike, *, mode: int = 0o600) -> Path:
     """Append rows under the file's lock, in one write, synced to disk.
 
     If the file ends without a newline (a writer died mid-line), the new rows start on a fresh
     line, so the broken line stays visible on its own and no new row is merged into it.
+
+    Args:
+        rows: the values to append, one line each.
+        path: the file (created with `mode` when missing). The older order `append_jsonl(path,
+            rows)` still works for a release, with a DeprecationWarning.
+        mode: permission bits of a new file (default 0o600: private to the user).
+
+    Returns:
+        The path appended to.
     """
+    if isinstance(rows, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
+        warnings.warn("append_jsonl(path, rows) is now append_jsonl(rows, path), data first as write_jsonl; the "
+                      "old order will be removed in a later release", DeprecationWarning, stacklevel=2)
+        rows, path = path, rows
     data = "".join(dumps_line(r) + "\n" for r in rows).encode("utf-8")
     with locked(path) as path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)

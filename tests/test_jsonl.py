@@ -80,7 +80,7 @@ def test_one_atomic_replace_serves_every_rewrite(tmp_path, monkeypatch):
     monkeypatch.setattr(index, "atomic_replace", noting)
     index.write_index(tmp_path / "idx.parquet", index.empty_table(), {"dirs": {}})
     store = tmp_path / "store"
-    append_jsonl(store / "train.jsonl", [{"id": "a", "messages": []}, {"id": "b", "messages": []}])
+    append_jsonl([{"id": "a", "messages": []}, {"id": "b", "messages": []}], store / "train.jsonl")
     tags.untag("a", store=store)
     assert replaced == ["idx.parquet", "train.jsonl"]
     assert [r["id"] for r in read_jsonl(store / "train.jsonl")] == ["b"]
@@ -90,14 +90,14 @@ def test_one_atomic_replace_serves_every_rewrite(tmp_path, monkeypatch):
 def test_append_after_torn_line_starts_fresh_line(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b'{"a": 1}\n{"torn": ')
-    append_jsonl(path, [{"b": 2}])
+    append_jsonl([{"b": 2}], path)
     lines = path.read_bytes().splitlines()
     assert lines == [b'{"a": 1}', b'{"torn": ', b'{"b":2}']
 
 
 def _append_many(path, worker, n):
     for i in range(n):
-        append_jsonl(path, [{"worker": worker, "i": i, "pad": "x" * 5000}])
+        append_jsonl([{"worker": worker, "i": i, "pad": "x" * 5000}], path)
 
 
 def test_concurrent_appends_lose_nothing(tmp_path):
@@ -138,3 +138,14 @@ def test_a_whole_file_document_names_the_line_of_its_error(tmp_path):
     with pytest.raises(MachineFormatError) as e:
         parse_json('{"a": }\n', path)
     assert e.value.line is None
+
+
+def test_writers_take_the_data_first_and_the_old_forms_warn(tmp_path):
+    path = tmp_path / "a.jsonl"
+    append_jsonl([{"n": 1}], path)
+    with pytest.warns(DeprecationWarning, match=r"append_jsonl\(rows, path\)"):
+        append_jsonl(path, [{"n": 2}])  # the old order: swapped
+    assert read_jsonl(path) == [{"n": 1}, {"n": 2}]
+    with pytest.warns(DeprecationWarning, match=r"write_jsonl\(rows="):
+        write_jsonl(lines=[{"n": 3}], path=path)
+    assert read_jsonl(path) == [{"n": 3}]

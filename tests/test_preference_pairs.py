@@ -62,7 +62,7 @@ def test_a_rewrite_row_pairs_the_rewrite_over_the_reply_it_replaced(ws, tmp_path
     row_with_key = {**row, "id": "t2", "messages": [{"role": "user", "content": "What is 2 plus 3?"},
                                                     {"role": "assistant", "content": "answer: 5"}],
                     REPLACED_KEY: "2 + 3 = 5.", "run": None, "source": None}
-    mnb.append_jsonl(store / "train.jsonl", [row_with_key])
+    mnb.append_jsonl([row_with_key], store / "train.jsonl")
     pairs = preference_pairs(store, workspace=ws, machine="tutor")
     assert list(pairs.columns) == PAIR_COLUMNS
     # the first is rebuilt from the run the row names (rows written so far carry no replaced reply),

@@ -226,7 +226,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         if replaced is not None:
             row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
-    append_jsonl(_resolve_store(store) / fname, [row])
+    append_jsonl([row], _resolve_store(store) / fname)
     return row
 
 
