@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .compat import deprecated_alias, renamed
 from .errors import BudgetExceeded
 from .render import base_model, is_local_model
 
@@ -32,8 +33,18 @@ class Price:
     source: str = ""
     date: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The price as plain data.
+
+        Returns:
+            {prefill, cached_prefill, sample, train, source, date}.
+        """
         return asdict(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The older name of to_dict (warns)."""
+        deprecated_alias("Price.as_dict()", "Price.to_dict()")
+        return self.to_dict()
 
 
 class UnknownPrice(BudgetExceeded):
@@ -208,7 +219,8 @@ def _resolve_price(model: str, price: Price | Mapping[str, Any] | None, prices) 
     return price if isinstance(price, Price) else _with_fields(price_for(model, prices=prices, strict=False), price)
 
 
-def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,
+@renamed(path_or_rows="data")
+def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,
                   batch_size: int = 8, price: Price | Mapping[str, Any] | None = None,
                   max_usd: float | None = None, *, max_steps: int | None = None,
                   prices: Mapping[str, Any] | None = None, counts=None) -> CostEstimate:
@@ -227,7 +239,7 @@ def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]],
     if row.train is None:
         raise UnknownPrice(f"No training price is known for {model!r} ({row.source or 'no source'}): cannot bound "
                            f"the cost. Pass price={{'train': …}} or call machine_nb.pricing.set_price({model!r}, train=…).")
-    df = counts if counts is not None else count_tokens(path_or_rows, model)
+    df = counts if counts is not None else count_tokens(data, model)
     rows = len(df)
     tokens = int(df["tokens"].sum()) if rows else 0
     trained = int(df["trained_tokens"].sum()) if rows else 0
@@ -243,7 +255,8 @@ def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]],
     return est
 
 
-def estimate_eval_cost(eval_path: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, max_tokens: int = 32,
+@renamed(eval_path="data")
+def estimate_eval_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, max_tokens: int = 32,
                        price: Price | Mapping[str, Any] | None = None, max_usd: float | None = None, *,
                        samples_per_row: int = 1, prices: Mapping[str, Any] | None = None) -> EvalCostEstimate:
     """Price an eval before it runs: each row's generation prompt at prefill price plus up to
@@ -257,7 +270,7 @@ def estimate_eval_cost(eval_path: str | os.PathLike | Iterable[Mapping[str, Any]
     row = _resolve_price(model, price, prices)
     if row.prefill is None or row.sample is None:
         raise UnknownPrice(f"No sampling price is known for {model!r}: cannot bound the cost of an eval.")
-    df = count_prompt_tokens(eval_path, model)
+    df = count_prompt_tokens(data, model)
     rows = len(df)
     prompt = int(df["prompt_tokens"].sum()) * samples_per_row if rows else 0
     out = rows * max_tokens * samples_per_row
@@ -408,7 +421,7 @@ def prices_frame():
     import pandas as pd
 
     table = {**PRICES, **_OVERRIDES}
-    return pd.DataFrame([{"model": m, **p.as_dict()} for m, p in sorted(table.items())],
+    return pd.DataFrame([{"model": m, **p.to_dict()} for m, p in sorted(table.items())],
                         columns=["model", "prefill", "cached_prefill", "sample", "train", "source", "date"])
 
 

@@ -115,7 +115,7 @@ def test_overlap_with_the_eval_file(tmp_path):
         {"messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "What is 47 plus 15?"},
                       {"role": "assistant", "content": "answer: 62"}]},
     ])
-    r = validate(train, INKLING, eval_path=evals)
+    r = validate(train, INKLING, eval_data=evals)
     assert codes(r) == [(2, "eval_overlap"), (3, "eval_overlap_question")]
     assert not r.ok
 
