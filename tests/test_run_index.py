@@ -172,7 +172,7 @@ def test_bad_files_are_reported_on_every_load(ws):
         with pytest.warns(SkippedFiles, match=r"(?s)skipped 2 run file\(s\).*loose.json.*broken.json:1"):
             mnb.load_runs(ws, index=True)
     with pytest.raises(mnb.MachineFormatError, match="loose.json"):  # the first, in folder order
-        mnb.load_runs(ws, strict=True)
+        mnb.load_runs(ws, on_error="raise")
     some = next(p for p in run_files(ws) if p.parent.name == "support" and p != bad)
     bad.write_text(json.dumps({**json.loads(some.read_text()), "id": "broken"}))
     with pytest.warns(SkippedFiles, match="skipped 1 run file"):  # the fixed file is read again

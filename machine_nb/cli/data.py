@@ -35,8 +35,8 @@ def _print_frame(df, columns: list[str], as_json: bool) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from ..frames import load_runs
 
-    df = load_runs(args.workspace, args.machine, strict=args.strict, index=False if args.no_index else None,
-                   check=args.check)
+    df = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn",
+                   index=False if args.no_index else None, check=args.check)
     if args.limit:
         df = df.head(args.limit)
     cols = _RUN_TABLE + (["input", "output", "case", "rubric", "cost_usd", "final"] if args.json else [])
@@ -81,7 +81,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..jsonl import write_jsonl
     from ..select import select_runs
 
-    runs = load_runs(args.workspace, args.machine, strict=args.strict)
+    runs = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn")
     kw = {}
     if args.rubric is not None:
         kw["rubric"] = None if args.rubric == "any" else args.rubric

@@ -13,9 +13,12 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MachineFormatError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Machine's store.ts: each "/"-separated segment of a machine, run or session name.
 SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -62,6 +65,33 @@ def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 
     listed = "\n".join(f"  {e}" for e in errors[:20])
     more = f"\n  … and {len(errors) - 20} more" if len(errors) > 20 else ""
     warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
+
+
+ON_ERROR = ("raise", "warn", "skip")
+
+
+def on_error_policy(on_error: str, strict: bool | None, fn: str) -> str:
+    """The bad-file policy of a reader that once took `strict=`.
+
+    Args:
+        on_error: "raise", "warn" or "skip".
+        strict: the older flag (None: not given): True is "raise", False is "warn"; giving it
+            warns, and giving it with an on_error other than "warn" is a TypeError.
+        fn: the reader's name, for the messages.
+
+    Returns:
+        The policy.
+    """
+    if strict is not None:
+        if on_error != "warn":
+            raise TypeError(f"{fn}() got both strict= and on_error=: pass only on_error")
+        warnings.warn(f"{fn}(strict=…) is now {fn}(on_error=…): strict=True is on_error='raise', strict=False "
+                      "on_error='warn'; the old name will be removed in a later release", DeprecationWarning,
+                      stacklevel=3)
+        on_error = "raise" if strict else "warn"
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
+    return on_error
 
 
 def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3):
@@ -379,18 +409,30 @@ def read_run(path: str | os.PathLike, machine: str | None = None) -> dict:
     return check_run(read_json(path), path, machine)
 
 
-def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
-              skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[str, dict]]:
-    """Yield `(path, run)` for every run file of a workspace (or of one machine and its descendants).
+def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
+              skipped: list[MachineFormatError] | None = None, strict: bool | None = None
+              ) -> Iterator[tuple[str, dict]]:
+    """Every run file of a workspace (or of one machine and its nested machines), parsed and checked.
 
-    strict: False (default, so one bad file does not hide hundreds of good ones) collects each bad
-    or misplaced file as a MachineFormatError in `skipped`; True raises the first one.
+    Args:
+        workspace: the workspace root (or its `.machine` folder).
+        machine: only this machine and its nested machines (default None: all).
+        on_error: what a bad or misplaced file does: "warn" (default: skipped, so one bad file
+            does not hide hundreds of good ones, and listed in one SkippedFiles warning at the
+            end), "skip" (skipped silently) or "raise" (the first one's MachineFormatError).
+        skipped: a list that collects each skipped file's MachineFormatError (default None).
+        strict: the older name: True is on_error="raise", False "warn" (warns).
+
+    Returns:
+        An iterator of (path, run record).
     """
+    on_error = on_error_policy(on_error, strict, "iter_runs")
     top = root = machine_dir(workspace) / "runs"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     prefix = "" if machine is None else machine + "/"
     errors = [] if skipped is None else skipped
+    start = len(errors)
     for path, folder, problem in iter_named_files(root, within=top):
         if machine is not None:
             folder = machine if folder is None else prefix + folder
@@ -400,24 +442,38 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
                 raise MachineFormatError(path, problem, field="machine")
             yield path, read_run(path, folder)
         except MachineFormatError as exc:
-            if strict:
+            if on_error == "raise":
                 raise
             errors.append(exc)
+    if on_error == "warn":
+        warn_skipped("run file(s)", errors[start:])
 
 
 # ---------------------------------------------------------------------------------------------
 # Sessions and events
 
 
-def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False):
+def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
+                  strict: bool | None = None) -> pd.DataFrame:
     """Named chat sessions as a DataFrame, newest first.
 
-    Columns: machine, name, n_messages, updated_at (UTC datetime; NaT, with a warning naming the
-    file, when `updatedAt` does not parse), messages (list of Machine
-    Messages), path, session (the parsed record). A Session is `{machine, name, messages,
-    updatedAt}` (store.ts). Bad files are skipped with one SkippedFiles warning (strict=True raises).
+    A Session is Machine's `{machine, name, messages, updatedAt}` record.
+
+    Args:
+        workspace: the workspace root (or its `.machine` folder).
+        machine: only this machine's sessions and its nested machines' (default None: all).
+        on_error: what a bad file does: "warn" (default: skipped, listed in one SkippedFiles
+            warning), "skip" (skipped silently) or "raise" (its MachineFormatError).
+        strict: the older name: True is on_error="raise", False "warn" (warns).
+
+    Returns:
+        A DataFrame with columns machine, name, n_messages, updated_at (UTC datetime; NaT, with a
+        warning naming the file, when `updatedAt` does not parse), messages (list of Machine
+        Messages), path, session (the parsed record).
     """
     import pandas as pd
+
+    on_error = on_error_policy(on_error, strict, "load_sessions")
 
     top = root = machine_dir(workspace) / "sessions"
     if machine is not None:
@@ -444,14 +500,15 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
             if updated is not None and not isinstance(updated, str):
                 raise MachineFormatError(path, "expected an ISO time string", field="updatedAt")
         except MachineFormatError as exc:
-            if strict:
+            if on_error == "raise":
                 raise
             errors.append(exc)
             continue
         msgs = s.get("messages", [])
         rows.append({"machine": folder, "name": name, "n_messages": len(msgs), "updated_at": updated,
                      "messages": msgs, "path": str(path), "session": s})
-    warn_skipped("session file(s)", errors)
+    if on_error == "warn":
+        warn_skipped("session file(s)", errors)
     cols = ["machine", "name", "n_messages", "updated_at", "messages", "path", "session"]
     df = pd.DataFrame(rows, columns=cols)
     df["updated_at"] = parse_times(list(df["updated_at"]),
@@ -483,7 +540,8 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
                 err = MachineFormatError(path, f"an event must be a JSON object, got {type(ev).__name__}", line=line)
                 if on_error == "raise":
                     raise err
-                warn_skipped("event line(s)", [err], stacklevel=2)
+                if on_error == "warn":
+                    warn_skipped("event line(s)", [err], stacklevel=2)
                 continue
             key = next((k for k in _TIME_KEYS if ev.get(k) is not None), None)
             rows.append({"line": line,
