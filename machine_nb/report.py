@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .compat import renamed
 from .jsonl import atomic_write_text
 from .redact import REDACTED, is_secret_name, scrub, secret_values  # noqa: F401  (the rule's home)
 
@@ -265,21 +266,35 @@ def _redacted_error(exc: BaseException, secrets: list[str]) -> BaseException | N
     return RuntimeError(f"{type(exc).__name__}: {text}") if n else None
 
 
+@renamed(progress_bar="progress")
 def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = None,
                output: str | os.PathLike | None = None, *, kernel_name: str = "python3",
-               cwd: str | os.PathLike | None = None, progress_bar: bool = True,
+               cwd: str | os.PathLike | None = None, progress: bool | None = None,
                timeout: float | None = None) -> Report:
-    """Execute `notebook` with `parameters` and write `<output>.html` and `<output>.ipynb`, redacted,
-    with local paths written relative to the notebook's folder or as `~/…` (this module's docstring).
+    """Execute a notebook with parameters and write a shareable report: `<output>.html` and
+    `<output>.ipynb`, redacted, with local paths written relative to the notebook's folder or as
+    `~/…` (this module's docstring).
 
-    output: the HTML path; default `reports/<notebook stem>.html` under the current directory.
-    The executed notebook lands next to it with the same stem (never over `notebook` itself:
-    ValueError). cwd: the kernel's working directory; default the notebook's own folder (as
-    Jupyter and nbval run it), so relative paths in the notebook mean the same everywhere.
-    timeout: per-cell limit in seconds (default None: none).
-    A missing notebook is a FileNotFoundError before anything is created. A failing cell still
-    writes both files (the error shows in place) and then raises papermill's
-    PapermillExecutionError, its text redacted. A Ctrl-C writes nothing and re-raises.
+    Args:
+        notebook: the notebook to run (never overwritten).
+        parameters: values injected after the cell tagged `parameters` (default None: none).
+        output: the HTML path; default None: `reports/<notebook stem>.html` under the current
+            directory. The executed notebook lands next to it with the same stem.
+        kernel_name: the Jupyter kernel (default "python3").
+        cwd: the kernel's working directory; default None: the notebook's own folder (as Jupyter
+            and nbval run it), so relative paths in the notebook mean the same everywhere.
+        progress: papermill's progress bar over cells (default None: on unless
+            MACHINE_NB_PROGRESS=0).
+        timeout: per-cell limit in seconds (default None: none).
+
+    Returns:
+        A Report (notebook, html, executed, wall_s, redactions).
+
+    Raises:
+        FileNotFoundError: a missing notebook, before anything is created.
+        ValueError: the executed notebook would overwrite `notebook`.
+        PapermillExecutionError: a failing cell, its text redacted, after both files are written
+            (the error shows in place). A Ctrl-C writes nothing and re-raises.
     """
     import papermill
 
@@ -303,7 +318,8 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         try:
             papermill.execute_notebook(
                 str(notebook), memory, parameters=parameters, kernel_name=kernel_name,
-                cwd=str(cwd or notebook.parent), progress_bar=progress_bar,
+                cwd=str(cwd or notebook.parent),
+                progress_bar=progress if progress is not None else os.environ.get("MACHINE_NB_PROGRESS", "1") != "0",
                 **({"execution_timeout": timeout} if timeout else {}))
         except Exception as exc:  # keep going: the partial notebook shows where it failed
             error = exc
