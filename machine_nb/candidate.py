@@ -68,7 +68,11 @@ class Gate:
     alpha: float | None = 0.05
 
     def describe(self) -> str:
-        """The rule in plain words."""
+        """The rule in plain words.
+
+        Returns:
+            One sentence: "A candidate passes when …".
+        """
         parts = ["it loses no held-out case the live version gets right" if self.max_losses == 0 else
                  f"it loses at most {self.max_losses} held-out case(s) the live version gets right",
                  "its held-out accuracy is above the live version's" if self.min_delta == 0 else
@@ -79,7 +83,14 @@ class Gate:
         return "A candidate passes when " + ", ".join(parts[:-1]) + " and " + parts[-1] + "."
 
     def decide(self, report: "CandidateReport") -> tuple[bool, str]:
-        """(passed, reason): the reason names every part of the rule that failed, or the numbers that passed."""
+        """Decide a candidate by this rule.
+
+        Args:
+            report: the CandidateReport to decide on.
+
+        Returns:
+            (passed, reason): the reason names every part of the rule that failed, or the numbers that passed.
+        """
         from .stats import min_discordant_for
 
         r = report
@@ -147,19 +158,38 @@ class CandidateReport:
 
     @property
     def n_cases(self) -> int:
+        """How many held-out cases were measured.
+
+        Returns:
+            The number of rows of `cases`.
+        """
         return len(self.cases)
 
     @property
     def delta(self) -> float:
+        """The candidate's accuracy minus the live version's.
+
+        Returns:
+            The difference (0.1 = ten points better).
+        """
         return self.candidate_accuracy - self.live_accuracy
 
     @property
-    def flipped(self):
-        """The cases that changed (wins and losses)."""
+    def flipped(self) -> pd.DataFrame:
+        """The cases that changed (wins and losses).
+
+        Returns:
+            The rows of `cases` whose change is not "tie".
+        """
         return self.cases[self.cases["change"] != "tie"].reset_index(drop=True)
 
     def to_dict(self) -> dict:
-        """The numbers and the per-case table as plain data (e.g. for a report's JSON)."""
+        """The numbers and the per-case table as plain data (e.g. for a report's JSON).
+
+        Returns:
+            machine, live, candidate, trials, n_cases, live_accuracy, candidate_accuracy, delta, wins,
+            ties, losses, p_value, trained_on_holdout, cases (records).
+        """
         return {"machine": self.machine, "live": self.live_name, "candidate": self.candidate_name,
                 "trials": self.trials, "n_cases": self.n_cases, "live_accuracy": self.live_accuracy,
                 "candidate_accuracy": self.candidate_accuracy, "delta": self.delta, "wins": self.wins,
@@ -237,7 +267,18 @@ def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout:
 
 
 def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, *, committed: str | None = None) -> str:
-    """The report as HTML: the decision and rule, the numbers, the cases that flipped."""
+    """The report as HTML: the decision and rule, the numbers, the cases that flipped.
+
+    Args:
+        report: the CandidateReport.
+        gate: the rule it was decided by.
+        passed: the decision.
+        reason: the gate's sentence.
+        committed: the version id it was committed as (default None: not committed).
+
+    Returns:
+        An HTML fragment (the palette of machine_nb.theme: light and dark themes).
+    """
     def escape(value: Any) -> str:
         return "" if value is None or (isinstance(value, float) and value != value) else html.escape(str(value))
 
@@ -289,8 +330,18 @@ def _now() -> str:
 
 @contextlib.contextmanager
 def versions_lock(workspace: str | os.PathLike, machine: str) -> Iterator[None]:
-    """The lock every commit and revert of one machine holds. It lives in the workspace's private
-    `.machine/` store, not beside the checked-in definition, so no lock file shows up in a diff."""
+    """The lock every commit and revert of one machine holds.
+
+    It lives in the workspace's private `.machine/` store, not beside the checked-in definition,
+    so no lock file shows up in a diff.
+
+    Args:
+        workspace: the workspace.
+        machine: the machine's name.
+
+    Returns:
+        A context manager holding the lock.
+    """
     from .store.workspace import machine_dir, name_segments
 
     d = machine_dir(workspace) / "locks"
@@ -336,10 +387,14 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
     instructions) back at it, under the same lock as commits.
 
     Args:
-        workspace, machine: the machine whose live version steps back.
+        workspace: the workspace.
+        machine: the machine whose live version steps back.
 
     Returns:
-        The restored version's entry. Raises ValueError when the live version is the first one.
+        The restored version's entry.
+
+    Raises:
+        ValueError: the live version is the first one.
     """
     d = machine_path(workspace, machine)
     with versions_lock(workspace, machine):
@@ -392,7 +447,7 @@ class Candidate:
     committed: str | None = None
 
     def commit(self, force: bool = False, note: str | None = None) -> dict:
-        """Make this candidate the machine's live version; returns the new versions.json entry.
+        """Make this candidate the machine's live version.
 
         Appends `{id: "v<N+1>", instructions, model: checkpoint, baseModel, rubricFingerprint,
         createdAt, source: {kind: "train", candidate, checkpoint}, report, live: true}` to
@@ -403,9 +458,13 @@ class Candidate:
             force: commit even though the gate refused (default False). Recorded as `forced`.
             note: a note kept in the entry's source (default None).
 
-        Raises CommitRefused (with `.reason` and `.report`) when the gate did not pass and force
-        is False, and CommitConflict when the live version changed since the measurement or this
-        candidate is already committed; either way nothing is written.
+        Returns:
+            The new versions.json entry.
+
+        Raises:
+            CommitRefused: (with `.reason` and `.report`) the gate did not pass and force is False.
+            CommitConflict: the live version changed since the measurement, or this candidate is
+                already committed. Either way nothing is written.
         """
         if self.committed:
             raise CommitConflict(f"candidate {self.id} is already committed as {self.committed}")
@@ -452,7 +511,27 @@ class Candidate:
         self.committed = entry["id"]
         return entry
 
+    def to_dict(self) -> dict[str, Any]:
+        """The candidate as plain data.
+
+        Returns:
+            {id, workspace, machine, checkpoint, base_model, engine, live_version, passed, reason,
+            committed, gate: {rule, max_losses, min_delta, alpha}, report: CandidateReport.to_dict()
+            or None}.
+        """
+        g = self.gate
+        return {"id": self.id, "workspace": self.workspace, "machine": self.machine, "checkpoint": self.checkpoint,
+                "base_model": self.base_model, "engine": self.engine, "live_version": dict(self.live_version),
+                "passed": self.passed, "reason": self.reason, "committed": self.committed,
+                "gate": {"rule": g.describe(), "max_losses": g.max_losses, "min_delta": g.min_delta, "alpha": g.alpha},
+                "report": None if self.report is None else self.report.to_dict()}
+
     def summary(self) -> str:
+        """The candidate in one line.
+
+        Returns:
+            "Candidate <id> for <machine> (passes|refused: live → candidate accuracy …)".
+        """
         r = self.report
         nums = "" if r is None else (f": {r.live_accuracy:.1%} → {r.candidate_accuracy:.1%} on {r.n_cases} held-out "
                                      f"cases, W/T/L {r.wins}/{r.ties}/{r.losses}")
@@ -496,26 +575,34 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     `.commit()` makes it live.
 
     Args:
-        workspace, machine: the machine (its versions.json, holdout.json, instructions).
-        checkpoint: the sampler path to measure (`tinker://…`; `tinker://local-…` on the local engine). Its base model
-            must be the live version's (ValueError otherwise: another renderer, another model).
+        workspace: the workspace.
+        machine: the machine (its versions.json, holdout.json, instructions).
+        checkpoint: the sampler path to measure (`tinker://…`; `tinker://local-…` on the local
+            engine). Its base model must be the live version's (ValueError otherwise: another
+            renderer, another model).
         trials: samples per case per version (default 1; more only say something at temperature > 0).
         gate: the promotion rule (default `Gate()`: no case lost and a significant gain).
-        engine: default the checkpoint's own (local for tinker://local-…).
+        engine: "local" or "tinker"; default None: the checkpoint's own (local for tinker://local-…).
         grader: for held-out cases that declare no expected answer (see evaluate_cases).
         data: the training data (JSONL path or lines), to check it held no held-out input: such a
             candidate is refused (default None: not checked).
-        max_tokens, temperature, seed, max_usd: as in evaluate (defaults 32, greedy, 0, no budget).
+        max_tokens: the reply budget per case (default 32, as evaluate).
+        temperature: sampling temperature (default 0.0: greedy).
+        seed: the sampling seed (default 0).
+        max_usd: the spending limit in USD for both evaluations (default None: no budget).
         out_dir: also write `live.json`, `candidate.json` (evaluate's results schema) and
             `report.json` here. Default None: nothing is written.
-        progress: progress bars (default None: on in a kernel or terminal unless MACHINE_NB_PROGRESS=0).
+        progress: progress bars (default None: on in a kernel or terminal unless
+            MACHINE_NB_PROGRESS=0).
 
     Returns:
         A Candidate (report, passed, reason; commit() to make it live).
 
-    Raises MachineFormatError for a missing or malformed versions.json or holdout.json (or any
-    other definition file), and ValueError when the checkpoint's base model is not the live
-    version's; both before anything is sampled.
+    Raises:
+        MachineFormatError: a missing or malformed versions.json or holdout.json (or any other
+            definition file), before anything is sampled.
+        ValueError: the checkpoint's base model is not the live version's, before anything is
+            sampled.
     """
     from . import engines
     from .cases import evaluate_cases
@@ -574,8 +661,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
         atomic_write_text(out / "report.json", json.dumps(
             {"candidate": result.id, "checkpoint": result.checkpoint, "base_model": base, "machine": machine,
-             "live_version": live["id"], "gate": {"rule": gate.describe(), "max_losses": gate.max_losses,
-                                                   "min_delta": gate.min_delta, "alpha": gate.alpha},
+             "live_version": live["id"], "gate": result.to_dict()["gate"],
              "passed": passed, "reason": reason, **report.to_dict()}, ensure_ascii=False, indent=1, default=str) + "\n")
     return result
 

@@ -1,6 +1,6 @@
 """Graded runs as fine-tuning data: Machine's `conversation`, `stepExamples`, `wholeRunExample`,
-`trainingLines` and `uniformContent` (seed src/train.ts, src/export.ts), in the chat JSONL shape
-tinker-cookbook's `FromConversationFileBuilder` reads. Which runs to export is decided in
+`trainingLines` and `uniformContent`, in the chat JSONL shape tinker-cookbook's
+`FromConversationFileBuilder` reads. Which runs to export is decided in
 `select.py`; writing the file is `machine_nb.write_jsonl` (atomic).
 
 Pure functions over plain dicts: a Run is Machine's JSON record, a chat message is
@@ -51,9 +51,18 @@ def step_failed(messages: Sequence[dict], i: int, failed: FailedPredicate | None
 
     Works on chat messages (a step is one assistant message with `tool_calls`) and on Machine
     Messages (a step is an assistant message plus the consecutive tool-call messages after it).
-    A call with no result in `messages` counts as not failed. `failed` defaults to
-    `default_failed` (error flag or "Error…" content on the result). Machine's rule: steps whose
-    tool calls all failed are not trained on, but stay in later steps' context.
+    A call with no result in `messages` counts as not failed. Machine's rule: steps whose tool
+    calls all failed are not trained on, but stay in later steps' context.
+
+    Args:
+        messages: the conversation.
+        i: the index of the assistant step.
+        failed: the failed-tool predicate (default None: `default_failed`, an error flag or
+            "Error…" content on the result).
+        results: tool results by call id, when already collected (default None: tool_results).
+
+    Returns:
+        True when the step made calls and all of them failed.
     """
     failed = failed or default_failed
     calls = _step_calls(messages, i)
@@ -72,6 +81,12 @@ def run_case(run: dict) -> str:
 
     Rule used here: `run["case"]` when the record carries one (conversations record the case
     they started from), else `run["input"]`, else "" (a run with no input is its own empty case).
+
+    Args:
+        run: a Run record.
+
+    Returns:
+        The case text.
     """
     case = run.get("case")
     if isinstance(case, str):
@@ -89,9 +104,19 @@ def conversation(run: dict, instructions: str | None = None,
                  failed: FailedPredicate | None = None) -> list[dict]:
     """A run as one chat conversation: the system instructions, its history, its trajectory.
 
-    instructions: the system message; default None uses the run's own `instructions` (what it
-    ran under), and no system message when neither is set. Earlier turns (history) carry no
-    reasoning: harnesses do not send it back across turns. See `to_chat` for tool calls.
+    Earlier turns (history) carry no reasoning: harnesses do not send it back across turns. See
+    `to_chat` for tool calls.
+
+    Args:
+        run: a Run record.
+        instructions: the system message; default None: the run's own `instructions` (what it ran
+            under), and no system message when neither is set.
+        reasoning: True (default) keeps reasoning as thinking parts, a function rewrites it,
+            False/None drops it.
+        failed: the failed-tool predicate (default None: `default_failed`).
+
+    Returns:
+        The chat messages.
     """
     return _conversation(run, instructions, reasoning, failed)[0]
 
@@ -117,15 +142,23 @@ def _last_user(messages: Sequence[dict]) -> int:
 def step_examples(messages: Sequence[dict], *, failed_steps: Sequence[bool] | None = None,
                   keep_step_reasoning: bool = False, skip_failed_steps: bool = True,
                   failed: FailedPredicate | None = None) -> list[list[dict]]:
-    """One example per assistant step after the last user message: the context the model saw
-    at that step, ending with what it produced (trained on the last message only).
+    """One example per assistant step after the last user message: the context the model saw at that
+    step, ending with what it produced (trained on the last message only).
 
-    Messages up to the last user message lose their reasoning; later steps of the same run keep
-    theirs only with `keep_step_reasoning` (default False; training_lines turns it on for
-    harnesses that resend reasoning). Steps whose tool calls all failed are left out
-    (`skip_failed_steps`, default True, so the model is not taught to repeat them) but stay in
-    later steps' context. `failed_steps` (from `to_chat`) says which steps failed; without it
-    `step_failed` judges the chat messages with `failed`.
+    Messages up to the last user message lose their reasoning. Steps whose tool calls all failed
+    are left out, so the model is not taught to repeat them, but stay in later steps' context.
+
+    Args:
+        messages: the chat conversation.
+        failed_steps: which messages are failed steps (from `to_chat`); default None: judged with
+            `step_failed` and `failed`.
+        keep_step_reasoning: later steps of the same run keep their reasoning in context (default
+            False; training_lines turns it on for harnesses that resend reasoning).
+        skip_failed_steps: leave failed steps out as targets (default True).
+        failed: the failed-tool predicate when failed_steps is not given (default None: `default_failed`).
+
+    Returns:
+        The examples, each a list of chat messages.
     """
     last_user = _last_user(messages)
     out = []
@@ -143,10 +176,21 @@ def step_examples(messages: Sequence[dict], *, failed_steps: Sequence[bool] | No
 
 def whole_run_example(messages: Sequence[dict], *, failed_steps: Sequence[bool] | None = None,
                       failed: FailedPredicate | None = None) -> list[dict]:
-    """A whole run as one example: every assistant message after the last user message carries
-    `trainable` (False for steps whose tool calls all failed); other messages carry none, as in
-    Machine's wholeRunExample (a trainer using tinker-cookbook's CUSTOMIZED mode treats a
-    missing flag as False). Messages up to the last user message lose their reasoning."""
+    """A whole run as one example, as Machine's wholeRunExample builds it.
+
+    Every assistant message after the last user message carries `trainable` (False for steps
+    whose tool calls all failed); other messages carry none (a trainer using tinker-cookbook's
+    CUSTOMIZED mode treats a missing flag as False). Messages up to the last user message lose
+    their reasoning.
+
+    Args:
+        messages: the chat conversation.
+        failed_steps: which messages are failed steps (default None: judged with `failed`).
+        failed: the failed-tool predicate (default None: `default_failed`).
+
+    Returns:
+        The example's messages.
+    """
     last_user = _last_user(messages)
     out = []
     for i, m in enumerate(messages):
@@ -159,14 +203,27 @@ def whole_run_example(messages: Sequence[dict], *, failed_steps: Sequence[bool] 
 
 
 def whole_runs_for(base_model: str) -> bool:
-    """Whether a base model's training data can be whole runs: verified by Machine for Inkling's renderer."""
+    """Whether a base model's training data can be whole runs (verified by Machine for Inkling's renderer).
+
+    Args:
+        base_model: the model to be trained.
+
+    Returns:
+        True for Inkling models.
+    """
     return base_model.startswith("thinkingmachines/Inkling")
 
 
 def tool_specs(tools: Iterable[dict] | None) -> list[dict]:
-    """Tools as export-line ToolSpecs `{name, description, parameters}` (parameters = input JSON schema).
+    """Tools as export-line ToolSpecs.
 
-    Accepts Machine tools (`inputSchema`), ToolSpecs, or OpenAI `{type: "function", function: {…}}`."""
+    Args:
+        tools: Machine tools (`inputSchema`), ToolSpecs, or OpenAI `{type: "function", function:
+            {…}}` declarations (None: none).
+
+    Returns:
+        `[{name, description, parameters}]` (parameters: the input JSON schema).
+    """
     out = []
     for t in tools or []:
         f = t.get("function", t) if t.get("type") == "function" else t
@@ -180,7 +237,14 @@ def uniform_content(lines: list[dict]) -> list[dict]:
     message carries parts (reasoning), all parts (a string becomes one text part; "" none).
 
     A dataset loader (Hugging Face `datasets`, which FromConversationFileBuilder uses) needs one
-    type per field across the whole file; mixing strings and part lists breaks it."""
+    type per field across the whole file; mixing strings and part lists breaks it.
+
+    Args:
+        lines: training lines.
+
+    Returns:
+        The lines (copies where content changed).
+    """
     if not any(isinstance(m.get("content"), list) for line in lines for m in line["messages"]):
         return lines
     out = []
@@ -193,7 +257,14 @@ def uniform_content(lines: list[dict]) -> list[dict]:
 
 
 def run_records(runs: Any) -> list[dict]:
-    """Run records from a load_runs DataFrame (its `run` column), a Series/dict row, or Run dicts."""
+    """The Run records of runs in any of the forms the API takes.
+
+    Args:
+        runs: a load_runs DataFrame (its `run` column), a row (Series or dict), or Run dicts.
+
+    Returns:
+        The Run dicts, in order.
+    """
     if hasattr(runs, "columns"):
         return list(runs["run"]) if len(runs) else []
     if hasattr(runs, "to_dict") or (isinstance(runs, dict)):
@@ -281,10 +352,19 @@ def _definition(runs: Any, machine: dict | str | None, workspace: Any) -> dict:
 
 
 def estimate_tokens(lines: Iterable[dict]) -> int:
-    """An ESTIMATE (not a count) of the tokens a training file holds: characters of the messages
-    and tool declarations as compact JSON (JavaScript's JSON.stringify lengths, UTF-16 units),
-    divided by 2.5. A deliberate over-estimate, kept from Machine (about 4 characters per token
-    measured with Qwen3's renderer); exact counts come from `machine_nb.count_tokens`."""
+    """An ESTIMATE (not a count) of the tokens a training file holds, by Machine's rule.
+
+    Characters of the messages and tool declarations as compact JSON (JavaScript's
+    JSON.stringify lengths, UTF-16 units), divided by 2.5: a deliberate over-estimate, kept from
+    Machine (how far it is from exact counts: benchmarks/bench_tokens.py). Exact counts come from
+    `machine_nb.count_tokens`.
+
+    Args:
+        lines: training lines (`messages`, `tools`?).
+
+    Returns:
+        The estimated tokens, rounded up.
+    """
     def units(value: Any) -> int:
         s = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         return len(s) if s.isascii() else len(s.encode("utf-16-le")) // 2
@@ -305,12 +385,26 @@ class HeldOutExcluded(UserWarning):
 
 def case_key(text: Any) -> str:
     """How inputs are compared against held-out cases: whitespace collapsed, lower-cased, stripped
-    (so "What is 2 + 2?" and "what is 2 + 2? " are the same case)."""
+    (so "What is 2 + 2?" and "what is 2 + 2? " are the same case).
+
+    Args:
+        text: the input.
+
+    Returns:
+        The key.
+    """
     return re.sub(r"\s+", " ", str(text)).strip().lower()
 
 
 def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
-    """The case keys of held-out cases given as strings, `{input}` dicts or a load_cases frame."""
+    """The case keys of held-out cases.
+
+    Args:
+        exclude: strings, `{input}` dicts or a load_cases frame (None: none).
+
+    Returns:
+        The set of case_key values.
+    """
     if exclude is None:
         return set()
     if hasattr(exclude, "columns") and "input" in exclude:
@@ -319,7 +413,15 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
 
 
 def say_excluded(n: int, total: int, what: str, source: str, stacklevel: int = 3) -> None:
-    """One HeldOutExcluded warning saying how many of `total` were left out and why."""
+    """One HeldOutExcluded warning saying how many of `total` were left out and why (none when n is 0).
+
+    Args:
+        n: how many were left out.
+        total: how many there were.
+        what: what they are ("run(s)", "tagged row(s)", …).
+        source: where the held-out cases came from.
+        stacklevel: the warning's stack level (default 3: the caller's caller).
+    """
     if n:
         import warnings
 

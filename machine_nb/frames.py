@@ -30,7 +30,7 @@ score: scorecard.total (NaN when unscored). rubric: scorecard.rubric (the rubric
 started_at, finished_at: UTC datetimes (NaT when empty or unparseable). duration_s: their gap.
 n_messages: history + trajectory messages (the rows `messages()` gives for the run).
 n_tool_calls: assistant tool-call messages; n_failed_tool_calls: those whose result failed
-(export.default_failed unless `failed=` is given).
+(store.messages.default_failed unless `failed=` is given).
 input_tokens, output_tokens, cost_usd: from `usage` (NaN when absent).
 version, instructions: what the run was made under (None when not recorded).
 final: False only for a non-final turn of a conversation (`conversation.final` false).
@@ -333,6 +333,13 @@ def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
     itself writes them: only `source`, `<id>.json`) tags the run with that id when exactly one
     run among `runs` has it; when several machines have a run with that id, it tags none of them
     and a warning lists it, since it cannot say which.
+
+    Args:
+        runs: a load_runs frame (its `machine` and `id` columns).
+        store: the tag store directory.
+
+    Returns:
+        One list of tags per row, in row order.
     """
     import warnings
 
@@ -366,11 +373,16 @@ def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
 def load_records(runs: Any) -> list[dict]:
     """The Run records of a runs frame's rows (or of one row), in row order, read on demand.
 
-    runs: a load_runs DataFrame (or any selection of one, e.g. `picker.selected`), a row, or Run
-          dicts. Rows of an indexed frame are read from their run files now (their `run` column
-          is lazy); otherwise the records the frame holds are returned. A frame without a `run`
-          column is read from its `path` column.
-    Returns: a list of Run dicts.
+    Rows of an indexed frame are read from their run files now (their `run` column is lazy);
+    otherwise the records the frame holds are returned. A frame without a `run` column is read
+    from its `path` column.
+
+    Args:
+        runs: a load_runs DataFrame (or any selection of one, e.g. `picker.selected`), a row, or
+            Run dicts.
+
+    Returns:
+        A list of Run dicts.
     """
     from .store.records import load_run_records
 
@@ -379,15 +391,19 @@ def load_records(runs: Any) -> list[dict]:
     return run_records(runs)
 
 
-def messages(runs: Any, *, failed: FailedPredicate | None = None):
+def messages(runs: Any, *, failed: FailedPredicate | None = None) -> pd.DataFrame:
     """One row per message of the given runs (history first, then trajectory), in order.
 
-    runs: a load_runs DataFrame, one of its rows, a Run dict, or a list of Run dicts.
-    Columns: run_id, machine, index (0-based within the run), role, content, reasoning,
-    tool_name (`name`), tool_call_id, tool_input (the call's arguments, as stored),
-    is_tool_call (an assistant tool-call message), failed (for a tool call: its result failed;
-    for a tool result: it is a failure; judged by `failed`, default export.default_failed;
-    False otherwise), in_history (the message came from `history`, an earlier turn).
+    Args:
+        runs: a load_runs DataFrame, one of its rows, a Run dict, or a list of Run dicts.
+        failed: the failed-tool predicate (default None: store.messages.default_failed).
+
+    Returns:
+        A DataFrame with MESSAGE_COLUMNS: run_id, machine, index (0-based within the run), role,
+        content, reasoning, tool_name (`name`), tool_call_id, tool_input (the call's arguments, as
+        stored), is_tool_call (an assistant tool-call message), failed (for a tool call: its result
+        failed; for a tool result: it is a failure; judged by `failed`; False otherwise),
+        in_history (the message came from `history`, an earlier turn).
     """
     import pandas as pd
 

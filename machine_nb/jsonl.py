@@ -4,8 +4,9 @@ never interleave or lose a row.
 
 Reading streams (one line in memory at a time), so a 100,000-row file costs no more than its
 longest line. A value nested deeper than MAX_DEPTH is a bad line like any other (the same on every
-call stack, where Python's own recursion limit would depend on how deep the caller already is). The lock is a sidecar file (`.<name>.lock`) rather than the data file itself, so a
-rewrite (temp + rename, e.g. undoing a tag) and appends exclude each other too.
+call stack, where Python's own recursion limit would depend on how deep the caller already is).
+The lock is a sidecar file (`.<name>.lock`) rather than the data file itself, so a rewrite
+(atomic_replace, e.g. undoing a tag) and appends exclude each other too.
 """
 
 from __future__ import annotations
@@ -38,10 +39,16 @@ class SkippedLines(UserWarning):
 
 
 def json_error_reason(exc: json.JSONDecodeError) -> str:
-    """The reason of a JSON syntax error in one phrase: "invalid JSON: <what> at column <n>".
+    """The reason of a JSON syntax error in one phrase.
 
     The parser's messages may end in "at" already ("Unterminated string starting at"), so the
     column is appended without doubling the word.
+
+    Args:
+        exc: the json module's error.
+
+    Returns:
+        "invalid JSON: <what> at column <n>".
     """
     what = exc.msg.rstrip(": ")
     what = what[:-3] if what.endswith(" at") else what
@@ -158,13 +165,23 @@ def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: i
 
 def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
                skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[int, Any]]:
-    """Yield `(line_number, value)` for each non-blank line of a JSONL file (1-based).
+    """The values of a JSONL file, one line at a time, numbered.
 
-    on_error: "raise" (default) raises MachineFormatError at the first bad line; "warn" skips bad
-    lines and issues one SkippedLines warning listing them at the end; "skip" skips them silently
-    but appends each error to `skipped` when given. Bad lines are non-UTF-8 bytes, invalid JSON,
-    values nested deeper than MAX_DEPTH, and a truncated last line (no newline at the end and not
-    valid JSON).
+    Bad lines are non-UTF-8 bytes, invalid JSON, values nested deeper than MAX_DEPTH, and a
+    truncated last line (no newline at the end and not valid JSON). Blank lines are skipped.
+
+    Args:
+        path: the JSONL file.
+        on_error: "raise" (default) raises MachineFormatError at the first bad line; "warn" skips
+            bad lines and issues one SkippedLines warning listing them at the end; "skip" skips them
+            silently.
+        skipped: a list each skipped line's MachineFormatError is appended to (default None).
+
+    Returns:
+        An iterator of (1-based line number, value).
+
+    Raises:
+        MachineFormatError: a missing file, or (on_error "raise") the first bad line.
     """
     path = Path(path)
     errors: list[MachineFormatError] = [] if skipped is None else skipped
@@ -194,12 +211,27 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
 
 
 def read_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> list[Any]:
-    """All values of a JSONL file, in order (see iter_jsonl for on_error)."""
+    """All values of a JSONL file, in order.
+
+    Args:
+        path: the JSONL file.
+        on_error: what a bad line does (default "raise"; see iter_jsonl).
+
+    Returns:
+        The values.
+    """
     return [value for _, value in iter_jsonl(path, on_error=on_error)]
 
 
 def dumps_line(value: Any) -> str:
-    """One JSONL line (no newline): compact separators, non-ASCII kept as is, like JSON.stringify."""
+    """One JSONL line, as JSON.stringify writes it: compact separators, non-ASCII kept as is.
+
+    Args:
+        value: a JSON-able value.
+
+    Returns:
+        The line, without its newline.
+    """
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -270,7 +302,14 @@ def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike) -> Iterator[Path]:
-    """Hold the exclusive lock that appends and rewrites of `path` share."""
+    """Hold the exclusive lock that appends and rewrites of a file share.
+
+    Args:
+        path: the data file (the lock is a sidecar `.<name>.lock` beside it; folders are created).
+
+    Returns:
+        A context manager yielding `path` as a Path while the lock is held.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(f".{path.name}.lock")

@@ -69,7 +69,11 @@ class PreferencePairs(pd.DataFrame):
         return PreferencePairs
 
     def skipped_counts(self) -> pd.Series:
-        """How many were skipped for each reason (most first)."""
+        """How many were skipped for each reason.
+
+        Returns:
+            A Series: reason -> count, most first.
+        """
         reasons = [s["reason"] for s in (getattr(self, "skipped", None) or [])]
         return pd.Series(reasons, dtype="object").value_counts().rename_axis("reason").rename("skipped")
 
@@ -79,10 +83,17 @@ class PreferencePairs(pd.DataFrame):
 
 
 def split_reply(messages: list[dict]) -> tuple[list[dict], dict] | None:
-    """(the messages before the last assistant reply, that reply), or None when there is none.
+    """A conversation split at its last assistant reply.
 
     A reply is an assistant message with text and no tool calls; what follows it is not part of
     the pair.
+
+    Args:
+        messages: chat messages.
+
+    Returns:
+        (the messages before the reply, the reply), both as pairs keep messages; None when there
+        is no reply.
     """
     at = max((i for i, m in enumerate(messages) if is_reply(m)), default=-1)
     if at < 0:
@@ -382,8 +393,8 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
     held-out pairs: a measure of whether a checkpoint prefers the answer to what the base model says.
 
     Args:
-        results: an `evaluate` / `evaluate_cases` DataFrame, or the path of a results JSON (its
-            rows carry the exact prompt messages).
+        results: an `evaluate` / `evaluate_cases` result (an EvalResult or its rows frame), or the
+            path of a results JSON (its rows carry the exact prompt messages).
         instructions: for a DataFrame, the system message of the prompt (`[system, user: input]`,
             as `evaluate_cases` prompts); default None: none. Ignored when rows carry messages.
         machine: recorded in the `machine` column (default None).
@@ -399,7 +410,8 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
             raise MachineFormatError(path, "not a results JSON (no 'rows' list)", field="rows")
         rows = data["rows"]
     else:
-        rows = results.to_dict("records")
+        frame = getattr(results, "rows", None)  # an EvalResult's rows
+        rows = (frame if hasattr(frame, "columns") else results).to_dict("records")
     out = _Collector(set())
     system = [{"role": "system", "content": instructions}] if instructions else []
     for i, r in enumerate(rows):

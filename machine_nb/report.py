@@ -41,13 +41,31 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 @dataclass
 class Report:
-    """Where a report went and how long it took."""
+    """Where a report went and how long it took.
+
+    notebook: the notebook run. html: the HTML report written. executed: the executed notebook
+    written beside it. wall_s: seconds the run took. redactions: secrets replaced.
+    """
 
     notebook: Path
     html: Path
     executed: Path
     wall_s: float
     redactions: int
+
+    @property
+    def path(self) -> Path:
+        """The HTML report written (the file to share)."""
+        return self.html
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data.
+
+        Returns:
+            {notebook, html, executed (paths as strings), wall_s, redactions}.
+        """
+        return {"notebook": str(self.notebook), "html": str(self.html), "executed": str(self.executed),
+                "wall_s": self.wall_s, "redactions": self.redactions}
 
     def _repr_html_(self) -> str:
         return (f"<p>Report: <code>{self.html}</code> (executed notebook <code>{self.executed}</code>), "
@@ -178,6 +196,12 @@ def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
     was first shown in: the live output goes whole, its stale text with it ("LossPlot: no metrics
     yet" beside the final curve). Outputs with nothing but a widget view (a third-party widget)
     keep it, with a text note, so nothing silently disappears.
+
+    Args:
+        nb: the notebook as a dict (nbformat 4 JSON), changed in place.
+
+    Returns:
+        The same notebook.
     """
     nb.get("metadata", {}).pop("widgets", None)
     cells = nb.get("cells", [])
@@ -203,7 +227,14 @@ def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_html(notebook_json: str) -> str:
-    """A self-contained HTML page of an executed notebook's JSON text (images embedded)."""
+    """A self-contained HTML page of an executed notebook (images embedded), by nbconvert.
+
+    Args:
+        notebook_json: the notebook's JSON text.
+
+    Returns:
+        The HTML page.
+    """
     import nbformat
     from nbconvert import HTMLExporter
 

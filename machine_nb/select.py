@@ -1,15 +1,18 @@
-"""Which runs are worth training on: Machine's `selectRuns` (seed src/train.ts) over a load_runs
-DataFrame. Turning the selected runs into training lines is `export.training_lines`.
+"""Which runs are worth training on: Machine's `selectRuns` over a load_runs DataFrame. Turning
+the selected runs into training lines is `export.training_lines`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .export import held_out_keys, case_key, run_case, run_records, say_excluded
 from .store.workspace import resolve_machine
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _UNSET: Any = object()
 
@@ -41,29 +44,39 @@ def _candidates(runs: Any, machine: str, min_score: float, rubric: str | None, m
 def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
                 instructions: str | None = _UNSET, min_score: float = 1, best_of: int = 2,
                 exclude: Iterable[Any] | None = None, models: Iterable[str] | None = None,
-                workspace: str | os.PathLike | None = None):
-    """Graded runs worth training on: scored under the current rubric, at least min_score, the best
-    few per case (Machine's selectRuns). Returns the kept rows of `runs` (a load_runs DataFrame),
-    grouped by case in order of first appearance, best first then newest (higher id) in each.
+                workspace: str | os.PathLike | None = None) -> pd.DataFrame | list[dict]:
+    """Graded runs worth training on, by Machine's selectRuns: scored under the current rubric, at
+    least min_score, the best few per case.
 
-    machine: a name (its definition is read from `workspace`, else the workspace the runs were
-             loaded from) or a definition dict (`name`, `rubric`, `instructions`, `tools`,
-             `holdout`, as load_machine returns).
-    rubric: the rubric fingerprint runs must be scored under; default the machine's. None keeps
-            runs under any rubric (only when you know the rubric did not change).
-    instructions: runs that recorded other instructions are left out (not, say, an optimizer's
-            rewrite); default the machine's; None disables the check.
-    min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
-    best_of: keep at most this many runs per case, best first (then newest). Default 2.
-    exclude: cases never to train on, matched against a run's case and its input (strings, or
-             `{input}` case dicts; compared as `export.case_key` does: whitespace and case aside).
-             Default None = the machine's holdout cases (holdout.json is never shown to a
-             trainer); pass `()` to exclude nothing. Runs left out this way are counted in one
-             `HeldOutExcluded` warning.
-    models: only runs by these models, when given (e.g. the live model, for rejection sampling).
-    Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final
-    turns of a conversation. `training_lines` resolves the same definition itself (pass it the same
-    `machine` and `workspace`).
+    Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final turns
+    of a conversation.
+
+    Args:
+        runs: a load_runs DataFrame (or Run dicts).
+        machine: a name (its definition read with store.workspace.resolve_machine from
+            `workspace`, else the workspace the runs were loaded from; a machine without a
+            checked-in definition is known by name only) or a definition dict (`name`, `rubric`,
+            `instructions`, `tools`, `holdout`, as load_machine returns).
+        rubric: the rubric fingerprint runs must be scored under; default: the machine's. None
+            keeps runs under any rubric (only when you know the rubric did not change).
+        instructions: runs that recorded other instructions are left out (not, say, an optimizer's
+            rewrite); default: the machine's; None disables the check.
+        min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
+        best_of: keep at most this many runs per case, best first (then newest). Default 2.
+        exclude: cases never to train on, matched against a run's case and its input (strings, or
+            `{input}` case dicts; compared as `export.case_key` does: whitespace and case aside).
+            Default None: the machine's holdout cases (holdout.json is never shown to a trainer);
+            `()` excludes nothing. Runs left out this way are counted in one HeldOutExcluded warning.
+        models: only runs by these models, when given (e.g. the live model, for rejection sampling).
+        workspace: where a machine given by name is defined (default None: the runs' workspace).
+
+    Returns:
+        The kept rows of `runs` (the same columns), grouped by case in order of first appearance,
+        best first then newest (higher id) in each; a list of records for a list. `training_lines`
+        resolves the same definition itself (pass it the same `machine` and `workspace`).
+
+    Raises:
+        ValueError: no rubric fingerprint is known (pass rubric=), or a definition dict without a name.
     """
     if isinstance(machine, dict) and not isinstance(machine.get("name"), str):
         raise ValueError("a machine definition dict needs a 'name'")

@@ -24,7 +24,7 @@ from .jsonl import iter_jsonl
 if TYPE_CHECKING:
     import pandas as pd
 
-CHARS_PER_TOKEN = 2.5  # Machine's deliberate over-estimate (~4 chars/token measured with Qwen3)
+CHARS_PER_TOKEN = 2.5  # Machine's deliberate over-estimate (how far off it is: benchmarks/bench_tokens.py)
 PROGRESS_MIN_ROWS = 2000  # show a progress bar past this many rows
 
 COLUMNS = ["line", "tokens", "trained_tokens", "exact", "error"]
@@ -108,6 +108,14 @@ def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
     message (the cookbook's renderers assert all or none), as chat.trainable_flags gives them. An
     explicit CUSTOMIZED applies the same rule; any other explicit mode drops the flags (the
     renderers assert none is present).
+
+    Args:
+        messages: the row's messages.
+        train_on_what: the cookbook's TrainOnWhat or its value (default None: sft's choice).
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        (messages as the cookbook gets them, the TrainOnWhat).
     """
     from tinker_cookbook.renderers import TrainOnWhat
 
@@ -123,9 +131,19 @@ def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
 
 def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
                whole_run: bool = False) -> tuple[int, int]:
-    """(tokens, trained_tokens) of one conversation through the renderer, as `train.sft` renders it.
+    """One conversation's token counts through the renderer, as `train.sft` renders it.
 
-    Raises whatever the renderer raises for a conversation it cannot render (callers report it).
+    Args:
+        renderer: the model's tinker-cookbook renderer.
+        messages: the row's messages.
+        train_on_what: the cookbook's TrainOnWhat (default None: sft's choice, see sft_view).
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        (tokens, trained tokens: those with loss weight > 0).
+
+    Raises:
+        Whatever the renderer raises for a conversation it cannot render (callers report it).
     """
     msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
     model_input, weights = renderer.build_supervised_example(msgs, train_on_what=mode)
@@ -133,12 +151,27 @@ def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: 
 
 
 def offline_note(model: str, reason: str) -> str:
-    """The one line that says why counts are estimates."""
+    """The one line that says why counts are estimates.
+
+    Args:
+        model: the model.
+        reason: why its renderer is not available.
+
+    Returns:
+        "<model>: <reason>; counts are 2.5-chars-per-token estimates (exact=False)".
+    """
     return f"{model}: {reason}; counts are 2.5-chars-per-token estimates (exact=False)"
 
 
 def renderer_or_reason(model: str) -> tuple[Any, str | None]:
-    """The model's renderer, or (None, one line saying why it is unavailable). Never waits on the hub offline."""
+    """The model's renderer, or why it is not available; never waits on the hub offline.
+
+    Args:
+        model: the model.
+
+    Returns:
+        (renderer, None), or (None, one line saying why: offline_note).
+    """
     from .render import get_renderer
 
     try:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
 from .compat import renamed
@@ -23,7 +23,10 @@ from .jsonl import dumps_line, iter_jsonl
 from .redact import SECRET_PATTERNS, mask
 from .scoring import MATCH_MODES
 
-BUCKETS = (512, 2048, 8192, 16384, 32768, 65536)  # Machine's token-length buckets (validate-dataset.py)
+if TYPE_CHECKING:
+    import pandas as pd
+
+BUCKETS = (512, 2048, 8192, 16384, 32768, 65536)  # Machine's token-length buckets (its dataset validator's)
 DEFAULT_MAX_LENGTH = 32768  # the cookbook's usual SFT max_length; longer rows are truncated by it
 MAX_FINDINGS_PER_CODE = 200  # beyond this a code is summarised, so a broken 100k-row file stays readable
 FINDING_COLUMNS = ["line", "severity", "code", "message"]
@@ -34,7 +37,14 @@ redact = mask  # the older name of redact.mask, the one rule for showing a secre
 
 
 def bucket_label(tokens: int) -> str:
-    """Machine's histogram bucket for a token count: "<=512" … "<=65536", then ">65536"."""
+    """Machine's token-length histogram bucket for a count (the buckets of its dataset validator).
+
+    Args:
+        tokens: a row's tokens.
+
+    Returns:
+        "<=512" … "<=65536", then ">65536".
+    """
     for b in BUCKETS:
         if tokens <= b:
             return f"<={b}"
@@ -42,6 +52,11 @@ def bucket_label(tokens: int) -> str:
 
 
 def empty_histogram() -> dict[str, int]:
+    """A histogram with every bucket at zero.
+
+    Returns:
+        {bucket label: 0} for each of BUCKETS and the one above them.
+    """
     return {**{f"<={b}": 0 for b in BUCKETS}, f">{BUCKETS[-1]}": 0}
 
 
@@ -50,7 +65,14 @@ def _norm(text: str) -> str:
 
 
 def prompt_of(messages: list[Any]) -> list[Any]:
-    """The prompt of a row: its messages up to (not including) the trailing assistant messages."""
+    """The prompt of a row.
+
+    Args:
+        messages: the row's messages.
+
+    Returns:
+        Its messages up to (not including) the trailing assistant messages.
+    """
     end = len(messages)
     while end and isinstance(messages[end - 1], Mapping) and messages[end - 1].get("role") == "assistant":
         end -= 1
@@ -58,7 +80,14 @@ def prompt_of(messages: list[Any]) -> list[Any]:
 
 
 def prompt_keys(messages: list[Any]) -> tuple[bytes, bytes | None]:
-    """(digest of the whole prompt, digest of its last user text) for overlap checks, whitespace/case-normalised."""
+    """Digests for overlap checks, whitespace- and case-normalised.
+
+    Args:
+        messages: the row's messages.
+
+    Returns:
+        (digest of the whole prompt, digest of its last user text; None without one).
+    """
     prompt = [m for m in prompt_of(messages) if isinstance(m, Mapping)]
     full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(content_text(m.get("content"), sep=" "))]
                                        for m in prompt]).encode(), digest_size=12).digest()
@@ -84,7 +113,15 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
 
 
 def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
-    """Secrets in a raw line, each reported redacted (severity error). `extra`: literal secrets to look for."""
+    """Secrets in a raw line, each reported masked (redact.mask), severity error.
+
+    Args:
+        raw: the row's JSON text.
+        extra: literal secrets to look for too (default none).
+
+    Returns:
+        (severity, code "secret", message) per secret found.
+    """
     out = []
     for name, pattern in SECRET_PATTERNS:
         for m in pattern.finditer(raw):
@@ -108,13 +145,29 @@ class ValidationResult:
 
     path: Path | None  # None for preflight's in-memory rows
     model: str | None
-    findings: Any
+    findings: pd.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
     ok: bool = True
 
-    def errors(self):
-        """The error findings only."""
+    def errors(self) -> pd.DataFrame:
+        """The error findings only.
+
+        Returns:
+            The rows of `findings` whose severity is "error".
+        """
         return self.findings[self.findings["severity"] == "error"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain data (e.g. for `machine-nb validate --json`).
+
+        Returns:
+            {path (a string, or None for in-memory rows), model, ok, summary, findings (records;
+            line None for the whole file)}.
+        """
+        findings = [{**r, "line": None if _isna(r["line"]) else int(r["line"])}
+                    for r in self.findings.to_dict("records")]
+        return {"path": None if self.path is None else str(self.path), "model": self.model, "ok": self.ok,
+                "summary": dict(self.summary), "findings": findings}
 
     def __repr__(self) -> str:
         s = self.summary
@@ -171,8 +224,15 @@ def _load_prompt_keys(path: Path) -> tuple[set[bytes], set[bytes]]:
 
 
 def model_context(model: str | None) -> int | None:
-    """The most tokens `model` can hold, where known: a local model's block size (128 for
-    local/arith-tiny); None for other models (Tinker's contexts are not listed offline)."""
+    """The most tokens a model can hold, where known.
+
+    Args:
+        model: the model (None: none).
+
+    Returns:
+        A local model's block size (128 for local/arith-tiny); None for other models (Tinker's
+        contexts are not listed offline).
+    """
     if not model:
         return None
     from . import engines
@@ -182,7 +242,19 @@ def model_context(model: str | None) -> int | None:
 
 
 def resolve_max_length(model: str | None, max_length: int | str | None = "auto") -> tuple[int | None, int | None]:
-    """(the length limit rows are held to, the model's context): see validate's `max_length`."""
+    """The length limit rows are held to (see validate's `max_length`).
+
+    Args:
+        model: the model (its context caps every limit).
+        max_length: an integer, "auto" (default: the context where known, else DEFAULT_MAX_LENGTH)
+            or None (the context only).
+
+    Returns:
+        (the limit, the model's context), either None when there is none.
+
+    Raises:
+        TypeError / ValueError: a max_length that is not an integer of at least 1, "auto" or None.
+    """
     if max_length is not None and max_length != "auto" and (isinstance(max_length, bool) or not isinstance(max_length, int)):
         raise TypeError(f"max_length must be an integer, 'auto' or None, got {max_length!r}")
     if isinstance(max_length, int) and max_length < 1:
@@ -410,18 +482,37 @@ class Tally:
             self.add(*finding)
 
     def add(self, line: int | None, severity: str, code: str, message: str) -> None:
-        """Record one finding (beyond MAX_FINDINGS_PER_CODE of a code, only counted)."""
+        """Record one finding (beyond MAX_FINDINGS_PER_CODE of a code, only counted).
+
+        Args:
+            line: the row's line (None: the whole file).
+            severity: "error", "warning" or "info".
+            code: the finding's stable short name.
+            message: what and where.
+        """
         n = self.per_code[code] = self.per_code.get(code, 0) + 1
         if n <= MAX_FINDINGS_PER_CODE:
             self.findings.append((line, severity, code, message))
         self.counts[severity] += 1
 
     def bad_line(self, line: int | None, reason: str) -> None:
-        """Record a line that is not a JSON value."""
+        """Record a line that is not a JSON value.
+
+        Args:
+            line: its line.
+            reason: why (jsonl's reason).
+        """
         self.add(line, "error", "bad_json", reason)
 
     def row(self, line: int, row: Any, raw: str, prepared: Prepared) -> None:
-        """Check one row (row_problems, then count_row when it is well shaped) and count it."""
+        """Check one row (row_problems, then count_row when it is well shaped) and count it.
+
+        Args:
+            line: its line (or position).
+            row: the row.
+            raw: its JSON text.
+            prepared: what rows are checked against.
+        """
         self.summary["rows"] += 1
         problems = row_problems(row, raw, self.settings, prepared)
         for severity, code, message in problems:
@@ -445,7 +536,14 @@ class Tally:
             self.add(line, severity, code, message)
 
     def result(self, empty: str = "has no rows") -> ValidationResult:
-        """The ValidationResult: file-level findings added, every finding sorted by line."""
+        """The ValidationResult, with the file-level findings added (no rows, tools, trainable flags).
+
+        Args:
+            empty: how to say there are no rows (default "has no rows").
+
+        Returns:
+            The ValidationResult, findings sorted by line.
+        """
         if self.summary["rows"] == 0:
             name = self.path if self.path is not None else "the data"
             self.add(None, "error", "empty_file", f"{name} {empty if self.counts['error'] == 0 else 'has no readable rows'}")
@@ -459,7 +557,11 @@ class Tally:
         return self.finish()
 
     def finish(self) -> ValidationResult:
-        """The ValidationResult of what was recorded so far (no file-level findings added)."""
+        """The ValidationResult of what was recorded so far (no file-level findings added).
+
+        Returns:
+            The ValidationResult, findings sorted by line.
+        """
         import pandas as pd
 
         self.summary.update(errors=self.counts["error"], warnings=self.counts["warning"], infos=self.counts["info"])

@@ -305,3 +305,6 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     again = build_report("tutor", live, Result(r.candidate, {"name": "candidate"}))
     assert again.live_name == "live v1" and again.cases.equals(r.cases) and again.p_value == r.p_value
     assert case_table(live, r.candidate).equals(r.cases)
+    plain = cand.to_dict()
+    assert plain["report"]["wins"] == r.wins and plain["gate"]["max_losses"] == 0 and plain["committed"] is None
+    assert json.loads(json.dumps(plain, default=str))["checkpoint"] == trained["strong"]

@@ -220,3 +220,7 @@ def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
     with pytest.warns(DeprecationWarning, match="eval_data"):
         old = validate(path=path, max_length=5, eval_path=evals)
     assert old.findings.equals(whole.findings)
+    plain = whole.to_dict()
+    assert plain["path"] == str(path) and plain["ok"] is False and plain["summary"] == whole.summary
+    assert [(f["line"], f["code"]) for f in plain["findings"]][:2] == [(None, "no_model"), (1, "secret")]
+    assert json.loads(json.dumps(plain)) == plain
