@@ -17,6 +17,11 @@ def _value(text: str):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     p = sub.add_parser(
         "report",
         help="execute a notebook with parameters and write a self-contained HTML report",

@@ -15,6 +15,11 @@ def _default_model() -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     p = sub.add_parser(
         "validate",
         help="check a chat JSONL file: shape, renderer readiness, token counts, eval overlap, secrets",

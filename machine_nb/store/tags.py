@@ -14,12 +14,15 @@ import re
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..chat import content_text
 from ..compat import renamed
 from ..errors import MachineFormatError
 from .messages import is_tool_call, to_chat, without_thinking
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DATA_FILES = {"train": "train.jsonl", "traces": "traces.jsonl", "observed": "observed.jsonl",
               "rejected": "rejected.jsonl"}
@@ -30,11 +33,17 @@ TAGGED_COLUMNS = ["id", "file", "line", "tag", "kind", "note", "source", "machin
 
 
 def project_key(project: str | os.PathLike | None = None) -> str:
-    """The store key of a project directory: `<slug of its basename>-<first 12 hex of sha256(realpath)>`.
+    """The store key of a project directory.
 
     UNCERTAIN: Machine's `machineProjectKey` hashes the canonical (symlink-resolved) project path,
     but its exact format was not seen; this shape is our choice. If your Machine store lives
     under another name, pass `store=` (an explicit path always wins).
+
+    Args:
+        project: the project directory (default None: the current directory).
+
+    Returns:
+        `<slug of its basename>-<first 12 hex of sha256(realpath)>`.
     """
     path = Path(project or os.getcwd()).resolve()
     try:
@@ -46,13 +55,19 @@ def project_key(project: str | os.PathLike | None = None) -> str:
 
 
 def store_dir(project: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Path:
-    """The tag store directory of a project: `<base>/<project_key(project)>`.
+    """The tag store directory of a project.
 
-    project: the project directory, default the current directory (as Machine uses its cwd).
-    base: default `$MACHINE_DATA_DIR` (resolved against the project directory, as Machine does)
-          when set and non-blank, else `~/.machine` on every platform (Machine ignores XDG).
-    The project key format is the one uncertain part (see project_key); pass `store=` to the
-    tag functions to use any directory.
+    The project key format is the one uncertain part (see project_key); pass `store=` to the tag
+    functions to use any directory.
+
+    Args:
+        project: the project directory (default None: the current directory, as Machine uses its cwd).
+        base: the folder of stores (default None: `$MACHINE_DATA_DIR`, resolved against the project
+            directory as Machine does, when set and non-blank; else `~/.machine` on every platform:
+            Machine ignores XDG).
+
+    Returns:
+        `<base>/<project_key(project)>`.
     """
     proj = Path(project or os.getcwd())
     if base is None:
@@ -264,18 +279,25 @@ def _iter_rows(store: Path | None, skipped: list):
             yield fname, line, row
 
 
-def tagged(store: str | os.PathLike | None = None):
-    """All tag rows of a store as a DataFrame, like `/tagged`, in file order (train, traces,
-    observed, rejected; then line order).
+def tagged(store: str | os.PathLike | None = None) -> pd.DataFrame:
+    """All tag rows of a store as a DataFrame, like `/tagged`, in file order (train, traces, observed,
+    rejected; then line order).
 
-    Columns: id ("(no id)" when a row has none, as Machine prints it), file, line, tag, kind
-    (default "final"), note, source, machine and run (the run a row names, as `tag()` records it;
-    None for rows Machine wrote), n_messages, last_user, last_assistant (the texts of the last
-    user and assistant messages), created_at (when recorded; ours), row (the whole row, read from
-    its line when asked for: a lazy column, so a big store is streamed, not held).
     Unreadable lines and rows without `messages` are skipped with one warning listing file and line.
-    A store folder that does not exist gives an empty frame and a warning; a path that is a file
-    raises MachineFormatError.
+
+    Args:
+        store: the store directory (default None: `store_dir()` of the current directory).
+
+    Returns:
+        A DataFrame with TAGGED_COLUMNS: id ("(no id)" when a row has none, as Machine prints it),
+        file, line, tag, kind (default "final"), note, source, machine and run (the run a row names,
+        as `tag()` records it; None for rows Machine wrote), n_messages, last_user, last_assistant
+        (the texts of the last user and assistant messages), created_at (when recorded; ours), row
+        (the whole row, read from its line when asked for: a lazy column, so a big store is
+        streamed, not held). A store folder that does not exist gives an empty frame and a warning.
+
+    Raises:
+        MachineFormatError: the store path is a file.
     """
     import pandas as pd
     import pyarrow as pa
@@ -304,11 +326,15 @@ def tagged(store: str | os.PathLike | None = None):
 
 
 def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]], dict[str, list[str]]]:
-    """The tags of a store's rows by the run they name: `({(machine, run id): tags}, {run id: tags})`.
+    """The tags of a store's rows by the run they name.
 
-    The first holds rows that name their machine (`tag()` writes `machine` and `run`); the second
-    rows without one (Machine's own rows: the id from a `source` of `<id>.json`), which
-    `frames.attach_tags` matches only where the id is unambiguous.
+    Args:
+        store: the store directory.
+
+    Returns:
+        ({(machine, run id): tags} for rows that name their machine, as `tag()` writes them;
+        {run id: tags} for rows without one: Machine's own rows, the id from a `source` of
+        `<id>.json`, which `frames.attach_tags` matches only where the id is unambiguous).
     """
     from .workspace import warn_skipped
 
@@ -332,13 +358,23 @@ def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]]
 
 
 def untag(id: str, store: str | os.PathLike | None = None) -> dict:
-    """Remove the row with this id from whichever store file holds it; returns the removed row.
+    """Remove the row with this id from whichever store file holds it.
 
     The file is rewritten atomically under the same lock appends use, so no other row (not even
     an unreadable line, kept byte for byte) is lost. It is streamed: only lines that may hold the
-    id are parsed, and memory does not grow with the file. KeyError when no row has this id;
-    MachineFormatError naming file and line when a line that may hold it cannot be parsed for
-    being nested too deep (it cannot be told apart from the row asked for).
+    id are parsed, and memory does not grow with the file.
+
+    Args:
+        id: the row's id.
+        store: the store directory (default None: `store_dir()` of the current directory).
+
+    Returns:
+        The removed row.
+
+    Raises:
+        KeyError: no row has this id.
+        MachineFormatError: naming file and line, when a line that may hold the id cannot be parsed
+            for being nested too deep (it cannot be told apart from the row asked for).
     """
     from ..jsonl import locked
 
