@@ -473,18 +473,18 @@ def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison")
 
 
 def read_pairs(path: str | os.PathLike) -> PreferencePairs:
-    """Pairs from a JSONL file in either format `write_pairs` writes (recognised line by line).
-
-    A comparison line labelled "B" is read with its completions swapped; "Tie" and any other label
-    is refused, as are completions that are not one assistant reply and pairs whose two replies
-    are the same.
+    """Pairs from a JSONL file in either format `write_pairs` writes, as a frame.
 
     Args:
-        path: the pairs JSONL.
+        path: the pairs JSONL (read by store.pairs.read_pair_records: a "B" label swaps the
+            completions; ties, completions that are not one assistant reply and identical
+            replies are refused).
 
     Returns:
-        A PreferencePairs frame (source from the line, else "file"). Raises MachineFormatError
-        naming the file, line and field of the first bad line.
+        A PreferencePairs frame (source from the line, else "file").
+
+    Raises:
+        MachineFormatError: naming the file, line and field of the first bad line.
     """
     return _frame(read_pair_records(path), [], [])
 
