@@ -21,7 +21,7 @@ from .render import base_model, is_local_model
 if TYPE_CHECKING:
     import pandas as pd
 
-MACHINE_SOURCE = "Machine's TINKER_PRICES table (Tinker models page, full undiscounted price)"
+MACHINE_SOURCE = "Machine TINKER_PRICES table (Tinker models page, full undiscounted price)"
 MACHINE_DATE = "2026-10-07"
 
 
@@ -174,8 +174,28 @@ def _price_html(price: Price) -> str:
             f"{' (' + html.escape(price.date) + ')' if price.date else ''}</small>")
 
 
+class _Estimate:
+    """What every cost estimate shares: it serialises as plain data."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain data.
+
+        Returns:
+            Every field, the price as its own dict.
+        """
+        return asdict(self)
+
+
+def _steps(items: int, batch_size: int, epochs: int, max_steps: int | None) -> tuple[int, float]:
+    """(optimizer steps, the share of the full run they make): the cookbook drops the partial
+    batch; max_steps stops early."""
+    full = (items // batch_size) * epochs
+    steps = full if max_steps is None else min(full, max_steps)
+    return steps, (1.0 if not full else steps / full)
+
+
 @dataclass
-class CostEstimate:
+class CostEstimate(_Estimate):
     """A training run's cost before it runs.
 
     tokens: rendered tokens of all rows (one epoch); trained_tokens: those with loss weight > 0;
@@ -197,14 +217,6 @@ class CostEstimate:
     price: Price
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The estimate as plain data.
-
-        Returns:
-            Every field, the price as its own dict.
-        """
-        return asdict(self)
-
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
         note = f"<br><small>{html.escape(self.note)}</small>" if self.note else ""
@@ -215,7 +227,7 @@ class CostEstimate:
 
 
 @dataclass
-class EvalCostEstimate:
+class EvalCostEstimate(_Estimate):
     """An eval's cost before it runs: prompt tokens at the prefill price plus at most
     `max_tokens` sampled tokens per row at the sample price (an upper bound on output)."""
 
@@ -227,14 +239,6 @@ class EvalCostEstimate:
     exact: bool
     price: Price
     note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The estimate as plain data.
-
-        Returns:
-            Every field, the price as its own dict.
-        """
-        return asdict(self)
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
@@ -293,9 +297,7 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
     tokens = int(df["tokens"].sum()) if rows else 0
     trained = int(df["trained_tokens"].sum()) if rows else 0
     exact = bool(df["exact"].all()) if rows else True
-    full_steps = (rows // batch_size) * epochs
-    steps = full_steps if max_steps is None else min(full_steps, max_steps)
-    fraction = 1.0 if not full_steps else steps / full_steps
+    steps, fraction = _steps(rows, batch_size, epochs, max_steps)
     usd = tokens * epochs * fraction * row.train / 1e6
     est = CostEstimate(model=model, rows=rows, tokens=tokens, trained_tokens=trained, epochs=epochs,
                        batch_size=batch_size, steps=steps, usd=usd, exact=exact, price=row,
@@ -373,7 +375,7 @@ def sample_cost(model: str, engine: str | None, prompt_tokens: int, output_token
 
 
 @dataclass
-class DPOCostEstimate:
+class DPOCostEstimate(_Estimate):
     """A DPO run's cost before it runs.
 
     Each step passes every pair's two sequences (prompt + chosen, prompt + rejected) three times:
@@ -403,14 +405,6 @@ class DPOCostEstimate:
     exact: bool
     price: Price
     note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The estimate as plain data.
-
-        Returns:
-            Every field, the price as its own dict.
-        """
-        return asdict(self)
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
@@ -458,9 +452,7 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
     tokens = int(df["tokens"].sum()) if rows else 0
     trained = int(df["trained_tokens"].sum()) if rows else 0
     exact = bool(df["exact"].all()) if rows else True
-    full_steps = (len(records) // batch_size) * epochs
-    steps = full_steps if max_steps is None else min(full_steps, max_steps)
-    fraction = 1.0 if not full_steps else steps / full_steps
+    steps, fraction = _steps(len(records), batch_size, epochs, max_steps)
     passed = tokens * epochs * fraction / 1e6
     train_usd, forward_usd, reference_usd = passed * row.train, passed * row.train, passed * row.prefill
     usd = train_usd + forward_usd + reference_usd

@@ -107,7 +107,7 @@ def test_what_sampling_cost_is_priced_or_recorded_as_unknown():
 
     cost = sample_cost(INKLING, "tinker", 1_000_000, 2_000_000)
     assert math.isclose(cost["usd"], 3.74 + 2 * 9.36) and cost["prefill_per_m"] == 3.74 and cost["sample_per_m"] == 9.36
-    assert cost["source"].startswith("Machine's TINKER_PRICES") and cost["source"].endswith("(2026-10-07)")
+    assert cost["source"].startswith("Machine TINKER_PRICES") and cost["source"].endswith("(2026-10-07)")
     unknown = sample_cost("acme/NoSuchModel-1B", "tinker", 100, 10)
     assert unknown["usd"] is None and unknown["source"].startswith("unknown: No price is known for 'acme/NoSuchModel-1B'")
     assert sample_cost("local/arith-tiny", "local", 100, 10) == {"usd": 0.0, "source": "local engine: runs on this "
