@@ -132,8 +132,8 @@ trial), change ("win": the candidate did better on this case, "loss": worse, "ti
 class CandidateReport:
     """Live version vs candidate on the held-out cases.
 
-    live, candidate: the `evaluate_cases` frames (one row per case and trial).
-    cases: one row per case (CASE_TABLE_COLUMNS). comparison: `evaluate.compare` over the paired
+    live, candidate: the `evaluate_cases` results (EvalResults: `rows` one per case and trial).
+    cases: one row per case (CASE_TABLE_COLUMNS). comparison: `compare` over the paired
     rows (case and trial). wins / ties / losses, p_value: per case (a case's share of trials right,
     live vs candidate), the exact sign test on the cases that changed (McNemar's, and equal to
     comparison's with one trial). trained_on_holdout: training rows whose input is a held-out case
@@ -197,19 +197,6 @@ class CandidateReport:
                 "trained_on_holdout": self.trained_on_holdout, "cases": self.cases.to_dict("records")}
 
 
-def _results(results: Any) -> tuple[Any, dict]:
-    """(rows frame, summary) of an evaluate_cases result: an EvalResult, a frame (its summary in
-    `attrs`, as evaluate_cases once returned it) or a results JSON path (read with load_results)."""
-    if isinstance(results, (str, os.PathLike)):
-        from .results import load_results
-
-        results = load_results(results)
-    rows = getattr(results, "rows", None)
-    if rows is not None and hasattr(rows, "columns"):
-        return rows, dict(getattr(results, "summary", None) or {})
-    return results, dict(getattr(results, "attrs", {}).get("summary", {}))
-
-
 def case_table(live: Any, candidate: Any) -> pd.DataFrame:
     """One row per case from two evaluate_cases results over the same cases and trials.
 
@@ -225,7 +212,9 @@ def case_table(live: Any, candidate: Any) -> pd.DataFrame:
     """
     import pandas as pd
 
-    live, candidate = _results(live)[0], _results(candidate)[0]
+    from .results import as_eval_result
+
+    live, candidate = as_eval_result(live, "live").rows, as_eval_result(candidate, "candidate").rows
     if len(live) != len(candidate) or list(live["case"]) != list(candidate["case"]):
         raise ValueError("the two results are not over the same cases and trials")
     rows = []
@@ -254,16 +243,19 @@ def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout:
     from .compare import compare
     from .stats import mcnemar_exact
 
-    (live, live_summary), (candidate, cand_summary) = _results(live), _results(candidate)
+    from .results import as_eval_result
+
+    live, candidate = as_eval_result(live, "live"), as_eval_result(candidate, "candidate")
     cases = case_table(live, candidate)
     wins, losses = int((cases["change"] == "win").sum()), int((cases["change"] == "loss").sum())
     return CandidateReport(
-        machine=machine, live_name=live_summary.get("name", "live"),
-        candidate_name=cand_summary.get("name", "candidate"),
-        trials=int(live["trial"].max()) + 1 if len(live) else 0, live=live, candidate=candidate, cases=cases,
-        comparison=compare(live, candidate), wins=wins, losses=losses, ties=len(cases) - wins - losses,
-        p_value=mcnemar_exact(losses, wins), live_accuracy=float(live["correct"].mean()),
-        candidate_accuracy=float(candidate["correct"].mean()), trained_on_holdout=int(trained_on_holdout))
+        machine=machine, live_name=live.summary.get("name", "live"),
+        candidate_name=candidate.summary.get("name", "candidate"),
+        trials=int(live.rows["trial"].max()) + 1 if len(live.rows) else 0, live=live, candidate=candidate,
+        cases=cases, comparison=compare(live, candidate), wins=wins, losses=losses,
+        ties=len(cases) - wins - losses, p_value=mcnemar_exact(losses, wins),
+        live_accuracy=float(live.rows["correct"].mean()), candidate_accuracy=float(candidate.rows["correct"].mean()),
+        trained_on_holdout=int(trained_on_holdout))
 
 
 def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, *, committed: str | None = None) -> str:
@@ -646,13 +638,13 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     out = Path(out_dir) if out_dir is not None else None
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",
-                  show_progress=progress)
-    live_df = evaluate_cases(workspace, machine, model=live_base, checkpoint=live_ckpt, name=f"live {live['id']}",
+                  progress=progress)
+    live_res = evaluate_cases(workspace, machine, model=live_base, checkpoint=live_ckpt, name=f"live {live['id']}",
                              sampling_client=live_client, out=None if out is None else out / "live.json", **common)
-    cand_df = evaluate_cases(workspace, machine, model=base, checkpoint=str(checkpoint), name="candidate",
+    cand_res = evaluate_cases(workspace, machine, model=base, checkpoint=str(checkpoint), name="candidate",
                              sampling_client=cand_client, out=None if out is None else out / "candidate.json",
                              **common)
-    report = build_report(machine, live_df, cand_df, trained_on_holdout=trained_on)
+    report = build_report(machine, live_res, cand_res, trained_on_holdout=trained_on)
     passed, reason = gate.decide(report)
     result = Candidate(workspace=workspace, machine=machine, checkpoint=str(checkpoint), base_model=base,
                        engine=engine, live_version=dict(live), report=report, gate=gate, passed=passed, reason=reason)

@@ -410,8 +410,9 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
             raise MachineFormatError(path, "not a results JSON (no 'rows' list)", field="rows")
         rows = data["rows"]
     else:
-        frame = getattr(results, "rows", None)  # an EvalResult's rows
-        rows = (frame if hasattr(frame, "columns") else results).to_dict("records")
+        from .results import as_eval_result
+
+        rows = as_eval_result(results).rows.to_dict("records")
     out = _Collector(set())
     system = [{"role": "system", "content": instructions}] if instructions else []
     for i, r in enumerate(rows):

@@ -88,8 +88,8 @@ def test_trained_candidate_passes_and_commit_writes_v2(trained, ws):
     assert json.loads((ws / "machines" / "tutor" / "model.json").read_text()) == {"model": trained["strong"]}
     assert not list((ws / "machines" / "tutor").glob(".*"))  # no lock or temp file beside the definition
     # the machine now runs the checkpoint: its live version scores what the candidate scored
-    live_now = mnb.evaluate_cases(ws, "tutor", show_progress=False)
-    assert live_now.attrs["summary"]["version"] == "v2" and live_now["correct"].mean() == r.candidate_accuracy
+    live_now = mnb.evaluate_cases(ws, "tutor", progress=False)
+    assert live_now.summary["version"] == "v2" and live_now.rows["correct"].mean() == r.candidate_accuracy
     with pytest.raises(CommitConflict, match="already committed as v2"):
         cand.commit()
 
@@ -276,12 +276,11 @@ def test_cli_cases_candidate_commit_revert(trained, ws, tmp_path, capsys):
 
 def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(trained, ws, monkeypatch):
     """candidate() opens both sampling clients with sampling.open_sampler (the SDK's client, never
-    a future of it), and its report is built the same from an EvalResult-like object (rows and a
-    summary) as from a frame with its summary in attrs."""
-    from dataclasses import dataclass
-
+    a future of it), and its report is built the same from EvalResults as from frames with their
+    summary in attrs."""
     import machine_nb.sampling as sampling
     from machine_nb.candidate import build_report, case_table
+    from machine_nb.results import EvalResult
 
     opened = []
     real = sampling.open_sampler
@@ -295,14 +294,12 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     cand = mnb.candidate(ws, "tutor", trained["strong"], progress=False)
     assert opened == [(trained["strong"], "SamplingClient"), (None, "SamplingClient")]
 
-    @dataclass
-    class Result:  # the shape of an EvalResult: rows and a summary
-        rows: object
-        summary: dict
-
     r = cand.report
-    live = Result(r.live.copy(), {"name": "live v1"})
-    again = build_report("tutor", live, Result(r.candidate, {"name": "candidate"}))
+    assert isinstance(r.live, EvalResult) and r.live.summary["name"].startswith("live ")
+    live = EvalResult(r.live.rows.copy(), {"name": "live v1"})
+    framed = r.candidate.rows.copy()
+    framed.attrs["summary"] = {"name": "candidate"}  # a frame with its summary in attrs, as before EvalResult
+    again = build_report("tutor", live, framed)
     assert again.live_name == "live v1" and again.cases.equals(r.cases) and again.p_value == r.p_value
     assert case_table(live, r.candidate).equals(r.cases)
     plain = cand.to_dict()

@@ -387,3 +387,15 @@ def test_a_folder_given_as_results_is_an_error_naming_it(tmp_path):
         mnb.pairs_from_results(tmp_path)
     with pytest.raises((MachineFormatError, IsADirectoryError), match=str(tmp_path)):
         mnb.load_results(tmp_path)
+
+
+def test_pairs_from_results_read_an_eval_result_like_its_rows():
+    import pandas as pd
+
+    from machine_nb.results import EvalResult
+
+    rows = pd.DataFrame([{"input": "What's 66 - 74?", "prompt": "What's 66 - 74?", "expected": "answer: -8",
+                          "match": "exact", "output": "-8", "correct": False, "error": None}])
+    from_result = mnb.pairs_from_results(EvalResult(rows, {"name": "live"}), machine="tutor")
+    assert texts(from_result) == texts(mnb.pairs_from_results(rows, machine="tutor")) == [
+        ("What's 66 - 74?", "answer: -8", "-8")]
