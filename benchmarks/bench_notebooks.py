@@ -79,7 +79,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
-        report = run_report(ROOT / "notebooks" / NOTEBOOKS[0], {}, Path(tmp) / "minimal_sft.html", progress_bar=False)
+        report = run_report(ROOT / "notebooks" / NOTEBOOKS[0], {}, Path(tmp) / "minimal_sft.html", progress=False)
         wall = time.monotonic() - start
         print(f"{'make report (01 -> HTML)':26s} wall {wall:7.1f} s  (execution {report.wall_s:.1f} s, "
               f"HTML {report.html.stat().st_size / 1e6:.2f} MB)")

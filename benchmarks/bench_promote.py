@@ -97,7 +97,7 @@ def main() -> int:
                               log_dir=tmp / f"sft-{seed}", progress=False)
             t_sft = time.perf_counter() - t0
             t0 = time.perf_counter()
-            cand = mnb.candidate(ws, "tutor", trained.checkpoint, data=lines, show_progress=False)
+            cand = mnb.candidate(ws, "tutor", trained.checkpoint, data=lines, progress=False)
             t_cand = time.perf_counter() - t0
             r = cand.report
             results.append((seed, r.live_accuracy, r.candidate_accuracy, cand.passed))
@@ -121,7 +121,7 @@ def main() -> int:
 
         t0 = time.perf_counter()
         weak = mnb.sft(lines, max_steps=1, log_dir=tmp / "sft-weak", progress=False)
-        weak_c = mnb.candidate(ws, "tutor", weak.checkpoint, show_progress=False)
+        weak_c = mnb.candidate(ws, "tutor", weak.checkpoint, progress=False)
         try:
             weak_c.commit()
             print("weak candidate: COMMITTED (unexpected)")

@@ -20,9 +20,14 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cases import is_checkpoint, live_index, load_cases, machine_path, read_versions
+from .chat import content_text
+from .compat import renamed
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class CommitRefused(RuntimeError):
@@ -63,7 +68,11 @@ class Gate:
     alpha: float | None = 0.05
 
     def describe(self) -> str:
-        """The rule in plain words."""
+        """The rule in plain words.
+
+        Returns:
+            One sentence: "A candidate passes when …".
+        """
         parts = ["it loses no held-out case the live version gets right" if self.max_losses == 0 else
                  f"it loses at most {self.max_losses} held-out case(s) the live version gets right",
                  "its held-out accuracy is above the live version's" if self.min_delta == 0 else
@@ -74,7 +83,14 @@ class Gate:
         return "A candidate passes when " + ", ".join(parts[:-1]) + " and " + parts[-1] + "."
 
     def decide(self, report: "CandidateReport") -> tuple[bool, str]:
-        """(passed, reason): the reason names every part of the rule that failed, or the numbers that passed."""
+        """Decide a candidate by this rule.
+
+        Args:
+            report: the CandidateReport to decide on.
+
+        Returns:
+            (passed, reason): the reason names every part of the rule that failed, or the numbers that passed.
+        """
         from .stats import min_discordant_for
 
         r = report
@@ -116,8 +132,8 @@ trial), change ("win": the candidate did better on this case, "loss": worse, "ti
 class CandidateReport:
     """Live version vs candidate on the held-out cases.
 
-    live, candidate: the `evaluate_cases` frames (one row per case and trial).
-    cases: one row per case (CASE_TABLE_COLUMNS). comparison: `evaluate.compare` over the paired
+    live, candidate: the `evaluate_cases` results (EvalResults: `rows` one per case and trial).
+    cases: one row per case (CASE_TABLE_COLUMNS). comparison: `compare` over the paired
     rows (case and trial). wins / ties / losses, p_value: per case (a case's share of trials right,
     live vs candidate), the exact sign test on the cases that changed (McNemar's, and equal to
     comparison's with one trial). trained_on_holdout: training rows whose input is a held-out case
@@ -142,19 +158,38 @@ class CandidateReport:
 
     @property
     def n_cases(self) -> int:
+        """How many held-out cases were measured.
+
+        Returns:
+            The number of rows of `cases`.
+        """
         return len(self.cases)
 
     @property
     def delta(self) -> float:
+        """The candidate's accuracy minus the live version's.
+
+        Returns:
+            The difference (0.1 = ten points better).
+        """
         return self.candidate_accuracy - self.live_accuracy
 
     @property
-    def flipped(self):
-        """The cases that changed (wins and losses)."""
+    def flipped(self) -> pd.DataFrame:
+        """The cases that changed (wins and losses).
+
+        Returns:
+            The rows of `cases` whose change is not "tie".
+        """
         return self.cases[self.cases["change"] != "tie"].reset_index(drop=True)
 
     def to_dict(self) -> dict:
-        """The numbers and the per-case table as plain data (e.g. for a report's JSON)."""
+        """The numbers and the per-case table as plain data (e.g. for a report's JSON).
+
+        Returns:
+            machine, live, candidate, trials, n_cases, live_accuracy, candidate_accuracy, delta, wins,
+            ties, losses, p_value, trained_on_holdout, cases (records).
+        """
         return {"machine": self.machine, "live": self.live_name, "candidate": self.candidate_name,
                 "trials": self.trials, "n_cases": self.n_cases, "live_accuracy": self.live_accuracy,
                 "candidate_accuracy": self.candidate_accuracy, "delta": self.delta, "wins": self.wins,
@@ -162,10 +197,24 @@ class CandidateReport:
                 "trained_on_holdout": self.trained_on_holdout, "cases": self.cases.to_dict("records")}
 
 
-def case_table(live: Any, candidate: Any):
-    """One row per case from two evaluate_cases frames over the same cases (CASE_TABLE_COLUMNS)."""
+def case_table(live: Any, candidate: Any) -> pd.DataFrame:
+    """One row per case from two evaluate_cases results over the same cases and trials.
+
+    Args:
+        live: the live version's results (an EvalResult, a frame or a results JSON path).
+        candidate: the candidate's, over the same cases and trials.
+
+    Returns:
+        A DataFrame with CASE_TABLE_COLUMNS.
+
+    Raises:
+        ValueError: the two are not over the same cases and trials.
+    """
     import pandas as pd
 
+    from .results import as_eval_result
+
+    live, candidate = as_eval_result(live, "live").rows, as_eval_result(candidate, "candidate").rows
     if len(live) != len(candidate) or list(live["case"]) != list(candidate["case"]):
         raise ValueError("the two results are not over the same cases and trials")
     rows = []
@@ -180,23 +229,48 @@ def case_table(live: Any, candidate: Any):
 
 
 def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout: int = 0) -> CandidateReport:
-    """The CandidateReport of two evaluate_cases frames over the same held-out cases."""
+    """The CandidateReport of two evaluate_cases results over the same held-out cases.
+
+    Args:
+        machine: the machine's name.
+        live: the live version's results (an EvalResult, a frame or a results JSON path).
+        candidate: the candidate's, over the same cases and trials.
+        trained_on_holdout: training rows whose input is a held-out case (default 0).
+
+    Returns:
+        The CandidateReport (its `live` and `candidate` the two results' rows).
+    """
     from .compare import compare
     from .stats import mcnemar_exact
 
+    from .results import as_eval_result
+
+    live, candidate = as_eval_result(live, "live"), as_eval_result(candidate, "candidate")
     cases = case_table(live, candidate)
     wins, losses = int((cases["change"] == "win").sum()), int((cases["change"] == "loss").sum())
     return CandidateReport(
-        machine=machine, live_name=live.attrs.get("summary", {}).get("name", "live"),
-        candidate_name=candidate.attrs.get("summary", {}).get("name", "candidate"),
-        trials=int(live["trial"].max()) + 1 if len(live) else 0, live=live, candidate=candidate, cases=cases,
-        comparison=compare(live, candidate), wins=wins, losses=losses, ties=len(cases) - wins - losses,
-        p_value=mcnemar_exact(losses, wins), live_accuracy=float(live["correct"].mean()),
-        candidate_accuracy=float(candidate["correct"].mean()), trained_on_holdout=int(trained_on_holdout))
+        machine=machine, live_name=live.summary.get("name", "live"),
+        candidate_name=candidate.summary.get("name", "candidate"),
+        trials=int(live.rows["trial"].max()) + 1 if len(live.rows) else 0, live=live, candidate=candidate,
+        cases=cases, comparison=compare(live, candidate), wins=wins, losses=losses,
+        ties=len(cases) - wins - losses, p_value=mcnemar_exact(losses, wins),
+        live_accuracy=float(live.rows["correct"].mean()), candidate_accuracy=float(candidate.rows["correct"].mean()),
+        trained_on_holdout=int(trained_on_holdout))
 
 
 def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, *, committed: str | None = None) -> str:
-    """The report as HTML: the decision and rule, the numbers, the cases that flipped."""
+    """The report as HTML: the decision and rule, the numbers, the cases that flipped.
+
+    Args:
+        report: the CandidateReport.
+        gate: the rule it was decided by.
+        passed: the decision.
+        reason: the gate's sentence.
+        committed: the version id it was committed as (default None: not committed).
+
+    Returns:
+        An HTML fragment (the palette of machine_nb.theme: light and dark themes).
+    """
     def escape(value: Any) -> str:
         return "" if value is None or (isinstance(value, float) and value != value) else html.escape(str(value))
 
@@ -248,8 +322,18 @@ def _now() -> str:
 
 @contextlib.contextmanager
 def versions_lock(workspace: str | os.PathLike, machine: str) -> Iterator[None]:
-    """The lock every commit and revert of one machine holds. It lives in the workspace's private
-    `.machine/` store, not beside the checked-in definition, so no lock file shows up in a diff."""
+    """The lock every commit and revert of one machine holds.
+
+    It lives in the workspace's private `.machine/` store, not beside the checked-in definition,
+    so no lock file shows up in a diff.
+
+    Args:
+        workspace: the workspace.
+        machine: the machine's name.
+
+    Returns:
+        A context manager holding the lock.
+    """
     from .store.workspace import machine_dir, name_segments
 
     d = machine_dir(workspace) / "locks"
@@ -295,10 +379,14 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
     instructions) back at it, under the same lock as commits.
 
     Args:
-        workspace, machine: the machine whose live version steps back.
+        workspace: the workspace.
+        machine: the machine whose live version steps back.
 
     Returns:
-        The restored version's entry. Raises ValueError when the live version is the first one.
+        The restored version's entry.
+
+    Raises:
+        ValueError: the live version is the first one.
     """
     d = machine_path(workspace, machine)
     with versions_lock(workspace, machine):
@@ -351,7 +439,7 @@ class Candidate:
     committed: str | None = None
 
     def commit(self, force: bool = False, note: str | None = None) -> dict:
-        """Make this candidate the machine's live version; returns the new versions.json entry.
+        """Make this candidate the machine's live version.
 
         Appends `{id: "v<N+1>", instructions, model: checkpoint, baseModel, rubricFingerprint,
         createdAt, source: {kind: "train", candidate, checkpoint}, report, live: true}` to
@@ -362,9 +450,13 @@ class Candidate:
             force: commit even though the gate refused (default False). Recorded as `forced`.
             note: a note kept in the entry's source (default None).
 
-        Raises CommitRefused (with `.reason` and `.report`) when the gate did not pass and force
-        is False, and CommitConflict when the live version changed since the measurement or this
-        candidate is already committed; either way nothing is written.
+        Returns:
+            The new versions.json entry.
+
+        Raises:
+            CommitRefused: (with `.reason` and `.report`) the gate did not pass and force is False.
+            CommitConflict: the live version changed since the measurement, or this candidate is
+                already committed. Either way nothing is written.
         """
         if self.committed:
             raise CommitConflict(f"candidate {self.id} is already committed as {self.committed}")
@@ -411,7 +503,27 @@ class Candidate:
         self.committed = entry["id"]
         return entry
 
+    def to_dict(self) -> dict[str, Any]:
+        """The candidate as plain data.
+
+        Returns:
+            {id, workspace, machine, checkpoint, base_model, engine, live_version, passed, reason,
+            committed, gate: {rule, max_losses, min_delta, alpha}, report: CandidateReport.to_dict()
+            or None}.
+        """
+        g = self.gate
+        return {"id": self.id, "workspace": self.workspace, "machine": self.machine, "checkpoint": self.checkpoint,
+                "base_model": self.base_model, "engine": self.engine, "live_version": dict(self.live_version),
+                "passed": self.passed, "reason": self.reason, "committed": self.committed,
+                "gate": {"rule": g.describe(), "max_losses": g.max_losses, "min_delta": g.min_delta, "alpha": g.alpha},
+                "report": None if self.report is None else self.report.to_dict()}
+
     def summary(self) -> str:
+        """The candidate in one line.
+
+        Returns:
+            "Candidate <id> for <machine> (passes|refused: live → candidate accuracy …)".
+        """
         r = self.report
         nums = "" if r is None else (f": {r.live_accuracy:.1%} → {r.candidate_accuracy:.1%} on {r.n_cases} held-out "
                                      f"cases, W/T/L {r.wins}/{r.ties}/{r.losses}")
@@ -439,17 +551,15 @@ def _training_inputs(data: Any) -> list[str]:
     for row in data:
         for m in (row.get("messages") or []) if isinstance(row, dict) else []:
             if isinstance(m, dict) and m.get("role") == "user":
-                content = m.get("content")
-                if isinstance(content, list):
-                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-                out.append(str(content or ""))
+                out.append(content_text(m.get("content")))
     return out
 
 
+@renamed(show_progress="progress")
 def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, trials: int = 1,
               gate: Gate | None = None, engine: str | None = None, grader: Any = None, data: Any = None,
               max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0, max_usd: float | None = None,
-              out_dir: str | os.PathLike | None = None, show_progress: bool | None = None) -> Candidate:
+              out_dir: str | os.PathLike | None = None, progress: bool | None = None) -> Candidate:
     """Measure a trained checkpoint against the machine's live version on its held-out cases.
 
     Never changes the machine: the result is a Candidate whose `.report` holds both versions'
@@ -457,30 +567,39 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     `.commit()` makes it live.
 
     Args:
-        workspace, machine: the machine (its versions.json, holdout.json, instructions).
-        checkpoint: the sampler path to measure (`tinker://…`; `tinker://local-…` on the local engine). Its base model
-            must be the live version's (ValueError otherwise: another renderer, another model).
+        workspace: the workspace.
+        machine: the machine (its versions.json, holdout.json, instructions).
+        checkpoint: the sampler path to measure (`tinker://…`; `tinker://local-…` on the local
+            engine). Its base model must be the live version's (ValueError otherwise: another
+            renderer, another model).
         trials: samples per case per version (default 1; more only say something at temperature > 0).
         gate: the promotion rule (default `Gate()`: no case lost and a significant gain).
-        engine: default the checkpoint's own (local for tinker://local-…).
+        engine: "local" or "tinker"; default None: the checkpoint's own (local for tinker://local-…).
         grader: for held-out cases that declare no expected answer (see evaluate_cases).
         data: the training data (JSONL path or lines), to check it held no held-out input: such a
             candidate is refused (default None: not checked).
-        max_tokens, temperature, seed, max_usd: as in evaluate (defaults 32, greedy, 0, no budget).
+        max_tokens: the reply budget per case (default 32, as evaluate).
+        temperature: sampling temperature (default 0.0: greedy).
+        seed: the sampling seed (default 0).
+        max_usd: the spending limit in USD for both evaluations (default None: no budget).
         out_dir: also write `live.json`, `candidate.json` (evaluate's results schema) and
             `report.json` here. Default None: nothing is written.
-        show_progress: progress bars (default on).
+        progress: progress bars (default None: on in a kernel or terminal unless
+            MACHINE_NB_PROGRESS=0).
 
     Returns:
         A Candidate (report, passed, reason; commit() to make it live).
 
-    Raises MachineFormatError for a missing or malformed versions.json or holdout.json (or any
-    other definition file), and ValueError when the checkpoint's base model is not the live
-    version's; both before anything is sampled.
+    Raises:
+        MachineFormatError: a missing or malformed versions.json or holdout.json (or any other
+            definition file), before anything is sampled.
+        ValueError: the checkpoint's base model is not the live version's, before anything is
+            sampled.
     """
     from . import engines
     from .cases import evaluate_cases
     from .export import case_key, held_out_keys
+    from .sampling import open_sampler
 
     workspace = os.fspath(workspace)
     gate = gate or Gate()
@@ -497,8 +616,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
     engine = engine or engines.engine_for(checkpoint)
     service = engines.service_client(engine)
-    # create_sampling_client returns a future of the client; using the future as the client is deprecated
-    cand_client = service.create_sampling_client(model_path=str(checkpoint)).result()
+    cand_client = open_sampler("", str(checkpoint), engine, service)  # a checkpoint: its base model is asked
     base = cand_client.get_base_model()
     live_ckpt = live["model"] if is_checkpoint(live["model"]) else None
     live_base = live.get("baseModel") or (None if live_ckpt else live["model"])
@@ -507,8 +625,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          f"{live_base}: a candidate must share the live version's base model (its renderer, "
                          "tokens and price), so train it from that one")
     engines.check_model(engine, live_ckpt or live_base)
-    live_client = (service.create_sampling_client(model_path=live_ckpt) if live_ckpt
-                   else service.create_sampling_client(base_model=live_base)).result()
+    live_client = open_sampler(live_base or "", live_ckpt, engine, service)
     if live_base is None:
         live_base = live_client.get_base_model()
         if live_base != base:
@@ -521,13 +638,13 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     out = Path(out_dir) if out_dir is not None else None
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",
-                  show_progress=show_progress)
-    live_df = evaluate_cases(workspace, machine, model=live_base, checkpoint=live_ckpt, name=f"live {live['id']}",
+                  progress=progress)
+    live_res = evaluate_cases(workspace, machine, model=live_base, checkpoint=live_ckpt, name=f"live {live['id']}",
                              sampling_client=live_client, out=None if out is None else out / "live.json", **common)
-    cand_df = evaluate_cases(workspace, machine, model=base, checkpoint=str(checkpoint), name="candidate",
+    cand_res = evaluate_cases(workspace, machine, model=base, checkpoint=str(checkpoint), name="candidate",
                              sampling_client=cand_client, out=None if out is None else out / "candidate.json",
                              **common)
-    report = build_report(machine, live_df, cand_df, trained_on_holdout=trained_on)
+    report = build_report(machine, live_res, cand_res, trained_on_holdout=trained_on)
     passed, reason = gate.decide(report)
     result = Candidate(workspace=workspace, machine=machine, checkpoint=str(checkpoint), base_model=base,
                        engine=engine, live_version=dict(live), report=report, gate=gate, passed=passed, reason=reason)
@@ -536,8 +653,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
         atomic_write_text(out / "report.json", json.dumps(
             {"candidate": result.id, "checkpoint": result.checkpoint, "base_model": base, "machine": machine,
-             "live_version": live["id"], "gate": {"rule": gate.describe(), "max_losses": gate.max_losses,
-                                                   "min_delta": gate.min_delta, "alpha": gate.alpha},
+             "live_version": live["id"], "gate": result.to_dict()["gate"],
              "passed": passed, "reason": reason, **report.to_dict()}, ensure_ascii=False, indent=1, default=str) + "\n")
     return result
 

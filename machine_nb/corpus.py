@@ -59,15 +59,35 @@ PROBE_QUESTIONS: tuple[tuple[str, str], ...] = (
 
 
 def answer(a: int, op: str, b: int) -> int:
-    """The integer result of `a op b` for the two operators the corpus uses."""
+    """The integer result of `a op b` for the two operators the corpus uses.
+
+    Args:
+        a: the first operand.
+        op: "+" or "-".
+        b: the second operand.
+
+    Returns:
+        a + b or a - b.
+    """
     return a + b if op == "+" else a - b
 
 
 def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = frozenset()) -> list[tuple[int, str, int, str]]:
-    """n questions (a, op, b, text) with distinct two-digit operand pairs not in `exclude`.
+    """Questions with distinct two-digit operand pairs.
 
-    Pairs are compared unordered ({47, 15} == {15, 47}) so a held-out question is never the
-    same sum with its operands swapped.
+    Pairs are compared unordered ({47, 15} == {15, 47}) so a held-out question is never the same
+    sum with its operands swapped.
+
+    Args:
+        n: how many.
+        rng: the random generator (seeded by the caller: the same seed draws the same questions).
+        exclude: operand pairs already used (default none).
+
+    Returns:
+        n tuples (a, op, b, question text).
+
+    Raises:
+        ValueError: fewer than n distinct pairs are left.
     """
     seen = set(exclude)
     if n > MAX_ROWS - len(seen):  # the draw below would never finish
@@ -87,9 +107,16 @@ def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = fr
 
 def check_counts(n_train: int, n_eval: int, n_valid: int = 0) -> None:
     """Refuse row counts the corpus cannot hold: train and eval at least 1, valid at least 0, all
-    together at most MAX_ROWS (4,095).
+    together at most MAX_ROWS (every distinct two-digit operand pair once).
 
-    Raises TypeError for a count that is not an integer, ValueError (saying the limit) otherwise.
+    Args:
+        n_train: training rows.
+        n_eval: eval rows.
+        n_valid: selection rows (default 0).
+
+    Raises:
+        TypeError: a count that is not an integer.
+        ValueError: a count below its least, or too many together (saying the limit).
     """
     for name, n, least in (("n_train", n_train, 1), ("n_eval", n_eval, 1), ("n_valid", n_valid, 0)):
         if isinstance(n, bool) or not isinstance(n, int):
@@ -106,11 +133,20 @@ def check_counts(n_train: int, n_eval: int, n_valid: int = 0) -> None:
 
 def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24,
                 n_valid: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """The corpus as rows (no I/O): {"train", "eval", "probe", "valid"} lists, same seed → same rows.
+    """The corpus as rows (no I/O); the same seed gives the same rows.
 
-    n_train / n_eval: at least 1 each. n_valid: selection rows, default 0 here (make_corpus writes
-    24). At most MAX_ROWS (4,095) together (see check_counts). The valid rows are drawn after the
-    others, so train and eval are the same rows whatever n_valid is.
+    The valid rows are drawn after the others, so train and eval are the same rows whatever
+    n_valid is.
+
+    Args:
+        seed: the random seed (default 0).
+        n_train: training rows (default 48; at least 1).
+        n_eval: eval rows (default 24; at least 1).
+        n_valid: selection rows (default 0 here; make_corpus writes 24). At most MAX_ROWS together
+            (see check_counts).
+
+    Returns:
+        {"train", "eval", "probe", "valid"}: lists of rows.
     """
     check_counts(n_train, n_eval, n_valid)
     rng = random.Random(seed)

@@ -1,6 +1,6 @@
 """Graded runs as fine-tuning data: Machine's `conversation`, `stepExamples`, `wholeRunExample`,
-`trainingLines` and `uniformContent` (seed src/train.ts, src/export.ts), in the chat JSONL shape
-tinker-cookbook's `FromConversationFileBuilder` reads. Which runs to export is decided in
+`trainingLines` and `uniformContent`, in the chat JSONL shape tinker-cookbook's
+`FromConversationFileBuilder` reads. Which runs to export is decided in
 `select.py`; writing the file is `machine_nb.write_jsonl` (atomic).
 
 Pure functions over plain dicts: a Run is Machine's JSON record, a chat message is
@@ -13,53 +13,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-# A failed-tool predicate: (tool call message, tool result message) -> whether the call failed.
-FailedPredicate = Callable[[dict, dict], bool]
+from .chat import content_text
+from .compat import renamed
+from .store.workspace import resolve_machine
+
+# The message rules live in the store layer (the tag store reads turns with them); export's names
+# for them stay importable from here.
+from .store.messages import (FailedPredicate, default_failed, is_tool_call, to_chat, tool_results,  # noqa: F401
+                             without_thinking)
 
 # Harnesses that send a step's whole reply back to the model, reasoning included (chat completions).
 RESENDS_REASONING = frozenset({"tinker", "openrouter", "openai", "chat-completions"})
-
-# "Error…" or "error:" (any case) after leading whitespace; a regex, so long outputs are not copied
-_ERROR_TEXT = re.compile(r"\s*(?:Error|(?i:error:))")
-
-
-def default_failed(call: dict, result: dict) -> bool:
-    """The default rule for a failed tool call, judged from its result message alone.
-
-    A result failed when it carries `"isError": true` or a non-empty `"error"` key, or when its
-    text content starts with "Error" or "error:" (after leading whitespace). Machine's own
-    `stepFailed` also consults the machine's tool code, which is not in its files, so this is a
-    guess a user can see and replace: pass `failed=` (a `(call, result) -> bool` predicate) to
-    `messages()`, `training_lines()` or `step_failed()`.
-    """
-    if result.get("isError") is True or result.get("is_error") is True or result.get("error"):
-        return True
-    content = result.get("content")
-    if isinstance(content, list):  # chat parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return isinstance(content, str) and _ERROR_TEXT.match(content) is not None
-
-
-def is_tool_call(message: dict) -> bool:
-    """Whether a Machine Message is an assistant tool call (one message per call: name/toolCallId/toolInput)."""
-    return message.get("role") == "assistant" and (
-        message.get("toolCallId") is not None or message.get("toolInput") is not None
-        or (message.get("name") is not None and not message.get("content")))
-
-
-def tool_results(messages: Sequence[dict]) -> dict[str, dict]:
-    """Tool result messages by the call id they answer (Machine `toolCallId` or chat `tool_call_id`)."""
-    out = {}
-    for m in messages:
-        if m.get("role") == "tool":
-            cid = m.get("toolCallId", m.get("tool_call_id"))
-            if cid is not None:
-                out[cid] = m
-    return out
 
 
 def _step_calls(messages: Sequence[dict], i: int) -> list[tuple[dict, str | None]]:
@@ -82,9 +51,18 @@ def step_failed(messages: Sequence[dict], i: int, failed: FailedPredicate | None
 
     Works on chat messages (a step is one assistant message with `tool_calls`) and on Machine
     Messages (a step is an assistant message plus the consecutive tool-call messages after it).
-    A call with no result in `messages` counts as not failed. `failed` defaults to
-    `default_failed` (error flag or "Error…" content on the result). Machine's rule: steps whose
-    tool calls all failed are not trained on, but stay in later steps' context.
+    A call with no result in `messages` counts as not failed. Machine's rule: steps whose tool
+    calls all failed are not trained on, but stay in later steps' context.
+
+    Args:
+        messages: the conversation.
+        i: the index of the assistant step.
+        failed: the failed-tool predicate (default None: `default_failed`, an error flag or
+            "Error…" content on the result).
+        results: tool results by call id, when already collected (default None: tool_results).
+
+    Returns:
+        True when the step made calls and all of them failed.
     """
     failed = failed or default_failed
     calls = _step_calls(messages, i)
@@ -98,119 +76,17 @@ def step_failed(messages: Sequence[dict], i: int, failed: FailedPredicate | None
     return True
 
 
-def _parts(text: str, thinking: str | None) -> Any:
-    if thinking:
-        parts: list[dict] = [{"type": "thinking", "thinking": thinking}]
-        if text:
-            parts.append({"type": "text", "text": text})
-        return parts
-    return text
-
-
-def without_thinking(message: dict) -> dict:
-    """The message without reasoning: thinking parts dropped, content back to a string."""
-    content = message.get("content")
-    if not isinstance(content, list):
-        return message
-    text = "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return {**message, "content": text}
-
-
-def _arguments(tool_input: Any) -> str:
-    if isinstance(tool_input, str):
-        from .jsonl import parse_json
-
-        try:
-            parse_json(tool_input)  # bounded nesting: never a RecursionError on a hostile string
-            return tool_input  # already a JSON string
-        except ValueError:
-            pass
-    return json.dumps({} if tool_input is None else tool_input, ensure_ascii=False, separators=(",", ":"))
-
-
-def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | None = True,
-            failed: FailedPredicate | None = None) -> tuple[list[dict], list[bool]]:
-    """Machine Messages → chat messages, plus for each chat message whether it is a failed step.
-
-    Consecutive assistant tool-call messages (and the assistant prose right before them) become
-    one assistant message with OpenAI `tool_calls` `[{id, type: "function", function: {name,
-    arguments: JSON string}}]`; tool results become `{role: "tool", tool_call_id, name, content}`.
-    `reasoning`: True keeps each message's `reasoning` as a thinking part, a function rewrites it
-    (Machine's `transformReasoning`), False/None drops it. Failure is judged on the Machine
-    messages (where error flags live) with `failed` (default `default_failed`).
-    """
-    results = tool_results(messages)
-    failed = failed or default_failed
-    out: list[dict] = []
-    flags: list[bool] = []
-    pending_calls: list[tuple[dict, dict]] = []  # (machine call message, its result) of the open step
-    step_at = [-1]  # index in `out` of the assistant step the pending calls belong to
-
-    def close_step() -> None:
-        if pending_calls and step_at[0] >= 0:
-            flags[step_at[0]] = all(res is not None and failed(call, res) for call, res in pending_calls)
-        pending_calls.clear()
-
-    def think(m: dict) -> str | None:
-        r = m.get("reasoning")
-        if not r or not reasoning:
-            return None
-        return reasoning(r) if callable(reasoning) else r
-
-    for m in messages:
-        role = m.get("role")
-        content = m.get("content") or ""
-        if role == "assistant" and is_tool_call(m):
-            cid = m.get("toolCallId") or f"call_{len(out)}_{len(pending_calls)}"
-            call = {"id": cid, "type": "function",
-                    "function": {"name": m.get("name") or "", "arguments": _arguments(m.get("toolInput"))}}
-            prev = out[-1] if out else None
-            if prev is not None and prev["role"] == "assistant" and not prev.get("_closed"):
-                # merge into the open assistant step: its prose, reasoning and earlier calls
-                prev.setdefault("tool_calls", []).append(call)
-                prev["_text"] = "\n".join(t for t in (prev["_text"], content) if t)
-                prev["_think"] = "\n\n".join(t for t in (prev["_think"], think(m)) if t) or None
-            else:
-                close_step()
-                out.append({"role": "assistant", "_text": content, "_think": think(m), "tool_calls": [call]})
-                flags.append(False)
-            step_at[0] = len(out) - 1
-            pending_calls.append((m, results.get(m.get("toolCallId"))))
-            continue
-        if out and out[-1]["role"] == "assistant":
-            out[-1]["_closed"] = True
-        if role == "assistant":
-            close_step()
-            out.append({"role": "assistant", "_text": content, "_think": think(m)})
-            flags.append(False)
-            continue
-        if role != "tool":
-            close_step()
-        msg: dict[str, Any] = {"role": role, "content": content}
-        if role == "tool":
-            if m.get("toolCallId") is not None:
-                msg["tool_call_id"] = m["toolCallId"]
-            if m.get("name") is not None:
-                msg["name"] = m["name"]
-        out.append(msg)
-        flags.append(False)
-    close_step()
-    for msg in out:
-        if "_text" in msg:
-            text, thinking = msg.pop("_text"), msg.pop("_think")
-            msg.pop("_closed", None)
-            calls = msg.pop("tool_calls", None)
-            msg["content"] = _parts(text, thinking)
-            if calls:
-                msg["tool_calls"] = calls
-    return out, flags
-
-
 def run_case(run: dict) -> str:
     """The case a run belongs to (Machine's `caseOf`, whose body was not seen).
 
     Rule used here: `run["case"]` when the record carries one (conversations record the case
     they started from), else `run["input"]`, else "" (a run with no input is its own empty case).
+
+    Args:
+        run: a Run record.
+
+    Returns:
+        The case text.
     """
     case = run.get("case")
     if isinstance(case, str):
@@ -228,9 +104,19 @@ def conversation(run: dict, instructions: str | None = None,
                  failed: FailedPredicate | None = None) -> list[dict]:
     """A run as one chat conversation: the system instructions, its history, its trajectory.
 
-    instructions: the system message; default None uses the run's own `instructions` (what it
-    ran under), and no system message when neither is set. Earlier turns (history) carry no
-    reasoning: harnesses do not send it back across turns. See `to_chat` for tool calls.
+    Earlier turns (history) carry no reasoning: harnesses do not send it back across turns. See
+    `to_chat` for tool calls.
+
+    Args:
+        run: a Run record.
+        instructions: the system message; default None: the run's own `instructions` (what it ran
+            under), and no system message when neither is set.
+        reasoning: True (default) keeps reasoning as thinking parts, a function rewrites it,
+            False/None drops it.
+        failed: the failed-tool predicate (default None: `default_failed`).
+
+    Returns:
+        The chat messages.
     """
     return _conversation(run, instructions, reasoning, failed)[0]
 
@@ -256,15 +142,23 @@ def _last_user(messages: Sequence[dict]) -> int:
 def step_examples(messages: Sequence[dict], *, failed_steps: Sequence[bool] | None = None,
                   keep_step_reasoning: bool = False, skip_failed_steps: bool = True,
                   failed: FailedPredicate | None = None) -> list[list[dict]]:
-    """One example per assistant step after the last user message: the context the model saw
-    at that step, ending with what it produced (trained on the last message only).
+    """One example per assistant step after the last user message: the context the model saw at that
+    step, ending with what it produced (trained on the last message only).
 
-    Messages up to the last user message lose their reasoning; later steps of the same run keep
-    theirs only with `keep_step_reasoning` (default False; training_lines turns it on for
-    harnesses that resend reasoning). Steps whose tool calls all failed are left out
-    (`skip_failed_steps`, default True, so the model is not taught to repeat them) but stay in
-    later steps' context. `failed_steps` (from `to_chat`) says which steps failed; without it
-    `step_failed` judges the chat messages with `failed`.
+    Messages up to the last user message lose their reasoning. Steps whose tool calls all failed
+    are left out, so the model is not taught to repeat them, but stay in later steps' context.
+
+    Args:
+        messages: the chat conversation.
+        failed_steps: which messages are failed steps (from `to_chat`); default None: judged with
+            `step_failed` and `failed`.
+        keep_step_reasoning: later steps of the same run keep their reasoning in context (default
+            False; training_lines turns it on for harnesses that resend reasoning).
+        skip_failed_steps: leave failed steps out as targets (default True).
+        failed: the failed-tool predicate when failed_steps is not given (default None: `default_failed`).
+
+    Returns:
+        The examples, each a list of chat messages.
     """
     last_user = _last_user(messages)
     out = []
@@ -282,10 +176,21 @@ def step_examples(messages: Sequence[dict], *, failed_steps: Sequence[bool] | No
 
 def whole_run_example(messages: Sequence[dict], *, failed_steps: Sequence[bool] | None = None,
                       failed: FailedPredicate | None = None) -> list[dict]:
-    """A whole run as one example: every assistant message after the last user message carries
-    `trainable` (False for steps whose tool calls all failed); other messages carry none, as in
-    Machine's wholeRunExample (a trainer using tinker-cookbook's CUSTOMIZED mode treats a
-    missing flag as False). Messages up to the last user message lose their reasoning."""
+    """A whole run as one example, as Machine's wholeRunExample builds it.
+
+    Every assistant message after the last user message carries `trainable` (False for steps
+    whose tool calls all failed); other messages carry none (a trainer using tinker-cookbook's
+    CUSTOMIZED mode treats a missing flag as False). Messages up to the last user message lose
+    their reasoning.
+
+    Args:
+        messages: the chat conversation.
+        failed_steps: which messages are failed steps (default None: judged with `failed`).
+        failed: the failed-tool predicate (default None: `default_failed`).
+
+    Returns:
+        The example's messages.
+    """
     last_user = _last_user(messages)
     out = []
     for i, m in enumerate(messages):
@@ -298,14 +203,27 @@ def whole_run_example(messages: Sequence[dict], *, failed_steps: Sequence[bool] 
 
 
 def whole_runs_for(base_model: str) -> bool:
-    """Whether a base model's training data can be whole runs: verified by Machine for Inkling's renderer."""
+    """Whether a base model's training data can be whole runs (verified by Machine for Inkling's renderer).
+
+    Args:
+        base_model: the model to be trained.
+
+    Returns:
+        True for Inkling models.
+    """
     return base_model.startswith("thinkingmachines/Inkling")
 
 
 def tool_specs(tools: Iterable[dict] | None) -> list[dict]:
-    """Tools as export-line ToolSpecs `{name, description, parameters}` (parameters = input JSON schema).
+    """Tools as export-line ToolSpecs.
 
-    Accepts Machine tools (`inputSchema`), ToolSpecs, or OpenAI `{type: "function", function: {…}}`."""
+    Args:
+        tools: Machine tools (`inputSchema`), ToolSpecs, or OpenAI `{type: "function", function:
+            {…}}` declarations (None: none).
+
+    Returns:
+        `[{name, description, parameters}]` (parameters: the input JSON schema).
+    """
     out = []
     for t in tools or []:
         f = t.get("function", t) if t.get("type") == "function" else t
@@ -319,7 +237,14 @@ def uniform_content(lines: list[dict]) -> list[dict]:
     message carries parts (reasoning), all parts (a string becomes one text part; "" none).
 
     A dataset loader (Hugging Face `datasets`, which FromConversationFileBuilder uses) needs one
-    type per field across the whole file; mixing strings and part lists breaks it."""
+    type per field across the whole file; mixing strings and part lists breaks it.
+
+    Args:
+        lines: training lines.
+
+    Returns:
+        The lines (copies where content changed).
+    """
     if not any(isinstance(m.get("content"), list) for line in lines for m in line["messages"]):
         return lines
     out = []
@@ -332,7 +257,14 @@ def uniform_content(lines: list[dict]) -> list[dict]:
 
 
 def run_records(runs: Any) -> list[dict]:
-    """Run records from a load_runs DataFrame (its `run` column), a Series/dict row, or Run dicts."""
+    """The Run records of runs in any of the forms the API takes.
+
+    Args:
+        runs: a load_runs DataFrame (its `run` column), a row (Series or dict), or Run dicts.
+
+    Returns:
+        The Run dicts, in order.
+    """
     if hasattr(runs, "columns"):
         return list(runs["run"]) if len(runs) else []
     if hasattr(runs, "to_dict") or (isinstance(runs, dict)):
@@ -341,10 +273,11 @@ def run_records(runs: Any) -> list[dict]:
     return [r["run"] if isinstance(r, dict) and isinstance(r.get("run"), dict) else r for r in runs]
 
 
-def training_lines(selected: Any, machine: dict | str | None = None, *, tools: Iterable[dict] | None = None,
+@renamed(selected="runs")
+def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Iterable[dict] | None = None,
                    whole_runs: bool | None = None, base_model: str | None = None,
                    reasoning: bool | Callable[[str], str] = True, instructions: str | None = None,
-                   failed: FailedPredicate | None = None, workspace: Any = None) -> list[dict]:
+                   failed: FailedPredicate | None = None, workspace: str | os.PathLike | None = None) -> list[dict]:
     """Training lines (Machine's ExportLine) from selected runs.
 
     Each line: `{"messages", "tools"? (when the machine has tools), "machine", "run", "score",
@@ -352,22 +285,30 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     RESENDS_REASONING keep earlier steps' reasoning), or with whole runs one line per run of such
     a harness (see `whole_run_example`); runs of other harnesses still give step lines.
 
-    selected: a DataFrame from `select_runs` (its `attrs["machine"]` supplies the definition), or
-              Run dicts. machine: the definition dict or a name (read from `workspace`); default
-              the one select_runs attached, else just the runs' machine name.
-    tools: tool declarations (Machine tools or ToolSpecs); default the machine's.
-    whole_runs: default None = `whole_runs_for(base_model)` when base_model is given, else False.
-              True with a non-Inkling base model (base_model, else the machine's model) is an
-              error: Machine verified whole runs only for Inkling's renderer.
-    base_model: the model to be trained (default None: the machine's model where needed).
-    reasoning: True (default) keeps reasoning as thinking parts (rewritten by the definition's
-              `transform_reasoning` function when it has one, Machine's transformReasoning),
-              False drops it, a function rewrites it.
-    instructions: the system message; default the machine's instructions, else each run's own.
-    failed: failed-tool predicate, default `default_failed`.
-    The result has uniform content (see `uniform_content`).
+    Args:
+        runs: the runs to export: a load_runs frame (e.g. select_runs' result), a row, or Run dicts.
+        machine: the machine's definition dict or name (its definition read from `workspace`).
+            Default None: the machine all of `runs` belong to, its definition read from the
+            workspace they were loaded from when it has one (only its name otherwise); runs of
+            several machines use no definition. (A frame's `attrs["machine"]`, which select_runs
+            once attached, is still read, with a DeprecationWarning.)
+        tools: tool declarations (Machine tools or ToolSpecs); default None: the machine's.
+        whole_runs: one line per whole run. Default None: `whole_runs_for(base_model)` when
+            base_model is given, else False. True with a non-Inkling base model (base_model, else
+            the machine's model) is an error: Machine verified whole runs only for Inkling's renderer.
+        base_model: the model to be trained (default None: the machine's model where needed).
+        reasoning: True (default) keeps reasoning as thinking parts (rewritten by the definition's
+            `transform_reasoning` function when it has one, Machine's transformReasoning); False
+            drops it; a function rewrites it.
+        instructions: the system message; default None: the machine's instructions, else each
+            run's own.
+        failed: the failed-tool predicate (default None: `default_failed`).
+        workspace: where a machine given by name is defined (default None: the runs' workspace).
+
+    Returns:
+        The lines, with uniform content (see `uniform_content`).
     """
-    mdef = _machine_def(selected, machine, workspace)
+    mdef = _definition(runs, machine, workspace)
     if whole_runs is None:
         whole_runs = bool(base_model) and whole_runs_for(base_model)
     elif whole_runs and base_model is None and isinstance(mdef.get("model"), str) \
@@ -382,7 +323,7 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     system = instructions if instructions is not None else mdef.get("instructions")
     extra = {"tools": specs} if specs else {}
     lines: list[dict] = []
-    for run in run_records(selected):
+    for run in run_records(runs):
         name = mdef.get("name") or run.get("machine")
         score = (run.get("scorecard") or {}).get("total")
         msgs, flags = _conversation(run, system, reasoning, failed)
@@ -396,27 +337,34 @@ def training_lines(selected: Any, machine: dict | str | None = None, *, tools: I
     return uniform_content(lines)
 
 
-def _machine_def(selected: Any, machine: dict | str | None, workspace: Any) -> dict:
-    if isinstance(machine, dict):
-        return machine
-    attached = getattr(selected, "attrs", {}).get("machine") if hasattr(selected, "attrs") else None
-    if machine is None and isinstance(attached, dict):
-        return attached
-    if isinstance(machine, str):
-        ws = workspace or (getattr(selected, "attrs", {}) or {}).get("workspace")
-        if ws is not None:
-            from .store.workspace import load_machine
+def _definition(runs: Any, machine: dict | str | None, workspace: Any) -> dict:
+    """The machine definition training_lines uses (resolve_machine's), or the deprecated attached one."""
+    attrs = getattr(runs, "attrs", None) if hasattr(runs, "columns") else None
+    attached = attrs.get("machine") if isinstance(attrs, dict) else None
+    if machine is None and workspace is None and isinstance(attached, dict):
+        import warnings
 
-            return load_machine(ws, machine)
-        return {"name": machine}
-    return {}
+        warnings.warn("training_lines read the machine definition from the frame's attrs['machine'], which "
+                      "select_runs no longer sets: pass machine= (a name or the definition) and workspace= instead",
+                      DeprecationWarning, stacklevel=3)
+        return attached
+    return resolve_machine(machine, workspace, runs=runs, undefined="name" if machine is None else "raise")
 
 
 def estimate_tokens(lines: Iterable[dict]) -> int:
-    """An ESTIMATE (not a count) of the tokens a training file holds: characters of the messages
-    and tool declarations as compact JSON (JavaScript's JSON.stringify lengths, UTF-16 units),
-    divided by 2.5. A deliberate over-estimate, kept from Machine (about 4 characters per token
-    measured with Qwen3's renderer); exact counts come from `machine_nb.count_tokens`."""
+    """An ESTIMATE (not a count) of the tokens a training file holds, by Machine's rule.
+
+    Characters of the messages and tool declarations as compact JSON (JavaScript's
+    JSON.stringify lengths, UTF-16 units), divided by 2.5: a deliberate over-estimate, kept from
+    Machine (how far it is from exact counts: benchmarks/bench_tokens.py). Exact counts come from
+    `machine_nb.count_tokens`.
+
+    Args:
+        lines: training lines (`messages`, `tools`?).
+
+    Returns:
+        The estimated tokens, rounded up.
+    """
     def units(value: Any) -> int:
         s = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         return len(s) if s.isascii() else len(s.encode("utf-16-le")) // 2
@@ -437,12 +385,26 @@ class HeldOutExcluded(UserWarning):
 
 def case_key(text: Any) -> str:
     """How inputs are compared against held-out cases: whitespace collapsed, lower-cased, stripped
-    (so "What is 2 + 2?" and "what is 2 + 2? " are the same case)."""
+    (so "What is 2 + 2?" and "what is 2 + 2? " are the same case).
+
+    Args:
+        text: the input.
+
+    Returns:
+        The key.
+    """
     return re.sub(r"\s+", " ", str(text)).strip().lower()
 
 
 def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
-    """The case keys of held-out cases given as strings, `{input}` dicts or a load_cases frame."""
+    """The case keys of held-out cases.
+
+    Args:
+        exclude: strings, `{input}` dicts or a load_cases frame (None: none).
+
+    Returns:
+        The set of case_key values.
+    """
     if exclude is None:
         return set()
     if hasattr(exclude, "columns") and "input" in exclude:
@@ -451,7 +413,15 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
 
 
 def say_excluded(n: int, total: int, what: str, source: str, stacklevel: int = 3) -> None:
-    """One HeldOutExcluded warning saying how many of `total` were left out and why."""
+    """One HeldOutExcluded warning saying how many of `total` were left out and why (none when n is 0).
+
+    Args:
+        n: how many were left out.
+        total: how many there were.
+        what: what they are ("run(s)", "tagged row(s)", …).
+        source: where the held-out cases came from.
+        stacklevel: the warning's stack level (default 3: the caller's caller).
+    """
     if n:
         import warnings
 
@@ -501,14 +471,7 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
     """
     if hasattr(rows, "columns"):
         rows = list(rows["row"]) if "row" in rows.columns else rows.to_dict("records")
-    if isinstance(machine, str):
-        mdef: dict = {"name": machine}
-        if workspace is not None:
-            from .store.workspace import load_machine
-
-            mdef = load_machine(workspace, machine)
-    else:
-        mdef = dict(machine or {})
+    mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
     system = mdef.get("instructions") if instructions is None else instructions
@@ -529,7 +492,7 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
             skipped.append((row, "no assistant reply"))
             continue
         users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
-        if held and any(case_key(_plain(m.get("content"))) in held for m in users):
+        if held and any(case_key(content_text(m.get("content"))) in held for m in users):
             excluded.append(row)
             continue
         chat = [dict(m) for m in msgs]
@@ -544,9 +507,3 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
     say_excluded(len(excluded), len(excluded) + len(lines), "tagged row(s)",
                  f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
     return TaggedLines(uniform_content(lines), excluded, skipped)
-
-
-def _plain(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return "" if content is None else str(content)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
 from .errors import MachineFormatError
-from .store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, read_json,
-                              warn_skipped, workspace_root)
+from .store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, on_error_policy,
+                              read_json, warn_skipped, workspace_root)
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RUN_COLUMNS = [
     "id", "machine", "model", "harness", "input", "output", "case", "score", "rubric",
@@ -27,7 +30,7 @@ score: scorecard.total (NaN when unscored). rubric: scorecard.rubric (the rubric
 started_at, finished_at: UTC datetimes (NaT when empty or unparseable). duration_s: their gap.
 n_messages: history + trajectory messages (the rows `messages()` gives for the run).
 n_tool_calls: assistant tool-call messages; n_failed_tool_calls: those whose result failed
-(export.default_failed unless `failed=` is given).
+(store.messages.default_failed unless `failed=` is given).
 input_tokens, output_tokens, cost_usd: from `usage` (NaN when absent).
 version, instructions: what the run was made under (None when not recorded).
 final: False only for a non-final turn of a conversation (`conversation.final` false).
@@ -46,32 +49,40 @@ INDEX_MIN_RUNS = 5_000
 (below it, parsing every file takes well under a second and the frame holds the records)."""
 
 
-def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
+def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
               store: str | os.PathLike | None = None, failed: FailedPredicate | None = None,
-              index: bool | None = None, check: str = "dirs"):
+              index: bool | None = None, check: str = "dirs", strict: bool | None = None) -> pd.DataFrame:
     """All runs of a workspace as a DataFrame, one row per run, newest first (started_at, then id).
 
-    workspace: the workspace root (holding `.machine/`) or the `.machine` directory itself.
-    machine: only this machine and its nested machines (default None: all).
-    strict: False (default) skips bad or misplaced run files with one SkippedFiles warning that
-            lists each file and why; True raises MachineFormatError naming file and field.
-    store: a tag store directory; when given, adds a `tags` column (list of the tags whose rows
-           name the run, matched by machine and id; see `attach_tags`). Default None keeps loading fast.
-    failed: the failed-tool predicate for n_failed_tool_calls (default export.default_failed).
-            Another predicate parses every file (the index holds counts by the default rule).
-    index: keep the run table in the run index (`store/index.py`: a Parquet file in the user's
-           cache folder) and parse only new or changed files on the next load. Default None: yes
-           when the workspace has an index already or holds at least INDEX_MIN_RUNS run files;
-           True: always; False: parse every file, keep nothing.
-    check: how an indexed reload finds changed files: "dirs" (default; folder times, which every
-           file created, deleted or renamed into place changes, plus a stat of unfinished runs
-           and bad files) or "files" (stat every file; also sees files rewritten in place). See
-           `store.index.update_index`.
-    Columns: see RUN_COLUMNS. With the index, `run` is filled on demand (a lazy column: each value
-    is read from its run file when asked for, see `load_records`); without it, `run` holds the
-    parsed records. `attrs["workspace"]` records the workspace root; `attrs["index"]` what the
-    index did (an IndexStats: files, parsed, reused, removed, …) or None.
+    Args:
+        workspace: the workspace root (holding `.machine/`) or the `.machine` directory itself.
+        machine: only this machine and its nested machines (default None: all).
+        on_error: what a bad or misplaced run file does: "warn" (default: skipped, with one
+            SkippedFiles warning that lists each file and why), "skip" (skipped silently) or
+            "raise" (MachineFormatError naming the file and field).
+        store: a tag store directory; when given, adds a `tags` column (the tags whose rows name
+            the run, matched by machine and id; see `attach_tags`). Default None keeps loading fast.
+        failed: the failed-tool predicate for n_failed_tool_calls (default None:
+            store.messages.default_failed). Another predicate parses every file (the index holds
+            counts by the default rule).
+        index: keep the run table in the run index (`store/index.py`: a Parquet file in the
+            user's cache folder) and parse only new or changed files on the next load. Default
+            None: yes when the workspace has an index already or holds at least INDEX_MIN_RUNS run
+            files; True: always; False: parse every file, keep nothing.
+        check: how an indexed reload finds changed files: "dirs" (default; folder times, which
+            every file created, deleted or renamed into place changes, plus a stat of unfinished
+            runs and bad files) or "files" (stat every file; also sees files rewritten in place).
+            See `store.index.update_index`.
+        strict: the older name of on_error: True is "raise", False "warn" (warns).
+
+    Returns:
+        A DataFrame with RUN_COLUMNS (and `tags` with a store). With the index, `run` is filled on
+        demand (a lazy column: each value is read from its run file when asked for, see
+        `load_records`); without it, `run` holds the parsed records. `attrs["workspace"]` records
+        the workspace root; `attrs["index"]` what the index did (an IndexStats: files, parsed,
+        reused, removed, …) or None.
     """
+    on_error = on_error_policy(on_error, strict, "load_runs")
     failed_rule = failed or default_failed
     if check not in ("dirs", "files"):
         raise ValueError(f"check must be one of ('dirs', 'files'), not {check!r}")
@@ -104,7 +115,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
             from .store.index import update_index
 
             table, stats, problems = update_index(workspace, _parser(default_failed), machine=machine, check=check)
-            return _frame(table, workspace, store, strict, problems, None, stats)
+            return _frame(table, workspace, store, on_error, problems, None, stats)
         if listed is None:
             listed = list(iter_named_files(root.joinpath(*scope), within=root))
         entries, problems = [], []
@@ -122,7 +133,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
 
         table = table.append_column("_pos", _arange(table.num_rows))
         table = sort_table(_with_file_fields(table, entries))
-        return _frame(table, workspace, store, strict, problems, records, None)
+        return _frame(table, workspace, store, on_error, problems, records, None)
     finally:
         if gc_was_on:
             gc.enable()
@@ -258,7 +269,7 @@ def _str_dtype():
     return _STR_DTYPE
 
 
-def _frame(table: Any, workspace: Any, store: Any, strict: bool, problems: list, records: list | None,
+def _frame(table: Any, workspace: Any, store: Any, on_error: str, problems: list, records: list | None,
            stats: Any):
     """The runs DataFrame from index rows (sorted): bad files warned about (or raised), times
     warned about, `path` and `run` added, tags attached."""
@@ -277,7 +288,7 @@ def _frame(table: Any, workspace: Any, store: Any, strict: bool, problems: list,
                 os.path.join(root, *b["dir"].split("/"), b["name"])
             skipped.append(MachineFormatError(path, b["error"], line=b["error_line"], field=b["error_field"]))
         table = table.filter(pc.invert(is_bad))
-    if strict and skipped:
+    if on_error == "raise" and skipped:
         raise skipped[0]
     if any(c.num_chunks > 1 for c in table.columns):
         table = table.combine_chunks()  # the picker takes pages of rows: one chunk each keeps that fast
@@ -309,7 +320,8 @@ def _frame(table: Any, workspace: Any, store: Any, strict: bool, problems: list,
         df["tags"] = attach_tags(df, store)
     df.attrs["workspace"] = str(workspace_root(workspace))
     df.attrs["index"] = stats
-    warn_skipped("run file(s)", skipped, stacklevel=4)
+    if on_error == "warn":
+        warn_skipped("run file(s)", skipped, stacklevel=4)
     return df
 
 
@@ -321,6 +333,13 @@ def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
     itself writes them: only `source`, `<id>.json`) tags the run with that id when exactly one
     run among `runs` has it; when several machines have a run with that id, it tags none of them
     and a warning lists it, since it cannot say which.
+
+    Args:
+        runs: a load_runs frame (its `machine` and `id` columns).
+        store: the tag store directory.
+
+    Returns:
+        One list of tags per row, in row order.
     """
     import warnings
 
@@ -354,11 +373,16 @@ def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
 def load_records(runs: Any) -> list[dict]:
     """The Run records of a runs frame's rows (or of one row), in row order, read on demand.
 
-    runs: a load_runs DataFrame (or any selection of one, e.g. `picker.selected`), a row, or Run
-          dicts. Rows of an indexed frame are read from their run files now (their `run` column
-          is lazy); otherwise the records the frame holds are returned. A frame without a `run`
-          column is read from its `path` column.
-    Returns: a list of Run dicts.
+    Rows of an indexed frame are read from their run files now (their `run` column is lazy);
+    otherwise the records the frame holds are returned. A frame without a `run` column is read
+    from its `path` column.
+
+    Args:
+        runs: a load_runs DataFrame (or any selection of one, e.g. `picker.selected`), a row, or
+            Run dicts.
+
+    Returns:
+        A list of Run dicts.
     """
     from .store.records import load_run_records
 
@@ -367,15 +391,19 @@ def load_records(runs: Any) -> list[dict]:
     return run_records(runs)
 
 
-def messages(runs: Any, *, failed: FailedPredicate | None = None):
+def messages(runs: Any, *, failed: FailedPredicate | None = None) -> pd.DataFrame:
     """One row per message of the given runs (history first, then trajectory), in order.
 
-    runs: a load_runs DataFrame, one of its rows, a Run dict, or a list of Run dicts.
-    Columns: run_id, machine, index (0-based within the run), role, content, reasoning,
-    tool_name (`name`), tool_call_id, tool_input (the call's arguments, as stored),
-    is_tool_call (an assistant tool-call message), failed (for a tool call: its result failed;
-    for a tool result: it is a failure; judged by `failed`, default export.default_failed;
-    False otherwise), in_history (the message came from `history`, an earlier turn).
+    Args:
+        runs: a load_runs DataFrame, one of its rows, a Run dict, or a list of Run dicts.
+        failed: the failed-tool predicate (default None: store.messages.default_failed).
+
+    Returns:
+        A DataFrame with MESSAGE_COLUMNS: run_id, machine, index (0-based within the run), role,
+        content, reasoning, tool_name (`name`), tool_call_id, tool_input (the call's arguments, as
+        stored), is_tool_call (an assistant tool-call message), failed (for a tool call: its result
+        failed; for a tool result: it is a failure; judged by `failed`; False otherwise),
+        in_history (the message came from `history`, an earlier turn).
     """
     import pandas as pd
 

@@ -4,8 +4,9 @@ never interleave or lose a row.
 
 Reading streams (one line in memory at a time), so a 100,000-row file costs no more than its
 longest line. A value nested deeper than MAX_DEPTH is a bad line like any other (the same on every
-call stack, where Python's own recursion limit would depend on how deep the caller already is). The lock is a sidecar file (`.<name>.lock`) rather than the data file itself, so a
-rewrite (temp + rename, e.g. undoing a tag) and appends exclude each other too.
+call stack, where Python's own recursion limit would depend on how deep the caller already is).
+The lock is a sidecar file (`.<name>.lock`) rather than the data file itself, so a rewrite
+(atomic_replace, e.g. undoing a tag) and appends exclude each other too.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from .compat import renamed
 from .errors import MachineFormatError
 
 OnError = Literal["raise", "warn", "skip"]
@@ -36,10 +39,16 @@ class SkippedLines(UserWarning):
 
 
 def json_error_reason(exc: json.JSONDecodeError) -> str:
-    """The reason of a JSON syntax error in one phrase: "invalid JSON: <what> at column <n>".
+    """The reason of a JSON syntax error in one phrase.
 
     The parser's messages may end in "at" already ("Unterminated string starting at"), so the
     column is appended without doubling the word.
+
+    Args:
+        exc: the json module's error.
+
+    Returns:
+        "invalid JSON: <what> at column <n>".
     """
     what = exc.msg.rstrip(": ")
     what = what[:-3] if what.endswith(" at") else what
@@ -70,43 +79,109 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]')  # strings, brackets, commas, colons
+
+
+def _too_deep_at(raw: bytes) -> tuple[int, str | None]:
+    """(1-based line, top-level field) where a JSON text's nesting first passes MAX_DEPTH: the
+    field is the key of the top-level object's member (or the index of the top-level array's
+    element) it happens in, None when that cannot be told. Only called on the error path."""
+    depth, field, top_is_object, index, last_string = 0, None, True, 0, b""
+    for m in _TOKENS.finditer(raw):
+        token = m.group()
+        first = token[:1]
+        if first == b'"':
+            last_string = token
+        elif first in b"[{":
+            if depth == 0:
+                top_is_object = first == b"{"
+            elif depth == 1 and not top_is_object:
+                field = str(index)
+            depth += 1
+            if depth > MAX_DEPTH:
+                return raw.count(b"\n", 0, m.start()) + 1, field
+        elif first in b"]}":
+            depth -= 1
+        elif depth == 1 and first == b":" and top_is_object:
+            try:
+                field = json.loads(last_string)
+            except ValueError:
+                field = last_string[1:-1].decode("utf-8", "replace")
+        elif depth == 1 and first == b",":
+            index += 1
+    return raw.count(b"\n") + 1, field
+
+
 def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: int | None = None) -> Any:
-    """One JSON value, or MachineFormatError (a ValueError) naming `path` and `line`.
+    """One JSON value, or MachineFormatError (a ValueError) naming `path`, the line and the field.
 
     Besides syntax errors, a value nested deeper than MAX_DEPTH is refused, so no caller ever sees
-    a RecursionError, here or while walking the value later. Bytes must be UTF-8.
+    a RecursionError, here or while walking the value later; its error names the top-level field
+    the nesting is in.
+
+    Args:
+        text: the JSON text (bytes must be UTF-8).
+        path: the file it came from, named in errors (default None: in-memory text).
+        line: the text's line in its file (a JSONL row's number). Default None: for a document
+            of several lines, errors name the line within it (a syntax error's, or the one where
+            the nesting passes MAX_DEPTH); a one-line text gets none.
+
+    Returns:
+        The value.
+
+    Raises:
+        MachineFormatError: not UTF-8, invalid JSON, or nested too deep.
     """
     raw = text if isinstance(text, bytes) else None
     if raw is not None:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
+            where = line
+            if where is None and b"\n" in raw[:exc.start]:
+                where = raw.count(b"\n", 0, exc.start) + 1
             raise MachineFormatError(path, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                                     line=line) from None
+                                     line=where) from None
+    several = line is None and "\n" in text.rstrip()
     too_deep = f"nested deeper than {MAX_DEPTH} levels of arrays/objects"
+
+    def deep_error() -> MachineFormatError:
+        at, field = _too_deep_at(raw if raw is not None else text.encode("utf-8"))
+        return MachineFormatError(path, too_deep, line=at if several else line, field=field)
+
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MachineFormatError(path, json_error_reason(exc), line=line) from None
+        raise MachineFormatError(path, json_error_reason(exc), line=exc.lineno if several else line) from None
     except RecursionError:
-        raise MachineFormatError(path, too_deep, line=line) from None
+        raise deep_error() from None
     # cheap bounds first: only a line with that many brackets, unclosed at once, can nest that deep
     if (text.count("[") + text.count("{") > MAX_DEPTH
             and _depth_bound(raw if raw is not None else text.encode("utf-8")) > MAX_DEPTH
             and isinstance(value, (list, dict)) and _depth_over(value, MAX_DEPTH)):
-        raise MachineFormatError(path, too_deep, line=line)
+        raise deep_error()
     return value
 
 
 def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
                skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[int, Any]]:
-    """Yield `(line_number, value)` for each non-blank line of a JSONL file (1-based).
+    """The values of a JSONL file, one line at a time, numbered.
 
-    on_error: "raise" (default) raises MachineFormatError at the first bad line; "warn" skips bad
-    lines and issues one SkippedLines warning listing them at the end; "skip" skips them silently
-    but appends each error to `skipped` when given. Bad lines are non-UTF-8 bytes, invalid JSON,
-    values nested deeper than MAX_DEPTH, and a truncated last line (no newline at the end and not
-    valid JSON).
+    Bad lines are non-UTF-8 bytes, invalid JSON, values nested deeper than MAX_DEPTH, and a
+    truncated last line (no newline at the end and not valid JSON). Blank lines are skipped.
+
+    Args:
+        path: the JSONL file.
+        on_error: "raise" (default) raises MachineFormatError at the first bad line; "warn" skips
+            bad lines and issues one SkippedLines warning listing them at the end; "skip" skips them
+            silently.
+        skipped: a list each skipped line's MachineFormatError is appended to (default None).
+
+    Returns:
+        An iterator of (1-based line number, value).
+
+    Raises:
+        MachineFormatError: a missing file, or (on_error "raise") the first bad line.
     """
     path = Path(path)
     errors: list[MachineFormatError] = [] if skipped is None else skipped
@@ -136,24 +211,52 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
 
 
 def read_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> list[Any]:
-    """All values of a JSONL file, in order (see iter_jsonl for on_error)."""
+    """All values of a JSONL file, in order.
+
+    Args:
+        path: the JSONL file.
+        on_error: what a bad line does (default "raise"; see iter_jsonl).
+
+    Returns:
+        The values.
+    """
     return [value for _, value in iter_jsonl(path, on_error=on_error)]
 
 
 def dumps_line(value: Any) -> str:
-    """One JSONL line (no newline): compact separators, non-ASCII kept as is, like JSON.stringify."""
+    """One JSONL line, as JSON.stringify writes it: compact separators, non-ASCII kept as is.
+
+    Args:
+        value: a JSON-able value.
+
+    Returns:
+        The line, without its newline.
+    """
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) -> Path:
-    """Write a whole file so that readers see the old content or the new, never half of it."""
+@contextlib.contextmanager
+def atomic_replace(path: str | os.PathLike, *, mode: int = 0o600) -> Iterator[Path]:
+    """Replace a whole file so that readers see the old content or the new, never half of it.
+
+    The one way machine_nb rewrites a file in place: the new content is written to a temporary
+    file in the same folder (the caller writes it), synced to disk, given `mode` and renamed over
+    `path`; if the block raises, the temporary file is removed and `path` is untouched.
+
+    Args:
+        path: the file to replace (created when missing; its folder too).
+        mode: permission bits of the new file (default 0o600: private to the user).
+
+    Returns:
+        A context manager yielding the temporary file's path to write the new content to.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -161,22 +264,52 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return path
 
 
-def write_jsonl(lines: Iterable[Any], path: str | os.PathLike) -> Path:
-    """Write values as a JSONL file atomically (temp file + rename); returns the path.
+def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) -> Path:
+    """Write a whole text file atomically (see atomic_replace).
 
-    Accepts dicts or a DataFrame (one line per row)."""
-    if hasattr(lines, "to_dict") and hasattr(lines, "columns"):  # a DataFrame
-        lines = lines.to_dict("records")
-    body = "".join(dumps_line(v) + "\n" for v in lines)
+    Args:
+        path: the file to write (replaced whole; its folder created).
+        text: the new content (UTF-8, "\\n" line ends).
+        mode: permission bits (default 0o600).
+
+    Returns:
+        The path written.
+    """
+    with atomic_replace(path, mode=mode) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+    return Path(path)
+
+
+@renamed(lines="rows")
+def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
+    """Write values as a JSONL file atomically (see atomic_replace).
+
+    Args:
+        rows: the values, one line each: dicts, or a DataFrame (one line per row).
+        path: the file (replaced whole; its folder created).
+
+    Returns:
+        The path written.
+    """
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a DataFrame
+        rows = rows.to_dict("records")
+    body = "".join(dumps_line(v) + "\n" for v in rows)
     return atomic_write_text(path, body)
 
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike) -> Iterator[Path]:
-    """Hold the exclusive lock that appends and rewrites of `path` share."""
+    """Hold the exclusive lock that appends and rewrites of a file share.
+
+    Args:
+        path: the data file (the lock is a sidecar `.<name>.lock` beside it; folders are created).
+
+    Returns:
+        A context manager yielding `path` as a Path while the lock is held.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(f".{path.name}.lock")
@@ -188,12 +321,25 @@ def locked(path: str | os.PathLike) -> Iterator[Path]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def append_jsonl(path: str | os.PathLike, rows: Iterable[Any], *, mode: int = 0o600) -> Path:
+def append_jsonl(rows: Iterable[Any], path: str | os.PathLike, *, mode: int = 0o600) -> Path:
     """Append rows under the file's lock, in one write, synced to disk.
 
     If the file ends without a newline (a writer died mid-line), the new rows start on a fresh
     line, so the broken line stays visible on its own and no new row is merged into it.
+
+    Args:
+        rows: the values to append, one line each.
+        path: the file (created with `mode` when missing). The older order `append_jsonl(path,
+            rows)` still works for a release, with a DeprecationWarning.
+        mode: permission bits of a new file (default 0o600: private to the user).
+
+    Returns:
+        The path appended to.
     """
+    if isinstance(rows, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
+        warnings.warn("append_jsonl(path, rows) is now append_jsonl(rows, path), data first as write_jsonl; the "
+                      "old order will be removed in a later release", DeprecationWarning, stacklevel=2)
+        rows, path = path, rows
     data = "".join(dumps_line(r) + "\n" for r in rows).encode("utf-8")
     with locked(path) as path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)

@@ -13,8 +13,6 @@ machine_nb` still loads none of this module).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import warnings
 from collections.abc import Iterable
@@ -24,22 +22,20 @@ from typing import Any
 import pandas as pd
 
 from .errors import MachineFormatError
-from .jsonl import MAX_DEPTH, parse_json
-from .export import case_key, held_out_keys, run_case, say_excluded, without_thinking
+from .jsonl import parse_json
+from .export import case_key, held_out_keys, run_case, say_excluded
+# Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
+from .store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages, comparison_line,  # noqa: F401
+                          is_reply, last_user, pair_id, pair_line, pair_message, pair_record, pair_records,
+                          read_pair_records)
+
+# the older private names (preference.py's imports)
+_messages, _records = check_messages, pair_records
 from .store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
+from .store.workspace import resolve_machine
 
 #: Where pairs come from, in the order they are built (a duplicate keeps the first source's row).
 SOURCES = ("rewrite", "tags", "scores")
-
-PAIR_COLUMNS = ["pair", "source", "machine", "input", "prompt", "chosen", "rejected", "chosen_tag", "rejected_tag",
-                "chosen_run", "rejected_run", "chosen_score", "rejected_score"]
-"""Columns of a pairs frame: pair (12 hex of sha256 over prompt, chosen and rejected: the same pair
-has the same id everywhere), source ("rewrite" | "tags" | "scores" | "results" | "file"), machine,
-input (the last user message's text), prompt (the chat messages before the reply, starting with
-the machine's instructions as a system message when known), chosen and rejected (each a list
-holding one assistant message, TRL's conversational shape), chosen_tag / rejected_tag (tag row
-ids; a rewrite row is both), chosen_run / rejected_run (run ids), chosen_score / rejected_score
-(scorecard totals, for score pairs)."""
 
 # Skip reasons (`PreferencePairs.skipped`), one phrase each.
 OTHER_MACHINE = "another machine"
@@ -73,7 +69,11 @@ class PreferencePairs(pd.DataFrame):
         return PreferencePairs
 
     def skipped_counts(self) -> pd.Series:
-        """How many were skipped for each reason (most first)."""
+        """How many were skipped for each reason.
+
+        Returns:
+            A Series: reason -> count, most first.
+        """
         reasons = [s["reason"] for s in (getattr(self, "skipped", None) or [])]
         return pd.Series(reasons, dtype="object").value_counts().rename_axis("reason").rename("skipped")
 
@@ -82,62 +82,29 @@ class PreferencePairs(pd.DataFrame):
 # messages
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-    return "" if content is None else str(content)
-
-
-def _message(m: dict) -> dict:
-    """A message as pairs keep it: reasoning dropped, content a string, `trainable` flags gone."""
-    out = {k: v for k, v in without_thinking(dict(m)).items() if k != "trainable"}
-    out["content"] = _text(out.get("content"))
-    return out
-
-
-def _is_reply(m: Any) -> bool:
-    return (isinstance(m, dict) and m.get("role") == "assistant" and not m.get("tool_calls")
-            and bool(_text(m.get("content")).strip()))
-
-
 def split_reply(messages: list[dict]) -> tuple[list[dict], dict] | None:
-    """(the messages before the last assistant reply, that reply), or None when there is none.
+    """A conversation split at its last assistant reply.
 
     A reply is an assistant message with text and no tool calls; what follows it is not part of
     the pair.
+
+    Args:
+        messages: chat messages.
+
+    Returns:
+        (the messages before the reply, the reply), both as pairs keep messages; None when there
+        is no reply.
     """
-    at = max((i for i, m in enumerate(messages) if _is_reply(m)), default=-1)
+    at = max((i for i, m in enumerate(messages) if is_reply(m)), default=-1)
     if at < 0:
         return None
-    return [_message(m) for m in messages[:at]], _message(messages[at])
+    return [pair_message(m) for m in messages[:at]], pair_message(messages[at])
 
 
 def _with_system(prompt: list[dict], system: str | None) -> list[dict]:
     if system and not (prompt and prompt[0].get("role") == "system"):
         return [{"role": "system", "content": system}] + prompt
     return prompt
-
-
-def _key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def pair_id(prompt: list[dict], chosen: list[dict], rejected: list[dict]) -> str:
-    """12 hex of sha256 over the pair's canonical JSON: the same pair has the same id in every file."""
-    return hashlib.sha256(_key([prompt, chosen, rejected]).encode("utf-8")).hexdigest()[:12]
-
-
-def _last_user(prompt: list[dict]) -> str:
-    return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
-
-
-def _record(source: str, machine: Any, prompt: list[dict], chosen: dict, rejected: dict, **ids: Any) -> dict:
-    c, r = [chosen], [rejected]
-    rec = {"pair": pair_id(prompt, c, r), "source": source, "machine": machine, "input": _last_user(prompt),
-           "prompt": prompt, "chosen": c, "rejected": r}
-    for col in PAIR_COLUMNS[7:]:
-        rec[col] = ids.get(col)
-    return rec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,18 +128,6 @@ def _run_id_of(row: dict) -> str | None:
         return rid
     src = row.get("source")
     return src[:-5] if isinstance(src, str) and src.endswith(".json") else None
-
-
-def _machine_def(machine: Any, workspace: Any) -> dict:
-    if isinstance(machine, dict):
-        return dict(machine)
-    if isinstance(machine, str):
-        if workspace is not None:
-            from .store.workspace import load_machine
-
-            return load_machine(workspace, machine)
-        return {"name": machine}
-    return {}
 
 
 def _run_records(runs: Any, workspace: Any, name: str | None) -> list[dict]:
@@ -214,7 +169,7 @@ class _Collector:
         if self.held and any(case_key(m["content"]) in self.held for m in rec["prompt"] if m.get("role") == "user"):
             self.excluded.append(rec)
             return
-        prompt = _key(rec["prompt"])
+        prompt = canonical_json(rec["prompt"])
         if (prompt, chosen, rejected) in self._seen:
             self.skip(rec["source"], ident, DUPLICATE)
             return
@@ -226,7 +181,7 @@ class _Collector:
         keys = set(self._seen)
         out = []
         for rec in self.records:
-            k = (_key(rec["prompt"]), rec["chosen"][0]["content"], rec["rejected"][0]["content"])
+            k = (canonical_json(rec["prompt"]), rec["chosen"][0]["content"], rec["rejected"][0]["content"])
             if (k[0], k[2], k[1]) in keys:
                 self.skip(rec["source"], rec.get("chosen_tag") or rec["pair"], CONTRADICTS)
                 continue
@@ -291,26 +246,27 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _Ru
         prompt, reply = split
         prompt = _with_system(prompt, system)
         entry = (row, prompt, reply)
-        (good if row["tag"] == "good" else bad).setdefault(_key(prompt), []).append(entry)
+        (good if row["tag"] == "good" else bad).setdefault(canonical_json(prompt), []).append(entry)
         if "rewrite" in sources and row["tag"] == "good" and row.get("rewritten") is True:
             replaced = row.get(REPLACED_KEY)
             reason = None
             if not isinstance(replaced, str):
-                replaced, reason = _rebuilt_reply(row, _last_user(prompt), runs)
+                replaced, reason = _rebuilt_reply(row, last_user(prompt), runs)
             if replaced is None:
                 out.skip("rewrite", row.get("id"), reason or REPLACED_UNKNOWN)
                 continue
             run = _run_id_of(row)
-            out.add(_record("rewrite", row.get("machine"), prompt, reply, {"role": "assistant", "content": replaced},
-                            chosen_tag=row.get("id"), rejected_tag=row.get("id"), chosen_run=run, rejected_run=run))
+            out.add(pair_record("rewrite", row.get("machine"), prompt, reply,
+                                {"role": "assistant", "content": replaced}, chosen_tag=row.get("id"),
+                                rejected_tag=row.get("id"), chosen_run=run, rejected_run=run))
     if "tags" not in sources:
         return
     for key, goods in good.items():
         for g_row, prompt, g_reply in goods:
             for b_row, _, b_reply in bad.get(key, []):
-                out.add(_record("tags", g_row.get("machine") or b_row.get("machine"), prompt, g_reply, b_reply,
-                                chosen_tag=g_row.get("id"), rejected_tag=b_row.get("id"),
-                                chosen_run=_run_id_of(g_row), rejected_run=_run_id_of(b_row)))
+                out.add(pair_record("tags", g_row.get("machine") or b_row.get("machine"), prompt, g_reply, b_reply,
+                                    chosen_tag=g_row.get("id"), rejected_tag=b_row.get("id"),
+                                    chosen_run=_run_id_of(g_row), rejected_run=_run_id_of(b_row)))
 
 
 def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Collector) -> None:
@@ -324,7 +280,7 @@ def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Col
         prompt, reply = split
         score = (run.get("scorecard") or {}).get("total")
         score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
-        key = (str(run.get("machine")), run_case(run), _key(prompt))
+        key = (str(run.get("machine")), run_case(run), canonical_json(prompt))
         groups.setdefault(key, []).append((score, str(run.get("startedAt") or ""), run, prompt, reply))
     for members in groups.values():
         if len(members) < 2:
@@ -346,9 +302,9 @@ def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Col
         if gap < min_gap:
             out.skip("scores", best[2].get("id"), SMALL_GAP)
             continue
-        out.add(_record("scores", best[2].get("machine"), best[3], best[4], worst[4],
-                        chosen_run=best[2].get("id"), rejected_run=worst[2].get("id"),
-                        chosen_score=best[0], rejected_score=worst[0]))
+        out.add(pair_record("scores", best[2].get("machine"), best[3], best[4], worst[4],
+                            chosen_run=best[2].get("id"), rejected_run=worst[2].get("id"),
+                            chosen_score=best[0], rejected_score=worst[0]))
 
 
 def _frame(records: list[dict], excluded: list[dict], skipped: list[dict]) -> PreferencePairs:
@@ -403,7 +359,7 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
         raise ValueError(f"unknown pair source(s) {sorted(unknown)}; known: {', '.join(SOURCES)}")
     if min_gap is None or min_gap <= 0:
         raise ValueError(f"min_gap must be above 0 (equal scores are a tie, never a preference), got {min_gap}")
-    mdef = _machine_def(machine, workspace)
+    mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     system = mdef.get("instructions") if instructions is None else instructions
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
@@ -437,8 +393,8 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
     held-out pairs: a measure of whether a checkpoint prefers the answer to what the base model says.
 
     Args:
-        results: an `evaluate` / `evaluate_cases` DataFrame, or the path of a results JSON (its
-            rows carry the exact prompt messages).
+        results: an `evaluate` / `evaluate_cases` result (an EvalResult or its rows frame), or the
+            path of a results JSON (its rows carry the exact prompt messages).
         instructions: for a DataFrame, the system message of the prompt (`[system, user: input]`,
             as `evaluate_cases` prompts); default None: none. Ignored when rows carry messages.
         machine: recorded in the `machine` column (default None).
@@ -454,7 +410,9 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
             raise MachineFormatError(path, "not a results JSON (no 'rows' list)", field="rows")
         rows = data["rows"]
     else:
-        rows = results.to_dict("records")
+        from .results import as_eval_result
+
+        rows = as_eval_result(results).rows.to_dict("records")
     out = _Collector(set())
     system = [{"role": "system", "content": instructions}] if instructions else []
     for i, r in enumerate(rows):
@@ -468,21 +426,18 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
         if isinstance(r.get("messages"), list):
             if not all(isinstance(m, dict) for m in r["messages"]):
                 raise MachineFormatError(path, "must be a list of chat messages", field=f"rows.{i}.messages")
-            prompt = [_message(m) for m in r["messages"]]
+            prompt = [pair_message(m) for m in r["messages"]]
         else:
             text = r.get("input") if isinstance(r.get("input"), str) else r.get("prompt")
             prompt = system + [{"role": "user", "content": str(text)}]
-        out.add(_record("results", machine, prompt, {"role": "assistant", "content": expected},
-                        {"role": "assistant", "content": output}))
+        out.add(pair_record("results", machine, prompt, {"role": "assistant", "content": expected},
+                            {"role": "assistant", "content": output}))
     return _frame(out.result(), [], out.skipped)
 
 
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
 def _json_document(path: Path, what: str) -> Any:
-    """A whole-file JSON document through jsonl's bounded parser; its errors name the file and,
-    where it can be told, the line (a syntax error's, or the one where the nesting passes MAX_DEPTH)."""
+    """A whole-file JSON document through jsonl's bounded parser; its errors name the file, the
+    line and the field."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -490,56 +445,11 @@ def _json_document(path: Path, what: str) -> Any:
     try:
         return parse_json(raw, path)
     except MachineFormatError as exc:
-        raise MachineFormatError(path, f"{what}: {exc.reason}", line=_error_line(raw, exc.reason)) from None
-
-
-def _error_line(raw: bytes, reason: str) -> int | None:
-    """The 1-based line of a whole-file JSON document that a parse_json error is about (None if unknown)."""
-    if reason.startswith("invalid JSON"):
-        try:
-            json.loads(raw.decode("utf-8"))
-        except json.JSONDecodeError as exc:
-            return exc.lineno
-        except (ValueError, RecursionError):
-            return None
-        return None
-    if "nested deeper" in reason:
-        depth = 0
-        for number, line in enumerate(raw.split(b"\n"), start=1):
-            for byte in line.translate(None, _NOT_BRACKETS):
-                depth += 1 if byte in b"[{" else -1
-                if depth > MAX_DEPTH:
-                    return number
-    return None
+        raise MachineFormatError(path, f"{what}: {exc.reason}", line=exc.line, field=exc.field) from None
 
 
 # ---------------------------------------------------------------------------------------------
 # files
-
-
-FORMATS = ("comparison", "trl")
-
-
-def comparison_line(pair: dict) -> dict:
-    """A pair as tinker-cookbook's ComparisonBuilderFromJsonl reads it: completion A is the chosen one.
-
-    The label is always "A": the cookbook's DPO builder treats anything else, "Tie" included, as B
-    winning, which is why ties never become pairs.
-    """
-    return {"comparison": {"prompt_conversation": pair["prompt"], "completion_A": pair["chosen"],
-                           "completion_B": pair["rejected"]}, "label": "A"}
-
-
-def _provenance(pair: dict) -> dict:
-    return {k: pair.get(k) for k in ("pair", "source", "machine") if pair.get(k) is not None}
-
-
-def _records(pairs: Any) -> list[dict]:
-    if isinstance(pairs, (str, os.PathLike)):
-        return read_pairs(pairs).to_dict("records")
-    if isinstance(pairs, pd.DataFrame):
-        return pairs.to_dict("records")
-    return [dict(p) for p in pairs]
 
 
 def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison") -> Path:
@@ -560,78 +470,24 @@ def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison")
 
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-    lines = []
-    for p in _records(pairs):
-        body = comparison_line(p) if format == "comparison" else {
-            "prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]}
-        lines.append({**body, **_provenance(p)})
-    return write_jsonl(lines, path)
-
-
-def _messages(value: Any, path: Path, line: int, field: str, *, reply: bool = False) -> list[dict]:
-    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
-        raise MachineFormatError(path, "must be a list of chat messages", line=line, field=field)
-    for i, m in enumerate(value):
-        if not isinstance(m.get("role"), str):
-            raise MachineFormatError(path, "each message needs a string 'role'", line=line, field=f"{field}.{i}.role")
-    if reply:
-        if not value or not _is_reply(value[-1]):
-            raise MachineFormatError(path, "must end with an assistant reply (with text, no tool calls)",
-                                     line=line, field=field)
-        if len(value) > 1:
-            raise MachineFormatError(path, "a completion is one assistant message (DPO scores the last one only)",
-                                     line=line, field=field)
-    return [_message(m) for m in value]
+    return write_jsonl([pair_line(p, format) for p in pair_records(pairs)], path)
 
 
 def read_pairs(path: str | os.PathLike) -> PreferencePairs:
-    """Pairs from a JSONL file in either format `write_pairs` writes (recognised line by line).
-
-    A comparison line labelled "B" is read with its completions swapped; "Tie" and any other label
-    is refused, as are completions that are not one assistant reply and pairs whose two replies
-    are the same.
+    """Pairs from a JSONL file in either format `write_pairs` writes, as a frame.
 
     Args:
-        path: the pairs JSONL.
+        path: the pairs JSONL (read by store.pairs.read_pair_records: a "B" label swaps the
+            completions; ties, completions that are not one assistant reply and identical
+            replies are refused).
 
     Returns:
-        A PreferencePairs frame (source from the line, else "file"). Raises MachineFormatError
-        naming the file, line and field of the first bad line.
-    """
-    from .jsonl import iter_jsonl
+        A PreferencePairs frame (source from the line, else "file").
 
-    path = Path(path)
-    records = []
-    for line, row in iter_jsonl(path):
-        if not isinstance(row, dict):
-            raise MachineFormatError(path, "a pair must be a JSON object", line=line)
-        if "comparison" in row:
-            comp = row["comparison"]
-            if not isinstance(comp, dict):
-                raise MachineFormatError(path, "must be an object", line=line, field="comparison")
-            label = row.get("label")
-            if label not in ("A", "B"):
-                raise MachineFormatError(path, f"must be \"A\" or \"B\", not {label!r} (a tie is no preference)",
-                                         line=line, field="label")
-            a = _messages(comp.get("completion_A"), path, line, "comparison.completion_A", reply=True)
-            b = _messages(comp.get("completion_B"), path, line, "comparison.completion_B", reply=True)
-            prompt = _messages(comp.get("prompt_conversation"), path, line, "comparison.prompt_conversation")
-            chosen, rejected = (a, b) if label == "A" else (b, a)
-        elif "chosen" in row:
-            prompt = _messages(row.get("prompt"), path, line, "prompt")
-            chosen = _messages(row.get("chosen"), path, line, "chosen", reply=True)
-            rejected = _messages(row.get("rejected"), path, line, "rejected", reply=True)
-        else:
-            raise MachineFormatError(path, "neither a comparison line ('comparison', 'label') nor a TRL line "
-                                           "('prompt', 'chosen', 'rejected')", line=line)
-        if chosen[0]["content"].strip() == rejected[0]["content"].strip():
-            raise MachineFormatError(path, "chosen and rejected are the same reply: no preference to learn",
-                                     line=line, field="chosen")
-        rec = _record(str(row.get("source") or "file"), row.get("machine"), prompt, chosen[0], rejected[0])
-        records.append(rec)
-    if not records:
-        raise MachineFormatError(path, "no pairs in the file")
-    return _frame(records, [], [])
+    Raises:
+        MachineFormatError: naming the file, line and field of the first bad line.
+    """
+    return _frame(read_pair_records(path), [], [])
 
 
 __all__ = ["preference_pairs", "pairs_from_results", "write_pairs", "read_pairs", "comparison_line", "split_reply",

@@ -1,7 +1,7 @@
 """What a training run or an eval will cost before it runs, and a budget guard that refuses first.
 
 Prices are USD per million tokens, each row with its source and date (Machine's `TINKER_PRICES`
-table in its src/pricing.ts); token counts come from `tokens.count_tokens` (exact where the
+table); token counts come from `tokens.count_tokens` (exact where the
 model's renderer works offline). `train.sft`, `preference.dpo` and `evaluate` call `check_budget`
 before spending; what sampling cost once it ran is `sample_cost`.
 """
@@ -12,12 +12,16 @@ import html
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .compat import deprecated_alias, renamed
 from .errors import BudgetExceeded
 from .render import base_model, is_local_model
 
-MACHINE_SOURCE = "Machine src/pricing.ts TINKER_PRICES (Tinker models page, full undiscounted price)"
+if TYPE_CHECKING:
+    import pandas as pd
+
+MACHINE_SOURCE = "Machine TINKER_PRICES table (Tinker models page, full undiscounted price)"
 MACHINE_DATE = "2026-10-07"
 
 
@@ -32,8 +36,22 @@ class Price:
     source: str = ""
     date: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The price as plain data.
+
+        Returns:
+            {prefill, cached_prefill, sample, train, source, date}.
+        """
         return asdict(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The older name of to_dict (warns).
+
+        Returns:
+            The same as to_dict().
+        """
+        deprecated_alias("Price.as_dict()", "Price.to_dict()")
+        return self.to_dict()
 
 
 class UnknownPrice(BudgetExceeded):
@@ -76,8 +94,14 @@ _OVERRIDES: dict[str, Price] = {}
 def set_price(model: str, **fields: Any) -> Price:
     """Override (or add) a model's price for this session: `set_price("Qwen/X", train=0.5, source="quote")`.
 
-    Fields: prefill, cached_prefill, sample, train (USD per million tokens), source, date. Fields
-    not given keep the table's value (or None for a new model); source defaults to "user override".
+    Args:
+        model: the model id.
+        **fields: prefill, cached_prefill, sample, train (USD per million tokens), source, date.
+            Fields not given keep the table's value (or None for a new model); source defaults to
+            "user override".
+
+    Returns:
+        The price now in force for the model.
     """
     price = _with_fields(_OVERRIDES.get(model) or PRICES.get(model), fields)
     _OVERRIDES[model] = price
@@ -93,9 +117,16 @@ def price_for(model: str, *, prices: Mapping[str, Price | Mapping[str, Any]] | N
               strict: bool = True) -> Price | None:
     """The price row for a model: overrides and `prices=` first, then PRICES, then the id without ":peft:…".
 
-    Local engine models ("local/…") cost 0. An unknown model raises UnknownPrice ("cannot bound the
-    cost") when strict (default: spending on a guess is what the guard exists to stop), else None.
-    `prices` maps model -> Price or a dict of Price fields (a per-call override).
+    Local engine models ("local/…") cost 0.
+
+    Args:
+        model: the model id (a checkpoint is priced at its base model's rate: ask for that model).
+        prices: per-call overrides: model -> Price or a dict of Price fields (default None).
+        strict: an unknown model raises UnknownPrice ("cannot bound the cost"), the default:
+            spending on a guess is what the guard exists to stop; False returns None instead.
+
+    Returns:
+        The Price, or None (strict False, unknown model).
     """
     tables: list[Mapping[str, Any]] = [prices or {}, _OVERRIDES, PRICES]
     for name in (model, base_model(model)):
@@ -121,7 +152,10 @@ def price_for(model: str, *, prices: Mapping[str, Price | Mapping[str, Any]] | N
 def check_budget(usd: float | None, max_usd: float | None, what: str = "this run") -> None:
     """Refuse (BudgetExceeded) when `usd` is over `max_usd`, or unknown while a budget is set.
 
-    `max_usd=None` means no budget (nothing is refused).
+    Args:
+        usd: the estimated cost (None: it cannot be bounded).
+        max_usd: the spending limit in USD (None: no budget, nothing is refused).
+        what: what would cost it, for the message (default "this run").
     """
     if max_usd is None:
         return
@@ -140,8 +174,28 @@ def _price_html(price: Price) -> str:
             f"{' (' + html.escape(price.date) + ')' if price.date else ''}</small>")
 
 
+class _Estimate:
+    """What every cost estimate shares: it serialises as plain data."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain data.
+
+        Returns:
+            Every field, the price as its own dict.
+        """
+        return asdict(self)
+
+
+def _steps(items: int, batch_size: int, epochs: int, max_steps: int | None) -> tuple[int, float]:
+    """(optimizer steps, the share of the full run they make): the cookbook drops the partial
+    batch; max_steps stops early."""
+    full = (items // batch_size) * epochs
+    steps = full if max_steps is None else min(full, max_steps)
+    return steps, (1.0 if not full else steps / full)
+
+
 @dataclass
-class CostEstimate:
+class CostEstimate(_Estimate):
     """A training run's cost before it runs.
 
     tokens: rendered tokens of all rows (one epoch); trained_tokens: those with loss weight > 0;
@@ -173,7 +227,7 @@ class CostEstimate:
 
 
 @dataclass
-class EvalCostEstimate:
+class EvalCostEstimate(_Estimate):
     """An eval's cost before it runs: prompt tokens at the prefill price plus at most
     `max_tokens` sampled tokens per row at the sample price (an upper bound on output)."""
 
@@ -208,18 +262,29 @@ def _resolve_price(model: str, price: Price | Mapping[str, Any] | None, prices) 
     return price if isinstance(price, Price) else _with_fields(price_for(model, prices=prices, strict=False), price)
 
 
-def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,
+@renamed(path_or_rows="data")
+def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,
                   batch_size: int = 8, price: Price | Mapping[str, Any] | None = None,
                   max_usd: float | None = None, *, max_steps: int | None = None,
-                  prices: Mapping[str, Any] | None = None, counts=None) -> CostEstimate:
+                  prices: Mapping[str, Any] | None = None, counts: pd.DataFrame | None = None) -> CostEstimate:
     """Price a training run on a chat JSONL file (or rows) before it runs.
 
-    epochs: passes over the data (default 1, the cookbook's). batch_size: rows per step (default 8,
-    the minimal-SFT example's). price: a Price (or dict of its fields) instead of the table's row
-    (default None: `price_for(model)`; an unknown model or a missing train price raises UnknownPrice,
-    "cannot bound the cost"). max_usd: raise BudgetExceeded when the estimate is over it (default
-    None: no budget). max_steps: stop after this many steps, as `sft(max_steps=)` does (default None).
-    counts: a `count_tokens` DataFrame already computed for these rows (saves rendering twice).
+    Args:
+        data: a chat JSONL path or rows.
+        model: the model to train (its renderer counts the tokens).
+        epochs: passes over the data (default 1, the cookbook's).
+        batch_size: rows per step (default 8, the minimal-SFT example's).
+        price: a Price (or dict of its fields) instead of the table's row (default None:
+            `price_for(model)`; an unknown model or a missing train price raises UnknownPrice,
+            "cannot bound the cost").
+        max_usd: raise BudgetExceeded when the estimate is over it (default None: no budget).
+        max_steps: stop after this many steps, as `sft(max_steps=)` does (default None).
+        prices: per-call price overrides (see price_for; default None).
+        counts: a `count_tokens` DataFrame already computed for these rows (default None: counted
+            here; passing it saves rendering twice).
+
+    Returns:
+        A CostEstimate.
     """
     from .tokens import count_tokens
 
@@ -227,14 +292,12 @@ def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]],
     if row.train is None:
         raise UnknownPrice(f"No training price is known for {model!r} ({row.source or 'no source'}): cannot bound "
                            f"the cost. Pass price={{'train': …}} or call machine_nb.pricing.set_price({model!r}, train=…).")
-    df = counts if counts is not None else count_tokens(path_or_rows, model)
+    df = counts if counts is not None else count_tokens(data, model)
     rows = len(df)
     tokens = int(df["tokens"].sum()) if rows else 0
     trained = int(df["trained_tokens"].sum()) if rows else 0
     exact = bool(df["exact"].all()) if rows else True
-    full_steps = (rows // batch_size) * epochs
-    steps = full_steps if max_steps is None else min(full_steps, max_steps)
-    fraction = 1.0 if not full_steps else steps / full_steps
+    steps, fraction = _steps(rows, batch_size, epochs, max_steps)
     usd = tokens * epochs * fraction * row.train / 1e6
     est = CostEstimate(model=model, rows=rows, tokens=tokens, trained_tokens=trained, epochs=epochs,
                        batch_size=batch_size, steps=steps, usd=usd, exact=exact, price=row,
@@ -243,21 +306,31 @@ def estimate_cost(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]],
     return est
 
 
-def estimate_eval_cost(eval_path: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, max_tokens: int = 32,
+@renamed(eval_path="data")
+def estimate_eval_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, max_tokens: int = 32,
                        price: Price | Mapping[str, Any] | None = None, max_usd: float | None = None, *,
                        samples_per_row: int = 1, prices: Mapping[str, Any] | None = None) -> EvalCostEstimate:
-    """Price an eval before it runs: each row's generation prompt at prefill price plus up to
+    """Price an eval before it runs: each row's generation prompt at the prefill price plus up to
     `max_tokens` sampled tokens at the sample price.
 
-    max_tokens: the sampling limit per answer (default 32: `answer: <integer>` needs under 10).
-    samples_per_row: answers sampled per row (default 1). price / prices / max_usd as in estimate_cost.
+    Args:
+        data: an eval JSONL path or rows.
+        model: the model sampled (its renderer counts the prompts).
+        max_tokens: the sampling limit per answer (default 32: `answer: <integer>` needs under 10).
+        price: a Price (or dict of its fields) instead of the table's row (default None: price_for).
+        max_usd: raise BudgetExceeded when the estimate is over it (default None: no budget).
+        samples_per_row: answers sampled per row (default 1).
+        prices: per-call price overrides (default None).
+
+    Returns:
+        An EvalCostEstimate (an upper bound: every answer is counted at max_tokens).
     """
     from .tokens import count_prompt_tokens
 
     row = _resolve_price(model, price, prices)
     if row.prefill is None or row.sample is None:
         raise UnknownPrice(f"No sampling price is known for {model!r}: cannot bound the cost of an eval.")
-    df = count_prompt_tokens(eval_path, model)
+    df = count_prompt_tokens(data, model)
     rows = len(df)
     prompt = int(df["prompt_tokens"].sum()) * samples_per_row if rows else 0
     out = rows * max_tokens * samples_per_row
@@ -302,7 +375,7 @@ def sample_cost(model: str, engine: str | None, prompt_tokens: int, output_token
 
 
 @dataclass
-class DPOCostEstimate:
+class DPOCostEstimate(_Estimate):
     """A DPO run's cost before it runs.
 
     Each step passes every pair's two sequences (prompt + chosen, prompt + rejected) three times:
@@ -353,16 +426,19 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
         model: the model to train (its renderer counts the tokens).
         epochs: passes over the pairs (default 1, the cookbook's).
         batch_size: pairs per step (default 8).
-        price / prices: a Price (or dict of its fields) instead of the table's row, or per-call
-            overrides (default None: `price_for(model)`).
+        price: a Price (or dict of its fields) instead of the table's row (default None:
+            `price_for(model)`).
         max_usd: raise BudgetExceeded when the estimate is over it (default None: no budget).
         max_steps: stop after this many steps, as `dpo(max_steps=)` does (default None).
+        prices: per-call price overrides (default None).
 
     Returns:
-        A DPOCostEstimate. A model without a train or prefill price raises UnknownPrice ("cannot
-        bound the cost").
+        A DPOCostEstimate.
+
+    Raises:
+        UnknownPrice: no train or prefill price is known for the model ("cannot bound the cost").
     """
-    from .pairs import _records
+    from .store.pairs import pair_records
     from .tokens import count_tokens
 
     row = _resolve_price(model, price, prices)
@@ -370,15 +446,13 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
         missing = "training" if row.train is None else "prefill (the reference model's forward pass)"
         raise UnknownPrice(f"No {missing} price is known for {model!r} ({row.source or 'no source'}): cannot bound the "
                            f"cost of DPO. Call machine_nb.pricing.set_price({model!r}, train=…, prefill=…).")
-    records = _records(pairs)
+    records = pair_records(pairs)
     rows = [{"messages": list(p["prompt"]) + list(p[side])} for p in records for side in ("chosen", "rejected")]
     df = count_tokens(rows, model) if rows else None
     tokens = int(df["tokens"].sum()) if rows else 0
     trained = int(df["trained_tokens"].sum()) if rows else 0
     exact = bool(df["exact"].all()) if rows else True
-    full_steps = (len(records) // batch_size) * epochs
-    steps = full_steps if max_steps is None else min(full_steps, max_steps)
-    fraction = 1.0 if not full_steps else steps / full_steps
+    steps, fraction = _steps(len(records), batch_size, epochs, max_steps)
     passed = tokens * epochs * fraction / 1e6
     train_usd, forward_usd, reference_usd = passed * row.train, passed * row.train, passed * row.prefill
     usd = train_usd + forward_usd + reference_usd
@@ -392,7 +466,16 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
 
 def dpo_cost(model: str | None, engine: str | None, tokens: int) -> float | None:
     """What a DPO run that processed `tokens` cost (train + policy forward + reference forward, as
-    DPOCostEstimate bounds it): 0 on the local engine, None when a price is unknown."""
+    DPOCostEstimate bounds it).
+
+    Args:
+        model: the model trained (None: unknown).
+        engine: "local" or "tinker".
+        tokens: tokens processed.
+
+    Returns:
+        USD: 0 on the local engine, None when a price is unknown.
+    """
     if engine == "local":
         return 0.0
     if model is None:
@@ -403,12 +486,16 @@ def dpo_cost(model: str | None, engine: str | None, tokens: int) -> float | None
     return tokens * (2 * row.train + row.prefill) / 1e6
 
 
-def prices_frame():
-    """The price table (overrides applied) as a DataFrame: model, prefill, cached_prefill, sample, train, source, date."""
+def prices_frame() -> pd.DataFrame:
+    """The price table, overrides applied.
+
+    Returns:
+        A DataFrame with columns model, prefill, cached_prefill, sample, train, source, date.
+    """
     import pandas as pd
 
     table = {**PRICES, **_OVERRIDES}
-    return pd.DataFrame([{"model": m, **p.as_dict()} for m, p in sorted(table.items())],
+    return pd.DataFrame([{"model": m, **p.to_dict()} for m, p in sorted(table.items())],
                         columns=["model", "prefill", "cached_prefill", "sample", "train", "source", "date"])
 
 

@@ -15,7 +15,7 @@ What is redacted (`[redacted]`):
   whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
 - the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
   value or anywhere in the text;
-- key-shaped strings (validate.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
+- key-shaped strings (SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
   private key blocks), set in the environment or not.
 """
 
@@ -48,8 +48,27 @@ _COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "ni
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/@\"'<>]+)(?=@)")
 
 
+def mask(secret: str) -> str:
+    """A secret shown safely, where a finding must say which one it is.
+
+    Args:
+        secret: the secret text.
+
+    Returns:
+        Its first 4 characters and its length: "sk-a…(51 chars)".
+    """
+    return f"{secret[:4]}…({len(secret)} chars)"
+
+
 def is_secret_name(name: str) -> bool:
-    """Whether a variable's name says it holds a secret (the rule in this module's docstring)."""
+    """Whether a variable's name says it holds a secret (the rule in this module's docstring).
+
+    Args:
+        name: an environment variable's or parameter's name.
+
+    Returns:
+        True for `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, …; False for `PWD`, `GIT_AUTHOR_NAME`, ….
+    """
     parts = [p for p in re.split(r"[^A-Z0-9]+", str(name).upper()) if p]
     if len(parts) < 2 and parts in (["PWD"], ["PASS"], ["PAT"]):  # the working directory, not a password
         return False
@@ -63,8 +82,13 @@ def _worth_redacting(value: str) -> bool:
 
 
 def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
-    """The values to redact from a report, longest first: those of secret-named variables in
-    `environ` (default os.environ; non-string values are skipped) and the password of any URL value.
+    """The values to redact, longest first.
+
+    Args:
+        environ: the variables to read (default None: os.environ); non-string values are skipped.
+
+    Returns:
+        The values of secret-named variables worth redacting, and the password of any URL value.
     """
     environ = os.environ if environ is None else environ
     values = set()
@@ -89,8 +113,15 @@ def _key_shapes() -> re.Pattern[str]:
 
 
 def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
-    """Redact `secrets` (each in its raw and JSON-escaped form), URL passwords and key-shaped strings;
-    returns (text, number of replacements). Values under 8 characters are replaced as whole words only.
+    """Redact secrets, URL passwords and key-shaped strings from a text.
+
+    Args:
+        text: the text.
+        secrets: values to redact (secret_values), each in its raw and JSON-escaped form; a value
+            under 8 characters only where it stands as a whole word.
+
+    Returns:
+        (the text redacted, the number of replacements).
     """
     count = 0
     for s in secrets:
@@ -116,5 +147,12 @@ def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
 
 
 def redacted(text: str) -> str:
-    """`text` with the environment's secrets, URL passwords and key-shaped strings redacted."""
+    """A text as anyone may see it.
+
+    Args:
+        text: the text (anything; it is made a string).
+
+    Returns:
+        The text with the environment's secrets, URL passwords and key-shaped strings redacted.
+    """
     return scrub(str(text), secret_values())[0]

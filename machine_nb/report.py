@@ -6,20 +6,9 @@ an in-memory handler, never to disk), so neither a run in progress nor one stopp
 crash leaves an unredacted file anywhere; only the redacted notebook and HTML are written.
 
 What is redacted (`[redacted]`), everywhere in the notebook (outputs, sources, metadata), in the
-HTML and in the error a failing cell raises:
-- the value of every environment variable, and every `parameters` entry, with a secret name:
-  a name part (split at `_` and other non-letters) that ends in KEY, TOKEN, SECRET, PASSWORD,
-  PASSWD, PASSPHRASE, CREDENTIAL(S), or is PASS, PWD, CREDS, PAT, COOKIE, or starts with AUTH
-  (not AUTHOR): `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, `SVC_PWD`, `GCP_CREDENTIALS`, … but not
-  `PWD`, `OLDPWD` (the working directory) or `GIT_AUTHOR_NAME`;
-- whatever its length, except blank values, values under 3 characters and common flag words
-  ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
-  report and protect nothing. A value under 8 characters is replaced only where it stands as a
-  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
-- the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
-  value or anywhere in the text;
-- key-shaped strings (redact.SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
-  private key blocks), set in the environment or not.
+HTML and in the error a failing cell raises: what `machine_nb.redact` redacts (the rule's one
+home; its docstring lists it: the values of secret-named environment variables, the report's
+secret-named `parameters` too, URL passwords and key-shaped strings).
 Local paths (path_rewriter), in the same pass over the notebook and the HTML, after the secrets:
 a path under the notebook's folder is written relative to it (`cache/a.json`), one under the folder
 above it (the project a `notebooks/` folder sits in) as `../…`, one elsewhere under the home folder
@@ -43,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .compat import renamed
 from .jsonl import atomic_write_text
 from .redact import REDACTED, is_secret_name, scrub, secret_values  # noqa: F401  (the rule's home)
 
@@ -51,13 +41,31 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 @dataclass
 class Report:
-    """Where a report went and how long it took."""
+    """Where a report went and how long it took.
+
+    notebook: the notebook run. html: the HTML report written. executed: the executed notebook
+    written beside it. wall_s: seconds the run took. redactions: secrets replaced.
+    """
 
     notebook: Path
     html: Path
     executed: Path
     wall_s: float
     redactions: int
+
+    @property
+    def path(self) -> Path:
+        """The HTML report written (the file to share)."""
+        return self.html
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data.
+
+        Returns:
+            {notebook, html, executed (paths as strings), wall_s, redactions}.
+        """
+        return {"notebook": str(self.notebook), "html": str(self.html), "executed": str(self.executed),
+                "wall_s": self.wall_s, "redactions": self.redactions}
 
     def _repr_html_(self) -> str:
         return (f"<p>Report: <code>{self.html}</code> (executed notebook <code>{self.executed}</code>), "
@@ -188,6 +196,12 @@ def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
     was first shown in: the live output goes whole, its stale text with it ("LossPlot: no metrics
     yet" beside the final curve). Outputs with nothing but a widget view (a third-party widget)
     keep it, with a text note, so nothing silently disappears.
+
+    Args:
+        nb: the notebook as a dict (nbformat 4 JSON), changed in place.
+
+    Returns:
+        The same notebook.
     """
     nb.get("metadata", {}).pop("widgets", None)
     cells = nb.get("cells", [])
@@ -213,7 +227,14 @@ def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_html(notebook_json: str) -> str:
-    """A self-contained HTML page of an executed notebook's JSON text (images embedded)."""
+    """A self-contained HTML page of an executed notebook (images embedded), by nbconvert.
+
+    Args:
+        notebook_json: the notebook's JSON text.
+
+    Returns:
+        The HTML page.
+    """
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -276,21 +297,35 @@ def _redacted_error(exc: BaseException, secrets: list[str]) -> BaseException | N
     return RuntimeError(f"{type(exc).__name__}: {text}") if n else None
 
 
+@renamed(progress_bar="progress")
 def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = None,
                output: str | os.PathLike | None = None, *, kernel_name: str = "python3",
-               cwd: str | os.PathLike | None = None, progress_bar: bool = True,
+               cwd: str | os.PathLike | None = None, progress: bool | None = None,
                timeout: float | None = None) -> Report:
-    """Execute `notebook` with `parameters` and write `<output>.html` and `<output>.ipynb`, redacted,
-    with local paths written relative to the notebook's folder or as `~/…` (this module's docstring).
+    """Execute a notebook with parameters and write a shareable report: `<output>.html` and
+    `<output>.ipynb`, redacted, with local paths written relative to the notebook's folder or as
+    `~/…` (this module's docstring).
 
-    output: the HTML path; default `reports/<notebook stem>.html` under the current directory.
-    The executed notebook lands next to it with the same stem (never over `notebook` itself:
-    ValueError). cwd: the kernel's working directory; default the notebook's own folder (as
-    Jupyter and nbval run it), so relative paths in the notebook mean the same everywhere.
-    timeout: per-cell limit in seconds (default None: none).
-    A missing notebook is a FileNotFoundError before anything is created. A failing cell still
-    writes both files (the error shows in place) and then raises papermill's
-    PapermillExecutionError, its text redacted. A Ctrl-C writes nothing and re-raises.
+    Args:
+        notebook: the notebook to run (never overwritten).
+        parameters: values injected after the cell tagged `parameters` (default None: none).
+        output: the HTML path; default None: `reports/<notebook stem>.html` under the current
+            directory. The executed notebook lands next to it with the same stem.
+        kernel_name: the Jupyter kernel (default "python3").
+        cwd: the kernel's working directory; default None: the notebook's own folder (as Jupyter
+            and nbval run it), so relative paths in the notebook mean the same everywhere.
+        progress: papermill's progress bar over cells (default None: on unless
+            MACHINE_NB_PROGRESS=0).
+        timeout: per-cell limit in seconds (default None: none).
+
+    Returns:
+        A Report (notebook, html, executed, wall_s, redactions).
+
+    Raises:
+        FileNotFoundError: a missing notebook, before anything is created.
+        ValueError: the executed notebook would overwrite `notebook`.
+        PapermillExecutionError: a failing cell, its text redacted, after both files are written
+            (the error shows in place). A Ctrl-C writes nothing and re-raises.
     """
     import papermill
 
@@ -314,7 +349,8 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         try:
             papermill.execute_notebook(
                 str(notebook), memory, parameters=parameters, kernel_name=kernel_name,
-                cwd=str(cwd or notebook.parent), progress_bar=progress_bar,
+                cwd=str(cwd or notebook.parent),
+                progress_bar=progress if progress is not None else os.environ.get("MACHINE_NB_PROGRESS", "1") != "0",
                 **({"execution_timeout": timeout} if timeout else {}))
         except Exception as exc:  # keep going: the partial notebook shows where it failed
             error = exc

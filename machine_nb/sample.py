@@ -37,7 +37,14 @@ PRICES = {"thinkingmachines/Inkling-Small": (1.16, 2.88), "Qwen/Qwen3.6-35B-A3B"
 
 
 def fingerprint(text: str) -> str:
-    """The sample's rubric fingerprint: "rb-" + 12 hex of sha256 over the criteria (ours; Machine's is unknown)."""
+    """The sample's rubric fingerprint (ours: Machine's fingerprint function is not known).
+
+    Args:
+        text: the rubric's criteria as text.
+
+    Returns:
+        "rb-" + 12 hex digits of sha256 over the text.
+    """
     return "rb-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -414,19 +421,31 @@ TUTOR_START = datetime(2026, 11, 1, 18, 0, 0, tzinfo=timezone.utc)  # the evenin
 
 
 def tutor_rubric() -> str:
-    """The tutor's rubric fingerprint (the sample's rule, see `fingerprint`)."""
+    """The tutor's rubric fingerprint (the sample's rule, see `fingerprint`).
+
+    Returns:
+        The fingerprint.
+    """
     return fingerprint(json.dumps(TUTOR_CRITERIA))
 
 
 def tutor_cases() -> list[dict]:
     """The tutor's cases.json: every question its runs asked, each with the eval rule that scores it
-    (`expected` + `match`, as eval rows declare them: `answer: N` exactly, or the fact contained)."""
+    (`expected` + `match`, as eval rows declare them: `answer: N` exactly, or the fact contained).
+
+    Returns:
+        The cases.
+    """
     return ([{"input": q, "expected": f"answer: {n}", "match": "exact"} for q, n, *_ in TUTOR_ARITHMETIC]
             + [{"input": q, "expected": fact, "match": "contains"} for q, fact, *_ in TUTOR_FACTS])
 
 
 def tutor_holdout() -> list[dict]:
-    """The tutor's holdout.json: arithmetic only, so the live model's natural replies score 0."""
+    """The tutor's holdout.json: arithmetic only, so the live model's natural replies score 0.
+
+    Returns:
+        The held-out cases.
+    """
     return [{"input": q, "expected": f"answer: {n}", "match": "exact"} for q, n in TUTOR_HOLDOUT]
 
 
@@ -513,11 +532,18 @@ def _tutor_tags(store: Path, runs: list[dict], items: list[tuple[str, int]], see
 
 
 def sample_tutor_replies(questions: list[str], engine: str = "local") -> list[tuple[str, int, int]]:
-    """What the tutor's live model answers now: (reply, prompt tokens, reply tokens) per question.
+    """What the tutor's live model answers now, one reply per question.
 
-    Greedy, 32 tokens, under TUTOR_INSTRUCTIONS, through the tinker API of `engine` (default the
-    local one). The tables above hold these replies; a test compares the two, so the sample never
-    claims a reply the model did not give.
+    Greedy, 32 tokens, under TUTOR_INSTRUCTIONS, through the tinker API of `engine`. The tables
+    above hold these replies; a test compares the two, so the sample never claims a reply the
+    model did not give.
+
+    Args:
+        questions: the questions.
+        engine: "local" (default) or "tinker".
+
+    Returns:
+        (reply, prompt tokens, reply tokens) per question.
     """
     import tinker
     from tinker_cookbook import renderers
@@ -761,6 +787,14 @@ def _sample_tags(store: Path, runs: list[dict], seed: int, tag: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m machine_nb.sample [OUT] [--seed N] [--runs N] [--pad N]`: write the sample workspace.
+
+    Args:
+        argv: the arguments (default None: sys.argv's).
+
+    Returns:
+        The exit status: 0, or 1 when OUT holds files the generator did not write.
+    """
     p = argparse.ArgumentParser(prog="python -m machine_nb.sample", description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", default="data/sample_workspace", help="workspace directory to write")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0: the committed sample)")

@@ -1,36 +1,20 @@
-"""Which runs are worth training on: Machine's `selectRuns` (seed src/train.ts) over a load_runs
-DataFrame. Turning the selected runs into training lines is `export.training_lines`.
+"""Which runs are worth training on: Machine's `selectRuns` over a load_runs DataFrame. Turning
+the selected runs into training lines is `export.training_lines`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .export import held_out_keys, case_key, run_case, run_records, say_excluded
+from .store.workspace import resolve_machine
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _UNSET: Any = object()
-
-
-def _machine_definition(runs: Any, machine: dict | str, workspace: Any) -> dict:
-    if isinstance(machine, dict):
-        if not isinstance(machine.get("name"), str):
-            raise ValueError("a machine definition dict needs a 'name'")
-        return machine
-    ws = workspace if workspace is not None else getattr(runs, "attrs", {}).get("workspace")
-    if ws is None and hasattr(runs, "columns") and "path" in runs and len(runs):
-        # <ws>/.machine/runs/<segments>/<id>.json
-        parts = os.path.normpath(runs["path"].iloc[0]).split(os.sep)
-        if ".machine" in parts:
-            ws = os.sep.join(parts[:len(parts) - 1 - parts[::-1].index(".machine")]) or os.sep
-    if ws is None:
-        return {"name": machine}
-    from .store.workspace import list_machines, load_machine
-
-    if machine not in list_machines(ws):
-        return {"name": machine}  # runs without a checked-in definition: pass rubric/instructions yourself
-    return load_machine(ws, machine)
 
 
 def _candidates(runs: Any, machine: str, min_score: float, rubric: str | None, models: set | None) -> list[int] | None:
@@ -60,31 +44,43 @@ def _candidates(runs: Any, machine: str, min_score: float, rubric: str | None, m
 def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
                 instructions: str | None = _UNSET, min_score: float = 1, best_of: int = 2,
                 exclude: Iterable[Any] | None = None, models: Iterable[str] | None = None,
-                workspace: str | os.PathLike | None = None):
-    """Graded runs worth training on: scored under the current rubric, at least min_score, the best
-    few per case (Machine's selectRuns). Returns the kept rows of `runs` (a load_runs DataFrame),
-    grouped by case in order of first appearance, best first then newest (higher id) in each.
+                workspace: str | os.PathLike | None = None) -> pd.DataFrame | list[dict]:
+    """Graded runs worth training on, by Machine's selectRuns: scored under the current rubric, at
+    least min_score, the best few per case.
 
-    machine: a name (its definition is read from `workspace`, else the workspace the runs were
-             loaded from) or a definition dict (`name`, `rubric`, `instructions`, `tools`,
-             `holdout`, as load_machine returns).
-    rubric: the rubric fingerprint runs must be scored under; default the machine's. None keeps
-            runs under any rubric (only when you know the rubric did not change).
-    instructions: runs that recorded other instructions are left out (not, say, an optimizer's
-            rewrite); default the machine's; None disables the check.
-    min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
-    best_of: keep at most this many runs per case, best first (then newest). Default 2.
-    exclude: cases never to train on, matched against a run's case and its input (strings, or
-             `{input}` case dicts; compared as `export.case_key` does: whitespace and case aside).
-             Default None = the machine's holdout cases (holdout.json is never shown to a
-             trainer); pass `()` to exclude nothing. Runs left out this way are counted in one
-             `HeldOutExcluded` warning.
-    models: only runs by these models, when given (e.g. the live model, for rejection sampling).
-    Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final
-    turns of a conversation. The definition used is attached as `result.attrs["machine"]` for
-    `training_lines`.
+    Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final turns
+    of a conversation.
+
+    Args:
+        runs: a load_runs DataFrame (or Run dicts).
+        machine: a name (its definition read with store.workspace.resolve_machine from
+            `workspace`, else the workspace the runs were loaded from; a machine without a
+            checked-in definition is known by name only) or a definition dict (`name`, `rubric`,
+            `instructions`, `tools`, `holdout`, as load_machine returns).
+        rubric: the rubric fingerprint runs must be scored under; default: the machine's. None
+            keeps runs under any rubric (only when you know the rubric did not change).
+        instructions: runs that recorded other instructions are left out (not, say, an optimizer's
+            rewrite); default: the machine's; None disables the check.
+        min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
+        best_of: keep at most this many runs per case, best first (then newest). Default 2.
+        exclude: cases never to train on, matched against a run's case and its input (strings, or
+            `{input}` case dicts; compared as `export.case_key` does: whitespace and case aside).
+            Default None: the machine's holdout cases (holdout.json is never shown to a trainer);
+            `()` excludes nothing. Runs left out this way are counted in one HeldOutExcluded warning.
+        models: only runs by these models, when given (e.g. the live model, for rejection sampling).
+        workspace: where a machine given by name is defined (default None: the runs' workspace).
+
+    Returns:
+        The kept rows of `runs` (the same columns), grouped by case in order of first appearance,
+        best first then newest (higher id) in each; a list of records for a list. `training_lines`
+        resolves the same definition itself (pass it the same `machine` and `workspace`).
+
+    Raises:
+        ValueError: no rubric fingerprint is known (pass rubric=), or a definition dict without a name.
     """
-    mdef = _machine_definition(runs, machine, workspace)
+    if isinstance(machine, dict) and not isinstance(machine.get("name"), str):
+        raise ValueError("a machine definition dict needs a 'name'")
+    mdef = resolve_machine(machine, workspace, runs=runs, undefined="name")
     fp = mdef.get("rubric") if rubric is _UNSET else rubric
     if rubric is _UNSET and fp is None:
         raise ValueError(f"no rubric fingerprint known for machine {mdef['name']!r}: pass rubric='<fingerprint>' "
@@ -128,7 +124,5 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         group.sort(key=lambda t: (t[0], t[1]), reverse=True)
         keep.extend(pos for _, _, pos in group[:best_of])
     if hasattr(runs, "columns"):
-        out = runs.iloc[keep].reset_index(drop=True)
-        out.attrs = {**runs.attrs, "machine": mdef}
-        return out
+        return runs.iloc[keep].reset_index(drop=True)
     return [records[i] for i in keep]  # a list of records: positions are the records' own

@@ -14,13 +14,17 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .chat import is_flagged, trainable_flags, trained_indices
 from .errors import EngineError, MachineFormatError
+from .compat import renamed
 from .jsonl import iter_jsonl
 
-CHARS_PER_TOKEN = 2.5  # Machine's deliberate over-estimate (~4 chars/token measured with Qwen3)
+if TYPE_CHECKING:
+    import pandas as pd
+
+CHARS_PER_TOKEN = 2.5  # Machine's deliberate over-estimate (how far off it is: benchmarks/bench_tokens.py)
 PROGRESS_MIN_ROWS = 2000  # show a progress bar past this many rows
 
 COLUMNS = ["line", "tokens", "trained_tokens", "exact", "error"]
@@ -56,26 +60,43 @@ def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, 
     return estimate_tokens([{"messages": [msgs[i] for i in keep]}]) if keep else 0
 
 
-def iter_rows(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
+@renamed(path_or_rows="data")
+def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
               skipped: list | None = None) -> Iterator[tuple[int, Any]]:
-    """(line, row) pairs from a JSONL path (1-based lines, streamed) or from an iterable of rows (index+1)."""
-    if isinstance(path_or_rows, (str, os.PathLike)):
-        yield from iter_jsonl(path_or_rows, on_error=on_error, skipped=skipped)
+    """The rows of a JSONL file or of rows in memory, numbered.
+
+    Args:
+        data: a JSONL path (streamed), rows, or a DataFrame of rows.
+        on_error: for unreadable JSONL lines: "raise" (default), "warn" or "skip" (see jsonl.iter_jsonl).
+        skipped: where "skip" collects the unreadable lines' errors (default None).
+
+    Returns:
+        An iterator of (line, row): 1-based file lines, or positions (index + 1) in memory.
+    """
+    if isinstance(data, (str, os.PathLike)):
+        yield from iter_jsonl(data, on_error=on_error, skipped=skipped)
     else:
-        if hasattr(path_or_rows, "to_dict") and hasattr(path_or_rows, "columns"):  # a DataFrame
-            path_or_rows = path_or_rows.to_dict("records")
-        yield from enumerate(path_or_rows, start=1)
+        if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame
+            data = data.to_dict("records")
+        yield from enumerate(data, start=1)
 
 
-def count_lines(path_or_rows: Any) -> int | None:
-    """Number of lines of a file (cheap, for progress totals) or len() of a sized iterable; else None."""
-    if isinstance(path_or_rows, (str, os.PathLike)):
+def count_lines(data: Any) -> int | None:
+    """How many rows there are to go through, for a progress bar's total.
+
+    Args:
+        data: a file path (its newlines are counted, cheaply) or rows.
+
+    Returns:
+        The count, or None for an iterable without a length.
+    """
+    if isinstance(data, (str, os.PathLike)):
         n = 0
-        with open(path_or_rows, "rb") as fh:
+        with open(data, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 16), b""):
                 n += block.count(b"\n")
         return n
-    return len(path_or_rows) if hasattr(path_or_rows, "__len__") else None
+    return len(data) if hasattr(data, "__len__") else None
 
 
 def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
@@ -87,6 +108,14 @@ def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
     message (the cookbook's renderers assert all or none), as chat.trainable_flags gives them. An
     explicit CUSTOMIZED applies the same rule; any other explicit mode drops the flags (the
     renderers assert none is present).
+
+    Args:
+        messages: the row's messages.
+        train_on_what: the cookbook's TrainOnWhat or its value (default None: sft's choice).
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        (messages as the cookbook gets them, the TrainOnWhat).
     """
     from tinker_cookbook.renderers import TrainOnWhat
 
@@ -102,9 +131,19 @@ def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
 
 def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
                whole_run: bool = False) -> tuple[int, int]:
-    """(tokens, trained_tokens) of one conversation through the renderer, as `train.sft` renders it.
+    """One conversation's token counts through the renderer, as `train.sft` renders it.
 
-    Raises whatever the renderer raises for a conversation it cannot render (callers report it).
+    Args:
+        renderer: the model's tinker-cookbook renderer.
+        messages: the row's messages.
+        train_on_what: the cookbook's TrainOnWhat (default None: sft's choice, see sft_view).
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        (tokens, trained tokens: those with loss weight > 0).
+
+    Raises:
+        Whatever the renderer raises for a conversation it cannot render (callers report it).
     """
     msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
     model_input, weights = renderer.build_supervised_example(msgs, train_on_what=mode)
@@ -112,12 +151,27 @@ def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: 
 
 
 def offline_note(model: str, reason: str) -> str:
-    """The one line that says why counts are estimates."""
+    """The one line that says why counts are estimates.
+
+    Args:
+        model: the model.
+        reason: why its renderer is not available.
+
+    Returns:
+        "<model>: <reason>; counts are 2.5-chars-per-token estimates (exact=False)".
+    """
     return f"{model}: {reason}; counts are 2.5-chars-per-token estimates (exact=False)"
 
 
 def renderer_or_reason(model: str) -> tuple[Any, str | None]:
-    """The model's renderer, or (None, one line saying why it is unavailable). Never waits on the hub offline."""
+    """The model's renderer, or why it is not available; never waits on the hub offline.
+
+    Args:
+        model: the model.
+
+    Returns:
+        (renderer, None), or (None, one line saying why: offline_note).
+    """
     from .render import get_renderer
 
     try:
@@ -132,28 +186,38 @@ def renderer_or_reason(model: str) -> tuple[Any, str | None]:
         return None, offline_note(model, f"no renderer ({type(exc).__name__}: {exc})")
 
 
-def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
-                 train_on_what: Any = None, on_error: str = "raise", progress: bool | None = None):
-    """Tokens per chat row for `model`: a DataFrame with columns line, tokens, trained_tokens, exact, error.
-
-    path_or_rows: a chat JSONL path (streamed) or rows `{"messages": [...], ...}`.
-    train_on_what: the cookbook's TrainOnWhat (default None: what `train.sft` uses, see sft_view:
-    the last assistant message, or per-message `trainable` flags on flagged and whole-run rows).
-    on_error: for unreadable JSONL lines, "raise" (default: a cost must not silently drop rows),
-    "warn" or "skip" (see jsonl.iter_jsonl).
-    progress: show a progress bar (default None: only past 2,000 rows).
+@renamed(path_or_rows="data")
+def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
+                 train_on_what: Any = None, on_error: str = "raise", progress: bool | None = None) -> pd.DataFrame:
+    """Tokens per chat row for `model`.
 
     Exact counts need the model's tokenizer offline (Inkling; the local engine's models) or a
     reachable hub. Otherwise every row is estimated (`exact=False`; trained_tokens from the
     messages sft trains, the same 2.5-characters rule), `df.attrs["note"]` says why in one line, and a
     TokenEstimateWarning repeats it. A row the renderer rejects falls back to the estimate with its
-    reason in `error`; a row without a `messages` list raises MachineFormatError (file, line, field).
+    reason in `error`.
+
+    Args:
+        data: a chat JSONL path (streamed) or rows `{"messages": [...], ...}`.
+        model: the model whose renderer counts.
+        train_on_what: the cookbook's TrainOnWhat (default None: what `train.sft` uses, see
+            sft_view: the last assistant message, or per-message `trainable` flags on flagged and
+            whole-run rows).
+        on_error: for unreadable JSONL lines, "raise" (default: a cost must not silently drop
+            rows), "warn" or "skip" (see jsonl.iter_jsonl).
+        progress: show a progress bar (default None: only past 2,000 rows).
+
+    Returns:
+        A DataFrame with COLUMNS (line, tokens, trained_tokens, exact, error).
+
+    Raises:
+        MachineFormatError: a missing file, or a row without a `messages` list (file, line, field).
     """
     import pandas as pd
 
     from .progress import progress as bar
 
-    path = path_or_rows if isinstance(path_or_rows, (str, os.PathLike)) else None
+    path = data if isinstance(data, (str, os.PathLike)) else None
     key = None
     if path is not None:
         try:
@@ -167,11 +231,11 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
                 warnings.warn(TokenEstimateWarning(cached.attrs["note"]), stacklevel=2)
             return cached.copy()
     renderer, note = renderer_or_reason(model)
-    total = count_lines(path_or_rows)
+    total = count_lines(data)
     show = progress if progress is not None else (total or 0) > PROGRESS_MIN_ROWS
     cols: dict[str, list] = {c: [] for c in COLUMNS}
     with bar(total=total, desc=f"tokens {model}", unit="rows", enabled=None if show else False) as pb:
-        for line, row in iter_rows(path_or_rows, on_error=on_error):
+        for line, row in iter_rows(data, on_error=on_error):
             messages = row.get("messages") if isinstance(row, Mapping) else None
             if not isinstance(messages, list):
                 raise MachineFormatError(path, "each row needs a 'messages' list", line=line, field="messages")
@@ -206,19 +270,31 @@ def count_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], 
     return df
 
 
-def count_prompt_tokens(path_or_rows: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
-                        on_error: str = "raise"):
-    """Generation-prompt tokens per eval row (what sampling prefills): DataFrame line, prompt_tokens, exact.
+@renamed(path_or_rows="data")
+def count_prompt_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
+                        on_error: str = "raise") -> pd.DataFrame:
+    """Generation-prompt tokens per eval row (what sampling prefills).
 
     Rendered with `renderer.build_generation_prompt(messages)`; estimated (exact=False, note in
     `df.attrs["note"]`) when the renderer is not available offline.
+
+    Args:
+        data: an eval JSONL path (streamed) or rows.
+        model: the model whose renderer counts.
+        on_error: for unreadable JSONL lines (default "raise"; see jsonl.iter_jsonl).
+
+    Returns:
+        A DataFrame with columns line, prompt_tokens, exact.
+
+    Raises:
+        MachineFormatError: a row without a `messages` list (file, line, field).
     """
     import pandas as pd
 
     renderer, note = renderer_or_reason(model)
-    path = path_or_rows if isinstance(path_or_rows, (str, os.PathLike)) else None
+    path = data if isinstance(data, (str, os.PathLike)) else None
     out: list[tuple[int, int, bool]] = []
-    for line, row in iter_rows(path_or_rows, on_error=on_error):
+    for line, row in iter_rows(data, on_error=on_error):
         messages = row.get("messages") if isinstance(row, Mapping) else None
         if not isinstance(messages, list):
             raise MachineFormatError(path, "each row needs a 'messages' list", line=line, field="messages")

@@ -32,7 +32,14 @@ _RUN_METADATA = ("execution", "papermill", "collapsed", "scrolled")
 
 
 def strip_run_metadata(nb: dict[str, Any]) -> dict[str, Any]:
-    """Drop per-execution metadata from the notebook and its cells (pure; returns nb)."""
+    """Drop per-execution metadata from the notebook and its cells (pure).
+
+    Args:
+        nb: the notebook (nbformat 4 JSON), changed in place.
+
+    Returns:
+        The same notebook.
+    """
     nb.get("metadata", {}).pop("papermill", None)
     for cell in nb.get("cells", []):
         meta = cell.get("metadata", {})
@@ -42,15 +49,31 @@ def strip_run_metadata(nb: dict[str, Any]) -> dict[str, Any]:
 
 
 def clean(nb: dict[str, Any], folder: Path, home: str | None = None) -> tuple[dict[str, Any], int]:
-    """An executed notebook made fit to commit, in place (the module docstring's rules); returns
-    (nb, number of secret values redacted). folder: the notebook's folder; home: default `~`."""
+    """An executed notebook made fit to commit, in place (the module docstring's rules).
+
+    Args:
+        nb: the executed notebook.
+        folder: the notebook's folder (paths under it are written relative to it).
+        home: the home folder (default None: `~`).
+
+    Returns:
+        (nb, number of secret values redacted).
+    """
     from machine_nb.report import clean_notebook, scrub_notebook, secret_values
 
     return scrub_notebook(strip_run_metadata(clean_notebook(nb)), secret_values(), folder, home)
 
 
 def execute(path: Path, timeout: float) -> dict[str, Any]:
-    """Run the notebook at `path` in a fresh python3 kernel from its own folder; returns the executed JSON."""
+    """Run a notebook in a fresh python3 kernel from its own folder.
+
+    Args:
+        path: the notebook.
+        timeout: the per-cell limit in seconds.
+
+    Returns:
+        The executed notebook's JSON.
+    """
     import nbformat
     from nbclient import NotebookClient
 
@@ -62,7 +85,15 @@ def execute(path: Path, timeout: float) -> dict[str, Any]:
 
 
 def refresh(path: Path, timeout: float = 1800) -> float:
-    """Execute, clean and rewrite one notebook atomically; returns the wall time in seconds."""
+    """Execute, clean and rewrite one notebook atomically.
+
+    Args:
+        path: the notebook.
+        timeout: the per-cell limit in seconds (default 1800).
+
+    Returns:
+        The wall time in seconds.
+    """
     from machine_nb.jsonl import atomic_write_text
 
     start = time.monotonic()
@@ -74,6 +105,14 @@ def refresh(path: Path, timeout: float = 1800) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Refresh the notebooks named (default: every shipped one).
+
+    Args:
+        argv: the arguments (default None: sys.argv's).
+
+    Returns:
+        The exit status: 0, or 1 when a notebook failed (it is left untouched).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to refresh (default: every shipped one)")
     parser.add_argument("--timeout", type=float, default=1800,

@@ -71,7 +71,7 @@ def _load_one(text_or_bytes):
         skipped = [w for w in caught if "skipped 1 run file" in str(w.message)]
         assert len(df) + len(skipped) == 1  # read or reported, never silently lost
         try:
-            list(iter_runs(tmp, strict=True))  # load_runs(strict=True) minus the DataFrame
+            list(iter_runs(tmp, on_error="raise"))  # load_runs(on_error="raise") minus the DataFrame
             strict_ok = True
         except MachineFormatError as exc:
             strict_ok = False

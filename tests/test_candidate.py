@@ -66,7 +66,7 @@ def ws(trained, tmp_path):
 
 def test_trained_candidate_passes_and_commit_writes_v2(trained, ws):
     before = (ws / "machines" / "tutor" / "versions.json").read_bytes()
-    cand = mnb.candidate(ws, "tutor", trained["strong"], data=trained["lines"], show_progress=False)
+    cand = mnb.candidate(ws, "tutor", trained["strong"], data=trained["lines"], progress=False)
     r = cand.report
     assert r.live_accuracy <= 0.1 and r.candidate_accuracy >= 0.7 and r.losses == 0 and r.p_value < 0.05
     assert cand.passed and cand.reason.startswith("Passed:") and cand.base_model == "local/arith-tiny"
@@ -88,8 +88,8 @@ def test_trained_candidate_passes_and_commit_writes_v2(trained, ws):
     assert json.loads((ws / "machines" / "tutor" / "model.json").read_text()) == {"model": trained["strong"]}
     assert not list((ws / "machines" / "tutor").glob(".*"))  # no lock or temp file beside the definition
     # the machine now runs the checkpoint: its live version scores what the candidate scored
-    live_now = mnb.evaluate_cases(ws, "tutor", show_progress=False)
-    assert live_now.attrs["summary"]["version"] == "v2" and live_now["correct"].mean() == r.candidate_accuracy
+    live_now = mnb.evaluate_cases(ws, "tutor", progress=False)
+    assert live_now.summary["version"] == "v2" and live_now.rows["correct"].mean() == r.candidate_accuracy
     with pytest.raises(CommitConflict, match="already committed as v2"):
         cand.commit()
 
@@ -104,7 +104,7 @@ def test_trained_candidate_passes_and_commit_writes_v2(trained, ws):
 def test_one_step_candidate_is_refused_with_a_reason_and_nothing_written(trained, ws):
     path = ws / "machines" / "tutor" / "versions.json"
     before = path.read_bytes()
-    weak = mnb.candidate(ws, "tutor", trained["weak"], show_progress=False)
+    weak = mnb.candidate(ws, "tutor", trained["weak"], progress=False)
     assert not weak.passed and weak.report.candidate_accuracy <= 0.1
     assert "its gain is not beyond chance (sign test p = 1, needs < 0.05)" in weak.reason
     assert "The numbers: 0 won, 20 tied, 0 lost of 20 held-out cases" in weak.reason
@@ -118,7 +118,7 @@ def test_one_step_candidate_is_refused_with_a_reason_and_nothing_written(trained
 
 def test_gate_is_configurable_and_says_its_rule(trained, ws):
     strict = Gate(min_delta=0.95)
-    cand = mnb.candidate(ws, "tutor", trained["strong"], gate=strict, show_progress=False)
+    cand = mnb.candidate(ws, "tutor", trained["strong"], gate=strict, progress=False)
     assert not cand.passed and "is not above the live version's 0% by more than 95%" in cand.reason
     assert Gate().describe() == (
         "A candidate passes when it loses no held-out case the live version gets right, its held-out accuracy "
@@ -137,7 +137,7 @@ def test_gate_is_configurable_and_says_its_rule(trained, ws):
 def test_trained_on_held_out_inputs_is_refused(trained, ws):
     leaked = list(trained["lines"]) + [{"messages": [{"role": "user", "content": "What's 66 - 74?"},
                                                      {"role": "assistant", "content": "answer: -8"}]}]
-    cand = mnb.candidate(ws, "tutor", trained["strong"], data=leaked, show_progress=False)
+    cand = mnb.candidate(ws, "tutor", trained["strong"], data=leaked, progress=False)
     assert cand.report.trained_on_holdout == 1 and not cand.passed
     assert "it was trained on 1 held-out input(s)" in cand.reason
 
@@ -149,11 +149,11 @@ def test_checkpoint_of_another_base_model_is_refused(trained, ws):
     path.write_text(json.dumps(versions))
     with pytest.raises(ValueError, match=r"was trained from local/arith-tiny, but tutor's live version v1 runs "
                                          r"local/arith-small: a candidate must share the live version's base model"):
-        mnb.candidate(ws, "tutor", trained["strong"], show_progress=False)
+        mnb.candidate(ws, "tutor", trained["strong"], progress=False)
     versions[0]["model"], versions[0]["baseModel"] = trained["weak"], "local/arith-small"  # a live checkpoint
     path.write_text(json.dumps(versions))
     with pytest.raises(ValueError, match="local/arith-small"):
-        mnb.candidate(ws, "tutor", trained["strong"], show_progress=False)
+        mnb.candidate(ws, "tutor", trained["strong"], progress=False)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -166,7 +166,7 @@ def test_checkpoint_of_another_base_model_is_refused(trained, ws):
 def test_missing_or_malformed_files_stop_before_any_sampling(trained, ws, damage, message):
     damage(ws / "machines" / "tutor")
     with pytest.raises(mnb.MachineFormatError, match=message):
-        mnb.candidate(ws, "tutor", trained["strong"], show_progress=False)
+        mnb.candidate(ws, "tutor", trained["strong"], progress=False)
 
 
 COMMITTER = textwrap.dedent("""
@@ -272,3 +272,36 @@ def test_cli_cases_candidate_commit_revert(trained, ws, tmp_path, capsys):
     for command in ("cases", "candidate", "commit", "revert"):
         code, out, _ = cli(capsys, command, "--help")
         assert code == 0 and "Writes:" in " ".join(out.split())
+
+
+def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(trained, ws, monkeypatch):
+    """candidate() opens both sampling clients with sampling.open_sampler (the SDK's client, never
+    a future of it), and its report is built the same from EvalResults as from frames with their
+    summary in attrs."""
+    import machine_nb.sampling as sampling
+    from machine_nb.candidate import build_report, case_table
+    from machine_nb.results import EvalResult
+
+    opened = []
+    real = sampling.open_sampler
+
+    def noting(model, checkpoint, engine, service_client=None):
+        client = real(model, checkpoint, engine, service_client)
+        opened.append((checkpoint, type(client).__name__))
+        return client
+
+    monkeypatch.setattr(sampling, "open_sampler", noting)
+    cand = mnb.candidate(ws, "tutor", trained["strong"], progress=False)
+    assert opened == [(trained["strong"], "SamplingClient"), (None, "SamplingClient")]
+
+    r = cand.report
+    assert isinstance(r.live, EvalResult) and r.live.summary["name"].startswith("live ")
+    live = EvalResult(r.live.rows.copy(), {"name": "live v1"})
+    framed = r.candidate.rows.copy()
+    framed.attrs["summary"] = {"name": "candidate"}  # a frame with its summary in attrs, as before EvalResult
+    again = build_report("tutor", live, framed)
+    assert again.live_name == "live v1" and again.cases.equals(r.cases) and again.p_value == r.p_value
+    assert case_table(live, r.candidate).equals(r.cases)
+    plain = cand.to_dict()
+    assert plain["report"]["wins"] == r.wins and plain["gate"]["max_losses"] == 0 and plain["committed"] is None
+    assert json.loads(json.dumps(plain, default=str))["checkpoint"] == trained["strong"]

@@ -171,7 +171,7 @@ def test_the_corpus_passes_validation_with_the_inkling_renderer(tmp_path):
     from machine_nb.validate import validate
 
     c = make_corpus(tmp_path)
-    train = validate(c.train, "thinkingmachines/Inkling-Small", eval_path=c.eval)
+    train = validate(c.train, "thinkingmachines/Inkling-Small", eval_data=c.eval)
     evals = validate(c.eval, "thinkingmachines/Inkling-Small")
     assert train.ok and evals.ok and train.findings.empty and evals.findings.empty
     assert (train.summary["kind"], train.summary["rows"], evals.summary["kind"]) == ("train", 48, "eval")

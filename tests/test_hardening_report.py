@@ -60,7 +60,7 @@ def test_a_failing_cell_never_prints_or_raises_the_key(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TINKER_API_KEY", CANARY)
     with pytest.raises(PapermillExecutionError) as err:
-        run_report(nb, output=tmp_path / "lib.html", progress_bar=False)
+        run_report(nb, output=tmp_path / "lib.html", progress=False)
     exc = err.value
     for text in (str(exc), repr(exc.args), exc.evalue, "\n".join(exc.traceback)):
         assert CANARY not in text and REDACTED in text
@@ -128,7 +128,7 @@ def test_secret_names_urls_and_short_values():
 def test_parameters_with_secret_names_and_key_shaped_outputs_are_redacted(tmp_path):
     nb = _notebook(tmp_path / "p.ipynb", "api_key = 'x'", "print('using', api_key)",
                    "print('found tml-' + 'Z' * 30)")
-    rep = run_report(nb, {"api_key": "hush-hush-value-42"}, tmp_path / "out" / "p.html", progress_bar=False)
+    rep = run_report(nb, {"api_key": "hush-hush-value-42"}, tmp_path / "out" / "p.html", progress=False)
     for path in (rep.html, rep.executed):
         text = path.read_text()
         assert "hush-hush-value-42" not in text and "tml-" + "Z" * 30 not in text and REDACTED in text
@@ -141,7 +141,7 @@ def test_parameters_with_secret_names_and_key_shaped_outputs_are_redacted(tmp_pa
 def test_a_missing_notebook_creates_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="missing.ipynb"):
-        run_report("missing.ipynb", progress_bar=False)
+        run_report("missing.ipynb", progress=False)
     proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", "missing.ipynb"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 1 and "missing.ipynb" in proc.stderr
@@ -152,7 +152,7 @@ def test_the_input_notebook_is_never_overwritten(tmp_path):
     nb = _notebook(tmp_path / "same.ipynb", "print(1)")
     before = nb.read_bytes()
     with pytest.raises(ValueError, match="overwrite"):
-        run_report(nb, output=tmp_path / "same.html", progress_bar=False)
+        run_report(nb, output=tmp_path / "same.html", progress=False)
     assert nb.read_bytes() == before and not (tmp_path / "same.html").exists()
 
 

@@ -41,8 +41,6 @@ ALLOWED_CYCLES = {
 # Upward imports other changes are still removing: (importer, imported).
 ALLOWED_UPWARD = {
     ("engines.local.build", "corpus"),  # the shipped model's build script makes its training corpus
-    ("pricing", "pairs"),  # estimate_dpo_cost reads pair records with pairs._records
-    ("store.tags", "export"),  # the tag store reads turns with export's message helpers (is_tool_call, to_chat, …)
 }
 
 # Engine internals reached from outside engines/ (not through machine_nb.engines): (importer, imported).

@@ -54,17 +54,50 @@ def test_write_is_atomic_on_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]  # no temp file left behind
 
 
+def test_one_atomic_replace_serves_every_rewrite(tmp_path, monkeypatch):
+    """atomic_replace is the one rewrite: text files, the run index and a tag store's untag go
+    through it, so a failure mid-write leaves the old file and no temp file, and the new file gets
+    the mode asked for."""
+    import machine_nb.jsonl as jsonl
+    from machine_nb.jsonl import atomic_replace, atomic_write_text
+    from machine_nb.store import index, tags
+
+    path = atomic_write_text(tmp_path / "a.txt", "old\n", mode=0o640)
+    assert path.read_text() == "old\n" and (path.stat().st_mode & 0o777) == 0o640
+    with pytest.raises(RuntimeError):
+        with atomic_replace(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("died mid-write")
+    assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+    replaced = []
+
+    def noting(target, **kw):
+        replaced.append(os.path.basename(target))
+        return atomic_replace(target, **kw)
+
+    monkeypatch.setattr(jsonl, "atomic_replace", noting)
+    monkeypatch.setattr(index, "atomic_replace", noting)
+    index.write_index(tmp_path / "idx.parquet", index.empty_table(), {"dirs": {}})
+    store = tmp_path / "store"
+    append_jsonl([{"id": "a", "messages": []}, {"id": "b", "messages": []}], store / "train.jsonl")
+    tags.untag("a", store=store)
+    assert replaced == ["idx.parquet", "train.jsonl"]
+    assert [r["id"] for r in read_jsonl(store / "train.jsonl")] == ["b"]
+    assert (store / "train.jsonl").stat().st_mode & 0o777 == 0o600
+
+
 def test_append_after_torn_line_starts_fresh_line(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b'{"a": 1}\n{"torn": ')
-    append_jsonl(path, [{"b": 2}])
+    append_jsonl([{"b": 2}], path)
     lines = path.read_bytes().splitlines()
     assert lines == [b'{"a": 1}', b'{"torn": ', b'{"b":2}']
 
 
 def _append_many(path, worker, n):
     for i in range(n):
-        append_jsonl(path, [{"worker": worker, "i": i, "pad": "x" * 5000}])
+        append_jsonl([{"worker": worker, "i": i, "pad": "x" * 5000}], path)
 
 
 def test_concurrent_appends_lose_nothing(tmp_path):
@@ -79,3 +112,40 @@ def test_concurrent_appends_lose_nothing(tmp_path):
     assert len(rows) == 400
     assert {(r["worker"], r["i"]) for r in rows} == {(w, i) for w in range(4) for i in range(100)}
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+def test_a_whole_file_document_names_the_line_of_its_error(tmp_path):
+    """parse_json on a multi-line document (a results JSON, a manifest) names the line a syntax
+    error is on and the line where nesting passes MAX_DEPTH, with the top-level field it is in; a
+    single line (a JSONL row, numbered by its reader) gets no line of its own."""
+    from machine_nb.jsonl import MAX_DEPTH, parse_json
+
+    path = tmp_path / "doc.json"
+    with pytest.raises(MachineFormatError, match="invalid JSON") as e:
+        parse_json('{\n "model": "m",\n "rows": [\n  {"match": "exact",}\n ]\n}\n', path)
+    assert e.value.line == 4 and e.value.path == str(path) and "column" in e.value.reason
+    deep = "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5)
+    for depth_error in ("[" * 100_000 + "]" * 100_000, deep):  # past the recursion limit, and past MAX_DEPTH only
+        with pytest.raises(MachineFormatError, match="nested deeper") as e:
+            parse_json('{\n "model": "m",\n "rows": [\n  ' + depth_error + '\n ]\n}\n', path)
+        assert e.value.line == 4 and e.value.field == "rows"
+    with pytest.raises(MachineFormatError, match="nested deeper") as e:
+        parse_json('{"session_id": "s", "prompt": ' + deep + "}", None)
+    assert e.value.line is None and e.value.field == "prompt" and "'prompt'" in str(e.value)
+    with pytest.raises(MachineFormatError) as e:
+        parse_json('{"a": }\n', path, 7)  # a JSONL line keeps the number its reader gives it
+    assert e.value.line == 7
+    with pytest.raises(MachineFormatError) as e:
+        parse_json('{"a": }\n', path)
+    assert e.value.line is None
+
+
+def test_writers_take_the_data_first_and_the_old_forms_warn(tmp_path):
+    path = tmp_path / "a.jsonl"
+    append_jsonl([{"n": 1}], path)
+    with pytest.warns(DeprecationWarning, match=r"append_jsonl\(rows, path\)"):
+        append_jsonl(path, [{"n": 2}])  # the old order: swapped
+    assert read_jsonl(path) == [{"n": 1}, {"n": 2}]
+    with pytest.warns(DeprecationWarning, match=r"write_jsonl\(rows="):
+        write_jsonl(lines=[{"n": 3}], path=path)
+    assert read_jsonl(path) == [{"n": 3}]

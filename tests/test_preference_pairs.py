@@ -62,7 +62,7 @@ def test_a_rewrite_row_pairs_the_rewrite_over_the_reply_it_replaced(ws, tmp_path
     row_with_key = {**row, "id": "t2", "messages": [{"role": "user", "content": "What is 2 plus 3?"},
                                                     {"role": "assistant", "content": "answer: 5"}],
                     REPLACED_KEY: "2 + 3 = 5.", "run": None, "source": None}
-    mnb.append_jsonl(store / "train.jsonl", [row_with_key])
+    mnb.append_jsonl([row_with_key], store / "train.jsonl")
     pairs = preference_pairs(store, workspace=ws, machine="tutor")
     assert list(pairs.columns) == PAIR_COLUMNS
     # the first is rebuilt from the run the row names (rows written so far carry no replaced reply),
@@ -380,3 +380,22 @@ def test_a_results_json_nested_too_deep_or_broken_is_a_format_error_naming_file_
     with pytest.raises(MachineFormatError, match="rows.0") as e:
         mnb.pairs_from_results(path)
     assert e.value.path == str(path)
+
+
+def test_a_folder_given_as_results_is_an_error_naming_it(tmp_path):
+    with pytest.raises((MachineFormatError, IsADirectoryError), match=str(tmp_path)):
+        mnb.pairs_from_results(tmp_path)
+    with pytest.raises((MachineFormatError, IsADirectoryError), match=str(tmp_path)):
+        mnb.load_results(tmp_path)
+
+
+def test_pairs_from_results_read_an_eval_result_like_its_rows():
+    import pandas as pd
+
+    from machine_nb.results import EvalResult
+
+    rows = pd.DataFrame([{"input": "What's 66 - 74?", "prompt": "What's 66 - 74?", "expected": "answer: -8",
+                          "match": "exact", "output": "-8", "correct": False, "error": None}])
+    from_result = mnb.pairs_from_results(EvalResult(rows, {"name": "live"}), machine="tutor")
+    assert texts(from_result) == texts(mnb.pairs_from_results(rows, machine="tutor")) == [
+        ("What's 66 - 74?", "answer: -8", "-8")]

@@ -107,7 +107,7 @@ def test_what_sampling_cost_is_priced_or_recorded_as_unknown():
 
     cost = sample_cost(INKLING, "tinker", 1_000_000, 2_000_000)
     assert math.isclose(cost["usd"], 3.74 + 2 * 9.36) and cost["prefill_per_m"] == 3.74 and cost["sample_per_m"] == 9.36
-    assert cost["source"].startswith("Machine src/pricing.ts") and cost["source"].endswith("(2026-10-07)")
+    assert cost["source"].startswith("Machine TINKER_PRICES") and cost["source"].endswith("(2026-10-07)")
     unknown = sample_cost("acme/NoSuchModel-1B", "tinker", 100, 10)
     assert unknown["usd"] is None and unknown["source"].startswith("unknown: No price is known for 'acme/NoSuchModel-1B'")
     assert sample_cost("local/arith-tiny", "local", 100, 10) == {"usd": 0.0, "source": "local engine: runs on this "
@@ -130,3 +130,21 @@ def test_eval_cost():
     assert math.isclose(est.usd, (prompt * 3.74 + 80 * 9.36) / 1e6)
     with pytest.raises(BudgetExceeded):
         estimate_eval_cost(data, INKLING, max_usd=1e-9)
+
+
+def test_the_input_is_called_data_and_a_price_serialises_with_to_dict():
+    """One vocabulary: `data` for what a call reads, `to_dict()` for serialising; the old names
+    still work for a release, with a warning naming the new one."""
+    data = rows(8)
+    by_name = estimate_cost(data=data, model=INKLING)
+    with pytest.warns(DeprecationWarning, match=r"estimate_cost\(data="):
+        assert estimate_cost(path_or_rows=data, model=INKLING).usd == by_name.usd
+    evals = [{"messages": r["messages"][:1], "expected": "x"} for r in data]
+    with pytest.warns(DeprecationWarning, match=r"estimate_eval_cost\(data="):
+        assert estimate_eval_cost(eval_path=evals, model=INKLING).usd == estimate_eval_cost(data=evals, model=INKLING).usd
+    with pytest.warns(DeprecationWarning, match=r"count_tokens\(data="):
+        assert count_tokens(path_or_rows=data, model=INKLING).equals(count_tokens(data, INKLING))
+    price = PRICES[INKLING]
+    assert price.to_dict()["train"] == 11.22 and set(price.to_dict()) == set(prices_frame().columns) - {"model"}
+    with pytest.warns(DeprecationWarning, match=r"Price.to_dict\(\)"):
+        assert price.as_dict() == price.to_dict()

@@ -34,7 +34,7 @@ def test_report_injects_parameters_and_writes_html_and_ipynb(tmp_path):
         ("code", "print(f'steps={steps} label={label}')", []),
     ])
     out = tmp_path / "out" / "demo.html"
-    report = run_report(nb, {"steps": 7, "label": "seven"}, out, progress_bar=False)
+    report = run_report(nb, {"steps": 7, "label": "seven"}, out, progress=False)
     assert report.html == out.resolve() and out.exists()
     executed = json.loads(report.executed.read_text())
     stdout = "".join("".join(o.get("text", "")) for c in executed["cells"] for o in c.get("outputs", []))
@@ -50,7 +50,7 @@ def test_report_redacts_secret_env_values_everywhere(tmp_path, monkeypatch):
         ("code", "import os\nprint(os.environ['TINKER_API_KEY'])\nos.environ['TINKER_API_KEY']", []),
         ("code", "from IPython.display import HTML\nHTML('<b>' + os.environ['TINKER_API_KEY'] + '</b>')", []),
     ])
-    report = run_report(nb, {"note": CANARY[:4]}, tmp_path / "out" / "leak.html", progress_bar=False)
+    report = run_report(nb, {"note": CANARY[:4]}, tmp_path / "out" / "leak.html", progress=False)
     for path in (report.html, report.executed):
         text = path.read_text()
         assert CANARY not in text, f"secret leaked into {path}"
@@ -67,7 +67,7 @@ def test_failed_cell_still_writes_partial_report_then_raises(tmp_path):
         ("code", "raise ValueError('boom in cell')", []),
     ])
     with pytest.raises(PapermillExecutionError):
-        run_report(nb, {}, tmp_path / "out" / "bad.html", progress_bar=False)
+        run_report(nb, {}, tmp_path / "out" / "bad.html", progress=False)
     html = (tmp_path / "out" / "bad.html").read_text()
     assert "before" in html and "boom in cell" in html
 
@@ -130,7 +130,7 @@ def test_report_writes_local_paths_relative_to_the_notebook_and_home_as_tilde(tm
     from papermill.exceptions import PapermillExecutionError
 
     with pytest.raises(PapermillExecutionError):
-        run_report(nb, {}, out, progress_bar=False)
+        run_report(nb, {}, out, progress=False)
     for path in (out, out.with_suffix(".ipynb")):
         text = path.read_text(encoding="utf-8")
         assert str(tmp_path) not in text, f"an absolute path of this machine in {path.name}"
@@ -208,3 +208,9 @@ def test_clean_notebook_drops_the_live_twin_of_a_widget_whose_static_output_is_k
     assert first == [static], "the live twin (and its stale text) is left"
     assert second[0]["data"] == {"text/html": "<b>slider</b>", "text/plain": "IntSlider(value=3)"}
     assert "interactive widget" in second[1]["data"]["text/plain"]
+
+
+def test_the_progress_flag_is_called_progress(tmp_path):
+    with pytest.warns(DeprecationWarning, match=r"run_report\(progress="):
+        with pytest.raises(FileNotFoundError):
+            run_report(tmp_path / "missing.ipynb", progress_bar=False)

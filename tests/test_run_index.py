@@ -172,7 +172,7 @@ def test_bad_files_are_reported_on_every_load(ws):
         with pytest.warns(SkippedFiles, match=r"(?s)skipped 2 run file\(s\).*loose.json.*broken.json:1"):
             mnb.load_runs(ws, index=True)
     with pytest.raises(mnb.MachineFormatError, match="loose.json"):  # the first, in folder order
-        mnb.load_runs(ws, strict=True)
+        mnb.load_runs(ws, on_error="raise")
     some = next(p for p in run_files(ws) if p.parent.name == "support" and p != bad)
     bad.write_text(json.dumps({**json.loads(some.read_text()), "id": "broken"}))
     with pytest.warns(SkippedFiles, match="skipped 1 run file"):  # the fixed file is read again
@@ -321,6 +321,24 @@ def test_previewer_and_tagger_read_only_their_slice(ws, tmp_path, opened):
         read, name = set(opened), type(widget).__name__
         assert read, f"{name} read no run"
         assert read <= mine, f"{name} read runs outside its 2 rows: {sorted(read - mine)}"
+
+
+def test_the_tagger_reads_the_run_on_screen_once(ws, tmp_path, opened):
+    """The Tagger keeps the record of the run it shows: opening it reads that run's file once,
+    redrawing and the static view read none, and moving to the next run reads that one once."""
+    lazy = mnb.load_runs(ws, index=True)
+    frame = lazy.iloc[5:7]
+    first, second = paths_of(frame)
+    opened.clear()
+    tagger = mnb.Tagger(frame, store=tmp_path / "store")
+    assert opened == [first]
+    opened.clear()
+    tagger.static_html()
+    tagger.existing_tags()
+    assert tagger.current["run_id"] == frame["id"].iloc[0] and opened == []
+    tagger.next_run()
+    tagger.static_html()
+    assert opened == [second]
 
 
 # ---------------------------------------------------------------------------------------------

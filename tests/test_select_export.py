@@ -73,7 +73,7 @@ def test_best_of_per_case_best_first_then_newest():
 
 def test_select_on_dataframe_reads_definition_from_workspace(sample_runs):
     sel = mnb.select_runs(sample_runs, "coder")
-    mdef = sel.attrs["machine"]
+    mdef = mnb.load_machine(SAMPLE, "coder")
     assert mdef["name"] == "coder" and mdef["rubric"] and len(mdef["tools"]) == 3
     assert (sel["rubric"] == mdef["rubric"]).all() and (sel["score"] >= 1).all()
     assert sel.groupby("case").size().max() <= 2
@@ -81,8 +81,49 @@ def test_select_on_dataframe_reads_definition_from_workspace(sample_runs):
     assert set(sel.columns) == set(sample_runs.columns)
     # the holdout default is not vacuous: the sample has full-score runs of a support holdout case
     support, with_holdout = mnb.select_runs(sample_runs, "support"), mnb.select_runs(sample_runs, "support", exclude=())
-    held = {c["input"] for c in support.attrs["machine"]["holdout"]}
+    held = {c["input"] for c in mnb.load_machine(SAMPLE, "support")["holdout"]}
     assert set(with_holdout["case"]) & held and not set(support["case"]) & held
+
+
+def test_training_lines_resolve_the_machine_themselves_not_through_attrs(sample_runs):
+    """select_runs hands training_lines rows, not its definition: training_lines reads the same
+    definition from the runs' machine and workspace, so a concat of selections (which drops attrs)
+    exports the same lines."""
+    import pandas as pd
+
+    sel = mnb.select_runs(sample_runs, "coder")
+    assert "machine" not in sel.attrs
+    tools = mnb.load_machine(SAMPLE, "coder")["tools"]
+    lines = mnb.training_lines(sel)
+    assert lines and all(line["tools"] == mnb.export.tool_specs(tools) for line in lines)
+    assert lines == mnb.training_lines(sel, "coder", workspace=SAMPLE)
+    assert lines == mnb.training_lines(pd.concat([sel.head(1), sel.iloc[1:]], ignore_index=True))
+    # the definition a frame carried in attrs is still read, with a warning naming the arguments
+    old = sel.copy()
+    old.attrs["machine"] = {"name": "coder", "instructions": "Old way.", "tools": []}
+    with pytest.warns(DeprecationWarning, match="machine="):
+        via_attrs = mnb.training_lines(old)
+    from machine_nb.chat import content_text
+
+    first = via_attrs[0]["messages"][0]
+    assert first["role"] == "system" and content_text(first["content"]) == "Old way." and "tools" not in via_attrs[0]
+    # the old keyword name still works, with a warning
+    with pytest.warns(DeprecationWarning, match=r"training_lines\(runs="):
+        assert mnb.training_lines(selected=sel) == lines
+
+
+def test_one_function_resolves_machine_definitions(sample_runs):
+    from machine_nb.store.workspace import resolve_machine, runs_workspace
+
+    assert runs_workspace(sample_runs) == SAMPLE
+    assert resolve_machine("coder", runs=sample_runs) == mnb.load_machine(SAMPLE, "coder")
+    assert resolve_machine(None, runs=sample_runs[sample_runs["machine"] == "coder"])["name"] == "coder"
+    assert resolve_machine(None, runs=sample_runs) == {}  # several machines: no one definition
+    assert resolve_machine("coder") == {"name": "coder"}  # no workspace known
+    assert resolve_machine({"name": "x", "tools": []}) == {"name": "x", "tools": []}
+    assert resolve_machine("nowhere", SAMPLE, undefined="name") == {"name": "nowhere"}
+    with pytest.raises(mnb.MachineFormatError, match="no machine 'nowhere'"):
+        resolve_machine("nowhere", SAMPLE)
 
 
 def test_select_without_a_known_rubric_is_a_clear_error():

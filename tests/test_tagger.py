@@ -224,3 +224,24 @@ def test_note_and_rewrite_boxes_fit_their_cell():
     for box in (t.note, t.rewrite):
         assert box.layout.width != "100%"  # width 100% plus the widget's margins overflowed the cell
         assert box.layout.max_width == "100%" or box.layout.width == "auto"
+
+
+def test_an_unanswered_turn_is_tagged_by_tag_itself(tmp_path, monkeypatch):
+    """The Tagger writes every row with one tag() call into the real store, an unanswered turn's
+    rewrite included (no scratch store, no second writer)."""
+    import machine_nb.store.tags as tags
+
+    calls = []
+    real = tags.tag
+
+    def counting(*args, **kwargs):
+        calls.append((kwargs.get("rewrite"), kwargs.get("store")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tags, "tag", counting)
+    run = make_run(1, turns=1)
+    run["trajectory"] = [{"role": "user", "content": "What is 1 + 1?"}]
+    t = Tagger([run], store=tmp_path)
+    row = t.good_with_rewrite("answer: 2")
+    assert calls == [("answer: 2", tmp_path)] and "replaced" not in row
+    assert store_rows(tmp_path) == [{**row, "_file": "train.jsonl"}]

@@ -264,3 +264,24 @@ def test_a_rewrite_row_keeps_the_reply_it_replaced(tmp_path):
     assert pairs["rejected"].iloc[0] == [{"role": "assistant", "content": "2 + 2 = 4"}]
     assert pairs["chosen"].iloc[0] == [{"role": "assistant", "content": "answer: 4"}]
     assert "replaced" not in mnb.tag(run, "good", store=tmp_path)
+
+
+def test_a_rewrite_of_an_unanswered_turn_replaces_nothing_and_replaced_can_be_given(tmp_path):
+    """A turn with no reply yet can still be tagged with a rewrite (the answer the model should
+    give): the row has no `replaced` key, so no preference pair rejects a reply that was never
+    given. A caller that knows the reply set aside passes it as `replaced=`."""
+    import machine_nb as mnb
+
+    asked = {"id": "r2", "machine": "m", "history": [],
+             "trajectory": [{"role": "user", "content": "What is 2 plus 3?"}]}
+    row = mnb.tag(asked, "good", rewrite="answer: 5", store=tmp_path, id="u1")
+    assert row["messages"] == [{"role": "user", "content": "What is 2 plus 3?"},
+                               {"role": "assistant", "content": "answer: 5"}]
+    assert row["rewritten"] is True and "replaced" not in row and row["run"] == "r2"
+    assert [r["id"] for r in mnb.read_jsonl(tmp_path / "train.jsonl")] == ["u1"]
+    with pytest.raises(ValueError, match="no assistant reply"):
+        mnb.tag(asked, "good", store=tmp_path)  # nothing to tag without a rewrite
+    given = mnb.tag(asked, "good", rewrite="answer: 5", replaced="5, I think", store=tmp_path)
+    assert given["replaced"] == "5, I think"
+    with pytest.raises(ValueError, match="replaced="):
+        mnb.tag(asked, "good", replaced="x", store=tmp_path)

@@ -115,7 +115,7 @@ def test_overlap_with_the_eval_file(tmp_path):
         {"messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "What is 47 plus 15?"},
                       {"role": "assistant", "content": "answer: 62"}]},
     ])
-    r = validate(train, INKLING, eval_path=evals)
+    r = validate(train, INKLING, eval_data=evals)
     assert codes(r) == [(2, "eval_overlap"), (3, "eval_overlap_question")]
     assert not r.ok
 
@@ -138,6 +138,15 @@ def test_secrets_are_found_and_redacted(tmp_path, monkeypatch):
         assert s not in text
     assert "TINKER_API_KEY" in found["message"].iloc[-1] and "tk_l…(27 chars)" in found["message"].iloc[-1]
     assert r.findings["code"].tolist()[0] == "no_model"
+    # one rule for secrets: validate shows them as redact.mask does, and the report redacts what redact does
+    import importlib
+
+    from machine_nb import redact, report
+
+    validate_module = importlib.import_module("machine_nb.validate")
+
+    assert redact.mask(key) == "tk_l…(27 chars)" and validate_module.redact is redact.mask
+    assert report.secret_values is redact.secret_values and report.scrub is redact.scrub
 
 
 def test_empty_missing_and_estimated(tmp_path):
@@ -184,3 +193,34 @@ def test_streaming_memory_does_not_grow_with_the_file(tmp_path):
     rows, ok, peak = json.loads(out.strip().splitlines()[-1])
     assert rows == 20_000 and ok
     assert peak < path.stat().st_size / 10, (peak, path.stat().st_size)
+
+
+def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
+    """Settings, preparation, per-row problems (pure) and counting are steps of their own;
+    validate() is their composition, and its old keyword names still work."""
+    from machine_nb.validate import Tally, count_row, prepare, resolve_settings, row_problems
+
+    evals = write(tmp_path / "eval.jsonl", [{"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                                            "expected": "4", "match": "exact"}])
+    settings = resolve_settings(None, 5, "train", eval_data=evals)
+    assert (settings.max_length, settings.kind) == (5, "train")
+    prepared = prepare(settings)
+    assert [f[2] for f in prepared.findings] == ["no_model"] and prepared.renderer is None
+    row = qa("What is 2 + 2?", "It is 4, my key is sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123")
+    raw = json.dumps(row)
+    assert [c for _, c, _ in row_problems(row, raw, settings, prepared)] == ["secret", "eval_overlap"]
+    tokens, trained, problems = count_row(row, settings, prepared)
+    assert tokens > 5 and trained == 0 and [c for _, c, _ in problems] == ["too_long"]
+    tally = Tally(tmp_path / "t.jsonl", settings, prepared)
+    tally.row(1, row, raw, prepared)
+    by_steps = tally.result()
+    path = write(tmp_path / "t.jsonl", [row])
+    whole = validate(path, None, 5, evals)
+    assert by_steps.findings.equals(whole.findings) and by_steps.summary == whole.summary
+    with pytest.warns(DeprecationWarning, match="eval_data"):
+        old = validate(path=path, max_length=5, eval_path=evals)
+    assert old.findings.equals(whole.findings)
+    plain = whole.to_dict()
+    assert plain["path"] == str(path) and plain["ok"] is False and plain["summary"] == whole.summary
+    assert [(f["line"], f["code"]) for f in plain["findings"]][:2] == [(None, "no_model"), (1, "secret")]
+    assert json.loads(json.dumps(plain)) == plain

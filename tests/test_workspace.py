@@ -124,8 +124,31 @@ def test_misplaced_and_bad_files_are_reported(tmp_path):
     assert "but is stored under runs/coder/" in text and "'Bad_Name' is not a valid" in text
     assert "loose.json" in text and "broken.json:1" in text
     with pytest.raises(MachineFormatError) as exc:
-        mnb.load_runs(ws, strict=True)
+        mnb.load_runs(ws, on_error="raise")
     assert exc.value.path and exc.value.path.endswith(".json")
+    # "skip" leaves them out without a word; strict= is the older name, with a warning
+    from machine_nb.store.workspace import iter_runs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkippedFiles)
+        assert len(mnb.load_runs(ws, on_error="skip")) == good
+        skipped: list = []
+        assert len(list(iter_runs(ws, "support", on_error="skip", skipped=skipped))) == good
+        assert [os.path.basename(e.path) for e in skipped] == ["broken.json"]
+    with pytest.warns(SkippedFiles, match="skipped 1 run file"):
+        list(iter_runs(ws, "support"))
+    with pytest.warns(DeprecationWarning, match=r"load_runs\(on_error=…\)"):
+        with pytest.raises(MachineFormatError):
+            mnb.load_runs(ws, strict=True)
+    with pytest.raises(TypeError, match="only on_error"):
+        mnb.load_runs(ws, strict=True, on_error="skip")
+    (ws / ".machine/sessions/support").mkdir(parents=True, exist_ok=True)
+    (ws / ".machine/sessions/support/bad.json").write_text("[]")
+    with pytest.raises(MachineFormatError, match="bad.json"):
+        mnb.load_sessions(ws, on_error="raise")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkippedFiles)
+        mnb.load_sessions(ws, on_error="skip")
 
 
 def test_mistyped_fields_name_the_field(tmp_path):
@@ -141,7 +164,7 @@ def test_mistyped_fields_name_the_field(tmp_path):
         mutate(bad)
         path.write_text(json.dumps(bad))
         with pytest.raises(MachineFormatError) as exc:
-            mnb.load_runs(ws, strict=True)
+            mnb.load_runs(ws, on_error="raise")
         assert exc.value.field == field and str(path) in str(exc.value)
 
 

@@ -41,6 +41,11 @@ def _measure_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     cost = ("Cost: free on the local engine; on Tinker, every held-out case sampled by both versions "
             "(--trials times) at Tinker's sampling prices (asks for --yes first and prints the estimate).")
     p = sub.add_parser("cases", help="list a machine's cases or held-out cases",

@@ -6,6 +6,11 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     p = sub.add_parser(
         "corpus",
         help="write the minimal-SFT corpus: 48 train rows, 24 held-out eval rows, 24 valid rows, a probe set, a manifest",

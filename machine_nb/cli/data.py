@@ -33,10 +33,18 @@ def _print_frame(df, columns: list[str], as_json: bool) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    """`machine-nb runs WORKSPACE`: print the stored runs, newest first.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status (0).
+    """
     from ..frames import load_runs
 
-    df = load_runs(args.workspace, args.machine, strict=args.strict, index=False if args.no_index else None,
-                   check=args.check)
+    df = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn",
+                   index=False if args.no_index else None, check=args.check)
     if args.limit:
         df = df.head(args.limit)
     cols = _RUN_TABLE + (["input", "output", "case", "rubric", "cost_usd", "final"] if args.json else [])
@@ -45,6 +53,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_tagged(args: argparse.Namespace) -> int:
+    """`machine-nb tagged`: print the tag store's rows, like /tagged.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status: 0, or 1 when --store names no store.
+    """
     from ..store.tags import store_dir, tagged
 
     store = Path(args.store) if args.store else store_dir(args.project)
@@ -76,12 +92,20 @@ def _read_exclude(path: str) -> list[str]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """`machine-nb export WORKSPACE --machine M --out FILE`: select runs and write training JSONL.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status (0).
+    """
     from ..export import estimate_tokens, training_lines
     from ..frames import load_runs
     from ..jsonl import write_jsonl
     from ..select import select_runs
 
-    runs = load_runs(args.workspace, args.machine, strict=args.strict)
+    runs = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn")
     kw = {}
     if args.rubric is not None:
         kw["rubric"] = None if args.rubric == "any" else args.rubric
@@ -97,6 +121,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `runs`, `tagged` and `export` to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     p = sub.add_parser("runs", help="List a workspace's stored runs, newest first (reads .machine/runs; free).",
                        description="List the runs stored under WORKSPACE/.machine/runs, newest first, as a table or "
                                    "JSON. Reads files only; writes nothing in the workspace (large workspaces keep a run "

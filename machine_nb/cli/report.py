@@ -17,6 +17,11 @@ def _value(text: str):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     p = sub.add_parser(
         "report",
         help="execute a notebook with parameters and write a self-contained HTML report",
@@ -47,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
     params = {name: _value(value) for name, value in args.parameter}
     try:
         report = run_report(args.notebook, params, args.output, cwd=args.cwd, timeout=args.timeout,
-                            progress_bar=sys.stderr.isatty())
+                            progress=sys.stderr.isatty())
     except PapermillExecutionError as exc:  # its text is redacted already
         print(f"machine-nb report: cell {exc.exec_count} failed: {exc.ename}: {exc.evalue}\n"
               "the partial report (with the error in place) was written anyway (redacted)", file=sys.stderr)

@@ -15,6 +15,11 @@ def _default_model() -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `machine-nb` parser.
+
+    Args:
+        sub: the parser's subparsers.
+    """
     p = sub.add_parser(
         "validate",
         help="check a chat JSONL file: shape, renderer readiness, token counts, eval overlap, secrets",
@@ -45,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
 
     model = args.model or _default_model()
     max_length = "auto" if args.max_length is None else (args.max_length or None)
-    result = validate(args.file, model, max_length=max_length, eval_path=args.eval_path, kind=args.kind)
+    result = validate(args.file, model, max_length=max_length, eval_data=args.eval_path, kind=args.kind)
     cost = None
     if args.epochs is not None and result.ok:
         from ..pricing import estimate_cost

@@ -16,12 +16,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import MachineFormatError
+from ..jsonl import atomic_replace
 from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
 
 SCHEMA_VERSION = 1
@@ -73,9 +72,11 @@ Parser = Callable[[list[tuple[str, str, str, str | None]], Callable[[int], bytes
 def cache_dir() -> Path:
     """The folder for machine_nb's caches.
 
-    `$MACHINE_NB_CACHE_DIR` when set (tests point it at a temporary folder), else the platform's
-    user cache folder: `$XDG_CACHE_HOME/machine_nb` or `~/.cache/machine_nb` (Linux and other
-    Unix), `~/Library/Caches/machine_nb` (macOS), `%LOCALAPPDATA%\\machine_nb\\Cache` (Windows).
+    Returns:
+        `$MACHINE_NB_CACHE_DIR` when set (tests point it at a temporary folder), else the
+        platform's user cache folder: `$XDG_CACHE_HOME/machine_nb` or `~/.cache/machine_nb` (Linux
+        and other Unix), `~/Library/Caches/machine_nb` (macOS), `%LOCALAPPDATA%\\machine_nb\\Cache`
+        (Windows).
     """
     env = os.environ.get("MACHINE_NB_CACHE_DIR", "").strip()
     if env:
@@ -88,13 +89,27 @@ def cache_dir() -> Path:
 
 
 def runs_root(workspace: str | os.PathLike) -> Path:
-    """`<workspace>/.machine/runs`, the folder the index covers."""
+    """The folder the index covers.
+
+    Args:
+        workspace: the workspace (or its `.machine` folder).
+
+    Returns:
+        `<workspace>/.machine/runs`.
+    """
     return machine_dir(workspace) / "runs"
 
 
 def run_index_path(workspace: str | os.PathLike) -> Path:
-    """Where the run index of a workspace lives: `<cache_dir()>/runs/<folder>-<16 hex>.parquet`,
-    keyed by the real (symlink-resolved) path of its `.machine/runs` folder."""
+    """Where the run index of a workspace lives.
+
+    Args:
+        workspace: the workspace (or its `.machine` folder).
+
+    Returns:
+        `<cache_dir()>/runs/<folder>-<16 hex>.parquet`, keyed by the real (symlink-resolved) path of
+        its `.machine/runs` folder.
+    """
     real = os.path.realpath(runs_root(workspace))
     ws_name = os.path.basename(os.path.dirname(os.path.dirname(real)))
     slug = re.sub(r"[^a-z0-9]+", "-", ws_name.lower()).strip("-") or "workspace"
@@ -121,7 +136,16 @@ class IndexStats:
 
 
 def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None, dict, str | None]:
-    """(table, metadata, why not) for an index file; (None, {}, reason) when it must be rebuilt."""
+    """An index file's table, if it can be trusted.
+
+    Args:
+        path: the index file.
+        root_real: the real path of the runs folder it must index.
+
+    Returns:
+        (table, metadata, None); (None, {}, None) when there is no file; (None, {}, why) when it
+        must be rebuilt (unreadable, another schema version, another workspace, other columns).
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         return None, {}, None
@@ -166,7 +190,14 @@ def _one_chunk(col: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
-    """Write the index atomically (temp file in the same folder, fsync, rename), private to the user."""
+    """Write the index atomically (jsonl.atomic_replace), private to the user.
+
+    Args:
+        path: the index file.
+        table: the rows (INDEX_SCHEMA).
+        meta: the metadata kept beside them (folder times, the runs folder); the schema version and
+            the dictionary-encoded columns are added.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # columns with few distinct values are stored and read as dictionaries (measured: a million
@@ -176,21 +207,16 @@ def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
         f.name for f in INDEX_SCHEMA
         if f.type == _STR and f.name not in ("name", "id") and pc.count_distinct(table[f.name]).as_py() <= n // 4 + 1]}
     table = table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode("utf-8")})
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.close(fd)
+    with atomic_replace(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def empty_table() -> pa.Table:
+    """An index with no rows.
+
+    Returns:
+        An empty table of INDEX_SCHEMA.
+    """
     return INDEX_SCHEMA.empty_table()
 
 
@@ -200,22 +226,26 @@ def empty_table() -> pa.Table:
 
 def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | None = None,
                  check: str = "dirs") -> tuple[pa.Table, IndexStats, list[MachineFormatError]]:
-    """Bring the workspace's run index up to date and return its rows (of `machine` and its
-    nested machines when given), sorted newest first (started_at, then id, descending).
+    """Bring the workspace's run index up to date and return its rows.
 
-    parse: turns `[(path, dir, name, problem)]` into rows, reading files through the `read(k)`
-           it is given (frames.py's parser; see Parser).
-    machine: scan and refresh only this machine's folders (default None: all); the other rows of
-             the index are kept as they are.
-    check: how a reload finds what changed. "dirs" (default): stat every folder; a folder whose
-           modification time is unchanged has the same files (creating, deleting or renaming a
-           file into place, as an atomic write does, changes its folder's time), so only its
-           rows marked `recheck` (runs without finishedAt, which a writer is still updating, and
-           bad files) are stat-ed; files of changed folders are compared by size and mtime.
-           "files": stat every run file, which also sees a file rewritten in place (measured
-           here: about 6 s of CPU for a million files; see benchmarks/bench_run_index.py).
-    Returns (table of INDEX_SCHEMA, IndexStats, problems: a MachineFormatError per folder that
-    could not be entered, such as a symlink loop).
+    Args:
+        workspace: the workspace (or its `.machine` folder).
+        parse: turns `[(path, dir, name, problem)]` into rows, reading files through the `read(k)`
+            it is given (frames.py's parser; see Parser).
+        machine: scan and refresh only this machine's folders (default None: all); the other rows
+            of the index are kept as they are.
+        check: how a reload finds what changed. "dirs" (default): stat every folder; a folder whose
+            modification time is unchanged has the same files (creating, deleting or renaming a
+            file into place, as an atomic write does, changes its folder's time), so only its rows
+            marked `recheck` (runs without finishedAt, which a writer is still updating, and bad
+            files) are stat-ed; files of changed folders are compared by size and mtime. "files":
+            stat every run file, which also sees a file rewritten in place (what it costs:
+            benchmarks/bench_run_index.py).
+
+    Returns:
+        (table of INDEX_SCHEMA: the rows of `machine` and its nested machines when given, sorted
+        newest first (started_at, then id, descending); IndexStats; problems: a MachineFormatError
+        per folder that could not be entered, such as a symlink loop).
     """
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
@@ -425,10 +455,15 @@ def _batches(todo: list[tuple[str, str, list[str], list[str]]]):
 
 
 def sort_table(table: pa.Table | list[pa.Table]) -> pa.Table:
-    """Newest first: started_at, then id, both descending, missing last; then dir and name.
+    """Rows newest first: started_at, then id, both descending, missing last; then dir and name.
 
-    A list of tables is concatenated and emptied, so this holds the only reference to the rows
-    and each column is freed as soon as its sorted copy is made."""
+    Args:
+        table: a table, or a list of tables: the list is concatenated and emptied, so this holds
+            the only reference to the rows and each column is freed as soon as its sorted copy is made.
+
+    Returns:
+        The sorted table.
+    """
     if isinstance(table, list):
         parts = table
         table = pa.concat_tables(parts) if parts else empty_table()
@@ -459,7 +494,14 @@ def _groups(dirs: pa.ChunkedArray) -> dict[str, np.ndarray]:
 
 
 def remove_index(workspace: str | os.PathLike) -> bool:
-    """Delete a workspace's run index (the next load_runs rebuilds it); True when there was one."""
+    """Delete a workspace's run index (the next load_runs rebuilds it).
+
+    Args:
+        workspace: the workspace.
+
+    Returns:
+        True when there was one.
+    """
     path = run_index_path(workspace)
     try:
         path.unlink()

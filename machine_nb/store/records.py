@@ -208,6 +208,11 @@ class RunRecordDtype(_LazyDtype):
 
     @classmethod
     def construct_array_type(cls) -> type[RunRecords]:
+        """The array type of this dtype (pandas' extension interface).
+
+        Returns:
+            RunRecords.
+        """
         return RunRecords
 
 
@@ -232,6 +237,11 @@ class TagRowDtype(_LazyDtype):
 
     @classmethod
     def construct_array_type(cls) -> type[TagRows]:
+        """The array type of this dtype (pandas' extension interface).
+
+        Returns:
+            TagRows.
+        """
         return TagRows
 
 
@@ -297,10 +307,18 @@ class RunsAccessor:
         self._frame = frame
 
     def record(self, id: str, machine: str | None = None) -> dict:
-        """The Run record of the run with this id (and machine, when ids repeat across machines).
+        """The Run record of the run with this id.
 
-        Raises KeyError when no row has it, ValueError when several machines have that id and
-        `machine` is not given.
+        Args:
+            id: the run id.
+            machine: its machine, needed when ids repeat across machines (default None).
+
+        Returns:
+            The Run record, read from its file when the `run` column is lazy.
+
+        Raises:
+            KeyError: no row has this id (in this machine).
+            ValueError: several machines have that id and `machine` is not given.
         """
         df = self._frame
         hit = np.flatnonzero((df["id"] == id).to_numpy(dtype=bool, na_value=False))
@@ -314,12 +332,26 @@ class RunsAccessor:
         return load_run_records(df.iloc[hit])[0]
 
     def records(self) -> list[dict]:
-        """Every row's Run record, in row order (reads the run files of a lazy `run` column)."""
+        """Every row's Run record, in row order (reads the run files of a lazy `run` column).
+
+        Returns:
+            The Run records.
+        """
         return load_run_records(self._frame)
 
 
 def load_run_records(frame: pd.DataFrame) -> list[dict]:
-    """Run records of a frame's rows: its `run` column (lazy or not), else read from `path`."""
+    """Run records of a frame's rows.
+
+    Args:
+        frame: a load_runs frame or a selection of one.
+
+    Returns:
+        Its `run` column's values (lazy or not), else the records read from its `path` column.
+
+    Raises:
+        ValueError: the frame has neither column.
+    """
     if "run" in frame.columns:
         return list(frame["run"])
     if "path" in frame.columns:

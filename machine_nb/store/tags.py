@@ -14,9 +14,15 @@ import re
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..chat import content_text
+from ..compat import renamed
 from ..errors import MachineFormatError
+from .messages import is_tool_call, to_chat, without_thinking
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DATA_FILES = {"train": "train.jsonl", "traces": "traces.jsonl", "observed": "observed.jsonl",
               "rejected": "rejected.jsonl"}
@@ -27,11 +33,17 @@ TAGGED_COLUMNS = ["id", "file", "line", "tag", "kind", "note", "source", "machin
 
 
 def project_key(project: str | os.PathLike | None = None) -> str:
-    """The store key of a project directory: `<slug of its basename>-<first 12 hex of sha256(realpath)>`.
+    """The store key of a project directory.
 
     UNCERTAIN: Machine's `machineProjectKey` hashes the canonical (symlink-resolved) project path,
     but its exact format was not seen; this shape is our choice. If your Machine store lives
     under another name, pass `store=` (an explicit path always wins).
+
+    Args:
+        project: the project directory (default None: the current directory).
+
+    Returns:
+        `<slug of its basename>-<first 12 hex of sha256(realpath)>`.
     """
     path = Path(project or os.getcwd()).resolve()
     try:
@@ -43,13 +55,19 @@ def project_key(project: str | os.PathLike | None = None) -> str:
 
 
 def store_dir(project: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Path:
-    """The tag store directory of a project: `<base>/<project_key(project)>`.
+    """The tag store directory of a project.
 
-    project: the project directory, default the current directory (as Machine uses its cwd).
-    base: default `$MACHINE_DATA_DIR` (resolved against the project directory, as Machine does)
-          when set and non-blank, else `~/.machine` on every platform (Machine ignores XDG).
-    The project key format is the one uncertain part (see project_key); pass `store=` to the
-    tag functions to use any directory.
+    The project key format is the one uncertain part (see project_key); pass `store=` to the tag
+    functions to use any directory.
+
+    Args:
+        project: the project directory (default None: the current directory, as Machine uses its cwd).
+        base: the folder of stores (default None: `$MACHINE_DATA_DIR`, resolved against the project
+            directory as Machine does, when set and non-blank; else `~/.machine` on every platform:
+            Machine ignores XDG).
+
+    Returns:
+        `<base>/<project_key(project)>`.
     """
     proj = Path(project or os.getcwd())
     if base is None:
@@ -63,18 +81,8 @@ def _resolve_store(store: str | os.PathLike | None) -> Path:
 
 
 def _text(content: Any) -> str:
-    """Machine's extractMessageText: a string trimmed; text parts joined by newlines; .text / .content."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content.strip()
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text").strip()
-    if isinstance(content, dict):
-        if isinstance(content.get("text"), str):
-            return content["text"].strip()
-        return _text(content.get("content"))
-    return str(content)
+    """Machine's extractMessageText: the text parts joined by newlines, trimmed."""
+    return content_text(content, sep="\n", strip=True)
 
 
 def _item_messages(item: Any) -> tuple[list[dict], dict | None]:
@@ -92,15 +100,23 @@ def _item_messages(item: Any) -> tuple[list[dict], dict | None]:
 
 
 def _is_call(m: dict) -> bool:
-    if m.get("tool_calls"):
-        return True
-    from ..export import is_tool_call
-
-    return is_tool_call(m)
+    return bool(m.get("tool_calls")) or is_tool_call(m)
 
 
-def latest_turn(msgs: list[dict]) -> tuple[int, int]:
-    """Indexes of the latest user message and of the last assistant reply (not a tool call) after it."""
+def latest_turn(msgs: list[dict], *, answered: bool = True) -> tuple[int, int | None]:
+    """The latest user/assistant turn of a conversation.
+
+    Args:
+        msgs: the messages (Machine or chat).
+        answered: the turn must have a reply (default True); False accepts a turn without one.
+
+    Returns:
+        (index of the latest user message, index of the last assistant reply after it that is
+        not a tool call and has text; None when there is none and `answered` is False).
+
+    Raises:
+        ValueError: no user message, or (answered) no reply after it.
+    """
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
     if last_user < 0:
         raise ValueError("no user message to tag: a tagged turn is the latest user/assistant turn")
@@ -108,20 +124,18 @@ def latest_turn(msgs: list[dict]) -> tuple[int, int]:
                  if msgs[i].get("role") == "assistant" and not _is_call(msgs[i]) and _text(msgs[i].get("content"))),
                 default=-1)
     if reply < 0:
-        raise ValueError("no assistant reply after the latest user message to tag")
+        if answered:
+            raise ValueError("no assistant reply after the latest user message to tag")
+        return last_user, None
     return last_user, reply
 
 
 def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[list[dict], list[dict]]:
     """(chat messages, Letta-style trajectory records) for the turn starting at user message `start`."""
-    from ..export import to_chat
-
     turn = msgs[start:]
     chat_shaped = any("tool_calls" in m or "tool_call_id" in m for m in turn)
     chat = turn if chat_shaped else to_chat(turn, reasoning=reasoning)[0]
     if not reasoning:
-        from ..export import without_thinking
-
         chat = [without_thinking(m) for m in chat]
     records: list[dict] = []
     for m in chat:
@@ -147,28 +161,43 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
     return chat, records
 
 
-def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
+@renamed(item="run")
+def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
         trace: bool = False, store: str | os.PathLike | None = None, *, reasoning: bool = False,
-        source: str | None = None, id: str | None = None, created_at: str | None = None) -> dict:
-    """Save the latest user/assistant turn of a run (or message list) as a tag row; returns the row.
+        source: str | None = None, id: str | None = None, created_at: str | None = None,
+        replaced: str | None = None) -> dict:
+    """Save the latest user/assistant turn of a run (or message list) as a tag row, like Machine's
+    /good, /good --as, /good --trace and /bad.
 
-    item: a load_runs row (Series or dict), a Run dict, or a list of messages (Machine or chat).
-    tag: "good" (default; → train.jsonl, like /good), "bad" (→ rejected.jsonl, like /bad) or
-         "observed" (→ observed.jsonl).
-    note: free text kept on the row (default None: no note key).
-    rewrite: replaces the assistant answer with this text (/good --as); the note is kept.
-    trace: True writes the whole last turn (user, assistant prose, OpenAI tool_calls, tool
-           results) to traces.jsonl with kind "trace" and Letta-style `trajectory` records
-           (/good --trace). Default False: the [user, assistant] pair, kind "final".
-    store: the store directory; default `store_dir()` for the current directory.
-    reasoning: keep reasoning in a trace (default False, as Machine omits it unless --reasoning).
-    source: where the turn came from; default `<run id>.json` for runs (the basename of the run
-            file, as Machine records its session file), else None.
-    id, created_at: for deterministic fixtures; default 12 random hex digits and now (UTC ISO).
-    Row keys: id, messages, tag, kind, note?, source?, trajectory? (traces), machine?, run? (runs),
-    rewritten? (true with rewrite), replaced? (with rewrite: the text of the assistant reply it
-    replaced; rows Machine writes lack it), created_at. Appended under the file's lock: never lost or
-    half-written with several writers.
+    Args:
+        run: a load_runs row (Series or dict), a Run dict, or a list of messages (Machine or chat).
+        tag: "good" (default; to train.jsonl, like /good), "bad" (to rejected.jsonl, like /bad) or
+            "observed" (to observed.jsonl).
+        note: free text kept on the row (default None: no note key).
+        rewrite: replaces the assistant answer with this text (/good --as); the note is kept.
+            A turn with no reply yet can be tagged with a rewrite (its answer to learn); default
+            None: the turn's own reply, which it must have.
+        trace: True writes the whole last turn (user, assistant prose, OpenAI tool_calls, tool
+            results) to traces.jsonl with kind "trace" and Letta-style `trajectory` records
+            (/good --trace). Default False: the [user, assistant] pair, kind "final".
+        store: the store directory; default None: `store_dir()` for the current directory.
+        reasoning: keep reasoning in a trace (default False, as Machine omits it unless --reasoning).
+        source: where the turn came from; default None: `<run id>.json` for runs (the basename of
+            the run file, as Machine records its session file), else no source key.
+        id: the row's id (default None: 12 random hex digits; fixtures pass one).
+        created_at: when it was recorded (default None: now, UTC ISO 8601).
+        replaced: with `rewrite`, the text of the reply the rewrite replaces (default None: the
+            turn's own reply when it has one; a turn without one records none).
+
+    Returns:
+        The row written. Keys: id, messages, tag, kind, note?, source?, trajectory? (traces),
+        machine? and run? (runs), rewritten? (true with rewrite), replaced? (with rewrite: the text
+        of the reply it replaced, which a preference pair rejects; rows Machine writes lack it),
+        created_at. Appended under the file's lock: never lost or half-written with several writers.
+
+    Raises:
+        ValueError: an unknown tag, rewrite with trace, replaced without rewrite, no user message,
+            or no reply to tag (and no rewrite).
     """
     from ..jsonl import append_jsonl
 
@@ -176,8 +205,10 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
         raise ValueError(f"tag must be 'good', 'bad' or 'observed', not {tag!r}")
     if trace and rewrite is not None:
         raise ValueError("rewrite (/good --as) replaces a final answer; it cannot be combined with trace=True")
-    msgs, run = _item_messages(item)
-    user_i, reply_i = latest_turn(msgs)
+    if replaced is not None and rewrite is None:
+        raise ValueError("replaced= names the reply a rewrite replaces: give rewrite= too")
+    msgs, record = _item_messages(run)
+    user_i, reply_i = latest_turn(msgs, answered=rewrite is None)
     stamp = created_at or datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     row: dict[str, Any] = {"id": id or secrets.token_hex(6)}
     trajectory = None
@@ -194,21 +225,23 @@ def tag(item: Any, tag: str = "good", note: str | None = None, rewrite: str | No
     row["kind"] = kind
     if note is not None:
         row["note"] = note
-    if source is None and run is not None and run.get("id"):
-        source = f"{run['id']}.json"
+    if source is None and record is not None and record.get("id"):
+        source = f"{record['id']}.json"
     if source is not None:
         row["source"] = source
     if trajectory is not None:
         row["trajectory"] = trajectory
-    if run is not None:
-        row["machine"] = run.get("machine")
-        row["run"] = run.get("id")
+    if record is not None:
+        row["machine"] = record.get("machine")
+        row["run"] = record.get("id")
     if rewrite is not None:
         row["rewritten"] = True
-        if not trace and reply_i is not None and msgs[reply_i].get("role") == "assistant":
-            row[REPLACED] = _text(msgs[reply_i].get("content"))  # the reply a preference pair sets against it
+        if replaced is None and reply_i is not None:
+            replaced = _text(msgs[reply_i].get("content"))
+        if replaced is not None:
+            row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
-    append_jsonl(_resolve_store(store) / fname, [row])
+    append_jsonl([row], _resolve_store(store) / fname)
     return row
 
 
@@ -246,18 +279,25 @@ def _iter_rows(store: Path | None, skipped: list):
             yield fname, line, row
 
 
-def tagged(store: str | os.PathLike | None = None):
-    """All tag rows of a store as a DataFrame, like `/tagged`, in file order (train, traces,
-    observed, rejected; then line order).
+def tagged(store: str | os.PathLike | None = None) -> pd.DataFrame:
+    """All tag rows of a store as a DataFrame, like `/tagged`, in file order (train, traces, observed,
+    rejected; then line order).
 
-    Columns: id ("(no id)" when a row has none, as Machine prints it), file, line, tag, kind
-    (default "final"), note, source, machine and run (the run a row names, as `tag()` records it;
-    None for rows Machine wrote), n_messages, last_user, last_assistant (the texts of the last
-    user and assistant messages), created_at (when recorded; ours), row (the whole row, read from
-    its line when asked for: a lazy column, so a big store is streamed, not held).
     Unreadable lines and rows without `messages` are skipped with one warning listing file and line.
-    A store folder that does not exist gives an empty frame and a warning; a path that is a file
-    raises MachineFormatError.
+
+    Args:
+        store: the store directory (default None: `store_dir()` of the current directory).
+
+    Returns:
+        A DataFrame with TAGGED_COLUMNS: id ("(no id)" when a row has none, as Machine prints it),
+        file, line, tag, kind (default "final"), note, source, machine and run (the run a row names,
+        as `tag()` records it; None for rows Machine wrote), n_messages, last_user, last_assistant
+        (the texts of the last user and assistant messages), created_at (when recorded; ours), row
+        (the whole row, read from its line when asked for: a lazy column, so a big store is
+        streamed, not held). A store folder that does not exist gives an empty frame and a warning.
+
+    Raises:
+        MachineFormatError: the store path is a file.
     """
     import pandas as pd
     import pyarrow as pa
@@ -286,11 +326,15 @@ def tagged(store: str | os.PathLike | None = None):
 
 
 def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]], dict[str, list[str]]]:
-    """The tags of a store's rows by the run they name: `({(machine, run id): tags}, {run id: tags})`.
+    """The tags of a store's rows by the run they name.
 
-    The first holds rows that name their machine (`tag()` writes `machine` and `run`); the second
-    rows without one (Machine's own rows: the id from a `source` of `<id>.json`), which
-    `frames.attach_tags` matches only where the id is unambiguous.
+    Args:
+        store: the store directory.
+
+    Returns:
+        ({(machine, run id): tags} for rows that name their machine, as `tag()` writes them;
+        {run id: tags} for rows without one: Machine's own rows, the id from a `source` of
+        `<id>.json`, which `frames.attach_tags` matches only where the id is unambiguous).
     """
     from .workspace import warn_skipped
 
@@ -314,13 +358,23 @@ def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]]
 
 
 def untag(id: str, store: str | os.PathLike | None = None) -> dict:
-    """Remove the row with this id from whichever store file holds it; returns the removed row.
+    """Remove the row with this id from whichever store file holds it.
 
     The file is rewritten atomically under the same lock appends use, so no other row (not even
     an unreadable line, kept byte for byte) is lost. It is streamed: only lines that may hold the
-    id are parsed, and memory does not grow with the file. KeyError when no row has this id;
-    MachineFormatError naming file and line when a line that may hold it cannot be parsed for
-    being nested too deep (it cannot be told apart from the row asked for).
+    id are parsed, and memory does not grow with the file.
+
+    Args:
+        id: the row's id.
+        store: the store directory (default None: `store_dir()` of the current directory).
+
+    Returns:
+        The removed row.
+
+    Raises:
+        KeyError: no row has this id.
+        MachineFormatError: naming file and line, when a line that may hold the id cannot be parsed
+            for being nested too deep (it cannot be told apart from the row asked for).
     """
     from ..jsonl import locked
 
@@ -363,33 +417,19 @@ def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | Non
 
 
 def _rewrite_without(path: Path, start: int, end: int) -> None:
-    """Replace a file by itself without bytes [start, end), streamed, atomically (temp + fsync +
-    rename); every other byte is kept as it was."""
+    """Replace a file by itself without bytes [start, end), streamed, atomically (jsonl.atomic_replace);
+    every other byte is kept as it was."""
     import shutil
-    import tempfile
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-            _copy_range(src, out, 0, start, shutil)
-            src.seek(end)
-            shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from ..jsonl import atomic_replace
 
-
-def _copy_range(src, out, start: int, end: int, shutil) -> None:
-    src.seek(start)
-    left = end - start
-    while left > 0:
-        chunk = src.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        out.write(chunk)
-        left -= len(chunk)
+    with atomic_replace(path) as tmp, open(tmp, "wb") as out, open(path, "rb") as src:
+        left = start
+        while left > 0:
+            chunk = src.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+        src.seek(end)
+        shutil.copyfileobj(src, out, 1 << 20)

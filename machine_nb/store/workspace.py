@@ -1,6 +1,6 @@
 """Machine's workspace files as plain records: runs, sessions, events and machine definitions.
 
-Layout (machine-format.md §2A): runs at `<ws>/.machine/runs/<machine segments>/<id>.json`,
+Layout: runs at `<ws>/.machine/runs/<machine segments>/<id>.json`,
 sessions at `<ws>/.machine/sessions/<machine segments>/<name>.json`, the event stream at
 `<ws>/.machine/events.jsonl`, definitions at `<ws>/machines/<name>/…`. The DataFrames over runs
 and messages are built in `frames.py`; this module only finds, parses and checks files.
@@ -13,11 +13,14 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MachineFormatError
 
-# Machine's store.ts: each "/"-separated segment of a machine, run or session name.
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Machine's rule for each "/"-separated segment of a machine, run or session name.
 SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 # Files a machine definition directory may hold (any one marks a directory as a machine).
@@ -30,9 +33,17 @@ class SkippedFiles(UserWarning):
 
 
 def name_segments(name: str, what: str = "name") -> list[str]:
-    """Split a Machine name ("chatbot/triage") into segments, checking each against SEGMENT.
+    """Split a Machine name ("chatbot/triage") into segments, each checked against SEGMENT.
 
-    Raises ValueError with Machine's own wording when a segment is invalid.
+    Args:
+        name: the name.
+        what: what it names, for the message (default "name").
+
+    Returns:
+        The segments.
+
+    Raises:
+        ValueError: with Machine's own wording, when a segment is invalid.
     """
     parts = name.split("/") if isinstance(name, str) else []
     if not parts or not all(SEGMENT.match(p) for p in parts):
@@ -42,7 +53,14 @@ def name_segments(name: str, what: str = "name") -> list[str]:
 
 
 def machine_dir(workspace: str | os.PathLike) -> Path:
-    """The `.machine` store directory of a workspace (a path to `.machine` itself is accepted too)."""
+    """The `.machine` store directory of a workspace.
+
+    Args:
+        workspace: the workspace root, or its `.machine` folder itself.
+
+    Returns:
+        The `.machine` folder.
+    """
     ws = Path(workspace)
     if ws.name == ".machine":
         return ws
@@ -50,13 +68,27 @@ def machine_dir(workspace: str | os.PathLike) -> Path:
 
 
 def workspace_root(workspace: str | os.PathLike) -> Path:
-    """The workspace root (the folder holding `machines/` and `.machine/`)."""
+    """The workspace root (the folder holding `machines/` and `.machine/`).
+
+    Args:
+        workspace: the workspace root, or its `.machine` folder.
+
+    Returns:
+        The root.
+    """
     ws = Path(workspace)
     return ws.parent if ws.name == ".machine" else ws
 
 
 def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 3) -> None:
-    """One SkippedFiles warning listing what was left out and why (first 20, then a count)."""
+    """One SkippedFiles warning listing what was left out and why (first 20, then a count); none
+    when nothing was.
+
+    Args:
+        what: what the errors are about ("run file(s)", …).
+        errors: the MachineFormatErrors.
+        stacklevel: the warning's stack level (default 3: the caller's caller).
+    """
     if not errors:
         return
     listed = "\n".join(f"  {e}" for e in errors[:20])
@@ -64,12 +96,45 @@ def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 
     warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
 
 
-def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3):
+ON_ERROR = ("raise", "warn", "skip")
+
+
+def on_error_policy(on_error: str, strict: bool | None, fn: str) -> str:
+    """The bad-file policy of a reader that once took `strict=`.
+
+    Args:
+        on_error: "raise", "warn" or "skip".
+        strict: the older flag (None: not given): True is "raise", False is "warn"; giving it
+            warns, and giving it with an on_error other than "warn" is a TypeError.
+        fn: the reader's name, for the messages.
+
+    Returns:
+        The policy.
+    """
+    if strict is not None:
+        if on_error != "warn":
+            raise TypeError(f"{fn}() got both strict= and on_error=: pass only on_error")
+        warnings.warn(f"{fn}(strict=…) is now {fn}(on_error=…): strict=True is on_error='raise', strict=False "
+                      "on_error='warn'; the old name will be removed in a later release", DeprecationWarning,
+                      stacklevel=3)
+        on_error = "raise" if strict else "warn"
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
+    return on_error
+
+
+def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3) -> pd.Series:
     """ISO time strings as UTC datetimes; a value that does not parse becomes NaT with one warning.
 
-    values: the raw values (None for absent). where: for each value, its file, line and field as
-    text ("events.jsonl:3 (field 'at')"; used only when the value is bad). what: the records, for the warning
-    ("session file(s)", "event line(s)"). Returns a pandas Series of datetime64 UTC.
+    Args:
+        values: the raw values (None for absent).
+        where: for each value, its file, line and field as text ("events.jsonl:3 (field 'at')";
+            used only when the value is bad).
+        what: the records, for the warning ("session file(s)", "event line(s)").
+        stacklevel: the warning's stack level (default 3).
+
+    Returns:
+        A pandas Series of datetime64 UTC.
     """
     import pandas as pd
 
@@ -93,7 +158,18 @@ def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3):
 
 
 def loads_json(data: bytes, path: str | os.PathLike) -> Any:
-    """Parse one JSON document, naming the file, line and column on failure."""
+    """Parse one JSON document (orjson).
+
+    Args:
+        data: the document's bytes.
+        path: the file it came from, named in errors.
+
+    Returns:
+        The value.
+
+    Raises:
+        MachineFormatError: naming the file, line and column.
+    """
     import orjson
 
     try:
@@ -112,9 +188,20 @@ def loads_json(data: bytes, path: str | os.PathLike) -> Any:
 
 
 def read_file(path: str | os.PathLike) -> tuple[bytes, os.stat_result]:
-    """A file's bytes and its stat (taken before reading, from the same open file), through the
-    os-level calls: for small run files, Python's buffered file objects cost more than the read.
-    MachineFormatError naming the file when it cannot be read."""
+    """A file's bytes and its stat, taken before reading from the same open file.
+
+    Through the os-level calls: for small run files, Python's buffered file objects cost more than
+    the read.
+
+    Args:
+        path: the file.
+
+    Returns:
+        (bytes, os.stat_result).
+
+    Raises:
+        MachineFormatError: naming the file when it cannot be read.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
@@ -142,20 +229,36 @@ def read_file(path: str | os.PathLike) -> tuple[bytes, os.stat_result]:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """One JSON file (orjson); MachineFormatError naming file and line when unreadable."""
+    """One JSON file (orjson).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The value.
+
+    Raises:
+        MachineFormatError: naming the file and line when it is missing or unreadable.
+    """
     return loads_json(read_file(path)[0], path)
 
 
 def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = None
                  ) -> Iterator[tuple[str, list[str], list[str], list[str], str | None]]:
-    """Yield `(dirpath, segments, subdirs, filenames, problem)` for `root` and every folder below it.
+    """`root` and every folder below it, sorted, so readers are deterministic.
 
     Symlinked folders are followed (a machine folder may live elsewhere), except one that leads
     back to a folder it is inside of: that loop is yielded once with `problem` saying so, and not
-    entered. `segments` are the folder's names below `root` (as the link is named, not where it
-    points). Subfolders and files are sorted, so readers are deterministic. `within`: a folder
-    `root` is inside of (e.g. `runs/` for `runs/<machine>`), whose folders down to `root` count
-    as ones it is inside of too.
+    entered.
+
+    Args:
+        root: the top folder (nothing is yielded when it is not a folder).
+        within: a folder `root` is inside of (e.g. `runs/` for `runs/<machine>`), whose folders
+            down to `root` count as ones it is inside of too (default None).
+
+    Returns:
+        An iterator of (dirpath, segments: the folder's names below `root`, as the link is named,
+        not where it points; subfolders; file names; problem or None).
     """
     root = os.fspath(root)
     if not os.path.isdir(root):
@@ -201,7 +304,15 @@ def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = Non
 
 
 def folder_chain(top: str | os.PathLike, down_to: str | os.PathLike) -> tuple:
-    """(st_dev, st_ino) of `top` and each folder below it on the way to `down_to` (excluded)."""
+    """The identities of the folders on the way from one folder down to another.
+
+    Args:
+        top: the upper folder.
+        down_to: a folder below it (excluded).
+
+    Returns:
+        (st_dev, st_ino) of `top` and of each folder below it on the way to `down_to`.
+    """
     top, down_to = os.fspath(top), os.fspath(down_to)
     rel = os.path.relpath(down_to, top)
     chain, path = [], top
@@ -217,7 +328,16 @@ def folder_chain(top: str | os.PathLike, down_to: str | os.PathLike) -> tuple:
 
 
 def folder_problem(segments: list[str], name: str, base: str) -> str | None:
-    """Why a file at `<base>/<segments…>/<name>` is misplaced (see iter_named_files), else None."""
+    """Why a file at `<base>/<segments…>/<name>` is misplaced (see iter_named_files).
+
+    Args:
+        segments: the folders below `base`.
+        name: the file name.
+        base: the top folder's name ("runs", "sessions").
+
+    Returns:
+        The reason, or None when it is where it belongs.
+    """
     if not segments:
         return f"file directly under {base}/ (expected {base}/<machine>/{name})"
     bad = [s for s in segments if not SEGMENT.match(s)]
@@ -229,14 +349,21 @@ def folder_problem(segments: list[str], name: str, base: str) -> str | None:
 
 def iter_named_files(root: str | os.PathLike, suffix: str = ".json", within: str | os.PathLike | None = None
                      ) -> Iterator[tuple[str, str | None, str | None]]:
-    """Yield `(path, machine, problem)` for each `*.json` under `root/<machine segments>/`.
+    """The `*.json` files under `root/<machine segments>/`, sorted, so readers are deterministic.
 
-    `machine` is the folder path joined with "/"; `problem` says why the file is misplaced
-    (a folder segment that breaks SEGMENT, or a file directly under `root`), else None. A folder
-    that cannot be entered (a symlink loop, no permission) is yielded once as `(folder, machine,
-    problem)`, so it is reported rather than silently left out. Sorted, so readers are
-    deterministic. Paths are strings: pathlib costs more than parsing small run files (measured
-    in benchmarks/bench_load_runs.py). `within`: see walk_folders.
+    A folder that cannot be entered (a symlink loop, no permission) is yielded once as `(folder,
+    machine, problem)`, so it is reported rather than silently left out. Paths are strings:
+    pathlib costs more than parsing small run files (see benchmarks/bench_load_runs.py).
+
+    Args:
+        root: the top folder (`.machine/runs`, `.machine/sessions`, or a machine's folder in one).
+        suffix: the files' suffix (default ".json"; names starting with "." are never listed).
+        within: see walk_folders (default None).
+
+    Returns:
+        An iterator of (path, machine: the folder path joined with "/", or None; problem: why the
+        file is misplaced, a folder segment that breaks SEGMENT or a file directly under `root`,
+        else None).
     """
     root = os.fspath(root)
     base = os.path.basename(root.rstrip(os.sep))
@@ -264,10 +391,20 @@ _NUMBERS = {int, float}  # exact classes: a JSON true/false is a bool, which is 
 
 def check_messages(value: Any, path: str | os.PathLike, field: str, calls: list | None = None,
                    results: dict | None = None) -> None:
-    """Check a list of Machine Messages (role, content string); raise MachineFormatError naming the field.
+    """Check a list of Machine Messages (role, content string).
 
     When `calls`/`results` are given, also collects the assistant tool-call messages and the tool
     results by call id in the same pass (load_runs counts tool calls without a second loop).
+
+    Args:
+        value: the list.
+        path: the file, named in errors.
+        field: the list's field ("trajectory", "history", "messages").
+        calls: a list the tool-call messages are appended to (default None: not collected).
+        results: a dict tool results are put in by call id (default None).
+
+    Raises:
+        MachineFormatError: naming the file and the first bad message's field.
     """
     if value.__class__ is not list:
         raise MachineFormatError(path, f"expected a list of messages, got {type(value).__name__}", field=field)
@@ -297,7 +434,7 @@ def check_messages(value: Any, path: str | os.PathLike, field: str, calls: list 
                     results[cid] = m
             elif role == "assistant" and (cid is not None or m.get("toolInput") is not None
                                           or (name is not None and not content)):
-                calls.append(m)  # the rule of export.is_tool_call
+                calls.append(m)  # the rule of store.messages.is_tool_call
     else:
         return
     _explain_messages(value, path, field)
@@ -321,11 +458,24 @@ def _explain_messages(value: list, path: str | os.PathLike, field: str) -> None:
 
 def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, calls: list | None = None,
               results: dict | None = None) -> dict:
-    """Check one parsed Run record; return it or raise MachineFormatError naming file and field.
+    """Check one parsed Run record.
 
     Required: `id` and `machine` (strings; `machine` must match the folder the file is in, and
     `id` the file name). Typed when present: the string fields, `trajectory`/`history` (lists of
     Messages), `scorecard` (object with a numeric `total`), `usage` (numbers), `conversation`.
+
+    Args:
+        run: the parsed record.
+        path: its file.
+        machine: the machine its folder names (default None: not checked).
+        calls: collects tool-call messages (see check_messages; default None).
+        results: collects tool results (default None).
+
+    Returns:
+        The record.
+
+    Raises:
+        MachineFormatError: naming the file and field.
     """
     if run.__class__ is not dict:
         raise MachineFormatError(path, f"a run must be a JSON object, got {type(run).__name__}")
@@ -375,22 +525,45 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
 
 
 def read_run(path: str | os.PathLike, machine: str | None = None) -> dict:
-    """One run file, parsed and checked (see check_run); MachineFormatError when it is bad."""
+    """One run file, parsed and checked (see check_run).
+
+    Args:
+        path: the run file.
+        machine: the machine its folder names (default None: not checked).
+
+    Returns:
+        The Run record.
+
+    Raises:
+        MachineFormatError: the file is missing or bad.
+    """
     return check_run(read_json(path), path, machine)
 
 
-def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False,
-              skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[str, dict]]:
-    """Yield `(path, run)` for every run file of a workspace (or of one machine and its descendants).
+def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
+              skipped: list[MachineFormatError] | None = None, strict: bool | None = None
+              ) -> Iterator[tuple[str, dict]]:
+    """Every run file of a workspace (or of one machine and its nested machines), parsed and checked.
 
-    strict: False (default, so one bad file does not hide hundreds of good ones) collects each bad
-    or misplaced file as a MachineFormatError in `skipped`; True raises the first one.
+    Args:
+        workspace: the workspace root (or its `.machine` folder).
+        machine: only this machine and its nested machines (default None: all).
+        on_error: what a bad or misplaced file does: "warn" (default: skipped, so one bad file
+            does not hide hundreds of good ones, and listed in one SkippedFiles warning at the
+            end), "skip" (skipped silently) or "raise" (the first one's MachineFormatError).
+        skipped: a list that collects each skipped file's MachineFormatError (default None).
+        strict: the older name: True is on_error="raise", False "warn" (warns).
+
+    Returns:
+        An iterator of (path, run record).
     """
+    on_error = on_error_policy(on_error, strict, "iter_runs")
     top = root = machine_dir(workspace) / "runs"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
     prefix = "" if machine is None else machine + "/"
     errors = [] if skipped is None else skipped
+    start = len(errors)
     for path, folder, problem in iter_named_files(root, within=top):
         if machine is not None:
             folder = machine if folder is None else prefix + folder
@@ -400,24 +573,38 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, stric
                 raise MachineFormatError(path, problem, field="machine")
             yield path, read_run(path, folder)
         except MachineFormatError as exc:
-            if strict:
+            if on_error == "raise":
                 raise
             errors.append(exc)
+    if on_error == "warn":
+        warn_skipped("run file(s)", errors[start:])
 
 
 # ---------------------------------------------------------------------------------------------
 # Sessions and events
 
 
-def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, strict: bool = False):
+def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
+                  strict: bool | None = None) -> pd.DataFrame:
     """Named chat sessions as a DataFrame, newest first.
 
-    Columns: machine, name, n_messages, updated_at (UTC datetime; NaT, with a warning naming the
-    file, when `updatedAt` does not parse), messages (list of Machine
-    Messages), path, session (the parsed record). A Session is `{machine, name, messages,
-    updatedAt}` (store.ts). Bad files are skipped with one SkippedFiles warning (strict=True raises).
+    A Session is Machine's `{machine, name, messages, updatedAt}` record.
+
+    Args:
+        workspace: the workspace root (or its `.machine` folder).
+        machine: only this machine's sessions and its nested machines' (default None: all).
+        on_error: what a bad file does: "warn" (default: skipped, listed in one SkippedFiles
+            warning), "skip" (skipped silently) or "raise" (its MachineFormatError).
+        strict: the older name: True is on_error="raise", False "warn" (warns).
+
+    Returns:
+        A DataFrame with columns machine, name, n_messages, updated_at (UTC datetime; NaT, with a
+        warning naming the file, when `updatedAt` does not parse), messages (list of Machine
+        Messages), path, session (the parsed record).
     """
     import pandas as pd
+
+    on_error = on_error_policy(on_error, strict, "load_sessions")
 
     top = root = machine_dir(workspace) / "sessions"
     if machine is not None:
@@ -444,14 +631,15 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
             if updated is not None and not isinstance(updated, str):
                 raise MachineFormatError(path, "expected an ISO time string", field="updatedAt")
         except MachineFormatError as exc:
-            if strict:
+            if on_error == "raise":
                 raise
             errors.append(exc)
             continue
         msgs = s.get("messages", [])
         rows.append({"machine": folder, "name": name, "n_messages": len(msgs), "updated_at": updated,
                      "messages": msgs, "path": str(path), "session": s})
-    warn_skipped("session file(s)", errors)
+    if on_error == "warn":
+        warn_skipped("session file(s)", errors)
     cols = ["machine", "name", "n_messages", "updated_at", "messages", "path", "session"]
     df = pd.DataFrame(rows, columns=cols)
     df["updated_at"] = parse_times(list(df["updated_at"]),
@@ -460,16 +648,24 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, s
     return df.sort_values(["updated_at", "name"], ascending=False, na_position="last", kind="stable").reset_index(drop=True)
 
 
-def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
+def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.DataFrame:
     """The workspace's live event stream `.machine/events.jsonl` as a DataFrame, in file order.
 
-    Columns: line (1-based), time (UTC datetime from the first of `time`/`at`/`timestamp`/`ts`
-    present; one that is not an ISO time string becomes NaT, with a warning naming the line and key),
-    type (`type`/`event`/`kind`), machine, run (`run`/`runId`), event (the parsed record).
     The event schema is not known from Machine's sources, so only these common keys are lifted
-    out and every record is kept whole in `event`. Unreadable lines (a writer mid-line, invalid
-    JSON, non-UTF-8) are skipped with a warning naming file and line (on_error="raise" raises).
-    A missing file gives an empty frame: a workspace that never ran has no events.
+    out and every record is kept whole in `event`. A missing file gives an empty frame: a
+    workspace that never ran has no events.
+
+    Args:
+        workspace: the workspace (or its `.machine` folder).
+        on_error: unreadable lines (a writer mid-line, invalid JSON, non-UTF-8) and non-object
+            events: "warn" (default: skipped with a warning naming file and line), "skip" (skipped
+            silently) or "raise".
+
+    Returns:
+        A DataFrame with columns line (1-based), time (UTC datetime from the first of
+        `time`/`at`/`timestamp`/`ts` present; one that is not an ISO time string becomes NaT, with a
+        warning naming the line and key), type (`type`/`event`/`kind`), machine, run
+        (`run`/`runId`), event (the parsed record).
     """
     import pandas as pd
 
@@ -483,7 +679,8 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn"):
                 err = MachineFormatError(path, f"an event must be a JSON object, got {type(ev).__name__}", line=line)
                 if on_error == "raise":
                     raise err
-                warn_skipped("event line(s)", [err], stacklevel=2)
+                if on_error == "warn":
+                    warn_skipped("event line(s)", [err], stacklevel=2)
                 continue
             key = next((k for k in _TIME_KEYS if ev.get(k) is not None), None)
             rows.append({"line": line,
@@ -515,10 +712,16 @@ def _first(d: dict, *keys: str) -> Any:
 
 
 def list_machines(workspace: str | os.PathLike) -> list[str]:
-    """Names of the machines defined under `<ws>/machines/` (nested ones as "chatbot/triage"), sorted.
+    """The machines defined under `<ws>/machines/`.
 
     A directory is a machine when it holds any definition file (machine.ts, instructions.md,
     cases.json, …) and every segment of its path is a valid name segment.
+
+    Args:
+        workspace: the workspace.
+
+    Returns:
+        Their names (nested ones as "chatbot/triage"), sorted.
     """
     root = workspace_root(workspace) / "machines"
     names, problems = [], []
@@ -533,10 +736,17 @@ def list_machines(workspace: str | os.PathLike) -> list[str]:
 
 
 def read_cases(path: str | os.PathLike) -> list[dict]:
-    """A cases.json / holdout.json file as `[{"input": str, "files": {path: text}?}]`.
+    """A cases.json / holdout.json file, in the format of Machine's cases: a non-empty JSON array of
+    strings or `{input, files?}` objects.
 
-    Format (Machine's cases.ts): a non-empty JSON array of strings or `{input, files?}` objects.
-    Errors use Machine's wording and name the file and the case.
+    Args:
+        path: the file.
+
+    Returns:
+        `[{"input": str, "files": {path: text}?, …}]`.
+
+    Raises:
+        MachineFormatError: in Machine's wording, naming the file and the case.
     """
     path = Path(path)
     data = read_json(path)
@@ -565,17 +775,26 @@ def read_cases(path: str | os.PathLike) -> list[dict]:
 def load_machine(workspace: str | os.PathLike, name: str) -> dict:
     """A machine's definition from `<ws>/machines/<name>/` as a plain dict.
 
-    Keys: name, dir, instructions (instructions.md text, or None), model (model.json's "model",
-    or None), model_config (model.json whole), rubric (the fingerprint, see below), criteria,
-    tools (`[{name, description, inputSchema}]` from tools.json, or []), cases and holdout
-    (read_cases lists, [] when absent), versions (versions.json list, [] when absent), live_version.
-
     Rubric: Machine keeps its rubric in `rubric.ts` and fingerprints it with a function whose
     algorithm is not known. This project stores the fingerprint Machine records on scorecards in
     `rubric.json` = `{"fingerprint": "<string>", "criteria": [{id, description, weight, grader}]}`;
     without that file the fingerprint is taken from the latest versions.json entry's
     `rubricFingerprint`/`rubric` key, else None. `tools.json` is likewise ours (Machine's tools
     live in machine.ts code).
+
+    Args:
+        workspace: the workspace.
+        name: the machine's name ("chatbot/triage").
+
+    Returns:
+        Keys: name, dir, instructions (instructions.md text, or None), model (model.json's "model",
+        or None), model_config (model.json whole), rubric (the fingerprint), criteria, tools
+        (`[{name, description, inputSchema}]` from tools.json, or []), cases and holdout (read_cases
+        lists, [] when absent), versions (versions.json list, [] when absent), live_version.
+
+    Raises:
+        MachineFormatError: no such machine (listing the machines there are), or a bad definition
+            file (naming it and the field).
     """
     segments = name_segments(name, "machine name")
     d = workspace_root(workspace) / "machines" / Path(*segments)
@@ -637,3 +856,74 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
         "versions": versions,
         "live_version": live,
     }
+
+
+def runs_workspace(runs: Any) -> Path | None:
+    """The workspace a load_runs frame was read from, found from its `path` column.
+
+    Args:
+        runs: a load_runs frame (or a selection of one); anything else gives None.
+
+    Returns:
+        The folder holding the `.machine` folder of the first run's path
+        (`<ws>/.machine/runs/<machine…>/<id>.json`), or None when the frame has no such path.
+    """
+    if not (hasattr(runs, "columns") and "path" in runs.columns and len(runs)):
+        return None
+    first = runs["path"].iloc[0]
+    if not isinstance(first, str):
+        return None
+    parts = os.path.normpath(first).split(os.sep)
+    if ".machine" not in parts:
+        return None
+    return Path(os.sep.join(parts[:len(parts) - 1 - parts[::-1].index(".machine")]) or os.sep)
+
+
+def _runs_machine(runs: Any) -> str | None:
+    """The one machine every run of `runs` belongs to (None when they name several, or none)."""
+    if hasattr(runs, "columns"):
+        names = set(runs["machine"].dropna().tolist()) if "machine" in runs.columns else set()
+    elif isinstance(runs, dict):
+        names = {(runs["run"] if isinstance(runs.get("run"), dict) else runs).get("machine")}
+    elif isinstance(runs, (list, tuple)):
+        names = {(r["run"] if isinstance(r.get("run"), dict) else r).get("machine") for r in runs if isinstance(r, dict)}
+    else:
+        names = set()
+    names.discard(None)
+    return next(iter(names)) if len(names) == 1 and isinstance(next(iter(names)), str) else None
+
+
+def resolve_machine(machine: dict | str | None, workspace: str | os.PathLike | None = None, *, runs: Any = None,
+                    undefined: str = "raise") -> dict:
+    """A machine's definition, resolved the one way every step resolves it (select_runs,
+    training_lines, tagged_lines, preference_pairs).
+
+    Args:
+        machine: a definition dict (as load_machine returns it), a machine name, or None: the one
+            machine all of `runs` belong to (none when they belong to several).
+        workspace: where a named machine is defined. Default None: the workspace `runs` were read
+            from (runs_workspace); with neither, only the name is known.
+        runs: a load_runs frame, a Run dict or a list of them, consulted for what is not given
+            (default None).
+        undefined: what a name the workspace does not define gives: "raise" (default: the
+            MachineFormatError of load_machine, which lists the machines there are) or "name"
+            (`{"name": machine}`: runs of a machine without a checked-in definition).
+
+    Returns:
+        A copy of the definition dict; `{"name": machine}` when no workspace is known; `{}` when
+        no machine is given or found.
+    """
+    if undefined not in ("raise", "name"):
+        raise ValueError(f"undefined must be 'raise' or 'name', not {undefined!r}")
+    if isinstance(machine, dict):
+        return dict(machine)
+    if machine is None:
+        machine = _runs_machine(runs) if runs is not None else None
+        if machine is None:
+            return {}
+    if not isinstance(machine, str):
+        raise TypeError(f"machine must be a name or a definition dict, not {type(machine).__name__}")
+    ws = workspace if workspace is not None else runs_workspace(runs)
+    if ws is None or (undefined == "name" and machine not in list_machines(ws)):
+        return {"name": machine}
+    return load_machine(ws, machine)

@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..chat import content_text
 from ._base import FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
@@ -28,28 +29,34 @@ PREVIEW_CHARS = 60
 # ---------------------------------------------------------------- pure helpers over plain data
 
 def run_messages(run: dict) -> list[dict]:
-    """A Run's messages in order: history (earlier turns) then trajectory (this run's turn),
-    the same order `machine_nb.messages()` numbers them."""
+    """A Run's messages in order: history (earlier turns) then trajectory (this run's turn), the
+    same order `machine_nb.messages()` numbers them.
+
+    Args:
+        run: a Run record.
+
+    Returns:
+        The messages.
+    """
     return list(run.get("history") or []) + list(run.get("trajectory") or [])
 
 
 def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # chat parts: [{"type": "text", "text": ...}, ...]
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(content)
+    """A message's text as the tagger shows it: text parts joined by newlines."""
+    return content_text(content, sep="\n")
 
 
 def split_turns(messages: Sequence[dict]) -> list[dict]:
     """The turns of a conversation: each starts at a user message and runs to the next one.
 
-    Returns dicts with start (index of the user message; 0 when the conversation opens without
-    one), end (exclusive), user (its text), answer (the text of the turn's last assistant
-    message that is not a tool call; "" when the turn has none), answer_index (None then) and
-    steps (the messages between the user message and the answer: tool calls and results).
+    Args:
+        messages: the conversation's messages.
+
+    Returns:
+        One dict per turn: start (index of the user message; 0 when the conversation opens
+        without one), end (exclusive), user (its text), answer (the text of the turn's last
+        assistant message that is not a tool call; "" when the turn has none), answer_index (None
+        then) and steps (the messages between the user message and the answer: tool calls and results).
     """
     if not messages:
         return [{"start": 0, "end": 0, "user": "", "answer": "", "answer_index": None, "steps": []}]
@@ -77,35 +84,20 @@ def split_turns(messages: Sequence[dict]) -> list[dict]:
 
 
 def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
-    """The Run record cut at the end of `turn`: earlier messages become history, the turn is the
+    """The Run record cut at the end of a turn: earlier messages become history, the turn is the
     trajectory. For the run's last turn this is the run itself (its ids and machine kept), so
-    `tag()` records the turn with its run's provenance, as Machine's /good does for a session."""
+    `tag()` records the turn with its run's provenance, as Machine's /good does for a session.
+
+    Args:
+        run: the Run record.
+        messages: its messages (run_messages).
+        turn: one of split_turns' turns.
+
+    Returns:
+        The cut Run record.
+    """
     return {**run, "history": list(messages[:turn["start"]]),
             "trajectory": list(messages[turn["start"]:turn["end"]])}
-
-
-def _tag_unanswered(target: dict, tag: str, rewrite: str, note: str | None, trace: bool, store: Any) -> dict:
-    """The row of a turn that has no answer yet, with `rewrite` as its answer.
-
-    tag() records a turn only with a reply to replace, and would record the rewrite standing in
-    for it as the `replaced` reply, which a preference pair would then reject. So tag() builds the
-    row in a scratch store, with the rewrite as the reply, and the row goes to the real store
-    without `replaced` (nothing was replaced), appended under the lock tag() uses.
-    """
-    import tempfile
-    from pathlib import Path
-
-    from ..jsonl import append_jsonl
-    from ..store.tags import REPLACED, _resolve_store
-    from ..store.tags import tag as write_tag
-
-    answered = {**target, "trajectory": list(target["trajectory"]) + [{"role": "assistant", "content": rewrite}]}
-    with tempfile.TemporaryDirectory(prefix="mnb-tag-") as scratch:
-        row = write_tag(answered, tag=tag, note=note, rewrite=rewrite, trace=trace, store=scratch)
-        written = [p.name for p in Path(scratch).glob("*.jsonl")]
-    row.pop(REPLACED, None)
-    append_jsonl(_resolve_store(store) / written[0], [row])
-    return row
 
 
 class DuplicateTagWarning(UserWarning):
@@ -113,7 +105,14 @@ class DuplicateTagWarning(UserWarning):
 
 
 def row_run(row: dict) -> tuple[Any, Any]:
-    """(machine, run id) a tag row names: its `machine` and `run` keys (else a `source` of `<id>.json`)."""
+    """The run a tag row names.
+
+    Args:
+        row: a tag row.
+
+    Returns:
+        (machine, run id): its `machine` and `run` keys (else the id of a `source` of `<id>.json`).
+    """
     rid = row.get("run")
     if not isinstance(rid, str):
         src = row.get("source")
@@ -122,7 +121,14 @@ def row_run(row: dict) -> tuple[Any, Any]:
 
 
 def row_user(row: dict) -> str:
-    """The text of a tag row's last user message (the turn it tags)."""
+    """The text of a tag row's last user message (the turn it tags).
+
+    Args:
+        row: a tag row.
+
+    Returns:
+        The text ("" without one).
+    """
     for m in reversed(row.get("messages") or []):
         if isinstance(m, dict) and m.get("role") == "user":
             return _text(m.get("content"))
@@ -213,13 +219,16 @@ def _records(runs: Any) -> _Runs:
 class Tagger(StaticFallback, w.VBox):
     """Step through runs and turns; Good / Bad / Good with rewrite (+ note) write through `tag()`.
 
-    runs: a load_runs DataFrame (or `RunPicker.selected`), a Run dict, a list of them, or a
-      RunPicker to follow (its picked runs; see `link`).
-    store: the tag store passed to `tag()`/`untag()` and read for existing tags. Default None: the
-      library's default store for this project (as `tag()` itself defaults).
-    trace: passed to `tag()`. Default False: the turn's user message and final answer, as /good.
+    Args:
+        runs: a load_runs DataFrame (or `RunPicker.selected`), a Run dict, a list of them, or a
+            RunPicker to follow (its picked runs; see `link`).
+        store: the tag store passed to `tag()`/`untag()` and read for existing tags. Default
+            None: the library's default store for this project (as `tag()` itself defaults).
+        trace: passed to `tag()`. Default False: the turn's user message and final answer, as /good.
+        **kwargs: passed to ipywidgets.VBox (layout, …).
 
-    `.written` lists the rows this widget wrote (oldest first); `undo()` removes the newest of
+    The run on screen is read once (an indexed frame reads it from its run file) and kept until
+    another run is shown. `.written` lists the rows this widget wrote (oldest first); `undo()` removes the newest of
     them from the store and never touches any other row. `existing_tags()` lists the current
     run's tag rows. A button press on a turn that already has a row only warns; pressing it again
     writes (the methods `good()` / `bad()` write at once, with a DuplicateTagWarning).
@@ -241,7 +250,8 @@ class Tagger(StaticFallback, w.VBox):
         self._known: list[dict] | None = None  # the store's rows, read on first need
         self._confirm: tuple | None = None  # (run, turn, button) a first press warned about
         self._run_pos = 0
-        self._msgs = run_messages(self._runs[0]) if self._runs else []
+        self._run: dict | None = self._runs[0] if self._runs else None  # the run on screen, read once
+        self._msgs = run_messages(self._run) if self._run is not None else []
         self._turns = split_turns(self._msgs)
         self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
 
@@ -300,8 +310,14 @@ class Tagger(StaticFallback, w.VBox):
 
     def link(self, picker: Any) -> Callable:
         """Follow a RunPicker: tag the runs of `picker.selected`, now and at every change of its
-        selection (a newly picked run is shown). Returns the handler `picker.observe_selection`
-        registered; `unlink()` stops following."""
+        selection (a newly picked run is shown). `unlink()` stops following.
+
+        Args:
+            picker: the RunPicker.
+
+        Returns:
+            The handler `picker.observe_selection` registered.
+        """
         self.unlink()
         self.picker = picker
         self._picker_handler = picker.observe_selection(self.set_runs)
@@ -315,8 +331,11 @@ class Tagger(StaticFallback, w.VBox):
         self.picker, self._picker_handler = None, None
 
     def set_runs(self, runs: Any) -> None:
-        """Tag other runs (a frame, Run dicts; may be empty): a newly added run is shown first,
-        else the run on screen when it is still there."""
+        """Tag other runs: a newly added run is shown first, else the run on screen when it is still there.
+
+        Args:
+            runs: a load_runs frame or Run dicts (may be empty).
+        """
         before = set(self._runs.keys) if self._runs else set()
         on_screen = self._runs.keys[self._run_pos] if self._runs else None
         records = _records(runs) if len(runs) else _Runs([], [])
@@ -325,10 +344,14 @@ class Tagger(StaticFallback, w.VBox):
         keys = records.keys
         new = [i for i, k in enumerate(keys) if k not in before]
         pos = new[0] if new else (keys.index(on_screen) if on_screen in keys else 0)
+        if records and keys[pos] == on_screen and self._run is not None:
+            self._run_pos = pos  # the same run stays on screen: its record is not read again
+        else:
+            self._run = None
         if records:
             self.go_to(pos)
         else:
-            self._run_pos, self._msgs = 0, []
+            self._run_pos, self._run, self._msgs = 0, None, []
             self._turns = split_turns([])
             self._turn_pos = 0
             self._confirm = None
@@ -337,25 +360,34 @@ class Tagger(StaticFallback, w.VBox):
     # ------------------------------------------------------------ navigation
 
     def _need_run(self) -> dict:
-        if not self._runs:
+        if not self._runs or self._run is None:
             raise ValueError("Tagger: no run to tag (select runs in the picker)")
-        return self._runs[self._run_pos]
+        return self._run
 
     @property
     def current(self) -> dict:
-        """The turn on screen: run_id, machine, run (position), turn (position), user, answer
-        (run_id None when there is no run: a picker with nothing picked)."""
+        """The turn on screen.
+
+        Returns:
+            {run_id, machine, run (position), turn (position), n_turns, user, answer}; run_id None
+            when there is no run (a picker with nothing picked).
+        """
         if not self._runs:
             return {"run_id": None, "machine": None, "run": -1, "turn": -1, "n_turns": 0, "user": "", "answer": ""}
-        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        run, turn = self._need_run(), self._turns[self._turn_pos]
         return {"run_id": run.get("id"), "machine": run.get("machine"), "run": self._run_pos,
                 "turn": self._turn_pos, "n_turns": len(self._turns), "user": turn["user"],
                 "answer": turn["answer"]}
 
     def go_to(self, run: int | str, turn: int | None = None) -> None:
-        """Show run `run` (a position, or a run id) at `turn` (default: its last turn, the one
-        the run itself answered)."""
-        self._need_run()
+        """Show a run at one of its turns.
+
+        Args:
+            run: a position, or a run id.
+            turn: the turn's position (default None: its last turn, the one the run itself answered).
+        """
+        if not self._runs:
+            raise ValueError("Tagger: no run to tag (select runs in the picker)")
         if isinstance(run, str):
             ids = [k[1] for k in self._runs.keys]
             if run not in ids:
@@ -363,8 +395,10 @@ class Tagger(StaticFallback, w.VBox):
             run = ids.index(run)
         if not 0 <= run < len(self._runs):
             raise IndexError(f"Tagger: run position {run} is outside 0..{len(self._runs) - 1}")
+        if run != self._run_pos or self._run is None:  # the run on screen is not read again
+            self._run = self._runs[run]
         self._run_pos = run
-        self._msgs = run_messages(self._runs[run])
+        self._msgs = run_messages(self._run)
         self._turns = split_turns(self._msgs)
         last = len(self._turns) - 1
         self._turn_pos = last if turn is None else max(0, min(turn, last))
@@ -406,11 +440,15 @@ class Tagger(StaticFallback, w.VBox):
         return self._known
 
     def existing_tags(self) -> list[dict]:
-        """The current run's tag rows in the store (and those this widget wrote): id, tag, note,
-        user (the turn's user text), this_turn (whether it tags the turn on screen)."""
+        """The current run's tag rows in the store (and those this widget wrote).
+
+        Returns:
+            One dict per row: id, tag, note, user (the turn's user text), this_turn (whether it tags
+            the turn on screen).
+        """
         if not self._runs:
             return []
-        run, turn = self._runs[self._run_pos], self._turns[self._turn_pos]
+        run, turn = self._need_run(), self._turns[self._turn_pos]
         out = []
         for row in self._store_rows():
             if same_run(row, run):
@@ -463,19 +501,18 @@ class Tagger(StaticFallback, w.VBox):
     # ------------------------------------------------------------ tagging
 
     def _tag(self, tag: str, note: str | None, rewrite: str | None) -> dict:
-        from ..store.tags import tag as write_tag  # the one writer of tag rows
+        from ..store import tags  # tags.tag: the one writer of tag rows
+
+        write_tag = tags.tag
 
         run, turn = self._need_run(), self._turns[self._turn_pos]
         dups = self._duplicates()
         if turn["answer_index"] is None and not rewrite:
             raise ValueError("this turn has no assistant answer to tag (write a rewrite and use "
                              "'Good with rewrite', or pick another turn)")
-        target = turn_run(run, self._msgs, turn)
-        if turn["answer_index"] is None:
-            row = _tag_unanswered(target, tag, rewrite, note or None, self.trace, self.store)
-        else:
-            row = write_tag(target, tag=tag, note=note or None,
-                            rewrite=rewrite or None, trace=self.trace, store=self.store)
+        # an unanswered turn is tagged with its rewrite as the answer, and no `replaced` reply
+        row = write_tag(turn_run(run, self._msgs, turn), tag=tag, note=note or None, rewrite=rewrite or None,
+                        trace=self.trace, store=self.store)
         self.written.append(row)
         self._store_rows().append(row)
         if dups:
@@ -489,15 +526,38 @@ class Tagger(StaticFallback, w.VBox):
         return row
 
     def good(self, note: str | None = None) -> dict:
-        """Tag the turn on screen good (with an optional note); returns the row `tag()` wrote."""
+        """Tag the turn on screen good.
+
+        Args:
+            note: a note kept on the row (default None).
+
+        Returns:
+            The row `tag()` wrote.
+        """
         return self._tag("good", note, None)
 
     def bad(self, note: str | None = None) -> dict:
-        """Tag the turn on screen bad (with an optional note); returns the row `tag()` wrote."""
+        """Tag the turn on screen bad.
+
+        Args:
+            note: a note kept on the row (default None).
+
+        Returns:
+            The row `tag()` wrote.
+        """
         return self._tag("bad", note, None)
 
     def good_with_rewrite(self, rewrite: str, note: str | None = None) -> dict:
-        """Tag the turn good with its answer replaced by `rewrite` (Machine's /good --as)."""
+        """Tag the turn good with its answer replaced by a rewrite (Machine's /good --as); a turn with no
+        answer yet is tagged with the rewrite as its answer.
+
+        Args:
+            rewrite: the answer the model should learn (not empty).
+            note: a note kept on the row (default None).
+
+        Returns:
+            The row `tag()` wrote.
+        """
         if not (rewrite or "").strip():
             raise ValueError("the rewrite is empty: type the answer you want the model to learn")
         row = self._tag("good", note, rewrite)
@@ -505,8 +565,12 @@ class Tagger(StaticFallback, w.VBox):
         return row
 
     def undo(self) -> dict | None:
-        """Remove the newest row this widget wrote (through `untag`); None when it wrote none
-        (or all are undone). Rows written by anything else are never touched."""
+        """Remove the newest row this widget wrote (through `untag`). Rows written by anything else are
+        never touched.
+
+        Returns:
+            The removed row; None when it wrote none (or all are undone).
+        """
         from ..store.tags import untag
 
         if not self.written:
@@ -555,7 +619,11 @@ class Tagger(StaticFallback, w.VBox):
                 f'{steps}<div style="{box.format(GREEN)}"><b>assistant</b>\n{answer}</div></div>')
 
     def recent_rows(self) -> list[dict]:
-        """The newest rows this widget wrote (at most RECENT): id, tag, note, preview."""
+        """The newest rows this widget wrote (at most RECENT), newest first.
+
+        Returns:
+            One dict per row: id, tag, note, preview (the answer's first PREVIEW_CHARS characters).
+        """
         out = []
         for row in reversed(self.written[-RECENT:]):
             msgs = row.get("messages") or []
@@ -589,6 +657,11 @@ class Tagger(StaticFallback, w.VBox):
         self._static_changed()
 
     def summary(self) -> str:
+        """The widget's state in one line (its text/plain view).
+
+        Returns:
+            "Tagger: run i of n, turn j of m, k tagged here".
+        """
         c = self.current
         if not self._runs:
             return f"Tagger: no run selected, {len(self.written)} tagged here"
@@ -596,6 +669,11 @@ class Tagger(StaticFallback, w.VBox):
                 f"{len(self.written)} tagged here")
 
     def static_html(self) -> str:
+        """The widget as static HTML (what a report without a kernel shows).
+
+        Returns:
+            An HTML fragment: the run and turn on screen, existing tags, status, recent rows.
+        """
         status = f"<p>{self._status.value}</p>" if self._status.value else ""
         return (f'<div class="mnb-tagger"><p><b>{escape(self._header_text())}</b> · '
                 f'{len(self.written)} tagged here</p>{self._turn_html()}{status}{self._recent_html()}</div>')

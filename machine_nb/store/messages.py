@@ -1,0 +1,203 @@
+"""Machine Messages and chat messages: which message is a tool call, which tool result answers it,
+whether a call failed, and Machine's run messages as OpenAI-style chat messages.
+
+The store layer's rules for messages, so reading a tagged turn (`store/tags.py`) and exporting
+training lines (`export.py`, which re-exports these names) apply the same ones. How message
+content reads as text is `chat.content_text`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..chat import content_text
+from ..jsonl import parse_json
+
+# A failed-tool predicate: (tool call message, tool result message) -> whether the call failed.
+FailedPredicate = Callable[[dict, dict], bool]
+
+# "Error…" or "error:" (any case) after leading whitespace; a regex, so long outputs are not copied
+_ERROR_TEXT = re.compile(r"\s*(?:Error|(?i:error:))")
+
+
+def default_failed(call: dict, result: dict) -> bool:
+    """The default rule for a failed tool call, judged from its result message alone.
+
+    A result failed when it carries `"isError": true` or a non-empty `"error"` key, or when its
+    text content starts with "Error" or "error:" (after leading whitespace). Machine's own
+    `stepFailed` also consults the machine's tool code, which is not in its files, so this is a
+    guess a user can see and replace: pass `failed=` (a `(call, result) -> bool` predicate) to
+    `messages()`, `training_lines()` or `step_failed()`.
+
+    Args:
+        call: the tool call message (not consulted by this rule; a replacement may use it).
+        result: the tool result message.
+
+    Returns:
+        Whether the call failed.
+    """
+    if result.get("isError") is True or result.get("is_error") is True or result.get("error"):
+        return True
+    content = result.get("content")
+    if isinstance(content, list):  # chat parts
+        content = content_text(content)
+    return isinstance(content, str) and _ERROR_TEXT.match(content) is not None
+
+
+def is_tool_call(message: dict) -> bool:
+    """Whether a Machine Message is an assistant tool call (one message per call).
+
+    Args:
+        message: a Machine Message.
+
+    Returns:
+        True for an assistant message with a `toolCallId` or `toolInput`, or with a `name` and no
+        content.
+    """
+    return message.get("role") == "assistant" and (
+        message.get("toolCallId") is not None or message.get("toolInput") is not None
+        or (message.get("name") is not None and not message.get("content")))
+
+
+def tool_results(messages: Sequence[dict]) -> dict[str, dict]:
+    """Tool result messages by the call id they answer.
+
+    Args:
+        messages: Machine Messages or chat messages.
+
+    Returns:
+        {call id: result message} from Machine's `toolCallId` or chat's `tool_call_id`.
+    """
+    out = {}
+    for m in messages:
+        if m.get("role") == "tool":
+            cid = m.get("toolCallId", m.get("tool_call_id"))
+            if cid is not None:
+                out[cid] = m
+    return out
+
+
+def _parts(text: str, thinking: str | None) -> Any:
+    if thinking:
+        parts: list[dict] = [{"type": "thinking", "thinking": thinking}]
+        if text:
+            parts.append({"type": "text", "text": text})
+        return parts
+    return text
+
+
+def without_thinking(message: dict) -> dict:
+    """The message without reasoning.
+
+    Args:
+        message: a chat message.
+
+    Returns:
+        The message itself when its content is not a list of parts; else a copy whose content is
+        the text of its text parts (thinking parts dropped).
+    """
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    return {**message, "content": content_text(content)}
+
+
+def _arguments(tool_input: Any) -> str:
+    if isinstance(tool_input, str):
+        try:
+            parse_json(tool_input)  # bounded nesting: never a RecursionError on a hostile string
+            return tool_input  # already a JSON string
+        except ValueError:
+            pass
+    return json.dumps({} if tool_input is None else tool_input, ensure_ascii=False, separators=(",", ":"))
+
+
+def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | None = True,
+            failed: FailedPredicate | None = None) -> tuple[list[dict], list[bool]]:
+    """Machine Messages as chat messages, with whether each is a failed step.
+
+    Consecutive assistant tool-call messages (and the assistant prose right before them) become
+    one assistant message with OpenAI `tool_calls` `[{id, type: "function", function: {name,
+    arguments: JSON string}}]`; tool results become `{role: "tool", tool_call_id, name, content}`.
+
+    Args:
+        messages: Machine Messages in order.
+        reasoning: True (default) keeps each message's `reasoning` as a thinking part; a function
+            rewrites it (Machine's `transformReasoning`); False or None drops it.
+        failed: the failed-tool predicate, judged on the Machine messages where the error flags
+            live (default None: `default_failed`).
+
+    Returns:
+        (chat messages, one flag per chat message: an assistant step whose tool calls all failed).
+    """
+    results = tool_results(messages)
+    failed = failed or default_failed
+    out: list[dict] = []
+    flags: list[bool] = []
+    pending_calls: list[tuple[dict, dict]] = []  # (machine call message, its result) of the open step
+    step_at = [-1]  # index in `out` of the assistant step the pending calls belong to
+
+    def close_step() -> None:
+        if pending_calls and step_at[0] >= 0:
+            flags[step_at[0]] = all(res is not None and failed(call, res) for call, res in pending_calls)
+        pending_calls.clear()
+
+    def think(m: dict) -> str | None:
+        r = m.get("reasoning")
+        if not r or not reasoning:
+            return None
+        return reasoning(r) if callable(reasoning) else r
+
+    for m in messages:
+        role = m.get("role")
+        content = m.get("content") or ""
+        if role == "assistant" and is_tool_call(m):
+            cid = m.get("toolCallId") or f"call_{len(out)}_{len(pending_calls)}"
+            call = {"id": cid, "type": "function",
+                    "function": {"name": m.get("name") or "", "arguments": _arguments(m.get("toolInput"))}}
+            prev = out[-1] if out else None
+            if prev is not None and prev["role"] == "assistant" and not prev.get("_closed"):
+                # merge into the open assistant step: its prose, reasoning and earlier calls
+                prev.setdefault("tool_calls", []).append(call)
+                prev["_text"] = "\n".join(t for t in (prev["_text"], content) if t)
+                prev["_think"] = "\n\n".join(t for t in (prev["_think"], think(m)) if t) or None
+            else:
+                close_step()
+                out.append({"role": "assistant", "_text": content, "_think": think(m), "tool_calls": [call]})
+                flags.append(False)
+            step_at[0] = len(out) - 1
+            pending_calls.append((m, results.get(m.get("toolCallId"))))
+            continue
+        if out and out[-1]["role"] == "assistant":
+            out[-1]["_closed"] = True
+        if role == "assistant":
+            close_step()
+            out.append({"role": "assistant", "_text": content, "_think": think(m)})
+            flags.append(False)
+            continue
+        if role != "tool":
+            close_step()
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if role == "tool":
+            if m.get("toolCallId") is not None:
+                msg["tool_call_id"] = m["toolCallId"]
+            if m.get("name") is not None:
+                msg["name"] = m["name"]
+        out.append(msg)
+        flags.append(False)
+    close_step()
+    for msg in out:
+        if "_text" in msg:
+            text, thinking = msg.pop("_text"), msg.pop("_think")
+            msg.pop("_closed", None)
+            calls = msg.pop("tool_calls", None)
+            msg["content"] = _parts(text, thinking)
+            if calls:
+                msg["tool_calls"] = calls
+    return out, flags
+
+
+__all__ = ["FailedPredicate", "default_failed", "is_tool_call", "tool_results", "without_thinking", "to_chat"]
