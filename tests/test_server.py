@@ -282,6 +282,19 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(se
         assert json.loads(r.read()) == {"status": "ok"}
 
 
+def test_a_deeply_nested_body_is_a_400_naming_the_field(served):
+    """Request bodies go through the bounded JSON parser: nesting past jsonl.MAX_DEPTH, or past
+    Python's recursion limit, is a 400 naming the field it is in, and the server keeps serving."""
+    from machine_nb.jsonl import MAX_DEPTH
+
+    for depth in (MAX_DEPTH + 1, 100_000):
+        body = b'{"tags": [], "user_metadata": ' + b"[" * depth + b"]" * depth + b', "sdk_version": "0"}'
+        status, answer = _post(served.url, "/api/v1/create_session", body)
+        assert status == 400 and answer["field"] == "user_metadata", answer
+        assert "nested deeper" in answer["detail"] and "Recursion" not in answer["detail"]
+    assert _session(served.url)
+
+
 def test_the_clients_key_is_never_logged_or_stored(served, sc):
     sc.create_sampling_client(base_model=DEFAULT_MODEL).result()  # requests with the canary key were made
     assert "POST /api/v1/create_sampling_session" in served.output()  # --verbose logs requests …

@@ -1215,10 +1215,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body: Any = None
         ctype = self.headers.get("Content-Type") or ""
         if raw and "json" in ctype:
+            from ...jsonl import parse_json  # bounded: a hostile nesting is a 400, never a RecursionError
+
             try:
-                body = json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                return self._error(ApiError(400, f"{method} {parts.path}: the body is not valid JSON ({exc})"))
+                body = parse_json(raw)
+            except MachineFormatError as exc:
+                return self._error(ApiError(400, f"{method} {parts.path}: the body is not valid JSON ({exc.reason})",
+                                            exc.field))
         try:
             status, out, out_type = self.server.app.dispatch(method, parts.path, parse_qs(parts.query), body, raw,
                                                              self.headers)
