@@ -105,6 +105,7 @@ class TrainResult:
     best_accuracy: float | None = None
     evals: int = 0
     unconfirmed_steps: list[int] = field(default_factory=list)
+    kind: str = "sft"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -274,7 +275,13 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
     model = _model_of_log(path)
     engine = _engine_of_log(path, checkpoints)
     marker = _read_marker(path)
-    cost = _cost(model, engine, tokens)
+    kind = marker.get("kind") if marker.get("kind") in ("sft", "dpo") else ("dpo" if loss_key == DPO_LOSS else "sft")
+    if kind == "dpo":  # each step passes every sequence three times (pricing.DPOCostEstimate)
+        from .pricing import dpo_cost
+
+        cost = dpo_cost(model, engine, tokens)
+    else:
+        cost = _cost(model, engine, tokens)
     evals = [m for m in all_rows if isinstance(m.get(HELDOUT_ACCURACY), (int, float))]
     eval_cost, last_eval = None, None
     if (path / HELDOUT_FILE).exists():
@@ -301,7 +308,8 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         best_accuracy=None if best is None else float(best[HELDOUT_ACCURACY]),
         evals=len(evals),
         unconfirmed_steps=sorted({int(step) for c in checkpoints if c.get("machine_nb_resume")
-                                  for step in (c.get("unconfirmed") or []) if isinstance(step, int)}))
+                                  for step in (c.get("unconfirmed") or []) if isinstance(step, int)}),
+        kind=kind)
 
 
 def _heldout_steps(log_dir: Path) -> list[dict]:

@@ -199,6 +199,30 @@ def test_a_dpo_log_dir_reads_back_with_its_steps(tmp_path):
     assert read_training_log(tmp_path).loss_metric == "train_mean_nll"
 
 
+def test_a_dpo_log_dir_is_priced_at_the_dpo_rate(tmp_path):
+    """A DPO step passes every sequence through training, the policy's forward pass and the
+    reference model's: read back, a DPO run costs what pricing.dpo_cost says, not tokens x the
+    train price, whether its run record says "dpo" or only its metrics do."""
+    from machine_nb.pricing import clear_prices, dpo_cost, set_price
+
+    rows = [{"step": s, "dpo_loss": 0.69 - 0.05 * s, "num_tokens": 1000} for s in range(4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "checkpoints.jsonl").write_text(
+        json.dumps({"name": "final", "sampler_path": "tinker://run-1/sampler_weights/final"}) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"model_name": "someone/Priced-8B"}))
+    try:
+        set_price("someone/Priced-8B", train=2.0, prefill=0.5, sample=1.0)
+        want = dpo_cost("someone/Priced-8B", "tinker", 4000)
+        assert want == pytest.approx(4000 * (2 * 2.0 + 0.5) / 1e6)
+        assert read_training_log(tmp_path).cost_usd == pytest.approx(want)  # from its metrics
+        (tmp_path / "machine_nb.json").write_text(json.dumps({"kind": "dpo", "engine": "tinker",
+                                                              "model": "someone/Priced-8B"}))
+        res = read_training_log(tmp_path)
+        assert (res.kind, res.cost_usd) == ("dpo", pytest.approx(want))
+    finally:
+        clear_prices()
+
+
 def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus, tmp_path, capsys):
     from machine_nb.cli import main
 
