@@ -8,7 +8,7 @@ returns floats only) and returns held-out accuracy and format rate, which the lo
 `metrics.jsonl` itself (`supervised.train` for sft, `preference.train_dpo` for dpo). It runs in the
 training child process (runner.py); `HeldOutEvalBuilder` is the plain, JSON-shaped builder the
 cookbook's Config holds (its fields land in config.json).
-Reading the results back is train.py's (`heldout_curve`, `heldout_results`).
+Reading the results back is runlog.py's (`heldout_curve`, `heldout_results`).
 
 This module imports tinker-cookbook at the top (a class must subclass the cookbook's), so only
 the child and code that already loaded the cookbook import it.
@@ -25,7 +25,7 @@ from typing import Any
 
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 
-from .train import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX
+from .runlog import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, METRICS_FILE
 
 
 def eval_schedule(start_step: int, total_steps: int, eval_every: int, *, last: bool = False) -> list[int]:
@@ -191,7 +191,7 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
         _append(os.path.join(builder.log_dir, HELDOUT_FILE),
                 {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
         raise
-    _append(os.path.join(builder.log_dir, "metrics.jsonl"), {"step": total_steps, **metrics})
+    _append(os.path.join(builder.log_dir, METRICS_FILE), {"step": total_steps, **metrics})
     return metrics
 
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import render
 from .errors import EngineError, MachineFormatError
-from .train import HELDOUT_FILE, TrainResult
+from .runlog import DPO_LOSS, TrainResult, read_training_log, resume_note  # noqa: F401 (resume_note: public here too)
 
 #: Local LoRA (rank 8, beta 0.1, 10 epochs) learning rates, chosen on a validation split of the
 #: tutor's training pairs, never its held-out cases (benchmarks/bench_dpo.py re-measures the grid).
@@ -34,7 +33,7 @@ LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE = 1e-4
 #: Tinker default: the cookbook's DPO learning rate.
 TINKER_DPO_LEARNING_RATE = 1e-5
 #: The metrics.jsonl key that marks a DPO step (the cookbook's loss).
-STEP_KEY = "dpo_loss"
+STEP_KEY = DPO_LOSS
 
 SCORE_COLUMNS = ["row", "pair", "source", "prompt", "expected", "rejected", "output", "chosen_logprob",
                  "rejected_logprob", "margin", "correct"]
@@ -92,8 +91,6 @@ def _preflight_pairs(records: list[dict], model: str, max_length: Any, eval_path
 
 def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
     """(training state path, its model, its engine) of an SFT run to start DPO from."""
-    from .train import TrainResult, read_training_log
-
     if isinstance(load_checkpoint, TrainResult):
         result = load_checkpoint
     elif isinstance(load_checkpoint, (str, os.PathLike)) and Path(load_checkpoint).is_dir():
@@ -119,93 +116,30 @@ def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
 # the run
 
 
-def _dpo_steps(log_dir: Path) -> list[dict]:
-    from .train import _read_log_lines, _unique_steps
-
-    return _unique_steps([m for m in _read_log_lines(log_dir / "metrics.jsonl")
-                          if isinstance(m.get(STEP_KEY), (int, float))])
-
-
-def resume_note(resumed_at: list[int], steps: int | None = None) -> str | None:
-    """What a resumed DPO run does differently from an uninterrupted one, in words.
-
-    Args:
-        resumed_at: the steps the run was resumed at (ascending). steps: the run's steps, when known.
-
-    Returns:
-        The sentence `DPOResult.note` carries; None when the run was never resumed.
-    """
-    if not resumed_at:
-        return None
-    first = resumed_at[0]
-    where = (f"step {first}: the cookbook took the reference model from the step-{first} checkpoint"
-             if len(resumed_at) == 1 else
-             f"steps {', '.join(map(str, resumed_at))}: each time the cookbook took the reference model from "
-             f"the checkpoint it resumed from")
-    later = f"steps {first}-{steps - 1}" if steps else f"the steps from {first} on"
-    return (f"resumed at {where}, not from the weights the run started from, so {later} are measured "
-            f"against that checkpoint (dpo_loss restarts at log 2, margin and rewards at 0) and train "
-            f"differently: their losses, weights and held-out scores, and the final checkpoint, differ from an "
-            f"uninterrupted run's. Steps 0-{first - 1}, and the weights they reach (scored as step {first}), "
-            f"are the same.")
-
-
-@dataclass
-class DPOResult(TrainResult):
-    """A DPO run's TrainResult (see `read_dpo_log`), with what a resume changed.
-
-    resumed_at: the steps at which the run was resumed (empty: never). note: what that changed,
-    in words (None when never resumed): the cookbook takes the reference model of a resumed run
-    from the checkpoint it resumes from, so from that step on the run differs from an
-    uninterrupted one.
-    """
-
-    resumed_at: list[int] = field(default_factory=list)
-    note: str | None = None
-
-    def _repr_html_(self) -> str:
-        import html
-
-        out = super()._repr_html_()
-        if not self.note:
-            return out
-        return out[:-len("</div>")] + f"<br><small><b>note</b>: {html.escape(self.note)}</small></div>"
-
-
-def read_dpo_log(log_dir: str | os.PathLike) -> DPOResult:
-    """The checkpoint, steps, tokens, losses, held-out scores and cost of a DPO log dir (finished or not).
+def read_dpo_log(log_dir: str | os.PathLike) -> TrainResult:
+    """A DPO log dir read back: `read_training_log`, which reads sft and dpo runs alike.
 
     Args:
         log_dir: the run's log dir.
 
     Returns:
-        A DPOResult: `read_training_log`'s fields, with steps counted from the metrics rows that
-        carry `dpo_loss`, first_loss / last_loss their `dpo_loss`, tokens their `num_tokens`
-        (chosen + rejected sequences), the cost as DPOCostEstimate bounds it (training + policy
-        forward + reference forward; 0 locally) plus the held-out evals' sampling
-        (`eval_cost_usd`), and with `dpo(eval_data=…)` the best eval step and the final
-        checkpoint's scores. A resumed run says so in `resumed_at` and `note`.
+        The TrainResult (kind "dpo"): steps counted from the metrics rows that carry `dpo_loss`,
+        first_loss / last_loss their `dpo_loss`, tokens their `num_tokens` (chosen + rejected
+        sequences), the cost as pricing.dpo_cost bounds it (training + policy forward +
+        reference forward; 0 locally) plus the held-out evals' sampling (`eval_cost_usd`), and
+        with `dpo(eval_data=…)` the best eval step and the final checkpoint's scores. A resumed
+        run says so in `resumed_at` and `note`.
     """
-    from .pricing import dpo_cost
-    from .train import _read_marker, read_training_log
+    return read_training_log(log_dir)
 
-    base = read_training_log(log_dir)
-    result = DPOResult(**base.as_dict())
-    steps = _dpo_steps(Path(log_dir))
-    result.steps = len(steps)
-    result.tokens = int(sum(m.get("num_tokens", 0) or 0 for m in steps))
-    result.first_loss = float(steps[0][STEP_KEY]) if steps else None
-    result.last_loss = float(steps[-1][STEP_KEY]) if steps else None
-    result.cost_usd = dpo_cost(result.model, result.engine, result.tokens)
-    if (Path(log_dir) / HELDOUT_FILE).exists():  # the held-out evals' sampling (read_training_log prices it)
-        result.cost_usd = (None if result.cost_usd is None or result.eval_cost_usd is None
-                           else result.cost_usd + result.eval_cost_usd)
-    marker = _read_marker(Path(log_dir))
-    resumed = marker.get("resumed_at")
-    result.resumed_at = sorted({int(k) for k in resumed if isinstance(k, int)}) if isinstance(resumed, list) else []
-    total = marker.get("steps") if isinstance(marker.get("steps"), int) else None
-    result.note = resume_note(result.resumed_at, total)
-    return result
+
+def __getattr__(name: str) -> Any:
+    if name == "DPOResult":  # one result class for sft and dpo runs now
+        from .compat import deprecated_alias
+
+        deprecated_alias("machine_nb.preference.DPOResult", "machine_nb.TrainResult (kind='dpo')")
+        return TrainResult
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _default_lr(model: str, from_checkpoint: bool) -> float:
@@ -227,7 +161,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
         base_url: str | None = None, progress: bool = True, on_metrics: Any = None,
         eval_data: Any = None, eval_every: int | None = None, eval_max_tokens: int = 32,
-        eval_temperature: float = 0.0) -> DPOResult:
+        eval_temperature: float = 0.0) -> TrainResult:
     """Direct preference optimisation with tinker-cookbook's `preference.train_dpo.main`, on `engine`.
 
     The cookbook's loop runs unchanged in a child process (its `main` calls `asyncio.run` itself, so
@@ -290,7 +224,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             32 tokens, greedy); recorded with every score.
 
     Returns:
-        A DPOResult (a TrainResult) read back from the log dir (`read_dpo_log`): steps, tokens,
+        A TrainResult (kind "dpo") read back from the log dir (`read_training_log`): steps, tokens,
         first / last `dpo_loss`, the final sampler checkpoint, the cost next to the estimate, and
         with `eval_data` the final checkpoint's held-out scores and the best step. The per-step
         `dpo_loss`, `accuracy`, `margin`, `chosen_reward` and `rejected_reward` are in
@@ -298,14 +232,14 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         stops the run and re-raises KeyboardInterrupt; `dpo(pairs, resume=log_dir)` finishes it.
     """
     from . import engines
-    from .train import (HELDOUT_ACCURACY, HELDOUT_DATA, LOCAL_LORA_RANK, MARKER, TINKER_LORA_RANK, _claim_log_dir,
-                        _heldout_settings, _MetricsTail, _private_files, new_log_dir, run_cookbook)
+    from .runlog import HELDOUT_ACCURACY, HELDOUT_DATA, MARKER, MetricsTail, claim_log_dir, new_log_dir, private_files
+    from .train import LOCAL_LORA_RANK, TINKER_LORA_RANK, _heldout_settings, run_cookbook
 
     start_path = None
     saved: dict = {}
     if resume is not None:
         path = Path(resume).absolute()
-        _claim_log_dir(path, resume=True)
+        claim_log_dir(path, resume=True)
         saved = json.loads((path / MARKER).read_text(encoding="utf-8"))
         if saved.get("kind") != "dpo":
             raise ValueError(f"resume={str(resume)!r} is not a dpo run (resume an sft run with sft(resume=…))")
@@ -393,7 +327,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
 
         path = (Path(log_dir).absolute() if log_dir is not None
                 else new_log_dir("dpo", workspace=workspace, name=name))
-        _claim_log_dir(path, resume=False)
+        claim_log_dir(path, resume=False)
         random.Random(seed).shuffle(records)
         write_jsonl([comparison_line(r) for r in records], path / "pairs.jsonl")
         if held_rows is not None:
@@ -426,7 +360,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
 
     from .progress import progress as progress_bar
 
-    tail = _MetricsTail(path / "metrics.jsonl")
+    tail = MetricsTail(path / "metrics.jsonl")
     seen_steps: set[int] = set()
     watchdog = engines.watchdog(engine, url)
     with progress_bar(total=steps_total, desc="dpo", unit="steps", enabled=None if progress else False) as bar, \
@@ -447,7 +381,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         try:
             run_cookbook(spec, path, engine=engine, on_poll=poll, watchdog=dog)
         finally:
-            _private_files(path)
+            private_files(path)
     result = read_dpo_log(path)
     result.model, result.engine = model, engine
     return result
@@ -502,9 +436,9 @@ def dpo_estimate(records: Any, model: str, engine: str, *, epochs: int, batch_si
 
 def _resume_step(log_dir: Path, per_epoch: int) -> int | None:
     """The step a resumed run continues from: the last checkpoint with training state, as the cookbook picks it."""
-    from .train import _read_log_lines
+    from .runlog import read_log_lines
 
-    states = [c for c in _read_log_lines(log_dir / "checkpoints.jsonl") if isinstance(c.get("state_path"), str)]
+    states = [c for c in read_log_lines(log_dir / "checkpoints.jsonl") if isinstance(c.get("state_path"), str)]
     if not states or not isinstance(states[-1].get("batch"), int):
         return None
     return int(states[-1].get("epoch") or 0) * per_epoch + states[-1]["batch"]
@@ -649,5 +583,5 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
 
-__all__ = ["dpo", "score_pairs", "read_dpo_log", "DPOResult", "resume_note", "dpo_estimate", "dpo_evals", "child_run",
+__all__ = ["dpo", "score_pairs", "read_dpo_log", "resume_note", "dpo_estimate", "dpo_evals", "child_run",
            "SCORE_COLUMNS", "STEP_KEY"]

@@ -124,7 +124,7 @@ def _set_aside(log_dir: Path) -> Path:
 def _state(log_dir: Path, heldout: bool) -> str:
     """"done" (finished, and scored when evals were asked for), "partial" (resumable), "stale"
     (started, no checkpoint: nothing to resume), or "new"."""
-    from .train import MARKER, read_training_log
+    from .runlog import MARKER, read_training_log
 
     if not log_dir.exists():
         return "new"
@@ -138,7 +138,7 @@ def _state(log_dir: Path, heldout: bool) -> str:
 
 def _check_same_run(log_dir: Path, expected: Mapping[str, Any]) -> None:
     """A run dir read back must be the run this grid point asks for (not one from an edited grid)."""
-    from .train import MARKER
+    from .runlog import MARKER
 
     saved = json.loads((log_dir / MARKER).read_text(encoding="utf-8"))
     for key, value in expected.items():
@@ -226,6 +226,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         per setting. A Ctrl-C stops the runs in progress and re-raises; call again to resume.
     """
     from . import train
+    from .runlog import new_log_dir, read_training_log
 
     points = grid_points(grid)
     seeds = list(seeds)
@@ -253,7 +254,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     engines.check_model(engine, model)
     data_path, data_sha = _sha(data)
     eval_path, eval_sha = _sha(eval_data)
-    path = Path(sweep_dir).absolute() if sweep_dir is not None else train.new_log_dir(prefix="sweep")
+    path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
     manifest = {"generator": "machine_nb.sweeps.sweep", "grid": {k: list(v) for k, v in grid.items()},
                 "seeds": seeds, "model": model, "engine": engine, "settings": settings, "eval_every": eval_every,
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
@@ -290,7 +291,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     def one(name: str, point: dict, seed: int, log_dir: Path) -> dict:
         state = _state(log_dir, eval_data is not None)
         if state == "done":
-            return _row(name, point, seed, train.read_training_log(log_dir), "read back", None, None,
+            return _row(name, point, seed, read_training_log(log_dir), "read back", None, None,
                         eval_settings, log_dir)
         if stop.is_set():
             raise _Stopped("the sweep was stopped")
@@ -428,7 +429,7 @@ def read_sweep(sweep_dir: str | os.PathLike):
     Raises:
         FileNotFoundError: when the dir holds no sweep.json.
     """
-    from .train import read_training_log
+    from .runlog import read_training_log
 
     path = Path(sweep_dir)
     if not (path / MANIFEST).exists():
@@ -470,7 +471,7 @@ def _pooled_rows(log_dirs: Sequence[str]) -> Any:
     index (the same question in every run), so statistics count questions, not runs x questions."""
     import pandas as pd
 
-    from .train import heldout_results
+    from .runlog import heldout_results
 
     frames = []
     for d in log_dirs:

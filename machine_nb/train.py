@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
-import secrets
-import stat
 import threading
-import time
-import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator
 
 from . import render
 from .errors import EngineError, MachineFormatError
-from .jsonl import iter_jsonl, parse_json, write_jsonl
+from .jsonl import write_jsonl
+from .runlog import (DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_DATA, HELDOUT_FILE, HELDOUT_FORMAT_RATE,  # noqa: F401
+                     HELDOUT_PREFIX, LOSS_METRICS, MARKER, RUN_FILES, SFT_LOSS, MetricsTail, TrainResult,
+                     claim_log_dir, heldout_curve, heldout_results, load_marker, log_entries, loss_metric,
+                     new_log_dir, prepare_data, private_files, read_log_lines, read_training_log, training_metrics)
 
 #: Defaults for local models, calibrated on the minimal-SFT corpus (48 rows, batch 8, 10 epochs
 #: = 60 steps; the measured figures are in benchmarks/bench_sft.py's output and the model card):
@@ -38,572 +36,10 @@ LOCAL_FULL_LEARNING_RATE = 5e-4
 TINKER_LORA_RANK = 32
 TINKER_LEARNING_RATE = 1e-4
 
-#: The loss a step logs: supervised runs `train_mean_nll`, the cookbook's DPO `dpo_loss`.
-SFT_LOSS = "train_mean_nll"
-DPO_LOSS = "dpo_loss"
-LOSS_METRICS = (SFT_LOSS, DPO_LOSS)
-#: Held-out scores in metrics.jsonl (the cookbook's `test/` prefix for evaluator metrics).
-HELDOUT_PREFIX = "test/"
-HELDOUT_ACCURACY = "test/accuracy"
-HELDOUT_FORMAT_RATE = "test/format_rate"
-#: In a log dir: one line per eval step with its per-row results, and the eval rows it scored.
-HELDOUT_FILE = "heldout.jsonl"
-HELDOUT_DATA = "heldout_data.jsonl"
-
-
-# ---------------------------------------------------------------------------------------------
-# results
-
-
-@dataclass
-class TrainResult:
-    """What a training run produced, read from its log dir (see `read_training_log`).
-
-    checkpoint: the last sampler checkpoint (`tinker://…`), None if the run saved none. steps:
-    optimizer steps logged. tokens: tokens processed over all steps (what Tinker bills).
-    first_loss / last_loss: the loss of the first and last step (`loss_metric`: `train_mean_nll`
-    for SFT, `dpo_loss` for DPO). log_dir: the run's directory. cost_usd: the observed cost:
-    tokens actually trained x the model's train price, plus the held-out evals' prompt and output
-    tokens x its prefill and sample prices (0 on the local engine; None when a price is unknown).
-    estimated_usd: what the same was estimated to cost before the run (None when not recorded);
-    estimated_tokens: the training tokens that estimate priced (the renderer's count of each row,
-    one token a row more than the loop trains: a datum's input drops its last token). eval_cost_usd: the
-    held-out evals' part of cost_usd. model / engine: what was trained, where.
-    complete: whether the run saved its "final" checkpoint (False after a Ctrl-C or a crash).
-    state_path: the last resumable training state.
-
-    With held-out evals (`sft(eval_data=…)`): heldout_accuracy / heldout_format_rate: the final
-    checkpoint's scores; best_step / best_accuracy: the eval step with the highest accuracy (the
-    earliest such; step s = the weights after s optimizer steps, 0 = the base model); evals: how
-    many eval steps were logged. Choose on a validation set, report on another (see README).
-
-    unconfirmed_steps: steps a resume trained again because no metrics row showed them finished
-    before the interrupt ([] when the rows showed every step the resumed state held, the usual
-    case). The engine may have failed them (training them again was exact) or the interrupt came
-    in the moments between a checkpoint and their rows (the state already held them: they were
-    trained twice, and the weights differ from an uninterrupted run's); the log cannot tell which.
-    """
-
-    checkpoint: str | None
-    steps: int
-    tokens: int
-    first_loss: float | None
-    last_loss: float | None
-    log_dir: str
-    cost_usd: float | None
-    model: str | None = None
-    engine: str | None = None
-    complete: bool = False
-    state_path: str | None = None
-    loss_metric: str | None = None
-    estimated_usd: float | None = None
-    estimated_tokens: int | None = None
-    eval_cost_usd: float | None = None
-    heldout_accuracy: float | None = None
-    heldout_format_rate: float | None = None
-    best_step: int | None = None
-    best_accuracy: float | None = None
-    evals: int = 0
-    unconfirmed_steps: list[int] = field(default_factory=list)
-    kind: str = "sft"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def _repr_html_(self) -> str:
-        import html
-
-        def f(v: float | None) -> str:
-            return "–" if v is None else f"{v:.4f}"
-
-        def usd(v: float | None) -> str:
-            return "unknown" if v is None else f"${v:.4f}"
-
-        cost = f"{usd(self.cost_usd)} observed" + ("" if self.estimated_usd is None
-                                                    else f" (estimated {usd(self.estimated_usd)})")
-        state = "complete" if self.complete else "<b>incomplete</b> (no final checkpoint)"
-        log_dir = _shown_path(self.log_dir)
-        held = ""
-        if self.evals:
-            fmt = "" if self.heldout_format_rate is None else f", format {self.heldout_format_rate:.1%}"
-            best = "" if self.best_step is None else f" · best {self.best_accuracy:.1%} at step {self.best_step}"
-            final = "–" if self.heldout_accuracy is None else f"{self.heldout_accuracy:.1%}"
-            held = f"<br>held-out accuracy {final}{fmt} (final){best} · {self.evals} evals"
-        if self.unconfirmed_steps:
-            state += (f" · resumed: steps {', '.join(map(str, self.unconfirmed_steps))} trained again (their "
-                      "rows were missing; if the saved state held them, they were trained twice)")
-        return (f"<div class='machine-nb-train'><b>{html.escape(str(self.model))}</b> on {html.escape(str(self.engine))}: "
-                f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
-                f"{cost} · {state}{held}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
-                f"<small>{html.escape(log_dir)}</small></div>")
-
-
-def _shown_path(path: str) -> str:
-    """A path as a report shows it: relative to the current directory (the notebook's) when inside it,
-    so a shared report does not print where the author's files live."""
-    try:
-        return os.path.relpath(path) if Path(path).absolute().is_relative_to(Path.cwd()) else path
-    except ValueError:  # another drive
-        return path
-
-
-def _read_log_lines(path: Path) -> list[dict]:
-    """JSON objects of a log JSONL file; a partial last line (a run still writing) is skipped quietly,
-    any other unreadable line with a warning naming it."""
-    if not path.exists():
-        return []
-    skipped: list[MachineFormatError] = []
-    rows = [value for _, value in iter_jsonl(path, on_error="skip", skipped=skipped) if isinstance(value, dict)]
-    loud = [e for e in skipped if "truncated last line" not in str(e)]
-    if loud:
-        warnings.warn(f"skipped {len(loud)} unreadable line(s) of {path}: " + "; ".join(str(e) for e in loud[:5]),
-                      stacklevel=3)
-    return rows
-
-
-def _engine_of_log(log_dir: Path, checkpoints: list[dict]) -> str | None:
-    """The engine a run was started on (its machine_nb.json), else the one its checkpoints name."""
-    from .engines import engine_for
-
-    engine = _read_marker(log_dir).get("engine")
-    if isinstance(engine, str):
-        return engine
-    for row in checkpoints:
-        for key in ("sampler_path", "state_path"):
-            if isinstance(row.get(key), str):
-                return engine_for(row[key])
-    return None
-
-
-def _model_of_log(log_dir: Path) -> str | None:
-    for name in (MARKER, "config.json"):
-        try:
-            data = parse_json((log_dir / name).read_bytes(), log_dir / name)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict):
-            continue
-        model = data.get("model") or data.get("model_name")
-        if model:
-            return str(model)
-    return None
-
-
-def _price(model: str | None) -> Any:
-    if model is None:
-        return None
-    try:
-        from .pricing import price_for
-
-        return price_for(model)
-    except Exception:  # unknown price: the cost cannot be stated
-        return None
-
-
-def _cost(model: str | None, engine: str | None, tokens: int) -> float | None:
-    """Observed training cost: tokens trained x the train price (0 locally, None when unknown)."""
-    if engine == "local":
-        return 0.0
-    price = _price(model)
-    return None if price is None or price.train is None else tokens * price.train / 1e6
-
-
-def _eval_cost(model: str | None, engine: str | None, prompt_tokens: int, output_tokens: int) -> float | None:
-    """Observed sampling cost: prompt tokens x prefill price + output tokens x sample price."""
-    if engine == "local":
-        return 0.0
-    price = _price(model)
-    if price is None or price.prefill is None or price.sample is None:
-        return None
-    return (prompt_tokens * price.prefill + output_tokens * price.sample) / 1e6
-
-
-def _unique_steps(rows: list[dict]) -> list[dict]:
-    """One row per step, the last written (a resumed run logs again the steps it continues from)."""
-    by_step: dict[Any, dict] = {}
-    for i, m in enumerate(rows):
-        by_step[m.get("step", f"row{i}")] = m
-    return sorted(by_step.values(), key=lambda m: (m.get("step") is None, m.get("step") or 0))
-
-
-def loss_metric(rows: Iterable[Mapping[str, Any]]) -> str | None:
-    """The loss a run logs: `train_mean_nll` (SFT) if any row has it, else `dpo_loss` (DPO), else None."""
-    rows = list(rows)
-    for key in LOSS_METRICS:
-        if any(isinstance(m.get(key), (int, float)) for m in rows):
-            return key
-    return None
-
-
-def _read_marker(path: Path) -> dict:
-    try:
-        data = parse_json((path / MARKER).read_bytes(), path / MARKER)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
-    """The checkpoint, steps, tokens, losses, held-out scores and costs of a tinker-cookbook log dir
-    (finished or not).
-
-    Reads `checkpoints.jsonl` (the last row with a `sampler_path` is the checkpoint; a "final" row
-    means complete), `metrics.jsonl` (rows with `train_mean_nll`, or `dpo_loss` for a DPO run,
-    are steps; its held-out rows give the best step) and, when present, `heldout.jsonl` (the
-    held-out evals' tokens, for their cost) and the run's machine_nb.json (the estimate made
-    before it). A dir interrupted by Ctrl-C reads back with `complete=False`.
-
-    Args:
-        log_dir: the run's log dir.
-
-    Returns:
-        The TrainResult.
-
-    Raises:
-        FileNotFoundError: when `log_dir` does not exist.
-    """
-    path = Path(log_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"No training log dir at {path}")
-    checkpoints = _read_log_lines(path / "checkpoints.jsonl")
-    all_rows = _unique_steps(_read_log_lines(path / "metrics.jsonl"))
-    loss_key = loss_metric(all_rows)
-    metrics = [m for m in all_rows if loss_key and isinstance(m.get(loss_key), (int, float))]
-    sampler = [c for c in checkpoints if isinstance(c.get("sampler_path"), str)]
-    states = [c for c in checkpoints if isinstance(c.get("state_path"), str)]
-    tokens = int(sum(m.get("num_tokens", 0) or 0 for m in metrics))
-    model = _model_of_log(path)
-    engine = _engine_of_log(path, checkpoints)
-    marker = _read_marker(path)
-    kind = marker.get("kind") if marker.get("kind") in ("sft", "dpo") else ("dpo" if loss_key == DPO_LOSS else "sft")
-    if kind == "dpo":  # each step passes every sequence three times (pricing.DPOCostEstimate)
-        from .pricing import dpo_cost
-
-        cost = dpo_cost(model, engine, tokens)
-    else:
-        cost = _cost(model, engine, tokens)
-    evals = [m for m in all_rows if isinstance(m.get(HELDOUT_ACCURACY), (int, float))]
-    eval_cost, last_eval = None, None
-    if (path / HELDOUT_FILE).exists():
-        steps = _heldout_steps(path)
-        eval_cost = _eval_cost(model, engine, sum(int(s.get("prompt_tokens") or 0) for s in steps),
-                               sum(int(s.get("output_tokens") or 0) for s in steps))
-        cost = None if cost is None or eval_cost is None else cost + eval_cost
-        finals = [s for s in steps if s.get("final")]
-        last_eval = finals[-1] if finals else None
-    best = max(evals, key=lambda m: m[HELDOUT_ACCURACY]) if evals else None  # max keeps the earliest tie
-    estimate = marker.get("estimate") if isinstance(marker.get("estimate"), dict) else {}
-    return TrainResult(
-        checkpoint=sampler[-1]["sampler_path"] if sampler else None,
-        steps=len(metrics), tokens=tokens,
-        first_loss=float(metrics[0][loss_key]) if metrics else None,
-        last_loss=float(metrics[-1][loss_key]) if metrics else None,
-        log_dir=str(path), cost_usd=cost, model=model, engine=engine,
-        complete=any(c.get("name") == "final" for c in checkpoints),
-        state_path=states[-1]["state_path"] if states else None, loss_metric=loss_key,
-        estimated_usd=estimate.get("usd"), estimated_tokens=estimate.get("tokens"), eval_cost_usd=eval_cost,
-        heldout_accuracy=None if last_eval is None else last_eval.get("accuracy"),
-        heldout_format_rate=None if last_eval is None else last_eval.get("format_rate"),
-        best_step=None if best is None else int(best["step"]),
-        best_accuracy=None if best is None else float(best[HELDOUT_ACCURACY]),
-        evals=len(evals),
-        unconfirmed_steps=sorted({int(step) for c in checkpoints if c.get("machine_nb_resume")
-                                  for step in (c.get("unconfirmed") or []) if isinstance(step, int)}),
-        kind=kind)
-
-
-def _heldout_steps(log_dir: Path) -> list[dict]:
-    """The lines of heldout.jsonl, one per eval step (the last written when a resumed run repeated one)."""
-    rows = [r for r in _read_log_lines(log_dir / HELDOUT_FILE) if isinstance(r.get("rows"), list)]
-    return _unique_steps(rows)
-
-
-#: Columns of `heldout_curve`, in order.
-CURVE_COLUMNS = ["step", "accuracy", "ci_low", "ci_high", "format_rate", "correct", "n", "final",
-                 "max_tokens", "temperature", "prompt_tokens", "output_tokens", "errors"]
-
-
-def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95):
-    """Held-out accuracy per eval step of a run trained with `sft(eval_data=…)`, as a DataFrame.
-
-    Args:
-        log_dir: the run's log dir (reads its heldout.jsonl; a partial last line is skipped).
-        level: the confidence level of the interval. Default 0.95.
-
-    Returns:
-        One row per eval step, CURVE_COLUMNS: step (the weights after that many optimizer steps;
-        0 = the base model), accuracy, ci_low / ci_high (Wilson score interval over the rows),
-        format_rate (None without format regexes), correct, n, final (the run's final
-        checkpoint), max_tokens / temperature (the sampling the scores were taken with),
-        prompt_tokens / output_tokens, errors (rows whose request failed). Empty when the run had
-        no held-out evals.
-    """
-    import pandas as pd
-
-    from .stats import proportion_interval
-
-    out = []
-    for s in _heldout_steps(Path(log_dir)):
-        n, k = int(s.get("n") or 0), int(s.get("correct") or 0)
-        low, high = (round(x, 12) for x in proportion_interval(k, n, level=level)) if n else (None, None)
-        params = s.get("parameters") or {}
-        out.append({"step": s.get("step"), "accuracy": s.get("accuracy"), "ci_low": low, "ci_high": high,
-                    "format_rate": s.get("format_rate"), "correct": k, "n": n, "final": bool(s.get("final")),
-                    "max_tokens": params.get("max_tokens"), "temperature": params.get("temperature"),
-                    "prompt_tokens": s.get("prompt_tokens"), "output_tokens": s.get("output_tokens"),
-                    "errors": s.get("errors", 0)})
-    return pd.DataFrame(out, columns=CURVE_COLUMNS)
-
-
-def heldout_results(log_dir: str | os.PathLike, step: int | str | None = None):
-    """The per-row held-out results of a run's evals, as a DataFrame.
-
-    Args:
-        log_dir: the run's log dir.
-        step: default None = every eval step (a `step` column first); an int = that step's rows
-            alone, in evaluate()'s result shape, so `mnb.compare(heldout_results(d, 0),
-            heldout_results(d, "final"))` pairs the base model with the checkpoint row by row;
-            "final" / "best" = the final checkpoint's / the best step's.
-
-    Returns:
-        evaluate()'s RESULT_COLUMNS (with `step` first when step is None); for one step,
-        `attrs["summary"]` holds its name, accuracy, format rate and sampling parameters.
-
-    Raises:
-        KeyError: when the run logged no eval at that step (the message lists the steps it has).
-    """
-    import pandas as pd
-
-    from .evaluate import RESULT_COLUMNS
-
-    path = Path(log_dir)
-    steps = _heldout_steps(path)
-    if step is None:
-        rows = [{"step": s.get("step"), **r} for s in steps for r in s["rows"]]
-        return pd.DataFrame(rows, columns=["step", *RESULT_COLUMNS])
-    if step == "final":
-        chosen = [s for s in steps if s.get("final")]
-    elif step == "best":
-        best = read_training_log(path).best_step
-        chosen = [s for s in steps if best is not None and s.get("step") == best]
-    else:
-        chosen = [s for s in steps if s.get("step") == step]
-    if not chosen:
-        have = ", ".join(str(s.get("step")) for s in steps) or "none"
-        raise KeyError(f"{path} logged no held-out eval at step {step!r} (steps: {have})")
-    s = chosen[-1]
-    df = pd.DataFrame(s["rows"], columns=RESULT_COLUMNS)
-    label = f"{path.name} step {s.get('step')}" + (" (final)" if s.get("final") else "")
-    df.attrs["summary"] = {"name": label, "step": s.get("step"), "accuracy": s.get("accuracy"),
-                           "format_rate": s.get("format_rate"), "n": s.get("n"),
-                           "parameters": s.get("parameters"), "data": s.get("data")}
-    return df
-
-
-#: Columns `training_metrics` always has, first, in this order (then any others the log has).
-METRIC_COLUMNS = ["run", "step", "epoch", "progress", "learning_rate", "num_sequences", "num_tokens",
-                  "num_loss_tokens", "train_mean_nll", "train_mean_bpb"]
-
-
-def training_metrics(log_dirs: str | os.PathLike | Iterable[str | os.PathLike]):
-    """One row per `metrics.jsonl` line of one or more log dirs, as a DataFrame.
-
-    Columns: `run` (the log dir's name), then step, epoch, progress, learning_rate, num_sequences,
-    num_tokens, num_loss_tokens, train_mean_nll, train_mean_bpb (NaN where a line lacks them),
-    then whatever else the cookbook logged (time/…, test/…). A partial last line (a run still
-    writing) is skipped, so a live plot can poll this.
-    """
-    import pandas as pd
-
-    dirs = [log_dirs] if isinstance(log_dirs, (str, os.PathLike)) else list(log_dirs)
-    rows = []
-    for d in dirs:
-        for m in _unique_steps(_read_log_lines(Path(d) / "metrics.jsonl")):
-            rows.append({"run": Path(d).name, **m})
-    df = pd.DataFrame(rows)
-    for col in METRIC_COLUMNS:
-        if col not in df.columns:
-            df[col] = pd.Series(dtype="object" if col == "run" else "float64")
-    rest = [c for c in df.columns if c not in METRIC_COLUMNS]
-    return df[METRIC_COLUMNS + rest].reset_index(drop=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# data
-
-
-def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """(name for messages, (line number, row) pairs) of a JSONL path or an in-memory list/DataFrame."""
-    if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
-        if not path.exists():
-            raise FileNotFoundError(f"No training data at {path}")
-        return str(path), iter_jsonl(path)
-    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame of export lines
-        data = data.to_dict("records")
-    return "<data>", enumerate(list(data), start=1)
-
-
-def prepare_data(data: Any) -> tuple[list[dict], str]:
-    """Check chat rows and choose what to train on: (rows for the cookbook, train_on_what value).
-
-    Each row must pass chat.check_row's training-row rules (the shape rules validate applies: known
-    roles, content, tool calls, and the assistant's reply last).
-    Rows are step examples (train the last assistant message) unless some are whole runs
-    (`"whole_run": true`) or carry per-message `trainable` flags: then every row states its flags
-    ("customized", chat.trainable_flags): whole-run rows keep theirs (assistant messages without
-    one are not trained), other rows train their last assistant message. Stating every flag
-    matters because the cookbook loads rows with `datasets`, which gives every message every key
-    seen in the file. Raises MachineFormatError naming the file, line and field of the first bad row.
-    """
-    from .chat import check_row, is_flagged, train_messages
-
-    name, source = _source_rows(data)
-    checked = [(line, check_row(row, "train", path=name, line=line)) for line, row in source]
-    if not checked:
-        raise MachineFormatError(name, "no training rows")
-    flagged = any(is_flagged(row) for _, row in checked)
-    # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
-    # unify the schemas of every other key (tools' JSON schemas differ from run to run)
-    rows = [{"messages": train_messages(row, customized=flagged, path=name, line=line)} for line, row in checked]
-    return rows, ("customized" if flagged else "last_assistant_message")
-
-
-# ---------------------------------------------------------------------------------------------
-# log dirs
-
-#: Marker file of a log dir this toolkit made (what `sft` accepts to resume or refuses to reuse).
-MARKER = "machine_nb.json"
-
-
-def new_log_dir(prefix: str = "sft", *, workspace: str | os.PathLike | None = None,
-                name: str | None = None) -> Path:
-    """A fresh log dir path: `runs/<prefix>-<UTC time>-<4 hex>` under the cwd (not created).
-
-    With `workspace`, `<workspace>/.machine/training/<name or the same stamp>` (where Machine's
-    dashboard looks for training runs).
-    """
-    stamp = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
-    if workspace is not None:
-        return Path(workspace).absolute() / ".machine" / "training" / (name or stamp)
-    return Path("runs").absolute() / (name or stamp)
-
-
-def _claim_log_dir(log_dir: Path, resume: bool) -> None:
-    """Make sure a run may write here, before a byte is written.
-
-    A log dir must be new or empty, or (with `resume`) hold this toolkit's own run. A folder with
-    anything else in it is refused: the cookbook would overwrite its files, and tightening
-    permissions would touch files that are not ours.
-    """
-    ours = (log_dir / MARKER).is_file()
-    if resume:
-        if not (log_dir / "checkpoints.jsonl").exists():
-            raise FileNotFoundError(f"resume={str(log_dir)!r}: no checkpoints.jsonl there, so nothing to resume")
-        if not ours:
-            raise FileExistsError(f"resume={str(log_dir)!r}: not a log dir machine_nb made (no {MARKER}); "
-                                  "resume only runs started by sft() or dpo()")
-        return
-    if log_dir.exists() and not log_dir.is_dir():
-        raise FileExistsError(f"log_dir={str(log_dir)!r} is a file, not a directory")
-    if log_dir.is_dir() and any(log_dir.iterdir()):
-        if ours or (log_dir / "checkpoints.jsonl").exists():
-            raise FileExistsError(
-                f"{log_dir} already holds a run; the cookbook would silently resume it. Pass "
-                f"resume={str(log_dir)!r} to continue that run, or leave log_dir=None for a fresh one.")
-        raise FileExistsError(
-            f"log_dir={str(log_dir)!r} is not empty and is not a machine_nb run: a run needs a new or empty "
-            "folder (nothing there was changed). Pick another log_dir, or leave it None for a fresh one.")
-    log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(log_dir, 0o700)
-
-
-#: Top-level files a run writes in its log dir (the cookbook's and this toolkit's): tightened
-#: after every run, also when they were there before it (a resumed run appends to them).
-RUN_FILES = frozenset({
-    "metrics.jsonl", "checkpoints.jsonl", "config.json", "code.diff", "logs.log", "timing_spans.jsonl",
-    "trace_events.jsonl", "train.log", "train.jsonl", "heldout.jsonl", "heldout_data.jsonl", "pairs.jsonl",
-    MARKER})
-
-
-def _log_entries(log_dir: Path) -> set[str]:
-    """The relative paths under a log dir now (symlinked folders listed, not entered): what
-    `_private_files` must leave alone unless the run wrote it."""
-    found: set[str] = set()
-    for root, dirs, files in os.walk(log_dir):
-        rel = os.path.relpath(root, log_dir)
-        found.update(os.path.normpath(os.path.join(rel, name)) for name in dirs + files)
-    return found
-
-
-def _tighten(path: str, mode: int, *, folder: bool) -> None:
-    """chmod a plain file or folder through a descriptor opened without following a symlink (a
-    symlink, or anything else, is left as it is, and so is its target)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if folder else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:  # a symlink (ELOOP), gone, or not ours to open
-        return
-    try:
-        kind = os.fstat(fd).st_mode
-        if stat.S_ISDIR(kind) if folder else stat.S_ISREG(kind):
-            os.fchmod(fd, mode)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _private_files(log_dir: Path, before: set[str] | None = None) -> None:
-    """Machine's habit: the log dir 0700, the run's files 0600 (the cookbook creates them 0644).
-
-    Only what the run wrote is touched: the RUN_FILES at the top, and with `before` (the
-    `_log_entries` taken as the run started) every file and folder that was not there then.
-    A file or folder a user added (before a resume, say) keeps its mode, and no symlink is
-    followed, so nothing outside the log dir changes.
-    """
-    _tighten(str(log_dir), 0o700, folder=True)
-    for root, dirs, files in os.walk(log_dir):
-        rel_root = os.path.relpath(root, log_dir)
-
-        def own(name: str) -> bool:
-            rel = os.path.normpath(os.path.join(rel_root, name))
-            return (before is not None and rel not in before) or (rel_root == "." and name in RUN_FILES)
-
-        dirs[:] = [d for d in dirs if own(d)]  # a user's folder is not entered
-        for d in dirs:
-            _tighten(os.path.join(root, d), 0o700, folder=True)
-        for f in files:
-            if own(f):
-                _tighten(os.path.join(root, f), 0o600, folder=False)
-
 
 # ---------------------------------------------------------------------------------------------
 # running the cookbook (in a child process: runner.py says why)
 
-
-class _MetricsTail:
-    """The rows appended to a metrics.jsonl since the last call (whole lines only), for the progress bar."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-
-    def new_rows(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1  # a partial last line waits for the next call
-        self.offset += end
-        rows = []
-        for line in chunk[:end].splitlines():
-            with contextlib.suppress(ValueError):  # MachineFormatError is one
-                value = parse_json(line, self.path)
-                if isinstance(value, dict):
-                    rows.append(value)
-        return rows
 
 
 def _child_env(engine: str) -> dict[str, str]:
@@ -840,7 +276,7 @@ def exact_resume_point(log_dir: str, config: Any) -> dict | None:
     submitted = min(saved_step + config.submit_ahead, total - 1)
     if submitted < saved_step:
         return None
-    logged = {m.get("step") for m in _read_log_lines(Path(log_dir) / "metrics.jsonl")
+    logged = {m.get("step") for m in read_log_lines(Path(log_dir) / "metrics.jsonl")
               if isinstance(m.get(SFT_LOSS), (int, float))}
     done_through = saved_step - 1
     while done_through < submitted and done_through + 1 in logged:
@@ -1081,10 +517,8 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     submit_ahead = 1  # the cookbook's default: the next batch is prepared while one trains
     if resume is not None:
         path = Path(resume).absolute()
-        _claim_log_dir(path, resume=True)
-        saved = parse_json((path / MARKER).read_bytes(), path / MARKER)
-        if not isinstance(saved, dict):
-            raise MachineFormatError(path / MARKER, "not a machine_nb run record (a JSON object)")
+        claim_log_dir(path, resume=True)
+        saved = load_marker(path)
         if saved.get("kind", "sft") != "sft":
             raise ValueError(f"resume={str(path)!r} is a {saved['kind']} run: continue it with "
                              f"machine_nb.{saved['kind']}(…, resume=…), not sft()")
@@ -1163,7 +597,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
     if resume is None:
         path = Path(log_dir).absolute() if log_dir is not None else new_log_dir(workspace=workspace, name=name)
-        _claim_log_dir(path, resume=False)
+        claim_log_dir(path, resume=False)
         write_jsonl(rows, path / "train.jsonl")
         if held_rows is not None:
             write_jsonl(held_rows, path / HELDOUT_DATA)
@@ -1189,8 +623,8 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
 
     from .progress import progress as progress_bar
 
-    before = _log_entries(path) if resume is not None else set()
-    tail = _MetricsTail(path / "metrics.jsonl")
+    before = log_entries(path) if resume is not None else set()
+    tail = MetricsTail(path / "metrics.jsonl")
     seen_steps: set[int] = set()
     watchdog = engines.watchdog(engine, url)
     with progress_bar(total=steps_total, desc="sft", unit="steps", enabled=None if progress else False) as bar, \
@@ -1211,7 +645,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         try:
             run_cookbook(spec, path, engine=engine, on_poll=poll, watchdog=dog)
         finally:
-            _private_files(path, before)
+            private_files(path, before)
     result = read_training_log(path)
     result.model, result.engine = model, engine
     return result

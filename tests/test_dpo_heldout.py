@@ -18,7 +18,7 @@ import machine_nb as mnb
 from machine_nb.errors import BudgetExceeded, MachineFormatError, ValidationFailed
 from machine_nb.evaluate import RESULT_COLUMNS, evaluate
 from machine_nb.export import HeldOutExcluded
-from machine_nb.preference import DPOResult, dpo, read_dpo_log
+from machine_nb.preference import dpo, read_dpo_log
 from machine_nb.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, training_metrics
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
@@ -56,7 +56,7 @@ def run(train_pairs, eval_file, tmp_path_factory):
 
 
 def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_checkpoint(run):
-    assert isinstance(run, DPOResult) and run.complete and run.steps == 10 and run.loss_metric == "dpo_loss"
+    assert run.kind == "dpo" and run.complete and run.steps == 10 and run.loss_metric == "dpo_loss"
     metrics = training_metrics(run.log_dir)
     scored = metrics[metrics[HELDOUT_ACCURACY].notna()]
     assert list(scored["step"]) == STEPS
@@ -182,7 +182,7 @@ def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_chang
     assert not math.isclose(full["dpo_loss"].iloc[4], math.log(2), rel_tol=1e-4)
     assert done.resumed_at == [4] and "resumed at step 4" in done.note and "reference model" in done.note
     assert "steps 4-9" in done.note and "note" in done._repr_html_()
-    assert read_dpo_log(log_dir).note == done.note and done.as_dict()["note"] == done.note
+    assert read_dpo_log(log_dir).note == done.note and done.to_dict()["note"] == done.note
     assert (done.best_step is not None and done.heldout_accuracy == heldout_curve(log_dir)["accuracy"].iloc[-1])
 
 

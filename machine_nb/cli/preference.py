@@ -112,7 +112,7 @@ def _engine(args: argparse.Namespace) -> str:
         from pathlib import Path
 
         if Path(args.load_checkpoint).is_dir():  # an sft log dir: the engine it ran on
-            from ..train import read_training_log
+            from ..runlog import read_training_log
 
             return read_training_log(args.load_checkpoint).engine or "local"
         return engine_for(args.load_checkpoint)
@@ -158,7 +158,7 @@ def _run_dpo(args: argparse.Namespace) -> int:
                  resume=args.resume, seed=args.seed, max_usd=args.max_usd, eval_data=args.eval_data,
                  eval_every=args.eval_every)
     if args.json:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps(result.to_dict()))
         return 0
     loss = "–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}"
     usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731

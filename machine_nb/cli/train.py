@@ -127,7 +127,7 @@ def _print(result, as_json: bool) -> None:
     if as_json:
         import json
 
-        print(json.dumps(result.as_dict()))
+        print(json.dumps(result.to_dict()))
         return
     loss = ("–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}")
     usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731

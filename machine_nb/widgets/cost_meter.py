@@ -44,7 +44,7 @@ def history_rows(item: Any) -> list[dict]:
         observed (tokens actually trained, and the held-out evals' sampling, x price; None when a
         price is unknown).
     """
-    from ..train import TrainResult, read_training_log
+    from ..runlog import TrainResult, read_training_log
 
     if hasattr(item, "columns") and "log_dir" in getattr(item, "columns", ()):
         status = item["status"] if "status" in item.columns else None
@@ -281,7 +281,7 @@ class CostMeter(StaticFallback, widgets.VBox):
     def _count(self, model: str) -> Any:
         """Training token counts of the current data for `model` (runs in the worker when background)."""
         from ..tokens import count_tokens
-        from ..train import prepare_data
+        from ..runlog import prepare_data
 
         with self._lock:
             data, prepared = self.data, self._prepared

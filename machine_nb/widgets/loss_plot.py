@@ -15,7 +15,6 @@ run goes (at most every STATIC_EVERY_S) and when it ends.
 from __future__ import annotations
 
 import io
-import json
 import os
 import threading
 import time
@@ -48,7 +47,7 @@ def read_metrics(log_dirs: Any):
     """
     import pandas as pd
 
-    from ..train import training_metrics
+    from ..runlog import training_metrics
 
     dirs = _as_dirs(log_dirs)
     names = [d.name for d in dirs]
@@ -101,19 +100,15 @@ def finished(log_dir: Path) -> bool:
     checkpoints.jsonl) and, when it scores held-out rows (its machine_nb.json says so), the final
     checkpoint's score (a "final" line in heldout.jsonl; written after the checkpoint)."""
     from ..jsonl import iter_jsonl
-    from ..train import HELDOUT_FILE, MARKER
+    from ..runlog import CHECKPOINTS_FILE, HELDOUT_FILE, read_marker
 
     log_dir = Path(log_dir)
-    path = log_dir / "checkpoints.jsonl"
+    path = log_dir / CHECKPOINTS_FILE
     if not path.exists():
         return False
     if not any(isinstance(v, dict) and v.get("name") == "final" for _, v in iter_jsonl(path, on_error="skip")):
         return False
-    try:
-        heldout = bool(json.loads((log_dir / MARKER).read_text(encoding="utf-8")).get("heldout"))
-    except (OSError, ValueError, AttributeError):
-        heldout = False
-    if not heldout:
+    if not read_marker(log_dir).get("heldout"):  # a broken record reads as none (the run says no more)
         return True
     scores = log_dir / HELDOUT_FILE
     return scores.exists() and any(isinstance(v, dict) and v.get("final")
