@@ -16,7 +16,7 @@ the child and code that already loaded the cookbook import it.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
 import time
@@ -101,13 +101,14 @@ class HeldOutEvaluator(SamplingClientEvaluator):
 
     def _prepare(self) -> tuple[list[dict], Any, list[Any], Any]:
         if self._prepared is None:
-            from .evaluate import _render_prompts, _renderer_for, _sampling_params, load_eval_rows
+            from .chat import load_eval_rows
+            from .sampling import render_prompts, renderer_for, sampling_params
 
             b = self.builder
             rows = load_eval_rows(b.eval_path)
-            renderer, _ = _renderer_for(b.model, b.renderer)
-            prompts = _render_prompts(renderer, rows, b.eval_path)
-            params = _sampling_params(b.max_tokens, b.temperature, b.seed, renderer)
+            renderer, _ = renderer_for(b.model, b.renderer)
+            prompts = render_prompts(renderer, rows, b.eval_path)
+            params = sampling_params(b.max_tokens, b.temperature, b.seed, renderer)
             self._prepared = (rows, renderer, prompts, params)
         return self._prepared
 
@@ -118,16 +119,18 @@ class HeldOutEvaluator(SamplingClientEvaluator):
 
     async def run(self, sampling_client: Any, step: int | None, *, final: bool = False) -> dict[str, float]:
         """Evaluate through `sampling_client`, file the results under `step`; returns the metrics."""
-        from .evaluate import _sample_rows, _score_row, prompt_text
+        from .chat import prompt_text
+        from .sampling import sample_rows
+        from .scoring import score_row
 
         b = self.builder
         rows, renderer, prompts, params = self._prepare()
         t0 = time.perf_counter()
-        sampled = await _sample_rows(sampling_client, renderer, prompts, params, b.concurrency)
+        sampled = await sample_rows(sampling_client, renderer, prompts, params, b.concurrency)
         wall = time.perf_counter() - t0
         per_row = []
         for i, (row, got) in enumerate(zip(rows, sampled)):
-            correct, format_ok, problem = (False, None, None) if got["error"] else _score_row(got["output"], row)
+            correct, format_ok, problem = (False, None, None) if got["error"] else score_row(got["output"], row)
             per_row.append({"row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"],
                             "match": row["match"], "output": got["output"], "correct": bool(correct),
                             "format_ok": format_ok, "prompt_tokens": got["prompt_tokens"],
@@ -179,18 +182,27 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     import tinker
     from tinker_cookbook import checkpoint_utils
 
+    from .sampling import open_sampler, run_coroutine
+
     final = [c for c in checkpoint_utils.load_checkpoints_file(builder.log_dir)
              if c.name == "final" and c.sampler_path]
     if not final:
         return None
+    # the training process is kept for the next run: a client left open would keep its session
+    # heart-beating against the engine until the process ends
+    service = tinker.ServiceClient(base_url=base_url)
+    status = "errored"
     try:
-        service = tinker.ServiceClient(base_url=base_url)
-        client = service.create_sampling_client(model_path=final[-1].sampler_path)
-        metrics = asyncio.run(HeldOutEvaluator(builder).run(client, total_steps, final=True))
+        client = open_sampler(builder.model, final[-1].sampler_path, "tinker", service_client=service)
+        metrics = run_coroutine(lambda: HeldOutEvaluator(builder).run(client, total_steps, final=True))
+        status = "success"
     except BaseException as exc:  # say the run is over (a live plot stops waiting), then fail the run
         _append(os.path.join(builder.log_dir, HELDOUT_FILE),
                 {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
         raise
+    finally:
+        with contextlib.suppress(Exception):  # a server already gone has no session to finish
+            service.close(status).result(timeout=30)
     _append(os.path.join(builder.log_dir, METRICS_FILE), {"step": total_steps, **metrics})
     return metrics
 

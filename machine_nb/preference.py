@@ -525,9 +525,6 @@ def _reply_logprob(client: Any, renderer: Any, messages: list[dict]) -> Any:
     return _Sum()
 
 
-#: The local engine's SDK client, by server URL, reused by every score_pairs call of this process.
-
-
 def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None):
     """How a model (or checkpoint) ranks each pair's replies: the summed log-probability of each.
 
@@ -548,8 +545,9 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     """
     import pandas as pd
 
-    from .engines import checkpoint_base_model, default_model, engine_for, service_client, to_sdk_path
-    from .evaluate import prompt_text
+    from .chat import prompt_text
+    from .engines import checkpoint_base_model, default_model, engine_for
+    from .sampling import open_sampler
 
     records = _pair_records(pairs)
     if engine is None:
@@ -560,13 +558,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
         if checkpoint is not None:
             raise ValueError("model= is needed with a Tinker checkpoint (its renderer formats the pairs)")
         model = default_model(engine)
-    client_of = service_client(engine, models=(model,))  # engines keeps one client per engine and URL
-    import tinker
-
-    client = (client_of.create_sampling_client(model_path=to_sdk_path(checkpoint)) if checkpoint
-              else client_of.create_sampling_client(base_model=render.base_model(model)))
-    if isinstance(client, tinker.APIFuture):  # the SDK hands back a future of the client
-        client = client.result()
+    client = open_sampler(render.base_model(model), checkpoint, engine)  # engines keeps one service client
     renderer = render.get_renderer(model)
     futures = [(_reply_logprob(client, renderer, r["prompt"] + r["chosen"]),
                 _reply_logprob(client, renderer, r["prompt"] + r["rejected"])) for r in records]

@@ -374,7 +374,7 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
 
 def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
                    settings: Mapping[str, Any]) -> tuple[float, list[str]]:
-    from .evaluate import check_row, load_eval_rows
+    from .chat import eval_rows
     from .pricing import UnknownPrice, price_for
     from .train import prepare_data, run_estimate
 
@@ -384,8 +384,7 @@ def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str
     rows, _ = prepare_data(data)
     held = None
     if eval_data is not None:
-        held = (load_eval_rows(eval_data) if isinstance(eval_data, (str, os.PathLike))
-                else [check_row(r, line=i + 1) for i, r in enumerate(eval_data)])
+        held, _ = eval_rows(eval_data)
     total, unknown = 0.0, []
     for name, point, _seed, _log_dir in pending:
         s = {**settings, **point}

@@ -377,27 +377,22 @@ def _heldout_settings(eval_data: Any, model: str, eval_every: int | None, per_ep
                       temperature: float, steps_total: int) -> dict:
     """The held-out eval of a run, checked before anything is written: its rows (every one
     checked as evaluate() checks it, and rendered by the model's renderer), how often, how sampled."""
-    from .evaluate import _render_prompts, _renderer_for, _sha256, check_row, load_eval_rows
+    from .chat import eval_rows
+    from .results import file_sha256
+    from .sampling import render_prompts, renderer_for
 
-    if isinstance(eval_data, (str, os.PathLike)):
-        source = os.fspath(eval_data)
-        rows = load_eval_rows(source)
-    else:
-        source = None
-        if hasattr(eval_data, "to_dict") and hasattr(eval_data, "columns"):
-            eval_data = eval_data.to_dict("records")
-        rows = [check_row(r, line=i + 1) for i, r in enumerate(eval_data)]
-        if not rows:
-            raise MachineFormatError(None, "eval_data holds no eval rows")
+    if hasattr(eval_data, "to_dict") and hasattr(eval_data, "columns"):
+        eval_data = eval_data.to_dict("records")
+    rows, source = eval_rows(eval_data)
     every = per_epoch if eval_every is None else eval_every
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"eval_every must be a whole number of steps, at least 1 (got {eval_every!r})")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"eval_max_tokens must be at least 1, got {max_tokens!r}")
-    renderer, name = _renderer_for(model, None)
-    _render_prompts(renderer, rows, source)  # a row the renderer cannot format fails now, not mid-run
+    renderer, name = renderer_for(model, None)
+    render_prompts(renderer, rows, source)  # a row the renderer cannot format fails now, not mid-run
     return {"rows": [{k: v for k, v in r.items() if k != "line"} for r in rows], "source": source,
-            "source_sha256": _sha256(source) if source else None, "n": len(rows), "every": every,
+            "source_sha256": file_sha256(source), "n": len(rows), "every": every,
             "evals": -(-steps_total // every) + 1,  # steps 0, N, 2N, … before the last, and the final checkpoint
             "max_tokens": int(max_tokens), "temperature": float(temperature), "seed": 0, "renderer": name}
 

@@ -153,7 +153,7 @@ def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path, monkeyp
     assert (done.heldout_accuracy, done.best_step) == (run.heldout_accuracy, run.best_step)
 
 
-def test_observed_cost_on_the_tinker_path(corpus, tmp_path, monkeypatch):
+def test_observed_cost_on_the_tinker_path_and_the_evaluator_closes_its_session(corpus, tmp_path, monkeypatch):
     """engine="tinker" against a server that speaks Tinker's API, with prices set: the observed
     cost is the tokens the loop trained at the train price plus the eval tokens at the sampling prices."""
     from machine_nb.engines.local.server import LocalServer
@@ -166,6 +166,11 @@ def test_observed_cost_on_the_tinker_path(corpus, tmp_path, monkeypatch):
         res = sft(corpus.train, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "t",
                   max_steps=6, eval_data=corpus.valid, eval_every=3, progress=False, max_usd=1.0)
         again = read_training_log(res.log_dir)
+        # the final checkpoint's evaluator finished its SDK session: the training process is kept
+        # for the next run, and a session left open would go on heart-beating (the cookbook's
+        # loop opens its own sessions, named by their recipe)
+        ours = [s for s in server.sessions.values() if "recipe_name" not in s.user_metadata]
+        assert len(ours) == 1 and ours[0].finished
         # the guard counts the evals: a budget the training alone fits is refused, before anything is written
         train_only = json.loads((tmp_path / "t" / "machine_nb.json").read_text())["estimate"]["train_usd"]
         with pytest.raises(BudgetExceeded, match="with 3 held-out evals"):

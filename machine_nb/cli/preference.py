@@ -132,7 +132,7 @@ def _run_dpo(args: argparse.Namespace) -> int:
                                 max_steps=args.steps, max_usd=args.max_usd)
         evals = ""
         if args.eval_data:
-            from ..evaluate import load_eval_rows
+            from ..chat import load_eval_rows
             from ..pricing import UnknownPrice, check_budget, estimate_eval_cost
             from ..preference import dpo_evals
 

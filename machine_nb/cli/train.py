@@ -106,7 +106,7 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
                         max_usd=args.max_usd)
     evals = ""
     if getattr(args, "eval_data", None):
-        from ..evaluate import load_eval_rows
+        from ..chat import load_eval_rows
         from ..train import prepare_data, run_estimate
 
         rows, _ = prepare_data(args.data)
