@@ -25,28 +25,8 @@ from typing import Any
 
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 
+from .loop import eval_schedule  # noqa: F401 (importable from here, as before)
 from .runlog import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, METRICS_FILE
-
-
-def eval_schedule(start_step: int, total_steps: int, eval_every: int, *, last: bool = False) -> list[int]:
-    """The steps at which a cookbook training loop calls its evaluators, in order.
-
-    `supervised.train.main` evaluates before submitting step s when s % eval_every == 0, for s
-    from the step it starts (or resumes) at up to the last; so the eval at step s sees the
-    weights after s optimizer steps (step 0: the base model). `preference.train_dpo` also
-    evaluates before its last step (`last=True`, what dpo's evaluator is filed by).
-
-    Args:
-        start_step: the first step the loop runs (0, or where a resumed run continues).
-        total_steps: steps of the whole run. eval_every: N (0: never).
-        last: also the last step, total_steps - 1 (default False: the supervised loop's rule).
-
-    Returns:
-        The steps, ascending.
-    """
-    if eval_every <= 0:
-        return []
-    return [s for s in range(start_step, total_steps) if s % eval_every == 0 or (last and s == total_steps - 1)]
 
 
 @dataclass(frozen=True)
@@ -79,7 +59,15 @@ class HeldOutEvalBuilder:
 
     @classmethod
     def from_spec(cls, spec: dict, steps: list[int]) -> "HeldOutEvalBuilder":
-        """The builder for a training spec's `heldout` settings (what sft and dpo write)."""
+        """The builder for a training spec's `heldout` settings (what sft and dpo write).
+
+        Args:
+            spec: the run's spec (loop.child_spec).
+            steps: the loop steps at which the evaluator will be called (loop.eval_schedule).
+
+        Returns:
+            The builder.
+        """
         h = spec["heldout"]
         return cls(eval_path=h["path"], model=spec["model"], renderer=spec["renderer"], log_dir=spec["log_dir"],
                    steps=tuple(steps), source=h.get("source"), source_sha256=h.get("source_sha256"),

@@ -225,7 +225,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         error (why a run failed; the others still ran). `sweep_summary(frame)` gives one row
         per setting. A Ctrl-C stops the runs in progress and re-raises; call again to resume.
     """
-    from . import train
+    from . import loop, train
     from .runlog import new_log_dir, read_training_log
 
     points = grid_points(grid)
@@ -245,13 +245,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError(f"max_parallel must be at least 1, got {max_parallel!r}")
 
-    from . import engines
-
-    if engine is None:
-        engine = engines.engine_for(model) if model else "local"
-    if model is None:
-        model = engines.default_model(engine)
-    engines.check_model(engine, model)
+    model, engine = loop.resolve_target(model, engine)
     data_path, data_sha = _sha(data)
     eval_path, eval_sha = _sha(eval_data)
     path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
@@ -319,7 +313,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
 
     rows: dict[str, dict] = {}
     with progress_bar(total=len(runs), desc="sweep", unit="runs", enabled=None if progress else False) as bar, \
-            train.keep_runners(max_parallel):
+            loop.keep_runners(max_parallel):
         if max_parallel == 1:
             for run in runs:
                 try:
@@ -375,12 +369,10 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
 def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
                    settings: Mapping[str, Any]) -> tuple[float, list[str]]:
     from .chat import eval_rows
-    from .pricing import UnknownPrice, price_for
+    from .loop import eval_count, refuse_unpriced
     from .train import prepare_data, run_estimate
 
-    if price_for(model).train is None:
-        raise UnknownPrice(f"No training price is known for {model!r}: cannot bound the cost of the sweep. "
-                           f"Call machine_nb.pricing.set_price({model!r}, train=…) with Tinker's price.")
+    refuse_unpriced(model, what="the sweep")
     rows, _ = prepare_data(data)
     held = None
     if eval_data is not None:
@@ -394,7 +386,7 @@ def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str
             steps = min(steps, int(s["max_steps"]))
         every = eval_every or max(1, len(rows) // batch)
         est = run_estimate(rows, model, "tinker", epochs=epochs, batch_size=batch, max_steps=s.get("max_steps"),
-                           eval_rows=held, evals=(-(-steps // every) + 1) if held else 0,
+                           eval_rows=held, evals=eval_count(steps, every) if held else 0,
                            eval_max_tokens=int(s.get("eval_max_tokens", 32)))
         if est["usd"] is None:
             unknown.append(name)

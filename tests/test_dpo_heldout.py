@@ -136,6 +136,15 @@ def test_bad_eval_rows_and_overlapping_prompts_are_refused_before_anything_is_wr
     assert not (tmp_path / "never").exists()
 
 
+def test_a_pair_whose_prompt_is_in_eval_rows_in_memory_is_refused_too(train_pairs, eval_file, tmp_path):
+    held = [json.loads(x) for x in open(eval_file)]
+    held[1] = {"messages": train_pairs.iloc[2]["prompt"], "expected": "1", "match": "number"}
+    with pytest.raises(ValidationFailed, match=r"pair 3: eval_overlap: this prompt is also eval_data row 2") as err:
+        dpo(train_pairs, log_dir=tmp_path / "never", eval_data=held, **KW)
+    assert not (tmp_path / "never").exists()
+    assert list(err.value.result.errors()["code"]) == ["eval_overlap"]
+
+
 def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_changed(run, train_pairs, eval_file,
                                                                                    tmp_path, monkeypatch):
     import importlib

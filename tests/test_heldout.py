@@ -106,6 +106,24 @@ def test_bad_eval_rows_are_refused_before_anything_is_written(corpus, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_training_row_whose_prompt_is_held_out_is_refused_before_anything_is_written(corpus, tmp_path, where):
+    """Trained on what it is scored on, the held-out score would flatter the run: refused, whether
+    the eval rows come as a file or as rows in memory, naming the training line and the eval row."""
+    from machine_nb.errors import ValidationFailed
+
+    train = [json.loads(x) for x in open(corpus.train)]
+    held = [json.loads(x) for x in open(corpus.valid)][:5]
+    held[3] = {"messages": train[6]["messages"][:-1], "expected": "1", "match": "number"}  # training line 7
+    eval_data = held
+    if where == "file":
+        eval_data = tmp_path / "valid.jsonl"
+        eval_data.write_text("".join(json.dumps(r) + "\n" for r in held))
+    with pytest.raises(ValidationFailed, match=r"line 7: eval_overlap: this prompt is also (line 4 of .*valid.jsonl|eval_data row 4)"):
+        sft(corpus.train, log_dir=tmp_path / "never", eval_data=eval_data, progress=False)
+    assert not (tmp_path / "never").exists()
+
+
 def test_eval_rows_in_memory_and_the_default_once_an_epoch(corpus, tmp_path):
     rows = [json.loads(x) for x in open(corpus.valid)][:6]
     res = sft(corpus.train, log_dir=tmp_path / "mem", max_steps=12, eval_data=rows, progress=False)

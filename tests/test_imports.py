@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: dict[str, int] = {}
 for _names, _layer in [
     ("__init__ cli widgets report", 5),  # what users touch (`__init__`: the package's lazy public API)
-    ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample", 4),  # the loop's steps
+    ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample loop", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats sampling runlog", 3),  # checks and numbers
     ("select export frames results", 2),  # Machine's data as frames and lines
     ("store jsonl progress patterns redact scoring chat theme compat", 1),  # files on disk, and pure helpers under everything

@@ -107,11 +107,12 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
     evals = ""
     if getattr(args, "eval_data", None):
         from ..chat import load_eval_rows
+        from ..loop import eval_count
         from ..train import prepare_data, run_estimate
 
         rows, _ = prepare_data(args.data)
         every = args.eval_every or max(1, len(rows) // batch_size)
-        n = -(-est.steps // every) + 1  # the eval steps and the final checkpoint
+        n = eval_count(est.steps, every)  # the eval steps and the final checkpoint
         held = load_eval_rows(args.eval_data)
         both = run_estimate(rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
                             eval_rows=held, evals=n)
