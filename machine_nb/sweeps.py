@@ -85,12 +85,32 @@ def _sha(data: Any) -> tuple[str | None, str]:
     return None, hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def _read_manifest(sweep_dir: Path) -> dict:
+    """A sweep dir's sweep.json, checked: a JSON object with its grid and seeds.
+
+    Raises MachineFormatError naming the file (and the field) when it is not: broken JSON, a value
+    nested too deep, or not what `sweep` writes.
+    """
+    from .errors import MachineFormatError
+    from .jsonl import parse_json
+
+    path = sweep_dir / MANIFEST
+    manifest = parse_json(path.read_bytes(), path)
+    if not isinstance(manifest, dict):
+        raise MachineFormatError(path, "not a sweep manifest (a JSON object)")
+    if not isinstance(manifest.get("grid"), dict):
+        raise MachineFormatError(path, "the grid must be an object of setting -> values", field="grid")
+    if not isinstance(manifest.get("seeds"), list):
+        raise MachineFormatError(path, "the seeds must be a list", field="seeds")
+    return manifest
+
+
 def _claim_sweep_dir(sweep_dir: Path, manifest: dict) -> dict:
     """Check the sweep dir is new, empty, or this same sweep's; returns the manifest to write
     (grid values and seeds may grow; data, eval rows, model, engine and fixed settings may not)."""
     path = sweep_dir / MANIFEST
     if path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = _read_manifest(sweep_dir)
         for key in ("data_sha256", "eval_sha256", "model", "engine", "settings", "eval_every"):
             if saved.get(key) != manifest.get(key):
                 raise ValueError(
@@ -138,9 +158,9 @@ def _state(log_dir: Path, heldout: bool) -> str:
 
 def _check_same_run(log_dir: Path, expected: Mapping[str, Any]) -> None:
     """A run dir read back must be the run this grid point asks for (not one from an edited grid)."""
-    from .runlog import MARKER
+    from .runlog import load_marker
 
-    saved = json.loads((log_dir / MARKER).read_text(encoding="utf-8"))
+    saved = load_marker(log_dir)
     for key, value in expected.items():
         have = saved.get(key)
         if key.startswith("eval_") and isinstance(saved.get("heldout"), dict):
@@ -425,7 +445,7 @@ def read_sweep(sweep_dir: str | os.PathLike):
     path = Path(sweep_dir)
     if not (path / MANIFEST).exists():
         raise FileNotFoundError(f"No sweep at {path} (no {MANIFEST})")
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    manifest = _read_manifest(path)
     settings = manifest.get("settings") or {}
     eval_settings = {"eval_max_tokens": settings.get("eval_max_tokens", 32),
                      "eval_temperature": settings.get("eval_temperature", 0.0)}
