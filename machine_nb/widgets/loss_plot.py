@@ -278,16 +278,43 @@ class LossPlot(StaticFallback, widgets.VBox):
                     sig.append(None)
         return tuple(sig)
 
+    def poll(self) -> bool:
+        """Check the log dirs once, as the background thread does every `refresh_s`.
+
+        Redraws when their files changed since the last draw, and draws the final state (also
+        into the saved notebook) once every run has finished.
+
+        Returns:
+            Whether every run has finished (the thread stops then).
+        """
+        if self._signature() != self._seen:
+            self.refresh()
+        if self.finished():
+            self.refresh(final=True)
+            return True
+        return False
+
     def _poll(self) -> None:
         while not self._stop.wait(self.refresh_s):
-            if self._signature() != self._seen:
-                try:
-                    self.refresh()
-                except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
-                    self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
-            if self.finished():
-                self.refresh(final=True)
-                break
+            try:
+                if self.poll():
+                    break
+            except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
+                self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the background poll ends: every run finished, or `stop()` was called.
+
+        Args:
+            timeout: seconds to wait at most (default None: as long as it takes).
+
+        Returns:
+            Whether the poll has ended (False: still live after `timeout`).
+        """
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        return not self.live
 
     def stop(self) -> None:
         """Stop the live polling and draw what the files hold now; the saved notebook keeps it."""
