@@ -2,13 +2,14 @@
 
 `HeldOutEvaluator` is a cookbook `SamplingClientEvaluator`: the loop hands it a sampling client
 on a fresh snapshot of the weights (the real SDK's, on either engine), it samples every eval row
-and scores it with evaluate.py's own rules (match modes, format regexes, the regex time bound),
+(sampling.py) and scores it with evaluate()'s own rules (scoring.py: match modes, format regexes,
+the regex time bound),
 appends the per-row results of that step to `<log dir>/heldout.jsonl` (the cookbook's interface
 returns floats only) and returns held-out accuracy and format rate, which the loop logs into
 `metrics.jsonl` itself (`supervised.train` for sft, `preference.train_dpo` for dpo). It runs in the
-training child process (runner.py); `HeldOutEvalBuilder` is the plain, JSON-shaped builder the
-cookbook's Config holds (its fields land in config.json).
-Reading the results back is runlog.py's (`heldout_curve`, `heldout_results`).
+training child process (runner.run_loop puts it in the loop); `HeldOutEvalBuilder` is the plain,
+JSON-shaped builder the cookbook's Config holds (its fields land in config.json). Reading the
+results back is runlog.py's (`heldout_curve`, `heldout_results`).
 
 This module imports tinker-cookbook at the top (a class must subclass the cookbook's), so only
 the child and code that already loaded the cookbook import it.
@@ -33,13 +34,21 @@ from .runlog import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT
 class HeldOutEvalBuilder:
     """Builds the evaluator for the cookbook's `evaluator_builders` (called once, in the child).
 
-    eval_path: the checked eval rows the run copied into its log dir. model / renderer: whose
-    renderer formats prompts and parses replies. log_dir: where heldout.jsonl goes. steps: the
-    loop steps at which it will be called, in order (see eval_schedule); each result is filed
-    under its step. source / source_sha256: the eval file the user gave (recorded with every
-    score). max_tokens / temperature / seed: sampling, as evaluate() takes them (defaults 32,
-    greedy, 0): scores move with them, so they are recorded with every score. concurrency:
-    requests in flight (default 8).
+    Its fields land in the run's config.json, so they are plain values.
+
+    Args:
+        eval_path: the checked eval rows the run copied into its log dir.
+        model: the base model, whose renderer formats prompts and parses replies.
+        renderer: that renderer's name.
+        log_dir: where heldout.jsonl goes.
+        steps: the loop steps at which it will be called, in order (loop.eval_schedule); each
+            result is filed under its step (default (): none).
+        source: the eval file the user gave, recorded with every score (default None: rows in memory).
+        source_sha256: its SHA-256 (default None).
+        max_tokens: a reply's budget, as evaluate() takes it (default 32); recorded with every score.
+        temperature: the sampling temperature (default 0.0: greedy); recorded too.
+        seed: the sampling seed (default 0).
+        concurrency: requests in flight (default 8).
     """
 
     eval_path: str
@@ -79,8 +88,13 @@ class HeldOutEvalBuilder:
 class HeldOutEvaluator(SamplingClientEvaluator):
     """Samples and scores the held-out rows through the sampling client the loop hands it.
 
-    Returns `{"test/accuracy", "test/format_rate" (rows with a format only), "test/max_tokens",
-    "test/temperature"}` and appends the step's per-row results to heldout.jsonl.
+    Called with the client, it returns `{"test/accuracy", "test/format_rate" (rows with a format
+    only), "test/max_tokens", "test/temperature"}` and appends the step's per-row results to
+    heldout.jsonl.
+
+    Args:
+        builder: its settings.
+        calls: how many times the loop called it so far (default 0; picks the step of the next call).
     """
 
     builder: HeldOutEvalBuilder
@@ -106,7 +120,17 @@ class HeldOutEvaluator(SamplingClientEvaluator):
         return await self.run(sampling_client, step)
 
     async def run(self, sampling_client: Any, step: int | None, *, final: bool = False) -> dict[str, float]:
-        """Evaluate through `sampling_client`, file the results under `step`; returns the metrics."""
+        """Sample and score every eval row, and append the step's results to heldout.jsonl.
+
+        Args:
+            sampling_client: the SDK's sampling client on the weights to score.
+            step: the step the results are filed under (None: past the schedule).
+            final: whether these are the final checkpoint's (default False).
+
+        Returns:
+            The metrics the loop logs: test/accuracy, test/format_rate (rows with a format only),
+            test/max_tokens, test/temperature.
+        """
         from .chat import prompt_text
         from .sampling import sample_rows
         from .scoring import score_row
@@ -161,8 +185,9 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     itself never evaluates) and log it as the metrics row of step `total_steps`.
 
     Args:
-        builder: the run's evaluator builder. base_url: the engine's URL (the SDK's key comes
-            from the environment, as for the loop). total_steps: steps the run trained.
+        builder: the run's evaluator builder.
+        base_url: the engine's URL (the SDK's key comes from the environment, as for the loop).
+        total_steps: steps the run trained.
 
     Returns:
         The metrics, or None when the run saved no final sampler checkpoint.

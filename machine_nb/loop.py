@@ -592,8 +592,11 @@ def estimate_run(kind: str, items: Any, model: str, engine: str, *, epochs: int,
         kind: "sft" (pricing.estimate_cost) or "dpo" (pricing.estimate_dpo_cost: training, the
             policy's forward pass and the reference model's).
         items: the training rows or the pairs.
-        model: the model. engine: "local" (free) or "tinker".
-        epochs / batch_size / max_steps: as the run takes them.
+        model: the model.
+        engine: "local" (free) or "tinker".
+        epochs: passes over the data.
+        batch_size: items a step.
+        max_steps: the step cap (None: none).
         eval_rows: the held-out rows (default None: no evals).
         evals: how many times they are scored (`eval_count`; default 0).
         eval_max_tokens: output tokens a reply (default 32).
@@ -687,11 +690,17 @@ def prepare_log_dir(settings: RunSettings, data: RunData, heldout: HeldOut | Non
     run record written atomically; or a resumed one, its record brought up to date.
 
     Args:
-        settings / data / heldout / checked: what the run is, as preflight passed it.
+        settings: the run's settings.
+        data: its data.
+        heldout: its held-out evals, or None.
+        checked: its preflight (the estimate goes into the record).
         resumed: the run being resumed, or None.
-        log_dir / workspace / name: where a new run goes (default: runlog.new_log_dir).
+        log_dir: a new run's dir (None: runlog.new_log_dir under `workspace`, or under runs/).
+        workspace: see log_dir (None: none).
+        name: the new dir's name (None: `<kind>-<time>-<hex>`).
         source: the data as the call gave it (its path is recorded).
-        per_epoch / steps: steps an epoch, the run's steps.
+        per_epoch: steps an epoch.
+        steps: the run's steps.
 
     Returns:
         (the log dir, what was in it before the run: runlog.log_entries, empty for a new one).
@@ -729,9 +738,11 @@ def child_spec(module: str, settings: RunSettings, data: RunData, path: Path, ch
 
     Args:
         module: the module whose `child_run(spec)` builds the cookbook's Config and runs it.
-        settings / data / heldout: the run.
+        settings: the run's settings.
+        data: its data (the file the loop reads).
         path: its log dir.
         checked: its preflight (the service's URL).
+        heldout: its held-out evals, or None.
         **extra: the kind's own keys.
 
     Returns:
@@ -798,9 +809,12 @@ def train(settings: RunSettings, data: RunData, *, module: str, eval_data: Any, 
         module: the module whose `child_run` runs the loop in the child.
         eval_data: the held-out rows (see `plan_heldout`), or None.
         resumed: the run being resumed, or None.
-        log_dir / workspace / name: where a new run goes.
+        log_dir: where a new run goes (see `prepare_log_dir`).
+        workspace: see `prepare_log_dir`.
+        name: see `prepare_log_dir`.
         source: the data as the call gave it.
-        progress / on_metrics: see `run`.
+        progress: see `run`.
+        on_metrics: see `run`.
         **spec_extra: the kind's own keys for the child.
 
     Returns:

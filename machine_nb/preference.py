@@ -138,11 +138,16 @@ def read_dpo_log(log_dir: str | os.PathLike) -> TrainResult:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DPOResult":  # one result class for sft and dpo runs now
-        from .compat import deprecated_alias
+    from .compat import deprecated_alias
 
+    if name == "DPOResult":  # one result class for sft and dpo runs now
         deprecated_alias("machine_nb.preference.DPOResult", "machine_nb.TrainResult (kind='dpo')")
         return TrainResult
+    if name == "dpo_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
+        import functools
+
+        deprecated_alias("machine_nb.preference.dpo_estimate(…)", "machine_nb.loop.estimate_run('dpo', …)")
+        return functools.partial(loop.estimate_run, "dpo")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -345,17 +350,20 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         engine: "local" or "tinker"; default None = the model's (or checkpoint's) own.
         beta: the DPO loss's KL coefficient (default 0.1, the cookbook's): higher keeps the policy
             closer to the reference model.
-        learning_rate: default None = for a local LoRA 3e-3 from the base model and 1e-4 from a
-            checkpoint (see LOCAL_DPO_LEARNING_RATE), the cookbook's 1e-5 on Tinker;
-            `lr_schedule` "linear" (default) decays it to 0.
-        epochs: passes over the pairs (default 10). max_steps: stop after this many (default None).
+        learning_rate: default None = LOCAL_DPO_LEARNING_RATE for a local LoRA from the base model,
+            LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE from a checkpoint, the cookbook's
+            TINKER_DPO_LEARNING_RATE on Tinker; `lr_schedule` applies.
+        epochs: passes over the pairs (default 10).
+        max_steps: stop after this many steps (default None: epochs x full batches).
         batch_size: pairs per step (default 8; each is two sequences; the partial last batch is dropped).
         lora_rank: default None = 8 for local models, 32 on Tinker. With `load_checkpoint` the
             checkpoint's own rank applies.
         load_checkpoint: start from an SFT run's weights: its TrainResult, its log dir, or a
             `tinker://…/weights/<name>` state path (default None: the base model, fresh LoRA).
-        log_dir / workspace / name: where the run writes (default a fresh `runs/dpo-<time>-<hex>`, or
-            `<workspace>/.machine/training/<name>`); it must be new or empty.
+        log_dir: where the run writes; it must be new or empty (default None: a fresh
+            `runs/dpo-<time>-<hex>` under the cwd, or under `workspace`).
+        workspace: default None; a workspace puts the log dir in `<workspace>/.machine/training/`.
+        name: the log dir's name there (default None: `dpo-<time>-<hex>`).
         resume: a log dir of an interrupted dpo run to continue from its last checkpoint, with the
             settings (held-out evals included) it was started with. Steps already done are not
             repeated, and the optimizer state and learning-rate schedule carry on, but the resumed
@@ -366,24 +374,29 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             from an uninterrupted run's; steps 0 to k-1 are the same. The result says so
             (`resumed_at`, `note`).
         seed: the order the pairs are written in (default 0), which the cookbook shuffles per epoch.
-        max_length: tokens per sequence (default None = the local model's context, 128; none on Tinker).
+        max_length: tokens per sequence (default None = a local model's context, 128 for
+            `local/arith-tiny`; no limit on Tinker).
+        lr_schedule: the cookbook's schedule (default "linear": decays to 0).
         save_every: checkpoint every N steps (default 20, the cookbook's).
         max_usd: Tinker budget, refused before spending when the estimate (pricing.estimate_dpo_cost:
             training, the policy's forward pass and the reference model's, plus the held-out evals
             at `eval_max_tokens` a reply) is over it; an unknown training or prefill price is always
             refused, an unknown sampling price whenever a budget is set. Local runs cost 0.
         base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
-        progress: show a progress bar (steps, dpo loss, pair accuracy, last held-out accuracy).
-        on_metrics: default None; called in the caller's thread with each list of new metrics rows.
+        progress: show a progress bar (steps, dpo loss, pair accuracy, last held-out accuracy);
+            default None: in a notebook or terminal unless MACHINE_NB_PROGRESS=0.
+        on_metrics: default None; called in the caller's thread with each list of new metrics rows
+            (e.g. a LossPlot's `update`).
         eval_data: held-out eval rows to score while training (a JSONL path or a list of row dicts,
             evaluate()'s shape); every row is checked before anything is written, a pair whose
-            prompt is in the eval file is refused, and a copy goes to `<log dir>/heldout_data.jsonl`.
+            prompt is one of them is refused, and a copy goes to `<log dir>/heldout_data.jsonl`.
             Default None: no held-out evals. Choose on a validation set, report on another.
         eval_every: score every N steps (the eval at step s sees the weights after s steps; step 0
             is the starting weights); the cookbook's DPO loop also scores before its last step.
             Default None = once an epoch (pairs // batch_size steps).
-        eval_max_tokens / eval_temperature: the evals' sampling, as evaluate() takes it (default
-            32 tokens, greedy); recorded with every score.
+        eval_max_tokens: the evals' reply budget, as evaluate() takes it (default 32); recorded
+            with every score.
+        eval_temperature: the evals' sampling temperature (default 0.0: greedy); recorded too.
 
     Returns:
         A TrainResult (kind "dpo") read back from the log dir (`read_training_log`): steps, tokens,
@@ -414,28 +427,6 @@ def dpo_evals(steps: int, every: int) -> int:
         The number of evals.
     """
     return loop.eval_count(steps, every, last=True)
-
-
-def dpo_estimate(records: Any, model: str, engine: str, *, epochs: int, batch_size: int, max_steps: int | None,
-                 eval_rows: Any = None, evals: int = 0, eval_max_tokens: int = 32) -> dict[str, Any]:
-    """What a DPO run is estimated to cost before it starts: training (pricing.estimate_dpo_cost)
-    plus its held-out evals.
-
-    Args:
-        records: the pairs.
-        model: the model. engine: "local" (free) or "tinker".
-        epochs / batch_size / max_steps: as dpo takes them.
-        eval_rows: the held-out rows (default None: no evals).
-        evals: how many times they are scored (`dpo_evals`; default 0).
-        eval_max_tokens: output tokens a reply (default 32).
-
-    Returns:
-        loop.estimate_run's dict: usd (None when a price is unknown), train_usd (training, policy
-        forward and reference forward), eval_usd, tokens (both sequences of every pair), evals,
-        exact, price_source, price_date; 0 on the local engine.
-    """
-    return loop.estimate_run("dpo", records, model, engine, epochs=epochs, batch_size=batch_size,
-                             max_steps=max_steps, eval_rows=eval_rows, evals=evals, eval_max_tokens=eval_max_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,7 +491,8 @@ def _reply_logprob(client: Any, renderer: Any, messages: list[dict]) -> Any:
     return _Sum()
 
 
-def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None):
+def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None,
+                engine: str | None = None) -> "pd.DataFrame":
     """How a model (or checkpoint) ranks each pair's replies: the summed log-probability of each.
 
     Pair accuracy, the share of pairs whose chosen reply is the more likely one, is
@@ -550,5 +542,5 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
 
-__all__ = ["dpo", "score_pairs", "read_dpo_log", "resume_note", "dpo_estimate", "dpo_evals", "child_run",
+__all__ = ["dpo", "score_pairs", "read_dpo_log", "resume_note", "dpo_evals", "child_run",
            "SCORE_COLUMNS", "STEP_KEY"]

@@ -114,6 +114,10 @@ def main() -> int:
     The process stays for the next run (tinker-cookbook and the SDK take seconds to import);
     each run applies the environment and working directory its spec carries, and writes its
     console output to the spec's `log` file.
+
+    Returns:
+        The exit code after an error (1) or an interrupt (130); it never returns otherwise (the
+        process exits when its stdin closes).
     """
     import queue
 

@@ -19,9 +19,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import BudgetExceeded
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: The sft settings a grid may sweep (any other sft keyword can be fixed through `**settings`).
 AXES = ("learning_rate", "epochs", "lora_rank", "batch_size", "max_steps", "lr_schedule", "max_length",
@@ -43,7 +46,15 @@ def _value_text(value: Any) -> str:
 
 
 def run_name(settings: Mapping[str, Any], seed: int) -> str:
-    """A run's dir name: `learning_rate=0.003_epochs=10_seed=0` (file-name safe)."""
+    """A run's dir name in a sweep dir.
+
+    Args:
+        settings: the grid point (setting -> value, in the grid's order).
+        seed: the run's seed.
+
+    Returns:
+        `learning_rate=0.003_epochs=10_seed=0` (file-name safe).
+    """
     import re
 
     parts = [f"{k}={_value_text(v)}" for k, v in settings.items()] + [f"seed={seed}"]
@@ -53,7 +64,15 @@ def run_name(settings: Mapping[str, Any], seed: int) -> str:
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first axis slowest (like nested loops).
 
-    Raises TypeError / ValueError for an axis sft cannot sweep or an empty or non-list axis.
+    Args:
+        grid: setting -> its values (settings: AXES).
+
+    Returns:
+        One dict per grid point.
+
+    Raises:
+        ValueError: no axes, an axis sft cannot sweep (or the seed), or a repeated value.
+        TypeError: an axis whose values are not a non-empty list.
     """
     if not isinstance(grid, Mapping) or not grid:
         raise ValueError("grid needs at least one axis, e.g. grid={'learning_rate': [1e-3, 3e-3]}")
@@ -205,7 +224,7 @@ class _Stopped(Exception):
 def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] = (0,), eval_data: Any = None,
           eval_every: int | None = None, model: str | None = None, engine: str | None = None,
           sweep_dir: str | os.PathLike | None = None, max_parallel: int = 1, max_usd: float | None = None,
-          progress: bool = True, **settings: Any):
+          progress: bool | None = None, **settings: Any) -> "pd.DataFrame":
     """Train one run per grid point and seed with `sft`, and return one row per run.
 
     Args:
@@ -218,7 +237,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             eval_data). Default None: losses only. Sweep on a validation set (the corpus's
             valid.jsonl) and report the chosen setting once on another (eval.jsonl).
         eval_every: sft's (default None: once an epoch).
-        model / engine: as sft takes them (default: the local engine's model).
+        model: as sft takes it (default None: the engine's model; local/arith-tiny locally).
+        engine: as sft takes it (default None: the model's).
         sweep_dir: where the runs go, one log dir each named by `run_name`, plus sweep.json.
             Default None: a fresh `runs/sweep-<UTC time>-<hex>`. Pass the same dir again to
             resume: finished runs are read back, interrupted ones resumed exactly, the rest run.
@@ -232,7 +252,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             to run is priced (training plus its held-out evals) and the sum is refused with
             BudgetExceeded when over it, or when a price is unknown. Default None: no budget (a
             model without a training price is still refused). Local runs cost 0.
-        progress: a progress bar over the runs (default True).
+        progress: a progress bar over the runs (default None: in a notebook or terminal unless
+            MACHINE_NB_PROGRESS=0; machine_nb.progress decides). The runs themselves show none.
         **settings: other sft keywords, the same for every run (e.g. batch_size=8, lora_rank=8).
 
     Returns:
@@ -332,7 +353,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     from .progress import progress as progress_bar
 
     rows: dict[str, dict] = {}
-    with progress_bar(total=len(runs), desc="sweep", unit="runs", enabled=None if progress else False) as bar, \
+    with progress_bar(total=len(runs), desc="sweep", unit="runs", enabled=progress) as bar, \
             loop.keep_runners(max_parallel):
         if max_parallel == 1:
             for run in runs:
@@ -374,7 +395,13 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
     """What a sweep's runs are estimated to cost on Tinker: training plus held-out evals, summed.
 
     Args:
-        data, grid, seeds, eval_data, eval_every, model, **settings: as `sweep` takes them.
+        data: as `sweep` takes it.
+        grid: as `sweep` takes it.
+        seeds: as `sweep` takes them (default (0,)).
+        eval_data: as `sweep` takes it (default None: no held-out evals to price).
+        eval_every: as `sweep` takes it (default None: once an epoch).
+        model: the Tinker model the runs would train.
+        **settings: other sft settings, as `sweep` takes them.
 
     Returns:
         (USD of the runs that can be priced, names of the runs that cannot).
@@ -389,8 +416,8 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
 def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
                    settings: Mapping[str, Any]) -> tuple[float, list[str]]:
     from .chat import eval_rows
-    from .loop import eval_count, refuse_unpriced
-    from .train import prepare_data, run_estimate
+    from .loop import estimate_run, eval_count, refuse_unpriced
+    from .train import prepare_data
 
     refuse_unpriced(model, what="the sweep")
     rows, _ = prepare_data(data)
@@ -405,8 +432,8 @@ def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str
         if s.get("max_steps") is not None:
             steps = min(steps, int(s["max_steps"]))
         every = eval_every or max(1, len(rows) // batch)
-        est = run_estimate(rows, model, "tinker", epochs=epochs, batch_size=batch, max_steps=s.get("max_steps"),
-                           eval_rows=held, evals=eval_count(steps, every) if held else 0,
+        est = estimate_run("sft", rows, model, "tinker", epochs=epochs, batch_size=batch,
+                           max_steps=s.get("max_steps"), eval_rows=held, evals=eval_count(steps, every) if held else 0,
                            eval_max_tokens=int(s.get("eval_max_tokens", 32)))
         if est["usd"] is None:
             unknown.append(name)
@@ -427,7 +454,7 @@ def _guard_cost(data: Any, eval_data: Any, eval_every: int | None, model: str, p
     check_budget(total, max_usd, f"the sweep's {len(pending)} run(s) still to run")
 
 
-def read_sweep(sweep_dir: str | os.PathLike):
+def read_sweep(sweep_dir: str | os.PathLike) -> "pd.DataFrame":
     """A sweep dir read back as `sweep` returns it, without running anything.
 
     Args:
@@ -439,6 +466,7 @@ def read_sweep(sweep_dir: str | os.PathLike):
 
     Raises:
         FileNotFoundError: when the dir holds no sweep.json.
+        MachineFormatError: a sweep.json that cannot be read, naming it.
     """
     from .runlog import read_training_log
 
@@ -471,8 +499,15 @@ SUMMARY_COLUMNS = ["seeds", "metric", "mean", "sd", "min", "max", "ci_low", "ci_
                    "final_loss", "estimated_usd", "cost_usd"]
 
 
-def axes_of(frame: Any) -> list[str]:
-    """The grid's axes in a sweep frame: the columns between `run` and `seed`."""
+def axes_of(frame: "pd.DataFrame") -> list[str]:
+    """The grid's axes in a sweep frame.
+
+    Args:
+        frame: what `sweep` or `read_sweep` returned.
+
+    Returns:
+        The columns between `run` and `seed` ([] for another frame).
+    """
     cols = list(frame.columns)
     return cols[cols.index("run") + 1:cols.index("seed")] if "run" in cols and "seed" in cols else []
 
@@ -493,7 +528,7 @@ def _pooled_rows(log_dirs: Sequence[str]) -> Any:
     return out
 
 
-def sweep_summary(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95):
+def sweep_summary(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: float = 0.95) -> "pd.DataFrame":
     """One row per setting of a sweep frame: the metric over seeds, with its spread and an interval.
 
     Args:
@@ -546,7 +581,8 @@ def _setting_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
     return ", ".join(f"{a}={_value_text(row[a])}" for a in axes) or "the one setting"
 
 
-def verdict(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95, summary: Any = None) -> str:
+def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: float = 0.95,
+            summary: "pd.DataFrame | None" = None) -> str:
     """What a sweep shows, in plain words, with its uncertainty.
 
     Names the best setting by the metric's mean over seeds (highest accuracy, or lowest for a
@@ -555,8 +591,10 @@ def verdict(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95
     and p) and says whether the grid can tell them apart.
 
     Args:
-        frame: a sweep frame. metric: as in sweep_summary. level: the confidence level.
-        summary: its sweep_summary, when already computed.
+        frame: a sweep frame.
+        metric: as in sweep_summary (default "heldout_accuracy").
+        level: the confidence level (default 0.95).
+        summary: its sweep_summary, when already computed (default None: computed here).
 
     Returns:
         A paragraph of plain text.

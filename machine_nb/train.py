@@ -234,23 +234,15 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
     return sft(data, model, engine, max_steps=steps, batch_size=batch_size, **kwargs)
 
 
-def run_estimate(rows: Any, model: str, engine: str, *, epochs: int, batch_size: int, max_steps: int | None,
-                 eval_rows: Any = None, evals: int = 0, eval_max_tokens: int = 32) -> dict[str, Any]:
-    """What an sft run is estimated to cost before it starts: training plus its held-out evals.
+def __getattr__(name: str) -> Any:
+    if name == "run_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
+        import functools
 
-    Args:
-        rows: the training rows as sft trains them.
-        model: the model. engine: "local" (free) or "tinker".
-        epochs / batch_size / max_steps: as sft takes them.
-        eval_rows: the held-out rows (default None: no evals).
-        evals: how many times they are scored (loop.eval_count; default 0).
-        eval_max_tokens: output tokens a reply (default 32).
+        from .compat import deprecated_alias
 
-    Returns:
-        loop.estimate_run's dict: usd, train_usd, eval_usd, tokens, evals, exact, price_source, price_date.
-    """
-    return loop.estimate_run("sft", rows, model, engine, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
-                             eval_rows=eval_rows, evals=evals, eval_max_tokens=eval_max_tokens)
+        deprecated_alias("machine_nb.train.run_estimate(…)", "machine_nb.loop.estimate_run('sft', …)")
+        return functools.partial(loop.estimate_run, "sft")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,7 +381,7 @@ def child_run(spec: dict) -> None:
     run_loop(spec, config, main, last=False)
 
 
-__all__ = ["sft", "smoke", "prepare_data", "run_estimate", "SFTSettings", "SFTData", "exact_resume_point",
+__all__ = ["sft", "smoke", "prepare_data", "SFTSettings", "SFTData", "exact_resume_point",
            "child_run", "keep_runners", "run_cookbook", "TrainResult", "read_training_log", "training_metrics",
            "heldout_curve", "heldout_results", "loss_metric", "new_log_dir", "LOCAL_LORA_RANK", "TINKER_LORA_RANK",
            "LOCAL_LEARNING_RATE", "LOCAL_FULL_LEARNING_RATE", "TINKER_LEARNING_RATE", "SFT_LOSS", "DPO_LOSS",

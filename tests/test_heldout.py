@@ -264,6 +264,14 @@ def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path)
         assert importlib.import_module("machine_nb.preference").DPOResult is TrainResult
     assert [w.category for w in said] == [DeprecationWarning, DeprecationWarning]
     assert "to_dict" in str(said[0].message) and "TrainResult" in str(said[1].message)
+    # the estimates are one function now: the old names still answer, with a warning
+    from machine_nb import loop, preference, train
+
+    with pytest.warns(DeprecationWarning, match=r"estimate_run\('sft'"):
+        old = train.run_estimate
+    with pytest.warns(DeprecationWarning, match=r"estimate_run\('dpo'"):
+        old_dpo = preference.dpo_estimate
+    assert (old.func, old.args, old_dpo.func, old_dpo.args) == (loop.estimate_run, ("sft",), loop.estimate_run, ("dpo",))
 
 
 def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus, tmp_path, capsys):
