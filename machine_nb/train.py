@@ -13,6 +13,7 @@ here too).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -339,20 +340,29 @@ def exact_resume_point(log_dir: str, config: Any) -> dict | None:
 async def _final_from_state(config: Any, record: dict) -> None:
     """The final checkpoint of a run whose saved state already holds every step: the state
     loaded (weights and optimizer) and saved again as "final", as the cookbook's loop ends a run
-    (its loop would train nothing and so save no final checkpoint)."""
+    (its loop would train nothing and so save no final checkpoint). Its SDK session is finished
+    when it is done."""
     import tinker
     from tinker_cookbook import checkpoint_utils
     from tinker_cookbook.utils.git_rev import recipe_user_metadata
 
     service = tinker.ServiceClient(base_url=config.base_url, user_metadata=recipe_user_metadata(config.recipe_name))
-    metadata: dict[str, str] = {}
-    checkpoint_utils.add_renderer_name_to_user_metadata(metadata, config.renderer_name)
-    client = await service.create_training_client_from_state_with_optimizer_async(record["state_path"],
-                                                                                   user_metadata=metadata)
-    await checkpoint_utils.save_checkpoint_async(
-        training_client=client, name="final", log_path=config.log_path, kind="both",
-        loop_state={"epoch": config.num_epochs, "batch": 0, "elapsed_tokens": int(record.get("elapsed_tokens", 0))},
-        ttl_seconds=None)
+    status = "errored"
+    try:
+        metadata: dict[str, str] = {}
+        checkpoint_utils.add_renderer_name_to_user_metadata(metadata, config.renderer_name)
+        client = await service.create_training_client_from_state_with_optimizer_async(record["state_path"],
+                                                                                       user_metadata=metadata)
+        await checkpoint_utils.save_checkpoint_async(
+            training_client=client, name="final", log_path=config.log_path, kind="both",
+            loop_state={"epoch": config.num_epochs, "batch": 0,
+                        "elapsed_tokens": int(record.get("elapsed_tokens", 0))},
+            ttl_seconds=None)
+        status = "success"
+    finally:
+        # the training process is kept for the next run: a session left open would go on heart-beating
+        with contextlib.suppress(Exception):  # a server already gone has no session to finish
+            service.close(status).result(timeout=30)
 
 
 def child_run(spec: dict) -> None:
