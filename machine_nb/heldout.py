@@ -2,13 +2,14 @@
 
 `HeldOutEvaluator` is a cookbook `SamplingClientEvaluator`: the loop hands it a sampling client
 on a fresh snapshot of the weights (the real SDK's, on either engine), it samples every eval row
-and scores it with evaluate.py's own rules (match modes, format regexes, the regex time bound),
+(sampling.py) and scores it with evaluate()'s own rules (scoring.py: match modes, format regexes,
+the regex time bound),
 appends the per-row results of that step to `<log dir>/heldout.jsonl` (the cookbook's interface
 returns floats only) and returns held-out accuracy and format rate, which the loop logs into
 `metrics.jsonl` itself (`supervised.train` for sft, `preference.train_dpo` for dpo). It runs in the
-training child process (runner.py); `HeldOutEvalBuilder` is the plain, JSON-shaped builder the
-cookbook's Config holds (its fields land in config.json).
-Reading the results back is train.py's (`heldout_curve`, `heldout_results`).
+training child process (runner.run_loop puts it in the loop); `HeldOutEvalBuilder` is the plain,
+JSON-shaped builder the cookbook's Config holds (its fields land in config.json). Reading the
+results back is runlog.py's (`heldout_curve`, `heldout_results`).
 
 This module imports tinker-cookbook at the top (a class must subclass the cookbook's), so only
 the child and code that already loaded the cookbook import it.
@@ -16,7 +17,7 @@ the child and code that already loaded the cookbook import it.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
 import time
@@ -25,41 +26,29 @@ from typing import Any
 
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 
-from .train import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX
-
-
-def eval_schedule(start_step: int, total_steps: int, eval_every: int, *, last: bool = False) -> list[int]:
-    """The steps at which a cookbook training loop calls its evaluators, in order.
-
-    `supervised.train.main` evaluates before submitting step s when s % eval_every == 0, for s
-    from the step it starts (or resumes) at up to the last; so the eval at step s sees the
-    weights after s optimizer steps (step 0: the base model). `preference.train_dpo` also
-    evaluates before its last step (`last=True`, what dpo's evaluator is filed by).
-
-    Args:
-        start_step: the first step the loop runs (0, or where a resumed run continues).
-        total_steps: steps of the whole run. eval_every: N (0: never).
-        last: also the last step, total_steps - 1 (default False: the supervised loop's rule).
-
-    Returns:
-        The steps, ascending.
-    """
-    if eval_every <= 0:
-        return []
-    return [s for s in range(start_step, total_steps) if s % eval_every == 0 or (last and s == total_steps - 1)]
+from .loop import eval_schedule  # noqa: F401 (importable from here, as before)
+from .runlog import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, METRICS_FILE
 
 
 @dataclass(frozen=True)
 class HeldOutEvalBuilder:
     """Builds the evaluator for the cookbook's `evaluator_builders` (called once, in the child).
 
-    eval_path: the checked eval rows the run copied into its log dir. model / renderer: whose
-    renderer formats prompts and parses replies. log_dir: where heldout.jsonl goes. steps: the
-    loop steps at which it will be called, in order (see eval_schedule); each result is filed
-    under its step. source / source_sha256: the eval file the user gave (recorded with every
-    score). max_tokens / temperature / seed: sampling, as evaluate() takes them (defaults 32,
-    greedy, 0): scores move with them, so they are recorded with every score. concurrency:
-    requests in flight (default 8).
+    Its fields land in the run's config.json, so they are plain values.
+
+    Args:
+        eval_path: the checked eval rows the run copied into its log dir.
+        model: the base model, whose renderer formats prompts and parses replies.
+        renderer: that renderer's name.
+        log_dir: where heldout.jsonl goes.
+        steps: the loop steps at which it will be called, in order (loop.eval_schedule); each
+            result is filed under its step (default (): none).
+        source: the eval file the user gave, recorded with every score (default None: rows in memory).
+        source_sha256: its SHA-256 (default None).
+        max_tokens: a reply's budget, as evaluate() takes it (default 32); recorded with every score.
+        temperature: the sampling temperature (default 0.0: greedy); recorded too.
+        seed: the sampling seed (default 0).
+        concurrency: requests in flight (default 8).
     """
 
     eval_path: str
@@ -79,7 +68,15 @@ class HeldOutEvalBuilder:
 
     @classmethod
     def from_spec(cls, spec: dict, steps: list[int]) -> "HeldOutEvalBuilder":
-        """The builder for a training spec's `heldout` settings (what sft and dpo write)."""
+        """The builder for a training spec's `heldout` settings (what sft and dpo write).
+
+        Args:
+            spec: the run's spec (loop.child_spec).
+            steps: the loop steps at which the evaluator will be called (loop.eval_schedule).
+
+        Returns:
+            The builder.
+        """
         h = spec["heldout"]
         return cls(eval_path=h["path"], model=spec["model"], renderer=spec["renderer"], log_dir=spec["log_dir"],
                    steps=tuple(steps), source=h.get("source"), source_sha256=h.get("source_sha256"),
@@ -91,8 +88,13 @@ class HeldOutEvalBuilder:
 class HeldOutEvaluator(SamplingClientEvaluator):
     """Samples and scores the held-out rows through the sampling client the loop hands it.
 
-    Returns `{"test/accuracy", "test/format_rate" (rows with a format only), "test/max_tokens",
-    "test/temperature"}` and appends the step's per-row results to heldout.jsonl.
+    Called with the client, it returns `{"test/accuracy", "test/format_rate" (rows with a format
+    only), "test/max_tokens", "test/temperature"}` and appends the step's per-row results to
+    heldout.jsonl.
+
+    Args:
+        builder: its settings.
+        calls: how many times the loop called it so far (default 0; picks the step of the next call).
     """
 
     builder: HeldOutEvalBuilder
@@ -101,13 +103,14 @@ class HeldOutEvaluator(SamplingClientEvaluator):
 
     def _prepare(self) -> tuple[list[dict], Any, list[Any], Any]:
         if self._prepared is None:
-            from .evaluate import _render_prompts, _renderer_for, _sampling_params, load_eval_rows
+            from .chat import load_eval_rows
+            from .sampling import render_prompts, renderer_for, sampling_params
 
             b = self.builder
             rows = load_eval_rows(b.eval_path)
-            renderer, _ = _renderer_for(b.model, b.renderer)
-            prompts = _render_prompts(renderer, rows, b.eval_path)
-            params = _sampling_params(b.max_tokens, b.temperature, b.seed, renderer)
+            renderer, _ = renderer_for(b.model, b.renderer)
+            prompts = render_prompts(renderer, rows, b.eval_path)
+            params = sampling_params(b.max_tokens, b.temperature, b.seed, renderer)
             self._prepared = (rows, renderer, prompts, params)
         return self._prepared
 
@@ -117,17 +120,29 @@ class HeldOutEvaluator(SamplingClientEvaluator):
         return await self.run(sampling_client, step)
 
     async def run(self, sampling_client: Any, step: int | None, *, final: bool = False) -> dict[str, float]:
-        """Evaluate through `sampling_client`, file the results under `step`; returns the metrics."""
-        from .evaluate import _sample_rows, _score_row, prompt_text
+        """Sample and score every eval row, and append the step's results to heldout.jsonl.
+
+        Args:
+            sampling_client: the SDK's sampling client on the weights to score.
+            step: the step the results are filed under (None: past the schedule).
+            final: whether these are the final checkpoint's (default False).
+
+        Returns:
+            The metrics the loop logs: test/accuracy, test/format_rate (rows with a format only),
+            test/max_tokens, test/temperature.
+        """
+        from .chat import prompt_text
+        from .sampling import sample_rows
+        from .scoring import score_row
 
         b = self.builder
         rows, renderer, prompts, params = self._prepare()
         t0 = time.perf_counter()
-        sampled = await _sample_rows(sampling_client, renderer, prompts, params, b.concurrency)
+        sampled = await sample_rows(sampling_client, renderer, prompts, params, b.concurrency)
         wall = time.perf_counter() - t0
         per_row = []
         for i, (row, got) in enumerate(zip(rows, sampled)):
-            correct, format_ok, problem = (False, None, None) if got["error"] else _score_row(got["output"], row)
+            correct, format_ok, problem = (False, None, None) if got["error"] else score_row(got["output"], row)
             per_row.append({"row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"],
                             "match": row["match"], "output": got["output"], "correct": bool(correct),
                             "format_ok": format_ok, "prompt_tokens": got["prompt_tokens"],
@@ -170,8 +185,9 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     itself never evaluates) and log it as the metrics row of step `total_steps`.
 
     Args:
-        builder: the run's evaluator builder. base_url: the engine's URL (the SDK's key comes
-            from the environment, as for the loop). total_steps: steps the run trained.
+        builder: the run's evaluator builder.
+        base_url: the engine's URL (the SDK's key comes from the environment, as for the loop).
+        total_steps: steps the run trained.
 
     Returns:
         The metrics, or None when the run saved no final sampler checkpoint.
@@ -179,19 +195,28 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     import tinker
     from tinker_cookbook import checkpoint_utils
 
+    from .sampling import open_sampler, run_coroutine
+
     final = [c for c in checkpoint_utils.load_checkpoints_file(builder.log_dir)
              if c.name == "final" and c.sampler_path]
     if not final:
         return None
+    # the training process is kept for the next run: a client left open would keep its session
+    # heart-beating against the engine until the process ends
+    service = tinker.ServiceClient(base_url=base_url)
+    status = "errored"
     try:
-        service = tinker.ServiceClient(base_url=base_url)
-        client = service.create_sampling_client(model_path=final[-1].sampler_path)
-        metrics = asyncio.run(HeldOutEvaluator(builder).run(client, total_steps, final=True))
+        client = open_sampler(builder.model, final[-1].sampler_path, "tinker", service_client=service)
+        metrics = run_coroutine(lambda: HeldOutEvaluator(builder).run(client, total_steps, final=True))
+        status = "success"
     except BaseException as exc:  # say the run is over (a live plot stops waiting), then fail the run
         _append(os.path.join(builder.log_dir, HELDOUT_FILE),
                 {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
         raise
-    _append(os.path.join(builder.log_dir, "metrics.jsonl"), {"step": total_steps, **metrics})
+    finally:
+        with contextlib.suppress(Exception):  # a server already gone has no session to finish
+            service.close(status).result(timeout=30)
+    _append(os.path.join(builder.log_dir, METRICS_FILE), {"step": total_steps, **metrics})
     return metrics
 
 

@@ -1,10 +1,11 @@
 """Preference training: tinker-cookbook's own DPO loop (`preference.train_dpo.main`) on pairs, on the
 local engine or Tinker, and how a model ranks the two replies of each pair.
 
-`dpo` runs the same way `train.sft` does: one fresh log dir, the engine's checks (on Tinker the key,
-the service and the price, before anything is spent: pricing.estimate_dpo_cost), then the
-cookbook's loop unchanged in the runner child process against the engine's URL, with a progress
-bar fed from `metrics.jsonl`. The pairs come from pairs.py (`preference_pairs`), written into the
+`dpo` goes through the same steps as `train.sft` (loop.py) with its own settings (DPOSettings)
+and data (DPOData): preflight (validate's checks of both sides of every pair, the held-out
+overlap, on Tinker the price, the budget and the service, before anything is spent:
+pricing.estimate_dpo_cost), one fresh log dir, then the cookbook's loop unchanged in the runner
+child process against the engine's URL, with a progress bar fed from `metrics.jsonl`. The pairs come from pairs.py (`preference_pairs`), written into the
 log dir as the cookbook's comparison JSONL. With `eval_data`, the loop also calls the held-out
 evaluator (heldout.py) as sft's does. `score_pairs` measures a model or checkpoint on pairs: the
 summed log-probability of each reply, as the DPO loss sees them.
@@ -12,29 +13,31 @@ summed log-probability of each reply, as the DPO loss sees them.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from . import render
-from .errors import EngineError, MachineFormatError
-from .train import HELDOUT_FILE, TrainResult
+from . import loop, render
+from .errors import MachineFormatError
+from .runlog import (CHECKPOINTS_FILE, DPO_LOSS, TrainResult, read_log_lines, read_training_log,  # noqa: F401
+                     resume_note)
 
-#: Local LoRA (rank 8, beta 0.1, 10 epochs) learning rates, chosen on a validation split of the
-#: tutor's training pairs, never its held-out cases (benchmarks/bench_dpo.py re-measures the grid).
-#: From the base model the chosen replies are ones it never says (their log-probabilities trail
-#: the rejected ones by 40-100 nats), so DPO has far to go: 3e-3 ranks every validation pair
-#: right, 2e-3 none. From an SFT checkpoint there is little left to move, and a high rate undoes
-#: what SFT taught: 1e-4 keeps its exact match where 1e-3 already loses some.
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .validate import ValidationResult
+
+#: Local LoRA learning rates for DPO: from the base model, and from an SFT checkpoint (a lower
+#: rate, so DPO does not undo what SFT taught). benchmarks/bench_dpo.py measures the grid they
+#: were chosen from (on a validation split of the tutor's training pairs) and reports what they reach.
 LOCAL_DPO_LEARNING_RATE = 3e-3
 LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE = 1e-4
 #: Tinker default: the cookbook's DPO learning rate.
 TINKER_DPO_LEARNING_RATE = 1e-5
 #: The metrics.jsonl key that marks a DPO step (the cookbook's loss).
-STEP_KEY = "dpo_loss"
+STEP_KEY = DPO_LOSS
 
 SCORE_COLUMNS = ["row", "pair", "source", "prompt", "expected", "rejected", "output", "chosen_logprob",
                  "rejected_logprob", "margin", "correct"]
@@ -71,29 +74,27 @@ def _pair_records(pairs: Any) -> list[dict]:
     return out
 
 
-def _preflight_pairs(records: list[dict], model: str, max_length: Any, eval_path: Any = None) -> None:
+def _preflight_pairs(records: list[dict], model: str, max_length: Any) -> "ValidationResult":
     """validate()'s checks (shape, secrets, the model's context, trained tokens) on both sides of
-    every pair, and with `eval_path` that no pair's prompt is one of that eval file's;
-    ValidationFailed names the pair and side of the first failures."""
+    every pair; ValidationFailed names the pair and side of the first failures. Returns the
+    chosen side's ValidationResult."""
     from .errors import ValidationFailed
     from .validate import preflight
 
+    results = {}
     for side in ("chosen", "rejected"):
         rows = [{"messages": r["prompt"] + r[side]} for r in records]
-        # both sides share their prompt: the overlap is checked once
-        result = preflight(rows, model, max_length, raise_errors=False,
-                           eval_path=eval_path if side == "chosen" else None)
+        result = results[side] = preflight(rows, model, max_length, raise_errors=False)
         if result.ok:
             continue
         errors = result.errors()
         listed = "; ".join(f"pair {int(e.line)} ({side}): {e.code}: {e.message}" for e in errors.head(5).itertuples())
         raise ValidationFailed(f"{len(errors)} problem(s) in the pairs, refused before training: {listed}", result)
+    return results["chosen"]
 
 
 def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
     """(training state path, its model, its engine) of an SFT run to start DPO from."""
-    from .train import TrainResult, read_training_log
-
     if isinstance(load_checkpoint, TrainResult):
         result = load_checkpoint
     elif isinstance(load_checkpoint, (str, os.PathLike)) and Path(load_checkpoint).is_dir():
@@ -119,104 +120,204 @@ def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
 # the run
 
 
-def _dpo_steps(log_dir: Path) -> list[dict]:
-    from .train import _read_log_lines, _unique_steps
-
-    return _unique_steps([m for m in _read_log_lines(log_dir / "metrics.jsonl")
-                          if isinstance(m.get(STEP_KEY), (int, float))])
-
-
-def resume_note(resumed_at: list[int], steps: int | None = None) -> str | None:
-    """What a resumed DPO run does differently from an uninterrupted one, in words.
-
-    Args:
-        resumed_at: the steps the run was resumed at (ascending). steps: the run's steps, when known.
-
-    Returns:
-        The sentence `DPOResult.note` carries; None when the run was never resumed.
-    """
-    if not resumed_at:
-        return None
-    first = resumed_at[0]
-    where = (f"step {first}: the cookbook took the reference model from the step-{first} checkpoint"
-             if len(resumed_at) == 1 else
-             f"steps {', '.join(map(str, resumed_at))}: each time the cookbook took the reference model from "
-             f"the checkpoint it resumed from")
-    later = f"steps {first}-{steps - 1}" if steps else f"the steps from {first} on"
-    return (f"resumed at {where}, not from the weights the run started from, so {later} are measured "
-            f"against that checkpoint (dpo_loss restarts at log 2, margin and rewards at 0) and train "
-            f"differently: their losses, weights and held-out scores, and the final checkpoint, differ from an "
-            f"uninterrupted run's. Steps 0-{first - 1}, and the weights they reach (scored as step {first}), "
-            f"are the same.")
-
-
-@dataclass
-class DPOResult(TrainResult):
-    """A DPO run's TrainResult (see `read_dpo_log`), with what a resume changed.
-
-    resumed_at: the steps at which the run was resumed (empty: never). note: what that changed,
-    in words (None when never resumed): the cookbook takes the reference model of a resumed run
-    from the checkpoint it resumes from, so from that step on the run differs from an
-    uninterrupted one.
-    """
-
-    resumed_at: list[int] = field(default_factory=list)
-    note: str | None = None
-
-    def _repr_html_(self) -> str:
-        import html
-
-        out = super()._repr_html_()
-        if not self.note:
-            return out
-        return out[:-len("</div>")] + f"<br><small><b>note</b>: {html.escape(self.note)}</small></div>"
-
-
-def read_dpo_log(log_dir: str | os.PathLike) -> DPOResult:
-    """The checkpoint, steps, tokens, losses, held-out scores and cost of a DPO log dir (finished or not).
+def read_dpo_log(log_dir: str | os.PathLike) -> TrainResult:
+    """A DPO log dir read back: `read_training_log`, which reads sft and dpo runs alike.
 
     Args:
         log_dir: the run's log dir.
 
     Returns:
-        A DPOResult: `read_training_log`'s fields, with steps counted from the metrics rows that
-        carry `dpo_loss`, first_loss / last_loss their `dpo_loss`, tokens their `num_tokens`
-        (chosen + rejected sequences), the cost as DPOCostEstimate bounds it (training + policy
-        forward + reference forward; 0 locally) plus the held-out evals' sampling
-        (`eval_cost_usd`), and with `dpo(eval_data=…)` the best eval step and the final
-        checkpoint's scores. A resumed run says so in `resumed_at` and `note`.
+        The TrainResult (kind "dpo"): steps counted from the metrics rows that carry `dpo_loss`,
+        first_loss / last_loss their `dpo_loss`, tokens their `num_tokens` (chosen + rejected
+        sequences), the cost as pricing.dpo_cost bounds it (training + policy forward +
+        reference forward; 0 locally) plus the held-out evals' sampling (`eval_cost_usd`), and
+        with `dpo(eval_data=…)` the best eval step and the final checkpoint's scores. A resumed
+        run says so in `resumed_at` and `note`.
     """
-    from .pricing import dpo_cost
-    from .train import _read_marker, read_training_log
-
-    base = read_training_log(log_dir)
-    result = DPOResult(**base.as_dict())
-    steps = _dpo_steps(Path(log_dir))
-    result.steps = len(steps)
-    result.tokens = int(sum(m.get("num_tokens", 0) or 0 for m in steps))
-    result.first_loss = float(steps[0][STEP_KEY]) if steps else None
-    result.last_loss = float(steps[-1][STEP_KEY]) if steps else None
-    result.cost_usd = dpo_cost(result.model, result.engine, result.tokens)
-    if (Path(log_dir) / HELDOUT_FILE).exists():  # the held-out evals' sampling (read_training_log prices it)
-        result.cost_usd = (None if result.cost_usd is None or result.eval_cost_usd is None
-                           else result.cost_usd + result.eval_cost_usd)
-    marker = _read_marker(Path(log_dir))
-    resumed = marker.get("resumed_at")
-    result.resumed_at = sorted({int(k) for k in resumed if isinstance(k, int)}) if isinstance(resumed, list) else []
-    total = marker.get("steps") if isinstance(marker.get("steps"), int) else None
-    result.note = resume_note(result.resumed_at, total)
-    return result
+    return read_training_log(log_dir)
 
 
-def _default_lr(model: str, from_checkpoint: bool) -> float:
-    if not render.is_local_model(model):
-        return TINKER_DPO_LEARNING_RATE
-    return LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE if from_checkpoint else LOCAL_DPO_LEARNING_RATE
+def __getattr__(name: str) -> Any:
+    from .compat import deprecated_alias
+
+    if name == "DPOResult":  # one result class for sft and dpo runs now
+        deprecated_alias("machine_nb.preference.DPOResult", "machine_nb.TrainResult (kind='dpo')")
+        return TrainResult
+    if name == "dpo_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
+        import functools
+
+        deprecated_alias("machine_nb.preference.dpo_estimate(…)", "machine_nb.loop.estimate_run('dpo', …)")
+        return functools.partial(loop.estimate_run, "dpo")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Settings a resumed run takes from the run it continues.
-_RESUMED = ("epochs", "batch_size", "max_steps", "learning_rate", "beta", "lora_rank", "seed", "max_length",
-            "lr_schedule", "save_every", "model", "engine", "load_checkpoint")
+@dataclass(frozen=True)
+class DPOSettings(loop.RunSettings):
+    """A dpo run's settings, every default resolved (see loop.RunSettings for the shared ones).
+
+    Args:
+        beta: the DPO loss's KL coefficient (default 0.1, the cookbook's).
+        load_checkpoint: the training state the run starts from (default None: the base model).
+    """
+
+    kind: ClassVar[str] = "dpo"
+    loss: ClassVar[str] = DPO_LOSS
+    shown: ClassVar[dict[str, str]] = {"loss": DPO_LOSS, "acc": "accuracy"}
+    priced: ClassVar[tuple[str, ...]] = ("train", "prefill")
+    priced_what: ClassVar[str] = "DPO"
+    spend: ClassVar[str] = "DPO on {model}"
+    evals_before_last: ClassVar[bool] = True
+    resumed: ClassVar[tuple[str, ...]] = (*loop.RunSettings.resumed, "beta", "load_checkpoint")
+
+    beta: float = 0.1
+    load_checkpoint: str | None = None
+
+    @classmethod
+    def resolve(cls, resumed: loop.Resumed | None, given: Any) -> "DPOSettings":
+        """loop.RunSettings.resolve, after `load_checkpoint` (a TrainResult, log dir or state path)
+        became the state path it names, and model and engine default to its own.
+
+        Args:
+            resumed: the run to continue, or None.
+            given: the call's arguments by name.
+
+        Returns:
+            The settings.
+
+        Raises:
+            ValueError: a checkpoint of another base model than `model`, or sampler weights.
+        """
+        from . import engines
+
+        given = dict(given)
+        if resumed is None and given.get("load_checkpoint") is not None:
+            path, start_model, start_engine = _state_path(given["load_checkpoint"])
+            model = given.get("model")
+            if model is not None and start_model is not None and render.base_model(model) != render.base_model(start_model):
+                raise ValueError(f"load_checkpoint was trained from {start_model!r}, not model={model!r}")
+            given.update(load_checkpoint=path, model=model or start_model, engine=given.get("engine") or start_engine)
+        settings = super().resolve(resumed, given)
+        if settings.load_checkpoint is not None:
+            engines.check_model(settings.engine, settings.load_checkpoint)
+        return settings
+
+    def check(self) -> None:
+        """loop.RunSettings.check, and beta above 0.
+
+        Raises:
+            ValueError: a value out of range.
+        """
+        super().check()
+        if self.beta <= 0:
+            raise ValueError(f"beta must be above 0, got {self.beta}")
+
+    def default_learning_rate(self) -> float:
+        """LOCAL_DPO_LEARNING_RATE for a local LoRA from the base model,
+        LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE from a checkpoint, TINKER_DPO_LEARNING_RATE on Tinker.
+
+        Returns:
+            The rate.
+        """
+        if not self.local_model:
+            return TINKER_DPO_LEARNING_RATE
+        return LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE if self.load_checkpoint else LOCAL_DPO_LEARNING_RATE
+
+    def record(self) -> dict[str, Any]:
+        """The shared record, with beta and the starting state (a checkpoint keeps its own LoRA rank).
+
+        Returns:
+            Record keys.
+        """
+        return {**super().record(), "lora_rank": None if self.load_checkpoint else self.lora_rank}
+
+    def spec(self) -> dict[str, Any]:
+        """The shared spec, with beta and the starting state as the SDK names it.
+
+        Returns:
+            A JSON-shaped dict.
+        """
+        from .engines import to_sdk_path
+
+        return {**super().spec(), "beta": self.beta,
+                "load_checkpoint": None if self.load_checkpoint is None else to_sdk_path(self.load_checkpoint)}
+
+    def resume_update(self, resumed: loop.Resumed, per_epoch: int, steps: int) -> dict[str, Any] | None:
+        """Where the resumed run continues, when that is part way: the cookbook takes its reference
+        model from the checkpoint there, which the run record keeps (`resumed_at`) so the result says so.
+
+        Args:
+            resumed: the run. per_epoch: steps an epoch. steps: the run's steps.
+
+        Returns:
+            resumed_at and steps, or None when the run continues from its start or end.
+        """
+        states = [c for c in read_log_lines(resumed.path / CHECKPOINTS_FILE) if isinstance(c.get("state_path"), str)]
+        if not states or not isinstance(states[-1].get("batch"), int):
+            return None
+        at = int(states[-1].get("epoch") or 0) * per_epoch + states[-1]["batch"]  # as train_dpo.main resumes
+        if not 0 < at < steps:
+            return None
+        return {"resumed_at": sorted({*resumed.record.get("resumed_at", []), at}),
+                "steps": resumed.record.get("steps", steps)}
+
+
+class DPOData(loop.RunData):
+    """Preference pairs as `_pair_records` checked them.
+
+    Args:
+        items: the pair records (pair, prompt, chosen, rejected).
+    """
+
+    file: ClassVar[str] = "pairs.jsonl"
+    noun: ClassVar[str] = "pairs"
+    unit: ClassVar[str] = "pairs"
+    item: ClassVar[str] = "pair"
+
+    def validate(self, settings: loop.RunSettings) -> "ValidationResult":
+        """validate()'s checks on both sides of every pair.
+
+        Args:
+            settings: model and max_length.
+
+        Returns:
+            The chosen side's ValidationResult.
+
+        Raises:
+            ValidationFailed: naming the pair and side of the first failures.
+        """
+        return _preflight_pairs(self.items, settings.model,
+                                settings.max_length if settings.max_length is not None else "auto")
+
+    def prompts(self) -> Any:
+        """Each pair's prompt (both sides share it).
+
+        Returns:
+            (pair number, prompt messages) pairs.
+        """
+        return ((i, r["prompt"]) for i, r in enumerate(self.items, start=1))
+
+    def lines(self, settings: loop.RunSettings) -> list[dict]:
+        """The pairs shuffled with the run's seed, as the cookbook's comparison JSONL (completion A chosen).
+
+        Args:
+            settings: the seed.
+
+        Returns:
+            The JSONL lines.
+        """
+        from .pairs import comparison_line
+
+        records = list(self.items)
+        random.Random(settings.seed).shuffle(records)
+        return [comparison_line(r) for r in records]
+
+    def record(self) -> dict[str, Any]:
+        """The number of pairs.
+
+        Returns:
+            Record keys.
+        """
+        return {"pairs": len(self.items)}
 
 
 def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta: float = 0.1,
@@ -225,9 +326,9 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         workspace: str | os.PathLike | None = None, name: str | None = None,
         resume: str | os.PathLike | None = None, seed: int = 0, max_length: int | None = None,
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
-        base_url: str | None = None, progress: bool = True, on_metrics: Any = None,
-        eval_data: Any = None, eval_every: int | None = None, eval_max_tokens: int = 32,
-        eval_temperature: float = 0.0) -> DPOResult:
+        base_url: str | None = None, progress: bool | None = None,
+        on_metrics: Callable[[list[dict]], Any] | None = None, eval_data: Any = None,
+        eval_every: int | None = None, eval_max_tokens: int = 32, eval_temperature: float = 0.0) -> TrainResult:
     """Direct preference optimisation with tinker-cookbook's `preference.train_dpo.main`, on `engine`.
 
     The cookbook's loop runs unchanged in a child process (its `main` calls `asyncio.run` itself, so
@@ -249,17 +350,20 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         engine: "local" or "tinker"; default None = the model's (or checkpoint's) own.
         beta: the DPO loss's KL coefficient (default 0.1, the cookbook's): higher keeps the policy
             closer to the reference model.
-        learning_rate: default None = for a local LoRA 3e-3 from the base model and 1e-4 from a
-            checkpoint (see LOCAL_DPO_LEARNING_RATE), the cookbook's 1e-5 on Tinker;
-            `lr_schedule` "linear" (default) decays it to 0.
-        epochs: passes over the pairs (default 10). max_steps: stop after this many (default None).
+        learning_rate: default None = LOCAL_DPO_LEARNING_RATE for a local LoRA from the base model,
+            LOCAL_DPO_FROM_CHECKPOINT_LEARNING_RATE from a checkpoint, the cookbook's
+            TINKER_DPO_LEARNING_RATE on Tinker; `lr_schedule` applies.
+        epochs: passes over the pairs (default 10).
+        max_steps: stop after this many steps (default None: epochs x full batches).
         batch_size: pairs per step (default 8; each is two sequences; the partial last batch is dropped).
         lora_rank: default None = 8 for local models, 32 on Tinker. With `load_checkpoint` the
             checkpoint's own rank applies.
         load_checkpoint: start from an SFT run's weights: its TrainResult, its log dir, or a
             `tinker://…/weights/<name>` state path (default None: the base model, fresh LoRA).
-        log_dir / workspace / name: where the run writes (default a fresh `runs/dpo-<time>-<hex>`, or
-            `<workspace>/.machine/training/<name>`); it must be new or empty.
+        log_dir: where the run writes; it must be new or empty (default None: a fresh
+            `runs/dpo-<time>-<hex>` under the cwd, or under `workspace`).
+        workspace: default None; a workspace puts the log dir in `<workspace>/.machine/training/`.
+        name: the log dir's name there (default None: `dpo-<time>-<hex>`).
         resume: a log dir of an interrupted dpo run to continue from its last checkpoint, with the
             settings (held-out evals included) it was started with. Steps already done are not
             repeated, and the optimizer state and learning-rate schedule carry on, but the resumed
@@ -270,244 +374,63 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             from an uninterrupted run's; steps 0 to k-1 are the same. The result says so
             (`resumed_at`, `note`).
         seed: the order the pairs are written in (default 0), which the cookbook shuffles per epoch.
-        max_length: tokens per sequence (default None = the local model's context, 128; none on Tinker).
+        max_length: tokens per sequence (default None = a local model's context, 128 for
+            `local/arith-tiny`; no limit on Tinker).
+        lr_schedule: the cookbook's schedule (default "linear": decays to 0).
         save_every: checkpoint every N steps (default 20, the cookbook's).
         max_usd: Tinker budget, refused before spending when the estimate (pricing.estimate_dpo_cost:
             training, the policy's forward pass and the reference model's, plus the held-out evals
             at `eval_max_tokens` a reply) is over it; an unknown training or prefill price is always
             refused, an unknown sampling price whenever a budget is set. Local runs cost 0.
         base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's).
-        progress: show a progress bar (steps, dpo loss, pair accuracy, last held-out accuracy).
-        on_metrics: default None; called in the caller's thread with each list of new metrics rows.
+        progress: show a progress bar (steps, dpo loss, pair accuracy, last held-out accuracy);
+            default None: in a notebook or terminal unless MACHINE_NB_PROGRESS=0.
+        on_metrics: default None; called in the caller's thread with each list of new metrics rows
+            (e.g. a LossPlot's `update`).
         eval_data: held-out eval rows to score while training (a JSONL path or a list of row dicts,
             evaluate()'s shape); every row is checked before anything is written, a pair whose
-            prompt is in the eval file is refused, and a copy goes to `<log dir>/heldout_data.jsonl`.
+            prompt is one of them is refused, and a copy goes to `<log dir>/heldout_data.jsonl`.
             Default None: no held-out evals. Choose on a validation set, report on another.
         eval_every: score every N steps (the eval at step s sees the weights after s steps; step 0
             is the starting weights); the cookbook's DPO loop also scores before its last step.
             Default None = once an epoch (pairs // batch_size steps).
-        eval_max_tokens / eval_temperature: the evals' sampling, as evaluate() takes it (default
-            32 tokens, greedy); recorded with every score.
+        eval_max_tokens: the evals' reply budget, as evaluate() takes it (default 32); recorded
+            with every score.
+        eval_temperature: the evals' sampling temperature (default 0.0: greedy); recorded too.
 
     Returns:
-        A DPOResult (a TrainResult) read back from the log dir (`read_dpo_log`): steps, tokens,
+        A TrainResult (kind "dpo") read back from the log dir (`read_training_log`): steps, tokens,
         first / last `dpo_loss`, the final sampler checkpoint, the cost next to the estimate, and
         with `eval_data` the final checkpoint's held-out scores and the best step. The per-step
         `dpo_loss`, `accuracy`, `margin`, `chosen_reward` and `rejected_reward` are in
         `training_metrics(log_dir)`, the held-out scores in `heldout_curve(log_dir)`. A Ctrl-C
         stops the run and re-raises KeyboardInterrupt; `dpo(pairs, resume=log_dir)` finishes it.
     """
-    from . import engines
-    from .train import (HELDOUT_ACCURACY, HELDOUT_DATA, LOCAL_LORA_RANK, MARKER, TINKER_LORA_RANK, _claim_log_dir,
-                        _heldout_settings, _MetricsTail, _private_files, new_log_dir, run_cookbook)
-
-    start_path = None
-    saved: dict = {}
-    if resume is not None:
-        path = Path(resume).absolute()
-        _claim_log_dir(path, resume=True)
-        saved = json.loads((path / MARKER).read_text(encoding="utf-8"))
-        if saved.get("kind") != "dpo":
-            raise ValueError(f"resume={str(resume)!r} is not a dpo run (resume an sft run with sft(resume=…))")
-        (epochs, batch_size, max_steps, learning_rate, beta, lora_rank, seed, max_length, lr_schedule,
-         save_every, model, engine, start_path) = (saved[k] for k in _RESUMED)
-        held = saved.get("heldout")
-        eval_data = path / HELDOUT_DATA if held else None
-        if held:
-            eval_every, eval_max_tokens, eval_temperature = held["every"], held["max_tokens"], held["temperature"]
-    elif load_checkpoint is not None:
-        start_path, start_model, start_engine = _state_path(load_checkpoint)
-        if model is not None and start_model is not None and render.base_model(model) != render.base_model(start_model):
-            raise ValueError(f"load_checkpoint was trained from {start_model!r}, not model={model!r}")
-        model = model or start_model
-        engine = engine or start_engine
-    if engine is None:
-        engine = engines.engine_for(model) if model else "local"
-    if engine not in engines.ENGINES:
-        raise EngineError(f"Unknown engine {engine!r}: use 'local' or 'tinker'.")
-    if model is None:
-        model = engines.default_model(engine)
-    engines.check_model(engine, model)
-    if start_path is not None:
-        engines.check_model(engine, start_path)
-    local_model = render.is_local_model(model)
-    if engine == "tinker":  # an unbounded cost is refused before anything else is looked up
-        from .pricing import UnknownPrice, price_for
-
-        row = price_for(model)
-        if row.train is None or row.prefill is None:
-            raise UnknownPrice(f"No training or prefill price is known for {model!r}: cannot bound the cost of DPO. "
-                               f"Call machine_nb.pricing.set_price({model!r}, train=…, prefill=…) with Tinker's prices.")
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be at least 1 (got epochs={epochs}, batch_size={batch_size})")
-    if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps must be at least 1 or None, got {max_steps}")
-    if beta <= 0:
-        raise ValueError(f"beta must be above 0, got {beta}")
-    if lora_rank is None:
-        lora_rank = LOCAL_LORA_RANK if local_model else TINKER_LORA_RANK
-    if lora_rank < 0 or (lora_rank == 0 and not local_model):
-        raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local models only), got {lora_rank}")
-
-    source = pairs
-    if resume is not None and (Path(resume) / "pairs.jsonl").exists():
-        source = Path(resume).absolute() / "pairs.jsonl"  # the very pairs the run started with
-    records = _pair_records(source)
-    if len(records) < batch_size:
-        raise ValueError(f"{len(records)} pairs make no full batch of {batch_size}; the cookbook would train 0 "
-                         "steps. Lower batch_size or add pairs.")
-    per_epoch = len(records) // batch_size
-    steps_total = per_epoch * epochs
-    if max_steps is not None:
-        steps_total = min(steps_total, max_steps)
-    heldout = held_rows = None
-    if eval_data is not None:
-        heldout = _heldout_settings(eval_data, model, eval_every, per_epoch, eval_max_tokens, eval_temperature,
-                                    steps_total)
-        held_rows = heldout.pop("rows")
-        heldout["evals"] = dpo_evals(steps_total, heldout["every"])
-        if saved.get("heldout"):  # the file the run was started with, not its copy
-            heldout.update(source=saved["heldout"].get("source"), source_sha256=saved["heldout"].get("source_sha256"))
-    renderer = render.renderer_name(model)
-    if local_model and max_length is None:
-        max_length = engines.model_context(render.base_model(model))
-    overlap = heldout["source"] if heldout and heldout["source"] and Path(heldout["source"]).is_file() else None
-    _preflight_pairs(records, model, max_length if max_length is not None else "auto", eval_path=overlap)
-
-    # refuse before spending (and before writing anything): over budget, no key, not Tinker
-    estimate = dpo_estimate(records, model, engine, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
-                            eval_rows=held_rows, evals=heldout["evals"] if heldout else 0,
-                            eval_max_tokens=eval_max_tokens)
-    if engine == "tinker":
-        from .pricing import check_budget
-
-        check_budget(estimate["usd"], max_usd, f"DPO on {model} for {epochs} epoch(s)"
-                     + (f" with {estimate['evals']} held-out evals" if heldout else ""))
-    url = engines.check_service(engine, base_url, (model,))
-
-    from .jsonl import atomic_write_text
-
-    if resume is None:
-        from .jsonl import write_jsonl
-        from .pairs import comparison_line
-
-        path = (Path(log_dir).absolute() if log_dir is not None
-                else new_log_dir("dpo", workspace=workspace, name=name))
-        _claim_log_dir(path, resume=False)
-        random.Random(seed).shuffle(records)
-        write_jsonl([comparison_line(r) for r in records], path / "pairs.jsonl")
-        if held_rows is not None:
-            write_jsonl(held_rows, path / HELDOUT_DATA)
-        if learning_rate is None:
-            learning_rate = _default_lr(model, start_path is not None)
-        marker = {"kind": "dpo", "engine": engine, "model": model, "renderer": renderer, "pairs": len(records),
-                  "epochs": epochs, "batch_size": batch_size, "max_steps": max_steps, "steps": steps_total,
-                  "learning_rate": learning_rate, "beta": beta,
-                  "lora_rank": None if start_path else lora_rank,  # a checkpoint keeps its own
-                  "seed": seed, "max_length": max_length,
-                  "lr_schedule": lr_schedule, "save_every": save_every, "load_checkpoint": start_path,
-                  "source": str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<in-memory pairs>",
-                  "heldout": heldout, "estimate": estimate}
-        atomic_write_text(path / MARKER, json.dumps(marker, indent=1))
-    else:
-        at = _resume_step(path, per_epoch)
-        if at is not None and 0 < at < steps_total:  # the reference model will be taken here: say so
-            saved["resumed_at"] = sorted({*saved.get("resumed_at", []), at})
-            saved.setdefault("steps", steps_total)
-            atomic_write_text(path / MARKER, json.dumps(saved, indent=1))
-
-    spec = {"module": __name__, "data_path": str(path / "pairs.jsonl"), "log_dir": str(path),
-            "model": render.base_model(model), "renderer": renderer, "max_length": max_length,
-            "batch_size": batch_size, "learning_rate": learning_rate, "lr_schedule": lr_schedule, "epochs": epochs,
-            "beta": beta, "lora_rank": lora_rank, "base_url": url, "save_every": save_every, "max_steps": max_steps,
-            "load_checkpoint": None if start_path is None else engines.to_sdk_path(start_path),
-            "local_models": local_model,
-            "heldout": None if heldout is None else {**heldout, "path": str(path / HELDOUT_DATA)}}
-
-    from .progress import progress as progress_bar
-
-    tail = _MetricsTail(path / "metrics.jsonl")
-    seen_steps: set[int] = set()
-    watchdog = engines.watchdog(engine, url)
-    with progress_bar(total=steps_total, desc="dpo", unit="steps", enabled=None if progress else False) as bar, \
-            watchdog as dog:
-
-        def poll() -> None:
-            new = tail.new_rows()
-            steps = [m for m in new if STEP_KEY in m and m.get("step") not in seen_steps]
-            seen_steps.update(m.get("step") for m in steps)
-            scored = [m[HELDOUT_ACCURACY] for m in new if isinstance(m.get(HELDOUT_ACCURACY), (int, float))]
-            if scored:
-                bar.set_postfix(heldout=float(scored[-1]))
-            if steps:
-                bar.update(len(steps), loss=float(steps[-1][STEP_KEY]), acc=float(steps[-1].get("accuracy", 0.0)))
-            if new and on_metrics is not None:
-                on_metrics(new)
-
-        try:
-            run_cookbook(spec, path, engine=engine, on_poll=poll, watchdog=dog)
-        finally:
-            _private_files(path)
-    result = read_dpo_log(path)
-    result.model, result.engine = model, engine
-    return result
+    resumed = loop.resume_record(resume, "dpo")
+    settings = DPOSettings.resolve(resumed, locals())  # this call's arguments, by name
+    records = DPOData(_pair_records(loop.data_source(resumed, DPOData.file, pairs)))
+    return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
+                      workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics)
 
 
 def dpo_evals(steps: int, every: int) -> int:
-    """How many times a DPO run of `steps` steps scores its held-out rows every `every` steps: the
-    cookbook's DPO loop evaluates before step s when s % every == 0 and before its last step
-    (heldout.eval_schedule with last=True), then the final checkpoint is scored."""
-    from .heldout import eval_schedule
+    """How many times a DPO run scores its held-out rows.
 
-    return len(eval_schedule(0, steps, every, last=True)) + 1
-
-
-def dpo_estimate(records: Any, model: str, engine: str, *, epochs: int, batch_size: int, max_steps: int | None,
-                 eval_rows: Any = None, evals: int = 0, eval_max_tokens: int = 32) -> dict:
-    """What a DPO run is estimated to cost before it starts: training (pricing.estimate_dpo_cost)
-    plus its held-out evals.
+    The cookbook's DPO loop evaluates before step s when s % every == 0 and before its last step
+    (loop.eval_schedule with last=True), then the final checkpoint is scored.
 
     Args:
-        records: the pairs. model / engine: what and where. epochs / batch_size / max_steps: as dpo takes them.
-        eval_rows: the held-out rows (default None: no evals). evals: how many times they are
-            scored (`dpo_evals`). eval_max_tokens: output tokens a reply.
+        steps: the run's steps.
+        every: score every N steps.
 
     Returns:
-        {"usd" (None when a price is unknown), "train_usd" (training, policy forward and reference
-        forward), "eval_usd", "tokens" (tokens the training is priced on, both sequences of every
-        pair), "evals", "exact", "price_source", "price_date"}: 0 on the local engine.
+        The number of evals.
     """
-    from .pricing import UnknownPrice, estimate_dpo_cost, estimate_eval_cost
-
-    try:
-        train = estimate_dpo_cost(records, model, epochs=epochs, batch_size=batch_size, max_steps=max_steps)
-    except UnknownPrice:
-        return {"usd": None, "train_usd": None, "eval_usd": None, "tokens": None, "evals": evals, "exact": None,
-                "price_source": None, "price_date": None}
-    full = (train.pairs // batch_size) * epochs
-    tokens = round(train.tokens * epochs * (train.steps / full if full else 1.0))
-    eval_usd: float | None = 0.0
-    if eval_rows is not None and evals:
-        try:
-            eval_usd = estimate_eval_cost(eval_rows, model, max_tokens=eval_max_tokens).usd * evals
-        except UnknownPrice:
-            eval_usd = None
-    train_usd = train.usd
-    if engine == "local":
-        train_usd, eval_usd = 0.0, 0.0
-    usd = None if eval_usd is None else train_usd + eval_usd
-    return {"usd": usd, "train_usd": train_usd, "eval_usd": eval_usd, "tokens": tokens, "evals": evals,
-            "exact": train.exact, "price_source": train.price.source, "price_date": train.price.date}
+    return loop.eval_count(steps, every, last=True)
 
 
-def _resume_step(log_dir: Path, per_epoch: int) -> int | None:
-    """The step a resumed run continues from: the last checkpoint with training state, as the cookbook picks it."""
-    from .train import _read_log_lines
-
-    states = [c for c in _read_log_lines(log_dir / "checkpoints.jsonl") if isinstance(c.get("state_path"), str)]
-    if not states or not isinstance(states[-1].get("batch"), int):
-        return None
-    return int(states[-1].get("epoch") or 0) * per_epoch + states[-1]["batch"]
+# ---------------------------------------------------------------------------------------------
+# the half that runs in the child process (runner.py)
 
 
 def _dpo_config(spec: dict) -> Any:
@@ -530,43 +453,20 @@ def _dpo_config(spec: dict) -> Any:
         eval_every=0, infrequent_eval_every=0, ttl_seconds=None, max_steps=spec["max_steps"])
 
 
-def _with_heldout(spec: dict, config: Any) -> tuple[Any, Any, int]:
-    """The Config with the held-out evaluator in its `evaluator_builders`, the builder, and the run's
-    total steps. train_dpo evaluates before step s when s % eval_every == 0 and before its last
-    step, from the step it starts (or resumes) at; each score is filed under its step."""
-    import chz
-    from tinker_cookbook import checkpoint_utils
-
-    from .heldout import HeldOutEvalBuilder, eval_schedule
-
-    dataset, _ = config.dataset_builder()
-    n_batches = len(dataset)
-    total = n_batches * config.num_epochs
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
-    last = checkpoint_utils.get_last_checkpoint(spec["log_dir"])
-    start = 0 if last is None else (last.epoch or 0) * n_batches + (last.batch or 0)  # as train_dpo.main resumes
-    every = int(spec["heldout"]["every"])
-    builder = HeldOutEvalBuilder.from_spec(spec, eval_schedule(start, total, every, last=True))
-    return chz.replace(config, evaluator_builders=[builder], eval_every=every), builder, total
-
-
 def child_run(spec: dict) -> None:
-    """The dpo half that runs in the child (runner.py): the cookbook's DPO loop, unchanged; with
-    held-out evals, its evaluator in the loop's `evaluator_builders`, then the final checkpoint
-    scored the same way (the loop evaluates before a step, so never the weights after the last)."""
+    """The dpo half that runs in the child (runner.py): the cookbook's DPO loop, unchanged (its
+    `main` runs its own event loops); with held-out evals, runner.run_loop puts the evaluator in
+    the loop's `evaluator_builders` (it also scores before the last step) and scores the final
+    checkpoint.
+
+    Args:
+        spec: what `dpo` wrote (loop.child_spec).
+    """
     from tinker_cookbook.preference import train_dpo
 
-    config = _dpo_config(spec)
-    builder = None
-    if spec.get("heldout"):
-        config, builder, total = _with_heldout(spec, config)
-    train_dpo.main(config)  # synchronous; it runs its own event loops
-    if builder is not None:
-        from .heldout import evaluate_final
+    from .runner import run_loop
 
-        evaluate_final(builder, spec["base_url"], total)
-
+    run_loop(spec, _dpo_config(spec), train_dpo.main, last=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -591,10 +491,8 @@ def _reply_logprob(client: Any, renderer: Any, messages: list[dict]) -> Any:
     return _Sum()
 
 
-#: The local engine's SDK client, by server URL, reused by every score_pairs call of this process.
-
-
-def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None):
+def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = None,
+                engine: str | None = None) -> "pd.DataFrame":
     """How a model (or checkpoint) ranks each pair's replies: the summed log-probability of each.
 
     Pair accuracy, the share of pairs whose chosen reply is the more likely one, is
@@ -614,8 +512,9 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     """
     import pandas as pd
 
-    from .engines import checkpoint_base_model, default_model, engine_for, service_client, to_sdk_path
-    from .evaluate import prompt_text
+    from .chat import prompt_text
+    from .engines import checkpoint_base_model, default_model, engine_for
+    from .sampling import open_sampler
 
     records = _pair_records(pairs)
     if engine is None:
@@ -626,13 +525,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
         if checkpoint is not None:
             raise ValueError("model= is needed with a Tinker checkpoint (its renderer formats the pairs)")
         model = default_model(engine)
-    client_of = service_client(engine, models=(model,))  # engines keeps one client per engine and URL
-    import tinker
-
-    client = (client_of.create_sampling_client(model_path=to_sdk_path(checkpoint)) if checkpoint
-              else client_of.create_sampling_client(base_model=render.base_model(model)))
-    if isinstance(client, tinker.APIFuture):  # the SDK hands back a future of the client
-        client = client.result()
+    client = open_sampler(render.base_model(model), checkpoint, engine)  # engines keeps one service client
     renderer = render.get_renderer(model)
     futures = [(_reply_logprob(client, renderer, r["prompt"] + r["chosen"]),
                 _reply_logprob(client, renderer, r["prompt"] + r["rejected"])) for r in records]
@@ -649,5 +542,5 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
 
-__all__ = ["dpo", "score_pairs", "read_dpo_log", "DPOResult", "resume_note", "dpo_estimate", "dpo_evals", "child_run",
+__all__ = ["dpo", "score_pairs", "read_dpo_log", "resume_note", "dpo_evals", "child_run",
            "SCORE_COLUMNS", "STEP_KEY"]

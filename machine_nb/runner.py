@@ -1,10 +1,12 @@
 """Run one of tinker-cookbook's training loops in a child process, exactly as a script would.
 
-`sft` (train.py) hands this module a plain-JSON spec naming the module whose `child_run(spec)`
-builds the cookbook's own Config and runs its loop (`supervised.train.main` with `asyncio.run`),
-talking to the engine through the real tinker SDK (`Config.base_url`). A child process, because the cookbook's loop configures the
-process's logging for itself (it replaces the root logger's handlers and logs every step at
-INFO): in a notebook kernel that would rewire the user's logging and flood the cell. Here its
+`sft` (train.py) and `dpo` (preference.py) hand this module a plain-JSON spec (loop.child_spec)
+naming the module whose `child_run(spec)` builds the cookbook's own Config and runs its loop
+(`run_loop`: `supervised.train.main` or `preference.train_dpo.main`, with the held-out
+evaluator when asked), talking to the engine through the real tinker SDK (`Config.base_url`).
+A child process, because the cookbook's loop configures the process's logging for itself (it
+replaces the root logger's handlers and logs every step at INFO): in a notebook kernel that
+would rewire the user's logging and flood the cell. Here its
 console output goes to `<log dir>/train.log` (Machine's own habit) and nothing of the caller's
 process is touched. The child exits when its parent does (it watches its stdin), so it can
 never outlive the notebook or script that started it.
@@ -22,7 +24,7 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 
 def _status(channel: Any, **event: Any) -> None:
@@ -31,7 +33,11 @@ def _status(channel: Any, **event: Any) -> None:
 
 
 def run(spec: dict) -> None:
-    """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft)."""
+    """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft).
+
+    Args:
+        spec: the run's spec (loop.child_spec), with its environment, cwd and log file.
+    """
     import importlib
 
     if spec.get("local_models"):
@@ -40,6 +46,58 @@ def run(spec: dict) -> None:
         use_local_models()
     module = importlib.import_module(spec["module"])
     module.child_run(spec)
+
+
+def config_steps(config: Any) -> tuple[Any, int, int]:
+    """How a cookbook Config's loop counts its steps (in the child, where the cookbook is loaded).
+
+    Args:
+        config: a supervised or DPO Config.
+
+    Returns:
+        (its dataset, batches an epoch, the run's steps: epochs x batches, capped by max_steps).
+    """
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    return dataset, n_batches, total
+
+
+def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool) -> None:
+    """Run a cookbook loop, with the held-out evaluator when the spec asks for one.
+
+    The evaluator goes into the Config's `evaluator_builders` (the loop calls it every
+    `spec["heldout"]["every"]` steps from the step it starts or resumes at, each score filed
+    under its step: loop.eval_schedule); after the loop, the final checkpoint is scored the same
+    way (the loop evaluates before a step, so never the weights after the last).
+
+    Args:
+        spec: the run's spec (loop.child_spec).
+        config: the cookbook's Config for it.
+        main: runs the loop on a Config (the cookbook's `main`, or what stands in for it).
+        last: the loop also evaluates before its last step (the cookbook's DPO loop does).
+    """
+    builder = None
+    if spec.get("heldout"):
+        import chz
+        from tinker_cookbook import checkpoint_utils
+
+        from .heldout import HeldOutEvalBuilder
+        from .loop import eval_schedule
+
+        _, n_batches, total = config_steps(config)
+        resumed = checkpoint_utils.get_last_checkpoint(spec["log_dir"])
+        start = 0 if resumed is None else (resumed.epoch or 0) * n_batches + (resumed.batch or 0)  # as the loops resume
+        every = int(spec["heldout"]["every"])
+        builder = HeldOutEvalBuilder.from_spec(spec, eval_schedule(start, total, every, last=last))
+        config = chz.replace(config, evaluator_builders=[builder], eval_every=every)
+    main(config)
+    if builder is not None:
+        from .heldout import evaluate_final
+
+        evaluate_final(builder, spec["base_url"], total)
 
 
 def _redirect(path: str | None) -> None:
@@ -56,6 +114,10 @@ def main() -> int:
     The process stays for the next run (tinker-cookbook and the SDK take seconds to import);
     each run applies the environment and working directory its spec carries, and writes its
     console output to the spec's `log` file.
+
+    Returns:
+        The exit code after an error (1) or an interrupt (130); it never returns otherwise (the
+        process exits when its stdin closes).
     """
     import queue
 

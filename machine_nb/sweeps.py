@@ -19,9 +19,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import BudgetExceeded
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: The sft settings a grid may sweep (any other sft keyword can be fixed through `**settings`).
 AXES = ("learning_rate", "epochs", "lora_rank", "batch_size", "max_steps", "lr_schedule", "max_length",
@@ -43,7 +46,15 @@ def _value_text(value: Any) -> str:
 
 
 def run_name(settings: Mapping[str, Any], seed: int) -> str:
-    """A run's dir name: `learning_rate=0.003_epochs=10_seed=0` (file-name safe)."""
+    """A run's dir name in a sweep dir.
+
+    Args:
+        settings: the grid point (setting -> value, in the grid's order).
+        seed: the run's seed.
+
+    Returns:
+        `learning_rate=0.003_epochs=10_seed=0` (file-name safe).
+    """
     import re
 
     parts = [f"{k}={_value_text(v)}" for k, v in settings.items()] + [f"seed={seed}"]
@@ -53,7 +64,15 @@ def run_name(settings: Mapping[str, Any], seed: int) -> str:
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first axis slowest (like nested loops).
 
-    Raises TypeError / ValueError for an axis sft cannot sweep or an empty or non-list axis.
+    Args:
+        grid: setting -> its values (settings: AXES).
+
+    Returns:
+        One dict per grid point.
+
+    Raises:
+        ValueError: no axes, an axis sft cannot sweep (or the seed), or a repeated value.
+        TypeError: an axis whose values are not a non-empty list.
     """
     if not isinstance(grid, Mapping) or not grid:
         raise ValueError("grid needs at least one axis, e.g. grid={'learning_rate': [1e-3, 3e-3]}")
@@ -85,12 +104,32 @@ def _sha(data: Any) -> tuple[str | None, str]:
     return None, hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def _read_manifest(sweep_dir: Path) -> dict:
+    """A sweep dir's sweep.json, checked: a JSON object with its grid and seeds.
+
+    Raises MachineFormatError naming the file (and the field) when it is not: broken JSON, a value
+    nested too deep, or not what `sweep` writes.
+    """
+    from .errors import MachineFormatError
+    from .jsonl import parse_json
+
+    path = sweep_dir / MANIFEST
+    manifest = parse_json(path.read_bytes(), path)
+    if not isinstance(manifest, dict):
+        raise MachineFormatError(path, "not a sweep manifest (a JSON object)")
+    if not isinstance(manifest.get("grid"), dict):
+        raise MachineFormatError(path, "the grid must be an object of setting -> values", field="grid")
+    if not isinstance(manifest.get("seeds"), list):
+        raise MachineFormatError(path, "the seeds must be a list", field="seeds")
+    return manifest
+
+
 def _claim_sweep_dir(sweep_dir: Path, manifest: dict) -> dict:
     """Check the sweep dir is new, empty, or this same sweep's; returns the manifest to write
     (grid values and seeds may grow; data, eval rows, model, engine and fixed settings may not)."""
     path = sweep_dir / MANIFEST
     if path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = _read_manifest(sweep_dir)
         for key in ("data_sha256", "eval_sha256", "model", "engine", "settings", "eval_every"):
             if saved.get(key) != manifest.get(key):
                 raise ValueError(
@@ -124,7 +163,7 @@ def _set_aside(log_dir: Path) -> Path:
 def _state(log_dir: Path, heldout: bool) -> str:
     """"done" (finished, and scored when evals were asked for), "partial" (resumable), "stale"
     (started, no checkpoint: nothing to resume), or "new"."""
-    from .train import MARKER, read_training_log
+    from .runlog import MARKER, read_training_log
 
     if not log_dir.exists():
         return "new"
@@ -138,9 +177,9 @@ def _state(log_dir: Path, heldout: bool) -> str:
 
 def _check_same_run(log_dir: Path, expected: Mapping[str, Any]) -> None:
     """A run dir read back must be the run this grid point asks for (not one from an edited grid)."""
-    from .train import MARKER
+    from .runlog import load_marker
 
-    saved = json.loads((log_dir / MARKER).read_text(encoding="utf-8"))
+    saved = load_marker(log_dir)
     for key, value in expected.items():
         have = saved.get(key)
         if key.startswith("eval_") and isinstance(saved.get("heldout"), dict):
@@ -185,7 +224,7 @@ class _Stopped(Exception):
 def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] = (0,), eval_data: Any = None,
           eval_every: int | None = None, model: str | None = None, engine: str | None = None,
           sweep_dir: str | os.PathLike | None = None, max_parallel: int = 1, max_usd: float | None = None,
-          progress: bool = True, **settings: Any):
+          progress: bool | None = None, **settings: Any) -> "pd.DataFrame":
     """Train one run per grid point and seed with `sft`, and return one row per run.
 
     Args:
@@ -198,7 +237,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             eval_data). Default None: losses only. Sweep on a validation set (the corpus's
             valid.jsonl) and report the chosen setting once on another (eval.jsonl).
         eval_every: sft's (default None: once an epoch).
-        model / engine: as sft takes them (default: the local engine's model).
+        model: as sft takes it (default None: the engine's model; local/arith-tiny locally).
+        engine: as sft takes it (default None: the model's).
         sweep_dir: where the runs go, one log dir each named by `run_name`, plus sweep.json.
             Default None: a fresh `runs/sweep-<UTC time>-<hex>`. Pass the same dir again to
             resume: finished runs are read back, interrupted ones resumed exactly, the rest run.
@@ -212,7 +252,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             to run is priced (training plus its held-out evals) and the sum is refused with
             BudgetExceeded when over it, or when a price is unknown. Default None: no budget (a
             model without a training price is still refused). Local runs cost 0.
-        progress: a progress bar over the runs (default True).
+        progress: a progress bar over the runs (default None: in a notebook or terminal unless
+            MACHINE_NB_PROGRESS=0; machine_nb.progress decides). The runs themselves show none.
         **settings: other sft keywords, the same for every run (e.g. batch_size=8, lora_rank=8).
 
     Returns:
@@ -225,7 +266,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         error (why a run failed; the others still ran). `sweep_summary(frame)` gives one row
         per setting. A Ctrl-C stops the runs in progress and re-raises; call again to resume.
     """
-    from . import train
+    from . import loop, train
+    from .runlog import new_log_dir, read_training_log
 
     points = grid_points(grid)
     seeds = list(seeds)
@@ -244,16 +286,10 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError(f"max_parallel must be at least 1, got {max_parallel!r}")
 
-    from . import engines
-
-    if engine is None:
-        engine = engines.engine_for(model) if model else "local"
-    if model is None:
-        model = engines.default_model(engine)
-    engines.check_model(engine, model)
+    model, engine = loop.resolve_target(model, engine)
     data_path, data_sha = _sha(data)
     eval_path, eval_sha = _sha(eval_data)
-    path = Path(sweep_dir).absolute() if sweep_dir is not None else train.new_log_dir(prefix="sweep")
+    path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
     manifest = {"generator": "machine_nb.sweeps.sweep", "grid": {k: list(v) for k, v in grid.items()},
                 "seeds": seeds, "model": model, "engine": engine, "settings": settings, "eval_every": eval_every,
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
@@ -290,7 +326,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     def one(name: str, point: dict, seed: int, log_dir: Path) -> dict:
         state = _state(log_dir, eval_data is not None)
         if state == "done":
-            return _row(name, point, seed, train.read_training_log(log_dir), "read back", None, None,
+            return _row(name, point, seed, read_training_log(log_dir), "read back", None, None,
                         eval_settings, log_dir)
         if stop.is_set():
             raise _Stopped("the sweep was stopped")
@@ -317,8 +353,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     from .progress import progress as progress_bar
 
     rows: dict[str, dict] = {}
-    with progress_bar(total=len(runs), desc="sweep", unit="runs", enabled=None if progress else False) as bar, \
-            train.keep_runners(max_parallel):
+    with progress_bar(total=len(runs), desc="sweep", unit="runs", enabled=progress) as bar, \
+            loop.keep_runners(max_parallel):
         if max_parallel == 1:
             for run in runs:
                 try:
@@ -359,7 +395,13 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
     """What a sweep's runs are estimated to cost on Tinker: training plus held-out evals, summed.
 
     Args:
-        data, grid, seeds, eval_data, eval_every, model, **settings: as `sweep` takes them.
+        data: as `sweep` takes it.
+        grid: as `sweep` takes it.
+        seeds: as `sweep` takes them (default (0,)).
+        eval_data: as `sweep` takes it (default None: no held-out evals to price).
+        eval_every: as `sweep` takes it (default None: once an epoch).
+        model: the Tinker model the runs would train.
+        **settings: other sft settings, as `sweep` takes them.
 
     Returns:
         (USD of the runs that can be priced, names of the runs that cannot).
@@ -373,18 +415,15 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
 
 def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
                    settings: Mapping[str, Any]) -> tuple[float, list[str]]:
-    from .evaluate import check_row, load_eval_rows
-    from .pricing import UnknownPrice, price_for
-    from .train import prepare_data, run_estimate
+    from .chat import eval_rows
+    from .loop import estimate_run, eval_count, refuse_unpriced
+    from .train import prepare_data
 
-    if price_for(model).train is None:
-        raise UnknownPrice(f"No training price is known for {model!r}: cannot bound the cost of the sweep. "
-                           f"Call machine_nb.pricing.set_price({model!r}, train=…) with Tinker's price.")
+    refuse_unpriced(model, what="the sweep")
     rows, _ = prepare_data(data)
     held = None
     if eval_data is not None:
-        held = (load_eval_rows(eval_data) if isinstance(eval_data, (str, os.PathLike))
-                else [check_row(r, line=i + 1) for i, r in enumerate(eval_data)])
+        held, _ = eval_rows(eval_data)
     total, unknown = 0.0, []
     for name, point, _seed, _log_dir in pending:
         s = {**settings, **point}
@@ -393,8 +432,8 @@ def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str
         if s.get("max_steps") is not None:
             steps = min(steps, int(s["max_steps"]))
         every = eval_every or max(1, len(rows) // batch)
-        est = run_estimate(rows, model, "tinker", epochs=epochs, batch_size=batch, max_steps=s.get("max_steps"),
-                           eval_rows=held, evals=(-(-steps // every) + 1) if held else 0,
+        est = estimate_run("sft", rows, model, "tinker", epochs=epochs, batch_size=batch,
+                           max_steps=s.get("max_steps"), eval_rows=held, evals=eval_count(steps, every) if held else 0,
                            eval_max_tokens=int(s.get("eval_max_tokens", 32)))
         if est["usd"] is None:
             unknown.append(name)
@@ -415,7 +454,7 @@ def _guard_cost(data: Any, eval_data: Any, eval_every: int | None, model: str, p
     check_budget(total, max_usd, f"the sweep's {len(pending)} run(s) still to run")
 
 
-def read_sweep(sweep_dir: str | os.PathLike):
+def read_sweep(sweep_dir: str | os.PathLike) -> "pd.DataFrame":
     """A sweep dir read back as `sweep` returns it, without running anything.
 
     Args:
@@ -427,13 +466,14 @@ def read_sweep(sweep_dir: str | os.PathLike):
 
     Raises:
         FileNotFoundError: when the dir holds no sweep.json.
+        MachineFormatError: a sweep.json that cannot be read, naming it.
     """
-    from .train import read_training_log
+    from .runlog import read_training_log
 
     path = Path(sweep_dir)
     if not (path / MANIFEST).exists():
         raise FileNotFoundError(f"No sweep at {path} (no {MANIFEST})")
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    manifest = _read_manifest(path)
     settings = manifest.get("settings") or {}
     eval_settings = {"eval_max_tokens": settings.get("eval_max_tokens", 32),
                      "eval_temperature": settings.get("eval_temperature", 0.0)}
@@ -459,8 +499,15 @@ SUMMARY_COLUMNS = ["seeds", "metric", "mean", "sd", "min", "max", "ci_low", "ci_
                    "final_loss", "estimated_usd", "cost_usd"]
 
 
-def axes_of(frame: Any) -> list[str]:
-    """The grid's axes in a sweep frame: the columns between `run` and `seed`."""
+def axes_of(frame: "pd.DataFrame") -> list[str]:
+    """The grid's axes in a sweep frame.
+
+    Args:
+        frame: what `sweep` or `read_sweep` returned.
+
+    Returns:
+        The columns between `run` and `seed` ([] for another frame).
+    """
     cols = list(frame.columns)
     return cols[cols.index("run") + 1:cols.index("seed")] if "run" in cols and "seed" in cols else []
 
@@ -470,7 +517,7 @@ def _pooled_rows(log_dirs: Sequence[str]) -> Any:
     index (the same question in every run), so statistics count questions, not runs x questions."""
     import pandas as pd
 
-    from .train import heldout_results
+    from .runlog import heldout_results
 
     frames = []
     for d in log_dirs:
@@ -481,7 +528,7 @@ def _pooled_rows(log_dirs: Sequence[str]) -> Any:
     return out
 
 
-def sweep_summary(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95):
+def sweep_summary(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: float = 0.95) -> "pd.DataFrame":
     """One row per setting of a sweep frame: the metric over seeds, with its spread and an interval.
 
     Args:
@@ -534,7 +581,8 @@ def _setting_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
     return ", ".join(f"{a}={_value_text(row[a])}" for a in axes) or "the one setting"
 
 
-def verdict(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95, summary: Any = None) -> str:
+def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: float = 0.95,
+            summary: "pd.DataFrame | None" = None) -> str:
     """What a sweep shows, in plain words, with its uncertainty.
 
     Names the best setting by the metric's mean over seeds (highest accuracy, or lowest for a
@@ -543,8 +591,10 @@ def verdict(frame: Any, metric: str = "heldout_accuracy", *, level: float = 0.95
     and p) and says whether the grid can tell them apart.
 
     Args:
-        frame: a sweep frame. metric: as in sweep_summary. level: the confidence level.
-        summary: its sweep_summary, when already computed.
+        frame: a sweep frame.
+        metric: as in sweep_summary (default "heldout_accuracy").
+        level: the confidence level (default 0.95).
+        summary: its sweep_summary, when already computed (default None: computed here).
 
     Returns:
         A paragraph of plain text.

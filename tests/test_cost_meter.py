@@ -39,12 +39,22 @@ def test_numbers_match_the_estimator_and_epochs_update_live(tmp_path):
 
 
 def test_budget_turns_red_and_says_by_how_much():
-    m = CostMeter(LINES, model=INKLING, budget=1e-6)
+    m = CostMeter(LINES, model=INKLING, max_usd=1e-6)
     assert m.over_by > 0
     assert "over budget by $" in m.static_html() and "mnb-over-budget" in m.static_html()
     assert "#dc2626" in m.static_html()
-    ok = CostMeter(LINES, model=INKLING, budget=1000)
+    ok = CostMeter(LINES, model=INKLING, max_usd=1000)
     assert ok.over_by == 0 and "within budget" in ok.static_html()
+
+
+def test_the_old_budget_keyword_still_works_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"max_usd"):
+        m = CostMeter(LINES, model=INKLING, budget=1e-6)
+    assert m.max_usd == 1e-6 and m.over_by > 0
+    with pytest.warns(DeprecationWarning, match=r"CostMeter.max_usd"):
+        assert m.budget == 1e-6
+    with pytest.raises(TypeError, match="both"):
+        CostMeter(LINES, model=INKLING, budget=1.0, max_usd=1.0)
 
 
 def test_model_without_train_price_explains_instead_of_crashing():
@@ -109,7 +119,7 @@ def test_a_model_it_cannot_price_says_so_and_never_within_budget(tmp_path):
     eval_path = tmp_path / "eval.jsonl"
     eval_path.write_text("".join(json.dumps(x) + "\n" for x in LINES[:4]))
     # Inkling-Small has sampling prices (the eval part) but no training price
-    m = CostMeter(LINES, model="thinkingmachines/Inkling-Small", eval_data=eval_path, budget=1000)
+    m = CostMeter(LINES, model="thinkingmachines/Inkling-Small", eval_data=eval_path, max_usd=1000)
     html = m.static_html()
     assert m.eval_estimate is not None and m.estimate is None
     assert m.total_usd is None and m.over_by == 0

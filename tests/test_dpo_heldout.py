@@ -18,7 +18,7 @@ import machine_nb as mnb
 from machine_nb.errors import BudgetExceeded, MachineFormatError, ValidationFailed
 from machine_nb.evaluate import RESULT_COLUMNS, evaluate
 from machine_nb.export import HeldOutExcluded
-from machine_nb.preference import DPOResult, dpo, read_dpo_log
+from machine_nb.preference import dpo, read_dpo_log
 from machine_nb.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, training_metrics
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
@@ -56,7 +56,7 @@ def run(train_pairs, eval_file, tmp_path_factory):
 
 
 def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_checkpoint(run):
-    assert isinstance(run, DPOResult) and run.complete and run.steps == 10 and run.loss_metric == "dpo_loss"
+    assert run.kind == "dpo" and run.complete and run.steps == 10 and run.loss_metric == "dpo_loss"
     metrics = training_metrics(run.log_dir)
     scored = metrics[metrics[HELDOUT_ACCURACY].notna()]
     assert list(scored["step"]) == STEPS
@@ -136,6 +136,15 @@ def test_bad_eval_rows_and_overlapping_prompts_are_refused_before_anything_is_wr
     assert not (tmp_path / "never").exists()
 
 
+def test_a_pair_whose_prompt_is_in_eval_rows_in_memory_is_refused_too(train_pairs, eval_file, tmp_path):
+    held = [json.loads(x) for x in open(eval_file)]
+    held[1] = {"messages": train_pairs.iloc[2]["prompt"], "expected": "1", "match": "number"}
+    with pytest.raises(ValidationFailed, match=r"pair 3: eval_overlap: this prompt is also eval_data row 2") as err:
+        dpo(train_pairs, log_dir=tmp_path / "never", eval_data=held, **KW)
+    assert not (tmp_path / "never").exists()
+    assert list(err.value.result.errors()["code"]) == ["eval_overlap"]
+
+
 def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_changed(run, train_pairs, eval_file,
                                                                                    tmp_path, monkeypatch):
     import importlib
@@ -182,7 +191,7 @@ def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_chang
     assert not math.isclose(full["dpo_loss"].iloc[4], math.log(2), rel_tol=1e-4)
     assert done.resumed_at == [4] and "resumed at step 4" in done.note and "reference model" in done.note
     assert "steps 4-9" in done.note and "note" in done._repr_html_()
-    assert read_dpo_log(log_dir).note == done.note and done.as_dict()["note"] == done.note
+    assert read_dpo_log(log_dir).note == done.note and done.to_dict()["note"] == done.note
     assert (done.best_step is not None and done.heldout_accuracy == heldout_curve(log_dir)["accuracy"].iloc[-1])
 
 

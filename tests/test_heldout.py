@@ -106,6 +106,24 @@ def test_bad_eval_rows_are_refused_before_anything_is_written(corpus, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_training_row_whose_prompt_is_held_out_is_refused_before_anything_is_written(corpus, tmp_path, where):
+    """Trained on what it is scored on, the held-out score would flatter the run: refused, whether
+    the eval rows come as a file or as rows in memory, naming the training line and the eval row."""
+    from machine_nb.errors import ValidationFailed
+
+    train = [json.loads(x) for x in open(corpus.train)]
+    held = [json.loads(x) for x in open(corpus.valid)][:5]
+    held[3] = {"messages": train[6]["messages"][:-1], "expected": "1", "match": "number"}  # training line 7
+    eval_data = held
+    if where == "file":
+        eval_data = tmp_path / "valid.jsonl"
+        eval_data.write_text("".join(json.dumps(r) + "\n" for r in held))
+    with pytest.raises(ValidationFailed, match=r"line 7: eval_overlap: this prompt is also (line 4 of .*valid.jsonl|eval_data row 4)"):
+        sft(corpus.train, log_dir=tmp_path / "never", eval_data=eval_data, progress=False)
+    assert not (tmp_path / "never").exists()
+
+
 def test_eval_rows_in_memory_and_the_default_once_an_epoch(corpus, tmp_path):
     rows = [json.loads(x) for x in open(corpus.valid)][:6]
     res = sft(corpus.train, log_dir=tmp_path / "mem", max_steps=12, eval_data=rows, progress=False)
@@ -153,7 +171,7 @@ def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path, monkeyp
     assert (done.heldout_accuracy, done.best_step) == (run.heldout_accuracy, run.best_step)
 
 
-def test_observed_cost_on_the_tinker_path(corpus, tmp_path, monkeypatch):
+def test_observed_cost_on_the_tinker_path_and_the_evaluator_closes_its_session(corpus, tmp_path, monkeypatch):
     """engine="tinker" against a server that speaks Tinker's API, with prices set: the observed
     cost is the tokens the loop trained at the train price plus the eval tokens at the sampling prices."""
     from machine_nb.engines.local.server import LocalServer
@@ -166,6 +184,11 @@ def test_observed_cost_on_the_tinker_path(corpus, tmp_path, monkeypatch):
         res = sft(corpus.train, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "t",
                   max_steps=6, eval_data=corpus.valid, eval_every=3, progress=False, max_usd=1.0)
         again = read_training_log(res.log_dir)
+        # the final checkpoint's evaluator finished its SDK session: the training process is kept
+        # for the next run, and a session left open would go on heart-beating (the cookbook's
+        # loop opens its own sessions, named by their recipe)
+        ours = [s for s in server.sessions.values() if "recipe_name" not in s.user_metadata]
+        assert len(ours) == 1 and ours[0].finished
         # the guard counts the evals: a budget the training alone fits is refused, before anything is written
         train_only = json.loads((tmp_path / "t" / "machine_nb.json").read_text())["estimate"]["train_usd"]
         with pytest.raises(BudgetExceeded, match="with 3 held-out evals"):
@@ -197,6 +220,58 @@ def test_a_dpo_log_dir_reads_back_with_its_steps(tmp_path):
     # a run that logs both counts by the supervised loss
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({**r, "train_mean_nll": 2.0}) + "\n" for r in rows))
     assert read_training_log(tmp_path).loss_metric == "train_mean_nll"
+
+
+def test_a_dpo_log_dir_is_priced_at_the_dpo_rate(tmp_path):
+    """A DPO step passes every sequence through training, the policy's forward pass and the
+    reference model's: read back, a DPO run costs what pricing.dpo_cost says, not tokens x the
+    train price, whether its run record says "dpo" or only its metrics do."""
+    from machine_nb.pricing import clear_prices, dpo_cost, set_price
+
+    rows = [{"step": s, "dpo_loss": 0.69 - 0.05 * s, "num_tokens": 1000} for s in range(4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "checkpoints.jsonl").write_text(
+        json.dumps({"name": "final", "sampler_path": "tinker://run-1/sampler_weights/final"}) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"model_name": "someone/Priced-8B"}))
+    try:
+        set_price("someone/Priced-8B", train=2.0, prefill=0.5, sample=1.0)
+        want = dpo_cost("someone/Priced-8B", "tinker", 4000)
+        assert want == pytest.approx(4000 * (2 * 2.0 + 0.5) / 1e6)
+        assert read_training_log(tmp_path).cost_usd == pytest.approx(want)  # from its metrics
+        (tmp_path / "machine_nb.json").write_text(json.dumps({"kind": "dpo", "engine": "tinker",
+                                                              "model": "someone/Priced-8B"}))
+        res = read_training_log(tmp_path)
+        assert (res.kind, res.cost_usd) == ("dpo", pytest.approx(want))
+    finally:
+        clear_prices()
+
+
+def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path):
+    import importlib
+    import warnings
+
+    from machine_nb.runlog import TrainResult
+
+    rows = [{"step": s, "dpo_loss": 0.69, "num_tokens": 10} for s in range(2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "machine_nb.json").write_text(json.dumps({"kind": "dpo", "engine": "local", "steps": 2,
+                                                          "resumed_at": [1]}))
+    res = read_training_log(tmp_path)
+    assert type(res) is TrainResult and (res.kind, res.resumed_at) == ("dpo", [1]) and "resumed at step 1" in res.note
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert res.as_dict() == res.to_dict()
+        assert importlib.import_module("machine_nb.preference").DPOResult is TrainResult
+    assert [w.category for w in said] == [DeprecationWarning, DeprecationWarning]
+    assert "to_dict" in str(said[0].message) and "TrainResult" in str(said[1].message)
+    # the estimates are one function now: the old names still answer, with a warning
+    from machine_nb import loop, preference, train
+
+    with pytest.warns(DeprecationWarning, match=r"estimate_run\('sft'"):
+        old = train.run_estimate
+    with pytest.warns(DeprecationWarning, match=r"estimate_run\('dpo'"):
+        old_dpo = preference.dpo_estimate
+    assert (old.func, old.args, old_dpo.func, old_dpo.args) == (loop.estimate_run, ("sft",), loop.estimate_run, ("dpo",))
 
 
 def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus, tmp_path, capsys):

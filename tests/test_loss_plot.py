@@ -1,11 +1,11 @@
 """LossPlot: metrics from log dirs, the debiased EMA, overlay, PNG fallback, and the live update.
 
-The live test appends rows to metrics.jsonl the way the trainer does and waits with a deadline
-for the plot to pick them up (no timed assertion), then writes the final checkpoint row.
+The live tests append rows to metrics.jsonl the way the trainer does, check them with one
+`poll()` (the check the background thread makes every refresh_s), then write the final
+checkpoint row and wait for the thread to end by itself (`wait()`: joined, no clock involved).
 """
 
 import json
-import time
 
 from machine_nb.widgets.loss_plot import LossPlot, ema, read_metrics, smoothing_note
 
@@ -20,15 +20,6 @@ def write_metrics(log_dir, rows, mode="w"):
 def rows(n, start=0, loss0=3.0):
     return [{"step": s, "epoch": 0, "learning_rate": 1e-4 * (1 - s / 50), "num_tokens": 100,
              "train_mean_nll": loss0 / (1 + s)} for s in range(start, start + n)]
-
-
-def wait_for(cond, deadline_s=30.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def test_ema_is_debiased_like_tensorboard():
@@ -65,11 +56,12 @@ def test_live_update_from_a_growing_metrics_file(tmp_path):
         assert p.live
         first, png0 = p.redraws, p.static_png()
         write_metrics(log, rows(3, start=2), mode="a")
-        assert wait_for(lambda: len(p.frame) == 5), len(p.frame)
-        assert p.redraws > first and p.static_png() != png0
-        assert "live: 5 steps" in p.summary()
+        assert p.poll() is False  # the rows are there, the run is not over
+        assert len(p.frame) == 5 and p.redraws > first and p.static_png() != png0
+        assert "live: 5 steps" in p.summary() and p.live
         (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 5}) + "\n")
-        assert wait_for(lambda: not p.live)  # stops by itself at the final checkpoint
+        assert p.wait(timeout=600)  # the thread stops by itself at the final checkpoint (the bound: a hang)
+        assert not p.live and len(p.frame) == 5
     finally:
         p.stop()
 
@@ -179,9 +171,9 @@ def test_a_run_with_evals_is_live_until_its_final_score(tmp_path):
     (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 3}) + "\n")
     p = LossPlot(log, refresh_s=0.05)
     try:
-        assert p.live and not p.finished()  # the final checkpoint is scored after it is saved
+        assert p.live and not p.finished() and p.poll() is False  # the final checkpoint is scored after it is saved
         (log / "heldout.jsonl").write_text(json.dumps({"step": 3, "final": True, "rows": []}) + "\n")
-        assert wait_for(lambda: not p.live)
+        assert p.wait(timeout=600) and not p.live
     finally:
         p.stop()
 
@@ -200,3 +192,17 @@ def test_fed_by_sft_with_evals_the_plot_shows_held_out_accuracy(tmp_path):
         plot.stop()
     assert list(plot.frame["test/accuracy"].dropna().index.map(plot.frame["step"].get)) == [0, 3, 6]
     assert "held-out 0.0% at step 6" in plot.summary() and plot.finished()
+
+
+def test_a_broken_run_record_leaves_the_plot_working(tmp_path):
+    """The run record says whether a run scores held-out rows; one that cannot be read (here nested
+    deeper than any reader should walk) counts as no evals instead of failing the plot."""
+    from machine_nb.widgets.loss_plot import finished
+
+    log = tmp_path / "run"
+    write_metrics(log, rows(3))
+    (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 3}) + "\n")
+    (log / "machine_nb.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert finished(log)
+    p = LossPlot(log, live=False)
+    assert p.finished() and "3 steps" in p.summary()

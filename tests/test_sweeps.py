@@ -258,3 +258,21 @@ def test_the_summary_sums_observed_and_estimated_cost_per_setting_at_a_real_pric
     assert pd.isna(s["cost_usd"].iloc[0]) and s["cost_usd"].iloc[1] == pytest.approx(
         df[df.learning_rate == 3e-3]["cost_usd"].sum())
     assert s["estimated_usd"].iloc[0] == pytest.approx(df[df.learning_rate == 1e-3]["estimated_usd"].sum())
+
+
+def test_a_broken_or_deeply_nested_sweep_json_is_a_format_error_naming_it(corpus, tmp_path):
+    from machine_nb.errors import MachineFormatError
+
+    c, _ = corpus
+    out = tmp_path / "sweep"
+    out.mkdir()
+    manifest = out / "sweep.json"
+    manifest.write_text("[" * 100_000 + "]" * 100_000)  # json.loads alone would raise RecursionError
+    for call in (lambda: read_sweep(out), lambda: sweep(c.train, GRID, sweep_dir=out, progress=False, **FIXED)):
+        with pytest.raises(MachineFormatError, match="nested deeper") as err:
+            call()
+        assert err.value.path == str(manifest)
+    manifest.write_text(json.dumps({"grid": [1e-3], "seeds": [0]}))
+    with pytest.raises(MachineFormatError, match=r"sweep.json \(field 'grid'\)"):
+        read_sweep(out)
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # nothing was run or written

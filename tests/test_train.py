@@ -357,9 +357,18 @@ def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_pa
     part = read_training_log(log_dir)
     assert not part.complete and part.steps == total and part.state_path.endswith("/weights/000008")
 
+    from machine_nb.engines import local_base_url
+    from machine_nb.engines.local.server import running_at
+
+    server = running_at(local_base_url())
+    sessions_before = set(server.sessions)
     trained_again = _count_optim_steps(monkeypatch)
     done = sft(corpus.train, resume=log_dir, progress=False)
     assert len(trained_again) == max(0, total - 10)  # only the step the saved state did not hold
+    if total <= 10:  # the final checkpoint saved from the state: its session is finished, not left open in
+        # the training process that is kept for the next run
+        opened = [s for sid, s in server.sessions.items() if sid not in sessions_before]
+        assert len(opened) == 1 and opened[0].finished
     assert done.complete and done.checkpoint.endswith("/sampler_weights/final") and done.unconfirmed_steps == []
     assert (done.steps, done.tokens, done.first_loss, done.last_loss) == \
         (whole.steps, whole.tokens, whole.first_loss, whole.last_loss) == (total, whole.tokens, whole.first_loss,

@@ -9,8 +9,15 @@ import argparse
 import json
 import sys
 
+from . import _train_flags as flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `pairs` and `dpo` to the CLI.
+
+    Args:
+        sub: the top-level parser's subparsers.
+    """
     p = sub.add_parser(
         "pairs", help="preference pairs (prompt, chosen, rejected) from tag rows and scored runs",
         description="Build preference pairs from a tag store: /good --as rewrites (the rewrite over the reply it "
@@ -43,32 +50,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "each eval step (needs --yes, TINKER_API_KEY and known train and prefill prices; refused over "
                     "--max-usd).")
     d.add_argument("pairs", help="pairs JSONL (from `machine-nb pairs -o`)")
-    d.add_argument("--model", default=None, help="base model (default: the engine's; local/arith-tiny locally)")
-    d.add_argument("--engine", choices=["local", "tinker"], default=None,
-                   help="where to train (default: the model's or checkpoint's engine; local when neither is given)")
+    flags.add_target(d, engine_default="the model's or checkpoint's engine; local when neither is given",
+                     model_default="the engine's; local/arith-tiny locally")
     d.add_argument("--from", dest="load_checkpoint", default=None,
                    help="start from an SFT run: its log dir or a tinker://…/weights/<name> state path")
     d.add_argument("--beta", type=float, default=0.1, help="DPO's KL coefficient (default 0.1)")
-    d.add_argument("--learning-rate", "--lr", type=float, default=None,
-                   help="peak learning rate, linear decay (default: 3e-3 local from the base model, 1e-4 from a "
-                        "checkpoint; 1e-5 on Tinker)")
-    d.add_argument("--epochs", type=int, default=10, help="passes over the pairs (default 10)")
-    d.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: epochs x full batches)")
-    d.add_argument("--batch-size", type=int, default=8, help="pairs per step (default 8)")
-    d.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8 local, 32 Tinker)")
-    d.add_argument("--log-dir", default=None, help="log dir for this run (default: a fresh runs/… dir)")
-    d.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
-    d.add_argument("--resume", default=None, help="continue the dpo run in this log dir from its last checkpoint")
+    flags.add_schedule(d, unit="pairs",
+                       learning_rate="3e-3 for a local LoRA from the base model, 1e-4 from a checkpoint, as "
+                                     "benchmarks/bench_dpo.py measures them; 1e-5 on Tinker, the cookbook's",
+                       lora_rank="8 local, 32 Tinker")
+    flags.add_log_dir(d)
+    flags.add_resume(d, "dpo")
     d.add_argument("--seed", type=int, default=0, help="the order the pairs are written in (default 0)")
-    d.add_argument("--eval", dest="eval_data", default=None,
-                   help="held-out eval JSONL to score while training (e.g. data/minimal_sft/valid.jsonl; "
-                        "default: none). Writes heldout.jsonl; on Tinker its sampling is in the estimate")
-    d.add_argument("--eval-every", type=int, default=None,
-                   help="score --eval every N steps (default: once an epoch), before the last step and at the "
-                        "final checkpoint")
-    d.add_argument("--max-usd", type=float, default=None, help="Tinker budget: refuse when the estimate is over it")
-    d.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
-    d.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    flags.add_eval(d, every="once an epoch; also before the last step")
+    flags.add_spend(d)
     d.set_defaults(func=_run_dpo)
 
 
@@ -112,7 +107,7 @@ def _engine(args: argparse.Namespace) -> str:
         from pathlib import Path
 
         if Path(args.load_checkpoint).is_dir():  # an sft log dir: the engine it ran on
-            from ..train import read_training_log
+            from ..runlog import read_training_log
 
             return read_training_log(args.load_checkpoint).engine or "local"
         return engine_for(args.load_checkpoint)
@@ -125,14 +120,13 @@ def _run_dpo(args: argparse.Namespace) -> int:
     if _engine(args) == "tinker" and not args.yes:
         from ..pricing import estimate_dpo_cost
 
-        if not args.model:
-            print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling)", file=sys.stderr)
+        if not flags.needs_model(args, "thinkingmachines/Inkling"):
             return 2
         est = estimate_dpo_cost(args.pairs, args.model, epochs=args.epochs, batch_size=args.batch_size,
                                 max_steps=args.steps, max_usd=args.max_usd)
         evals = ""
         if args.eval_data:
-            from ..evaluate import load_eval_rows
+            from ..chat import load_eval_rows
             from ..pricing import UnknownPrice, check_budget, estimate_eval_cost
             from ..preference import dpo_evals
 
@@ -157,20 +151,5 @@ def _run_dpo(args: argparse.Namespace) -> int:
                  load_checkpoint=args.load_checkpoint, log_dir=args.log_dir, workspace=args.workspace,
                  resume=args.resume, seed=args.seed, max_usd=args.max_usd, eval_data=args.eval_data,
                  eval_every=args.eval_every)
-    if args.json:
-        print(json.dumps(result.as_dict()))
-        return 0
-    loss = "–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}"
-    usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
-    cost = usd(result.cost_usd) + ("" if result.estimated_usd is None else f" (estimated {usd(result.estimated_usd)})")
-    print(f"{result.model} on {result.engine}: {result.steps} DPO steps, {result.tokens:,} tokens, dpo_loss {loss}, "
-          f"cost {cost}")
-    if result.evals:
-        final = "–" if result.heldout_accuracy is None else f"{result.heldout_accuracy:.1%}"
-        print(f"held-out:   {final} at the final checkpoint; best {result.best_accuracy:.1%} at step "
-              f"{result.best_step} ({result.evals} evals, heldout.jsonl)")
-    if result.note:
-        print(f"note:       {result.note}")
-    print(f"checkpoint: {result.checkpoint}")
-    print(f"log dir:    {result.log_dir}")
+    flags.print_result(result, args.json, steps="DPO steps", loss="dpo_loss")
     return 0

@@ -1,4 +1,5 @@
-"""`machine-nb sft` and `machine-nb smoke`: supervised fine-tuning from a terminal (train.py does the work).
+"""`machine-nb sft`, `smoke` and `sweep`: supervised fine-tuning from a terminal (train.py and
+sweeps.py do the work; the flag groups they share with `dpo` are _train_flags.py's).
 
 Mirrors Machine's `/train sft` and `/train smoke`: the local engine runs free on this machine;
 Tinker needs `--yes` before spending (the estimate is printed first) and TINKER_API_KEY.
@@ -10,6 +11,8 @@ import argparse
 import os
 import sys
 
+from . import _train_flags as flags
+
 _COMMON_DESC = (
     "Reads: DATA (chat JSONL, one {{\"messages\": [...]}} per line). Writes: a fresh log dir "
     "(runs/{prefix}-<time>-<hex> unless --log-dir/--workspace; 0700) with train.jsonl, config.json, metrics.jsonl, "
@@ -20,35 +23,28 @@ _COMMON_DESC = (
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
-    p.add_argument("--model", default=None,
-                   help="base model (default: the engine's; local/arith-tiny on the local engine)")
-    p.add_argument("--engine", choices=["local", "tinker"], default=None,
-                   help="where to train (default: the model's engine; local when no model is given)")
-    p.add_argument("--log-dir", default=None, help="log dir for this run (default: a fresh runs/… dir)")
-    p.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
+    flags.add_target(p)
+    flags.add_log_dir(p)
     p.add_argument("--seed", type=int, default=0, help="shuffling, LoRA init and sampling seed (default 0)")
-    p.add_argument("--max-usd", type=float, default=None, help="Tinker budget: refuse when the estimate is over it")
-    p.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    flags.add_spend(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `sft`, `smoke` and `sweep` to the CLI.
+
+    Args:
+        sub: the top-level parser's subparsers.
+    """
     p = sub.add_parser(
         "sft", help="supervised fine-tuning with tinker-cookbook's loop, on the local engine or Tinker",
         description="Fine-tune a model on chat JSONL with tinker-cookbook's supervised.train.main. " + _COMMON_DESC.format(prefix="sft"))
     _add_common(p)
-    p.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10: small style sets need several)")
-    p.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: epochs x full batches)")
-    p.add_argument("--learning-rate", "--lr", type=float, default=None,
-                   help="peak learning rate, linear decay (default: 3e-3 local LoRA, calibrated; the cookbook's on Tinker)")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8; the partial last batch is dropped)")
-    p.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8 local, 32 Tinker; 0 = full fine-tuning, local only)")
-    p.add_argument("--resume", default=None, help="continue the run in this log dir from its last checkpoint")
-    p.add_argument("--eval", dest="eval_data", default=None,
-                   help="held-out eval JSONL to score while training (e.g. data/minimal_sft/valid.jsonl; "
-                        "default: none). Writes heldout.jsonl; on Tinker its sampling is in the estimate")
-    p.add_argument("--eval-every", type=int, default=None,
-                   help="score --eval every N steps (default: once an epoch) and the final checkpoint")
+    flags.add_schedule(p, unit="rows",
+                       learning_rate="3e-3 for a local LoRA, 5e-4 at rank 0, as benchmarks/bench_sft.py measures "
+                                     "them; the cookbook's on Tinker",
+                       lora_rank="8 local, 32 Tinker; 0 = full fine-tuning, local only")
+    flags.add_resume(p, "sft")
+    flags.add_eval(p)
     p.set_defaults(func=_run_sft)
 
     s = sub.add_parser(
@@ -70,18 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--grid", action="append", required=True, metavar="SETTING=V1,V2",
                    help="a setting and its values, e.g. learning_rate=1e-3,3e-3 (repeat for more axes)")
     w.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
-    w.add_argument("--eval", dest="eval_data", default=None,
-                   help="held-out JSONL to choose on, scored while training (e.g. data/minimal_sft/valid.jsonl)")
-    w.add_argument("--eval-every", type=int, default=None, help="score --eval every N steps (default: once an epoch)")
+    flags.add_eval(w, writes=False)
     w.add_argument("--set", action="append", default=[], metavar="SETTING=V",
                    help="an sft setting fixed for every run, e.g. batch_size=8 (repeatable)")
     w.add_argument("--sweep-dir", default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
-    w.add_argument("--model", default=None, help="base model (default: the engine's; local/arith-tiny locally)")
-    w.add_argument("--engine", choices=["local", "tinker"], default=None, help="where to train (default: the model's)")
+    flags.add_target(w, model_default="the engine's; local/arith-tiny locally")
     w.add_argument("--max-parallel", type=int, default=1, help="runs at once (default 1)")
-    w.add_argument("--max-usd", type=float, default=None, help="budget for the whole sweep on Tinker")
-    w.add_argument("--yes", action="store_true", help="allow spending on Tinker (without it: print the estimate, exit 2)")
-    w.add_argument("--json", action="store_true", help="print one JSON object per run instead of the summary")
+    flags.add_spend(w, budget_of="the whole sweep", json_help="print one JSON object per run instead of the summary")
     w.set_defaults(func=_run_sweep)
 
 
@@ -99,21 +90,21 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         return True
     from ..pricing import estimate_cost
 
-    if not args.model:
-        print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling-Small)", file=sys.stderr)
+    if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
         return False
     est = estimate_cost(args.data, args.model, epochs=epochs, batch_size=batch_size, max_steps=steps,
                         max_usd=args.max_usd)
     evals = ""
     if getattr(args, "eval_data", None):
-        from ..evaluate import load_eval_rows
-        from ..train import prepare_data, run_estimate
+        from ..chat import load_eval_rows
+        from ..loop import estimate_run, eval_count
+        from ..train import prepare_data
 
         rows, _ = prepare_data(args.data)
         every = args.eval_every or max(1, len(rows) // batch_size)
-        n = -(-est.steps // every) + 1  # the eval steps and the final checkpoint
+        n = eval_count(est.steps, every)  # the eval steps and the final checkpoint
         held = load_eval_rows(args.eval_data)
-        both = run_estimate(rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
+        both = estimate_run("sft", rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
                             eval_rows=held, evals=n)
         eval_usd = "an unknown amount" if both["eval_usd"] is None else f"at most ${both['eval_usd']:.4f}"
         evals = f" Held-out evals: {n} x {len(held)} rows, {eval_usd}."
@@ -121,24 +112,6 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
           f"{est.steps} steps, about ${est.usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
           f"{est.price.source} {est.price.date}).{evals} Re-run with --yes to spend.", file=sys.stderr)
     return False
-
-
-def _print(result, as_json: bool) -> None:
-    if as_json:
-        import json
-
-        print(json.dumps(result.as_dict()))
-        return
-    loss = ("–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}")
-    usd = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
-    cost = usd(result.cost_usd) + ("" if result.estimated_usd is None else f" (estimated {usd(result.estimated_usd)})")
-    print(f"{result.model} on {result.engine}: {result.steps} steps, {result.tokens:,} tokens, loss {loss}, cost {cost}")
-    if result.evals:
-        final = "–" if result.heldout_accuracy is None else f"{result.heldout_accuracy:.1%}"
-        print(f"held-out:   {final} at the final checkpoint; best {result.best_accuracy:.1%} at step "
-              f"{result.best_step} ({result.evals} evals, heldout.jsonl)")
-    print(f"checkpoint: {result.checkpoint}")
-    print(f"log dir:    {result.log_dir}")
 
 
 def _run_sft(args: argparse.Namespace) -> int:
@@ -150,7 +123,7 @@ def _run_sft(args: argparse.Namespace) -> int:
                  learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
                  max_usd=args.max_usd, eval_data=args.eval_data, eval_every=args.eval_every)
-    _print(result, args.json)
+    flags.print_result(result, args.json)
     return 0
 
 
@@ -163,7 +136,7 @@ def _run_smoke(args: argparse.Namespace) -> int:
         return 2
     result = smoke(args.data, args.model, args.engine, steps=args.steps, log_dir=args.log_dir,
                    workspace=args.workspace, seed=args.seed, max_usd=args.max_usd)
-    _print(result, args.json)
+    flags.print_result(result, args.json)
     return 0
 
 
@@ -193,8 +166,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
     seeds = [int(x) for x in args.seeds.split(",")]
     if _engine(args) == "tinker" and not args.yes:
-        if not args.model:
-            print("machine-nb: --engine tinker needs --model (e.g. thinkingmachines/Inkling-Small)", file=sys.stderr)
+        if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
             return 2
         total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
                                         eval_every=args.eval_every, model=args.model, **fixed)

@@ -4,7 +4,7 @@ A view over `machine_nb.estimate_cost` / `estimate_eval_cost` (pricing.py decide
 counts tokens through tokens.py); this file caches the per-model token counts so that moving the
 epochs slider does not re-render the data, counts in a worker thread so the kernel stays free
 (a model's tokenizer may have to be fetched), drops a count that finishes after the user chose
-another model, and turns the total red past a budget. Its history sets the runs it is handed
+another model, and turns the total red past `max_usd`. Its history sets the runs it is handed
 (`record`) beside their estimates: what each was estimated to cost before it ran, and what it
 cost (tokens actually trained and sampled x price, from the run's log dir).
 """
@@ -15,16 +15,20 @@ import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
+from ..compat import renamed
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
 from ._base import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 # Seconds the constructor waits for the first count before showing "computing…": long enough for
-# any offline count of a notebook-sized file (48 rows on Inkling: ~20 ms), so an executed
-# notebook or report shows the numbers; short enough that a slow tokenizer does not hold the cell.
+# any offline count of a notebook-sized file, so an executed notebook or report shows the numbers;
+# short enough that a slow tokenizer does not hold the cell.
 FIRST_WAIT_S = 5.0
 CANNOT_PRICE = "cannot price training"
 #: Columns of `CostMeter.history`.
@@ -44,7 +48,7 @@ def history_rows(item: Any) -> list[dict]:
         observed (tokens actually trained, and the held-out evals' sampling, x price; None when a
         price is unknown).
     """
-    from ..train import TrainResult, read_training_log
+    from ..runlog import TrainResult, read_training_log
 
     if hasattr(item, "columns") and "log_dir" in getattr(item, "columns", ()):
         status = item["status"] if "status" in item.columns else None
@@ -59,7 +63,14 @@ def history_rows(item: Any) -> list[dict]:
 
 
 def model_choices(model: str | None = None) -> list[str]:
-    """The models the dropdown offers: the local engine's default, every priced model, and `model`."""
+    """The models the dropdown offers.
+
+    Args:
+        model: a model to offer too (default None).
+
+    Returns:
+        `model` (when not listed otherwise), the local engine's default, then every priced model.
+    """
     from ..engines import DEFAULT_LOCAL_MODEL
     from ..pricing import PRICES
 
@@ -119,13 +130,15 @@ class CostMeter(StaticFallback, widgets.VBox):
         batch_size: rows per optimizer step. Default 8, the minimal-SFT example's.
         max_steps: stop after this many steps, as `sft(max_steps=)` does. Default None: no cap.
         eval_data: eval rows (path or rows) to price an eval too. Default None: no eval line.
-        budget: USD limit for training + eval; the meter turns red and says by how much when over,
+        max_usd: USD limit for training + eval; the meter turns red and says by how much when over,
             and says it cannot check it when a part cannot be priced. Default None: no budget.
+            (`budget=` is its old name, still accepted with a DeprecationWarning.)
         max_tokens: sampled tokens per eval answer, as evaluate() uses. Default 32.
         background: count tokens in a worker thread ("computing…" meanwhile). Default None: in a
             Jupyter kernel yes, elsewhere no (a script gets the numbers when the call returns).
         history: runs to list under the estimate from the start (what `record` takes). Default
             None: none until `record` is called.
+        **kwargs: passed to ipywidgets.VBox (layout and the like).
 
     Trained tokens are counted as `machine_nb.sft` trains the rows (its `prepare_data`: step lines
     train their last assistant message, whole runs their flagged ones). The dropdown marks models
@@ -135,10 +148,11 @@ class CostMeter(StaticFallback, widgets.VBox):
     adds a finished run to `.history` (estimated vs observed tokens and USD), shown under the estimate.
     """
 
+    @renamed(budget="max_usd")
     def __init__(self, data: Any, model: str = "thinkingmachines/Inkling", epochs: int = 1, batch_size: int = 8,
-                 eval_data: Any = None, budget: float | None = None, max_tokens: int = 32, *,
+                 eval_data: Any = None, max_usd: float | None = None, max_tokens: int = 32, *,
                  max_steps: int | None = None, background: bool | None = None, history: Any = None,
-                 **kwargs: Any):
+                 **kwargs: Any) -> None:
         from .previewer import is_picker
 
         picker = data if is_picker(data) else None
@@ -146,7 +160,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.eval_data = _as_rows(eval_data)
         self.batch_size = int(batch_size)
         self.max_steps = None if max_steps is None else int(max_steps)
-        self.budget = budget
+        self.max_usd = max_usd
         self.max_tokens = int(max_tokens)
         self.background = _in_kernel() if background is None else bool(background)
         self.estimate = None
@@ -214,7 +228,11 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._epochs.value = int(value)
 
     def update_data(self, data: Any) -> None:
-        """Price new training data (e.g. a picker's selection) and redraw."""
+        """Price new training data (e.g. a picker's selection) and redraw.
+
+        Args:
+            data: as the constructor takes it (not a picker).
+        """
         with self._lock:
             self.data = _as_rows(data)
             self._counts.clear()
@@ -223,18 +241,30 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.recompute()
 
     def link(self, picker: Any) -> Any:
-        """Follow a RunPicker: each change of its selection re-prices `picker.selected`
-        (through `picker.observe_selection`). Returns the handler it registered."""
+        """Follow a RunPicker: each change of its selection re-prices `picker.selected`.
+
+        Args:
+            picker: the RunPicker (through its `observe_selection`).
+
+        Returns:
+            The handler it registered.
+        """
         handler = picker.observe_selection(self.update_data)
         self.update_data(picker.selected)
         return handler
 
     # history
     def record(self, run: Any) -> "CostMeter":
-        """Add finished runs to the history and redraw: a TrainResult, a log dir, or a sweep frame.
+        """Add finished runs to the history and redraw.
 
         Each entry sets the run's estimate (made before it started) beside what it cost: tokens
-        actually trained (and sampled by held-out evals) x price. Returns the meter.
+        actually trained (and sampled by held-out evals) x price.
+
+        Args:
+            run: a TrainResult, a log dir, or a sweep frame (one entry per run that has a log).
+
+        Returns:
+            The meter.
         """
         rows = history_rows(run)
         with self._lock:
@@ -243,7 +273,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         return self
 
     @property
-    def history(self):
+    def history(self) -> "pd.DataFrame":
         """The recorded runs as a DataFrame (HISTORY_COLUMNS), oldest first."""
         import pandas as pd
 
@@ -281,7 +311,7 @@ class CostMeter(StaticFallback, widgets.VBox):
     def _count(self, model: str) -> Any:
         """Training token counts of the current data for `model` (runs in the worker when background)."""
         from ..tokens import count_tokens
-        from ..train import prepare_data
+        from ..runlog import prepare_data
 
         with self._lock:
             data, prepared = self.data, self._prepared
@@ -401,8 +431,14 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._static_changed()
 
     def wait(self, timeout: float | None = None) -> CostMeter:
-        """Wait (at most `timeout` seconds; default None: as long as it takes) for the counts the
-        current choice needs; returns the meter."""
+        """Wait for the counts the current choice needs.
+
+        Args:
+            timeout: seconds at most (default None: as long as it takes).
+
+        Returns:
+            The meter.
+        """
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -435,14 +471,26 @@ class CostMeter(StaticFallback, widgets.VBox):
         return sum(parts)
 
     @property
+    def budget(self) -> float | None:
+        """The old name of `max_usd` (a DeprecationWarning says so)."""
+        from ..compat import deprecated_alias
+
+        deprecated_alias("CostMeter.budget", "CostMeter.max_usd")
+        return self.max_usd
+
+    @property
     def over_by(self) -> float:
-        """USD over the budget (0.0 when within it, with no budget, or when it cannot be priced)."""
-        if self.budget is None or self.total_usd is None:
+        """USD over `max_usd` (0.0 when within it, with no budget, or when it cannot be priced)."""
+        if self.max_usd is None or self.total_usd is None:
             return 0.0
-        return max(0.0, self.total_usd - float(self.budget))
+        return max(0.0, self.total_usd - float(self.max_usd))
 
     def warnings(self) -> list[str]:
-        """What would make this run train nothing: 0 steps (fewer rows than a batch) or 0 trained tokens."""
+        """What would make this run train nothing.
+
+        Returns:
+            Sentences for 0 steps (fewer rows than a batch) and 0 trained tokens; [] when neither.
+        """
         e, out = self.estimate, []
         if e is None:
             return out
@@ -454,6 +502,11 @@ class CostMeter(StaticFallback, widgets.VBox):
         return out
 
     def summary(self) -> str:
+        """The meter in one line: tokens, steps, USD, the budget and the recorded runs.
+
+        Returns:
+            The line (also the text/plain of a saved notebook).
+        """
         with self._lock:
             recorded = list(self._history)
         text = self._summary()
@@ -480,6 +533,11 @@ class CostMeter(StaticFallback, widgets.VBox):
         return f"{head}: {train}{ev}{over}"
 
     def static_html(self) -> str:
+        """The meter as self-contained HTML (the saved notebook's copy).
+
+        Returns:
+            The HTML.
+        """
         e, ev = self.estimate, self.eval_estimate
         rows = []
         if self.computing:
@@ -501,9 +559,9 @@ class CostMeter(StaticFallback, widgets.VBox):
             rows.append(("eval", f'<b style="color:{text_colour(RED)}">cannot price</b>'))
         total = self.total_usd
         if total is not None:
-            colour = text_colour(RED) if self.over_by > 0 else (text_colour(GREEN) if self.budget is not None else FG)
+            colour = text_colour(RED) if self.over_by > 0 else (text_colour(GREEN) if self.max_usd is not None else FG)
             rows.append(("total", f'<b style="color:{colour}">${total:.4f}</b>'))
-        if self.budget is not None:
+        if self.max_usd is not None:
             if self.computing:
                 verdict = "checked once the counts are in"
             elif total is None:
@@ -514,7 +572,7 @@ class CostMeter(StaticFallback, widgets.VBox):
                            f'${self.over_by:.2f}</b>')
             else:
                 verdict = f'<span style="color:{text_colour(GREEN)}">within budget</span>'
-            rows.append(("budget", f"${float(self.budget):.2f} · {verdict}"))
+            rows.append(("budget", f"${float(self.max_usd):.2f} · {verdict}"))
         price = (e or ev).price if (e or ev) is not None else None
         if price is not None:
             f = lambda v: "?" if v is None else f"{v:g}"  # noqa: E731

@@ -15,20 +15,23 @@ run goes (at most every STATIC_EVERY_S) and when it ends.
 from __future__ import annotations
 
 import io
-import json
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets as widgets
 
+from ..runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS
 from ._base import RED, StaticFallback, escape, text_colour
 
-LOSS = "train_mean_nll"
-DPO_LOSS = "dpo_loss"
-HELDOUT = (("test/accuracy", "o-", "held-out accuracy"), ("test/format_rate", "s:", "format rate"))
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+LOSS = SFT_LOSS
+HELDOUT = ((HELDOUT_ACCURACY, "o-", "held-out accuracy"), (HELDOUT_FORMAT_RATE, "s:", "format rate"))
 DPO_ACCURACY, DPO_MARGIN = "accuracy", "margin"
 # Seconds between updates of the saved notebook's copy of the plot while a run goes: each sends
 # the PNG again (~40 KB), the live image already shows every step.
@@ -41,14 +44,20 @@ def _as_dirs(log_dirs: Any) -> list[Path]:
     return [Path(d) for d in log_dirs]
 
 
-def read_metrics(log_dirs: Any):
-    """The metrics of one or several log dirs as one DataFrame: `machine_nb.training_metrics`
-    (one row per metrics.jsonl line, a partial last line skipped, any other bad line skipped with a
-    warning), with `run` the log dir's name, or its path when two dirs share a name.
+def read_metrics(log_dirs: Any) -> "pd.DataFrame":
+    """The metrics of one or several log dirs as one DataFrame.
+
+    Args:
+        log_dirs: a log dir or a list of them.
+
+    Returns:
+        `machine_nb.training_metrics`'s frame (one row per step, a partial last line skipped, any
+        other bad line skipped with a warning), with `run` the log dir's name, or its path when
+        two dirs share a name.
     """
     import pandas as pd
 
-    from ..train import training_metrics
+    from ..runlog import training_metrics
 
     dirs = _as_dirs(log_dirs)
     names = [d.name for d in dirs]
@@ -63,9 +72,16 @@ def read_metrics(log_dirs: Any):
 
 
 def ema(values: Iterable[float], weight: float = 0.6) -> list[float]:
-    """Debiased exponential moving average, as TensorBoard smooths: s_t = w·s_{t-1} + (1−w)·x_t,
-    divided by (1 − w^t) so early points are not pulled toward 0. NaN inputs give NaN and are
-    skipped. weight: the share kept from the previous smoothed value (0 = raw, near 1 = flat).
+    """Debiased exponential moving average, as TensorBoard smooths.
+
+    s_t = w·s_{t-1} + (1−w)·x_t, divided by (1 − w^t) so early points are not pulled toward 0.
+
+    Args:
+        values: the raw values (None or NaN give NaN and are skipped).
+        weight: the share kept from the previous smoothed value (default 0.6; 0 = raw, near 1 = flat).
+
+    Returns:
+        The smoothed values, one per input.
     """
     out, s, n = [], 0.0, 0
     for x in values:
@@ -78,42 +94,58 @@ def ema(values: Iterable[float], weight: float = 0.6) -> list[float]:
     return out
 
 
-def loss_column(frame) -> str:
-    """The loss the runs in `frame` log: `train_mean_nll` when any row has it, else `dpo_loss`
-    when any has that (DPO), else `train_mean_nll`."""
+def loss_column(frame: "pd.DataFrame") -> str:
+    """The loss the runs in a metrics frame log (runlog.loss_metric's rule, on a frame).
+
+    Args:
+        frame: a `read_metrics` frame.
+
+    Returns:
+        `train_mean_nll` when any row has it, else `dpo_loss` when any has that (DPO), else `train_mean_nll`.
+    """
     for col in (LOSS, DPO_LOSS):
         if col in frame.columns and frame[col].notna().any():
             return col
     return LOSS
 
 
-def _has(frame, col: str) -> bool:
+def _has(frame: "pd.DataFrame", col: str) -> bool:
     return col in frame.columns and frame[col].notna().any()
 
 
-def eval_loss_columns(frame) -> list[str]:
-    """Logged eval-loss columns (`test/…nll` or `test/…loss`), if any."""
+def eval_loss_columns(frame: "pd.DataFrame") -> list[str]:
+    """The eval-loss columns a metrics frame has.
+
+    Args:
+        frame: a `read_metrics` frame.
+
+    Returns:
+        Its `test/…nll` and `test/…loss` columns ([] when none).
+    """
     return [c for c in frame.columns if str(c).startswith("test/") and (str(c).endswith("nll") or str(c).endswith("loss"))]
 
 
-def finished(log_dir: Path) -> bool:
-    """Whether the run is over: it wrote its final checkpoint (a row named "final" in
-    checkpoints.jsonl) and, when it scores held-out rows (its machine_nb.json says so), the final
-    checkpoint's score (a "final" line in heldout.jsonl; written after the checkpoint)."""
+def finished(log_dir: str | os.PathLike) -> bool:
+    """Whether a run is over.
+
+    Args:
+        log_dir: the run's log dir.
+
+    Returns:
+        True once it wrote its final checkpoint (a row named "final" in checkpoints.jsonl) and,
+        when it scores held-out rows (its run record says so), the final checkpoint's score (a
+        "final" line in heldout.jsonl, written after the checkpoint).
+    """
     from ..jsonl import iter_jsonl
-    from ..train import HELDOUT_FILE, MARKER
+    from ..runlog import CHECKPOINTS_FILE, HELDOUT_FILE, read_marker
 
     log_dir = Path(log_dir)
-    path = log_dir / "checkpoints.jsonl"
+    path = log_dir / CHECKPOINTS_FILE
     if not path.exists():
         return False
     if not any(isinstance(v, dict) and v.get("name") == "final" for _, v in iter_jsonl(path, on_error="skip")):
         return False
-    try:
-        heldout = bool(json.loads((log_dir / MARKER).read_text(encoding="utf-8")).get("heldout"))
-    except (OSError, ValueError, AttributeError):
-        heldout = False
-    if not heldout:
+    if not read_marker(log_dir).get("heldout"):  # a broken record reads as none (the run says no more)
         return True
     scores = log_dir / HELDOUT_FILE
     return scores.exists() and any(isinstance(v, dict) and v.get("final")
@@ -121,14 +153,30 @@ def finished(log_dir: Path) -> bool:
 
 
 def smoothing_note(weight: float) -> str:
-    """The sentence written on the plot saying what the smoothed line is."""
+    """The sentence written on the plot saying what the smoothed line is.
+
+    Args:
+        weight: the EMA weight.
+
+    Returns:
+        The sentence.
+    """
     return (f"lines: EMA, weight {weight:g} on the previous smoothed value (debiased); "
             "faint dots: raw loss per step")
 
 
-def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
-    """A matplotlib Figure (Agg, no pyplot state) of loss per step for every run in `frame`, with
-    panels below for held-out accuracy and DPO's accuracy and margin when the runs log them."""
+def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training loss") -> "Figure":
+    """Loss per step for every run in a metrics frame, with panels below for held-out accuracy and
+    DPO's accuracy and margin when the runs log them.
+
+    Args:
+        frame: a `read_metrics` frame.
+        smoothing: the EMA weight of the loss lines (default 0.6).
+        title: the plot's title (default "training loss").
+
+    Returns:
+        A matplotlib Figure (Agg, no pyplot state).
+    """
     from matplotlib.figure import Figure
 
     heldout = any(_has(frame, col) for col, _, _ in HELDOUT)
@@ -209,8 +257,15 @@ def figure(frame, smoothing: float = 0.6, title: str = "training loss"):
     return fig
 
 
-def png_bytes(fig) -> bytes:
-    """The figure as PNG bytes (Agg backend)."""
+def png_bytes(fig: "Figure") -> bytes:
+    """A figure as PNG.
+
+    Args:
+        fig: a matplotlib Figure.
+
+    Returns:
+        The PNG bytes (Agg backend).
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
@@ -237,13 +292,15 @@ class LossPlot(StaticFallback, widgets.VBox):
             takes about a second; a check is two stat() calls.
         live: poll in a background thread until every run wrote its final checkpoint. Default
             True; False draws once (`.refresh()` / `.update()` redraw).
+        **kwargs: passed to ipywidgets.VBox (layout and the like).
 
-    `.frame` is the metrics DataFrame (see `read_metrics`); `.stop()` ends the polling and draws
+    `.frame` is the metrics DataFrame (see `read_metrics`); `.poll()` checks the files once, as
+    the thread does; `.wait()` waits for the thread to end; `.stop()` ends the polling and draws
     the final state. Displaying it again in the same cell updates the one output in place.
     """
 
     def __init__(self, log_dirs: Any, smoothing: float = 0.6, refresh_s: float = 1.0, live: bool = True,
-                 **kwargs: Any):
+                 **kwargs: Any) -> None:
         self.log_dirs = _as_dirs(log_dirs)
         self.smoothing = float(smoothing)
         self.refresh_s = float(refresh_s)
@@ -264,7 +321,11 @@ class LossPlot(StaticFallback, widgets.VBox):
             self._thread.start()
 
     def finished(self) -> bool:
-        """Whether every run wrote its final checkpoint."""
+        """Whether every run is over (see the module's `finished`).
+
+        Returns:
+            True when all are.
+        """
         return all(finished(d) for d in self.log_dirs)
 
     @property
@@ -283,16 +344,43 @@ class LossPlot(StaticFallback, widgets.VBox):
                     sig.append(None)
         return tuple(sig)
 
+    def poll(self) -> bool:
+        """Check the log dirs once, as the background thread does every `refresh_s`.
+
+        Redraws when their files changed since the last draw, and draws the final state (also
+        into the saved notebook) once every run has finished.
+
+        Returns:
+            Whether every run has finished (the thread stops then).
+        """
+        if self._signature() != self._seen:
+            self.refresh()
+        if self.finished():
+            self.refresh(final=True)
+            return True
+        return False
+
     def _poll(self) -> None:
         while not self._stop.wait(self.refresh_s):
-            if self._signature() != self._seen:
-                try:
-                    self.refresh()
-                except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
-                    self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
-            if self.finished():
-                self.refresh(final=True)
-                break
+            try:
+                if self.poll():
+                    break
+            except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
+                self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the background poll ends: every run finished, or `stop()` was called.
+
+        Args:
+            timeout: seconds to wait at most (default None: as long as it takes).
+
+        Returns:
+            Whether the poll has ended (False: still live after `timeout`).
+        """
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        return not self.live
 
     def stop(self) -> None:
         """Stop the live polling and draw what the files hold now; the saved notebook keeps it."""
@@ -302,14 +390,22 @@ class LossPlot(StaticFallback, widgets.VBox):
         self.refresh(final=True)
 
     def update(self, rows: Any = None) -> None:
-        """Redraw now with what the log dirs hold (`rows`: the new metrics rows, as
-        `sft(on_metrics=…)` hands them; they are already on disk, so the files are read whole)."""
+        """Redraw now with what the log dirs hold (what `sft(on_metrics=…)` calls).
+
+        Args:
+            rows: the new metrics rows, as sft hands them (default None); they are already on
+                disk, so the files are read whole.
+        """
         done = self.finished()
         if done or self._signature() != self._seen:  # nothing new on disk: nothing to draw
             self.refresh(final=done)
 
     def refresh(self, final: bool = False) -> None:
-        """Re-read the metrics and redraw (`final`: also update the saved copy at once)."""
+        """Re-read the metrics and redraw.
+
+        Args:
+            final: also update the saved notebook's copy at once (default False: at most every STATIC_EVERY_S).
+        """
         with self._lock:  # the poll thread and a user's call never interleave a redraw
             self._seen = self._signature()
             self._draw(read_metrics(self.log_dirs))
@@ -320,7 +416,7 @@ class LossPlot(StaticFallback, widgets.VBox):
                 except Exception:  # the kernel or display went away; the live view is all there is
                     pass
 
-    def _draw(self, frame=None) -> None:
+    def _draw(self, frame: "pd.DataFrame | None" = None) -> None:
         frame = self.frame if frame is None else frame
         png = png_bytes(figure(frame, self.smoothing))
         self.redraws += 1
@@ -329,6 +425,11 @@ class LossPlot(StaticFallback, widgets.VBox):
         self._status.value = escape(self.summary())
 
     def summary(self) -> str:
+        """The plot in one line: each run's steps, last loss and held-out or preference accuracy.
+
+        Returns:
+            The line (also the text/plain of a saved notebook).
+        """
         parts = []
         loss_col = loss_column(self.frame)
         for run, df in self.frame.groupby("run", sort=False):
@@ -348,9 +449,19 @@ class LossPlot(StaticFallback, widgets.VBox):
         return f"LossPlot: {body}"
 
     def static_png(self) -> bytes | None:
+        """The plot as the saved notebook keeps it.
+
+        Returns:
+            The PNG, or None before the first draw.
+        """
         return self._png or None
 
     def static_html(self) -> str:
+        """The plot and its summary as self-contained HTML (the saved notebook's copy).
+
+        Returns:
+            The HTML.
+        """
         import base64
 
         img = base64.b64encode(self._png).decode("ascii")

@@ -11,12 +11,16 @@ table are also the static fallback a saved notebook keeps.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from ._base import BG, BG_ALT, BORDER, FG, FG_MUTED, StaticFallback, escape
 from .loss_plot import png_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 #: Run columns the metric dropdown offers, when the frame has values for them.
 METRICS = ("heldout_accuracy", "best_accuracy", "heldout_format_rate", "final_loss", "cost_usd")
@@ -26,15 +30,33 @@ def _label(value: Any) -> str:
     return format(value, "g") if isinstance(value, float) else str(value)
 
 
-def metric_choices(frame: Any) -> list[str]:
-    """The METRICS a sweep frame has values for (held-out accuracy first when present)."""
+def metric_choices(frame: "pd.DataFrame") -> list[str]:
+    """The metrics the dropdown offers for a sweep frame.
+
+    Args:
+        frame: a sweep frame.
+
+    Returns:
+        The METRICS it has values for, in METRICS' order (held-out accuracy first when present).
+    """
     return [m for m in METRICS if m in frame.columns and frame[m].notna().any()]
 
 
-def sweep_figure(frame: Any, summary: Any, x: str, metric: str, *, level: float = 0.95):
-    """A matplotlib Figure (Agg, no pyplot state): `metric` against setting `x`, one line per
-    combination of the other axes; dots per seed, the mean as the line, bars for the interval
-    (or the seeds' range when the summary has no interval)."""
+def sweep_figure(frame: "pd.DataFrame", summary: "pd.DataFrame", x: str, metric: str, *,
+                 level: float = 0.95) -> "Figure":
+    """A sweep's metric against one setting, one line per combination of the other settings.
+
+    Args:
+        frame: a sweep frame.
+        summary: its `sweep_summary` for `metric`.
+        x: the setting on the x axis.
+        metric: the run column on the y axis.
+        level: the interval's confidence level, named on the plot (default 0.95).
+
+    Returns:
+        A matplotlib Figure (Agg, no pyplot state): dots per seed, the mean as the line, bars
+        for the interval (held-out accuracy) or the seeds' range (other metrics).
+    """
     from matplotlib.figure import Figure
 
     from ..sweeps import axes_of
@@ -81,8 +103,17 @@ def sweep_figure(frame: Any, summary: Any, x: str, metric: str, *, level: float 
     return fig
 
 
-def summary_table_html(summary: Any, axes: list[str], metric: str) -> str:
-    """The summary as an HTML table in the theme's colours."""
+def summary_table_html(summary: "pd.DataFrame", axes: list[str], metric: str) -> str:
+    """A sweep summary as an HTML table in the theme's colours.
+
+    Args:
+        summary: a `sweep_summary` frame.
+        axes: the grid's settings (its first columns).
+        metric: the metric it summarises (percentages for accuracies and rates).
+
+    Returns:
+        The table.
+    """
     pct = metric.endswith("accuracy") or metric.endswith("rate")
     val = (lambda v: "–" if v is None or v != v else f"{v:.1%}") if pct else (
         lambda v: "–" if v is None or v != v else f"{v:.4g}")
@@ -109,13 +140,14 @@ class SweepView(StaticFallback, widgets.VBox):
             held-out accuracy), or the first of METRICS the frame has.
         x: the setting on the x axis. Default None: the grid's first axis.
         level: the confidence level of the intervals. Default 0.95.
+        **kwargs: passed to ipywidgets.VBox (layout and the like).
 
     `.summary_frame` is `sweep_summary(frame, metric)`, `.verdict` the words (sweeps.verdict); the
     dropdowns choose the metric and the setting, and the saved notebook keeps the last choice.
     """
 
     def __init__(self, frame: Any, metric: str = "heldout_accuracy", x: str | None = None, level: float = 0.95,
-                 **kwargs: Any):
+                 **kwargs: Any) -> None:
         from ..sweeps import axes_of, read_sweep
 
         if isinstance(frame, (str, os.PathLike)):
@@ -179,6 +211,11 @@ class SweepView(StaticFallback, widgets.VBox):
                 f'<small style="color:{FG_MUTED}">{runs} runs{note}</small></div>')
 
     def summary(self) -> str:
+        """The view in one line: settings, seeds and the best setting by mean.
+
+        Returns:
+            The line (also the text/plain of a saved notebook).
+        """
         s = self.summary_frame
         if s.empty:
             return f"SweepView: {len(self.frame)} runs, none finished"
@@ -191,9 +228,19 @@ class SweepView(StaticFallback, widgets.VBox):
                 f"({self.metric} {value})")
 
     def static_png(self) -> bytes | None:
+        """The plot as the saved notebook keeps it.
+
+        Returns:
+            The PNG, or None before the first draw.
+        """
         return self._png or None
 
     def static_html(self) -> str:
+        """The plot, table and verdict as self-contained HTML (the saved notebook's copy).
+
+        Returns:
+            The HTML.
+        """
         import base64
 
         img = base64.b64encode(self._png).decode("ascii")
