@@ -267,7 +267,8 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     from machine_nb.pricing import price_for
     price, cost = price_for(MODEL), written["cost"]
     want = (written["prompt_tokens"] * price.prefill + written["output_tokens"] * price.sample) / 1e6
-    assert cost["usd"] == pytest.approx(want, rel=1e-3) and cost["usd"] > 0 and "pricing" in cost["source"]
+    assert cost["usd"] == pytest.approx(want, rel=1e-3) and cost["usd"] > 0
+    assert cost["source"] == f"{price.source} ({price.date})" and cost["prefill_per_m"] == price.prefill
     assert os.stat(tmp_path / "eval_results" / "baseline.json").st_mode & 0o077 == 0
 
     back = load_results(tmp_path / "eval_results" / "baseline.json")
