@@ -140,7 +140,8 @@ def test_parallel_runs_give_the_numbers_of_sequential_ones(swept, corpus, tmp_pa
         assert a.run == b.run
         assert list(training_metrics(a.log_dir)["train_mean_nll"].dropna()) == list(
             training_metrics(b.log_dir)["train_mean_nll"].dropna())
-        assert list(heldout_results(a.log_dir, "final")["output"]) == list(heldout_results(b.log_dir, "final")["output"])
+        assert list(heldout_results(a.log_dir, "final").rows["output"]) == list(
+            heldout_results(b.log_dir, "final").rows["output"])
 
 
 def test_summary_spread_interval_and_words(swept):
