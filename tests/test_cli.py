@@ -162,7 +162,7 @@ def _cli(*args: str, cwd) -> str:
 
 @pytest.mark.slow
 def test_headless_minimal_sft_loop_like_machines_train_commands(tmp_path):
-    """The seed README's loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine."""
+    """Machine's minimal SFT loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine."""
     _cli("corpus", "-o", "data", cwd=tmp_path)
     assert "0 error(s)" in _cli("validate", "data/train.jsonl", "-m", "local/arith-tiny", "--eval", "data/eval.jsonl",
                                 cwd=tmp_path)
