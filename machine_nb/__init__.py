@@ -3,7 +3,13 @@
 Every public name is importable from here and loads lazily: `import machine_nb` stays fast
 (no pandas, torch, tinker or tinker-cookbook until a call needs them). The map below is the
 public API; each name lives in the module a reader would look for (`select_runs` in
-`select.py`, `LossPlot` in `widgets/loss_plot.py`).
+`select.py`, `LossPlot` in `widgets/loss_plot.py`, what a training log dir reads back as in
+`runlog.py`).
+
+Kept out on purpose: `DPOResult`, the old name of TrainResult for DPO runs (one result class
+serves sft and dpo now; `machine_nb.preference.DPOResult` still answers for a release, with a
+DeprecationWarning). `close_clients` is here because a notebook that uses a `machine-nb serve`
+server through engine="tinker" calls it before stopping that server.
 """
 
 from __future__ import annotations
@@ -57,9 +63,10 @@ _API: dict[str, str] = {
     # training
     "sft": "train",
     "smoke": "train",
-    "TrainResult": "train",
-    "read_training_log": "train",
-    "training_metrics": "train",
+    # a training log dir read back
+    "TrainResult": "runlog",
+    "read_training_log": "runlog",
+    "training_metrics": "runlog",
     # evaluation
     "load_eval_rows": "chat",
     "score_output": "scoring",
@@ -84,6 +91,7 @@ _API: dict[str, str] = {
     "run_report": "report",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines",
+    "close_clients": "engines",
     # the checks sft runs first, and what they raise
     "preflight": "validate",
     "ValidationFailed": "errors",
@@ -105,8 +113,8 @@ _API: dict[str, str] = {
     "load_records": "frames",
     "run_index_path": "store.index",
     # held-out accuracy while training, sweeps
-    "heldout_curve": "train",
-    "heldout_results": "train",
+    "heldout_curve": "runlog",
+    "heldout_results": "runlog",
     "sweep": "sweeps",
     "read_sweep": "sweeps",
     "sweep_summary": "sweeps",

@@ -22,7 +22,6 @@ from typing import Any
 import pandas as pd
 
 from .errors import MachineFormatError
-from .jsonl import parse_json
 from .export import case_key, held_out_keys, run_case, say_excluded
 # Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
 from .store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages, comparison_line,  # noqa: F401
@@ -394,30 +393,27 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
 
     Args:
         results: an `evaluate` / `evaluate_cases` result (an EvalResult or its rows frame), or the
-            path of a results JSON (its rows carry the exact prompt messages).
-        instructions: for a DataFrame, the system message of the prompt (`[system, user: input]`,
-            as `evaluate_cases` prompts); default None: none. Ignored when rows carry messages.
+            path of a results JSON (read with results.load_results, which keeps each row's exact
+            prompt `messages`).
+        instructions: for rows without `messages` (an in-memory result), the system message of the
+            prompt (`[system, user: input]`, as `evaluate_cases` prompts); default None: none.
+            Ignored when rows carry messages.
         machine: recorded in the `machine` column (default None).
 
     Returns:
         A PreferencePairs frame with source "results" (`chosen_tag`/`rejected_tag` None).
-    """
-    path: Path | None = None
-    if isinstance(results, (str, os.PathLike)):
-        path = Path(results)
-        data = _json_document(path, "not a results JSON")
-        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-            raise MachineFormatError(path, "not a results JSON (no 'rows' list)", field="rows")
-        rows = data["rows"]
-    else:
-        from .results import as_eval_result
 
-        rows = as_eval_result(results).rows.to_dict("records")
+    Raises:
+        MachineFormatError: a results file that is not JSON or not a results file (naming its
+            line and field), or a row whose `messages` is not a list of chat messages.
+    """
+    from .results import as_eval_result
+
+    res = as_eval_result(results)
+    path = res.path if isinstance(results, (str, os.PathLike)) else None
     out = _Collector(set())
     system = [{"role": "system", "content": instructions}] if instructions else []
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            raise MachineFormatError(path, "a per-row result must be an object", field=f"rows.{i}")
+    for i, r in enumerate(res.rows.to_dict("records")):
         if r.get("match") != "exact" or r.get("correct") or isinstance(r.get("error"), str):
             continue
         expected, output = r.get("expected"), r.get("output")
@@ -433,19 +429,6 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
         out.add(pair_record("results", machine, prompt, {"role": "assistant", "content": expected},
                             {"role": "assistant", "content": output}))
     return _frame(out.result(), [], out.skipped)
-
-
-def _json_document(path: Path, what: str) -> Any:
-    """A whole-file JSON document through jsonl's bounded parser; its errors name the file, the
-    line and the field."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise MachineFormatError(path, "file not found") from None
-    try:
-        return parse_json(raw, path)
-    except MachineFormatError as exc:
-        raise MachineFormatError(path, f"{what}: {exc.reason}", line=exc.line, field=exc.field) from None
 
 
 # ---------------------------------------------------------------------------------------------

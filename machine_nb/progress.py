@@ -4,6 +4,9 @@ In a Jupyter kernel it is a single HTML line updated in place (`display(..., dis
 so the saved notebook keeps one clean, static line ("sft: 60/60 steps · loss 0.12 · 1.4 s")
 and no widget state that GitHub cannot render. In a terminal it is tqdm. `enabled=False` (or
 MACHINE_NB_PROGRESS=0) silences it.
+
+Every call that takes `progress: bool | None` decides with `resolve_progress`: True or False
+decide; None shows a bar unless the environment variable MACHINE_NB_PROGRESS is "0".
 """
 
 from __future__ import annotations
@@ -14,6 +17,27 @@ import sys
 import time
 from collections.abc import Iterator
 from typing import Any
+
+
+#: The environment variable that turns `progress=None` bars off when it is "0".
+PROGRESS_ENV = "MACHINE_NB_PROGRESS"
+
+
+def resolve_progress(value: bool | None = None, *, worth_a_bar: bool = True) -> bool:
+    """Whether a call shows a progress bar: the one rule behind every `progress: bool | None` argument.
+
+    Args:
+        value: the caller's `progress` argument. True or False decide; None (default) leaves it
+            to the rule.
+        worth_a_bar: what None means for this call before the environment is asked (default
+            True; False for work too small to need a bar, e.g. counting the tokens of a short file).
+
+    Returns:
+        `value` when it is True or False; else `worth_a_bar`, unless MACHINE_NB_PROGRESS is "0".
+    """
+    if value is not None:
+        return bool(value)
+    return worth_a_bar and os.environ.get(PROGRESS_ENV, "1") != "0"
 
 
 def _in_kernel() -> bool:
@@ -40,7 +64,8 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         desc: the label before the count (default "").
         unit: what is counted, e.g. "row", "steps" (default "it").
         enabled: show the bar. Default None: on (an HTML line in a Jupyter kernel, tqdm on
-            stderr elsewhere) unless MACHINE_NB_PROGRESS=0; False draws nothing but still counts.
+            stderr elsewhere) unless MACHINE_NB_PROGRESS=0 (resolve_progress); False draws
+            nothing but still counts.
     """
 
     min_interval = 0.2  # seconds between redraws in a notebook
@@ -55,8 +80,7 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         self.start = time.monotonic()
         self._last = 0.0
         self._closed = False
-        if enabled is None:
-            enabled = os.environ.get("MACHINE_NB_PROGRESS", "1") != "0"
+        enabled = resolve_progress(enabled)
         self._mode = "off" if not enabled else ("html" if _in_kernel() else "tqdm")
         self._handle = None
         self._tqdm = None

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from .compat import renamed
 from .jsonl import atomic_write_text
+from .progress import resolve_progress
 from .redact import REDACTED, is_secret_name, scrub, secret_values  # noqa: F401  (the rule's home)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -350,7 +351,7 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
             papermill.execute_notebook(
                 str(notebook), memory, parameters=parameters, kernel_name=kernel_name,
                 cwd=str(cwd or notebook.parent),
-                progress_bar=progress if progress is not None else os.environ.get("MACHINE_NB_PROGRESS", "1") != "0",
+                progress_bar=resolve_progress(progress),
                 **({"execution_timeout": timeout} if timeout else {}))
         except Exception as exc:  # keep going: the partial notebook shows where it failed
             error = exc

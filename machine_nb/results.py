@@ -93,11 +93,14 @@ def load_results(path: str | os.PathLike) -> EvalResult:
         path: the results file.
 
     Returns:
-        An EvalResult: `rows` with RESULT_COLUMNS (and "case" where the rows have one),
-        `summary` the file without its rows, `path` the file.
+        An EvalResult: `rows` with RESULT_COLUMNS first, then every other column the file's rows
+        carry, in the order they first appear (evaluate() writes "line", "messages" (the exact
+        prompt) and "format"; evaluate_cases "case", "trial", "input" and "messages"; a column
+        some rows lack is empty on those), `summary` the file without its rows, `path` the file.
 
     Raises:
-        MachineFormatError: the file is missing or is not such a result, naming the file and field.
+        MachineFormatError: the file is missing, is not JSON (naming the line and field where
+            the parser stopped) or is not such a result (naming the field).
     """
     import pandas as pd
 
@@ -109,7 +112,7 @@ def load_results(path: str | os.PathLike) -> EvalResult:
     except FileNotFoundError:
         raise MachineFormatError(path, "file not found") from None
     except MachineFormatError as exc:
-        raise MachineFormatError(path, f"not a results JSON: {exc.reason}") from None
+        raise MachineFormatError(path, f"not a results JSON: {exc.reason}", line=exc.line, field=exc.field) from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
     for i, row in enumerate(data["rows"]):
@@ -120,7 +123,7 @@ def load_results(path: str | os.PathLike) -> EvalResult:
     for col in RESULT_COLUMNS:
         if col not in df.columns:
             df[col] = range(len(df)) if col == "row" else None
-    df = df[RESULT_COLUMNS + (["case"] if "case" in df.columns else [])]
+    df = df[RESULT_COLUMNS + [c for c in df.columns if c not in RESULT_COLUMNS]]
     return EvalResult(df, {k: v for k, v in data.items() if k != "rows"}, os.fspath(path))
 
 

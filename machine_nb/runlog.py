@@ -29,6 +29,8 @@ from .jsonl import iter_jsonl, parse_json
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .results import EvalResult
+
 #: The loss a step logs: supervised runs `train_mean_nll`, the cookbook's DPO `dpo_loss`.
 SFT_LOSS = "train_mean_nll"
 DPO_LOSS = "dpo_loss"
@@ -467,26 +469,29 @@ def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95) -> "pd.Dat
     return pd.DataFrame(out, columns=CURVE_COLUMNS)
 
 
-def heldout_results(log_dir: str | os.PathLike, step: int | str | None = None) -> "pd.DataFrame":
-    """The per-row held-out results of a run's evals, as a DataFrame.
+def heldout_results(log_dir: str | os.PathLike, step: int | str | None = None) -> "EvalResult | pd.DataFrame":
+    """The per-row held-out results of a run's evals: one step's as an EvalResult, or every step's as a table.
 
     Args:
         log_dir: the run's log dir.
-        step: default None = every eval step (a `step` column first); an int = that step's rows
-            alone, in evaluate()'s result shape, so `mnb.compare(heldout_results(d, 0),
-            heldout_results(d, "final"))` pairs the starting weights with the checkpoint row by
-            row; "final" / "best" = the final checkpoint's / the best step's.
+        step: default None = every eval step, as one DataFrame (a `step` column first); an int =
+            that step's rows alone, as evaluate() returns them, so `mnb.compare(heldout_results(d,
+            0), heldout_results(d, "final"))` pairs the starting weights with the checkpoint row
+            by row; "final" / "best" = the final checkpoint's / the best step's.
 
     Returns:
-        results.RESULT_COLUMNS (with `step` first when step is None); for one step,
-        `attrs["summary"]` holds its name, accuracy, format rate and sampling parameters.
+        For one step, an EvalResult: `rows` with results.RESULT_COLUMNS, `summary` its name
+        ("<log dir name> step N", "(final)" added for the final checkpoint), step, accuracy,
+        format_rate, n, parameters (the sampling), data (the eval file and its sha256) and
+        log_dir; `path` None (no results JSON is written). For step None, a DataFrame with
+        `step` then RESULT_COLUMNS, one row per eval row per step.
 
     Raises:
         KeyError: when the run logged no eval at that step (the message lists the steps it has).
     """
     import pandas as pd
 
-    from .results import RESULT_COLUMNS
+    from .results import RESULT_COLUMNS, EvalResult
 
     path = Path(log_dir)
     steps = heldout_steps(path)
@@ -504,12 +509,10 @@ def heldout_results(log_dir: str | os.PathLike, step: int | str | None = None) -
         have = ", ".join(str(s.get("step")) for s in steps) or "none"
         raise KeyError(f"{path} logged no held-out eval at step {step!r} (steps: {have})")
     s = chosen[-1]
-    df = pd.DataFrame(s["rows"], columns=RESULT_COLUMNS)
     label = f"{path.name} step {s.get('step')}" + (" (final)" if s.get("final") else "")
-    df.attrs["summary"] = {"name": label, "step": s.get("step"), "accuracy": s.get("accuracy"),
-                           "format_rate": s.get("format_rate"), "n": s.get("n"),
-                           "parameters": s.get("parameters"), "data": s.get("data")}
-    return df
+    summary = {"name": label, "step": s.get("step"), "accuracy": s.get("accuracy"), "format_rate": s.get("format_rate"),
+               "n": s.get("n"), "parameters": s.get("parameters"), "data": s.get("data"), "log_dir": str(path)}
+    return EvalResult(pd.DataFrame(s["rows"], columns=RESULT_COLUMNS), summary)
 
 
 #: Columns `training_metrics` always has, first, in this order (then any others the log has).

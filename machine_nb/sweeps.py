@@ -521,7 +521,7 @@ def _pooled_rows(log_dirs: Sequence[str]) -> Any:
 
     frames = []
     for d in log_dirs:
-        df = heldout_results(d, "final")
+        df = heldout_results(d, "final").rows
         frames.append(df.assign(case=df["row"]))
     out = pd.concat(frames, ignore_index=True)
     out["row"] = range(len(out))

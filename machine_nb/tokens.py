@@ -205,7 +205,7 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
             whole-run rows).
         on_error: for unreadable JSONL lines, "raise" (default: a cost must not silently drop
             rows), "warn" or "skip" (see jsonl.iter_jsonl).
-        progress: show a progress bar (default None: only past 2,000 rows).
+        progress: show a progress bar (default None: past 2,000 rows, unless MACHINE_NB_PROGRESS=0).
 
     Returns:
         A DataFrame with COLUMNS (line, tokens, trained_tokens, exact, error).
@@ -215,7 +215,7 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
     """
     import pandas as pd
 
-    from .progress import progress as bar
+    from .progress import progress as bar, resolve_progress
 
     path = data if isinstance(data, (str, os.PathLike)) else None
     key = None
@@ -232,9 +232,9 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
             return cached.copy()
     renderer, note = renderer_or_reason(model)
     total = count_lines(data)
-    show = progress if progress is not None else (total or 0) > PROGRESS_MIN_ROWS
     cols: dict[str, list] = {c: [] for c in COLUMNS}
-    with bar(total=total, desc=f"tokens {model}", unit="rows", enabled=None if show else False) as pb:
+    show = resolve_progress(progress, worth_a_bar=(total or 0) > PROGRESS_MIN_ROWS)
+    with bar(total=total, desc=f"tokens {model}", unit="rows", enabled=show) as pb:
         for line, row in iter_rows(data, on_error=on_error):
             messages = row.get("messages") if isinstance(row, Mapping) else None
             if not isinstance(messages, list):

@@ -366,22 +366,21 @@ def iter_file_rows(path: str | os.PathLike, *, progress: bool | None = None,
 
     Args:
         path: the file.
-        progress: a progress bar (default None: only past 2,000 rows).
+        progress: a progress bar (default None: past 2,000 rows, unless MACHINE_NB_PROGRESS=0).
         bad: where unreadable lines go, each a MachineFormatError with its line, in file order
             (default None: dropped). The caller takes them as they come, before the next row.
 
     Returns:
         An iterator of (line number, value, the line's text).
     """
-    from .progress import progress as bar
+    from .progress import progress as bar, resolve_progress
     from .tokens import PROGRESS_MIN_ROWS, count_lines
 
     path = Path(path)
     total = count_lines(path)
-    show = progress if progress is not None else total > PROGRESS_MIN_ROWS
     skipped: list = [] if bad is None else bad
-    with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows",
-                                         enabled=None if show else False) as pb:
+    show = resolve_progress(progress, worth_a_bar=total > PROGRESS_MIN_ROWS)
+    with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows", enabled=show) as pb:
         raw_lines = iter(enumerate(raw_fh, start=1))
         for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
             # the raw text of this line, for the secret scan (the same file, read in step)
@@ -599,7 +598,7 @@ def validate(data: str | os.PathLike, model: str | None = None, max_length: int 
             same last question under a different context a warning (default None: no overlap check).
         kind: "train", "eval" or "auto" (default: "eval" when rows carry `expected`).
         train_on_what: the cookbook's TrainOnWhat for trained-token counts (default None: as count_tokens).
-        progress: progress bar (default None: only past 2,000 rows).
+        progress: progress bar (default None: past 2,000 rows, unless MACHINE_NB_PROGRESS=0).
 
     Returns:
         A ValidationResult: findings (line, severity, code, message), summary, ok.

@@ -91,6 +91,54 @@ def test_the_spending_guard_says_what_sampling_could_cost(capsys):
     assert capsys.readouterr().err == f"This samples on Tinker and costs {one}. Re-run with --yes to spend.\n"
 
 
+@pytest.fixture(scope="module")
+def spend_inputs(tmp_path_factory):
+    """A corpus, a pairs file and the sample workspace: what the spending commands read."""
+    from machine_nb import make_corpus, write_pairs
+
+    root = tmp_path_factory.mktemp("spend")
+    corpus = make_corpus(root / "corpus", n_train=16, n_eval=4, n_valid=4)
+    pairs = write_pairs([{"prompt": [{"role": "user", "content": f"What is {i} plus 1?"}],
+                          "chosen": [{"role": "assistant", "content": f"answer: {i + 1}"}],
+                          "rejected": [{"role": "assistant", "content": f"{i} + 1 = {i + 1}"}]} for i in range(8)],
+                        root / "pairs.jsonl")
+    workspace = Path(__file__).resolve().parent.parent / "data" / "sample_workspace"
+    return {"train": str(corpus.train), "eval": str(corpus.eval), "valid": str(corpus.valid), "pairs": str(pairs),
+            "workspace": str(workspace), "runs": str(root / "runs")}
+
+
+SPENDING = {  # every command that spends on Tinker, as a user would start it without --yes
+    "sft": ["sft", "{train}", "--engine", "tinker", "--model", "thinkingmachines/Inkling", "--eval", "{valid}",
+            "--log-dir", "{runs}/sft"],
+    "smoke": ["smoke", "{train}", "--engine", "tinker", "--model", "thinkingmachines/Inkling", "--log-dir",
+              "{runs}/smoke"],
+    "sweep": ["sweep", "{train}", "--grid", "epochs=1,2", "--model", "thinkingmachines/Inkling", "--sweep-dir",
+              "{runs}/sweep"],
+    "dpo": ["dpo", "{pairs}", "--engine", "tinker", "--model", "thinkingmachines/Inkling", "--eval", "{valid}",
+            "--log-dir", "{runs}/dpo"],
+    "eval baseline": ["eval", "baseline", "--data", "{eval}", "-m", "thinkingmachines/Inkling-Small", "--engine",
+                      "tinker", "--out", "{runs}/baseline.json"],
+    "eval probe": ["eval", "probe", "tinker://x/sampler_weights/final", "--data", "{eval}", "-m",
+                   "thinkingmachines/Inkling-Small"],
+    "candidate": ["candidate", "{workspace}", "--machine", "tutor", "--checkpoint", "tinker://x/sampler_weights/final",
+                  "--engine", "tinker"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPENDING))
+def test_every_spending_command_refuses_in_the_same_words_without_yes(name, spend_inputs, capsys, monkeypatch):
+    """One guard for every command: the estimate on one line, exit 2, nothing run or written."""
+    from machine_nb.cli import main
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-not-a-real-key")  # never used: nothing may start without --yes
+    code = main([a.format(**spend_inputs) for a in SPENDING[name]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert re.fullmatch(r"This .+ on Tinker and costs (about|up to) \$\d+\.\d{4}.*\. Re-run with --yes to spend\.\n",
+                        err, flags=re.S), err
+    assert "tml-not-a-real-key" not in err and not Path(spend_inputs["runs"]).exists()
+
+
 def test_console_script_help_runs_without_heavy_imports():
     # `machine-nb --help` must stay light: no torch or tinker_cookbook just to print help
     code = ("import sys; from machine_nb.cli import build_parser; build_parser().format_help(); "
@@ -114,7 +162,7 @@ def _cli(*args: str, cwd) -> str:
 
 @pytest.mark.slow
 def test_headless_minimal_sft_loop_like_machines_train_commands(tmp_path):
-    """The seed README's loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine."""
+    """Machine's minimal SFT loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine."""
     _cli("corpus", "-o", "data", cwd=tmp_path)
     assert "0 error(s)" in _cli("validate", "data/train.jsonl", "-m", "local/arith-tiny", "--eval", "data/eval.jsonl",
                                 cwd=tmp_path)

@@ -100,14 +100,15 @@ def test_per_row_results_agree_with_evaluate_on_the_same_weights(run, eval_file,
     rows = heldout_results(run.log_dir)
     assert list(rows.columns) == ["step", *RESULT_COLUMNS] and len(rows) == len(STEPS) * 8
     final = heldout_results(run.log_dir, "final")
-    direct = evaluate(eval_file, checkpoint=run.checkpoint, out=tmp_path / "final.json", show_progress=False)
-    assert list(final["output"]) == list(direct["output"]) and list(final["correct"]) == list(direct["correct"])
+    direct = evaluate(eval_file, checkpoint=run.checkpoint, out=tmp_path / "final.json", progress=False)
+    assert list(final.rows["output"]) == list(direct.rows["output"])
+    assert list(final.rows["correct"]) == list(direct.rows["correct"])
     base = heldout_results(run.log_dir, 0)
-    direct_base = evaluate(eval_file, out=tmp_path / "base.json", show_progress=False)
-    assert list(base["output"]) == list(direct_base["output"])
+    direct_base = evaluate(eval_file, out=tmp_path / "base.json", progress=False)
+    assert list(base.rows["output"]) == list(direct_base.rows["output"])
     lines = [json.loads(x) for x in open(Path(run.log_dir) / HELDOUT_FILE)]
     assert [x["step"] for x in lines] == STEPS and lines[0]["data"]["path"] == str(eval_file)
-    assert heldout_results(run.log_dir, "best").attrs["summary"]["step"] == run.best_step
+    assert heldout_results(run.log_dir, "best").summary["step"] == run.best_step
 
 
 def test_evals_leave_the_dpo_steps_untouched(run, train_pairs, tmp_path):
@@ -183,7 +184,7 @@ def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_chang
     assert list(heldout_curve(log_dir)["step"]) == STEPS
     # the steps before the checkpoint, and the weights they reach, are the uninterrupted run's
     for step in (0, 4):
-        assert list(heldout_results(log_dir, step)["output"]) == list(heldout_results(run.log_dir, step)["output"])
+        assert list(heldout_results(log_dir, step).rows["output"]) == list(heldout_results(run.log_dir, step).rows["output"])
     full, resumed = training_metrics(run.log_dir), training_metrics(log_dir)
     assert list(resumed["dpo_loss"][:4]) == list(full["dpo_loss"][:4])
     # from step 4 on, the reference model is the step-4 weights: the loss starts again at log 2

@@ -272,7 +272,8 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     assert os.stat(tmp_path / "eval_results" / "baseline.json").st_mode & 0o077 == 0
 
     back = load_results(tmp_path / "eval_results" / "baseline.json")
-    assert list(back.rows.columns) == RESULT_COLUMNS
+    assert list(back.rows.columns) == RESULT_COLUMNS + ["line", "messages", "format"]  # the file's extra columns kept
+    assert back.rows["messages"].tolist() == [r["messages"] for r in written["rows"]]
     assert back.rows["output"].tolist() == df["output"].tolist() and back.summary == summary
 
 
@@ -509,6 +510,24 @@ def test_load_results_rejects_other_files(tmp_path):
     (tmp_path / "y.json").write_text('{"rows": [{"prompt": "q"}]}')
     with pytest.raises(MachineFormatError, match=r"field 'rows.0.expected'"):
         load_results(tmp_path / "y.json")
+    (tmp_path / "z.json").write_text('{\n "name": "x",\n "rows": [\n  {"prompt": "q",}\n ]\n}\n')
+    with pytest.raises(MachineFormatError, match="invalid JSON") as err:
+        load_results(tmp_path / "z.json")
+    assert err.value.line == 4 and f"z.json:4" in str(err.value) and err.value.path == str(tmp_path / "z.json")
+
+
+def test_load_results_keeps_the_columns_a_results_file_adds(tmp_path):
+    """A row's exact prompt messages, its input and trial survive the round trip, in file order
+    after RESULT_COLUMNS; a column only some rows have is None or missing on the others."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1 plus 1?"}]
+    rows = [{"row": 0, "case": 3, "trial": 1, "input": "What is 1 plus 1?", "prompt": "What is 1 plus 1?",
+             "expected": "answer: 2", "match": "exact", "output": "2", "correct": False, "messages": messages},
+            {"row": 1, "prompt": "What is 2 plus 2?", "expected": "answer: 4", "output": "answer: 4", "correct": True}]
+    (tmp_path / "r.json").write_text(json.dumps({"name": "live", "rows": rows}))
+    back = load_results(tmp_path / "r.json").rows
+    assert list(back.columns) == RESULT_COLUMNS + ["case", "trial", "input", "messages"]
+    assert back.loc[0, "messages"] == messages and back.loc[0, "input"] == "What is 1 plus 1?"
+    assert back.loc[0, "trial"] == 1 and back.loc[1, "correct"] == True  # noqa: E712 - a numpy bool
 
 
 # --------------------------------------------------------------------------- probe

@@ -16,6 +16,7 @@ from machine_nb.compare import compare
 from machine_nb.corpus import make_corpus
 from machine_nb.errors import BudgetExceeded, MachineFormatError
 from machine_nb.evaluate import RESULT_COLUMNS, evaluate
+from machine_nb.results import EvalResult
 from machine_nb.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
                               sft, training_metrics)
 
@@ -60,20 +61,54 @@ def test_per_row_results_per_step_agree_with_evaluate_on_the_same_weights(run, c
     rows = heldout_results(run.log_dir)
     assert list(rows.columns) == ["step", *RESULT_COLUMNS] and len(rows) == 11 * 24
     final = heldout_results(run.log_dir, "final")
-    direct = evaluate(corpus.valid, checkpoint=run.checkpoint, out=tmp_path / "final.json", show_progress=False)
-    assert list(final["output"]) == list(direct["output"]) and list(final["correct"]) == list(direct["correct"])
+    direct = evaluate(corpus.valid, checkpoint=run.checkpoint, out=tmp_path / "final.json", progress=False)
+    assert isinstance(final, EvalResult) and final.rows.attrs == {} and final.path is None
+    assert list(final.rows["output"]) == list(direct.rows["output"])
+    assert list(final.rows["correct"]) == list(direct.rows["correct"]) and final.accuracy == direct.accuracy
     base = heldout_results(run.log_dir, 0)
-    direct_base = evaluate(corpus.valid, out=tmp_path / "base.json", show_progress=False)
-    assert list(base["output"]) == list(direct_base["output"])
-    # a step's rows are evaluate()'s shape: compare pairs the base model with the checkpoint
+    direct_base = evaluate(corpus.valid, out=tmp_path / "base.json", progress=False)
+    assert list(base.rows["output"]) == list(direct_base.rows["output"])
+    # a step's result is evaluate()'s shape: compare pairs the base model with the checkpoint
     result = compare(base, final)
-    assert result.wins == int(final["correct"].sum()) and result.losses == 0
-    assert base.attrs["summary"]["parameters"]["max_tokens"] == 32
-    assert heldout_results(run.log_dir, "best").attrs["summary"]["step"] == run.best_step
+    assert result.wins == int(final.rows["correct"].sum()) and result.losses == 0
+    assert result.baseline_name == "sft-eval step 0" and result.checkpoint_name == "sft-eval step 60 (final)"
+    assert base.summary["parameters"]["max_tokens"] == 32 and base.summary["log_dir"] == str(run.log_dir)
+    assert heldout_results(run.log_dir, "best").summary["step"] == run.best_step
     with pytest.raises(KeyError, match="steps: 0, 6"):
         heldout_results(run.log_dir, 7)
     lines = [json.loads(x) for x in open(f"{run.log_dir}/{HELDOUT_FILE}")]
     assert lines[0]["data"]["path"] == str(corpus.valid) and len(lines[0]["data"]["sha256"]) == 64
+
+
+def test_one_eval_step_reads_back_as_an_eval_result_and_every_step_as_a_table(tmp_path):
+    """A step's results travel as an EvalResult (summary and rows, nothing in DataFrame.attrs);
+    every step at once is a table with a step column."""
+    import pandas as pd
+
+    def row(i, output, correct):
+        return {"row": i, "prompt": f"q{i}", "expected": f"answer: {i}", "match": "exact", "output": output,
+                "correct": correct, "format_ok": correct, "prompt_tokens": 5, "output_tokens": 3, "latency_s": 0.1,
+                "stop_reason": "stop", "error": None}
+
+    steps = [{"step": 0, "final": False, "accuracy": 0.0, "format_rate": 0.0, "n": 2, "correct": 0,
+              "parameters": {"max_tokens": 32}, "data": {"path": "valid.jsonl"},
+              "rows": [row(0, "0", False), row(1, "1", False)]},
+             {"step": 4, "final": True, "accuracy": 1.0, "format_rate": 1.0, "n": 2, "correct": 2,
+              "parameters": {"max_tokens": 32}, "data": {"path": "valid.jsonl"},
+              "rows": [row(0, "answer: 0", True), row(1, "answer: 1", True)]}]
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    (log_dir / HELDOUT_FILE).write_text("".join(json.dumps(s) + "\n" for s in steps))
+    final = heldout_results(log_dir, "final")
+    assert isinstance(final, EvalResult) and final.rows.attrs == {} and final.path is None
+    assert list(final.rows.columns) == RESULT_COLUMNS and final.accuracy == 1.0
+    assert final.summary == {"name": "run step 4 (final)", "step": 4, "accuracy": 1.0, "format_rate": 1.0, "n": 2,
+                             "parameters": {"max_tokens": 32}, "data": {"path": "valid.jsonl"},
+                             "log_dir": str(log_dir)}
+    assert compare(heldout_results(log_dir, 0), final).wins == 2
+    every = heldout_results(log_dir)
+    assert isinstance(every, pd.DataFrame) and list(every.columns) == ["step", *RESULT_COLUMNS]
+    assert list(every["step"]) == [0, 0, 4, 4] and every.attrs == {}
 
 
 def test_evals_leave_training_untouched(run, corpus, tmp_path):

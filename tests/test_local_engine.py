@@ -5,6 +5,7 @@ honoured, clear errors. The server runs in this process, so tests can look at it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import stat
@@ -158,6 +159,11 @@ def test_save_then_sample_round_trip(sc, batch, renderer):
     assert folder.is_relative_to(ensure_server().data_dir)
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in folder.iterdir())
+    run_dir = folder.parent.parent  # <data dir>/runs/<run id>: run.json, written whole and private
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["training_run_id"] == tc.model_id and record["lora_rank"] == 8
+    assert stat.S_IMODE(os.stat(run_dir / "run.json").st_mode) == 0o600
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json", "sampler_weights"]  # no temporary file left
     state = tc.save_state("000006").result()
     assert state.path.endswith("/weights/000006") and (directory(state.path) / "optimizer.pt").exists()
 

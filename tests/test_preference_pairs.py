@@ -399,3 +399,31 @@ def test_pairs_from_results_read_an_eval_result_like_its_rows():
     from_result = mnb.pairs_from_results(EvalResult(rows, {"name": "live"}), machine="tutor")
     assert texts(from_result) == texts(mnb.pairs_from_results(rows, machine="tutor")) == [
         ("What's 66 - 74?", "answer: -8", "-8")]
+
+
+def test_pairs_from_a_results_file_keep_its_exact_prompts_through_the_one_results_reader(tmp_path, monkeypatch):
+    """A results file's rows carry the exact prompt messages (evaluate_cases writes the machine's
+    instructions and the case); the pair's prompt is those messages, read by load_results."""
+    from machine_nb import results
+
+    prompt = [SYSTEM, {"role": "user", "content": "What's 66 - 74?"}]
+    rows = [{"row": 0, "case": 0, "trial": 0, "input": "What's 66 - 74?", "prompt": "What's 66 - 74?",
+             "expected": "answer: -8", "match": "exact", "output": "66 - 74 = -8.", "correct": False, "error": None,
+             "messages": prompt},
+            {"row": 1, "case": 1, "trial": 0, "input": "Compute 1 + 1.", "prompt": "Compute 1 + 1.",
+             "expected": "answer: 2", "match": "exact", "output": "", "correct": False, "error": "timeout",
+             "messages": [SYSTEM, {"role": "user", "content": "Compute 1 + 1."}]}]
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps({"name": "live v1", "rows": rows}))
+    reads = []
+    real = results.load_results
+    monkeypatch.setattr(results, "load_results", lambda p: reads.append(p) or real(p))
+    pairs = mnb.pairs_from_results(path, instructions="not used: the rows carry their prompt")
+    assert reads == [path]  # one reader of results files
+    assert len(pairs) == 1 and pairs.iloc[0]["prompt"] == prompt  # the failed request gives no pair
+    assert texts(pairs) == [("What's 66 - 74?", "answer: -8", "66 - 74 = -8.")]
+    rows[0]["messages"] = [SYSTEM, "not a message"]
+    path.write_text(json.dumps({"name": "live v1", "rows": rows}))
+    with pytest.raises(MachineFormatError, match="list of chat messages") as err:
+        mnb.pairs_from_results(path)
+    assert err.value.path == str(path) and err.value.field == "rows.0.messages"

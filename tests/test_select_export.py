@@ -1,5 +1,5 @@
-"""Selection and export follow Machine's rules (seed src/train.ts), and the lines load in the real
-tinker-cookbook: Inkling's renderer builds supervised examples from them."""
+"""Selection and export follow Machine's rules (its selectRuns and wholeRunExample), and the lines
+load in the real tinker-cookbook: Inkling's renderer builds supervised examples from them."""
 
 import json
 from pathlib import Path

@@ -140,7 +140,8 @@ def test_parallel_runs_give_the_numbers_of_sequential_ones(swept, corpus, tmp_pa
         assert a.run == b.run
         assert list(training_metrics(a.log_dir)["train_mean_nll"].dropna()) == list(
             training_metrics(b.log_dir)["train_mean_nll"].dropna())
-        assert list(heldout_results(a.log_dir, "final")["output"]) == list(heldout_results(b.log_dir, "final")["output"])
+        assert list(heldout_results(a.log_dir, "final").rows["output"]) == list(
+            heldout_results(b.log_dir, "final").rows["output"])
 
 
 def test_summary_spread_interval_and_words(swept):
@@ -202,7 +203,7 @@ def test_cli_sweep_prints_the_summary_and_the_verdict_and_tinker_needs_yes(corpu
     code = main(["sweep", str(c.train), "--grid", "epochs=5,10", "--seeds", "0,1", "--eval", str(valid),
                  "--model", "thinkingmachines/Inkling", "--sweep-dir", str(tmp_path / "t")])
     err = capsys.readouterr().err
-    assert code == 2 and "4 runs, about $" in err and "--yes" in err and not (tmp_path / "t").exists()
+    assert code == 2 and "about $" in err and "for 4 runs" in err and "--yes" in err and not (tmp_path / "t").exists()
     assert main(["sweep", str(c.train), "--grid", "learning_rate"]) == 1
     assert "SETTING=VALUES" in capsys.readouterr().err
 

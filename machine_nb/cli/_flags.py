@@ -1,9 +1,16 @@
-"""Flag groups that several `machine-nb` subcommands share, so each reads and behaves the same:
-which model and engine, how replies are sampled, and the spending guard (a budget, `--yes`
-before spending on Tinker, `--json`).
+"""The flag groups `machine-nb` subcommands share, the spending guard, and how a finished run prints.
 
-Each helper adds its flags to one argparse parser; the values land on `args` under the usual
-names (`args.model`, `args.max_usd`, ...). What a command does with them stays in its module.
+Each group is added with one call, so a flag reads and behaves the same in every command that
+has it: which model and engine (`--model`, `--engine`), how replies are sampled (`--max-tokens`,
+`--temperature`, `--seed`, `--concurrency`), what a Tinker call may spend (`--max-usd`, `--yes`,
+`--json`), and for the training commands where a run writes (`--log-dir`, `--workspace`,
+`--resume`), its schedule (`--epochs`, `--steps`, `--learning-rate`, `--batch-size`,
+`--lora-rank`) and its held-out evals (`--eval`, `--eval-every`). The values land on `args` under
+the usual names (`args.model`, `args.max_usd`, ...); what a command does with them stays in its
+module.
+
+Spending: a command that would spend on Tinker without `--yes` prints what it would spend and
+exits 2 (`refuse_to_spend`); on the local engine nothing is spent and `--yes` is not needed.
 """
 
 from __future__ import annotations
@@ -14,6 +21,14 @@ from typing import Any
 
 ENGINES = ("local", "tinker")
 
+#: Printed instead of an estimate when a Tinker command has no model to price.
+NEEDS_MODEL = "machine-nb: --engine tinker needs --model (e.g. {example})"
+
+#: Exit status of a command that refused to spend (it printed the estimate; `--yes` allows it).
+REFUSED_SPEND = 2
+
+
+# --------------------------------------------------------------------------- where it runs
 
 def model_flag(p: argparse.ArgumentParser, *,
                help: str = "base model (default: the engine's; local/arith-tiny locally)",  # noqa: A002
@@ -47,6 +62,44 @@ def engine_flag(p: argparse.ArgumentParser, *,
     p.add_argument("--engine", choices=ENGINES, default=None, help=help)
 
 
+def target_flags(p: argparse.ArgumentParser, *,
+                 engine_default: str = "the model's engine; local when no model is given",
+                 model_default: str = "the engine's; local/arith-tiny on the local engine") -> None:
+    """Add where a training command runs: `--model` and `--engine`.
+
+    Args:
+        p: the command's parser.
+        engine_default: what --engine defaults to, in words.
+        model_default: what --model defaults to, in words.
+
+    Returns:
+        None; `args.model` and `args.engine` hold the values (None: the defaults in words).
+    """
+    model_flag(p, help=f"base model (default: {model_default})")
+    engine_flag(p, help=f"where to train (default: {engine_default})")
+
+
+def engine_of(args: argparse.Namespace, source: str | None = None) -> str:
+    """The engine a command runs on: `--engine`, else the one serving `--model` or `source`, else local.
+
+    Args:
+        args: the parsed flags (reads `engine` and `model`).
+        source: a checkpoint or state path to take the engine from when no model is given
+            (default None: none).
+
+    Returns:
+        "local" or "tinker".
+    """
+    from ..engines import engine_for
+
+    if args.engine:
+        return args.engine
+    given = getattr(args, "model", None) or source
+    return engine_for(given) if given else "local"
+
+
+# --------------------------------------------------------------------------- sampling
+
 def sampling_flags(p: argparse.ArgumentParser, *, per: str = "row", max_tokens: int = 32,
                    concurrency: bool = True) -> None:
     """Add how replies are sampled: `--max-tokens`, `--temperature`, `--seed` and `--concurrency`.
@@ -73,24 +126,23 @@ def sampling_flags(p: argparse.ArgumentParser, *, per: str = "row", max_tokens: 
                        help="requests in flight (default 32 on Tinker, 8 local)")
 
 
-def spending_flags(p: argparse.ArgumentParser, *,
-                   max_usd_help: str = "refuse before spending if it could cost more (default: no limit)",
+# --------------------------------------------------------------------------- spending
+
+def spending_flags(p: argparse.ArgumentParser, *, budget_of: str = "the run",
                    json_help: str = "print the result as one JSON object") -> None:
     """Add the spending guard and the machine-readable output: `--max-usd`, `--yes`, `--json`.
 
-    Without `--yes` a command that would spend on Tinker prints its estimate and exits 2
-    (Machine's habit; see refuse_to_spend); on the local engine nothing is spent and `--yes` is
-    not needed.
-
     Args:
         p: the subcommand's parser.
-        max_usd_help: the `--max-usd` help line (say what the budget covers).
+        budget_of: what --max-usd bounds, in words (default "the run"; e.g. "the eval").
         json_help: the `--json` help line (say what is printed).
 
     Returns:
         None; `args.max_usd` (float or None), `args.yes` and `args.json` (bools) hold the values.
     """
-    p.add_argument("--max-usd", type=float, default=None, help=max_usd_help)
+    p.add_argument("--max-usd", type=float, default=None,
+                   help=f"Tinker budget for {budget_of}: refuse before spending when the estimate is over it "
+                        "(default: no limit)")
     p.add_argument("--yes", action="store_true",
                    help="allow spending on Tinker (without it: print the estimate, exit 2)")
     p.add_argument("--json", action="store_true", help=json_help)
@@ -119,21 +171,145 @@ def eval_cost_text(rows: list[dict], model: str, *, max_tokens: int, samples_per
     return f"up to ${est.usd:.4f} ({est.prompt_tokens} prompt tokens, ≤{est.max_output_tokens} reply tokens)"
 
 
-def refuse_to_spend(what: str, cost: str, *, file: Any = None) -> bool:
+def refuse_to_spend(what: str, cost: str, *, detail: str = "", file: Any = None) -> bool:
     """Say what a command would spend and that `--yes` allows it.
 
     Args:
         what: what the command does on Tinker ("samples", "trains local/… with DPO").
-        cost: the estimate in words (e.g. eval_cost_text's).
+        cost: the estimate in words (e.g. eval_cost_text's, or "about $X (…)").
+        detail: more sentences after the cost, e.g. the held-out evals' share (default "").
         file: where to print (default None: stderr).
 
     Returns:
         False (the command does not go on), so a caller can `return refuse_to_spend(...)` from a
         check that answers "go on?".
     """
-    print(f"This {what} on Tinker and costs {cost}. Re-run with --yes to spend.", file=file or sys.stderr)
+    more = f" {detail.strip()}" if detail.strip() else ""
+    print(f"This {what} on Tinker and costs {cost}.{more} Re-run with --yes to spend.", file=file or sys.stderr)
     return False
 
 
-__all__ = ["ENGINES", "model_flag", "engine_flag", "sampling_flags", "spending_flags", "eval_cost_text",
-           "refuse_to_spend"]
+def needs_model(args: argparse.Namespace, example: str) -> bool:
+    """Whether a Tinker estimate can be made: it needs --model (else the reason goes to stderr).
+
+    Args:
+        args: the parsed flags.
+        example: a model to suggest.
+
+    Returns:
+        True when --model is given.
+    """
+    if args.model:
+        return True
+    print(NEEDS_MODEL.format(example=example), file=sys.stderr)
+    return False
+
+
+# --------------------------------------------------------------------------- training runs
+
+def log_dir_flags(p: argparse.ArgumentParser) -> None:
+    """Add where a run writes: `--log-dir` and `--workspace`.
+
+    Args:
+        p: the command's parser.
+
+    Returns:
+        None; `args.log_dir` and `args.workspace` hold the paths (or None).
+    """
+    p.add_argument("--log-dir", default=None, help="log dir for this run (default: a fresh runs/… dir)")
+    p.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
+
+
+def resume_flag(p: argparse.ArgumentParser, kind: str) -> None:
+    """Add `--resume`.
+
+    Args:
+        p: the command's parser.
+        kind: the kind of run it continues ("sft", "dpo").
+
+    Returns:
+        None; `args.resume` is the log dir or None.
+    """
+    p.add_argument("--resume", default=None,
+                   help=f"continue the {kind} run in this log dir from its last checkpoint, with its own settings")
+
+
+def schedule_flags(p: argparse.ArgumentParser, *, unit: str, learning_rate: str, lora_rank: str) -> None:
+    """Add a run's schedule: `--epochs`, `--steps`, `--learning-rate` (`--lr`), `--batch-size`, `--lora-rank`.
+
+    Args:
+        p: the command's parser.
+        unit: what a batch holds ("rows", "pairs").
+        learning_rate: --learning-rate's default, in words.
+        lora_rank: --lora-rank's default, in words.
+
+    Returns:
+        None; `args.epochs`, `args.steps`, `args.learning_rate`, `args.batch_size`, `args.lora_rank`.
+    """
+    p.add_argument("--epochs", type=int, default=10, help=f"passes over the {unit} (default 10)")
+    p.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: epochs x full batches)")
+    p.add_argument("--learning-rate", "--lr", type=float, default=None,
+                   help=f"peak learning rate, linear decay (default: {learning_rate})")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help=f"{unit} per step (default 8; the partial last batch is dropped)")
+    p.add_argument("--lora-rank", type=int, default=None, help=f"LoRA rank (default {lora_rank})")
+
+
+def heldout_flags(p: argparse.ArgumentParser, *, every: str = "once an epoch",
+                  example: str = "data/minimal_sft/valid.jsonl", writes: bool = True) -> None:
+    """Add a run's held-out evals: `--eval` and `--eval-every`.
+
+    Args:
+        p: the command's parser.
+        every: when --eval-every scores, in words (default "once an epoch").
+        example: an eval file to name.
+        writes: say that the evals write heldout.jsonl and join the estimate (default True).
+
+    Returns:
+        None; `args.eval_data` (a path or None) and `args.eval_every` (an int or None).
+    """
+    more = ". Writes heldout.jsonl; on Tinker its sampling is in the estimate" if writes else ""
+    p.add_argument("--eval", dest="eval_data", default=None,
+                   help=f"held-out eval JSONL to score while training (e.g. {example}; default: none){more}")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help=f"score --eval every N steps (default: {every}) and the final checkpoint")
+
+
+def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str = "loss") -> None:
+    """A finished run as the commands print it: one JSON object, or a few lines for a reader.
+
+    Args:
+        result: the run's TrainResult.
+        as_json: print `result.to_dict()` as one JSON object.
+        steps: what a step is called in the summary line (default "steps").
+        loss: the loss's name in it (default "loss").
+
+    Returns:
+        None (prints to stdout).
+    """
+    if as_json:
+        import json
+
+        print(json.dumps(result.to_dict()))
+        return
+
+    def usd(v: float | None) -> str:
+        return "unknown" if v is None else f"${v:.4f}"
+
+    span = "–" if result.first_loss is None else f"{result.first_loss:.4f} → {result.last_loss:.4f}"
+    cost = usd(result.cost_usd) + ("" if result.estimated_usd is None else f" (estimated {usd(result.estimated_usd)})")
+    print(f"{result.model} on {result.engine}: {result.steps} {steps}, {result.tokens:,} tokens, {loss} {span}, "
+          f"cost {cost}")
+    if result.evals:
+        final = "–" if result.heldout_accuracy is None else f"{result.heldout_accuracy:.1%}"
+        print(f"held-out:   {final} at the final checkpoint; best {result.best_accuracy:.1%} at step "
+              f"{result.best_step} ({result.evals} evals, heldout.jsonl)")
+    if result.note:
+        print(f"note:       {result.note}")
+    print(f"checkpoint: {result.checkpoint}")
+    print(f"log dir:    {result.log_dir}")
+
+
+__all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "model_flag", "engine_flag", "target_flags", "engine_of",
+           "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
+           "resume_flag", "schedule_flags", "heldout_flags", "print_result"]

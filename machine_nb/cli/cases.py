@@ -9,7 +9,9 @@ import argparse
 import json
 import sys
 
-# exit status of `candidate` when the gate refuses (0 passes; 1 is an error; 2 a refused spend)
+from . import _flags as flags
+
+# exit status of `candidate` when the gate refuses (0 passes; 1 is an error; 2 a refused spend, _flags.REFUSED_SPEND)
 REFUSED = 3
 
 
@@ -22,8 +24,7 @@ def _measure_flags(p: argparse.ArgumentParser) -> None:
     _machine_flags(p)
     p.add_argument("--checkpoint", required=True, help="the trained sampler path: tinker://… (tinker://local-… on the local engine)")
     p.add_argument("--trials", type=int, default=1, help="samples per held-out case per version (default 1)")
-    p.add_argument("--engine", choices=["local", "tinker"], default=None,
-                   help="default: the checkpoint's own (local for tinker://local-…)")
+    flags.engine_flag(p, help="local or tinker (default: the checkpoint's own; local for tinker://local-…)")
     p.add_argument("--data", default=None,
                    help="the training JSONL, to refuse a candidate trained on held-out inputs (default: not checked)")
     p.add_argument("--max-losses", type=int, default=0,
@@ -32,12 +33,9 @@ def _measure_flags(p: argparse.ArgumentParser) -> None:
                    help="accuracy margin over the live version, 0.1 = ten points (default 0: any gain)")
     p.add_argument("--alpha", type=float, default=0.05,
                    help="significance the wins need, exact sign test (default 0.05; 1 disables the test)")
-    p.add_argument("--max-tokens", type=int, default=32, help="reply budget per case (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--max-usd", type=float, default=None, help="refuse before sampling if it could cost more")
-    p.add_argument("--yes", action="store_true", help="allow sampling on Tinker (without it: print the estimate, exit 2)")
-    p.add_argument("--json", action="store_true", help="print the decision and numbers as one JSON object")
+    flags.sampling_flags(p, per="case", concurrency=False)
+    flags.spending_flags(p, budget_of="sampling both versions",
+                         json_help="print the decision and numbers as one JSON object")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -106,26 +104,17 @@ def _run_cases(args: argparse.Namespace) -> int:
 def _spend_ok(args: argparse.Namespace) -> bool:
     """On Tinker without --yes: print what measuring could cost and refuse (Machine's habit)."""
     from ..cases import is_checkpoint, live_version, load_cases
-    from ..engines import engine_for
 
-    engine = args.engine or engine_for(args.checkpoint)
-    if engine != "tinker" or args.yes:
+    if flags.engine_of(args, args.checkpoint) != "tinker" or args.yes:
         return True
-    from ..pricing import estimate_eval_cost
-
     live = live_version(args.workspace, args.machine)
     model = live.get("baseModel") or (None if is_checkpoint(live["model"]) else live["model"])
     system = [{"role": "system", "content": live["instructions"]}] if live.get("instructions") else []
     rows = [{"messages": system + [{"role": "user", "content": c}]}
             for c in load_cases(args.workspace, args.machine, "holdout")["input"]]
-    try:
-        est = estimate_eval_cost(rows, model or args.checkpoint, max_tokens=args.max_tokens,
-                                 samples_per_row=2 * args.trials)
-        what = f"up to ${est.usd:.4f} ({est.prompt_tokens} prompt tokens, ≤{est.max_output_tokens} reply tokens)"
-    except RuntimeError as exc:  # UnknownPrice
-        what = f"an unknown amount ({exc})"
-    print(f"This samples on Tinker and costs {what}. Re-run with --yes to spend.", file=sys.stderr)
-    return False
+    return flags.refuse_to_spend("samples", flags.eval_cost_text(rows, model or args.checkpoint,
+                                                                 max_tokens=args.max_tokens,
+                                                                 samples_per_row=2 * args.trials))
 
 
 def _measure(args: argparse.Namespace, out: str | None = None):
@@ -157,7 +146,7 @@ def _print(cand, as_json: bool, extra: dict | None = None) -> None:
 
 def _run_candidate(args: argparse.Namespace) -> int:
     if not _spend_ok(args):
-        return 2
+        return flags.REFUSED_SPEND
     cand = _measure(args, args.out)
     _print(cand, args.json, {"out": args.out} if args.out else None)
     return 0 if cand.passed else REFUSED
@@ -165,7 +154,7 @@ def _run_candidate(args: argparse.Namespace) -> int:
 
 def _run_commit(args: argparse.Namespace) -> int:
     if not _spend_ok(args):
-        return 2
+        return flags.REFUSED_SPEND
     cand = _measure(args)
     entry = cand.commit(force=args.force, note=args.note)  # CommitRefused / CommitConflict: exit 1 with the reason
     if args.json:

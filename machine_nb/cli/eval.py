@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 
-from ._flags import engine_flag, eval_cost_text, model_flag, refuse_to_spend, sampling_flags, spending_flags
+from ._flags import (REFUSED_SPEND, engine_flag, eval_cost_text, model_flag, refuse_to_spend, sampling_flags,
+                     spending_flags)
 
 DEFAULT_DATA = "data/minimal_sft/eval.jsonl"  # where `machine-nb corpus` writes the held-out rows
 
@@ -23,7 +24,7 @@ def _sampling_flags(p: argparse.ArgumentParser, data: str = DEFAULT_DATA, *, per
                                    "required for tinker:// checkpoints)")
     engine_flag(p, help="default: local for local/… models and tinker://local-… paths, else tinker")
     sampling_flags(p, per=per)
-    spending_flags(p, max_usd_help="refuse before sampling if the eval could cost more", json_help=json_help)
+    spending_flags(p, budget_of="the sampling", json_help=json_help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,7 +98,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     from ..evaluate import evaluate
 
     if not _spend_ok(args):
-        return 2
+        return REFUSED_SPEND
     res = evaluate(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine,
                    max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                    concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
@@ -134,7 +135,7 @@ def _run_probe(args: argparse.Namespace) -> int:
     from ..evaluate import probe
 
     if not _spend_ok(args, n_prompts_factor=2):
-        return 2
+        return REFUSED_SPEND
     df = probe(args.data, model=args.model, checkpoint=args.checkpoint, engine=args.engine, format=args.format,
                max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                concurrency=args.concurrency).rows

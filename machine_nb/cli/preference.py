@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from . import _train_flags as flags
+from . import _flags as flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,20 +50,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "each eval step (needs --yes, TINKER_API_KEY and known train and prefill prices; refused over "
                     "--max-usd).")
     d.add_argument("pairs", help="pairs JSONL (from `machine-nb pairs -o`)")
-    flags.add_target(d, engine_default="the model's or checkpoint's engine; local when neither is given",
+    flags.target_flags(d, engine_default="the model's or checkpoint's engine; local when neither is given",
                      model_default="the engine's; local/arith-tiny locally")
     d.add_argument("--from", dest="load_checkpoint", default=None,
                    help="start from an SFT run: its log dir or a tinker://…/weights/<name> state path")
     d.add_argument("--beta", type=float, default=0.1, help="DPO's KL coefficient (default 0.1)")
-    flags.add_schedule(d, unit="pairs",
+    flags.schedule_flags(d, unit="pairs",
                        learning_rate="3e-3 for a local LoRA from the base model, 1e-4 from a checkpoint, as "
                                      "benchmarks/bench_dpo.py measures them; 1e-5 on Tinker, the cookbook's",
                        lora_rank="8 local, 32 Tinker")
-    flags.add_log_dir(d)
-    flags.add_resume(d, "dpo")
+    flags.log_dir_flags(d)
+    flags.resume_flag(d, "dpo")
     d.add_argument("--seed", type=int, default=0, help="the order the pairs are written in (default 0)")
-    flags.add_eval(d, every="once an epoch; also before the last step")
-    flags.add_spend(d)
+    flags.heldout_flags(d, every="once an epoch; also before the last step")
+    flags.spending_flags(d)
     d.set_defaults(func=_run_dpo)
 
 
@@ -97,21 +97,15 @@ def _run_pairs(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> str:
-    from ..engines import engine_for
-
-    if args.engine:
-        return args.engine
-    if args.model:
-        return engine_for(args.model)
-    if args.load_checkpoint:
+    """--engine, else the model's, else the engine of the run or state path --from names, else local."""
+    if not args.engine and not args.model and args.load_checkpoint:
         from pathlib import Path
 
         if Path(args.load_checkpoint).is_dir():  # an sft log dir: the engine it ran on
             from ..runlog import read_training_log
 
             return read_training_log(args.load_checkpoint).engine or "local"
-        return engine_for(args.load_checkpoint)
-    return "local"
+    return flags.engine_of(args, args.load_checkpoint)
 
 
 def _run_dpo(args: argparse.Namespace) -> int:
@@ -121,7 +115,7 @@ def _run_dpo(args: argparse.Namespace) -> int:
         from ..pricing import estimate_dpo_cost
 
         if not flags.needs_model(args, "thinkingmachines/Inkling"):
-            return 2
+            return flags.REFUSED_SPEND
         est = estimate_dpo_cost(args.pairs, args.model, epochs=args.epochs, batch_size=args.batch_size,
                                 max_steps=args.steps, max_usd=args.max_usd)
         evals = ""
@@ -133,19 +127,20 @@ def _run_dpo(args: argparse.Namespace) -> int:
             n = dpo_evals(est.steps, args.eval_every or max(1, est.pairs // args.batch_size))
             held = load_eval_rows(args.eval_data)
             try:
-                eval_usd = estimate_eval_cost(held, args.model).usd * n
+                eval_usd = estimate_eval_cost(held, args.model, samples_per_row=n).usd
             except UnknownPrice:
                 eval_usd = None
             check_budget(None if eval_usd is None else est.usd + eval_usd, args.max_usd,
                          f"DPO on {args.model} for {args.epochs} epoch(s) with {n} held-out evals")
-            evals = (f" Held-out evals: {n} x {len(held)} rows, "
+            evals = (f"Held-out evals: {n} x {len(held)} rows, "
                      f"{'an unknown amount' if eval_usd is None else f'at most ${eval_usd:.4f}'}.")
-        print(f"This trains {args.model} on Tinker with DPO: {est.pairs} pairs, {est.tokens:,} tokens (chosen + "
-              f"rejected) x {args.epochs} epoch(s), {est.steps} steps, about ${est.usd:.4f} = training "
-              f"${est.train_usd:.4f} + the policy's forward pass ${est.forward_usd:.4f} + the reference model's "
-              f"forward pass ${est.reference_usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
-              f"{est.price.source} {est.price.date}).{evals} Re-run with --yes to spend.", file=sys.stderr)
-        return 2
+        flags.refuse_to_spend(
+            f"trains {args.model} with DPO",
+            f"about ${est.usd:.4f} = training ${est.train_usd:.4f} + the policy's forward pass "
+            f"${est.forward_usd:.4f} + the reference model's forward pass ${est.reference_usd:.4f} ({est.pairs} "
+            f"pairs, {est.tokens:,} tokens (chosen + rejected) x {args.epochs} epoch(s), {est.steps} steps; "
+            f"{'exact' if est.exact else 'estimated'} tokens, {est.price.source} {est.price.date})", detail=evals)
+        return flags.REFUSED_SPEND
     result = dpo(args.pairs, args.model, args.engine, beta=args.beta, learning_rate=args.learning_rate,
                  epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  load_checkpoint=args.load_checkpoint, log_dir=args.log_dir, workspace=args.workspace,

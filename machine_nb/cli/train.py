@@ -1,5 +1,5 @@
 """`machine-nb sft`, `smoke` and `sweep`: supervised fine-tuning from a terminal (train.py and
-sweeps.py do the work; the flag groups they share with `dpo` are _train_flags.py's).
+sweeps.py do the work; the flag groups they share with `eval`, `dpo` and the others are _flags.py's).
 
 Mirrors Machine's `/train sft` and `/train smoke`: the local engine runs free on this machine;
 Tinker needs `--yes` before spending (the estimate is printed first) and TINKER_API_KEY.
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from . import _train_flags as flags
+from . import _flags as flags
 
 _COMMON_DESC = (
     "Reads: DATA (chat JSONL, one {{\"messages\": [...]}} per line). Writes: a fresh log dir "
@@ -23,10 +23,10 @@ _COMMON_DESC = (
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
-    flags.add_target(p)
-    flags.add_log_dir(p)
+    flags.target_flags(p)
+    flags.log_dir_flags(p)
     p.add_argument("--seed", type=int, default=0, help="shuffling, LoRA init and sampling seed (default 0)")
-    flags.add_spend(p)
+    flags.spending_flags(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,12 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sft", help="supervised fine-tuning with tinker-cookbook's loop, on the local engine or Tinker",
         description="Fine-tune a model on chat JSONL with tinker-cookbook's supervised.train.main. " + _COMMON_DESC.format(prefix="sft"))
     _add_common(p)
-    flags.add_schedule(p, unit="rows",
+    flags.schedule_flags(p, unit="rows",
                        learning_rate="3e-3 for a local LoRA, 5e-4 at rank 0, as benchmarks/bench_sft.py measures "
                                      "them; the cookbook's on Tinker",
                        lora_rank="8 local, 32 Tinker; 0 = full fine-tuning, local only")
-    flags.add_resume(p, "sft")
-    flags.add_eval(p)
+    flags.resume_flag(p, "sft")
+    flags.heldout_flags(p)
     p.set_defaults(func=_run_sft)
 
     s = sub.add_parser(
@@ -66,27 +66,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--grid", action="append", required=True, metavar="SETTING=V1,V2",
                    help="a setting and its values, e.g. learning_rate=1e-3,3e-3 (repeat for more axes)")
     w.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
-    flags.add_eval(w, writes=False)
+    flags.heldout_flags(w, writes=False)
     w.add_argument("--set", action="append", default=[], metavar="SETTING=V",
                    help="an sft setting fixed for every run, e.g. batch_size=8 (repeatable)")
     w.add_argument("--sweep-dir", default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
-    flags.add_target(w, model_default="the engine's; local/arith-tiny locally")
+    flags.target_flags(w, model_default="the engine's; local/arith-tiny locally")
     w.add_argument("--max-parallel", type=int, default=1, help="runs at once (default 1)")
-    flags.add_spend(w, budget_of="the whole sweep", json_help="print one JSON object per run instead of the summary")
+    flags.spending_flags(w, budget_of="the whole sweep", json_help="print one JSON object per run instead of the summary")
     w.set_defaults(func=_run_sweep)
-
-
-def _engine(args: argparse.Namespace) -> str:
-    from ..engines import engine_for
-
-    if args.engine:
-        return args.engine
-    return engine_for(args.model) if args.model else "local"
 
 
 def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps: int | None) -> bool:
     """On Tinker without --yes: print the estimate and refuse (Machine's habit). True = go on."""
-    if _engine(args) != "tinker" or args.yes:
+    if flags.engine_of(args) != "tinker" or args.yes:
         return True
     from ..pricing import estimate_cost
 
@@ -107,18 +99,18 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         both = estimate_run("sft", rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
                             eval_rows=held, evals=n)
         eval_usd = "an unknown amount" if both["eval_usd"] is None else f"at most ${both['eval_usd']:.4f}"
-        evals = f" Held-out evals: {n} x {len(held)} rows, {eval_usd}."
-    print(f"This trains {args.model} on Tinker: {est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
-          f"{est.steps} steps, about ${est.usd:.4f} ({'exact' if est.exact else 'estimated'} tokens, "
-          f"{est.price.source} {est.price.date}).{evals} Re-run with --yes to spend.", file=sys.stderr)
-    return False
+        evals = f"Held-out evals: {n} x {len(held)} rows, {eval_usd}."
+    return flags.refuse_to_spend(
+        f"trains {args.model}", f"about ${est.usd:.4f} ({est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
+                                f"{est.steps} steps; {'exact' if est.exact else 'estimated'} tokens, "
+                                f"{est.price.source} {est.price.date})", detail=evals)
 
 
 def _run_sft(args: argparse.Namespace) -> int:
     from ..train import sft
 
     if not _confirm_spend(args, args.epochs, args.batch_size, args.steps):
-        return 2
+        return flags.REFUSED_SPEND
     result = sft(args.data, args.model, args.engine, epochs=args.epochs, max_steps=args.steps,
                  learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
@@ -133,7 +125,7 @@ def _run_smoke(args: argparse.Namespace) -> int:
     rows, _ = prepare_data(args.data)
     batch = max(1, min(8, len(rows)))
     if not _confirm_spend(args, -(-args.steps // max(1, len(rows) // batch)), batch, args.steps):
-        return 2
+        return flags.REFUSED_SPEND
     result = smoke(args.data, args.model, args.engine, steps=args.steps, log_dir=args.log_dir,
                    workspace=args.workspace, seed=args.seed, max_usd=args.max_usd)
     flags.print_result(result, args.json)
@@ -165,19 +157,19 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
     grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
     seeds = [int(x) for x in args.seeds.split(",")]
-    if _engine(args) == "tinker" and not args.yes:
+    if flags.engine_of(args) == "tinker" and not args.yes:
         if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
-            return 2
+            return flags.REFUSED_SPEND
         total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
                                         eval_every=args.eval_every, model=args.model, **fixed)
         from ..sweeps import grid_points
 
         runs = len(seeds) * len(grid_points(grid))
         extra = f"; {len(unknown)} cannot be priced" if unknown else ""
-        print(f"This sweep trains {args.model} on Tinker: {runs} runs, about ${total:.4f} with their held-out evals"
-              f"{extra}. Runs already finished in --sweep-dir are not charged again. Re-run with --yes to spend.",
-              file=sys.stderr)
-        return 2
+        flags.refuse_to_spend(f"sweep trains {args.model}",
+                              f"about ${total:.4f} for {runs} runs with their held-out evals{extra}",
+                              detail="Runs already finished in --sweep-dir are not charged again.")
+        return flags.REFUSED_SPEND
     frame = sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data, eval_every=args.eval_every,
                   model=args.model, engine=args.engine, sweep_dir=args.sweep_dir, max_parallel=args.max_parallel,
                   max_usd=args.max_usd, **fixed)

@@ -236,6 +236,9 @@ def close_clients(base_url: str | None = None) -> None:
 
     Args:
         base_url: the service URL whose clients to close; default None closes every kept client.
+
+    Returns:
+        None. Also importable as `machine_nb.close_clients`.
     """
     with _CLIENTS_LOCK:
         urls = {k[1] for k in _CLIENTS} if base_url is None else {str(base_url).rstrip("/")}

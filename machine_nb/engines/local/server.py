@@ -635,13 +635,10 @@ class LocalServer:
         record = {"training_run_id": run.model_id, "base_model": run.base_model, "lora_rank": t.rank,
                   "lora_alpha": t.alpha, "targets": t.targets, "seed": t.seed, "user_metadata": run.user_metadata,
                   "created": run.created}
+        from ...jsonl import atomic_write_text
+
         directory = ck.ensure_private_dir(self._writable(ck.run_dir(self.data_dir, run.model_id)))
-        path = directory / "run.json"
-        tmp = directory / f".run.json.tmp-{secrets.token_hex(3)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, indent=1)
-        os.replace(tmp, path)
+        atomic_write_text(directory / "run.json", json.dumps(record, indent=1))
 
     def create_model(self, q: dict, body: Any) -> dict:
         from tinker import types
