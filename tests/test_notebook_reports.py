@@ -124,6 +124,40 @@ def test_refresh_writes_checkout_paths_relative_to_notebooks_with_the_reports_ru
     assert redactions == 3 and nb["metadata"] == {}
 
 
+# Text no committed output may hold: a warning or traceback printed into the report, an absolute path of
+# the machine that ran it, a loss plot's stale placeholder, a path into Machine's source tree.
+UNCLEAN_OUTPUT = ("DeprecationWarning", "FutureWarning", "Traceback", "/work/", "/tmp/", "/home/",
+                  "no metrics yet", "Machine src/")
+
+
+def unclean_outputs(nb: dict) -> list[str]:
+    """What makes a notebook's saved outputs unfit to commit: one line per offending output."""
+    problems = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            text = json.dumps(out, ensure_ascii=False)
+            problems += [f"cell {cell.get('id')}: {bad!r} in an output" for bad in UNCLEAN_OUTPUT if bad in text]
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                problems.append(f"cell {cell.get('id')}: stderr output {''.join(out.get('text', ''))[:200]!r}")
+    return problems
+
+
+def test_unclean_outputs_names_each_kind_of_noise():
+    said = {"DeprecationWarning": "x.py:3: DeprecationWarning: len(result) treats an EvalResult as ...",
+            "FutureWarning": "../machine_nb/evaluate.py:232: FutureWarning: Using the future ...",
+            "Traceback": "Traceback (most recent call last):", "/work/": "logs: /work/repo/runs/a",
+            "/tmp/": "wrote /tmp/x.json", "/home/": "/home/me/.cache", "no metrics yet": "LossPlot: no metrics yet",
+            "Machine src/": "source=Machine src/pricing.ts"}
+    for bad, text in said.items():
+        nb = {"cells": [{"id": "c1", "outputs": [{"output_type": "display_data", "data": {"text/plain": [text]}}]}]}
+        assert [p for p in unclean_outputs(nb) if repr(bad) in p], bad
+    warned = {"cells": [{"id": "c2", "outputs": [{"output_type": "stream", "name": "stderr", "text": ["UserWarning: x"]}]}]}
+    assert unclean_outputs(warned) == ["cell c2: stderr output 'UserWarning: x'"]
+    fine = {"cells": [{"id": "c3", "outputs": [{"output_type": "stream", "name": "stdout",
+                                                 "text": ["scratch workspace: ../runs/a/workspace\n"]}]}]}
+    assert unclean_outputs(fine) == []
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
 def test_committed_notebooks_are_clean_and_parameterised(name):
     nb = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
@@ -138,3 +172,5 @@ def test_committed_notebooks_are_clean_and_parameterised(name):
     text = json.dumps(nb)
     assert WIDGET_VIEW not in text and "papermill" not in json.dumps(nb["metadata"])
     assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, "absolute local paths in outputs"
+    problems = unclean_outputs(nb)
+    assert not problems, f"{name} carries output it should not (re-run scripts/refresh_notebooks.py): " + "; ".join(problems)
