@@ -185,7 +185,7 @@ def main() -> int:
 
     # -- eval, alternating
     def server_eval(ckpt):
-        return evaluate(corpus.eval, checkpoint=ckpt, save=False, show_progress=False)
+        return evaluate(corpus.eval, checkpoint=ckpt, save=False, progress=False)
 
     outs_a = server_eval(server_runs[0].checkpoint)["output"].tolist()
     outs_b = server_eval(warm.checkpoint)["output"].tolist()
@@ -199,12 +199,12 @@ def main() -> int:
         old_sampler = ServiceClient(log_dir=work / "old-scratch").create_sampling_client(
             model_path=old_runs[0].checkpoint)
         old_outs = evaluate(corpus.eval, model="local/arith-tiny", sampling_client=old_sampler, save=False,
-                            show_progress=False)["output"].tolist()
+                            progress=False)["output"].tolist()
         print(f"eval outputs, in-process vs server (same seed's checkpoints): identical {old_outs == outs_a}")
     for _ in range(args.repeats):
         if have_old:
             t0 = time.perf_counter()
-            evaluate(corpus.eval, model="local/arith-tiny", sampling_client=old_sampler, save=False, show_progress=False)
+            evaluate(corpus.eval, model="local/arith-tiny", sampling_client=old_sampler, save=False, progress=False)
             ev_old.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         server_eval(server_runs[0].checkpoint)

@@ -345,7 +345,8 @@ def _definition(runs: Any, machine: dict | str | None, workspace: Any) -> dict:
         import warnings
 
         warnings.warn("training_lines read the machine definition from the frame's attrs['machine'], which "
-                      "select_runs no longer sets: pass machine= (a name or the definition) and workspace= instead",
+                      "select_runs no longer sets: pass machine= (a name or the definition) and workspace= instead; "
+                      "reading attrs will be removed in a later release",
                       DeprecationWarning, stacklevel=3)
         return attached
     return resolve_machine(machine, workspace, runs=runs, undefined="name" if machine is None else "raise")

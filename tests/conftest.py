@@ -1,12 +1,29 @@
 """Shared test set-up: offline, single-threaded torch, small fixtures."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
+
+
+def _session_dir(var: str, prefix: str) -> None:
+    """Point `var` at a new temporary folder, removed when this test process exits.
+
+    atexit runs last-registered first, so the local server (whose own exit handler is registered
+    later, when it starts) has stopped writing here before the folder goes; a forked child that
+    exits through atexit leaves its parent's folder alone."""
+    if var in os.environ:
+        return
+    path, owner = tempfile.mkdtemp(prefix=prefix), os.getpid()
+    os.environ[var] = path
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
+
+
 # the local Tinker server writes runs and checkpoints here, not into the user's cache
-os.environ.setdefault("MACHINE_NB_DATA_DIR", tempfile.mkdtemp(prefix="machine-nb-server-"))
+_session_dir("MACHINE_NB_DATA_DIR", "machine-nb-server-")
 # and run indexes go here, never into the user's cache
-os.environ.setdefault("MACHINE_NB_CACHE_DIR", tempfile.mkdtemp(prefix="machine-nb-cache-"))
+_session_dir("MACHINE_NB_CACHE_DIR", "machine-nb-cache-")

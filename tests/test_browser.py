@@ -222,7 +222,7 @@ THEMED = [
     "                         'match': ['number'] * n, 'output': [f'answer: {i}' for i in range(n)], 'correct': correct})",
     "mnb.ExamplePreviewer(lines, model='thinkingmachines/Inkling-Small')",
     "mnb.CompareView(res([True, False, True, False]), res([True, True, False, False]))",
-    "mnb.CostMeter(lines, model='thinkingmachines/Inkling', budget=100)",
+    "mnb.CostMeter(lines, model='thinkingmachines/Inkling', max_usd=100)",
     "mnb.Tagger({'id': 'r1', 'machine': 'calc', 'history': [], 'trajectory': lines[1]['messages'][1:]}, store='tag_store')",
     "print('ok')",
 ]

@@ -23,7 +23,7 @@ def report(tmp_path_factory):
     mp.setenv("TINKER_API_KEY", CANARY)  # the kernel inherits the environment
     try:
         yield run_report(NOTEBOOK, {"store": str(tmp / "store"), "export_path": str(tmp / "export" / "train.jsonl")},
-                         tmp / "explore.html", progress_bar=False, timeout=600), tmp
+                         tmp / "explore.html", progress=False, timeout=600), tmp
     finally:
         mp.undo()
 
@@ -79,7 +79,7 @@ def test_minimal_sft_runs_unchanged_on_tinker_until_the_network_and_never_leaks_
     with pytest.raises(PapermillExecutionError) as failure:
         run_report(ROOT / "notebooks" / "01_minimal_sft.ipynb",
                    {"engine": "tinker", "model": "thinkingmachines/Inkling", "log_root": str(tmp_path / "runs")},
-                   tmp_path / "tinker.html", progress_bar=False, timeout=600)
+                   tmp_path / "tinker.html", progress=False, timeout=600)
     assert failure.value.ename == "EngineError"
     nb = json.loads((tmp_path / "tinker.ipynb").read_text(encoding="utf-8"))
     by_id = {c.get("id"): c for c in nb["cells"]}

@@ -455,16 +455,16 @@ def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monk
     path = tc.save_weights_for_sampler("elsewhere").result().path
     for model in (None, DEFAULT_MODEL):  # the base model read from the checkpoint, or given
         with pytest.raises(EngineError) as err:
-            evaluate(EVAL_ROWS, model=model, checkpoint=path, save=False, show_progress=False)
+            evaluate(EVAL_ROWS, model=model, checkpoint=path, save=False, progress=False)
         assert path in str(err.value) and "engine='tinker'" in str(err.value) and "TINKER_BASE_URL" in str(err.value)
     monkeypatch.setenv("TINKER_BASE_URL", served.url)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     try:
         df = evaluate(EVAL_ROWS, model=DEFAULT_MODEL, checkpoint=path, engine="tinker", save=False,
-                      show_progress=False)
+                      progress=False)
     finally:
         close_clients(served.url)  # this server stops with the module: end the session kept for it first
-    assert len(df) == 2 and df["error"].isna().all()
+    assert len(df.rows) == 2 and df.rows["error"].isna().all()
 
 
 def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
@@ -488,7 +488,7 @@ def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_pa
     killer = threading.Thread(target=kill_while_sampling, daemon=True)
     killer.start()
     with pytest.raises(EngineError, match="stopped answering"):
-        evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, show_progress=False, max_tokens=64)
+        evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, progress=False, max_tokens=64)
     assert killed_at and time.monotonic() - killed_at[0] < 30
     from machine_nb import engines
 

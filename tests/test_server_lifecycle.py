@@ -68,8 +68,8 @@ def test_a_script_on_the_local_engine_exits_promptly_with_its_sessions_finished(
         from machine_nb.engines import service_client
         from machine_nb.engines.local.server import ensure_server
     """) + ROWS + textwrap.dedent("""
-        df = mnb.evaluate(ROWS, save=False, show_progress=False)
-        assert len(df) == 2
+        res = mnb.evaluate(ROWS, save=False, progress=False)
+        assert len(res.rows) == 2
         service_client("local").create_sampling_client(base_model="local/arith-tiny").result()
         seen["server"] = ensure_server()
         print("evaluated", flush=True)
@@ -90,12 +90,12 @@ def test_work_still_going_in_another_thread_at_exit_finishes(tmp_path):
         import threading
         import machine_nb as mnb
 
-        mnb.evaluate(ROWS, save=False, show_progress=False)  # the server is up, the imports done
+        mnb.evaluate(ROWS, save=False, progress=False)  # the server is up, the imports done
         many = ROWS * 40
 
         def work():
             for _ in range(3):
-                assert len(mnb.evaluate(many, save=False, show_progress=False)) == len(many)
+                assert len(mnb.evaluate(many, save=False, progress=False).rows) == len(many)
             print("thread done", flush=True)
 
         threading.Thread(target=work).start()
@@ -117,10 +117,10 @@ def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
         from machine_nb.errors import EngineError
 
         old = server_mod.ensure_server()
-        assert len(mnb.evaluate(ROWS, save=False, show_progress=False)) == 2
+        assert len(mnb.evaluate(ROWS, save=False, progress=False).rows) == 2
         server_mod._stop_default()           # as a test (or a user) may stop it
         assert all(s.finished for s in old.sessions.values())
-        assert len(mnb.evaluate(ROWS, save=False, show_progress=False)) == 2   # a fresh server
+        assert len(mnb.evaluate(ROWS, save=False, progress=False).rows) == 2   # a fresh server
         assert server_mod.ensure_server() is not old
 
         proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
@@ -128,11 +128,11 @@ def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
                                 start_new_session=True)
         url = proc.stdout.readline().split(" on ", 1)[1].strip()
         os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-placeholder-key-0000")
-        assert len(mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, show_progress=False)) == 2
+        assert len(mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, progress=False).rows) == 2
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         try:
-            mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, show_progress=False)
+            mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, progress=False)
         except EngineError as exc:
             print("refused:", str(exc)[:60], flush=True)
         time.sleep(12)                       # one SDK heartbeat (seen as 240 s by its fast clock)
@@ -210,7 +210,7 @@ def test_a_process_forked_after_the_local_engine_ran_exits_and_leaves_the_parent
         import machine_nb as mnb
         from machine_nb import engines
 
-        mnb.evaluate(ROWS, model="local/arith-tiny", show_progress=False)
+        mnb.evaluate(ROWS, model="local/arith-tiny", progress=False)
         url = engines.local_base_url()
 
         def work(q):
@@ -225,7 +225,7 @@ def test_a_process_forked_after_the_local_engine_ran_exits_and_leaves_the_parent
             p.kill()
         print("child", p.exitcode, q.get(timeout=5) if p.exitcode == 0 else None)
         assert engines.local_base_url() == url  # the same server, still running
-        print("accuracy", mnb.evaluate(ROWS, model="local/arith-tiny", show_progress=False)["correct"].mean() >= 0)
+        print("accuracy", mnb.evaluate(ROWS, model="local/arith-tiny", progress=False).rows["correct"].mean() >= 0)
     """), timeout=300)
     assert_quiet(done)
     assert "child 0 45" in done.stdout, done.stdout + done.stderr

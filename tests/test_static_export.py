@@ -38,7 +38,7 @@ CELLS = [
     "from machine_nb import ExamplePreviewer\n"
     "ExamplePreviewer(work / 'train.jsonl', model='thinkingmachines/Inkling', index=1)",
     "from machine_nb import CostMeter\n"
-    "CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling', epochs=2, batch_size=2, budget=1e-6)",
+    "CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling', epochs=2, batch_size=2, max_usd=1e-6)",
     "from machine_nb import LossPlot\n"
     "LossPlot(work / 'log', live=False)",
     # a live plot: the next cell runs while it polls (the kernel is not blocked), and when the run
@@ -85,7 +85,7 @@ CELLS = [
     # 12: the same with the plot fed by the trainer's callback
     "fed = LossPlot(work / 'fed')\ndisplay(fed)\ntrain(work / 'fed', 9, on_metrics=fed.update)\nfed.stop()",
     # 13-14: another model chosen in a later cell
-    "meter = CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling-Small', budget=5)\nmeter",
+    "meter = CostMeter(work / 'train.jsonl', model='thinkingmachines/Inkling-Small', max_usd=5)\nmeter",
     "meter.model = 'local/arith-tiny'",
     # 15-16: a run picker, filtered and clicked in a later cell; its saved output shows that state
     "from machine_nb import RunPicker\n"
