@@ -1,6 +1,6 @@
 """Concurrent tagging: 4 processes × 500 `tag()` calls into one store, several rounds.
 
-Target (issue 2): exactly 2,000 intact rows every time: every line parses, ids are unique, and
+Target: exactly 2,000 intact rows every time: every line parses, ids are unique, and
 each writer's 500 rows are all there. Rows carry a ~2 kB answer so that a torn or interleaved
 write would show. Run: .venv/bin/python benchmarks/bench_concurrent_tags.py [--rounds 5]
 """

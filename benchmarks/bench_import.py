@@ -1,6 +1,6 @@
 """`import machine_nb` in a fresh process: wall time, and which heavy libraries it pulls in.
 
-Target (issue 2): under 0.5 s. Measures `python -c "import machine_nb"` against `python -c pass`
+Target: under 0.5 s. Measures `python -c "import machine_nb"` against `python -c pass`
 (the interpreter's own start-up) 7 times each and reports the medians; then checks in one more
 fresh process that pandas, torch, transformers, tinker and tinker_cookbook were not imported.
 Run: .venv/bin/python benchmarks/bench_import.py

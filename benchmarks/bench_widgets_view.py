@@ -1,4 +1,5 @@
-"""Benchmark: how long the E2 widgets take to redraw after a user action (median and worst).
+"""Benchmark: how long the previewer, cost meter and loss plot take to redraw after a user action
+(median and worst).
 
     .venv/bin/python benchmarks/bench_widgets_view.py              # all but the slow "before" figure
     .venv/bin/python benchmarks/bench_widgets_view.py --hub-retries  # also time the hub client's own retries
