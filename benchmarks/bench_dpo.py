@@ -64,12 +64,12 @@ def tutor(mnb, tmp: Path, seeds: list[int]) -> bool:
     store = SAMPLE / ".machine-store"
     pairs = quiet(mnb.preference_pairs, store, workspace=SAMPLE, machine="tutor")
     lines = quiet(mnb.tagged_lines, mnb.tagged(store), "tutor", workspace=SAMPLE)
-    live, t_live = timed(mnb.evaluate_cases, SAMPLE, "tutor", show_progress=False)
+    live, t_live = timed(mnb.evaluate_cases, SAMPLE, "tutor", progress=False)
     held = mnb.pairs_from_results(live, instructions=live_version(SAMPLE, "tutor")["instructions"], machine="tutor")
     sources = {k: int(v) for k, v in pairs["source"].value_counts().items()}
     print(f"tutor: {len(pairs)} training pairs ({sources}), {len(pairs.excluded)} left "
           f"out as held-out; {len(lines)} SFT rows; {len(held)} held-out pairs (expected answer over the live reply)")
-    print(f"live v1 on the 20 held-out cases: exact match {live['correct'].mean():.2f} [{t_live:.1f} s]")
+    print(f"live v1 on the 20 held-out cases: exact match {live.rows['correct'].mean():.2f} [{t_live:.1f} s]")
     base_pairs = mnb.score_pairs(held)
     print(f"base model held-out pair accuracy {base_pairs['correct'].mean():.2f} "
           f"(median margin {base_pairs['margin'].median():+.1f} nats)")
@@ -90,14 +90,14 @@ def tutor(mnb, tmp: Path, seeds: list[int]) -> bool:
             scored = mnb.score_pairs(held, checkpoint=result.checkpoint)
             acc[name] = scored["correct"].mean()
             exact[name] = quiet(mnb.evaluate_cases, SAMPLE, "tutor", checkpoint=result.checkpoint,
-                                show_progress=False, name=name)
-            outs = exact[name]["output"].head(3).tolist()
+                                progress=False, name=name)
+            outs = exact[name].rows["output"].head(3).tolist()
             print(f"  {name:8s} held-out pair accuracy {acc[name]:.2f} (median margin {scored['margin'].median():+.1f});"
-                  f" exact match {exact[name]['correct'].mean():.2f}; first replies {outs}")
+                  f" exact match {exact[name].rows['correct'].mean():.2f}; first replies {outs}")
         for a, b in (("SFT", "DPO"), ("SFT", "SFT→DPO"), ("DPO", "SFT→DPO")):
             print(f"  compare {a} -> {b}: {line(mnb.compare(exact[a], exact[b]))}")
         print(f"  compare live -> SFT→DPO: {line(mnb.compare(live, exact['SFT→DPO']))}")
-        table.append((seed, acc["DPO"], acc["SFT→DPO"], *(exact[n]["correct"].mean() for n in runs)))
+        table.append((seed, acc["DPO"], acc["SFT→DPO"], *(exact[n].rows["correct"].mean() for n in runs)))
         ok = ok and acc["DPO"] >= 0.9
     print("\nseed | pair acc DPO | pair acc SFT→DPO | exact SFT | exact DPO | exact SFT→DPO")
     for row in table:
@@ -119,7 +119,7 @@ def calibrate(mnb, tmp: Path) -> None:
     def measure(label: str, result) -> None:
         acc = mnb.score_pairs(val, checkpoint=result.checkpoint)["correct"].mean()
         exact = quiet(mnb.evaluate_cases, SAMPLE, "tutor", checkpoint=result.checkpoint, cases=cases,
-                      show_progress=False)["correct"].mean()
+                      progress=False).rows["correct"].mean()
         print(f"  {label:28s} validation pair accuracy {acc:.2f}, exact match {exact:.2f}")
 
     for lr in (1e-3, 2e-3, 3e-3, 5e-3):
@@ -139,17 +139,17 @@ def corpus(mnb, tmp: Path) -> None:
     train_rows = [json.loads(x) for x in Path(made.train).read_text().splitlines()]
     as_eval = [{"messages": r["messages"][:-1], "expected": r["messages"][-1]["content"], "match": "exact"}
                for r in train_rows]
-    quiet(mnb.evaluate, as_eval, out=tmp / "corpus-train-base.json", show_progress=False)
-    quiet(mnb.evaluate, made.eval, out=tmp / "corpus-eval-base.json", show_progress=False)
+    quiet(mnb.evaluate, as_eval, out=tmp / "corpus-train-base.json", progress=False)
+    quiet(mnb.evaluate, made.eval, out=tmp / "corpus-eval-base.json", progress=False)
     train = mnb.pairs_from_results(tmp / "corpus-train-base.json")
     held = mnb.pairs_from_results(tmp / "corpus-eval-base.json")
     result, t = timed(mnb.dpo, train, log_dir=tmp / "corpus-dpo", progress=False)
     before = mnb.score_pairs(held)["correct"].mean()
     after = mnb.score_pairs(held, checkpoint=result.checkpoint)["correct"].mean()
-    exact = quiet(mnb.evaluate, made.eval, checkpoint=result.checkpoint, save=False, show_progress=False)
+    exact = quiet(mnb.evaluate, made.eval, checkpoint=result.checkpoint, save=False, progress=False)
     print(f"\nminimal-SFT corpus: {len(train)} training pairs, {len(held)} held-out pairs (eval.jsonl); DPO {result.steps} "
           f"steps [{t:.1f} s]: held-out pair accuracy {before:.2f} -> {after:.2f}; exact match "
-          f"{exact['correct'].mean():.2f}; first replies {exact['output'].head(3).tolist()}")
+          f"{exact.rows['correct'].mean():.2f}; first replies {exact.rows['output'].head(3).tolist()}")
 
 
 def time_notebook(timeout: float = 900) -> float:

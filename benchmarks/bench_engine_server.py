@@ -187,8 +187,8 @@ def main() -> int:
     def server_eval(ckpt):
         return evaluate(corpus.eval, checkpoint=ckpt, save=False, progress=False)
 
-    outs_a = server_eval(server_runs[0].checkpoint)["output"].tolist()
-    outs_b = server_eval(warm.checkpoint)["output"].tolist()
+    outs_a = server_eval(server_runs[0].checkpoint).rows["output"].tolist()
+    outs_b = server_eval(warm.checkpoint).rows["output"].tolist()
     print(f"same seed twice through the server: identical outputs {outs_a == outs_b} "
           f"(exact match {sum(o == r for o, r in zip(outs_a, [json.loads(x)['expected'] for x in open(corpus.eval)])) / 24:.3f})")
     ev_server, ev_old = [], []
@@ -199,7 +199,7 @@ def main() -> int:
         old_sampler = ServiceClient(log_dir=work / "old-scratch").create_sampling_client(
             model_path=old_runs[0].checkpoint)
         old_outs = evaluate(corpus.eval, model="local/arith-tiny", sampling_client=old_sampler, save=False,
-                            progress=False)["output"].tolist()
+                            progress=False).rows["output"].tolist()
         print(f"eval outputs, in-process vs server (same seed's checkpoints): identical {old_outs == outs_a}")
     for _ in range(args.repeats):
         if have_old:
