@@ -260,7 +260,7 @@ def test_cli_cases_candidate_commit_revert(trained, ws, tmp_path, capsys):
     assert code == 0 and said["passed"] and said["candidate_accuracy"] >= 0.7
     assert {p.name for p in report.iterdir()} == {"live.json", "candidate.json", "report.json"}
     assert json.loads((report / "report.json").read_text())["passed"] is True
-    assert mnb.load_results(report / "candidate.json")["correct"].mean() == said["candidate_accuracy"]
+    assert mnb.load_results(report / "candidate.json").rows["correct"].mean() == said["candidate_accuracy"]
     assert path.read_bytes() == before  # `candidate` never changes the machine
 
     code, out, _ = cli(capsys, "commit", str(ws), "--machine", "tutor", "--checkpoint", trained["strong"],

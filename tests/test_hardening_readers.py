@@ -158,7 +158,7 @@ def test_errors_that_carry_a_key_are_redacted_in_eval_rows_and_on_the_terminal(m
 
     rows = [{"messages": [{"role": "user", "content": "What is 1 plus 2?"}], "expected": "answer: 3"}] * 2
     with pytest.warns(UserWarning, match="failed"):
-        df = evaluate(rows, model="local/arith-tiny", sampling_client=HalfLeaky(), save=False, concurrency=1)
+        df = evaluate(rows, model="local/arith-tiny", sampling_client=HalfLeaky(), save=False, concurrency=1).rows
     assert df["error"].notna().sum() == 1 and key not in " ".join(df["error"].dropna())
     assert "[redacted]" in " ".join(df["error"].dropna())
 

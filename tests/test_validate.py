@@ -217,7 +217,8 @@ def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
     path = write(tmp_path / "t.jsonl", [row])
     whole = validate(path, None, 5, evals)
     assert by_steps.findings.equals(whole.findings) and by_steps.summary == whole.summary
-    with pytest.warns(DeprecationWarning, match="eval_data"):
+    with pytest.warns(DeprecationWarning, match=r"validate\(path=…\) is now validate\(data=…\)"), \
+            pytest.warns(DeprecationWarning, match="eval_data"):
         old = validate(path=path, max_length=5, eval_path=evals)
     assert old.findings.equals(whole.findings)
     plain = whole.to_dict()
