@@ -8,6 +8,9 @@ reuse it:
     with lab_server(tmp) as lab, chromium_page() as page:
         write_notebook(tmp / "x.ipynb", ["print('ok')"])
         open_and_run_all(page, lab.url("x.ipynb"))
+
+Lab switches themes without a reload, so one run of a notebook can be checked in both themes:
+`set_theme(page, "JupyterLab Dark")` between the checks, each inside `screenshot_after(page, path)`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -158,11 +162,42 @@ def run_command(page, command: str, args: dict | None = None) -> None:
 
 def set_theme(page, theme: str) -> None:
     """Switch JupyterLab's theme ("JupyterLab Light" / "JupyterLab Dark") and wait until it applies."""
-    from playwright.sync_api import expect
-
     run_command(page, "apputils:change-theme", {"theme": theme})
-    expect(page.locator(f'body[data-jp-theme-name="{theme}"]')).to_have_count(1)
-    page.wait_for_timeout(500)  # the theme's stylesheet applies a moment after the attribute
+    # Lab shows its splash, loads the theme's stylesheet, names the theme on <body>, hides the shell
+    # and shows it again on the next frame, then removes the splash: the name set and the splash gone
+    # mean the new colours apply and the widgets have their size again.
+    page.wait_for_function("(t) => document.body.dataset.jpThemeName === t"
+                           " && !document.getElementById('jupyterlab-splash')", arg=theme)
+
+
+def run_in_kernel(page, code: str) -> None:
+    """Run Python in the kernel of the notebook open in front (outputs go nowhere); fail on an error."""
+    error = page.evaluate("""async (code) => {
+      const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+      const reply = await kernel.requestExecute({ code, store_history: false }).done;
+      return reply.content.status === "ok" ? "" : `${reply.content.ename}: ${reply.content.evalue}`;
+    }""", code)
+    if error:
+        raise AssertionError(f"{code!r} failed in the kernel: {error}")
+
+
+def keep_screenshot(page, path: Path) -> None:
+    """Screenshot the whole page to `path`, and copy it to $MACHINE_NB_TEST_ARTIFACTS when that is set."""
+    page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => { e.scrollTop = 0; })")
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
+        out = Path(os.environ["MACHINE_NB_TEST_ARTIFACTS"])
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, out / Path(path).name)
+
+
+@contextlib.contextmanager
+def screenshot_after(page, path: Path) -> Iterator[None]:
+    """Run the block, then keep a screenshot of the page at `path` (see keep_screenshot), failed or not."""
+    try:
+        yield
+    finally:
+        keep_screenshot(page, path)
 
 
 # Computed colours → WCAG contrast of each matching element's text against what is behind it

@@ -8,7 +8,8 @@
    for; the note and rewrite boxes fit the cell; the saved notebook's static outputs show what
    was picked and tagged.
 3. Themes: in JupyterLab Light and Dark, the text the widgets draw (tokens, legend, cards,
-   compare rows, labels) has a contrast ratio of at least 4.5:1 with what is behind it.
+   compare rows, labels) has a contrast ratio of at least 4.5:1 with what is behind it (one
+   notebook run, measured in Light, then in Dark).
 
 Screenshots go to `<tmp_path>/` and are copied to $MACHINE_NB_TEST_ARTIFACTS/ when that is set
 (`make test` sets it to test-artifacts/).
@@ -17,13 +18,11 @@ Screenshots go to `<tmp_path>/` and are copied to $MACHINE_NB_TEST_ARTIFACTS/ wh
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 
-from lab import (chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, set_theme,
-                 write_notebook)
+from lab import (chromium_page, chromium_path, contrast, keep_screenshot, lab_server, open_and_run_all, run_command,
+                 screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -48,16 +47,6 @@ display(label)
 picker
 '''
 TAGGER = 'tagger = mnb.Tagger(runs, store="tag_store")\ntagger'
-
-
-def keep_screenshot(page, shot) -> None:
-    """Screenshot the page to `shot`, and copy it to $MACHINE_NB_TEST_ARTIFACTS when set."""
-    page.evaluate("document.querySelectorAll('.jp-WindowedPanel-outer').forEach(e => { e.scrollTop = 0; })")
-    page.screenshot(path=str(shot), full_page=True)
-    if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
-        out = os.environ["MACHINE_NB_TEST_ARTIFACTS"]
-        os.makedirs(out, exist_ok=True)
-        shutil.copy(shot, os.path.join(out, shot.name))
 
 
 def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
@@ -243,27 +232,33 @@ READABLE = {
 }
 
 
-@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_widget_text_is_readable_in_light_and_dark_themes(tmp_path, theme):
+def readable_text(page, theme: str) -> dict[str, list[dict]]:
+    """Switch to `theme`, then measure the contrast of each READABLE kind of text on screen."""
+    set_theme(page, theme)
+    return {name: contrast(page, sel) for name, sel in READABLE.items()}
+
+
+def test_widget_text_is_readable_in_light_and_dark_themes(tmp_path):
+    """One notebook run, measured in Light, then in Dark (Lab switches theme without a reload)."""
     from playwright.sync_api import expect
 
     chromium_path()
     root = tmp_path / "lab"
     root.mkdir()
     write_notebook(root / "themed.ipynb", THEMED)
-    shot = tmp_path / f"widgets_{theme.split()[-1].lower()}_theme.png"
+    reports = {}
     with lab_server(root) as lab, chromium_page(width=1400, height=2600) as page:
-        try:
+        with screenshot_after(page, tmp_path / "widgets_light_theme.png"):
             open_and_run_all(page, lab.url("themed.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
             expect(page.locator(".mnb-tok-trained:visible").first).to_be_visible()  # the live views
             expect(page.locator(".mnb-compare-rows:visible").first).to_be_visible()
-            set_theme(page, theme)
-            report = {name: contrast(page, sel) for name, sel in READABLE.items()}
-        finally:
-            keep_screenshot(page, shot)
-    missing = [name for name, found in report.items() if not found]
-    assert not missing, f"nothing visible for {missing}"
-    poor = {name: [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})" for x in found if x["ratio"] < 4.5]
-            for name, found in report.items()}
+            reports["JupyterLab Light"] = readable_text(page, "JupyterLab Light")
+        with screenshot_after(page, tmp_path / "widgets_dark_theme.png"):
+            reports["JupyterLab Dark"] = readable_text(page, "JupyterLab Dark")
+    missing = {theme: [name for name, found in report.items() if not found] for theme, report in reports.items()}
+    assert not any(missing.values()), f"nothing visible for {missing}"
+    poor = {(theme, name): [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})"
+                            for x in found if x["ratio"] < 4.5]
+            for theme, report in reports.items() for name, found in report.items()}
     assert not any(poor.values()), {k: v[:3] for k, v in poor.items() if v}

@@ -1,30 +1,39 @@
 """Real browser test of the RunPicker on the sample workspace, in JupyterLab's light and dark
 themes at 1400 px: the texts are on screen, the selection column stays pinned when a far column
 is sorted, long cells show their whole text on hover, columns can be chosen, text is readable
-(contrast), and the saved notebook's static fallback shows what the user did. Screenshots:
+(contrast), and the saved notebook's static fallback shows what the user did. The notebook runs
+once: the picker is used in Light, put back from Python, and used again in Dark. Screenshots:
 `<tmp_path>/run_picker_<theme>.png` (also copied to $MACHINE_NB_TEST_ARTIFACTS/ when set).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from lab import chromium_page, chromium_path, lab_server, open_and_run_all, write_notebook
+from lab import (chromium_page, chromium_path, lab_server, open_and_run_all, run_in_kernel, screenshot_after, set_theme,
+                 write_notebook)
 
 pytestmark = pytest.mark.browser
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 CELLS = [
-    "import machine_nb as mnb\nruns = mnb.load_runs('ws')\npicker = mnb.RunPicker(runs, page_size=10)\npicker",
+    "import machine_nb as mnb\nruns = mnb.load_runs('ws')\npicker = mnb.RunPicker(runs, page_size=10)\n"
+    "first_columns = picker.columns\npicker",
     "print('ok')",
 ]
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
+# back to the picker as the cell first showed it
+RESET = ("import ipywidgets as w\n"
+         "picker.set_filters(text=None); picker.clear_selection(); picker.show_columns(first_columns)\n"
+         "picker.sort_by(None); picker.go_to_page(0)\n"
+         "for child in picker.children:\n"
+         "    if isinstance(child, w.Accordion):\n"
+         "        child.selected_index = None")
 
 # WCAG contrast of the computed text colour against the first opaque background behind it
 CONTRAST_JS = """(el) => {
@@ -54,92 +63,112 @@ def saved_picker_html(path: Path) -> str:
     return ""
 
 
-@pytest.mark.parametrize("theme", ["light", "dark"])
-def test_run_picker_in_jupyterlab(tmp_path, theme):
+def use_the_picker(page, nb_path: Path, theme: str, search: str, matches: int, pages: int) -> None:
+    """Check the picker as it first shows in `theme`, use it (sort, select, columns, search `search`
+    with `matches` runs on `pages` pages, next page), save, and check the saved static fallback."""
+    from playwright.sync_api import expect
+
+    assert page.evaluate("document.body.dataset.jpThemeLight") == ("false" if theme == "dark" else "true")
+    table = page.locator(".mnb-table")
+    rows = page.locator(".mnb-table tbody tr")
+    expect(rows).to_have_count(10)
+
+    # at 1400 px the texts are on screen, not behind the scrollbar
+    box = table.bounding_box()
+    for col in ("input", "output"):
+        th = page.locator(f'.mnb-table th[data-column="{col}"]').bounding_box()
+        assert th["x"] + th["width"] / 2 < box["x"] + box["width"], f"{col} is off screen"
+
+    # a long cell is cut in the view and whole on hover
+    cell = rows.first.locator('td[data-column="input"]')
+    full = cell.get_attribute("title")
+    assert full and cell.evaluate("e => getComputedStyle(e).textOverflow") == "ellipsis"
+
+    # sort the far right column: the selection column stays pinned and in view
+    table.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+    far = page.locator(".mnb-table th[data-column]").last
+    name = far.get_attribute("data-column")
+    view = table.get_attribute("data-view")
+    far.click()
+    expect(far).to_have_text(f"{name} ▲")
+    assert table.evaluate("e => e.scrollLeft") > 0  # the redraw kept the scroll position
+    # updating the static twin leaves the live view alone: the same view, still scrolled
+    assert table.get_attribute("data-view") == view
+    box = table.bounding_box()
+    check = rows.first.locator("input[type=checkbox]")
+    cb, first = check.bounding_box(), rows.first.locator("td.mnb-first").bounding_box()
+    assert box["x"] <= cb["x"] < box["x"] + 40 and first["x"] < box["x"] + 200
+    check.click()
+    expect(page.locator(".mnb-table tr.mnb-selected")).to_have_count(1)
+    expect(page.locator(".widget-html", has_text=f"{N_RUNS} runs · {N_RUNS} match · 1 selected")).to_be_visible()
+
+    # readable text in this theme: a plain cell, the selected row, the header
+    for el in (rows.nth(1).locator("td").nth(2), page.locator(".mnb-table tr.mnb-selected td").nth(2),
+               page.locator(".mnb-table th").nth(1), page.locator(".mnb-page-info")):
+        ratio = el.evaluate(CONTRAST_JS)
+        assert ratio >= 4.5, f"contrast {ratio:.2f} in {theme} theme"
+
+    # choose columns: untick harness in the chooser
+    page.locator(".jupyter-widget-Collapse-header, .p-Collapse-header, .lm-Collapse-header",
+                 has_text="columns").first.click()
+    page.locator(".widget-select-multiple select option", has_text="harness").click(modifiers=["ControlOrMeta"])
+    expect(page.locator('.mnb-table th[data-column="harness"]')).to_have_count(0)
+
+    # filter, page: then save; the saved output's static HTML shows this state
+    search_box = page.locator('input[placeholder="search input/output (Enter)"]')
+    search_box.fill(search)
+    search_box.press("Enter")
+    expect(page.locator(".widget-html", has_text=f"{N_RUNS} runs · {matches} match · 1 selected")).to_be_visible()
+    page.locator(".mnb-pager button", has_text="›").click()
+    expect(page.locator(".mnb-page-info")).to_have_text(f"page 2 of {pages}")
+    page.keyboard.press("ControlOrMeta+s")
+    deadline = time.monotonic() + 60
+    html = ""
+    while time.monotonic() < deadline:
+        html = saved_picker_html(nb_path)
+        if f"text: {search}" in html and f"page 2 of {pages}" in html:
+            break
+        time.sleep(0.5)
+        page.keyboard.press("ControlOrMeta+s")  # saved again once the fallback is updated
+    assert (f"text: {search}" in html and f"{matches} match · 1 selected" in html
+            and f"page 2 of {pages}" in html), (theme, html[:400])
+    assert "harness" not in html.split("<thead>")[1].split("</thead>")[0], theme
+
+
+def reset_picker(page) -> None:
+    """Put the picker back as it first showed (from Python: no filter, selection or sort, all its
+    columns, page 1, chooser closed, table scrolled left) and check the live view follows."""
+    from playwright.sync_api import expect
+
+    run_in_kernel(page, RESET)
+    expect(page.locator(".widget-html", has_text=f"{N_RUNS} runs · {N_RUNS} match · 0 selected")).to_be_visible()
+    expect(page.locator(".mnb-table tr.mnb-selected")).to_have_count(0)
+    expect(page.locator('.mnb-table th[data-column="harness"]')).to_have_count(1)
+    expect(page.locator(".mnb-table th", has_text="▲")).to_have_count(0)
+    expect(page.locator(".mnb-page-info")).to_have_text(f"page 1 of {-(-N_RUNS // 10)}")
+    expect(page.locator(".widget-select-multiple select option", has_text="harness")).to_be_hidden()
+    page.locator(".mnb-table").evaluate("e => { e.scrollLeft = 0; }")
+
+
+def test_run_picker_in_jupyterlab(tmp_path):
+    """One notebook run: the picker used in the Light theme, put back, then used again in Dark
+    (another search, so the second save is told from the first)."""
     from playwright.sync_api import expect
 
     chromium_path()
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copytree(SAMPLE / ".machine", root / "ws" / ".machine")
-    settings = root / ".lab-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
     nb_path = write_notebook(root / "picker.ipynb", CELLS)
-    shot = tmp_path / f"run_picker_{theme}.png"
     with lab_server(root) as lab, chromium_page(width=1400, height=1000) as page:
-        try:
+        with screenshot_after(page, tmp_path / "run_picker_light.png"):
             open_and_run_all(page, lab.url("picker.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
-            want_dark = theme == "dark"
-            assert page.evaluate("document.body.dataset.jpThemeLight") == ("false" if want_dark else "true")
-            table = page.locator(".mnb-table")
-            rows = page.locator(".mnb-table tbody tr")
-            expect(rows).to_have_count(10)
-
-            # at 1400 px the texts are on screen, not behind the scrollbar
-            box = table.bounding_box()
-            for col in ("input", "output"):
-                th = page.locator(f'.mnb-table th[data-column="{col}"]').bounding_box()
-                assert th["x"] + th["width"] / 2 < box["x"] + box["width"], f"{col} is off screen"
-
-            # a long cell is cut in the view and whole on hover
-            cell = rows.first.locator('td[data-column="input"]')
-            full = cell.get_attribute("title")
-            assert full and cell.evaluate("e => getComputedStyle(e).textOverflow") == "ellipsis"
-
-            # sort the far right column: the selection column stays pinned and in view
-            table.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
-            far = page.locator(".mnb-table th[data-column]").last
-            name = far.get_attribute("data-column")
-            view = table.get_attribute("data-view")
-            far.click()
-            expect(far).to_have_text(f"{name} ▲")
-            assert table.evaluate("e => e.scrollLeft") > 0  # the redraw kept the scroll position
-            # updating the static twin leaves the live view alone: the same view, still scrolled
-            assert table.get_attribute("data-view") == view
-            box = table.bounding_box()
-            check = rows.first.locator("input[type=checkbox]")
-            cb, first = check.bounding_box(), rows.first.locator("td.mnb-first").bounding_box()
-            assert box["x"] <= cb["x"] < box["x"] + 40 and first["x"] < box["x"] + 200
-            check.click()
-            expect(page.locator(".mnb-table tr.mnb-selected")).to_have_count(1)
-            expect(page.locator(".widget-html", has_text=f"{N_RUNS} runs · {N_RUNS} match · 1 selected")).to_be_visible()
-
-            # readable text in this theme: a plain cell, the selected row, the header
-            for el in (rows.nth(1).locator("td").nth(2), page.locator(".mnb-table tr.mnb-selected td").nth(2),
-                       page.locator(".mnb-table th").nth(1), page.locator(".mnb-page-info")):
-                ratio = el.evaluate(CONTRAST_JS)
-                assert ratio >= 4.5, f"contrast {ratio:.2f} in {theme} theme"
-
-            # choose columns: untick harness in the chooser
-            page.locator(".jupyter-widget-Collapse-header, .p-Collapse-header, .lm-Collapse-header",
-                         has_text="columns").first.click()
-            page.locator(".widget-select-multiple select option", has_text="harness").click(modifiers=["ControlOrMeta"])
-            expect(page.locator('.mnb-table th[data-column="harness"]')).to_have_count(0)
-
-            # filter, page: then save; the saved output's static HTML shows this state
-            search = page.locator('input[placeholder="search input/output (Enter)"]')
-            search.fill("order")
-            search.press("Enter")
-            expect(page.locator(".widget-html", has_text=f"{N_RUNS} runs · 23 match · 1 selected")).to_be_visible()
-            page.locator(".mnb-pager button", has_text="›").click()
-            expect(page.locator(".mnb-page-info")).to_have_text("page 2 of 3")
-            page.keyboard.press("ControlOrMeta+s")
-            deadline = time.monotonic() + 60
-            html = ""
-            while time.monotonic() < deadline:
-                html = saved_picker_html(nb_path)
-                if "text: order" in html and "page 2 of 3" in html:
-                    break
-                time.sleep(0.5)
-                page.keyboard.press("ControlOrMeta+s")  # saved again once the fallback is updated
-            assert "text: order" in html and "23 match · 1 selected" in html and "page 2 of 3" in html, html[:400]
-            assert "harness" not in html.split("<thead>")[1].split("</thead>")[0]
-        finally:
-            page.screenshot(path=str(shot), full_page=True)
-            if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
-                out = os.environ["MACHINE_NB_TEST_ARTIFACTS"]
-                os.makedirs(out, exist_ok=True)
-                shutil.copy(shot, os.path.join(out, shot.name))
-    assert shot.stat().st_size > 10_000
+            set_theme(page, THEMES["light"])
+            use_the_picker(page, nb_path, "light", search="order", matches=23, pages=3)
+        with screenshot_after(page, tmp_path / "run_picker_dark.png"):
+            reset_picker(page)
+            set_theme(page, THEMES["dark"])
+            use_the_picker(page, nb_path, "dark", search="return", matches=33, pages=4)
+    for theme in THEMES:
+        assert (tmp_path / f"run_picker_{theme}.png").stat().st_size > 10_000

@@ -2,19 +2,20 @@
 
 Picking another setting in its x-axis dropdown redraws the plot, and the saved notebook's static
 output keeps that choice; its table and verdict are readable (contrast at least 4.5:1) in the Light
-and Dark themes. Screenshots: `<tmp_path>/sweep_view_<theme>.png` (also copied to
-$MACHINE_NB_TEST_ARTIFACTS/ when that is set).
+and Dark themes. The sweep and notebook run once: one choice is made in Light, another in Dark.
+Screenshots: `<tmp_path>/sweep_view_<theme>.png` (also copied to $MACHINE_NB_TEST_ARTIFACTS/ when
+that is set).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import re
 
 import pytest
 
-from lab import chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, set_theme, write_notebook
+from lab import (chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, screenshot_after,
+                 set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -39,47 +40,58 @@ def saved_static(path, cell: int) -> str:
     return ""
 
 
-def keep(page, shot) -> None:
-    page.screenshot(path=str(shot), full_page=True)
-    if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
-        out = os.environ["MACHINE_NB_TEST_ARTIFACTS"]
-        os.makedirs(out, exist_ok=True)
-        shutil.copy(shot, os.path.join(out, shot.name))
+def saved_x(path) -> str | None:
+    """The setting on the x axis of the saved notebook's static plot (its alt text)."""
+    found = re.search(r'<img alt="sweep: [^"]* by ([^"]+)"', saved_static(path, 1))
+    return found and found.group(1)
 
 
-@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_sweep_view_dropdown_redraws_and_reads_in_both_themes(tmp_path, theme):
+def pick_x_in_theme(page, nb_path, x: str, theme: str) -> dict[str, list[dict]]:
+    """Pick `x` in the x-axis dropdown and check the plot redraws, switch to `theme`, measure the
+    contrast of the table and verdict, then save and wait (up to 60 s) for the saved plot to be by `x`."""
+    from playwright.sync_api import expect
+
+    expect(page.locator(".mnb-sweep-table:visible")).to_have_count(1)  # the live view; its static twin is hidden
+    before = page.locator(".widget-image:visible").first.get_attribute("src")
+    page.locator(".widget-dropdown:visible", has_text="x axis").locator("select").select_option(x)
+    page.wait_for_function("(b) => { const i = [...document.querySelectorAll('.widget-image')]"
+                           ".find(e => e.offsetParent); return i && i.src !== b; }", arg=before)
+    set_theme(page, theme)
+    report = {"table": contrast(page, ".mnb-sweep-table td, .mnb-sweep-table th"),
+              "verdict": contrast(page, ".mnb-sweep-verdict")}
+    run_command(page, "docmanager:save")
+    deadline = page.evaluate("Date.now()") + 60_000
+    while saved_x(nb_path) != x and page.evaluate("Date.now()") < deadline:
+        page.wait_for_timeout(250)
+    return report
+
+
+def test_sweep_view_dropdown_redraws_and_reads_in_both_themes(tmp_path):
+    """One sweep and notebook run: x axis max_steps in Light, then back to learning_rate in Dark
+    (so the second redraw and save are told from the first)."""
     from playwright.sync_api import expect
 
     chromium_path()
     root = tmp_path / "lab"
     root.mkdir()
     nb_path = write_notebook(root / "sweep.ipynb", CELLS)
-    shot = tmp_path / f"sweep_view_{theme.split()[-1].lower()}.png"
+    reports, saved = {}, {}
     with lab_server(root) as lab, chromium_page(width=1300, height=1600) as page:
-        try:
+        with screenshot_after(page, tmp_path / "sweep_view_light.png"):
             open_and_run_all(page, lab.url("sweep.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible(
                 timeout=240_000)
-            table = page.locator(".mnb-sweep-table:visible")
-            expect(table).to_have_count(1)  # the live view; its static twin is hidden
-            image = page.locator(".widget-image:visible").first
-            before = image.get_attribute("src")
-            page.locator(".widget-dropdown:visible", has_text="x axis").locator("select").select_option("max_steps")
-            page.wait_for_function("(b) => { const i = [...document.querySelectorAll('.widget-image')]"
-                                   ".find(e => e.offsetParent); return i && i.src !== b; }", arg=before)
-            set_theme(page, theme)
-            report = {"table": contrast(page, ".mnb-sweep-table td, .mnb-sweep-table th"),
-                      "verdict": contrast(page, ".mnb-sweep-verdict")}
-            run_command(page, "docmanager:save")
-            deadline = page.evaluate("Date.now()") + 60_000
-            while "by max_steps" not in saved_static(nb_path, 1) and page.evaluate("Date.now()") < deadline:
-                page.wait_for_timeout(250)
-        finally:
-            keep(page, shot)
-    assert "by max_steps" in saved_static(nb_path, 1)  # the saved notebook keeps the choice
-    missing = [name for name, found in report.items() if not found]
-    assert not missing, f"nothing visible for {missing}"
-    poor = {name: [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})" for x in found if x["ratio"] < 4.5]
-            for name, found in report.items()}
+            assert saved_x(nb_path) is None  # nothing saved yet: the first save below is this one
+            reports["JupyterLab Light"] = pick_x_in_theme(page, nb_path, "max_steps", "JupyterLab Light")
+            saved["JupyterLab Light"] = saved_x(nb_path)
+        with screenshot_after(page, tmp_path / "sweep_view_dark.png"):
+            reports["JupyterLab Dark"] = pick_x_in_theme(page, nb_path, "learning_rate", "JupyterLab Dark")
+            saved["JupyterLab Dark"] = saved_x(nb_path)
+    # the saved notebook keeps the choice
+    assert saved == {"JupyterLab Light": "max_steps", "JupyterLab Dark": "learning_rate"}
+    missing = {theme: [name for name, found in report.items() if not found] for theme, report in reports.items()}
+    assert not any(missing.values()), f"nothing visible for {missing}"
+    poor = {(theme, name): [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})"
+                            for x in found if x["ratio"] < 4.5]
+            for theme, report in reports.items() for name, found in report.items()}
     assert not any(poor.values()), poor
