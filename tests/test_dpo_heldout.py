@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,8 @@ from machine_nb.evaluate import RESULT_COLUMNS, evaluate
 from machine_nb.export import HeldOutExcluded
 from machine_nb.preference import dpo, read_dpo_log
 from machine_nb.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, training_metrics
+
+from interrupt import ctrl_c_at
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 #: 20 pairs at batch 4 = 5 steps an epoch, 2 epochs = 10 steps; scored every 4: 0, 4, 8, the last step
@@ -147,35 +148,10 @@ def test_a_pair_whose_prompt_is_in_eval_rows_in_memory_is_refused_too(train_pair
 
 
 def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_changed(run, train_pairs, eval_file,
-                                                                                   tmp_path, monkeypatch):
-    import importlib
-
-    from machine_nb.engines.local import compute
-
-    progress_mod = importlib.import_module("machine_nb.progress")
-    # the engine holds its 7th optimizer step until the "user" has pressed Ctrl-C (no timing involved)
-    gate, calls = threading.Event(), []
-    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
-
-    def held_step(self, **params):
-        calls.append(1)
-        if len(calls) == 7:
-            gate.wait(60)
-        return real_step(self, **params)
-
-    def interrupting_update(self, n=1, **postfix):
-        real_update(self, n, **postfix)
-        if self.desc == "dpo" and self.n >= 6:
-            gate.set()
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
-    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+                                                                                   tmp_path):
     log_dir = tmp_path / "interrupted"
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_at("dpo", at=6, hold_step=7):
         dpo(train_pairs, log_dir=log_dir, eval_data=eval_file, **KW)
-    monkeypatch.setattr(progress_mod.progress, "update", real_update)
-    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
     part = read_dpo_log(log_dir)
     assert not part.complete and part.heldout_accuracy is None and part.state_path.endswith("/weights/000004")
     assert part.evals >= 2 and part.note is None  # steps 0 and 4 scored before the interrupt

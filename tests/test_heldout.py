@@ -8,7 +8,6 @@ and DPO log dirs read back with their steps."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -19,6 +18,8 @@ from machine_nb.evaluate import RESULT_COLUMNS, evaluate
 from machine_nb.results import EvalResult
 from machine_nb.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
                               sft, training_metrics)
+
+from interrupt import ctrl_c_at
 
 
 @pytest.fixture(scope="module")
@@ -168,35 +169,11 @@ def test_eval_rows_in_memory_and_the_default_once_an_epoch(corpus, tmp_path):
     assert marker["heldout"]["source"] is None and marker["heldout"]["every"] == 6
 
 
-def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path, monkeypatch):
-    import importlib
-
-    from machine_nb.engines.local import compute
-
-    progress_mod = importlib.import_module("machine_nb.progress")
-    gate, calls = threading.Event(), []
-    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
-
-    def held_step(self, **params):
-        calls.append(1)
-        if len(calls) == 32:
-            gate.wait(60)
-        return real_step(self, **params)
-
-    def interrupting_update(self, n=1, **postfix):
-        real_update(self, n, **postfix)
-        if self.desc == "sft" and self.n >= 28:
-            gate.set()
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
-    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path):
     log_dir = tmp_path / "interrupted"
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_at("sft", at=28, hold_step=32):
         sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, eval_data=corpus.valid, eval_every=6,
             progress=False)
-    monkeypatch.setattr(progress_mod.progress, "update", real_update)
-    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
     part = read_training_log(log_dir)
     assert not part.complete and part.heldout_accuracy is None and part.evals >= 4
     done = sft(corpus.train, resume=log_dir, progress=False)  # the eval settings come from the run

@@ -18,6 +18,8 @@ from machine_nb.export import HeldOutExcluded
 from machine_nb.preference import SCORE_COLUMNS, dpo, read_dpo_log, score_pairs
 from machine_nb.pricing import UnknownPrice, clear_prices, estimate_dpo_cost, set_price
 
+from interrupt import ctrl_c_at
+
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 SECRET = "tml-test-key-that-must-never-show-0123456789"
 
@@ -96,36 +98,10 @@ def test_sft_then_dpo_starts_from_the_sft_weights(pairs, tmp_path):
     assert not (tmp_path / "dpo3").exists()
 
 
-def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, tmp_path, monkeypatch):
-    import importlib
-    import threading
-
-    progress_mod = importlib.import_module("machine_nb.progress")
-    from machine_nb.engines.local import compute
-
-    # the engine holds its 32nd optimizer step until the "user" has pressed Ctrl-C (no timing involved)
-    gate, calls = threading.Event(), []
-    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
-
-    def held_step(self, **params):
-        calls.append(1)
-        if len(calls) == 32:
-            gate.wait(60)
-        return real_step(self, **params)
-
-    def interrupting_update(self, n=1, **postfix):
-        real_update(self, n, **postfix)
-        if self.desc == "dpo" and self.n >= 28:
-            gate.set()
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
-    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, tmp_path):
     log_dir = tmp_path / "interrupted"
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_at("dpo", at=28, hold_step=32):
         dpo(pairs, log_dir=log_dir, progress=False)
-    monkeypatch.setattr(progress_mod.progress, "update", real_update)
-    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
     part = read_dpo_log(log_dir)
     assert not part.complete and 20 <= part.steps < 50 and part.state_path.endswith("/weights/000020")
     with pytest.raises(FileExistsError, match="resume="):

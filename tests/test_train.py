@@ -18,6 +18,8 @@ from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.render import get_renderer
 from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
 
+from interrupt import ctrl_c_at
+
 ANSWER = re.compile(r"^answer: -?\d+$")
 
 
@@ -111,40 +113,12 @@ def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
     assert answers(runs[0].checkpoint, rows, tmp_path) == answers(runs[1].checkpoint, rows, tmp_path)
 
 
-def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, trained, tmp_path, monkeypatch):
+def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, trained, tmp_path):
     """Interrupt the 60-step run near step 30, resume it: 60 steps, the same tokens, the very same
     final loss and the same replies as the run that was never interrupted."""
-    import threading
-
-    import importlib
-
-    progress_mod = importlib.import_module("machine_nb.progress")
-    from machine_nb.engines.local import compute
-
-    # the engine (in this process) holds its 32nd optimizer step until the "user" has pressed
-    # Ctrl-C, so the run cannot finish first (no timing involved)
-    gate, calls = threading.Event(), []
-    real_step, real_update = compute.Trainer.optim_step, progress_mod.progress.update
-
-    def held_step(self, **params):
-        calls.append(1)
-        if len(calls) == 32:
-            gate.wait(60)
-        return real_step(self, **params)
-
-    def interrupting_update(self, n=1, **postfix):
-        real_update(self, n, **postfix)
-        if self.desc == "sft" and self.n >= 28:  # the training bar, not the token count before it
-            gate.set()
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(compute.Trainer, "optim_step", held_step)
-    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
     log_dir = tmp_path / "interrupted"
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_at("sft", at=28, hold_step=32):
         sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, progress=False)
-    monkeypatch.setattr(progress_mod.progress, "update", real_update)
-    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
     part = read_training_log(log_dir)
     assert not part.complete and 20 <= part.steps < 60
     assert part.state_path is not None and part.state_path.endswith("/weights/000020")
