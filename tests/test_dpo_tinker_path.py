@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +19,8 @@ from machine_nb.errors import EngineError
 from machine_nb.export import HeldOutExcluded
 from machine_nb.preference import dpo
 from machine_nb.pricing import clear_prices, set_price
+
+from serving import start_server, stop_server
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: no real service sees it
@@ -36,26 +36,13 @@ def pairs():
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """A `machine-nb serve` subprocess, TINKER_BASE_URL at it, a placeholder key and a known price."""
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
-                             str(tmp_path / "server-data")], stdout=subprocess.PIPE, stderr=log, text=True,
-                            start_new_session=True)
-    line = proc.stdout.readline()
-    assert line.startswith("serving the Tinker API on "), open(log.name).read()
-    url = line.split(" on ", 1)[1].strip()
-    monkeypatch.setenv("TINKER_BASE_URL", url)
+    server = start_server(tmp_path)
+    monkeypatch.setenv("TINKER_BASE_URL", server.url)
     monkeypatch.setenv("TINKER_API_KEY", PLACEHOLDER_KEY)
     set_price(MODEL, train=2.0, prefill=0.5, sample=1.5, source="test price")
-    yield proc, url, tmp_path / "server-data"
+    yield server.proc, server.url, server.data_dir
     clear_prices()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    log.close()
+    stop_server(server)
 
 
 def test_dpo_on_the_tinker_path_trains_on_the_served_server(pairs, served, tmp_path):

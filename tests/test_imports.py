@@ -12,7 +12,6 @@ a cycle either.
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = "machine_nb"

@@ -1,6 +1,5 @@
 """JSONL I/O: errors name file and line; writes are atomic; appends never interleave or merge."""
 
-import json
 import multiprocessing as mp
 import os
 import warnings

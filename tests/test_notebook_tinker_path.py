@@ -6,15 +6,13 @@ held-out numbers `engine="local"` gives with the same seed."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from machine_nb.report import run_report
+
+from serving import start_server, stop_server
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_minimal_sft.ipynb"
 PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: no real service sees it
@@ -22,19 +20,9 @@ PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: n
 
 @pytest.fixture
 def server(tmp_path):
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
-                             str(tmp_path / "server-data")], stdout=subprocess.PIPE, stderr=log, text=True,
-                            start_new_session=True)
-    line = proc.stdout.readline()
-    assert line.startswith("serving the Tinker API on "), open(log.name).read()
-    yield line.split(" on ", 1)[1].strip()
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+    served = start_server(tmp_path)
+    yield served.url
+    stop_server(served)
 
 
 def results(log_root: Path) -> dict[str, dict]:

@@ -27,39 +27,9 @@ from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.errors import EngineError
 from machine_nb.render import get_renderer
 
+from serving import start_server, stop_server
+
 CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never show in any output
-
-
-class Served:
-    def __init__(self, proc: subprocess.Popen, url: str, data_dir, log):
-        self.proc, self.url, self.data_dir, self.log = proc, url, data_dir, log
-
-    def output(self) -> str:
-        self.log.flush()
-        return open(self.log.name, encoding="utf-8", errors="replace").read()
-
-
-def start_server(tmp_path, *args: str, name: str = "server") -> Served:
-    data_dir = tmp_path / f"{name}-data"
-    log = open(tmp_path / f"{name}.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
-                             str(data_dir), *args], stdout=subprocess.PIPE, stderr=log, text=True,
-                            start_new_session=True)
-    line = proc.stdout.readline()  # the ready line; a dead server gives "" at once
-    assert line.startswith("serving the Tinker API on http://"), (line, open(log.name).read())
-    return Served(proc, line.split(" on ", 1)[1].split()[0], data_dir, log)
-
-
-def stop_server(served: Served) -> int:
-    if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            served.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(served.proc.pid, signal.SIGKILL)
-            served.proc.wait()
-    served.log.close()
-    return served.proc.returncode
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import copy
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest

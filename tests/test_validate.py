@@ -1,7 +1,6 @@
 """Validation: every problem is a finding on its line, nothing hides the rest, secrets never print whole."""
 
 import json
-import tracemalloc
 
 import pytest
 
