@@ -25,7 +25,7 @@ _NUMBERS_CELL = """
 import json as _json
 print("BENCH_NUMBERS " + _json.dumps({
     "baseline": comparison.baseline_accuracy, "checkpoint": comparison.checkpoint_accuracy,
-    "delta": comparison.delta, "p_value": comparison.p_value, "ci": [comparison.ci_low, comparison.ci_high],
+    "delta": comparison.delta, "p_value": comparison.p_value, "ci": [comparison.delta_ci_low, comparison.delta_ci_high],
     "wins_ties_losses": [comparison.wins, comparison.ties, comparison.losses], "n": comparison.n,
     "steps": result.steps, "loss": [result.first_loss, result.last_loss],
     "bled": int(probes["bled"].sum()), "shape": int(probes["took_shape"].sum()), "kept": int(probes["kept_fact"].sum()),
@@ -88,7 +88,7 @@ def main() -> int:
         print(f"01_minimal_sft final numbers ({n['n']} held-out rows, {n['steps']} steps, loss "
               f"{n['loss'][0]:.3f} -> {n['loss'][1]:.3f}):")
         print(f"  baseline {n['baseline']:.1%}  checkpoint {n['checkpoint']:.1%}  delta {n['delta']:+.1%}  "
-              f"(95% CI {n['ci'][0]:+.1%} to {n['ci'][1]:+.1%})  McNemar p = {n['p_value']:.3g}  "
+              f"(95% CI, Newcombe paired: {n['ci'][0]:+.1%} to {n['ci'][1]:+.1%})  McNemar p = {n['p_value']:.3g}  "
               f"wins/ties/losses {'/'.join(map(str, n['wins_ties_losses']))}")
         print(f"  probe: {n['bled']}/{n['probes']} took the answer: prefix, {n['shape']}/{n['probes']} the '<words>: <number>' "
               f"shape; facts kept base {n['base_kept']} -> "
