@@ -6,10 +6,28 @@ release run unchanged while they are updated.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import warnings
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that points a warning at the first line outside machine_nb: the user's.
+
+    Counted from the function that calls `warnings.warn`, past every frame of this package in
+    between (helpers, a `renamed` wrapper), so a warning names the notebook cell or script line
+    that made the call however deep inside the package it was raised. Code running in a thread of
+    the package's own (no user frame above it) gets the thread's entry point.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def renamed(**old_to_new: str) -> Callable[[F], F]:
@@ -32,7 +50,7 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
                         raise TypeError(f"{fn.__name__}() got both {old!r} and {new!r}: {old!r} is the old "
                                         f"name of {new!r}, pass only {new!r}")
                     warnings.warn(f"{fn.__name__}({old}=…) is now {fn.__name__}({new}=…); the old name "
-                                  "will be removed in a later release", DeprecationWarning, stacklevel=2)
+                                  "will be removed in a later release", DeprecationWarning, stacklevel=user_stacklevel())
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
@@ -43,6 +61,6 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
 
 
 def deprecated_alias(name: str, new: str) -> None:
-    """Warn that `name` is now `new` (DeprecationWarning at the caller's caller)."""
+    """Warn that `name` is now `new` (DeprecationWarning at the user's line)."""
     warnings.warn(f"{name} is now {new}; the old name will be removed in a later release",
-                  DeprecationWarning, stacklevel=3)
+                  DeprecationWarning, stacklevel=user_stacklevel())

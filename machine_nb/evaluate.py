@@ -20,7 +20,7 @@ from typing import Any
 
 from . import patterns
 from .chat import eval_rows, probe_rows, prompt_text
-from .compat import renamed
+from .compat import renamed, user_stacklevel
 from .pricing import estimate_eval_cost, sample_cost
 from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
                       utc_now)
@@ -128,11 +128,11 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
     errors = [r for i, r in enumerate(records) if sampled[i]["error"]]
     if errors:
         listed = "\n".join(f"  row {r['row']}: {r['error']}" for r in errors[:10])
-        warnings.warn(f"{len(errors)} of {len(rows)} eval request(s) failed and count as wrong:\n{listed}", stacklevel=2)
+        warnings.warn(f"{len(errors)} of {len(rows)} eval request(s) failed and count as wrong:\n{listed}", stacklevel=user_stacklevel())
     if timed_out:
         listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
         warnings.warn(f"{len(timed_out)} of {len(rows)} row(s) hit the regex time bound "
-                      f"({patterns.REGEX_TIMEOUT_S:g} s; machine_nb.patterns.REGEX_TIMEOUT_S):\n{listed}", stacklevel=2)
+                      f"({patterns.REGEX_TIMEOUT_S:g} s; machine_nb.patterns.REGEX_TIMEOUT_S):\n{listed}", stacklevel=user_stacklevel())
 
     with_format = [r["format_ok"] for r in records if r["format_ok"] is not None]
     summary = {
@@ -240,7 +240,7 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
                         "error": x["error"] or y["error"] or problem})
     if timed_out:
         listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
-        warnings.warn(f"{len(timed_out)} of {len(rows)} probe row(s) hit the regex time bound:\n{listed}", stacklevel=2)
+        warnings.warn(f"{len(timed_out)} of {len(rows)} probe row(s) hit the regex time bound:\n{listed}", stacklevel=user_stacklevel())
     df = pd.DataFrame.from_records(records, columns=PROBE_COLUMNS)
     summary = {"name": "probe", "model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
                "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .chat import content_text
-from .compat import renamed
+from .compat import renamed, user_stacklevel
 from .store.workspace import resolve_machine
 
 # The message rules live in the store layer (the tag store reads turns with them); export's names
@@ -347,7 +347,7 @@ def _definition(runs: Any, machine: dict | str | None, workspace: Any) -> dict:
         warnings.warn("training_lines read the machine definition from the frame's attrs['machine'], which "
                       "select_runs no longer sets: pass machine= (a name or the definition) and workspace= instead; "
                       "reading attrs will be removed in a later release",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=user_stacklevel())
         return attached
     return resolve_machine(machine, workspace, runs=runs, undefined="name" if machine is None else "raise")
 
@@ -413,7 +413,7 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
     return {case_key(e["input"] if isinstance(e, dict) else e) for e in exclude}
 
 
-def say_excluded(n: int, total: int, what: str, source: str, stacklevel: int = 3) -> None:
+def say_excluded(n: int, total: int, what: str, source: str) -> None:
     """One HeldOutExcluded warning saying how many of `total` were left out and why (none when n is 0).
 
     Args:
@@ -421,14 +421,13 @@ def say_excluded(n: int, total: int, what: str, source: str, stacklevel: int = 3
         total: how many there were.
         what: what they are ("run(s)", "tagged row(s)", …).
         source: where the held-out cases came from.
-        stacklevel: the warning's stack level (default 3: the caller's caller).
     """
     if n:
         import warnings
 
         warnings.warn(HeldOutExcluded(
             f"left out {n} of {total} {what} whose input is a held-out case ({source}): held-out cases are "
-            "never trained on, so the measurement on them stays honest"), stacklevel=stacklevel)
+            "never trained on, so the measurement on them stays honest"), stacklevel=user_stacklevel())
 
 
 class TaggedLines(list):

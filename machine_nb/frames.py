@@ -9,6 +9,7 @@ import gc
 import os
 from typing import TYPE_CHECKING, Any
 
+from .compat import user_stacklevel
 from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
 from .errors import MachineFormatError
 from .store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, on_error_policy,
@@ -93,7 +94,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
         import warnings
 
         warnings.warn(f"no runs in {workspace}: {root.parent} does not exist (is this a Machine workspace?)",
-                      stacklevel=2)
+                      stacklevel=user_stacklevel())
     scope = name_segments(machine, "machine name") if machine is not None else []
     gc_was_on = gc.isenabled()
     # Parsed runs hold no reference cycles; with the collector on, each collection re-walks every
@@ -315,13 +316,13 @@ def _frame(table: Any, workspace: Any, store: Any, on_error: str, problems: list
                          if f"'{f}'" in n})
         warnings.warn(SkippedFiles(f"{len(listed)} run(s) have an unparseable {' / '.join(fields)}; kept with NaT:\n"
                                    + "\n".join(listed[:20]) + (f"\n  … and {len(listed) - 20} more" if len(listed) > 20 else "")),
-                      stacklevel=4)
+                      stacklevel=user_stacklevel())
     if store is not None:
         df["tags"] = attach_tags(df, store)
     df.attrs["workspace"] = str(workspace_root(workspace))
     df.attrs["index"] = stats
     if on_error == "warn":
-        warn_skipped("run file(s)", skipped, stacklevel=4)
+        warn_skipped("run file(s)", skipped)
     return df
 
 
@@ -361,7 +362,7 @@ def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
             listed.append(f"  {i} (machines {', '.join(ms)}): {len(by_id[i])} row(s)")
         warnings.warn(f"{len(ambiguous)} tagged run id(s) without a machine match runs of several machines; "
                       "those rows tag none of them (re-tag with mnb.tag to record the machine):\n"
-                      + "\n".join(listed), stacklevel=4)
+                      + "\n".join(listed), stacklevel=user_stacklevel())
     out = []
     for m, i in zip(machines, ids):
         tags = by_key.get((m, i))

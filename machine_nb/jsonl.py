@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from .compat import renamed
+from .compat import renamed, user_stacklevel
 from .errors import MachineFormatError
 
 OnError = Literal["raise", "warn", "skip"]
@@ -207,7 +207,7 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
     if on_error == "warn" and len(errors) > start:
         listed = "\n".join(f"  {e}" for e in errors[start:start + 20])
         more = f"\n  … and {len(errors) - start - 20} more" if len(errors) - start > 20 else ""
-        warnings.warn(SkippedLines(f"skipped {len(errors) - start} unreadable line(s) of {path}:\n{listed}{more}"), stacklevel=2)
+        warnings.warn(SkippedLines(f"skipped {len(errors) - start} unreadable line(s) of {path}:\n{listed}{more}"), stacklevel=user_stacklevel())
 
 
 def read_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise") -> list[Any]:
@@ -338,7 +338,7 @@ def append_jsonl(rows: Iterable[Any], path: str | os.PathLike, *, mode: int = 0o
     """
     if isinstance(rows, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
         warnings.warn("append_jsonl(path, rows) is now append_jsonl(rows, path), data first as write_jsonl; the "
-                      "old order will be removed in a later release", DeprecationWarning, stacklevel=2)
+                      "old order will be removed in a later release", DeprecationWarning, stacklevel=user_stacklevel())
         rows, path = path, rows
     data = "".join(dumps_line(r) + "\n" for r in rows).encode("utf-8")
     with locked(path) as path:

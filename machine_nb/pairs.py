@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from .compat import user_stacklevel
 from .errors import MachineFormatError
 from .export import case_key, held_out_keys, run_case, say_excluded
 # Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
@@ -364,7 +365,7 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
     if exclude is None and "holdout" not in mdef:
         warnings.warn(f"held-out cases were not checked: no definition of machine {name!r} was read (pass "
-                      "workspace= for its holdout.json, or exclude= the cases never to train on)", stacklevel=2)
+                      "workspace= for its holdout.json, or exclude= the cases never to train on)", stacklevel=user_stacklevel())
     out = _Collector(held)
     run_list = _run_records(runs, workspace, name) if (wanted & {"rewrite", "scores"}) else []
     if wanted & {"rewrite", "tags"}:
@@ -378,7 +379,7 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
         ids = ", ".join(str(s["id"]) for s in lost[:10]) + (" …" if len(lost) > 10 else "")
         warnings.warn(PairsSkipped(
             f"{len(lost)} rewrite row(s) gave no pair: the reply they replaced is unknown ({ids}). Pass the "
-            "workspace (or runs=) holding the runs they name; rows written from now on keep it."), stacklevel=2)
+            "workspace (or runs=) holding the runs they name; rows written from now on keep it."), stacklevel=user_stacklevel())
     say_excluded(len(out.excluded), len(out.excluded) + len(records), "preference pair(s)",
                  f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
     return _frame(records, out.excluded, out.skipped)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .compat import user_stacklevel
 from .errors import MachineFormatError
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ HTML_ROWS = 10  # rows of the table the notebook view shows (the whole frame is 
 
 def _deprecated_frame_use(old: str, new: str) -> None:
     warnings.warn(f"{old} treats an EvalResult as the DataFrame evaluate() used to return: write {new} "
-                  "(this forwarding to .rows will be removed in a later release)", DeprecationWarning, stacklevel=3)
+                  "(this forwarding to .rows will be removed in a later release)", DeprecationWarning, stacklevel=user_stacklevel())
 
 
 @dataclass(repr=False, eq=False)

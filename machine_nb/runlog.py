@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
+from .compat import user_stacklevel
 from .errors import MachineFormatError
 from .jsonl import iter_jsonl, parse_json
 
@@ -230,7 +231,7 @@ def read_log_lines(path: str | os.PathLike) -> list[dict]:
     loud = [e for e in skipped if "truncated last line" not in str(e)]
     if loud:
         warnings.warn(f"skipped {len(loud)} unreadable line(s) of {path}: " + "; ".join(str(e) for e in loud[:5]),
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
     return rows
 
 

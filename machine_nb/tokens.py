@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .chat import is_flagged, trainable_flags, trained_indices
 from .errors import EngineError, MachineFormatError
-from .compat import renamed
+from .compat import renamed, user_stacklevel
 from .jsonl import iter_jsonl
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
         if key in _CACHE:  # a cost meter re-prices the same file on every slider move
             cached = _CACHE[key]
             if cached.attrs.get("note"):
-                warnings.warn(TokenEstimateWarning(cached.attrs["note"]), stacklevel=2)
+                warnings.warn(TokenEstimateWarning(cached.attrs["note"]), stacklevel=user_stacklevel())
             return cached.copy()
     renderer, note = renderer_or_reason(model)
     total = count_lines(data)
@@ -266,7 +266,7 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = df.copy()
     if note:
-        warnings.warn(TokenEstimateWarning(note), stacklevel=2)
+        warnings.warn(TokenEstimateWarning(note), stacklevel=user_stacklevel())
     return df
 
 
@@ -307,7 +307,7 @@ def count_prompt_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], m
     df = pd.DataFrame(out, columns=["line", "prompt_tokens", "exact"])
     df.attrs["note"] = note or ""
     if note:
-        warnings.warn(TokenEstimateWarning(note), stacklevel=2)
+        warnings.warn(TokenEstimateWarning(note), stacklevel=user_stacklevel())
     return df
 
 

@@ -33,3 +33,30 @@ def test_both_names_at_once_is_an_error():
 
 def test_the_wrapper_keeps_the_functions_name_and_docs():
     assert run.__name__ == "run" and run.__renamed__ == {"eval_path": "data", "show_progress": "progress"}
+
+
+def test_warnings_name_the_users_line_however_deep_in_the_package_they_are_raised(tmp_path):
+    """A warning raised inside machine_nb (below a `renamed` wrapper, or helpers that warn for
+    their caller) points at the line that called the package: here, this file."""
+    import json
+
+    import machine_nb as mnb
+    from machine_nb.tokens import TokenEstimateWarning
+
+    rows = [{"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}]
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    calls = {
+        "count_tokens (renamed wrapper, hub-only tokenizer offline)":
+            (TokenEstimateWarning, lambda: mnb.count_tokens(rows, "Qwen/Qwen3-8B")),
+        "read_jsonl (a skipped line)": (UserWarning, lambda: mnb.read_jsonl(bad, on_error="warn")),
+        "tagged (no store there)": (UserWarning, lambda: mnb.tagged(tmp_path / "no-store")),
+        "an old keyword": (DeprecationWarning, lambda: mnb.count_tokens(path_or_rows=rows, model="Qwen/Qwen3-8B")),
+    }
+    for what, (category, call) in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        ours = [w for w in caught if issubclass(w.category, category)]
+        assert ours, what
+        assert all(w.filename == __file__ for w in ours), (what, [(w.filename, w.lineno) for w in ours])

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..compat import user_stacklevel
 from ..errors import MachineFormatError
 from ..jsonl import atomic_replace
 from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
@@ -429,7 +430,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                 import warnings
 
                 warnings.warn(f"could not write the run index {ipath} ({exc.strerror or exc}): the next load parses "
-                              "every run file again; set MACHINE_NB_CACHE_DIR to a writable folder", stacklevel=3)
+                              "every run file again; set MACHINE_NB_CACHE_DIR to a writable folder", stacklevel=user_stacklevel())
     else:
         table = cached
     if prefix:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..chat import content_text
-from ..compat import renamed
+from ..compat import renamed, user_stacklevel
 from ..errors import MachineFormatError
 from .messages import is_tool_call, to_chat, without_thinking
 
@@ -245,7 +245,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
     return row
 
 
-def _existing_store(store: str | os.PathLike | None, stacklevel: int = 3) -> Path | None:
+def _existing_store(store: str | os.PathLike | None) -> Path | None:
     """The store folder to read; None (with a warning) when there is none yet. A path that is a
     file is an error: it cannot be a store, and reading it as an empty one would hide the mistake."""
     import warnings
@@ -256,7 +256,7 @@ def _existing_store(store: str | os.PathLike | None, stacklevel: int = 3) -> Pat
     if root.exists():
         raise MachineFormatError(root, "not a folder: a tag store is a folder holding train.jsonl, traces.jsonl, "
                                        "observed.jsonl and rejected.jsonl")
-    warnings.warn(f"no tag store at {root} (nothing tagged there yet, or a wrong path?)", stacklevel=stacklevel)
+    warnings.warn(f"no tag store at {root} (nothing tagged there yet, or a wrong path?)", stacklevel=user_stacklevel())
     return None
 
 
@@ -341,7 +341,7 @@ def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]]
     by_key: dict[tuple[str, str], list[str]] = {}
     by_id: dict[str, list[str]] = {}
     skipped: list = []
-    for _, _, row in _iter_rows(_existing_store(store, stacklevel=5), skipped):
+    for _, _, row in _iter_rows(_existing_store(store, stacklevel=user_stacklevel()), skipped):
         rid = row.get("run")
         if not isinstance(rid, str):
             src = row.get("source")
@@ -353,7 +353,7 @@ def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]]
             by_key.setdefault((machine, rid), []).append(row["tag"])
         else:
             by_id.setdefault(rid, []).append(row["tag"])
-    warn_skipped("tag row(s)", skipped, stacklevel=4)
+    warn_skipped("tag row(s)", skipped)
     return by_key, by_id
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..compat import user_stacklevel
 from ..errors import MachineFormatError
 
 if TYPE_CHECKING:
@@ -80,20 +81,19 @@ def workspace_root(workspace: str | os.PathLike) -> Path:
     return ws.parent if ws.name == ".machine" else ws
 
 
-def warn_skipped(what: str, errors: list[MachineFormatError], stacklevel: int = 3) -> None:
+def warn_skipped(what: str, errors: list[MachineFormatError]) -> None:
     """One SkippedFiles warning listing what was left out and why (first 20, then a count); none
     when nothing was.
 
     Args:
         what: what the errors are about ("run file(s)", …).
         errors: the MachineFormatErrors.
-        stacklevel: the warning's stack level (default 3: the caller's caller).
     """
     if not errors:
         return
     listed = "\n".join(f"  {e}" for e in errors[:20])
     more = f"\n  … and {len(errors) - 20} more" if len(errors) > 20 else ""
-    warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=stacklevel)
+    warnings.warn(SkippedFiles(f"skipped {len(errors)} {what}:\n{listed}{more}"), stacklevel=user_stacklevel())
 
 
 ON_ERROR = ("raise", "warn", "skip")
@@ -116,14 +116,14 @@ def on_error_policy(on_error: str, strict: bool | None, fn: str) -> str:
             raise TypeError(f"{fn}() got both strict= and on_error=: pass only on_error")
         warnings.warn(f"{fn}(strict=…) is now {fn}(on_error=…): strict=True is on_error='raise', strict=False "
                       "on_error='warn'; the old name will be removed in a later release", DeprecationWarning,
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
         on_error = "raise" if strict else "warn"
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
     return on_error
 
 
-def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3) -> pd.Series:
+def parse_times(values: list, where: list[str], what: str) -> pd.Series:
     """ISO time strings as UTC datetimes; a value that does not parse becomes NaT with one warning.
 
     Args:
@@ -131,7 +131,6 @@ def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3) 
         where: for each value, its file, line and field as text ("events.jsonl:3 (field 'at')";
             used only when the value is bad).
         what: the records, for the warning ("session file(s)", "event line(s)").
-        stacklevel: the warning's stack level (default 3).
 
     Returns:
         A pandas Series of datetime64 UTC.
@@ -153,7 +152,7 @@ def parse_times(values: list, where: list[str], what: str, stacklevel: int = 3) 
         listed = "\n".join(f"  {b}" for b in bad[:20])
         more = f"\n  … and {len(bad) - 20} more" if len(bad) > 20 else ""
         warnings.warn(SkippedFiles(f"{len(bad)} {what} have a time that does not parse; kept with NaT:\n"
-                                   f"{listed}{more}"), stacklevel=stacklevel)
+                                   f"{listed}{more}"), stacklevel=user_stacklevel())
     return times
 
 
@@ -680,7 +679,7 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.D
                 if on_error == "raise":
                     raise err
                 if on_error == "warn":
-                    warn_skipped("event line(s)", [err], stacklevel=2)
+                    warn_skipped("event line(s)", [err])
                 continue
             key = next((k for k in _TIME_KEYS if ev.get(k) is not None), None)
             rows.append({"line": line,

@@ -18,6 +18,7 @@ from typing import Any
 import ipywidgets as w
 
 from ..chat import content_text
+from ..compat import user_stacklevel
 from ._base import FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
@@ -519,7 +520,7 @@ class Tagger(StaticFallback, w.VBox):
             warnings.warn(DuplicateTagWarning(
                 f"run {run.get('id')} ({run.get('machine')}): this turn was already tagged "
                 f"{', '.join(sorted({str(d['tag']) for d in dups}))}; wrote another {tag} row {row.get('id')}"),
-                stacklevel=3)
+                stacklevel=user_stacklevel())
         self._status.value = f"wrote {escape(tag)} row {escape(row.get('id'))}"
         self.note.value = ""
         self._draw()
