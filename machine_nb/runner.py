@@ -120,7 +120,11 @@ def main() -> int:
         process exits when its stdin closes).
     """
     import queue
+    import signal
 
+    # the parent interrupts a run with SIGINT: take it even when this process was started with
+    # SIGINT ignored (a parent run as a background job of a shell without job control passes that on)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     status = os.fdopen(os.dup(1), "w", encoding="utf-8")
     sys.stdout = os.fdopen(1, "w", encoding="utf-8", buffering=1, closefd=False)
     _redirect(None)

@@ -15,6 +15,8 @@ import pytest
 
 from machine_nb.report import REDACTED, is_secret_name, run_report, scrub, secret_values
 
+from serving import ctrl_c_reaches_it
+
 CANARY = "tml-canary-7f3a-0123456789abcdefDEADBEEF"  # fake, shaped like a key
 
 
@@ -76,7 +78,7 @@ def test_no_unredacted_file_while_running_or_after_ctrl_c(tmp_path):
                    "time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o",
                              str(tmp_path / "reports" / "slow.html")], env=_env(tmp_path), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     try:
         for _ in range(3000):  # wait for cell 2 to run (cell 1 has printed the key by then)
             if (tmp_path / "started").exists() or proc.poll() is not None:

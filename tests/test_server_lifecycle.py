@@ -230,3 +230,32 @@ def test_a_process_forked_after_the_local_engine_ran_exits_and_leaves_the_parent
     assert_quiet(done)
     assert "child 0 45" in done.stdout, done.stdout + done.stderr
     assert "accuracy True" in done.stdout
+
+
+def _ignored_signals(pid: int) -> int:
+    """The process's ignored-signal mask (bit n-1 for signal n), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn line for process {pid}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads signal masks from /proc (Linux)")
+def test_the_training_child_takes_ctrl_c_when_its_parent_ignores_it():
+    """A process started where SIGINT is ignored (a background job of a shell without job control)
+    hands "ignore" on to the processes it starts. sft's training child must still stop on the SIGINT
+    its parent sends to interrupt a run, or an interrupted run goes on to its end."""
+    from machine_nb.loop import _Runner
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        runner = _Runner()  # started while this process ignores SIGINT, as such a parent would
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        with runner._cond:
+            assert runner._cond.wait_for(lambda: runner.events, timeout=120), "the training child never started"
+        assert runner.events[0]["event"] == "ready"
+        assert not _ignored_signals(runner.proc.pid) & (1 << (signal.SIGINT - 1)), "the child ignores SIGINT"
+    finally:
+        runner.close()
