@@ -341,7 +341,7 @@ def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]]
     by_key: dict[tuple[str, str], list[str]] = {}
     by_id: dict[str, list[str]] = {}
     skipped: list = []
-    for _, _, row in _iter_rows(_existing_store(store, stacklevel=user_stacklevel()), skipped):
+    for _, _, row in _iter_rows(_existing_store(store), skipped):
         rid = row.get("run")
         if not isinstance(rid, str):
             src = row.get("source")
