@@ -205,7 +205,7 @@ def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
     assert (settings.max_length, settings.kind) == (5, "train")
     prepared = prepare(settings)
     assert [f[2] for f in prepared.findings] == ["no_model"] and prepared.renderer is None
-    row = qa("What is 2 + 2?", "It is 4, my key is sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123")
+    row = qa("What is 2 + 2?", "It is 4, my key is sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123")  # a fake key
     raw = json.dumps(row)
     assert [c for _, c, _ in row_problems(row, raw, settings, prepared)] == ["secret", "eval_overlap"]
     tokens, trained, problems = count_row(row, settings, prepared)
