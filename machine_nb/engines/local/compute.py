@@ -204,7 +204,7 @@ class Sampler:
             out.append(Sample(tokens, logprobs, reason))
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prompt_logprobs(self, ids: Sequence[int], last_n: int | None = None) -> list[float | None]:
         """log p(token_t | tokens before it) for each prompt token; the first (and, with last_n, all
         but the last n) are None."""
