@@ -115,7 +115,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
         if use_index:
             from .store.index import update_index
 
-            table, stats, problems = update_index(workspace, _parser(default_failed), machine=machine, check=check)
+            table, stats, problems = update_index(workspace, _RunParser(default_failed), machine=machine, check=check)
             return _frame(table, workspace, store, on_error, problems, None, stats)
         if listed is None:
             listed = list(iter_named_files(root.joinpath(*scope), within=root))
@@ -129,7 +129,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
                 continue
             entries.append((path, folder or "", os.path.basename(path), problem))
         records: list = []
-        table = _parser(failed_rule, records)(entries)
+        table = _RunParser(failed_rule, records)(entries)
         from .store.index import sort_table
 
         table = table.append_column("_pos", _arange(table.num_rows))
@@ -155,13 +155,20 @@ def _with_file_fields(table, entries):
     return table.append_column("name", pa.array([e[2] for e in entries], pa.large_string()))
 
 
-def _parser(failed: FailedPredicate, records: list | None = None):
+class _RunParser:
     """The index's parser: `[(path, dir, name, problem)]` -> a table of the run columns (plus
     error, recheck and bad_time), reading each file with `read(k)` when given (the index's reader,
     which notes the file's size and mtime), else by path; when `records` is a list, each parsed
-    Run (None for a bad file) is appended to it in row order."""
+    Run (None for a bad file) is appended to it in row order. An object, not a closure, so the
+    index can hand it to its worker processes (it pickles when `failed` is a module-level function
+    and `records` is None)."""
 
-    def parse(entries: list[tuple[str, str, str, str | None]], read=None):
+    def __init__(self, failed: FailedPredicate, records: list | None = None):
+        self.failed = failed
+        self.records = records
+
+    def __call__(self, entries: list[tuple[str, str, str, str | None]], read=None):
+        failed, records = self.failed, self.records
         rows: list[tuple] = []
         keep = records is not None
         for k, (path, folder, _name, problem) in enumerate(entries):
@@ -200,8 +207,6 @@ def _parser(failed: FailedPredicate, records: list | None = None):
                 records.append(run)
         return _rows_table(rows)
 
-    return parse
-
 
 _ROW_FIELDS = ("error", "error_line", "error_field", "recheck", "id", "machine", "model", "harness", "input",
                "output", "case", "score", "rubric", "started_at", "finished_at", "n_messages", "n_tool_calls",
@@ -219,7 +224,6 @@ def _rows_table(rows: list[tuple]):
     note for times that do not parse (kept as null, as pandas' ISO 8601 parser decides; a batch
     whose times pyarrow parses is not handed to pandas)."""
     import numpy as np
-    import pandas as pd
     import pyarrow as pa
 
     from .store.index import INDEX_SCHEMA
@@ -237,6 +241,8 @@ def _rows_table(rows: list[tuple]):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
         # … and pandas' ISO 8601 parser decides the batches with other forms (or bad values)
+        import pandas as pd  # only here: a parse worker that never needs it starts faster
+
         series = pd.Series(cols[c], dtype=object)
         ts = pd.to_datetime(series, utc=True, errors="coerce", format="ISO8601").dt.as_unit("us")
         for i in np.flatnonzero((series.notna() & ts.isna()).to_numpy()).tolist():

@@ -77,11 +77,11 @@ def test_one_atomic_replace_serves_every_rewrite(tmp_path, monkeypatch):
 
     monkeypatch.setattr(jsonl, "atomic_replace", noting)
     monkeypatch.setattr(index, "atomic_replace", noting)
-    index.write_index(tmp_path / "idx.parquet", index.empty_table(), {"dirs": {}})
+    index.write_index(tmp_path / "idx.arrow", index.empty_table(), {"dirs": {}})
     store = tmp_path / "store"
     append_jsonl([{"id": "a", "messages": []}, {"id": "b", "messages": []}], store / "train.jsonl")
     tags.untag("a", store=store)
-    assert replaced == ["idx.parquet", "train.jsonl"]
+    assert replaced == ["idx.arrow", "train.jsonl"]
     assert [r["id"] for r in read_jsonl(store / "train.jsonl")] == ["b"]
     assert (store / "train.jsonl").stat().st_mode & 0o777 == 0o600
 

@@ -13,7 +13,9 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pytest
 
 import machine_nb as mnb
@@ -77,7 +79,7 @@ def test_indexed_frame_is_the_parsed_frame(ws, cache):
                                   plain[plain["machine"] == "chatbot/triage"].reset_index(drop=True).drop(columns="run"))
     # the index lives in the cache folder, not in the workspace, private to the user
     path = run_index.run_index_path(ws)
-    assert path.is_relative_to(cache) and path.exists() and not any(ws.rglob("*.parquet"))
+    assert path.is_relative_to(cache) and path.exists() and not any(ws.rglob("*.arrow"))
     assert os.stat(path).st_mode & 0o777 == 0o600
 
 
@@ -143,15 +145,13 @@ def test_corrupt_or_stale_index_is_rebuilt(ws):
     good = mnb.load_runs(ws, index=False).drop(columns="run")
     mnb.load_runs(ws, index=True)
     path = run_index.run_index_path(ws)
-    path.write_bytes(b"PAR1 not really parquet")
+    path.write_bytes(b"ARROW1 not really an Arrow file")
     df = mnb.load_runs(ws)
     assert df.attrs["index"].rebuilt.startswith("unreadable") and df.attrs["index"].parsed == len(good)
     pd.testing.assert_frame_equal(df.drop(columns="run"), good)
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
+    table = _read_arrow(path)
     meta = json.loads(table.schema.metadata[b"machine_nb"])
-    pq.write_table(table.replace_schema_metadata({b"machine_nb": json.dumps({**meta, "version": 0}).encode()}), path)
+    _write_arrow(table.replace_schema_metadata({b"machine_nb": json.dumps({**meta, "version": 0}).encode()}), path)
     df = mnb.load_runs(ws)
     assert "schema version 0" in df.attrs["index"].rebuilt
     pd.testing.assert_frame_equal(df.drop(columns="run"), good)
@@ -411,13 +411,26 @@ def test_the_readme_schema_table_matches_index_schema():
 
 def _rewrite_index(ws: Path, change) -> None:
     """Rewrite the workspace's index file with `change(table, meta) -> (table, meta)` applied."""
-    import pyarrow.parquet as pq
-
     path = run_index.run_index_path(ws)
-    table = pq.read_table(path)
+    table = _read_arrow(path)
     meta = json.loads(table.schema.metadata[b"machine_nb"])
     table, meta = change(table.replace_schema_metadata(None), meta)
-    pq.write_table(table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode()}), path)
+    _write_arrow(table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode()}), path)
+
+
+def _read_arrow(path: Path):
+    """An index file's table, read whole (not mapped: the test rewrites the file next)."""
+    import pyarrow as pa
+
+    with pa.OSFile(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _write_arrow(table, path: Path) -> None:
+    import pyarrow as pa
+
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -438,3 +451,59 @@ def test_an_index_of_other_columns_or_without_its_folder_list_is_rebuilt(ws, cha
     pd.testing.assert_frame_equal(df.drop(columns="run"), good)
     again = mnb.load_runs(ws).attrs["index"]  # the rebuilt index is trusted again
     assert again.rebuilt is None and again.parsed == 0 and again.reused == len(good)
+
+
+# ---------------------------------------------------------------------------------------------
+# A first load shares the parse with worker processes
+
+
+def test_worker_processes_parse_the_same_rows(ws, monkeypatch):
+    (ws / ".machine" / "runs" / "support" / "broken.json").write_text('{"id": "broken", "machine": "supp')
+    (ws / ".machine" / "runs" / "chatbot" / "triage" / "elsewhere.json").write_text(
+        json.dumps({"id": "elsewhere", "machine": "support"}))  # rows of bad files cross the pipe too
+    alone, s1, _ = run_index.update_index(ws, frames._RunParser(frames.default_failed), workers=1)
+    run_index.remove_index(ws)
+    monkeypatch.setattr(run_index, "TASK", 3)  # many small batches, shared by three processes
+    shared, s3, _ = run_index.update_index(ws, frames._RunParser(frames.default_failed), workers=3)
+    assert (s1.workers, s3.workers) == (1, 3) and s1.parsed == s3.parsed == alone.num_rows
+    assert shared.drop_columns(["mtime_ns"]).equals(alone.drop_columns(["mtime_ns"]))
+    assert shared.filter(pc.is_valid(shared["error"])).num_rows == 2
+
+
+def test_load_runs_starts_workers_for_a_large_first_load(ws, monkeypatch):
+    plain = mnb.load_runs(ws, index=False, on_error="skip").drop(columns="run")
+    monkeypatch.setattr(run_index, "PARALLEL_MIN", 4)  # "large": at least 4 files, 2 a process
+    monkeypatch.setattr(run_index, "TASK", 2)
+    monkeypatch.setattr(run_index, "_cpus", lambda: 2)
+    first = mnb.load_runs(ws, index=True, on_error="skip")
+    assert first.attrs["index"].workers == 2
+    pd.testing.assert_frame_equal(first.drop(columns="run"), plain)
+    again = mnb.load_runs(ws, on_error="skip")  # nothing to parse: no workers
+    assert again.attrs["index"].parsed == 0 and again.attrs["index"].workers == 1
+
+
+def test_an_index_with_damaged_string_offsets_is_rebuilt_not_read(ws):
+    import pyarrow as pa
+
+    good = mnb.load_runs(ws, index=False).drop(columns="run")
+    mnb.load_runs(ws, index=True)
+
+    def damage(table, meta):  # an offset of `input` out of order (a string of negative length), as a flipped bit makes
+        col = table["input"].combine_chunks()
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int64, count=len(col) + 1).copy()
+        offsets[1] = offsets[-1]
+        bad = pa.Array.from_buffers(pa.large_string(), len(col), [None, pa.py_buffer(offsets), col.buffers()[2]])
+        return table.set_column(table.schema.get_field_index("input"), "input", bad), meta
+
+    _rewrite_index(ws, damage)
+    df = mnb.load_runs(ws)
+    assert df.attrs["index"].rebuilt.startswith("unreadable") and df.attrs["index"].parsed == len(good)
+    pd.testing.assert_frame_equal(df.drop(columns="run"), good)
+
+
+def test_the_older_parquet_index_is_replaced(ws, cache):
+    old = run_index.run_index_path(ws).with_suffix(".parquet")
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"PAR1 an index of schema version 1")
+    mnb.load_runs(ws, index=True)
+    assert run_index.run_index_path(ws).exists() and not old.exists()

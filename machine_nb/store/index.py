@@ -1,12 +1,17 @@
-"""The run index: one Parquet file per workspace holding its run table (one row per run file),
-kept in step with `.machine/runs/` from file sizes and modification times, so a second
-`load_runs` reads the table instead of every run file, and parses only new or changed files.
+"""The run index: one Arrow IPC file (Feather v2) per workspace holding its run table (one row per
+run file), kept in step with `.machine/runs/` from file sizes and modification times, so a second
+`load_runs` maps the table instead of reading every run file, and parses only new or changed files
+(a first load of many files parses them in several processes: see PARALLEL_MIN).
 
 It lives outside the workspace, in a per-user cache folder (`cache_dir()`), named after the real
 path of the workspace's `runs/` folder. Writes are atomic (temp file + rename); an index that
 cannot be read, or has another schema version or workspace, is rebuilt, never trusted. What a
 row holds is `INDEX_SCHEMA` (documented in the README, for DuckDB or Polars); how a run file
 becomes a row is decided in `frames.py`, which hands `update_index` its parser.
+
+Why Arrow IPC and not Parquet: the file is the table's own memory layout, uncompressed, so a
+reload memory-maps it and hands its strings to pandas without decoding or copying them (measured
+at a million runs: benchmarks/bench_run_index.py); Parquet stores less but decodes every string.
 """
 
 from __future__ import annotations
@@ -24,14 +29,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..compat import user_stacklevel
 from ..errors import MachineFormatError
 from ..jsonl import atomic_replace
 from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped whenever INDEX_SCHEMA or the meaning of a column changes: an older index is rebuilt."""
 
 _STR = pa.large_string()
@@ -61,6 +65,12 @@ FILE_FIELDS = ("dir", "name", "size", "mtime_ns")
 RACY_NS = 2_000_000_000
 # Rows per parsed batch: the Python objects of one batch are all that is held besides the table.
 BATCH = 20_000
+# A load with at least this many files to parse shares them with worker processes (up to one per
+# CPU beyond the first, so long as each process has half this many files): a worker costs about
+# half a second to start (it imports pandas and pyarrow), which a share of this size repays.
+PARALLEL_MIN = 20_000
+# Files per batch handed to a worker (small enough to keep every process busy to the end).
+TASK = 4_000
 
 CHECKS = ("dirs", "files")
 
@@ -108,13 +118,13 @@ def run_index_path(workspace: str | os.PathLike) -> Path:
         workspace: the workspace (or its `.machine` folder).
 
     Returns:
-        `<cache_dir()>/runs/<folder>-<16 hex>.parquet`, keyed by the real (symlink-resolved) path of
+        `<cache_dir()>/runs/<folder>-<16 hex>.arrow`, keyed by the real (symlink-resolved) path of
         its `.machine/runs` folder.
     """
     real = os.path.realpath(runs_root(workspace))
     ws_name = os.path.basename(os.path.dirname(os.path.dirname(real)))
     slug = re.sub(r"[^a-z0-9]+", "-", ws_name.lower()).strip("-") or "workspace"
-    return cache_dir() / "runs" / f"{slug}-{hashlib.sha256(real.encode('utf-8')).hexdigest()[:16]}.parquet"
+    return cache_dir() / "runs" / f"{slug}-{hashlib.sha256(real.encode('utf-8')).hexdigest()[:16]}.arrow"
 
 
 @dataclass
@@ -130,6 +140,7 @@ class IndexStats:
     stats: int = 0       # files stat-ed
     rebuilt: str | None = None  # why an existing index was not used (unreadable, other version…)
     written: bool = False
+    workers: int = 1     # processes that parsed (this one and the worker processes it started)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,6 +149,9 @@ class IndexStats:
 
 def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None, dict, str | None]:
     """An index file's table, if it can be trusted.
+
+    The file is memory-mapped (except on Windows, where a mapped file cannot be replaced, so it is
+    read): the table's columns are views of it, and pages are read as they are used.
 
     Args:
         path: the index file.
@@ -151,65 +165,72 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
     if not os.path.exists(path):
         return None, {}, None
     try:
-        pf = pq.ParquetFile(path)
-        raw = (pf.schema_arrow.metadata or {}).get(b"machine_nb")
+        source = pa.OSFile(path) if os.name == "nt" else pa.memory_map(path)
+        reader = pa.ipc.open_file(source)
+        raw = (reader.schema.metadata or {}).get(b"machine_nb")
         meta = json.loads(raw) if raw else {}
         if meta.get("version") != SCHEMA_VERSION:
             return None, {}, f"schema version {meta.get('version')!r}, not {SCHEMA_VERSION}"
         if meta.get("runs_root") != root_real:
             return None, {}, "it indexes another workspace"
-        names = [f.name for f in INDEX_SCHEMA]
-        if pf.schema_arrow.names != names:
+        if not reader.schema.remove_metadata().equals(INDEX_SCHEMA):
             return None, {}, "its columns differ"
         if not isinstance(meta.get("dirs"), dict):  # checked before the table is read
             return None, {}, "its folder list is missing"
-        dict_cols = [c for c in meta.get("dictionary", []) if c in names]
-        table = pq.read_table(path, read_dictionary=dict_cols or None, use_threads=True, memory_map=True)
-        # columns stored with a dictionary come back decoded (the run table is plain strings),
-        # as one chunk each (taking rows from many chunks copies them all first: measured 5 ms for
-        # 25 rows of a million), several at a time: pyarrow releases the GIL while it copies
-        cols = table.columns
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-            cols = list(pool.map(_one_chunk, cols))
-        table = pa.table(cols, schema=INDEX_SCHEMA)
-        return table, meta, None
-    except Exception as exc:  # any unreadable index (truncated, not Parquet, wrong types) is rebuilt
+        table = reader.read_all()
+        # every offset and length checked against its buffers, so a damaged file is an error here,
+        # never a read out of bounds later (UTF-8 is not re-checked: the index only holds what
+        # orjson decoded, and the cost would be a pass over every string)
+        for col in table.columns:
+            for chunk in col.chunks:
+                chunk.validate(full=not pa.types.is_large_string(chunk.type))
+                if pa.types.is_large_string(chunk.type):
+                    _check_offsets(chunk)
+        # one chunk a column: taking rows from many chunks copies them all first (measured 5 ms
+        # for 25 rows of a million)
+        if any(c.num_chunks > 1 for c in table.columns):
+            table = table.combine_chunks()
+        return table.replace_schema_metadata(None), meta, None
+    except Exception as exc:  # any unreadable index (truncated, not Arrow, damaged, wrong types) is rebuilt
         return None, {}, f"unreadable ({type(exc).__name__}: {str(exc)[:120]})"
 
 
-def _one_chunk(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A column as one chunk of plain values: a dictionary column decoded with one copy."""
-    if pa.types.is_dictionary(col.type):
-        col = col.unify_dictionaries()
-        if col.num_chunks == 0:
-            return pa.chunked_array([], type=col.type.value_type).cast(_STR)
-        indices = pa.concat_arrays([c.indices for c in col.chunks])
-        return pa.chunked_array([col.chunk(0).dictionary.cast(_STR).take(indices)])
-    return col if col.num_chunks <= 1 else pa.chunked_array([col.combine_chunks()])
+def _check_offsets(arr: pa.Array) -> None:
+    """A string array's offsets are non-decreasing and end inside its data buffer (ValueError if not)."""
+    bufs = arr.buffers()
+    n = len(arr) + arr.offset
+    if bufs[1] is None:
+        if len(arr):
+            raise ValueError("a string column has no offsets")
+        return
+    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)[arr.offset:]
+    data = 0 if bufs[2] is None else bufs[2].size
+    if len(offsets) and (offsets[0] < 0 or offsets[-1] > data or (np.diff(offsets) < 0).any()):
+        raise ValueError("a string column's offsets are out of order or past its data")
 
 
 def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
     """Write the index atomically (jsonl.atomic_replace), private to the user.
 
+    An index of the older format (a `.parquet` file beside it) is removed once this one is written.
+
     Args:
         path: the index file.
         table: the rows (INDEX_SCHEMA).
-        meta: the metadata kept beside them (folder times, the runs folder); the schema version and
-            the dictionary-encoded columns are added.
+        meta: the metadata kept beside them (folder times, the runs folder); the schema version is
+            added.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # columns with few distinct values are stored and read as dictionaries (measured: a million
-    # rows read in a quarter of the time)
-    n = max(1, table.num_rows)
-    meta = {**meta, "version": SCHEMA_VERSION, "dictionary": [
-        f.name for f in INDEX_SCHEMA
-        if f.type == _STR and f.name not in ("name", "id") and pc.count_distinct(table[f.name]).as_py() <= n // 4 + 1]}
-    table = table.replace_schema_metadata({b"machine_nb": json.dumps(meta).encode("utf-8")})
+    schema = INDEX_SCHEMA.with_metadata({b"machine_nb": json.dumps({**meta, "version": SCHEMA_VERSION}).encode("utf-8")})
     with atomic_replace(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        with pa.OSFile(os.fspath(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(table.replace_schema_metadata(schema.metadata), max_chunksize=max(1, table.num_rows))
+    if path.suffix == ".arrow":
+        try:
+            path.with_suffix(".parquet").unlink()  # the same workspace's index of schema version 1
+        except OSError:
+            pass
 
 
 def empty_table() -> pa.Table:
@@ -226,7 +247,7 @@ def empty_table() -> pa.Table:
 
 
 def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | None = None,
-                 check: str = "dirs") -> tuple[pa.Table, IndexStats, list[MachineFormatError]]:
+                 check: str = "dirs", workers: int | None = None) -> tuple[pa.Table, IndexStats, list[MachineFormatError]]:
     """Bring the workspace's run index up to date and return its rows.
 
     Args:
@@ -242,6 +263,9 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
             files) are stat-ed; files of changed folders are compared by size and mtime. "files":
             stat every run file, which also sees a file rewritten in place (what it costs:
             benchmarks/bench_run_index.py).
+        workers: processes that parse, this one included (default None: one per CPU when there
+            are at least PARALLEL_MIN files to parse, else this process alone). The parser must
+            pickle for more than one.
 
     Returns:
         (table of INDEX_SCHEMA: the rows of `machine` and its nested machines when given, sorted
@@ -388,35 +412,10 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
             parts.append(cached.take(pa.array(np.sort(kept))))
         else:
             parts.append(cached)
-    for chunk in _batches(todo):
-        seen = [None] * len(chunk)  # (size, mtime_ns) of each file, taken from the handle it is read through
-
-        def read(k: int, chunk=chunk, seen=seen) -> bytes:
-            data, st = read_file(chunk[k][0])  # stat before reading: a later write changes the mtime seen next time
-            seen[k] = (st.st_size, st.st_mtime_ns)
-            return data
-
-        rows = parse(chunk, read)
-        for k, got in enumerate(seen):
-            if got is None:  # not read (misplaced) or unreadable: its stat now, or "re-read next time"
-                try:
-                    st = os.stat(chunk[k][0])
-                    seen[k] = (st.st_size, st.st_mtime_ns)
-                except OSError:
-                    seen[k] = (-1, -1)
-        stats.stats += len(chunk)
-        mt = np.array([m for _, m in seen], dtype=np.int64)
-        racy = (mt > now - RACY_NS) | (mt == -1)
-        table = pa.table({
-            "dir": pa.array([c[1] for c in chunk], _STR),
-            "name": pa.array([c[2] for c in chunk], _STR),
-            "size": pa.array([sz for sz, _ in seen], pa.int64()),
-            "mtime_ns": pa.array(np.where(racy, -1, mt)),
-            "recheck": pc.or_(rows["recheck"], pa.array(racy)),
-            **{f.name: rows[f.name] for f in INDEX_SCHEMA if f.name not in ("dir", "name", "size", "mtime_ns", "recheck")},
-        }, schema=INDEX_SCHEMA)
+    for table in _parse_all(todo, parse, now, workers, stats):
         parts.append(table)
-        stats.parsed += len(chunk)
+        stats.parsed += table.num_rows
+    stats.stats += stats.parsed  # each parsed file is stat-ed as it is read
     changed = stats.parsed > 0 or stats.removed > 0 or why is not None or new_dirs != old_dirs \
         or not os.path.exists(ipath)
     if changed:
@@ -440,15 +439,85 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     return table, stats, problems
 
 
-def _batches(todo: list[tuple[str, str, list[str], list[str]]]):
-    """`[(path, dir, name, problem)]` lists of up to BATCH files, folder by folder."""
+def parse_batch(parse: Parser, chunk: list[tuple[str, str, str, str | None]], now: int) -> pa.Table:
+    """Read and parse one batch of run files into index rows (INDEX_SCHEMA), here or in a worker.
+
+    Args:
+        parse: the parser (see Parser).
+        chunk: `[(path, dir, name, problem)]`.
+        now: the scan's time in ns: a file modified within RACY_NS of it is marked to be read again.
+
+    Returns:
+        The rows, sorted (sort_table), with each file's size and mtime as seen through the handle
+        it was read by.
+    """
+    seen: list = [None] * len(chunk)  # (size, mtime_ns) of each file, taken from the handle it is read through
+
+    def read(k: int) -> bytes:
+        data, st = read_file(chunk[k][0])  # stat before reading: a later write changes the mtime seen next time
+        seen[k] = (st.st_size, st.st_mtime_ns)
+        return data
+
+    rows = parse(chunk, read)
+    for k, got in enumerate(seen):
+        if got is None:  # not read (misplaced) or unreadable: its stat now, or "re-read next time"
+            try:
+                st = os.stat(chunk[k][0])
+                seen[k] = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                seen[k] = (-1, -1)
+    mt = np.array([m for _, m in seen], dtype=np.int64)
+    racy = (mt > now - RACY_NS) | (mt == -1)
+    return sort_table(pa.table({
+        "dir": pa.array([c[1] for c in chunk], _STR),
+        "name": pa.array([c[2] for c in chunk], _STR),
+        "size": pa.array([sz for sz, _ in seen], pa.int64()),
+        "mtime_ns": pa.array(np.where(racy, -1, mt)),
+        "recheck": pc.or_(rows["recheck"], pa.array(racy)),
+        **{f.name: rows[f.name] for f in INDEX_SCHEMA if f.name not in FILE_FIELDS + ("recheck",)},
+    }, schema=INDEX_SCHEMA))  # sorted here (in the workers): the final sort then reads runs of rows in order
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _parse_all(todo: list[tuple[str, str, list[str], list[str]]], parse: Parser, now: int, workers: int | None,
+               stats: IndexStats):
+    """The parsed batches of every file in `todo`, in no particular order (they are sorted later).
+
+    With at least PARALLEL_MIN files (and more than one CPU), worker processes parse batches of
+    TASK files while this process parses batches too (`workers`: processes in all, this one
+    included; default None: one per CPU, each with at least PARALLEL_MIN // 2 files). A worker
+    that cannot start or dies leaves its batches to this process; Ctrl-C stops the workers.
+    `stats.workers` is set to the processes started, this one included.
+    """
+    total = sum(len(names) for *_, names in todo)
+    if workers is None:
+        workers = min(_cpus(), total // max(1, PARALLEL_MIN // 2)) if total >= PARALLEL_MIN else 1
+    if workers <= 1 or not sys.executable:
+        for chunk in _batches(todo, BATCH):
+            yield parse_batch(parse, chunk, now)
+        return
+    from .parse_pool import ParsePool
+
+    with ParsePool(workers - 1) as pool:
+        stats.workers = 1 + pool.started
+        yield from pool.run(parse_batch, ((parse, chunk, now) for chunk in _batches(todo, TASK)))
+
+
+def _batches(todo: list[tuple[str, str, list[str], list[str]]], size: int = BATCH):
+    """`[(path, dir, name, problem)]` lists of up to `size` files, folder by folder."""
     batch: list[tuple[str, str, str, str | None]] = []
     for dirpath, d, segments, names in todo:
         base = dirpath + os.sep
         misplaced = folder_problem(segments, "x", "runs") is not None  # once per folder, not per file
         for name in names:
             batch.append((base + name, d, name, folder_problem(segments, name, "runs") if misplaced else None))
-            if len(batch) >= BATCH:
+            if len(batch) >= size:
                 yield batch
                 batch = []
     if batch:
@@ -473,12 +542,23 @@ def sort_table(table: pa.Table | list[pa.Table]) -> pa.Table:
         return table
     order = pc.sort_indices(table, sort_keys=[("started_at", "descending", "at_end"), ("id", "descending", "at_end"),
                                               ("dir", "ascending", "at_end"), ("name", "ascending", "at_end")])
-    # a column at a time, so only one column is held twice (table.take would copy all at once)
+    # a few columns at a time, so only those are held twice (table.take would copy all at once),
+    # in threads: pyarrow releases the GIL while it copies (measured at a million rows: 6.7 s one
+    # column after another, 2.8 s two at a time, 1.5 s when the parts were sorted first)
     schema, cols = table.schema, table.columns
     del table
-    for i in range(len(cols)):
-        cols[i] = cols[i].take(order)
-    pa.default_memory_pool().release_unused()  # hand the freed columns back to the system
+    def sort_column(i: int) -> None:
+        cols[i] = cols[i].take(order)  # the unsorted column is freed as its sorted copy replaces it
+
+    if len(order) < 100_000:
+        for i in range(len(cols)):
+            sort_column(i)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(4, _cpus())) as pool:
+            list(pool.map(sort_column, range(len(cols))))
+        pa.default_memory_pool().release_unused()  # hand the freed columns back to the system
     return pa.table(cols, schema=schema)
 
 
@@ -511,5 +591,5 @@ def remove_index(workspace: str | os.PathLike) -> bool:
         return False
 
 
-__all__ = ["INDEX_SCHEMA", "SCHEMA_VERSION", "IndexStats", "cache_dir", "run_index_path", "update_index",
-           "read_index", "remove_index", "runs_root", "sort_table"]
+__all__ = ["INDEX_SCHEMA", "SCHEMA_VERSION", "IndexStats", "cache_dir", "parse_batch", "run_index_path",
+           "update_index", "read_index", "remove_index", "runs_root", "sort_table"]

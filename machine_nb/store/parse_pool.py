@@ -1,0 +1,196 @@
+"""Worker processes that share a long parse with this one: the run index's first load of a large
+workspace reads and checks its files in several processes at once (run parsing is Python code,
+which one process runs on one CPU at a time).
+
+A worker is `python -m machine_nb.store.parse_pool`, started with the interpreter of this process,
+fed calls over its stdin and answering on its stdout (length-prefixed pickles). Plain processes,
+not `multiprocessing`: a worker never re-imports the caller's main script (a script without an
+`if __name__ == "__main__"` guard would run again in every worker) and never forks a process that
+has threads (as a Jupyter kernel has). A worker that cannot start, or dies, leaves its calls to
+this process; Ctrl-C (or any error here) kills the workers; a worker ignores Ctrl-C itself, and
+ends when its stdin closes, so it never outlives this process's pipe.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+_HEAD = 8  # bytes of the little-endian length before each pickle
+
+
+def _send(fh: Any, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    fh.write(len(data).to_bytes(_HEAD, "little"))
+    fh.write(data)
+    fh.flush()
+
+
+def _recv(fh: Any) -> Any:
+    head = fh.read(_HEAD)
+    if len(head) < _HEAD:
+        raise EOFError("the pipe closed")
+    n = int.from_bytes(head, "little")
+    data = fh.read(n)
+    if len(data) < n:
+        raise EOFError("the pipe closed mid-message")
+    return pickle.loads(data)
+
+
+class ParsePool:
+    """Up to `size` worker processes, started on entering a `with` block and ended on leaving it.
+
+    `run(fn, calls)` computes `fn(*args)` for every args tuple of `calls`, in the workers and in
+    this process at once, and yields the results in the order they finish. `fn` and its arguments
+    must pickle (a module-level function; objects whose classes are importable).
+    """
+
+    def __init__(self, size: int):
+        self.size = max(0, int(size))
+        self._procs: list[subprocess.Popen] = []
+        self.made_here = 0   # calls this process made (run counts them)
+        self.made_there = 0  # calls the workers made
+
+    def __enter__(self) -> "ParsePool":
+        for _ in range(self.size):
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, close_fds=True)
+            except OSError:
+                break  # no more processes: this one does the rest
+            self._procs.append(proc)
+        return self
+
+    @property
+    def started(self) -> int:
+        """Worker processes running (0 before entering and after leaving the `with` block)."""
+        return len(self._procs)
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        self.close(kill=kind is not None)
+
+    def close(self, *, kill: bool = False) -> None:
+        """End the workers: close their input (they exit after their call), or kill them."""
+        for proc in self._procs:
+            if kill:
+                proc.kill()
+            for fh in (proc.stdin, proc.stdout):
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs = []
+
+    def run(self, fn: Callable, calls: Iterable[tuple]) -> Iterator[Any]:
+        """Yield `fn(*args)` for each args of `calls`, as they finish (workers' and this process's).
+
+        Raises:
+            The first exception a call raised (in a worker or here); the other calls stop.
+        """
+        it = iter(calls)
+        lock = threading.Lock()
+        stop = threading.Event()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        orphans: list[tuple] = []  # calls whose worker died: made here at the end
+
+        def take() -> tuple | None:
+            with lock:
+                return None if stop.is_set() else next(it, None)
+
+        def serve(proc: subprocess.Popen) -> None:
+            try:
+                while (args := take()) is not None:
+                    try:
+                        _send(proc.stdin, (fn, args))
+                        status, value = _recv(proc.stdout)
+                    except (OSError, EOFError, pickle.PickleError, ValueError, TypeError, AttributeError):
+                        orphans.append(args)  # the worker is gone (or the call does not pickle): made here
+                        return
+                    done.put((status, value))
+                    if status != "ok":
+                        return
+            finally:
+                done.put(("end", None))
+
+        threads = [threading.Thread(target=serve, args=(p,), name="machine-nb-parse", daemon=True)
+                   for p in self._procs]
+        for t in threads:
+            t.start()
+        ended = 0
+        try:
+            while True:
+                while True:  # results the workers have finished
+                    try:
+                        status, value = done.get_nowait()
+                    except queue.Empty:
+                        break
+                    if status == "end":
+                        ended += 1
+                    elif status == "ok":
+                        self.made_there += 1
+                        yield value
+                    else:
+                        raise value
+                args = take()
+                if args is None:
+                    break
+                self.made_here += 1
+                yield fn(*args)
+            while ended < len(threads):
+                try:
+                    status, value = done.get(timeout=0.2)  # a timeout, so Ctrl-C is seen here too
+                except queue.Empty:
+                    continue
+                if status == "end":
+                    ended += 1
+                elif status == "ok":
+                    self.made_there += 1
+                    yield value
+                else:
+                    raise value
+            for args in orphans:
+                self.made_here += 1
+                yield fn(*args)
+        finally:
+            stop.set()
+
+
+def _worker() -> None:
+    """A worker's loop: read a call, make it, answer; end when stdin closes."""
+    import gc
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it kills the worker on Ctrl-C
+    gc.disable()  # parsed runs hold no cycles (see frames.load_runs)
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # anything printed while parsing must not land in the replies
+    while True:
+        try:
+            fn, args = _recv(inp)
+        except EOFError:
+            return
+        try:
+            reply = ("ok", fn(*args))
+        except Exception as exc:  # noqa: BLE001  handed to the parent, which raises it
+            reply = ("error", exc)
+        try:
+            _send(out, reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            _send(out, ("error", RuntimeError(f"a parse worker could not send its result: {exc}")))
+        except OSError:
+            return
+
+
+if __name__ == "__main__":
+    _worker()

@@ -1,0 +1,78 @@
+"""The run index's parse pool: worker processes that share a long parse with this one, through
+the real `python -m machine_nb.store.parse_pool` processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import workers
+from machine_nb.store.parse_pool import ParsePool
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def importable_helpers(monkeypatch):
+    """Workers import the helper functions from this folder, as they import machine_nb."""
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *([path] if path else [])]))
+
+
+@pytest.fixture
+def marks(tmp_path):
+    return str(tmp_path)
+
+
+def test_every_call_is_made_once_by_the_workers_and_this_process(marks):
+    me = os.getpid()
+    with ParsePool(2) as pool:
+        assert pool.started == 2
+        pids = list(pool.run(workers.worker_pid, [(me, marks, x) for x in range(40)]))
+    assert len(pids) == 40 and pool.made_here + pool.made_there == 40
+    assert len(set(pids) - {me}) == 2  # both workers took calls …
+    assert pool.made_here == pids.count(me) and pool.started == 0
+
+
+def test_a_worker_that_dies_leaves_its_call_to_this_process(marks):
+    me = os.getpid()
+    with ParsePool(1) as pool:
+        procs = list(pool._procs)
+        got = sorted(pool.run(workers.twice_or_die, [(me, marks, x) for x in range(8)]))
+    assert got == [2 * x for x in range(8)]  # nothing lost: the dead worker's call was made here
+    assert procs[0].returncode == 7
+
+
+def test_an_error_in_a_worker_is_raised_here_and_the_workers_end(marks):
+    me = os.getpid()
+    with pytest.raises(ValueError, match="three is not allowed"):
+        with ParsePool(1) as pool:
+            procs = list(pool._procs)
+            list(pool.run(workers.twice_or_fail, [(me, marks, x) for x in range(200)]))
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_ctrl_c_here_kills_the_workers_at_once(marks):
+    me = os.getpid()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with ParsePool(2) as pool:
+            procs = list(pool._procs)
+            list(pool.run(workers.slow_or_interrupt, [(me, marks, x) for x in range(10)]))
+    assert time.monotonic() - start < 30  # not the minute a worker's call sleeps
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_a_pool_whose_workers_cannot_start_runs_everything_here(monkeypatch):
+    import subprocess
+
+    def refuse(*a, **k):
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    with ParsePool(3) as pool:
+        assert pool.started == 0
+        assert sorted(pool.run(pow, [(x, 2) for x in range(5)])) == [0, 1, 4, 9, 16]

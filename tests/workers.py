@@ -1,0 +1,60 @@
+"""Functions for the parse pool's tests: importable by a worker process (the tests put this
+folder on its PYTHONPATH), and each behaves differently in a worker than in the test's process.
+No timing decides an outcome: the test's process waits for a worker's mark (a file in `marks`)
+before making a call, so the workers are sure to have taken the calls a test is about."""
+
+import os
+import time
+from pathlib import Path
+
+
+def _mark(marks: str) -> None:
+    Path(marks, f"worker-{os.getpid()}").touch()
+
+
+def _wait(marks: str, n: int) -> None:
+    end = time.monotonic() + 60
+    while len(list(Path(marks).glob("worker-*"))) < n and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def twice_or_die(parent: int, marks: str, x: int) -> int:
+    """2x. A worker asked for 3 marks, then dies without answering (as a killed worker would);
+    the test's process waits for that mark."""
+    if os.getpid() == parent:
+        _wait(marks, 1)
+    elif x == 3:
+        _mark(marks)
+        os._exit(7)
+    return 2 * x
+
+
+def twice_or_fail(parent: int, marks: str, x: int) -> int:
+    """2x. A worker asked for 3 marks, then raises; the test's process waits for that mark."""
+    if os.getpid() == parent:
+        _wait(marks, 1)
+    elif x == 3:
+        _mark(marks)
+        raise ValueError("three is not allowed in a worker")
+    return 2 * x
+
+
+def slow_or_interrupt(parent: int, marks: str, x: int) -> int:
+    """A worker marks and sleeps for a minute; the test's process waits for every worker's mark,
+    then raises KeyboardInterrupt (Ctrl-C)."""
+    if os.getpid() == parent:
+        _wait(marks, 2)
+        raise KeyboardInterrupt
+    _mark(marks)
+    time.sleep(60)
+    return x
+
+
+def worker_pid(parent: int, marks: str, x: int) -> int:
+    """The pid of the process that made the call; the test's process waits until two workers
+    have made one."""
+    if os.getpid() == parent:
+        _wait(marks, 2)
+    else:
+        _mark(marks)
+    return os.getpid()
