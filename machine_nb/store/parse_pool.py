@@ -47,7 +47,8 @@ class ParsePool:
 
     `run(fn, calls)` computes `fn(*args)` for every args tuple of `calls`, in the workers and in
     this process at once, and yields the results in the order they finish. `fn` and its arguments
-    must pickle (a module-level function; objects whose classes are importable).
+    must pickle (a module-level function; objects whose classes are importable); a call that does
+    not is made here. `made_here` and `made_there` count the calls made here and by the workers.
     """
 
     def __init__(self, size: int):
@@ -128,29 +129,20 @@ class ParsePool:
         for t in threads:
             t.start()
         ended = 0
+        mine = True  # this process still takes calls
         try:
-            while True:
-                while True:  # results the workers have finished
-                    try:
-                        status, value = done.get_nowait()
-                    except queue.Empty:
-                        break
-                    if status == "end":
-                        ended += 1
-                    elif status == "ok":
-                        self.made_there += 1
-                        yield value
-                    else:
-                        raise value
-                args = take()
-                if args is None:
-                    break
-                self.made_here += 1
-                yield fn(*args)
-            while ended < len(threads):
-                try:
-                    status, value = done.get(timeout=0.2)  # a timeout, so Ctrl-C is seen here too
+            while mine or ended < len(threads):
+                try:  # a result a worker finished; once no call is left, wait for them (with a
+                    # timeout, so Ctrl-C is seen here too)
+                    status, value = done.get_nowait() if mine else done.get(timeout=0.2)
                 except queue.Empty:
+                    if mine:
+                        args = take()
+                        if args is None:
+                            mine = False
+                        else:
+                            self.made_here += 1
+                            yield fn(*args)
                     continue
                 if status == "end":
                     ended += 1
