@@ -507,3 +507,17 @@ def test_the_older_parquet_index_is_replaced(ws, cache):
     old.write_bytes(b"PAR1 an index of schema version 1")
     mnb.load_runs(ws, index=True)
     assert run_index.run_index_path(ws).exists() and not old.exists()
+
+
+def test_the_readme_reads_the_index_with_pyarrow_and_copies_it_to_parquet(ws, tmp_path):
+    """The README's lines for other engines: the mapped Arrow table, and a Parquet copy of it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = mnb.load_runs(ws, index=True, on_error="skip")
+    runs = pa.ipc.open_file(pa.memory_map(str(mnb.run_index_path(ws)))).read_all()  # as in the README
+    assert runs.schema.remove_metadata().equals(run_index.INDEX_SCHEMA)
+    ok = runs.filter(pc.is_null(runs["error"]))
+    assert sorted(ok["id"].to_pylist()) == sorted(good["id"])
+    pq.write_table(runs, tmp_path / "runs.parquet", compression="zstd")
+    assert pq.read_table(tmp_path / "runs.parquet").equals(runs)
