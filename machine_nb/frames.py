@@ -66,8 +66,9 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
         failed: the failed-tool predicate for n_failed_tool_calls (default None:
             store.messages.default_failed). Another predicate parses every file (the index holds
             counts by the default rule).
-        index: keep the run table in the run index (`store/index.py`: a Parquet file in the
-            user's cache folder) and parse only new or changed files on the next load. Default
+        index: keep the run table in the run index (`store/index.py`: an Arrow IPC file in the
+            user's cache folder, memory-mapped when read) and parse only new or changed files on
+            the next load; a first load of many files is parsed by worker processes too. Default
             None: yes when the workspace has an index already or holds at least INDEX_MIN_RUNS run
             files; True: always; False: parse every file, keep nothing.
         check: how an indexed reload finds changed files: "dirs" (default; folder times, which
