@@ -521,3 +521,19 @@ def test_the_readme_reads_the_index_with_pyarrow_and_copies_it_to_parquet(ws, tm
     assert sorted(ok["id"].to_pylist()) == sorted(good["id"])
     pq.write_table(runs, tmp_path / "runs.parquet", compression="zstd")
     assert pq.read_table(tmp_path / "runs.parquet").equals(runs)
+
+
+def test_an_index_that_cannot_be_mapped_is_read_instead(ws, monkeypatch):
+    import pyarrow as pa
+
+    good = mnb.load_runs(ws, index=False).drop(columns="run")
+    mnb.load_runs(ws, index=True)
+
+    def no_mmap(path, *a, **k):  # as on a file system without mmap
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(pa, "memory_map", no_mmap)
+    df = mnb.load_runs(ws)
+    stats = df.attrs["index"]
+    assert stats.rebuilt is None and stats.parsed == 0 and stats.reused == len(good)
+    pd.testing.assert_frame_equal(df.drop(columns="run"), good)

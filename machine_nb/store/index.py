@@ -150,8 +150,9 @@ class IndexStats:
 def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None, dict, str | None]:
     """An index file's table, if it can be trusted.
 
-    The file is memory-mapped (except on Windows, where a mapped file cannot be replaced, so it is
-    read): the table's columns are views of it, and pages are read as they are used.
+    The file is memory-mapped (except on Windows, where a mapped file cannot be replaced, and where
+    the file system cannot map it: then it is read): the table's columns are views of it, and pages
+    are read as they are used.
 
     Args:
         path: the index file.
@@ -165,8 +166,7 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
     if not os.path.exists(path):
         return None, {}, None
     try:
-        source = pa.OSFile(path) if os.name == "nt" else pa.memory_map(path)
-        reader = pa.ipc.open_file(source)
+        reader = pa.ipc.open_file(_open(path))
         raw = (reader.schema.metadata or {}).get(b"machine_nb")
         meta = json.loads(raw) if raw else {}
         if meta.get("version") != SCHEMA_VERSION:
@@ -193,6 +193,17 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         return table.replace_schema_metadata(None), meta, None
     except Exception as exc:  # any unreadable index (truncated, not Arrow, damaged, wrong types) is rebuilt
         return None, {}, f"unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _open(path: str) -> pa.NativeFile:
+    """The index file, memory-mapped; read through a plain file on Windows (a mapped file cannot be
+    replaced there) and where the file system cannot map it."""
+    if os.name != "nt":
+        try:
+            return pa.memory_map(path)
+        except OSError:
+            pass
+    return pa.OSFile(path)
 
 
 def _check_offsets(arr: pa.Array) -> None:
