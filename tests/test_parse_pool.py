@@ -1,25 +1,16 @@
 """The run index's parse pool: worker processes that share a long parse with this one, through
-the real `python -m machine_nb.store.parse_pool` processes."""
+the real `python -m machine_nb.store.parse_pool` processes. The workers import the helper
+functions of tests/workers.py because a pool hands them this process's module search path."""
 
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 import workers
 from machine_nb.store.parse_pool import ParsePool
-
-HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(autouse=True)
-def importable_helpers(monkeypatch):
-    """Workers import the helper functions from this folder, as they import machine_nb."""
-    path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *([path] if path else [])]))
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Functions for the parse pool's tests: importable by a worker process (the tests put this
-folder on its PYTHONPATH), and each behaves differently in a worker than in the test's process.
+"""Functions for the parse pool's tests: importable by a worker process (a pool hands its workers
+the test process's module search path, which holds this folder), and each behaves differently in a worker than in the test's process.
 No timing decides an outcome: the test's process waits for a worker's mark (a file in `marks`)
 before making a call, so the workers are sure to have taken the calls a test is about."""
 
@@ -14,7 +14,9 @@ def _mark(marks: str) -> None:
 
 def _wait(marks: str, n: int) -> None:
     end = time.monotonic() + 60
-    while len(list(Path(marks).glob("worker-*"))) < n and time.monotonic() < end:
+    while len(list(Path(marks).glob("worker-*"))) < n:
+        if time.monotonic() > end:
+            raise TimeoutError(f"fewer than {n} worker(s) made a call within 60 s (did they start?)")
         time.sleep(0.01)
 
 

@@ -13,6 +13,7 @@ ends when its stdin closes, so it never outlives this process's pipe.
 
 from __future__ import annotations
 
+import os
 import pickle
 import queue
 import subprocess
@@ -58,10 +59,13 @@ class ParsePool:
         self.made_there = 0  # calls the workers made
 
     def __enter__(self) -> "ParsePool":
+        # a worker imports what this process imports: its module search path goes with it (a
+        # notebook that put a source checkout on sys.path has its workers find it too)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         for _ in range(self.size):
             try:
                 proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, close_fds=True)
+                                        stdout=subprocess.PIPE, close_fds=True, env=env)
             except OSError:
                 break  # no more processes: this one does the rest
             self._procs.append(proc)
