@@ -431,7 +431,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         or not os.path.exists(ipath)
     if changed:
         del cached  # parts hold what is kept of it
-        table = sort_table(parts)  # consumes parts: memory holds the table once, plus one column
+        table = sort_table(parts)  # consumes parts: memory holds the table once, plus the columns being sorted
         if os.path.isdir(root) or os.path.exists(ipath):  # no index for a folder that holds no runs
             try:
                 write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now})
