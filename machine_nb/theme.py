@@ -34,3 +34,25 @@ def text_colour(hue: str) -> str:
 def tint(hue: str, percent: int = 22) -> str:
     """A background tinted with `hue` over the page colour (text on it uses FG)."""
     return f"color-mix(in srgb, {hue} {percent}%, {BG})"
+
+
+# Classes MathJax 2 (`tex2jax_ignore`) and MathJax 3 (`mathjax_ignore`, and its default
+# `ignoreHtmlClass`) skip: JupyterLab, classic Notebook and nbviewer typeset math in HTML outputs,
+# so "$0.40 … $1.20" would otherwise render as italic math.
+NO_MATH_CLASSES = "tex2jax_ignore mathjax_ignore"
+
+
+def escape(text: object) -> str:
+    """`text` as HTML text that no math typesetter reads as TeX: HTML-escaped, `$` as `&#36;`.
+
+    The entity alone is not enough where a typesetter reads the DOM's text; every view also sits
+    inside `no_math(...)`.
+    """
+    import html
+
+    return html.escape(str(text), quote=True).replace("$", "&#36;")
+
+
+def no_math(fragment: str, tag: str = "div") -> str:
+    """Wrap an HTML fragment in an element that math typesetters skip (see NO_MATH_CLASSES)."""
+    return f'<{tag} class="{NO_MATH_CLASSES}">{fragment}</{tag}>'
