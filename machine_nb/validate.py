@@ -648,8 +648,8 @@ def preflight(data: Any, model: str | None = None, max_length: int | str | None 
         findings (line, severity, code, message) and summary (path None).
 
     Raises:
-        ValidationFailed (a MachineFormatError): with raise_errors, naming the first rows that
-        fail and carrying the whole result in `.result`.
+        ValidationFailed: (a MachineFormatError) with raise_errors, naming the first rows that
+            fail and carrying the whole result in `.result`.
     """
     from .tokens import iter_rows
 
