@@ -69,8 +69,10 @@ class Report:
                 "wall_s": self.wall_s, "redactions": self.redactions}
 
     def _repr_html_(self) -> str:
-        return (f"<p>Report: <code>{self.html}</code> (executed notebook <code>{self.executed}</code>), "
-                f"{self.wall_s:.1f} s</p>")
+        from .theme import escape, no_math
+
+        return no_math(f"Report: <code>{escape(self.html)}</code> (executed notebook <code>{escape(self.executed)}</code>), "
+                       f"{self.wall_s:.1f} s", "p")
 
 
 # A character that continues a file name: a folder's path followed by one is another folder's name
