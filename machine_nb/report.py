@@ -17,6 +17,12 @@ machine, keeps them). Other text, path-like or not, is left as it is.
 Live-widget views are dropped from outputs that carry a static `text/html` fallback, with the
 widget-state metadata GitHub refuses to render; a machine_nb widget's live output goes whole, its
 static twin holding the final state (clean_notebook).
+
+The page (to_html) is a report, not a notebook dump: the title, a headline with its interval and n,
+the cost, an accuracy chart and the loss curve, the settings and links to every section come first,
+code is hidden until the reader asks for it, and nothing is fetched, so it reads with no kernel and
+no network. A notebook states its headline by displaying `report_summary(...)`: an output whose
+JSON (SUMMARY_MIME) the page reads back; without one it still gets the rest.
 """
 
 from __future__ import annotations
@@ -250,7 +256,8 @@ class ReportSummary:
         low/high the interval's ends, None when unknown; group: "compared" or "sweep").
     cost_usd: what the notebook spent, observed (None: not known). estimated_usd: what it was
         estimated to cost before it ran (None: not estimated). cost_note: a few words on what the
-        cost covers (e.g. "training; evals on the local engine are free").
+        cost covers (e.g. "training; evals on the local engine are free"). level: the intervals'
+        confidence level.
     """
 
     headline: str | None = None
@@ -258,15 +265,16 @@ class ReportSummary:
     cost_usd: float | None = None
     estimated_usd: float | None = None
     cost_note: str = ""
+    level: float = 0.95
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as plain data (what the notebook's output carries under SUMMARY_MIME).
 
         Returns:
-            {headline, points, cost_usd, estimated_usd, cost_note}.
+            {headline, points, cost_usd, estimated_usd, cost_note, level}.
         """
         return {"headline": self.headline, "points": [dict(p) for p in self.points], "cost_usd": self.cost_usd,
-                "estimated_usd": self.estimated_usd, "cost_note": self.cost_note}
+                "estimated_usd": self.estimated_usd, "cost_note": self.cost_note, "level": self.level}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReportSummary:
@@ -280,7 +288,7 @@ class ReportSummary:
         """
         return cls(headline=data.get("headline"), points=list(data.get("points") or []),
                    cost_usd=data.get("cost_usd"), estimated_usd=data.get("estimated_usd"),
-                   cost_note=data.get("cost_note") or "")
+                   cost_note=data.get("cost_note") or "", level=float(data.get("level") or 0.95))
 
     def cost_text(self) -> str | None:
         """The cost in words, e.g. "$0.0000 observed (estimated $0.0000; training)", or None when unknown."""
@@ -299,8 +307,8 @@ class ReportSummary:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         from .theme import FG, FG_MUTED, escape, no_math
 
-        chart = accuracy_chart_png(self.points)
-        img = (f"<img alt='accuracy with {_LEVEL_WORDS} intervals' style='max-width:100%;background:#fff' "
+        chart = accuracy_chart_png(self.points, self.level)
+        img = (f"<img alt='accuracy with {self.level:.0%} intervals' style='max-width:100%;background:#fff' "
                f"src='data:image/png;base64,{base64.b64encode(chart).decode('ascii')}'/>" if chart else "")
         cost = self.cost_text()
         html_view = no_math(
@@ -309,9 +317,6 @@ class ReportSummary:
             + (f"<p style='margin:2px 0;color:{FG_MUTED}'>Cost: {escape(cost)}</p>" if cost else "")
             + f"{img}</div>")
         return {SUMMARY_MIME: self.to_dict(), "text/html": html_view, "text/plain": repr(self)}
-
-
-_LEVEL_WORDS = "95%"
 
 
 def _point(label: str, accuracy: float, low: float | None, high: float | None, n: float | None,
@@ -398,16 +403,18 @@ def report_summary(result: Any = None, *, headline: str | None = None, baseline:
         headline = _compare_headline(result, baseline, checkpoint, rows)
         headline = headline[:1].upper() + headline[1:]
     usd = lambda v: None if v is None or v != v else float(v)  # noqa: E731  (numpy numbers too)
+    level = getattr(result, "level", 0.95) if result is not None else 0.95
     return ReportSummary(headline=headline, points=points, cost_usd=usd(cost_usd), estimated_usd=usd(estimated_usd),
-                         cost_note=cost_note)
+                         cost_note=cost_note, level=level)
 
 
-def accuracy_chart_png(points: list[Mapping[str, Any]]) -> bytes | None:
+def accuracy_chart_png(points: list[Mapping[str, Any]], level: float = 0.95) -> bytes | None:
     """Accuracies with their intervals as a PNG: one row per point, the compared pair first, then a
     sweep's settings; dark ink on an opaque white background, so it reads on light and dark pages.
 
     Args:
         points: ReportSummary.points.
+        level: the intervals' confidence level, for the axis label (default 0.95).
 
     Returns:
         The PNG, or None with no point to draw.
@@ -435,7 +442,7 @@ def accuracy_chart_png(points: list[Mapping[str, Any]]) -> bytes | None:
     ax.set_yticks(range(n), [p["label"] for p in reversed(points)], fontsize=8, color="#111111")
     ax.set_xlim(-3, 103)
     ax.set_ylim(-0.7, n - 0.3)
-    ax.set_xlabel(f"accuracy (%) with {_LEVEL_WORDS} interval", fontsize=8, color="#111111")
+    ax.set_xlabel(f"accuracy (%) with {level:.0%} interval", fontsize=8, color="#111111")
     ax.tick_params(axis="x", labelsize=8, colors="#111111")
     ax.grid(axis="x", color="#d1d5db", linewidth=0.6)
     for side in ("top", "right"):
@@ -577,10 +584,10 @@ def _header_html(nb: Mapping[str, Any]) -> str:
     if cost:
         parts.append(f"<p class='mnb-cost'><b>Cost</b>: {escape(cost)}</p>")
     charts = []
-    chart = accuracy_chart_png(summary.points) if summary else None
+    chart = accuracy_chart_png(summary.points, summary.level) if summary else None
     if chart:
         charts.append("<figure class='mnb-chart mnb-accuracy-chart'><img alt='accuracy with "
-                      f"{_LEVEL_WORDS} intervals' src='data:image/png;base64,{base64.b64encode(chart).decode('ascii')}'/>"
+                      f"{summary.level:.0%} intervals' src='data:image/png;base64,{base64.b64encode(chart).decode('ascii')}'/>"
                       "<figcaption>Accuracy, each with its interval</figcaption></figure>")
     loss = _loss_plot_png(nb)
     if loss:
