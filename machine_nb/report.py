@@ -285,10 +285,33 @@ class ReportSummary:
 
         Returns:
             A ReportSummary.
+
+        Raises:
+            ValueError: a field of the wrong kind, named (e.g. "points[1].accuracy: not a number").
         """
-        return cls(headline=data.get("headline"), points=list(data.get("points") or []),
-                   cost_usd=data.get("cost_usd"), estimated_usd=data.get("estimated_usd"),
-                   cost_note=data.get("cost_note") or "", level=float(data.get("level") or 0.95))
+        def number(value: Any, where: str, optional: bool = True) -> float | None:
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where}: not a number ({value!r})")
+            return float(value)
+
+        points = data.get("points") or []
+        if not isinstance(points, list):
+            raise ValueError(f"points: not a list ({type(points).__name__})")
+        checked = []
+        for i, point in enumerate(points):
+            if not isinstance(point, Mapping):
+                raise ValueError(f"points[{i}]: not an object")
+            checked.append(_point(str(point.get("label", "")), number(point.get("accuracy"), f"points[{i}].accuracy",
+                                                                      optional=False),
+                                  number(point.get("low"), f"points[{i}].low"), number(point.get("high"), f"points[{i}].high"),
+                                  number(point.get("n"), f"points[{i}].n"), str(point.get("group", "compared"))))
+        headline = data.get("headline")
+        return cls(headline=None if headline is None else str(headline), points=checked,
+                   cost_usd=number(data.get("cost_usd"), "cost_usd"),
+                   estimated_usd=number(data.get("estimated_usd"), "estimated_usd"),
+                   cost_note=str(data.get("cost_note") or ""), level=number(data.get("level"), "level") or 0.95)
 
     def cost_text(self) -> str | None:
         """The cost in words, e.g. "$0.0000 observed (estimated $0.0000; training)", or None when unknown."""
@@ -355,7 +378,7 @@ def _compare_headline(result: Any, baseline: str | None, checkpoint: str | None,
             f"{result.checkpoint_ci_low:.1%}–{result.checkpoint_ci_high:.1%}) against "
             f"{baseline or result.baseline_name}'s {result.baseline_accuracy:.1%} "
             f"({result.baseline_ci_low:.1%}–{result.baseline_ci_high:.1%}) on {n}: delta {result.delta_text}, "
-            f"{result.p_method} p = {result.p_value:.2g}.")
+            f"{result.p_method}, p = {result.p_value:.2g}.")
 
 
 def _sweep_points(summary: Any) -> list[dict[str, Any]]:
@@ -442,15 +465,14 @@ def accuracy_chart_png(points: list[Mapping[str, Any]], level: float = 0.95) -> 
     ax.set_yticks(range(n), [p["label"] for p in reversed(points)], fontsize=8, color="#111111")
     ax.set_xlim(-3, 103)
     ax.set_ylim(-0.7, n - 0.3)
-    ax.set_xlabel(f"accuracy (%) with {level:.0%} interval", fontsize=8, color="#111111")
+    groups = {p["group"] for p in points}
+    legend = "\nblue: compared · orange: a sweep's settings, mean over seeds" if groups >= {"compared", "sweep"} else ""
+    ax.set_xlabel(f"accuracy (%) with {level:.0%} interval{legend}", fontsize=8, color="#111111")
     ax.tick_params(axis="x", labelsize=8, colors="#111111")
     ax.grid(axis="x", color="#d1d5db", linewidth=0.6)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.set_title("Accuracy", fontsize=10, color="#111111", loc="left")
-    if {p["group"] for p in points} >= {"compared", "sweep"}:
-        ax.set_title("blue: compared · orange: sweep settings, mean over seeds", fontsize=7, color="#4b5563",
-                     loc="right")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", facecolor="white")
@@ -549,12 +571,20 @@ def notebook_settings(nb: Mapping[str, Any]) -> list[Setting]:
 
 
 def _summary_of(nb: Mapping[str, Any]) -> ReportSummary | None:
+    """The last report summary a notebook displays (None when it displays none)."""
     found = None
-    for cell in nb.get("cells", []):
+    for index, cell in enumerate(nb.get("cells", [])):
         for out in cell.get("outputs") or []:
             data = (out.get("data") or {}).get(SUMMARY_MIME)
-            if isinstance(data, dict):
+            if data is None:
+                continue
+            try:
+                if not isinstance(data, Mapping):
+                    raise ValueError("not a JSON object")
                 found = ReportSummary.from_dict(data)
+            except ValueError as exc:
+                raise ValueError(f"cell {cell.get('id') or index + 1}: its report summary output ({SUMMARY_MIME}) "
+                                 f"is malformed: {exc}; display mnb.report_summary(...) again in that cell") from None
     return found
 
 

@@ -13,6 +13,7 @@ import machine_nb as mnb
 from machine_nb.candidate import CandidateReport, Gate, report_html
 from machine_nb.pricing import CostEstimate, DPOCostEstimate, EvalCostEstimate, Price
 from machine_nb.progress import progress
+from machine_nb.report import Report
 from machine_nb.results import EvalResult
 from machine_nb.runlog import TrainResult
 from machine_nb.theme import NO_MATH_CLASSES
@@ -59,6 +60,10 @@ def _views(tmp_path) -> dict[str, str]:
         "CandidateReport": report_html(report, Gate(), True, "gained $1", committed="v2 $"),
         "progress": bar._html(),
         "Corpus": mnb.make_corpus(tmp_path / "corpus $")._repr_html_(),
+        "Report": Report(notebook=tmp_path / "a.ipynb", html=tmp_path / "r $.html", executed=tmp_path / "r $.ipynb",
+                         wall_s=1.0, redactions=0)._repr_html_(),
+        "ReportSummary": mnb.report_summary(comparison, cost_usd=0.5, estimated_usd=1.0,
+                                            cost_note="$ note")._repr_mimebundle_()["text/html"],
     }
 
 

@@ -260,7 +260,7 @@ def test_report_page_opens_with_title_headline_cost_charts_settings_and_links_an
     assert '<h1 class="mnb-title">Demo report: a title</h1>' in top
     headline = re.search(r'<p class="mnb-headline">(.*?)</p>', top).group(1)
     assert ("The checkpoint scores 100.0% (95% CI" in headline and "against the base model's 0.0%" in headline
-            and "on n = 12 held-out rows" in headline and "McNemar p = " in headline), headline
+            and "on n = 12 held-out rows" in headline and "McNemar, p = " in headline), headline
     assert "<b>Cost</b>: $0.0000 observed (estimated $0.5000; training)" in top  # the page runs no math typesetter
     assert re.search(r'class="mnb-chart mnb-accuracy-chart"><img alt="accuracy with 95% intervals" '
                      r'src="data:image/png;base64,[A-Za-z0-9+/=]{200,}"', top)
@@ -308,3 +308,15 @@ def test_report_summary_reads_compare_many_and_a_sweep_summary():
     bundle = summary._repr_mimebundle_()
     assert bundle[SUMMARY_MIME] == summary.to_dict() and json.loads(json.dumps(bundle[SUMMARY_MIME]))
     assert "$" not in bundle["text/html"] and "data:image/png;base64," in bundle["text/html"]
+
+
+def test_a_malformed_report_summary_output_is_named_with_its_cell_and_what_to_do():
+    from machine_nb.report import SUMMARY_MIME, to_html
+
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": "result", "metadata": {}, "execution_count": 1, "source": "", "outputs": [
+            {"output_type": "display_data", "metadata": {},
+             "data": {SUMMARY_MIME: {"headline": "h", "points": [{"label": "a", "accuracy": "high"}]},
+                      "text/plain": "ReportSummary"}}]}]}
+    with pytest.raises(ValueError, match=r"cell result: .*points\[0\]\.accuracy: not a number.*report_summary"):
+        to_html(json.dumps(nb))
