@@ -89,6 +89,8 @@ _API: dict[str, str] = {
     "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
+    "report_summary": "report",
+    "ReportSummary": "report",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines",
     "close_clients": "engines",

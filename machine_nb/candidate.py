@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
-import html
 import json
 import os
 import secrets
@@ -271,10 +270,11 @@ def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, 
     Returns:
         An HTML fragment (the palette of machine_nb.theme: light and dark themes).
     """
-    def escape(value: Any) -> str:
-        return "" if value is None or (isinstance(value, float) and value != value) else html.escape(str(value))
+    from .theme import BORDER, FG, FG_MUTED, GREEN, RED, no_math, text_colour, tint
+    from .theme import escape as _escape
 
-    from .theme import BORDER, FG, FG_MUTED, GREEN, RED, text_colour, tint
+    def escape(value: Any) -> str:
+        return "" if value is None or (isinstance(value, float) and value != value) else _escape(value)
 
     green, red = text_colour(GREEN), text_colour(RED)
     colour = green if passed else red
@@ -308,8 +308,8 @@ def report_html(report: CandidateReport, gate: Gate, passed: bool, reason: str, 
                  f"style='border-collapse:collapse;font-size:12px'><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
     else:
         table = "<p>No held-out case changed.</p>"
-    return (f"<div class='mnb-candidate' style='font-family:system-ui,sans-serif;font-size:13px'>"
-            f"<table class='mnb-candidate-numbers' style='border-collapse:collapse'>{body}</table>{table}</div>")
+    return no_math(f"<div class='mnb-candidate' style='font-family:system-ui,sans-serif;font-size:13px'>"
+                   f"<table class='mnb-candidate-numbers' style='border-collapse:collapse'>{body}</table>{table}</div>")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +535,9 @@ class Candidate:
 
     def _repr_html_(self) -> str:
         if self.report is None:
-            return f"<p>{html.escape(self.summary())}</p>"
+            from .theme import escape, no_math
+
+            return no_math(f"<p>{escape(self.summary())}</p>")
         return report_html(self.report, self.gate, self.passed, self.reason, committed=self.committed)
 
 

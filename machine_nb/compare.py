@@ -8,14 +8,13 @@ Whether a checkpoint is good enough to use stays the reader's call.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from . import stats
-from .theme import BORDER, FG, FG_MUTED, GREEN, RED, text_colour
+from .theme import BORDER, FG, FG_MUTED, GREEN, RED, escape, no_math, text_colour
 
 if TYPE_CHECKING:
     import os
@@ -222,7 +221,7 @@ class CompareResult:
                 f"bootstrap={'[%+.3f, %+.3f]' % (self.ci_low, self.ci_high) if self.bootstrap_has_spread else 'no spread'})")
 
     def _repr_html_(self) -> str:
-        e = html.escape
+        e = escape
         fmt = lambda r: "—" if r is None else f"{r:.0%}"  # noqa: E731
         cell = f"padding:2px 10px 2px 0;border-bottom:1px solid {_BORDER};text-align:left;vertical-align:top"
         muted = f"color:{_MUTED}"
@@ -265,8 +264,8 @@ class CompareResult:
                      + f"</tr></thead><tbody>{rows}</tbody></table></details>")
         else:
             flips = "<p>No row changed.</p>"
-        return (f"<div class='machine-nb-compare' style='font-family:{_FONT};font-size:13px;color:{_TEXT}'>"
-                f"{head}{paras}{flips}</div>")
+        return no_math(f"<div class='machine-nb-compare' style='font-family:{_FONT};font-size:13px;color:{_TEXT}'>"
+                       f"{head}{paras}{flips}</div>")
 
 
 def _paired_numbers(ca: list[bool], cb: list[bool], clusters: list | None, *, alpha: float, level: float,
@@ -513,7 +512,7 @@ class CompareManyResult:
         return f"CompareManyResult(baseline={self.baseline_name!r}, checkpoints={list(self.results)}, alpha={self.alpha:g})"
 
     def _repr_html_(self) -> str:
-        e = html.escape
+        e = escape
         cell = f"padding:2px 10px 2px 0;border-bottom:1px solid {_BORDER};text-align:left"
         lv = f"{self.level:.0%}"
         heads = ("checkpoint", "accuracy", f"{lv} CI", "delta", f"{lv} CI (Newcombe)", "W / T / L", "p", "p (Holm)")
@@ -525,10 +524,10 @@ class CompareManyResult:
                     f"{r.wins} / {r.ties} / {r.losses}", f"{r.p_value:.3g}", f"{r.p_holm:.3g}")
             trs.append("<tr>" + "".join(f"<td style='{cell}'>{v}</td>" for v in vals) + "</tr>")
         paras = "".join(f"<p style='margin:4px 0'>{e(p)}</p>" for p in self.summary.split("\n") if p.strip())
-        return (f"<div class='machine-nb-compare-many' style='font-family:{_FONT};font-size:13px;color:{_TEXT}'>"
-                f"<table style='border-collapse:collapse;color:{_TEXT}'><thead><tr>"
-                + "".join(f"<th style='{cell}'>{h}</th>" for h in heads)
-                + f"</tr></thead><tbody>{''.join(trs)}</tbody></table>{paras}</div>")
+        return no_math(f"<div class='machine-nb-compare-many' style='font-family:{_FONT};font-size:13px;color:{_TEXT}'>"
+                       f"<table style='border-collapse:collapse;color:{_TEXT}'><thead><tr>"
+                       + "".join(f"<th style='{cell}'>{h}</th>" for h in heads)
+                       + f"</tr></thead><tbody>{''.join(trs)}</tbody></table>{paras}</div>")
 
 
 def compare_many(baseline: Results, checkpoints: Mapping[str, Results] | Sequence[Results], *, alpha: float = 0.05,

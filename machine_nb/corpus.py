@@ -12,7 +12,6 @@ naturally ("47 + 15 = 62") before SFT teaches it the house style.
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import os
 import random
@@ -182,10 +181,12 @@ class Corpus:
     valid: Path | None = None
 
     def _repr_html_(self) -> str:
-        files = "".join(f"<li><code>{html.escape(name)}</code>: {f['rows']} rows, sha256 {f['sha256'][:12]}…</li>"
+        from .theme import escape, no_math
+
+        files = "".join(f"<li><code>{escape(name)}</code>: {f['rows']} rows, sha256 {f['sha256'][:12]}…</li>"
                         for name, f in self.manifest["files"].items())
-        return (f"<div><b>minimal-SFT corpus</b> (seed {self.manifest['seed']}) in "
-                f"<code>{html.escape(str(self.out_dir))}</code><ul>{files}</ul></div>")
+        return no_math(f"<div><b>minimal-SFT corpus</b> (seed {self.manifest['seed']}) in "
+                       f"<code>{escape(self.out_dir)}</code><ul>{files}</ul></div>")
 
 
 def _body(rows: list[dict[str, Any]]) -> str:

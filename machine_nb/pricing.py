@@ -8,7 +8,6 @@ before spending; what sampling cost once it ran is `sample_cost`.
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .compat import deprecated_alias, renamed
 from .errors import BudgetExceeded
 from .render import base_model, is_local_model
+from .theme import escape, no_math
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -170,8 +170,8 @@ def _price_html(price: Price) -> str:
     def f(v: float | None) -> str:
         return "?" if v is None else f"{v:g}"
     return (f"prefill {f(price.prefill)} · cached {f(price.cached_prefill)} · sample {f(price.sample)} · "
-            f"train {f(price.train)} $/M <br><small>{html.escape(price.source)}"
-            f"{' (' + html.escape(price.date) + ')' if price.date else ''}</small>")
+            f"train {f(price.train)} &#36;/M <br><small>{escape(price.source)}"
+            f"{' (' + escape(price.date) + ')' if price.date else ''}</small>")
 
 
 class _Estimate:
@@ -219,11 +219,11 @@ class CostEstimate(_Estimate):
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
-        note = f"<br><small>{html.escape(self.note)}</small>" if self.note else ""
-        return (f"<div class='machine-nb-cost'><b>{html.escape(self.model)}</b>: "
-                f"{self.rows} rows · {self.tokens:,} tokens ({kind}) · {self.trained_tokens:,} trained · "
-                f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
-                f"<b>${self.usd:.4f}</b><br>{_price_html(self.price)}{note}</div>")
+        note = f"<br><small>{escape(self.note)}</small>" if self.note else ""
+        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b>: "
+                       f"{self.rows} rows · {self.tokens:,} tokens ({kind}) · {self.trained_tokens:,} trained · "
+                       f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
+                       f"<b>&#36;{self.usd:.4f}</b><br>{_price_html(self.price)}{note}</div>")
 
 
 @dataclass
@@ -242,9 +242,9 @@ class EvalCostEstimate(_Estimate):
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
-        return (f"<div class='machine-nb-cost'><b>{html.escape(self.model)}</b> eval: {self.rows} rows · "
-                f"{self.prompt_tokens:,} prompt tokens ({kind}) · ≤ {self.max_output_tokens:,} output tokens · "
-                f"<b>≤ ${self.usd:.4f}</b><br>{_price_html(self.price)}</div>")
+        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b> eval: {self.rows} rows · "
+                       f"{self.prompt_tokens:,} prompt tokens ({kind}) · ≤ {self.max_output_tokens:,} output tokens · "
+                       f"<b>≤ &#36;{self.usd:.4f}</b><br>{_price_html(self.price)}</div>")
 
 
 def _with_fields(base: Price | None, fields: Mapping[str, Any]) -> Price:
@@ -408,12 +408,13 @@ class DPOCostEstimate(_Estimate):
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
-        note = f"<br><small>{html.escape(self.note)}</small>" if self.note else ""
-        return (f"<div class='machine-nb-cost'><b>{html.escape(self.model)}</b> DPO: "
-                f"{self.pairs} pairs · {self.tokens:,} tokens an epoch ({kind}, chosen + rejected) · "
-                f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · <b>${self.usd:.4f}</b> "
-                f"= train ${self.train_usd:.4f} + policy forward ${self.forward_usd:.4f} + reference model "
-                f"forward ${self.reference_usd:.4f}<br>{_price_html(self.price)}{note}</div>")
+        note = f"<br><small>{escape(self.note)}</small>" if self.note else ""
+        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b> DPO: "
+                       f"{self.pairs} pairs · {self.tokens:,} tokens an epoch ({kind}, chosen + rejected) · "
+                       f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
+                       f"<b>&#36;{self.usd:.4f}</b> = train &#36;{self.train_usd:.4f} + policy forward "
+                       f"&#36;{self.forward_usd:.4f} + reference model forward &#36;{self.reference_usd:.4f}"
+                       f"<br>{_price_html(self.price)}{note}</div>")
 
 
 def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int = 8,

@@ -11,7 +11,6 @@ decide; None shows a bar unless the environment variable MACHINE_NB_PROGRESS is 
 
 from __future__ import annotations
 
-import html
 import os
 import sys
 import time
@@ -159,9 +158,11 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
 
     def _html(self) -> str:
         frac = min(1.0, self.n / self.total) if self.total else (1.0 if self._closed else 0.0)
-        return (f'<div class="machine-nb-progress" style="font-family:monospace;font-size:12px">'
-                f'<progress value="{frac:.3f}" max="1" style="width:12em;vertical-align:middle"></progress> '
-                f"{html.escape(self.text())}</div>")
+        from .theme import escape, no_math
+
+        return no_math(f'<div class="machine-nb-progress" style="font-family:monospace;font-size:12px">'
+                       f'<progress value="{frac:.3f}" max="1" style="width:12em;vertical-align:middle"></progress> '
+                       f"{escape(self.text())}</div>")
 
     def _draw(self, force: bool = False) -> None:
         if self._handle is None:

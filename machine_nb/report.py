@@ -17,18 +17,27 @@ machine, keeps them). Other text, path-like or not, is left as it is.
 Live-widget views are dropped from outputs that carry a static `text/html` fallback, with the
 widget-state metadata GitHub refuses to render; a machine_nb widget's live output goes whole, its
 static twin holding the final state (clean_notebook).
+
+The page (to_html) is a report, not a notebook dump: the title, a headline with its interval and n,
+the cost, an accuracy chart and the loss curve, the settings and links to every section come first,
+code is hidden until the reader asks for it, and nothing is fetched, so it reads with no kernel and
+no network. A notebook states its headline by displaying `report_summary(...)`: an output whose
+JSON (SUMMARY_MIME) the page reads back; without one it still gets the rest.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import json
 import os
 import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,8 +78,10 @@ class Report:
                 "wall_s": self.wall_s, "redactions": self.redactions}
 
     def _repr_html_(self) -> str:
-        return (f"<p>Report: <code>{self.html}</code> (executed notebook <code>{self.executed}</code>), "
-                f"{self.wall_s:.1f} s</p>")
+        from .theme import escape, no_math
+
+        return no_math(f"Report: <code>{escape(self.html)}</code> (executed notebook <code>{escape(self.executed)}</code>), "
+                       f"{self.wall_s:.1f} s", "p")
 
 
 # A character that continues a file name: a folder's path followed by one is another folder's name
@@ -227,8 +238,482 @@ def clean_notebook(nb: dict[str, Any]) -> dict[str, Any]:
     return nb
 
 
+# ---------------------------------------------------------------------------------------------
+# What a report shows at its top, and the page itself
+
+#: The output type a notebook's `report_summary(...)` carries for the report (JSON: ReportSummary.to_dict()).
+SUMMARY_MIME = "application/vnd.machine-nb.report-summary+json"
+
+
+@dataclass
+class ReportSummary:
+    """A notebook's result as its report shows it at the top: a one-sentence headline, the
+    accuracies to chart (each with its interval), and the cost. Displayed in the notebook, it
+    shows the same card there; `run_report` reads the last one a notebook displays.
+
+    headline: the result in one sentence, with its interval and n (None: none stated).
+    points: the accuracies to chart, each {label, accuracy, low, high, n, group} (fractions 0–1;
+        low/high the interval's ends, None when unknown; group: "compared" or "sweep").
+    cost_usd: what the notebook spent, observed (None: not known). estimated_usd: what it was
+        estimated to cost before it ran (None: not estimated). cost_note: a few words on what the
+        cost covers (e.g. "training; evals on the local engine are free"). level: the intervals'
+        confidence level.
+    """
+
+    headline: str | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+    cost_usd: float | None = None
+    estimated_usd: float | None = None
+    cost_note: str = ""
+    level: float = 0.95
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as plain data (what the notebook's output carries under SUMMARY_MIME).
+
+        Returns:
+            {headline, points, cost_usd, estimated_usd, cost_note, level}.
+        """
+        return {"headline": self.headline, "points": [dict(p) for p in self.points], "cost_usd": self.cost_usd,
+                "estimated_usd": self.estimated_usd, "cost_note": self.cost_note, "level": self.level}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReportSummary:
+        """A summary back from `to_dict()`'s data (unknown keys ignored).
+
+        Args:
+            data: the output's JSON.
+
+        Returns:
+            A ReportSummary.
+
+        Raises:
+            ValueError: a field of the wrong kind, named (e.g. "points[1].accuracy: not a number").
+        """
+        def number(value: Any, where: str, optional: bool = True) -> float | None:
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where}: not a number ({value!r})")
+            return float(value)
+
+        points = data.get("points") or []
+        if not isinstance(points, list):
+            raise ValueError(f"points: not a list ({type(points).__name__})")
+        checked = []
+        for i, point in enumerate(points):
+            if not isinstance(point, Mapping):
+                raise ValueError(f"points[{i}]: not an object")
+            checked.append(_point(str(point.get("label", "")), number(point.get("accuracy"), f"points[{i}].accuracy",
+                                                                      optional=False),
+                                  number(point.get("low"), f"points[{i}].low"), number(point.get("high"), f"points[{i}].high"),
+                                  number(point.get("n"), f"points[{i}].n"), str(point.get("group", "compared"))))
+        headline = data.get("headline")
+        return cls(headline=None if headline is None else str(headline), points=checked,
+                   cost_usd=number(data.get("cost_usd"), "cost_usd"),
+                   estimated_usd=number(data.get("estimated_usd"), "estimated_usd"),
+                   cost_note=str(data.get("cost_note") or ""), level=number(data.get("level"), "level") or 0.95)
+
+    def cost_text(self) -> str | None:
+        """The cost in words, e.g. "$0.0000 observed (estimated $0.0000; training)", or None when unknown."""
+        if self.cost_usd is None and self.estimated_usd is None:
+            return None
+        parts = [] if self.cost_usd is None else [f"${self.cost_usd:.4f} observed"]
+        extra = [] if self.estimated_usd is None else [f"estimated ${self.estimated_usd:.4f}"]
+        extra += [self.cost_note] if self.cost_note else []
+        if not parts:
+            return "; ".join(extra)
+        return parts[0] + (f" ({'; '.join(extra)})" if extra else "")
+
+    def __repr__(self) -> str:
+        return f"ReportSummary: {self.headline or '(no headline)'} Cost: {self.cost_text() or 'not stated'}."
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from .theme import FG, FG_MUTED, escape, no_math
+
+        chart = accuracy_chart_png(self.points, self.level)
+        img = (f"<img alt='accuracy with {self.level:.0%} intervals' style='max-width:100%;background:#fff' "
+               f"src='data:image/png;base64,{base64.b64encode(chart).decode('ascii')}'/>" if chart else "")
+        cost = self.cost_text()
+        html_view = no_math(
+            f"<div class='mnb-report-summary' style='color:{FG}'>"
+            + (f"<p style='margin:2px 0'><b>{escape(self.headline)}</b></p>" if self.headline else "")
+            + (f"<p style='margin:2px 0;color:{FG_MUTED}'>Cost: {escape(cost)}</p>" if cost else "")
+            + f"{img}</div>")
+        return {SUMMARY_MIME: self.to_dict(), "text/html": html_view, "text/plain": repr(self)}
+
+
+def _point(label: str, accuracy: float, low: float | None, high: float | None, n: float | None,
+           group: str) -> dict[str, Any]:
+    def num(v: Any) -> float | None:
+        return None if v is None or v != v else float(v)
+    return {"label": str(label), "accuracy": float(accuracy), "low": num(low), "high": num(high),
+            "n": num(n), "group": group}
+
+
+def _compare_points(result: Any, baseline: str | None, checkpoint: str | None) -> list[dict[str, Any]]:
+    if hasattr(result, "results") and hasattr(result, "table"):  # CompareManyResult
+        points = [_point(baseline or result.baseline_name, result.baseline_accuracy, result.baseline_ci_low,
+                         result.baseline_ci_high, None, "compared")]
+        points += [_point(r.checkpoint, r.accuracy, r.accuracy_low, r.accuracy_high, None, "compared")
+                   for r in result.table.itertuples()]
+        return points
+    n = result.cases or result.n
+    return [_point(baseline or result.baseline_name, result.baseline_accuracy, result.baseline_ci_low,
+                   result.baseline_ci_high, n, "compared"),
+            _point(checkpoint or result.checkpoint_name, result.checkpoint_accuracy, result.checkpoint_ci_low,
+                   result.checkpoint_ci_high, n, "compared")]
+
+
+def _compare_headline(result: Any, baseline: str | None, checkpoint: str | None, rows: str) -> str:
+    if hasattr(result, "results") and hasattr(result, "table"):  # CompareManyResult
+        best = result.table.sort_values("accuracy", ascending=False, kind="stable").iloc[0]
+        name = best["checkpoint"]
+        r = result.results[name]
+        return _compare_headline(r, baseline, f"{checkpoint or name} (best of {len(result.table)})", rows)
+    lv = f"{result.level:.0%}"
+    n = f"n = {result.n} {rows}"
+    if result.cases and result.cases != result.n:
+        n += f" ({result.cases} distinct questions)"
+    return (f"{checkpoint or result.checkpoint_name} scores {result.checkpoint_accuracy:.1%} ({lv} CI "
+            f"{result.checkpoint_ci_low:.1%}–{result.checkpoint_ci_high:.1%}) against "
+            f"{baseline or result.baseline_name}'s {result.baseline_accuracy:.1%} "
+            f"({result.baseline_ci_low:.1%}–{result.baseline_ci_high:.1%}) on {n}: delta {result.delta_text}, "
+            f"{result.p_method}, p = {result.p_value:.2g}.")
+
+
+def _sweep_points(summary: Any) -> list[dict[str, Any]]:
+    cols = list(summary.columns)
+    axes = cols[:cols.index("seeds")] if "seeds" in cols else []
+    out = []
+    for row in summary.to_dict("records"):
+        label = ", ".join(f"{a}={row[a]:g}" if isinstance(row[a], float) else f"{a}={row[a]}" for a in axes)
+        out.append(_point(f"{label} ({row['seeds']} seeds)", row["mean"], row.get("ci_low"), row.get("ci_high"),
+                          row.get("effective_n"), "sweep"))
+    return out
+
+
+def report_summary(result: Any = None, *, headline: str | None = None, baseline: str | None = None,
+                   checkpoint: str | None = None, rows: str = "held-out rows", sweep: Any = None,
+                   cost_usd: float | None = None, estimated_usd: float | None = None,
+                   cost_note: str = "") -> ReportSummary:
+    """What this notebook's report shows at its top; display it (the last cell of a notebook, say).
+
+    `machine-nb report` puts the headline, the cost and an accuracy chart (with intervals) above
+    the notebook, next to the settings (read from the cell tagged `parameters`) and links to each
+    section. A notebook that displays none still gets its title, settings, links and hidden code.
+
+    Args:
+        result: a `compare()` result (baseline vs checkpoint) or a `compare_many()` one; its
+            accuracies and intervals are charted and, unless `headline` is given, make the headline
+            (default None: nothing compared).
+        headline: the result in one sentence (default None: written from `result`).
+        baseline, checkpoint: names for the two sides in the headline and chart (default None:
+            the result's own names).
+        rows: what n counts, in the headline (default "held-out rows").
+        sweep: a `sweep_summary()` frame (a SweepView's `summary_frame`): every setting's mean
+            accuracy over seeds with its interval, charted beside the comparison (default None).
+        cost_usd: the observed cost in USD (default None: not known).
+        estimated_usd: the estimate made before running (default None).
+        cost_note: what the cost covers, in a few words (default "").
+
+    Returns:
+        A ReportSummary (displays as a card; the report reads it).
+    """
+    points = [] if result is None else _compare_points(result, baseline, checkpoint)
+    if sweep is not None:
+        points += _sweep_points(sweep)
+    if headline is None and result is not None:
+        headline = _compare_headline(result, baseline, checkpoint, rows)
+        headline = headline[:1].upper() + headline[1:]
+    usd = lambda v: None if v is None or v != v else float(v)  # noqa: E731  (numpy numbers too)
+    level = getattr(result, "level", 0.95) if result is not None else 0.95
+    return ReportSummary(headline=headline, points=points, cost_usd=usd(cost_usd), estimated_usd=usd(estimated_usd),
+                         cost_note=cost_note, level=level)
+
+
+def accuracy_chart_png(points: list[Mapping[str, Any]], level: float = 0.95) -> bytes | None:
+    """Accuracies with their intervals as a PNG: one row per point, the compared pair first, then a
+    sweep's settings; dark ink on an opaque white background, so it reads on light and dark pages.
+
+    Args:
+        points: ReportSummary.points.
+        level: the intervals' confidence level, for the axis label (default 0.95).
+
+    Returns:
+        The PNG, or None with no point to draw.
+    """
+    if not points:
+        return None
+    from matplotlib.figure import Figure
+
+    colours = {"compared": "#1d4ed8", "sweep": "#b45309"}
+    n = len(points)
+    fig = Figure(figsize=(6.0, 0.9 + 0.42 * n), dpi=110, facecolor="white")
+    ax = fig.add_subplot(1, 1, 1, facecolor="white")
+    for i, p in enumerate(points):
+        y = n - 1 - i
+        acc = 100 * p["accuracy"]
+        colour = "#4b5563" if i == 0 and p["group"] == "compared" else colours.get(p["group"], "#1d4ed8")
+        if p.get("low") is not None and p.get("high") is not None:
+            below, above = max(0.0, acc - 100 * p["low"]), max(0.0, 100 * p["high"] - acc)  # rounding at 0% / 100%
+            ax.errorbar([acc], [y], xerr=[[below], [above]], fmt="o",
+                        color=colour, ecolor=colour, elinewidth=2, capsize=4, markersize=6)
+        else:
+            ax.plot([acc], [y], "o", color=colour, markersize=6)
+        ax.annotate(f"{acc:.1f}%", (acc, y), textcoords="offset points", xytext=(0, 7), ha="center",
+                    fontsize=8, color="#111111")
+    ax.set_yticks(range(n), [p["label"] for p in reversed(points)], fontsize=8, color="#111111")
+    ax.set_xlim(-3, 103)
+    ax.set_ylim(-0.7, n - 0.3)
+    groups = {p["group"] for p in points}
+    legend = "\nblue: compared · orange: a sweep's settings, mean over seeds" if groups >= {"compared", "sweep"} else ""
+    ax.set_xlabel(f"accuracy (%) with {level:.0%} interval{legend}", fontsize=8, color="#111111")
+    ax.tick_params(axis="x", labelsize=8, colors="#111111")
+    ax.grid(axis="x", color="#d1d5db", linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("Accuracy", fontsize=10, color="#111111", loc="left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white")
+    return buf.getvalue()
+
+
+def notebook_title(nb: Mapping[str, Any]) -> str:
+    """The notebook's title: its metadata `title`, else its first `# ` heading (markup dropped),
+    else "Report".
+
+    Args:
+        nb: the notebook as JSON-like data.
+
+    Returns:
+        The title as plain text.
+    """
+    title = (nb.get("metadata") or {}).get("title")
+    if isinstance(title, str) and title.strip():
+        return title.strip()
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        m = re.search(r"^#\s+(.+?)\s*#*\s*$", _text(cell.get("source")), re.M)
+        if m:
+            return re.sub(r"[*_`]|\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).strip()
+    return "Report"
+
+
+@dataclass
+class Setting:
+    """One parameter of a report: name, value (its source text), note (its line's comment),
+    and whether the report's run set it (papermill's injected parameters)."""
+
+    name: str
+    value: str
+    note: str = ""
+    injected: bool = False
+
+
+def _assignments(source: str) -> list[tuple[str, str, str]]:
+    """(name, value source, trailing comment) of each top-level `name = value` in a cell's source."""
+    import ast
+    import io as _io
+    import tokenize
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    comments: dict[int, str] = {}
+    try:
+        for tok in tokenize.generate_tokens(_io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, IndentationError):
+        pass
+    out = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            continue
+        value = ast.get_source_segment(source, node.value) or ""
+        out.append((targets[0].id, " ".join(value.split()), comments.get(node.end_lineno or node.lineno, "")))
+    return out
+
+
+def notebook_settings(nb: Mapping[str, Any]) -> list[Setting]:
+    """The report's settings: each assignment of the cell tagged `parameters`, with its comment,
+    the values papermill injected (cell tagged `injected-parameters`) in their place.
+
+    A secret-named setting's value is shown as `[redacted]`.
+
+    Args:
+        nb: the (executed) notebook as JSON-like data.
+
+    Returns:
+        The settings in the parameters cell's order, injected ones it lacks after them.
+    """
+    settings: dict[str, Setting] = {}
+    for cell in nb.get("cells", []):
+        tags = (cell.get("metadata") or {}).get("tags") or []
+        if cell.get("cell_type") != "code":
+            continue
+        if "parameters" in tags:
+            for name, value, note in _assignments(_text(cell.get("source"))):
+                settings[name] = Setting(name, value, note)
+        elif "injected-parameters" in tags:
+            for name, value, _ in _assignments(_text(cell.get("source"))):
+                old = settings.get(name)
+                settings[name] = Setting(name, value, old.note if old else "", injected=True)
+    for s in settings.values():
+        if is_secret_name(s.name):
+            s.value = REDACTED
+    return list(settings.values())
+
+
+def _summary_of(nb: Mapping[str, Any]) -> ReportSummary | None:
+    """The last report summary a notebook displays (None when it displays none)."""
+    found = None
+    for index, cell in enumerate(nb.get("cells", [])):
+        for out in cell.get("outputs") or []:
+            data = (out.get("data") or {}).get(SUMMARY_MIME)
+            if data is None:
+                continue
+            try:
+                if not isinstance(data, Mapping):
+                    raise ValueError("not a JSON object")
+                found = ReportSummary.from_dict(data)
+            except ValueError as exc:
+                raise ValueError(f"cell {cell.get('id') or index + 1}: its report summary output ({SUMMARY_MIME}) "
+                                 f"is malformed: {exc}; display mnb.report_summary(...) again in that cell") from None
+    return found
+
+
+def _loss_plot_png(nb: Mapping[str, Any]) -> str | None:
+    """The base64 PNG of the last loss plot a notebook shows (a LossPlot's static output)."""
+    found = None
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs") or []:
+            data = out.get("data") or {}
+            if "image/png" in data and ("mnb-loss-plot" in _text(data.get("text/html"))
+                                        or _text(data.get("text/plain")).startswith("LossPlot:")):
+                found = _text(data["image/png"]).replace("\n", "")
+    return found
+
+
+def _header_html(nb: Mapping[str, Any]) -> str:
+    """The report's top: title, headline, cost, charts, settings, and the slot for the section links."""
+    from html import escape as _html_escape
+
+    from .theme import escape, no_math
+
+    summary = _summary_of(nb)
+    parts = [f"<h1 class='mnb-title'>{escape(notebook_title(nb))}</h1>"]
+    if summary and summary.headline:
+        parts.append(f"<p class='mnb-headline'>{escape(summary.headline)}</p>")
+    cost = summary.cost_text() if summary else None
+    if cost:
+        parts.append(f"<p class='mnb-cost'><b>Cost</b>: {escape(cost)}</p>")
+    charts = []
+    chart = accuracy_chart_png(summary.points, summary.level) if summary else None
+    if chart:
+        charts.append("<figure class='mnb-chart mnb-accuracy-chart'><img alt='accuracy with "
+                      f"{summary.level:.0%} intervals' src='data:image/png;base64,{base64.b64encode(chart).decode('ascii')}'/>"
+                      "<figcaption>Accuracy, each with its interval</figcaption></figure>")
+    loss = _loss_plot_png(nb)
+    if loss:
+        charts.append(f"<figure class='mnb-chart mnb-loss-chart'><img alt='training loss' "
+                      f"src='data:image/png;base64,{_html_escape(loss)}'/><figcaption>Training loss</figcaption></figure>")
+    if charts:
+        parts.append(f"<div class='mnb-charts'>{''.join(charts)}</div>")
+    settings = notebook_settings(nb)
+    side = []
+    if settings:
+        rows = "".join(f"<tr><th scope='row'><code>{escape(s.name)}</code></th><td><code>{escape(s.value)}</code>"
+                       + (" <span class='mnb-set'>(set for this report)</span>" if s.injected else "")
+                       + f"</td><td>{escape(s.note)}</td></tr>" for s in settings)
+        side.append("<section class='mnb-settings'><h2 class='mnb-aside-title'>Settings</h2><table>"
+                    f"<thead><tr><th>name</th><th>value</th><th>note</th></tr></thead><tbody>{rows}</tbody>"
+                    "</table></section>")
+    side.append(f"<nav class='mnb-toc' aria-label='Sections'><h2 class='mnb-aside-title'>Sections</h2>{_TOC_SLOT}</nav>")
+    parts.append(f"<div class='mnb-aside'>{''.join(side)}</div>")
+    parts.append("<p class='mnb-code-note'>Code is hidden: <button type='button' id='mnb-code-toggle' "
+                 "aria-pressed='false'>Show code</button></p>")
+    return no_math("".join(parts), "header")
+
+
+_TOC_SLOT = "<!--mnb-section-links-->"
+_HEADING = re.compile(r"<h2 id=\"([^\"]+)\">(.*?)(?:<a class=\"anchor-link\"[^>]*>.*?</a>)?</h2>", re.S)
+
+_REPORT_CSS = """
+body { background: var(--jp-layout-color0); color: var(--jp-content-font-color1); }
+main { max-width: 1100px; margin: 0 auto; padding: 8px 16px 48px; }
+main > header { margin-bottom: 24px; padding-bottom: 12px;
+  border-bottom: 1px solid var(--jp-border-color2); font-family: var(--jp-content-font-family); }
+.mnb-title { font-size: 1.9em; margin: 12px 0 8px; }
+.mnb-headline { font-size: 1.15em; line-height: 1.45; margin: 6px 0; }
+.mnb-cost { margin: 4px 0 10px; color: var(--jp-content-font-color2); }
+.mnb-charts { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; margin: 10px 0; }
+.mnb-chart { margin: 0; flex: 1 1 420px; max-width: 540px; }
+.mnb-chart figcaption { font-size: 12px; color: var(--jp-content-font-color2); margin-top: 2px; }
+/* charts and every output image on white: their ink is dark, and they read on a dark page too */
+.mnb-chart img, .jp-OutputArea-output img { max-width: 100%; background: #fff; border-radius: 4px; padding: 4px; }
+.mnb-aside { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
+.mnb-settings { flex: 2 1 520px; } .mnb-toc { flex: 1 1 220px; }
+.mnb-aside-title { font-size: 1.05em; margin: 10px 0 4px; }
+.mnb-settings table { border-collapse: collapse; font-size: 12px; }
+.mnb-settings th, .mnb-settings td { text-align: left; vertical-align: top; padding: 2px 8px 2px 0;
+  border-bottom: 1px solid var(--jp-border-color2); }
+.mnb-settings td:last-child { color: var(--jp-content-font-color2); }
+.mnb-set { color: var(--jp-content-font-color2); font-size: 11px; }
+.mnb-toc ol { margin: 0; padding-left: 20px; line-height: 1.6; }
+.mnb-toc a { color: var(--jp-content-link-color, #1d4ed8); }
+#mnb-code-toggle { font: inherit; padding: 2px 10px; cursor: pointer; color: var(--jp-ui-font-color1);
+  background: var(--jp-layout-color2); border: 1px solid var(--jp-border-color1); border-radius: 4px; }
+/* code hidden until the reader asks for it */
+body:not(.mnb-show-code) .jp-CodeCell .jp-Cell-inputWrapper { display: none; }
+body:not(.mnb-show-code) .jp-CodeCell.jp-mod-noOutputs { display: none; }
+"""
+
+_REPORT_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_css -%}
+<meta name="color-scheme" content="light dark">
+{{ resources.include_css("static/theme-dark.css") | replace('<style type="text/css">', '<style type="text/css" media="(prefers-color-scheme: dark)">') }}
+<style type="text/css">{{ resources.mnb_css }}</style>
+{%- endblock html_head_css -%}
+{%- block body_header -%}
+<body class="jp-Notebook mnb-report" data-jp-theme-light="true" data-jp-theme-name="JupyterLab Light">
+<main>
+{{ resources.mnb_header }}
+{%- endblock body_header -%}
+{% block footer_js %}
+<script>
+(function () {
+  var button = document.getElementById("mnb-code-toggle");
+  if (!button) return;
+  button.addEventListener("click", function () {
+    var shown = document.body.classList.toggle("mnb-show-code");
+    button.setAttribute("aria-pressed", shown ? "true" : "false");
+    button.textContent = shown ? "Hide code" : "Show code";
+  });
+})();
+</script>
+{% endblock footer_js %}
+"""
+
+
 def to_html(notebook_json: str) -> str:
-    """A self-contained HTML page of an executed notebook (images embedded), by nbconvert.
+    """An executed notebook as a report page (nbconvert's lab template, reshaped).
+
+    The page reads with no kernel and no network: nothing is fetched (no MathJax, require.js or
+    widget script; math stays as its TeX text), images are embedded, and code is hidden until the
+    reader clicks "Show code". At the top: the notebook's title (also the page's), the headline
+    and cost of the last `report_summary` it displays, an accuracy chart with intervals beside its
+    last loss plot, the settings (its `parameters` cell, with what the run set), and links to each
+    `##` section. It follows the reader's light or dark colour scheme; images sit on white.
 
     Args:
         notebook_json: the notebook's JSON text.
@@ -236,12 +721,30 @@ def to_html(notebook_json: str) -> str:
     Returns:
         The HTML page.
     """
+    import copy
+
+    import jinja2
     import nbformat
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(embed_images=True)
-    body, _ = exporter.from_notebook_node(nbformat.reads(notebook_json, as_version=4))
-    return body
+    nb = nbformat.reads(notebook_json, as_version=4)
+    title = notebook_title(nb)
+    header = _header_html(nb)
+    nb = copy.deepcopy(nb)
+    nb.metadata["title"] = title
+    for cell in nb.cells:  # the title is the page's heading: the notebook's own `# ` line goes
+        if cell.cell_type == "markdown":
+            text = _text(cell.source)
+            if re.match(r"\s*#\s", text):
+                cell.source = re.sub(r"^\s*#\s[^\n]*\n?", "", text, count=1)
+            break
+    nb.cells = [c for c in nb.cells if c.cell_type != "markdown" or _text(c.source).strip()]
+    exporter = HTMLExporter(template_name="lab", template_file="machine_nb_report.html.j2", embed_images=True,
+                            exclude_output_prompt=True,
+                            extra_loaders=[jinja2.DictLoader({"machine_nb_report.html.j2": _REPORT_TEMPLATE})])
+    page, _ = exporter.from_notebook_node(nb, resources={"mnb_header": header, "mnb_css": _REPORT_CSS})
+    links = "".join(f"<li><a href='#{m.group(1)}'>{m.group(2).strip()}</a></li>" for m in _HEADING.finditer(page))
+    return page.replace(_TOC_SLOT, f"<ol>{links}</ol>" if links else "<p>(no sections)</p>", 1)
 
 
 class _MemoryNotebooks:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import html
 import os
 import re
 import warnings
@@ -279,16 +278,16 @@ class EvalResult:
     def _repr_html_(self) -> str:
         import pandas as pd
 
-        from .theme import FG, FG_MUTED
+        from .theme import FG, FG_MUTED, escape, no_math
 
-        where = f" <span style='color:{FG_MUTED}'>· {html.escape(self.path)}</span>" if self.path else ""
+        where = f" <span style='color:{FG_MUTED}'>· {escape(self.path)}</span>" if self.path else ""
         more = len(self.rows) - HTML_ROWS
         tail = (f"<p style='margin:2px 0;color:{FG_MUTED}'>… {more} more row(s) in <code>.rows</code></p>"
                 if more > 0 else "")
         with pd.option_context("display.max_colwidth", 80):  # a long reply is cut in the view, not in .rows
             table = self.rows.head(HTML_ROWS).to_html(escape=True, border=0)
-        return (f"<div class='machine-nb-eval' style='color:{FG}'><p style='margin:2px 0'>"
-                f"{html.escape(self._headline())}{where}</p>{table}{tail}</div>")
+        return no_math(f"<div class='machine-nb-eval' style='color:{FG}'><p style='margin:2px 0'>"
+                       f"{escape(self._headline())}{where}</p>{table.replace('$', '&#36;')}{tail}</div>")
 
     # ------------------------------------------------------------------ DataFrame use, for one release
 

@@ -148,13 +148,13 @@ class TrainResult:
         return self.to_dict()
 
     def _repr_html_(self) -> str:
-        import html
+        from .theme import escape, no_math
 
         def f(v: float | None) -> str:
             return "–" if v is None else f"{v:.4f}"
 
         def usd(v: float | None) -> str:
-            return "unknown" if v is None else f"${v:.4f}"
+            return "unknown" if v is None else f"&#36;{v:.4f}"
 
         cost = f"{usd(self.cost_usd)} observed" + ("" if self.estimated_usd is None
                                                     else f" (estimated {usd(self.estimated_usd)})")
@@ -168,11 +168,11 @@ class TrainResult:
         if self.unconfirmed_steps:
             state += (f" · resumed: steps {', '.join(map(str, self.unconfirmed_steps))} trained again (their "
                       "rows were missing; if the saved state held them, they were trained twice)")
-        note = f"<br><small><b>note</b>: {html.escape(self.note)}</small>" if self.note else ""
-        return (f"<div class='machine-nb-train'><b>{html.escape(str(self.model))}</b> on {html.escape(str(self.engine))}: "
-                f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
-                f"{cost} · {state}{held}<br><code>{html.escape(str(self.checkpoint))}</code><br>"
-                f"<small>{html.escape(_shown_path(self.log_dir))}</small>{note}</div>")
+        note = f"<br><small><b>note</b>: {escape(self.note)}</small>" if self.note else ""
+        return no_math(f"<div class='machine-nb-train'><b>{escape(self.model)}</b> on {escape(self.engine)}: "
+                       f"{self.steps} steps · {self.tokens:,} tokens · loss {f(self.first_loss)} → {f(self.last_loss)} · "
+                       f"{cost} · {state}{held}<br><code>{escape(self.checkpoint)}</code><br>"
+                       f"<small>{escape(_shown_path(self.log_dir))}</small>{note}</div>")
 
 
 def _shown_path(path: str) -> str:

@@ -10,7 +10,6 @@ problem is a finding with its line; nothing stops at the first one. The file is 
 from __future__ import annotations
 
 import hashlib
-import html
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -175,27 +174,27 @@ class ValidationResult:
                 f"errors={s.get('errors')}, warnings={s.get('warnings')}, tokens={s.get('tokens')})")
 
     def _repr_html_(self) -> str:
-        from .theme import GREEN, RED, text_colour  # the widgets' palette (light and dark themes)
+        from .theme import GREEN, RED, escape, no_math, text_colour  # the widgets' palette (light and dark themes)
 
         s = self.summary
         colour = text_colour(GREEN if self.ok else RED)
         verdict = "ready" if self.ok else f"{s['errors']} error(s)"
         hist = " · ".join(f"{k}: {v}" for k, v in s["histogram"].items() if v)
         kind = "exact" if s.get("exact") else "estimated"
-        head = (f"<div class='machine-nb-validate'><b style='color:{colour}'>{html.escape(verdict)}</b> "
-                f"<code>{html.escape(str(self.path or 'in-memory rows'))}</code> ({s['kind']}, {html.escape(str(self.model))}): "
+        head = (f"<div class='machine-nb-validate'><b style='color:{colour}'>{escape(verdict)}</b> "
+                f"<code>{escape(str(self.path or 'in-memory rows'))}</code> ({s['kind']}, {escape(str(self.model))}): "
                 f"{s['rows']} rows · {s['tokens']:,} tokens ({kind})"
                 + (f" · {s['trained_tokens']:,} trained" if s["kind"] == "train" else "")
-                + f" · {s['warnings']} warning(s)<br><small>tokens per row: {html.escape(hist) or '—'}</small>")
+                + f" · {s['warnings']} warning(s)<br><small>tokens per row: {escape(hist) or '—'}</small>")
         if len(self.findings):
             rows = "".join(
-                f"<tr><td>{'' if _isna(r.line) else int(r.line)}</td><td>{html.escape(r.severity)}</td>"
-                f"<td>{html.escape(r.code)}</td><td style='text-align:left'>{html.escape(r.message)}</td></tr>"
+                f"<tr><td>{'' if _isna(r.line) else int(r.line)}</td><td>{escape(r.severity)}</td>"
+                f"<td>{escape(r.code)}</td><td style='text-align:left'>{escape(r.message)}</td></tr>"
                 for r in self.findings.head(50).itertuples())
             more = f"<br><small>… {len(self.findings) - 50} more in .findings</small>" if len(self.findings) > 50 else ""
             head += ("<table><thead><tr><th>line</th><th>severity</th><th>code</th><th>message</th></tr></thead>"
                      f"<tbody>{rows}</tbody></table>{more}")
-        return head + "</div>"
+        return no_math(head + "</div>")
 
 
 def _isna(v: Any) -> bool:

@@ -51,8 +51,13 @@ def test_report_has_no_widget_state_and_shows_static_tables(report):
     picker = next(o for c in nb["cells"] if c.get("id") == "picker" for o in c["outputs"] if "data" in o)
     static = "".join(picker["data"]["text/html"])
     assert "<table" in static and "3 selected" in static
-    assert html.count("<table") >= 4, "expected the runs, per-machine, picked and tag tables"
-    assert html.count("data:image/png;base64") >= 3, "expected the three plots embedded in the HTML"
+    top, body = html[:html.index("</header>")], html[html.index("</header>"):]  # the report's top, the notebook
+    assert body.count("<table") >= 4, "expected the runs, per-machine, picked and tag tables"
+    assert body.count("data:image/png;base64") >= 3, "expected the three plots embedded in the HTML"
+    # a notebook without a headline still reads as a report: its title, settings, section links, hidden code
+    assert "<title>Explore runs: from a Machine workspace to training JSONL</title>" in html
+    assert '<code>export_path</code></th><td><code>"' in top and "(set for this report)" in top
+    assert top.count("<li><a href=") >= 5 and 'id="mnb-code-toggle"' in top
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Reports: a notebook executed with parameters becomes HTML + executed .ipynb, with no secret."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,10 @@ def test_report_injects_parameters_and_writes_html_and_ipynb(tmp_path):
     assert "steps=7 label=seven" in stdout
     html = out.read_text()
     assert "steps=7 label=seven" in html and "Demo report" in html
+    # no report_summary: still a report's top (title, settings, section links, hidden code), no headline
+    assert "<title>Demo report</title>" in html and 'class="mnb-headline"' not in html
+    assert re.search(r'<code>steps</code></th><td><code>7</code> <span class="mnb-set">\(set for this report\)', html)
+    assert 'id="mnb-code-toggle"' in html and 'class="mnb-toc"' in html
 
 
 def test_report_redacts_secret_env_values_everywhere(tmp_path, monkeypatch):
@@ -214,3 +219,104 @@ def test_the_progress_flag_is_called_progress(tmp_path):
     with pytest.warns(DeprecationWarning, match=r"run_report\(progress="):
         with pytest.raises(FileNotFoundError):
             run_report(tmp_path / "missing.ipynb", progress_bar=False)
+
+
+SUMMARY_CELL = """import pandas as pd
+import machine_nb as mnb
+from machine_nb.results import EvalResult
+
+def results(name, correct):
+    n = len(correct)
+    rows = pd.DataFrame({"row": range(n), "prompt": ["q"] * n, "expected": ["a"] * n, "output": ["a"] * n,
+                         "correct": correct})
+    return EvalResult(rows=rows, summary={"name": name})
+
+comparison = mnb.compare(results("base", [False] * 12), results("tuned", [True] * 12))
+mnb.report_summary(comparison, baseline="the base model", checkpoint="the checkpoint", cost_usd=0.0,
+                   estimated_usd=0.5, cost_note="training")"""
+
+
+def _header(page: str) -> str:
+    return page[page.index("<main>"):page.index("</header>")]
+
+
+def test_report_page_opens_with_title_headline_cost_charts_settings_and_links_and_hides_code(tmp_path):
+    """What a colleague reads first: the notebook's title (the page's too), the result in one sentence with
+    its interval and n, the cost, an accuracy chart, the settings with what the run set, links to every
+    section; the code one click away; nothing fetched from the network."""
+    token = "tok-0123456789abcdefSECRET"
+    nb = _notebook(tmp_path / "demo.ipynb", [
+        ("markdown", "# Demo *report*: a title\n\nWhat this notebook is for.", []),
+        ("code", "steps = 1  # optimizer steps\nlabel = 'default'  # a name\napi_token = None  # the service's key",
+         ["parameters"]),
+        ("markdown", "## 1. Results", []),
+        ("code", SUMMARY_CELL, []),
+        ("markdown", "## Limitations, in plain words\n\n- Twelve rows.", []),
+    ])
+    page = run_report(nb, {"steps": 7, "api_token": token}, tmp_path / "out" / "demo.html", progress=False).html
+    page = page.read_text()
+    top = _header(page)
+    assert "<title>Demo report: a title</title>" in page
+    assert '<h1 class="mnb-title">Demo report: a title</h1>' in top
+    headline = re.search(r'<p class="mnb-headline">(.*?)</p>', top).group(1)
+    assert ("The checkpoint scores 100.0% (95% CI" in headline and "against the base model's 0.0%" in headline
+            and "on n = 12 held-out rows" in headline and "McNemar, p = " in headline), headline
+    assert "<b>Cost</b>: $0.0000 observed (estimated $0.5000; training)" in top  # the page runs no math typesetter
+    assert re.search(r'class="mnb-chart mnb-accuracy-chart"><img alt="accuracy with 95% intervals" '
+                     r'src="data:image/png;base64,[A-Za-z0-9+/=]{200,}"', top)
+    assert re.search(r'<code>steps</code></th><td><code>7</code> <span class="mnb-set">\(set for this report\)'
+                     r"</span></td><td>optimizer steps</td>", top)
+    assert "<code>api_token</code></th><td><code>[redacted]</code>" in top and token not in page
+    links = re.findall(r"<li><a href='#([^']+)'>([^<]+)</a></li>", top)
+    assert [text for _, text in links] == ["1. Results", "Limitations, in plain words"], links
+    for anchor, _ in links:
+        assert f'<h2 id="{anchor}">' in page, anchor
+    # the code is in the page (one click shows it), hidden until then
+    # (the parameters, the values the run injected, the summary's cell)
+    assert page.count('<div class="cm-editor cm-s-jupyter">') == 3, "the code cells' sources are not in the page"
+    assert "body:not(.mnb-show-code) .jp-CodeCell .jp-Cell-inputWrapper { display: none; }" in page
+    assert '<button aria-pressed="false" id="mnb-code-toggle" type="button">Show code</button>' in top
+    # nothing fetched: no script or stylesheet from anywhere, no MathJax, require.js or widget manager
+    assert not re.search(r"<script[^>]*\ssrc=|<link[^>]*\shref=[\"']?https?:", page)
+    for fetched in ("cdnjs", "unpkg", "jsdelivr", "require.js", "MathJax.Hub", "html-manager"):
+        assert fetched not in page, fetched
+
+
+def test_report_summary_reads_compare_many_and_a_sweep_summary():
+    import pandas as pd
+
+    import machine_nb as mnb
+    from machine_nb.report import SUMMARY_MIME
+    from machine_nb.results import EvalResult
+
+    def results(name, correct):
+        n = len(correct)
+        rows = pd.DataFrame({"row": range(n), "prompt": ["q"] * n, "expected": ["a"] * n, "output": ["a"] * n,
+                             "correct": correct})
+        return EvalResult(rows=rows, summary={"name": name})
+
+    base = results("base", [False] * 10)
+    many = mnb.compare_many(base, {"a": results("a", [True] * 5 + [False] * 5), "b": results("b", [True] * 9 + [False])})
+    sweep = pd.DataFrame([{"learning_rate": 0.003, "epochs": 10, "seeds": 3, "metric": "heldout_accuracy",
+                           "mean": 0.9, "ci_low": 0.7, "ci_high": 0.97, "effective_n": 24.0}])
+    summary = mnb.report_summary(many, sweep=sweep, cost_usd=None)
+    labels = [p["label"] for p in summary.points]
+    assert labels == ["base", "a", "b", "learning_rate=0.003, epochs=10 (3 seeds)"], labels
+    assert [p["group"] for p in summary.points] == ["compared"] * 3 + ["sweep"]
+    assert summary.headline.startswith("B (best of 2) scores 90.0%")
+    assert summary.cost_text() is None
+    bundle = summary._repr_mimebundle_()
+    assert bundle[SUMMARY_MIME] == summary.to_dict() and json.loads(json.dumps(bundle[SUMMARY_MIME]))
+    assert "$" not in bundle["text/html"] and "data:image/png;base64," in bundle["text/html"]
+
+
+def test_a_malformed_report_summary_output_is_named_with_its_cell_and_what_to_do():
+    from machine_nb.report import SUMMARY_MIME, to_html
+
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": "result", "metadata": {}, "execution_count": 1, "source": "", "outputs": [
+            {"output_type": "display_data", "metadata": {},
+             "data": {SUMMARY_MIME: {"headline": "h", "points": [{"label": "a", "accuracy": "high"}]},
+                      "text/plain": "ReportSummary"}}]}]}
+    with pytest.raises(ValueError, match=r"cell result: .*points\[0\]\.accuracy: not a number.*report_summary"):
+        to_html(json.dumps(nb))

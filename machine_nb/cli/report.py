@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Execute NOTEBOOK top to bottom in a fresh kernel (papermill), with parameters injected "
             "after its cell tagged 'parameters', and write OUT.html plus the executed OUT.ipynb beside it. "
+            "The page opens with the notebook's title, the headline, cost and accuracy chart of the last "
+            "mnb.report_summary(...) it displays, its loss curve, the settings and links to each section; code is "
+            "hidden behind a 'Show code' button, and the page fetches nothing (it reads offline). "
             "Reads: the notebook and whatever it reads. Writes: the two report files only, redacted (values of "
             "secret-named environment variables and parameters such as TINKER_API_KEY or DB_PASS, URL passwords, "
             "key-shaped strings), with this machine's folders written relative to the notebook (or as ~/… under "
