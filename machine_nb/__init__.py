@@ -89,6 +89,9 @@ _API: dict[str, str] = {
     "Progress": "progress",  # the class; `machine_nb.progress` is the module
     # reports
     "run_report": "report",
+    # a notebook that cannot go on: its stated reason, and the cells below skipped
+    "stop_notebook": "stop",
+    "NotebookStopped": "stop",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines",
     "close_clients": "engines",

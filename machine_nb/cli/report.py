@@ -64,4 +64,6 @@ def _run(args: argparse.Namespace) -> int:
     print(f"report: {report.html}")
     print(f"executed notebook: {report.executed}")
     print(f"wall: {report.wall_s:.1f} s")
+    if report.stopped:
+        print(f"the notebook stopped early: {report.stopped}")
     return 0
