@@ -58,8 +58,10 @@ _API: dict[str, str] = {
     "estimate_cost": "pricing",
     "estimate_eval_cost": "pricing",
     "check_budget": "pricing",
+    "UnknownPrice": "pricing",
     "set_price": "pricing",
     "ValidationResult": "validate",
+    "model_context": "validate",
     # training
     "sft": "train",
     "smoke": "train",
@@ -94,6 +96,7 @@ _API: dict[str, str] = {
     "NotebookStopped": "stop",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines",
+    "engine_for": "engines",
     "close_clients": "engines",
     # the checks sft runs first, and what they raise
     "preflight": "validate",
@@ -101,6 +104,10 @@ _API: dict[str, str] = {
     # a machine's cases, held-out eval and promotion gate
     "load_cases": "cases",
     "evaluate_cases": "cases",
+    "read_versions": "cases",
+    "live_version": "cases",
+    "case_key": "export",
+    "held_out_keys": "export",
     "tagged_lines": "export",
     "TaggedLines": "export",
     "HeldOutExcluded": "export",
