@@ -55,3 +55,42 @@ def test_outside_a_kernel_it_raises_with_the_reason():
     with pytest.raises(mnb.NotebookStopped) as stopped:
         mnb.stop_notebook("no pairs for DPO")
     assert stopped.value.reason == "no pairs for DPO"
+
+
+def test_in_jupyterlab_the_stopping_cell_edited_and_run_again_lifts_the_stop():
+    """JupyterLab names each cell in its execute request (`cellId`): a cell below the stop runs
+    nothing, the stopping cell runs again even after an edit, and a front end's silent calls
+    (a variable explorer) are never skipped."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        def run(code, cell_id=None, silent=False):
+            msg = kc.session.msg("execute_request", {"code": code, "silent": silent, "store_history": not silent,
+                                                     "user_expressions": {}, "allow_stdin": False,
+                                                     "stop_on_error": True},
+                                 metadata={"cellId": cell_id} if cell_id else {})
+            kc.shell_channel.send(msg)
+            outputs = []
+            while True:
+                m = kc.get_iopub_msg(timeout=60)
+                if m["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                    continue
+                if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                    break
+                if m["msg_type"] in ("stream", "display_data", "execute_result", "error"):
+                    outputs.append(m)
+            reply = kc.get_shell_msg(timeout=60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return outputs
+
+        run("import machine_nb as mnb\nx = 1", "setup")
+        stopped = run("if x:\n    mnb.stop_notebook('no pairs for DPO')", "check")
+        assert stopped[0]["content"]["metadata"][STOPPED_KEY] == "no pairs for DPO"
+        assert run("print('below')", "below") == []
+        assert run("print('silent')", silent=True) != [], "a silent request was skipped"
+        assert run("x = 0\nprint('edited')", "check")[0]["content"]["text"] == "edited\n"
+        assert run("print('below')", "below")[0]["content"]["text"] == "below\n", "the stop was not lifted"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
