@@ -50,6 +50,10 @@ def stop_html(reason: str) -> str:
 class _Stop:
     """The kernel's stop: which cell stopped, and the transformer that skips the others."""
 
+    # IPython's completeness check (a console's "is this input complete?") skips transformers that
+    # say so: asking must never lift the stop.
+    has_side_effects = True
+
     def __init__(self, shell: Any):
         self.shell = shell
         self.source: str | None = None
