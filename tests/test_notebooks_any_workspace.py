@@ -124,3 +124,11 @@ def test_preference_stops_when_there_is_nothing_to_pair(helpdesk, tmp_path):
     assert rep.stopped in last_output_text(nb)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl")), "something trained"
     assert digest(ws) == before
+
+
+def test_report_parameters_read_python_literals_as_papermill_does():
+    """`machine-nb report … -p expect_live_at_most None` (the way a user turns the sample's assertions off)."""
+    from machine_nb.cli.report import _value
+
+    assert _value("None") is None and _value("True") is True and _value("False") is False
+    assert _value("null") is None and _value("0.6") == 0.6 and _value("helpdesk") == "helpdesk"
