@@ -58,8 +58,10 @@ _API: dict[str, str] = {
     "estimate_cost": "pricing",
     "estimate_eval_cost": "pricing",
     "check_budget": "pricing",
+    "UnknownPrice": "pricing",
     "set_price": "pricing",
     "ValidationResult": "validate",
+    "model_context": "validate",
     # training
     "sft": "train",
     "smoke": "train",
@@ -91,8 +93,12 @@ _API: dict[str, str] = {
     "run_report": "report",
     "report_summary": "report",
     "ReportSummary": "report",
+    # a notebook that cannot go on: its stated reason, and the cells below skipped
+    "stop_notebook": "stop",
+    "NotebookStopped": "stop",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines",
+    "engine_for": "engines",
     "close_clients": "engines",
     # the checks sft runs first, and what they raise
     "preflight": "validate",
@@ -100,6 +106,10 @@ _API: dict[str, str] = {
     # a machine's cases, held-out eval and promotion gate
     "load_cases": "cases",
     "evaluate_cases": "cases",
+    "read_versions": "cases",
+    "live_version": "cases",
+    "case_key": "export",
+    "held_out_keys": "export",
     "tagged_lines": "export",
     "TaggedLines": "export",
     "HeldOutExcluded": "export",

@@ -54,7 +54,8 @@ class Report:
     """Where a report went and how long it took.
 
     notebook: the notebook run. html: the HTML report written. executed: the executed notebook
-    written beside it. wall_s: seconds the run took. redactions: secrets replaced.
+    written beside it. wall_s: seconds the run took. redactions: secrets replaced. stopped: the
+    reason the notebook gave when it stopped early (`stop_notebook`), else None: it ran to its end.
     """
 
     notebook: Path
@@ -62,6 +63,7 @@ class Report:
     executed: Path
     wall_s: float
     redactions: int
+    stopped: str | None = None
 
     @property
     def path(self) -> Path:
@@ -72,10 +74,10 @@ class Report:
         """The report as plain data.
 
         Returns:
-            {notebook, html, executed (paths as strings), wall_s, redactions}.
+            {notebook, html, executed (paths as strings), wall_s, redactions, stopped}.
         """
         return {"notebook": str(self.notebook), "html": str(self.html), "executed": str(self.executed),
-                "wall_s": self.wall_s, "redactions": self.redactions}
+                "wall_s": self.wall_s, "redactions": self.redactions, "stopped": self.stopped}
 
     def _repr_html_(self) -> str:
         from .theme import escape, no_math
@@ -882,4 +884,9 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         if safe is not None:
             raise safe from None
         raise error
-    return Report(notebook=notebook, html=html_path, executed=executed, wall_s=wall, redactions=n1 + n2)
+    from .stop import STOPPED_KEY
+
+    stopped = next((out["metadata"][STOPPED_KEY] for cell in nb.get("cells", []) for out in cell.get("outputs") or []
+                    if STOPPED_KEY in (out.get("metadata") or {})), None)
+    return Report(notebook=notebook, html=html_path, executed=executed, wall_s=wall, redactions=n1 + n2,
+                  stopped=stopped)

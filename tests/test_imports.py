@@ -26,7 +26,7 @@ for _names, _layer in [
     ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample loop", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats sampling results runlog", 3),  # checks and numbers
     ("select export frames", 2),  # Machine's data as frames and lines
-    ("store progress patterns redact scoring chat theme", 1),  # files on disk, and pure helpers under everything
+    ("store progress patterns redact scoring chat theme stop", 1),  # files on disk, and pure helpers under everything
     ("engines errors jsonl compat", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing, renamed keywords
 ]:
     for _name in _names.split():

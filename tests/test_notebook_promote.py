@@ -55,3 +55,20 @@ def test_the_training_cell_draws_the_loss_with_each_step_and_saves_only_the_fina
     assert len(plots) == 1 and "".join(plots[0]["data"]["text/plain"]).startswith("LossPlot: sft: ")
     assert " steps, last loss " in "".join(plots[0]["data"]["text/plain"])
     assert "no metrics yet" not in json.dumps(nb), "a stale text/plain of the loss plot was saved"
+
+
+def test_the_commit_flow_shows_the_candidate_once_and_reads_the_commit_from_versions_json():
+    """The report and its case table are shown once (by the CandidateView), and the commit cell says
+    what versions.json holds, so a Commit clicked in the view is never contradicted below it."""
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    views = [o for c in code for o in c.get("outputs", [])
+             if "".join(o.get("data", {}).get("text/plain", "")).startswith("CandidateView:")]
+    assert len(views) == 1, "the candidate's report is shown more than once"
+    tables = sum(outputs_text(c).count("held-out case(s) flipped") for c in code)
+    assert tables == 1, "the flipped-cases table is shown more than once"
+    cell = next(c for c in code if "candidate_view.commit()" in "".join(c["source"]))
+    source = "".join(cell["source"])
+    assert "mnb.read_versions(" in source and "if entry is None and cand.passed" in source
+    assert outputs_text(cell).strip().startswith("Committed as v2: tutor now runs tinker://")
+    assert "Not committed" not in outputs_text(cell)

@@ -6,10 +6,16 @@ import argparse
 import sys
 
 
+_PYTHON_LITERALS = {"None": None, "True": True, "False": False}
+
+
 def _value(text: str):
-    """A parameter value: JSON when it parses (numbers, true/false, null, lists), else the string."""
+    """A parameter value: JSON when it parses (numbers, true/false, null, lists), Python's None, True
+    and False (as papermill's own `-p` reads them: `-p expect_live_at_most None`), else the string."""
     from ..jsonl import parse_json
 
+    if text in _PYTHON_LITERALS:
+        return _PYTHON_LITERALS[text]
     try:
         return parse_json(text)
     except ValueError:  # MachineFormatError too: not JSON, or nested too deep to be meant as JSON
@@ -67,4 +73,6 @@ def _run(args: argparse.Namespace) -> int:
     print(f"report: {report.html}")
     print(f"executed notebook: {report.executed}")
     print(f"wall: {report.wall_s:.1f} s")
+    if report.stopped:
+        print(f"the notebook stopped early: {report.stopped}")
     return 0
