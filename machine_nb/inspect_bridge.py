@@ -17,35 +17,19 @@ counting would fetch a tiktoken encoding), and logs are written to local files.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import html
 import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .inspect_logs import require_inspect
+from .inspect_logs import NETWORK_HOOKS, offline_inspect, require_inspect  # noqa: F401 (public here too)
 from .results import RESULTS_DIR, EvalResult, from_inspect_log
 
-# Inspect's opt-in hooks that import user code which may reach a server (telemetry, key lookups).
-NETWORK_HOOKS = ("INSPECT_TELEMETRY", "INSPECT_API_KEY_OVERRIDE", "INSPECT_REQUIRED_HOOKS")
-
-
-@contextlib.contextmanager
-def offline_inspect() -> Iterator[None]:
-    """Inspect's network hooks switched off for the duration (their variables restored after).
-
-    Yields:
-        Nothing.
-    """
-    saved = {k: os.environ.pop(k) for k in NETWORK_HOOKS if k in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
+if TYPE_CHECKING:
+    import pandas as pd
 
 # --------------------------------------------------------------------------- evaluate()'s rows as a task
 
@@ -204,8 +188,9 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
         log_dir: where Inspect writes its logs (default None: `eval_results/`).
         sampling_client: a sampler to use instead of the engine's (default None).
         service_client: the ServiceClient that opens the sampler (default None: the engine's).
-        progress: Inspect's progress display. Default None or False: none (display="none");
-            True: its plain text display. A `display=` in inspect_options wins.
+        progress: Inspect's progress display. Default None or False: none (display="log", at
+            Inspect's default log level only warnings and errors show); True: its plain text
+            display. A `display=` in inspect_options wins.
         **inspect_options: any other inspect_ai.eval argument (limit, epochs, sample_id,
             task_args, solver, metadata, ...).
 
@@ -242,8 +227,12 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
     run = {"model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
            "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature), "seed": seed,
                           "concurrency": int(concurrency)}}
-    options = {"display": "plain" if progress else "none", "log_dir": os.fspath(log_dir or RESULTS_DIR),
-               "retry_on_error": 0, "fail_on_error": False, **inspect_options}
+    # the SDK retries requests itself; logs are written once, at the end (as the cookbook's evaluator runs Inspect)
+    # "log": Inspect's progress goes to logging (quiet at its default level), where "none" still draws
+    # a rich live view, which in a notebook leaves an empty output widget behind
+    options = {"display": "plain" if progress else "log", "log_dir": os.fspath(log_dir or RESULTS_DIR),
+               "retry_on_error": 0, "fail_on_error": False, "log_realtime": False, "score_display": False,
+               **inspect_options}
     options["metadata"] = {**(options.get("metadata") or {}), "machine_nb_run": run}
 
     def go() -> list:
@@ -256,5 +245,34 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
     return InspectRun(logs=logs, results=[from_inspect_log(log) for log in logs])
 
 
-__all__ = ["inspect_eval", "InspectRun", "eval_task", "rows_scorer", "offline_inspect",
+# --------------------------------------------------------------------------- Inspect scores while training
+
+def inspect_curve(log_dir: str | os.PathLike) -> pd.DataFrame:
+    """The Inspect task scores a run logged while training (`sft(inspect_tasks=…)`), one row per
+    step, task and metric.
+
+    Args:
+        log_dir: the run's log dir (reads metrics.jsonl; a partial last line is skipped).
+
+    Returns:
+        A DataFrame with step (the weights after that many steps; 0 = the base model, the last
+        the final checkpoint), task (Inspect's dataset name), metric (accuracy, stderr, ...) and
+        value; empty when the run ran no Inspect tasks. The per-sample logs are in
+        `<log dir>/inspect/` (load_results reads each).
+    """
+    import pandas as pd
+
+    from .runlog import HELDOUT_PREFIX, METRICS_FILE, read_log_lines
+
+    prefix = f"{HELDOUT_PREFIX}inspect/"
+    out = []
+    for row in read_log_lines(Path(log_dir) / METRICS_FILE):
+        for key, value in row.items():
+            if key.startswith(prefix) and isinstance(value, (int, float)):
+                task, _, metric = key[len(prefix):].rpartition("/")
+                out.append({"step": row.get("step"), "task": task, "metric": metric, "value": float(value)})
+    return pd.DataFrame(out, columns=["step", "task", "metric", "value"])
+
+
+__all__ = ["inspect_curve", "inspect_eval", "InspectRun", "eval_task", "rows_scorer", "offline_inspect",
            "NETWORK_HOOKS"]

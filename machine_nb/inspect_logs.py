@@ -17,11 +17,12 @@ on the first call, and its absence is an ImportError that says how to install it
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,24 @@ epoch (1-based), score (the score's value as a number, Inspect's value_to_float)
 
 _STOP_TO_INSPECT = {"stop": "stop", "length": "max_tokens"}
 _STOP_FROM_INSPECT = {"stop": "stop", "max_tokens": "length", "model_length": "length"}
+
+
+# Inspect's opt-in hooks that import user code which may reach a server (telemetry, key lookups).
+NETWORK_HOOKS = ("INSPECT_TELEMETRY", "INSPECT_API_KEY_OVERRIDE", "INSPECT_REQUIRED_HOOKS")
+
+
+@contextlib.contextmanager
+def offline_inspect() -> Iterator[None]:
+    """Inspect's network hooks switched off for the duration (their variables restored after).
+
+    Yields:
+        Nothing.
+    """
+    saved = {k: os.environ.pop(k) for k in NETWORK_HOOKS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def require_inspect(what: str) -> Any:
@@ -398,5 +417,5 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
     return records, summary
 
 
-__all__ = ["INSTALL_HINT", "SCORE_NAME", "PROBE_SCORE", "PROVIDER", "SAMPLE_COLUMNS", "require_inspect",
+__all__ = ["NETWORK_HOOKS", "offline_inspect", "INSTALL_HINT", "SCORE_NAME", "PROBE_SCORE", "PROVIDER", "SAMPLE_COLUMNS", "require_inspect",
            "is_inspect_log", "build_log", "write_log", "read_log"]

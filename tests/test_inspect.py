@@ -275,3 +275,44 @@ def test_without_inspect_ai_each_function_says_how_to_install_it(runs, monkeypat
     with pytest.raises(ImportError, match=hint):
         eval_task(runs["corpus"].eval)
     assert not (tmp_path / "x.eval").exists()
+
+
+# --------------------------------------------------------------------------- Inspect tasks while training
+
+TASK_FILE = '''
+from inspect_ai import Task, task
+from inspect_ai.dataset import MemoryDataset, Sample
+from inspect_ai.scorer import match
+from inspect_ai.solver import generate
+
+ROWS = {rows!r}
+
+
+@task
+def held_out_sums():
+    return Task(dataset=MemoryDataset([Sample(id=i + 1, input=q, target=a) for i, (q, a) in enumerate(ROWS)],
+                                      name="held_out_sums"),
+                solver=generate(), scorer=match(location="exact"), name="held_out_sums")
+'''
+
+
+def test_sft_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(runs, tmp_path, guard):
+    rows = mnb.read_jsonl(runs["corpus"].eval)[:4]
+    task_file = tmp_path / "sums_task.py"
+    task_file.write_text(TASK_FILE.format(rows=[(r["messages"][-1]["content"], r["expected"]) for r in rows]))
+    result = mnb.sft(runs["corpus"].train, max_steps=2, batch_size=8, eval_every=1, eval_data=rows[:2],
+                     inspect_tasks=[f"{task_file}@held_out_sums"], log_dir=tmp_path / "run", progress=False)
+    from machine_nb.inspect_bridge import inspect_curve
+
+    curve = inspect_curve(result.log_dir)
+    acc = curve[curve["metric"] == "accuracy"]
+    assert acc["step"].tolist() == [0, 1, 2] and set(acc["task"]) == {"held_out_sums"}  # steps 0, 1 and the final
+    assert mnb.heldout_curve(result.log_dir)["step"].tolist() == [0, 1, 2]  # the same steps as the held-out rows
+    logs = sorted((tmp_path / "run" / "inspect").glob("*.eval"))
+    assert len(logs) == 3
+    first = mnb.load_results(logs[0])
+    assert len(first.rows) == 4 and first.accuracy == acc["value"].iloc[0]
+    assert first.summary["inspect"]["model"] == "tinker-sampling/local/arith-tiny"
+    with pytest.raises(TypeError, match="registry name"):
+        mnb.sft(runs["corpus"].train, max_steps=1, inspect_tasks=[eval_task(rows)], log_dir=tmp_path / "no")
+    assert not (tmp_path / "no").exists()
