@@ -1,14 +1,16 @@
 """Benchmark: an Inspect AI task on the local engine against evaluate() on the same 24 rows.
 
 The rows are notebook 01's held-out rows (make_corpus, seed 0); the models are the shipped base
-model and a short SFT checkpoint of it, both served by the local engine. The Inspect task is
+model (its replies scored by exact match, and by the last number in them against the bare answer,
+which gives a mixed score) and notebook 01's 60-step SFT checkpoint of it, all served by the local
+engine. The Inspect task is
 `eval_task(rows)` (evaluate()'s scoring as an Inspect scorer), run through tinker-cookbook's
 Tinker-backed Inspect model API by `inspect_eval`, greedy, seed 0, as evaluate() runs.
 
-Targets: on both models the Inspect run's replies, scores and accuracy equal evaluate()'s; on the
+Targets: on every model the Inspect run's replies, scores and accuracy equal evaluate()'s; on the
 base model its wall time is at most 2x evaluate()'s (the median of a few alternating runs of each,
 measured in one process after one warm-up of each path, so both see the same warm server). The
-checkpoint's ratio is printed too: its replies are a few tokens, so sampling is quick and Inspect's
+checkpoints' ratios are printed too: their replies are a few tokens, so sampling is quick and Inspect's
 fixed cost per run (task set-up, sample events, the log written) is a larger share.
 Run: .venv/bin/python benchmarks/bench_inspect.py
 """
@@ -36,10 +38,16 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-inspect-"))
     corpus = mnb.make_corpus(tmp / "corpus", seed=0)
     tuned = mnb.sft(corpus.train, epochs=10, max_steps=60, log_dir=tmp / "sft", progress=False)  # notebook 01's run
-    task = eval_task(corpus.eval)
+    # the same rows scored on the last number of the reply: the base model's "47 + 15 = 62." is then
+    # often right, so the two paths must agree on a mixed score, not only on all-wrong or all-right
+    by_number = [{**row, "match": "number", "expected": row["expected"].split(": ")[-1]}
+                 for row in mnb.read_jsonl(corpus.eval)]
     ok = True
-    for label, checkpoint in (("base model", None), ("checkpoint", tuned.checkpoint)):
-        ev = mnb.evaluate(corpus.eval, checkpoint=checkpoint, save=False, progress=False)  # warm-up, and the reference
+    for label, checkpoint, rows in (("base model, exact match", None, corpus.eval),
+                                    ("base model, number match", None, by_number),
+                                    ("checkpoint (60 steps), exact match", tuned.checkpoint, corpus.eval)):
+        task = eval_task(rows, name="held_out")
+        ev = mnb.evaluate(rows, checkpoint=checkpoint, save=False, progress=False)  # warm-up, and the reference
         run = inspect_eval(task, checkpoint=checkpoint, log_dir=tmp / "logs")
         res = run[0]
         same_replies = res.rows["output"].tolist() == ev.rows["output"].tolist()
@@ -47,7 +55,7 @@ def main() -> int:
         t_eval, t_inspect = [], []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
-            mnb.evaluate(corpus.eval, checkpoint=checkpoint, save=False, progress=False)
+            mnb.evaluate(rows, checkpoint=checkpoint, save=False, progress=False)
             t_eval.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             inspect_eval(task, checkpoint=checkpoint, log_dir=tmp / "logs")
@@ -64,7 +72,7 @@ def main() -> int:
               + ("(target <= 2x)  " + ("PASS" if ratio <= 2.0 else "FAIL") if gated else
                  "(information: replies of a few tokens, so Inspect's fixed cost per run weighs more)"))
     cmp = mnb.compare(mnb.evaluate(corpus.eval, save=False, progress=False),
-                      inspect_eval(task, checkpoint=tuned.checkpoint, log_dir=tmp / "logs"))
+                      inspect_eval(eval_task(corpus.eval), checkpoint=tuned.checkpoint, log_dir=tmp / "logs"))
     print(f"compare(evaluate base, Inspect checkpoint): n={cmp.n}, delta {cmp.delta:+.3f}, "
           f"W/T/L {cmp.wins}/{cmp.ties}/{cmp.losses}")
     print("PASS" if ok else "FAIL")
