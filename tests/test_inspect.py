@@ -160,6 +160,19 @@ def test_our_log_reads_back_in_inspect_with_every_field(runs):
     cols = ["row", "prompt", "expected", "match", "output", "correct", "format_ok", "prompt_tokens", "output_tokens"]
     assert back.rows[cols].to_dict("records") == base.rows[cols].to_dict("records")
     assert back.summary["checkpoint"] is None and back.summary["data"] == base.summary["data"]
+    # Inspect's JSON log format reads back the same
+    as_json = mnb.load_results(base.write_inspect_log(runs["root"] / "baseline-log.json"))
+    assert as_json.rows[cols].to_dict("records") == base.rows[cols].to_dict("records")
+
+
+def test_a_file_that_is_not_an_inspect_log_is_a_clear_error(tmp_path):
+    bad = tmp_path / "broken.eval"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(mnb.MachineFormatError, match=r"broken\.eval.*not an Inspect eval log"):
+        mnb.load_results(bad)
+    with pytest.raises(mnb.MachineFormatError, match="file not found"):
+        mnb.load_results(tmp_path / "missing.eval")
+    assert bad.read_bytes() == b"not a zip"  # left as it was
 
 
 def test_cases_and_probe_results_write_inspect_logs(runs, tmp_path):
@@ -274,7 +287,9 @@ def test_without_inspect_ai_each_function_says_how_to_install_it(runs, monkeypat
         mnb.load_results(runs["run"].paths[0])
     with pytest.raises(ImportError, match=hint):
         eval_task(runs["corpus"].eval)
-    assert not (tmp_path / "x.eval").exists()
+    with pytest.raises(ImportError, match=hint):
+        mnb.sft(runs["corpus"].train, max_steps=1, inspect_tasks=["tasks.py@x"], log_dir=tmp_path / "run")
+    assert not (tmp_path / "x.eval").exists() and not (tmp_path / "run").exists()
 
 
 # --------------------------------------------------------------------------- Inspect tasks while training
