@@ -312,7 +312,8 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
 
     Returns:
         (records with RESULT_COLUMNS + SAMPLE_COLUMNS, plus "messages", and for our logs their
-        "case", "trial", "format", "line" where they had them; summary with name, model,
+        "case", "trial", "format", "line" where they had them (a probe's log: PROBE_COLUMNS +
+        SAMPLE_COLUMNS + "messages", and no accuracy); summary with name, model,
         checkpoint, engine, renderer, parameters, data, n, correct, accuracy, format_rate,
         errors, prompt_tokens, output_tokens, started_at, finished_at, and "inspect": the
         task, eval and run ids, status, scorer and its metrics).
@@ -370,7 +371,8 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
             "row": i, "prompt": prompt_text(messages), "expected": _target_text(s.target),
             "match": meta.get("match") if ours is not None else _mode(score, meta),
             "output": output, "correct": number is not None and number >= 1.0,
-            "format_ok": meta.get("format_ok") if ours is not None else None,
+            "format_ok": meta.get("format_ok") if ours is not None else
+            ((score.metadata or {}).get("format_ok") if score is not None else None),  # rows_scorer's
             "prompt_tokens": sum(int(u.input_tokens or 0) for u in usage),
             "output_tokens": sum(int(u.output_tokens or 0) for u in usage),
             "latency_s": meta.get("latency_s") if ours is not None else s.total_time,
@@ -379,15 +381,18 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
             "sample_id": s.id, "epoch": s.epoch, "score": number, "scorer": name, "messages": messages,
         }
         if ours is not None:
-            for k in ("case", "trial", "input", "format", "line", "baseline_output", "bled"):
+            for k in ("case", "trial", "input", "format", "line"):
                 if k in meta:
                     rec[k] = meta[k]
-            if "baseline_output" in meta:  # a probe: the output is the checkpoint's
-                rec["checkpoint_output"] = output
+            if "baseline_output" in meta:  # a probe's row: PROBE_COLUMNS, no answer to be right about
+                rec = {"prompt": rec["prompt"], "baseline_output": meta["baseline_output"], "checkpoint_output": output,
+                       "bled": meta.get("bled"), "error": rec["error"],
+                       **{k: rec[k] for k in ("sample_id", "epoch", "score", "scorer", "messages")}}
         records.append(rec)
     n = len(records)
-    correct = sum(r["correct"] for r in records)
-    with_format = [bool(r["format_ok"]) for r in records if r["format_ok"] is not None]
+    probe = bool(records) and "baseline_output" in records[0]
+    correct = None if probe else sum(r["correct"] for r in records)
+    with_format = [bool(r["format_ok"]) for r in records if r.get("format_ok") is not None]
     cfg = log.eval.model_generate_config
     args = log.eval.model_args or {}
     metrics = {}
@@ -403,11 +408,11 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
         "parameters": base.get("parameters") or {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
                                                  "seed": cfg.seed},
         "data": base.get("data") or {"path": log.eval.dataset.location if log.eval.dataset else None, "sha256": None},
-        "n": n, "correct": correct, "accuracy": correct / n if n else None,
+        "n": n, "correct": correct, "accuracy": correct / n if n and correct is not None else None,
         "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
         "errors": sum(1 for r in records if r["error"]),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in records),
-        "output_tokens": sum(r["output_tokens"] for r in records),
+        "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
+        "output_tokens": sum(r.get("output_tokens") or 0 for r in records),
         "started_at": base.get("started_at") or (log.stats.started_at if log.stats else None) or log.eval.created,
         "finished_at": base.get("finished_at") or (log.stats.completed_at if log.stats else None),
         "inspect": {"task": log.eval.task, "eval_id": log.eval.eval_id, "run_id": log.eval.run_id,

@@ -147,15 +147,16 @@ def from_inspect_log(source: Any) -> EvalResult:
         source: the log file, or an inspect_ai EvalLog in memory.
 
     Returns:
-        The EvalResult: rows with RESULT_COLUMNS, then inspect_logs.SAMPLE_COLUMNS, then the
-        rest; path the log's file (None for a log never written).
+        The EvalResult: rows with RESULT_COLUMNS (a probe's log: PROBE_COLUMNS), then
+        inspect_logs.SAMPLE_COLUMNS, then the rest; path the log's file (None for a log never
+        written).
     """
     import pandas as pd
 
     from .inspect_logs import SAMPLE_COLUMNS, read_log
 
     records, summary = read_log(source)
-    first = RESULT_COLUMNS + SAMPLE_COLUMNS
+    first = (PROBE_COLUMNS if records and "baseline_output" in records[0] else RESULT_COLUMNS) + SAMPLE_COLUMNS
     extra = [c for c in dict.fromkeys(k for r in records for k in r) if c not in first]
     path = source if isinstance(source, (str, os.PathLike)) else source.location
     return EvalResult(pd.DataFrame.from_records(records, columns=first + extra), summary,

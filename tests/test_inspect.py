@@ -199,6 +199,10 @@ def test_cases_and_probe_results_write_inspect_logs(runs, tmp_path):
     assert [s.metadata["baseline_output"] for s in log.samples] == bled.rows["baseline_output"].tolist()
     assert [s.scores["bled"].value for s in log.samples] == [0, 0]  # the same model on both sides never bleeds
     assert log.results.scores[0].name == "bled"
+    back = mnb.load_results(tmp_path / "probe.eval")
+    assert back.rows[["prompt", "baseline_output", "checkpoint_output", "bled"]].to_dict("records") == \
+        bled.rows[["prompt", "baseline_output", "checkpoint_output", "bled"]].to_dict("records")
+    assert back.accuracy is None and back.summary["bled"] == 0
 
 
 # --------------------------------------------------------------------------- any Inspect log, compared
