@@ -4,7 +4,9 @@ return, and the results JSON evaluate() writes.
 A results file is the run's summary (name, model, checkpoint, engine, parameters, data path and
 sha256, accuracy, cost, times) plus one record per row. evaluate.py writes it; compare.py,
 pairs.py and the CompareView read it (as_eval_result takes any of the forms a result travels
-in). pandas loads only when a result is built or a file is read.
+in). A result also travels as an Inspect AI log: `EvalResult.write_inspect_log` writes one and
+load_results reads any (the conversion is inspect_logs.py's), so Inspect's viewer and compare()
+meet on the same files. pandas loads only when a result is built or a file is read.
 """
 
 from __future__ import annotations
