@@ -76,6 +76,8 @@ _API: dict[str, str] = {
     "probe": "evaluate",
     "load_results": "results",
     "EvalResult": "results",
+    # Inspect AI tasks on a model or checkpoint (pip install "machine_nb[inspect]")
+    "inspect_eval": "inspect_bridge",
     # comparing results: statistics that hold at small n
     "compare": "compare",
     "compare_many": "compare",

@@ -66,6 +66,39 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _sample_keys(df: Any) -> list | None:
+    """(sample id, epoch) per row for results read from Inspect logs; None for others."""
+    if "sample_id" not in df.columns or any(_missing(x) for x in df["sample_id"]):
+        return None
+    epochs = df["epoch"] if "epoch" in df.columns else [1] * len(df)
+    return [(str(s), int(e) if not _missing(e) else 1) for s, e in zip(df["sample_id"], epochs)]
+
+
+def _align_samples(a: Any, b: Any, name_a: str, name_b: str) -> Any:
+    """b's rows in a's order, paired by Inspect sample id and epoch (logs list samples in any
+    order); b unchanged when either side has no sample ids."""
+    ka, kb = _sample_keys(a), _sample_keys(b)
+    if ka is None or kb is None:
+        return b
+
+    def shown(keys: list) -> str:
+        listed = [k[0] if k[1] == 1 else f"{k[0]} (epoch {k[1]})" for k in keys[:10]]
+        return ", ".join(listed) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+
+    for keys, name in ((ka, name_a), (kb, name_b)):
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        if dupes:
+            raise ValueError(f"{name} has sample id(s) more than once: {shown(dupes)}")
+    only_a, only_b = [k for k in ka if k not in set(kb)], [k for k in kb if k not in set(ka)]
+    if only_a or only_b:
+        parts = [f"only {name_a} has sample(s) {shown(only_a)}" if only_a else "",
+                 f"only {name_b} has sample(s) {shown(only_b)}" if only_b else ""]
+        raise ValueError("the two results are not over the same samples: " + "; ".join(p for p in parts if p)
+                         + " (evaluate both on the same samples: same dataset, limit and epochs)")
+    where = {k: i for i, k in enumerate(kb)}
+    return b.iloc[[where[k] for k in ka]].reset_index(drop=True)
+
+
 def _check_same_rows(a: Any, b: Any, name_a: str, name_b: str) -> None:
     if len(a) != len(b):
         raise ValueError(f"the two results are not over the same rows: {name_a} has {len(a)} rows, {name_b} has {len(b)}")
@@ -73,6 +106,8 @@ def _check_same_rows(a: Any, b: Any, name_a: str, name_b: str) -> None:
     for i in range(len(a)):
         for key in keys:
             va, vb = a[key].iloc[i], b[key].iloc[i]
+            if key == "match" and (_missing(va) or _missing(vb)):
+                continue  # an Inspect log's scorer may name no match mode
             if str(va) != str(vb):
                 raise ValueError(f"the two results are not over the same rows: row {i} differs in {key!r}: "
                                  f"{name_a} has {str(va)[:80]!r}, {name_b} has {str(vb)[:80]!r}")
@@ -398,6 +433,7 @@ def _pair(baseline: Any, checkpoint: Any, name_b: str | None, cluster: Any) -> t
     a, b = ra.rows, rb.rows
     if name_a == name_b:
         name_a, name_b = f"{name_a} (A)", f"{name_b} (B)"
+    b = _align_samples(a, b, name_a, name_b)
     _check_same_rows(a, b, name_a, name_b)
     if len(a) == 0:
         raise ValueError("no rows to compare")
@@ -455,7 +491,9 @@ def compare(baseline: Results, checkpoint: Results, *, alpha: float = 0.05, leve
             results dict.
         checkpoint: the checkpoint's results, in any of the same forms. The rows must be the
             same as the baseline's (same count, and the same prompt, expected and match in
-            order).
+            order). Results read from Inspect logs (load_results, inspect_eval) are paired by
+            sample id and epoch instead of by position; different sample sets are an error
+            naming the ids.
         alpha: the level of the summary's "what can be concluded" sentence and the power
             calculation. Default 0.05.
         level: the confidence level of every interval. Default 0.95.

@@ -11,6 +11,11 @@ training child process (runner.run_loop puts it in the loop); `HeldOutEvalBuilde
 JSON-shaped builder the cookbook's Config holds (its fields land in config.json). Reading the
 results back is runlog.py's (`heldout_curve`, `heldout_results`).
 
+`InspectEvalBuilder` does the same for Inspect AI tasks (`sft(inspect_tasks=…)`): the cookbook's own
+`InspectEvaluatorBuilder` runs them on the loop's sampling client, their scores go into
+`metrics.jsonl` as `test/inspect/<dataset>/<metric>` beside `test/accuracy`, and Inspect's logs of
+each step into `<log dir>/inspect/`.
+
 This module imports tinker-cookbook at the top (a class must subclass the cookbook's), so only
 the child and code that already loaded the cookbook import it.
 """
@@ -220,4 +225,120 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     return metrics
 
 
-__all__ = ["HeldOutEvalBuilder", "HeldOutEvaluator", "eval_schedule", "evaluate_final"]
+# --------------------------------------------------------------------------- Inspect AI tasks while training
+
+INSPECT_PREFIX = f"{HELDOUT_PREFIX}inspect/"
+"""metrics.jsonl names of Inspect task scores: `test/inspect/<dataset>/<metric>` (e.g. accuracy)."""
+
+INSPECT_DIR = "inspect"
+"""The log dir's folder for the Inspect logs of each eval step (load_results reads them)."""
+
+
+@dataclass(frozen=True)
+class InspectEvalBuilder:
+    """Builds the Inspect evaluator the cookbook's loop calls (its infrequent evaluators, on their
+    own schedule): tinker-cookbook's `InspectEvaluatorBuilder` on the sampling client the loop
+    hands it, its scores logged under INSPECT_PREFIX.
+
+    Its fields land in the run's config.json, so they are plain values.
+
+    Args:
+        tasks: Inspect tasks by registry name or task file ("tasks.py@name").
+        model: the base model (the cookbook's Inspect model API renders with its renderer).
+        renderer: that renderer's name.
+        log_dir: the run's log dir (Inspect's logs go to its INSPECT_DIR folder).
+        max_tokens: a reply's budget (default 32, as evaluate()).
+        temperature: default 0.0 (greedy).
+        seed: the sampling seed (default 0).
+        concurrency: requests in flight (default 8).
+    """
+
+    tasks: tuple[str, ...]
+    model: str
+    renderer: str
+    log_dir: str
+    max_tokens: int = 32
+    temperature: float = 0.0
+    seed: int | None = 0
+    concurrency: int = 8
+
+    def __call__(self) -> "InspectEvaluator":
+        return InspectEvaluator(self)
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "InspectEvalBuilder":
+        """The builder for a training spec's `inspect` settings (what sft writes).
+
+        Args:
+            spec: the run's spec (loop.child_spec).
+
+        Returns:
+            The builder.
+        """
+        i = spec["inspect"]
+        return cls(tasks=tuple(i["tasks"]), model=spec["model"], renderer=spec["renderer"], log_dir=spec["log_dir"],
+                   max_tokens=int(i["max_tokens"]), temperature=float(i["temperature"]), seed=i.get("seed"),
+                   concurrency=int(i.get("concurrency", 8)))
+
+
+@dataclass
+class InspectEvaluator(SamplingClientEvaluator):
+    """Runs the Inspect tasks through the cookbook's InspectEvaluator and names their scores.
+
+    Args:
+        builder: its settings.
+    """
+
+    builder: InspectEvalBuilder
+
+    async def __call__(self, sampling_client: Any) -> dict[str, float]:
+        from tinker_cookbook.eval import inspect_evaluators
+
+        from .inspect_logs import offline_inspect
+
+        b = self.builder
+        config = inspect_evaluators.InspectEvaluatorBuilder(
+            tasks=list(b.tasks), renderer_name=b.renderer, model_name=b.model, seed=b.seed,
+            temperature=b.temperature, max_tokens=b.max_tokens, log_dir=os.path.join(b.log_dir, INSPECT_DIR),
+            max_connections=b.concurrency, log_level="warning", debug_errors=False)
+        with offline_inspect():
+            os.environ.setdefault("INSPECT_DISPLAY", "log")  # the run's log file, not a live console view
+            metrics = await inspect_evaluators.InspectEvaluator(config)(sampling_client)
+        return {f"{INSPECT_PREFIX}{name}": float(value) for name, value in metrics.items()}
+
+
+def inspect_final(builder: InspectEvalBuilder, base_url: str | None, total_steps: int) -> dict[str, float] | None:
+    """Run the Inspect tasks on the run's final sampler checkpoint and log them as step `total_steps`.
+
+    Args:
+        builder: the run's Inspect builder.
+        base_url: the engine's URL.
+        total_steps: steps the run trained.
+
+    Returns:
+        The metrics, or None when the run saved no final sampler checkpoint.
+    """
+    import tinker
+    from tinker_cookbook import checkpoint_utils
+
+    from .sampling import open_sampler, run_coroutine
+
+    final = [c for c in checkpoint_utils.load_checkpoints_file(builder.log_dir)
+             if c.name == "final" and c.sampler_path]
+    if not final:
+        return None
+    service = tinker.ServiceClient(base_url=base_url)
+    status = "errored"
+    try:
+        client = open_sampler(builder.model, final[-1].sampler_path, "tinker", service_client=service)
+        metrics = run_coroutine(lambda: InspectEvaluator(builder)(client))
+        status = "success"
+    finally:
+        with contextlib.suppress(Exception):  # a server already gone has no session to finish
+            service.close(status).result(timeout=30)
+    _append(os.path.join(builder.log_dir, METRICS_FILE), {"step": total_steps, **metrics})
+    return metrics
+
+
+__all__ = ["HeldOutEvalBuilder", "HeldOutEvaluator", "eval_schedule", "evaluate_final", "INSPECT_PREFIX",
+           "INSPECT_DIR", "InspectEvalBuilder", "InspectEvaluator", "inspect_final"]

@@ -4,7 +4,9 @@ return, and the results JSON evaluate() writes.
 A results file is the run's summary (name, model, checkpoint, engine, parameters, data path and
 sha256, accuracy, cost, times) plus one record per row. evaluate.py writes it; compare.py,
 pairs.py and the CompareView read it (as_eval_result takes any of the forms a result travels
-in). pandas loads only when a result is built or a file is read.
+in). A result also travels as an Inspect AI log: `EvalResult.write_inspect_log` writes one and
+load_results reads any (the conversion is inspect_logs.py's), so Inspect's viewer and compare()
+meet on the same files. pandas loads only when a result is built or a file is read.
 """
 
 from __future__ import annotations
@@ -87,10 +89,16 @@ def file_sha256(path: str | os.PathLike | None) -> str | None:
 
 
 def load_results(path: str | os.PathLike) -> EvalResult:
-    """Read a results JSON written by evaluate() (or evaluate_cases) back as an EvalResult.
+    """Read a results JSON written by evaluate() (or evaluate_cases), or any Inspect AI log, back
+    as an EvalResult.
+
+    An Inspect log (`.eval`, or a `.json` log Inspect wrote; needs `pip install
+    "machine_nb[inspect]"`) gives one row per sample and epoch, in dataset order: evaluate()'s
+    columns (correct: the first scorer gave full marks) plus sample_id, epoch, score, scorer and
+    messages (inspect_logs.read_log), so compare() pairs two logs by sample id.
 
     Args:
-        path: the results file.
+        path: the results file or Inspect log.
 
     Returns:
         An EvalResult: `rows` with RESULT_COLUMNS first, then every other column the file's rows
@@ -101,11 +109,15 @@ def load_results(path: str | os.PathLike) -> EvalResult:
     Raises:
         MachineFormatError: the file is missing, is not JSON (naming the line and field where
             the parser stopped) or is not such a result (naming the field).
+        ImportError: an Inspect log without inspect_ai installed (saying how to install it).
     """
     import pandas as pd
 
+    from .inspect_logs import is_inspect_log
     from .jsonl import parse_json
 
+    if is_inspect_log(path):
+        return from_inspect_log(path)
     try:
         with open(path, "rb") as fh:
             data = parse_json(fh.read(), path)
@@ -113,6 +125,8 @@ def load_results(path: str | os.PathLike) -> EvalResult:
         raise MachineFormatError(path, "file not found") from None
     except MachineFormatError as exc:
         raise MachineFormatError(path, f"not a results JSON: {exc.reason}", line=exc.line, field=exc.field) from None
+    if isinstance(data, dict) and "rows" not in data and isinstance(data.get("eval"), dict) and "task" in data["eval"]:
+        return from_inspect_log(path)  # an Inspect log in its JSON format
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
     for i, row in enumerate(data["rows"]):
@@ -125,6 +139,29 @@ def load_results(path: str | os.PathLike) -> EvalResult:
             df[col] = range(len(df)) if col == "row" else None
     df = df[RESULT_COLUMNS + [c for c in df.columns if c not in RESULT_COLUMNS]]
     return EvalResult(df, {k: v for k, v in data.items() if k != "rows"}, os.fspath(path))
+
+
+def from_inspect_log(source: Any) -> EvalResult:
+    """An Inspect log (any, not only ours) as an EvalResult (inspect_logs.read_log).
+
+    Args:
+        source: the log file, or an inspect_ai EvalLog in memory.
+
+    Returns:
+        The EvalResult: rows with RESULT_COLUMNS (a probe's log: PROBE_COLUMNS), then
+        inspect_logs.SAMPLE_COLUMNS, then the rest; path the log's file (None for a log never
+        written).
+    """
+    import pandas as pd
+
+    from .inspect_logs import SAMPLE_COLUMNS, read_log
+
+    records, summary = read_log(source)
+    first = (PROBE_COLUMNS if records and "baseline_output" in records[0] else RESULT_COLUMNS) + SAMPLE_COLUMNS
+    extra = [c for c in dict.fromkeys(k for r in records for k in r) if c not in first]
+    path = source if isinstance(source, (str, os.PathLike)) else source.location
+    return EvalResult(pd.DataFrame.from_records(records, columns=first + extra), summary,
+                      os.fspath(path) if path else None)
 
 
 def as_eval_result(value: Any, what: str = "results") -> EvalResult:
@@ -147,6 +184,8 @@ def as_eval_result(value: Any, what: str = "results") -> EvalResult:
 
     if isinstance(value, EvalResult):
         return value
+    if isinstance(getattr(type(value), "eval_result", None), property):  # an InspectRun of one task
+        return value.eval_result
     if isinstance(value, (str, os.PathLike)):
         return load_results(value)
     if isinstance(value, pd.DataFrame):
@@ -289,6 +328,43 @@ class EvalResult:
         return no_math(f"<div class='machine-nb-eval' style='color:{FG}'><p style='margin:2px 0'>"
                        f"{escape(self._headline())}{where}</p>{table.replace('$', '&#36;')}{tail}</div>")
 
+    # ------------------------------------------------------------------ Inspect AI
+
+    def write_inspect_log(self, path: str | os.PathLike | None = None) -> str:
+        """Write these results as an Inspect AI eval log, for `inspect view` and Inspect's tools.
+
+        One sample per row: its input (the row's messages, or its prompt), target (expected),
+        the model's output, the score (C / I, named "match", its match mode and format check in
+        the score's metadata; a probe's is "bled", 1 or 0, with the base model's reply in the
+        sample's metadata), the token usage, and the row's other fields as sample metadata;
+        evaluate_cases' trials are epochs of one sample per case. The run (model, checkpoint,
+        engine, renderer, settings, data, times) is in the log's spec and, whole, in its
+        metadata under "machine_nb". Written with inspect_ai's own log API
+        (inspect_logs.build_log), atomically; load_results reads it back.
+
+        Args:
+            path: the log file, `.eval` (Inspect's format) or `.json`. Default None: beside the
+                results JSON with the suffix `.eval` when there is one, else
+                `eval_results/<name>.eval`.
+
+        Returns:
+            The path written.
+
+        Raises:
+            ImportError: inspect_ai is not installed (`pip install "machine_nb[inspect]"`).
+        """
+        from pathlib import Path
+
+        from .inspect_logs import build_log, require_inspect, write_log
+
+        require_inspect("EvalResult.write_inspect_log")
+        if path is None:
+            if self.path and not self.path.endswith(".eval"):
+                path = Path(self.path).with_suffix(".eval")
+            else:
+                path = Path(RESULTS_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', str(self.name or 'results'))}.eval"
+        return write_log(build_log(self.rows.to_dict("records"), self.summary), path)
+
     # ------------------------------------------------------------------ DataFrame use, for one release
 
     @property
@@ -334,4 +410,4 @@ class EvalResult:
 
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "as_eval_result", "results_name", "utc_now",
-           "file_sha256", "load_results"]
+           "file_sha256", "load_results", "from_inspect_log"]

@@ -130,7 +130,8 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
         base_url: str | None = None, progress: bool | None = None,
         on_metrics: Callable[[list[dict]], Any] | None = None, eval_data: Any = None,
-        eval_every: int | None = None, eval_max_tokens: int = 32, eval_temperature: float = 0.0) -> TrainResult:
+        eval_every: int | None = None, eval_max_tokens: int = 32, eval_temperature: float = 0.0,
+        inspect_tasks: Any = None) -> TrainResult:
     """Supervised fine-tuning with tinker-cookbook's `supervised.train.main`, on `engine`.
 
     The cookbook's loop runs unchanged in a child process and reaches the engine through the real
@@ -193,6 +194,15 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         eval_max_tokens: the evals' reply budget, as evaluate() takes it (default 32); recorded
             with every score, since scores move with it.
         eval_temperature: the evals' sampling temperature (default 0.0: greedy); recorded too.
+        inspect_tasks: Inspect AI tasks to run at the same steps (`eval_every`; default once an
+            epoch) and on the final checkpoint, through tinker-cookbook's `InspectEvaluatorBuilder`
+            on the loop's sampling client, at `eval_max_tokens` and `eval_temperature`, seed 0:
+            registry names or task files ("tasks.py@name"), since the loop runs in a child process
+            (a Task object is refused, saying so). Their scores go into `metrics.jsonl` as
+            `test/inspect/<dataset>/<metric>` beside the held-out rows' `test/accuracy` (the
+            held-out curve's steps; `machine_nb.inspect_bridge.inspect_curve` reads them), Inspect's
+            logs of each step into `<log dir>/inspect/` (load_results reads them). Needs
+            `pip install "machine_nb[inspect]"`. Default None: none.
 
     Returns:
         The TrainResult read back from the log dir. A Ctrl-C stops the run and re-raises
@@ -206,10 +216,33 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     """
     resumed = loop.resume_record(resume, "sft")
     settings = SFTSettings.resolve(resumed, locals())  # this call's arguments, by name
+    inspect = _inspect_spec(inspect_tasks, settings)
     rows = SFTData(*prepare_data(loop.data_source(resumed, SFTData.file, data)))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=data, progress=progress, on_metrics=on_metrics,
-                      train_on_what=rows.train_on_what, resume=resumed is not None)
+                      train_on_what=rows.train_on_what, resume=resumed is not None,
+                      **({"inspect": inspect} if inspect else {}))
+
+
+def _inspect_spec(tasks: Any, settings: SFTSettings) -> dict | None:
+    """The child's `inspect` settings for sft(inspect_tasks=…), checked before anything runs."""
+    if tasks is None:
+        return None
+    from .inspect_logs import require_inspect
+
+    require_inspect("sft(inspect_tasks=…)")
+    tasks = [tasks] if isinstance(tasks, (str, os.PathLike)) else list(tasks)
+    for task in tasks:
+        if not isinstance(task, (str, os.PathLike)):
+            raise TypeError(f"sft(inspect_tasks=…): {type(task).__name__} is not a task name or file: the training "
+                            "loop runs in a child process, so give Inspect tasks by registry name "
+                            "(\"inspect_evals/gsm8k\") or task file (\"tasks.py@name\", an absolute path or one "
+                            "relative to the working directory)")
+    if not tasks:
+        return None
+    return {"tasks": [os.fspath(t) for t in tasks], "every": settings.eval_every,
+            "max_tokens": int(settings.eval_max_tokens), "temperature": float(settings.eval_temperature),
+            "seed": 0, "concurrency": 8}
 
 
 def smoke(data: Any, model: str | None = None, engine: str | None = None, *, steps: int = 2,
@@ -381,12 +414,25 @@ def child_run(spec: dict) -> None:
 
     config = _sft_config(spec)
     record = exact_resume_point(spec["log_dir"], config) if spec.get("resume") else None
+    inspect = None
+    if spec.get("inspect"):  # Inspect tasks as the loop's infrequent evaluators, on their own schedule
+        import chz
+
+        from .heldout import InspectEvalBuilder
+
+        inspect = InspectEvalBuilder.from_spec(spec)
+        every = int(spec["inspect"].get("every") or config_steps(config)[1])  # default: once an epoch
+        config = chz.replace(config, infrequent_evaluator_builders=[inspect], infrequent_eval_every=every)
 
     def main(config: Any) -> None:
         if record is not None and int(record.get("steps_in_state", -1)) >= config_steps(config)[2]:
             asyncio.run(_final_from_state(config, record))
         else:
             asyncio.run(cookbook_train.main(config))
+        if inspect is not None:  # the loop scores before a step, so never the final weights: score them here
+            from .heldout import inspect_final
+
+            inspect_final(inspect, spec["base_url"], config_steps(config)[2])
 
     run_loop(spec, config, main, last=False)
 

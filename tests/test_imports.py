@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: dict[str, int] = {}
 for _names, _layer in [
     ("__init__ cli widgets report", 5),  # what users touch (`__init__`: the package's lazy public API)
-    ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample loop", 4),  # the loop's steps
+    ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample loop inspect_bridge", 4),  # the loop's steps
     ("validate tokens pricing corpus render stats sampling results runlog", 3),  # checks and numbers
-    ("select export frames", 2),  # Machine's data as frames and lines
+    ("select export frames inspect_logs", 2),  # Machine's data as frames and lines
     ("store progress patterns redact scoring chat theme stop", 1),  # files on disk, and pure helpers under everything
     ("engines errors jsonl compat", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing, renamed keywords
 ]:
