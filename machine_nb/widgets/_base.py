@@ -46,6 +46,20 @@ def _hide_rule(key: str) -> str:
             f'.jp-OutputArea-child:has([data-mnb-static="{key}"]){{display:none!important}}</style>')
 
 
+def _orphan_rule(key: str) -> str:
+    """A style rule, carried by the static twin, that hides the live output right after it while
+    that output shows no widget: a notebook reopened with a new kernel (the widget's model is gone)
+    would otherwise read "Error displaying widget: model not found" under the static view.
+
+    The widget renderer of JupyterLab and Notebook 7 writes that line as the text of its output
+    node and gives the node the class `jupyter-widgets` (a drawn view is a child with that class,
+    never the output node itself). So the live output (displayed right after the static twin) is
+    hidden exactly while it shows the error, and the static twin stays the one thing shown.
+    """
+    return (f'<style>.jp-OutputArea-child:has([data-mnb-static="{key}"]) + '
+            f'.jp-OutputArea-child:has(> .jp-OutputArea-output.jupyter-widgets){{display:none!important}}</style>')
+
+
 @dataclass
 class _Shown:
     """One static output on screen: its display id and the request (cell run) that displayed it."""
@@ -111,7 +125,8 @@ class StaticFallback:
         key = static_html_id(self)
         data: dict[str, Any] = {
             "text/plain": self.summary(),
-            "text/html": f'<div class="mnb-static" data-mnb-static="{key}">{self.static_html()}</div>',
+            "text/html": (f'<div class="mnb-static" data-mnb-static="{key}">{_orphan_rule(key)}'
+                          f'{self.static_html()}</div>'),
         }
         png = self.static_png()
         if png:
