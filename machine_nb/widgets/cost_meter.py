@@ -117,6 +117,17 @@ def _in_kernel() -> bool:
     return in_kernel()
 
 
+def _quiet_worker_estimates() -> None:
+    """A count in the meter's worker thread has no user line above it, so its TokenEstimateWarning
+    would name threading.py (once per count) in the log console; the meter shows that note itself.
+    One filter, for warnings located in threading.py only: counts called from user code still warn."""
+    import warnings
+
+    from ..tokens import TokenEstimateWarning
+
+    warnings.filterwarnings("ignore", category=TokenEstimateWarning, module=r"threading\Z")
+
+
 class CostMeter(StaticFallback, widgets.VBox):
     """Tokens, trained tokens, steps and USD for training (and an eval), with the price row used.
 
@@ -163,6 +174,8 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.max_usd = max_usd
         self.max_tokens = int(max_tokens)
         self.background = _in_kernel() if background is None else bool(background)
+        if self.background:
+            _quiet_worker_estimates()
         self.estimate = None
         self.eval_estimate = None
         self.error = ""

@@ -744,9 +744,10 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         kind = "whole run" if line.get("whole_run") else "step"
         shown = (f" · filter {self.filter_text!r}: {self.position + 1} of {len(self.matches)} matching"
                  if self.filter_text else "")
-        return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)} · run {line.get('run', '?')} · "
-                f"machine {line.get('machine', '?')} · {kind} · {len(line['messages'])} messages, "
-                f"{len(trained_indices(line, self.train_on_what))} trained{shown}")
+        # a field the line lacks (lines of a JSONL file carry no run or machine) is left out, not "?"
+        where = "".join(f" · {name} {line[name]}" for name in ("run", "machine") if line.get(name) not in (None, ""))
+        return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)}{where} · {kind} · "
+                f"{len(line['messages'])} messages, {len(trained_indices(line, self.train_on_what))} trained{shown}")
 
     def static_html(self) -> str:
         """The example shown now, for the saved notebook and HTML exports.
