@@ -395,13 +395,13 @@ def filter_lines(lines: list[dict], text: str) -> list[int]:
 
 
 _KEYS_ESM = """
-// Arrow keys page the previewer: a keydown listener on the previewer's own element (focused by
-// clicking in it or on one of its buttons); typing in a text box is left alone.
-const KEYS = ["ArrowLeft", "ArrowRight", "Home", "End"];
+// Keys of a widget (the previewer's arrows, the tagger's letters): a keydown listener on the
+// widget's own element (focused by clicking in it or on one of its buttons); typing in a text box
+// is left alone.
 function render({ model, el }) {
   let root = null, frame = 0, tries = 0;
   const onKey = (event) => {
-    if (!KEYS.includes(event.key) || event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    if (!model.get("key_names").includes(event.key) || event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
     const t = event.target;
     if (t && t.closest && t.closest("input, textarea, select, [contenteditable='true']")) return;
     event.preventDefault();
@@ -425,14 +425,18 @@ export default { render };
 
 
 class KeyPager(anywidget.AnyWidget):
-    """Sends ArrowLeft / ArrowRight / Home / End pressed inside the element matching `target`.
+    """Sends the keys in `key_names` pressed inside the element matching `target` (without modifiers,
+    and not while typing in a text box) as {"event": "key", "key": …} messages.
 
     Args:
         target: a CSS selector of the element whose keys are sent (default ".mnb-previewer").
+        key_names: the `KeyboardEvent.key` values sent (default the previewer's: ArrowLeft, ArrowRight,
+            Home, End).
     """
 
     _esm = _KEYS_ESM
     target = traitlets.Unicode(".mnb-previewer").tag(sync=True)
+    key_names = traitlets.List(traitlets.Unicode(), ["ArrowLeft", "ArrowRight", "Home", "End"]).tag(sync=True)
 
 
 class ExamplePreviewer(StaticFallback, widgets.VBox):
