@@ -570,9 +570,11 @@ class Candidate:
         return self.summary()
 
     def _repr_html_(self) -> str:
+        from .theme import no_math
+
         if self.report is None:
-            return f"<p>{html.escape(self.summary())}</p>"
-        return report_html(self.report, self.gate, self.passed, self.reason, committed=self.committed)
+            return no_math(f"<p>{html.escape(self.summary())}</p>")
+        return no_math(report_html(self.report, self.gate, self.passed, self.reason, committed=self.committed))
 
 
 def _training_inputs(data: Any) -> list[str]:

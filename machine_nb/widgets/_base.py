@@ -26,6 +26,64 @@ from typing import Any
 # ---- theme colours (machine_nb/theme.py) -----------------------------------------------------
 
 from ..theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour, tint  # noqa: E402,F401
+from ..theme import NO_MATH_CLASSES, no_math  # noqa: E402
+from ..theme import escape as _escape_text  # noqa: E402
+
+import ipywidgets as _w  # noqa: E402
+import traitlets as _traitlets  # noqa: E402
+
+
+def _has_dollar(value: str) -> bool:
+    return "$" in value or "&#36;" in value or "&dollar;" in value
+
+
+class NoMathHTML(_w.HTML):
+    """An ipywidgets HTML whose value no math typesetter reads as TeX.
+
+    ipywidgets typesets an HTML widget's content with the page's MathJax, so "$0.40 … $1.20"
+    would render as italic math; a value holding a dollar sign has it written `&#36;` and is
+    wrapped in `theme.no_math(...)` (MathJax skips what is inside); any other value is kept
+    exactly as given.
+    """
+
+    @_traitlets.validate("value")
+    def _no_math(self, proposal: Any) -> str:
+        value = proposal["value"] or ""
+        if _has_dollar(value) and not value.startswith(f'<div class="{NO_MATH_CLASSES}">'):
+            return no_math(_dollars_as_entities(value))
+        return value
+
+
+# Text the widgets' controls draw, at a contrast of 4.5:1 or more in JupyterLab's light and dark
+# themes: ipywidgets' coloured buttons put white text on the theme's accent colours (the success
+# green and info cyan are fill colours, 3.5-4.1:1 against white), so buttons with the class
+# `mnb-button` get the accent darkened; an accordion title of a widget with the class
+# `mnb-strong-titles` gets the theme's strongest text colour.
+WIDGET_CSS = """
+.jupyter-button.mnb-button.mod-success { background-color: color-mix(in srgb, var(--jp-success-color1, #388e3c) 72%, #000); color: #fff; }
+.jupyter-button.mnb-button.mod-info { background-color: color-mix(in srgb, var(--jp-info-color1, #0097a7) 62%, #000); color: #fff; }
+.jupyter-button.mnb-button.mod-danger { background-color: color-mix(in srgb, var(--jp-error-color1, #d32f2f) 85%, #000); color: #fff; }
+.jupyter-button.mnb-button.mod-warning { background-color: color-mix(in srgb, var(--jp-warn-color1, #f57c00) 55%, #000); color: #fff; }
+.mnb-strong-titles .jupyter-widget-Collapse-header, .mnb-strong-titles .lm-Collapse-header,
+.mnb-strong-titles .p-Collapse-header { color: var(--jp-ui-font-color0, #000); }
+"""
+
+
+def style_sheet() -> NoMathHTML:
+    """A hidden HTML widget holding WIDGET_CSS (put it among a widget's children)."""
+    return NoMathHTML(f"<style>{WIDGET_CSS}</style>", layout=_w.Layout(display="none"))
+
+
+def strong_button(button: Any) -> Any:
+    """Give a coloured ipywidgets Button the darkened accent of WIDGET_CSS (needs style_sheet() on the page)."""
+    button.add_class("mnb-button")
+    return button
+
+
+def _dollars_as_entities(fragment: str) -> str:
+    """An HTML fragment with each "$" written `&#36;` (the same text once parsed; the widgets'
+    HTML holds no "$" in style sheets or scripts, where an entity would not be read)."""
+    return fragment.replace("$", "&#36;")
 
 
 def static_html_id(widget: Any) -> str:
@@ -125,8 +183,8 @@ class StaticFallback:
         key = static_html_id(self)
         data: dict[str, Any] = {
             "text/plain": self.summary(),
-            "text/html": (f'<div class="mnb-static" data-mnb-static="{key}">{_orphan_rule(key)}'
-                          f'{self.static_html()}</div>'),
+            "text/html": (f'<div class="mnb-static {NO_MATH_CLASSES}" data-mnb-static="{key}">{_orphan_rule(key)}'
+                          f'{_dollars_as_entities(self.static_html())}</div>'),
         }
         png = self.static_png()
         if png:
@@ -197,6 +255,6 @@ def escape(value: Any) -> str:
         value: anything (str() is taken).
 
     Returns:
-        The escaped text; "" for None.
+        The escaped text ("$" as `&#36;`, see theme.escape); "" for None.
     """
-    return "" if value is None else html.escape(str(value))
+    return "" if value is None else _escape_text(value)

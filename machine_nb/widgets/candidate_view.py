@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import StaticFallback, escape
+from ._base import NoMathHTML, strong_button, style_sheet, StaticFallback, escape
 
 if TYPE_CHECKING:
     from ..candidate import Candidate
@@ -41,15 +41,15 @@ class CandidateView(StaticFallback, widgets.VBox):
         self.note = note
         self._attempt = ""  # why the last click did not commit
         self._report_html = report_html
-        self._report = widgets.HTML(self._body())
-        self._button = widgets.Button(description="Commit", icon="check",
+        self._report = NoMathHTML(self._body())
+        self._button = strong_button(widgets.Button(description="Commit", icon="check",
                                       button_style="success" if candidate.passed else "",
-                                      tooltip="make this candidate the live version (only if it passed the gate)")
-        self._status = widgets.HTML()
+                                      tooltip="make this candidate the live version (only if it passed the gate)"))
+        self._status = NoMathHTML()
         self._button.on_click(lambda _: self.commit())
         if candidate.committed:
             self._button.disabled = True
-        super().__init__(children=[self._report, widgets.HBox([self._button, self._status])], **kwargs)
+        super().__init__(children=[self._report, widgets.HBox([self._button, self._status]), style_sheet()], **kwargs)
         self._show_status()
         self._stop_following = candidate.observe(self._on_candidate)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
+from ._base import NoMathHTML, BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -192,8 +192,8 @@ class CompareView(StaticFallback, widgets.VBox):
         if only_flips is None:
             only_flips = len(self.rows) > FLIPS_FIRST_ABOVE
         self._toggle = widgets.Checkbox(value=bool(only_flips), description="only flips", indent=False)
-        self._numbers = widgets.HTML(numbers_html(result))
-        self._table = widgets.HTML()
+        self._numbers = NoMathHTML(numbers_html(result))
+        self._table = NoMathHTML()
         super().__init__(children=[self._numbers, self._toggle, self._table], **kwargs)
         self._toggle.observe(lambda _: self._refresh(), names="value")
         self._refresh()

@@ -21,7 +21,7 @@ import ipywidgets as widgets
 
 from ..compat import renamed
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
-from ._base import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,7 +195,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._model = widgets.Dropdown(options=self._options(model), value=model, description="model",
                                        layout=widgets.Layout(width="460px"))
         self._epochs = widgets.IntSlider(value=int(epochs), min=1, max=max(20, int(epochs)), description="epochs")
-        self._out = widgets.HTML()
+        self._out = NoMathHTML()
         super().__init__(children=[widgets.HBox([self._model, self._epochs]), self._out], **kwargs)
         self._model.observe(lambda _: self.recompute(), names="value")
         self._epochs.observe(lambda _: self.recompute(), names="value")

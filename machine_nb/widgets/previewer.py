@@ -22,7 +22,7 @@ import ipywidgets as widgets
 import traitlets
 
 from ..errors import MachineFormatError
-from ._base import FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 from .cards import chat_cards, token_view
 
 if TYPE_CHECKING:
@@ -492,9 +492,9 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
                                     layout=widgets.Layout(width="240px"))
         self._jump = widgets.Text(placeholder="jump to run id (Enter)", continuous_update=False,
                                   layout=widgets.Layout(width="200px"))
-        self._status = widgets.HTML()
-        self._cards = widgets.HTML()
-        self._token_html = widgets.HTML()
+        self._status = NoMathHTML()
+        self._cards = NoMathHTML()
+        self._token_html = NoMathHTML()
         self._keys = KeyPager()
         self._keys.on_msg(self._on_key)
         self._prev.on_click(lambda _: self.prev())

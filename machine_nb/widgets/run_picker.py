@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import traitlets
 
-from ._base import StaticFallback, escape
+from ._base import NoMathHTML, style_sheet, StaticFallback, escape
 
 # Columns shown by default, in this order, when the frame has them (`run`, `instructions` and
 # `final` are left out: nested or long, and `output` already carries the answer). The texts come
@@ -73,8 +73,8 @@ def row_keys(frame: pd.DataFrame) -> list[str]:
 
 
 def text_columns_of(frame: pd.DataFrame) -> list[str]:
-    """The columns the picker's search box scans: every column of text (strings or lists of them,
-    such as `tags`) except the nested run records.
+    """The columns the picker's search box scans: every column of text (`tags` has its own filter,
+    which follows the tag store; the nested run records and file paths are left out).
 
     Args:
         frame: a runs DataFrame.
@@ -92,7 +92,7 @@ def text_columns_of(frame: pd.DataFrame) -> list[str]:
             continue
         if col.dtype == object:
             sample = col.dropna().head(50).tolist()
-            if sample and all(isinstance(v, (str, list, tuple)) for v in sample):
+            if sample and all(isinstance(v, str) for v in sample):
                 out.append(c)
     return out
 
@@ -571,7 +571,7 @@ class RunPicker(StaticFallback, w.VBox):
         ascending: the initial sort direction (default True).
         page_size: rows per page. Default 25: the view model carries one page only.
         text_columns: searched by the free-text box. Default None: every text column shown or
-            offered (id, machine, input, output, model, harness, case, tags, …), so an id such
+            offered (id, machine, input, output, model, harness, case, …), so an id such
             as "e6effc" or a machine name finds its runs. The box filters as you type (debounced).
         store: a tag store the `tags` column follows (default None: the frame's `tags` as they
             are). The column is read from the store, and every `tag()` / `untag()` in this
@@ -629,7 +629,7 @@ class RunPicker(StaticFallback, w.VBox):
         self._table = RunTable(columns=self._columns)
         self._table.on_msg(self._on_table_msg)
         self.controls = self._make_controls()
-        self._count = w.HTML()
+        self._count = NoMathHTML()
         select_all = w.Button(description="Select all filtered", icon="check-square")
         clear = w.Button(description="Clear", icon="times")
         select_all.on_click(lambda _: self.select_all_filtered())
@@ -644,6 +644,7 @@ class RunPicker(StaticFallback, w.VBox):
             [c for c in self._columns if c in ch["new"]] + [c for c in shown if c in ch["new"] and c not in self._columns]),
             names="value")
         super().__init__(children=self._layout(), **kwargs)
+        self.add_class("mnb-strong-titles")
         self._sel_mask = np.zeros(len(runs), dtype=bool)  # selected_ids as a mask over positions
         self._refresh(reset_page=True)
         self.observe(self._on_selection, names="selected_ids")
@@ -820,6 +821,7 @@ class RunPicker(StaticFallback, w.VBox):
         columns = w.Accordion(children=[self._column_choice], titles=("columns",), selected_index=None)
         rows.append(columns)
         rows.append(self._table)
+        rows.append(style_sheet())
         return rows
 
     @property

@@ -19,7 +19,7 @@ import ipywidgets as w
 
 from ..chat import content_text
 from ..compat import user_stacklevel
-from ._base import FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, strong_button, style_sheet, FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
@@ -272,8 +272,8 @@ class Tagger(StaticFallback, w.VBox):
         self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
 
         def button(desc: str, tip: str, style: str = "", icon: str = "") -> w.Button:
-            return w.Button(description=desc, tooltip=tip, button_style=style, icon=icon,
-                            layout=w.Layout(width="auto"))
+            return strong_button(w.Button(description=desc, tooltip=tip, button_style=style, icon=icon,
+                                          layout=w.Layout(width="auto")))
 
         self._b_prev_run = button("‹ run", "previous run (← key)")
         self._b_next_run = button("run ›", "next run (→ key)")
@@ -287,10 +287,10 @@ class Tagger(StaticFallback, w.VBox):
         self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="auto", max_width="100%"))
         self.rewrite = w.Textarea(placeholder="the answer you want the model to learn",
                                   layout=w.Layout(width="auto", max_width="100%", height="6em"))
-        self._header = w.HTML()
-        self._turn_view = w.HTML()
-        self._recent = w.HTML()
-        self._status = w.HTML()
+        self._header = NoMathHTML()
+        self._turn_view = NoMathHTML()
+        self._recent = NoMathHTML()
+        self._status = NoMathHTML()
         self._b_prev_run.on_click(lambda _: self.prev_run())
         self._b_next_run.on_click(lambda _: self.next_run())
         self._b_prev_turn.on_click(lambda _: self.prev_turn())
@@ -304,12 +304,12 @@ class Tagger(StaticFallback, w.VBox):
 
         self._keys = KeyPager(target=".mnb-tagger-live", key_names=list(KEYS))
         self._keys.on_msg(self._on_key)
-        hint = w.HTML(f'<span class="mnb-tagger-keys" style="color:{FG_MUTED};font-size:90%">{escape(KEYS_HINT)}</span>')
+        hint = NoMathHTML(f'<span class="mnb-tagger-keys" style="color:{FG_MUTED};font-size:90%">{escape(KEYS_HINT)}</span>')
         children = [
             w.HBox([self._b_prev_run, self._b_next_run, self._b_prev_turn, self._b_next_turn, self._header]),
             self._turn_view, self.note, self.rewrite,
             w.HBox([self._b_good, self._b_bad, self._b_rewrite, self._b_undo, self._status]),
-            self._recent, hint, self._keys,
+            self._recent, hint, self._keys, style_sheet(),
         ]
         super().__init__(children=children, **kwargs)
         self.add_class("mnb-tagger-live")
