@@ -190,6 +190,12 @@ def test_keyboard_on_the_picker_and_the_tagger(session, page, tmp_path):
         expect(tagger.locator(".widget-html", has_text="run008")).to_be_visible()
         page.keyboard.press("g")
         expect(page.locator('.mnb-table tr[data-key="run008"] td[data-column="tags"]')).to_have_text("good")
+        # typing in the rewrite box is text, not keys (no "b"ad, no "g"ood), and shows the diff
+        box = tagger.locator("textarea")
+        box.press_sequentially("It costs a big $1.08 later.")
+        expect(tagger.locator(".mnb-rewrite-diff .mnb-diff-added")).to_contain_text("a big")
+        expect(tagger.locator(".mnb-rewrite-diff .mnb-diff-removed")).to_contain_text("$0.08 now and")
+        expect(page.locator('.mnb-table tr[data-key="run008"] td[data-column="tags"]')).to_have_text("good")
 
 
 # the text of the controls the widgets colour, by what a user reads on them

@@ -303,3 +303,18 @@ def test_keys_do_what_their_buttons_do(tmp_path):
     t._on_key(None, {"event": "key", "key": "u"}, None)
     assert [r["tag"] for r in store_rows(store)] == ["good"]
     assert {"g", "b", "w", "u", "ArrowLeft"} <= set(t._keys.key_names)
+
+
+def test_the_rewrite_is_shown_against_the_reply():
+    from machine_nb.widgets.tagger import rewrite_diff
+
+    assert rewrite_diff("The answer is 4.", "answer: 4") == [
+        ("removed", "The answer is 4."), ("added", "answer: 4")]
+    assert rewrite_diff("It costs $5 now.", "It costs $7 now.") == [
+        ("same", "It costs "), ("removed", "$5 "), ("added", "$7 "), ("same", "now.")]
+    t = Tagger(runs_frame(1), store=None)
+    t.rewrite.value = "The answer is zero."
+    html = t._diff.value
+    assert "mnb-diff-removed" in html and ">0.</span>" in html and ">zero.</span>" in html
+    t.rewrite.value = ""
+    assert t._diff.value == ""

@@ -108,6 +108,45 @@ def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
             "trajectory": list(messages[turn["start"]:turn["end"]])}
 
 
+def rewrite_diff(original: str, rewrite: str) -> list[tuple[str, str]]:
+    """The word-level difference between a reply and its rewrite.
+
+    Args:
+        original: the turn's reply.
+        rewrite: the answer written to replace it.
+
+    Returns:
+        (op, text) pieces in order, op "same", "removed" (in the reply only) or "added" (in the
+        rewrite only); whitespace stays with the words around it.
+    """
+    import difflib
+    import re
+
+    a, b = re.findall(r"\S+\s*", original), re.findall(r"\S+\s*", rewrite)
+    out: list[tuple[str, str]] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            out.append(("same", "".join(b[j1:j2])))
+            continue
+        if i2 > i1:
+            out.append(("removed", "".join(a[i1:i2])))
+        if j2 > j1:
+            out.append(("added", "".join(b[j1:j2])))
+    return out
+
+
+def rewrite_diff_html(original: str, rewrite: str) -> str:
+    """rewrite_diff as HTML: removed words struck through in red, added ones underlined in green."""
+    if not rewrite.strip():
+        return ""
+    style = {"removed": f"color:{text_colour(RED)};text-decoration:line-through",
+             "added": f"color:{text_colour(GREEN)};text-decoration:underline"}
+    parts = "".join(escape(t) if op == "same" else f'<span class="mnb-diff-{op}" style="{style[op]}">{escape(t)}</span>'
+                    for op, t in rewrite_diff(original, rewrite))
+    return (f'<div class="mnb-rewrite-diff" style="white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0">'
+            f'<b>rewrite vs reply</b>: {parts}</div>')
+
+
 class DuplicateTagWarning(UserWarning):
     """A tag row was written for a turn that already had one."""
 
@@ -291,6 +330,8 @@ class Tagger(StaticFallback, w.VBox):
         self._turn_view = NoMathHTML()
         self._recent = NoMathHTML()
         self._status = NoMathHTML()
+        self._diff = NoMathHTML()  # the rewrite against the reply, as it is typed
+        self.rewrite.observe(lambda _: self._show_diff(), names="value")
         self._b_prev_run.on_click(lambda _: self.prev_run())
         self._b_next_run.on_click(lambda _: self.next_run())
         self._b_prev_turn.on_click(lambda _: self.prev_turn())
@@ -307,7 +348,7 @@ class Tagger(StaticFallback, w.VBox):
         hint = NoMathHTML(f'<span class="mnb-tagger-keys" style="color:{FG_MUTED};font-size:90%">{escape(KEYS_HINT)}</span>')
         children = [
             w.HBox([self._b_prev_run, self._b_next_run, self._b_prev_turn, self._b_next_turn, self._header]),
-            self._turn_view, self.note, self.rewrite,
+            self._turn_view, self.note, self.rewrite, self._diff,
             w.HBox([self._b_good, self._b_bad, self._b_rewrite, self._b_undo, self._status]),
             self._recent, hint, self._keys, style_sheet(),
         ]
@@ -320,6 +361,10 @@ class Tagger(StaticFallback, w.VBox):
             self.link(picker)
         else:
             self._draw()
+
+    def _show_diff(self) -> None:
+        answer = self._turns[self._turn_pos]["answer"] if self._runs else ""
+        self._diff.value = rewrite_diff_html(answer, self.rewrite.value or "")
 
     def _on_key(self, _widget: Any, content: dict, _buffers: Any) -> None:
         """A key pressed in the tagger (see KEYS): what its button does."""
@@ -716,6 +761,7 @@ class Tagger(StaticFallback, w.VBox):
         self._b_next_turn.disabled = none or self._turn_pos == len(self._turns) - 1
         for b in (self._b_good, self._b_bad, self._b_rewrite):
             b.disabled = none
+        self._show_diff()  # against the reply of the turn now on screen
         self._static_changed()
 
     def summary(self) -> str:
