@@ -9,6 +9,8 @@
    aria-sort; the Tagger's keys; the buttons and the picker's "columns" header read at 4.5:1 or
    more in the Light and Dark themes (ratios computed from the rendered colours).
 5. The picker's search box finds ids and machines as you type.
+6. CompareView: the "show" buttons keep wins, ties or losses; a flipped case opens to both
+   outputs with the difference marked.
 
 Screenshots go to `<tmp_path>/` (and $MACHINE_NB_TEST_ARTIFACTS/ when set).
 """
@@ -65,6 +67,12 @@ CELLS = [
     "mnb.CostMeter([{'messages': [{'role': 'user', 'content': 'a $5 question'},"
     " {'role': 'assistant', 'content': 'a $7 answer'}]}] * 4, model='thinkingmachines/Inkling', max_usd=100)",
     CANDIDATE,
+    "def res(correct, outputs):\n"
+    "    n = len(correct)\n"
+    "    return pd.DataFrame({'row': range(n), 'prompt': [f'{i} + 1' for i in range(n)], 'expected': [str(i + 1) for i in range(n)],\n"
+    "                         'match': ['number'] * n, 'output': outputs, 'correct': correct})\n"
+    "mnb.CompareView(res([True, False, True], ['answer: 1', 'It is 3, I think', 'answer: 3']),\n"
+    "                res([True, True, False], ['answer: 1', 'answer: 2', 'It is 4 for sure']))",
     # a plain HTML output, which Lab typesets with MathJax: its math shows the typesetter has run
     "from IPython.display import HTML, update_display\ndisplay(HTML('<span class=\"probe\">probe $x^2$</span>'), display_id='probe')",
     "print('ok')",
@@ -198,6 +206,23 @@ def test_keyboard_on_the_picker_and_the_tagger(session, page, tmp_path):
         expect(page.locator('.mnb-table tr[data-key="run008"] td[data-column="tags"]')).to_have_text("good")
 
 
+def test_compare_view_shows_one_kind_of_row_and_opens_a_case(session, page, tmp_path):
+    from playwright.sync_api import expect
+
+    view = page.locator(".mnb-compare-rows:visible").first.locator("xpath=ancestor::div[contains(@class, 'widget-vbox')][1]")
+    with screenshot_after(page, tmp_path / "compare_view.png"):
+        rows = view.locator(".mnb-compare-rows tbody tr[class]")
+        expect(rows).to_have_count(3)
+        view.locator(".widget-toggle-button", has_text="losses").click()
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_have_class("mnb-loss")
+        view.locator(".mnb-case-detail summary").click()  # both whole outputs, the difference marked
+        expect(view.locator(".mnb-case-detail .mnb-diff-removed")).to_contain_text("answer:")
+        expect(view.locator(".mnb-case-detail .mnb-diff-added")).to_contain_text("It is 4 for sure")
+        view.locator(".widget-toggle-button", has_text="all").click()
+        expect(rows).to_have_count(3)
+
+
 # the text of the controls the widgets colour, by what a user reads on them
 CONTROLS = {
     "Good": ".mnb-tagger-live .widget-button.mod-success",
@@ -234,8 +259,8 @@ def test_reopened_notebook_shows_no_widget_errors(session, lab, page, tmp_path):
         page.goto(lab.url("review.ipynb"))  # a new page: a new widget manager, a new kernel
         expect(page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\| Idle$"))).to_be_visible()
         statics = page.locator("[data-mnb-static]")
-        expect(statics).to_have_count(4)
-        for i in range(4):
+        expect(statics).to_have_count(5)
+        for i in range(5):
             expect(statics.nth(i)).to_be_visible()  # the static view is what a reopened notebook shows
         expect(page.locator(".mnb-run-picker").first).to_contain_text("12 runs")
         expect(page.locator(".probe mjx-container")).to_have_count(1)  # MathJax ran on this page

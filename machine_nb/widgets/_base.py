@@ -258,3 +258,46 @@ def escape(value: Any) -> str:
         The escaped text ("$" as `&#36;`, see theme.escape); "" for None.
     """
     return "" if value is None else _escape_text(value)
+
+
+def word_diff(a: str, b: str) -> list[tuple[str, str]]:
+    """The word-level difference between two texts.
+
+    Args:
+        a: the first text (a reply, a baseline's output).
+        b: the second (its rewrite, a checkpoint's output).
+
+    Returns:
+        (op, text) pieces in order, op "same", "removed" (in `a` only) or "added" (in `b` only);
+        whitespace stays with the words before it.
+    """
+    import difflib
+    import re
+
+    x, y = re.findall(r"\S+\s*", a), re.findall(r"\S+\s*", b)
+    out: list[tuple[str, str]] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, x, y, autojunk=False).get_opcodes():
+        if op == "equal":
+            out.append(("same", "".join(y[j1:j2])))
+            continue
+        if i2 > i1:
+            out.append(("removed", "".join(x[i1:i2])))
+        if j2 > j1:
+            out.append(("added", "".join(y[j1:j2])))
+    return out
+
+
+def diff_html(pieces: list[tuple[str, str]], keep: tuple[str, ...] = ("same", "removed", "added")) -> str:
+    """word_diff pieces as HTML: removed words struck through in red, added ones underlined in green.
+
+    Args:
+        pieces: word_diff's (op, text) pieces.
+        keep: the ops shown (default all; ("same", "removed") draws the first text alone).
+
+    Returns:
+        The escaped HTML (spans with the classes mnb-diff-removed / mnb-diff-added).
+    """
+    style = {"removed": f"color:{text_colour(RED)};text-decoration:line-through",
+             "added": f"color:{text_colour(GREEN)};text-decoration:underline"}
+    return "".join(escape(t) if op == "same" else f'<span class="mnb-diff-{op}" style="{style[op]}">{escape(t)}</span>'
+                   for op, t in pieces if op in keep)

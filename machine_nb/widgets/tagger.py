@@ -19,7 +19,7 @@ import ipywidgets as w
 
 from ..chat import content_text
 from ..compat import user_stacklevel
-from ._base import NoMathHTML, strong_button, style_sheet, FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, diff_html, strong_button, style_sheet, word_diff, FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
@@ -109,7 +109,7 @@ def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
 
 
 def rewrite_diff(original: str, rewrite: str) -> list[tuple[str, str]]:
-    """The word-level difference between a reply and its rewrite.
+    """The word-level difference between a reply and its rewrite (see `word_diff`).
 
     Args:
         original: the turn's reply.
@@ -117,32 +117,16 @@ def rewrite_diff(original: str, rewrite: str) -> list[tuple[str, str]]:
 
     Returns:
         (op, text) pieces in order, op "same", "removed" (in the reply only) or "added" (in the
-        rewrite only); whitespace stays with the words around it.
+        rewrite only).
     """
-    import difflib
-    import re
-
-    a, b = re.findall(r"\S+\s*", original), re.findall(r"\S+\s*", rewrite)
-    out: list[tuple[str, str]] = []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if op == "equal":
-            out.append(("same", "".join(b[j1:j2])))
-            continue
-        if i2 > i1:
-            out.append(("removed", "".join(a[i1:i2])))
-        if j2 > j1:
-            out.append(("added", "".join(b[j1:j2])))
-    return out
+    return word_diff(original, rewrite)
 
 
 def rewrite_diff_html(original: str, rewrite: str) -> str:
     """rewrite_diff as HTML: removed words struck through in red, added ones underlined in green."""
     if not rewrite.strip():
         return ""
-    style = {"removed": f"color:{text_colour(RED)};text-decoration:line-through",
-             "added": f"color:{text_colour(GREEN)};text-decoration:underline"}
-    parts = "".join(escape(t) if op == "same" else f'<span class="mnb-diff-{op}" style="{style[op]}">{escape(t)}</span>'
-                    for op, t in rewrite_diff(original, rewrite))
+    parts = diff_html(rewrite_diff(original, rewrite))
     return (f'<div class="mnb-rewrite-diff" style="white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0">'
             f'<b>rewrite vs reply</b>: {parts}</div>')
 
