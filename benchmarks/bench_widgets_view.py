@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/bench_widgets_view.py              # all but the slow "before" figure
     .venv/bin/python benchmarks/bench_widgets_view.py --hub-retries  # also time the hub client's own retries
+    .venv/bin/python benchmarks/bench_widgets_view.py --tags-only    # the tag store's views alone
 
 ExamplePreviewer: next example, with the token view and the prompt-vs-training check, on the
 sample workspace's whole-run lines (Inkling's renderer). CostMeter: moving the epochs slider
@@ -17,6 +18,11 @@ through the hub client alone, as it was before the bounded check (capped at 120 
 Live loss plot vs the progress bar: a real 30-step sft on the local engine; at each poll that
 moves the progress bar, how many steps the plot is behind, polling (refresh_s=1) and fed by
 `sft(on_metrics=plot.update)`.
+
+One tag store (`--tags`, or alone with `--tags-only`): a RunPicker of 100,000 runs following a
+store; the time from `tag()` (a Tagger button's call) to the picker's page and tag filter being
+up to date (the view must follow within a second), and the picker's search over every text column
+against input/output only (building the picker, and one search after typing pauses).
 
 One thread; a shared 2-core machine, so ratios and orders of magnitude matter, not the last
 millisecond.
@@ -49,7 +55,53 @@ def timed(fn, n):
     return f"median {statistics.median(out):7.1f} ms · worst {max(out):7.1f} ms (n={n})"
 
 
+def tag_store_views(n: int = 100_000) -> None:
+    """tag() -> the picker's rows and "(untagged)" filter; search over every text column."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_run_picker import make_runs
+
+    import machine_nb as mnb
+
+    runs = make_runs(n)
+    runs["run"] = [{"id": i, "machine": m, "history": [], "trajectory": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]} for i, m in zip(runs["id"], runs["machine"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "store"
+        t = time.perf_counter()
+        picker = mnb.RunPicker(runs, store=store)
+        built_all = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
+        mnb.RunPicker(runs, text_columns=("input", "output"))
+        built_io = (time.perf_counter() - t) * 1000
+        print(f"RunPicker of {n:,} runs, built: every text column {built_all:.0f} ms, input/output only "
+              f"{built_io:.0f} ms (ratio {built_all / built_io:.2f})")
+        picker.set_filters(tag="(untagged)")
+        seen = []
+        # the count line ("… match") changes with every tag while "(untagged)" is chosen
+        picker._count.observe(lambda _: seen.append(time.perf_counter()), names="value")
+        lags = []
+        for k in range(10):
+            record = runs["run"].iloc[k * 997]
+            seen.clear()
+            t = time.perf_counter()
+            mnb.tag(record, "good", store=store)
+            assert seen, "the picker did not follow the store"
+            lags.append((seen[-1] - t) * 1000)
+        untagged = len(picker.filtered)
+        assert untagged == n - 10, untagged
+        print(f"tag() -> picker's tags, (untagged) filter and page, {n:,} runs: median {statistics.median(lags):.1f} ms · "
+              f"worst {max(lags):.1f} ms (n=10; the target is under 1,000 ms)")
+        picker.set_filters(tag=None)
+        io = mnb.RunPicker(runs, text_columns=("input", "output"))
+        for label, p in (("every text column", picker), ("input/output only", io)):
+            terms = iter(["machine-3 w12", "w7 tool", "case-42 w99", "w1234", "letta w5", "w2 w3"])
+            print(f"search after typing pauses ({label}): {timed(lambda: p.set_filters(text=next(terms)), 6)}")
+
+
 def main() -> None:
+    if "--tags-only" in sys.argv:
+        tag_store_views()
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -100,6 +152,8 @@ def main() -> None:
 
     no_network(train, hub_retries="--hub-retries" in sys.argv)
     plot_lag()
+    if "--tags" in sys.argv:
+        tag_store_views()
 
 
 class HangingResolver:

@@ -422,7 +422,9 @@ class Candidate:
     base_model: the model it was trained from (the live version's). engine: where it ran.
     live_version: the versions.json entry it was measured against. report: the CandidateReport.
     gate: the rule it was decided by; passed / reason: the decision. id: names it in the version
-    it becomes. committed: the version id once committed (None before).
+    it becomes. committed: the version id once committed (None before): the one record of the
+    candidate's state, which `state`, `status`, `summary()`, its HTML and every CandidateView read
+    (`observe` tells views when it changes).
     """
 
     workspace: str
@@ -437,6 +439,38 @@ class Candidate:
     reason: str = ""
     id: str = field(default_factory=lambda: f"cand-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dt%H%M%S}-{secrets.token_hex(2)}")
     committed: str | None = None
+    _observers: list = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def state(self) -> str:
+        """Where the candidate stands: "committed", "passed" (not committed yet) or "refused"."""
+        return "committed" if self.committed else "passed" if self.passed else "refused"
+
+    @property
+    def status(self) -> str:
+        """The candidate's state in one sentence (what every view and print of it says).
+
+        Returns:
+            "Committed as v2: tutor runs <checkpoint>." / "Not committed yet: the gate passed it
+            (commit() makes it live)." / "Not committed: the gate refused it. <reason>".
+        """
+        if self.committed:
+            return f"Committed as {self.committed}: {self.machine} runs {self.checkpoint}."
+        if self.passed:
+            return "Not committed yet: the gate passed it (commit() makes it live)."
+        return f"Not committed: the gate refused it. {self.reason}".strip()
+
+    def observe(self, callback: Any) -> Any:
+        """Call `callback(candidate)` whenever the candidate's state changes (a commit).
+
+        Args:
+            callback: a function of the candidate.
+
+        Returns:
+            A function that stops the calls.
+        """
+        self._observers.append(callback)
+        return lambda: callback in self._observers and self._observers.remove(callback)
 
     def commit(self, force: bool = False, note: str | None = None) -> dict:
         """Make this candidate the machine's live version.
@@ -501,6 +535,8 @@ class Candidate:
             _replace_json(d / "versions.json", versions)
             _set_model_json(d, self.checkpoint)
         self.committed = entry["id"]
+        for callback in list(self._observers):
+            callback(self)
         return entry
 
     def to_dict(self) -> dict[str, Any]:

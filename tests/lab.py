@@ -97,7 +97,7 @@ def lab_server(root: Path, start_timeout_s: float = 90) -> Iterator[Lab]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MACHINE_NB_PROGRESS": "0"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
              "--port-retries=0", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
              f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={root / '.lab-workspaces'}",
              f"--LabApp.user_settings_dir={root / '.lab-settings'}", "--LabApp.news_url=None",

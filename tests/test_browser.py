@@ -83,7 +83,7 @@ def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
             page.locator(".mnb-pager button", has_text="›").click()
             expect(page.locator(".mnb-page-info")).to_have_text("page 2 of 3")
 
-            search = page.locator('input[placeholder="search input/output (Enter)"]')
+            search = page.locator('input[placeholder="search every text column"]')
             search.fill("29")
             search.press("Enter")  # an ipywidgets control filters in Python; the table follows
             expect(rows).to_have_count(1)

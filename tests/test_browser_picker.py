@@ -115,7 +115,7 @@ def use_the_picker(page, nb_path: Path, theme: str, search: str, matches: int, p
     expect(page.locator('.mnb-table th[data-column="harness"]')).to_have_count(0)
 
     # filter, page: then save; the saved output's static HTML shows this state
-    search_box = page.locator('input[placeholder="search input/output (Enter)"]')
+    search_box = page.locator('input[placeholder="search every text column"]')
     search_box.fill(search)
     search_box.press("Enter")
     expect(page.locator(".widget-html", has_text=f"{N_RUNS} runs · {matches} match · 1 selected")).to_be_visible()

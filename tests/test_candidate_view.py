@@ -57,7 +57,7 @@ def test_refused_candidate_shows_why_and_the_button_writes_nothing(ws):
     html = view.static_html()
     assert "refused" in html and "not beyond chance" in html and "A candidate passes when" in html
     assert html.count("class='mnb-win'") == 2 and "2 held-out case(s) flipped" in html
-    assert "Not committed yet (the gate refused it)." in html
+    assert "Not committed: the gate refused it." in html
     before = (ws / "machines" / "tutor" / "versions.json").read_bytes()
     view._button.click()  # what a click in the browser runs
     assert view.committed is None and view.status.startswith("Not committed: Refused: ")
@@ -71,15 +71,15 @@ def test_passing_candidate_commits_once_from_the_button(ws):
     cand = make(ws, learned=8)
     assert cand.passed and cand.report.wins == 8
     view = mnb.CandidateView(cand, note="from the view")
-    assert "passes" in view.static_html() and "Not committed yet (the gate passed it)." in view.static_html()
+    assert "passes" in view.static_html() and "Not committed yet: the gate passed it" in view.static_html()
     view._button.click()
     assert view.committed == "v2" and view._button.disabled
-    assert view.status == "Committed as v2: tutor now runs local:///runs/sft/sampler_weights/final."
+    assert view.status == "Committed as v2: tutor runs local:///runs/sft/sampler_weights/final."
     versions = read_versions(ws, "tutor")
     assert [v["id"] for v in versions] == ["v1", "v2"] and versions[-1]["source"]["note"] == "from the view"
     assert "committed as <b>v2</b>" in view.static_html()
-    view.commit()  # a second click (or call) writes nothing more
-    assert len(read_versions(ws, "tutor")) == 2 and "already committed" in view.status
+    assert view.commit() == "v2"  # a second click (or call) writes nothing more, and says what is so
+    assert len(read_versions(ws, "tutor")) == 2 and view.status.startswith("Committed as v2")
     assert json.loads((ws / "machines" / "tutor" / "model.json").read_text())["model"].endswith("final")
 
 
@@ -87,4 +87,29 @@ def test_a_candidate_committed_elsewhere_opens_with_the_button_off(ws):
     cand = make(ws, learned=8)
     cand.commit()
     view = mnb.CandidateView(cand)
-    assert view._button.disabled and "Committed as v2." in view.static_html()
+    assert view._button.disabled and "Committed as v2:" in view.static_html()
+
+
+def test_every_view_and_print_follows_the_candidate(ws):
+    """Clicked Commit, then a later cell commits again and prints: no "Not committed … already
+    committed" beside views that say committed; views of the same candidate agree."""
+    cand = make(ws, learned=8)
+    view, other = mnb.CandidateView(cand), mnb.CandidateView(cand)
+    assert cand.state == "passed" and cand.status.startswith("Not committed yet")
+    view._button.click()
+    assert other._button.disabled and other.committed == "v2"  # the other view followed the click
+    assert "committed as <b>v2</b>" in other.static_html() and other.status == cand.status
+    assert view.commit() == "v2" and other.commit() == "v2"  # a later cell: no second version, no error
+    assert cand.state == "committed" and cand.status.startswith("Committed as v2: tutor runs ")
+    for text in (view.status, other.status, view.static_html(), other.static_html(), cand.summary(), cand._repr_html_()):
+        assert "Not committed" not in text and "already committed" not in text
+    assert len(read_versions(ws, "tutor")) == 2
+    code = make(ws, learned=8)  # committed in code, not by a click: its view follows too
+    later = mnb.CandidateView(code)
+    import pytest
+
+    from machine_nb.candidate import CommitConflict
+
+    with pytest.raises(CommitConflict):  # measured against v1; v2 is live now
+        code.commit()
+    assert not later._button.disabled and later.committed is None

@@ -82,3 +82,25 @@ def test_eval_results_and_their_names_reach_the_view_without_the_frame_shim(tmp_
         assert v.result.baseline_name == "base model" and v.result.checkpoint_name == "step 60"
         assert ">base model</th>" in v.static_html() and ">step 60</th>" in v.static_html()
         assert list(v.rows["change"]) == list(rows["change"]) == ["tie", "win", "win", "loss", "tie", "tie"]
+
+
+def test_show_wins_ties_or_losses_and_open_a_case_with_its_difference_marked():
+    v = CompareView(BASE, CKPT)
+    assert v.show == "all" and v._table.value.count("<tr class=") == 6
+    v.show = "loss"  # the "show" buttons
+    assert v._table.value.count("<tr class=") == 1 and 'class="mnb-loss"' in v._table.value
+    assert "answer: 4" in v.static_html() and "answer: 6" not in v.static_html()
+    v._show.value = "win"
+    assert v._table.value.count('class="mnb-win"') == 2 and "mnb-tie" not in v._table.value
+    # a case opens to both whole transcripts side by side, the words that differ marked
+    html = v._table.value
+    assert "<details" in html and "mnb-case-detail" in html
+    detail = html[html.index("mnb-case-detail"):]
+    assert 'class="mnb-diff-removed"' in detail and 'class="mnb-diff-added"' in detail
+    v.show = "tie"
+    v.only_flips = True
+    assert "No row" in v._table.value
+    import pytest
+
+    with pytest.raises(ValueError, match="show"):
+        v.show = "draws"

@@ -269,3 +269,20 @@ def test_history_sets_observed_cost_beside_the_estimate(tmp_path, monkeypatch):
     finally:
         clear_prices()
         server.stop()
+
+
+def test_a_background_count_does_not_warn_from_its_thread():
+    """A count in the worker thread has no user line to point a warning at (it would name
+    threading.py, once per count, in the log console): the meter shows the note itself."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = CostMeter(LINES, model="Qwen/Qwen3-8B", background=True)  # estimated: its tokenizer needs the hub
+        m.wait(60)
+        m.model = INKLING
+        m.wait(60)
+    assert not m.estimate.exact or m.estimate.model == INKLING
+    assert [str(w.message) for w in caught if w.filename.endswith("threading.py")] == []
+    m.model = "Qwen/Qwen3-8B"
+    assert "estimated" in m.static_html()  # the note is in the meter

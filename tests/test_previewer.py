@@ -320,3 +320,12 @@ def test_prev_and_next_are_disabled_at_the_ends_and_arrow_keys_page():
     p._keys._handle_custom_msg({"event": "key", "key": "Home"}, [])
     assert p.current == 0 and p._prev.disabled
     assert "(→ key)" in p._next.tooltip
+
+
+def test_status_line_leaves_out_fields_a_line_lacks():
+    bare = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    line = ExamplePreviewer([bare]).summary()
+    assert "?" not in line and "run " not in line and "machine " not in line
+    assert line.startswith("ExamplePreviewer: example 1/1 · step · 2 messages")
+    full = ExamplePreviewer([{**bare, "run": "r1", "machine": "calc"}]).summary()
+    assert "example 1/1 · run r1 · machine calc · step" in full

@@ -99,8 +99,9 @@ def test_each_filter_kind():
     assert list(p.filtered["id"]) == ["run007", "run014", "run021", "run028"]
     p.set_filters(tag="(untagged)")
     assert all(t == [] for t in p.filtered["tags"]) and len(p.filtered) == 30 - 6 - 4
-    p.set_filters(tag=None, text="answer IS 2")  # terms AND-ed, case-insensitive, over input and output
-    assert set(p.filtered["id"]) == {f"run{i:03d}" for i in range(30) if "2" in str(2 * i) or "2" in str(i)}
+    p.set_filters(tag=None, text="answer IS 2")  # terms AND-ed, case-insensitive, over every text column
+    assert set(p.filtered["id"]) == {f"run{i:03d}" for i in range(30)
+                                     if "2" in str(2 * i) or "2" in str(i) or i % 2 == 1}  # model m2 too
     p.set_filters(text="what 14 28")  # one term in input, one in output
     assert list(p.filtered["id"]) == ["run014"]
     with pytest.raises(ValueError, match="unknown filters"):
@@ -287,3 +288,29 @@ def test_format_cell():
     assert format_cell(["good", "x"]) == "good, x" and format_cell(pd.NaT) == ""
     long = format_cell("word\n" * 100)
     assert len(long) == 120 and long.endswith("…") and "\n" not in long
+
+
+def test_search_covers_every_text_column_as_you_type():
+    import asyncio
+
+    runs = make_runs()
+    p = RunPicker(runs, page_size=5)
+    p.set_filters(text="run013")  # an id
+    assert list(p.filtered["id"]) == ["run013"]
+    p.set_filters(text="pi m2 run01")  # harness, model and a part of an id, together
+    assert list(p.filtered["id"]) == ["run011", "run013", "run015", "run017", "run019"]
+    p.set_filters(text=None)
+
+    async def type_in_the_box() -> list[str]:
+        # keystrokes as the browser sends them (continuous_update): the search waits for a pause
+        for text in ("r", "ru", "run02", "run029"):
+            p.controls["text"].value = text
+        assert len(p.filtered) == 30  # nothing scanned while typing
+        for _ in range(1000):  # until the one search scheduled after the last keystroke has run
+            if p._search_timer is None:
+                break
+            await asyncio.sleep(0.01)
+        return list(p.filtered["id"])
+
+    assert p.controls["text"].continuous_update
+    assert asyncio.run(type_in_the_box()) == ["run029"]

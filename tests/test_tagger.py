@@ -245,3 +245,76 @@ def test_an_unanswered_turn_is_tagged_by_tag_itself(tmp_path, monkeypatch):
     row = t.good_with_rewrite("answer: 2")
     assert calls == [("answer: 2", tmp_path)] and "replaced" not in row
     assert store_rows(tmp_path) == [{**row, "_file": "train.jsonl"}]
+
+
+def test_one_store_every_view_follows_it(tmp_path):
+    """Rows written by a Tagger or by tag() in code reach the picker's tags column and "(untagged)"
+    filter, and every Tagger of the store, at once."""
+    import machine_nb as mnb
+
+    store = tmp_path / "store"
+    frame = runs_frame(4)
+    picker = mnb.RunPicker(frame)
+    t = Tagger(picker, store=store)  # lends the picker its store
+    other = Tagger(frame, store=store)
+    assert "tags" in picker.columns and "tags" not in frame.columns  # the caller's frame is left alone
+    picker.click("run1")
+    t._b_good.click()
+    assert picker.runs.set_index("id").loc["run1", "tags"] == ["good"]
+    assert {r["__key__"]: r["tags"] for r in picker._table.rows}["run1"] == "good"
+    picker.set_filters(tag="(untagged)")
+    assert sorted(picker.filtered["id"]) == ["run0", "run2", "run3"]
+    tag(make_run(2), "bad", store=store)  # tag() in a cell
+    assert sorted(picker.filtered["id"]) == ["run0", "run3"]
+    other.go_to("run2")
+    assert [r["tag"] for r in other.existing_tags()] == ["bad"]  # read before: follows the write
+    t.undo()
+    assert sorted(picker.filtered["id"]) == ["run0", "run1", "run3"]
+    picker.set_filters(tag="bad")
+    assert list(picker.filtered["id"]) == ["run2"]
+    elsewhere = tmp_path / "elsewhere"
+    tag(make_run(3), "good", store=elsewhere)  # another store: not this picker's
+    assert picker.runs.set_index("id").loc["run3", "tags"] == []
+
+
+def test_a_rewrite_is_shown_as_stored_and_the_reply_itself_is_refused(tmp_path):
+    store = tmp_path / "store"
+    t = Tagger(runs_frame(1), store=store)
+    t.rewrite.value = "The answer is 0."  # the reply as it is
+    t._b_rewrite.click()
+    assert store_rows(store) == [] and "the rewrite is the reply as it is" in t._status.value
+    with pytest.raises(ValueError, match="Good"):
+        t.good_with_rewrite("  The answer is\n0. ")
+    t.good_with_rewrite("0 + 0 = 0.", note="shorter")
+    line = t.static_html()
+    assert "already tagged: good (this turn, note “shorter”, rewrite “0 + 0 = 0.”)" in line
+
+
+def test_keys_do_what_their_buttons_do(tmp_path):
+    store = tmp_path / "store"
+    t = Tagger(runs_frame(2), store=store)
+    t._on_key(None, {"event": "key", "key": "g"}, None)
+    assert [r["tag"] for r in store_rows(store)] == ["good"]
+    t._on_key(None, {"event": "key", "key": "ArrowRight"}, None)
+    assert t.current["run_id"] == "run1"
+    t._on_key(None, {"event": "key", "key": "ArrowUp"}, None)
+    assert t.current["turn"] == 0
+    t._on_key(None, {"event": "key", "key": "b"}, None)
+    t._on_key(None, {"event": "key", "key": "u"}, None)
+    assert [r["tag"] for r in store_rows(store)] == ["good"]
+    assert {"g", "b", "w", "u", "ArrowLeft"} <= set(t._keys.key_names)
+
+
+def test_the_rewrite_is_shown_against_the_reply():
+    from machine_nb.widgets.tagger import rewrite_diff
+
+    assert rewrite_diff("The answer is 4.", "answer: 4") == [
+        ("removed", "The answer is 4."), ("added", "answer: 4")]
+    assert rewrite_diff("It costs $5 now.", "It costs $7 now.") == [
+        ("same", "It costs "), ("removed", "$5 "), ("added", "$7 "), ("same", "now.")]
+    t = Tagger(runs_frame(1), store=None)
+    t.rewrite.value = "The answer is zero."
+    html = t._diff.value
+    assert "mnb-diff-removed" in html and ">0.</span>" in html and ">zero.</span>" in html
+    t.rewrite.value = ""
+    assert t._diff.value == ""

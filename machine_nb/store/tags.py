@@ -242,6 +242,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
             row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
     append_jsonl([row], _resolve_store(store) / fname)
+    _notify(_resolve_store(store), "tag", row)
     return row
 
 
@@ -389,7 +390,9 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
             if found is not None:
                 start, end, removed = found
                 _rewrite_without(path, start, end)
-                return removed
+        if found is not None:
+            _notify(root, "untag", removed)  # outside the lock: a view may read the store
+            return removed
     where = f"in {root}" if root.is_dir() else f"(no tag store at {root})"
     raise KeyError(f"no tag row with id {id!r} {where}")
 
@@ -433,3 +436,50 @@ def _rewrite_without(path: Path, start: int, end: int) -> None:
             left -= len(chunk)
         src.seek(end)
         shutil.copyfileobj(src, out, 1 << 20)
+
+
+# ---- views that follow a store: RunPicker and Tagger are told of each row written or removed here
+
+_observers: list = []
+
+
+def observe_store(callback: Any) -> Any:
+    """Call `callback(store, event, row)` after every `tag()` ("tag") and `untag()` ("untag") in
+    this process, so every view of a store follows it. A bound method is held weakly (a widget
+    that is gone stops being called).
+
+    Args:
+        callback: a function or bound method taking (store folder as a resolved Path, event, row).
+
+    Returns:
+        A function that stops the calls.
+    """
+    import weakref
+
+    ref = weakref.WeakMethod(callback) if hasattr(callback, "__self__") else (lambda: callback)
+    _observers.append(ref)
+
+    def stop() -> None:
+        if ref in _observers:
+            _observers.remove(ref)
+    return stop
+
+
+def same_store(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
+    """Whether two store arguments name one folder (None is `store_dir()`)."""
+    return os.path.realpath(_resolve_store(a)) == os.path.realpath(_resolve_store(b))
+
+
+def _notify(store: Path, event: str, row: dict) -> None:
+    import warnings
+
+    for ref in list(_observers):
+        callback = ref()
+        if callback is None:
+            _observers.remove(ref)
+            continue
+        try:
+            callback(store, event, row)
+        except Exception as exc:  # noqa: BLE001 - a broken view must not fail the write that was made
+            warnings.warn(f"a view of the tag store failed to follow a {event}: {type(exc).__name__}: {exc}",
+                          stacklevel=user_stacklevel())

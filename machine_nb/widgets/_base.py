@@ -26,6 +26,64 @@ from typing import Any
 # ---- theme colours (machine_nb/theme.py) -----------------------------------------------------
 
 from ..theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour, tint  # noqa: E402,F401
+from ..theme import NO_MATH_CLASSES, no_math  # noqa: E402
+from ..theme import escape as _escape_text  # noqa: E402
+
+import ipywidgets as _w  # noqa: E402
+import traitlets as _traitlets  # noqa: E402
+
+
+def _has_dollar(value: str) -> bool:
+    return "$" in value or "&#36;" in value or "&dollar;" in value
+
+
+class NoMathHTML(_w.HTML):
+    """An ipywidgets HTML whose value no math typesetter reads as TeX.
+
+    ipywidgets typesets an HTML widget's content with the page's MathJax, so "$0.40 … $1.20"
+    would render as italic math; a value holding a dollar sign has it written `&#36;` and is
+    wrapped in `theme.no_math(...)` (MathJax skips what is inside); any other value is kept
+    exactly as given.
+    """
+
+    @_traitlets.validate("value")
+    def _no_math(self, proposal: Any) -> str:
+        value = proposal["value"] or ""
+        if _has_dollar(value) and not value.startswith(f'<div class="{NO_MATH_CLASSES}">'):
+            return no_math(_dollars_as_entities(value))
+        return value
+
+
+# Text the widgets' controls draw, at a contrast of 4.5:1 or more in JupyterLab's light and dark
+# themes: ipywidgets' coloured buttons put white text on the theme's accent colours (the success
+# green and info cyan are fill colours, 3.5-4.1:1 against white), so buttons with the class
+# `mnb-button` get the accent darkened; an accordion title of a widget with the class
+# `mnb-strong-titles` gets the theme's strongest text colour.
+WIDGET_CSS = """
+.jupyter-button.mnb-button.mod-success { background-color: color-mix(in srgb, var(--jp-success-color1, #388e3c) 72%, #000); color: #fff; }
+.jupyter-button.mnb-button.mod-info { background-color: color-mix(in srgb, var(--jp-info-color1, #0097a7) 62%, #000); color: #fff; }
+.jupyter-button.mnb-button.mod-danger { background-color: color-mix(in srgb, var(--jp-error-color1, #d32f2f) 85%, #000); color: #fff; }
+.jupyter-button.mnb-button.mod-warning { background-color: color-mix(in srgb, var(--jp-warn-color1, #f57c00) 55%, #000); color: #fff; }
+.mnb-strong-titles .jupyter-widget-Collapse-header, .mnb-strong-titles .lm-Collapse-header,
+.mnb-strong-titles .p-Collapse-header { color: var(--jp-ui-font-color0, #000); }
+"""
+
+
+def style_sheet() -> NoMathHTML:
+    """A hidden HTML widget holding WIDGET_CSS (put it among a widget's children)."""
+    return NoMathHTML(f"<style>{WIDGET_CSS}</style>", layout=_w.Layout(display="none"))
+
+
+def strong_button(button: Any) -> Any:
+    """Give a coloured ipywidgets Button the darkened accent of WIDGET_CSS (needs style_sheet() on the page)."""
+    button.add_class("mnb-button")
+    return button
+
+
+def _dollars_as_entities(fragment: str) -> str:
+    """An HTML fragment with each "$" written `&#36;` (the same text once parsed; the widgets'
+    HTML holds no "$" in style sheets or scripts, where an entity would not be read)."""
+    return fragment.replace("$", "&#36;")
 
 
 def static_html_id(widget: Any) -> str:
@@ -44,6 +102,20 @@ def _hide_rule(key: str) -> str:
     # `:has` also collapses JupyterLab's output wrapper (prompt and padding) of the hidden twin.
     return (f'<style>[data-mnb-static="{key}"]{{display:none!important}}'
             f'.jp-OutputArea-child:has([data-mnb-static="{key}"]){{display:none!important}}</style>')
+
+
+def _orphan_rule(key: str) -> str:
+    """A style rule, carried by the static twin, that hides the live output right after it while
+    that output shows no widget: a notebook reopened with a new kernel (the widget's model is gone)
+    would otherwise read "Error displaying widget: model not found" under the static view.
+
+    The widget renderer of JupyterLab and Notebook 7 writes that line as the text of its output
+    node and gives the node the class `jupyter-widgets` (a drawn view is a child with that class,
+    never the output node itself). So the live output (displayed right after the static twin) is
+    hidden exactly while it shows the error, and the static twin stays the one thing shown.
+    """
+    return (f'<style>.jp-OutputArea-child:has([data-mnb-static="{key}"]) + '
+            f'.jp-OutputArea-child:has(> .jp-OutputArea-output.jupyter-widgets){{display:none!important}}</style>')
 
 
 @dataclass
@@ -111,7 +183,8 @@ class StaticFallback:
         key = static_html_id(self)
         data: dict[str, Any] = {
             "text/plain": self.summary(),
-            "text/html": f'<div class="mnb-static" data-mnb-static="{key}">{self.static_html()}</div>',
+            "text/html": (f'<div class="mnb-static {NO_MATH_CLASSES}" data-mnb-static="{key}">{_orphan_rule(key)}'
+                          f'{_dollars_as_entities(self.static_html())}</div>'),
         }
         png = self.static_png()
         if png:
@@ -182,6 +255,49 @@ def escape(value: Any) -> str:
         value: anything (str() is taken).
 
     Returns:
-        The escaped text; "" for None.
+        The escaped text ("$" as `&#36;`, see theme.escape); "" for None.
     """
-    return "" if value is None else html.escape(str(value))
+    return "" if value is None else _escape_text(value)
+
+
+def word_diff(a: str, b: str) -> list[tuple[str, str]]:
+    """The word-level difference between two texts.
+
+    Args:
+        a: the first text (a reply, a baseline's output).
+        b: the second (its rewrite, a checkpoint's output).
+
+    Returns:
+        (op, text) pieces in order, op "same", "removed" (in `a` only) or "added" (in `b` only);
+        whitespace stays with the words before it.
+    """
+    import difflib
+    import re
+
+    x, y = re.findall(r"\S+\s*", a), re.findall(r"\S+\s*", b)
+    out: list[tuple[str, str]] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, x, y, autojunk=False).get_opcodes():
+        if op == "equal":
+            out.append(("same", "".join(y[j1:j2])))
+            continue
+        if i2 > i1:
+            out.append(("removed", "".join(x[i1:i2])))
+        if j2 > j1:
+            out.append(("added", "".join(y[j1:j2])))
+    return out
+
+
+def diff_html(pieces: list[tuple[str, str]], keep: tuple[str, ...] = ("same", "removed", "added")) -> str:
+    """word_diff pieces as HTML: removed words struck through in red, added ones underlined in green.
+
+    Args:
+        pieces: word_diff's (op, text) pieces.
+        keep: the ops shown (default all; ("same", "removed") draws the first text alone).
+
+    Returns:
+        The escaped HTML (spans with the classes mnb-diff-removed / mnb-diff-added).
+    """
+    style = {"removed": f"color:{text_colour(RED)};text-decoration:line-through",
+             "added": f"color:{text_colour(GREEN)};text-decoration:underline"}
+    return "".join(escape(t) if op == "same" else f'<span class="mnb-diff-{op}" style="{style[op]}">{escape(t)}</span>'
+                   for op, t in pieces if op in keep)

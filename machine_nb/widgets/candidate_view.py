@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import StaticFallback, escape
+from ._base import NoMathHTML, strong_button, style_sheet, StaticFallback, escape
 
 if TYPE_CHECKING:
     from ..candidate import Candidate
@@ -21,8 +21,12 @@ if TYPE_CHECKING:
 class CandidateView(StaticFallback, widgets.VBox):
     """A candidate's report with a Commit button.
 
-    `.status` is the last outcome line ("" before any click); `.committed` the version id the
-    button wrote (None until then). After a commit the button is disabled.
+    The candidate is the one record of its state (`candidate.committed`): the view follows it,
+    whether the Commit button, `view.commit()` or `candidate.commit()` in code made the commit,
+    and every view of the same candidate shows the same. `.status` is `candidate.status` once
+    committed, else why the last click did not commit ("" before any); `.committed` the version
+    id (None until then). After a commit the button is disabled, and `commit()` again returns the
+    version id without writing or complaining.
 
     Args:
         candidate: a `machine_nb.Candidate` (from `machine_nb.candidate(…)`).
@@ -35,17 +39,30 @@ class CandidateView(StaticFallback, widgets.VBox):
 
         self.candidate = candidate
         self.note = note
-        self.status = ""
+        self._attempt = ""  # why the last click did not commit
         self._report_html = report_html
-        self._report = widgets.HTML(self._body())
-        self._button = widgets.Button(description="Commit", icon="check",
+        self._report = NoMathHTML(self._body())
+        self._button = strong_button(widgets.Button(description="Commit", icon="check",
                                       button_style="success" if candidate.passed else "",
-                                      tooltip="make this candidate the live version (only if it passed the gate)")
-        self._status = widgets.HTML()
+                                      tooltip="make this candidate the live version (only if it passed the gate)"))
+        self._status = NoMathHTML()
         self._button.on_click(lambda _: self.commit())
         if candidate.committed:
             self._button.disabled = True
-        super().__init__(children=[self._report, widgets.HBox([self._button, self._status])], **kwargs)
+        super().__init__(children=[self._report, widgets.HBox([self._button, self._status]), style_sheet()], **kwargs)
+        self._show_status()
+        self._stop_following = candidate.observe(self._on_candidate)
+
+    @property
+    def status(self) -> str:
+        """The outcome line: the candidate's status once committed, else why the last click did
+        not commit ("" before any click)."""
+        return self.candidate.status if self.candidate.committed else self._attempt
+
+    def _on_candidate(self, _candidate: Any) -> None:
+        """The candidate's state changed (committed here, in another view or in code): follow it."""
+        self._button.disabled = bool(self.candidate.committed)
+        self._report.value = self._body()
         self._show_status()
 
     @property
@@ -68,15 +85,14 @@ class CandidateView(StaticFallback, widgets.VBox):
         """
         from ..candidate import CommitConflict, CommitRefused
 
+        if self.candidate.committed:
+            return self.committed  # committed already (a click, another view, code): nothing to do
         try:
-            entry = self.candidate.commit(note=self.note)
+            self.candidate.commit(note=self.note)  # the views follow through _on_candidate
         except CommitRefused as exc:
-            self.status = f"Not committed: {exc.reason}"
+            self._attempt = f"Not committed: {exc.reason}"
         except CommitConflict as exc:
-            self.status = f"Not committed: {exc}"
-        else:
-            self.status = f"Committed as {entry['id']}: {self.candidate.machine} now runs {entry['model']}."
-            self._button.disabled = True
+            self._attempt = f"Not committed: {exc}"
         self._report.value = self._body()
         self._show_status()
         return self.committed
@@ -103,8 +119,6 @@ class CandidateView(StaticFallback, widgets.VBox):
         Returns:
             The report, then whether and as what the candidate was committed.
         """
-        c = self.candidate
-        text = self.status or (f"Committed as {c.committed}." if c.committed else
-                               f"Not committed yet ({'the gate passed it' if c.passed else 'the gate refused it'}).")
+        text = self.status or self.candidate.status
         status = f"<p class='mnb-candidate-status' style='color:var(--jp-ui-font-color2, #4b5563)'>{escape(text)}</p>"
         return f"{self._body()}{status}"

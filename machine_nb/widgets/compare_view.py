@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
+from ._base import NoMathHTML, diff_html, word_diff, BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,21 +106,29 @@ def numbers_html(result: CompareResult) -> str:
     return f'<table class="mnb-compare-numbers">{body}</table>{paras}'
 
 
+SHOW = ("all", "win", "tie", "loss")
+
+
 def rows_html(frame: pd.DataFrame, *, only_flips: bool = False, base: str = "baseline",
-              ckpt: str = "checkpoint") -> str:
-    """The side-by-side table as HTML, wins on green and losses on red.
+              ckpt: str = "checkpoint", show: str = "all") -> str:
+    """The side-by-side table as HTML, wins on green and losses on red. Under each win or loss, a
+    line that opens (a click, no kernel needed) to both whole outputs side by side, the words that
+    differ marked.
 
     Args:
         frame: a side_by_side table.
         only_flips: leave out the ties (default False).
         base: the baseline's column heading (default "baseline").
         ckpt: the checkpoint's column heading (default "checkpoint").
+        show: "all" (default), or only the rows whose change is "win", "tie" or "loss".
 
     Returns:
         The HTML table (outputs cut at CELL_CHARS characters), or a sentence when no row is left.
     """
     if only_flips:
         frame = frame[frame["change"] != "tie"]
+    if show != "all":
+        frame = frame[frame["change"] == show]
     if len(frame) == 0:
         return "<p>No row changed.</p>" if only_flips else "<p>No rows.</p>"
     cell = f"padding:2px 6px;border-bottom:1px solid {BORDER};vertical-align:top;white-space:pre-wrap;color:{FG}"
@@ -137,16 +145,31 @@ def rows_html(frame: pd.DataFrame, *, only_flips: bool = False, base: str = "bas
                    f'<td style="{cell}">{out(r["baseline_output"], r["baseline_correct"])}</td>'
                    f'<td style="{cell}">{out(r["checkpoint_output"], r["checkpoint_correct"])}</td>'
                    f'<td style="{cell}">{r["change"]}</td></tr>')
+        if r["change"] in ("win", "loss"):
+            trs.append(f'<tr data-case="{escape(r["row"])}"><td colspan="6" style="{cell}">{_case_detail(r, base, ckpt)}</td></tr>')
     head = "".join(f'<th style="{cell};text-align:left">{h}</th>'
                    for h in ("row", "prompt", "expected", escape(base), escape(ckpt), "change"))
     return (f'<table class="mnb-compare-rows" style="border-collapse:collapse;font-size:12px">'
             f'<thead><tr>{head}</tr></thead><tbody>{"".join(trs)}</tbody></table>')
 
 
+def _case_detail(r: dict, base: str, ckpt: str) -> str:
+    """A flipped row's two whole outputs side by side (a <details> that opens on a click), the
+    words only one of them has marked."""
+    pieces = word_diff(str(r["baseline_output"]), str(r["checkpoint_output"]))
+    col = "white-space:pre-wrap;overflow-wrap:anywhere;min-width:0"
+    return (f'<details class="mnb-case-detail"><summary>row {escape(r["row"])}: both outputs in full, '
+            f'the difference marked</summary><div style="display:grid;grid-template-columns:1fr 1fr;gap:12px">'
+            f'<div style="{col}"><b>{escape(base)}</b>\n{diff_html(pieces, ("same", "removed"))}</div>'
+            f'<div style="{col}"><b>{escape(ckpt)}</b>\n{diff_html(pieces, ("same", "added"))}</div></div></details>')
+
+
 class CompareView(StaticFallback, widgets.VBox):
     """Baseline vs checkpoint: the compare numbers, then every row's two outputs side by side.
 
-    `.result` is the CompareResult; `.rows` the side-by-side DataFrame (see `side_by_side`).
+    `.result` is the CompareResult; `.rows` the side-by-side DataFrame (see `side_by_side`). The
+    "show" buttons (`.show`: "all", "win", "tie", "loss") keep one kind of row; a win or loss opens,
+    on a click, to both whole outputs side by side with the words that differ marked.
 
     Args:
         baseline: the baseline's results: an EvalResult (from evaluate, evaluate_cases or
@@ -192,10 +215,15 @@ class CompareView(StaticFallback, widgets.VBox):
         if only_flips is None:
             only_flips = len(self.rows) > FLIPS_FIRST_ABOVE
         self._toggle = widgets.Checkbox(value=bool(only_flips), description="only flips", indent=False)
-        self._numbers = widgets.HTML(numbers_html(result))
-        self._table = widgets.HTML()
-        super().__init__(children=[self._numbers, self._toggle, self._table], **kwargs)
+        self._show = widgets.ToggleButtons(options=[("all", "all"), ("wins", "win"), ("ties", "tie"), ("losses", "loss")],
+                                           value="all", tooltips=["every row", "only the checkpoint is right",
+                                                                  "both right or both wrong", "only the baseline is right"],
+                                           style={"button_width": "auto"})
+        self._numbers = NoMathHTML(numbers_html(result))
+        self._table = NoMathHTML()
+        super().__init__(children=[self._numbers, widgets.HBox([self._show, self._toggle]), self._table], **kwargs)
         self._toggle.observe(lambda _: self._refresh(), names="value")
+        self._show.observe(lambda _: self._refresh(), names="value")
         self._refresh()
 
     @property
@@ -207,8 +235,19 @@ class CompareView(StaticFallback, widgets.VBox):
     def only_flips(self, value: bool) -> None:
         self._toggle.value = bool(value)
 
+    @property
+    def show(self) -> str:
+        """Which rows the table shows: "all", "win", "tie" or "loss" (the "show" buttons)."""
+        return self._show.value
+
+    @show.setter
+    def show(self, value: str) -> None:
+        if value not in SHOW:
+            raise ValueError(f"show must be one of {SHOW}, not {value!r}")
+        self._show.value = value
+
     def _rows_html(self) -> str:
-        return rows_html(self.rows, only_flips=self.only_flips,
+        return rows_html(self.rows, only_flips=self.only_flips, show=self.show,
                          base=getattr(self.result, "baseline_name", "baseline"),
                          ckpt=getattr(self.result, "checkpoint_name", "checkpoint"))
 

@@ -21,7 +21,7 @@ import ipywidgets as widgets
 
 from ..compat import renamed
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
-from ._base import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,6 +117,17 @@ def _in_kernel() -> bool:
     return in_kernel()
 
 
+def _quiet_worker_estimates() -> None:
+    """A count in the meter's worker thread has no user line above it, so its TokenEstimateWarning
+    would name threading.py (once per count) in the log console; the meter shows that note itself.
+    One filter, for warnings located in threading.py only: counts called from user code still warn."""
+    import warnings
+
+    from ..tokens import TokenEstimateWarning
+
+    warnings.filterwarnings("ignore", category=TokenEstimateWarning, module=r"threading\Z")
+
+
 class CostMeter(StaticFallback, widgets.VBox):
     """Tokens, trained tokens, steps and USD for training (and an eval), with the price row used.
 
@@ -163,6 +174,8 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.max_usd = max_usd
         self.max_tokens = int(max_tokens)
         self.background = _in_kernel() if background is None else bool(background)
+        if self.background:
+            _quiet_worker_estimates()
         self.estimate = None
         self.eval_estimate = None
         self.error = ""
@@ -182,7 +195,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._model = widgets.Dropdown(options=self._options(model), value=model, description="model",
                                        layout=widgets.Layout(width="460px"))
         self._epochs = widgets.IntSlider(value=int(epochs), min=1, max=max(20, int(epochs)), description="epochs")
-        self._out = widgets.HTML()
+        self._out = NoMathHTML()
         super().__init__(children=[widgets.HBox([self._model, self._epochs]), self._out], **kwargs)
         self._model.observe(lambda _: self.recompute(), names="value")
         self._epochs.observe(lambda _: self.recompute(), names="value")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ipywidgets as widgets
 
 from ..runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS
-from ._base import RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, RED, StaticFallback, escape, text_colour
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -309,7 +309,7 @@ class LossPlot(StaticFallback, widgets.VBox):
         self.redraws = 0
         self._png = b""
         self._image = widgets.Image(format="png")
-        self._status = widgets.HTML()
+        self._status = NoMathHTML()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

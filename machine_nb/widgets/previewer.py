@@ -22,7 +22,7 @@ import ipywidgets as widgets
 import traitlets
 
 from ..errors import MachineFormatError
-from ._base import FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 from .cards import chat_cards, token_view
 
 if TYPE_CHECKING:
@@ -395,13 +395,13 @@ def filter_lines(lines: list[dict], text: str) -> list[int]:
 
 
 _KEYS_ESM = """
-// Arrow keys page the previewer: a keydown listener on the previewer's own element (focused by
-// clicking in it or on one of its buttons); typing in a text box is left alone.
-const KEYS = ["ArrowLeft", "ArrowRight", "Home", "End"];
+// Keys of a widget (the previewer's arrows, the tagger's letters): a keydown listener on the
+// widget's own element (focused by clicking in it or on one of its buttons); typing in a text box
+// is left alone.
 function render({ model, el }) {
   let root = null, frame = 0, tries = 0;
   const onKey = (event) => {
-    if (!KEYS.includes(event.key) || event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    if (!model.get("key_names").includes(event.key) || event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
     const t = event.target;
     if (t && t.closest && t.closest("input, textarea, select, [contenteditable='true']")) return;
     event.preventDefault();
@@ -425,14 +425,18 @@ export default { render };
 
 
 class KeyPager(anywidget.AnyWidget):
-    """Sends ArrowLeft / ArrowRight / Home / End pressed inside the element matching `target`.
+    """Sends the keys in `key_names` pressed inside the element matching `target` (without modifiers,
+    and not while typing in a text box) as {"event": "key", "key": …} messages.
 
     Args:
         target: a CSS selector of the element whose keys are sent (default ".mnb-previewer").
+        key_names: the `KeyboardEvent.key` values sent (default the previewer's: ArrowLeft, ArrowRight,
+            Home, End).
     """
 
     _esm = _KEYS_ESM
     target = traitlets.Unicode(".mnb-previewer").tag(sync=True)
+    key_names = traitlets.List(traitlets.Unicode(), ["ArrowLeft", "ArrowRight", "Home", "End"]).tag(sync=True)
 
 
 class ExamplePreviewer(StaticFallback, widgets.VBox):
@@ -488,9 +492,9 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
                                     layout=widgets.Layout(width="240px"))
         self._jump = widgets.Text(placeholder="jump to run id (Enter)", continuous_update=False,
                                   layout=widgets.Layout(width="200px"))
-        self._status = widgets.HTML()
-        self._cards = widgets.HTML()
-        self._token_html = widgets.HTML()
+        self._status = NoMathHTML()
+        self._cards = NoMathHTML()
+        self._token_html = NoMathHTML()
         self._keys = KeyPager()
         self._keys.on_msg(self._on_key)
         self._prev.on_click(lambda _: self.prev())
@@ -744,9 +748,10 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         kind = "whole run" if line.get("whole_run") else "step"
         shown = (f" · filter {self.filter_text!r}: {self.position + 1} of {len(self.matches)} matching"
                  if self.filter_text else "")
-        return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)} · run {line.get('run', '?')} · "
-                f"machine {line.get('machine', '?')} · {kind} · {len(line['messages'])} messages, "
-                f"{len(trained_indices(line, self.train_on_what))} trained{shown}")
+        # a field the line lacks (lines of a JSONL file carry no run or machine) is left out, not "?"
+        where = "".join(f" · {name} {line[name]}" for name in ("run", "machine") if line.get(name) not in (None, ""))
+        return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)}{where} · {kind} · "
+                f"{len(line['messages'])} messages, {len(trained_indices(line, self.train_on_what))} trained{shown}")
 
     def static_html(self) -> str:
         """The example shown now, for the saved notebook and HTML exports.

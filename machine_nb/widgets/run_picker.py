@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import traitlets
 
-from ._base import StaticFallback, escape
+from ._base import NoMathHTML, style_sheet, StaticFallback, escape
 
 # Columns shown by default, in this order, when the frame has them (`run`, `instructions` and
 # `final` are left out: nested or long, and `output` already carries the answer). The texts come
@@ -41,6 +41,8 @@ MAX_CELL_CHARS = 120
 # The full text a cell shows on hover (its `title`) is cut at this length.
 MAX_TITLE_CHARS = 2000
 ANY_TAG, UNTAGGED = "(any)", "(untagged)"
+# The search box filters once typing pauses this long (seconds).
+SEARCH_DEBOUNCE_S = 0.25
 
 
 
@@ -68,6 +70,31 @@ def row_keys(frame: pd.DataFrame) -> list[str]:
     if len(dup):
         raise ValueError(f"RunPicker needs unique run ids; repeated: {sorted(set(dup))[:5]}")
     return keys.tolist()
+
+
+def text_columns_of(frame: pd.DataFrame) -> list[str]:
+    """The columns the picker's search box scans: every column of text (`tags` has its own filter,
+    which follows the tag store; the nested run records and file paths are left out).
+
+    Args:
+        frame: a runs DataFrame.
+
+    Returns:
+        Column names in the frame's order.
+    """
+    out = []
+    for c in frame.columns:
+        if c in HIDDEN_COLUMNS or c in ("path",):
+            continue
+        col = frame[c]
+        if pd.api.types.is_string_dtype(col.dtype) and not col.dtype == object:
+            out.append(c)
+            continue
+        if col.dtype == object:
+            sample = col.dropna().head(50).tolist()
+            if sample and all(isinstance(v, str) for v in sample):
+                out.append(c)
+    return out
 
 
 def _as_text(value: Any) -> str:
@@ -543,8 +570,14 @@ class RunPicker(StaticFallback, w.VBox):
         sort_by: the initial sort column. Default None: the frame's order.
         ascending: the initial sort direction (default True).
         page_size: rows per page. Default 25: the view model carries one page only.
-        text_columns: searched by the free-text box. Default ("input", "output"): what a run
-            was asked and what it answered.
+        text_columns: searched by the free-text box. Default None: every text column shown or
+            offered (id, machine, input, output, model, harness, case, …), so an id such
+            as "e6effc" or a machine name finds its runs. The box filters as you type (debounced).
+        store: a tag store the `tags` column follows (default None: the frame's `tags` as they
+            are). The column is read from the store, and every `tag()` / `untag()` in this
+            process (a Tagger's buttons included) updates it and the tag filter at once; a Tagger
+            linked to this picker lends it its store when none is given. `reload_tags()` reads
+            the store again (rows written by another process).
         **kwargs: passed to ipywidgets.VBox.
 
     Raises:
@@ -565,13 +598,22 @@ class RunPicker(StaticFallback, w.VBox):
 
     def __init__(self, runs: pd.DataFrame, *, columns: Sequence[str] | None = None,
                  sort_by: str | None = None, ascending: bool = True, page_size: int = 25,
-                 text_columns: Sequence[str] = ("input", "output"), **kwargs: Any) -> None:
+                 text_columns: Sequence[str] | None = None, store: Any = None, **kwargs: Any) -> None:
         if not isinstance(runs, pd.DataFrame):
             raise TypeError(f"RunPicker needs a pandas DataFrame (load_runs output), got {type(runs).__name__}")
         if page_size < 1:
             raise ValueError(f"page_size must be at least 1, got {page_size}")
-        self.runs = runs
         self._keys = row_keys(runs)
+        self.store = None
+        self._stop_following: Callable | None = None
+        if store is not None:
+            runs = runs.copy(deep=False)  # the caller's frame is left as it is
+            runs["tags"] = self._read_tags(runs, store)
+            self._follow(store)
+        self.runs = runs
+        self._given = runs if store is None else None
+        if text_columns is None:
+            text_columns = text_columns_of(runs)
         self._key_pos = {k: i for i, k in enumerate(self._keys)}
         self._columns = [c for c in (columns or DEFAULT_COLUMNS) if c in runs.columns]
         if columns is not None and len(self._columns) != len(columns):
@@ -587,7 +629,7 @@ class RunPicker(StaticFallback, w.VBox):
         self._table = RunTable(columns=self._columns)
         self._table.on_msg(self._on_table_msg)
         self.controls = self._make_controls()
-        self._count = w.HTML()
+        self._count = NoMathHTML()
         select_all = w.Button(description="Select all filtered", icon="check-square")
         clear = w.Button(description="Clear", icon="times")
         select_all.on_click(lambda _: self.select_all_filtered())
@@ -602,9 +644,108 @@ class RunPicker(StaticFallback, w.VBox):
             [c for c in self._columns if c in ch["new"]] + [c for c in shown if c in ch["new"] and c not in self._columns]),
             names="value")
         super().__init__(children=self._layout(), **kwargs)
+        self.add_class("mnb-strong-titles")
         self._sel_mask = np.zeros(len(runs), dtype=bool)  # selected_ids as a mask over positions
         self._refresh(reset_page=True)
         self.observe(self._on_selection, names="selected_ids")
+
+    # ------------------------------------------------------------ the tag store it follows
+
+    @staticmethod
+    def _read_tags(runs: pd.DataFrame, store: Any) -> list[list[str]]:
+        """The `tags` column from a store (empty lists where the store does not exist yet)."""
+        from ..frames import attach_tags
+        from ..store.tags import store_dir
+
+        root = pathlib.Path(store) if store is not None else store_dir()
+        if not root.is_dir() or "machine" not in runs.columns:
+            return [[] for _ in range(len(runs))]
+        return attach_tags(runs, root)
+
+    def _follow(self, store: Any) -> None:
+        from ..store.tags import observe_store
+
+        if self._stop_following is not None:
+            self._stop_following()
+        self.store = store
+        self._stop_following = observe_store(self._on_store)
+
+    def follow_store(self, store: Any) -> None:
+        """Follow a tag store from now on: its tags fill the `tags` column, and every `tag()` /
+        `untag()` in this process updates the column and the tag filter.
+
+        Args:
+            store: the store folder (None: `store_dir()`, the default `tag()` writes to).
+        """
+        from ..store.tags import store_dir
+
+        self._follow(store if store is not None else store_dir())
+        self.reload_tags()
+
+    def reload_tags(self) -> None:
+        """Read the followed store again (rows another process wrote) and redraw.
+
+        Raises:
+            ValueError: the picker follows no store.
+        """
+        if self.store is None:
+            raise ValueError("this RunPicker follows no tag store: pass store= or call follow_store()")
+        added = "tags" not in self.runs.columns
+        if added or self.runs is self._given:
+            self.runs = self.runs.copy(deep=False)  # the caller's frame is left as it is
+        self.runs["tags"] = self._read_tags(self.runs, self.store)
+        if added:  # a new column: offered, shown, and filtered on
+            self._column_choice.options = [*self._column_choice.options, "tags"]
+            self._index.tags = tag_masks(self.runs)
+            self.controls["tag"] = w.Dropdown(options=[ANY_TAG, *self._index.tags], value=ANY_TAG, description="tag")
+            self.controls["tag"].observe(lambda _: self._refilter(), names="value")
+            self.children = self._layout()
+            if getattr(self, "_mnb_hider", None) is not None:
+                self._ensure_hider()  # shown already: its static twin stays hidden under the live view
+            self.show_columns([*self._columns, "tags"])
+        self._tags_changed()
+
+    def _on_store(self, store: Any, event: str, row: dict) -> None:
+        """A row was written to or removed from some store: follow it when it is ours."""
+        from ..store.tags import same_store
+        from .tagger import row_run
+
+        if self.store is None or not same_store(store, self.store) or not isinstance(row.get("tag"), str):
+            return
+        machine, rid = row_run(row)
+        if rid is None:
+            return
+        ids = self.runs["id"].astype(str).to_numpy()
+        hit = ids == str(rid)
+        if machine is not None and "machine" in self.runs.columns:
+            hit &= self.runs["machine"].astype(str).to_numpy() == str(machine)
+        elif hit.sum() > 1:
+            return  # an id of several machines and a row without one: it tags none (as attach_tags)
+        col = self.runs.columns.get_loc("tags")
+        for pos in np.flatnonzero(hit).tolist():
+            now = list(self.runs.iat[pos, col] or [])
+            if event == "tag":
+                now.append(row["tag"])
+            elif row["tag"] in now:
+                now.remove(row["tag"])
+            self.runs.iat[pos, col] = now
+        self._tags_changed()
+
+    def _tags_changed(self) -> None:
+        """The `tags` column changed: the tag filter's masks and choices follow, then the view."""
+        self._index.tags = tag_masks(self.runs)
+        ctl = self.controls.get("tag")
+        if ctl is not None:
+            options = [ANY_TAG, *self._index.tags]
+            if list(ctl.options) != options:
+                keep = ctl.value if ctl.value in options else ANY_TAG
+                self._hold = True
+                try:
+                    ctl.options = options
+                    ctl.value = keep
+                finally:
+                    self._hold = False
+        self._refilter(reset_page=False)
 
     @traitlets.validate("selected_ids")
     def _check_selected(self, proposal: Any) -> list[str]:
@@ -643,12 +784,30 @@ class RunPicker(StaticFallback, w.VBox):
             c["date_to"] = w.DatePicker(description="to", layout=w.Layout(width="auto"))
         if self._index.tags:
             c["tag"] = w.Dropdown(options=[ANY_TAG, *self._index.tags], value=ANY_TAG, description="tag")
-        # continuous_update=False: search on Enter/blur, not each keystroke (a scan of every text)
-        c["text"] = w.Text(placeholder="search input/output (Enter)", description="text",
-                           continuous_update=False)
-        for ctl in c.values():
-            ctl.observe(lambda _: self._refilter(), names="value")
+        # each keystroke reaches Python; the search waits SEARCH_DEBOUNCE_S for the typing to pause
+        c["text"] = w.Text(placeholder="search every text column", description="search",
+                           continuous_update=True)
+        for name, ctl in c.items():
+            if name != "text":
+                ctl.observe(lambda _: self._refilter(), names="value")
+        c["text"].observe(lambda _: self._search_soon(), names="value")
         return c
+
+    def _search_soon(self) -> None:
+        """Search once typing pauses for SEARCH_DEBOUNCE_S (a keystroke restarts the wait); from
+        Python (`set_filters`, no running event loop) at once."""
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or getattr(self, "_hold", False):
+            self._refilter()
+            return
+        if getattr(self, "_search_timer", None) is not None:
+            self._search_timer.cancel()
+        self._search_timer = loop.call_later(SEARCH_DEBOUNCE_S, self._refilter)
 
     def _layout(self) -> list[w.Widget]:
         c = self.controls
@@ -662,6 +821,7 @@ class RunPicker(StaticFallback, w.VBox):
         columns = w.Accordion(children=[self._column_choice], titles=("columns",), selected_index=None)
         rows.append(columns)
         rows.append(self._table)
+        rows.append(style_sheet())
         return rows
 
     @property
@@ -718,12 +878,15 @@ class RunPicker(StaticFallback, w.VBox):
 
     # ------------------------------------------------------------ state → view
 
-    def _refilter(self) -> None:
+    def _refilter(self, reset_page: bool = True) -> None:
+        timer, self._search_timer = getattr(self, "_search_timer", None), None
+        if timer is not None:
+            timer.cancel()
         if getattr(self, "_hold", False):
             return
         self._mask = self._index.mask(self.filters)
         self._view = self._order[self._mask[self._order]]
-        self._refresh(reset_page=True)
+        self._refresh(reset_page=reset_page)
 
     def _refresh(self, reset_page: bool = False) -> None:
         t = self._table

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import BG, BG_ALT, BORDER, FG, FG_MUTED, StaticFallback, escape
+from ._base import NoMathHTML, BG, BG_ALT, BORDER, FG, FG_MUTED, StaticFallback, escape
 from .loss_plot import png_bytes
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class SweepView(StaticFallback, widgets.VBox):
         self._x = widgets.Dropdown(options=self.axes, value=x or self.axes[0], description="x axis",
                                    layout=widgets.Layout(width="320px"))
         self._image = widgets.Image(format="png")
-        self._table = widgets.HTML()
+        self._table = NoMathHTML()
         self._png = b""
         super().__init__(children=[widgets.HBox([self._metric, self._x]), self._image, self._table], **kwargs)
         self._metric.observe(lambda _: self.refresh(), names="value")

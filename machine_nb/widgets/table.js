@@ -3,6 +3,8 @@
 // this file only renders `rows`/`columns`/`page_selected` and sends {event: ...} messages back.
 // The selection column and the first data column stay pinned when the table scrolls sideways
 // (table.css), and a redraw keeps the scroll position, so sorting a far column keeps it in view.
+// Keyboard: Tab reaches the headers (Enter or Space sorts) and the rows (Space toggles a row,
+// Enter picks it alone, ↑ ↓ move between rows); a redraw keeps the focus where it was.
 
 function render({ model, el }) {
   const root = document.createElement("div");
@@ -23,6 +25,14 @@ function render({ model, el }) {
     const nPages = model.get("n_pages");
     const scrollLeft = root.scrollLeft;
     const scrollTop = root.scrollTop;
+    // keyboard focus inside the table (a row, its checkbox, a header) is given back after the
+    // redraw, so Space on a row or Enter on a header keeps the user where they were
+    const active = root.contains(document.activeElement) ? document.activeElement : null;
+    const refocus = active && {
+      key: active.closest("tr[data-key]")?.dataset.key,
+      column: active.closest("th[data-column]")?.dataset.column,
+      box: active.tagName === "INPUT",
+    };
     root.replaceChildren();
 
     const table = document.createElement("table");
@@ -34,10 +44,17 @@ function render({ model, el }) {
     columns.forEach((c, i) => {
       const th = document.createElement("th");
       th.textContent = c + (sort.column === c ? (sort.ascending ? " ▲" : " ▼") : "");
-      th.title = "sort by " + c;
+      th.title = "sort by " + c + " (Enter or Space)";
       th.dataset.column = c;
+      th.tabIndex = 0;
+      th.setAttribute("aria-sort", sort.column === c ? (sort.ascending ? "ascending" : "descending") : "none");
       if (i === 0) th.classList.add("mnb-pin", "mnb-first");
       th.addEventListener("click", () => send({ event: "sort", column: c }));
+      th.addEventListener("keydown", (e) => {
+        if (e.key !== "Enter" && e.key !== " ") return;
+        e.preventDefault(); // Space would scroll the page
+        send({ event: "sort", column: c });
+      });
       hr.appendChild(th);
     });
     const tbody = table.createTBody();
@@ -46,6 +63,8 @@ function render({ model, el }) {
       const full = r.__full__ || {};
       const tr = tbody.insertRow();
       tr.dataset.key = key;
+      tr.tabIndex = 0; // Tab reaches the rows; Space toggles one, ↑ ↓ move between them
+      tr.setAttribute("aria-selected", selected.has(key) ? "true" : "false");
       if (selected.has(key)) tr.classList.add("mnb-selected");
       const box = document.createElement("input");
       box.type = "checkbox";
@@ -73,6 +92,19 @@ function render({ model, el }) {
       tr.addEventListener("click", (e) => {
         send({ event: "click", key, shift: e.shiftKey, toggle: e.ctrlKey || e.metaKey });
       });
+      tr.addEventListener("keydown", (e) => {
+        if (e.target !== tr) return; // the checkbox handles its own Space
+        if (e.key === " " || e.key === "Enter") {
+          e.preventDefault(); // Space would scroll the page
+          send({ event: "click", key, shift: e.shiftKey, toggle: e.key === " " || e.ctrlKey || e.metaKey });
+        } else if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+          const next = e.key === "ArrowDown" ? tr.nextElementSibling : tr.previousElementSibling;
+          if (next && next.dataset.key !== undefined) {
+            e.preventDefault();
+            next.focus();
+          }
+        }
+      });
     }
     if (rows.length === 0) {
       const tr = tbody.insertRow();
@@ -82,6 +114,16 @@ function render({ model, el }) {
       td.textContent = "no runs match the filters";
     }
     root.appendChild(table);
+    if (refocus) {
+      let target = null;
+      if (refocus.key !== undefined) {
+        const row = [...table.querySelectorAll("tr[data-key]")].find((r) => r.dataset.key === refocus.key);
+        target = row && (refocus.box ? row.querySelector("input") : row);
+      } else if (refocus.column !== undefined) {
+        target = [...table.querySelectorAll("th[data-column]")].find((h) => h.dataset.column === refocus.column);
+      }
+      if (target) target.focus({ preventScroll: true });
+    }
     // the first data column is pinned right after the checkbox column, however wide that renders
     table.style.setProperty("--mnb-pin-left", `${corner.getBoundingClientRect().width}px`);
     root.scrollLeft = scrollLeft; // a redraw (sort, page, click) keeps the view where it was

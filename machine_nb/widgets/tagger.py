@@ -19,12 +19,19 @@ import ipywidgets as w
 
 from ..chat import content_text
 from ..compat import user_stacklevel
-from ._base import FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, diff_html, strong_button, style_sheet, word_diff, FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
 # Characters of the answer shown in the recent list (enough to recognise it).
 PREVIEW_CHARS = 60
+# The tagger's keys (pressed with the tagger focused: click in it first; not while typing in the
+# note or rewrite box), modelled on the previewer's arrow keys: key -> what its button does.
+KEYS = {"ArrowLeft": "prev_run", "ArrowRight": "next_run", "ArrowUp": "prev_turn", "ArrowDown": "next_turn",
+        "g": "good", "b": "bad", "w": "rewrite", "u": "undo"}
+KEYS_HINT = "keys (click the tagger first): ← → run · ↑ ↓ turn · g good · b bad · w good with rewrite · u undo"
+# Characters of a stored rewrite shown in the "already tagged" line.
+REWRITE_CHARS = 120
 
 
 # ---------------------------------------------------------------- pure helpers over plain data
@@ -99,6 +106,29 @@ def turn_run(run: dict, messages: Sequence[dict], turn: dict) -> dict:
     """
     return {**run, "history": list(messages[:turn["start"]]),
             "trajectory": list(messages[turn["start"]:turn["end"]])}
+
+
+def rewrite_diff(original: str, rewrite: str) -> list[tuple[str, str]]:
+    """The word-level difference between a reply and its rewrite (see `word_diff`).
+
+    Args:
+        original: the turn's reply.
+        rewrite: the answer written to replace it.
+
+    Returns:
+        (op, text) pieces in order, op "same", "removed" (in the reply only) or "added" (in the
+        rewrite only).
+    """
+    return word_diff(original, rewrite)
+
+
+def rewrite_diff_html(original: str, rewrite: str) -> str:
+    """rewrite_diff as HTML: removed words struck through in red, added ones underlined in green."""
+    if not rewrite.strip():
+        return ""
+    parts = diff_html(rewrite_diff(original, rewrite))
+    return (f'<div class="mnb-rewrite-diff" style="white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0">'
+            f'<b>rewrite vs reply</b>: {parts}</div>')
 
 
 class DuplicateTagWarning(UserWarning):
@@ -231,8 +261,16 @@ class Tagger(StaticFallback, w.VBox):
     The run on screen is read once (an indexed frame reads it from its run file) and kept until
     another run is shown. `.written` lists the rows this widget wrote (oldest first); `undo()` removes the newest of
     them from the store and never touches any other row. `existing_tags()` lists the current
-    run's tag rows. A button press on a turn that already has a row only warns; pressing it again
-    writes (the methods `good()` / `bad()` write at once, with a DuplicateTagWarning).
+    run's tag rows (a rewrite row with its stored answer). A button press on a turn that already
+    has a row only warns; pressing it again writes (the methods `good()` / `bad()` write at once,
+    with a DuplicateTagWarning). A rewrite identical to the turn's reply is refused.
+
+    One store, every view: rows written or removed by any `tag()` / `untag()` in this process (another
+    Tagger, a cell) show here at once, and a RunPicker this tagger follows is lent its store, so
+    the picker's tags column and "(untagged)" filter follow the buttons.
+
+    Keys (the tagger focused: click in it; not while typing in a text box): ← / → previous /
+    next run, ↑ / ↓ previous / next turn, g Good, b Bad, w Good with rewrite, u Undo last.
     """
 
     def __init__(self, runs: Any, *, store: Any = None, trace: bool = False, **kwargs: Any) -> None:
@@ -257,25 +295,27 @@ class Tagger(StaticFallback, w.VBox):
         self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
 
         def button(desc: str, tip: str, style: str = "", icon: str = "") -> w.Button:
-            return w.Button(description=desc, tooltip=tip, button_style=style, icon=icon,
-                            layout=w.Layout(width="auto"))
+            return strong_button(w.Button(description=desc, tooltip=tip, button_style=style, icon=icon,
+                                          layout=w.Layout(width="auto")))
 
-        self._b_prev_run = button("‹ run", "previous run")
-        self._b_next_run = button("run ›", "next run")
-        self._b_prev_turn = button("‹ turn", "previous turn of this run")
-        self._b_next_turn = button("turn ›", "next turn of this run")
-        self._b_good = button("Good", "tag this turn good", "success", "thumbs-up")
-        self._b_bad = button("Bad", "tag this turn bad", "danger", "thumbs-down")
-        self._b_rewrite = button("Good with rewrite", "tag good with the answer replaced by the rewrite", "info")
-        self._b_undo = button("Undo last", "remove the last row this tagger wrote", "warning", "undo")
+        self._b_prev_run = button("‹ run", "previous run (← key)")
+        self._b_next_run = button("run ›", "next run (→ key)")
+        self._b_prev_turn = button("‹ turn", "previous turn of this run (↑ key)")
+        self._b_next_turn = button("turn ›", "next turn of this run (↓ key)")
+        self._b_good = button("Good", "tag this turn good (g key)", "success", "thumbs-up")
+        self._b_bad = button("Bad", "tag this turn bad (b key)", "danger", "thumbs-down")
+        self._b_rewrite = button("Good with rewrite", "tag good with the answer replaced by the rewrite (w key)", "info")
+        self._b_undo = button("Undo last", "remove the last row this tagger wrote (u key)", "warning", "undo")
         # width auto (stretched by the box), not 100%: 100% plus the widget's own margins overflowed the cell
         self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="auto", max_width="100%"))
         self.rewrite = w.Textarea(placeholder="the answer you want the model to learn",
                                   layout=w.Layout(width="auto", max_width="100%", height="6em"))
-        self._header = w.HTML()
-        self._turn_view = w.HTML()
-        self._recent = w.HTML()
-        self._status = w.HTML()
+        self._header = NoMathHTML()
+        self._turn_view = NoMathHTML()
+        self._recent = NoMathHTML()
+        self._status = NoMathHTML()
+        self._diff = NoMathHTML()  # the rewrite against the reply, as it is typed
+        self.rewrite.observe(lambda _: self._show_diff(), names="value")
         self._b_prev_run.on_click(lambda _: self.prev_run())
         self._b_next_run.on_click(lambda _: self.next_run())
         self._b_prev_turn.on_click(lambda _: self.prev_turn())
@@ -285,18 +325,39 @@ class Tagger(StaticFallback, w.VBox):
         self._b_rewrite.on_click(lambda _: self._press("Good with rewrite", self.good_with_rewrite,
                                                        self.rewrite.value, self.note.value or None))
         self._b_undo.on_click(lambda _: self._guarded(self.undo))
+        from .previewer import KeyPager
+
+        self._keys = KeyPager(target=".mnb-tagger-live", key_names=list(KEYS))
+        self._keys.on_msg(self._on_key)
+        hint = NoMathHTML(f'<span class="mnb-tagger-keys" style="color:{FG_MUTED};font-size:90%">{escape(KEYS_HINT)}</span>')
         children = [
             w.HBox([self._b_prev_run, self._b_next_run, self._b_prev_turn, self._b_next_turn, self._header]),
-            self._turn_view, self.note, self.rewrite,
+            self._turn_view, self.note, self.rewrite, self._diff,
             w.HBox([self._b_good, self._b_bad, self._b_rewrite, self._b_undo, self._status]),
-            self._recent,
+            self._recent, hint, self._keys, style_sheet(),
         ]
         super().__init__(children=children, **kwargs)
         self.add_class("mnb-tagger-live")
+        from ..store.tags import observe_store
+
+        self._stop_following = observe_store(self._on_store)
         if picker is not None:
             self.link(picker)
         else:
             self._draw()
+
+    def _show_diff(self) -> None:
+        answer = self._turns[self._turn_pos]["answer"] if self._runs else ""
+        self._diff.value = rewrite_diff_html(answer, self.rewrite.value or "")
+
+    def _on_key(self, _widget: Any, content: dict, _buffers: Any) -> None:
+        """A key pressed in the tagger (see KEYS): what its button does."""
+        action = KEYS.get(content.get("key")) if isinstance(content, dict) else None
+        button = {"prev_run": self._b_prev_run, "next_run": self._b_next_run, "prev_turn": self._b_prev_turn,
+                  "next_turn": self._b_next_turn, "good": self._b_good, "bad": self._b_bad,
+                  "rewrite": self._b_rewrite, "undo": self._b_undo}.get(action)
+        if button is not None and not button.disabled:
+            button.click()
 
     @staticmethod
     def _tags_column(runs: Any) -> dict[tuple, list[str]]:
@@ -321,6 +382,8 @@ class Tagger(StaticFallback, w.VBox):
         """
         self.unlink()
         self.picker = picker
+        if getattr(picker, "store", None) is None and hasattr(picker, "follow_store"):
+            picker.follow_store(self.store)  # one store: the picker's tags column shows what this tags
         self._picker_handler = picker.observe_selection(self.set_runs)
         self.set_runs(picker.selected)
         return self._picker_handler
@@ -440,12 +503,31 @@ class Tagger(StaticFallback, w.VBox):
                                       f'for existing tags: {escape(exc)}</span>')
         return self._known
 
+    def _on_store(self, store: Any, event: str, row: dict) -> None:
+        """A row was written to or removed from some store (by this tagger, another one, or `tag()`
+        in a cell): when it is this tagger's store, its known rows and the turn on screen follow."""
+        from ..store.tags import same_store
+
+        if not same_store(store, self.store):
+            return
+        if self._known is None:
+            self._store_rows()  # read now, with this row in it
+            if event == "untag":
+                self._known = [r for r in self._known if r.get("id") != row.get("id")]
+        elif event == "tag":
+            if all(r.get("id") != row.get("id") for r in self._known):
+                self._known.append(row)
+        else:
+            self._known = [r for r in self._known if r.get("id") != row.get("id")]
+        if self._runs and self._run is not None and same_run(row, self._run):
+            self._draw()
+
     def existing_tags(self) -> list[dict]:
         """The current run's tag rows in the store (and those this widget wrote).
 
         Returns:
-            One dict per row: id, tag, note, user (the turn's user text), this_turn (whether it tags
-            the turn on screen).
+            One dict per row: id, tag, note, rewrite (the answer a rewrite row stores; "" for the
+            others), user (the turn's user text), this_turn (whether it tags the turn on screen).
         """
         if not self._runs:
             return []
@@ -454,8 +536,11 @@ class Tagger(StaticFallback, w.VBox):
         for row in self._store_rows():
             if same_run(row, run):
                 user = row_user(row)
+                msgs = row.get("messages") or []
+                rewrite = (_text(msgs[-1].get("content")) if row.get("rewritten") and msgs
+                           and isinstance(msgs[-1], dict) else "")
                 out.append({"id": row.get("id"), "tag": row.get("tag"), "note": row.get("note") or "",
-                            "user": user, "this_turn": user == turn["user"]})
+                            "rewrite": rewrite, "user": user, "this_turn": user == turn["user"]})
         return out
 
     def _existing_html(self) -> str:
@@ -471,6 +556,9 @@ class Tagger(StaticFallback, w.VBox):
         for r in rows:
             where = "this turn" if r["this_turn"] else f"turn “{r['user'][:40]}”"
             note = f", note “{r['note'][:60]}”" if r["note"] else ""
+            if r["rewrite"]:
+                cut = " ".join(r["rewrite"].split())
+                note += f", rewrite “{cut[:REWRITE_CHARS]}{'…' if len(cut) > REWRITE_CHARS else ''}”"
             key = (str(r["tag"]), where, note)
             counts[key] = counts.get(key, 0) + 1
         items = [f"{escape(tag)}{f' ×{n}' if n > 1 else ''} ({escape(where)}{escape(note)})"
@@ -514,8 +602,7 @@ class Tagger(StaticFallback, w.VBox):
         # an unanswered turn is tagged with its rewrite as the answer, and no `replaced` reply
         row = write_tag(turn_run(run, self._msgs, turn), tag=tag, note=note or None, rewrite=rewrite or None,
                         trace=self.trace, store=self.store)
-        self.written.append(row)
-        self._store_rows().append(row)
+        self.written.append(row)  # the store's rows learn of it through _on_store
         if dups:
             warnings.warn(DuplicateTagWarning(
                 f"run {run.get('id')} ({run.get('machine')}): this turn was already tagged "
@@ -553,7 +640,8 @@ class Tagger(StaticFallback, w.VBox):
         answer yet is tagged with the rewrite as its answer.
 
         Args:
-            rewrite: the answer the model should learn (not empty).
+            rewrite: the answer the model should learn (not empty, and not the turn's own reply:
+                that is a plain Good; whitespace is not a difference).
             note: a note kept on the row (default None).
 
         Returns:
@@ -561,6 +649,9 @@ class Tagger(StaticFallback, w.VBox):
         """
         if not (rewrite or "").strip():
             raise ValueError("the rewrite is empty: type the answer you want the model to learn")
+        if self._runs and " ".join(rewrite.split()) == " ".join(self._turns[self._turn_pos]["answer"].split()):
+            raise ValueError("the rewrite is the reply as it is: edit it into the answer you want, "
+                             "or tag the turn Good")
         row = self._tag("good", note, rewrite)
         self.rewrite.value = ""
         return row
@@ -578,9 +669,8 @@ class Tagger(StaticFallback, w.VBox):
             self._status.value = "nothing to undo"
             return None
         row = self.written[-1]
-        untag(row["id"], store=self.store)
+        untag(row["id"], store=self.store)  # _on_store drops it from the known rows
         self.written.pop()
-        self._known = [r for r in self._store_rows() if r.get("id") != row.get("id")]
         self._status.value = f"removed row {escape(row.get('id'))}"
         self._draw()
         return row
@@ -655,6 +745,7 @@ class Tagger(StaticFallback, w.VBox):
         self._b_next_turn.disabled = none or self._turn_pos == len(self._turns) - 1
         for b in (self._b_good, self._b_bad, self._b_rewrite):
             b.disabled = none
+        self._show_diff()  # against the reply of the turn now on screen
         self._static_changed()
 
     def summary(self) -> str:
