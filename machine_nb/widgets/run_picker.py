@@ -579,6 +579,7 @@ class RunPicker(StaticFallback, w.VBox):
             raise ValueError(f"RunPicker: no such columns {missing} (have {list(runs.columns)})")
         self.page_size = page_size
         self._index = FilterIndex(runs, text_columns)
+        self._text_columns = tuple(text_columns)  # add_runs rebuilds the index with them
         self._anchor: str | None = None
         self._sort = (sort_by, ascending)
         self._order = sort_order(runs, sort_by, ascending)
@@ -874,6 +875,59 @@ class RunPicker(StaticFallback, w.VBox):
             self.sort_by(content["column"])
         elif event == "page":
             self.go_to_page(int(content.get("page", 0)))
+
+    def add_runs(self, runs: pd.DataFrame) -> int:
+        """Put runs that landed since the picker was made at the top of its frame (a Dashboard of
+        the same workspace calls this as run files land); a run the picker has already (same
+        machine and id: its file written again) is replaced by its new row. Filters, sort, page
+        and selection stay; the count line and the page follow.
+
+        Args:
+            runs: rows with the picker's columns (`load_runs` rows of the same workspace).
+
+        Returns:
+            How many of the rows were runs the picker did not have.
+        """
+        if not len(runs):
+            return 0
+
+        def ident(frame: pd.DataFrame) -> pd.Series:
+            ids = frame["id"].astype(str)
+            return frame["machine"].astype(str) + "/" + ids if "machine" in frame.columns else ids
+
+        new_id = ident(runs)
+        runs = runs[~new_id.duplicated(keep="last").to_numpy()]
+        new_id = new_id[runs.index]
+        old = self.runs
+        maybe = np.flatnonzero(old["id"].astype(str).isin(set(runs["id"].astype(str))).to_numpy())
+        replaced = maybe[ident(old.iloc[maybe]).isin(set(new_id)).to_numpy()] if len(maybe) else maybe
+        stay = np.ones(len(old), dtype=bool)
+        stay[replaced] = False
+        # where each old row is after the change (a replaced row: at its new row)
+        moved = np.empty(len(old), dtype=np.int64)
+        moved[stay] = len(runs) + np.arange(int(stay.sum()))
+        if len(replaced):
+            moved[replaced] = pd.Index(new_id.tolist()).get_indexer(ident(old.iloc[replaced]).tolist())
+        frame = pd.concat([runs, old[stay]], ignore_index=isinstance(old.index, pd.RangeIndex))
+        frame.attrs = dict(old.attrs)
+        selected = [int(moved[self._key_pos[k]]) for k in self.selected_ids]
+        anchor = None if self._anchor not in self._key_pos else int(moved[self._key_pos[self._anchor]])
+        self.runs = frame
+        self._keys = row_keys(frame)
+        self._key_pos = {k: i for i, k in enumerate(self._keys)}
+        self._index = FilterIndex(frame, self._text_columns)
+        self._order = sort_order(frame, *self._sort)
+        self._mask = self._index.mask(self.filters)
+        self._view = self._order[self._mask[self._order]]
+        self._anchor = None if anchor is None else self._keys[anchor]
+        keys = list(dict.fromkeys(self._keys[p] for p in selected))
+        self._sel_mask = np.zeros(len(frame), dtype=bool)
+        if keys != list(self.selected_ids):
+            self.selected_ids = keys  # observers hear of it; _on_selection redraws
+        else:
+            self._sel_mask[selected] = True
+            self._refresh()
+        return len(runs) - len(replaced)
 
     # ------------------------------------------------------------ results
 
