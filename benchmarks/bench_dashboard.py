@@ -58,7 +58,8 @@ async def main():
     def add_runs(self, frame):
         n = orig_add(self, frame)
         now = time.time()
-        for rid in frame["id"].astype(str):
+        rows = frame.frame.iloc[:frame.n_top] if isinstance(frame, run_picker.AddedRuns) else frame
+        for rid in rows["id"].astype(str):
             if rid not in seen_picker and rid not in known:
                 seen_picker.add(rid); log(kind="picker", id=rid, t=now)
         return n

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,32 +119,44 @@ def test_burst_of_lines_is_read_once_each(tmp_path, writer):
     assert seen == want
 
 
-def test_run_files_appear_once_as_they_are_renamed_into_place(tmp_path, writer):
+def added_until(watch: RunFolderWatch, n: int, events: bool) -> list[tuple[str, str]]:
+    """What polls report as added until n files have come (file events arrive a moment after the
+    write: this waits on them, and fails after 20 s rather than hang)."""
+    got = [(d, name) for _, d, name in watch.poll(full=not events).added]
+    deadline = time.monotonic() + 20
+    while len(got) < n and time.monotonic() < deadline:
+        got += [(d, name) for _, d, name in watch.poll().added]
+    return got
+
+
+@pytest.mark.parametrize("events", [False, True], ids=["listing", "file-events"])
+def test_run_files_appear_once_as_they_are_renamed_into_place(tmp_path, writer, events):
     root = tmp_path / ".machine" / "runs"
     (root / "support").mkdir(parents=True)
     old = root / "support" / "r0.json"
     old.write_text("{}")
-    watch = RunFolderWatch(root, known=[str(old)])
-    assert watch.poll().added == []
-    writer.do("run", root=str(root), machine="support", id="r1")
-    writer.do("run", root=str(root), machine="chatbot/triage", id="t1")  # a new nested folder
-    writer.do("tempfile", root=str(root), machine="support", id="r2")   # not renamed yet: not a run
-    got = watch.poll()
-    assert sorted((d, n) for _, d, n in got.added) == [("chatbot/triage", "t1.json"), ("support", "r1.json")]
-    assert watch.poll().added == []  # each file once
-    ids = [f"b{i}" for i in range(300)]
-    writer.do("runs", root=str(root), machine="support", ids=ids)  # a burst between two polls
-    got = watch.poll()
-    assert sorted(n for _, _, n in got.added) == sorted(f"{i}.json" for i in ids)
-    assert watch.poll().added == [] and watch.files == 303
-    os.unlink(old)
-    assert watch.poll().removed == [str(old)]
+    watch = RunFolderWatch(root, known=[str(old)], events=events)
+    try:
+        assert watch.poll().added == []
+        writer.do("run", root=str(root), machine="support", id="r1")
+        writer.do("run", root=str(root), machine="chatbot/triage", id="t1")  # a new nested folder
+        writer.do("tempfile", root=str(root), machine="support", id="r2")   # not renamed yet: not a run
+        assert sorted(added_until(watch, 2, events)) == [("chatbot/triage", "t1.json"), ("support", "r1.json")]
+        assert watch.poll(full=True).added == []  # each file once
+        ids = [f"b{i}" for i in range(300)]
+        writer.do("runs", root=str(root), machine="support", ids=ids)  # a burst between two polls
+        assert sorted(n for _, n in added_until(watch, 300, events)) == sorted(f"{i}.json" for i in ids)
+        assert watch.poll(full=True).added == [] and watch.files == 303
+        os.unlink(old)
+        assert watch.poll(full=True).removed == [str(old)]
+    finally:
+        watch.close()
 
 
 def test_rewritten_unfinished_run_is_reported_as_changed(tmp_path, writer):
     root = tmp_path / ".machine" / "runs"
     writer.do("run", root=str(root), machine="support", id="r1", finished=False)
-    watch = RunFolderWatch(root)
+    watch = RunFolderWatch(root, events=False)
     (path, d, name), = watch.poll().added
     watch.watch(path, d, name)
     assert len(watch.poll().changed) == 1  # once, for the write that may have come before watch()
@@ -162,7 +175,7 @@ def test_dashboard_counts_match_the_writers_log(tmp_path, writer):
     root.mkdir(parents=True)
     events = ws / ".machine" / "events.jsonl"
     writer.do("run", root=str(root), machine="support", id="first", score=0.5)
-    d = Dashboard(ws, follow=False)
+    d = Dashboard(ws, follow=False, file_events=False)
     picker = d.picker
     assert picker.count_line().startswith("1 runs")
     written = 1
@@ -191,6 +204,25 @@ def test_dashboard_counts_match_the_writers_log(tmp_path, writer):
     d.open_run(key)
     assert d.previewer is not None and key in d.static_html()
     d.close()
+
+
+def test_dashboard_counts_runs_from_file_events_once(tmp_path, writer):
+    from machine_nb.widgets.dashboard import Dashboard
+
+    ws = tmp_path / "ws"
+    root = ws / ".machine" / "runs"
+    writer.do("run", root=str(root), machine="support", id="first")
+    d = Dashboard(ws, follow=False)
+    try:
+        ids = [f"e{i}" for i in range(200)]
+        writer.do("runs", root=str(root), machine="coder", ids=ids)
+        deadline = time.monotonic() + 20
+        while d.state.snapshot()["runs"] < 201 and time.monotonic() < deadline:
+            d.poll()  # each poll takes the file events that have arrived
+        d.poll(full=True)  # a listing finds nothing the events missed, and counts nothing twice
+        assert d.state.snapshot()["runs"] == 201 and len(d.picker.runs) == 201
+    finally:
+        d.close()
 
 
 def test_dashboard_html_keeps_dollars_out_of_math_and_escapes_names(tmp_path, writer):

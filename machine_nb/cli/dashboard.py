@@ -164,6 +164,7 @@ async def _serve(ws: Path, port: int, interval: float | None) -> int:
         await stop.wait()
     finally:
         follower.stop()
+        state.close()
         server.stop()
         await server.close_all_connections()
     print("stopped", file=sys.stderr, flush=True)

@@ -4,7 +4,12 @@ run files that land under `.machine/runs/` (`RunFolderWatch`).
 
 Both poll: one `stat` per followed file and per run folder when nothing changed, so a view that
 polls a few times a second costs next to nothing while machines are idle, and works the same on
-every platform and file system (network mounts included). Writers are Machine's processes, which
+every platform and file system (network mounts included). A folder that changed is listed again,
+which for a machine with tens of thousands of runs costs tens of milliseconds each time; so where
+the operating system reports file events (inotify, FSEvents, kqueue, Windows, through the
+`watchdog` library) the run folders are listed only every FULL_LIST_S seconds, as a safety net,
+and the runs renamed into place between two listings are taken from those events. Writers are
+Machine's processes, which
 append one JSON line per event and write each run as a temp file renamed into place; the rules
 here are what make a follower correct against such writers:
 
@@ -24,6 +29,8 @@ dashboard (`widgets/dashboard.py`); the run files found here are parsed as `load
 
 from __future__ import annotations
 
+import collections
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -37,6 +44,11 @@ HEAD_BYTES = 64
 # A folder modified this close to a poll may get another file within the same timestamp tick
 # (file systems keep mtimes from 1 ns to 2 s apart): it is listed again on the next poll.
 RACY_NS = 2_000_000_000
+# With file events, every folder that changed is still listed this often (events can be lost: a
+# kernel queue that overflowed, a folder created and filled before its watch was added).
+FULL_LIST_S = 10.0
+# File events kept between two polls; beyond it the folders are listed instead.
+QUEUE_MAX = 100_000
 # At most this many bytes are read in one poll (a huge backlog is read over several polls, so a
 # view stays responsive while it catches up).
 MAX_READ = 64 * 1024 * 1024
@@ -193,6 +205,68 @@ class FolderChanges:
     changed: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+class _FileEvents:
+    """The operating system's file events under a folder (watchdog's native observer), queued as
+    ("file+" | "file-" | "dir" | "?", path) for RunFolderWatch."""
+
+    def __init__(self, observer: object, queue: collections.deque) -> None:
+        self.observer = observer
+        self.queue = queue
+
+    @classmethod
+    def start(cls, root: str) -> "_FileEvents | None":
+        """Watch `root` recursively; None where no native observer runs (or `root` is missing)."""
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+            from watchdog.observers.polling import PollingObserver
+        except ImportError:
+            return None
+        if Observer is PollingObserver or not os.path.isdir(root):
+            return None  # a polling observer lists folders too: our own listing does that
+        queue: collections.deque = collections.deque(maxlen=QUEUE_MAX)
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: object) -> None:
+                kind = event.event_type  # type: ignore[attr-defined]
+                if event.is_directory:  # type: ignore[attr-defined]
+                    if kind in ("created", "moved", "deleted"):
+                        queue.append(("dir", ""))
+                    return
+                if kind == "created":  # written in place: read again once its writer is done
+                    queue.append(("new", event.src_path))  # type: ignore[attr-defined]
+                elif kind == "moved":
+                    queue.append(("file-", event.src_path))  # type: ignore[attr-defined]
+                    queue.append(("file+", event.dest_path))  # type: ignore[attr-defined]
+                elif kind == "deleted":
+                    queue.append(("file-", event.src_path))  # type: ignore[attr-defined]
+
+        observer = Observer()
+        try:
+            observer.schedule(Handler(), root, recursive=True)
+            observer.daemon = True
+            observer.start()
+        except Exception:  # out of inotify watches, permissions: fall back to listing
+            return None
+        return cls(observer, queue)
+
+    def stop(self) -> None:
+        try:
+            self.observer.stop()  # type: ignore[attr-defined]
+            self.observer.join(5)  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+    def drain(self) -> list[tuple[str, str]]:
+        if len(self.queue) >= QUEUE_MAX:  # events were dropped while nobody polled: list instead
+            self.queue.clear()
+            return [("dir", "")]
+        out = []
+        while self.queue:
+            out.append(self.queue.popleft())
+        return out
+
+
 class RunFolderWatch:
     """The run files that land under a workspace's `.machine/runs/`, each reported once.
 
@@ -201,12 +275,19 @@ class RunFolderWatch:
         known: paths of run files already read (e.g. a `load_runs` frame's `path` column); their
             folders are listed on the first poll and only files not among these are reported.
             Default None: the first poll reports every run file there is.
+        events: take new files from the operating system's file events where it reports them,
+            listing folders only every FULL_LIST_S seconds (default True; False: list every
+            folder that changed on every poll).
+
+    `close()` stops the file events.
     """
 
-    def __init__(self, root: str | os.PathLike, known: Iterable[str] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, known: Iterable[str] | None = None, *, events: bool = True) -> None:
         self.root = os.fspath(root)
         self._folders: dict[str, _Folder] = {}
         self._watched: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
+        self._events = _FileEvents.start(self.root) if events else None
+        self._listed_at = -math.inf
         if known is not None:
             base = self.root + os.sep
             for path in known:
@@ -243,12 +324,88 @@ class RunFolderWatch:
         """Stop reporting rewrites of a run file (it finished)."""
         self._watched.pop(path, None)
 
-    def poll(self) -> FolderChanges:
-        """List the folders that changed since the last poll.
+    def close(self) -> None:
+        """Stop following file events (polls list folders from then on)."""
+        if self._events is not None:
+            self._events.stop()
+            self._events = None
+
+    def poll(self, *, full: bool = False) -> FolderChanges:
+        """What changed since the last poll: from file events, or by listing the folders that changed.
+
+        File events arrive a moment after the write: a file renamed into place just before a poll
+        may be reported by the next one (a listing, `full=True`, sees it at once).
+
+        Args:
+            full: list the folders that changed even when file events are followed (default False).
 
         Returns:
             FolderChanges: every file that appeared or went since the last poll, each once.
         """
+        events = self._events
+        if events is not None and not full and time.monotonic() - self._listed_at < FULL_LIST_S:
+            out = self._from_events(events.drain())
+            if out is not None:
+                self._check_watched(out)
+                return out
+        if events is not None:
+            events.drain()  # the listing below sees what they said; later ones stay queued
+        self._listed_at = time.monotonic()
+        out = self._list()
+        self._check_watched(out)
+        return out
+
+    def _from_events(self, queued: list[tuple[str, str]]) -> FolderChanges | None:
+        """The changes file events report; None when a folder came or went (then list instead)."""
+        out = FolderChanges()
+        base = self.root + os.sep
+        files = []
+        for kind, path in queued:  # decided before anything is changed: events, or a listing
+            if kind == "dir":
+                return None
+            if not path.startswith(base):
+                continue
+            rel, _, name = path[len(base):].rpartition(os.sep)
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            d = rel.replace(os.sep, "/")
+            if d not in self._folders:
+                return None  # a folder not listed yet
+            files.append((kind, path, d, name))
+        added: dict[str, tuple[str, str, str]] = {}
+        for kind, path, d, name in files:
+            folder = self._folders[d]
+            if kind in ("file+", "new"):
+                if name not in folder.names:
+                    folder.names.add(name)
+                    added[path] = (path, d, name)
+                if kind == "new" and path not in self._watched:
+                    # written in place, so it may be read half-written: report it again if it grows
+                    try:
+                        st = os.stat(path)
+                        self._watched[path] = (d, name, (st.st_ino, st.st_size, st.st_mtime_ns))
+                    except OSError:
+                        pass
+            elif name in folder.names and not os.path.exists(path):
+                folder.names.discard(name)
+                if added.pop(path, None) is None:
+                    out.removed.append(path)
+        out.added = list(added.values())
+        return out
+
+    def _check_watched(self, out: FolderChanges) -> None:
+        for path, (d, name, was) in list(self._watched.items()):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # gone: reported by its folder
+            now_sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if now_sig != was:
+                self._watched[path] = (d, name, now_sig)
+                out.changed.append((path, d, name))
+
+    def _list(self) -> FolderChanges:
+        """List the folders that changed since they were last listed."""
         out = FolderChanges()
         now = time.time_ns()
         stack = [("", self.root)]
@@ -290,15 +447,6 @@ class RunFolderWatch:
             gone = self._folders.pop(d)
             base = os.path.join(self.root, *d.split("/")) + os.sep if d else self.root + os.sep
             out.removed.extend(base + n for n in gone.names)
-        for path, (d, name, was) in list(self._watched.items()):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue  # gone: reported by its folder
-            now_sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-            if now_sig != was:
-                self._watched[path] = (d, name, now_sig)
-                out.changed.append((path, d, name))
         return out
 
 

@@ -176,13 +176,16 @@ class DashboardState:
             also `runs/` in the current folder when it exists (where `mnb.sft` writes by default).
         runs: a `load_runs` frame of this workspace to start from (default None: loaded here).
         clock: the time source (default time.time; tests pass a fixed one to fix "today").
+        file_events: take new run files from the operating system's file events where it reports
+            them (default True; False: list the run folders that changed on every poll, e.g. on a
+            network mount that reports no events). See store.follow.RunFolderWatch.
 
     `poll()` reads what changed and applies it; `read()` + `apply()` split the same work into
     the part that reads files (any thread) and the part that changes the state (one thread).
     """
 
     def __init__(self, workspace: str | os.PathLike, *, log_dirs: Iterable[str | os.PathLike] | None = None,
-                 runs: Any = None, clock: Callable[[], float] = time.time) -> None:
+                 runs: Any = None, clock: Callable[[], float] = time.time, file_events: bool = True) -> None:
         from .. import frames
         from ..store.follow import LineTail, RunFolderWatch
         from ..store.workspace import machine_dir, workspace_root
@@ -191,7 +194,7 @@ class DashboardState:
         self.clock = clock
         self._mdir = machine_dir(workspace)
         self.runs = frames.load_runs(workspace, on_error="skip") if runs is None else runs
-        self._watch = RunFolderWatch(self._mdir / "runs", known=self.runs["path"].tolist())
+        self._watch = RunFolderWatch(self._mdir / "runs", known=self.runs["path"].tolist(), events=file_events)
         self._events = LineTail(self._mdir / "events.jsonl")
         roots = [self._mdir / "training"]
         if log_dirs is None:
@@ -210,7 +213,7 @@ class DashboardState:
         self.version = 0  # bumped by every change the view shows
         self._frames: dict[str, Any] = {}  # key -> one-row frame of a run listed (for the previewer)
         self._price_cache: dict[str, Any] = {}
-        self._started_ids: dict[str, str] = {}  # run id -> machine, from started events
+        self._counted: set[str] = set()  # "machine/id" of every run counted
         self._add_frame(self.runs, initial=True)
         for m in self.machines.values():
             self._read_version(m)
@@ -222,13 +225,17 @@ class DashboardState:
 
     # ---------------------------------------------------------------- reading (any thread)
 
-    def read(self) -> dict:
+    def read(self, *, full: bool = False) -> dict:
         """Read what changed on disk since the last read (files only; the state is not touched).
+
+        Args:
+            full: list the run folders that changed even where file events report new runs
+                (default False; see RunFolderWatch.poll).
 
         Returns:
             A batch for `apply`: new and rewritten runs as a frame, event lines, training rows.
         """
-        changes = self._watch.poll()
+        changes = self._watch.poll(full=full)
         files = changes.added + changes.changed
         batch: dict[str, Any] = {"added": len(changes.added), "changed": len(changes.changed),
                                  "removed": changes.removed, "frame": None,
@@ -315,13 +322,16 @@ class DashboardState:
             self.version += 1
         return res
 
-    def poll(self) -> PollResult:
+    def poll(self, *, full: bool = False) -> PollResult:
         """Read and apply what changed since the last poll.
+
+        Args:
+            full: list the run folders that changed (see `read`; default False).
 
         Returns:
             What changed (PollResult).
         """
-        return self.apply(self.read())
+        return self.apply(self.read(full=full))
 
     def _today(self) -> Any:
         import pandas as pd
@@ -329,7 +339,9 @@ class DashboardState:
         return pd.Timestamp(self.clock(), unit="s", tz="UTC").normalize()
 
     def _add_frame(self, frame: Any, initial: bool = False) -> None:
-        """Count the runs of a frame (new files, or unfinished runs written again)."""
+        """Count the runs of a frame: new run files, and run files written again. A run is
+        counted once (by machine and id), and its finish (finished today, score, cost) once: the
+        first time it is read finished."""
         import numpy as np
         import pandas as pd
 
@@ -340,34 +352,33 @@ class DashboardState:
         machines = frame["machine"].astype(str).tolist()
         finished = fin.notna().to_numpy()
         is_today = (fin >= today).fillna(False).to_numpy(dtype=bool)
-        for name in set(machines):
-            if name not in self.machines:
-                self.machines[name] = _Machine(name)
-        # runs and counts: one pass in numpy per machine for a big first frame, rows otherwise
-        mach = np.asarray(machines, dtype=object)
-        for name in set(machines):
-            m = self.machines[name]
-            sel = mach == name
-            for i in np.flatnonzero(sel).tolist():
-                rid = ids[i]
-                was_unfinished = rid in m.unfinished_files
-                if not initial and was_unfinished:
-                    m.unfinished_files.discard(rid)  # rewritten: counted again below, not twice
-                else:
-                    m.runs += 1
-                if finished[i]:
+        counted = self._counted
+        finishing = np.zeros(len(frame), dtype=bool)  # rows whose finish is counted now
+        for i, (name, rid) in enumerate(zip(machines, ids)):
+            m = self.machines.get(name)
+            if m is None:
+                m = self.machines[name] = _Machine(name)
+            key = f"{name}/{rid}"
+            new = key not in counted
+            if new:
+                counted.add(key)
+                m.runs += 1
+            if finished[i]:
+                if new or rid in m.unfinished_files:
+                    finishing[i] = True
+                    m.unfinished_files.discard(rid)
                     m.running.discard(rid)
                     if is_today[i]:
                         m.finished_today += 1
-                else:
-                    m.unfinished_files.add(rid)
-                    m.running.add(rid)
-            # recent scores: the most recently finished runs of this machine
-            part = pd.DataFrame({"fin": fin[sel], "score": scores[sel]}).dropna()
-            if len(part):
-                for v in part.sort_values("fin")["score"].tail(SCORES_SHOWN).tolist():
-                    m.scores.append(float(v))
-        self._add_costs(frame[finished])  # a run's cost counts once, when it has finished
+            elif new or rid in m.unfinished_files:
+                m.unfinished_files.add(rid)
+                m.running.add(rid)
+        # recent scores: the most recently finished runs of each machine
+        part = pd.DataFrame({"machine": machines, "fin": fin.to_numpy(), "score": scores.to_numpy()})[finishing].dropna()
+        if len(part):
+            for name, g in part.sort_values("fin", kind="stable").groupby("machine", sort=False):
+                self.machines[name].scores.extend(float(v) for v in g["score"].tail(SCORES_SHOWN))
+        self._add_costs(frame[finishing])  # a run's cost counts once, when it has finished
         # watch unfinished run files for their rewrite; list the newest in "latest runs"
         paths = frame["path"].tolist()
         for i in np.flatnonzero(~finished).tolist():
@@ -377,12 +388,9 @@ class DashboardState:
             self._watch.unwatch(paths[i])
         order = np.argsort(frame["started_at"].to_numpy(dtype="datetime64[us]", na_value=np.datetime64("NaT")),
                            kind="stable")
-        pick = order[-RUNS_SHOWN:] if initial else order
-        keep_keys = set()
-        for i in pick.tolist():
+        for i in order[-RUNS_SHOWN:].tolist():
             key = f"{machines[i]}/{ids[i]}"
             self.latest.appendleft((key, machines[i], ids[i], _num(scores.iloc[i]), finished[i]))
-            keep_keys.add(key)
             self._frames[key] = frame.iloc[[i]]
         # one entry per run (a rewritten run moves to the top), at most RUNS_SHOWN
         seen, kept = set(), []
@@ -473,7 +481,6 @@ class DashboardState:
         for m in self.machines.values():
             m.failed = m.failed_today = 0
             m.running = set(m.unfinished_files)
-        self._started_ids.clear()
 
     def _add_event(self, item: Any) -> None:
         self.n_events += 1
@@ -552,6 +559,10 @@ class DashboardState:
             job.ckpt_sig = sig
 
     # ---------------------------------------------------------------- views of the state
+
+    def close(self) -> None:
+        """Stop the file events the run folders are followed by (`poll` lists folders from then on)."""
+        self._watch.close()
 
     def run_frame(self, key: str) -> Any:
         """The one-row runs frame of a run listed in "latest runs" (for the previewer).
@@ -841,6 +852,7 @@ class Dashboard(StaticFallback, w.VBox):
         runs: a `load_runs` frame of the workspace to start from (default None: loaded here).
         interval: seconds between checks of the files (default INTERVAL_S).
         follow: start following now (default True; False: call `poll()` or `start()`).
+        file_events: see DashboardState (default True).
         **kwargs: passed to ipywidgets.VBox.
 
     `picker` is a RunPicker of the same runs that gains new runs as they land; `follow(picker)`
@@ -849,17 +861,20 @@ class Dashboard(StaticFallback, w.VBox):
     """
 
     def __init__(self, workspace: str | os.PathLike, *, log_dirs: Iterable[str | os.PathLike] | None = None,
-                 runs: Any = None, interval: float = INTERVAL_S, follow: bool = True, **kwargs: Any) -> None:
+                 runs: Any = None, interval: float = INTERVAL_S, follow: bool = True, file_events: bool = True,
+                 **kwargs: Any) -> None:
         global _VIEW
         if _VIEW is None:
             _VIEW = _view_class()
-        self.state = DashboardState(workspace, log_dirs=log_dirs, runs=runs)
+        self.state = DashboardState(workspace, log_dirs=log_dirs, runs=runs, file_events=file_events)
         self._view = _VIEW(html=self.state.html())
         self._view.on_msg(self._on_msg)
         self._preview_box = w.VBox()
         self.previewer = None
         self._pickers: list[Any] = []
         self._picker_rows: list[Any] = []
+        self._landed: list[Any] = []  # every frame of new rows since the dashboard was made
+        self._feeding = False  # a worker thread is preparing the pickers' next frames
         self._picker_time = 0.0
         self._picker: Any = None
         self.picker_interval = PICKER_INTERVAL_S
@@ -878,6 +893,7 @@ class Dashboard(StaticFallback, w.VBox):
     def stop(self) -> None:
         """Stop following (the view keeps what it shows)."""
         self._follower.stop()
+        self.state.close()
 
     @property
     def following(self) -> bool:
@@ -889,14 +905,17 @@ class Dashboard(StaticFallback, w.VBox):
         self.stop()
         super().close()
 
-    def poll(self) -> PollResult:
+    def poll(self, *, full: bool = False) -> PollResult:
         """Read and show what changed now (what following does every `interval` seconds).
+
+        Args:
+            full: list the run folders that changed (see DashboardState.read; default False).
 
         Returns:
             What changed (PollResult).
         """
         with self._follower.lock:
-            batch = self.state.read()
+            batch = self.state.read(full=full)
             res = self.state.apply(batch)
         self._on_change(res, [batch], force_picker=True)
         return res
@@ -905,23 +924,64 @@ class Dashboard(StaticFallback, w.VBox):
         for b in batches:
             if b["frame"] is not None and len(b["frame"]):
                 self._picker_rows.append(b["frame"])
+                self._landed.append(b["frame"])
+        if not self._pickers:
+            self._picker_rows = []
+        if len(self._landed) > 64:  # one frame of everything that landed, for pickers that come later
+            self._landed = [self._merged(self._landed)]
         if self._pickers and self._picker_rows and (
                 force_picker or time.monotonic() - self._picker_time >= self.picker_interval):
-            self._feed_pickers()
+            self._feed_pickers(wait=force_picker)
         if res.runs or res.changed or res.events or res.notes or any(b["training"] for b in batches):
             self._view.html = self.state.html()
             self._static_changed()
 
-    def _feed_pickers(self) -> None:
+    @staticmethod
+    def _merged(frames: list) -> Any:
+        """Frames of new rows as one, a run written more than once by its last row."""
         import pandas as pd
 
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return frame.drop_duplicates(subset=["machine", "id"], keep="last")
+
+    def _feed_pickers(self, wait: bool = False) -> None:
+        """Hand the rows that landed to the pickers: the new frames and their filter arrays are
+        made in a worker thread (RunPicker.prepare_runs), then swapped in on the loop, so the
+        kernel answers clicks meanwhile; with `wait`, or without a loop, here and now."""
+        if self._feeding:
+            return  # the rows wait for the next round
         rows, self._picker_rows = self._picker_rows, []
-        frame = rows[0] if len(rows) == 1 else pd.concat(rows, ignore_index=True)
-        # a run written twice in the batch: its last row
-        frame = frame.drop_duplicates(subset=["machine", "id"], keep="last")
-        for p in self._pickers:
-            p.add_runs(frame)
-        self._picker_time = time.monotonic()
+        frame = self._merged(rows)
+        pickers = list(self._pickers)
+        loop = self._follower.loop
+        if wait or loop is None or loop.is_closed():
+            for p in pickers:
+                p.add_runs(frame)
+            self._picker_time = time.monotonic()
+            return
+        self._feeding = True
+
+        def finish(prepared: list) -> None:
+            try:
+                for p, ready in prepared:
+                    p.add_runs(ready)
+            finally:
+                self._feeding = False
+                self._picker_time = time.monotonic()
+
+        def work() -> None:
+            prepared = []
+            for p in pickers:
+                try:
+                    prepared.append((p, p.prepare_runs(frame)))
+                except Exception:  # made again (and its error seen) on the loop
+                    prepared.append((p, frame))
+            try:
+                loop.call_soon_threadsafe(finish, prepared)
+            except RuntimeError:  # the loop closed
+                self._feeding = False
+
+        threading.Thread(target=work, name="mnb-dashboard-picker", daemon=True).start()
 
     # the picker
     def follow(self, picker: Any) -> Any:
@@ -941,7 +1001,10 @@ class Dashboard(StaticFallback, w.VBox):
             raise ValueError(f"this RunPicker shows runs of {ws}, not of {self.state.workspace}: "
                              "make it from load_runs of the dashboard's workspace")
         if picker not in self._pickers:
-            self._pickers.append(picker)
+            with self._follower.lock:
+                if self._landed:  # what landed before: rows it has are replaced, not added twice
+                    picker.add_runs(self._merged(self._landed))
+                self._pickers.append(picker)
         return picker
 
     @property
