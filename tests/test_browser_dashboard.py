@@ -46,7 +46,7 @@ def test_dashboard_shows_new_runs_as_they_land(tmp_path):
             open_and_run_all(page, lab.url("dash.ipynb"))
             view = page.locator(".mnb-dashboard-view")
             expect(view.locator(".mnb-machines")).to_contain_text("support")
-            expect(view.locator("a.mnb-run")).to_have_count(1)
+            expect(view.locator(".mnb-latest a.mnb-run")).to_have_count(1)
             expect(view).to_contain_text("$0.50")  # a dollar amount as text, not typeset as math
             expect(page.locator(".mnb-table")).to_contain_text("first")
             for n, (theme, machine) in enumerate([("light", "coder"), ("dark", "chatbot/triage")]):
@@ -55,13 +55,13 @@ def test_dashboard_shows_new_runs_as_they_land(tmp_path):
                     ids = [f"{theme}{i}" for i in range(3)]
                     write("runs", root=str(root), machine=machine, ids=ids, events=events)
                     # the new runs appear without running a cell: in the dashboard and in the picker
-                    expect(view.locator(f'a.mnb-run[data-run="{machine}/{ids[-1]}"]')).to_be_visible()
+                    expect(view.locator(f'.mnb-latest a.mnb-run[data-run="{machine}/{ids[-1]}"]')).to_be_visible()
                     expect(view.locator(".mnb-events")).to_contain_text("run.finished")
                     expect(view).to_contain_text(f"{1 + 3 * (n + 1)} runs")
                     expect(page.locator(".mnb-table")).to_contain_text(ids[-1])
                     write("append", path=events, text=json.dumps({"type": f"trial.{theme}", "x": 1}) + "\n")
                     expect(view.locator(".mnb-events")).to_contain_text(f'"type": "trial.{theme}"')  # shown raw
-                    view.locator(f'a.mnb-run[data-run="{machine}/{ids[0]}"]').click()
+                    view.locator(f'.mnb-latest a.mnb-run[data-run="{machine}/{ids[0]}"]').click()
                     expect(page.locator(".mnb-previewer")).to_contain_text(f"answer {ids[0]}")
             run_command(page, "docmanager:save")
             page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")

@@ -202,7 +202,7 @@ def test_dashboard_counts_match_the_writers_log(tmp_path, writer):
     assert {m["name"]: m["failed"] for m in snap["machines"]}["coder"] == 1
     key = snap["latest"][0]["key"]
     d.open_run(key)
-    assert d.previewer is not None and key in d.static_html()
+    assert d.opened == key and key in d.static_html() and "answer" in d.previewer.static_html()
     d.close()
 
 

@@ -36,8 +36,9 @@ from ._base import StaticFallback
 
 # How often the files are checked, in seconds (an idle check is one stat per followed file/folder).
 INTERVAL_S = 0.5
-# A RunPicker gets new runs at most this often (adding runs rebuilds its filter arrays).
-PICKER_INTERVAL_S = 1.0
+# A RunPicker gets new runs at most this often (adding runs rebuilds its filter arrays, in a
+# worker thread: see Dashboard._feed_pickers).
+PICKER_INTERVAL_S = 0.5
 # Events kept for the stream shown (the counts cover every event read).
 EVENTS_SHOWN = 40
 # Runs listed as "latest runs" (newest first, each opens in the previewer).
@@ -870,7 +871,10 @@ class Dashboard(StaticFallback, w.VBox):
         self._view = _VIEW(html=self.state.html())
         self._view.on_msg(self._on_msg)
         self._preview_box = w.VBox()
-        self.previewer = None
+        from .previewer import ExamplePreviewer
+
+        # made now, shown on the first click: a first click then costs no imports
+        self.previewer = ExamplePreviewer([])
         self._pickers: list[Any] = []
         self._picker_rows: list[Any] = []
         self._landed: list[Any] = []  # every frame of new rows since the dashboard was made
@@ -968,6 +972,8 @@ class Dashboard(StaticFallback, w.VBox):
             finally:
                 self._feeding = False
                 self._picker_time = time.monotonic()
+            if self._picker_rows:  # rows that landed meanwhile: the next round now
+                self._feed_pickers()
 
         def work() -> None:
             prepared = []
@@ -1028,12 +1034,11 @@ class Dashboard(StaticFallback, w.VBox):
             KeyError: the run is not among the latest runs.
         """
         frame = self.state.run_frame(key)
-        from .previewer import ExamplePreviewer, load_lines
+        from .previewer import load_lines
 
         lines = load_lines(frame)
         note = "" if lines else f"{key} gives no training example (no assistant answer)."
-        if self.previewer is None:
-            self.previewer = ExamplePreviewer(lines)
+        if not self._preview_box.children:
             self._preview_box.children = (self.previewer,)
         self.previewer.set_lines(lines, note=note)
         self.opened = key
@@ -1065,7 +1070,7 @@ class Dashboard(StaticFallback, w.VBox):
             The same HTML as the live view, plus the run open in the previewer.
         """
         extra = ""
-        if self.previewer is not None:
+        if self.opened is not None:
             extra = f'<div class="mnb-dashboard-preview"><b>{escape(self.opened or "")}</b>{self.previewer.static_html()}</div>'
         return self.state.html() + extra
 
