@@ -225,6 +225,20 @@ def test_dashboard_counts_runs_from_file_events_once(tmp_path, writer):
         d.close()
 
 
+def test_a_bad_run_file_is_named_in_a_note(tmp_path, writer):
+    from machine_nb.widgets.dashboard import DashboardState
+
+    ws = tmp_path / "ws"
+    root = ws / ".machine" / "runs"
+    writer.do("run", root=str(root), machine="support", id="ok")
+    state = DashboardState(ws, file_events=False)
+    writer.do("replace", path=str(root / "support" / "bad.json"), text='{"id": "bad", "machine": "support",\n  "input": 3')
+    res = state.poll()
+    assert res.runs == 1 and state.snapshot()["runs"] == 1  # seen, not counted
+    assert any("bad.json" in n and ":2" in n for n in res.notes), res.notes
+    assert "bad.json" in state.html()
+
+
 def test_dashboard_html_keeps_dollars_out_of_math_and_escapes_names(tmp_path, writer):
     from machine_nb.widgets.dashboard import DashboardState
 

@@ -62,3 +62,28 @@ def test_page_needs_its_token_and_follows_new_runs(tmp_path):
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "stopped" in err and token not in err and token not in out
+
+
+def test_help_says_what_it_reads_writes_and_costs():
+    from machine_nb.cli import build_parser
+
+    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "--help"], capture_output=True, text=True)
+    assert re.search(r"^\s{4}dashboard\s", proc.stdout, flags=re.M)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    text = " ".join(sub.choices["dashboard"].format_help().split()).lower()
+    assert "127.0.0.1" in text and "token" in text and "reads" in text and "writes" in text and "free" in text
+
+
+def test_ctrl_c_stops_it_cleanly(tmp_path):
+    ws = tmp_path / "ws"
+    write_run(str(ws / ".machine" / "runs"), "support", "r1")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MACHINE_NB_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "dashboard", str(ws)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "http://127.0.0.1:" in proc.stdout.readline()  # serving
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "stopped" in err and "Traceback" not in err

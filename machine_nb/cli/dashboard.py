@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "running / finished today / failed, recent scores and cost so far; the latest events; training runs "
             "with their loss. It follows .machine/events.jsonl, the run files and the training logs as machines "
             "write them. Prints the page's address (with its random access token) when ready; Ctrl-C or SIGTERM "
-            "stops it. Reads only; writes nothing but the run index in the user's cache folder."))
+            "stops it. Reads the workspace only; writes nothing but the run index in the user's cache folder. "
+            "Cost: free (nothing leaves this machine)."))
     p.add_argument("workspace", help="the workspace folder (holding .machine/)")
     p.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
     p.add_argument("--interval", type=float, default=None, help="seconds between checks of the files (default 0.5)")

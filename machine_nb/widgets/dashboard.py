@@ -242,19 +242,32 @@ class DashboardState:
                                  "removed": changes.removed, "frame": None,
                                  "events": self._events.read(), "training": self._read_training(),
                                  "t": self.clock()}
+        batch["bad"] = []
         if files:
-            batch["frame"] = self._parse(files)
+            batch["frame"], batch["bad"] = self._parse(files)
         return batch
 
-    def _parse(self, files: list[tuple[str, str, str]]) -> Any:
-        """Run files parsed as load_runs parses them (the run index's parser), as a runs frame."""
+    def _parse(self, files: list[tuple[str, str, str]]) -> tuple[Any, list[str]]:
+        """Run files parsed as load_runs parses them (the run index's parser): (a runs frame of the
+        good ones, a note naming each bad one, its line and field)."""
+        import pyarrow.compute as pc
+
         from .. import frames
+        from ..errors import MachineFormatError
         from ..export import default_failed
         from ..store.index import parse_batch, sort_table
 
-        table = parse_batch(frames._RunParser(default_failed), [(p, d, n, None) for p, d, n in files],
-                            time.time_ns())
-        return frames._frame(sort_table(table), self.workspace, None, "skip", [], None, None)
+        entries = [(p, d, n, None) for p, d, n in files]
+        table = parse_batch(frames._RunParser(default_failed), entries, time.time_ns())
+        bad = []
+        is_bad = pc.is_valid(table["error"])
+        if pc.any(is_bad).as_py():
+            where = {(d, n): p for p, d, n in files}
+            for b in table.filter(is_bad).select(["dir", "name", "error", "error_line", "error_field"]).to_pylist():
+                err = MachineFormatError(where.get((b["dir"], b["name"]), b["name"]), b["error"],
+                                         line=b["error_line"], field=b["error_field"])
+                bad.append(f"skipped a bad run file: {err}")
+        return frames._frame(sort_table(table), self.workspace, None, "skip", [], None, None), bad
 
     def _read_training(self) -> list[tuple]:
         from ..runlog import CHECKPOINTS_FILE, METRICS_FILE
@@ -311,6 +324,7 @@ class DashboardState:
         if frame is not None and len(frame):
             self._add_frame(frame)
         res.runs, res.changed = batch["added"], batch["changed"]
+        res.notes.extend(batch.get("bad", ()))
         for path in batch["removed"]:
             res.notes.append(f"{path} was removed (its counts stay)")
         for path, name, tail, got, done, sig in batch["training"]:
