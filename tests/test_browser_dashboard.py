@@ -1,7 +1,8 @@
 """Real browser test of the Dashboard in JupyterLab (light and dark): the notebook shows it, a
 writer process adds runs and events, and they appear on screen without re-running a cell (each
 step waits on the page's DOM, never on a sleep); a click on a run opens it in the previewer; the
-saved notebook's static fallback shows the dashboard as it was. Screenshots:
+saved notebook's static fallback shows the dashboard as it was; its text reads (contrast ≥ 4.5:1).
+Screenshots:
 `<tmp_path>/dashboard_<theme>.png` (also copied to $MACHINE_NB_TEST_ARTIFACTS/ when set).
 """
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import chromium_page, chromium_path, lab_server, open_and_run_all, run_command, screenshot_after, set_theme, write_notebook
+from lab import (chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, screenshot_after,
+                 set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -61,6 +63,9 @@ def test_dashboard_shows_new_runs_as_they_land(tmp_path):
                     expect(page.locator(".mnb-table")).to_contain_text(ids[-1])
                     write("append", path=events, text=json.dumps({"type": f"trial.{theme}", "x": 1}) + "\n")
                     expect(view.locator(".mnb-events")).to_contain_text(f'"type": "trial.{theme}"')  # shown raw
+                    low = [c for c in contrast(page, ".mnb-dashboard-view td, .mnb-dashboard-view li, "
+                                                     ".mnb-dashboard-view div, .mnb-dashboard-view a") if c["ratio"] < 4.5]
+                    assert not low, f"text under 4.5:1 in {theme}: {low}"
                     view.locator(f'.mnb-latest a.mnb-run[data-run="{machine}/{ids[0]}"]').click()
                     expect(page.locator(".mnb-previewer")).to_contain_text(f"answer {ids[0]}")
             run_command(page, "docmanager:save")

@@ -247,9 +247,25 @@ def test_dashboard_html_keeps_dollars_out_of_math_and_escapes_names(tmp_path, wr
     writer.do("run", root=str(root), machine="support", id="r1", cost=1.25)
     writer.do("append", path=str(ws / ".machine" / "events.jsonl"),
               text='{"type": "<b>odd</b>", "note": "$5 and $6"}\n')
-    html = DashboardState(ws).html()
+    html = DashboardState(ws, file_events=False).html()
     assert "tex2jax_ignore" in html and "&#36;1.25" in html and "$" not in html
     assert "<b>odd</b>" not in html and "&lt;b&gt;odd&lt;/b&gt;" in html
+
+
+def test_static_fallback_is_the_dashboard_as_it_stands(tmp_path, writer):
+    from machine_nb.widgets.dashboard import Dashboard
+
+    ws = tmp_path / "ws"
+    root = ws / ".machine" / "runs"
+    writer.do("run", root=str(root), machine="support", id="r1", cost=1.25)
+    d = Dashboard(ws, follow=False, file_events=False)
+    bundle = d.static_bundle()
+    assert bundle["text/plain"] == "Dashboard of ws: 1 machines, 1 runs, 0 events"
+    assert "support/r1" in bundle["text/html"] and "&#36;1.25" in bundle["text/html"]
+    writer.do("run", root=str(root), machine="coder", id="r2")
+    d.poll()
+    assert "coder/r2" in d.static_bundle()["text/html"]
+    d.close()
 
 
 def test_training_job_shows_steps_loss_and_eta(tmp_path, writer):
@@ -261,7 +277,7 @@ def test_training_job_shows_steps_loss_and_eta(tmp_path, writer):
     log.mkdir(parents=True)
     (log / "machine_nb.json").write_text(json.dumps({"steps": 10}))
     now = [100.0]
-    state = DashboardState(ws, log_dirs=[], clock=lambda: now[0])
+    state = DashboardState(ws, log_dirs=[], clock=lambda: now[0], file_events=False)
     writer.do("append", path=str(log / "metrics.jsonl"), text='{"step": 0, "train_mean_nll": 2.0}\n')
     state.poll()
     now[0] = 102.0
