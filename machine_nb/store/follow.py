@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -286,6 +287,7 @@ class RunFolderWatch:
         self.root = os.fspath(root)
         self._folders: dict[str, _Folder] = {}
         self._watched: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
+        self._watch_lock = threading.Lock()  # watch/unwatch may come from another thread than poll
         self._events = _FileEvents.start(self.root) if events else None
         self._listed_at = -math.inf
         if known is not None:
@@ -317,12 +319,14 @@ class RunFolderWatch:
         """
         # no signature yet: the next poll reports it once, so a rewrite that came between its read
         # and this call is not missed (reading an unchanged run again counts nothing twice)
-        if path not in self._watched:
-            self._watched[path] = (folder, name, (-1, -1, -1))
+        with self._watch_lock:
+            if path not in self._watched:
+                self._watched[path] = (folder, name, (-1, -1, -1))
 
     def unwatch(self, path: str) -> None:
         """Stop reporting rewrites of a run file (it finished)."""
-        self._watched.pop(path, None)
+        with self._watch_lock:
+            self._watched.pop(path, None)
 
     def close(self) -> None:
         """Stop following file events (polls list folders from then on)."""
@@ -379,13 +383,14 @@ class RunFolderWatch:
                 if name not in folder.names:
                     folder.names.add(name)
                     added[path] = (path, d, name)
-                if kind == "new" and path not in self._watched:
+                if kind == "new":
                     # written in place, so it may be read half-written: report it again if it grows
                     try:
                         st = os.stat(path)
-                        self._watched[path] = (d, name, (st.st_ino, st.st_size, st.st_mtime_ns))
                     except OSError:
-                        pass
+                        continue
+                    with self._watch_lock:
+                        self._watched.setdefault(path, (d, name, (st.st_ino, st.st_size, st.st_mtime_ns)))
             elif name in folder.names and not os.path.exists(path):
                 folder.names.discard(name)
                 if added.pop(path, None) is None:
@@ -394,14 +399,18 @@ class RunFolderWatch:
         return out
 
     def _check_watched(self, out: FolderChanges) -> None:
-        for path, (d, name, was) in list(self._watched.items()):
+        with self._watch_lock:
+            watched = list(self._watched.items())
+        for path, (d, name, was) in watched:
             try:
                 st = os.stat(path)
             except OSError:
                 continue  # gone: reported by its folder
             now_sig = (st.st_ino, st.st_size, st.st_mtime_ns)
             if now_sig != was:
-                self._watched[path] = (d, name, now_sig)
+                with self._watch_lock:
+                    if path in self._watched:
+                        self._watched[path] = (d, name, now_sig)
                 out.changed.append((path, d, name))
 
     def _list(self) -> FolderChanges:

@@ -729,7 +729,10 @@ class Follower:
         interval: seconds between checks (default INTERVAL_S).
         loop: the asyncio loop that applies batches (default None: the loop running in the
             thread that calls start(), e.g. the kernel's; without one, batches are applied in
-            the follower's thread under `lock`).
+            the follower's thread, so the state is then best read through `poll_now`).
+
+    Reads (file I/O and parsing) happen in the thread without holding up the loop; batches are
+    applied on the loop in the order they were read.
     """
 
     def __init__(self, state: DashboardState, on_change: Callable[[PollResult, list], Any], *,
@@ -738,7 +741,8 @@ class Follower:
         self.on_change = on_change
         self.interval = interval
         self.loop = loop
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()        # the pending batches
+        self.read_lock = threading.Lock()   # one read at a time (the followers' offsets)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending: list[dict] = []
@@ -780,7 +784,7 @@ class Follower:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with self.lock:  # reads share the followers' offsets with apply: one at a time
+                with self.read_lock:
                     batch = self.state.read()
             except Exception as exc:  # a file system error: said in the view, following goes on
                 self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -800,16 +804,38 @@ class Follower:
                         self._apply_pending()
             self._stop.wait(self.interval)
 
-    def _apply_pending(self) -> None:
+    def poll_now(self, *, full: bool = False) -> tuple[PollResult, list[dict]]:
+        """Read now, then apply every batch not applied yet (the thread's first, in order);
+        on_change is not called.
+
+        Args:
+            full: see DashboardState.read.
+
+        Returns:
+            (what changed, the batches applied).
+        """
+        with self.read_lock:
+            batch = self.state.read(full=full)
+        with self.lock:
+            self._pending.append(batch)
+        return self._apply()
+
+    def _apply(self) -> tuple[PollResult, list[dict]]:
         with self.lock:
             batches, self._pending, self._scheduled = self._pending, [], False
-            merged = PollResult()
-            for b in batches:  # coalesced: every batch applied once, in order, then one redraw
-                r = self.state.apply(b)
-                merged.runs += r.runs
-                merged.changed += r.changed
-                merged.events += r.events
-                merged.notes.extend(r.notes)
+        merged = PollResult()
+        for b in batches:  # coalesced: every batch applied once, in order, then one redraw
+            r = self.state.apply(b)
+            merged.runs += r.runs
+            merged.changed += r.changed
+            merged.events += r.events
+            merged.notes.extend(r.notes)
+        return merged, batches
+
+    def _apply_pending(self) -> None:
+        merged, batches = self._apply()
+        if not batches:
+            return
         try:
             self.on_change(merged, batches)
         except Exception as exc:  # a broken callback must not stop following
@@ -932,10 +958,8 @@ class Dashboard(StaticFallback, w.VBox):
         Returns:
             What changed (PollResult).
         """
-        with self._follower.lock:
-            batch = self.state.read(full=full)
-            res = self.state.apply(batch)
-        self._on_change(res, [batch], force_picker=True)
+        res, batches = self._follower.poll_now(full=full)
+        self._on_change(res, batches, force_picker=True)
         return res
 
     def _on_change(self, res: PollResult, batches: list[dict], force_picker: bool = False) -> None:
@@ -1021,10 +1045,9 @@ class Dashboard(StaticFallback, w.VBox):
             raise ValueError(f"this RunPicker shows runs of {ws}, not of {self.state.workspace}: "
                              "make it from load_runs of the dashboard's workspace")
         if picker not in self._pickers:
-            with self._follower.lock:
-                if self._landed:  # what landed before: rows it has are replaced, not added twice
-                    picker.add_runs(self._merged(self._landed))
-                self._pickers.append(picker)
+            if self._landed:  # what landed before: rows it has are replaced, not added twice
+                picker.add_runs(self._merged(self._landed))
+            self._pickers.append(picker)
         return picker
 
     @property
@@ -1033,8 +1056,7 @@ class Dashboard(StaticFallback, w.VBox):
         if self._picker is None:
             from .run_picker import RunPicker
 
-            with self._follower.lock:
-                self._picker = self.follow(RunPicker(self.state.runs))
+            self._picker = self.follow(RunPicker(self.state.runs))
         return self._picker
 
     # opening a run
