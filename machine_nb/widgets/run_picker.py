@@ -1027,33 +1027,36 @@ class AddedRuns:
 
 
 class _Positions(Mapping):
-    """Key -> row position after rows were put on top of a frame, without rebuilding a dict of
-    every key: each key keeps a stamp (old rows: minus their position; rows put on top: counting
-    up, newest highest), and its position is the number of rows put on top so far minus its stamp."""
+    """Key -> row position after rows were put on top of a frame, without a new dict of every key:
+    the old positions stay as they were (`base`, shifted by the rows on top), and each key put on
+    top keeps a stamp (counting up, newest highest): its position is the rows on top minus it."""
 
-    def __init__(self, stamps: dict[str, int], top: int) -> None:
-        self._stamps, self._top = stamps, top
+    def __init__(self, base: Mapping, top: dict[str, int], n: int) -> None:
+        self._base, self._top, self._n = base, top, n
 
     @classmethod
     def on_top(cls, before: Mapping, keys: list[str]) -> "_Positions":
-        """`before`'s positions with `keys` put on top, in this order (`before` is left as it is)."""
+        """`before`'s positions with `keys` (none of them in `before`) put on top, in this order;
+        `before` is left as it is."""
         if isinstance(before, _Positions):
-            stamps, top = before._stamps.copy(), before._top
+            base, top, n = before._base, before._top.copy(), before._n
         else:
-            stamps, top = {k: -p for k, p in before.items()}, 0
-        n = len(keys)
+            base, top, n = before, {}, 0
+        m = len(keys)
         for i, k in enumerate(keys):
-            stamps[k] = top + n - i
-        return cls(stamps, top + n)
+            top[k] = n + m - i
+        return cls(base, top, n + m)
 
     def __getitem__(self, key: str) -> int:
-        return self._top - self._stamps[key]
+        stamp = self._top.get(key)
+        return self._n - stamp if stamp is not None else self._base[key] + self._n
 
     def __contains__(self, key: object) -> bool:
-        return key in self._stamps
+        return key in self._top or key in self._base
 
     def __iter__(self):
-        return iter(self._stamps)
+        yield from self._top
+        yield from self._base
 
     def __len__(self) -> int:
-        return len(self._stamps)
+        return len(self._top) + len(self._base)
