@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anywidget
 import ipywidgets as w
+import traitlets
 
 from ..theme import BG_ALT, BLUE, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, escape, no_math, text_colour
 from ._base import StaticFallback
@@ -863,21 +865,12 @@ export default { render };
 """
 
 
-def _view_class() -> type:
-    import anywidget
-    import traitlets
+class DashboardView(anywidget.AnyWidget):
+    """The dashboard's HTML, redrawn when it changes; a click on a run is sent back
+    ({"event": "open", "key": "machine/id"})."""
 
-    class DashboardView(anywidget.AnyWidget):
-        """The dashboard's HTML, redrawn when it changes; a click on a run is sent back
-        ({"event": "open", "key": "machine/id"})."""
-
-        _esm = _ESM
-        html = traitlets.Unicode("").tag(sync=True)
-
-    return DashboardView
-
-
-_VIEW: type | None = None
+    _esm = _ESM
+    html = traitlets.Unicode("").tag(sync=True)
 
 
 class Dashboard(StaticFallback, w.VBox):
@@ -904,11 +897,8 @@ class Dashboard(StaticFallback, w.VBox):
     def __init__(self, workspace: str | os.PathLike, *, log_dirs: Iterable[str | os.PathLike] | None = None,
                  runs: Any = None, interval: float = INTERVAL_S, follow: bool = True, file_events: bool = True,
                  **kwargs: Any) -> None:
-        global _VIEW
-        if _VIEW is None:
-            _VIEW = _view_class()
         self.state = DashboardState(workspace, log_dirs=log_dirs, runs=runs, file_events=file_events)
-        self._view = _VIEW(html=self.state.html())
+        self._view = DashboardView(html=self.state.html())
         self._view.on_msg(self._on_msg)
         self._preview_box = w.VBox()
         from .previewer import ExamplePreviewer
@@ -1111,4 +1101,4 @@ class Dashboard(StaticFallback, w.VBox):
         return self.state.html() + extra
 
 
-__all__ = ["Dashboard", "DashboardState", "Follower", "PollResult", "sparkline"]
+__all__ = ["Dashboard", "DashboardState", "DashboardView", "Follower", "PollResult", "sparkline"]
