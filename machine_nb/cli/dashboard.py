@@ -85,12 +85,12 @@ def make_app(state: Any, token: str) -> Any:
 
     class Base(tornado.web.RequestHandler):
         def prepare(self) -> None:
+            self.set_header("Cache-Control", "no-store")
+            self.set_header("Referrer-Policy", "no-referrer")
             sent = self.get_query_argument("token", "")
             if not hmac.compare_digest(sent.encode("utf-8", "replace"), token.encode("utf-8")):
                 self.set_status(403)
                 self.finish("403: this page needs its access token (the ?token=… the command printed)")
-            self.set_header("Cache-Control", "no-store")
-            self.set_header("Referrer-Policy", "no-referrer")
 
         def log_exception(self, *args: Any) -> None:  # never log a URL (it carries the token)
             pass

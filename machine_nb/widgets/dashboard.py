@@ -185,6 +185,15 @@ class DashboardState:
 
     `poll()` reads what changed and applies it; `read()` + `apply()` split the same work into
     the part that reads files (any thread) and the part that changes the state (one thread).
+
+    What the counts mean, per machine: runs, every run file read (each machine and id once);
+    running, runs whose file has no finishedAt yet or whose `run.started` event has no
+    `run.finished` (or failure) event after it; finished today, runs finishing on this UTC day;
+    failed, `run.failed` / `run.error` / `run.crashed` events; cost so far, each finished run's
+    `usage.costUsd`, else its input tokens at the model's prefill price plus its output tokens at
+    the sample price (`pricing.price_for`, the table `estimate_cost` prices from; the price's
+    source is listed), "unpriced" for runs with tokens but no known price. A truncated or replaced
+    events file drops what was counted from its events (its lines are read again).
     """
 
     def __init__(self, workspace: str | os.PathLike, *, log_dirs: Iterable[str | os.PathLike] | None = None,
