@@ -8,10 +8,10 @@ every platform and file system (network mounts included). A folder that changed 
 which for a machine with tens of thousands of runs costs tens of milliseconds each time; so where
 the operating system reports file events (inotify, FSEvents, kqueue, Windows, through the
 `watchdog` library) the run folders are listed only every FULL_LIST_S seconds, as a safety net,
-and the runs renamed into place between two listings are taken from those events. Writers are
-Machine's processes, which
-append one JSON line per event and write each run as a temp file renamed into place; the rules
-here are what make a follower correct against such writers:
+and the runs renamed into place between two listings are taken from those events.
+
+Writers are Machine's processes, which append one JSON line per event and write each run as a
+temp file renamed into place; the rules here are what make a follower correct against them:
 
 - a partial last line (a writer mid-line) is not read until its newline arrives;
 - a file truncated or replaced (another inode, or other first bytes) is read again from its
@@ -19,7 +19,7 @@ here are what make a follower correct against such writers:
 - a run file is seen once, when its name appears in its folder (temp files, which do not end in
   `.json` or start with ".", are never seen); a folder is listed again only when its
   modification time changed, or changed so recently that a later rename could share its
-  timestamp tick (index.RACY_NS);
+  timestamp tick (RACY_NS);
 - nothing is read twice and nothing is skipped, however many lines or files arrive between
   polls: each poll returns all of them, and the caller shows totals of what it was handed.
 
