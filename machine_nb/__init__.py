@@ -85,6 +85,7 @@ _API: dict[str, str] = {
     "CompareManyResult": "compare",
     # widgets
     "RunPicker": "widgets.run_picker",
+    "Dashboard": "widgets.dashboard",
     "ExamplePreviewer": "widgets.previewer",
     "CostMeter": "widgets.cost_meter",
     "LossPlot": "widgets.loss_plot",

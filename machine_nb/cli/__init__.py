@@ -13,7 +13,7 @@ import sys
 
 # modules in this package, in the order their commands appear in --help
 _MODULES = ["data", "corpus", "validate", "train", "eval", "cases", "report", "serve",
-            "preference"]
+            "preference", "dashboard"]
 
 
 def build_parser() -> argparse.ArgumentParser:

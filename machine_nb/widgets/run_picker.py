@@ -13,7 +13,7 @@ import datetime as _dt
 import html
 import math
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anywidget
@@ -621,6 +621,7 @@ class RunPicker(StaticFallback, w.VBox):
             raise ValueError(f"RunPicker: no such columns {missing} (have {list(runs.columns)})")
         self.page_size = page_size
         self._index = FilterIndex(runs, text_columns)
+        self._text_columns = tuple(text_columns)  # add_runs rebuilds the index with them
         self._anchor: str | None = None
         self._sort = (sort_by, ascending)
         self._order = sort_order(runs, sort_by, ascending)
@@ -1038,6 +1039,89 @@ class RunPicker(StaticFallback, w.VBox):
         elif event == "page":
             self.go_to_page(int(content.get("page", 0)))
 
+    def prepare_runs(self, runs: pd.DataFrame) -> "AddedRuns":
+        """The slow part of `add_runs` (the new frame, its keys and filter arrays), which reads the
+        picker but changes nothing, so a follower can run it in its own thread and hand the result
+        to `add_runs` on the kernel's thread (which then only swaps it in).
+
+        Args:
+            runs: as in add_runs.
+
+        Returns:
+            What add_runs takes (made again there if the picker's runs changed meanwhile).
+        """
+        old = self.runs
+
+        def ident(frame: pd.DataFrame) -> pd.Series:
+            ids = frame["id"].astype(str)
+            return frame["machine"].astype(str) + "/" + ids if "machine" in frame.columns else ids
+
+        new_id = ident(runs)
+        runs = runs[~new_id.duplicated(keep="last").to_numpy()]
+        new_id = new_id[runs.index]
+        maybe = np.flatnonzero(old["id"].astype(str).isin(set(runs["id"].astype(str))).to_numpy())
+        replaced = maybe[ident(old.iloc[maybe]).isin(set(new_id)).to_numpy()] if len(maybe) else maybe
+        frame = pd.concat([runs, old.drop(old.index[replaced]) if len(replaced) else old],
+                          ignore_index=isinstance(old.index, pd.RangeIndex))
+        frame.attrs = dict(old.attrs)
+        # new rows' keys before the old ones when they keep the key scheme (ids, or machine/id once
+        # ids repeat) and clash with none (positions then shift, no rebuild); else all keys again
+        keys = pos = None
+        if not len(replaced) and self._keys:
+            by_id = self._keys[0] == str(old["id"].iloc[0])
+            top = runs["id"].astype(str).tolist() if by_id else new_id.tolist()
+            if len(set(top)) == len(top) and not any(k in self._key_pos for k in top):
+                keys = top + self._keys
+                pos = _Positions.on_top(self._key_pos, top)
+        if keys is None:
+            keys = row_keys(frame)
+            pos = {k: i for i, k in enumerate(keys)}
+        # where each old row is now (a replaced row: at its new row)
+        stay = np.ones(len(old), dtype=bool)
+        stay[replaced] = False
+        moved = np.empty(len(old), dtype=np.int64)
+        moved[stay] = len(runs) + np.arange(int(stay.sum()))
+        if len(replaced):
+            moved[replaced] = pd.Index(new_id.tolist()).get_indexer(ident(old.iloc[replaced]).tolist())
+        return AddedRuns(old, frame, keys, pos, FilterIndex(frame, self._text_columns), moved,
+                         len(runs) - len(replaced), len(runs))
+
+    def add_runs(self, runs: "pd.DataFrame | AddedRuns") -> int:
+        """Put runs that landed since the picker was made at the top of its frame (a Dashboard of
+        the same workspace calls this as run files land); a run the picker has already (same
+        machine and id: its file written again) is replaced by its new row. Filters, sort, page
+        and selection stay; the count line and the page follow.
+
+        Args:
+            runs: rows with the picker's columns (`load_runs` rows of the same workspace), or
+                what `prepare_runs` made of them.
+
+        Returns:
+            How many of the rows were runs the picker did not have.
+        """
+        if not isinstance(runs, AddedRuns):
+            if not len(runs):
+                return 0
+            runs = self.prepare_runs(runs)
+        elif runs.old is not self.runs:  # the picker changed since it was prepared
+            return self.add_runs(runs.frame.iloc[:runs.n_top])
+        moved = runs.moved
+        selected = [int(moved[self._key_pos[k]]) for k in self.selected_ids]
+        anchor = None if self._anchor not in self._key_pos else int(moved[self._key_pos[self._anchor]])
+        self.runs, self._keys, self._key_pos, self._index = runs.frame, runs.keys, runs.positions, runs.index
+        self._order = sort_order(self.runs, *self._sort)
+        self._mask = self._index.mask(self.filters)
+        self._view = self._order[self._mask[self._order]]
+        self._anchor = None if anchor is None else self._keys[anchor]
+        keys = list(dict.fromkeys(self._keys[p] for p in selected))
+        self._sel_mask = np.zeros(len(self.runs), dtype=bool)
+        if keys != list(self.selected_ids):
+            self.selected_ids = keys  # observers hear of it; _on_selection redraws
+        else:
+            self._sel_mask[selected] = True
+            self._refresh()
+        return runs.added
+
     # ------------------------------------------------------------ results
 
     @property
@@ -1085,3 +1169,57 @@ class RunPicker(StaticFallback, w.VBox):
         return (f'<div class="mnb-run-picker"><p><b>{escape(self.count_line())}</b> · filters: '
                 f'{escape(ftext)} · sort: {escape(sort or "frame order")} · page {t.page + 1} of {t.n_pages}</p>'
                 f'<table class="dataframe"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+
+
+# ---------------------------------------------------------------- runs added to a picker (add_runs)
+
+class AddedRuns:
+    """What `RunPicker.prepare_runs` made: the picker's next frame, keys, key positions and filter
+    arrays, for `add_runs` to swap in.
+
+    Attributes:
+        old: the frame it was made from. frame: the new frame (new rows on top). keys, positions,
+        index: its row keys, key -> position, FilterIndex. moved: each old row's position in the
+        new frame. added: how many rows are new runs. n_top: how many rows were put on top.
+    """
+
+    def __init__(self, old: pd.DataFrame, frame: pd.DataFrame, keys: list[str], positions: Any,
+                 index: FilterIndex, moved: np.ndarray, added: int, n_top: int) -> None:
+        self.old, self.frame, self.keys, self.positions = old, frame, keys, positions
+        self.index, self.moved, self.added, self.n_top = index, moved, added, n_top
+
+
+class _Positions(Mapping):
+    """Key -> row position after rows were put on top of a frame, without a new dict of every key:
+    the old positions stay as they were (`base`, shifted by the rows on top), and each key put on
+    top keeps a stamp (counting up, newest highest): its position is the rows on top minus it."""
+
+    def __init__(self, base: Mapping, top: dict[str, int], n: int) -> None:
+        self._base, self._top, self._n = base, top, n
+
+    @classmethod
+    def on_top(cls, before: Mapping, keys: list[str]) -> "_Positions":
+        """`before`'s positions with `keys` (none of them in `before`) put on top, in this order;
+        `before` is left as it is."""
+        if isinstance(before, _Positions):
+            base, top, n = before._base, before._top.copy(), before._n
+        else:
+            base, top, n = before, {}, 0
+        m = len(keys)
+        for i, k in enumerate(keys):
+            top[k] = n + m - i
+        return cls(base, top, n + m)
+
+    def __getitem__(self, key: str) -> int:
+        stamp = self._top.get(key)
+        return self._n - stamp if stamp is not None else self._base[key] + self._n
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._top or key in self._base
+
+    def __iter__(self):
+        yield from self._top
+        yield from self._base
+
+    def __len__(self) -> int:
+        return len(self._top) + len(self._base)
