@@ -179,3 +179,53 @@ def test_committed_notebooks_are_clean_and_parameterised(name):
     assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, "absolute local paths in outputs"
     problems = unclean_outputs(nb)
     assert not problems, f"{name} carries output it should not (re-run scripts/refresh_notebooks.py): " + "; ".join(problems)
+
+
+# The committed notebooks that compare checkpoints state a headline: (notebook, its title, what the headline
+# must say besides its interval and n, the accuracy chart's labels, top to bottom).
+HEADLINED = {
+    "03_tag_train_promote.ipynb": ("Tag → train → held-out cases → promote: a machine learns from its own runs",
+                                   ("The candidate scores 80.0% (95% CI", "against the live version v1's 0.0%",
+                                    "The promotion gate passed it: committed as v2."),
+                                   ["the live version v1", "the candidate"]),
+    "05_preference.ipynb": ("Preference training from tags: SFT vs DPO vs SFT→DPO on held-out cases",
+                            ("SFT 75.0% (95% CI", "DPO 0.0% (95% CI", "SFT→DPO 75.0% (95% CI",
+                             "against the live version v1's 0.0%", "pair accuracy on 20 held-out pairs"),
+                            ["live v1", "SFT", "DPO", "SFT→DPO"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADLINED))
+def test_report_of_a_comparing_notebook_opens_with_its_headline_cost_accuracy_chart_and_loss(name):
+    """The report's top, built from the committed executed notebook (what `machine-nb report` writes): the
+    title, the headline with its interval and n, the cost observed against its estimate, the accuracy
+    chart with every compared checkpoint beside the loss curve, and the summary shown after the comparison."""
+    import html as html_lib
+    import re
+
+    from machine_nb.report import SUMMARY_MIME, ReportSummary, to_html
+
+    title, says, labels = HEADLINED[name]
+    nb = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
+    page = to_html(json.dumps(nb))
+    top = page[page.index("<main>"):page.index("</header>")]
+    assert f"<title>{html_lib.escape(title)}</title>" in page
+    headline = html_lib.unescape(re.search(r'<p class="mnb-headline">(.*?)</p>', top, re.S).group(1))
+    assert "n = 20 held-out cases" in headline, headline
+    for text in says:
+        assert text in headline, (text, headline)
+    assert re.search(r"<b>Cost</b>: \$0\.0000 observed \(estimated \$0\.0000; [^)]+\)", top), "no cost line"
+    assert re.search(r'class="mnb-chart mnb-accuracy-chart"><img alt="accuracy with 95% intervals" '
+                     r'src="data:image/png;base64,[A-Za-z0-9+/=]{200,}"', top), "no accuracy chart"
+    assert 'class="mnb-chart mnb-loss-chart"' in top, "no loss curve beside the accuracy chart"
+    # the chart's points: every compared checkpoint, each with its interval
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    at = [i for i, c in enumerate(cells) for o in c.get("outputs", []) if SUMMARY_MIME in o.get("data", {})]
+    assert len(at) == 1, "one report summary, shown once"
+    summary = ReportSummary.from_dict(next(o["data"][SUMMARY_MIME] for o in cells[at[0]]["outputs"]
+                                           if SUMMARY_MIME in o.get("data", {})))
+    assert [p["label"] for p in summary.points] == labels
+    assert all(p["low"] is not None and p["low"] <= p["accuracy"] <= p["high"] for p in summary.points)
+    # shown where the comparison exists: after every cell that may stop the notebook
+    stops = [i for i, c in enumerate(cells) if "mnb.stop_notebook(" in "".join(c["source"])]
+    assert stops and at[0] > max(stops)

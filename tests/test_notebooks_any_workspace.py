@@ -105,7 +105,9 @@ def test_tag_train_promote_tags_exports_and_stops_at_the_tiny_models_context(hel
     assert "the others scored by grade" in shown
     assert "wrote 13 rows; helpdesk now has 13 tag rows: 13 good" in shown  # every run scoring 0.6 or more
     assert "1 left out because their input is held out" in shown
-    assert "Stopped here." in rep.html.read_text(encoding="utf-8")
+    page = rep.html.read_text(encoding="utf-8")
+    assert "Stopped here." in page
+    assert 'class="mnb-headline"' not in page, "a stopped notebook states a headline it never measured"
     assert digest(ws) == before, "the notebook wrote into the workspace it was pointed at"
 
 
@@ -123,6 +125,7 @@ def test_preference_stops_when_there_is_nothing_to_pair(helpdesk, tmp_path):
     assert rep.stopped is not None and rep.stopped.startswith("no preference pairs for DPO from helpdesk")
     assert rep.stopped in last_output_text(nb)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl")), "something trained"
+    assert 'class="mnb-headline"' not in rep.html.read_text(encoding="utf-8"), "a headline it never measured"
     assert digest(ws) == before
 
 
