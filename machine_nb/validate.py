@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
 from .compat import renamed
 from .jsonl import dumps_line, iter_jsonl
-from .redact import SECRET_PATTERNS, mask
+from .redact import SECRET_PATTERNS, connection_passwords, mask
 from .scoring import MATCH_MODES
 
 if TYPE_CHECKING:
@@ -145,7 +145,8 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
         extra: literal secrets to look for too (default none).
 
     Returns:
-        (severity, code "secret", message) per secret found.
+        (severity, code "secret", message) per secret found; a password in a URL or a DSN/JDBC
+        `password=` setting is a warning (code "password": it may be a made-up example).
     """
     out = []
     for name, pattern in SECRET_PATTERNS:
@@ -155,6 +156,10 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
     for value in extra:
         if value and value in raw:
             out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {mask(value)}"))
+    if "=" in raw or "://" in raw:
+        for value in connection_passwords(raw.replace('\\"', '"')):
+            out.append(("warning", "password", f"a password in a connection string or URL in the row: {mask(value)}; "
+                                               "remove it (or write a placeholder) unless it is a made-up example"))
     return out
 
 

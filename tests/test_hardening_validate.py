@@ -134,3 +134,15 @@ def test_validate_takes_a_list_of_rows_and_a_frame():
     ev = validate([{"messages": [{"role": "user", "content": "1+1?"}], "expected": "2"}])
     assert ev.summary["kind"] == "eval" and ev.ok
     assert errors(validate([])) == [(None, "empty_file")]
+
+
+def test_a_connection_string_password_in_a_row_is_a_warning():
+    rows = [{"messages": [{"role": "user", "content": "connect me"},
+                          {"role": "assistant", "content": f"psql 'host=db user=u password={pw}'"}]}
+            for pw in ("CANARYpw123", "None")]
+    rows.append({"messages": [{"role": "user", "content": "url?"},
+                              {"role": "assistant", "content": "postgres://u:p@ss-CANARY@db/app"}]})
+    r = validate(rows)
+    found = r.findings[r.findings["code"] == "password"]
+    assert found["line"].tolist() == [1, 3] and set(found["severity"]) == {"warning"}
+    assert "CANARYpw123" not in " ".join(r.findings["message"]) and "p@ss-CANARY" not in " ".join(r.findings["message"])
