@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cases import PREVIOUS_LIVE, VERSION_ID, is_checkpoint, live_index, load_cases, machine_path, previous_live_index, read_versions
+from .cases import (PREVIOUS_LIVE, VERSION_ID, is_checkpoint, live_index, load_cases, machine_path, previous_live_index,
+                    read_versions)
 from .chat import content_text
 from .compat import renamed
+from .store.workspace import read_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -430,7 +432,7 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
         _set_model_json(d, previous["model"])
         instructions = previous.get("instructions")
         md = d / "instructions.md"
-        if isinstance(instructions, str) and md.exists() and md.read_text(encoding="utf-8") != instructions:
+        if isinstance(instructions, str) and md.exists() and read_file(md)[0].decode("utf-8") != instructions:
             from .jsonl import atomic_write_text
 
             atomic_write_text(md, instructions, mode=md.stat().st_mode & 0o777)
@@ -672,7 +674,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     instructions = live.get("instructions")
     if not isinstance(instructions, str):
         md = machine_path(workspace, machine) / "instructions.md"
-        instructions = md.read_text(encoding="utf-8") if md.exists() else ""
+        instructions = read_file(md)[0].decode("utf-8") if md.exists() else ""
     out = Path(out_dir) if out_dir is not None else None
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",

@@ -413,8 +413,10 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         if live is not None and isinstance(live.get("instructions"), str):
             instructions = live["instructions"]
         else:
+            from .store.workspace import read_file
+
             md = machine_path(workspace, machine) / "instructions.md"
-            instructions = md.read_text(encoding="utf-8") if md.exists() else ""
+            instructions = read_file(md)[0].decode("utf-8") if md.exists() else ""
     if engine is None:
         from .engines import engine_for
 

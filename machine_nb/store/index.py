@@ -33,7 +33,8 @@ import pyarrow.compute as pc
 from ..compat import user_stacklevel
 from ..errors import MachineFormatError
 from ..jsonl import atomic_replace
-from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
+from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
+                        outside, read_file)
 
 SCHEMA_VERSION = 2
 """Bumped whenever INDEX_SCHEMA or the meaning of a column changes: an older index is rebuilt."""
@@ -320,10 +321,13 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     except OSError:
         st0 = None
     above = folder_chain(root, start) if scope else ()
+    # the walk's bounds are walk_folders': each real folder once, loops and links to system
+    # folders reported, folders outside the workspace read only when they hold run files alone
+    visited = set() if st0 is None else {(st0.st_dev, st0.st_ino)}
     stack = [] if st0 is None or not os.path.isdir(start) else [
-        (start, list(scope), (*above, (st0.st_dev, st0.st_ino)), st0)]
+        (start, list(scope), (*above, (st0.st_dev, st0.st_ino)), st0, outside(start, root_real))]
     while stack:
-        dirpath, segments, ancestors, st = stack.pop()
+        dirpath, segments, ancestors, st, far = stack.pop()
         d = "/".join(segments)
         seen_dirs.add(d)
         sig = [st.st_mtime_ns, st.st_ino]
@@ -356,6 +360,10 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
             except OSError as exc:
                 problems.append(MachineFormatError(dirpath, f"cannot list folder: {exc.strerror}"))
                 continue
+            foreign = foreign_problem(entries, far) if far is not None else None
+            if foreign:
+                problems.append(MachineFormatError(dirpath, foreign))
+                entries = []
             subdirs, files = [], []
             for e in entries:
                 try:
@@ -399,18 +407,16 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         new_dirs[d] = [-1 if sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
         for name in reversed(subdirs):
             path = os.path.join(dirpath, name)
+            problem, key, sub_far = follow_problem(path, name, segments, ancestors, visited, root_real, far)
+            if problem:
+                problems.append(MachineFormatError(path, problem))
+                continue
             try:
                 sub = os.stat(path)
             except OSError as exc:
                 problems.append(MachineFormatError(path, f"cannot read folder: {exc.strerror}"))
                 continue
-            key = (sub.st_dev, sub.st_ino)
-            if key in ancestors:
-                problems.append(MachineFormatError(
-                    path, f"symlink {name!r} leads back to a folder it is inside of "
-                          f"({os.path.realpath(path)}): a loop, not followed"))
-                continue
-            stack.append((path, [*segments, name], (*ancestors, key), sub))
+            stack.append((path, [*segments, name], (*ancestors, key), sub, sub_far))
     for d, pos in groups.items():  # folders in scope that are gone
         if in_scope(d) and d not in seen_dirs:
             stats.removed += len(pos)
