@@ -5,8 +5,9 @@ The tinker SDK itself never fails fast: with a key but no network (or a server t
 is honoured. So every path that hands work to the SDK on Tinker (`engines.service_client("tinker")`,
 `sft(engine="tinker")`, `evaluate(engine="tinker")`) calls `check_tinker` first: a health check
 that must answer `{"status": "ok"}` and a capabilities listing that must be Tinker's shape. While
-work runs, `Watchdog` keeps checking, so a service that dies mid-run fails the call within
-seconds instead of minutes. Whether a run is worth its price is decided in pricing.py.
+work runs, `Watchdog` keeps checking, and counts the 5xx answers to the SDK's work calls
+(`WorkCalls`), so a service that dies mid-run, or answers its checks but fails its work, fails
+the call within seconds instead of minutes. Whether a run is worth its price is decided in pricing.py.
 """
 
 from __future__ import annotations
