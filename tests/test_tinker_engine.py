@@ -280,3 +280,31 @@ def test_a_half_dead_tinker_fails_evaluate_within_seconds_naming_the_call(half_d
     # a few answers, not the SDK's minutes of retries (the seconds: benchmarks/bench_hardening.py)
     assert m and 4 <= int(m.group(3)) <= 10 and handler.work >= int(m.group(3))
     assert logging.getLogger("httpx").level == level  # the watch put the logger back
+
+
+def test_a_half_dead_tinker_fails_sft_within_seconds_naming_the_call(half_dead, corpus, tmp_path):
+    """sft's SDK calls run in its training process; the watchdog here probes a light work call
+    itself, so the same half-dead service stops sft with EngineError naming the call."""
+    url, handler = half_dead
+    out: list = []
+
+    def go() -> None:
+        try:
+            sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", base_url=url, max_steps=2,
+                log_dir=tmp_path / "run", progress=False)
+        except Exception as exc:  # noqa: BLE001  (asserted below)
+            out.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "sft still waits on a half-dead service after 120 s"
+    assert isinstance(out[0], EngineError), repr(out[0])
+    said = str(out[0])
+    assert "answers its health check but fails its work" in said and "answered HTTP 5xx" in said
+    assert SECRET not in said
+    if (tmp_path / "run").exists():  # what it left reads back as an unfinished run, never as a result
+        from machine_nb.runlog import read_training_log
+
+        log = read_training_log(tmp_path / "run")
+        assert not log.complete and log.checkpoint is None

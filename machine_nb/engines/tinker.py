@@ -56,6 +56,24 @@ def _get(url: str, path: str, timeout: float, key: str | None = None) -> tuple[i
         conn.close()
 
 
+def _post(url: str, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes]:
+    """One POST of an empty JSON object; (status, first 64 kB of the body)."""
+    import http.client
+
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout)
+    headers = {"User-Agent": "machine-nb-check", "Content-Type": "application/json"}
+    if key:
+        headers["X-API-Key"] = key
+    try:
+        conn.request("POST", parts.path.rstrip("/") + path, body=b"{}", headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read(65536)
+    finally:
+        conn.close()
+
+
 def _json(body: bytes) -> object:
     try:
         return json.loads(body)
@@ -258,9 +276,13 @@ class Watchdog:
     """
 
     def __init__(self, url: str, *, every: float = 2.0, grace: float = 10.0, timeout: float = 3.0,
-                 max_5xx: int = 4, grace_5xx: float = 10.0, on_failed: Callable[[str], None] | None = None):
+                 max_5xx: int = 4, grace_5xx: float = 10.0, probe_work: bool = True,
+                 on_failed: Callable[[str], None] | None = None):
         self.url, self.every, self.grace, self.timeout = url, every, grace, timeout
         self.max_5xx, self.grace_5xx = max_5xx, grace_5xx
+        # work calls made in another process (sft's training process) are not seen here: a
+        # light work call of this process's own (the SDK's client-config request) stands in
+        self.probe_work = probe_work
         self.on_failed = on_failed  # called with the URL once the work stopped on a dead service
         self.failed: str | None = None
         self.work = WorkCalls(url)
@@ -294,6 +316,8 @@ class Watchdog:
                 status, _ = _get(self.url, "/api/v1/healthz", self.timeout)
                 if status == 200:
                     last_ok = time.monotonic()
+                    if self.probe_work:
+                        self._probe()
                     continue
                 why = f"its health check answered HTTP {status}"
             except Exception as exc:  # connection refused, reset, timeout
@@ -301,6 +325,16 @@ class Watchdog:
             if time.monotonic() - last_ok >= self.grace:
                 self.failed = f"the service at {self.url} stopped answering for {self.grace:g} s ({why})"
                 return
+
+    def _probe(self) -> None:
+        """One light work call (the client-config request the SDK makes first), counted as the
+        SDK's own are; any answer below 500 (a refusal of this bare request included) is a live
+        work plane. Never raises."""
+        try:
+            status, _ = _post(self.url, "/api/v1/client/config", self.timeout, os.environ.get("TINKER_API_KEY"))
+        except Exception:  # the health check says whether the service answers at all
+            return
+        self.work.saw("POST", f"{self.url.rstrip('/')}/api/v1/client/config", status)
 
     def check(self) -> None:
         """Raise EngineError if the service has stopped answering."""
