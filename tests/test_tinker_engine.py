@@ -278,7 +278,7 @@ def test_a_half_dead_tinker_fails_evaluate_within_seconds_naming_the_call(half_d
     assert "answers its health check but fails its work" in said and SECRET not in said
     m = re.search(r"(POST|GET) (/api/v1/[\w/]+) answered HTTP 5xx (\d+) times", said)
     # a few answers, not the SDK's minutes of retries (the seconds: benchmarks/bench_hardening.py)
-    assert m and 4 <= int(m.group(3)) <= 10 and handler.work >= int(m.group(3))
+    assert m and 4 <= int(m.group(3)) <= 20 and handler.work >= int(m.group(3))
     assert logging.getLogger("httpx").level == level  # the watch put the logger back
 
 
