@@ -8,9 +8,18 @@ regexes under a time bound, corpus counts, report redaction.
 - regex: one `score_output(..., "regex")` on an answer-sized reply through the bounded engine vs
   Python's `re`, and the wall time of one pathological row (`(a|aa)+$`), which `re` would not finish.
 - corpus: refusing 4,000 + 200 rows, and drawing the largest corpus (4,095 rows).
-- scrub: redacting a 2 MB notebook-sized text with 10 secrets.
+- scrub: redacting a 2 MB notebook-sized text with 10 secrets (and a DSN, a JDBC URL and a URL
+  password every 100 lines).
+- run index checksums: a generated workspace's index reloaded (read_index, median of 5), and the
+  column checksums alone; their throughput projects the cost at 1,000,000 runs (target: the whole
+  reload <= 1 s there).
+- hostile workspace: load_runs over the sample with a FIFO, a symlink to /dev/zero and a symlink
+  to / planted in it (in a child process with a deadline).
+- half-dead Tinker: `evaluate(engine="tinker")` against a loopback server whose health check and
+  capabilities answer and whose work calls answer 500: seconds to EngineError (the SDK alone
+  retries for ~5 minutes; target <= 30 s, imports included).
 
-Run: .venv/bin/python benchmarks/bench_hardening.py [--rows 100000]
+Run: .venv/bin/python benchmarks/bench_hardening.py [--rows 100000] [--index-runs 20000]
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ def timed(fn, repeat: int = 1) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--index-runs", type=int, default=20_000)
     args = ap.parse_args()
 
     from machine_nb.corpus import MAX_ROWS, corpus_rows
@@ -106,10 +116,128 @@ def main() -> None:
     print(f"corpus 4,000 + 200 rows: refused in {timed(too_many, 3) * 1000:.2f} ms; "
           f"largest corpus ({MAX_ROWS:,} rows) drawn in {timed(lambda: corpus_rows(0, MAX_ROWS - 95, 95)):.2f} s")
 
-    text = ("cell output line with some words and a path /home/user/project/data.jsonl\n" * 28_000)
+    text = ("cell output line with some words and a path /home/user/project/data.jsonl\n" * 99 +
+            "host=db user=u password=pw-123 jdbc:postgresql://h/db?user=u&password=pw-456 "
+            "postgres://u:p@ss-789@db/app\n") * 280
     secrets = [f"secret-value-{i:04d}-abcdef" for i in range(8)] + ["hunter2", "s3cr"]
     t_scrub = timed(lambda: scrub(text, secrets), 3)
-    print(f"scrub {len(text) / 1e6:.1f} MB with {len(secrets)} secrets: {t_scrub:.3f} s")
+    left = [pw for pw in ("pw-123", "pw-456", "ss-789") if pw in scrub(text, secrets)[0]]
+    print(f"scrub {len(text) / 1e6:.1f} MB with {len(secrets)} secrets and 840 connection-string passwords: "
+          f"{t_scrub:.3f} s (left unredacted: {left or 'none'})")
+
+    bench_index(tmp, args.index_runs)
+    bench_hostile(tmp)
+    bench_half_dead()
+
+
+def bench_index(tmp: Path, n: int) -> None:
+    import os
+    import statistics
+    import warnings
+
+    import machine_nb as mnb
+    from machine_nb.sample import generate
+    from machine_nb.store import index as run_index
+
+    os.environ["MACHINE_NB_CACHE_DIR"] = str(tmp / "cache")
+    ws = tmp / "ws-index"
+    generate(ws, seed=0, n_runs=n, tags=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mnb.load_runs(ws, index=True)
+    path = run_index.run_index_path(ws)
+    real = os.path.realpath(run_index.runs_root(ws))
+    size = path.stat().st_size
+    reads, sums = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        table, _, why = run_index.read_index(path, real)
+        reads.append(time.perf_counter() - t0)
+        assert table is not None, why
+        t0 = time.perf_counter()
+        for col in table.columns:
+            run_index.column_checksum(col)
+        sums.append(time.perf_counter() - t0)
+        del table
+    t_read, t_sum = statistics.median(reads), statistics.median(sums)
+    mb_s = size / 1e6 / max(t_sum, 1e-9)
+    at_1m = size / n * 1_000_000 / 1e6 / mb_s
+    print(f"run index, {n:,} runs ({size / 1e6:.1f} MB): read_index {t_read * 1000:.1f} ms (median of 5), of which "
+          f"column checksums {t_sum * 1000:.1f} ms ({mb_s:,.0f} MB/s, {t_sum / t_read:.0%} of the read); "
+          f"projected checksum cost at 1,000,000 runs: {at_1m:.2f} s")
+
+
+def bench_hostile(tmp: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+    ws = tmp / "ws-hostile"
+    shutil.copytree(sample / ".machine", ws / ".machine")
+    support = ws / ".machine" / "runs" / "support"
+    os.mkfifo(support / "fifo.json")
+    (support / "zero.json").symlink_to("/dev/zero")
+    (ws / ".machine" / "runs" / "root").symlink_to("/", target_is_directory=True)
+    code = ("import time, warnings; warnings.simplefilter('ignore'); import machine_nb as mnb; t = time.perf_counter(); "
+            f"n = len(mnb.load_runs({str(ws)!r}, index=False)); print(n, time.perf_counter() - t)")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.split()
+        print(f"hostile workspace (FIFO, /dev/zero, link to /): load_runs read {int(out[0]):,} runs in {float(out[1]):.2f} s")
+    except subprocess.TimeoutExpired:
+        print("hostile workspace (FIFO, /dev/zero, link to /): load_runs did NOT finish within 120 s")
+
+
+def bench_half_dead() -> None:
+    import http.server
+    import os
+    import threading
+
+    class HalfDead(http.server.BaseHTTPRequestHandler):
+        work = 0
+
+        def answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path.endswith("/api/v1/healthz"):
+                return self.answer(200, b'{"status": "ok"}')
+            if self.path.endswith("/api/v1/get_server_capabilities"):
+                return self.answer(200, b'{"supported_models": [{"model_name": "thinkingmachines/Inkling"}]}')
+            type(self).work += 1
+            self.answer(500, b'{"detail": "internal error"}')
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            type(self).work += 1
+            self.answer(500, b'{"detail": "internal error"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HalfDead)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ["TINKER_BASE_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    os.environ["TINKER_API_KEY"] = "tml-bench-placeholder-key-0123456789"
+    from machine_nb.errors import EngineError
+    from machine_nb.evaluate import evaluate
+
+    t0 = time.perf_counter()
+    try:
+        evaluate([{"messages": [{"role": "user", "content": "hi"}], "expected": "x"}], model="thinkingmachines/Inkling",
+                 engine="tinker", save=False, progress=False)
+        said = "no error?"
+    except EngineError as exc:
+        said = str(exc)
+    took = time.perf_counter() - t0
+    print(f"half-dead Tinker: evaluate raised EngineError after {took:.1f} s (imports included; target <= 30 s), "
+          f"{HalfDead.work} work calls answered 500: {said[:160]}")
+    server.shutdown()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ Times are wall seconds and process CPU seconds (on a shared machine other proces
 wall time). Generated workspaces (about 4.2 kB a run on disk) are removed afterwards unless --keep.
 
 Run: .venv/bin/python benchmarks/bench_run_index.py [--runs 100000 1000000] [--dir DIR] [--keep [--reuse]]
+     [--reload-only]  (the first load and five reloads alone; with PYTHONPATH pointing at another
+     checkout, the same workspace measures that code: `--dir D --keep` once, then `--reuse`)
 """
 
 from __future__ import annotations
@@ -205,7 +207,7 @@ def change_files(ws: Path, fraction: float) -> int:
     return n
 
 
-def bench(n: int, base: Path, keep: bool, reuse: bool = False) -> None:
+def bench(n: int, base: Path, keep: bool, reuse: bool = False, reload_only: bool = False) -> None:
     ws, cache = base / f"ws-{n}", base / f"cache-{n}"
     print(f"\n== {n:,} runs ==", flush=True)
     done = ws / ".generated"  # written once a workspace is complete (for --reuse)
@@ -222,6 +224,24 @@ def bench(n: int, base: Path, keep: bool, reuse: bool = False) -> None:
         done.write_text(f"{gen_s:.1f}")
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ws / ".machine" / "runs") for f in fs)
     print(f"generated {n:,} run files, {size / 1e9:.2f} GB, in {gen_s:.0f} s")
+    if reload_only:
+        try:
+            first = run_step("load", ws, cache)
+            seconds = [run_step("load", ws, cache) for _ in range(5)]
+            second = sorted(seconds, key=lambda r: r["wall_s"])[2]
+            index_mb = sum(f.stat().st_size for f in cache.rglob("*.arrow")) / 1e6
+            import machine_nb
+
+            print(f"reload only, {n:,} runs, machine_nb from {Path(machine_nb.__file__).parent} "
+                  f"(index file {index_mb:.0f} MB):")
+            print(f"  first load_runs (builds index)     wall {first['wall_s']:7.2f} s  cpu {first['cpu_s']:7.2f} s")
+            print(f"  second load_runs, median of 5      wall {second['wall_s']:7.2f} s  cpu {second['cpu_s']:7.2f} s  "
+                  "each: " + ", ".join(f"{r['wall_s']:.2f}" for r in seconds) + " s")
+        finally:
+            if not keep:
+                shutil.rmtree(ws, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+        return
     try:
         run_step("bare", ws, cache)  # warm the page cache
         bare = min((run_step("bare", ws, cache) for _ in range(2)), key=lambda r: r["wall_s"])
@@ -275,6 +295,8 @@ def main() -> int:
     p.add_argument("--dir", default=None, help="where to generate (default: a temp dir); removed after unless --keep")
     p.add_argument("--keep", action="store_true", help="keep the generated workspaces and indexes")
     p.add_argument("--reuse", action="store_true", help="use a workspace a run with --keep left in --dir")
+    p.add_argument("--reload-only", action="store_true",
+                   help="only the first load and five reloads (to compare two versions of the code on one workspace)")
     p.add_argument("--step", nargs=2, metavar=("STEP", "WS"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.step:
@@ -285,7 +307,7 @@ def main() -> int:
     free = shutil.disk_usage(base).free / 1e9
     print(f"disk free at {base}: {free:.0f} GB (need about {max(a.runs) * 4.2e3 * 1.3 / 1e9:.1f} GB)")
     for n in a.runs:
-        bench(n, base, a.keep, a.reuse)
+        bench(n, base, a.keep, a.reuse, a.reload_only)
     if not a.keep and a.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cases import is_checkpoint, live_index, load_cases, machine_path, read_versions
+from .cases import (PREVIOUS_LIVE, VERSION_ID, is_checkpoint, live_index, load_cases, machine_path, previous_live_index,
+                    read_versions)
 from .chat import content_text
 from .compat import renamed
+from .store.workspace import read_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -367,14 +369,41 @@ def _set_model_json(d: Path, model: str) -> None:
 
 
 def _next_id(versions: list[dict]) -> str:
-    numbers = [int(v["id"][1:]) for v in versions if v["id"][:1] == "v" and v["id"][1:].isdigit()]
+    numbers = [int(v["id"][1:]) for v in versions if VERSION_ID.fullmatch(v["id"])]
     return f"v{max(numbers, default=0) + 1}"
 
 
-def revert(workspace: str | os.PathLike, machine: str) -> dict:
-    """Make the version before the live one live again.
+def checkpoint_problem(checkpoint: str, engine: str | None = None) -> str | None:
+    """Why a checkpoint of this process's local engine cannot be sampled (gone, or not a
+    checkpoint), else None.
 
-    Writes versions.json (the `live` flag moves; no entry is removed, so the history stays), and
+    A checkpoint served elsewhere (Tinker, or a separate `machine-nb serve` reached with
+    engine="tinker") lives on that service and is not looked up here (None).
+
+    Args:
+        checkpoint: the sampler path.
+        engine: where it is sampled (default None: the checkpoint's own engine).
+
+    Returns:
+        The reason, or None.
+    """
+    from . import engines
+
+    if (engine or engines.engine_for(checkpoint)) != "local":
+        return None
+    try:
+        engines.checkpoint_base_model(str(checkpoint))
+    except Exception as exc:  # EngineError, or the checkpoint's files missing or unreadable
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def revert(workspace: str | os.PathLike, machine: str) -> dict:
+    """Make the version that was live before the live one live again.
+
+    That is the version live when the live one was committed (its `previousLive`), so two
+    reverts never bring back a version already rolled back; an entry without that record steps
+    back to the entry before it. Writes versions.json (the `live` flag moves; no entry is removed, so the history stays), and
     points model.json's `model` (and instructions.md, when that version recorded other
     instructions) back at it, under the same lock as commits.
 
@@ -391,19 +420,19 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
     d = machine_path(workspace, machine)
     with versions_lock(workspace, machine):
         versions = read_versions(workspace, machine)
-        i = live_index(versions)
-        if i == 0:
-            raise ValueError(f"{d / 'versions.json'}: {versions[0]['id']} is the first version of {machine}; "
+        i, back = live_index(versions), previous_live_index(versions)
+        if back is None:
+            raise ValueError(f"{d / 'versions.json'}: {versions[i]['id']} is the first version of {machine}; "
                              "there is none before it to restore")
         for v in versions:
             v.pop("live", None)
-        previous = versions[i - 1]
+        previous = versions[back]
         previous["live"] = True
         _replace_json(d / "versions.json", versions)
         _set_model_json(d, previous["model"])
         instructions = previous.get("instructions")
         md = d / "instructions.md"
-        if isinstance(instructions, str) and md.exists() and md.read_text(encoding="utf-8") != instructions:
+        if isinstance(instructions, str) and md.exists() and read_file(md)[0].decode("utf-8") != instructions:
             from .jsonl import atomic_write_text
 
             atomic_write_text(md, instructions, mode=md.stat().st_mode & 0o777)
@@ -476,7 +505,8 @@ class Candidate:
         """Make this candidate the machine's live version.
 
         Appends `{id: "v<N+1>", instructions, model: checkpoint, baseModel, rubricFingerprint,
-        createdAt, source: {kind: "train", candidate, checkpoint}, report, live: true}` to
+        createdAt, source: {kind: "train", candidate, checkpoint}, previousLive: the live version's
+        id (where `revert` goes back to), report, live: true}` to
         versions.json (the `live` flag moves from the old entry) and points model.json's `model`
         at the checkpoint. Under the machine's lock, after re-reading the file.
 
@@ -488,7 +518,8 @@ class Candidate:
             The new versions.json entry.
 
         Raises:
-            CommitRefused: (with `.reason` and `.report`) the gate did not pass and force is False.
+            CommitRefused: (with `.reason` and `.report`) the gate did not pass and force is False,
+                or the local checkpoint is gone (force does not help).
             CommitConflict: the live version changed since the measurement, or this candidate is
                 already committed. Either way nothing is written.
         """
@@ -501,6 +532,11 @@ class Candidate:
         from .store.workspace import load_machine
 
         d = machine_path(self.workspace, self.machine)
+        gone = checkpoint_problem(self.checkpoint, self.engine)
+        if gone is not None:
+            raise CommitRefused(f"{self.machine}: candidate {self.id}'s checkpoint {self.checkpoint} cannot be sampled "
+                                f"({gone}), so it cannot be the live version; {self.live_version['id']} stays live. "
+                                "Train and measure a candidate again.", reason="checkpoint gone", report=self.report)
         with versions_lock(self.workspace, self.machine):
             versions = read_versions(self.workspace, self.machine)
             live = versions[live_index(versions)]
@@ -519,7 +555,7 @@ class Candidate:
                 source["note"] = note
             entry: dict[str, Any] = {"id": _next_id(versions), "instructions": live.get("instructions"),
                                      "model": self.checkpoint, "baseModel": self.base_model, fp_key: rubric,
-                                     "createdAt": _now(), "source": source}
+                                     "createdAt": _now(), "source": source, PREVIOUS_LIVE: live["id"]}
             if self.report is not None:
                 r = self.report
                 entry["report"] = {"live": live["id"], "cases": r.n_cases, "trials": r.trials,
@@ -652,6 +688,10 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
         held = held_out_keys(holdout)
         trained_on = len({case_key(t) for t in _training_inputs(data)} & held)
 
+    gone = checkpoint_problem(str(checkpoint), engine)
+    if gone is not None:
+        raise ValueError(f"{checkpoint} cannot be sampled ({gone}): nothing was measured; pass the sampler path "
+                         "sft returned (TrainResult.checkpoint)")
     engine = engine or engines.engine_for(checkpoint)
     service = engines.service_client(engine)
     cand_client = open_sampler("", str(checkpoint), engine, service)  # a checkpoint: its base model is asked
@@ -672,7 +712,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     instructions = live.get("instructions")
     if not isinstance(instructions, str):
         md = machine_path(workspace, machine) / "instructions.md"
-        instructions = md.read_text(encoding="utf-8") if md.exists() else ""
+        instructions = read_file(md)[0].decode("utf-8") if md.exists() else ""
     out = Path(out_dir) if out_dir is not None else None
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,11 @@ CASE_RESULT_COLUMNS = ["row", "case", "trial", "input", "prompt", "expected", "m
 (0-based), input and prompt (the case's input text), expected / match (the rule; match "grader"
 and expected None for grader-scored cases), then evaluate()'s columns (output, correct, format_ok,
 prompt_tokens, output_tokens, latency_s, stop_reason, error)."""
+
+#: A version id: "v" and a number (Machine numbers its versions v1, v2, …).
+VERSION_ID = re.compile(r"v[1-9][0-9]{0,8}")
+#: The versions.json key of a committed entry naming the version that was live before it (ours).
+PREVIOUS_LIVE = "previousLive"
 
 # `(case, reply) -> bool`: scores a case that declares no expected answer.
 Grader = Callable[[dict, str], Any]
@@ -118,11 +124,53 @@ def load_cases(workspace: str | os.PathLike, machine: str, split: str = "cases")
         raise MachineFormatError(path, f"file not found: machine {machine!r} has no "
                                        f"{'held-out cases' if split == 'holdout' else 'cases'} ({SPLITS[split]})")
     rows = []
-    for i, case in enumerate(read_cases(path)):
+    cases = read_cases(path)
+    for i, case in enumerate(cases):
         rule = _check_rule(case, i, path)
         rows.append({"case": i, "input": case["input"], "files": case.get("files"), **rule, "split": split,
                      "path": str(path)})
+    other = path.with_name(SPLITS["holdout" if split == "cases" else "cases"])
+    if other.exists():
+        try:
+            other_cases = read_cases(other)
+        except MachineFormatError:
+            other_cases = []  # reported when that file is loaded
+        warn_holdout_in_cases(*((path, cases, other, other_cases) if split == "cases" else
+                                (other, other_cases, path, cases)))
     return pd.DataFrame(rows, columns=CASE_COLUMNS)
+
+
+class HoldoutInCases(UserWarning):
+    """A held-out case (holdout.json) is also in cases.json, what training learns from."""
+
+
+def warn_holdout_in_cases(cases_path: Path, cases: list[dict], holdout_path: Path, holdout: list[dict]) -> None:
+    """One HoldoutInCases warning naming each cases.json case that is a held-out case too.
+
+    Inputs are compared as export.case_key compares them (whitespace collapsed, case ignored),
+    as training data is kept apart from held-out cases.
+
+    Args:
+        cases_path / cases: cases.json and its cases (read_cases).
+        holdout_path / holdout: holdout.json and its cases.
+    """
+    import warnings
+
+    from .compat import user_stacklevel
+    from .export import case_key
+
+    held = {}
+    for j, case in enumerate(holdout):
+        held.setdefault(case_key(case["input"]), j)
+    both = [(i, held[case_key(c["input"])]) for i, c in enumerate(cases) if case_key(c["input"]) in held]
+    if not both:
+        return
+    listed = ", ".join(f"case {i + 1} (held-out case {j + 1})" for i, j in both[:10])
+    more = f" and {len(both) - 10} more" if len(both) > 10 else ""
+    warnings.warn(HoldoutInCases(
+        f"{cases_path}: {len(both)} case(s) are also held-out cases in {holdout_path.name}: {listed}{more}. "
+        "A held-out case is never shown to a trainer, and a score on it measures nothing if it is trained on: "
+        f"remove them from {cases_path.name}."), stacklevel=user_stacklevel())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,8 +185,9 @@ def read_versions(workspace: str | os.PathLike, machine: str) -> list[dict]:
         machine: the machine's name.
 
     Returns:
-        The entries as dicts. Each has a string `id` (unique) and a string `model`; `instructions`
-        and `baseModel` are strings when present.
+        The entries as dicts. Each has a string `id` (unique, VERSION_ID: "v" and a number) and a
+        string `model`; `instructions`, `baseModel` and `previousLive` (an id of the file) are
+        strings, `source` an object and `live` a boolean when present.
 
     Raises:
         MachineFormatError: naming the file, entry and field (a missing file says the machine has
@@ -159,16 +208,54 @@ def read_versions(workspace: str | os.PathLike, machine: str) -> list[dict]:
             raise MachineFormatError(path, f"version {i + 1} must be an object, got {type(v).__name__}", field=f"[{i}]")
         if not isinstance(v.get("id"), str) or not v["id"]:
             raise MachineFormatError(path, f"version {i + 1} needs a string id (\"v1\", \"v2\", …)", field=f"[{i}].id")
+        if not VERSION_ID.fullmatch(v["id"]):
+            raise MachineFormatError(path, f"version {i + 1} has id {v['id'][:20]!r}{'…' if len(v['id']) > 20 else ''}: "
+                                           "version ids are \"v\" and a number (v1, v2, … up to 9 digits); fix the "
+                                           "entry by hand", field=f"[{i}].id")
         if v["id"] in seen:
             raise MachineFormatError(path, f"version id {v['id']!r} appears twice", field=f"[{i}].id")
         seen.add(v["id"])
         if not isinstance(v.get("model"), str) or not v["model"]:
             raise MachineFormatError(path, f"version {v['id']} needs a string model", field=f"[{i}].model")
-        for key in ("instructions", "baseModel"):
+        for key in ("instructions", "baseModel", PREVIOUS_LIVE):
             if v.get(key) is not None and not isinstance(v[key], str):
                 raise MachineFormatError(path, f"version {v['id']}: expected a string, got {type(v[key]).__name__}",
                                          field=f"[{i}].{key}")
+        if v.get("source") is not None and not isinstance(v["source"], dict):
+            raise MachineFormatError(path, f"version {v['id']}: source must be an object such as "
+                                           f"{{\"kind\": \"initial\"}}, got {type(v['source']).__name__}",
+                                     field=f"[{i}].source")
+        if v.get("live") is not None and not isinstance(v["live"], bool):
+            raise MachineFormatError(path, f"version {v['id']}: live must be true or false, got "
+                                           f"{type(v['live']).__name__}", field=f"[{i}].live")
+    for i, v in enumerate(versions):
+        before = v.get(PREVIOUS_LIVE)
+        if before is not None and (before not in seen or before == v["id"]):
+            raise MachineFormatError(path, f"version {v['id']} says {before!r} was live before it, but "
+                                           + ("that is itself" if before == v["id"] else "there is no such version"),
+                                     field=f"[{i}].{PREVIOUS_LIVE}")
     return versions
+
+
+def previous_live_index(versions: list[dict]) -> int | None:
+    """Which version was live before the live one: where `revert` goes back to.
+
+    A committed entry records the version live when it was committed (`previousLive`), so
+    reverting twice walks back through what was live, never to a version already rolled back
+    (v2 committed, reverted, v3 committed: reverting v3 brings back v1). An entry without it
+    (written by hand, or by Machine) steps back to the entry before it in the file.
+
+    Args:
+        versions: read_versions' entries, oldest first.
+
+    Returns:
+        The index of that version, or None when the live one is the first.
+    """
+    i = live_index(versions)
+    before = versions[i].get(PREVIOUS_LIVE)
+    if before is not None:
+        return next(k for k, v in enumerate(versions) if v["id"] == before)
+    return i - 1 if i > 0 else None
 
 
 def live_index(versions: list[dict]) -> int:
@@ -326,8 +413,10 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         if live is not None and isinstance(live.get("instructions"), str):
             instructions = live["instructions"]
         else:
+            from .store.workspace import read_file
+
             md = machine_path(workspace, machine) / "instructions.md"
-            instructions = md.read_text(encoding="utf-8") if md.exists() else ""
+            instructions = read_file(md)[0].decode("utf-8") if md.exists() else ""
     if engine is None:
         from .engines import engine_for
 
@@ -398,4 +487,5 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     return EvalResult(result, summary, None if path is None else str(path))
 
 
-__all__ = ["load_cases", "evaluate_cases", "read_versions", "live_version", "CASE_COLUMNS", "CASE_RESULT_COLUMNS"]
+__all__ = ["load_cases", "evaluate_cases", "read_versions", "live_version", "previous_live_index", "HoldoutInCases",
+           "CASE_COLUMNS", "CASE_RESULT_COLUMNS"]

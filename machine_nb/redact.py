@@ -13,8 +13,11 @@ What is redacted (`[redacted]`):
   ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
   report and protect nothing. A value under 8 characters is replaced only where it stands as a
   whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
-- the password of any URL with one (`postgres://user:[redacted]@host/db`), in an environment
-  value or anywhere in the text;
+- the password of any URL with one (`postgres://user:[redacted]@host/db`, an `@` in the password
+  too), in an environment value or anywhere in the text;
+- the value of `password=…` (also `passwd`, `passphrase`, `pwd`, any case) in a libpq DSN
+  (`host=db user=u password=[redacted]`), a JDBC URL (`?user=u&password=[redacted]`,
+  `;password=[redacted];`), an ODBC string or a `.env` line; quoted values too;
 - key-shaped strings (SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
   private key blocks), set in the environment or not.
 """
@@ -44,8 +47,17 @@ _MIN_SECRET_LEN = 3  # shorter values ("1", "no") are not secrets, and redacting
 _WHOLE_WORD_BELOW = 8  # shorter values are replaced only as whole words: "abc1" not inside "abc12"
 _COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "0", "1", "auto", "default",
                   "enabled", "disabled", "local", "dev", "test", "prod"}
-# scheme://user:PASSWORD@ — userinfo holds no "/", "@" or whitespace; the password may hold ":"
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/@\"'<>]+)(?=@)")
+# scheme://user:PASSWORD@host — the user holds no ":", "/", "@" or whitespace; the password may
+# hold ":" and "@" (a password with an unescaped "@" is common): it runs to the last "@" before the
+# host, which holds no "@"
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/\"'<>]+)"
+                           r"(?=@[^\s/@\"'<>]*(?:[/?#\s\"'<>;,)\]]|$))")
+# password=VALUE in a libpq DSN (`host=db user=u password=x`), a JDBC URL's parameters
+# (`?user=u&password=x`, `;password=x;`), an ODBC string (`PWD=x`) or a `.env` line: the value
+# runs to whitespace, "&" or ";" (or is quoted); a value followed by "(" or "[" is code, not a secret
+_KEY_PASSWORD = re.compile(
+    r"(?i)(?<![A-Za-z0-9])((?:password|passwd|passphrase|pwd)\s*=\s*)"
+    r"('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|[^\s&;'\"<>()\[\]{},]++(?![(\[]))")
 
 
 def mask(secret: str) -> str:
@@ -88,7 +100,8 @@ def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
         environ: the variables to read (default None: os.environ); non-string values are skipped.
 
     Returns:
-        The values of secret-named variables worth redacting, and the password of any URL value.
+        The values of secret-named variables worth redacting, and the password of any URL, DSN or
+        JDBC value.
     """
     environ = os.environ if environ is None else environ
     values = set()
@@ -100,7 +113,26 @@ def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
         for m in _URL_PASSWORD.finditer(value):
             if _worth_redacting(m.group(2)):
                 values.add(m.group(2))
+        for m in _KEY_PASSWORD.finditer(value):
+            bare = m.group(2)[1:-1] if m.group(2)[:1] in "'\"" else m.group(2)
+            if _worth_redacting(bare):
+                values.add(bare)
     return sorted(values, key=len, reverse=True)
+
+
+def connection_passwords(text: str) -> list[str]:
+    """The passwords a text holds in a URL (`scheme://user:PW@host`) or a `password=PW` setting
+    (libpq DSN, JDBC, ODBC, `.env`), as scrub finds them.
+
+    Args:
+        text: the text.
+
+    Returns:
+        The passwords worth redacting, in order of appearance (quotes removed).
+    """
+    out = [m.group(2) for m in _URL_PASSWORD.finditer(text)]
+    out += [m.group(2)[1:-1] if m.group(2)[:1] in "'\"" else m.group(2) for m in _KEY_PASSWORD.finditer(text)]
+    return [p for p in out if p != REDACTED and _worth_redacting(p)]
 
 
 @lru_cache(maxsize=1)
@@ -113,7 +145,7 @@ def _key_shapes() -> re.Pattern[str]:
 
 
 def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
-    """Redact secrets, URL passwords and key-shaped strings from a text.
+    """Redact secrets, URL, DSN and JDBC passwords and key-shaped strings from a text.
 
     Args:
         text: the text.
@@ -142,6 +174,16 @@ def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
         return m.group(1) + REDACTED
 
     text = _URL_PASSWORD.sub(url, text)
+
+    def keyed(m: re.Match[str]) -> str:
+        value = m.group(2)
+        bare = value[1:-1] if value[:1] in "'\"" else value
+        if bare == REDACTED or not _worth_redacting(bare):
+            return m.group(0)
+        replaced[0] += 1
+        return m.group(1) + (value[0] + REDACTED + value[0] if value[:1] in "'\"" else REDACTED)
+
+    text = _KEY_PASSWORD.sub(keyed, text)
     text, n = _key_shapes().subn(REDACTED, text)
     return text, count + replaced[0] + n
 

@@ -123,7 +123,8 @@ def path_rewriter(folder: str | os.PathLike, home: str | os.PathLike | None = No
     if not any(Path(h).is_relative_to(p) for h in forms(home) for p in forms(parent)):
         claim(parent, "..")
     claim(home, "~")
-    pattern = re.compile(f"(?<!{_NAME_CHAR})(" + "|".join(re.escape(b) for b in sorted(shown, key=len, reverse=True))
+    # not after "scheme:/": `mysql://root:pw@h` names a user, not the folder /root
+    pattern = re.compile(f"(?<!{_NAME_CHAR})(?<!:/)(" + "|".join(re.escape(b) for b in sorted(shown, key=len, reverse=True))
                          + f")(?:(/)|(?!{_NAME_GOES_ON}))")
 
     def replace(m: re.Match[str]) -> str:

@@ -88,14 +88,21 @@ def open_sampler(model: str, checkpoint: str | None, engine: str, service_client
 
     if service_client is None:
         service_client = engines.service_client(engine, models=(model,))
-    try:
-        if checkpoint:
-            future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
-        else:
-            future = service_client.create_sampling_client(base_model=model)
-        return future.result() if hasattr(future, "result") else future
-    except engines.sdk_errors() as exc:
-        raise engines.explain(exc) from None
+
+    def create() -> Any:
+        try:
+            if checkpoint:
+                future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
+            else:
+                future = service_client.create_sampling_client(base_model=model)
+            return future.result() if hasattr(future, "result") else future
+        except engines.sdk_errors() as exc:
+            raise engines.explain(exc) from None
+
+    if engine != "tinker":
+        return create()
+    with engines.watchdog(engine) as dog:  # a service whose work calls fail: EngineError in seconds
+        return dog.run(create)
 
 
 def renderer_for(model: str, renderer: Any = None) -> tuple[Any, str]:

@@ -42,7 +42,27 @@ RUN_COLUMNS = ["seed", "status", "steps", "first_loss", "final_loss", "heldout_a
 
 
 def _value_text(value: Any) -> str:
-    return format(value, "g") if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        text = format(value, "g")  # short where that loses nothing ("0.001"), exact otherwise
+        return text if float(text) == value else repr(value)
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds (np.float64(1e-3) -> 1e-3); others as they are."""
+    item = getattr(value, "item", None)
+    if callable(item) and type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return item()
+    return value
+
+
+def _same_key(value: Any) -> tuple:
+    """What two grid values must differ in: numbers by value (1 == 1.0), others by repr."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float)):
+        return ("number", float(value))
+    return ("other", repr(value))
 
 
 def run_name(settings: Mapping[str, Any], seed: int) -> str:
@@ -71,7 +91,8 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         One dict per grid point.
 
     Raises:
-        ValueError: no axes, an axis sft cannot sweep (or the seed), or a repeated value.
+        ValueError: no axes, an axis sft cannot sweep (or the seed), or a repeated value: values
+            equal as numbers (`1` and `1.0`, `np.float64(1e-3)` and `1e-3`) are one setting.
         TypeError: an axis whose values are not a non-empty list.
     """
     if not isinstance(grid, Mapping) or not grid:
@@ -83,9 +104,26 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
             raise ValueError(f"grid axis {axis!r} is not a setting a sweep varies; use one of {', '.join(AXES)}")
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not len(values):
             raise TypeError(f"grid axis {axis!r} needs a non-empty list of values, got {values!r}")
-        if len(set(map(repr, values))) != len(values):
-            raise ValueError(f"grid axis {axis!r} repeats a value: {list(values)!r}")
-    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+        seen: dict[tuple, Any] = {}
+        names: dict[str, Any] = {}
+        for value in values:
+            plain = _plain(value)
+            key = _same_key(plain)
+            if key in seen:
+                raise ValueError(f"grid axis {axis!r} repeats a value: {seen[key]!r} and {value!r} are equal, so "
+                                 f"they would be one run reported twice; list each value once ({list(values)!r})")
+            seen[key] = value
+            text = _value_text(plain)
+            if text in names:
+                raise ValueError(f"grid axis {axis!r}: {names[text]!r} and {value!r} are both written {text!r} in a "
+                                 "run's name; list values that differ in how they are written")
+            names[text] = value
+    return [dict(zip(grid, combo)) for combo in itertools.product(*plain_grid(grid).values())]
+
+
+def plain_grid(grid: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
+    """The grid with numpy scalars as plain Python values (what sweep.json records)."""
+    return {axis: [_plain(v) for v in values] for axis, values in grid.items()}
 
 
 def _sha(data: Any) -> tuple[str | None, str]:
@@ -290,7 +328,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     data_path, data_sha = _sha(data)
     eval_path, eval_sha = _sha(eval_data)
     path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
-    manifest = {"generator": "machine_nb.sweeps.sweep", "grid": {k: list(v) for k, v in grid.items()},
+    manifest = {"generator": "machine_nb.sweeps.sweep", "grid": plain_grid(grid),
                 "seeds": seeds, "model": model, "engine": engine, "settings": settings, "eval_every": eval_every,
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

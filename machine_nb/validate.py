@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
 from .compat import renamed
 from .jsonl import dumps_line, iter_jsonl
-from .redact import SECRET_PATTERNS, mask
+from .redact import SECRET_PATTERNS, connection_passwords, mask
 from .scoring import MATCH_MODES
 
 if TYPE_CHECKING:
@@ -111,6 +111,31 @@ def shape_findings(row: Any, kind: str) -> list[tuple[str, str, str]]:
     return [(f.severity, f.code, f.message) for f in row_findings(row, kind)]
 
 
+def empty_reply_findings(row: Any) -> list[tuple[str, str, str]]:
+    """A training row whose target (its last message, the assistant's) says nothing.
+
+    A reply that is empty or only whitespace, with no tool call, trains the model to answer with
+    nothing (an empty `/good --as ""` rewrite writes such a row).
+
+    Args:
+        row: one training row as read.
+
+    Returns:
+        [("error", "empty_reply", message)] for such a row, else [].
+    """
+    messages = row.get("messages") if isinstance(row, Mapping) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping):
+        return []
+    last = messages[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls") or last.get("toolInput") is not None:
+        return []
+    if content_text(last.get("content")).strip():
+        return []
+    return [("error", "empty_reply", f"the assistant reply (message {len(messages)}, the target) is empty: training "
+                                     "on it teaches the model to answer with nothing; give it the answer to learn or "
+                                     "drop the row")]
+
+
 def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Secrets in a raw line, each reported masked (redact.mask), severity error.
 
@@ -119,7 +144,8 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
         extra: literal secrets to look for too (default none).
 
     Returns:
-        (severity, code "secret", message) per secret found.
+        (severity, code "secret", message) per secret found; a password in a URL or a DSN/JDBC
+        `password=` setting is a warning (code "password": it may be a made-up example).
     """
     out = []
     for name, pattern in SECRET_PATTERNS:
@@ -129,6 +155,10 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
     for value in extra:
         if value and value in raw:
             out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {mask(value)}"))
+    if "=" in raw or "://" in raw:
+        for value in connection_passwords(raw.replace('\\"', '"')):
+            out.append(("warning", "password", f"a password in a connection string or URL in the row: {mask(value)}; "
+                                               "remove it (or write a placeholder) unless it is a made-up example"))
     return out
 
 
@@ -404,6 +434,8 @@ def row_problems(row: Any, raw: str, settings: ValidateSettings, prepared: Prepa
     """
     out = secret_findings(raw, prepared.extra_secrets)
     out += shape_findings(row, settings.kind)
+    if settings.kind == "train":
+        out += empty_reply_findings(row)
     if prepared.eval_keys is not None and isinstance(row, Mapping) and isinstance(row.get("messages"), list) \
             and row["messages"]:
         full, last = prompt_keys(row["messages"])
@@ -578,13 +610,14 @@ class Tally:
 # --------------------------------------------------------------------------- the compositions
 
 @renamed(path="data", eval_path="eval_data")
-def validate(data: str | os.PathLike, model: str | None = None, max_length: int | str | None = "auto",
+def validate(data: Any, model: str | None = None, max_length: int | str | None = "auto",
              eval_data: str | os.PathLike | None = None, *, kind: str = "auto", train_on_what: Any = None,
              progress: bool | None = None) -> ValidationResult:
     """Check a chat JSONL training or eval file; every problem becomes a finding with its line.
 
     Args:
-        data: the JSONL file (streamed).
+        data: the JSONL file (streamed), or rows in memory (a list of `{"messages": …}` dicts or a
+            DataFrame of them; findings' lines are 1-based positions, as preflight's).
         model: renders each row with this model's tinker-cookbook renderer (default None: shape,
             overlap and secret checks only, with an info finding saying so). A model whose
             tokenizer is not available offline gets estimated counts and a warning saying why.
@@ -602,6 +635,8 @@ def validate(data: str | os.PathLike, model: str | None = None, max_length: int 
     Returns:
         A ValidationResult: findings (line, severity, code, message), summary, ok.
     """
+    if not isinstance(data, (str, os.PathLike)):
+        return _validate_rows(data, model, max_length, eval_data, kind, train_on_what)
     path = Path(data)
     if not path.exists():
         tally = Tally(path, resolve_settings(model, max_length, kind))
@@ -624,6 +659,32 @@ def validate(data: str | os.PathLike, model: str | None = None, max_length: int 
         err = bad.pop(0)
         tally.bad_line(err.line, err.reason)
     return tally.result()
+
+
+def _validate_rows(data: Any, model: str | None, max_length: int | str | None, eval_data: Any, kind: str,
+                   train_on_what: Any) -> ValidationResult:
+    """validate() over rows in memory (a list of row dicts, or a DataFrame of them)."""
+    from .tokens import iter_rows
+
+    if isinstance(data, (bytes, Mapping)) or not (hasattr(data, "__iter__") or hasattr(data, "columns")):
+        raise TypeError(f"validate() takes a JSONL path or a list of rows (dicts with \"messages\"), not "
+                        f"{type(data).__name__}")
+    rows = list(iter_rows(data))
+    if kind == "auto":
+        first = next((r for _, r in rows if isinstance(r, Mapping)), None)
+        kind = "eval" if first is not None and "expected" in first else "train"
+    if kind not in ("train", "eval"):
+        raise ValueError(f"kind must be 'train', 'eval' or 'auto', got {kind!r}")
+    settings = resolve_settings(model, max_length, kind, train_on_what, eval_data)
+    prepared = prepare(settings)
+    tally = Tally(None, settings, prepared)
+    for line, row in rows:
+        try:
+            raw = dumps_line(row)
+        except (TypeError, ValueError):  # not JSON-able: its text still goes through the secret scan
+            raw = repr(row)
+        tally.row(line, row, raw, prepared)
+    return tally.result(empty="holds no rows")
 
 
 @renamed(rows="data", eval_path="eval_data")
@@ -682,6 +743,6 @@ def _refused(result: ValidationResult, model: str | None) -> Exception:
 
 
 __all__ = ["validate", "preflight", "model_context", "resolve_max_length", "ValidationResult", "shape_findings",
-           "secret_findings", "prompt_keys", "redact", "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES",
+           "secret_findings", "empty_reply_findings", "prompt_keys", "redact", "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES",
            "FINDING_COLUMNS", "SECRET_PATTERNS", "ValidateSettings", "resolve_settings", "Prepared", "prepare",
            "iter_file_rows", "row_problems", "count_row", "Tally"]

@@ -169,14 +169,27 @@ def test_missing_or_malformed_files_stop_before_any_sampling(trained, ws, damage
         mnb.candidate(ws, "tutor", trained["strong"], progress=False)
 
 
+def fake_checkpoint(root: Path, name: str) -> str:
+    """A local checkpoint's folder as commit checks it (its description; no weights are sampled here)."""
+    d = Path(root) / "ckpt" / "sampler_weights" / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "checkpoint.json").write_text(json.dumps({"format": "machine-nb-local/1", "base_model": "local/arith-tiny",
+                                                   "lora_rank": 0}))
+    return f"local://{d}"
+
+
 COMMITTER = textwrap.dedent("""
-    import sys, time
+    import json, sys, time
     from pathlib import Path
     from machine_nb.candidate import Candidate, CommitConflict
     from machine_nb.cases import live_version
     ws, name, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    cand = Candidate(workspace=ws, machine="tutor", checkpoint=f"local:///ckpt/{name}", base_model="local/arith-tiny",
+    ckpt = Path(ws) / "ckpt" / "sampler_weights" / name
+    ckpt.mkdir(parents=True)
+    (ckpt / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
+    cand = Candidate(workspace=ws, machine="tutor", checkpoint=f"local://{ckpt}", base_model="local/arith-tiny",
                      engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
+    Path(f"{go}-ready-{name}").touch()
     while not go.exists():
         time.sleep(0.001)
     try:
@@ -196,7 +209,10 @@ def test_concurrent_commits_one_wins_the_other_sees_a_clear_error(tmp_path):
         procs = [subprocess.Popen([sys.executable, str(script), str(ws), f"{attempt}-{i}", str(go)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
                  for i in range(4)]
-        time.sleep(1.5)  # all four are waiting for the signal
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{go}-ready-{attempt}-{i}").exists() for i in range(4)):  # all four wait for the signal
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a committer did not start"
+            time.sleep(0.01)
         go.touch()
         outs = [p.communicate(timeout=60) for p in procs]
         assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
@@ -214,7 +230,7 @@ def test_a_stale_candidate_cannot_commit_over_a_newer_version(tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(SAMPLE / "machines" / "tutor", ws / "machines" / "tutor")
     live = read_versions(ws, "tutor")[0]
-    make = lambda name: Candidate(workspace=str(ws), machine="tutor", checkpoint=f"local:///{name}",  # noqa: E731
+    make = lambda name: Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, name),  # noqa: E731
                                   base_model="local/arith-tiny", engine="local", live_version=live, report=None,
                                   passed=True, reason="test")
     first, second = make("a"), make("b")
@@ -223,6 +239,78 @@ def test_a_stale_candidate_cannot_commit_over_a_newer_version(tmp_path):
         second.commit()
     mnb.revert(ws, "tutor")  # v1 is live again, but this candidate still measured against v1: it may commit
     assert second.commit()["id"] == "v3"
+
+
+def _bare(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE / "machines" / "tutor", ws / "machines" / "tutor")
+    return ws
+
+
+def _commit(ws: Path, tmp_path: Path, name: str) -> dict:
+    from machine_nb.cases import live_version
+
+    return Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, name),
+                     base_model="local/arith-tiny", engine="local", live_version=live_version(ws, "tutor"),
+                     report=None, passed=True, reason="test").commit()
+
+
+def live_id(ws: Path) -> str:
+    from machine_nb.cases import live_version
+
+    return live_version(ws, "tutor")["id"]
+
+
+def test_revert_goes_back_to_the_version_that_was_live_not_the_previous_entry(tmp_path):
+    ws = _bare(tmp_path)
+    assert _commit(ws, tmp_path, "a")["id"] == "v2"
+    assert mnb.revert(ws, "tutor")["id"] == "v1"
+    v3 = _commit(ws, tmp_path, "b")
+    assert v3["id"] == "v3" and v3["previousLive"] == "v1"
+    assert mnb.revert(ws, "tutor")["id"] == "v1"  # not v2, which was rolled back
+    assert live_id(ws) == "v1"
+    with pytest.raises(ValueError, match="v1 is the first version of tutor"):
+        mnb.revert(ws, "tutor")
+    # a chain of commits reverts one step at a time, through what was live
+    _commit(ws, tmp_path, "c")  # v4 over v1
+    _commit(ws, tmp_path, "d")  # v5 over v4
+    assert [mnb.revert(ws, "tutor")["id"] for _ in range(2)] == ["v4", "v1"]
+
+
+def test_commit_refuses_a_candidate_whose_checkpoint_is_gone(tmp_path):
+    ws = _bare(tmp_path)
+    from machine_nb.cases import live_version
+
+    ckpt = fake_checkpoint(tmp_path, "gone")
+    cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
+                     engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
+    shutil.rmtree(ckpt[len("local://"):])
+    before = (ws / "machines" / "tutor" / "versions.json").read_bytes()
+    with pytest.raises(CommitRefused, match="checkpoint .* cannot be sampled .*v1 stays live"):
+        cand.commit(force=True)
+    assert (ws / "machines" / "tutor" / "versions.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"id": "v\u00b2", "model": "m"}, 'version ids are "v" and a number'),
+    ({"id": "v" + "7" * 5000, "model": "m"}, 'version ids are "v" and a number'),
+    ({"id": "v2", "model": "m", "source": "train"}, "source must be an object"),
+])
+def test_malformed_versions_stop_the_candidate_before_any_sampling(trained, ws, monkeypatch, entry, message):
+    path = ws / "machines" / "tutor" / "versions.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) + [entry]))
+    import machine_nb.cases as cases_mod
+
+    monkeypatch.setattr(cases_mod, "evaluate_cases", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(mnb.MachineFormatError, match=message):
+        mnb.candidate(ws, "tutor", trained["strong"], progress=False)
+
+
+def test_a_checkpoint_that_is_gone_stops_the_candidate_before_any_sampling(trained, ws, tmp_path):
+    gone = fake_checkpoint(tmp_path, "x")
+    shutil.rmtree(gone[len("local://"):])
+    with pytest.raises(ValueError, match="cannot be sampled .* nothing was measured"):
+        mnb.candidate(ws, "tutor", gone, progress=False)
 
 
 # --------------------------------------------------------------------------- the CLI

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import machine_nb as mnb
-from machine_nb.cases import CASE_COLUMNS, CASE_RESULT_COLUMNS, live_version, read_versions
+from machine_nb.cases import CASE_COLUMNS, CASE_RESULT_COLUMNS, HoldoutInCases, live_version, read_versions
 from machine_nb.errors import MachineFormatError
 from machine_nb.results import EvalResult
 from machine_nb.sample import TUTOR_INSTRUCTIONS
@@ -89,6 +89,12 @@ def test_missing_files_and_machines_say_so(ws):
     ('[{"id": "v1", "model": 7}]', "version v1 needs a string model", "[0].model"),
     ('[{"id": "v1", "model": "m", "instructions": ["x"]}]', "expected a string, got list", "[0].instructions"),
     ('[{"id": "v1", "model": "m"}', "invalid JSON", None),
+    ('[{"id": "v\u00b2", "model": "m"}]', "version ids are \"v\" and a number", "[0].id"),
+    ('[{"id": "v' + "9" * 5000 + '", "model": "m"}]', "version ids are \"v\" and a number", "[0].id"),
+    ('[{"id": "v1", "model": "m", "source": "train"}]', "source must be an object", "[0].source"),
+    ('[{"id": "v1", "model": "m", "live": "yes"}]', "live must be true or false", "[0].live"),
+    ('[{"id": "v1", "model": "m"}, {"id": "v2", "model": "m", "previousLive": "v7"}]', "there is no such version",
+     "[1].previousLive"),
 ])
 def test_malformed_versions_name_entry_and_field(ws, content, message, field):
     write(ws, "versions.json", content)
@@ -227,3 +233,17 @@ def test_public_functions_stay_callable_after_these_modules_load_their_namesakes
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=SAMPLE.parents[1]).stdout
     assert out.split() == ["True", "True", "evaluate"]
+
+
+def test_a_held_out_case_copied_into_cases_json_is_warned_about(ws):
+    d = ws / "machines" / "tutor"
+    held = json.loads((d / "holdout.json").read_text())
+    cases = json.loads((d / "cases.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HoldoutInCases)
+        mnb.load_cases(ws, "tutor")  # the sample keeps them apart: no warning
+    (d / "cases.json").write_text(json.dumps(cases + [held[1]]))
+    for split in ("cases", "holdout"):
+        with pytest.warns(HoldoutInCases, match=rf"case {len(cases) + 1} \(held-out case 2\)") as got:
+            mnb.load_cases(ws, "tutor", split)
+        assert "remove them from cases.json" in str(got[0].message)

@@ -174,3 +174,41 @@ def test_scrubbing_a_deeply_nested_output_is_no_recursion_error():
     inner.append(f"the key {CANARY}")
     _, n = _scrub_tree({"outputs": deep, f"k {CANARY}": 1}, [CANARY])
     assert n == 2 and inner == [f"the key {REDACTED}"]
+
+
+# (text a notebook prints and raises, the secret in it that must not be seen, what a reader sees instead)
+PASSWORD_FORMS = [
+    ("host=db user=u password=CANARYdsn1 dbname=app", "CANARYdsn1", f"host=db user=u password={REDACTED} dbname=app"),
+    ("host=db password='CANARY dsn2' port=5432", "CANARY dsn2", f"host=db password='{REDACTED}' port=5432"),
+    ("jdbc:postgresql://h/db?user=u&password=CANARYjdbc3&ssl=true", "CANARYjdbc3",
+     f"jdbc:postgresql://h/db?user=u&password={REDACTED}&ssl=true"),
+    ("jdbc:sqlserver://h:1433;user=u;password=CANARYjdbc4;encrypt=true", "CANARYjdbc4",
+     f"jdbc:sqlserver://h:1433;user=u;password={REDACTED};encrypt=true"),
+    ("postgres://u:CAN@RYurl5@db.example/app", "RYurl5", f"postgres://u:{REDACTED}@db.example/app"),
+    ("mysql://root:CANARYurl6@db.example/app", "CANARYurl6", f"mysql://root:{REDACTED}@db.example/app"),
+]
+
+
+def test_every_password_form_is_redacted_in_html_notebook_terminal_and_error(tmp_path, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+
+    text = " | ".join(form for form, _, _ in PASSWORD_FORMS)
+    nb = _notebook(tmp_path / "dsn.ipynb", f"print({text!r})", f"raise RuntimeError({text!r})")
+    env = _env(tmp_path, HOME="/root")  # the home folder's name is also a user name in a URL
+    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o", str(tmp_path / "out.html")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 1
+    html_text, executed = (tmp_path / "out.html").read_text(), (tmp_path / "out.ipynb").read_text()
+    import html as html_mod
+
+    monkeypatch.setenv("HOME", "/root")
+    with pytest.raises(PapermillExecutionError) as err:
+        run_report(nb, output=tmp_path / "lib.html", progress=False)
+    raised = "\n".join([str(err.value), err.value.evalue, *err.value.traceback])
+    for form, secret, shown in PASSWORD_FORMS:
+        for where, seen in (("html", html_mod.unescape(html_text)), ("executed notebook", executed),
+                            ("terminal line", proc.stderr + proc.stdout), ("raised error", raised)):
+            assert secret not in seen, (where, form)
+        assert shown in html_mod.unescape(html_text) and shown in executed, form
+        assert shown in proc.stderr, form  # the terminal line names the error, redacted
+    assert "mysql:/~" not in html_text + executed

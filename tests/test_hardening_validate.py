@@ -103,3 +103,46 @@ def test_a_max_length_below_one_is_refused(tmp_path):
     with pytest.raises(TypeError):
         validate(path, LOCAL, max_length="128")
     assert "in-memory rows" in repr(preflight([row(0)], LOCAL)) and "in-memory rows" in preflight([row(0)], LOCAL)._repr_html_()
+
+
+@pytest.mark.parametrize("reply", ["", "  \n ", [{"type": "text", "text": " "}]])
+def test_an_empty_assistant_reply_is_an_error_in_validate_and_preflight(tmp_path, reply):
+    rows = [row(0), {"messages": [{"role": "user", "content": "What is 1 plus 1?"},
+                                  {"role": "assistant", "content": reply}]}]
+    r = validate(write(tmp_path / "t.jsonl", rows))
+    assert errors(r) == [(2, "empty_reply")] and not r.ok
+    with pytest.raises(ValidationFailed, match="empty_reply"):
+        preflight(rows)
+    # a tool call with no text is a reply
+    call = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
+    assert errors(validate([call])) == []
+
+
+def errors(result):
+    return [(line, c) for (line, c), sev in zip(codes(result), result.findings["severity"]) if sev == "error"]
+
+
+def test_validate_takes_a_list_of_rows_and_a_frame():
+    import pandas as pd
+
+    good, bad = row(0), {"messages": [{"role": "user", "content": "hi"}]}
+    r = validate([good, bad])
+    assert isinstance(r, ValidationResult) and errors(r) == [(2, "last_not_assistant")]
+    assert r.summary["rows"] == 2
+    assert errors(validate(pd.DataFrame([good, good]))) == []
+    ev = validate([{"messages": [{"role": "user", "content": "1+1?"}], "expected": "2"}])
+    assert ev.summary["kind"] == "eval" and ev.ok
+    assert errors(validate([])) == [(None, "empty_file")]
+
+
+def test_a_connection_string_password_in_a_row_is_a_warning():
+    rows = [{"messages": [{"role": "user", "content": "connect me"},
+                          {"role": "assistant", "content": f"psql 'host=db user=u password={pw}'"}]}
+            for pw in ("CANARYpw123", "None")]
+    rows.append({"messages": [{"role": "user", "content": "url?"},
+                              {"role": "assistant", "content": "postgres://u:p@ss-CANARY@db/app"}]})
+    r = validate(rows)
+    found = r.findings[r.findings["code"] == "password"]
+    assert found["line"].tolist() == [1, 3] and set(found["severity"]) == {"warning"}
+    assert "CANARYpw123" not in " ".join(r.findings["message"]) and "p@ss-CANARY" not in " ".join(r.findings["message"])

@@ -67,3 +67,35 @@ def test_a_pool_whose_workers_cannot_start_runs_everything_here(monkeypatch):
     with ParsePool(3) as pool:
         assert pool.started == 0
         assert sorted(pool.run(pow, [(x, 2) for x in range(5)])) == [0, 1, 4, 9, 16]
+
+
+def test_a_stopped_worker_is_replaced_and_its_call_made_here(marks):
+    """A worker stopped with SIGSTOP never answers: past the answer bound it is killed, its call
+    made here and a new worker takes its place. The pool runs in a thread with a deadline, so a
+    pool that waits forever fails this test instead of hanging it."""
+    import signal
+    import threading
+
+    me = os.getpid()
+    out: list = []
+    pool = ParsePool(1, answer_timeout=2.0)
+    first: list = []
+
+    def go() -> None:
+        with pool:
+            first.extend(pool.pids)
+            out.extend(sorted(pool.run(workers.twice_or_stop, [(me, marks, x) for x in range(8)])))
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(90)
+    try:
+        assert not t.is_alive(), "the pool waited on a stopped worker"
+        assert out == [2 * x for x in range(8)]  # nothing lost
+        assert pool.replaced == 1 and pool.made_here >= 1
+    finally:
+        for pid in first:  # a stopped worker left behind by a failing pool
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

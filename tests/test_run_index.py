@@ -495,10 +495,47 @@ def test_an_index_with_damaged_string_offsets_is_rebuilt_not_read(ws):
         bad = pa.Array.from_buffers(pa.large_string(), len(col), [None, pa.py_buffer(offsets), col.buffers()[2]])
         return table.set_column(table.schema.get_field_index("input"), "input", bad), meta
 
-    _rewrite_index(ws, damage)
+    path = run_index.run_index_path(ws)
+    table = _read_arrow(path)
+    meta = json.loads(table.schema.metadata[b"machine_nb"])
+    table, meta = damage(table.replace_schema_metadata(None), meta)
+    # written with checksums of the damaged bytes, so the offsets check is what catches it
+    run_index.write_index(path, table, {k: v for k, v in meta.items() if k not in ("version", "checksums")})
     df = mnb.load_runs(ws)
     assert df.attrs["index"].rebuilt.startswith("unreadable") and df.attrs["index"].parsed == len(good)
     pd.testing.assert_frame_equal(df.drop(columns="run"), good)
+
+
+def _flip(path: Path, column: str, row: int, width: int, byte: int | None = None) -> None:
+    """Damage the index file in place: one byte of `column`'s data at `row` (fixed `width`) or,
+    for a string column, the first byte of row `row`'s text set to `byte`."""
+    import pyarrow as pa
+
+    whole = pa.memory_map(str(path)).read_buffer()
+    col = pa.ipc.open_file(pa.BufferReader(whole)).read_all()[column].chunk(0)
+    if width:
+        at = col.buffers()[1].address - whole.address + row * width
+    else:
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int64, count=len(col) + 1)
+        at = col.buffers()[2].address - whole.address + int(offsets[row])
+    del col, whole
+    data = bytearray(path.read_bytes())
+    data[at] = data[at] ^ 0x40 if byte is None else byte
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("column, width, byte", [("score", 8, None), ("output", 0, 0xFF), ("output", 0, None)],
+                         ids=["score-bit", "output-invalid-utf8", "output-bit"])
+def test_damaged_column_bytes_are_detected_and_the_index_rebuilt(ws, column, width, byte):
+    good = mnb.load_runs(ws, index=False).drop(columns="run")
+    loaded = mnb.load_runs(ws, index=True)
+    row = int(np.flatnonzero(loaded[column].notna().to_numpy() & (loaded[column].astype(str).str.len() > 0))[0])
+    _flip(run_index.run_index_path(ws), column, row, width, byte)
+    df = mnb.load_runs(ws)
+    assert df.attrs["index"].rebuilt == f"column {column!r} is damaged (its checksum differs from the one written)"
+    pd.testing.assert_frame_equal(df.drop(columns="run"), good)  # the values, not the damaged bytes
+    df["output"].str.len().sum()  # every string reads
+    assert mnb.load_runs(ws).attrs["index"].rebuilt is None  # the rebuilt index is trusted again
 
 
 def test_the_older_parquet_index_is_replaced(ws, cache):

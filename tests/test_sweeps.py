@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from machine_nb.corpus import make_corpus
@@ -277,3 +278,20 @@ def test_a_broken_or_deeply_nested_sweep_json_is_a_format_error_naming_it(corpus
     with pytest.raises(MachineFormatError, match=r"sweep.json \(field 'grid'\)"):
         read_sweep(out)
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json"]  # nothing was run or written
+
+
+@pytest.mark.parametrize("values", [[1, 1.0], [np.float64(1e-3), 1e-3], [np.int64(2), 2]])
+def test_grid_values_that_are_one_setting_are_refused(values):
+    axis = "epochs" if isinstance(values[1], int) else "learning_rate"
+    with pytest.raises(ValueError, match=f"grid axis '{axis}'"):
+        grid_points({axis: values})
+
+
+def test_numpy_grid_values_run_as_plain_numbers():
+    points = grid_points({"learning_rate": [np.float64(1e-3), 3e-3], "epochs": [np.int64(2)]})
+    assert points == [{"learning_rate": 1e-3, "epochs": 2}, {"learning_rate": 3e-3, "epochs": 2}]
+    assert [type(p["epochs"]) for p in points] == [int, int]
+    assert run_name(points[0], 0) == "learning_rate=0.001_epochs=2_seed=0"
+    # values that differ past the 6 digits of "%g" keep their own run dirs
+    near = grid_points({"learning_rate": [1e-3, 1.0000001e-3]})
+    assert len({run_name(p, 0) for p in near}) == 2

@@ -285,3 +285,11 @@ def test_a_rewrite_of_an_unanswered_turn_replaces_nothing_and_replaced_can_be_gi
     assert given["replaced"] == "5, I think"
     with pytest.raises(ValueError, match="replaced="):
         mnb.tag(asked, "good", replaced="x", store=tmp_path)
+
+
+@pytest.mark.parametrize("rewrite", ["", "   ", "\n\t"])
+def test_an_empty_or_whitespace_rewrite_is_refused_and_nothing_is_written(tmp_path, runs, rewrite):
+    run = runs[runs["machine"] == "support"].iloc[0]
+    with pytest.raises(ValueError, match="rewrite= is (empty|only whitespace)"):
+        mnb.tag(run, "good", rewrite=rewrite, store=tmp_path)
+    assert not (tmp_path / "train.jsonl").exists()

@@ -202,3 +202,109 @@ def test_live_tinker_smoke(corpus, tmp_path):
     res = smoke(corpus.train, model="thinkingmachines/Inkling", engine="tinker", max_usd=0.5,
                 log_dir=tmp_path / "live", progress=False)
     assert res.steps == 2 and res.checkpoint.startswith("tinker://")
+
+
+class _HalfDead(http.server.BaseHTTPRequestHandler):
+    """Tinker's health check and capabilities answer; every work call answers 500 (and is counted)."""
+    work = 0
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path.endswith("/api/v1/healthz"):
+            return self._answer(200, b'{"status": "ok"}')
+        if self.path.endswith("/api/v1/get_server_capabilities"):
+            return self._answer(200, b'{"supported_models": [{"model_name": "thinkingmachines/Inkling"}]}')
+        type(self).work += 1
+        self._answer(500, b'{"detail": "internal error"}')
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        type(self).work += 1
+        self._answer(500, b'{"detail": "internal error"}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def half_dead(monkeypatch):
+    handler = type("Handler", (_HalfDead,), {"work": 0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("TINKER_API_KEY", SECRET)
+    monkeypatch.setenv("TINKER_BASE_URL", url)
+    yield url, handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_half_dead_tinker_fails_evaluate_within_seconds_naming_the_call(half_dead):
+    """Health and capabilities answer, work calls answer 500: the SDK would retry for ~5 minutes.
+    The watchdog counts the 5xx answers to work calls (through httpx's log, nothing patched) and
+    evaluate raises EngineError saying which call failed how often. Bounded by a thread deadline."""
+    import logging
+    import re
+    import time
+
+    from machine_nb.evaluate import evaluate
+
+    url, handler = half_dead
+    level = logging.getLogger("httpx").level
+    out: list = []
+
+    def go() -> None:
+        start = time.monotonic()
+        try:
+            evaluate([{"messages": [{"role": "user", "content": "hi"}], "expected": "x"}],
+                     model="thinkingmachines/Inkling", engine="tinker", save=False, progress=False)
+        except Exception as exc:  # noqa: BLE001  (asserted below)
+            out.append((exc, time.monotonic() - start))
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(90)
+    assert not t.is_alive(), "evaluate still waits on a half-dead service after 90 s"
+    exc, _ = out[0]
+    assert isinstance(exc, EngineError), repr(exc)
+    said = str(exc)
+    assert "answers its health check but fails its work" in said and SECRET not in said
+    m = re.search(r"(POST|GET) (/api/v1/[\w/]+) answered HTTP 5xx (\d+) times", said)
+    # a few answers, not the SDK's minutes of retries (the seconds: benchmarks/bench_hardening.py)
+    assert m and 4 <= int(m.group(3)) <= 20 and handler.work >= int(m.group(3))
+    assert logging.getLogger("httpx").level == level  # the watch put the logger back
+
+
+def test_a_half_dead_tinker_fails_sft_within_seconds_naming_the_call(half_dead, corpus, tmp_path):
+    """sft's SDK calls run in its training process; the watchdog here probes a light work call
+    itself, so the same half-dead service stops sft with EngineError naming the call."""
+    url, handler = half_dead
+    out: list = []
+
+    def go() -> None:
+        try:
+            sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", base_url=url, max_steps=2,
+                log_dir=tmp_path / "run", progress=False)
+        except Exception as exc:  # noqa: BLE001  (asserted below)
+            out.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "sft still waits on a half-dead service after 120 s"
+    assert isinstance(out[0], EngineError), repr(out[0])
+    said = str(out[0])
+    assert "answers its health check but fails its work" in said and "answered HTTP 5xx" in said
+    assert SECRET not in said
+    if (tmp_path / "run").exists():  # what it left reads back as an unfinished run, never as a result
+        from machine_nb.runlog import read_training_log
+
+        log = read_training_log(tmp_path / "run")
+        assert not log.complete and log.checkpoint is None

@@ -60,3 +60,16 @@ def worker_pid(parent: int, marks: str, x: int) -> int:
     else:
         _mark(marks)
     return os.getpid()
+
+
+def twice_or_stop(parent: int, marks: str, x: int) -> int:
+    """2x. The first worker to take a call stops itself (SIGSTOP) without answering, as a stopped
+    worker would; its replacement answers. The test's process waits for that mark."""
+    import signal
+
+    if os.getpid() == parent:
+        _wait(marks, 1)
+    elif not list(Path(marks).glob("worker-*")):
+        _mark(marks)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return 2 * x

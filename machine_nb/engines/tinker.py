@@ -5,17 +5,19 @@ The tinker SDK itself never fails fast: with a key but no network (or a server t
 is honoured. So every path that hands work to the SDK on Tinker (`engines.service_client("tinker")`,
 `sft(engine="tinker")`, `evaluate(engine="tinker")`) calls `check_tinker` first: a health check
 that must answer `{"status": "ok"}` and a capabilities listing that must be Tinker's shape. While
-work runs, `Watchdog` keeps checking, so a service that dies mid-run fails the call within
-seconds instead of minutes. Whether a run is worth its price is decided in pricing.py.
+work runs, `Watchdog` keeps checking, and counts the 5xx answers to the SDK's work calls
+(`WorkCalls`), so a service that dies mid-run, or answers its checks but fails its work, fails
+the call within seconds instead of minutes. Whether a run is worth its price is decided in pricing.py.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 from ..errors import EngineError
@@ -48,6 +50,24 @@ def _get(url: str, path: str, timeout: float, key: str | None = None) -> tuple[i
         headers["X-API-Key"] = key
     try:
         conn.request("GET", parts.path.rstrip("/") + path, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read(65536)
+    finally:
+        conn.close()
+
+
+def _post(url: str, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes]:
+    """One POST of an empty JSON object; (status, first 64 kB of the body)."""
+    import http.client
+
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout)
+    headers = {"User-Agent": "machine-nb-check", "Content-Type": "application/json"}
+    if key:
+        headers["X-API-Key"] = key
+    try:
+        conn.request("POST", parts.path.rstrip("/") + path, body=b"{}", headers=headers)
         response = conn.getresponse()
         return response.status, response.read(65536)
     finally:
@@ -143,38 +163,161 @@ def check_tinker(base_url: str | None = None, timeout: float = DEFAULT_TIMEOUT, 
     return url
 
 
-class Watchdog:
-    """Checks a service's health every `every` seconds while work runs on it.
+#: Paths of the checks every service answers; the SDK's other calls are its work.
+_CHECK_PATHS = ("/api/v1/healthz", "/api/v1/get_server_capabilities")
 
-    `failed` becomes the reason once it has not answered for `grace` seconds (default 10), so a
-    caller polling it can stop the work and raise EngineError well within 30 s of the service
-    going away, where the SDK alone would retry for ~5 minutes.
+
+class WorkCalls(logging.Filter):
+    """Counts the answers the SDK gets to its work calls on one service, as httpx (the SDK's HTTP
+    client) logs each of them ("HTTP Request: POST <url> "HTTP/1.1 500 …"" on the `httpx` logger).
+
+    Watching the log is how a half-dead service is seen (its health check and capabilities
+    answer, its work calls answer 5xx, which the SDK retries for ~5 minutes): the SDK takes no
+    HTTP client or event hooks through its public constructor, and nothing of it is patched.
+    While a watch runs the `httpx` logger's level is lowered to INFO; records below the level it
+    had are counted and then dropped, so no handler sees more than it did.
+
+    Use as a context manager; `failing()` says which calls answered 5xx how often since the last
+    work call that succeeded.
+    """
+
+    _lock = threading.Lock()
+    _active: list["WorkCalls"] = []
+    _saved_level: int | None = None  # the httpx logger's effective level before the first watch
+    _restore: int | None = None  # its own level, when the first watch changed it
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.failures: dict[str, int] = {}  # "POST /api/v1/…" -> 5xx answers since the last success
+        self.first_failure: float | None = None  # monotonic time of the first of them
+        self.last_ok: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003  (logging's name)
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and str(record.msg).startswith("HTTP Request:"):
+            for watch in list(WorkCalls._active):
+                watch.saw(str(args[0]), str(args[1]), args[3])
+        return record.levelno >= (WorkCalls._saved_level or logging.WARNING)
+
+    def saw(self, method: str, url: str, status: Any) -> None:
+        """Count one answer (method, full URL, HTTP status)."""
+        if not url.startswith(self.url) or not isinstance(status, int):
+            return
+        path = urlsplit(url).path
+        if any(path.endswith(p) for p in _CHECK_PATHS):
+            return
+        if status >= 500:
+            key = f"{method} {path[len(urlsplit(self.url).path):] or path}"
+            self.failures[key] = self.failures.get(key, 0) + 1
+            if self.first_failure is None:
+                self.first_failure = time.monotonic()
+        else:
+            self.failures.clear()
+            self.first_failure = None
+            self.last_ok = time.monotonic()
+
+    def failing(self) -> tuple[int, float, str]:
+        """(5xx answers since the last success, seconds since the first of them, which calls how
+        often: "POST /api/v1/create_session answered HTTP 5xx 6 times")."""
+        counts = dict(self.failures)
+        n = sum(counts.values())
+        if not n or self.first_failure is None:
+            return 0, 0.0, ""
+        said = ", ".join(f"{call} answered HTTP 5xx {k} time{'s' if k != 1 else ''}"
+                         for call, k in sorted(counts.items(), key=lambda kv: -kv[1]))
+        return n, time.monotonic() - self.first_failure, said
+
+    def __enter__(self) -> "WorkCalls":
+        log = logging.getLogger("httpx")
+        with WorkCalls._lock:
+            if not WorkCalls._active:
+                WorkCalls._saved_level = log.getEffectiveLevel()
+                log.addFilter(WORK_CALLS_FILTER)
+                if log.level == logging.NOTSET or log.level > logging.INFO:
+                    WorkCalls._restore = log.level
+                    log.setLevel(logging.INFO)
+            WorkCalls._active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        log = logging.getLogger("httpx")
+        with WorkCalls._lock:
+            if self in WorkCalls._active:
+                WorkCalls._active.remove(self)
+            if not WorkCalls._active:
+                log.removeFilter(WORK_CALLS_FILTER)
+                restore = getattr(WorkCalls, "_restore", None)
+                if restore is not None:
+                    log.setLevel(restore)
+                    WorkCalls._restore = None
+                WorkCalls._saved_level = None
+
+
+class _Dispatch(WorkCalls):
+    """The one filter on the `httpx` logger: it hands each record to every active watch."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+
+
+WORK_CALLS_FILTER = _Dispatch()
+
+
+class Watchdog:
+    """Checks a service's health every `every` seconds while work runs on it, and watches the
+    answers to the SDK's work calls (WorkCalls).
+
+    `failed` becomes the reason once the service has not answered for `grace` seconds (default
+    10), or once its work calls have answered 5xx at least `max_5xx` times (default 4) over at
+    least `grace_5xx` seconds (default 10) with no success between (a half-dead service: its
+    health check answers, its work fails). A caller polling it stops the work and raises
+    EngineError well within 30 s, where the SDK alone would retry for ~5 minutes.
     """
 
     def __init__(self, url: str, *, every: float = 2.0, grace: float = 10.0, timeout: float = 3.0,
+                 max_5xx: int = 4, grace_5xx: float = 10.0, probe_work: bool = True,
                  on_failed: Callable[[str], None] | None = None):
         self.url, self.every, self.grace, self.timeout = url, every, grace, timeout
+        self.max_5xx, self.grace_5xx = max_5xx, grace_5xx
+        # work calls made in another process (sft's training process) are not seen here: a
+        # light work call of this process's own (the SDK's client-config request) stands in
+        self.probe_work = probe_work
         self.on_failed = on_failed  # called with the URL once the work stopped on a dead service
         self.failed: str | None = None
+        self.work = WorkCalls(url)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="machine-nb-watchdog", daemon=True)
 
     def __enter__(self) -> "Watchdog":
+        self.work.__enter__()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self.work.__exit__()
         if self.failed and self.on_failed is not None:
-            self.on_failed(self.url)
+            # in the background: a call given up on (run) may still hold the SDK client's locks
+            threading.Thread(target=self.on_failed, args=(self.url,), name="machine-nb-drop-clients",
+                             daemon=True).start()
 
     def _run(self) -> None:
         last_ok = time.monotonic()
-        while not self._stop.wait(self.every):
+        while not self._stop.wait(min(self.every, 0.5)):
+            n, for_s, said = self.work.failing()
+            if n >= self.max_5xx and for_s >= self.grace_5xx:
+                self.failed = (f"the service at {self.url} answers its health check but fails its work: {said}, "
+                               f"over {for_s:.0f} s with no success (the SDK would retry for ~5 minutes)")
+                return
+            if time.monotonic() - last_ok < self.every:
+                continue
             try:
                 status, _ = _get(self.url, "/api/v1/healthz", self.timeout)
                 if status == 200:
                     last_ok = time.monotonic()
+                    if self.probe_work:
+                        self._probe()
                     continue
                 why = f"its health check answered HTTP {status}"
             except Exception as exc:  # connection refused, reset, timeout
@@ -183,7 +326,40 @@ class Watchdog:
                 self.failed = f"the service at {self.url} stopped answering for {self.grace:g} s ({why})"
                 return
 
+    def _probe(self) -> None:
+        """One light work call (the client-config request the SDK makes first), counted as the
+        SDK's own are; any answer below 500 (a refusal of this bare request included) is a live
+        work plane. Never raises."""
+        try:
+            status, _ = _post(self.url, "/api/v1/client/config", self.timeout, os.environ.get("TINKER_API_KEY"))
+        except Exception:  # the health check says whether the service answers at all
+            return
+        self.work.saw("POST", f"{self.url.rstrip('/')}/api/v1/client/config", status)
+
     def check(self) -> None:
         """Raise EngineError if the service has stopped answering."""
         if self.failed:
             raise EngineError(self.failed)
+
+    def run(self, fn: Callable[[], Any], poll_s: float = 0.2) -> Any:
+        """fn() (a blocking SDK call, such as opening a sampler), given up with EngineError once
+        the service is found failing (the call's thread is left to the SDK, whose client is
+        dropped on leaving the watchdog)."""
+        outcome: list = []
+
+        def call() -> None:
+            try:
+                outcome.append((True, fn()))
+            except BaseException as exc:  # handed to the caller below
+                outcome.append((False, exc))
+
+        worker = threading.Thread(target=call, name="machine-nb-watched-call", daemon=True)
+        worker.start()
+        while not outcome:
+            worker.join(poll_s)
+            if not outcome and self.failed:
+                raise EngineError(self.failed)
+        ok, value = outcome[0]
+        if ok:
+            return value
+        raise value

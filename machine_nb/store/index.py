@@ -5,7 +5,8 @@ run file), kept in step with `.machine/runs/` from file sizes and modification t
 
 It lives outside the workspace, in a per-user cache folder (`cache_dir()`), named after the real
 path of the workspace's `runs/` folder. Writes are atomic (temp file + rename); an index that
-cannot be read, or has another schema version or workspace, is rebuilt, never trusted. What a
+cannot be read, has another schema version or workspace, or whose bytes were damaged since (a
+checksum of each column, checked on every load), is rebuilt, never trusted. What a
 row holds is `INDEX_SCHEMA` (documented in the README, for DuckDB or Polars); how a run file
 becomes a row is decided in `frames.py`, which hands `update_index` its parser.
 
@@ -33,10 +34,12 @@ import pyarrow.compute as pc
 from ..compat import user_stacklevel
 from ..errors import MachineFormatError
 from ..jsonl import atomic_replace
-from .workspace import folder_chain, folder_problem, machine_dir, name_segments, read_file
+from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
+                        outside, read_file)
 
-SCHEMA_VERSION = 2
-"""Bumped whenever INDEX_SCHEMA or the meaning of a column changes: an older index is rebuilt."""
+SCHEMA_VERSION = 3
+"""Bumped whenever INDEX_SCHEMA, the meaning of a column or the file's metadata changes (3: column
+checksums): an older index is rebuilt."""
 
 _STR = pa.large_string()
 _TS = pa.timestamp("us", tz="UTC")
@@ -177,10 +180,17 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
             return None, {}, "its columns differ"
         if not isinstance(meta.get("dirs"), dict):  # checked before the table is read
             return None, {}, "its folder list is missing"
+        sums = meta.get("checksums")
+        if not isinstance(sums, dict) or set(sums) != set(INDEX_SCHEMA.names):
+            return None, {}, "its column checksums are missing"
         table = reader.read_all()
+        # bytes damaged since the write (a flipped bit in `score`, an invalid UTF-8 byte in
+        # `output`) change a column's checksum: the index is rebuilt, never trusted
+        for name, col in zip(table.column_names, table.columns):
+            if column_checksum(col) != sums[name]:
+                return None, {}, f"column {name!r} is damaged (its checksum differs from the one written)"
         # every offset and length checked against its buffers, so a damaged file is an error here,
-        # never a read out of bounds later (UTF-8 is not re-checked: the index only holds what
-        # orjson decoded, and the cost would be a pass over every string)
+        # never a read out of bounds later
         for col in table.columns:
             for chunk in col.chunks:
                 chunk.validate(full=not pa.types.is_large_string(chunk.type))
@@ -220,23 +230,72 @@ def _check_offsets(arr: pa.Array) -> None:
         raise ValueError("a string column's offsets are out of order or past its data")
 
 
-def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
-    """Write the index atomically (jsonl.atomic_replace), private to the user.
+def column_checksum(col: pa.ChunkedArray | pa.Array) -> str:
+    """A cheap checksum of a column's buffers: per buffer, its size and the wrapping sum of its
+    64-bit words (which any damaged word changes) and its last bytes, hashed together.
 
-    An index of the older format (a `.parquet` file beside it) is removed once this one is written.
+    A pass over the column's bytes at memory speed (numpy), where a CRC or a cryptographic hash
+    would cost several times the whole reload (benchmarks/bench_hardening.py measures it).
+
+    Args:
+        col: a column (its chunks' buffers, as laid out in the index file).
+
+    Returns:
+        16 hex digits.
+    """
+    parts = []
+    for chunk in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
+        for buf in chunk.buffers():
+            if buf is None:
+                parts.append("-")
+                continue
+            words = buf.size // 8
+            total = int(np.frombuffer(buf, dtype=np.uint64, count=words).sum(dtype=np.uint64)) if words else 0
+            parts.append(f"{buf.size:x}.{total:x}.{bytes(buf[words * 8:]).hex()}")
+    return hashlib.blake2b("|".join(parts).encode("ascii"), digest_size=8).hexdigest()
+
+
+def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
+    """Write the index atomically (jsonl.atomic_replace), private to the user, with a checksum of
+    each column (column_checksum) in its metadata.
+
+    The checksums are of the buffers as the file lays them out (the writer drops unused bitmaps
+    and rebases sliced arrays), so the table is written once, read back mapped, its checksums
+    taken, and written again with them. An index of the older format (a `.parquet` file beside
+    it) is removed once this one is written.
 
     Args:
         path: the index file.
         table: the rows (INDEX_SCHEMA).
-        meta: the metadata kept beside them (folder times, the runs folder); the schema version is
-            added.
+        meta: the metadata kept beside them (folder times, the runs folder); the schema version and
+            the checksums are added.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    schema = INDEX_SCHEMA.with_metadata({b"machine_nb": json.dumps({**meta, "version": SCHEMA_VERSION}).encode("utf-8")})
+
+    def write(dest: Path, rows: pa.Table, extra: dict) -> None:
+        schema = INDEX_SCHEMA.with_metadata(
+            {b"machine_nb": json.dumps({**meta, **extra, "version": SCHEMA_VERSION}).encode("utf-8")})
+        with pa.OSFile(os.fspath(dest), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(rows.replace_schema_metadata(schema.metadata), max_chunksize=max(1, rows.num_rows))
+
     with atomic_replace(path) as tmp:
-        with pa.OSFile(os.fspath(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            writer.write_table(table.replace_schema_metadata(schema.metadata), max_chunksize=max(1, table.num_rows))
+        laid_out = tmp.with_name(tmp.name + ".1")
+        try:
+            write(laid_out, table, {})
+            source = _open(os.fspath(laid_out))
+            try:
+                rows = pa.ipc.open_file(source).read_all()
+                write(tmp, rows, {"checksums": {name: column_checksum(col)
+                                                for name, col in zip(rows.column_names, rows.columns)}})
+                del rows
+            finally:
+                source.close()
+        finally:
+            try:
+                os.unlink(laid_out)
+            except OSError:
+                pass
     if path.suffix == ".arrow":
         try:
             path.with_suffix(".parquet").unlink()  # the same workspace's index of schema version 1
@@ -320,10 +379,13 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     except OSError:
         st0 = None
     above = folder_chain(root, start) if scope else ()
+    # the walk's bounds are walk_folders': each real folder once, loops and links to system
+    # folders reported, folders outside the workspace read only when they hold run files alone
+    visited = set() if st0 is None else {(st0.st_dev, st0.st_ino)}
     stack = [] if st0 is None or not os.path.isdir(start) else [
-        (start, list(scope), (*above, (st0.st_dev, st0.st_ino)), st0)]
+        (start, list(scope), (*above, (st0.st_dev, st0.st_ino)), st0, outside(start, root_real))]
     while stack:
-        dirpath, segments, ancestors, st = stack.pop()
+        dirpath, segments, ancestors, st, far = stack.pop()
         d = "/".join(segments)
         seen_dirs.add(d)
         sig = [st.st_mtime_ns, st.st_ino]
@@ -356,6 +418,10 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
             except OSError as exc:
                 problems.append(MachineFormatError(dirpath, f"cannot list folder: {exc.strerror}"))
                 continue
+            foreign = foreign_problem(entries, far) if far is not None else None
+            if foreign:
+                problems.append(MachineFormatError(dirpath, foreign))
+                entries = []
             subdirs, files = [], []
             for e in entries:
                 try:
@@ -399,18 +465,16 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         new_dirs[d] = [-1 if sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
         for name in reversed(subdirs):
             path = os.path.join(dirpath, name)
+            problem, key, sub_far = follow_problem(path, name, segments, ancestors, visited, root_real, far)
+            if problem:
+                problems.append(MachineFormatError(path, problem))
+                continue
             try:
                 sub = os.stat(path)
             except OSError as exc:
                 problems.append(MachineFormatError(path, f"cannot read folder: {exc.strerror}"))
                 continue
-            key = (sub.st_dev, sub.st_ino)
-            if key in ancestors:
-                problems.append(MachineFormatError(
-                    path, f"symlink {name!r} leads back to a folder it is inside of "
-                          f"({os.path.realpath(path)}): a loop, not followed"))
-                continue
-            stack.append((path, [*segments, name], (*ancestors, key), sub))
+            stack.append((path, [*segments, name], (*ancestors, key), sub, sub_far))
     for d, pos in groups.items():  # folders in scope that are gone
         if in_scope(d) and d not in seen_dirs:
             stats.removed += len(pos)

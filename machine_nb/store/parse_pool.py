@@ -7,8 +7,10 @@ fed calls over its stdin and answering on its stdout (length-prefixed pickles). 
 not `multiprocessing`: a worker never re-imports the caller's main script (a script without an
 `if __name__ == "__main__"` guard would run again in every worker) and never forks a process that
 has threads (as a Jupyter kernel has). A worker that cannot start, or dies, leaves its calls to
-this process; Ctrl-C (or any error here) kills the workers; a worker ignores Ctrl-C itself, and
-ends when its stdin closes, so it never outlives this process's pipe.
+this process; one that takes no call or gives no answer within ANSWER_TIMEOUT_S (stopped with
+SIGSTOP, or stuck) is killed and replaced, its call made here. Ctrl-C (or any error here) kills
+the workers; a worker ignores Ctrl-C itself, and ends when its stdin closes, so it never
+outlives this process's pipe.
 """
 
 from __future__ import annotations
@@ -19,28 +21,64 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 _HEAD = 8  # bytes of the little-endian length before each pickle
+#: Seconds a worker may take to answer one call (a batch of run files) before it is taken for
+#: stopped or stuck: it is killed, its call made in this process, and a new worker started.
+ANSWER_TIMEOUT_S = 120.0
 
 
-def _send(fh: Any, obj: Any) -> None:
+def _send(fh: Any, obj: Any, timeout: float | None = None) -> None:
+    """One message; TimeoutError when the pipe takes none of it for `timeout` seconds (None: wait)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    fh.write(len(data).to_bytes(_HEAD, "little"))
-    fh.write(data)
-    fh.flush()
+    if timeout is None or os.name == "nt":
+        fh.write(len(data).to_bytes(_HEAD, "little"))
+        fh.write(data)
+        fh.flush()
+        return
+    import select
+
+    view = memoryview(len(data).to_bytes(_HEAD, "little") + data)
+    while view:  # an unbuffered pipe, written as it drains: a stopped worker never drains it
+        if not select.select([], [fh], [], timeout)[1]:
+            raise TimeoutError("the worker takes no input")
+        view = view[fh.write(view[:1 << 16]) or 0:]
 
 
-def _recv(fh: Any) -> Any:
-    head = fh.read(_HEAD)
+def _recv(fh: Any, timeout: float | None = None) -> Any:
+    """One message; TimeoutError when none has come whole within `timeout` seconds (None: wait)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    head = _read(fh, _HEAD, deadline)
     if len(head) < _HEAD:
         raise EOFError("the pipe closed")
     n = int.from_bytes(head, "little")
-    data = fh.read(n)
+    data = _read(fh, n, deadline)
     if len(data) < n:
         raise EOFError("the pipe closed mid-message")
     return pickle.loads(data)
+
+
+def _read(fh: Any, n: int, deadline: float | None) -> bytes:
+    """n bytes (fewer when the pipe closes). With a deadline, `fh` is an unbuffered pipe read as
+    it becomes readable (select), so a worker that stops answering is noticed."""
+    if deadline is None or os.name == "nt":  # no select on Windows pipes: wait
+        return fh.read(n)
+    import select
+
+    chunks, got = [], 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fh], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        chunk = fh.read(n - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 class ParsePool:
@@ -52,23 +90,32 @@ class ParsePool:
     not is made here. `made_here` and `made_there` count the calls made here and by the workers.
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, answer_timeout: float = ANSWER_TIMEOUT_S):
         self.size = max(0, int(size))
+        self.answer_timeout = float(answer_timeout)  # seconds a worker may take over one call
         self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
         self.made_here = 0   # calls this process made (run counts them)
         self.made_there = 0  # calls the workers made
+        self.replaced = 0    # workers killed for giving no answer in time (and started again)
 
-    def __enter__(self) -> "ParsePool":
+    def _start(self) -> subprocess.Popen | None:
         # a worker imports what this process imports: its module search path goes with it (a
         # notebook that put a source checkout on sys.path has its workers find it too)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        for _ in range(self.size):
-            try:
-                proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, close_fds=True, env=env)
-            except OSError:
-                break  # no more processes: this one does the rest
+        try:  # unbuffered: replies are read as the pipe becomes readable (see _read)
+            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, close_fds=True, env=env, bufsize=0)
+        except OSError:
+            return None  # no more processes: this one does the rest
+        with self._lock:
             self._procs.append(proc)
+        return proc
+
+    def __enter__(self) -> "ParsePool":
+        for _ in range(self.size):
+            if self._start() is None:
+                break
         return self
 
     @property
@@ -78,6 +125,11 @@ class ParsePool:
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         self.close(kill=kind is not None)
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the workers running."""
+        return [p.pid for p in self._procs]
 
     def close(self, *, kill: bool = False) -> None:
         """End the workers: close their input (they exit after their call), or kill them."""
@@ -117,8 +169,18 @@ class ParsePool:
             try:
                 while (args := take()) is not None:
                     try:
-                        _send(proc.stdin, (fn, args))
-                        status, value = _recv(proc.stdout)
+                        _send(proc.stdin, (fn, args), self.answer_timeout)
+                        status, value = _recv(proc.stdout, self.answer_timeout)
+                    except TimeoutError:
+                        # stopped (SIGSTOP), or stuck: its call is made here, and a new worker
+                        # takes its place (once per worker the pool started)
+                        orphans.append(args)
+                        proc.kill()
+                        if self.replaced >= self.size or stop.is_set() or (new := self._start()) is None:
+                            return
+                        self.replaced += 1
+                        proc = new
+                        continue
                     except (OSError, EOFError, pickle.PickleError, ValueError, TypeError, AttributeError):
                         orphans.append(args)  # the worker is gone (or the call does not pickle): made here
                         return

@@ -196,7 +196,8 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         created_at. Appended under the file's lock: never lost or half-written with several writers.
 
     Raises:
-        ValueError: an unknown tag, rewrite with trace, replaced without rewrite, no user message,
+        ValueError: an unknown tag, rewrite with trace, an empty or whitespace rewrite, replaced
+            without rewrite, no user message,
             or no reply to tag (and no rewrite).
     """
     from ..jsonl import append_jsonl
@@ -207,6 +208,10 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         raise ValueError("rewrite (/good --as) replaces a final answer; it cannot be combined with trace=True")
     if replaced is not None and rewrite is None:
         raise ValueError("replaced= names the reply a rewrite replaces: give rewrite= too")
+    if rewrite is not None and (not isinstance(rewrite, str) or not rewrite.strip()):
+        what = f"a {type(rewrite).__name__}" if not isinstance(rewrite, str) else "empty" if not rewrite else "only whitespace"
+        raise ValueError(f"rewrite= is {what}: it is the answer the model learns, so give the text of that answer "
+                         "(or leave rewrite= out to keep the run's own reply)")
     msgs, record = _item_messages(run)
     user_i, reply_i = latest_turn(msgs, answered=rewrite is None)
     stamp = created_at or datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,39 +187,63 @@ def loads_json(data: bytes, path: str | os.PathLike) -> Any:
         raise MachineFormatError(path, f"invalid JSON: {exc.msg} at column {exc.colno}", line=exc.lineno) from None
 
 
-def read_file(path: str | os.PathLike) -> tuple[bytes, os.stat_result]:
-    """A file's bytes and its stat, taken before reading from the same open file.
+#: The largest file a workspace reader reads (run, session and definition files): a larger one is
+#: skipped as a bad file, so a symlink to a huge file cannot exhaust memory.
+MAX_FILE_BYTES = 64 << 20
 
-    Through the os-level calls: for small run files, Python's buffered file objects cost more than
-    the read.
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> str | None:
+    """What a file that is not a regular file is ("a FIFO (named pipe)", …), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def read_file(path: str | os.PathLike, max_bytes: int | None = None) -> tuple[bytes, os.stat_result]:
+    """A regular file's bytes and its stat, taken before reading from the same open file.
+
+    Only regular files are read: a FIFO, a device or a socket (or a symlink to one, such as
+    `/dev/zero`) is refused without blocking, and so is a file larger than `max_bytes`. Through
+    the os-level calls: for small run files, Python's buffered file objects cost more than the read.
 
     Args:
         path: the file.
+        max_bytes: the largest size read (default None: MAX_FILE_BYTES, 64 MiB).
 
     Returns:
         (bytes, os.stat_result).
 
     Raises:
-        MachineFormatError: naming the file when it cannot be read.
+        MachineFormatError: naming the file when it cannot be read, is not a regular file, or is
+            larger than `max_bytes`.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
+    try:  # non-blocking: opening a FIFO for reading would otherwise wait for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise MachineFormatError(path, "file not found") from None
     except OSError as exc:
         raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
+        what = not_regular(st.st_mode)
+        if what is not None:
+            raise MachineFormatError(path, f"{what}, not a regular file: not read")
+        if st.st_size > max_bytes:
+            raise MachineFormatError(path, f"{st.st_size:,} bytes, larger than the {max_bytes:,} bytes a workspace "
+                                           "file may hold: not read")
         data = os.read(fd, st.st_size + 1)
-        if len(data) > st.st_size:  # grew since the stat: read the rest
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 20):
+        if len(data) != st.st_size:  # grew since the stat, or a short read (some network filesystems)
+            chunks, total = [data], len(data)
+            while total <= max_bytes and (chunk := os.read(fd, 1 << 20)):
                 chunks.append(chunk)
-            data = b"".join(chunks)
-        elif len(data) < st.st_size:  # a short read (pipes, some network filesystems)
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
+                total += len(chunk)
+            if total > max_bytes:
+                raise MachineFormatError(path, f"grew past the {max_bytes:,} bytes a workspace file may hold while "
+                                               "read: not read")
             data = b"".join(chunks)
         return data, st
     except OSError as exc:
@@ -242,18 +267,70 @@ def read_json(path: str | os.PathLike) -> Any:
     return loads_json(read_file(path)[0], path)
 
 
-def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = None
+#: How deep a walk goes below its top folder (machine names nest a few levels).
+MAX_DEPTH = 32
+
+
+def outside(path: str, top_real: str) -> str | None:
+    """The real path of a folder when it lies outside `top_real` (reached through a symlink), else None."""
+    real = os.path.realpath(path)
+    return None if real == top_real or real.startswith(top_real.rstrip(os.sep) + os.sep) else real
+
+
+def link_problem(name: str, real: str, top_real: str) -> str | None:
+    """Why a symlinked folder leading outside the walk's top folder is not followed, else None: a
+    file system's root or a mount point (`/`, `/proc`), or a folder holding the top folder."""
+    if real == os.path.dirname(real) or os.path.ismount(real):
+        return f"symlink {name!r} leads to {real}, a file system's root or mount point, not a machine's folder: not followed"
+    if top_real.startswith(real.rstrip(os.sep) + os.sep):
+        return f"symlink {name!r} leads to {real}, a folder holding this one: not followed"
+    return None
+
+
+def _json_name(name: str) -> bool:
+    return name.endswith(".json")
+
+
+def foreign_problem(entries: list, real: str | None, files_ok: Callable[[str], bool] = _json_name) -> str | None:
+    """Why a folder outside the walk's top folder is not a machine's folder, else None.
+
+    Such a folder is read only when it holds nothing but folders, hidden files and regular files
+    whose names `files_ok` accepts (default: `*.json`, what a machine's folder of runs or sessions
+    holds), so a link to a system folder is reported instead of walked.
+    """
+    for e in entries:
+        if e.name.startswith("."):
+            continue
+        try:
+            if e.is_dir():
+                continue
+            regular = e.is_file()
+        except OSError:
+            regular = False
+        if not (regular and files_ok(e.name)):
+            return (f"outside the workspace ({real}) and holds {e.name!r}, which a machine's folder does not: "
+                    "not read")
+    return None
+
+
+def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = None,
+                 files_ok: Callable[[str], bool] = _json_name
                  ) -> Iterator[tuple[str, list[str], list[str], list[str], str | None]]:
     """`root` and every folder below it, sorted, so readers are deterministic.
 
-    Symlinked folders are followed (a machine folder may live elsewhere), except one that leads
-    back to a folder it is inside of: that loop is yielded once with `problem` saying so, and not
-    entered.
+    Symlinked folders are followed (a machine folder may live elsewhere), but each real folder is
+    walked once, at most MAX_DEPTH levels down, and one that leads back to a folder it is inside
+    of (a loop) is not entered. A link leading outside the top folder (`within`, else `root`) is
+    followed only to a machine's folder: not to a file system's root or mount point, not to a
+    folder holding the top one, and every folder read out there must hold nothing but `*.json`
+    files and folders (foreign_problem). A folder not entered is yielded once with `problem`
+    saying why.
 
     Args:
         root: the top folder (nothing is yielded when it is not a folder).
         within: a folder `root` is inside of (e.g. `runs/` for `runs/<machine>`), whose folders
             down to `root` count as ones it is inside of too (default None).
+        files_ok: which regular files a folder outside the top one may hold (default: `*.json`).
 
     Returns:
         An iterator of (dirpath, segments: the folder's names below `root`, as the link is named,
@@ -266,16 +343,24 @@ def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = Non
         st = os.stat(root)
     except OSError:
         return
+    top_real = os.path.realpath(within if within is not None else root)
     ancestors = folder_chain(within, root) if within is not None else ()
-    stack: list[tuple[str, list[str], tuple]] = [(root, [], (*ancestors, (st.st_dev, st.st_ino)))]
+    far = outside(root, top_real)
+    stack: list[tuple[str, list[str], tuple, str | None]] = [(root, [], (*ancestors, (st.st_dev, st.st_ino)), far)]
+    visited = {(st.st_dev, st.st_ino)}
     while stack:
-        dirpath, segments, ancestors = stack.pop()
+        dirpath, segments, ancestors, far = stack.pop()
         try:
             with os.scandir(dirpath) as it:
                 entries = list(it)
         except OSError as exc:
             yield dirpath, segments, [], [], f"cannot list folder: {exc.strerror}"
             continue
+        if far is not None:
+            problem = foreign_problem(entries, far, files_ok)
+            if problem:
+                yield dirpath, segments, [], [], problem
+                continue
         subdirs, files = [], []
         for e in entries:
             try:
@@ -288,18 +373,42 @@ def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = Non
         yield dirpath, segments, subdirs, files, None
         for name in reversed(subdirs):  # a stack: reversed, so folders come out in sorted order
             path = os.path.join(dirpath, name)
-            try:
-                sub = os.stat(path)
-            except OSError as exc:
-                yield path, [*segments, name], [], [], f"cannot read folder: {exc.strerror}"
+            problem, key, sub_far = follow_problem(path, name, segments, ancestors, visited, top_real, far)
+            if problem:
+                yield path, [*segments, name], [], [], problem
                 continue
-            key = (sub.st_dev, sub.st_ino)
-            if key in ancestors:
-                yield path, [*segments, name], [], [], (
-                    f"symlink {name!r} leads back to a folder it is inside of ({os.path.realpath(path)}): "
-                    "a loop, not followed")
-                continue
-            stack.append((path, [*segments, name], (*ancestors, key)))
+            stack.append((path, [*segments, name], (*ancestors, key), sub_far))
+
+
+def follow_problem(path: str, name: str, segments: list[str], ancestors: tuple, visited: set, top_real: str,
+                   far: str | None) -> tuple[str | None, tuple | None, str | None]:
+    """Whether a walk enters the subfolder `path` (see walk_folders): (problem or None, its
+    (st_dev, st_ino), its real path when outside the top folder). Marks it visited when entered."""
+    try:
+        sub = os.stat(path)
+    except OSError as exc:
+        return f"cannot read folder: {exc.strerror}", None, None
+    key = (sub.st_dev, sub.st_ino)
+    if key in ancestors:
+        return (f"symlink {name!r} leads back to a folder it is inside of ({os.path.realpath(path)}): "
+                "a loop, not followed"), key, None
+    if key in visited:
+        return f"{os.path.realpath(path)} is read under another name already: not read twice", key, None
+    if len(segments) >= MAX_DEPTH:
+        return f"more than {MAX_DEPTH} folders deep: not read", key, None
+    sub_far = far
+    if far is None and os.path.islink(path):
+        sub_far = outside(path, top_real)
+        if sub_far is not None:
+            problem = link_problem(name, sub_far, top_real)
+            if problem:
+                return problem, key, None
+    elif far is not None:
+        sub_far = os.path.realpath(path)
+        if os.path.ismount(sub_far):
+            return link_problem(name, sub_far, top_real), key, None
+    visited.add(key)
+    return None, key, sub_far
 
 
 def folder_chain(top: str | os.PathLike, down_to: str | os.PathLike) -> tuple:
@@ -672,7 +781,17 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.D
 
     path = machine_dir(workspace) / "events.jsonl"
     rows = []
-    if path.exists():
+    try:
+        what = not_regular(os.stat(path).st_mode)
+    except OSError:
+        what = None
+    if what is not None:  # a FIFO would block the read, a device never end it
+        err = MachineFormatError(path, f"{what}, not a regular file: not read")
+        if on_error == "raise":
+            raise err
+        if on_error == "warn":
+            warn_skipped("event file(s)", [err])
+    elif path.exists():
         for line, ev in iter_jsonl(path, on_error=on_error):
             if not isinstance(ev, dict):
                 err = MachineFormatError(path, f"an event must be a JSON object, got {type(ev).__name__}", line=line)
@@ -724,7 +843,7 @@ def list_machines(workspace: str | os.PathLike) -> list[str]:
     """
     root = workspace_root(workspace) / "machines"
     names, problems = [], []
-    for dirpath, segments, _, filenames, problem in walk_folders(root):  # symlinked folders followed
+    for dirpath, segments, _, filenames, problem in walk_folders(root, files_ok=lambda name: True):  # links followed
         if problem:
             problems.append(MachineFormatError(dirpath, problem))
             continue
@@ -812,7 +931,7 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
 
     instructions = None
     if (d / "instructions.md").exists():
-        raw = (d / "instructions.md").read_bytes()
+        raw = read_file(d / "instructions.md")[0]
         try:
             instructions = raw.decode("utf-8")
         except UnicodeDecodeError as bad:
