@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
@@ -163,6 +164,44 @@ def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: i
     return value
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> str | None:
+    """What a file that is not a regular file is ("a FIFO (named pipe)", …), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike) -> Any:
+    """`path` opened for binary reading, when it is a regular file.
+
+    A FIFO, a device or a socket (or a symlink to one, such as `/dev/zero`) is refused without
+    blocking: it is opened non-blocking (a FIFO would otherwise wait for a writer), checked on the
+    open descriptor, then read as a plain file.
+
+    Raises:
+        MachineFormatError: naming the file when it is missing, unreadable or not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise MachineFormatError(path, "file not found") from None
+    except OSError as exc:
+        raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
+    try:
+        what = not_regular(os.fstat(fd).st_mode)
+        if what is not None:
+            raise MachineFormatError(path, f"{what}, not a regular file: not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
                skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[int, Any]]:
     """The values of a JSONL file, one line at a time, numbered.
@@ -186,11 +225,7 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
     path = Path(path)
     errors: list[MachineFormatError] = [] if skipped is None else skipped
     start = len(errors)
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        raise MachineFormatError(path, "file not found") from None
-    with fh:
+    with open_regular(path) as fh:
         for number, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue

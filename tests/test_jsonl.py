@@ -148,3 +148,23 @@ def test_writers_take_the_data_first_and_the_old_forms_warn(tmp_path):
     with pytest.warns(DeprecationWarning, match=r"write_jsonl\(rows="):
         write_jsonl(lines=[{"n": 3}], path=path)
     assert read_jsonl(path) == [{"n": 3}]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_special_file_is_refused_without_blocking(tmp_path, kind):
+    """A FIFO (or a link to /dev/zero) named like a JSONL file is refused at once, naming it: every
+    reader (`read_jsonl`, `tagged`, eval and training files) goes through iter_jsonl."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "train.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    code = ("import sys; from machine_nb.jsonl import read_jsonl\n"
+            "from machine_nb.errors import MachineFormatError\n"
+            "try:\n    read_jsonl(sys.argv[1])\nexcept MachineFormatError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert str(path) in out.stdout and "not a regular file" in out.stdout

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compat import user_stacklevel
 from ..errors import MachineFormatError
+from ..jsonl import not_regular
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -190,17 +190,6 @@ def loads_json(data: bytes, path: str | os.PathLike) -> Any:
 #: The largest file a workspace reader reads (run, session and definition files): a larger one is
 #: skipped as a bad file, so a symlink to a huge file cannot exhaust memory.
 MAX_FILE_BYTES = 64 << 20
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def not_regular(mode: int) -> str | None:
-    """What a file that is not a regular file is ("a FIFO (named pipe)", …), else None."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
 
 def read_file(path: str | os.PathLike, max_bytes: int | None = None) -> tuple[bytes, os.stat_result]:
     """A regular file's bytes and its stat, taken before reading from the same open file.
