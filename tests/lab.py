@@ -252,3 +252,19 @@ _CONTRAST_JS = """
 def contrast(page, selector: str) -> list[dict]:
     """Text contrast of the visible elements matching `selector`: text, ratio, fg, bg (at most 60)."""
     return page.evaluate(_CONTRAST_JS, selector)
+
+
+def keep_widget_picture(page, cell: int, name: str) -> Path | None:
+    """The output of code cell `cell` (0-based, as on screen) as a picture for the docs and the README:
+    `$MACHINE_NB_TEST_ARTIFACTS/gallery/<name>.png` (`scripts/docs_images.py` copies the gallery into
+    docs/images/). Taken from the live widget a browser test has just checked, so the pictures stay
+    true. Returns the file, or None when MACHINE_NB_TEST_ARTIFACTS is unset."""
+    if not os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):
+        return None
+    out = Path(os.environ["MACHINE_NB_TEST_ARTIFACTS"]) / "gallery"
+    out.mkdir(parents=True, exist_ok=True)
+    area = page.locator(".jp-Notebook .jp-CodeCell").nth(cell).locator(".jp-Cell-outputArea")
+    area.scroll_into_view_if_needed()
+    path = out / f"{name}.png"
+    area.screenshot(path=str(path))
+    return path

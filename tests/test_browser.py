@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from lab import (chromium_page, chromium_path, contrast, keep_screenshot, lab_server, open_and_run_all, run_command,
+from lab import (keep_widget_picture, chromium_page, chromium_path, contrast, keep_screenshot, lab_server, open_and_run_all, run_command,
                  screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
@@ -254,8 +254,10 @@ def test_widget_text_is_readable_in_light_and_dark_themes(tmp_path):
             expect(page.locator(".mnb-tok-trained:visible").first).to_be_visible()  # the live views
             expect(page.locator(".mnb-compare-rows:visible").first).to_be_visible()
             reports["JupyterLab Light"] = readable_text(page, "JupyterLab Light")
+            keep_widget_picture(page, 1, "previewer-light")
         with screenshot_after(page, tmp_path / "widgets_dark_theme.png"):
             reports["JupyterLab Dark"] = readable_text(page, "JupyterLab Dark")
+            keep_widget_picture(page, 1, "previewer-dark")
     missing = {theme: [name for name, found in report.items() if not found] for theme, report in reports.items()}
     assert not any(missing.values()), f"nothing visible for {missing}"
     poor = {(theme, name): [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import chromium_page, chromium_path, lab_server, open_and_run_all, write_notebook
+from lab import chromium_page, chromium_path, keep_widget_picture, lab_server, open_and_run_all, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -73,6 +73,10 @@ def test_commit_button_obeys_the_gate_in_jupyterlab(tmp_path):
             expect(page.locator(".mnb-candidate-status:visible").nth(1)).to_contain_text("Committed as v2")
             expect(buttons.nth(1)).to_be_disabled()
             expect(page.locator(".mnb-candidate:visible").nth(1)).to_contain_text("committed as v2")
+            set_theme(page, "JupyterLab Light")
+            keep_widget_picture(page, 2, "candidate_view-light")
+            set_theme(page, "JupyterLab Dark")
+            keep_widget_picture(page, 2, "candidate_view-dark")
         finally:
             page.screenshot(path=str(shot), full_page=True)
             if os.environ.get("MACHINE_NB_TEST_ARTIFACTS"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import (chromium_page, chromium_path, lab_server, open_and_run_all, run_in_kernel, screenshot_after, set_theme,
+from lab import (keep_widget_picture, chromium_page, chromium_path, lab_server, open_and_run_all, run_in_kernel, screenshot_after, set_theme,
                  write_notebook)
 
 pytestmark = pytest.mark.browser
@@ -166,9 +166,11 @@ def test_run_picker_in_jupyterlab(tmp_path):
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
             set_theme(page, THEMES["light"])
             use_the_picker(page, nb_path, "light", search="order", matches=23, pages=3)
+            keep_widget_picture(page, 0, "run_picker-light")
         with screenshot_after(page, tmp_path / "run_picker_dark.png"):
             reset_picker(page)
             set_theme(page, THEMES["dark"])
             use_the_picker(page, nb_path, "dark", search="return", matches=33, pages=4)
+            keep_widget_picture(page, 0, "run_picker-dark")
     for theme in THEMES:
         assert (tmp_path / f"run_picker_{theme}.png").stat().st_size > 10_000
