@@ -1,0 +1,380 @@
+"""Training and sampling of the local engine's real model (hf.py): the transformers/PEFT side of
+compute.py's `Trainer` and `Sampler`.
+
+`Trainer(name, …)` and `Sampler(model, name)` in compute.py hand a real model's name to the
+classes here, so the server runs one code path for every model: the same requests, checkpoint
+files, AdamW, and per-token target log-probabilities (`target_logprobs`) under the loss. What
+differs lives here: PEFT adapters over a shared frozen base, logits taken a chunk of tokens at a
+time (the 49k-word unembedding of a long batch would not fit otherwise), layers recomputed in the
+backward pass when a batch's activations would not fit the memory budget, and batched sampling
+with a KV cache.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ...errors import EngineError, MachineFormatError
+from . import hf
+from .compute import Sample, Sampler, Trainer, _read_tensors, _stops, read_meta
+from .lora import default_alpha
+
+#: Tokens whose logits are computed at once (49,152 floats each).
+LOGIT_CHUNK = 512
+#: Bytes a trained token costs beside the weights (fp32; measured by benchmarks/bench_real_model.py's
+#: memory probe): activations kept for the backward pass, and with every layer recomputed there.
+TRAIN_BYTES_PER_TOKEN_FP32 = 2_600_000
+RECOMPUTE_BYTES_PER_TOKEN_FP32 = 1_200_000
+#: ... and a token of a forward pass without gradients.
+FORWARD_BYTES_PER_TOKEN_FP32 = 100_000
+#: A batch whose kept activations fit in this many bytes trains without recomputing layers (the
+#: fastest way); a bigger one recomputes them, up to the memory budget. $MACHINE_NB_FAST_GB overrides.
+FAST_PATH_BYTES = 1_500_000_000
+
+
+def memory_budget() -> int:
+    """Bytes a batch's activations may take: $MACHINE_NB_MEMORY_GB when set, else half of the
+    memory available now (free GPU memory on CUDA)."""
+    raw = os.environ.get("MACHINE_NB_MEMORY_GB", "").strip()
+    if raw:
+        try:
+            return int(float(raw) * 1e9)
+        except ValueError:
+            raise EngineError(f"MACHINE_NB_MEMORY_GB must be a number of gigabytes, got {raw!r}") from None
+    device, _ = hf.device_and_dtype()
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * 0.8)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 // 2
+    except (OSError, KeyError, ValueError):
+        return 4 * 10**9
+
+
+def _width() -> int:
+    _, dtype = hf.device_and_dtype()
+    return 4 if dtype == torch.float32 else 2
+
+
+def plan_batch(lengths: Sequence[int], *, backward: bool) -> bool:
+    """Whether a forward(/backward) batch of these sequence lengths recomputes layers in the
+    backward pass: False when its activations fit FAST_PATH_BYTES, True when only recomputing
+    fits the memory budget. Raises EngineError when neither fits, naming the batch's size, its
+    longest sequence and the budget."""
+    tokens = int(sum(lengths)) if lengths else 0
+    longest = max(lengths) if lengths else 0
+    scale = _width() / 4
+    budget = memory_budget()
+    logits = min(tokens, LOGIT_CHUNK) * hf.VOCAB_SIZE * 4 * 5
+    if not backward:
+        need = tokens * FORWARD_BYTES_PER_TOKEN_FP32 * scale + logits
+        if need <= budget:
+            return False
+    else:
+        fast = min(budget, _fast_path_bytes())
+        if tokens * TRAIN_BYTES_PER_TOKEN_FP32 * scale + logits <= fast:
+            return False
+        need = tokens * RECOMPUTE_BYTES_PER_TOKEN_FP32 * scale + logits
+        if need <= budget:
+            return True
+    raise EngineError(
+        f"a batch of {len(lengths)} sequences ({tokens} tokens, the longest {longest}) needs about "
+        f"{need / 1e9:.1f} GB for {'training' if backward else 'a forward pass'}, over the memory budget of "
+        f"{budget / 1e9:.1f} GB: send fewer or shorter sequences per request (or raise MACHINE_NB_MEMORY_GB)")
+
+
+def _fast_path_bytes() -> int:
+    raw = os.environ.get("MACHINE_NB_FAST_GB", "").strip()
+    try:
+        return int(float(raw) * 1e9) if raw else FAST_PATH_BYTES
+    except ValueError:
+        raise EngineError(f"MACHINE_NB_FAST_GB must be a number of gigabytes, got {raw!r}") from None
+
+
+def _parts(model: Any) -> tuple[Any, Any]:
+    """(the decoder stack, the unembedding) of a LlamaForCausalLM, bare or inside a PeftModel."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return lm.model, lm.lm_head
+
+
+def _chunk_logprobs(head: Any, hidden: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(head(hidden).float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+
+
+def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompute: bool = False) -> torch.Tensor:
+    """log p(tgt | prefix) at every position (B, T), float32: the decoder once, the unembedding a
+    chunk of LOGIT_CHUNK tokens at a time (recomputed in the backward pass, never all kept)."""
+    body, head = _parts(model)
+    if recompute:
+        body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        hidden = body(input_ids=idx, use_cache=False).last_hidden_state
+    finally:
+        if recompute:
+            body.gradient_checkpointing_disable()
+    B, T, C = hidden.shape
+    flat_h, flat_t = hidden.reshape(B * T, C), tgt.reshape(B * T)
+    out = []
+    for start in range(0, B * T, LOGIT_CHUNK):
+        h, t = flat_h[start:start + LOGIT_CHUNK], flat_t[start:start + LOGIT_CHUNK]
+        if torch.is_grad_enabled():
+            out.append(checkpoint(_chunk_logprobs, head, h, t, use_reentrant=False))
+        else:
+            out.append(_chunk_logprobs(head, h, t))
+    return torch.cat(out).reshape(B, T)
+
+
+class HFTrainer(Trainer):
+    """A training run of a real model: PEFT LoRA adapters over the shared frozen base, AdamW.
+
+    LoRA only (rank >= 1): full fine-tuning would copy the whole model per run.
+    """
+
+    def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,
+                 train_mlp: bool = True):
+        from .compute import DEFAULT_LORA_SEED
+
+        if int(rank) < 1:
+            raise EngineError(f"{base_model} trains LoRA adapters only: give a LoRA rank of 1 or more, got {rank}")
+        if not (train_attn or train_mlp):
+            raise EngineError("LoRA needs train_attn or train_mlp (or both)")
+        self.base_model = base_model.split(":", 1)[0]
+        self.rank = int(rank)
+        self.seed = DEFAULT_LORA_SEED if seed is None else int(seed)
+        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp)}
+        self.alpha: float | None = default_alpha(self.rank)
+        self.model = hf.with_lora(self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp)
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = None
+        self._device = hf.device_and_dtype()[0]
+
+    @property
+    def block_size(self) -> int:
+        return hf.CONTEXT_LENGTH
+
+    @property
+    def vocab_size(self) -> int:
+        return hf.VOCAB_SIZE
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def target_logprobs(self, idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        lengths = [idx.shape[1]] * idx.shape[0]
+        recompute = plan_batch(lengths, backward=torch.is_grad_enabled())
+        return target_logprobs(self.model, idx, tgt, recompute=recompute)
+
+    def _weights(self) -> tuple[str, dict[str, torch.Tensor]]:
+        from peft import get_peft_model_state_dict
+
+        return "adapter.safetensors", {k: v.detach().to("cpu", torch.float32).clone().contiguous()
+                                       for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def _load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        _load_adapter(self.model, state)
+
+    def snapshot(self, *, seed: int = 0) -> Sampler:
+        """A sampler of the current adapters (copied; training goes on unaffected)."""
+        _, state = self._weights()
+        model = hf.with_lora(self.rank, alpha=float(self.alpha or 0), seed=self.seed, attn=self.targets["attn"],
+                             mlp=self.targets["mlp"])
+        _load_adapter(model, state)
+        return HFSampler(model, self.base_model, seed=seed)
+
+
+def _load_adapter(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Copy saved adapter tensors into a PeftModel of the same rank and targets (ValueError if not)."""
+    from peft import get_peft_model_state_dict
+
+    own = get_peft_model_state_dict(model)
+    if set(own) != set(state):
+        missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        raise ValueError(f"adapter tensors do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+    from peft import set_peft_model_state_dict
+
+    shapes = {k: tuple(v.shape) for k, v in own.items()}
+    for key, value in state.items():
+        if shapes[key] != tuple(value.shape):
+            raise ValueError(f"adapter {key}: shape {tuple(value.shape)} != model's {shapes[key]}")
+    result = set_peft_model_state_dict(model, state)
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"adapter tensors {result.unexpected_keys[:3]} have no place in the model")
+
+
+class HFSampler(Sampler):
+    """Sampling from a real model (the base, or the base with adapters), batched, with a KV cache."""
+
+    def __init__(self, model: Any, base_model: str, *, seed: int = 0):
+        import random
+
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.base_model = base_model.split(":", 1)[0]
+        self._seeds = random.Random(seed)
+        self._device = hf.device_and_dtype()[0]
+
+    @property
+    def block_size(self) -> int:
+        return hf.CONTEXT_LENGTH
+
+    @property
+    def vocab_size(self) -> int:
+        return hf.VOCAB_SIZE
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "HFSampler":
+        meta = read_meta(directory)
+        rank = int(meta["lora_rank"])
+        if rank < 1:
+            raise MachineFormatError(str(Path(directory) / "checkpoint.json"),
+                                     f"{meta['base_model']} checkpoints hold LoRA adapters (rank >= 1)", field="lora_rank")
+        targets = meta.get("targets") or {}
+        model = hf.with_lora(rank, alpha=float(meta.get("lora_alpha") or default_alpha(rank)),
+                             seed=int(meta.get("seed") or 0), attn=targets.get("attn", True),
+                             mlp=targets.get("mlp", True))
+        path = Path(directory) / "adapter.safetensors"
+        try:
+            _load_adapter(model, _read_tensors(path))
+        except ValueError as exc:
+            raise MachineFormatError(str(path), f"the adapter does not fit {meta['base_model']} at rank {rank}: {exc}") from None
+        return cls(model, meta["base_model"], seed=seed)
+
+    def sample(self, ids: Sequence[int], num_samples: int, *, max_tokens: int | None, temperature: float,
+               seed: int, stop: Any = None, top_k: int | None = None, top_p: float | None = None) -> list[Sample]:
+        """`num_samples` continuations of `ids` in one batch; sample i uses `seed + i`."""
+        if not ids:
+            raise EngineError("the prompt is empty")
+        if len(ids) >= self.block_size:
+            raise EngineError(f"the prompt has {len(ids)} tokens; the context of {self.base_model} is "
+                              f"{self.block_size} tokens (shorten the prompt)")
+        n = int(num_samples)
+        return generate_batch(self.model, [list(ids)] * n, max_tokens=max_tokens, temperature=temperature,
+                              seeds=[int(seed) + i for i in range(n)], stop=stop, top_k=top_k, top_p=top_p)
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, ids: Sequence[int], last_n: int | None = None) -> list[float | None]:
+        if len(ids) > self.block_size:
+            raise EngineError(f"{len(ids)} tokens exceed the context of {self.base_model} ({self.block_size})")
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self._device)
+        tgt = torch.tensor([list(ids[1:]) + [0]], dtype=torch.long, device=self._device)
+        lp = target_logprobs(self.model, x, tgt)[0, :-1].float().cpu().tolist()
+        out: list[float | None] = [None] + [float(v) for v in lp]
+        if last_n is not None:
+            keep = max(0, len(out) - int(last_n))
+            out = [None] * keep + out[keep:]
+        return out
+
+
+def _filter(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    from .model import _filter_logits
+
+    return _filter_logits(logits, top_k if top_k and top_k > 0 else None, top_p)
+
+
+@torch.inference_mode()
+def generate_batch(model: Any, prompts: list[list[int]], *, max_tokens: int | None, temperature: float,
+                   seeds: Sequence[int], stop: Any = None, top_k: int | None = None,
+                   top_p: float | None = None) -> list[Sample]:
+    """Continue each prompt (left-padded into one batch, one KV cache) until a stop, max_tokens or
+    the context; row i samples with its own generator seeded `seeds[i]` (temperature 0: greedy).
+
+    Log-probabilities are those of the chosen tokens under the distribution sampled from
+    (untempered logits when greedy); a matched stop stays at the end of the tokens, as on Tinker.
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    token_stops, text_stops = _stops(stop)
+    token_stops = [s for s in token_stops if s]
+    decode = hf.get_tokenizer().decode if text_stops else None
+    B = len(prompts)
+    width = max(len(p) for p in prompts)
+    budgets = [hf.CONTEXT_LENGTH - len(p) if max_tokens is None else min(int(max_tokens), hf.CONTEXT_LENGTH - len(p))
+               for p in prompts]
+    ids = torch.full((B, width), hf.END_TOKEN_ID, dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    gens = []
+    for s in seeds:
+        g = torch.Generator(device="cpu")
+        g.manual_seed(int(s))
+        gens.append(g)
+    temperature = float(temperature or 0.0)
+    out_tokens: list[list[int]] = [[] for _ in range(B)]
+    out_lp: list[list[float]] = [[] for _ in range(B)]
+    reasons = ["length"] * B
+    done = [b <= 0 for b in budgets]
+    cache = DynamicCache()
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                       logits_to_keep=1).logits[:, -1]
+        last_pos = pos[:, -1]
+        while not all(done):
+            lf = logits.float().cpu()
+            chosen = []
+            for i in range(B):
+                if done[i]:
+                    chosen.append(hf.END_TOKEN_ID)
+                    continue
+                row = lf[i]
+                if temperature > 0:
+                    scaled = _filter(row / temperature, top_k, top_p)
+                    tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gens[i]))
+                    lp = float(torch.log_softmax(scaled, dim=-1)[tok])
+                else:
+                    tok = int(torch.argmax(_filter(row, top_k, top_p)))
+                    lp = float(torch.log_softmax(row, dim=-1)[tok])
+                toks = out_tokens[i]
+                toks.append(tok)
+                out_lp[i].append(lp)
+                chosen.append(tok)
+                if any(len(s) <= len(toks) and toks[-len(s):] == s for s in token_stops) or (
+                        decode is not None and any(s in decode(toks) for s in text_stops)):
+                    reasons[i], done[i] = "stop", True
+                elif len(toks) >= budgets[i]:
+                    done[i] = True
+            if all(done):
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+            last_pos = last_pos + 1
+            step = torch.tensor(chosen, dtype=torch.long, device=device)[:, None]
+            logits = model(input_ids=step, attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
+                           use_cache=True).logits[:, -1]
+    finally:
+        model.train(was_training)
+    return [Sample(out_tokens[i], out_lp[i], reasons[i]) for i in range(B)]
+
+
+def check_request(lengths: Sequence[int], *, backward: bool) -> None:
+    """EngineError when a batch would not fit the memory budget (see plan_batch)."""
+    plan_batch(lengths, backward=backward)
+
+
+def batch_limit(length: int, *, backward: bool = True) -> int:
+    """The most sequences of `length` tokens one training (or forward) request may hold now."""
+    n = 0
+    while n < 4096:
+        try:
+            plan_batch([length] * (n + 1), backward=backward)
+        except EngineError:
+            break
+        n += 1
+    return n
+
+
