@@ -26,7 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = [ROOT / "notebooks" / "01_minimal_sft.ipynb", ROOT / "notebooks" / "02_explore_runs.ipynb",
              ROOT / "notebooks" / "03_tag_train_promote.ipynb",
-             ROOT / "notebooks" / "04_sweep.ipynb", ROOT / "notebooks" / "05_preference.ipynb"]
+             ROOT / "notebooks" / "04_sweep.ipynb", ROOT / "notebooks" / "05_preference.ipynb",
+             ROOT / "notebooks" / "06_real_model.ipynb"]
 # Cell metadata that records one execution, not the notebook (timings, papermill's bookkeeping).
 _RUN_METADATA = ("execution", "papermill", "collapsed", "scrolled")
 

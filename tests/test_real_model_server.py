@@ -118,7 +118,7 @@ def test_raw_sdk_trains_samples_the_trained_reply_and_resumes_exactly_after_a_re
 
 
 def test_sampling_options_stop_strings_seeds_top_k_top_p_and_prompt_logprobs(sc, renderer):
-    sampler = sc.create_sampling_client(base_model=SMOLLM2_MODEL)
+    sampler = sc.create_sampling_client(base_model=SMOLLM2_MODEL).result()
     prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is the capital of France?"}])
     greedy = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=16, temperature=0.0,
                                                             stop=renderer.get_stop_sequences())).result()
@@ -156,13 +156,11 @@ def test_beyond_the_context_or_the_memory_budget_is_a_400_naming_the_field_and_t
     big = datum_from_model_input_weights(types.ModelInput.from_ints([300] * 8001), torch.ones(8001))
     with pytest.raises(Exception) as err:
         tc.forward_backward([big] * 64, "cross_entropy").result()
-    assert "memory budget" in str(err.value) and "'data'" in str(err.value) or "field data" in str(err.value)
-    assert tc.forward(data[:1], "cross_entropy").result().metrics["loss:sum"] > 0  # still serving
-    assert "Traceback" not in served_log(served)
-
-
-def served_log(served) -> str:
-    return served.output()
+    assert "over the memory budget" in str(err.value) and "'field': 'data'" in str(err.value)
+    # still serving (a new run: requests refused before they were queued leave gaps in this run's seq_ids)
+    fresh = sc.create_lora_training_client(base_model=SMOLLM2_MODEL, rank=4).result()
+    assert fresh.forward(data[:1], "cross_entropy").result().metrics["loss:sum"] > 0
+    assert "Traceback" not in served.output()
 
 
 COOKBOOK_SCRIPT = textwrap.dedent("""

@@ -13,6 +13,7 @@ with a KV cache.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -222,6 +223,7 @@ class HFSampler(Sampler):
         self.base_model = base_model.split(":", 1)[0]
         self._seeds = random.Random(seed)
         self._device = hf.device_and_dtype()[0]
+        self._batch = _Batcher(self.model)
 
     @property
     def block_size(self) -> int:
@@ -249,17 +251,24 @@ class HFSampler(Sampler):
             raise MachineFormatError(str(path), f"the adapter does not fit {meta['base_model']} at rank {rank}: {exc}") from None
         return cls(model, meta["base_model"], seed=seed)
 
+    #: The server may run this sampler's requests at the same time: `sample` joins them into batches.
+    concurrent = True
+
     def sample(self, ids: Sequence[int], num_samples: int, *, max_tokens: int | None, temperature: float,
                seed: int, stop: Any = None, top_k: int | None = None, top_p: float | None = None) -> list[Sample]:
-        """`num_samples` continuations of `ids` in one batch; sample i uses `seed + i`."""
+        """`num_samples` continuations of `ids`; sample i uses `seed + i`.
+
+        Calls made at the same time (from several threads) run as one batch: rows of every
+        waiting request, left-padded, share one KV cache and one forward pass per token.
+        """
         if not ids:
             raise EngineError("the prompt is empty")
         if len(ids) >= self.block_size:
             raise EngineError(f"the prompt has {len(ids)} tokens; the context of {self.base_model} is "
                               f"{self.block_size} tokens (shorten the prompt)")
-        n = int(num_samples)
-        return generate_batch(self.model, [list(ids)] * n, max_tokens=max_tokens, temperature=temperature,
-                              seeds=[int(seed) + i for i in range(n)], stop=stop, top_k=top_k, top_p=top_p)
+        rows = [Row(list(ids), max_tokens, float(temperature or 0.0), int(seed) + i, stop, top_k, top_p)
+                for i in range(int(num_samples))]
+        return self._batch.run(rows)
 
     @torch.inference_mode()
     def prompt_logprobs(self, ids: Sequence[int], last_n: int | None = None) -> list[float | None]:
@@ -281,12 +290,86 @@ def _filter(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> tor
     return _filter_logits(logits, top_k if top_k and top_k > 0 else None, top_p)
 
 
+@dataclass
+class Row:
+    """One sequence to continue and how: the same settings a Tinker sampling request takes."""
+
+    prompt: list[int]
+    max_tokens: int | None
+    temperature: float
+    seed: int
+    stop: Any = None
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+class _Batcher:
+    """Joins the rows of requests that wait at the same time into one `generate_batch` call.
+
+    The first caller to find no batch running runs one with every row waiting (after WINDOW_S,
+    so requests sent together arrive); callers that come during it wait and go in the next.
+    """
+
+    WINDOW_S = 0.02
+    MAX_ROWS = 64
+
+    def __init__(self, model: Any):
+        import threading
+
+        self.model = model
+        self._cond = threading.Condition()
+        self._pending: list[tuple[list[Row], dict]] = []
+        self._running = False
+
+    def run(self, rows: list[Row]) -> list[Sample]:
+        import time
+
+        slot: dict = {}
+        with self._cond:
+            self._pending.append((rows, slot))
+            while "result" not in slot and "error" not in slot:
+                if not self._running:
+                    self._running = True
+                    break
+                self._cond.wait()
+            else:
+                return self._answer(slot)
+        try:  # this caller runs batches until its own rows are done
+            while "result" not in slot and "error" not in slot:
+                time.sleep(self.WINDOW_S)
+                with self._cond:
+                    taken, count = [], 0
+                    while self._pending and (not taken or count + len(self._pending[0][0]) <= self.MAX_ROWS):
+                        item = self._pending.pop(0)
+                        taken.append(item)
+                        count += len(item[0])
+                try:
+                    samples = generate_batch(self.model, [r for group, _ in taken for r in group])
+                    for group, dest in taken:
+                        dest["result"], samples = samples[:len(group)], samples[len(group):]
+                except Exception as exc:  # every request of the batch gets the error
+                    for _, dest in taken:
+                        dest["error"] = exc
+                with self._cond:
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+        return self._answer(slot)
+
+    @staticmethod
+    def _answer(slot: dict) -> list[Sample]:
+        if "error" in slot:
+            raise slot["error"]
+        return slot["result"]
+
+
 @torch.inference_mode()
-def generate_batch(model: Any, prompts: list[list[int]], *, max_tokens: int | None, temperature: float,
-                   seeds: Sequence[int], stop: Any = None, top_k: int | None = None,
-                   top_p: float | None = None) -> list[Sample]:
-    """Continue each prompt (left-padded into one batch, one KV cache) until a stop, max_tokens or
-    the context; row i samples with its own generator seeded `seeds[i]` (temperature 0: greedy).
+def generate_batch(model: Any, rows: Sequence[Row]) -> list[Sample]:
+    """Continue every row's prompt (left-padded into one batch, one KV cache) until one of its stops,
+    its max_tokens or the context; each row samples with its own generator seeded `row.seed`
+    (temperature 0: greedy).
 
     Log-probabilities are those of the chosen tokens under the distribution sampled from
     (untempered logits when greedy); a matched stop stays at the end of the tokens, as on Tinker.
@@ -294,70 +377,61 @@ def generate_batch(model: Any, prompts: list[list[int]], *, max_tokens: int | No
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    token_stops, text_stops = _stops(stop)
-    token_stops = [s for s in token_stops if s]
-    decode = hf.get_tokenizer().decode if text_stops else None
-    B = len(prompts)
-    width = max(len(p) for p in prompts)
-    budgets = [hf.CONTEXT_LENGTH - len(p) if max_tokens is None else min(int(max_tokens), hf.CONTEXT_LENGTH - len(p))
-               for p in prompts]
+    B = len(rows)
+    stops = [_stops(r.stop) for r in rows]
+    token_stops = [[s for s in ts if s] for ts, _ in stops]
+    text_stops = [xs for _, xs in stops]
+    decode = hf.get_tokenizer().decode if any(text_stops) else None
+    width = max(len(r.prompt) for r in rows)
+    budgets = [hf.CONTEXT_LENGTH - len(r.prompt) if r.max_tokens is None
+               else min(int(r.max_tokens), hf.CONTEXT_LENGTH - len(r.prompt)) for r in rows]
     ids = torch.full((B, width), hf.END_TOKEN_ID, dtype=torch.long)
     mask = torch.zeros((B, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+    for i, r in enumerate(rows):
+        ids[i, width - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
+        mask[i, width - len(r.prompt):] = 1
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    gens = []
-    for s in seeds:
-        g = torch.Generator(device="cpu")
-        g.manual_seed(int(s))
-        gens.append(g)
-    temperature = float(temperature or 0.0)
+    gens = [torch.Generator(device="cpu").manual_seed(int(r.seed)) for r in rows]
     out_tokens: list[list[int]] = [[] for _ in range(B)]
     out_lp: list[list[float]] = [[] for _ in range(B)]
     reasons = ["length"] * B
     done = [b <= 0 for b in budgets]
     cache = DynamicCache()
-    was_training = model.training
-    model.eval()
-    try:
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                       logits_to_keep=1).logits[:, -1]
-        last_pos = pos[:, -1]
-        while not all(done):
-            lf = logits.float().cpu()
-            chosen = []
-            for i in range(B):
-                if done[i]:
-                    chosen.append(hf.END_TOKEN_ID)
-                    continue
-                row = lf[i]
-                if temperature > 0:
-                    scaled = _filter(row / temperature, top_k, top_p)
-                    tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gens[i]))
-                    lp = float(torch.log_softmax(scaled, dim=-1)[tok])
-                else:
-                    tok = int(torch.argmax(_filter(row, top_k, top_p)))
-                    lp = float(torch.log_softmax(row, dim=-1)[tok])
-                toks = out_tokens[i]
-                toks.append(tok)
-                out_lp[i].append(lp)
-                chosen.append(tok)
-                if any(len(s) <= len(toks) and toks[-len(s):] == s for s in token_stops) or (
-                        decode is not None and any(s in decode(toks) for s in text_stops)):
-                    reasons[i], done[i] = "stop", True
-                elif len(toks) >= budgets[i]:
-                    done[i] = True
-            if all(done):
-                break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-            last_pos = last_pos + 1
-            step = torch.tensor(chosen, dtype=torch.long, device=device)[:, None]
-            logits = model(input_ids=step, attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
-                           use_cache=True).logits[:, -1]
-    finally:
-        model.train(was_training)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1).logits[:, -1]
+    last_pos = pos[:, -1]
+    while not all(done):
+        lf = logits.float().cpu()
+        chosen = []
+        for i, r in enumerate(rows):
+            if done[i]:
+                chosen.append(hf.END_TOKEN_ID)
+                continue
+            row = lf[i]
+            if r.temperature > 0:
+                scaled = _filter(row / r.temperature, r.top_k, r.top_p)
+                tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gens[i]))
+                lp = float(torch.log_softmax(scaled, dim=-1)[tok])
+            else:
+                tok = int(torch.argmax(_filter(row, r.top_k, r.top_p)))
+                lp = float(torch.log_softmax(row, dim=-1)[tok])
+            toks = out_tokens[i]
+            toks.append(tok)
+            out_lp[i].append(lp)
+            chosen.append(tok)
+            if any(len(s) <= len(toks) and toks[-len(s):] == s for s in token_stops[i]) or (
+                    text_stops[i] and any(s in decode(toks) for s in text_stops[i])):
+                reasons[i], done[i] = "stop", True
+            elif len(toks) >= budgets[i]:
+                done[i] = True
+        if all(done):
+            break
+        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+        last_pos = last_pos + 1
+        step = torch.tensor(chosen, dtype=torch.long, device=device)[:, None]
+        logits = model(input_ids=step, attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
+                       use_cache=True).logits[:, -1]
     return [Sample(out_tokens[i], out_lp[i], reasons[i]) for i in range(B)]
 
 

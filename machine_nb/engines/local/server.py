@@ -289,12 +289,16 @@ class _Sampler:
         self.session_id = session_id
         self.last_used = time.monotonic()
         self.base_model = sampler.base_model
-        self.worker = _Worker(f"local-sampler-{sampler_id[-6:]}", server.threads)
+        self.worker_name = f"local-sampler-{sampler_id[-6:]}"
+        self.worker = _Worker(self.worker_name, server.threads)
 
     def submit(self, call: str, fn: Callable) -> _Future:
         self.last_used = time.monotonic()
         fut = self.server.futures.new(call)
-        self.worker.submit(_run_job, fut, fn)
+        if getattr(self.sampler, "concurrent", False):  # it batches requests that run at once
+            threading.Thread(target=_run_job, args=(fut, fn), name=f"{self.worker_name}-req", daemon=True).start()
+        else:
+            self.worker.submit(_run_job, fut, fn)
         return fut
 
 
