@@ -252,7 +252,7 @@ def main() -> None:
     stop(proc)
     print(f"server peak resident memory: {rss / 1e9:.2f} GB (target <= 2.5)")
 
-    from machine_nb.engines.local.hf_compute import batch_limit, memory_budget
+    from machine_nb.engines.local.hf import batch_limit, memory_budget
 
     fits = ", ".join(f"{batch_limit(n)} x {n}" for n in (256, 1024, 2048, 4096, 8192))
     print(f"largest training batch per request (memory budget {memory_budget() / 1e9:.1f} GB): {fits}")

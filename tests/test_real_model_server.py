@@ -80,8 +80,8 @@ def test_the_start_line_says_the_device_and_dtype(served):
     assert "local/smollm2-135m: device cpu, float32" in served.first_line or os.environ.get("MACHINE_NB_DEVICE")
 
 
-def test_capabilities_list_the_real_model_with_its_context(sc):
-    caps = sc.get_server_capabilities()
+def test_capabilities_list_the_real_model_with_its_context(served):
+    caps = tinker.RestClient(base_url=served.url, api_key=KEY).get_server_capabilities().result()
     names = [m.model_name for m in caps.supported_models]
     assert SMOLLM2_MODEL in names and DEFAULT_MODEL in names
 

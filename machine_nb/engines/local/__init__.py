@@ -51,6 +51,8 @@ class LocalModel:
     directory: Path | None = None
     block_size: int | None = None
     vocab_size: int | None = None
+    backend: str | None = None
+    """The module whose `Trainer` and `Sampler` classes run the model (None: compute.py's own)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class ModelShape:
 
 MODELS: dict[str, LocalModel] = {
     DEFAULT_MODEL: LocalModel(DEFAULT_MODEL, "tiny", LOCAL_CHAT_RENDERER, WEIGHTS_DIR),
-    SMOLLM2_MODEL: LocalModel(SMOLLM2_MODEL, "hf", CHATML_RENDERER, None, _hf.CONTEXT_LENGTH, _hf.VOCAB_SIZE),
+    SMOLLM2_MODEL: LocalModel(SMOLLM2_MODEL, "hf", CHATML_RENDERER, None, _hf.CONTEXT_LENGTH, _hf.VOCAB_SIZE,
+                              backend=f"{__name__}.hf_compute"),
 }
 """The models the local engine serves, by name."""
 
@@ -216,6 +219,4 @@ def check_batch(name: str, lengths: list[int], *, backward: bool) -> None:
     """EngineError when a batch of sequences of these lengths would not fit in memory on this
     model's device (the real model; the tiny model's context keeps every batch small)."""
     if is_hf(name):
-        from .hf_compute import check_request
-
-        check_request(lengths, backward=backward)
+        _hf.plan_batch(lengths, backward=backward)

@@ -52,11 +52,17 @@ def configure_torch(threads: int | None = None) -> int:
     return threads
 
 
-def _is_hf(name: Any) -> bool:
+def _backend(name: Any, role: str) -> Any:
+    """The Trainer or Sampler class the registry names for a model served by another backend
+    (the real model's, in hf_compute.py), or None for the classes here."""
+    import importlib
+
     from . import MODELS
 
-    base = str(name).split(":", 1)[0]
-    return base in MODELS and MODELS[base].kind == "hf"
+    entry = MODELS.get(str(name).split(":", 1)[0])
+    if entry is None or entry.backend is None:
+        return None
+    return importlib.import_module(entry.backend).BACKEND[role]
 
 
 def load_base(base_model: str) -> torch.nn.Module:
@@ -155,10 +161,8 @@ class Sampler:
     """
 
     def __new__(cls, model: Any = None, base_model: str = "", *args: Any, **kwargs: Any) -> "Sampler":
-        if cls is Sampler and _is_hf(base_model):  # the registry's real-model backend
-            from .hf_compute import HFSampler
-
-            cls = HFSampler
+        if cls is Sampler:
+            cls = _backend(base_model, "Sampler") or cls
         return super().__new__(cls)
 
     def __init__(self, model: torch.nn.Module, base_model: str, *, seed: int = 0):
@@ -178,10 +182,9 @@ class Sampler:
     def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "Sampler":
         """A sampler of a checkpoint directory's weights (LoRA merged); MachineFormatError if corrupt."""
         meta = read_meta(directory)
-        if cls is Sampler and _is_hf(meta["base_model"]):
-            from .hf_compute import HFSampler
-
-            return HFSampler.from_checkpoint(directory, seed=seed)
+        backend = _backend(meta["base_model"], "Sampler") if cls is Sampler else None
+        if backend is not None:
+            return backend.from_checkpoint(directory, seed=seed)
         model = _lora_model(meta, Path(directory))
         if int(meta["lora_rank"]) > 0:
             _lora.merge_lora(model)
@@ -277,10 +280,8 @@ class Trainer:
     """
 
     def __new__(cls, base_model: str = "", *args: Any, **kwargs: Any) -> "Trainer":
-        if cls is Trainer and _is_hf(base_model):  # the registry's real-model backend
-            from .hf_compute import HFTrainer
-
-            cls = HFTrainer
+        if cls is Trainer:
+            cls = _backend(base_model, "Trainer") or cls
         return super().__new__(cls)
 
     def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,

@@ -26,7 +26,7 @@ import shutil
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ...errors import EngineError
 
@@ -319,3 +319,96 @@ def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: boo
 def lora_targets(model: Any) -> list[str]:
     """The names of the modules that carry adapters (for an error message or a model card)."""
     return sorted({n.rsplit(".lora_A", 1)[0] for n, _ in model.named_parameters() if ".lora_A" in n})
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+#: Tokens whose logits are computed at once (49,152 floats each).
+LOGIT_CHUNK = 512
+#: Bytes a trained token costs beside the weights (fp32, from the peak resident memory of LoRA steps
+#: on CPU): activations kept for the backward pass, and with every layer recomputed there.
+TRAIN_BYTES_PER_TOKEN_FP32 = 2_600_000
+RECOMPUTE_BYTES_PER_TOKEN_FP32 = 1_200_000
+#: ... and a token of a forward pass without gradients.
+FORWARD_BYTES_PER_TOKEN_FP32 = 100_000
+#: A batch whose kept activations fit in this many bytes trains without recomputing layers (the
+#: fastest way); a bigger one recomputes them, up to the memory budget. $MACHINE_NB_FAST_GB overrides.
+FAST_PATH_BYTES = 1_500_000_000
+
+
+def memory_budget() -> int:
+    """Bytes a batch's activations may take: $MACHINE_NB_MEMORY_GB when set, else half of the
+    memory available now (free GPU memory on CUDA)."""
+    raw = os.environ.get("MACHINE_NB_MEMORY_GB", "").strip()
+    if raw:
+        try:
+            return int(float(raw) * 1e9)
+        except ValueError:
+            raise EngineError(f"MACHINE_NB_MEMORY_GB must be a number of gigabytes, got {raw!r}") from None
+    device, _ = device_and_dtype()
+    if device.type == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * 0.8)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 // 2
+    except (OSError, KeyError, ValueError):
+        return 4 * 10**9
+
+
+def _width() -> int:
+    import torch
+
+    _, dtype = device_and_dtype()
+    return 4 if dtype == torch.float32 else 2
+
+
+def plan_batch(lengths: Sequence[int], *, backward: bool) -> bool:
+    """Whether a forward(/backward) batch of these sequence lengths recomputes layers in the
+    backward pass: False when its activations fit FAST_PATH_BYTES, True when only recomputing
+    fits the memory budget. Raises EngineError when neither fits, naming the batch's size, its
+    longest sequence and the budget."""
+    tokens = int(sum(lengths)) if lengths else 0
+    longest = max(lengths) if lengths else 0
+    scale = _width() / 4
+    budget = memory_budget()
+    logits = min(tokens, LOGIT_CHUNK) * VOCAB_SIZE * 4 * 5
+    if not backward:
+        need = tokens * FORWARD_BYTES_PER_TOKEN_FP32 * scale + logits
+        if need <= budget:
+            return False
+    else:
+        fast = min(budget, _fast_path_bytes())
+        if tokens * TRAIN_BYTES_PER_TOKEN_FP32 * scale + logits <= fast:
+            return False
+        need = tokens * RECOMPUTE_BYTES_PER_TOKEN_FP32 * scale + logits
+        if need <= budget:
+            return True
+    raise EngineError(
+        f"a batch of {len(lengths)} sequences ({tokens} tokens, the longest {longest}) needs about "
+        f"{need / 1e9:.1f} GB for {'training' if backward else 'a forward pass'}, over the memory budget of "
+        f"{budget / 1e9:.1f} GB: send fewer or shorter sequences per request (or raise MACHINE_NB_MEMORY_GB)")
+
+
+def _fast_path_bytes() -> int:
+    raw = os.environ.get("MACHINE_NB_FAST_GB", "").strip()
+    try:
+        return int(float(raw) * 1e9) if raw else FAST_PATH_BYTES
+    except ValueError:
+        raise EngineError(f"MACHINE_NB_FAST_GB must be a number of gigabytes, got {raw!r}") from None
+
+
+def batch_limit(length: int, *, backward: bool = True) -> int:
+    """The most sequences of `length` tokens one training (or forward) request may hold now."""
+    n = 0
+    while n < 4096:
+        try:
+            plan_batch([length] * (n + 1), backward=backward)
+        except EngineError:
+            break
+        n += 1
+    return n

@@ -25,80 +25,6 @@ from . import hf
 from .compute import Sample, Sampler, Trainer, _read_tensors, _stops, read_meta
 from .lora import default_alpha
 
-#: Tokens whose logits are computed at once (49,152 floats each).
-LOGIT_CHUNK = 512
-#: Bytes a trained token costs beside the weights (fp32; measured by benchmarks/bench_real_model.py's
-#: memory probe): activations kept for the backward pass, and with every layer recomputed there.
-TRAIN_BYTES_PER_TOKEN_FP32 = 2_600_000
-RECOMPUTE_BYTES_PER_TOKEN_FP32 = 1_200_000
-#: ... and a token of a forward pass without gradients.
-FORWARD_BYTES_PER_TOKEN_FP32 = 100_000
-#: A batch whose kept activations fit in this many bytes trains without recomputing layers (the
-#: fastest way); a bigger one recomputes them, up to the memory budget. $MACHINE_NB_FAST_GB overrides.
-FAST_PATH_BYTES = 1_500_000_000
-
-
-def memory_budget() -> int:
-    """Bytes a batch's activations may take: $MACHINE_NB_MEMORY_GB when set, else half of the
-    memory available now (free GPU memory on CUDA)."""
-    raw = os.environ.get("MACHINE_NB_MEMORY_GB", "").strip()
-    if raw:
-        try:
-            return int(float(raw) * 1e9)
-        except ValueError:
-            raise EngineError(f"MACHINE_NB_MEMORY_GB must be a number of gigabytes, got {raw!r}") from None
-    device, _ = hf.device_and_dtype()
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free * 0.8)
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return int(info["MemAvailable"].split()[0]) * 1024 // 2
-    except (OSError, KeyError, ValueError):
-        return 4 * 10**9
-
-
-def _width() -> int:
-    _, dtype = hf.device_and_dtype()
-    return 4 if dtype == torch.float32 else 2
-
-
-def plan_batch(lengths: Sequence[int], *, backward: bool) -> bool:
-    """Whether a forward(/backward) batch of these sequence lengths recomputes layers in the
-    backward pass: False when its activations fit FAST_PATH_BYTES, True when only recomputing
-    fits the memory budget. Raises EngineError when neither fits, naming the batch's size, its
-    longest sequence and the budget."""
-    tokens = int(sum(lengths)) if lengths else 0
-    longest = max(lengths) if lengths else 0
-    scale = _width() / 4
-    budget = memory_budget()
-    logits = min(tokens, LOGIT_CHUNK) * hf.VOCAB_SIZE * 4 * 5
-    if not backward:
-        need = tokens * FORWARD_BYTES_PER_TOKEN_FP32 * scale + logits
-        if need <= budget:
-            return False
-    else:
-        fast = min(budget, _fast_path_bytes())
-        if tokens * TRAIN_BYTES_PER_TOKEN_FP32 * scale + logits <= fast:
-            return False
-        need = tokens * RECOMPUTE_BYTES_PER_TOKEN_FP32 * scale + logits
-        if need <= budget:
-            return True
-    raise EngineError(
-        f"a batch of {len(lengths)} sequences ({tokens} tokens, the longest {longest}) needs about "
-        f"{need / 1e9:.1f} GB for {'training' if backward else 'a forward pass'}, over the memory budget of "
-        f"{budget / 1e9:.1f} GB: send fewer or shorter sequences per request (or raise MACHINE_NB_MEMORY_GB)")
-
-
-def _fast_path_bytes() -> int:
-    raw = os.environ.get("MACHINE_NB_FAST_GB", "").strip()
-    try:
-        return int(float(raw) * 1e9) if raw else FAST_PATH_BYTES
-    except ValueError:
-        raise EngineError(f"MACHINE_NB_FAST_GB must be a number of gigabytes, got {raw!r}") from None
-
-
 def _parts(model: Any) -> tuple[Any, Any]:
     """(the decoder stack, the unembedding) of a LlamaForCausalLM, bare or inside a PeftModel."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -111,7 +37,7 @@ def _chunk_logprobs(head: Any, hidden: torch.Tensor, tgt: torch.Tensor) -> torch
 
 def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompute: bool = False) -> torch.Tensor:
     """log p(tgt | prefix) at every position (B, T), float32: the decoder once, the unembedding a
-    chunk of LOGIT_CHUNK tokens at a time (recomputed in the backward pass, never all kept)."""
+    chunk of hf.LOGIT_CHUNK tokens at a time (recomputed in the backward pass, never all kept)."""
     body, head = _parts(model)
     if recompute:
         body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -123,8 +49,8 @@ def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompu
     B, T, C = hidden.shape
     flat_h, flat_t = hidden.reshape(B * T, C), tgt.reshape(B * T)
     out = []
-    for start in range(0, B * T, LOGIT_CHUNK):
-        h, t = flat_h[start:start + LOGIT_CHUNK], flat_t[start:start + LOGIT_CHUNK]
+    for start in range(0, B * T, hf.LOGIT_CHUNK):
+        h, t = flat_h[start:start + hf.LOGIT_CHUNK], flat_t[start:start + hf.LOGIT_CHUNK]
         if torch.is_grad_enabled():
             out.append(checkpoint(_chunk_logprobs, head, h, t, use_reentrant=False))
         else:
@@ -171,7 +97,7 @@ class HFTrainer(Trainer):
 
     def target_logprobs(self, idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         lengths = [idx.shape[1]] * idx.shape[0]
-        recompute = plan_batch(lengths, backward=torch.is_grad_enabled())
+        recompute = hf.plan_batch(lengths, backward=torch.is_grad_enabled())
         return target_logprobs(self.model, idx, tgt, recompute=recompute)
 
     def _weights(self) -> tuple[str, dict[str, torch.Tensor]]:
@@ -435,20 +361,5 @@ def generate_batch(model: Any, rows: Sequence[Row]) -> list[Sample]:
     return [Sample(out_tokens[i], out_lp[i], reasons[i]) for i in range(B)]
 
 
-def check_request(lengths: Sequence[int], *, backward: bool) -> None:
-    """EngineError when a batch would not fit the memory budget (see plan_batch)."""
-    plan_batch(lengths, backward=backward)
-
-
-def batch_limit(length: int, *, backward: bool = True) -> int:
-    """The most sequences of `length` tokens one training (or forward) request may hold now."""
-    n = 0
-    while n < 4096:
-        try:
-            plan_batch([length] * (n + 1), backward=backward)
-        except EngineError:
-            break
-        n += 1
-    return n
-
-
+#: The training and sampling classes compute.py's Trainer and Sampler hand this backend's models to.
+BACKEND = {"Trainer": HFTrainer, "Sampler": HFSampler}
