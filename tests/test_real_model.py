@@ -126,7 +126,7 @@ def test_greedy_outputs_re_encode_to_the_ids_the_model_produced(tok):
     assert first.tokens and all(lp <= 0 for lp in first.logprobs)
 
 
-def test_counts_are_exact_with_this_tokenizer(tmp_path, tok):
+def test_count_tokens_estimate_cost_and_validate_count_exactly_with_this_tokenizer(tmp_path, tok):
     import machine_nb as mnb
 
     rows = [{"messages": [{"role": "user", "content": f"Ticket {i}: Größe falsch"},
@@ -137,6 +137,9 @@ def test_counts_are_exact_with_this_tokenizer(tmp_path, tok):
     expected = [len(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]) for r in rows]
     assert counts.attrs.get("exact", True) is not False
     assert list(counts["tokens"]) == expected
+    estimate = mnb.estimate_cost(path, SMOLLM2_MODEL)
+    assert estimate.exact and estimate.tokens == sum(expected) and estimate.usd == 0
+    assert mnb.validate(path, SMOLLM2_MODEL).summary["tokens"] == sum(expected)
 
 
 def test_the_device_is_cpu_here_and_machine_nb_device_overrides(monkeypatch):
