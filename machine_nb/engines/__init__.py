@@ -13,14 +13,17 @@ anything else is Tinker's. Higher layers reach the engines only through this mod
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from typing import Any
 
 from ..errors import EngineError
 
 ENGINES = ("local", "tinker")
-#: The API key the SDK sends to the local server (it must look like a Tinker key; none is checked).
-LOCAL_API_KEY = "tml-local-engine"
+#: The key of this process's local server: random per process, sent by this process's own SDK
+#: clients and handed to its training child processes (as TINKER_API_KEY), so no other user of
+#: the machine can reach the server through its loopback port.
+LOCAL_API_KEY = "tml-" + secrets.token_urlsafe(32)
 
 
 def engine_for(model_or_path: str) -> str:
@@ -178,9 +181,9 @@ if hasattr(os, "register_at_fork"):
 
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
                    models: tuple[str, ...] = (), **kwargs: Any) -> Any:
-    """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no key, no cost).
+    """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no cost).
 
-    "local": pointed at this process's local server, with a placeholder key.
+    "local": pointed at this process's local server, with its key (`LOCAL_API_KEY`).
     "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
     within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
     One client is kept per engine, URL and key (each keeps a session, its heartbeat and a few
@@ -309,8 +312,8 @@ def checkpoint_base_model(path: str) -> str | None:
         raise EngineError(
             f"{path} is not a checkpoint of this process's local engine (its data dir {data_dir} does not hold "
             "it). A checkpoint made by a separate `machine-nb serve` is served by that server: pass "
-            "engine='tinker' with TINKER_BASE_URL set to its URL and TINKER_API_KEY to a placeholder 'tml-…' "
-            "key (and model= the model it was trained from, e.g. 'local/arith-tiny').")
+            "engine='tinker' with TINKER_BASE_URL set to its URL and TINKER_API_KEY to that server's key "
+            "(and model= the model it was trained from, e.g. 'local/arith-tiny').")
     return read_meta(directory)["base_model"]
 
 

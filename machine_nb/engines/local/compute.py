@@ -16,7 +16,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -290,8 +290,11 @@ class Trainer:
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def forward_backward(self, batch: Sequence[Example], backward: bool) -> tuple[list[np.ndarray], list[np.ndarray], float]:
-        """(per-datum target logprobs, per-datum elementwise losses, loss sum) of sum -w * logp.
+    def forward_backward(self, batch: Sequence[Example], backward: bool,
+                         loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+                         ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+        """(per-datum target logprobs, per-datum elementwise losses, loss sum) of sum -w * logp, or
+        of `loss(target logprobs [batch, width])` (per-token losses, losses.py) when given.
 
         With `backward`, the gradients of that sum accumulate in the trainable parameters.
         """
@@ -309,15 +312,15 @@ class Trainer:
         with torch.set_grad_enabled(backward):
             logits = self.model(idx)
             logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-            elementwise = -w * logp
-            loss = elementwise.sum()
+            elementwise = -w * logp if loss is None else loss(logp)
+            total = elementwise.sum()
             if backward:
-                loss.backward()
+                total.backward()
         logp_np = logp.detach().numpy()
         el_np = elementwise.detach().numpy()
         lengths = [len(ex.ids) for ex in batch]
         return ([logp_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)],
-                [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(loss.detach()))
+                [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(total.detach()))
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.params, lr=1e-4, foreach=False)

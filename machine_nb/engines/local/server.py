@@ -23,11 +23,13 @@ with `key=` (required to bind anything but loopback).
 from __future__ import annotations
 
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook now, so ours runs before it (_at_exit)
+import contextlib
 import hmac
 import http.server
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -37,7 +39,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 from ...errors import EngineError, MachineFormatError
@@ -49,6 +51,8 @@ logger = logging.getLogger(__name__)
 LONG_POLL_S = 20.0
 #: Largest request body accepted (the SDK splits forward/backward batches at ~5 MB).
 MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Requests of one run queued ahead of the next one to run at most (a `seq_id` beyond is refused).
+SEQ_WINDOW = 4096
 #: Seconds a request waits for an earlier `seq_id` of its run that never arrives before failing.
 SEQ_GAP_TIMEOUT_S = 120.0
 #: Seconds a finished future's result is kept for a client that polls again (a retried poll).
@@ -59,6 +63,10 @@ SESSION_TTL_S = 300.0
 #: Requests a client sends while idle (not work: `busy()` leaves them out).
 _HOUSEKEEPING = frozenset({"/api/v1/healthz", "/api/v1/session_heartbeat", "/api/v1/telemetry",
                            "/api/v1/client/dynamic_config"})
+#: Requests with a protobuf body, and the JSON ones that carry a training run's `seq_id`.
+_PROTOBUF_CALLS = frozenset({"/api/v1/forward_backward", "/api/v1/forward"})
+_ORDERED_CALLS = frozenset({"/api/v1/optim_step", "/api/v1/save_weights", "/api/v1/save_weights_for_sampler",
+                            "/api/v1/load_weights"})
 #: Samplers kept at most, the least recently used let go first (each holds a copy of its model),
 #: and the seconds an unused one is kept.
 MAX_SAMPLERS = 64
@@ -187,11 +195,19 @@ class _Run:
             self._cond.notify_all()
 
     def submit(self, seq_id: int | None, call: str, fn: Callable) -> _Future:
-        """Queue `fn` as request `seq_id` (a retried request returns the future it already has)."""
+        """Queue `fn` as request `seq_id` (a retried request returns the future it already has).
+
+        A `seq_id` more than `SEQ_WINDOW` places ahead of the next one to run is a 400: queued, it
+        would hold up every later request of the run."""
         with self._cond:
             self.last_request = time.time()
             if seq_id is not None and seq_id in self._seen:
                 return self._seen[seq_id]
+            if seq_id is not None and seq_id >= self._next_seq + SEQ_WINDOW:
+                raise ApiError(400, f"{call}: seq_id {seq_id} is too far ahead of this run's next request "
+                                    f"({self._next_seq}; at most {SEQ_WINDOW - 1} ahead are queued). Send the "
+                                    "run's requests in order, numbered from the SDK's own training client.",
+                               "seq_id")
             fut = self.server.futures.new(call)
             if seq_id is None:
                 self._unordered.append((fut, fn))
@@ -202,6 +218,20 @@ class _Run:
                 self._seen[seq_id] = fut
             self._cond.notify_all()
             return fut
+
+    def skip(self, seq_id: Any, call: str) -> None:
+        """Take request `seq_id`'s place in the run's order for a request that was refused (a 4xx),
+        so the requests after it run at once instead of waiting for it. Does nothing for a number
+        that is not a whole number, is already taken, or lies outside the window `submit` accepts."""
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+            return
+        with self._cond:
+            if seq_id in self._seen or seq_id < self._next_seq or seq_id >= self._next_seq + SEQ_WINDOW:
+                return
+        try:
+            self.submit(seq_id, call, _refused)
+        except ApiError:  # taken meanwhile
+            pass
 
     def _take(self) -> tuple[_Future, Callable] | None:
         with self._cond:
@@ -250,6 +280,10 @@ class _Run:
             self._cond.notify_all()
 
 
+def _refused() -> dict:
+    raise EngineError("the request was refused")
+
+
 class _Worker:
     """One daemon thread running the jobs given to it in order. Not a ThreadPoolExecutor: those
     refuse new work once the interpreter begins to exit, while a thread of the user's may still be
@@ -296,6 +330,68 @@ class _Sampler:
         fut = self.server.futures.new(call)
         self.worker.submit(_run_job, fut, fn)
         return fut
+
+
+@contextlib.contextmanager
+def _kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Iterator[None]:
+    """Run a training step so that a step that fails, or leaves a gradient (or, with `weights`, a
+    trainable parameter) NaN or infinite, leaves the run as it was before it: gradients, and with
+    `weights` the parameters and the optimizer's state, are put back, and the step fails saying why.
+    Works on any trainer with `params` (its trainable tensors) and `optimizer` (None until the
+    first step)."""
+    import copy
+
+    import torch
+
+    params = list(getattr(trainer, "params", ()))
+    grads = [None if q.grad is None else q.grad.detach().clone() for q in params]
+    if weights:
+        values = [q.detach().clone() for q in params]
+        optimizer = trainer.optimizer
+        state = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
+
+    def restore() -> None:
+        with torch.no_grad():
+            for q, g in zip(params, grads):
+                q.grad = g
+            if weights:
+                for q, v in zip(params, values):
+                    q.copy_(v)
+                if optimizer is None:
+                    trainer.optimizer = None
+                else:
+                    optimizer.load_state_dict(state)
+
+    try:
+        yield
+    except BaseException:
+        restore()
+        raise
+    bad = next((i for i, q in enumerate(params) if q.grad is not None and not torch.isfinite(q.grad).all()), None)
+    what = "gradient"
+    if bad is None and weights:
+        bad, what = next((i for i, q in enumerate(params) if not torch.isfinite(q).all()), None), "parameter"
+        if bad is None and not _adapted_weights_finite(getattr(trainer, "model", None)):
+            bad, what = 0, "weight (base plus adapter)"
+    if bad is not None:
+        restore()
+        raise EngineError(f"{call}: this step made a {what} NaN or infinite (a learning rate, beta2 or loss "
+                          "weight too large?); the run is kept as it was before it. Retry with smaller "
+                          "settings.")
+
+
+def _adapted_weights_finite(model: Any) -> bool:
+    """Whether every LoRA-adapted weight (base + scale * B @ A) is finite: finite adapters can still
+    multiply out to infinity, which a sampler (that merges them) would then serve."""
+    import torch
+
+    from .lora import lora_modules
+
+    if not isinstance(model, torch.nn.Module):
+        return True
+    with torch.no_grad():
+        return all(bool(torch.isfinite(m.base.weight + m.scale * (m.lora_b @ m.lora_a)).all())
+                   for m in lora_modules(model).values())
 
 
 def _configure(threads: int | None) -> None:
@@ -366,10 +462,10 @@ class LocalServer:
                  key: str | None = None, threads: int | None = None, quiet: bool = True):
         if not _is_loopback(host) and not key:
             raise EngineError(f"binding {host!r} (not loopback) exposes the server to other machines: "
-                              "pass a key (--key) that every request must send as its API key")
-        if key is not None and not key.startswith("tml-"):
-            raise EngineError("a server key must start with 'tml-': the tinker SDK sends no other API key")
-        self.host, self.key, self.threads, self.quiet = host, key, threads, quiet
+                              "give it a key that every request must send as its API key (--key-file, or "
+                              "$MACHINE_NB_SERVER_KEY)")
+        self.key = ck.check_key(key) if key is not None else ck.new_key()
+        self.host, self.threads, self.quiet = host, threads, quiet
         self.data_dir = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
         ck.ensure_private_dir(self.data_dir)
         self.futures = _Futures()
@@ -487,20 +583,34 @@ class LocalServer:
         with self._lock:
             return self._in_flight > 0
 
+    def check_key(self, path: str, sent: str | None) -> None:
+        """401 unless `sent` is this server's key. Only the health check answers without it (it
+        says "ok" and nothing else)."""
+        if path == "/api/v1/healthz":
+            return
+        if not hmac.compare_digest((sent or "").encode("utf-8", "replace"), self.key.encode("utf-8")):
+            raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY); "
+                                "`machine-nb serve` says where it is")
+
     def _dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
-        if self.key is not None and path != "/api/v1/healthz":
-            sent = headers.get("X-API-Key", "")
-            if not hmac.compare_digest(sent.encode("utf-8", "replace"), self.key.encode("utf-8")):
-                raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY)")
+        self.check_key(path, headers.get("X-API-Key"))
         handler = self._routes.get((method, path))
         if handler is None:
             handler = self._dynamic_route(method, path)
         if handler is None:
             raise ApiError(404, f"the local Tinker server does not support {method} {path}")
-        if path == "/api/v1/forward_backward" or path == "/api/v1/forward":
-            result = handler(query, raw, headers)
-        else:
-            result = handler(query, body)
+        try:
+            if path in _PROTOBUF_CALLS:
+                result = handler(query, raw, headers)
+            else:
+                result = handler(query, body)
+        except ApiError:
+            if path in _ORDERED_CALLS and isinstance(body, dict):
+                # a refused request of a training run still takes its place in the run's order
+                run = self.runs.get(body.get("model_id")) if isinstance(body.get("model_id"), str) else None
+                if run is not None:
+                    run.skip(body.get("seq_id"), path.rsplit("/", 1)[-1])
+            raise
         if isinstance(result, tuple):
             return result
         return 200, json.dumps(result).encode("utf-8"), "application/json"
@@ -684,7 +794,6 @@ class LocalServer:
 
     def forward_backward(self, q: dict, raw: bytes, headers: Any) -> dict:
         from . import wire
-        from .compute import Example
 
         if "protobuf" not in (headers.get("Content-Type") or ""):
             raise ApiError(400, "forward_backward: the body must be a ForwardBackwardRequest protobuf "
@@ -698,50 +807,74 @@ class LocalServer:
             raise ApiError(400, f"forward_backward: {exc}", exc.field) from None
         call = "forward" if req.forward_only else "forward_backward"
         run = self._run(req.model_id, call)
-        if req.loss_fn != "cross_entropy":
-            raise ApiError(400, f"{call}: the local engine supports loss_fn 'cross_entropy' only, not {req.loss_fn!r}",
-                           "loss_fn")
-        if req.loss_fn_config:
-            raise ApiError(400, f"{call}: cross_entropy takes no loss_fn_config", "loss_fn_config")
-        if not req.data:
-            raise ApiError(400, f"{call}: no data", "data")
-        from . import load_config
-
-        cfg = load_config(run.base_model)
-        batch = []
-        for i, d in enumerate(req.data):
-            for key in ("target_tokens", "weights"):
-                if key not in d.loss_fn_inputs:
-                    raise ApiError(400, f"{call}: cross_entropy needs loss_fn_inputs {key!r}",
-                                   f"data.{i}.loss_fn_inputs.{key}")
-            tgt, w = d.loss_fn_inputs["target_tokens"], d.loss_fn_inputs["weights"]
-            if not (len(d.ids) == len(tgt) == len(w)):
-                raise ApiError(400, f"{call}: model_input has {len(d.ids)} tokens, target_tokens {len(tgt)}, "
-                                    f"weights {len(w)}; they must be equal", f"data.{i}")
-            if not d.ids:
-                raise ApiError(400, f"{call}: empty model_input", f"data.{i}.model_input")
-            if len(d.ids) > cfg.block_size:
-                raise ApiError(400, f"{call}: {len(d.ids)} tokens exceed the context of {run.base_model} "
-                                    f"({cfg.block_size} tokens)", f"data.{i}.model_input")
-            bad = [t for t in list(d.ids) + [int(x) for x in tgt] if not 0 <= t < cfg.vocab_size]
-            if bad:
-                raise ApiError(400, f"{call}: token id {bad[0]} is outside the vocabulary of {run.base_model} "
-                                    f"(0..{cfg.vocab_size - 1})", f"data.{i}")
-            import numpy as np
-
-            if not np.all(np.isfinite(w)):
-                raise ApiError(400, f"{call}: weights must be finite numbers", f"data.{i}.loss_fn_inputs.weights")
-            batch.append(Example(d.ids, tgt.astype("int64"), w.astype("float32")))
+        try:
+            batch, loss = self._loss_batch(run, req, call)
+        except ApiError:
+            run.skip(req.seq_id, call)  # a refused request still takes its place in the run's order
+            raise
 
         def work() -> tuple[bytes, str]:
             if run.trainer is None:
                 raise EngineError("the training run was not created")
-            logprobs, elementwise, total = run.trainer.forward_backward(batch, backward=not req.forward_only)
+            with _kept_if_not_finite(run.trainer, call):
+                logprobs, elementwise, total = run.trainer.forward_backward(batch, backward=not req.forward_only,
+                                                                            loss=loss)
+                if not math.isfinite(total):
+                    raise EngineError(f"the loss is {total}: check the inputs' scale (weights, advantages, "
+                                      "logprobs); the run's gradients are as they were before this request")
             outputs = [{"logprobs": lp, "elementwise_loss": el} for lp, el in zip(logprobs, elementwise)]
             return wire.encode_forward_backward_output(outputs, {"loss:sum": total}), wire.CONTENT_TYPE
 
         fut = run.submit(req.seq_id, call, work)
         return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def _loss_batch(self, run: _Run, req: Any, call: str) -> tuple[list, Any]:
+        """A forward/backward request's data as the trainer takes it, and its loss (losses.py); a 400
+        naming the field for anything that cannot be used as it is."""
+        import numpy as np
+
+        from . import load_config
+        from . import losses as ls
+        from .compute import Example
+
+        if not req.data:
+            raise ApiError(400, f"{call}: no data", "data")
+        cfg = load_config(run.base_model)
+        targets = []
+        for i, d in enumerate(req.data):
+            if "target_tokens" not in d.loss_fn_inputs:
+                raise ApiError(400, f"{call}: {req.loss_fn} needs loss_fn_inputs 'target_tokens'",
+                               f"data.{i}.loss_fn_inputs.target_tokens")
+            tgt = d.loss_fn_inputs["target_tokens"]
+            where = f"data.{i}.loss_fn_inputs.target_tokens"
+            if tgt.dtype.kind == "f":
+                if not np.all(np.isfinite(tgt)) or not np.all(tgt == np.round(tgt)):
+                    raise ApiError(400, f"{call}: target_tokens must be whole token ids, got a value such as "
+                                        f"{tgt[~(np.isfinite(tgt) & (tgt == np.round(tgt)))][0]}", where)
+            if len(d.ids) != len(tgt):
+                raise ApiError(400, f"{call}: model_input has {len(d.ids)} tokens, target_tokens {len(tgt)}; "
+                                    "they must be equal", f"data.{i}")
+            if not d.ids:
+                raise ApiError(400, f"{call}: empty model_input", f"data.{i}.model_input")
+            if len(d.ids) > cfg.block_size:
+                raise ApiError(400, f"{call}: {len(d.ids)} tokens exceed the context of {run.base_model} "
+                                    f"({cfg.block_size} tokens)", f"data.{i}.model_input")
+            tgt = tgt.astype("int64")
+            bad = [t for t in list(d.ids) + tgt.tolist() if not 0 <= t < cfg.vocab_size]
+            if bad:
+                raise ApiError(400, f"{call}: token id {bad[0]} is outside the vocabulary of {run.base_model} "
+                                    f"(0..{cfg.vocab_size - 1})", f"data.{i}")
+            targets.append(tgt)
+        try:
+            prepared = ls.prepare(req.loss_fn, req.loss_fn_config, [d.loss_fn_inputs for d in req.data],
+                                  [len(d.ids) for d in req.data])
+        except ls.LossError as exc:
+            raise ApiError(400, f"{call}: {exc}", exc.field) from None
+        batch = []
+        for i, d in enumerate(req.data):
+            w = prepared.weights[i] if prepared.weights is not None else np.zeros(len(d.ids), np.float32)
+            batch.append(Example(d.ids, targets[i], w))
+        return batch, prepared.fn
 
     def optim_step(self, q: dict, body: Any) -> dict:
         from tinker import types
@@ -758,8 +891,10 @@ class LocalServer:
                 raise ApiError(400, f"optim_step: {name} must be a finite number >= 0, got {value}", f"adam_params.{name}")
 
         def work() -> dict:
-            metrics = run.trainer.optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
-                                             weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+            with _kept_if_not_finite(run.trainer, "optim_step", weights=True):
+                metrics = run.trainer.optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                                                 eps=p.eps, weight_decay=p.weight_decay,
+                                                 grad_clip_norm=p.grad_clip_norm)
             return {"metrics": metrics}
 
         fut = run.submit(req.seq_id, "optim_step", work)
@@ -1053,24 +1188,32 @@ class LocalServer:
                 "last_sampler_checkpoint": max(sampler, key=lambda c: c["time"]) if sampler else None,
                 "user_metadata": meta or None}
 
+    def _run_ids(self) -> list[str]:
+        """The runs in the data dir; what is not a run is skipped, with a warning in the log."""
+        return ck.run_ids(self.data_dir, lambda line: logger.warning("local server: %s", line))
+
     def list_training_runs(self, q: dict, body: Any) -> dict:
-        root = self.data_dir / "runs"
-        ids = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        ids = self._run_ids()
         limit, offset = _count(q, "limit", 20), _count(q, "offset", 0)
-        page = ids[offset:offset + limit]
-        return {"training_runs": [self.get_training_run(i) for i in page],
-                "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
+        runs = []
+        for i in ids[offset:offset + limit]:
+            try:
+                runs.append(self.get_training_run(i))
+            except (ApiError, OSError) as exc:
+                logger.warning("local server: run %s skipped: %s", i, getattr(exc, "message", exc))
+        return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
     def list_checkpoints(self, run_id: str) -> dict:
         self._run_record(run_id)
         return {"checkpoints": self._checkpoints(run_id)}
 
     def list_all_checkpoints(self, q: dict, body: Any) -> dict:
-        root = self.data_dir / "runs"
         cps = []
-        for p in sorted(root.iterdir()) if root.is_dir() else []:
-            if p.is_dir():
-                cps.extend(self._checkpoints(p.name))
+        for run_id in self._run_ids():
+            try:
+                cps.extend(self._checkpoints(run_id))
+            except (ApiError, OSError) as exc:
+                logger.warning("local server: run %s skipped: %s", run_id, getattr(exc, "message", exc))
         return {"checkpoints": cps}
 
     def weights_info(self, q: dict, body: Any) -> dict:
@@ -1200,6 +1343,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         parts = urlsplit(self.path)
         try:
+            self.server.app.check_key(parts.path, self.headers.get("X-API-Key"))
+        except ApiError as exc:
+            self.close_connection = True  # the body is never read
+            return self._error(exc)
+        try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             self.close_connection = True
@@ -1262,13 +1410,15 @@ def running_at(url: str) -> LocalServer | None:
 
 def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
-    first time it is needed, reused afterwards, stopped when the interpreter exits (after
+    first time it is needed, with the process's key (`engines.LOCAL_API_KEY`), reused afterwards, stopped when the interpreter exits (after
     machine_nb's SDK sessions on it are finished: `LocalServer.on_stop`). It runs in this process
     (a thread), so it can never outlive it."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            _DEFAULT = LocalServer().start()
+            from .. import LOCAL_API_KEY
+
+            _DEFAULT = LocalServer(key=LOCAL_API_KEY).start()
             _at_exit(_stop_default_at_exit)
         return _DEFAULT
 
@@ -1338,10 +1488,15 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
           key: str | None = None, threads: int | None = None, verbose: bool = False,
           announce: Callable[[str], None] = print) -> None:
     """Run the server in the foreground until Ctrl-C (what `machine-nb serve` does)."""
+    if key is None and _is_loopback(host):
+        directory = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
+        key, key_file = ck.data_dir_key(ck.ensure_private_dir(directory))
+        note = f" (its key is in {key_file}: TINKER_API_KEY=$(cat {key_file}))"
+    else:
+        note = " (requests must send the key it was given)"
     server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
     if verbose:
         logging.basicConfig(level=logging.INFO)
-    note = "" if key is None else " (requests must send the key)"
     announce(f"serving the Tinker API on {server.url}{note}")
     try:
         server.serve_forever()
