@@ -25,7 +25,6 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook now, so ours runs before it (_at_exit)
 import contextlib
 import hmac
-import http.server
 import ipaddress
 import json
 import logging
@@ -33,7 +32,6 @@ import math
 import os
 import secrets
 import socket
-import socketserver
 import threading
 import time
 import traceback
@@ -295,7 +293,8 @@ class _Worker:
         self._jobs: "queue.SimpleQueue[tuple[Callable, tuple] | None]" = queue.SimpleQueue()
         self._closed = False
         self.submit(_configure, threads)
-        threading.Thread(target=self._work, name=name, daemon=True).start()
+        self.thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self.thread.start()
 
     def submit(self, fn: Callable, *args: Any) -> None:
         self._jobs.put((fn, args))
@@ -332,66 +331,96 @@ class _Sampler:
         return fut
 
 
+def _flat(tensors: list) -> Any:
+    """One flat float32 copy of `tensors` (a single copy, not one per tensor: many small tensors)."""
+    import torch
+
+    return torch.cat([t.detach().reshape(-1).float() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _put_back(tensors: list, flat: Any) -> None:
+    import torch
+
+    with torch.no_grad():
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
 @contextlib.contextmanager
 def _kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Iterator[None]:
     """Run a training step so that a step that fails, or leaves a gradient (or, with `weights`, a
-    trainable parameter) NaN or infinite, leaves the run as it was before it: gradients, and with
+    trainable weight) NaN or infinite, leaves the run as it was before it: gradients, and with
     `weights` the parameters and the optimizer's state, are put back, and the step fails saying why.
     Works on any trainer with `params` (its trainable tensors) and `optimizer` (None until the
     first step)."""
-    import copy
-
     import torch
 
     params = list(getattr(trainer, "params", ()))
-    grads = [None if q.grad is None else q.grad.detach().clone() for q in params]
+    had_grad = [q for q in params if q.grad is not None]
+    grads = _flat([q.grad for q in had_grad])
     if weights:
-        values = [q.detach().clone() for q in params]
+        values = _flat(params)
         optimizer = trainer.optimizer
-        state = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
+        kept = [] if optimizer is None else [(q, dict(optimizer.state[q])) for q in params if q in optimizer.state]
+        state_tensors = [v for _, st in kept for v in st.values() if isinstance(v, torch.Tensor)]
+        state = _flat(state_tensors)
 
     def restore() -> None:
         with torch.no_grad():
-            for q, g in zip(params, grads):
-                q.grad = g
+            for q in params:
+                q.grad = None
+            for q in had_grad:
+                q.grad = torch.zeros_like(q)
+            _put_back([q.grad for q in had_grad], grads)
             if weights:
-                for q, v in zip(params, values):
-                    q.copy_(v)
+                _put_back(params, values)
                 if optimizer is None:
                     trainer.optimizer = None
                 else:
-                    optimizer.load_state_dict(state)
+                    optimizer.state.clear()
+                    for q, st in kept:
+                        optimizer.state[q] = st
+                    _put_back(state_tensors, state)
 
     try:
         yield
     except BaseException:
         restore()
         raise
-    bad = next((i for i, q in enumerate(params) if q.grad is not None and not torch.isfinite(q.grad).all()), None)
-    what = "gradient"
-    if bad is None and weights:
-        bad, what = next((i for i, q in enumerate(params) if not torch.isfinite(q).all()), None), "parameter"
-        if bad is None and not _adapted_weights_finite(getattr(trainer, "model", None)):
-            bad, what = 0, "weight (base plus adapter)"
-    if bad is not None:
+    what = None
+    if not bool(torch.isfinite(_flat([q.grad for q in params if q.grad is not None])).all()):
+        what = "gradient"
+    elif weights:
+        after = _flat(params)
+        if not bool(torch.isfinite(after).all()):
+            what = "parameter"
+        elif after.numel() and not _adapted_weights_finite(getattr(trainer, "model", None), float(after.abs().max())):
+            what = "weight (base plus adapter)"
+    if what is not None:
         restore()
         raise EngineError(f"{call}: this step made a {what} NaN or infinite (a learning rate, beta2 or loss "
                           "weight too large?); the run is kept as it was before it. Retry with smaller "
                           "settings.")
 
 
-def _adapted_weights_finite(model: Any) -> bool:
+def _adapted_weights_finite(model: Any, largest: float) -> bool:
     """Whether every LoRA-adapted weight (base + scale * B @ A) is finite: finite adapters can still
-    multiply out to infinity, which a sampler (that merges them) would then serve."""
+    multiply out to infinity, which a sampler (that merges them) would then serve. `largest` bounds
+    every adapter value, so the products are computed only when that bound does not settle it."""
     import torch
 
     from .lora import lora_modules
 
     if not isinstance(model, torch.nn.Module):
         return True
+    modules = list(lora_modules(model).values())
+    if not modules or max(m.scale * m.rank for m in modules) * largest * largest < 1e30:
+        return True
     with torch.no_grad():
-        return all(bool(torch.isfinite(m.base.weight + m.scale * (m.lora_b @ m.lora_a)).all())
-                   for m in lora_modules(model).values())
+        return all(bool(torch.isfinite(m.base.weight + m.scale * (m.lora_b @ m.lora_a)).all()) for m in modules)
 
 
 def _configure(threads: int | None) -> None:
@@ -473,13 +502,16 @@ class LocalServer:
         self.runs: dict[str, _Run] = {}
         self.samplers: dict[str, _Sampler] = {}
         self._lock = threading.Lock()
-        self._httpd = _HTTPServer((host, port), _Handler)
-        self._httpd.app = self
+        self._socket = _listen(host, port)
+        self.port = self._socket.getsockname()[1]
+        self._app = _App(self)
+        self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
-        self._serving = self._stopped = False
+        self._started = threading.Event()
+        self._stopping = threading.Event()  # wakes long-polls when the server stops
+        self._stopped = False
         self._on_stop: list[Callable[[], None]] = []
         self._in_flight = 0
-        self.port = self._httpd.server_address[1]
         self._routes = self._route_table()
 
     @property
@@ -490,17 +522,40 @@ class LocalServer:
     # -- lifecycle
     def start(self) -> "LocalServer":
         """Serve in a daemon thread; returns once the socket accepts connections."""
-        self._serving = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="machine-nb-tinker-server", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="machine-nb-tinker-server", daemon=True)
         self._thread.start()
+        self._started.wait(30)
         with _RUNNING_LOCK:
             _RUNNING[self.url] = self
         return self
 
     def serve_forever(self) -> None:
-        self._serving = True
-        self._httpd.serve_forever(poll_interval=0.2)
+        """Serve until `stop()` is called (from another thread, or a signal handler's)."""
+        self.start()
+        self._thread.join()
+
+    def _serve(self) -> None:
+        import asyncio
+
+        import uvicorn
+
+        config = uvicorn.Config(self._app, http="httptools", loop="asyncio", lifespan="off", log_config=None,
+                                log_level="warning", access_log=False, proxy_headers=False,
+                                server_header=False, date_header=False, timeout_keep_alive=120,
+                                timeout_graceful_shutdown=LONG_POLL_S + 10)
+        self._uvicorn = uvicorn.Server(config)
+
+        async def main() -> None:
+            task = asyncio.ensure_future(self._uvicorn.serve(sockets=[self._socket]))
+            while not self._uvicorn.started and not task.done():
+                await asyncio.sleep(0.005)
+            self._started.set()
+            await task
+
+        try:
+            asyncio.run(main())
+        finally:
+            self._started.set()
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Call `callback()` when `stop()` begins, while this server still answers: a client of it
@@ -510,9 +565,10 @@ class LocalServer:
             self._on_stop.append(callback)
 
     def stop(self, *, notify: bool = True) -> None:
-        """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, close the
-        connections still open, and end the workers (finished checkpoints stay on disk). A second
-        call does nothing."""
+        """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, answer
+        the ones in progress (a long-poll whose result is not ready gets a failed future saying the
+        server stopped), close the connections, and end the workers (finished checkpoints stay on
+        disk). A second call does nothing."""
         with self._lock:
             if self._stopped:
                 return
@@ -526,18 +582,22 @@ class LocalServer:
         with _RUNNING_LOCK:
             if _RUNNING.get(self.url) is self:
                 del _RUNNING[self.url]
-        if self._serving:
-            self._httpd.shutdown()
-        self._httpd.server_close()
-        self._httpd.close_connections()  # a keep-alive connection would otherwise go on being served
+        self._stopping.set()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(LONG_POLL_S + 15)
+        self._socket.close()
+        self._app.threads.close()
         with self._lock:
             runs, samplers = list(self.runs.values()), list(self.samplers.values())
         for run in runs:
             run.close()
         for s in samplers:
             s.worker.shutdown()
-        if self._thread is not None:
-            self._thread.join(5)
+        # the step or sample in progress finishes: torch work cut off by the process's exit can abort it
+        for thread in [r._thread for r in runs] + [s.worker.thread for s in samplers]:
+            thread.join(60)
 
     # -- dispatch
     def _route_table(self) -> dict[tuple[str, str], Callable]:
@@ -1115,12 +1175,24 @@ class LocalServer:
             raise ApiError(404, f"retrieve_future: no request {req.request_id!r} on this server (was it restarted?)",
                            "request_id")
         fut.polls += 1
-        if not fut.done.wait(LONG_POLL_S):
+        if not self._wait(fut):
+            if self._stopping.is_set():
+                failed = {"error": f"{fut.call}: the server stopped before this request finished; start it "
+                                   "again and resume from the last checkpoint", "category": "server"}
+                return 200, json.dumps(failed).encode("utf-8"), "application/json"
             # 408 with the try_again body, as Tinker answers it: the SDK polls again without a word
             # (a 200 try_again makes it log a "Retrying request …" warning each time)
             again = {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
             return 408, json.dumps(again).encode("utf-8"), "application/json"
         return 200, fut.body, fut.content_type
+
+    def _wait(self, fut: _Future) -> bool:
+        """Wait up to LONG_POLL_S for `fut`, waking early when the server stops; whether it is done."""
+        deadline = time.monotonic() + LONG_POLL_S
+        while not fut.done.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
+            if self._stopping.is_set() or time.monotonic() >= deadline:
+                return fut.done.is_set()
+        return True
 
     # -- REST lookups
     def _run_record(self, run_id: str) -> dict:
@@ -1263,132 +1335,183 @@ def _empty_sample() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP plumbing (stdlib: a thread per connection, HTTP/1.1 keep-alive)
+# HTTP: uvicorn (its httptools parser) frames requests; a small ASGI app checks the key, reads the body and hands
+# the request to `LocalServer.dispatch` on a worker thread (handlers block: long-polls, disk)
 
 
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    app: LocalServer
+#: Requests answered on the event loop itself: they read memory only, never wait or touch disk.
+_INLINE = frozenset({"/api/v1/healthz", "/api/v1/client/config", "/api/v1/client/dynamic_config",
+                     "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/get_info",
+                     "/api/v1/create_session"})
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(*args, **kwargs)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
+class _Headers(dict):
+    """Request headers by lower-case name (`get` takes any case)."""
 
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
 
-    def close_connections(self) -> None:
-        """End every connection still open (their handler threads see the end and return)."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for conn in connections:
+
+class _Threads:
+    """Daemon threads that run blocking calls for the event loop: an idle one takes the next call,
+    and a new one starts when none is idle (a long-poll holds its thread while it waits)."""
+
+    def __init__(self, name: str, most: int = 512):
+        import queue
+
+        self._jobs: "queue.SimpleQueue[tuple[Callable, Any, Any] | None]" = queue.SimpleQueue()
+        self._idle = 0
+        self._count = 0
+        self._most = most
+        self._name = name
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._lock:
+            grow = self._idle == 0 and self._count < self._most
+            if grow:
+                self._count += 1
+            else:
+                self._idle -= 1
+        self._jobs.put((fn, loop, done))
+        if grow:
+            threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
+        return done
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, loop, done = job
             try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:  # closed meanwhile
+                value, error = fn(), None
+            except BaseException as exc:  # handed to the event loop below
+                value, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, done, value, error)
+            except RuntimeError:  # the loop has ended (the server stopped)
                 pass
+            with self._lock:
+                self._idle += 1
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # a client that went away mid-request (a training run stopped with Ctrl-C) is not news
-        import sys
+    def close(self) -> None:
+        with self._lock:
+            count, self._count = self._count, 0
+        for _ in range(count):
+            self._jobs.put(None)
 
-        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+
+def _settle(done: Any, value: Any, error: BaseException | None) -> None:
+    if done.done():  # the request was cancelled (its client went away)
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(value)
+
+
+class _App:
+    """The ASGI application in front of a LocalServer."""
+
+    def __init__(self, server: "LocalServer"):
+        self.server = server
+        self.threads = _Threads("local-http")
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
             return
-        super().handle_error(request, client_address)
-
-    def server_bind(self) -> None:
-        if ":" in self.server_address[0]:
-            self.address_family = socket.AF_INET6
-            self.socket = socket.socket(self.address_family, self.socket_type)
-        socketserver.TCPServer.server_bind(self)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "machine-nb-tinker"
-    # Nagle's algorithm against the client's delayed ACK stalled every small answer ~40 ms
-    disable_nagle_algorithm = True
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        # method and path only: headers (the API key) are never logged
-        if not self.server.app.quiet:
-            logger.info("local server: %s", format % args)
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        # headers and body in one write: one segment for a small answer
-        self._headers_buffer.append(b"\r\n")
-        self._headers_buffer.append(body)
-        self.wfile.write(b"".join(self._headers_buffer))
-        self._headers_buffer = []
-
-    def _error(self, exc: ApiError) -> None:
-        payload = {"detail": exc.message, "field": exc.field, **exc.extra}
-        self._send(exc.status, json.dumps(payload).encode("utf-8"), "application/json", {"x-should-retry": "false"})
-
-    def _handle(self, method: str) -> None:
-        parts = urlsplit(self.path)
+        method, path = scope["method"], scope["path"]
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        headers = _Headers((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"])
+        app = self.server
         try:
-            self.server.app.check_key(parts.path, self.headers.get("X-API-Key"))
+            app.check_key(path, headers.get("x-api-key"))  # before anything else of the request is read
+            length = headers.get("content-length")
+            if length is not None and int(length) > MAX_BODY_BYTES:
+                raise ApiError(413, f"{method} {path}: the body has {length} bytes; this server accepts at most "
+                                    f"{MAX_BODY_BYTES}")
+            raw = await self._body(receive, method, path)
         except ApiError as exc:
-            self.close_connection = True  # the body is never read
-            return self._error(exc)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self.close_connection = True
-            return self._error(ApiError(400, "Content-Length is not a number"))
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the unread body cannot be skipped safely
-            return self._error(ApiError(413, f"{method} {parts.path}: the body has {length} bytes; this server accepts "
-                                             f"at most {MAX_BODY_BYTES}"))
-        raw = self.rfile.read(length) if length else b""
+            return await self._send(send, *_error_answer(exc), close=True)
+        if raw is None:  # the client went away
+            return
+        if not app.quiet:
+            logger.info("local server: %s %s", method, path)  # method and path only: never headers (the key)
         body: Any = None
-        ctype = self.headers.get("Content-Type") or ""
-        if raw and "json" in ctype:
+        if raw and "json" in (headers.get("content-type") or ""):
             from ...jsonl import parse_json  # bounded: a hostile nesting is a 400, never a RecursionError
 
             try:
                 body = parse_json(raw)
             except MachineFormatError as exc:
-                return self._error(ApiError(400, f"{method} {parts.path}: the body is not valid JSON ({exc.reason})",
-                                            exc.field))
+                return await self._send(send, *_error_answer(ApiError(
+                    400, f"{method} {path}: the body is not valid JSON ({exc.reason})", exc.field)))
         try:
-            status, out, out_type = self.server.app.dispatch(method, parts.path, parse_qs(parts.query), body, raw,
-                                                             self.headers)
+            if path in _INLINE:
+                answer = app.dispatch(method, path, query, body, raw, headers)
+            else:
+                answer = await self.threads.run(lambda: app.dispatch(method, path, query, body, raw, headers))
         except ApiError as exc:
-            return self._error(exc)
+            answer = _error_answer(exc)
         except Exception as exc:  # a defect: a 4xx the SDK raises at once, never a retried 5xx
-            logger.error("local server: %s %s failed\n%s", method, parts.path, traceback.format_exc())
-            return self._error(ApiError(400, f"{method} {parts.path}: internal error of the local engine: "
-                                             f"{type(exc).__name__}: {exc}"))
-        self._send(status, out, out_type)
+            logger.error("local server: %s %s failed\n%s", method, path,
+                         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            answer = _error_answer(ApiError(400, f"{method} {path}: internal error of the local engine: "
+                                                 f"{type(exc).__name__}: {exc}"))
+        await self._send(send, *answer)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib names
-        self._handle("GET")
+    @staticmethod
+    async def _body(receive: Callable, method: str, path: str) -> bytes | None:
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > MAX_BODY_BYTES:
+                raise ApiError(413, f"{method} {path}: the body is over {MAX_BODY_BYTES} bytes, the most this "
+                                    "server accepts")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
 
-    def do_POST(self) -> None:  # noqa: N802
-        self._handle("POST")
+    @staticmethod
+    async def _send(send: Callable, status: int, body: bytes, content_type: str, extra: tuple = (),
+                    close: bool = False) -> None:
+        headers = [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode()),
+                   *extra]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._handle("DELETE")
 
-    def do_PUT(self) -> None:  # noqa: N802
-        self._handle("PUT")
+def _error_answer(exc: ApiError) -> tuple[int, bytes, str, tuple]:
+    payload = {"detail": exc.message, "field": exc.field, **exc.extra}
+    return exc.status, json.dumps(payload).encode("utf-8"), "application/json", ((b"x-should-retry", b"false"),)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when the host is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # an answer goes out as two writes (head, body): with Nagle's algorithm the second waits
+        # for the client's delayed ACK. Accepted connections inherit this option.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1487,20 +1610,34 @@ def _stop_default(notify: bool = True) -> None:
 def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathLike | None = None,
           key: str | None = None, threads: int | None = None, verbose: bool = False,
           announce: Callable[[str], None] = print) -> None:
-    """Run the server in the foreground until Ctrl-C (what `machine-nb serve` does)."""
+    """Run the server in the foreground until Ctrl-C or SIGTERM (what `machine-nb serve` does): the
+    requests in progress are answered, the workers end, and the call returns."""
     if key is None and _is_loopback(host):
         directory = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
         key, key_file = ck.data_dir_key(ck.ensure_private_dir(directory))
-        note = f" (its key is in {key_file}: TINKER_API_KEY=$(cat {key_file}))"
+        note = (f"every request must send the key in {key_file} as its API key: "
+                f"TINKER_API_KEY=$(cat {key_file})")
     else:
-        note = " (requests must send the key it was given)"
+        note = "every request must send the key it was given as its API key (TINKER_API_KEY)"
     server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
     if verbose:
         logging.basicConfig(level=logging.INFO)
-    announce(f"serving the Tinker API on {server.url}{note}")
+    import signal
+
+    stop_asked = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stop_asked.set())
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.start()
+        import sys
+
+        print(note, file=sys.stderr, flush=True)  # names the key's file, never the key
+        announce(f"serving the Tinker API on {server.url}")
+        while not stop_asked.wait(0.5) and server._thread is not None and server._thread.is_alive():
+            pass
     finally:
-        server.stop()
+        server.stop()  # requests in progress are answered first
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
