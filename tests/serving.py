@@ -19,7 +19,8 @@ class Served:
         self.proc, self.url, self.data_dir, self.log, self.key, self.line = proc, url, data_dir, log, key, line
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return open(self.log.name, encoding="utf-8", errors="replace").read()
 
 

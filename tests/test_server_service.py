@@ -256,3 +256,70 @@ def test_stray_folders_and_unreadable_run_records_are_skipped(srv, sc, caplog):
     cps = rest.list_user_checkpoints().result(timeout=60)
     assert any(c.checkpoint_id == "sampler_weights/listed" for c in cps.checkpoints)
     assert "not a training run" in caplog.text and "unreadable run record" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# 10: framing
+
+
+def _raw(srv, data: bytes) -> bytes:
+    host, port = urlsplit(srv.url).hostname, urlsplit(srv.url).port
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_chunked_bodies_are_framed_and_a_smuggled_request_is_never_run(srv):
+    key = srv.key.encode()
+    ok = _raw(srv, b"POST /api/v1/client/config HTTP/1.1\r\nHost: x\r\nX-API-Key: " + key +
+              b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+              b"2\r\n{}\r\n0\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200") and b"pjwt_auth_enabled" in ok
+    hidden = b"GET /api/v1/training_runs HTTP/1.1\r\nHost: x\r\nX-API-Key: " + key + b"\r\n\r\n"
+    smuggled = _raw(srv, b"POST /api/v1/telemetry HTTP/1.1\r\nHost: x\r\nX-API-Key: " + key +
+                    b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                    + f"{len(hidden):x}".encode() + b"\r\n" + hidden + b"\r\n0\r\n\r\n")
+    assert smuggled.count(b"HTTP/1.1 ") == 1 and b"training_runs" not in smuggled
+
+
+def test_a_negative_content_length_gets_an_answer(srv):
+    out = _raw(srv, b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: " + srv.key.encode() +
+               b"\r\nContent-Length: -5\r\n\r\n{}")
+    assert out.startswith(b"HTTP/1.1 400")
+
+
+# ---------------------------------------------------------------------------------------------
+# 7: stopping
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_server_cleanly_and_answers_the_request_in_progress(tmp_path, sig):
+    """A poll held open on a request that cannot finish yet (an earlier seq_id never came) is
+    answered as a failed request saying the server stopped; the process prints "stopped", exit 0."""
+    import threading
+
+    served = start_server(tmp_path)
+    try:
+        post = lambda path, body: call(served.url, path, key=TEST_KEY, body=json.dumps(body).encode(), method="POST")
+        sid = post("/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"})[1]["session_id"]
+        created = post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL,
+                                                "lora_config": {"rank": 2}})[1]
+        assert post("/api/v1/retrieve_future", {"request_id": created["request_id"]})[0] == 200
+        waiting = post("/api/v1/optim_step", {"model_id": created["model_id"], "seq_id": 5,
+                                              "adam_params": {"learning_rate": 1e-3}})[1]
+        answer: list = []
+        poll = threading.Thread(target=lambda: answer.append(post("/api/v1/retrieve_future",
+                                                                  {"request_id": waiting["request_id"]})))
+        poll.start()
+        poll.join(1.0)
+        assert poll.is_alive()  # held open: the request cannot run before seq_ids 1-4
+        served.proc.send_signal(sig)
+        poll.join(60)
+        assert answer and answer[0][0] == 200 and "server stopped" in answer[0][1]["error"]
+    finally:
+        code = stop_server(served, sig)
+    assert code == 0 and "stopped" in served.output()
