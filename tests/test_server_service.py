@@ -323,3 +323,29 @@ def test_a_signal_stops_the_server_cleanly_and_answers_the_request_in_progress(t
     finally:
         code = stop_server(served, sig)
     assert code == 0 and "stopped" in served.output()
+
+
+# ---------------------------------------------------------------------------------------------
+# 8: train_unembed
+
+
+def test_train_unembed_is_honoured_and_reported(srv, sc):
+    """The SDK's default train_unembed=True trains an adapter on the output projection (saved,
+    reported by weights_info, and served by a sampler of the checkpoint); False trains none."""
+    rest = tinker.RestClient(base_url=srv.url, api_key=srv.key)
+    data = [datum(IDS)]
+    for unembed in (True, False):
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_unembed=unembed).result()
+        for _ in range(3):
+            tc.forward_backward(data, "cross_entropy").result(timeout=60)
+            tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
+        model = srv.runs[tc.model_id].trainer.model
+        assert hasattr(model, "unembed_lora") is unembed
+        if unembed:
+            assert float(model.unembed_lora.lora_b.abs().max()) > 0
+        path = tc.save_weights_for_sampler(f"unembed-{unembed}").result(timeout=60).path
+        assert rest.get_weights_info_by_tinker_path(path).result(timeout=60).train_unembed is unembed
+        trained = tc.forward(data, "cross_entropy").result(timeout=60).loss_fn_outputs[0]["logprobs"].tolist()
+        served = sc.create_sampling_client(model_path=path).compute_logprobs(
+            types.ModelInput.from_ints(IDS + [2])).result(timeout=60)[1:]
+        assert np.allclose(served, trained, atol=1e-4)

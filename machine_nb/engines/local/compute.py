@@ -111,7 +111,8 @@ def _lora_model(meta: dict, directory: Path) -> torch.nn.Module:
     if rank > 0:
         targets = meta.get("targets") or {}
         _lora.apply_lora(model, rank, alpha=float(meta.get("lora_alpha") or _lora.default_alpha(rank)),
-                         attn=targets.get("attn", True), mlp=targets.get("mlp", True))
+                         attn=targets.get("attn", True), mlp=targets.get("mlp", True),
+                         unembed=targets.get("unembed", False))
         path = directory / "adapter.safetensors"
         try:
             _lora.load_adapter_state(model, _read_tensors(path))
@@ -258,13 +259,13 @@ class Trainer:
     """
 
     def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,
-                 train_mlp: bool = True):
+                 train_mlp: bool = True, train_unembed: bool = False):
         if rank < 0:
             raise EngineError(f"LoRA rank must be 0 (full fine-tuning) or more, got {rank}")
         self.base_model = base_model
         self.rank = int(rank)
         self.seed = DEFAULT_LORA_SEED if seed is None else int(seed)
-        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp)}
+        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp), "unembed": bool(train_unembed and rank > 0)}
         # the base weights are loaded, not drawn; the adapters come from their own seeded
         # generator (lora.apply_lora), so the global torch RNG is left alone
         self.model = load_base(base_model)
@@ -272,7 +273,8 @@ class Trainer:
             if not (train_attn or train_mlp):
                 raise EngineError("LoRA needs train_attn or train_mlp (or both)")
             self.alpha: float | None = _lora.default_alpha(self.rank)
-            _lora.apply_lora(self.model, self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp)
+            _lora.apply_lora(self.model, self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp,
+                             unembed=train_unembed)
         else:
             self.alpha = None
             self.model.requires_grad_(True)
@@ -414,7 +416,8 @@ class Trainer:
             raise EngineError(f"{directory} was trained from {meta['base_model']}, not {base_model}")
         targets = meta.get("targets") or {}
         trainer = cls(meta["base_model"], int(meta["lora_rank"]), seed=meta.get("seed"),
-                      train_attn=targets.get("attn", True), train_mlp=targets.get("mlp", True))
+                      train_attn=targets.get("attn", True), train_mlp=targets.get("mlp", True),
+                      train_unembed=targets.get("unembed", False))
         trainer.load(Path(directory), optimizer=optimizer)
         return trainer
 

@@ -832,7 +832,8 @@ class LocalServer:
         def create() -> dict:
             run.trainer = Trainer(req.base_model, rank, seed=None if lora is None else lora.seed,
                                   train_attn=True if lora is None else lora.train_attn,
-                                  train_mlp=True if lora is None else lora.train_mlp)
+                                  train_mlp=True if lora is None else lora.train_mlp,
+                                  train_unembed=True if lora is None else lora.train_unembed)
             self._write_run_record(run)
             return {"model_id": run.model_id, "type": "create_model"}
 
@@ -1301,7 +1302,7 @@ class LocalServer:
             raise ApiError(400, f"weights_info: {exc}", "tinker_path") from None
         targets = meta.get("targets") or {}
         return {"base_model": meta["base_model"], "is_lora": int(meta["lora_rank"]) > 0,
-                "lora_rank": int(meta["lora_rank"]) or None, "train_unembed": False,
+                "lora_rank": int(meta["lora_rank"]) or None, "train_unembed": bool(targets.get("unembed", False)),
                 "train_mlp": targets.get("mlp", True), "train_attn": targets.get("attn", True)}
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
