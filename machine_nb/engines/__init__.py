@@ -266,20 +266,10 @@ def _close(client: Any, *, finish: bool) -> None:
             return
         except Exception:  # the server went away meanwhile: stop the client below without it
             pass
-    # A finish request to a server that is gone would be retried for ~5 minutes, heartbeats going
-    # on meanwhile; so the client's holders (tinker's `_session_holder` / `_rest_holder`) are closed
-    # directly: that stops the heartbeat and closes the connections, and sends nothing.
-    lock = getattr(client, "_lifecycle_lock", None)
-    if lock is not None:
-        with lock:
-            client._closed = True
-    for name in ("_session_holder", "_rest_holder"):
-        holder = getattr(client, name, None)
-        if holder is not None:
-            try:
-                holder.close()
-            except Exception:  # already closed, or the SDK's loop has ended at exit
-                pass
+    # a finish request to a server that is gone would be retried for minutes: stop it sending nothing
+    from .workarounds import stop_sdk_client
+
+    stop_sdk_client(client)
 
 
 def to_sdk_path(path: str) -> str:

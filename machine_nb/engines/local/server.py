@@ -22,7 +22,6 @@ with `key=` (required to bind anything but loopback).
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401 - registers its exit hook now, so ours runs before it (_at_exit)
 import contextlib
 import hmac
 import ipaddress
@@ -1543,7 +1542,9 @@ def ensure_server() -> LocalServer:
             from .. import LOCAL_API_KEY
 
             _DEFAULT = LocalServer(key=LOCAL_API_KEY).start()
-            _at_exit(_stop_default_at_exit)
+            from ..workarounds import before_executors_shut_down
+
+            before_executors_shut_down(_stop_default_at_exit)
         return _DEFAULT
 
 
@@ -1569,7 +1570,9 @@ def _stop_default_at_exit() -> None:
     server = _DEFAULT
     if server is None:
         return
-    pool_threads = getattr(concurrent.futures.thread, "_threads_queues", {})  # executors' own workers
+    from ..workarounds import executor_threads
+
+    pool_threads = executor_threads()  # executors' own workers: Python joins them itself
     running = [t for t in threading.enumerate() if t.is_alive() and not t.daemon
                and t is not threading.current_thread() and t not in pool_threads]
     if running or server.busy():
@@ -1578,23 +1581,6 @@ def _stop_default_at_exit() -> None:
         atexit.register(_stop_default, notify=False)
         return
     _stop_default()
-
-
-def _at_exit(fn: Callable[[], None]) -> None:
-    """Call `fn` as the interpreter begins to exit, before concurrent.futures refuses new work: the
-    SDK needs its event loop's executor to finish a session, and by the time `atexit` handlers run
-    every executor is shut ("cannot schedule new futures after shutdown"). threading's own exit
-    hooks (which concurrent.futures uses) run in reverse order of registration, so this one,
-    registered after concurrent.futures' (imported above), runs before it."""
-    import atexit
-
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("no threading exit hooks")
-        register(fn)
-    except RuntimeError:  # an interpreter without them, or one already exiting
-        atexit.register(fn)
 
 
 def _stop_default(notify: bool = True) -> None:
