@@ -109,6 +109,7 @@ def test_lora_rank_and_alpha_are_honoured(sc):
         assert len(mods) == 6 * cfg.n_layer
         assert all(m.rank == rank and m.alpha == 2 * rank for m in mods.values())
         expected = sum(rank * (m.base.in_features + m.base.out_features) for m in mods.values())
+        expected += rank * (cfg.n_embd + cfg.vocab_size)  # the unembedding's adapter (train_unembed=True)
         assert trainer(tc).num_trainable() == expected
     attn_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_mlp=False).result()
     assert all("attn." in name for name in lora_mod.lora_modules(trainer(attn_only).model))

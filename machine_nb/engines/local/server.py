@@ -4,8 +4,8 @@
 training clients, sampling clients, futures and the REST lookups tinker-cookbook uses, with the
 SDK's own request and response types: JSON bodies, except forward/backward requests and the
 results of forward/backward and sampling, which are protobuf (wire.py). The work itself runs in
-compute.py (one worker thread per training run, executing its requests in `seq_id` order, and
-one per sampler); checkpoints live under the data dir (checkpoints.py).
+compute.py (one worker thread per training run, executing its requests in `seq_id` order, so
+different runs' steps run in parallel, and one per sampler); loss functions are losses.py's; checkpoints live under the data dir (checkpoints.py).
 
 Things a Tinker client relies on, and how they are met here:
 - futures are polled with `retrieve_future` and the SDK re-polls at once, so a poll that is not
@@ -16,8 +16,13 @@ Things a Tinker client relies on, and how they are met here:
   JSON body naming the call and field, or a failed future (`{"error", "category"}`), both of
   which the SDK raises at once;
 - telemetry is accepted and dropped (a 5xx there delays every SDK error by ~30 s).
-The server never stores or logs the API key a client sends; it checks one only when started
-with `key=` (required to bind anything but loopback).
+Every request must send the server's key as its API key (`X-API-Key`), checked before anything
+else of the request is read (401 otherwise; only the health check answers without it): the key
+is random per server unless one is given (`machine-nb serve` takes it from a file, the
+environment, or the data dir's own key file), so no other user of the machine can reach the runs
+through the loopback port. The server never stores or logs the key a client sends. Requests are
+framed by uvicorn (a maintained HTTP stack: chunked bodies, bad lengths); SIGINT and SIGTERM stop
+`serve()` cleanly, answering the requests in progress first.
 """
 
 from __future__ import annotations
@@ -481,7 +486,9 @@ class LocalServer:
     """The Tinker-compatible server: `start()` in a background thread, or `serve_forever()`.
 
     host / port: where to listen (default 127.0.0.1 and a free port). Any host but loopback
-      needs `key`: requests without `X-API-Key: <key>` are then refused with 401.
+      needs a `key` given.
+    key: the API key every request must send (`X-API-Key`; 401 otherwise); default None makes a
+      random one (`.key`), which the process hands to its own clients.
     data_dir: where runs and checkpoints are written (default `checkpoints.default_data_dir()`).
     threads: torch threads for the work (default $MACHINE_NB_THREADS, else 1: reproducible).
     """
