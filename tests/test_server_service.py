@@ -349,3 +349,33 @@ def test_train_unembed_is_honoured_and_reported(srv, sc):
         served = sc.create_sampling_client(model_path=path).compute_logprobs(
             types.ModelInput.from_ints(IDS + [2])).result(timeout=60)[1:]
         assert np.allclose(served, trained, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# 12: runs side by side
+
+
+def test_two_runs_at_once_give_the_same_losses_as_each_alone(srv, sc):
+    """Each run's steps run on its own thread; runs side by side stay bit-identical to runs alone
+    (benchmarks/bench_concurrent_runs.py times them)."""
+    import threading
+
+    def losses(seed: int) -> list[float]:
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=seed).result()
+        data = [datum([(7 * i + 3 * j + seed) % 90 + 5 for j in range(24)]) for i in range(4)]
+        out = []
+        for _ in range(4):
+            fb = tc.forward_backward(data, "cross_entropy")
+            opt = tc.optim_step(types.AdamParams(learning_rate=1e-3))
+            out.append(fb.result(timeout=60).metrics["loss:sum"])
+            opt.result(timeout=60)
+        return out
+
+    alone = {seed: losses(seed) for seed in (1, 2)}
+    together: dict = {}
+    threads = [threading.Thread(target=lambda s=s: together.__setitem__(s, losses(s))) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert together == alone
