@@ -1,4 +1,4 @@
-"""machine_nb.engines.workarounds: the only uses of other libraries' private names. These fail
+"""machine_nb.engines.local.workarounds: the only uses of other libraries' private names. These fail
 when Python or the tinker SDK moves to a version the workarounds were not written for, so each
 is checked again then."""
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 import tinker
 
-from machine_nb.engines import workarounds
+from machine_nb.engines.local import workarounds
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local.server import LocalServer
 

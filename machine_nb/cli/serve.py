@@ -46,27 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
-def _key(args: argparse.Namespace) -> str | None:
-    from ..engines.local.checkpoints import check_key, read_key_file
-    from ..errors import EngineError
-
-    if args.key is not None:
-        return check_key(args.key)
-    if args.key_file is not None:
-        return read_key_file(args.key_file)
-    env = os.environ.get(KEY_ENV, "").strip()
-    if env:
-        try:
-            return check_key(env)
-        except EngineError as exc:
-            raise EngineError(f"${KEY_ENV}: {exc}") from None
-    return None
-
-
 def _run(args: argparse.Namespace) -> int:
-    from ..engines import serve
+    from ..engines import serve, server_key
 
-    serve(args.host, args.port, data_dir=args.data_dir, key=_key(args), threads=args.threads,
+    key = server_key(args.key, args.key_file, os.environ.get(KEY_ENV))
+    serve(args.host, args.port, data_dir=args.data_dir, key=key, threads=args.threads,
           verbose=args.verbose, announce=lambda line: print(line, flush=True))
     print("stopped", file=sys.stderr)
     return 0

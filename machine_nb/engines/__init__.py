@@ -13,7 +13,6 @@ anything else is Tinker's. Higher layers reach the engines only through this mod
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 from typing import Any
 
@@ -23,7 +22,7 @@ ENGINES = ("local", "tinker")
 #: The key of this process's local server: random per process, sent by this process's own SDK
 #: clients and handed to its training child processes (as TINKER_API_KEY), so no other user of
 #: the machine can reach the server through its loopback port.
-LOCAL_API_KEY = "tml-" + secrets.token_urlsafe(32)
+from .local.checkpoints import PROCESS_KEY as LOCAL_API_KEY  # noqa: E402  (names and paths only)
 
 
 def engine_for(model_or_path: str) -> str:
@@ -148,6 +147,24 @@ def use_local_models() -> list[str]:
     return register_all()
 
 
+def server_key(key: str | None = None, key_file: str | None = None, environ: str | None = None) -> str | None:
+    """The key a `machine-nb serve` server requires, from the first of `key`, `key_file` (its first
+    line) and `environ` (the value of $MACHINE_NB_SERVER_KEY) that is given; None when none is (the
+    server then uses its data dir's key file). EngineError naming the source when a key is unusable."""
+    from .local.checkpoints import check_key, read_key_file
+
+    if key is not None:
+        return check_key(key)
+    if key_file is not None:
+        return read_key_file(key_file)
+    if environ and environ.strip():
+        try:
+            return check_key(environ.strip())
+        except EngineError as exc:
+            raise EngineError(f"$MACHINE_NB_SERVER_KEY: {exc}") from None
+    return None
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
     """Serve Tinker's HTTP API with the local engine until Ctrl-C (`machine-nb serve`).
 
@@ -267,7 +284,7 @@ def _close(client: Any, *, finish: bool) -> None:
         except Exception:  # the server went away meanwhile: stop the client below without it
             pass
     # a finish request to a server that is gone would be retried for minutes: stop it sending nothing
-    from .workarounds import stop_sdk_client
+    from .local.workarounds import stop_sdk_client
 
     stop_sdk_client(client)
 

@@ -84,6 +84,11 @@ def new_key() -> str:
     return "tml-" + secrets.token_urlsafe(32)
 
 
+#: The key of this process's own server (`server.ensure_server`): random per process, sent by the
+#: process's own SDK clients and handed to its training child processes.
+PROCESS_KEY = new_key()
+
+
 def read_key_file(path: str | os.PathLike) -> str:
     """The key in a key file (its first line); EngineError naming the file when it is unusable."""
     try:

@@ -42,7 +42,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from ...errors import EngineError, MachineFormatError
 from . import checkpoints as ck
@@ -1540,16 +1540,14 @@ def running_at(url: str) -> LocalServer | None:
 
 def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
-    first time it is needed, with the process's key (`engines.LOCAL_API_KEY`), reused afterwards, stopped when the interpreter exits (after
+    first time it is needed, with the process's key (`checkpoints.PROCESS_KEY`), reused afterwards, stopped when the interpreter exits (after
     machine_nb's SDK sessions on it are finished: `LocalServer.on_stop`). It runs in this process
     (a thread), so it can never outlive it."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            from .. import LOCAL_API_KEY
-
-            _DEFAULT = LocalServer(key=LOCAL_API_KEY).start()
-            from ..workarounds import before_executors_shut_down
+            _DEFAULT = LocalServer(key=ck.PROCESS_KEY).start()
+            from .workarounds import before_executors_shut_down
 
             before_executors_shut_down(_stop_default_at_exit)
         return _DEFAULT
@@ -1577,7 +1575,7 @@ def _stop_default_at_exit() -> None:
     server = _DEFAULT
     if server is None:
         return
-    from ..workarounds import executor_threads
+    from .workarounds import executor_threads
 
     pool_threads = executor_threads()  # executors' own workers: Python joins them itself
     running = [t for t in threading.enumerate() if t.is_alive() and not t.daemon
@@ -1625,6 +1623,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
             previous[sig] = signal.signal(sig, lambda signum, frame: stop_asked.set())
     try:
         server.start()
+        server.capabilities({}, None)  # loads what the first requests need, so "ready" means ready
         import sys
 
         print(note, file=sys.stderr, flush=True)  # names the key's file, never the key

@@ -1,7 +1,7 @@
 """The places machine_nb uses other libraries' private names, because no public API does the job.
 
 Each is kept here, small, with the version it was written for (`WRITTEN_FOR`);
-tests/test_workarounds.py fails when an installed version differs, so each is checked again on
+tests/test_server_workarounds.py fails when an installed version differs, so each is checked again on
 an upgrade rather than found broken in a user's notebook.
 
 - `before_executors_shut_down(fn)`: run `fn` as the interpreter begins to exit, before
