@@ -364,7 +364,7 @@ def _kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> It
 
     params = list(getattr(trainer, "params", ()))
     had_grad = [q for q in params if q.grad is not None]
-    grads = _flat([q.grad for q in had_grad])
+    grads = _flat([q.grad for q in had_grad]) if had_grad else None  # none: the usual first step
     if weights:
         values = _flat(params)
         optimizer = trainer.optimizer
@@ -378,7 +378,8 @@ def _kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> It
                 q.grad = None
             for q in had_grad:
                 q.grad = torch.zeros_like(q)
-            _put_back([q.grad for q in had_grad], grads)
+            if had_grad:
+                _put_back([q.grad for q in had_grad], grads)
             if weights:
                 _put_back(params, values)
                 if optimizer is None:
@@ -518,6 +519,7 @@ class LocalServer:
         self._stopped = False
         self._on_stop: list[Callable[[], None]] = []
         self._in_flight = 0
+        self._capabilities: dict | None = None
         self._routes = self._route_table()
 
     @property
@@ -706,6 +708,12 @@ class LocalServer:
         return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False}
 
     def capabilities(self, q: dict, body: Any) -> dict:
+        """The models served (read once: they are fixed for the life of the process)."""
+        if self._capabilities is None:
+            self._capabilities = self._read_capabilities()
+        return self._capabilities
+
+    def _read_capabilities(self) -> dict:
         from . import MODELS, load_config
 
         models = []
@@ -1349,7 +1357,7 @@ def _empty_sample() -> Any:
 #: Requests answered on the event loop itself: they read memory only, never wait or touch disk.
 _INLINE = frozenset({"/api/v1/healthz", "/api/v1/client/config", "/api/v1/client/dynamic_config",
                      "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/get_info",
-                     "/api/v1/create_session"})
+                     "/api/v1/create_session", "/api/v1/get_server_capabilities"})
 
 
 class _Headers(dict):
