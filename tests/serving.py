@@ -8,15 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+#: The key test servers require unless a test gives another (a fake one: no real service sees it).
+TEST_KEY = "tml-placeholder-key-for-a-local-server-0000"
+
 
 class Served:
-    """A running `machine-nb serve`: its process, URL, data dir and log file."""
+    """A running `machine-nb serve`: its process, URL, key, data dir and log file."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, data_dir: Path, log):
-        self.proc, self.url, self.data_dir, self.log = proc, url, data_dir, log
+    def __init__(self, proc: subprocess.Popen, url: str, data_dir: Path, log, key: str | None, line: str):
+        self.proc, self.url, self.data_dir, self.log, self.key, self.line = proc, url, data_dir, log, key, line
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return open(self.log.name, encoding="utf-8", errors="replace").read()
 
 
@@ -27,24 +31,30 @@ def ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_server(tmp_path: Path, *args: str, name: str = "server") -> Served:
-    """Start `machine-nb serve --port 0` with its data under tmp_path; returns once it says it is ready."""
+def start_server(tmp_path: Path, *args: str, name: str = "server", key: str | None = TEST_KEY) -> Served:
+    """Start `machine-nb serve --port 0` with its data under tmp_path; returns once it says it is ready.
+
+    key: given to the server through $MACHINE_NB_SERVER_KEY; None gives it none (it then makes
+    its data dir's key file, which `Served.key` reads)."""
     data_dir = tmp_path / f"{name}-data"
     log = open(tmp_path / f"{name}.log", "w+")
+    env = {k: v for k, v in os.environ.items() if k != "MACHINE_NB_SERVER_KEY"}
+    if key is not None:
+        env["MACHINE_NB_SERVER_KEY"] = key
     proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
-                             str(data_dir), *args], stdout=subprocess.PIPE, stderr=log, text=True,
+                             str(data_dir), *args], stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                             start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     line = proc.stdout.readline()  # the ready line; a dead server gives "" at once
     assert line.startswith("serving the Tinker API on http://"), (line, open(log.name).read())
-    served = Served(proc, line.split(" on ", 1)[1].split()[0], data_dir, log)
-    served.first_line = line
-    return served
+    if key is None and "--key" not in " ".join(args):
+        key = (data_dir / "server.key").read_text().strip()
+    return Served(proc, line.split(" on ", 1)[1].split()[0], data_dir, log, key, line)
 
 
-def stop_server(served: Served) -> int:
-    """Ctrl-C the server (SIGKILL after 20 s) and return its exit status."""
+def stop_server(served: Served, sig: int = signal.SIGINT) -> int:
+    """Stop the server with `sig` (Ctrl-C by default; SIGKILL after 20 s) and return its exit status."""
     if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGINT)
+        served.proc.send_signal(sig)
         try:
             served.proc.wait(20)
         except subprocess.TimeoutExpired:

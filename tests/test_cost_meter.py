@@ -240,7 +240,7 @@ def test_history_sets_observed_cost_beside_the_estimate(tmp_path, monkeypatch):
 
     corpus = make_corpus(tmp_path / "corpus")
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
-    server = LocalServer().start()
+    server = LocalServer(key="tml-test-key").start()
     try:
         set_price("local/arith-tiny", train=3.0, prefill=1.0, sample=2.0, source="test price")
         result = sft(corpus.train, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "run",

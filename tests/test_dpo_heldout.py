@@ -180,7 +180,7 @@ def test_observed_cost_and_the_budget_guard_on_the_tinker_path(train_pairs, eval
     from machine_nb.pricing import clear_prices, set_price
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
-    server = LocalServer().start()
+    server = LocalServer(key="tml-test-key").start()
     try:
         set_price("local/arith-tiny", train=2.0, prefill=0.5, sample=1.5, source="test price")
         res = dpo(train_pairs, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "t",

@@ -109,6 +109,7 @@ def test_lora_rank_and_alpha_are_honoured(sc):
         assert len(mods) == 6 * cfg.n_layer
         assert all(m.rank == rank and m.alpha == 2 * rank for m in mods.values())
         expected = sum(rank * (m.base.in_features + m.base.out_features) for m in mods.values())
+        expected += rank * (cfg.n_embd + cfg.vocab_size)  # the unembedding's adapter (train_unembed=True)
         assert trainer(tc).num_trainable() == expected
     attn_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_mlp=False).result()
     assert all("attn." in name for name in lora_mod.lora_modules(trainer(attn_only).model))
@@ -309,9 +310,10 @@ def test_engine_routing_and_clear_errors(sc, batch, tmp_path):
     with pytest.raises(tinker.BadRequestError, match="does not serve"):
         sc.create_lora_training_client("local/no-such-model").result()
     tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
-    with pytest.raises(tinker.BadRequestError, match="cross_entropy"):
+    with pytest.raises(tinker.BadRequestError, match="importance_sampling needs loss_fn_inputs 'logprobs'"):
         tc.forward_backward(batch, "importance_sampling").result()
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()  # a failed request poisons a client
+    with pytest.raises(tinker.BadRequestError, match="does not serve loss_fn 'stable_reinforce'"):
+        tc.forward_backward(batch, "stable_reinforce").result()
     with pytest.raises(tinker.BadRequestError, match="letters, digits"):
         tc.save_state("../escape").result()
     tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
@@ -328,7 +330,7 @@ def test_a_session_that_stopped_its_heartbeats_is_let_go(monkeypatch):
 
     srv = server_mod.LocalServer().start()
     try:
-        sc = tinker.ServiceClient(base_url=srv.url, api_key="tml-test-placeholder-key")
+        sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
         tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
         path = tc.save_weights_for_sampler("kept").result().path
         sc.create_sampling_client(model_path=path).result()
@@ -377,7 +379,7 @@ def test_a_poll_that_is_not_ready_is_held_open(monkeypatch, caplog):
 
     renderer = get_renderer(DEFAULT_MODEL)
     srv = server_mod.LocalServer().start()
-    client = tinker.ServiceClient(base_url=srv.url, api_key="tml-test-placeholder-key")
+    client = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
     try:
         sampler = client.create_sampling_client(base_model=DEFAULT_MODEL).result()
         (worker,) = srv.samplers.values()
@@ -426,7 +428,7 @@ def test_telemetry_is_accepted_and_dropped(tmp_path):
         body = json.dumps({"events": [{"event": "GENERIC_EVENT", "event_name": canary}],
                            "platform": "x", "sdk_version": "0", "session_id": "local-0"}).encode()
         req = urllib.request.Request(srv.url + "/api/v1/telemetry", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", "X-API-Key": srv.key})
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200 and json.loads(r.read()) == {"status": "accepted"}
         assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

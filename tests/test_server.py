@@ -34,7 +34,7 @@ CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("serve"), "--verbose")
+    s = start_server(tmp_path_factory.mktemp("serve"), "--verbose", key=CANARY_KEY)
     yield s
     assert stop_server(s) == 0  # Ctrl-C stops it cleanly
 
@@ -300,7 +300,7 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
     from machine_nb.train import read_training_log, sft
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
-    s = start_server(tmp_path, name="doomed")
+    s = start_server(tmp_path, name="doomed", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     log_dir = tmp_path / "run"
     killed_at: list[float] = []
@@ -322,7 +322,7 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
     s.log.close()
     part = read_training_log(log_dir)
     assert not part.complete and part.state_path is not None
-    again = start_server(tmp_path, "--data-dir", str(s.data_dir), name="again")
+    again = start_server(tmp_path, "--data-dir", str(s.data_dir), name="again", key=CANARY_KEY)
     try:
         done = sft(corpus.train, resume=log_dir, base_url=again.url, progress=False)
     finally:
@@ -442,7 +442,7 @@ def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_pa
     The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s."""
     from machine_nb.evaluate import evaluate
 
-    s = start_server(tmp_path, "--verbose", name="doomed-eval")
+    s = start_server(tmp_path, "--verbose", name="doomed-eval", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     monkeypatch.setenv("TINKER_BASE_URL", s.url)
     rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}

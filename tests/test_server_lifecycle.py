@@ -125,7 +125,8 @@ def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
 
         proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
                                  "served"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+                                start_new_session=True,
+                                env={**os.environ, "MACHINE_NB_SERVER_KEY": "tml-placeholder-key-0000"})
         url = proc.stdout.readline().split(" on ", 1)[1].strip()
         os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY="tml-placeholder-key-0000")
         assert len(mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, progress=False).rows) == 2

@@ -146,7 +146,7 @@ def test_a_server_that_is_not_tinker_fails_at_once(monkeypatch, fake_server, cor
 def test_a_local_server_passes_the_check(monkeypatch):
     from machine_nb.engines.local.server import LocalServer
 
-    server = LocalServer().start()
+    server = LocalServer(key=SECRET).start()
     try:
         monkeypatch.setenv("TINKER_API_KEY", SECRET)
         assert check_tinker(server.url, timeout=5.0, models=("local/arith-tiny",)) == server.url

@@ -19,8 +19,10 @@ from typing import Any
 from ..errors import EngineError
 
 ENGINES = ("local", "tinker")
-#: The API key the SDK sends to the local server (it must look like a Tinker key; none is checked).
-LOCAL_API_KEY = "tml-local-engine"
+#: The key of this process's local server: random per process, sent by this process's own SDK
+#: clients and handed to its training child processes (as TINKER_API_KEY), so no other user of
+#: the machine can reach the server through its loopback port.
+from .local.checkpoints import PROCESS_KEY as LOCAL_API_KEY  # noqa: E402  (names and paths only)
 
 
 def engine_for(model_or_path: str) -> str:
@@ -145,6 +147,24 @@ def use_local_models() -> list[str]:
     return register_all()
 
 
+def server_key(key: str | None = None, key_file: str | None = None, environ: str | None = None) -> str | None:
+    """The key a `machine-nb serve` server requires, from the first of `key`, `key_file` (its first
+    line) and `environ` (the value of $MACHINE_NB_SERVER_KEY) that is given; None when none is (the
+    server then uses its data dir's key file). EngineError naming the source when a key is unusable."""
+    from .local.checkpoints import check_key, read_key_file
+
+    if key is not None:
+        return check_key(key)
+    if key_file is not None:
+        return read_key_file(key_file)
+    if environ and environ.strip():
+        try:
+            return check_key(environ.strip())
+        except EngineError as exc:
+            raise EngineError(f"$MACHINE_NB_SERVER_KEY: {exc}") from None
+    return None
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
     """Serve Tinker's HTTP API with the local engine until Ctrl-C (`machine-nb serve`).
 
@@ -178,9 +198,9 @@ if hasattr(os, "register_at_fork"):
 
 def service_client(engine: str = "local", *, base_url: str | None = None, timeout: float | None = None,
                    models: tuple[str, ...] = (), **kwargs: Any) -> Any:
-    """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no key, no cost).
+    """A real `tinker.ServiceClient` for `engine` ("local" default: runs here, no cost).
 
-    "local": pointed at this process's local server, with a placeholder key.
+    "local": pointed at this process's local server, with its key (`LOCAL_API_KEY`).
     "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
     within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
     One client is kept per engine, URL and key (each keeps a session, its heartbeat and a few
@@ -263,20 +283,10 @@ def _close(client: Any, *, finish: bool) -> None:
             return
         except Exception:  # the server went away meanwhile: stop the client below without it
             pass
-    # A finish request to a server that is gone would be retried for ~5 minutes, heartbeats going
-    # on meanwhile; so the client's holders (tinker's `_session_holder` / `_rest_holder`) are closed
-    # directly: that stops the heartbeat and closes the connections, and sends nothing.
-    lock = getattr(client, "_lifecycle_lock", None)
-    if lock is not None:
-        with lock:
-            client._closed = True
-    for name in ("_session_holder", "_rest_holder"):
-        holder = getattr(client, name, None)
-        if holder is not None:
-            try:
-                holder.close()
-            except Exception:  # already closed, or the SDK's loop has ended at exit
-                pass
+    # a finish request to a server that is gone would be retried for minutes: stop it sending nothing
+    from .local.workarounds import stop_sdk_client
+
+    stop_sdk_client(client)
 
 
 def to_sdk_path(path: str) -> str:
@@ -309,8 +319,8 @@ def checkpoint_base_model(path: str) -> str | None:
         raise EngineError(
             f"{path} is not a checkpoint of this process's local engine (its data dir {data_dir} does not hold "
             "it). A checkpoint made by a separate `machine-nb serve` is served by that server: pass "
-            "engine='tinker' with TINKER_BASE_URL set to its URL and TINKER_API_KEY to a placeholder 'tml-…' "
-            "key (and model= the model it was trained from, e.g. 'local/arith-tiny').")
+            "engine='tinker' with TINKER_BASE_URL set to its URL and TINKER_API_KEY to that server's key "
+            "(and model= the model it was trained from, e.g. 'local/arith-tiny').")
     return read_meta(directory)["base_model"]
 
 

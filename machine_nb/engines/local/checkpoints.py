@@ -24,6 +24,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 from ...errors import EngineError
 
@@ -48,9 +49,104 @@ def default_data_dir() -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """`path` created (0700, parents as needed); an existing directory the toolkit made keeps its mode."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    """`path` created 0700, and so is each missing folder above it; an existing folder keeps its mode."""
+    missing = []
+    for p in (Path(path), *Path(path).parents):
+        if p.exists():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process
+            pass
+    if not Path(path).is_dir():
+        raise EngineError(f"{path} is not a folder; pass another data dir")
+    return Path(path)
+
+
+#: The data dir's file holding the key its servers require when none is given (0600).
+KEY_FILE = "server.key"
+
+
+def check_key(key: str) -> str:
+    """A server key: the SDK sends only keys that start with `tml-`; at least 16 characters."""
+    if not isinstance(key, str) or not key.startswith("tml-") or len(key) < 12 or any(c.isspace() for c in key):
+        raise EngineError("a server key must start with 'tml-' (the tinker SDK sends no other API key), have at "
+                          "least 12 characters and no spaces")
+    return key
+
+
+def new_key() -> str:
+    """A fresh random server key."""
+    import secrets
+
+    return "tml-" + secrets.token_urlsafe(32)
+
+
+#: The key of this process's own server (`server.ensure_server`): random per process, sent by the
+#: process's own SDK clients and handed to its training child processes.
+PROCESS_KEY = new_key()
+
+
+def read_key_file(path: str | os.PathLike) -> str:
+    """The key in a key file (its first line); EngineError naming the file when it is unusable."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EngineError(f"{path}: cannot read the key file ({exc.strerror or exc})") from None
+    key = (text.splitlines() or [""])[0].strip()
+    try:
+        return check_key(key)
+    except EngineError as exc:
+        raise EngineError(f"{path}: {exc}") from None
+
+
+def data_dir_key(data_dir: Path) -> tuple[str, Path]:
+    """(key, file) of the data dir's server key, created (0600, random) the first time. Refuses a
+    file that other users can read or write (`chmod 600` it)."""
+    path = Path(data_dir) / KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = path.stat().st_mode
+        if mode & 0o077:
+            raise EngineError(f"{path}: other users can read or change this key file (mode {mode & 0o777:o}); "
+                              f"run `chmod 600 {path}`") from None
+        return read_key_file(path), path
+    key = new_key()
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key + "\n")
+    return key, path
+
+
+def run_ids(data_dir: Path, log: Callable[[str], None]) -> list[str]:
+    """The ids of the runs under `<data dir>/runs`, sorted; anything else there (a stray file or
+    folder, a name that is not a run id, a run.json that cannot be read) is skipped, and `log` says so."""
+    root = Path(data_dir) / "runs"
+    try:
+        entries = sorted(root.iterdir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log(f"{root}: not readable ({exc.strerror or exc}); no runs listed")
+        return []
+    out = []
+    for p in entries:
+        if not _RUN_ID.match(p.name) or not p.is_dir():
+            log(f"{p}: not a training run (skipped)")
+            continue
+        record = p / "run.json"
+        if record.exists():
+            try:
+                value = json.loads(record.read_text(encoding="utf-8"))
+                if not isinstance(value, dict) or not isinstance(value.get("base_model"), str):
+                    raise ValueError("not a run record")
+            except (OSError, ValueError, RecursionError) as exc:
+                log(f"{record}: unreadable run record ({exc}); run skipped")
+                continue
+        out.append(p.name)
+    return out
 
 
 def is_local_path(path: str) -> bool:

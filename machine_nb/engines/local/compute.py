@@ -16,7 +16,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -125,7 +125,8 @@ def _lora_model(meta: dict, directory: Path) -> torch.nn.Module:
     if rank > 0:
         targets = meta.get("targets") or {}
         _lora.apply_lora(model, rank, alpha=float(meta.get("lora_alpha") or _lora.default_alpha(rank)),
-                         attn=targets.get("attn", True), mlp=targets.get("mlp", True))
+                         attn=targets.get("attn", True), mlp=targets.get("mlp", True),
+                         unembed=targets.get("unembed", False))
         path = directory / "adapter.safetensors"
         try:
             _lora.load_adapter_state(model, _read_tensors(path))
@@ -285,13 +286,13 @@ class Trainer:
         return super().__new__(cls)
 
     def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,
-                 train_mlp: bool = True):
+                 train_mlp: bool = True, train_unembed: bool = False):
         if rank < 0:
             raise EngineError(f"LoRA rank must be 0 (full fine-tuning) or more, got {rank}")
         self.base_model = base_model
         self.rank = int(rank)
         self.seed = DEFAULT_LORA_SEED if seed is None else int(seed)
-        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp)}
+        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp), "unembed": bool(train_unembed and rank > 0)}
         # the base weights are loaded, not drawn; the adapters come from their own seeded
         # generator (lora.apply_lora), so the global torch RNG is left alone
         self.model = load_base(base_model)
@@ -299,7 +300,8 @@ class Trainer:
             if not (train_attn or train_mlp):
                 raise EngineError("LoRA needs train_attn or train_mlp (or both)")
             self.alpha: float | None = _lora.default_alpha(self.rank)
-            _lora.apply_lora(self.model, self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp)
+            _lora.apply_lora(self.model, self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp,
+                             unembed=train_unembed)
         else:
             self.alpha = None
             self.model.requires_grad_(True)
@@ -326,8 +328,11 @@ class Trainer:
         logits = self.model(idx)
         return torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
 
-    def forward_backward(self, batch: Sequence[Example], backward: bool) -> tuple[list[np.ndarray], list[np.ndarray], float]:
-        """(per-datum target logprobs, per-datum elementwise losses, loss sum) of sum -w * logp.
+    def forward_backward(self, batch: Sequence[Example], backward: bool,
+                         loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+                         ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+        """(per-datum target logprobs, per-datum elementwise losses, loss sum) of sum -w * logp, or
+        of `loss(target logprobs [batch, width])` (per-token losses, losses.py) when given.
 
         With `backward`, the gradients of that sum accumulate in the trainable parameters.
         """
@@ -345,15 +350,15 @@ class Trainer:
         idx, tgt, w = idx.to(self.device), tgt.to(self.device), w.to(self.device)
         with torch.set_grad_enabled(backward):
             logp = self.target_logprobs(idx, tgt)
-            elementwise = -w * logp
-            loss = elementwise.sum()
+            elementwise = -w * logp if loss is None else loss(logp)
+            total = elementwise.sum()
             if backward:
-                loss.backward()
+                total.backward()
         logp_np = logp.detach().cpu().numpy()
         el_np = elementwise.detach().cpu().numpy()
         lengths = [len(ex.ids) for ex in batch]
         return ([logp_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)],
-                [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(loss.detach()))
+                [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(total.detach()))
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.params, lr=1e-4, foreach=False)
@@ -450,7 +455,8 @@ class Trainer:
             raise EngineError(f"{directory} was trained from {meta['base_model']}, not {base_model}")
         targets = meta.get("targets") or {}
         trainer = cls(meta["base_model"], int(meta["lora_rank"]), seed=meta.get("seed"),
-                      train_attn=targets.get("attn", True), train_mlp=targets.get("mlp", True))
+                      train_attn=targets.get("attn", True), train_mlp=targets.get("mlp", True),
+                      train_unembed=targets.get("unembed", False))
         trainer.load(Path(directory), optimizer=optimizer)
         return trainer
 

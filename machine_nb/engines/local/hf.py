@@ -285,17 +285,20 @@ def fresh_model() -> Any:
 
 
 def lora_config(rank: int, *, alpha: float, attn: bool = True, mlp: bool = True, unembed: bool = False) -> Any:
-    """PEFT's LoraConfig for Tinker's LoRA switches (attention and/or MLP projections)."""
+    """PEFT's LoraConfig for Tinker's LoRA switches: attention and/or MLP projections, and with
+    `unembed` the output projection too (Tinker's `train_unembed`: an adapter, not a full copy)."""
     from peft import LoraConfig
 
     targets = (ATTN_MODULES if attn else ()) + (MLP_MODULES if mlp else ())
     if not targets:
         raise EngineError("LoRA needs train_attn or train_mlp (or both)")
+    targets += ("lm_head",) if unembed else ()
     return LoraConfig(r=int(rank), lora_alpha=float(alpha), target_modules=list(targets), lora_dropout=0.0,
-                      bias="none", task_type="CAUSAL_LM", modules_to_save=["lm_head"] if unembed else None)
+                      bias="none", task_type="CAUSAL_LM")
 
 
-def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: bool = True) -> Any:
+def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: bool = True,
+              unembed: bool = False) -> Any:
     """A PeftModel over a fresh module tree: adapters initialised from `seed` (B at zero, so the
     wrapped model starts equal to the base), only the adapters trainable."""
     import torch
@@ -303,7 +306,7 @@ def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: boo
 
     device, dtype = device_and_dtype()
     model = fresh_model()
-    cfg = lora_config(rank, alpha=alpha, attn=attn, mlp=mlp)
+    cfg = lora_config(rank, alpha=alpha, attn=attn, mlp=mlp, unembed=unembed)
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(int(seed))  # PEFT draws A from torch's global generator

@@ -65,7 +65,7 @@ class HFTrainer(Trainer):
     """
 
     def __init__(self, base_model: str, rank: int, *, seed: int | None = None, train_attn: bool = True,
-                 train_mlp: bool = True):
+                 train_mlp: bool = True, train_unembed: bool = False):
         from .compute import DEFAULT_LORA_SEED
 
         if int(rank) < 1:
@@ -75,9 +75,10 @@ class HFTrainer(Trainer):
         self.base_model = base_model.split(":", 1)[0]
         self.rank = int(rank)
         self.seed = DEFAULT_LORA_SEED if seed is None else int(seed)
-        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp)}
+        self.targets = {"attn": bool(train_attn), "mlp": bool(train_mlp), "unembed": bool(train_unembed)}
         self.alpha: float | None = default_alpha(self.rank)
-        self.model = hf.with_lora(self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp)
+        self.model = hf.with_lora(self.rank, alpha=self.alpha, seed=self.seed, attn=train_attn, mlp=train_mlp,
+                                  unembed=train_unembed)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = None
@@ -113,7 +114,7 @@ class HFTrainer(Trainer):
         """A sampler of the current adapters (copied; training goes on unaffected)."""
         _, state = self._weights()
         model = hf.with_lora(self.rank, alpha=float(self.alpha or 0), seed=self.seed, attn=self.targets["attn"],
-                             mlp=self.targets["mlp"])
+                             mlp=self.targets["mlp"], unembed=self.targets.get("unembed", False))
         _load_adapter(model, state)
         return HFSampler(model, self.base_model, seed=seed)
 
@@ -169,7 +170,7 @@ class HFSampler(Sampler):
         targets = meta.get("targets") or {}
         model = hf.with_lora(rank, alpha=float(meta.get("lora_alpha") or default_alpha(rank)),
                              seed=int(meta.get("seed") or 0), attn=targets.get("attn", True),
-                             mlp=targets.get("mlp", True))
+                             mlp=targets.get("mlp", True), unembed=targets.get("unembed", False))
         path = Path(directory) / "adapter.safetensors"
         try:
             _load_adapter(model, _read_tensors(path))

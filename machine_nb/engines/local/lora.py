@@ -1,4 +1,5 @@
-"""LoRA for the local engine: low-rank adapters on attention and MLP projections, like Tinker's.
+"""LoRA for the local engine: low-rank adapters on attention and MLP projections and, when asked
+(Tinker's `train_unembed`), on the output projection, like Tinker's.
 
 `apply_lora` wraps the base model's projections (`attn.q_proj/k_proj/v_proj/o_proj`,
 `mlp.fc_in/fc_out`) in `LoRALinear` and freezes everything else; the trainer (compute.py)
@@ -56,6 +57,28 @@ class LoRALinear(nn.Module):
         return out
 
 
+class UnembedLoRA(nn.Module):
+    """A low-rank update of the output projection (the unembedding, tied to the input embedding in
+    the local GPT): logits += scale * h @ A.T @ B.T, with h the final layer norm's output. Attached
+    as `model.unembed_lora` with two forward hooks (one keeps h, one adds the update), so the tied
+    embedding itself stays frozen and untouched; B starts at zero, so attaching it is exact."""
+
+    def __init__(self, n_embd: int, vocab_size: int, rank: int, alpha: float, generator: torch.Generator):
+        super().__init__()
+        self.rank, self.alpha, self.scale = rank, float(alpha), float(alpha) / rank
+        bound = 1.0 / math.sqrt(n_embd)
+        self.lora_a = nn.Parameter((torch.rand(rank, n_embd, generator=generator) * 2 - 1) * bound)
+        self.lora_b = nn.Parameter(torch.zeros(vocab_size, rank))
+        self._h: torch.Tensor | None = None
+
+    def keep(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        self._h = output
+
+    def add(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        h, self._h = self._h, None
+        return output + (h @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+
+
 def target_names(model: nn.Module, *, attn: bool = True, mlp: bool = True) -> list[str]:
     """Names of the nn.Linear modules that get adapters (attention and/or MLP projections)."""
     suffixes = (ATTN_TARGETS if attn else ()) + (MLP_TARGETS if mlp else ())
@@ -70,7 +93,7 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def apply_lora(model: nn.Module, rank: int, *, alpha: float | None = None, seed: int = 0,
-               attn: bool = True, mlp: bool = True) -> list[str]:
+               attn: bool = True, mlp: bool = True, unembed: bool = False) -> list[str]:
     """Freeze `model` and wrap its attention/MLP projections in LoRALinear, in place.
 
     `alpha`: default None = 2 * rank. `seed`: initialises the A matrices (B starts at zero), in
@@ -86,6 +109,12 @@ def apply_lora(model: nn.Module, rank: int, *, alpha: float | None = None, seed:
     alpha = default_alpha(rank) if alpha is None else alpha
     for name in names:
         _set_module(model, name, LoRALinear(model.get_submodule(name), rank, alpha, generator))
+    if unembed:  # after the projections: their adapters are the same with or without it
+        cfg = model.config
+        model.unembed_lora = UnembedLoRA(cfg.n_embd, cfg.vocab_size, rank, alpha, generator)
+        model.ln_f.register_forward_hook(model.unembed_lora.keep)
+        model.register_forward_hook(model.unembed_lora.add)
+        names.append("unembed_lora")
     return names
 
 
@@ -94,10 +123,15 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
+def _adapters(model: nn.Module) -> dict[str, nn.Module]:
+    """Every adapter of `model` by name: the projections' and the unembedding's."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, (LoRALinear, UnembedLoRA))}
+
+
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' tensors (`<module>.lora_a`, `<module>.lora_b`), detached copies, for saving."""
     state = {}
-    for name, m in lora_modules(model).items():
+    for name, m in _adapters(model).items():
         state[f"{name}.lora_a"] = m.lora_a.detach().clone().contiguous()
         state[f"{name}.lora_b"] = m.lora_b.detach().clone().contiguous()
     return state
@@ -105,7 +139,7 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy saved adapter tensors into a model that `apply_lora` wrapped with the same rank and targets."""
-    modules = lora_modules(model)
+    modules = _adapters(model)
     expected = {f"{n}.{p}" for n in modules for p in ("lora_a", "lora_b")}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
@@ -120,7 +154,9 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
-    """Fold every adapter into its base projection, in place (for sampling); returns `model`."""
+    """Fold every projection's adapter into its base projection, in place (for sampling); returns
+    `model`. The unembedding's adapter stays as it is (the embedding it would fold into is tied to
+    the input's)."""
     for name, m in list(lora_modules(model).items()):
         _set_module(model, name, m.merged())
     return model

@@ -4,8 +4,8 @@
 training clients, sampling clients, futures and the REST lookups tinker-cookbook uses, with the
 SDK's own request and response types: JSON bodies, except forward/backward requests and the
 results of forward/backward and sampling, which are protobuf (wire.py). The work itself runs in
-compute.py (one worker thread per training run, executing its requests in `seq_id` order, and
-one per sampler); checkpoints live under the data dir (checkpoints.py).
+compute.py (one worker thread per training run, executing its requests in `seq_id` order, so
+different runs' steps run in parallel, and one per sampler); loss functions are losses.py's; checkpoints live under the data dir (checkpoints.py).
 
 Things a Tinker client relies on, and how they are met here:
 - futures are polled with `retrieve_future` and the SDK re-polls at once, so a poll that is not
@@ -16,29 +16,33 @@ Things a Tinker client relies on, and how they are met here:
   JSON body naming the call and field, or a failed future (`{"error", "category"}`), both of
   which the SDK raises at once;
 - telemetry is accepted and dropped (a 5xx there delays every SDK error by ~30 s).
-The server never stores or logs the API key a client sends; it checks one only when started
-with `key=` (required to bind anything but loopback).
+Every request must send the server's key as its API key (`X-API-Key`), checked before anything
+else of the request is read (401 otherwise; only the health check answers without it): the key
+is random per server unless one is given (`machine-nb serve` takes it from a file, the
+environment, or the data dir's own key file), so no other user of the machine can reach the runs
+through the loopback port. The server never stores or logs the key a client sends. Requests are
+framed by uvicorn (a maintained HTTP stack: chunked bodies, bad lengths); SIGINT and SIGTERM stop
+`serve()` cleanly, answering the requests in progress first.
 """
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401 - registers its exit hook now, so ours runs before it (_at_exit)
+import contextlib
 import hmac
-import http.server
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import socket
-import socketserver
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qs
 
 from ...errors import EngineError, MachineFormatError
 from . import checkpoints as ck
@@ -49,6 +53,8 @@ logger = logging.getLogger(__name__)
 LONG_POLL_S = 20.0
 #: Largest request body accepted (the SDK splits forward/backward batches at ~5 MB).
 MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Requests of one run queued ahead of the next one to run at most (a `seq_id` beyond is refused).
+SEQ_WINDOW = 4096
 #: Seconds a request waits for an earlier `seq_id` of its run that never arrives before failing.
 SEQ_GAP_TIMEOUT_S = 120.0
 #: Seconds a finished future's result is kept for a client that polls again (a retried poll).
@@ -59,6 +65,10 @@ SESSION_TTL_S = 300.0
 #: Requests a client sends while idle (not work: `busy()` leaves them out).
 _HOUSEKEEPING = frozenset({"/api/v1/healthz", "/api/v1/session_heartbeat", "/api/v1/telemetry",
                            "/api/v1/client/dynamic_config"})
+#: Requests with a protobuf body, and the JSON ones that carry a training run's `seq_id`.
+_PROTOBUF_CALLS = frozenset({"/api/v1/forward_backward", "/api/v1/forward"})
+_ORDERED_CALLS = frozenset({"/api/v1/optim_step", "/api/v1/save_weights", "/api/v1/save_weights_for_sampler",
+                            "/api/v1/load_weights"})
 #: Samplers kept at most, the least recently used let go first (each holds a copy of its model),
 #: and the seconds an unused one is kept.
 MAX_SAMPLERS = 64
@@ -187,11 +197,19 @@ class _Run:
             self._cond.notify_all()
 
     def submit(self, seq_id: int | None, call: str, fn: Callable) -> _Future:
-        """Queue `fn` as request `seq_id` (a retried request returns the future it already has)."""
+        """Queue `fn` as request `seq_id` (a retried request returns the future it already has).
+
+        A `seq_id` more than `SEQ_WINDOW` places ahead of the next one to run is a 400: queued, it
+        would hold up every later request of the run."""
         with self._cond:
             self.last_request = time.time()
             if seq_id is not None and seq_id in self._seen:
                 return self._seen[seq_id]
+            if seq_id is not None and seq_id >= self._next_seq + SEQ_WINDOW:
+                raise ApiError(400, f"{call}: seq_id {seq_id} is too far ahead of this run's next request "
+                                    f"({self._next_seq}; at most {SEQ_WINDOW - 1} ahead are queued). Send the "
+                                    "run's requests in order, numbered from the SDK's own training client.",
+                               "seq_id")
             fut = self.server.futures.new(call)
             if seq_id is None:
                 self._unordered.append((fut, fn))
@@ -202,6 +220,20 @@ class _Run:
                 self._seen[seq_id] = fut
             self._cond.notify_all()
             return fut
+
+    def skip(self, seq_id: Any, call: str) -> None:
+        """Take request `seq_id`'s place in the run's order for a request that was refused (a 4xx),
+        so the requests after it run at once instead of waiting for it. Does nothing for a number
+        that is not a whole number, is already taken, or lies outside the window `submit` accepts."""
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+            return
+        with self._cond:
+            if seq_id in self._seen or seq_id < self._next_seq or seq_id >= self._next_seq + SEQ_WINDOW:
+                return
+        try:
+            self.submit(seq_id, call, _refused)
+        except ApiError:  # taken meanwhile
+            pass
 
     def _take(self) -> tuple[_Future, Callable] | None:
         with self._cond:
@@ -250,6 +282,10 @@ class _Run:
             self._cond.notify_all()
 
 
+def _refused() -> dict:
+    raise EngineError("the request was refused")
+
+
 class _Worker:
     """One daemon thread running the jobs given to it in order. Not a ThreadPoolExecutor: those
     refuse new work once the interpreter begins to exit, while a thread of the user's may still be
@@ -261,7 +297,8 @@ class _Worker:
         self._jobs: "queue.SimpleQueue[tuple[Callable, tuple] | None]" = queue.SimpleQueue()
         self._closed = False
         self.submit(_configure, threads)
-        threading.Thread(target=self._work, name=name, daemon=True).start()
+        self.thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self.thread.start()
 
     def submit(self, fn: Callable, *args: Any) -> None:
         self._jobs.put((fn, args))
@@ -300,6 +337,99 @@ class _Sampler:
         else:
             self.worker.submit(_run_job, fut, fn)
         return fut
+
+
+def _flat(tensors: list) -> Any:
+    """One flat float32 copy of `tensors` (a single copy, not one per tensor: many small tensors)."""
+    import torch
+
+    return torch.cat([t.detach().reshape(-1).float() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _put_back(tensors: list, flat: Any) -> None:
+    import torch
+
+    with torch.no_grad():
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
+@contextlib.contextmanager
+def _kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Iterator[None]:
+    """Run a training step so that a step that fails, or leaves a gradient (or, with `weights`, a
+    trainable weight) NaN or infinite, leaves the run as it was before it: gradients, and with
+    `weights` the parameters and the optimizer's state, are put back, and the step fails saying why.
+    Works on any trainer with `params` (its trainable tensors) and `optimizer` (None until the
+    first step)."""
+    import torch
+
+    params = list(getattr(trainer, "params", ()))
+    had_grad = [q for q in params if q.grad is not None]
+    grads = _flat([q.grad for q in had_grad]) if had_grad else None  # none: the usual first step
+    if weights:
+        values = _flat(params)
+        optimizer = trainer.optimizer
+        kept = [] if optimizer is None else [(q, dict(optimizer.state[q])) for q in params if q in optimizer.state]
+        state_tensors = [v for _, st in kept for v in st.values() if isinstance(v, torch.Tensor)]
+        state = _flat(state_tensors)
+
+    def restore() -> None:
+        with torch.no_grad():
+            for q in params:
+                q.grad = None
+            for q in had_grad:
+                q.grad = torch.zeros_like(q)
+            if had_grad:
+                _put_back([q.grad for q in had_grad], grads)
+            if weights:
+                _put_back(params, values)
+                if optimizer is None:
+                    trainer.optimizer = None
+                else:
+                    optimizer.state.clear()
+                    for q, st in kept:
+                        optimizer.state[q] = st
+                    _put_back(state_tensors, state)
+
+    try:
+        yield
+    except BaseException:
+        restore()
+        raise
+    what = None
+    if not bool(torch.isfinite(_flat([q.grad for q in params if q.grad is not None])).all()):
+        what = "gradient"
+    elif weights:
+        after = _flat(params)
+        if not bool(torch.isfinite(after).all()):
+            what = "parameter"
+        elif after.numel() and not _adapted_weights_finite(getattr(trainer, "model", None), float(after.abs().max())):
+            what = "weight (base plus adapter)"
+    if what is not None:
+        restore()
+        raise EngineError(f"{call}: this step made a {what} NaN or infinite (a learning rate, beta2 or loss "
+                          "weight too large?); the run is kept as it was before it. Retry with smaller "
+                          "settings.")
+
+
+def _adapted_weights_finite(model: Any, largest: float) -> bool:
+    """Whether every LoRA-adapted weight (base + scale * B @ A) is finite: finite adapters can still
+    multiply out to infinity, which a sampler (that merges them) would then serve. `largest` bounds
+    every adapter value, so the products are computed only when that bound does not settle it."""
+    import torch
+
+    from .lora import lora_modules
+
+    if not isinstance(model, torch.nn.Module):
+        return True
+    modules = list(lora_modules(model).values())
+    if not modules or max(m.scale * m.rank for m in modules) * largest * largest < 1e30:
+        return True
+    with torch.no_grad():
+        return all(bool(torch.isfinite(m.base.weight + m.scale * (m.lora_b @ m.lora_a)).all()) for m in modules)
 
 
 def _configure(threads: int | None) -> None:
@@ -361,7 +491,9 @@ class LocalServer:
     """The Tinker-compatible server: `start()` in a background thread, or `serve_forever()`.
 
     host / port: where to listen (default 127.0.0.1 and a free port). Any host but loopback
-      needs `key`: requests without `X-API-Key: <key>` are then refused with 401.
+      needs a `key` given.
+    key: the API key every request must send (`X-API-Key`; 401 otherwise); default None makes a
+      random one (`.key`), which the process hands to its own clients.
     data_dir: where runs and checkpoints are written (default `checkpoints.default_data_dir()`).
     threads: torch threads for the work (default $MACHINE_NB_THREADS, else 1: reproducible).
     """
@@ -370,10 +502,10 @@ class LocalServer:
                  key: str | None = None, threads: int | None = None, quiet: bool = True):
         if not _is_loopback(host) and not key:
             raise EngineError(f"binding {host!r} (not loopback) exposes the server to other machines: "
-                              "pass a key (--key) that every request must send as its API key")
-        if key is not None and not key.startswith("tml-"):
-            raise EngineError("a server key must start with 'tml-': the tinker SDK sends no other API key")
-        self.host, self.key, self.threads, self.quiet = host, key, threads, quiet
+                              "give it a key that every request must send as its API key (--key-file, or "
+                              "$MACHINE_NB_SERVER_KEY)")
+        self.key = ck.check_key(key) if key is not None else ck.new_key()
+        self.host, self.threads, self.quiet = host, threads, quiet
         self.data_dir = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
         ck.ensure_private_dir(self.data_dir)
         self.futures = _Futures()
@@ -381,13 +513,17 @@ class LocalServer:
         self.runs: dict[str, _Run] = {}
         self.samplers: dict[str, _Sampler] = {}
         self._lock = threading.Lock()
-        self._httpd = _HTTPServer((host, port), _Handler)
-        self._httpd.app = self
+        self._socket = _listen(host, port)
+        self.port = self._socket.getsockname()[1]
+        self._app = _App(self)
+        self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
-        self._serving = self._stopped = False
+        self._started = threading.Event()
+        self._stopping = threading.Event()  # wakes long-polls when the server stops
+        self._stopped = False
         self._on_stop: list[Callable[[], None]] = []
         self._in_flight = 0
-        self.port = self._httpd.server_address[1]
+        self._capabilities: dict | None = None
         self._routes = self._route_table()
 
     @property
@@ -398,17 +534,40 @@ class LocalServer:
     # -- lifecycle
     def start(self) -> "LocalServer":
         """Serve in a daemon thread; returns once the socket accepts connections."""
-        self._serving = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="machine-nb-tinker-server", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="machine-nb-tinker-server", daemon=True)
         self._thread.start()
+        self._started.wait(30)
         with _RUNNING_LOCK:
             _RUNNING[self.url] = self
         return self
 
     def serve_forever(self) -> None:
-        self._serving = True
-        self._httpd.serve_forever(poll_interval=0.2)
+        """Serve until `stop()` is called (from another thread, or a signal handler's)."""
+        self.start()
+        self._thread.join()
+
+    def _serve(self) -> None:
+        import asyncio
+
+        import uvicorn
+
+        config = uvicorn.Config(self._app, http="httptools", loop="asyncio", lifespan="off", log_config=None,
+                                log_level="warning", access_log=False, proxy_headers=False,
+                                server_header=False, date_header=False, timeout_keep_alive=120,
+                                timeout_graceful_shutdown=LONG_POLL_S + 10)
+        self._uvicorn = uvicorn.Server(config)
+
+        async def main() -> None:
+            task = asyncio.ensure_future(self._uvicorn.serve(sockets=[self._socket]))
+            while not self._uvicorn.started and not task.done():
+                await asyncio.sleep(0.005)
+            self._started.set()
+            await task
+
+        try:
+            asyncio.run(main())
+        finally:
+            self._started.set()
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Call `callback()` when `stop()` begins, while this server still answers: a client of it
@@ -418,9 +577,10 @@ class LocalServer:
             self._on_stop.append(callback)
 
     def stop(self, *, notify: bool = True) -> None:
-        """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, close the
-        connections still open, and end the workers (finished checkpoints stay on disk). A second
-        call does nothing."""
+        """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, answer
+        the ones in progress (a long-poll whose result is not ready gets a failed future saying the
+        server stopped), close the connections, and end the workers (finished checkpoints stay on
+        disk). A second call does nothing."""
         with self._lock:
             if self._stopped:
                 return
@@ -434,18 +594,22 @@ class LocalServer:
         with _RUNNING_LOCK:
             if _RUNNING.get(self.url) is self:
                 del _RUNNING[self.url]
-        if self._serving:
-            self._httpd.shutdown()
-        self._httpd.server_close()
-        self._httpd.close_connections()  # a keep-alive connection would otherwise go on being served
+        self._stopping.set()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(LONG_POLL_S + 15)
+        self._socket.close()
+        self._app.threads.close()
         with self._lock:
             runs, samplers = list(self.runs.values()), list(self.samplers.values())
         for run in runs:
             run.close()
         for s in samplers:
             s.worker.shutdown()
-        if self._thread is not None:
-            self._thread.join(5)
+        # the step or sample in progress finishes: torch work cut off by the process's exit can abort it
+        for thread in [r._thread for r in runs] + [s.worker.thread for s in samplers]:
+            thread.join(60)
 
     # -- dispatch
     def _route_table(self) -> dict[tuple[str, str], Callable]:
@@ -491,20 +655,34 @@ class LocalServer:
         with self._lock:
             return self._in_flight > 0
 
+    def check_key(self, path: str, sent: str | None) -> None:
+        """401 unless `sent` is this server's key. Only the health check answers without it (it
+        says "ok" and nothing else)."""
+        if path == "/api/v1/healthz":
+            return
+        if not hmac.compare_digest((sent or "").encode("utf-8", "replace"), self.key.encode("utf-8")):
+            raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY); "
+                                "`machine-nb serve` says where it is")
+
     def _dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
-        if self.key is not None and path != "/api/v1/healthz":
-            sent = headers.get("X-API-Key", "")
-            if not hmac.compare_digest(sent.encode("utf-8", "replace"), self.key.encode("utf-8")):
-                raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY)")
+        self.check_key(path, headers.get("X-API-Key"))
         handler = self._routes.get((method, path))
         if handler is None:
             handler = self._dynamic_route(method, path)
         if handler is None:
             raise ApiError(404, f"the local Tinker server does not support {method} {path}")
-        if path == "/api/v1/forward_backward" or path == "/api/v1/forward":
-            result = handler(query, raw, headers)
-        else:
-            result = handler(query, body)
+        try:
+            if path in _PROTOBUF_CALLS:
+                result = handler(query, raw, headers)
+            else:
+                result = handler(query, body)
+        except ApiError:
+            if path in _ORDERED_CALLS and isinstance(body, dict):
+                # a refused request of a training run still takes its place in the run's order
+                run = self.runs.get(body.get("model_id")) if isinstance(body.get("model_id"), str) else None
+                if run is not None:
+                    run.skip(body.get("seq_id"), path.rsplit("/", 1)[-1])
+            raise
         if isinstance(result, tuple):
             return result
         return 200, json.dumps(result).encode("utf-8"), "application/json"
@@ -534,6 +712,12 @@ class LocalServer:
         return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False}
 
     def capabilities(self, q: dict, body: Any) -> dict:
+        """The models served (read once: they are fixed for the life of the process)."""
+        if self._capabilities is None:
+            self._capabilities = self._read_capabilities()
+        return self._capabilities
+
+    def _read_capabilities(self) -> dict:
         from . import MODELS, load_config
 
         models = []
@@ -666,7 +850,8 @@ class LocalServer:
         def create() -> dict:
             run.trainer = Trainer(req.base_model, rank, seed=None if lora is None else lora.seed,
                                   train_attn=True if lora is None else lora.train_attn,
-                                  train_mlp=True if lora is None else lora.train_mlp)
+                                  train_mlp=True if lora is None else lora.train_mlp,
+                                  train_unembed=True if lora is None else lora.train_unembed)
             self._write_run_record(run)
             return {"model_id": run.model_id, "type": "create_model"}
 
@@ -688,7 +873,6 @@ class LocalServer:
 
     def forward_backward(self, q: dict, raw: bytes, headers: Any) -> dict:
         from . import wire
-        from .compute import Example
 
         if "protobuf" not in (headers.get("Content-Type") or ""):
             raise ApiError(400, "forward_backward: the body must be a ForwardBackwardRequest protobuf "
@@ -702,56 +886,80 @@ class LocalServer:
             raise ApiError(400, f"forward_backward: {exc}", exc.field) from None
         call = "forward" if req.forward_only else "forward_backward"
         run = self._run(req.model_id, call)
-        if req.loss_fn != "cross_entropy":
-            raise ApiError(400, f"{call}: the local engine supports loss_fn 'cross_entropy' only, not {req.loss_fn!r}",
-                           "loss_fn")
-        if req.loss_fn_config:
-            raise ApiError(400, f"{call}: cross_entropy takes no loss_fn_config", "loss_fn_config")
+        try:
+            batch, loss = self._loss_batch(run, req, call)
+        except ApiError:
+            run.skip(req.seq_id, call)  # a refused request still takes its place in the run's order
+            raise
+
+        def work() -> tuple[bytes, str]:
+            if run.trainer is None:
+                raise EngineError("the training run was not created")
+            with _kept_if_not_finite(run.trainer, call):
+                logprobs, elementwise, total = run.trainer.forward_backward(batch, backward=not req.forward_only,
+                                                                            loss=loss)
+                if not math.isfinite(total):
+                    raise EngineError(f"the loss is {total}: check the inputs' scale (weights, advantages, "
+                                      "logprobs); the run's gradients are as they were before this request")
+            outputs = [{"logprobs": lp, "elementwise_loss": el} for lp, el in zip(logprobs, elementwise)]
+            return wire.encode_forward_backward_output(outputs, {"loss:sum": total}), wire.CONTENT_TYPE
+
+        fut = run.submit(req.seq_id, call, work)
+        return {"request_id": fut.request_id, "model_id": run.model_id}
+
+    def _loss_batch(self, run: _Run, req: Any, call: str) -> tuple[list, Any]:
+        """A forward/backward request's data as the trainer takes it, and its loss (losses.py); a 400
+        naming the field for anything that cannot be used as it is."""
+        import numpy as np
+
+        from . import load_config
+        from . import losses as ls
+        from .compute import Example
+
         if not req.data:
             raise ApiError(400, f"{call}: no data", "data")
-        from . import load_config
-
         cfg = load_config(run.base_model)
-        batch = []
+        targets = []
         for i, d in enumerate(req.data):
-            for key in ("target_tokens", "weights"):
-                if key not in d.loss_fn_inputs:
-                    raise ApiError(400, f"{call}: cross_entropy needs loss_fn_inputs {key!r}",
-                                   f"data.{i}.loss_fn_inputs.{key}")
-            tgt, w = d.loss_fn_inputs["target_tokens"], d.loss_fn_inputs["weights"]
-            if not (len(d.ids) == len(tgt) == len(w)):
-                raise ApiError(400, f"{call}: model_input has {len(d.ids)} tokens, target_tokens {len(tgt)}, "
-                                    f"weights {len(w)}; they must be equal", f"data.{i}")
+            if "target_tokens" not in d.loss_fn_inputs:
+                raise ApiError(400, f"{call}: {req.loss_fn} needs loss_fn_inputs 'target_tokens'",
+                               f"data.{i}.loss_fn_inputs.target_tokens")
+            tgt = d.loss_fn_inputs["target_tokens"]
+            where = f"data.{i}.loss_fn_inputs.target_tokens"
+            if tgt.dtype.kind == "f":
+                if not np.all(np.isfinite(tgt)) or not np.all(tgt == np.round(tgt)):
+                    raise ApiError(400, f"{call}: target_tokens must be whole token ids, got a value such as "
+                                        f"{tgt[~(np.isfinite(tgt) & (tgt == np.round(tgt)))][0]}", where)
+            if len(d.ids) != len(tgt):
+                raise ApiError(400, f"{call}: model_input has {len(d.ids)} tokens, target_tokens {len(tgt)}; "
+                                    "they must be equal", f"data.{i}")
             if not d.ids:
                 raise ApiError(400, f"{call}: empty model_input", f"data.{i}.model_input")
             if len(d.ids) > cfg.block_size:
                 raise ApiError(400, f"{call}: {len(d.ids)} tokens exceed the context of {run.base_model} "
                                     f"({cfg.block_size} tokens)", f"data.{i}.model_input")
-            bad = [t for t in list(d.ids) + [int(x) for x in tgt] if not 0 <= t < cfg.vocab_size]
+            tgt = tgt.astype("int64")
+            bad = [t for t in list(d.ids) + tgt.tolist() if not 0 <= t < cfg.vocab_size]
             if bad:
                 raise ApiError(400, f"{call}: token id {bad[0]} is outside the vocabulary of {run.base_model} "
                                     f"(0..{cfg.vocab_size - 1})", f"data.{i}")
-            import numpy as np
-
-            if not np.all(np.isfinite(w)):
-                raise ApiError(400, f"{call}: weights must be finite numbers", f"data.{i}.loss_fn_inputs.weights")
-            batch.append(Example(d.ids, tgt.astype("int64"), w.astype("float32")))
+            targets.append(tgt)
+        try:
+            prepared = ls.prepare(req.loss_fn, req.loss_fn_config, [d.loss_fn_inputs for d in req.data],
+                                  [len(d.ids) for d in req.data])
+        except ls.LossError as exc:
+            raise ApiError(400, f"{call}: {exc}", exc.field) from None
+        batch = []
+        for i, d in enumerate(req.data):
+            w = prepared.weights[i] if prepared.weights is not None else np.zeros(len(d.ids), np.float32)
+            batch.append(Example(d.ids, targets[i], w))
         from . import check_batch
 
         try:
             check_batch(run.base_model, [len(ex.ids) for ex in batch], backward=not req.forward_only)
         except EngineError as exc:
             raise ApiError(400, f"{call}: {exc}", "data") from None
-
-        def work() -> tuple[bytes, str]:
-            if run.trainer is None:
-                raise EngineError("the training run was not created")
-            logprobs, elementwise, total = run.trainer.forward_backward(batch, backward=not req.forward_only)
-            outputs = [{"logprobs": lp, "elementwise_loss": el} for lp, el in zip(logprobs, elementwise)]
-            return wire.encode_forward_backward_output(outputs, {"loss:sum": total}), wire.CONTENT_TYPE
-
-        fut = run.submit(req.seq_id, call, work)
-        return {"request_id": fut.request_id, "model_id": run.model_id}
+        return batch, prepared.fn
 
     def optim_step(self, q: dict, body: Any) -> dict:
         from tinker import types
@@ -768,8 +976,10 @@ class LocalServer:
                 raise ApiError(400, f"optim_step: {name} must be a finite number >= 0, got {value}", f"adam_params.{name}")
 
         def work() -> dict:
-            metrics = run.trainer.optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
-                                             weight_decay=p.weight_decay, grad_clip_norm=p.grad_clip_norm)
+            with _kept_if_not_finite(run.trainer, "optim_step", weights=True):
+                metrics = run.trainer.optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                                                 eps=p.eps, weight_decay=p.weight_decay,
+                                                 grad_clip_norm=p.grad_clip_norm)
             return {"metrics": metrics}
 
         fut = run.submit(req.seq_id, "optim_step", work)
@@ -996,12 +1206,24 @@ class LocalServer:
             raise ApiError(404, f"retrieve_future: no request {req.request_id!r} on this server (was it restarted?)",
                            "request_id")
         fut.polls += 1
-        if not fut.done.wait(LONG_POLL_S):
+        if not self._wait(fut):
+            if self._stopping.is_set():
+                failed = {"error": f"{fut.call}: the server stopped before this request finished; start it "
+                                   "again and resume from the last checkpoint", "category": "server"}
+                return 200, json.dumps(failed).encode("utf-8"), "application/json"
             # 408 with the try_again body, as Tinker answers it: the SDK polls again without a word
             # (a 200 try_again makes it log a "Retrying request …" warning each time)
             again = {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
             return 408, json.dumps(again).encode("utf-8"), "application/json"
         return 200, fut.body, fut.content_type
+
+    def _wait(self, fut: _Future) -> bool:
+        """Wait up to LONG_POLL_S for `fut`, waking early when the server stops; whether it is done."""
+        deadline = time.monotonic() + LONG_POLL_S
+        while not fut.done.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
+            if self._stopping.is_set() or time.monotonic() >= deadline:
+                return fut.done.is_set()
+        return True
 
     # -- REST lookups
     def _run_record(self, run_id: str) -> dict:
@@ -1069,24 +1291,32 @@ class LocalServer:
                 "last_sampler_checkpoint": max(sampler, key=lambda c: c["time"]) if sampler else None,
                 "user_metadata": meta or None}
 
+    def _run_ids(self) -> list[str]:
+        """The runs in the data dir; what is not a run is skipped, with a warning in the log."""
+        return ck.run_ids(self.data_dir, lambda line: logger.warning("local server: %s", line))
+
     def list_training_runs(self, q: dict, body: Any) -> dict:
-        root = self.data_dir / "runs"
-        ids = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        ids = self._run_ids()
         limit, offset = _count(q, "limit", 20), _count(q, "offset", 0)
-        page = ids[offset:offset + limit]
-        return {"training_runs": [self.get_training_run(i) for i in page],
-                "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
+        runs = []
+        for i in ids[offset:offset + limit]:
+            try:
+                runs.append(self.get_training_run(i))
+            except (ApiError, OSError) as exc:
+                logger.warning("local server: run %s skipped: %s", i, getattr(exc, "message", exc))
+        return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
     def list_checkpoints(self, run_id: str) -> dict:
         self._run_record(run_id)
         return {"checkpoints": self._checkpoints(run_id)}
 
     def list_all_checkpoints(self, q: dict, body: Any) -> dict:
-        root = self.data_dir / "runs"
         cps = []
-        for p in sorted(root.iterdir()) if root.is_dir() else []:
-            if p.is_dir():
-                cps.extend(self._checkpoints(p.name))
+        for run_id in self._run_ids():
+            try:
+                cps.extend(self._checkpoints(run_id))
+            except (ApiError, OSError) as exc:
+                logger.warning("local server: run %s skipped: %s", run_id, getattr(exc, "message", exc))
         return {"checkpoints": cps}
 
     def weights_info(self, q: dict, body: Any) -> dict:
@@ -1102,7 +1332,7 @@ class LocalServer:
             raise ApiError(400, f"weights_info: {exc}", "tinker_path") from None
         targets = meta.get("targets") or {}
         return {"base_model": meta["base_model"], "is_lora": int(meta["lora_rank"]) > 0,
-                "lora_rank": int(meta["lora_rank"]) or None, "train_unembed": False,
+                "lora_rank": int(meta["lora_rank"]) or None, "train_unembed": bool(targets.get("unembed", False)),
                 "train_mlp": targets.get("mlp", True), "train_attn": targets.get("attn", True)}
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
@@ -1136,127 +1366,183 @@ def _empty_sample() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP plumbing (stdlib: a thread per connection, HTTP/1.1 keep-alive)
+# HTTP: uvicorn (its httptools parser) frames requests; a small ASGI app checks the key, reads the body and hands
+# the request to `LocalServer.dispatch` on a worker thread (handlers block: long-polls, disk)
 
 
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    app: LocalServer
+#: Requests answered on the event loop itself: they read memory only, never wait or touch disk.
+_INLINE = frozenset({"/api/v1/healthz", "/api/v1/client/config", "/api/v1/client/dynamic_config",
+                     "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/get_info",
+                     "/api/v1/create_session", "/api/v1/get_server_capabilities"})
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(*args, **kwargs)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
+class _Headers(dict):
+    """Request headers by lower-case name (`get` takes any case)."""
 
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
 
-    def close_connections(self) -> None:
-        """End every connection still open (their handler threads see the end and return)."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for conn in connections:
+
+class _Threads:
+    """Daemon threads that run blocking calls for the event loop: an idle one takes the next call,
+    and a new one starts when none is idle (a long-poll holds its thread while it waits)."""
+
+    def __init__(self, name: str, most: int = 512):
+        import queue
+
+        self._jobs: "queue.SimpleQueue[tuple[Callable, Any, Any] | None]" = queue.SimpleQueue()
+        self._idle = 0
+        self._count = 0
+        self._most = most
+        self._name = name
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._lock:
+            grow = self._idle == 0 and self._count < self._most
+            if grow:
+                self._count += 1
+            else:
+                self._idle -= 1
+        self._jobs.put((fn, loop, done))
+        if grow:
+            threading.Thread(target=self._work, name=f"{self._name}-{self._count}", daemon=True).start()
+        return done
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, loop, done = job
             try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:  # closed meanwhile
+                value, error = fn(), None
+            except BaseException as exc:  # handed to the event loop below
+                value, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, done, value, error)
+            except RuntimeError:  # the loop has ended (the server stopped)
                 pass
+            with self._lock:
+                self._idle += 1
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # a client that went away mid-request (a training run stopped with Ctrl-C) is not news
-        import sys
+    def close(self) -> None:
+        with self._lock:
+            count, self._count = self._count, 0
+        for _ in range(count):
+            self._jobs.put(None)
 
-        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+
+def _settle(done: Any, value: Any, error: BaseException | None) -> None:
+    if done.done():  # the request was cancelled (its client went away)
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(value)
+
+
+class _App:
+    """The ASGI application in front of a LocalServer."""
+
+    def __init__(self, server: "LocalServer"):
+        self.server = server
+        self.threads = _Threads("local-http")
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
             return
-        super().handle_error(request, client_address)
-
-    def server_bind(self) -> None:
-        if ":" in self.server_address[0]:
-            self.address_family = socket.AF_INET6
-            self.socket = socket.socket(self.address_family, self.socket_type)
-        socketserver.TCPServer.server_bind(self)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "machine-nb-tinker"
-    # Nagle's algorithm against the client's delayed ACK stalled every small answer ~40 ms
-    disable_nagle_algorithm = True
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        # method and path only: headers (the API key) are never logged
-        if not self.server.app.quiet:
-            logger.info("local server: %s", format % args)
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        # headers and body in one write: one segment for a small answer
-        self._headers_buffer.append(b"\r\n")
-        self._headers_buffer.append(body)
-        self.wfile.write(b"".join(self._headers_buffer))
-        self._headers_buffer = []
-
-    def _error(self, exc: ApiError) -> None:
-        payload = {"detail": exc.message, "field": exc.field, **exc.extra}
-        self._send(exc.status, json.dumps(payload).encode("utf-8"), "application/json", {"x-should-retry": "false"})
-
-    def _handle(self, method: str) -> None:
-        parts = urlsplit(self.path)
+        method, path = scope["method"], scope["path"]
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        headers = _Headers((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"])
+        app = self.server
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self.close_connection = True
-            return self._error(ApiError(400, "Content-Length is not a number"))
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the unread body cannot be skipped safely
-            return self._error(ApiError(413, f"{method} {parts.path}: the body has {length} bytes; this server accepts "
-                                             f"at most {MAX_BODY_BYTES}"))
-        raw = self.rfile.read(length) if length else b""
+            app.check_key(path, headers.get("x-api-key"))  # before anything else of the request is read
+            length = headers.get("content-length")
+            if length is not None and int(length) > MAX_BODY_BYTES:
+                raise ApiError(413, f"{method} {path}: the body has {length} bytes; this server accepts at most "
+                                    f"{MAX_BODY_BYTES}")
+            raw = await self._body(receive, method, path)
+        except ApiError as exc:
+            return await self._send(send, *_error_answer(exc), close=True)
+        if raw is None:  # the client went away
+            return
+        if not app.quiet:
+            logger.info("local server: %s %s", method, path)  # method and path only: never headers (the key)
         body: Any = None
-        ctype = self.headers.get("Content-Type") or ""
-        if raw and "json" in ctype:
+        if raw and "json" in (headers.get("content-type") or ""):
             from ...jsonl import parse_json  # bounded: a hostile nesting is a 400, never a RecursionError
 
             try:
                 body = parse_json(raw)
             except MachineFormatError as exc:
-                return self._error(ApiError(400, f"{method} {parts.path}: the body is not valid JSON ({exc.reason})",
-                                            exc.field))
+                return await self._send(send, *_error_answer(ApiError(
+                    400, f"{method} {path}: the body is not valid JSON ({exc.reason})", exc.field)))
         try:
-            status, out, out_type = self.server.app.dispatch(method, parts.path, parse_qs(parts.query), body, raw,
-                                                             self.headers)
+            if path in _INLINE:
+                answer = app.dispatch(method, path, query, body, raw, headers)
+            else:
+                answer = await self.threads.run(lambda: app.dispatch(method, path, query, body, raw, headers))
         except ApiError as exc:
-            return self._error(exc)
+            answer = _error_answer(exc)
         except Exception as exc:  # a defect: a 4xx the SDK raises at once, never a retried 5xx
-            logger.error("local server: %s %s failed\n%s", method, parts.path, traceback.format_exc())
-            return self._error(ApiError(400, f"{method} {parts.path}: internal error of the local engine: "
-                                             f"{type(exc).__name__}: {exc}"))
-        self._send(status, out, out_type)
+            logger.error("local server: %s %s failed\n%s", method, path,
+                         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            answer = _error_answer(ApiError(400, f"{method} {path}: internal error of the local engine: "
+                                                 f"{type(exc).__name__}: {exc}"))
+        await self._send(send, *answer)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib names
-        self._handle("GET")
+    @staticmethod
+    async def _body(receive: Callable, method: str, path: str) -> bytes | None:
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > MAX_BODY_BYTES:
+                raise ApiError(413, f"{method} {path}: the body is over {MAX_BODY_BYTES} bytes, the most this "
+                                    "server accepts")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
 
-    def do_POST(self) -> None:  # noqa: N802
-        self._handle("POST")
+    @staticmethod
+    async def _send(send: Callable, status: int, body: bytes, content_type: str, extra: tuple = (),
+                    close: bool = False) -> None:
+        headers = [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode()),
+                   *extra]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._handle("DELETE")
 
-    def do_PUT(self) -> None:  # noqa: N802
-        self._handle("PUT")
+def _error_answer(exc: ApiError) -> tuple[int, bytes, str, tuple]:
+    payload = {"detail": exc.message, "field": exc.field, **exc.extra}
+    return exc.status, json.dumps(payload).encode("utf-8"), "application/json", ((b"x-should-retry", b"false"),)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when the host is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # an answer goes out as two writes (head, body): with Nagle's algorithm the second waits
+        # for the client's delayed ACK. Accepted connections inherit this option.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1278,14 +1564,16 @@ def running_at(url: str) -> LocalServer | None:
 
 def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
-    first time it is needed, reused afterwards, stopped when the interpreter exits (after
+    first time it is needed, with the process's key (`checkpoints.PROCESS_KEY`), reused afterwards, stopped when the interpreter exits (after
     machine_nb's SDK sessions on it are finished: `LocalServer.on_stop`). It runs in this process
     (a thread), so it can never outlive it."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            _DEFAULT = LocalServer().start()
-            _at_exit(_stop_default_at_exit)
+            _DEFAULT = LocalServer(key=ck.PROCESS_KEY).start()
+            from .workarounds import before_executors_shut_down
+
+            before_executors_shut_down(_stop_default_at_exit)
         return _DEFAULT
 
 
@@ -1311,7 +1599,9 @@ def _stop_default_at_exit() -> None:
     server = _DEFAULT
     if server is None:
         return
-    pool_threads = getattr(concurrent.futures.thread, "_threads_queues", {})  # executors' own workers
+    from .workarounds import executor_threads
+
+    pool_threads = executor_threads()  # executors' own workers: Python joins them itself
     running = [t for t in threading.enumerate() if t.is_alive() and not t.daemon
                and t is not threading.current_thread() and t not in pool_threads]
     if running or server.busy():
@@ -1320,23 +1610,6 @@ def _stop_default_at_exit() -> None:
         atexit.register(_stop_default, notify=False)
         return
     _stop_default()
-
-
-def _at_exit(fn: Callable[[], None]) -> None:
-    """Call `fn` as the interpreter begins to exit, before concurrent.futures refuses new work: the
-    SDK needs its event loop's executor to finish a session, and by the time `atexit` handlers run
-    every executor is shut ("cannot schedule new futures after shutdown"). threading's own exit
-    hooks (which concurrent.futures uses) run in reverse order of registration, so this one,
-    registered after concurrent.futures' (imported above), runs before it."""
-    import atexit
-
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("no threading exit hooks")
-        register(fn)
-    except RuntimeError:  # an interpreter without them, or one already exiting
-        atexit.register(fn)
 
 
 def _stop_default(notify: bool = True) -> None:
@@ -1353,17 +1626,37 @@ def _stop_default(notify: bool = True) -> None:
 def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathLike | None = None,
           key: str | None = None, threads: int | None = None, verbose: bool = False,
           announce: Callable[[str], None] = print) -> None:
-    """Run the server in the foreground until Ctrl-C (what `machine-nb serve` does)."""
+    """Run the server in the foreground until Ctrl-C or SIGTERM (what `machine-nb serve` does): the
+    requests in progress are answered, the workers end, and the call returns."""
+    if key is None and _is_loopback(host):
+        directory = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
+        key, key_file = ck.data_dir_key(ck.ensure_private_dir(directory))
+        note = (f"every request must send the key in {key_file} as its API key: "
+                f"TINKER_API_KEY=$(cat {key_file})")
+    else:
+        note = "every request must send the key it was given as its API key (TINKER_API_KEY)"
     server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
     if verbose:
         logging.basicConfig(level=logging.INFO)
-    from . import describe_devices
+    import signal
 
-    note = "" if key is None else " (requests must send the key)"
-    announce(f"serving the Tinker API on {server.url}{note} ({describe_devices()})")
+    stop_asked = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stop_asked.set())
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.start()
+        server.capabilities({}, None)  # loads what the first requests need, so "ready" means ready
+        import sys
+
+        print(note, file=sys.stderr, flush=True)  # names the key's file, never the key
+        from . import describe_devices
+
+        announce(f"serving the Tinker API on {server.url} ({describe_devices()})")
+        while not stop_asked.wait(0.5) and server._thread is not None and server._thread.is_alive():
+            pass
     finally:
-        server.stop()
+        server.stop()  # requests in progress are answered first
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,61 @@
+"""The places machine_nb uses other libraries' private names, because no public API does the job.
+
+Each is kept here, small, with the version it was written for (`WRITTEN_FOR`);
+tests/test_server_workarounds.py fails when an installed version differs, so each is checked again on
+an upgrade rather than found broken in a user's notebook.
+
+- `before_executors_shut_down(fn)`: run `fn` as the interpreter begins to exit, before
+  concurrent.futures refuses new work. The local server finishes its clients' SDK sessions then,
+  which needs the SDK's executor; `atexit` handlers run only after every executor is shut.
+  CPython has no public hook at that point: threading's own (`threading._register_atexit`, which
+  concurrent.futures uses) runs its hooks in reverse order of registration, so one registered
+  after concurrent.futures' (imported here first) runs before it.
+- `executor_threads()`: the worker threads of concurrent.futures' executors, which a check for
+  "a thread of the user's is still running" at exit leaves out (Python joins them itself).
+- `stop_sdk_client(client)`: stop a `tinker.ServiceClient`'s heartbeat and connections without
+  sending anything. Its public `close()` first sends "finish session", which the SDK retries for
+  about five minutes against a server that is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures.thread
+import threading
+from typing import Any, Callable
+
+#: What each workaround was written against: Python's minor version and the tinker SDK's.
+WRITTEN_FOR = {"python": "3.11", "tinker": "0.38"}
+
+
+def before_executors_shut_down(fn: Callable[[], None]) -> None:
+    """Call `fn` as the interpreter begins to exit, before executors refuse new work (falls back
+    to `atexit` where the hook is missing or the interpreter is already exiting)."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hooks")
+        register(fn)
+    except RuntimeError:
+        atexit.register(fn)
+
+
+def executor_threads() -> set:
+    """The worker threads of concurrent.futures' thread pools still alive."""
+    return set(getattr(concurrent.futures.thread, "_threads_queues", {}))
+
+
+def stop_sdk_client(client: Any) -> None:
+    """Mark a tinker.ServiceClient closed and close its holders (heartbeat, connections), sending
+    nothing. Errors of a holder already closed, or of an SDK loop ended at exit, are ignored."""
+    lock = getattr(client, "_lifecycle_lock", None)
+    if lock is not None:
+        with lock:
+            client._closed = True
+    for name in ("_session_holder", "_rest_holder"):
+        holder = getattr(client, name, None)
+        if holder is not None:
+            try:
+                holder.close()
+            except Exception:  # already closed, or the SDK's loop has ended at exit
+                pass

@@ -1,0 +1,43 @@
+"""machine_nb.engines.local.workarounds: the only uses of other libraries' private names. These fail
+when Python or the tinker SDK moves to a version the workarounds were not written for, so each
+is checked again then."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+import tinker
+
+from machine_nb.engines.local import workarounds
+from machine_nb.engines.local import DEFAULT_MODEL
+from machine_nb.engines.local.server import LocalServer
+
+
+def test_the_versions_are_those_the_workarounds_were_written_for():
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" == workarounds.WRITTEN_FOR["python"]
+    assert ".".join(tinker.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["tinker"]
+
+
+def test_the_private_names_are_there():
+    import concurrent.futures.thread
+
+    assert callable(threading._register_atexit)
+    assert hasattr(concurrent.futures.thread, "_threads_queues")
+    client = tinker.ServiceClient(base_url="http://127.0.0.1:9", api_key="tml-not-a-real-key-0000")
+    for name in ("_lifecycle_lock", "_closed", "_session_holder", "_rest_holder"):
+        assert hasattr(client, name), name
+
+
+def test_stop_sdk_client_stops_a_client_of_a_server_that_is_gone_without_waiting():
+    server = LocalServer().start()
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.key)
+    client.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60)
+    server.stop()
+    stopping = threading.Thread(target=workarounds.stop_sdk_client, args=(client,))
+    stopping.start()
+    stopping.join(120)  # the public close() would retry its finish request for about five minutes
+    assert not stopping.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.create_sampling_client(base_model=DEFAULT_MODEL)
