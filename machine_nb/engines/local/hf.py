@@ -254,7 +254,6 @@ _BASE_LOCK = threading.Lock()
 
 @lru_cache(maxsize=2)
 def _base(device_key: str) -> Any:
-    import torch
     from transformers import AutoModelForCausalLM
 
     device, dtype = device_and_dtype()

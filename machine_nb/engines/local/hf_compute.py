@@ -12,7 +12,6 @@ with a KV cache.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
