@@ -450,8 +450,9 @@ def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95) -> "pd.Dat
         0 = the starting weights), accuracy, ci_low / ci_high (Wilson score interval over the
         rows), format_rate (None without format regexes), correct, n, final (the run's final
         checkpoint), max_tokens / temperature (the sampling the scores were taken with),
-        prompt_tokens / output_tokens, errors (rows whose request failed). Empty when the run had
-        no held-out evals.
+        prompt_tokens / output_tokens, errors (rows whose request failed); then, for a run given
+        `inspect_tasks`, one column per Inspect task, `inspect:<task>`, its accuracy at that step
+        (every metric: `inspect_bridge.inspect_curve`). Empty when the run had no held-out evals.
     """
     import pandas as pd
 
@@ -467,7 +468,25 @@ def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95) -> "pd.Dat
                     "max_tokens": params.get("max_tokens"), "temperature": params.get("temperature"),
                     "prompt_tokens": s.get("prompt_tokens"), "output_tokens": s.get("output_tokens"),
                     "errors": s.get("errors", 0)})
-    return pd.DataFrame(out, columns=CURVE_COLUMNS)
+    curve = pd.DataFrame(out, columns=CURVE_COLUMNS)
+    inspect = _inspect_accuracy(log_dir)
+    if inspect:
+        steps = sorted(set(curve["step"]) | set(inspect))
+        curve = curve.set_index("step").reindex(steps).rename_axis("step").reset_index()
+        for task in sorted({task for scores in inspect.values() for task in scores}):
+            curve[f"inspect:{task}"] = [inspect.get(step, {}).get(task) for step in curve["step"]]
+    return curve
+
+
+def _inspect_accuracy(log_dir: str | os.PathLike) -> dict[int, dict[str, float]]:
+    """{step: {task: accuracy}} of the Inspect tasks a run scored while training (metrics.jsonl's
+    `test/inspect/<task>/accuracy`); empty for a run without them."""
+    prefix, out = f"{HELDOUT_PREFIX}inspect/", {}
+    for row in read_log_lines(Path(log_dir) / METRICS_FILE):
+        for key, value in row.items():
+            if key.startswith(prefix) and key.endswith("/accuracy") and isinstance(value, (int, float)):
+                out.setdefault(row.get("step"), {})[key[len(prefix):-len("/accuracy")]] = float(value)
+    return out
 
 
 def heldout_results(log_dir: str | os.PathLike, step: int | str | None = None) -> "EvalResult | pd.DataFrame":

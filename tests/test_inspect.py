@@ -326,7 +326,10 @@ def test_sft_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(ru
     curve = inspect_curve(result.log_dir)
     acc = curve[curve["metric"] == "accuracy"]
     assert acc["step"].tolist() == [0, 1, 2] and set(acc["task"]) == {"held_out_sums"}  # steps 0, 1 and the final
-    assert mnb.heldout_curve(result.log_dir)["step"].tolist() == [0, 1, 2]  # the same steps as the held-out rows
+    held = mnb.heldout_curve(result.log_dir)
+    assert held["step"].tolist() == [0, 1, 2]  # the same steps as the held-out rows
+    # the Inspect task's accuracy joins the held-out curve, step by step
+    assert held["inspect:held_out_sums"].tolist() == acc["value"].tolist()
     logs = sorted((tmp_path / "run" / "inspect").glob("*.eval"))
     assert len(logs) == 3
     first = mnb.load_results(logs[0])
