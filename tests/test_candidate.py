@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -177,6 +176,7 @@ COMMITTER = textwrap.dedent("""
     ws, name, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     cand = Candidate(workspace=ws, machine="tutor", checkpoint=f"local:///ckpt/{name}", base_model="local/arith-tiny",
                      engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
+    print("ready", flush=True)
     while not go.exists():
         time.sleep(0.001)
     try:
@@ -196,7 +196,7 @@ def test_concurrent_commits_one_wins_the_other_sees_a_clear_error(tmp_path):
         procs = [subprocess.Popen([sys.executable, str(script), str(ws), f"{attempt}-{i}", str(go)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
                  for i in range(4)]
-        time.sleep(1.5)  # all four are waiting for the signal
+        assert [p.stdout.readline() for p in procs] == ["ready\n"] * 4  # all four are waiting for the signal
         go.touch()
         outs = [p.communicate(timeout=60) for p in procs]
         assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
