@@ -12,12 +12,16 @@ setup:
 report: setup
 	$(PY) -m machine_nb.cli report notebooks/01_minimal_sft.ipynb -o reports/minimal_sft.html
 
+# Notebook 04's full grid (18 trainings) runs in tests/test_notebook_sweep.py on a small grid, its
+# assertion cells included; the committed copy keeps the full grid's outputs for readers.
+NBVAL_SKIP := --ignore=notebooks/04_sweep.ipynb
+
 # Test files run in parallel, one pytest worker per CPU up to 4 (each worker keeps a file's tests,
 # and a notebook's cells, together and in order); JOBS=1 runs them one after another.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 test: setup
-	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest -n $(JOBS) --dist loadfile --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg
+	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest -n $(JOBS) --dist loadfile --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg $(NBVAL_SKIP)
 
 # The documentation site (docs/, mkdocs.yml) into site/, offline, strict: a broken link, a missing
 # reference or a docstring griffe cannot read fails the build.

@@ -3,6 +3,7 @@ raised exception), the notebook while it runs, and after Ctrl-C. Redaction cover
 names, passwords inside URLs, short values and key-shaped strings; nothing is created before the
 notebook is known to exist, and the input notebook is never overwritten."""
 
+import hashlib
 import json
 import os
 import signal
@@ -70,33 +71,43 @@ def test_a_failing_cell_never_prints_or_raises_the_key(tmp_path, monkeypatch):
 
 
 def test_no_unredacted_file_while_running_or_after_ctrl_c(tmp_path):
-    go = tmp_path / "go"
+    go, started, long = tmp_path / "go", tmp_path / "started", tmp_path / "long"
     nb = _notebook(tmp_path / "slow.ipynb",
                    "import os\nprint('the key is', os.environ['TINKER_API_KEY'])",
-                   f"import pathlib, time\npathlib.Path({str(tmp_path / 'started')!r}).write_text('1')\n"
+                   # the kernel holds the key (its digest proves it without writing it) and has printed it
+                   f"import hashlib, pathlib, time\npathlib.Path({str(started)!r}).write_text("
+                   "hashlib.sha256(os.environ['TINKER_API_KEY'].encode()).hexdigest())\n"
                    f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.1)",
-                   "time.sleep(600)")
+                   f"pathlib.Path({str(long)!r}).write_text('1')\ntime.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o",
                              str(tmp_path / "reports" / "slow.html")], env=_env(tmp_path), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
-    try:
-        for _ in range(3000):  # wait for cell 2 to run (cell 1 has printed the key by then)
-            if (tmp_path / "started").exists() or proc.poll() is not None:
+
+    def wait_for(marker: Path) -> None:
+        for _ in range(3000):
+            if marker.exists() or proc.poll() is not None:
                 break
             time.sleep(0.1)
-        assert (tmp_path / "started").exists(), proc.stderr.read() if proc.poll() is not None else "never started"
-        time.sleep(1.5)  # papermill saves after each cell: give it the chance to
+        assert marker.exists(), proc.stderr.read() if proc.poll() is not None else f"{marker.name}: never reached"
+
+    try:
+        # papermill saves the notebook when a cell completes and when the next one starts, so by the
+        # time a cell runs, the outputs of the cells above it have been saved
+        wait_for(started)  # cell 1 has printed the key and been saved
+        assert started.read_text() == hashlib.sha256(CANARY.encode()).hexdigest(), "the kernel never saw the key"
         assert not _files_holding(tmp_path, CANARY), "an unredacted file exists while the report runs"
-        go.write_text("1")  # on to the long cell, then Ctrl-C
-        time.sleep(1.5)
+        go.write_text("1")
+        wait_for(long)  # cell 2 saved too; Ctrl-C in the long cell
+        assert not _files_holding(tmp_path, CANARY), "an unredacted file exists while the report runs"
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr
-    assert CANARY not in stderr
+    assert CANARY not in stdout + stderr
     assert not _files_holding(tmp_path, CANARY), "an unredacted file was left behind after Ctrl-C"
+    assert not list((tmp_path / "reports").glob("slow.*")), "a Ctrl-C writes no report"
     assert not list((tmp_path / "tmpdir").iterdir()), "temporary files left behind"
 
 

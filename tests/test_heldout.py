@@ -171,7 +171,7 @@ def test_eval_rows_in_memory_and_the_default_once_an_epoch(corpus, tmp_path):
 
 def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path):
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("sft", at=28, hold_step=32):
+    with ctrl_c_at("sft", at=22, hold_step=26):
         sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, eval_data=corpus.valid, eval_every=6,
             progress=False)
     part = read_training_log(log_dir)

@@ -100,7 +100,7 @@ def test_sft_then_dpo_starts_from_the_sft_weights(pairs, tmp_path):
 
 def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, tmp_path):
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("dpo", at=28, hold_step=32):
+    with ctrl_c_at("dpo", at=22, hold_step=26):
         dpo(pairs, log_dir=log_dir, progress=False)
     part = read_dpo_log(log_dir)
     assert not part.complete and 20 <= part.steps < 50 and part.state_path.endswith("/weights/000020")

@@ -26,10 +26,13 @@ NOISE = ("heartbeat failed", "Tinker is down", "Traceback")
 FAST_SDK_CLOCK = textwrap.dedent("""
     import time, types
     import tinker.lib.internal_client_holder as _holder
-    _real = time.monotonic
+    _real, _sleep = time.monotonic, _holder.asyncio.sleep
     _clock = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("__")})
-    _clock.monotonic = lambda: _real() * 20
+    _clock.monotonic = lambda: _real() * 100
     _holder.time = _clock
+    _aio = types.SimpleNamespace(**{k: getattr(_holder.asyncio, k) for k in dir(_holder.asyncio) if not k.startswith("__")})
+    _aio.sleep = lambda delay, *a, **kw: _sleep(delay / 20, *a, **kw)
+    _holder.asyncio = _aio
 """)
 
 ROWS = textwrap.dedent("""
@@ -136,7 +139,7 @@ def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
             mnb.evaluate(ROWS, model="local/arith-tiny", engine="tinker", save=False, progress=False)
         except EngineError as exc:
             print("refused:", str(exc)[:60], flush=True)
-        time.sleep(12)                       # one SDK heartbeat (seen as 240 s by its fast clock)
+        time.sleep(2.5)                      # five SDK heartbeats, 250 s by its fast clock
         print("done", flush=True)
     """)
     done = run_script(tmp_path, body)

@@ -114,10 +114,10 @@ def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
 
 
 def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, trained, tmp_path):
-    """Interrupt the 60-step run near step 30, resume it: 60 steps, the same tokens, the very same
-    final loss and the same replies as the run that was never interrupted."""
+    """Interrupt the 60-step run just past its step-20 checkpoint, resume it: 60 steps, the same
+    tokens, the very same final loss and the same replies as the run that was never interrupted."""
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("sft", at=28, hold_step=32):
+    with ctrl_c_at("sft", at=22, hold_step=26):
         sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, progress=False)
     part = read_training_log(log_dir)
     assert not part.complete and 20 <= part.steps < 60
