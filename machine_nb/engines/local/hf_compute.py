@@ -104,7 +104,7 @@ class HFTrainer(Trainer):
         from peft import get_peft_model_state_dict
 
         return "adapter.safetensors", {k: v.detach().to("cpu", torch.float32).clone().contiguous()
-                                       for k, v in get_peft_model_state_dict(self.model).items()}
+                                       for k, v in get_peft_model_state_dict(self.model, save_embedding_layers=False).items()}
 
     def _load_weights(self, state: dict[str, torch.Tensor]) -> None:
         _load_adapter(self.model, state)
@@ -122,7 +122,7 @@ def _load_adapter(model: Any, state: dict[str, torch.Tensor]) -> None:
     """Copy saved adapter tensors into a PeftModel of the same rank and targets (ValueError if not)."""
     from peft import get_peft_model_state_dict
 
-    own = get_peft_model_state_dict(model)
+    own = get_peft_model_state_dict(model, save_embedding_layers=False)
     if set(own) != set(state):
         missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
         raise ValueError(f"adapter tensors do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
