@@ -70,3 +70,19 @@ def test_readme_code_runs_as_written(tmp_path, monkeypatch):
     namespace = {"__name__": "readme"}  # one namespace: a reader runs the blocks in order
     for block in blocks:
         exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 (the README's own example)
+
+
+def test_every_picture_the_readme_and_docs_show_is_there():
+    """The README's widget pictures (light and dark), as scripts/docs_images.py copies them from the
+    browser tests' gallery, are committed under docs/images/."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_images", ROOT / "scripts" / "docs_images.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shown = module.shown()
+    assert {f"{w}-{t}.png" for w in ("run_picker", "previewer", "loss_plot", "candidate_view", "sweep_view")
+            for t in ("light", "dark")} <= shown
+    missing = sorted(n for n in shown if not (ROOT / "docs" / "images" / n).is_file())
+    assert not missing, f"pictures shown but not in docs/images/: {missing}"
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
