@@ -213,6 +213,9 @@ THEMED = [
     "mnb.CompareView(res([True, False, True, False]), res([True, True, False, False]))",
     "mnb.CostMeter(lines, model='thinkingmachines/Inkling', max_usd=100)",
     "mnb.Tagger({'id': 'r1', 'machine': 'calc', 'history': [], 'trajectory': lines[1]['messages'][1:]}, store='tag_store')",
+    "c = mnb.make_corpus('corpus', seed=0)\n"
+    "run = mnb.sft(c.train, max_steps=48, eval_data=mnb.read_jsonl(c.valid)[:8], eval_every=12, progress=False)\n"
+    "mnb.LossPlot(run.log_dir, live=False)",
     "print('ok')",
 ]
 # Text that was unreadable in the dark theme (tokens, legend, compare rows, labels) and the rest
@@ -255,9 +258,11 @@ def test_widget_text_is_readable_in_light_and_dark_themes(tmp_path):
             expect(page.locator(".mnb-compare-rows:visible").first).to_be_visible()
             reports["JupyterLab Light"] = readable_text(page, "JupyterLab Light")
             keep_widget_picture(page, 1, "previewer-light")
+            keep_widget_picture(page, 5, "loss_plot-light")
         with screenshot_after(page, tmp_path / "widgets_dark_theme.png"):
             reports["JupyterLab Dark"] = readable_text(page, "JupyterLab Dark")
             keep_widget_picture(page, 1, "previewer-dark")
+            keep_widget_picture(page, 5, "loss_plot-dark")
     missing = {theme: [name for name, found in report.items() if not found] for theme, report in reports.items()}
     assert not any(missing.values()), f"nothing visible for {missing}"
     poor = {(theme, name): [f"{x['text']!r}: {x['ratio']:.2f} ({x['fg']} on {x['bg']})"
