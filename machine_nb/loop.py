@@ -839,7 +839,7 @@ def train(settings: RunSettings, data: RunData, *, module: str, eval_data: Any, 
 
 def _child_env(engine: str) -> dict[str, str]:
     """The run's environment: the caller's, unchanged, except that on the local engine the
-    training loop sends a placeholder key (the user's own TINKER_API_KEY never goes to the local server)."""
+    training loop sends the local server's own key (the user's TINKER_API_KEY never goes to the local server)."""
     from .engines import LOCAL_API_KEY
 
     env = dict(os.environ)
@@ -976,7 +976,7 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
     Args:
         spec: `child_spec`'s.
         log_dir: the run's log dir.
-        engine: "local" (the child sends a placeholder key) or "tinker".
+        engine: "local" (the child sends the local server's key) or "tinker".
         on_poll: called about every `poll_s` seconds while the run goes, and once after it (default None).
         poll_s: seconds between polls (default 0.2).
         watchdog: engines.watchdog's, checked at every poll (default None).
