@@ -198,12 +198,13 @@ def main() -> None:
     device, dtype = hf.device_and_dtype()
     print(f"bench_real_model: {MODEL} on {device} ({dtype}), torch threads {threads}, cpu cores {os.cpu_count()}")
     work = Path(tempfile.mkdtemp(prefix="bench-real-"))
-    env = {**os.environ, "MACHINE_NB_MODELS_DIR": str(work / "models"), "TINKER_TELEMETRY": "0"}
+    env = {**os.environ, "MACHINE_NB_MODELS_DIR": str(work / "models"), "TINKER_TELEMETRY": "0",
+           "MACHINE_NB_SERVER_KEY": KEY}  # the key the benchmark's clients send
 
     cold, proc, url, line = first_answer(env, work / "data-cold")
     stop(proc)
     warm, proc, url, line = first_answer(env, work / "data")
-    print(f"start line: {line}")
+    print(f"ready line: {line}")
     print(f"server start to first answer: cold {cold:.1f} s (target <= 30, one-time conversion included), "
           f"warm {warm:.1f} s (target <= 5)")
 

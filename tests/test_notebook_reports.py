@@ -189,7 +189,7 @@ HEADLINED = {
                                     "The promotion gate passed it: committed as v2."),
                                    ["the live version v1", "the candidate"]),
     "05_preference.ipynb": ("Preference training from tags: SFT vs DPO vs SFT→DPO on held-out cases",
-                            ("SFT 75.0% (95% CI", "DPO 0.0% (95% CI", "SFT→DPO 75.0% (95% CI",
+                            ("SFT 85.0% (95% CI", "DPO 0.0% (95% CI", "SFT→DPO 80.0% (95% CI",
                              "against the live version v1's 0.0%", "pair accuracy on 20 held-out pairs"),
                             ["live v1", "SFT", "DPO", "SFT→DPO"]),
 }

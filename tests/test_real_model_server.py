@@ -76,7 +76,8 @@ def step(tc, data, lr=4e-3) -> float:
 
 
 def test_the_start_line_says_the_device_and_dtype(served):
-    assert "local/smollm2-135m: device cpu, float32" in served.line or os.environ.get("MACHINE_NB_DEVICE")
+    # the "models:" line on stderr, before the ready line (which ends with the URL alone)
+    assert "local/smollm2-135m: device cpu, float32" in served.output() or os.environ.get("MACHINE_NB_DEVICE")
 
 
 def test_capabilities_list_the_real_model_with_its_context(served):

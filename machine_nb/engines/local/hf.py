@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import threading
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -309,7 +310,11 @@ def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: boo
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(int(seed))  # PEFT draws A from torch's global generator
-        peft_model = get_peft_model(model, cfg)
+        with warnings.catch_warnings():
+            # the output projection's adapter is its own: the tied embedding stays untouched (no
+            # `ensure_weight_tying`), which PEFT warns about for tied models
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*", category=UserWarning)
+            peft_model = get_peft_model(model, cfg)
     finally:
         torch.random.set_rng_state(state)
     for name, p in peft_model.named_parameters():

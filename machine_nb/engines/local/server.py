@@ -1650,10 +1650,13 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
         server.capabilities({}, None)  # loads what the first requests need, so "ready" means ready
         import sys
 
-        print(note, file=sys.stderr, flush=True)  # names the key's file, never the key
         from . import describe_devices
 
-        announce(f"serving the Tinker API on {server.url} ({describe_devices()})")
+        print(note, file=sys.stderr, flush=True)  # names the key's file, never the key
+        # which device and dtype each model runs on; the ready line below stays "… on URL" alone,
+        # so a script can take the URL from its end
+        print(f"models: {describe_devices()}", file=sys.stderr, flush=True)
+        announce(f"serving the Tinker API on {server.url}")
         while not stop_asked.wait(0.5) and server._thread is not None and server._thread.is_alive():
             pass
     finally:
