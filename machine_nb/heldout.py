@@ -197,31 +197,46 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     Returns:
         The metrics, or None when the run saved no final sampler checkpoint.
     """
+    from .sampling import run_coroutine
+
+    def failed(exc: BaseException) -> None:  # say the run is over (a live plot stops waiting)
+        _append(os.path.join(builder.log_dir, HELDOUT_FILE),
+                {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
+
+    return _on_final_checkpoint(builder.log_dir, builder.model, base_url, total_steps,
+                                lambda client: run_coroutine(lambda: HeldOutEvaluator(builder).run(
+                                    client, total_steps, final=True)), on_error=failed)
+
+
+def _on_final_checkpoint(log_dir: str, model: str, base_url: str | None, total_steps: int,
+                         score: Any, on_error: Any = None) -> dict[str, float] | None:
+    """`score(sampling_client)` on a run's final sampler checkpoint, its metrics appended to
+    metrics.jsonl as step `total_steps`; None when the run saved no final sampler checkpoint.
+
+    The SDK client is closed afterwards: the training process is kept for the next run, and a client
+    left open would keep its session heart-beating against the engine until the process ends. A
+    failure is handed to `on_error` first, then raised."""
     import tinker
     from tinker_cookbook import checkpoint_utils
 
-    from .sampling import open_sampler, run_coroutine
+    from .sampling import open_sampler
 
-    final = [c for c in checkpoint_utils.load_checkpoints_file(builder.log_dir)
-             if c.name == "final" and c.sampler_path]
+    final = [c for c in checkpoint_utils.load_checkpoints_file(log_dir) if c.name == "final" and c.sampler_path]
     if not final:
         return None
-    # the training process is kept for the next run: a client left open would keep its session
-    # heart-beating against the engine until the process ends
     service = tinker.ServiceClient(base_url=base_url)
     status = "errored"
     try:
-        client = open_sampler(builder.model, final[-1].sampler_path, "tinker", service_client=service)
-        metrics = run_coroutine(lambda: HeldOutEvaluator(builder).run(client, total_steps, final=True))
+        metrics = score(open_sampler(model, final[-1].sampler_path, "tinker", service_client=service))
         status = "success"
-    except BaseException as exc:  # say the run is over (a live plot stops waiting), then fail the run
-        _append(os.path.join(builder.log_dir, HELDOUT_FILE),
-                {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
+    except BaseException as exc:
+        if on_error is not None:
+            on_error(exc)
         raise
     finally:
         with contextlib.suppress(Exception):  # a server already gone has no session to finish
             service.close(status).result(timeout=30)
-    _append(os.path.join(builder.log_dir, METRICS_FILE), {"step": total_steps, **metrics})
+    _append(os.path.join(log_dir, METRICS_FILE), {"step": total_steps, **metrics})
     return metrics
 
 
@@ -318,26 +333,10 @@ def inspect_final(builder: InspectEvalBuilder, base_url: str | None, total_steps
     Returns:
         The metrics, or None when the run saved no final sampler checkpoint.
     """
-    import tinker
-    from tinker_cookbook import checkpoint_utils
+    from .sampling import run_coroutine
 
-    from .sampling import open_sampler, run_coroutine
-
-    final = [c for c in checkpoint_utils.load_checkpoints_file(builder.log_dir)
-             if c.name == "final" and c.sampler_path]
-    if not final:
-        return None
-    service = tinker.ServiceClient(base_url=base_url)
-    status = "errored"
-    try:
-        client = open_sampler(builder.model, final[-1].sampler_path, "tinker", service_client=service)
-        metrics = run_coroutine(lambda: InspectEvaluator(builder)(client))
-        status = "success"
-    finally:
-        with contextlib.suppress(Exception):  # a server already gone has no session to finish
-            service.close(status).result(timeout=30)
-    _append(os.path.join(builder.log_dir, METRICS_FILE), {"step": total_steps, **metrics})
-    return metrics
+    return _on_final_checkpoint(builder.log_dir, builder.model, base_url, total_steps,
+                                lambda client: run_coroutine(lambda: InspectEvaluator(builder)(client)))
 
 
 __all__ = ["HeldOutEvalBuilder", "HeldOutEvaluator", "eval_schedule", "evaluate_final", "INSPECT_PREFIX",
