@@ -57,7 +57,19 @@ def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompu
     return torch.cat(out).reshape(B, T)
 
 
-class HFTrainer(Trainer):
+class _RealModelShape:
+    """The real model's context and vocabulary, as the server's checks read them from a trainer or sampler."""
+
+    @property
+    def block_size(self) -> int:
+        return hf.CONTEXT_LENGTH
+
+    @property
+    def vocab_size(self) -> int:
+        return hf.VOCAB_SIZE
+
+
+class HFTrainer(_RealModelShape, Trainer):
     """A training run of a real model: PEFT LoRA adapters over the shared frozen base, AdamW.
 
     LoRA only (rank >= 1): full fine-tuning would copy the whole model per run.
@@ -82,14 +94,6 @@ class HFTrainer(Trainer):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = None
         self._device = hf.device_and_dtype()[0]
-
-    @property
-    def block_size(self) -> int:
-        return hf.CONTEXT_LENGTH
-
-    @property
-    def vocab_size(self) -> int:
-        return hf.VOCAB_SIZE
 
     @property
     def device(self) -> torch.device:
@@ -137,7 +141,7 @@ def _load_adapter(model: Any, state: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"adapter tensors {result.unexpected_keys[:3]} have no place in the model")
 
 
-class HFSampler(Sampler):
+class HFSampler(_RealModelShape, Sampler):
     """Sampling from a real model (the base, or the base with adapters), batched, with a KV cache."""
 
     def __init__(self, model: Any, base_model: str, *, seed: int = 0):
@@ -150,14 +154,6 @@ class HFSampler(Sampler):
         self._seeds = random.Random(seed)
         self._device = hf.device_and_dtype()[0]
         self._batch = _Batcher(self.model)
-
-    @property
-    def block_size(self) -> int:
-        return hf.CONTEXT_LENGTH
-
-    @property
-    def vocab_size(self) -> int:
-        return hf.VOCAB_SIZE
 
     @classmethod
     def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "HFSampler":
