@@ -25,8 +25,8 @@ def ctrl_c_at(bar: str, at: int, hold_step: int) -> Iterator[None]:
     def held_step(self, **params):
         calls.append(1)
         if len(calls) == hold_step:
-            # released by the interrupt; the bound only keeps a broken test from hanging (under a
-            # loaded machine the bar has reached `at` more than a minute after this step was asked for)
+            # released by the interrupt; the bound only keeps a broken test from hanging, and is
+            # generous because a loaded machine can take minutes to bring the bar to `at`
             gate.wait(300)
         return real_step(self, **params)
 
