@@ -59,10 +59,12 @@ def pick_x_in_theme(page, nb_path, x: str, theme: str) -> dict[str, list[dict]]:
     set_theme(page, theme)
     report = {"table": contrast(page, ".mnb-sweep-table td, .mnb-sweep-table th"),
               "verdict": contrast(page, ".mnb-sweep-verdict")}
-    run_command(page, "docmanager:save")
+    # the kernel's static update can reach Lab after a save: save again until the file has it
     deadline = page.evaluate("Date.now()") + 60_000
+    run_command(page, "docmanager:save")
     while saved_x(nb_path) != x and page.evaluate("Date.now()") < deadline:
-        page.wait_for_timeout(250)
+        page.wait_for_timeout(500)
+        run_command(page, "docmanager:save")
     return report
 
 
