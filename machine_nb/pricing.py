@@ -175,7 +175,20 @@ def _price_html(price: Price) -> str:
 
 
 class _Estimate:
-    """What every cost estimate shares: it serialises as plain data."""
+    """What every cost estimate shares: it serialises as plain data and shows as one HTML card."""
+
+    def _card(self, what: str, body: str) -> str:
+        """The card: the model in bold, `what` after it, `body` (counts and cost), the price row
+        and the note if any."""
+        note = getattr(self, "note", "")
+        note = f"<br><small>{escape(note)}</small>" if note else ""
+        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b>{what}: {body}"
+                       f"<br>{_price_html(self.price)}{note}</div>")
+
+    def _schedule_html(self) -> str:
+        """A training estimate's epochs, steps and total cost."""
+        return (f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
+                f"<b>&#36;{self.usd:.4f}</b>")
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data.
@@ -219,11 +232,8 @@ class CostEstimate(_Estimate):
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
-        note = f"<br><small>{escape(self.note)}</small>" if self.note else ""
-        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b>: "
-                       f"{self.rows} rows · {self.tokens:,} tokens ({kind}) · {self.trained_tokens:,} trained · "
-                       f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
-                       f"<b>&#36;{self.usd:.4f}</b><br>{_price_html(self.price)}{note}</div>")
+        return self._card("", f"{self.rows} rows · {self.tokens:,} tokens ({kind}) · {self.trained_tokens:,} trained · "
+                              f"{self._schedule_html()}")
 
 
 @dataclass
@@ -242,9 +252,8 @@ class EvalCostEstimate(_Estimate):
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
-        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b> eval: {self.rows} rows · "
-                       f"{self.prompt_tokens:,} prompt tokens ({kind}) · ≤ {self.max_output_tokens:,} output tokens · "
-                       f"<b>≤ &#36;{self.usd:.4f}</b><br>{_price_html(self.price)}</div>")
+        return self._card(" eval", f"{self.rows} rows · {self.prompt_tokens:,} prompt tokens ({kind}) · "
+                                   f"≤ {self.max_output_tokens:,} output tokens · <b>≤ &#36;{self.usd:.4f}</b>")
 
 
 def _with_fields(base: Price | None, fields: Mapping[str, Any]) -> Price:
@@ -408,13 +417,9 @@ class DPOCostEstimate(_Estimate):
 
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
-        note = f"<br><small>{escape(self.note)}</small>" if self.note else ""
-        return no_math(f"<div class='machine-nb-cost'><b>{escape(self.model)}</b> DPO: "
-                       f"{self.pairs} pairs · {self.tokens:,} tokens an epoch ({kind}, chosen + rejected) · "
-                       f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
-                       f"<b>&#36;{self.usd:.4f}</b> = train &#36;{self.train_usd:.4f} + policy forward "
-                       f"&#36;{self.forward_usd:.4f} + reference model forward &#36;{self.reference_usd:.4f}"
-                       f"<br>{_price_html(self.price)}{note}</div>")
+        return self._card(" DPO", f"{self.pairs} pairs · {self.tokens:,} tokens an epoch ({kind}, chosen + rejected) · "
+                                  f"{self._schedule_html()} = train &#36;{self.train_usd:.4f} + policy forward "
+                                  f"&#36;{self.forward_usd:.4f} + reference model forward &#36;{self.reference_usd:.4f}")
 
 
 def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int = 8,
