@@ -248,6 +248,27 @@ class StaticFallback:
             update_display(bundle, raw=True, display_id=s.display_id)
 
 
+class StaticPlot(StaticFallback):
+    """StaticFallback for a widget drawn as one PNG: it keeps the last drawing in `_png` (empty
+    before the first draw) and embeds it in its static HTML with `_img_html`."""
+
+    _png: bytes = b""
+
+    def static_png(self) -> bytes | None:
+        """The plot as the saved notebook keeps it.
+
+        Returns:
+            The PNG, or None before the first draw.
+        """
+        return self._png or None
+
+    def _img_html(self, alt: str) -> str:
+        """The last drawing as an <img> that carries its own bytes (a saved notebook has no files
+        beside it)."""
+        img = base64.b64encode(self._png).decode("ascii")
+        return f'<img alt="{escape(alt)}" src="data:image/png;base64,{img}"/>'
+
+
 def escape(value: Any) -> str:
     """A value as HTML-escaped text.
 

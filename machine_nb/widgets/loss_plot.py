@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ipywidgets as widgets
 
 from ..runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS
-from ._base import NoMathHTML, RED, StaticFallback, escape, text_colour
+from ._base import NoMathHTML, RED, StaticPlot, escape, text_colour
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -274,7 +274,7 @@ def png_bytes(fig: "Figure") -> bytes:
     return buf.getvalue()
 
 
-class LossPlot(StaticFallback, widgets.VBox):
+class LossPlot(StaticPlot, widgets.VBox):
     """Loss per step from one or several tinker-cookbook log dirs, updated live while they grow.
 
     In a notebook cell that trains, display it first and hand its `update` to sft:
@@ -448,22 +448,11 @@ class LossPlot(StaticFallback, widgets.VBox):
         body = "; ".join(parts) or "no metrics yet"
         return f"LossPlot: {body}"
 
-    def static_png(self) -> bytes | None:
-        """The plot as the saved notebook keeps it.
-
-        Returns:
-            The PNG, or None before the first draw.
-        """
-        return self._png or None
-
     def static_html(self) -> str:
         """The plot and its summary as self-contained HTML (the saved notebook's copy).
 
         Returns:
             The HTML.
         """
-        import base64
-
-        img = base64.b64encode(self._png).decode("ascii")
-        return (f'<div class="mnb-loss-plot"><img alt="training loss" src="data:image/png;base64,{img}"/>'
+        return (f'<div class="mnb-loss-plot">{self._img_html("training loss")}'
                 f'<div style="font-size:12px">{escape(self.summary())}</div></div>')

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import NoMathHTML, BG, BG_ALT, BORDER, FG, FG_MUTED, StaticFallback, escape
+from ._base import NoMathHTML, BG, BG_ALT, BORDER, FG, FG_MUTED, StaticPlot, escape
 from .loss_plot import png_bytes
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def summary_table_html(summary: "pd.DataFrame", axes: list[str], metric: str) ->
     return f'<table class="mnb-sweep-table" style="border-collapse:collapse;font-size:12px">{head}{"".join(rows)}</table>'
 
 
-class SweepView(StaticFallback, widgets.VBox):
+class SweepView(StaticPlot, widgets.VBox):
     """A sweep's metric against one of its settings, the spread across seeds, a table and the verdict.
 
     Args:
@@ -227,22 +227,11 @@ class SweepView(StaticFallback, widgets.VBox):
         return (f"SweepView: {len(s)} settings x {int(s['seeds'].max())} seeds, best {setting} "
                 f"({self.metric} {value})")
 
-    def static_png(self) -> bytes | None:
-        """The plot as the saved notebook keeps it.
-
-        Returns:
-            The PNG, or None before the first draw.
-        """
-        return self._png or None
-
     def static_html(self) -> str:
         """The plot, table and verdict as self-contained HTML (the saved notebook's copy).
 
         Returns:
             The HTML.
         """
-        import base64
-
-        img = base64.b64encode(self._png).decode("ascii")
-        return (f'<div class="mnb-sweep-view"><img alt="sweep: {escape(self.metric)} by {escape(self.x)}" '
-                f'src="data:image/png;base64,{img}"/>{self._body_html()}</div>')
+        return (f'<div class="mnb-sweep-view">{self._img_html(f"sweep: {self.metric} by {self.x}")}'
+                f'{self._body_html()}</div>')
