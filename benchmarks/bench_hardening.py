@@ -66,7 +66,7 @@ def main() -> None:
     in_strings = tmp / "in_strings.jsonl"
     in_strings.write_text((json.dumps(texty) + "\n") * (args.rows // 10))
 
-    def bare(path):  # the parse alone, as iter_jsonl did before the nesting limit
+    def bare(path):  # the parse alone, without iter_jsonl's nesting limit
         with open(path, "rb") as fh:
             for raw in fh:
                 json.loads(raw.decode("utf-8"))

@@ -1,7 +1,7 @@
 """Benchmark: how long the previewer, cost meter and loss plot take to redraw after a user action
 (median and worst).
 
-    .venv/bin/python benchmarks/bench_widgets_view.py              # all but the slow "before" figure
+    .venv/bin/python benchmarks/bench_widgets_view.py              # all but the slow hub-retries figure
     .venv/bin/python benchmarks/bench_widgets_view.py --hub-retries  # also time the hub client's own retries
     .venv/bin/python benchmarks/bench_widgets_view.py --tags-only    # the tag store's views alone
 
@@ -13,7 +13,7 @@ LossPlot: one redraw of 3 runs x 1,000 steps.
 No network: choosing a model whose tokenizer needs the Hugging Face hub, with no offline flag and
 a resolver that never answers (as on a machine without network): how long the dropdown change
 holds the caller, and when the (estimated) numbers are in. With --hub-retries, the same lookup
-through the hub client alone, as it was before the bounded check (capped at 120 s).
+through the hub client alone, without the bounded check (capped at 120 s).
 
 Live loss plot vs the progress bar: a real 30-step sft on the local engine; at each poll that
 moves the progress bar, how many steps the plot is behind, polling (refresh_s=1) and fed by

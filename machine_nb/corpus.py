@@ -258,7 +258,7 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
     Args:
         out_dir: default "data/minimal_sft" (git-ignored).
         seed: the draw (default 0); the same seed writes byte-identical files, and train, eval
-            and probe are the same bytes as before the valid split existed.
+            and probe are the same bytes whatever n_valid is (valid rows are drawn last).
         force: replace existing files whose content differs even when make_corpus did not write
             them (default False: nothing is written when an eval.jsonl or valid.jsonl holds other
             rows, or when any of the five files is not one this function wrote, i.e. listed with

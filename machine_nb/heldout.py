@@ -31,7 +31,7 @@ from typing import Any
 
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 
-from .loop import eval_schedule  # noqa: F401 (importable from here, as before)
+from .loop import eval_schedule  # noqa: F401 (importable from here too: the held-out evals' schedule)
 from .runlog import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, METRICS_FILE
 
 

@@ -7,7 +7,7 @@ use; Inkling renders offline through tml_renderers; other models (Qwen, Llama, â
 Hugging Face hub. It is never waited on when it cannot answer: with HF_HUB_OFFLINE (or
 TRANSFORMERS_OFFLINE) set, or when a bounded connection check (`hub_reachable`, 2 s) fails, the
 lookup is refused at once with EngineError, and callers fall back to labelled estimates, instead
-of the hub client's ~47 s of retries per model.
+of waiting out the hub client's retries for each model.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def has_offline_tokenizer(model: str) -> bool:
 
 
 # Seconds the hub check waits for DNS + a TCP connection. A reachable hub answers in well under a
-# second; the hub client's own retries take ~47 s to give up with no network.
+# second; the hub client's own retries, with backoff, take far longer to give up with no network.
 HUB_CHECK_TIMEOUT_S = 2.0
 # How long a check's answer is reused (a dropdown of models asks once, not per model).
 HUB_CHECK_TTL_S = 60.0

@@ -284,8 +284,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             more seeds or more grid values are welcome.
         max_parallel: runs at once (default 1). Each run is its own cookbook loop in a child
             process. On the local engine the model is served from this process, one torch thread
-            per run, so parallel runs share this machine's cores (on 2 cores, 2 at once is about
-            as far as it helps); on Tinker they run remotely.
+            per run, so parallel runs share this machine's cores (more runs at once than free cores
+            only makes each slower); on Tinker they run remotely.
         max_usd: the budget for the whole sweep. On Tinker, before the first run, every run still
             to run is priced (training plus its held-out evals) and the sum is refused with
             BudgetExceeded when over it, or when a price is unknown. Default None: no budget (a

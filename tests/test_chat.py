@@ -26,7 +26,7 @@ CONTENTS = {
     "no parts": [],
 }
 
-# (content, what each caller's rule gave for it before content_text, keyed by caller)
+# (content, the text each caller's rule gives for it, keyed by caller)
 PINNED = {
     "string": {"joined": "  What is 47 plus 15?  ", "spaced": "  What is 47 plus 15?  ",
                "lines": "  What is 47 plus 15?  ", "lines stripped": "What is 47 plus 15?",
@@ -53,7 +53,7 @@ def module(name):
     return importlib.import_module(f"machine_nb.{name}")
 
 
-# --------------------------------------------------------------------------- pinned before the move
+# --------------------------------------------------------------------------- each caller's text, pinned
 
 @pytest.mark.parametrize("name", list(CONTENTS))
 def test_callers_in_this_package_keep_their_text(name):
@@ -150,21 +150,21 @@ def test_validate_trainers_and_evals_share_one_rule():
         assert str(err.value).startswith(f"rows.jsonl:7 (field {field!r}): ")
 
 
-def test_where_the_copies_disagreed_the_stricter_rule_holds():
+def test_validate_the_trainer_and_the_eval_hold_rows_to_one_rule():
     """A row validate rejects is refused by the trainer and the eval too (and the other way round)."""
     from machine_nb.chat import check_row, row_findings
     from machine_nb.train import prepare_data
 
-    # training: the assistant's reply must come last (the trainer used to take any assistant message)
+    # training: the assistant's reply must come last (what follows it would never be learned)
     tool_last = {"messages": [user(), reply(), {"role": "tool", "content": "x"}]}
     with pytest.raises(MachineFormatError, match=r"<data>:1 \(field 'messages.2.role'\): the last message is 'tool'"):
         prepare_data([tool_last])
     with pytest.raises(MachineFormatError, match="no assistant message to train on"):
         prepare_data([{"messages": [user()]}])
-    # eval: the prompt ends with the user's question (evaluate used to allow a system or tool message)
+    # eval: the prompt ends with the user's question, not a system or tool message
     with pytest.raises(MachineFormatError, match="the last message is 'system'"):
         check_row({"messages": [user(), {"role": "system", "content": "be terse"}], "expected": "62"})
-    # eval: an expected answer its match mode cannot score (validate used to pass these)
+    # eval: an expected answer its match mode cannot score is a finding of validate too
     assert [f.code for f in row_findings({"messages": [user()], "expected": "many", "match": "number"}, "eval")] \
         == ["bad_number"]
 

@@ -113,10 +113,10 @@ def test_probe_format_timeout_is_recorded_not_hung():
     assert any("timed out" in w for w in out["warnings"])
 
 
-def test_valid_patterns_still_score_as_before():
+def test_valid_patterns_score_as_regexes():
     assert score_output("answer: 62", r"answer: -?\d+", "regex")
     assert score_output("  Answer: 62\n", r"(?i)answer: 62", "regex")
-    assert score_output("line one\nline two", r"line one.line two", "regex")  # DOTALL, as before
+    assert score_output("line one\nline two", r"line one.line two", "regex")  # DOTALL: "." matches a newline
     assert not score_output("answer: 62 and more", r"answer: \d+", "regex")  # fullmatch
     assert format_matches("answer: -3", r"^answer: -?\d+$") is True and format_matches("x", None) is None
 

@@ -6,14 +6,6 @@ import argparse
 import json
 
 
-def _default_model() -> str:
-    try:
-        from ..engines import DEFAULT_LOCAL_MODEL
-        return DEFAULT_LOCAL_MODEL
-    except Exception:  # the local engine not built: Inkling also renders offline
-        return "thinkingmachines/Inkling-Small"
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `machine-nb` parser.
 
@@ -32,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", help="the chat JSONL file to check")
     p.add_argument("-m", "--model", default=None,
-                   help="model whose renderer to use (default: the local engine's model, else Inkling-Small)")
+                   help="model whose renderer to use (default: the local engine's model, local/arith-tiny)")
     p.add_argument("--max-length", type=int, default=None,
                    help="longest row in tokens (default: the model's context where known, 128 for local/arith-tiny, "
                         "else 32768); capped at the model's context; 0 drops this limit but keeps the context's")
@@ -46,9 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..engines import DEFAULT_LOCAL_MODEL
     from ..validate import validate
 
-    model = args.model or _default_model()
+    model = args.model or DEFAULT_LOCAL_MODEL
     max_length = "auto" if args.max_length is None else (args.max_length or None)
     result = validate(args.file, model, max_length=max_length, eval_data=args.eval_path, kind=args.kind)
     cost = None

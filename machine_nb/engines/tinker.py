@@ -1,7 +1,7 @@
 """The Tinker engine: check, within seconds, that a key is set and the service answers as Tinker.
 
 The tinker SDK itself never fails fast: with a key but no network (or a server that answers
-500) its calls retry for ~5 minutes (measured: 300-350 s) before an error, and no timeout option
+500) its calls retry for about five minutes before an error, and no timeout option
 is honoured. So every path that hands work to the SDK on Tinker (`engines.service_client("tinker")`,
 `sft(engine="tinker")`, `evaluate(engine="tinker")`) calls `check_tinker` first: a health check
 that must answer `{"status": "ok"}` and a capabilities listing that must be Tinker's shape. While

@@ -196,8 +196,8 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
                 chunk.validate(full=not pa.types.is_large_string(chunk.type))
                 if pa.types.is_large_string(chunk.type):
                     _check_offsets(chunk)
-        # one chunk a column: taking rows from many chunks copies them all first (measured 5 ms
-        # for 25 rows of a million)
+        # one chunk a column: taking rows from many chunks copies them all first, so a lookup of
+        # a few rows would cost as much as a copy of the whole column
         if any(c.num_chunks > 1 for c in table.columns):
             table = table.combine_chunks()
         return table.replace_schema_metadata(None), meta, None
@@ -618,8 +618,7 @@ def sort_table(table: pa.Table | list[pa.Table]) -> pa.Table:
     order = pc.sort_indices(table, sort_keys=[("started_at", "descending", "at_end"), ("id", "descending", "at_end"),
                                               ("dir", "ascending", "at_end"), ("name", "ascending", "at_end")])
     # a few columns at a time, so only those are held twice (table.take would copy all at once),
-    # in threads: pyarrow releases the GIL while it copies (measured at a million rows: 6.7 s one
-    # column after another, 2.8 s two at a time, 1.5 s when the parts were sorted first)
+    # in threads, since pyarrow releases the GIL while it copies
     schema, cols = table.schema, table.columns
     del table
     def sort_column(i: int) -> None:

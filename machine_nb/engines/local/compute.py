@@ -25,8 +25,9 @@ from ...errors import EngineError, MachineFormatError
 from . import lora as _lora
 from .checkpoints import FORMAT
 
-#: torch threads when MACHINE_NB_THREADS is unset: 1, because 2 threads next to any other busy
-#: process slowed a step ~5x here and 1 vs 2 threads change results from the 4th decimal.
+#: torch threads when MACHINE_NB_THREADS is unset: 1, because torch's threads spin-wait for each
+#: other, so next to any other busy process more threads make a step slower, not faster; and
+#: 1 vs 2 threads change results from the 4th decimal.
 DEFAULT_THREADS = 1
 #: LoRA seed when a request gives none. Tinker draws a random one; the local engine stays
 #: repeatable instead (the same run twice gives the same adapters, losses and outputs).
