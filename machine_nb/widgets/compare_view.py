@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..results import EvalResult
 
 # Row backgrounds: the theme's success / error colour tinted over the page, with the theme's text
-# colour on them (a fixed pale green under a dark theme's white text was unreadable).
+# colour on them (a fixed pale green under a dark theme's white text would be unreadable).
 WIN_BG, LOSS_BG = tint(GREEN), tint(RED)
 # Past this many rows the view starts with only the flips: a 1,000-row table buries them.
 FLIPS_FIRST_ABOVE = 200
