@@ -190,39 +190,14 @@ def bench_hostile(tmp: Path) -> None:
 
 
 def bench_half_dead() -> None:
-    import http.server
     import os
-    import threading
+    import sys
 
-    class HalfDead(http.server.BaseHTTPRequestHandler):
-        work = 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from half_dead import serve_half_dead
 
-        def answer(self, status: int, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            if self.path.endswith("/api/v1/healthz"):
-                return self.answer(200, b'{"status": "ok"}')
-            if self.path.endswith("/api/v1/get_server_capabilities"):
-                return self.answer(200, b'{"supported_models": [{"model_name": "thinkingmachines/Inkling"}]}')
-            type(self).work += 1
-            self.answer(500, b'{"detail": "internal error"}')
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            type(self).work += 1
-            self.answer(500, b'{"detail": "internal error"}')
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HalfDead)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    os.environ["TINKER_BASE_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    server, url, handler = serve_half_dead()
+    os.environ["TINKER_BASE_URL"] = url
     os.environ["TINKER_API_KEY"] = "tml-bench-placeholder-key-0123456789"
     from machine_nb.errors import EngineError
     from machine_nb.evaluate import evaluate
@@ -236,7 +211,7 @@ def bench_half_dead() -> None:
         said = str(exc)
     took = time.perf_counter() - t0
     print(f"half-dead Tinker: evaluate raised EngineError after {took:.1f} s (imports included; target <= 30 s), "
-          f"{HalfDead.work} work calls answered 500: {said[:160]}")
+          f"{handler.work} work calls answered 500: {said[:160]}")
     server.shutdown()
 
 

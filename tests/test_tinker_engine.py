@@ -18,6 +18,8 @@ from machine_nb.engines.tinker import check_tinker
 from machine_nb.errors import BudgetExceeded, EngineError
 from machine_nb.train import sft
 
+from half_dead import serve_half_dead
+
 SECRET = "tml-test-key-that-must-never-show-0123456789"
 
 
@@ -204,41 +206,9 @@ def test_live_tinker_smoke(corpus, tmp_path):
     assert res.steps == 2 and res.checkpoint.startswith("tinker://")
 
 
-class _HalfDead(http.server.BaseHTTPRequestHandler):
-    """Tinker's health check and capabilities answer; every work call answers 500 (and is counted)."""
-    work = 0
-
-    def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        if self.path.endswith("/api/v1/healthz"):
-            return self._answer(200, b'{"status": "ok"}')
-        if self.path.endswith("/api/v1/get_server_capabilities"):
-            return self._answer(200, b'{"supported_models": [{"model_name": "thinkingmachines/Inkling"}]}')
-        type(self).work += 1
-        self._answer(500, b'{"detail": "internal error"}')
-
-    def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        type(self).work += 1
-        self._answer(500, b'{"detail": "internal error"}')
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def half_dead(monkeypatch):
-    handler = type("Handler", (_HalfDead,), {"work": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    server, url, handler = serve_half_dead()
     monkeypatch.setenv("TINKER_API_KEY", SECRET)
     monkeypatch.setenv("TINKER_BASE_URL", url)
     yield url, handler

@@ -102,30 +102,32 @@ def probe(url: str, timeout: float, key: str | None) -> list[str]:
     return [str(m.get("model_name")) for m in caps["supported_models"] if isinstance(m, dict)]
 
 
-def _bounded(fn, timeout: float, what: str, url: str):
-    """Run fn() in a daemon thread, so even a stalled DNS lookup cannot hold the caller longer."""
+def _in_thread(fn: Callable[[], Any], name: str) -> tuple[threading.Thread, list]:
+    """Start fn() in a daemon thread (one the caller can give up on); the list gets (True, its
+    result) or (False, its exception) when it ends."""
     outcome: list = []
 
-    def run() -> None:
+    def call() -> None:
         try:
             outcome.append((True, fn()))
-        except BaseException as exc:  # handed to the caller below
+        except BaseException as exc:  # handed to the caller through `outcome`
             outcome.append((False, exc))
 
-    worker = threading.Thread(target=run, name="machine-nb-tinker-check", daemon=True)
+    worker = threading.Thread(target=call, name=name, daemon=True)
     worker.start()
+    return worker, outcome
+
+
+def _bounded(fn, timeout: float, what: str, url: str):
+    """Run fn() in a daemon thread, so even a stalled DNS lookup cannot hold the caller longer."""
+    worker, outcome = _in_thread(fn, "machine-nb-tinker-check")
     worker.join(timeout)
-    if not outcome:
-        raise EngineError(
-            f"Tinker at {url} did not answer within {timeout:g} s (no network, a firewall, or a wrong "
-            f"TINKER_BASE_URL); not {what}, since the SDK would retry for ~5 minutes. "
-            "Use engine='local' to run on this machine.")
-    ok, value = outcome[0]
+    ok, value = outcome[0] if outcome else (False, TimeoutError())
     if ok:
         return value
     if isinstance(value, EngineError):
         raise value
-    if isinstance(value, TimeoutError):  # the socket's own timeout, a moment before ours
+    if isinstance(value, TimeoutError):  # ours, or the socket's own a moment before it
         raise EngineError(
             f"Tinker at {url} did not answer within {timeout:g} s (no network, a firewall, or a wrong "
             f"TINKER_BASE_URL); not {what}, since the SDK would retry for ~5 minutes. "
@@ -345,16 +347,7 @@ class Watchdog:
         """fn() (a blocking SDK call, such as opening a sampler), given up with EngineError once
         the service is found failing (the call's thread is left to the SDK, whose client is
         dropped on leaving the watchdog)."""
-        outcome: list = []
-
-        def call() -> None:
-            try:
-                outcome.append((True, fn()))
-            except BaseException as exc:  # handed to the caller below
-                outcome.append((False, exc))
-
-        worker = threading.Thread(target=call, name="machine-nb-watched-call", daemon=True)
-        worker.start()
+        worker, outcome = _in_thread(fn, "machine-nb-watched-call")
         while not outcome:
             worker.join(poll_s)
             if not outcome and self.failed:
