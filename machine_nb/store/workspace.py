@@ -789,29 +789,40 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.D
                 if on_error == "warn":
                     warn_skipped("event line(s)", [err])
                 continue
-            key = next((k for k in _TIME_KEYS if ev.get(k) is not None), None)
-            rows.append({"line": line,
-                         "time": None if key is None else ev[key],
-                         "time_field": key,
-                         "type": _first(ev, "type", "event", "kind"),
-                         "machine": _first(ev, "machine"),
-                         "run": _first(ev, "run", "runId", "run_id"),
-                         "event": ev})
+            key = next((k for k in EVENT_TIME_KEYS if ev.get(k) is not None), None)
+            # the time as written, whatever its type, so a bad one is an error naming its field
+            rows.append({**event_fields(ev), "line": line, "time": None if key is None else ev[key],
+                         "time_field": key, "event": ev})
     df = pd.DataFrame(rows, columns=["line", "time", "time_field", "type", "machine", "run", "event"])
     df["time"] = parse_times(list(df["time"]), [f"{path}:{line} (field {key!r})" for line, key in
                                                 zip(df["line"], df["time_field"])], "event line(s)")
     return df.drop(columns="time_field")
 
 
-_TIME_KEYS = ("time", "at", "timestamp", "ts")
+#: The names an event line may give its time under, first found wins.
+EVENT_TIME_KEYS = ("time", "at", "timestamp", "ts")
+_EVENT_KEYS = {"type": ("type", "event", "kind"), "machine": ("machine",), "run": ("run", "runId", "run_id"),
+               "time": EVENT_TIME_KEYS}
 
 
-def _first(d: dict, *keys: str) -> Any:
-    for k in keys:
-        v = d.get(k)
-        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
-            return v
-    return None
+def event_fields(ev: dict) -> dict[str, Any]:
+    """An event line's type, machine, run and time, each the first of its names that holds a
+    string or a number (None where none does).
+
+    Args:
+        ev: the event line's JSON object.
+
+    Returns:
+        {"type", "machine", "run", "time"}.
+    """
+    def first(keys: tuple[str, ...]) -> Any:
+        for k in keys:
+            v = ev.get(k)
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                return v
+        return None
+
+    return {name: first(keys) for name, keys in _EVENT_KEYS.items()}
 
 
 # ---------------------------------------------------------------------------------------------

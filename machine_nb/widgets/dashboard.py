@@ -33,6 +33,7 @@ import anywidget
 import ipywidgets as w
 import traitlets
 
+from ..store.workspace import event_fields
 from ..theme import BG_ALT, BLUE, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, escape, no_math, text_colour
 from ._base import StaticFallback
 
@@ -53,18 +54,9 @@ LOSS_POINTS = 400
 FAILED_TYPES = ("run.failed", "run.error", "run.crashed")
 FINISHED_TYPES = ("run.finished", "run.done", "run.completed")
 STARTED_TYPES = ("run.started", "run.start")
-_TIME_KEYS = ("time", "at", "timestamp", "ts")
 
 
 # ---------------------------------------------------------------- plain helpers
-
-def _first(d: dict, *keys: str) -> Any:
-    for k in keys:
-        v = d.get(k)
-        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
-            return v
-    return None
-
 
 def _num(v: Any) -> float | None:
     try:
@@ -516,12 +508,9 @@ class DashboardState:
             self.events.appendleft({"line": item.line, "type": None, "raw": item.text,
                                     "error": item.error or "not a JSON object"})
             return
-        etype = _first(ev, "type", "event", "kind")
+        entry = {"line": item.line, **event_fields(ev)}
+        etype, machine, run, when = entry["type"], entry["machine"], entry["run"], entry["time"]
         self.event_counts[str(etype) if etype is not None else "(no type)"] += 1
-        machine = _first(ev, "machine")
-        run = _first(ev, "run", "runId", "run_id")
-        when = _first(ev, *_TIME_KEYS)
-        entry = {"line": item.line, "type": etype, "machine": machine, "run": run, "time": when}
         known = etype in STARTED_TYPES or etype in FINISHED_TYPES or etype in FAILED_TYPES
         if not known:
             entry["raw"] = item.text  # whatever Machine writes is shown whole, never dropped
