@@ -87,15 +87,33 @@ def message_text(message: Message) -> str:
     return text
 
 
-class LocalChatRenderer(Renderer):
-    """tinker-cookbook renderer for the local engine's models (see the module docstring for the format).
-
-    Unknown roles render with the <|system|> token followed by `ROLE: `, so no row is refused.
-    """
+class _EndTokenRenderer(Renderer):
+    """What both renderers share: every message ends with one end token (`_end_message_token`),
+    sampling stops at it, and nothing is stripped from history."""
 
     @property
     def has_extension_property(self) -> bool:
         return True  # nothing is stripped from history
+
+    def get_stop_sequences(self) -> list[int]:
+        """Sampling stops at the end-of-message token."""
+        return [self._end_message_token]
+
+    def _until_end(self, response: list[int]) -> tuple[list[int], ParseTermination]:
+        """The sampled tokens before the first end token (STOP_SEQUENCE), or all of them when
+        none ended the reply (MALFORMED); tokens after it (a sampler that ran past it) are dropped."""
+        response = list(response)
+        end = self._end_message_token
+        if end in response:
+            return response[: response.index(end)], ParseTermination.STOP_SEQUENCE
+        return response, ParseTermination.MALFORMED
+
+
+class LocalChatRenderer(_EndTokenRenderer):
+    """tinker-cookbook renderer for the local engine's models (see the module docstring for the format).
+
+    Unknown roles render with the <|system|> token followed by `ROLE: `, so no row is refused.
+    """
 
     @property
     def _bos_tokens(self) -> list[int]:
@@ -123,21 +141,12 @@ class LocalChatRenderer(Renderer):
             output=[tinker.types.EncodedTextChunk(tokens=output)],
         )
 
-    def get_stop_sequences(self) -> list[int]:
-        """Sampling stops at <|end|>."""
-        return [self._end_message_token]
-
     def parse_response(self, response: list[int]) -> tuple[Message, ParseTermination]:
         """The assistant message in sampled tokens: STOP_SEQUENCE when <|end|> ended it, else MALFORMED.
 
         Text after the first <|end|> (a sampler that ran past it) is dropped.
         """
-        response = list(response)
-        end = self._end_message_token
-        if end in response:
-            body, term = response[: response.index(end)], ParseTermination.STOP_SEQUENCE
-        else:
-            body, term = response, ParseTermination.MALFORMED
+        body, term = self._until_end(response)
         text = self.tokenizer.decode(body).removeprefix(_PREFIX)
         return Message(role="assistant", content=text), term
 
@@ -194,7 +203,7 @@ def chatml_text(message: Message) -> str:
     return "\n".join(lines)
 
 
-class ChatMLRenderer(Renderer):
+class ChatMLRenderer(_EndTokenRenderer):
     """SmolLM2's ChatML chat template as a tinker-cookbook renderer.
 
         <|im_start|>system\\nYou are terse.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n
@@ -207,10 +216,6 @@ class ChatMLRenderer(Renderer):
     message's header; after the last message it is the trained `stop_overlap`. Sampling stops at
     `<|im_end|>`.
     """
-
-    @property
-    def has_extension_property(self) -> bool:
-        return True
 
     @property
     def _bos_tokens(self) -> list[int]:
@@ -262,21 +267,12 @@ class ChatMLRenderer(Renderer):
         head, body = self._role_and_content(str(role), "")
         return ([] if ctx.idx == 0 else self._encode("\n")) + [start, *head, *body]
 
-    def get_stop_sequences(self) -> list[int]:
-        """Sampling stops at <|im_end|>."""
-        return [self._end_message_token]
-
     def parse_response(self, response: list[int]) -> tuple[Message, ParseTermination]:
         """The assistant message in sampled tokens: STOP_SEQUENCE when <|im_end|> ended it, else
         MALFORMED; `<tool_call>{…}</tool_call>` lines become tool calls."""
         from tinker_cookbook.renderers.base import ToolCall
 
-        response = list(response)
-        end = self._end_message_token
-        if end in response:
-            body, term = response[: response.index(end)], ParseTermination.STOP_SEQUENCE
-        else:
-            body, term = response, ParseTermination.MALFORMED
+        body, term = self._until_end(response)
         text = self.tokenizer.decode(body)
         calls, kept = [], []
         for line in text.split("\n"):
