@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 #: The key test servers require unless a test gives another (a fake one: no real service sees it).
@@ -62,3 +63,35 @@ def stop_server(served: Served, sig: int = signal.SIGINT) -> int:
             served.proc.wait()
     served.log.close()
     return served.proc.returncode
+
+
+def cookbook_sft_script(model: str, renderer: str, *, max_length: int, batch_size: int, learning_rate: float,
+                        save_every: int, recipe: str = "my_recipe") -> str:
+    """A user's tinker-cookbook SFT script for a served local model, as a Tinker user writes it
+    (`machine_nb.use_local_models()` is its only machine_nb line). Run it with the chat JSONL, the
+    log dir and the server's URL as its arguments, and TINKER_API_KEY set to the server's key.
+
+    Returns:
+        The script's source.
+    """
+    return textwrap.dedent(f"""
+        import asyncio, sys
+        import machine_nb
+        from tinker_cookbook.supervised import train
+        from tinker_cookbook.supervised.data import FromConversationFileBuilder
+        from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+        from tinker_cookbook.renderers import TrainOnWhat
+
+        machine_nb.use_local_models()  # the only line a Tinker script needs for a local model
+        data, log_path, base_url = sys.argv[1:4]
+        builder = FromConversationFileBuilder(
+            file_path=data, test_size=0, shuffle_seed=0,
+            common_config=ChatDatasetBuilderCommonConfig(
+                model_name_for_tokenizer={model!r}, renderer_name={renderer!r},
+                max_length={max_length}, batch_size={batch_size}, train_on_what=TrainOnWhat.LAST_ASSISTANT_MESSAGE))
+        config = train.Config(log_path=log_path, model_name={model!r}, recipe_name={recipe!r},
+                              renderer_name={renderer!r},
+                              dataset_builder=builder, learning_rate={learning_rate!r}, num_epochs=1, lora_rank=8,
+                              base_url=base_url, save_every={save_every}, eval_every=0)
+        asyncio.run(train.main(config))
+    """)

@@ -20,7 +20,7 @@ from tinker import types
 
 from machine_nb.engines.local import DEFAULT_MODEL, SMOLLM2_MODEL
 
-from serving import TEST_KEY as KEY, start_server, stop_server  # the key start_server gives each server
+from serving import TEST_KEY as KEY, cookbook_sft_script, start_server, stop_server  # the key start_server gives each server
 
 ROUTES = [("My invoice shows the wrong amount", "queue: billing"),
           ("The app crashes when I log in", "queue: bugs"),
@@ -167,27 +167,8 @@ def test_beyond_the_context_or_the_memory_budget_is_a_400_naming_the_field_and_t
     assert "Traceback" not in served.output()
 
 
-COOKBOOK_SCRIPT = textwrap.dedent("""
-    import asyncio, sys
-    import machine_nb
-    from tinker_cookbook.supervised import train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
-    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
-    from tinker_cookbook.renderers import TrainOnWhat
-
-    machine_nb.use_local_models()
-    data, log_path, base_url = sys.argv[1:4]
-    builder = FromConversationFileBuilder(
-        file_path=data, test_size=0, shuffle_seed=0,
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer="local/smollm2-135m", renderer_name="machine_nb/smollm2_chatml",
-            max_length=256, batch_size=4, train_on_what=TrainOnWhat.LAST_ASSISTANT_MESSAGE))
-    config = train.Config(log_path=log_path, model_name="local/smollm2-135m", recipe_name="real_model",
-                          renderer_name="machine_nb/smollm2_chatml",
-                          dataset_builder=builder, learning_rate=2e-3, num_epochs=1, lora_rank=8,
-                          base_url=base_url, save_every=0, eval_every=0)
-    asyncio.run(train.main(config))
-""")
+COOKBOOK_SCRIPT = cookbook_sft_script("local/smollm2-135m", "machine_nb/smollm2_chatml", max_length=256, batch_size=4,
+                                      learning_rate=2e-3, save_every=0, recipe="real_model")
 
 
 def test_the_cookbooks_own_training_loop_with_the_registered_renderer(served, tmp_path):

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.error
@@ -27,7 +26,7 @@ from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.errors import EngineError
 from machine_nb.render import get_renderer
 
-from serving import start_server, stop_server
+from serving import cookbook_sft_script, start_server, stop_server
 
 CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never show in any output
 
@@ -158,27 +157,8 @@ def test_async_forms_and_two_training_runs_in_one_session(sc, batch):
     assert len({tuple(r.sequences[0].tokens) for r in many}) == 1
 
 
-COOKBOOK_SCRIPT = textwrap.dedent("""
-    import asyncio, sys
-    import machine_nb
-    from tinker_cookbook.supervised import train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
-    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
-    from tinker_cookbook.renderers import TrainOnWhat
-
-    machine_nb.use_local_models()  # the only line a Tinker script needs for a local model
-    data, log_path, base_url = sys.argv[1:4]
-    builder = FromConversationFileBuilder(
-        file_path=data, test_size=0, shuffle_seed=0,
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer="local/arith-tiny", renderer_name="machine_nb/local_chat",
-            max_length=128, batch_size=8, train_on_what=TrainOnWhat.LAST_ASSISTANT_MESSAGE))
-    config = train.Config(log_path=log_path, model_name="local/arith-tiny", recipe_name="my_recipe",
-                          renderer_name="machine_nb/local_chat",
-                          dataset_builder=builder, learning_rate=3e-3, num_epochs=1, lora_rank=8,
-                          base_url=base_url, save_every=3, eval_every=0)
-    asyncio.run(train.main(config))
-""")
+COOKBOOK_SCRIPT = cookbook_sft_script("local/arith-tiny", "machine_nb/local_chat", max_length=128, batch_size=8,
+                                      learning_rate=3e-3, save_every=3)
 
 
 def test_the_cookbooks_own_training_loop_runs_against_the_server(served, tmp_path):
