@@ -4,38 +4,19 @@ listed for refresh, and its report shows the gate's decision and the commit."""
 import json
 from pathlib import Path
 
-from machine_nb.report import WIDGET_VIEW
+from committed_notebook import check_listed, outputs_text, report_text
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "03_tag_train_promote.ipynb"
 
 
-def outputs_text(cell: dict) -> str:
-    parts = []
-    for o in cell.get("outputs", []):
-        parts.append("".join(o.get("text", "")))
-        for mime in ("text/plain", "text/html"):
-            parts.append("".join(o.get("data", {}).get(mime, "")))
-    return "\n".join(parts)
-
-
-def test_committed_notebook_is_clean_parameterised_and_refreshed_by_the_script():
-    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    assert nb["nbformat"] == 4 and nb["nbformat_minor"] >= 5 and "widgets" not in nb["metadata"]
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert "parameters" in code[0]["metadata"].get("tags", []) and all(c.get("id") for c in nb["cells"])
-    assert all(c.get("execution_count") for c in code), "committed notebooks carry executed outputs (refresh them)"
-    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    text = json.dumps(nb)
-    assert WIDGET_VIEW not in text and "papermill" not in json.dumps(nb["metadata"])
-    assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, "absolute local paths in outputs"
-    assert "03_tag_train_promote.ipynb" in (ROOT / "scripts" / "refresh_notebooks.py").read_text()
-    assert "notebooks/03_tag_train_promote.ipynb" in (ROOT / "README.md").read_text()
+def test_committed_notebook_is_refreshed_by_the_script_and_in_the_readme():
+    check_listed(NOTEBOOK.name)
 
 
 def test_the_report_shows_the_decision_the_refusal_and_the_commit():
     nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    shown = "\n".join(outputs_text(c) for c in nb["cells"] if c["cell_type"] == "code")
+    shown = report_text(nb)
     assert "A candidate passes when it loses no held-out case the live version gets right" in shown
     assert "Passed: " in shown and "Committed as v2" in shown and "committed as <b>v2</b>" in shown
     assert "did not pass the promotion gate, so v1 stays live" in shown  # the one-step candidate

@@ -1,0 +1,39 @@
+"""A committed notebook's saved outputs as text, for the tests that check what its report shows.
+
+Whether every committed notebook is clean, parameterised and executed is checked once for all of
+them in test_notebook_reports.py; `check_listed` adds what each story's test also needs: the
+notebook is refreshed by scripts/refresh_notebooks.py and linked from the README.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str) -> dict:
+    """The committed notebook notebooks/NAME as JSON."""
+    return json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
+
+
+def outputs_text(cell: dict) -> str:
+    """A cell's saved outputs: streams, and each output's text/plain, text/html and text/markdown."""
+    parts = []
+    for o in cell.get("outputs", []):
+        parts.append("".join(o.get("text", "")))
+        for mime in ("text/plain", "text/html", "text/markdown"):
+            parts.append("".join(o.get("data", {}).get(mime, "")))
+    return "\n".join(parts)
+
+
+def report_text(nb: dict) -> str:
+    """Every code cell's saved outputs, in order."""
+    return "\n".join(outputs_text(c) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def check_listed(name: str) -> None:
+    """Assert that the refresh script re-executes notebooks/NAME and the README links it."""
+    assert name in (ROOT / "scripts" / "refresh_notebooks.py").read_text()
+    assert f"notebooks/{name}" in (ROOT / "README.md").read_text()
