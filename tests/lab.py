@@ -268,3 +268,14 @@ def keep_widget_picture(page, cell: int, name: str) -> Path | None:
     path = out / f"{name}.png"
     area.screenshot(path=str(path))
     return path
+
+
+def saved_static(path: Path, cell: int) -> str:
+    """The text/html of a saved notebook cell's static fallback output ("" when it has none)."""
+    nb = json.loads(path.read_text())
+    for out in nb["cells"][cell].get("outputs", []):
+        html = out.get("data", {}).get("text/html", "")
+        html = "".join(html) if isinstance(html, list) else html
+        if "mnb-static" in html:
+            return html
+    return ""

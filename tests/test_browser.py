@@ -22,7 +22,7 @@ import json
 import pytest
 
 from lab import (keep_widget_picture, chromium_page, chromium_path, contrast, keep_screenshot, lab_server, open_and_run_all, run_command,
-                 screenshot_after, set_theme, write_notebook)
+                 saved_static, screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -112,17 +112,6 @@ LINKED = [
     "tagger = mnb.Tagger(picker, store='tag_store')\ntagger",
     "print('ok')",
 ]
-
-
-def saved_static(path, cell: int) -> str:
-    """The text/html of a saved cell's static fallback output."""
-    nb = json.loads(path.read_text())
-    for out in nb["cells"][cell].get("outputs", []):
-        html = out.get("data", {}).get("text/html", "")
-        html = "".join(html) if isinstance(html, list) else html
-        if "mnb-static" in html:
-            return html
-    return ""
 
 
 def test_picker_drives_previewer_and_tagger_and_the_saved_notebook_keeps_it(tmp_path):

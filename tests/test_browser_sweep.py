@@ -9,13 +9,12 @@ that is set).
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from lab import (keep_widget_picture, chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, screenshot_after,
-                 set_theme, write_notebook)
+from lab import (keep_widget_picture, chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, saved_static,
+                 screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -28,16 +27,6 @@ CELLS = [
     "view = mnb.SweepView(frame)\nview",
     "print('ok')",
 ]
-
-
-def saved_static(path, cell: int) -> str:
-    nb = json.loads(path.read_text())
-    for out in nb["cells"][cell].get("outputs", []):
-        html = out.get("data", {}).get("text/html", "")
-        html = "".join(html) if isinstance(html, list) else html
-        if "mnb-static" in html:
-            return html
-    return ""
 
 
 def saved_x(path) -> str | None:
