@@ -175,12 +175,12 @@ def not_regular(mode: int) -> str | None:
     return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
-def open_regular(path: str | os.PathLike) -> Any:
-    """`path` opened for binary reading, when it is a regular file.
+def open_regular_fd(path: str | os.PathLike) -> tuple[int, os.stat_result]:
+    """`path` opened read-only as an os-level descriptor, with its stat, when it is a regular file.
 
     A FIFO, a device or a socket (or a symlink to one, such as `/dev/zero`) is refused without
-    blocking: it is opened non-blocking (a FIFO would otherwise wait for a writer), checked on the
-    open descriptor, then read as a plain file.
+    blocking: it is opened non-blocking (a FIFO would otherwise wait for a writer) and checked on
+    the open descriptor. The caller closes the descriptor; it is left non-blocking.
 
     Raises:
         MachineFormatError: naming the file when it is missing, unreadable or not a regular file.
@@ -192,9 +192,26 @@ def open_regular(path: str | os.PathLike) -> Any:
     except OSError as exc:
         raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
     try:
-        what = not_regular(os.fstat(fd).st_mode)
+        st = os.fstat(fd)
+        what = not_regular(st.st_mode)
         if what is not None:
             raise MachineFormatError(path, f"{what}, not a regular file: not read")
+        return fd, st
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
+        raise
+
+
+def open_regular(path: str | os.PathLike) -> Any:
+    """`path` opened for binary reading, when it is a regular file (see open_regular_fd).
+
+    Raises:
+        MachineFormatError: naming the file when it is missing, unreadable or not a regular file.
+    """
+    fd, _ = open_regular_fd(path)
+    try:
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

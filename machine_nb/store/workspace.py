@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compat import user_stacklevel
 from ..errors import MachineFormatError
-from ..jsonl import not_regular
+from ..jsonl import not_regular, open_regular_fd
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -210,17 +210,8 @@ def read_file(path: str | os.PathLike, max_bytes: int | None = None) -> tuple[by
             larger than `max_bytes`.
     """
     max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
-    try:  # non-blocking: opening a FIFO for reading would otherwise wait for a writer
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise MachineFormatError(path, "file not found") from None
-    except OSError as exc:
-        raise MachineFormatError(path, f"cannot read: {exc.strerror}") from None
+    fd, st = open_regular_fd(path)
     try:
-        st = os.fstat(fd)
-        what = not_regular(st.st_mode)
-        if what is not None:
-            raise MachineFormatError(path, f"{what}, not a regular file: not read")
         if st.st_size > max_bytes:
             raise MachineFormatError(path, f"{st.st_size:,} bytes, larger than the {max_bytes:,} bytes a workspace "
                                            "file may hold: not read")
