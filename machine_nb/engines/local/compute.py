@@ -155,7 +155,20 @@ class Sample:
     stop_reason: str  # "stop" | "length"
 
 
-class Sampler:
+class _ModelShape:
+    """The context and vocabulary of `self.model`, as the server's checks read them from a trainer
+    or sampler."""
+
+    @property
+    def block_size(self) -> int:
+        return int(self.model.config.block_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+
+class Sampler(_ModelShape):
     """Greedy or seeded sampling, and prompt log-probabilities, from one fixed set of weights.
 
     `seed`: where the seeds of requests that give none come from (a per-sampler sequence), so a
@@ -171,14 +184,6 @@ class Sampler:
         self.model = model.eval().requires_grad_(False)
         self.base_model = base_model
         self._seeds = random.Random(seed)
-
-    @property
-    def block_size(self) -> int:
-        return int(self.model.config.block_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
 
     @classmethod
     def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "Sampler":
@@ -274,7 +279,7 @@ class Example:
     weights: np.ndarray  # float32, may be negative (custom losses send -dLoss/dlogprobs)
 
 
-class Trainer:
+class Trainer(_ModelShape):
     """One training run: a local base model with LoRA adapters of `rank` (0: every weight), and AdamW.
 
     Gradients from `forward_backward` accumulate until `optim_step` applies them and clears them,
@@ -308,14 +313,6 @@ class Trainer:
             self.model.requires_grad_(True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer: torch.optim.Optimizer | None = None
-
-    @property
-    def block_size(self) -> int:
-        return int(self.model.config.block_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.params)
