@@ -227,22 +227,18 @@ def _check_same_run(log_dir: Path, expected: Mapping[str, Any]) -> None:
                              "or another sweep wrote there. Use another sweep_dir.")
 
 
+# A row's columns read from its run's result (None for a run with none): column -> the attribute.
+_FROM_RESULT = {"steps": "steps", "first_loss": "first_loss", "final_loss": "last_loss",
+                "heldout_accuracy": "heldout_accuracy", "heldout_format_rate": "heldout_format_rate",
+                "best_step": "best_step", "best_accuracy": "best_accuracy", "evals": "evals", "tokens": "tokens",
+                "estimated_tokens": "estimated_tokens", "estimated_usd": "estimated_usd", "cost_usd": "cost_usd"}
+
+
 def _row(name: str, point: Mapping[str, Any], seed: int, result: Any, status: str, wall: float | None,
          error: str | None, eval_settings: Mapping[str, Any], log_dir: Path) -> dict:
     r = result
     return {"run": name, **point, "seed": seed, "status": status,
-            "steps": None if r is None else r.steps,
-            "first_loss": None if r is None else r.first_loss,
-            "final_loss": None if r is None else r.last_loss,
-            "heldout_accuracy": None if r is None else r.heldout_accuracy,
-            "heldout_format_rate": None if r is None else r.heldout_format_rate,
-            "best_step": None if r is None else r.best_step,
-            "best_accuracy": None if r is None else r.best_accuracy,
-            "evals": None if r is None else r.evals,
-            "tokens": None if r is None else r.tokens,
-            "estimated_tokens": None if r is None else r.estimated_tokens,
-            "estimated_usd": None if r is None else r.estimated_usd,
-            "cost_usd": None if r is None else r.cost_usd,
+            **{col: None if r is None else getattr(r, attr) for col, attr in _FROM_RESULT.items()},
             "eval_max_tokens": eval_settings.get("eval_max_tokens"),
             "eval_temperature": eval_settings.get("eval_temperature"),
             "wall_s": None if wall is None else round(wall, 3),
