@@ -7,7 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 #: The key test servers require unless a test gives another (a fake one: no real service sees it).
 TEST_KEY = "tml-placeholder-key-for-a-local-server-0000"
@@ -95,3 +98,22 @@ def cookbook_sft_script(model: str, renderer: str, *, max_length: int, batch_siz
                               base_url=base_url, save_every={save_every}, eval_every=0)
         asyncio.run(train.main(config))
     """)
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool]) -> list[float]:
+    """SIGKILL a server process (its process group) once `ready()` holds, checked from a daemon
+    thread, as a crash mid-run would stop it.
+
+    Returns:
+        A list that gets the monotonic time of the kill.
+    """
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        while not ready():
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    threading.Thread(target=kill, daemon=True).start()
+    return killed_at

@@ -5,9 +5,6 @@ dies mid-run fails the call with EngineError within 30 s, where the SDK alone re
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from machine_nb.export import HeldOutExcluded
 from machine_nb.preference import dpo
 from machine_nb.pricing import clear_prices, set_price
 
-from serving import start_server, stop_server
+from serving import kill_when, start_server, stop_server
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: no real service sees it
@@ -68,16 +65,8 @@ def test_dpo_on_the_tinker_path_trains_on_the_served_server(pairs, served, tmp_p
 def test_a_server_that_dies_mid_dpo_fails_the_call_quickly(pairs, served, tmp_path):
     proc, url, _ = served
     log_dir = tmp_path / "run"
-    killed_at: list[float] = []
-
-    def kill_after_two_steps():
-        metrics = log_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        killed_at.append(time.monotonic())
-
-    threading.Thread(target=kill_after_two_steps, daemon=True).start()
+    metrics = log_dir / "metrics.jsonl"
+    killed_at = kill_when(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2)  # two steps in
     with pytest.raises(EngineError, match="stopped answering"):
         dpo(pairs, model=MODEL, engine="tinker", batch_size=4, epochs=200, log_dir=log_dir, progress=False,
             max_usd=10.0)

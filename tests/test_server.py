@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +24,7 @@ from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.errors import EngineError
 from machine_nb.render import get_renderer
 
-from serving import cookbook_sft_script, start_server, stop_server
+from serving import cookbook_sft_script, kill_when, start_server, stop_server
 
 CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never show in any output
 
@@ -283,17 +281,8 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
     s = start_server(tmp_path, name="doomed", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     log_dir = tmp_path / "run"
-    killed_at: list[float] = []
-
-    def kill_after_a_few_steps():
-        metrics = log_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 8):
-            time.sleep(0.05)
-        os.killpg(s.proc.pid, signal.SIGKILL)
-        killed_at.append(time.monotonic())
-
-    killer = threading.Thread(target=kill_after_a_few_steps, daemon=True)
-    killer.start()
+    metrics = log_dir / "metrics.jsonl"
+    killed_at = kill_when(s.proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 8)  # a few steps in
     with pytest.raises(EngineError, match="stopped answering"):
         sft(corpus.train, model=DEFAULT_MODEL, engine="tinker", base_url=s.url, log_dir=log_dir,
             save_every=4, progress=False)
@@ -427,16 +416,7 @@ def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_pa
     monkeypatch.setenv("TINKER_BASE_URL", s.url)
     rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
             for a in range(10, 40) for b in range(10, 20)]  # 300 rows: sampling takes a while
-    killed_at: list[float] = []
-
-    def kill_while_sampling():
-        while s.output().count("POST /api/v1/asample") < 3:
-            time.sleep(0.05)
-        os.killpg(s.proc.pid, signal.SIGKILL)
-        killed_at.append(time.monotonic())
-
-    killer = threading.Thread(target=kill_while_sampling, daemon=True)
-    killer.start()
+    killed_at = kill_when(s.proc, lambda: s.output().count("POST /api/v1/asample") >= 3)  # while sampling
     with pytest.raises(EngineError, match="stopped answering"):
         evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, progress=False, max_tokens=64)
     assert killed_at and time.monotonic() - killed_at[0] < 30
