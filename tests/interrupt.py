@@ -1,4 +1,5 @@
-"""Press Ctrl-C in the middle of a training run at a known step, with no timing involved."""
+"""Stop a training run at a known step, with no timing involved: Ctrl-C (`ctrl_c_at`) or an engine
+fault (`engine_fault_at`)."""
 
 import contextlib
 import importlib
@@ -42,3 +43,24 @@ def ctrl_c_at(bar: str, at: int, hold_step: int) -> Iterator[None]:
             yield
     finally:
         compute.Trainer.optim_step, bar_class.update = real_step, real_update
+
+
+@contextlib.contextmanager
+def engine_fault_at(step: int) -> Iterator[None]:
+    """The local engine's `step`-th optimizer step in the block (counted across runs) raises
+    RuntimeError("engine fault for the test"), once; the real step is back when the block ends."""
+    from machine_nb.engines.local import compute
+
+    real_step, calls = compute.Trainer.optim_step, []
+
+    def failing_step(self, **params):
+        calls.append(1)
+        if len(calls) == step:
+            raise RuntimeError("engine fault for the test")
+        return real_step(self, **params)
+
+    compute.Trainer.optim_step = failing_step
+    try:
+        yield
+    finally:
+        compute.Trainer.optim_step = real_step

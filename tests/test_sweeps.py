@@ -16,6 +16,8 @@ from machine_nb.sweeps import (RUN_COLUMNS, SUMMARY_COLUMNS, grid_points, read_s
                                verdict)
 from machine_nb.train import heldout_results, read_training_log, training_metrics
 
+from interrupt import engine_fault_at
+
 GRID = {"learning_rate": [1e-3, 3e-3]}
 FIXED = {"max_steps": 6, "save_every": 2, "eval_max_tokens": 16}
 
@@ -99,22 +101,11 @@ def test_another_sweeps_dir_and_bad_grids_are_refused(swept, corpus, tmp_path):
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"] and not (tmp_path / "x").exists()
 
 
-def test_a_failed_run_is_recorded_then_resumed_and_a_stale_one_set_aside(corpus, tmp_path, monkeypatch):
-    from machine_nb.engines.local import compute
-
+def test_a_failed_run_is_recorded_then_resumed_and_a_stale_one_set_aside(corpus, tmp_path):
     c, valid = corpus
-    real_step, calls = compute.Trainer.optim_step, []
-
-    def failing_step(self, **params):  # the engine fails the first run's 6th step, once
-        calls.append(1)
-        if len(calls) == 6:
-            raise RuntimeError("engine fault for the test")
-        return real_step(self, **params)
-
-    monkeypatch.setattr(compute.Trainer, "optim_step", failing_step)
     out = tmp_path / "sw"
-    first = sweep(c.train, GRID, eval_data=valid, eval_every=3, sweep_dir=out, progress=False, **FIXED)
-    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
+    with engine_fault_at(6):  # the engine fails the first run's 6th step, once
+        first = sweep(c.train, GRID, eval_data=valid, eval_every=3, sweep_dir=out, progress=False, **FIXED)
     assert list(first["status"]) == ["failed", "ran"] and "engine fault" in first["error"].iloc[0]
     # a run dir that never reached a checkpoint (as after a crash at start): set aside, not deleted
     stale = out / run_name({"learning_rate": 0.003}, 0)

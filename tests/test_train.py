@@ -18,7 +18,7 @@ from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.render import get_renderer
 from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
 
-from interrupt import ctrl_c_at
+from interrupt import ctrl_c_at, engine_fault_at
 
 ANSWER = re.compile(r"^answer: -?\d+$")
 
@@ -352,27 +352,15 @@ def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_pa
     assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
 
 
-def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tmp_path, monkeypatch):
+def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tmp_path):
     """The engine fails step 5 after it was submitted, before checkpoint 4 was saved: that state
     holds steps 0-4 only. The resume trains step 5 (its row never came), and the run equals the
     uninterrupted one."""
-    from machine_nb.engines.local import compute
-
     kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
     whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
-    real_step, calls = compute.Trainer.optim_step, []
-
-    def failing_step(self, **params):
-        calls.append(1)
-        if len(calls) == 6:
-            raise RuntimeError("engine fault for the test")
-        return real_step(self, **params)
-
-    monkeypatch.setattr(compute.Trainer, "optim_step", failing_step)
     log_dir = tmp_path / "failed"
-    with pytest.raises(EngineError):
+    with engine_fault_at(6), pytest.raises(EngineError):
         sft(corpus.train, log_dir=log_dir, **kw)
-    monkeypatch.setattr(compute.Trainer, "optim_step", real_step)
     assert read_training_log(log_dir).state_path.endswith("/weights/000004")
     done = sft(corpus.train, resume=log_dir, progress=False)
     assert done.complete and done.unconfirmed_steps == [5]
