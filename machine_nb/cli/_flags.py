@@ -171,6 +171,26 @@ def eval_cost_text(rows: list[dict], model: str, *, max_tokens: int, samples_per
     return f"up to ${est.usd:.4f} ({est.prompt_tokens} prompt tokens, ≤{est.max_output_tokens} reply tokens)"
 
 
+def heldout_cost_text(evals: int, rows: int, usd: float | None) -> str:
+    """A training run's held-out evals as the spending guard states them.
+
+    Args:
+        evals: how many times the eval rows are scored.
+        rows: eval rows per time.
+        usd: their cost at most (None: unknown, no price).
+
+    Returns:
+        "Held-out evals: N x R rows, at most $X." ("an unknown amount" without a price).
+    """
+    amount = "an unknown amount" if usd is None else f"at most ${usd:.4f}"
+    return f"Held-out evals: {evals} x {rows} rows, {amount}."
+
+
+def estimate_source(est: Any) -> str:
+    """Where a cost estimate's figures come from: exact or estimated tokens, the price's source and date."""
+    return f"{'exact' if est.exact else 'estimated'} tokens, {est.price.source} {est.price.date}"
+
+
 def refuse_to_spend(what: str, cost: str, *, detail: str = "", file: Any = None) -> bool:
     """Say what a command would spend and that `--yes` allows it.
 
@@ -312,4 +332,4 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
 
 __all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "model_flag", "engine_flag", "target_flags", "engine_of",
            "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
-           "resume_flag", "schedule_flags", "heldout_flags", "print_result"]
+           "resume_flag", "schedule_flags", "heldout_flags", "print_result", "heldout_cost_text", "estimate_source"]

@@ -132,14 +132,13 @@ def _run_dpo(args: argparse.Namespace) -> int:
                 eval_usd = None
             check_budget(None if eval_usd is None else est.usd + eval_usd, args.max_usd,
                          f"DPO on {args.model} for {args.epochs} epoch(s) with {n} held-out evals")
-            evals = (f"Held-out evals: {n} x {len(held)} rows, "
-                     f"{'an unknown amount' if eval_usd is None else f'at most ${eval_usd:.4f}'}.")
+            evals = flags.heldout_cost_text(n, len(held), eval_usd)
         flags.refuse_to_spend(
             f"trains {args.model} with DPO",
             f"about ${est.usd:.4f} = training ${est.train_usd:.4f} + the policy's forward pass "
             f"${est.forward_usd:.4f} + the reference model's forward pass ${est.reference_usd:.4f} ({est.pairs} "
             f"pairs, {est.tokens:,} tokens (chosen + rejected) x {args.epochs} epoch(s), {est.steps} steps; "
-            f"{'exact' if est.exact else 'estimated'} tokens, {est.price.source} {est.price.date})", detail=evals)
+            f"{flags.estimate_source(est)})", detail=evals)
         return flags.REFUSED_SPEND
     result = dpo(args.pairs, args.model, args.engine, beta=args.beta, learning_rate=args.learning_rate,
                  epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, lora_rank=args.lora_rank,

@@ -98,12 +98,10 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         held = load_eval_rows(args.eval_data)
         both = estimate_run("sft", rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
                             eval_rows=held, evals=n)
-        eval_usd = "an unknown amount" if both["eval_usd"] is None else f"at most ${both['eval_usd']:.4f}"
-        evals = f"Held-out evals: {n} x {len(held)} rows, {eval_usd}."
+        evals = flags.heldout_cost_text(n, len(held), both["eval_usd"])
     return flags.refuse_to_spend(
         f"trains {args.model}", f"about ${est.usd:.4f} ({est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
-                                f"{est.steps} steps; {'exact' if est.exact else 'estimated'} tokens, "
-                                f"{est.price.source} {est.price.date})", detail=evals)
+                                f"{est.steps} steps; {flags.estimate_source(est)})", detail=evals)
 
 
 def _run_sft(args: argparse.Namespace) -> int:
