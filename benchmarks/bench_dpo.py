@@ -33,6 +33,8 @@ import time
 import warnings
 from pathlib import Path
 
+from common import run_notebook
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
 # evaluate's sampler resolves a client future inside its event loop, which the SDK logs with a stack dump
@@ -153,14 +155,7 @@ def corpus(mnb, tmp: Path) -> None:
 
 
 def time_notebook(timeout: float = 900) -> float:
-    import nbformat
-    from nbclient import NotebookClient
-
-    path = ROOT / "notebooks" / "05_preference.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    return time.perf_counter() - start
+    return run_notebook("05_preference.ipynb", timeout)[0]
 
 
 def main() -> int:

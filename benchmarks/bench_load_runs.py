@@ -20,14 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _read(path: str) -> bytes:
-    """A file's bytes through os-level calls (the fastest plain read; load_runs reads so too)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, os.fstat(fd).st_size + 1)
-    finally:
-        os.close(fd)
+from common import read_bytes
 
 
 def bare_parse(root: Path) -> int:
@@ -38,7 +31,7 @@ def bare_parse(root: Path) -> int:
     for dirpath, _, files in os.walk(root / ".machine" / "runs"):
         for name in files:
             if name.endswith(".json"):
-                orjson.loads(_read(os.path.join(dirpath, name)))
+                orjson.loads(read_bytes(os.path.join(dirpath, name)))
                 n += 1
     return n
 
@@ -55,7 +48,7 @@ def bare_parse_keep(root: Path) -> int:
         for dirpath, _, files in os.walk(root / ".machine" / "runs"):
             for name in files:
                 if name.endswith(".json"):
-                    kept.append(orjson.loads(_read(os.path.join(dirpath, name))))
+                    kept.append(orjson.loads(read_bytes(os.path.join(dirpath, name))))
         return len(kept)
     finally:
         gc.enable()

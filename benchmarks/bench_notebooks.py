@@ -10,13 +10,14 @@ the notebooks' own scratch output under runs/ and data/ (git-ignored).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from common import run_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
@@ -35,23 +36,7 @@ print("BENCH_NUMBERS " + _json.dumps({
 
 def run_once(name: str, timeout: float) -> tuple[float, dict | None]:
     """Execute notebooks/<name> in a fresh python3 kernel; returns (wall seconds, numbers or None)."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    path = ROOT / "notebooks" / name
-    nb = nbformat.read(path, as_version=4)
-    if name.startswith("01"):
-        nb.cells.append(nbformat.v4.new_code_cell(_NUMBERS_CELL))
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    start = time.monotonic()
-    client.execute()  # includes the kernel's start and shutdown
-    wall = time.monotonic() - start
-    numbers = None
-    for out in nb.cells[-1].get("outputs", []):
-        for line in out.get("text", "").splitlines():
-            if line.startswith("BENCH_NUMBERS "):
-                numbers = json.loads(line.split(" ", 1)[1])
-    return wall, numbers
+    return run_notebook(name, timeout, _NUMBERS_CELL if name.startswith("01") else None)
 
 
 def main() -> int:

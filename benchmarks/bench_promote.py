@@ -24,6 +24,8 @@ import time
 import warnings
 from pathlib import Path
 
+from common import run_notebook
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +52,7 @@ def tag_the_rest(mnb, workspace: Path, store: Path) -> int:
 
 def time_notebook(timeout: float = 600) -> float:
     """Wall seconds of notebook 03 executed from a fresh python3 kernel in notebooks/, with its defaults."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    path = ROOT / "notebooks" / "03_tag_train_promote.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    return time.perf_counter() - start
+    return run_notebook("03_tag_train_promote.ipynb", timeout)[0]
 
 
 def main() -> int:

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import peak_rss_mb, read_bytes
+
 CHUNK = 100_000  # runs generated per call of sample.generate (it holds a chunk's records in memory)
 
 
@@ -64,15 +66,6 @@ def generate(ws: Path, n: int) -> float:
 # steps, each run in a child process: `python bench_run_index.py --step NAME WS`
 
 
-def _read(path: str) -> bytes:
-    """A file's bytes through os-level calls (the fastest plain read; load_runs reads so too)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, os.fstat(fd).st_size + 1)
-    finally:
-        os.close(fd)
-
-
 def step_bare(ws: str) -> dict:
     import orjson
 
@@ -80,7 +73,7 @@ def step_bare(ws: str) -> dict:
     for dirpath, _, files in os.walk(os.path.join(ws, ".machine", "runs")):
         for name in files:
             if name.endswith(".json"):
-                orjson.loads(_read(os.path.join(dirpath, name)))
+                orjson.loads(read_bytes(os.path.join(dirpath, name)))
                 n += 1
     return {"files": n}
 
@@ -144,21 +137,6 @@ def step_picker(ws: str) -> dict:
 
 STEPS = {"bare": step_bare, "bare_open": step_bare_open, "load": step_load, "load_files": lambda ws: step_load(ws, "files"),
          "picker": step_picker}
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory: VmHWM, which starts afresh at exec (ru_maxrss keeps
-    the parent's peak across fork + exec on Linux, so it would count the generator's memory)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024 * 1024)
 
 
 def child(step: str, ws: str) -> None:

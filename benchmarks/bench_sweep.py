@@ -18,13 +18,14 @@ temporary folder, the notebook's own to runs/ (git-ignored).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import run_notebook
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -94,21 +95,7 @@ def bench_parallel(tmp: Path) -> None:
 
 
 def bench_notebook(timeout: float) -> None:
-    import nbformat
-    from nbclient import NotebookClient
-
-    path = ROOT / "notebooks" / "04_sweep.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(_NUMBERS_CELL))
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    start = time.monotonic()
-    client.execute()  # includes the kernel's start and shutdown
-    wall = time.monotonic() - start
-    numbers = None
-    for out in nb.cells[-1].get("outputs", []):
-        for line in out.get("text", "").splitlines():
-            if line.startswith("BENCH_NUMBERS "):
-                numbers = json.loads(line.split(" ", 1)[1])
+    wall, numbers = run_notebook("04_sweep.ipynb", timeout, _NUMBERS_CELL)  # the kernel's start and shutdown included
     print("## 3. notebooks/04_sweep.ipynb, fresh kernel, default parameters")
     print(f"wall {wall:.1f} s (target under 300 s); the sweep cell {numbers['sweep_s']:.1f} s for {numbers['runs']} runs")
     lr, ep = numbers["best"]

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import peak_rss_mb
 
 
 def write_store(store: Path, mb: int) -> int:
@@ -48,18 +49,6 @@ def child(store: str, n: int) -> None:
     t_untag = time.perf_counter() - t
     assert len(df) == n and removed["run"] == f"run{n // 2}"
     print(json.dumps({"rows": len(df), "tagged_s": t_tagged, "untag_s": t_untag, "peak_rss_mb": peak_rss_mb()}))
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process (VmHWM: starts afresh at exec, unlike ru_maxrss)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> int:

@@ -1,0 +1,73 @@
+"""What several benchmarks share: executing a shipped notebook in a fresh kernel, a plain os-level
+file read (the floor a reader is measured against), and a process's peak resident memory.
+
+Benchmarks run as scripts from the repository root (`python benchmarks/bench_x.py`), so this
+folder is on their import path and they `import common`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def run_notebook(name: str, timeout: float, extra_cell: str | None = None) -> tuple[float, dict | None]:
+    """Execute notebooks/<name> top to bottom in a fresh python3 kernel, with its defaults, in
+    memory (nothing is written back).
+
+    Args:
+        name: the notebook's file name.
+        timeout: seconds a cell may take.
+        extra_cell: code run after the last cell; a line it prints as "BENCH_NUMBERS <json>"
+            comes back (default None).
+
+    Returns:
+        (wall seconds, the kernel's start and shutdown included; the numbers, or None).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
+    if extra_cell:
+        nb.cells.append(nbformat.v4.new_code_cell(extra_cell))
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    start = time.monotonic()
+    client.execute()
+    wall = time.monotonic() - start
+    numbers = None
+    if extra_cell:
+        for out in nb.cells[-1].get("outputs", []):
+            for line in out.get("text", "").splitlines():
+                if line.startswith("BENCH_NUMBERS "):
+                    numbers = json.loads(line.split(" ", 1)[1])
+    return wall, numbers
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's bytes through os-level calls (the fastest plain read; load_runs reads so too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, os.fstat(fd).st_size + 1)
+    finally:
+        os.close(fd)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM, which starts afresh at exec (ru_maxrss keeps
+    the parent's peak across fork + exec on Linux, so it would count the generator's memory)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024 * 1024)
