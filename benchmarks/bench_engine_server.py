@@ -1,8 +1,8 @@
-"""Benchmark: the local engine as a Tinker-compatible server against the in-process engine it replaced.
+"""Benchmark: the local engine as a Tinker-compatible server against the same engine called in process.
 
 On the minimal-SFT corpus (48 rows, batch 8, 10 epochs = 60 steps), in one run, alternating:
 - `sft` wall time: in-process engine (the cookbook's module globals swapped for the local
-  ServiceClient, as sft did before) vs the server (the cookbook unchanged in a child process,
+  ServiceClient, no HTTP) vs the server (the cookbook unchanged in a child process,
   the real tinker SDK over HTTP); target server <= 2x;
 - identical losses for the same seed on both, and the same seed twice through the server giving
   identical losses and outputs;
@@ -106,7 +106,7 @@ def compare_requests(baseline: Path, rounds: int) -> None:
 
 
 def inprocess_sft(train_path: Path, log_dir: Path, seed: int = 0):
-    """sft as it ran before the server: the cookbook's `tinker` and `ml_log` names swapped for the
+    """sft without the server: the cookbook's `tinker` and `ml_log` names swapped for the
     in-process engine and a quiet logger, on a worker thread's event loop."""
     import asyncio
     import threading

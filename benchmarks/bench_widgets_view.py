@@ -201,7 +201,7 @@ def no_network(train: Path, hub_retries: bool) -> None:
             m.wait()
             print(f"CostMeter back to the same model: {(time.perf_counter() - t) * 1000:.1f} ms")
         if hub_retries:
-            before_bounded_check()
+            unbounded_lookup()
     finally:
         os.environ.pop("HF_ENDPOINT", None)
         for k, v in saved.items():
@@ -210,9 +210,9 @@ def no_network(train: Path, hub_retries: bool) -> None:
         render._HUB_CHECKS.clear()
 
 
-# The lookup as it was: the hub client alone, in a fresh process (its offline flag is read at
+# The lookup without the bounded check: the hub client alone, in a fresh process (its offline flag is read at
 # import), with a resolver that takes 5 s to fail each lookup (a typical resolver timeout).
-_BEFORE = """
+_UNBOUNDED = """
 import logging, socket, sys, time
 real = socket.getaddrinfo
 def slow(host, *a, **k):
@@ -237,17 +237,17 @@ print(f"{time.perf_counter() - t:.1f} s, {len(lines)} hub log lines, then {what}
 """
 
 
-def before_bounded_check() -> None:
+def unbounded_lookup() -> None:
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["HF_ENDPOINT"] = "https://hub.invalid"
     try:
-        out = subprocess.run([sys.executable, "-c", _BEFORE], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", _UNBOUNDED], env=env, capture_output=True, text=True,
                              timeout=300).stdout.strip()
     except subprocess.TimeoutExpired:
         out = "still waiting at 300 s"
-    print(f"before: the hub client's own lookup of Qwen/Qwen3-8B with no network: {out}")
+    print(f"without the bounded check: the hub client's own lookup of Qwen/Qwen3-8B with no network: {out}")
 
 
 def plot_lag() -> None:
