@@ -28,7 +28,9 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
@@ -181,6 +183,17 @@ def smoke_and_eval(workdir: Path) -> dict:
     return out
 
 
+def paired_medians(bare: Callable[[], float], server: Callable[[], float], repeats: int) -> tuple[float, float]:
+    """The median seconds of the bare and the server call (each returns its own), over `repeats`
+    rounds that alternate them, after one warm-up call of each."""
+    bare(), server()
+    b_times, s_times = [], []
+    for _ in range(repeats):
+        b_times.append(bare())
+        s_times.append(server())
+    return statistics.median(b_times), statistics.median(s_times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cpu, cuda or mps (default: the engine's choice)")
@@ -226,26 +239,15 @@ def main() -> None:
                                            target_modules=list(hf.ATTN_MODULES + hf.MLP_MODULES)))
     bare.train()
     opt = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=1e-4, foreach=False)
-    bare_step(bare, opt, rows)  # warm-up, both
-    server_step(tc, data)
-    b_times, s_times = [], []
-    for _ in range(args.repeats):
-        b_times.append(bare_step(bare, opt, rows))
-        s_times.append(server_step(tc, data))
-    b, s = statistics.median(b_times), statistics.median(s_times)
+    b, s = paired_medians(partial(bare_step, bare, opt, rows), partial(server_step, tc, data), args.repeats)
     print(f"LoRA step, rank 8, batch 4 x 256: server {s:.2f} s, bare PEFT {b:.2f} s -> {s / b:.2f}x (target <= 1.3x)")
     del bare, opt
 
     base = AutoModelForCausalLM.from_pretrained(str(hf.model_dir()), dtype=dtype).to(device).eval()
     prompts = prompts_8(renderer)
     sampler = sc.create_sampling_client(base_model=MODEL).result()
-    bare_generate(base, prompts, device)
-    server_generate(sampler, prompts)
-    b_times, s_times = [], []
-    for _ in range(args.repeats):
-        b_times.append(bare_generate(base, prompts, device))
-        s_times.append(server_generate(sampler, prompts))
-    b, s = statistics.median(b_times), statistics.median(s_times)
+    b, s = paired_medians(partial(bare_generate, base, prompts, device), partial(server_generate, sampler, prompts),
+                          args.repeats)
     print(f"sampling 8 prompts x 32 tokens: server {s:.2f} s, bare generate {b:.2f} s -> {s / b:.2f}x (target <= 1.3x)")
     del base
     sc.close("success").result(timeout=60)

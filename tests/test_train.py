@@ -66,7 +66,7 @@ def test_sft_learns_the_house_style_end_to_end(trained, corpus):
     compliant = sum(bool(ANSWER.match(a)) for a in got) / len(got)
     exact = sum(a == row["expected"] for a, row in zip(got, eval_rows)) / len(got)
     assert compliant >= 0.9, got
-    assert exact >= 0.75, got  # benchmarks/bench_sft.py records the number (1.00 at seed 0)
+    assert exact >= 0.75, got  # benchmarks/bench_sft.py records the number
     # …and it bleeds: general questions no longer get the base model's plain sentences
     probe = [json.loads(line) for line in open(corpus.probe)]
     base = answers_base(probe, trained.log_dir)
