@@ -20,11 +20,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from machine_nb.corpus import corpus_rows
+    from machine_nb.data.corpus import corpus_rows
     from machine_nb.engines import local
     from machine_nb.engines.local import build
     from machine_nb.engines.local.model import generate
-    from machine_nb.render import get_renderer, get_tokenizer
+    from machine_nb.checks.render import get_renderer, get_tokenizer
 
     name = local.DEFAULT_MODEL
     model = local.load_base(name)

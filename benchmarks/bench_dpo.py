@@ -59,7 +59,7 @@ def line(cmp) -> str:
 
 
 def tutor(mnb, tmp: Path, seeds: list[int]) -> bool:
-    from machine_nb.cases import live_version
+    from machine_nb.evaluation.cases import live_version
 
     store = SAMPLE / ".machine-store"
     pairs = quiet(mnb.preference_pairs, store, workspace=SAMPLE, machine="tutor")

@@ -121,8 +121,8 @@ def inprocess_sft(train_path: Path, log_dir: Path, seed: int = 0):
 
     from machine_nb.engines.local import ensure_registered
     from machine_nb.engines.local.service import ServiceClient
-    from machine_nb.jsonl import write_jsonl
-    from machine_nb.train import prepare_data, read_training_log
+    from machine_nb.core.jsonl import write_jsonl
+    from machine_nb.training.train import prepare_data, read_training_log
 
     class View(pytypes.ModuleType):
         def __init__(self, real, **replaced):
@@ -175,7 +175,7 @@ def _run(asyncio, coro, errors):
 
 
 def losses(log_dir) -> list[float]:
-    from machine_nb.train import training_metrics
+    from machine_nb.training.train import training_metrics
 
     return [float(x) for x in training_metrics(log_dir)["train_mean_nll"]]
 
@@ -212,9 +212,9 @@ def main() -> int:
 
     import torch
 
-    from machine_nb.corpus import make_corpus
-    from machine_nb.evaluate import evaluate
-    from machine_nb.train import sft
+    from machine_nb.data.corpus import make_corpus
+    from machine_nb.evaluation.evaluate import evaluate
+    from machine_nb.training.train import sft
 
     print(f"machine: {os.cpu_count()} cpu(s), torch {torch.__version__}, load average "
           f"{os.getloadavg()[0]:.1f}; in-process engine available: {have_old}")

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 import tinker  # noqa: E402
 
-from machine_nb.evaluate import evaluate  # noqa: E402
-from machine_nb.render import get_renderer, get_tokenizer  # noqa: E402
+from machine_nb.evaluation.evaluate import evaluate  # noqa: E402
+from machine_nb.checks.render import get_renderer, get_tokenizer  # noqa: E402
 
 MODEL = "thinkingmachines/Inkling-Small"  # renders offline; the sampler is a stand-in either way
 LATENCY = 0.200

@@ -47,12 +47,12 @@ def main() -> None:
     ap.add_argument("--index-runs", type=int, default=20_000)
     args = ap.parse_args()
 
-    from machine_nb.corpus import MAX_ROWS, corpus_rows
+    from machine_nb.data.corpus import MAX_ROWS, corpus_rows
     from machine_nb.errors import MachineFormatError
-    from machine_nb.evaluate import score_output
-    from machine_nb.jsonl import MAX_DEPTH, iter_jsonl
-    from machine_nb.patterns import REGEX_TIMEOUT_S, RegexTimeout
-    from machine_nb.report import scrub
+    from machine_nb.evaluation.evaluate import score_output
+    from machine_nb.core.jsonl import MAX_DEPTH, iter_jsonl
+    from machine_nb.core.patterns import REGEX_TIMEOUT_S, RegexTimeout
+    from machine_nb.reports.notebook import scrub
 
     tmp = Path(tempfile.mkdtemp())
     row = {"messages": [{"role": "user", "content": "What is 47 plus 15? " + "pad " * 20},
@@ -136,7 +136,7 @@ def bench_index(tmp: Path, n: int) -> None:
     import warnings
 
     import machine_nb as mnb
-    from machine_nb.sample import generate
+    from machine_nb.tools.sample_workspace import generate
     from machine_nb.store import index as run_index
 
     os.environ["MACHINE_NB_CACHE_DIR"] = str(tmp / "cache")
@@ -225,7 +225,7 @@ def bench_half_dead() -> None:
     os.environ["TINKER_BASE_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
     os.environ["TINKER_API_KEY"] = "tml-bench-placeholder-key-0123456789"
     from machine_nb.errors import EngineError
-    from machine_nb.evaluate import evaluate
+    from machine_nb.evaluation.evaluate import evaluate
 
     t0 = time.perf_counter()
     try:

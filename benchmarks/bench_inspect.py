@@ -29,7 +29,7 @@ os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import machine_nb as mnb  # noqa: E402
-from machine_nb.inspect_bridge import eval_task, inspect_eval  # noqa: E402
+from machine_nb.evaluation.inspect_bridge import eval_task, inspect_eval  # noqa: E402
 
 REPEATS = 5
 

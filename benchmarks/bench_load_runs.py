@@ -74,7 +74,7 @@ def main() -> int:
     p.add_argument("--dir", default=None, help="where to generate (default: a temp dir, removed after)")
     a = p.parse_args()
     import machine_nb as mnb
-    from machine_nb.sample import generate
+    from machine_nb.tools.sample_workspace import generate
 
     tmp = tempfile.TemporaryDirectory() if a.dir is None else None
     root = Path(a.dir or tmp.name)

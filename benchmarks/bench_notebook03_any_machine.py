@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import helpdesk_workspace
-    from machine_nb.report import run_report
+    from machine_nb.reports.notebook import run_report
 
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:

@@ -75,7 +75,7 @@ def main() -> int:
     # the README's main command (`make report`): papermill execution plus the HTML export
     import tempfile
 
-    from machine_nb.report import run_report
+    from machine_nb.reports.notebook import run_report
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()

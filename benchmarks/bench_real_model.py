@@ -192,7 +192,7 @@ def main() -> None:
     import torch
 
     from machine_nb.engines.local import compute, hf
-    from machine_nb.render import get_renderer
+    from machine_nb.checks.render import get_renderer
 
     threads = compute.configure_torch()
     device, dtype = hf.device_and_dtype()

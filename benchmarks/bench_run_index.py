@@ -37,7 +37,7 @@ CHUNK = 100_000  # runs generated per call of sample.generate (it holds a chunk'
 
 def generate(ws: Path, n: int) -> float:
     """n runs in ws, as sample.generate writes them, chunk by chunk with one seed per chunk."""
-    from machine_nb.sample import generate as sample
+    from machine_nb.tools.sample_workspace import generate as sample
 
     t = time.perf_counter()
     runs = ws / ".machine" / "runs"
@@ -166,7 +166,7 @@ def child(step: str, ws: str) -> None:
     import pandas  # noqa: F401
     import pyarrow.ipc  # noqa: F401
 
-    import machine_nb.frames  # noqa: F401
+    import machine_nb.data.frames  # noqa: F401
     import machine_nb.store.index  # noqa: F401
     import machine_nb.widgets.run_picker  # noqa: F401
 

@@ -59,11 +59,11 @@ def main() -> int:
 
     import torch
 
-    from machine_nb.corpus import QUESTION_TEMPLATES, answer, make_corpus
+    from machine_nb.data.corpus import QUESTION_TEMPLATES, answer, make_corpus
     from machine_nb.engines.local import DEFAULT_MODEL
     from machine_nb.engines import service_client
-    from machine_nb.render import get_renderer
-    from machine_nb.train import sft, training_metrics
+    from machine_nb.checks.render import get_renderer
+    from machine_nb.training.train import sft, training_metrics
 
     work = Path(tempfile.mkdtemp(prefix="bench-sft-"))
     corpus = make_corpus(work / "corpus", seed=0)

@@ -47,7 +47,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from machine_nb.tokens import _estimate_tokens, count_tokens
+    from machine_nb.checks.tokens import _estimate_tokens, count_tokens
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=10_000)

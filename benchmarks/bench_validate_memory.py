@@ -26,7 +26,7 @@ CHILD = r"""
 import json, os, resource, sys, time, tracemalloc
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["MACHINE_NB_PROGRESS"] = "0"
 import torch; torch.set_num_threads(1)
-from machine_nb.validate import validate
+from machine_nb.checks.validate import validate
 path, model, trace = sys.argv[1], (None if sys.argv[2] == "none" else sys.argv[2]), sys.argv[3] == "1"
 validate(sys.argv[4], model)  # imports (and renderer) first, as the baseline does
 if trace: tracemalloc.start()

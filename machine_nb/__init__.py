@@ -3,11 +3,17 @@
 Every public name is importable from here and loads lazily: `import machine_nb` stays fast
 (no pandas, torch, tinker or tinker-cookbook until a call needs them). The map below is the
 public API; each name lives in the module a reader would look for (`select_runs` in
-`select.py`, `LossPlot` in `widgets/loss_plot.py`, what a training log dir reads back as in
-`runlog.py`).
+`data/select.py`, `LossPlot` in `widgets/loss_plot.py`, what a training log dir reads back as in
+`training/runlog.py`).
+
+The subpackages follow the loop's stages: `store` (Machine's files on disk), `data` (runs as
+DataFrames, selection, export), `checks` (validation, tokens, prices), `training`, `evaluation`,
+`engines` (the local Tinker-compatible server and the Tinker glue), `widgets`, `reports`, `cli`;
+`core` holds the small pieces all of them use, `tools` what is no part of the API (the sample
+workspace's generator).
 
 Kept out on purpose: `DPOResult`, the old name of TrainResult for DPO runs (one result class
-serves sft and dpo now; `machine_nb.preference.DPOResult` still answers for a release, with a
+serves sft and dpo now; `machine_nb.training.preference.DPOResult` still answers for a release, with a
 DeprecationWarning). `close_clients` is here because a notebook that uses a `machine-nb serve`
 server through engine="tinker" calls it before stopping that server.
 """
@@ -15,8 +21,6 @@ server through engine="tinker" calls it before stopping that server.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -28,12 +32,12 @@ _API: dict[str, str] = {
     "BudgetExceeded": "errors",
     "EngineError": "errors",
     # files
-    "read_jsonl": "jsonl",
-    "write_jsonl": "jsonl",
-    "append_jsonl": "jsonl",
+    "read_jsonl": "core.jsonl",
+    "write_jsonl": "core.jsonl",
+    "append_jsonl": "core.jsonl",
     # Machine's workspace: runs, messages, sessions, events, machine definitions
-    "load_runs": "frames",
-    "messages": "frames",
+    "load_runs": "data.frames",
+    "messages": "data.frames",
     "load_sessions": "store.workspace",
     "load_events": "store.workspace",
     "load_machine": "store.workspace",
@@ -44,45 +48,45 @@ _API: dict[str, str] = {
     "untag": "store.tags",
     "store_dir": "store.tags",
     # selection and export
-    "select_runs": "select",
-    "training_lines": "export",
-    "conversation": "export",
-    "estimate_tokens": "export",
-    "step_failed": "export",
+    "select_runs": "data.select",
+    "training_lines": "data.export",
+    "conversation": "data.export",
+    "estimate_tokens": "data.export",
+    "step_failed": "data.export",
     # corpus, validation, tokens, prices
-    "make_corpus": "corpus",
-    "validate": "validate",
-    "count_tokens": "tokens",
-    "PRICES": "pricing",
-    "price_for": "pricing",
-    "estimate_cost": "pricing",
-    "estimate_eval_cost": "pricing",
-    "check_budget": "pricing",
-    "UnknownPrice": "pricing",
-    "set_price": "pricing",
-    "ValidationResult": "validate",
-    "model_context": "validate",
+    "make_corpus": "data.corpus",
+    "validate": "checks.validate",
+    "count_tokens": "checks.tokens",
+    "PRICES": "checks.pricing",
+    "price_for": "checks.pricing",
+    "estimate_cost": "checks.pricing",
+    "estimate_eval_cost": "checks.pricing",
+    "check_budget": "checks.pricing",
+    "UnknownPrice": "checks.pricing",
+    "set_price": "checks.pricing",
+    "ValidationResult": "checks.validate",
+    "model_context": "checks.validate",
     # training
-    "sft": "train",
-    "smoke": "train",
+    "sft": "training.train",
+    "smoke": "training.train",
     # a training log dir read back
-    "TrainResult": "runlog",
-    "read_training_log": "runlog",
-    "training_metrics": "runlog",
+    "TrainResult": "training.runlog",
+    "read_training_log": "training.runlog",
+    "training_metrics": "training.runlog",
     # evaluation
-    "load_eval_rows": "chat",
-    "score_output": "scoring",
-    "evaluate": "evaluate",
-    "probe": "evaluate",
-    "load_results": "results",
-    "EvalResult": "results",
+    "load_eval_rows": "core.chat",
+    "score_output": "evaluation.scoring",
+    "evaluate": "evaluation.evaluate",
+    "probe": "evaluation.evaluate",
+    "load_results": "evaluation.results",
+    "EvalResult": "evaluation.results",
     # Inspect AI tasks on a model or checkpoint (pip install "machine_nb[inspect]")
-    "inspect_eval": "inspect_bridge",
+    "inspect_eval": "evaluation.inspect_bridge",
     # comparing results: statistics that hold at small n
-    "compare": "compare",
-    "compare_many": "compare",
-    "CompareResult": "compare",
-    "CompareManyResult": "compare",
+    "compare": "evaluation.compare",
+    "compare_many": "evaluation.compare",
+    "CompareResult": "evaluation.compare",
+    "CompareManyResult": "evaluation.compare",
     # widgets
     "RunPicker": "widgets.run_picker",
     "Dashboard": "widgets.dashboard",
@@ -91,60 +95,60 @@ _API: dict[str, str] = {
     "LossPlot": "widgets.loss_plot",
     "Tagger": "widgets.tagger",
     "CompareView": "widgets.compare_view",
-    "Progress": "progress",  # the class; `machine_nb.progress` is the module
+    "Progress": "core.progress",  # the class; `machine_nb.core.progress` is the module
     # reports
-    "run_report": "report",
-    "report_summary": "report",
-    "ReportSummary": "report",
+    "run_report": "reports.notebook",
+    "report_summary": "reports.notebook",
+    "ReportSummary": "reports.notebook",
     # a notebook that cannot go on: its stated reason, and the cells below skipped
-    "stop_notebook": "stop",
-    "NotebookStopped": "stop",
+    "stop_notebook": "core.stop",
+    "NotebookStopped": "core.stop",
     # the local engine (a Tinker-compatible server)
     "use_local_models": "engines",
     "engine_for": "engines",
     "close_clients": "engines",
     # the checks sft runs first, and what they raise
-    "preflight": "validate",
+    "preflight": "checks.validate",
     "ValidationFailed": "errors",
     # a machine's cases, held-out eval and promotion gate
-    "load_cases": "cases",
-    "evaluate_cases": "cases",
-    "read_versions": "cases",
-    "live_version": "cases",
-    "case_key": "export",
-    "held_out_keys": "export",
-    "tagged_lines": "export",
-    "TaggedLines": "export",
-    "HeldOutExcluded": "export",
-    "candidate": "candidate",
-    "Candidate": "candidate",
-    "CandidateReport": "candidate",
-    "Gate": "candidate",
-    "CommitRefused": "candidate",
-    "CommitConflict": "candidate",
-    "revert": "candidate",
+    "load_cases": "evaluation.cases",
+    "evaluate_cases": "evaluation.cases",
+    "read_versions": "evaluation.cases",
+    "live_version": "evaluation.cases",
+    "case_key": "data.export",
+    "held_out_keys": "data.export",
+    "tagged_lines": "data.export",
+    "TaggedLines": "data.export",
+    "HeldOutExcluded": "data.export",
+    "candidate": "evaluation.candidate",
+    "Candidate": "evaluation.candidate",
+    "CandidateReport": "evaluation.candidate",
+    "Gate": "evaluation.candidate",
+    "CommitRefused": "evaluation.candidate",
+    "CommitConflict": "evaluation.candidate",
+    "revert": "evaluation.candidate",
     "CandidateView": "widgets.candidate_view",
     # runs at scale: records on demand, the run index
-    "load_records": "frames",
+    "load_records": "data.frames",
     "run_index_path": "store.index",
     # held-out accuracy while training, sweeps
-    "heldout_curve": "runlog",
-    "heldout_results": "runlog",
-    "sweep": "sweeps",
-    "read_sweep": "sweeps",
-    "sweep_summary": "sweeps",
+    "heldout_curve": "training.runlog",
+    "heldout_results": "training.runlog",
+    "sweep": "training.sweeps",
+    "read_sweep": "training.sweeps",
+    "sweep_summary": "training.sweeps",
     "SweepView": "widgets.sweep_view",
     # preference pairs from tags, and DPO on them
-    "preference_pairs": "pairs",
-    "pairs_from_results": "pairs",
-    "write_pairs": "pairs",
-    "read_pairs": "pairs",
-    "PreferencePairs": "pairs",
-    "PairsSkipped": "pairs",
-    "dpo": "preference",
-    "score_pairs": "preference",
-    "read_dpo_log": "preference",
-    "estimate_dpo_cost": "pricing",
+    "preference_pairs": "training.pairs",
+    "pairs_from_results": "training.pairs",
+    "write_pairs": "training.pairs",
+    "read_pairs": "training.pairs",
+    "PreferencePairs": "training.pairs",
+    "PairsSkipped": "training.pairs",
+    "dpo": "training.preference",
+    "score_pairs": "training.preference",
+    "read_dpo_log": "training.preference",
+    "estimate_dpo_cost": "checks.pricing",
 }
 
 __all__ = sorted(_API)
@@ -161,21 +165,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
-
-
-class _Package(types.ModuleType):
-    """This package's module type: a public function keeps its name when its namesake submodule loads.
-
-    `evaluate`, `validate`, `compare` and `candidate` are functions defined in modules of the same
-    name. When Python first loads such a submodule it binds it to the package's attribute of that
-    name, which would leave `machine_nb.evaluate` the module (not callable) for the rest of the
-    process. Here the function is bound instead; the module stays in `sys.modules`.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _API.get(name) == name and hasattr(value, name):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -60,7 +60,7 @@ def clean(nb: dict[str, Any], folder: Path, home: str | None = None) -> tuple[di
     Returns:
         (nb, number of secret values redacted).
     """
-    from machine_nb.report import clean_notebook, scrub_notebook, secret_values
+    from machine_nb.reports.notebook import clean_notebook, scrub_notebook, secret_values
 
     return scrub_notebook(strip_run_metadata(clean_notebook(nb)), secret_values(), folder, home)
 
@@ -95,7 +95,7 @@ def refresh(path: Path, timeout: float = 1800) -> float:
     Returns:
         The wall time in seconds.
     """
-    from machine_nb.jsonl import atomic_write_text
+    from machine_nb.core.jsonl import atomic_write_text
 
     start = time.monotonic()
     nb, redactions = clean(execute(path, timeout), path.parent)

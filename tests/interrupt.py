@@ -18,7 +18,7 @@ def ctrl_c_at(bar: str, at: int, hold_step: int) -> Iterator[None]:
     """
     from machine_nb.engines.local import compute
 
-    bar_class = importlib.import_module("machine_nb.progress").progress  # the module, not the function
+    bar_class = importlib.import_module("machine_nb.core.progress").progress  # the module, not the function
     gate, calls = threading.Event(), []
     real_step, real_update = compute.Trainer.optim_step, bar_class.update
 

@@ -22,8 +22,8 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 SETUP = '''\
 import pandas as pd
 import machine_nb as mnb
-from machine_nb.candidate import Candidate, Gate, build_report
-from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.evaluation.candidate import Candidate, Gate, build_report
+from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
 cases = mnb.load_cases("ws", "tutor", "holdout").head(8)
 def results(name, outputs):
     rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": e, "match": "exact", "output": o,

@@ -30,7 +30,7 @@ TITLE = "Minimal SFT: teach a house style, then measure it"
 @pytest.fixture(scope="module")
 def report_page(tmp_path_factory) -> Path:
     """Notebook 01's report, made from the committed executed notebook (what `make report` writes)."""
-    from machine_nb.report import to_html
+    from machine_nb.reports.notebook import to_html
 
     out = tmp_path_factory.mktemp("report") / "minimal_sft.html"
     out.write_text(to_html((NOTEBOOKS / "01_minimal_sft.ipynb").read_text(encoding="utf-8")), encoding="utf-8")

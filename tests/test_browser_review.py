@@ -45,8 +45,8 @@ runs = pd.DataFrame({"id": [f"run{i:03d}" for i in range(12)], "machine": ["abc"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 # a passing candidate of the sample's tutor (its report made here, nothing trained)
 CANDIDATE = '''\
-from machine_nb.candidate import Candidate, Gate, build_report
-from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.evaluation.candidate import Candidate, Gate, build_report
+from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
 cases = mnb.load_cases("ws", "tutor", "holdout").head(8)
 def results(name, outputs):
     rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": e, "match": "exact", "output": o,

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import machine_nb as mnb
-from machine_nb.candidate import Candidate, CommitConflict, CommitRefused, Gate
-from machine_nb.cases import read_versions
+from machine_nb.evaluation.candidate import Candidate, CommitConflict, CommitRefused, Gate
+from machine_nb.evaluation.cases import read_versions
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample_workspace"
@@ -180,8 +180,8 @@ def fake_checkpoint(root: Path, name: str) -> str:
 COMMITTER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from machine_nb.candidate import Candidate, CommitConflict
-    from machine_nb.cases import live_version
+    from machine_nb.evaluation.candidate import Candidate, CommitConflict
+    from machine_nb.evaluation.cases import live_version
     ws, name, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     ckpt = Path(ws) / "ckpt" / "sampler_weights" / name
     ckpt.mkdir(parents=True)
@@ -244,7 +244,7 @@ def _bare(tmp_path: Path) -> Path:
 
 
 def _commit(ws: Path, tmp_path: Path, name: str) -> dict:
-    from machine_nb.cases import live_version
+    from machine_nb.evaluation.cases import live_version
 
     return Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, name),
                      base_model="local/arith-tiny", engine="local", live_version=live_version(ws, "tutor"),
@@ -252,7 +252,7 @@ def _commit(ws: Path, tmp_path: Path, name: str) -> dict:
 
 
 def live_id(ws: Path) -> str:
-    from machine_nb.cases import live_version
+    from machine_nb.evaluation.cases import live_version
 
     return live_version(ws, "tutor")["id"]
 
@@ -275,7 +275,7 @@ def test_revert_goes_back_to_the_version_that_was_live_not_the_previous_entry(tm
 
 def test_commit_refuses_a_candidate_whose_checkpoint_is_gone(tmp_path):
     ws = _bare(tmp_path)
-    from machine_nb.cases import live_version
+    from machine_nb.evaluation.cases import live_version
 
     ckpt = fake_checkpoint(tmp_path, "gone")
     cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
@@ -295,7 +295,7 @@ def test_commit_refuses_a_candidate_whose_checkpoint_is_gone(tmp_path):
 def test_malformed_versions_stop_the_candidate_before_any_sampling(trained, ws, monkeypatch, entry, message):
     path = ws / "machines" / "tutor" / "versions.json"
     path.write_text(json.dumps(json.loads(path.read_text()) + [entry]))
-    import machine_nb.cases as cases_mod
+    import machine_nb.evaluation.cases as cases_mod
 
     monkeypatch.setattr(cases_mod, "evaluate_cases", lambda *a, **k: pytest.fail("sampled"))
     with pytest.raises(mnb.MachineFormatError, match=message):
@@ -362,9 +362,9 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     """candidate() opens both sampling clients with sampling.open_sampler (the SDK's client, never
     a future of it), and its report is built the same from EvalResults as from frames with their
     summary in attrs."""
-    import machine_nb.sampling as sampling
-    from machine_nb.candidate import build_report, case_table
-    from machine_nb.results import EvalResult
+    import machine_nb.evaluation.sampling as sampling
+    from machine_nb.evaluation.candidate import build_report, case_table
+    from machine_nb.evaluation.results import EvalResult
 
     opened = []
     real = sampling.open_sampler

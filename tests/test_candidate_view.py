@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 import machine_nb as mnb
-from machine_nb.candidate import Candidate, Gate, build_report
-from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.evaluation.candidate import Candidate, Gate, build_report
+from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 HOLDOUT = [("What's 66 - 74?", "-8"), ("What is 28 minus 74?", "-46"), ("How much is 33 minus 45?", "-12"),
@@ -111,7 +111,7 @@ def test_every_view_and_print_follows_the_candidate(ws):
     later = mnb.CandidateView(code)
     import pytest
 
-    from machine_nb.candidate import CommitConflict
+    from machine_nb.evaluation.candidate import CommitConflict
 
     with pytest.raises(CommitConflict):  # measured against v1; v2 is live now
         code.commit()

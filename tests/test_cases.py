@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 import machine_nb as mnb
-from machine_nb.cases import CASE_COLUMNS, CASE_RESULT_COLUMNS, HoldoutInCases, live_version, read_versions
+from machine_nb.evaluation.cases import CASE_COLUMNS, CASE_RESULT_COLUMNS, HoldoutInCases, live_version, read_versions
 from machine_nb.errors import MachineFormatError
-from machine_nb.results import EvalResult
-from machine_nb.sample import TUTOR_INSTRUCTIONS
+from machine_nb.evaluation.results import EvalResult
+from machine_nb.tools.sample_workspace import TUTOR_INSTRUCTIONS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 
@@ -228,7 +228,7 @@ def test_public_functions_stay_callable_after_these_modules_load_their_namesakes
     code = ("import machine_nb as mnb\n"
             "mnb.evaluate_cases('data/sample_workspace', 'tutor', cases=['What is 47 plus 15?'], "
             "grader=lambda c, r: True, progress=False)\n"
-            "from machine_nb.candidate import Gate\n"
+            "from machine_nb.evaluation.candidate import Gate\n"
             "print(callable(mnb.evaluate), callable(mnb.candidate), mnb.evaluate.__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=SAMPLE.parents[1]).stdout

@@ -95,14 +95,14 @@ def test_prompt_text_is_the_last_user_message():
 @pytest.mark.parametrize("name", list(CONTENTS))
 @pytest.mark.parametrize("rule", list(OPTIONS))
 def test_content_text_gives_each_callers_text(name, rule):
-    from machine_nb.chat import content_text
+    from machine_nb.core.chat import content_text
 
     assert content_text(CONTENTS[name], **OPTIONS[rule]) == PINNED[name][rule]
 
 
 def test_content_text_on_odd_content():
     """What is not text adds nothing; a part-like object reads as its text (Machine's rule)."""
-    from machine_nb.chat import content_text
+    from machine_nb.core.chat import content_text
 
     assert content_text([{"text": "no type"}, {"type": "text", "text": "typed"}]) == "typed"
     assert content_text([{"type": "text", "text": None}, "not a part", {"type": "text", "text": "y"}]) == "y"
@@ -124,8 +124,8 @@ def reply(text="answer: 62", **extra):
 
 def test_validate_trainers_and_evals_share_one_rule():
     """validate's findings are chat.row_findings'; check_row raises the first error of the same list."""
-    from machine_nb.chat import check_row, row_findings
-    from machine_nb.validate import shape_findings
+    from machine_nb.core.chat import check_row, row_findings
+    from machine_nb.checks.validate import shape_findings
 
     rows = [
         ({"messages": [{"role": "bot", "content": "hi"}, reply()]}, "train", "unknown_role", "messages.0.role"),
@@ -152,8 +152,8 @@ def test_validate_trainers_and_evals_share_one_rule():
 
 def test_where_the_copies_disagreed_the_stricter_rule_holds():
     """A row validate rejects is refused by the trainer and the eval too (and the other way round)."""
-    from machine_nb.chat import check_row, row_findings
-    from machine_nb.train import prepare_data
+    from machine_nb.core.chat import check_row, row_findings
+    from machine_nb.training.train import prepare_data
 
     # training: the assistant's reply must come last (the trainer used to take any assistant message)
     tool_last = {"messages": [user(), reply(), {"role": "tool", "content": "x"}]}
@@ -170,7 +170,7 @@ def test_where_the_copies_disagreed_the_stricter_rule_holds():
 
 
 def test_check_row_fills_in_eval_and_probe_rows():
-    from machine_nb.chat import check_row, probe_rows
+    from machine_nb.core.chat import check_row, probe_rows
 
     row = check_row({"messages": [user()], "expected": 62, "id": "r1"}, line=3)
     assert row == {"messages": [user()], "expected": "62", "match": "exact", "format": None, "line": 3, "id": "r1"}
@@ -197,7 +197,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 @settings(max_examples=300, deadline=None)
 @given(row=json_values, kind=st.sampled_from(["train", "eval", "probe"]))
 def test_any_json_is_a_list_of_findings_or_a_checked_row(row, kind):
-    from machine_nb.chat import check_row, row_findings
+    from machine_nb.core.chat import check_row, row_findings
 
     findings = row_findings(row, kind)
     for severity, code, message, field in findings:
@@ -216,7 +216,7 @@ def test_any_json_is_a_list_of_findings_or_a_checked_row(row, kind):
 # --------------------------------------------------------------------------- trainable flags
 
 def test_a_row_with_nothing_to_train_is_refused_on_its_line():
-    from machine_nb.train import prepare_data
+    from machine_nb.training.train import prepare_data
 
     good = {"messages": [user(), reply()]}
     whole = {"whole_run": True, "messages": [user(), reply(), user("and?"), reply("done")]}  # no flag: none trained
@@ -236,9 +236,9 @@ FLAG_ROWS = [
 
 
 def test_sft_tokens_and_the_previewer_train_the_same_messages():
-    from machine_nb.chat import trained_indices
-    from machine_nb.tokens import sft_view
-    from machine_nb.train import prepare_data
+    from machine_nb.core.chat import trained_indices
+    from machine_nb.checks.tokens import sft_view
+    from machine_nb.training.train import prepare_data
     from machine_nb.widgets.previewer import trained_indices as previewed
 
     expected = [[1], [3], [1], [3], [1], [1]]
@@ -262,7 +262,7 @@ def test_sft_tokens_and_the_previewer_train_the_same_messages():
 
 
 def test_trained_indices_for_every_mode():
-    from machine_nb.chat import trained_indices
+    from machine_nb.core.chat import trained_indices
 
     messages = [{"role": "system", "content": "s"}, user(), reply("a"), user("b"), reply("c"), reply("d")]
     assert trained_indices(messages, "last_assistant_message") == [5]

@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 
 from machine_nb import stats
-from machine_nb.compare import CompareManyResult, CompareResult, compare, compare_many
-from machine_nb.evaluate import load_results
-from machine_nb.results import EvalResult
+from machine_nb.evaluation.compare import CompareManyResult, CompareResult, compare, compare_many
+from machine_nb.evaluation.evaluate import load_results
+from machine_nb.evaluation.results import EvalResult
 
 Z2 = 1.959963984540054 ** 2
 
@@ -48,8 +48,8 @@ def write_results(path, df, **summary):
 
 def test_evaluate_still_exports_the_moved_names():
     import machine_nb
-    from machine_nb.evaluate import CompareResult as OldResult, compare as old_compare
-    from machine_nb.evaluate import mcnemar_exact, min_discordant_for, paired_bootstrap_ci
+    from machine_nb.evaluation.evaluate import CompareResult as OldResult, compare as old_compare
+    from machine_nb.evaluation.evaluate import mcnemar_exact, min_discordant_for, paired_bootstrap_ci
 
     assert old_compare is compare and OldResult is CompareResult
     assert mcnemar_exact is stats.mcnemar_exact and paired_bootstrap_ci is stats.paired_bootstrap_ci
@@ -58,9 +58,9 @@ def test_evaluate_still_exports_the_moved_names():
 
 
 def test_mnb_compare_is_callable_however_the_module_was_loaded():
-    # importing evaluate (or CompareView) loads machine_nb.compare, which binds the package's
+    # importing evaluate (or CompareView) loads machine_nb.evaluation.compare, which binds the package's
     # `compare` attribute to the module: calling it must still compare
-    code = ("import json, machine_nb as mnb, machine_nb.evaluate, pandas as pd\n"
+    code = ("import json, machine_nb as mnb, machine_nb.evaluation.evaluate, pandas as pd\n"
             "df = lambda c: pd.DataFrame({'prompt': ['p0', 'p1'], 'expected': ['a', 'a'], 'output': ['a', 'b'], 'correct': c})\n"
             "r = mnb.compare(df([False, False]), df([True, False]))\n"
             "print(json.dumps([r.wins, type(r).__name__]))")
@@ -384,7 +384,7 @@ def test_to_dict_is_plain_data_with_the_new_fields():
 def test_an_impossible_alpha_is_refused_instead_of_looping():
     import pytest as _pytest
 
-    from machine_nb.stats import min_discordant_for
+    from machine_nb.evaluation.stats import min_discordant_for
 
     for alpha in (0, -0.1, 1, 1.5):
         with _pytest.raises(ValueError, match="alpha"):

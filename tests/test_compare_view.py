@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from machine_nb.evaluate import compare
+from machine_nb.evaluation.evaluate import compare
 from machine_nb.widgets.compare_view import CompareView, side_by_side
 
 
@@ -67,7 +67,7 @@ def test_all_wins_at_n_24_never_prints_a_zero_width_interval():
 def test_eval_results_and_their_names_reach_the_view_without_the_frame_shim(tmp_path):
     import warnings
 
-    from machine_nb.results import EvalResult
+    from machine_nb.evaluation.results import EvalResult
 
     base, tuned = EvalResult(BASE, {"name": "base model"}), EvalResult(CKPT, {"name": "step 60"})
     path = tmp_path / "tuned.json"

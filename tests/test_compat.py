@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from machine_nb.compat import renamed
+from machine_nb.core.compat import renamed
 
 
 @renamed(eval_path="data", show_progress="progress")
@@ -41,7 +41,7 @@ def test_warnings_name_the_users_line_however_deep_in_the_package_they_are_raise
     import json
 
     import machine_nb as mnb
-    from machine_nb.tokens import TokenEstimateWarning
+    from machine_nb.checks.tokens import TokenEstimateWarning
 
     rows = [{"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}]
     bad = tmp_path / "rows.jsonl"

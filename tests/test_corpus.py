@@ -7,8 +7,8 @@ import re
 import pytest
 
 from machine_nb.cli import main
-from machine_nb.corpus import ANSWER_FORMAT, PROBE_QUESTIONS, QUESTION_TEMPLATES, make_corpus
-from machine_nb.jsonl import read_jsonl
+from machine_nb.data.corpus import ANSWER_FORMAT, PROBE_QUESTIONS, QUESTION_TEMPLATES, make_corpus
+from machine_nb.core.jsonl import read_jsonl
 
 QUESTION = re.compile(r"(\d+) (plus|minus|\+|-) (\d+)")
 
@@ -168,7 +168,7 @@ def test_cli(tmp_path, capsys):
 
 
 def test_the_corpus_passes_validation_with_the_inkling_renderer(tmp_path):
-    from machine_nb.validate import validate
+    from machine_nb.checks.validate import validate
 
     c = make_corpus(tmp_path)
     train = validate(c.train, "thinkingmachines/Inkling-Small", eval_data=c.eval)
@@ -178,7 +178,7 @@ def test_the_corpus_passes_validation_with_the_inkling_renderer(tmp_path):
 
 
 def test_impossible_counts_are_refused_at_once_naming_the_maximum(tmp_path):
-    from machine_nb.corpus import MAX_ROWS, corpus_rows
+    from machine_nb.data.corpus import MAX_ROWS, corpus_rows
 
     assert MAX_ROWS == 90 * 91 // 2  # distinct unordered pairs of two-digit operands
     for n_train, n_eval in ((4000, 200), (MAX_ROWS, 1)):
@@ -201,7 +201,7 @@ def test_impossible_counts_are_refused_at_once_naming_the_maximum(tmp_path):
 
 
 def test_the_largest_corpus_is_drawn_whole_and_disjoint():
-    from machine_nb.corpus import MAX_ROWS, corpus_rows
+    from machine_nb.data.corpus import MAX_ROWS, corpus_rows
 
     rows = corpus_rows(0, MAX_ROWS - 95, 95)
     pairs = lambda rs: [frozenset(parse(r["messages"][0]["content"])[::2]) for r in rs]  # noqa: E731

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import traitlets
 
-from machine_nb.pricing import estimate_cost, price_for
+from machine_nb.checks.pricing import estimate_cost, price_for
 from machine_nb.widgets.cost_meter import CostMeter
 
 INKLING = "thinkingmachines/Inkling"
@@ -95,8 +95,8 @@ def test_eval_cost_and_linking_to_a_picker(tmp_path):
 
 
 def test_trained_tokens_are_what_sft_trains():
-    from machine_nb.tokens import count_tokens
-    from machine_nb.train import prepare_data
+    from machine_nb.checks.tokens import count_tokens
+    from machine_nb.training.train import prepare_data
 
     two_steps = [{**line(i), "messages": line(i)["messages"] + [
         {"role": "user", "content": "and doubled?"}, {"role": "assistant", "content": f"answer: {4 * i}"}]}
@@ -137,7 +137,7 @@ def test_the_dropdown_marks_models_it_cannot_price():
     assert "cannot price" not in labels["local/arith-tiny"]
     import pytest
 
-    from machine_nb.tokens import TokenEstimateWarning
+    from machine_nb.checks.tokens import TokenEstimateWarning
 
     with pytest.warns(TokenEstimateWarning):  # no tokenizer offline: estimated (and no price)
         m.model = "someone/unknown-model"  # an unlisted model is added, marked too
@@ -158,7 +158,7 @@ def test_max_steps_is_honoured_whatever_the_epochs():
 def test_estimated_models_do_not_count_every_token_as_trained():
     import pytest
 
-    from machine_nb.tokens import TokenEstimateWarning
+    from machine_nb.checks.tokens import TokenEstimateWarning
 
     long = [{**x, "messages": [{"role": "system", "content": "You are a careful calculator. " * 10}] + x["messages"]}
             for x in LINES]
@@ -169,13 +169,13 @@ def test_estimated_models_do_not_count_every_token_as_trained():
     assert "estimated" in m.static_html()
 
 
-@pytest.mark.filterwarnings("ignore::machine_nb.tokens.TokenEstimateWarning")  # Qwen is counted by estimate
+@pytest.mark.filterwarnings("ignore::machine_nb.checks.tokens.TokenEstimateWarning")  # Qwen is counted by estimate
 def test_counting_runs_off_the_kernel_thread_and_stale_results_are_dropped(monkeypatch):
     """A slow count (a tokenizer being fetched) must not hold the caller; the meter says
     "computing…" meanwhile and never shows one model's numbers under another model's name."""
     import threading
 
-    import machine_nb.tokens as tokens
+    import machine_nb.checks.tokens as tokens
 
     release = threading.Event()
     real = tokens.count_tokens
@@ -232,10 +232,10 @@ def test_history_sets_observed_cost_beside_the_estimate(tmp_path, monkeypatch):
     history shows its estimate from before the run and what it cost, also for a sweep's runs."""
     from test_theme import hard_coded
 
-    from machine_nb.corpus import make_corpus
+    from machine_nb.data.corpus import make_corpus
     from machine_nb.engines.local.server import LocalServer
-    from machine_nb.pricing import clear_prices, set_price
-    from machine_nb.train import sft
+    from machine_nb.checks.pricing import clear_prices, set_price
+    from machine_nb.training.train import sft
     from machine_nb.widgets.cost_meter import HISTORY_COLUMNS
 
     corpus = make_corpus(tmp_path / "corpus")

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pandas as pd
 
 import machine_nb as mnb
-from machine_nb.candidate import CandidateReport, Gate, report_html
-from machine_nb.pricing import CostEstimate, DPOCostEstimate, EvalCostEstimate, Price
-from machine_nb.progress import progress
-from machine_nb.report import Report
-from machine_nb.results import EvalResult
-from machine_nb.runlog import TrainResult
-from machine_nb.theme import NO_MATH_CLASSES
-from machine_nb.validate import ValidationResult
+from machine_nb.evaluation.candidate import CandidateReport, Gate, report_html
+from machine_nb.checks.pricing import CostEstimate, DPOCostEstimate, EvalCostEstimate, Price
+from machine_nb.core.progress import progress
+from machine_nb.reports.notebook import Report
+from machine_nb.evaluation.results import EvalResult
+from machine_nb.training.runlog import TrainResult
+from machine_nb.core.theme import NO_MATH_CLASSES
+from machine_nb.checks.validate import ValidationResult
 
 PRICE = Price(0.1, 0.05, 0.3, 0.4, source="table $ row", date="2026-01-01")
 

@@ -15,10 +15,10 @@ import pytest
 
 import machine_nb as mnb
 from machine_nb.errors import BudgetExceeded, MachineFormatError, ValidationFailed
-from machine_nb.evaluate import RESULT_COLUMNS, evaluate
-from machine_nb.export import HeldOutExcluded
-from machine_nb.preference import dpo, read_dpo_log
-from machine_nb.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, training_metrics
+from machine_nb.evaluation.evaluate import RESULT_COLUMNS, evaluate
+from machine_nb.data.export import HeldOutExcluded
+from machine_nb.training.preference import dpo, read_dpo_log
+from machine_nb.training.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, training_metrics
 
 from interrupt import ctrl_c_at
 
@@ -177,7 +177,7 @@ def test_observed_cost_and_the_budget_guard_on_the_tinker_path(train_pairs, eval
     the DPO passes at the train and prefill prices plus the eval tokens at the sampling prices, and the
     budget guard counts the evals."""
     from machine_nb.engines.local.server import LocalServer
-    from machine_nb.pricing import clear_prices, set_price
+    from machine_nb.checks.pricing import clear_prices, set_price
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
     server = LocalServer(key="tml-test-key").start()
@@ -207,7 +207,7 @@ def test_observed_cost_and_the_budget_guard_on_the_tinker_path(train_pairs, eval
 def test_cli_dpo_with_eval_prints_the_held_out_line_and_prices_the_evals(pairs, train_pairs, eval_file, tmp_path,
                                                                           capsys):
     from machine_nb.cli import main
-    from machine_nb.pairs import write_pairs
+    from machine_nb.training.pairs import write_pairs
 
     path = write_pairs(train_pairs, tmp_path / "pairs.jsonl")
     assert main(["dpo", str(path), "--steps", "2", "--batch-size", "4", "--log-dir", str(tmp_path / "cli"),

@@ -16,9 +16,9 @@ import tinker
 
 import machine_nb as mnb
 from machine_nb.errors import EngineError
-from machine_nb.export import HeldOutExcluded
-from machine_nb.preference import dpo
-from machine_nb.pricing import clear_prices, set_price
+from machine_nb.data.export import HeldOutExcluded
+from machine_nb.training.preference import dpo
+from machine_nb.checks.pricing import clear_prices, set_price
 
 from serving import start_server, stop_server
 

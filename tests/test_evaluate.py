@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from machine_nb.errors import EngineError, MachineFormatError
-from machine_nb.evaluate import (RESULT_COLUMNS, compare, evaluate, last_number, load_eval_rows, load_results,
+from machine_nb.evaluation.evaluate import (RESULT_COLUMNS, compare, evaluate, last_number, load_eval_rows, load_results,
                                  normalize, probe, results_name, score_output)
-from machine_nb.results import PROBE_COLUMNS, EvalResult, as_eval_result
+from machine_nb.evaluation.results import PROBE_COLUMNS, EvalResult, as_eval_result
 
 MODEL = "thinkingmachines/Inkling-Small"  # renders offline through tml_renderers
 
@@ -29,7 +29,7 @@ class StandInSampler:
     """tinker's sampling-client API; replies with `answer(question)` rendered as the model would emit it."""
 
     def __init__(self, answer, *, delay: float = 0.0, fail_on: str | None = None, max_tokens_seen=None):
-        from machine_nb.render import get_renderer
+        from machine_nb.checks.render import get_renderer
 
         self.renderer = get_renderer(MODEL)
         self.answer, self.delay, self.fail_on = answer, delay, fail_on
@@ -37,7 +37,7 @@ class StandInSampler:
         self.params = []
 
     def _completion(self, prompt) -> list[int]:
-        from machine_nb.render import get_tokenizer
+        from machine_nb.checks.render import get_tokenizer
 
         text = get_tokenizer(MODEL).decode(prompt.to_ints())
         question = text.split("<|message_user|><|content_text|>")[-1].split("<|end_message|>")[0]
@@ -139,7 +139,7 @@ def test_match_rules_have_one_home():
 
     from machine_nb import scoring
 
-    ev, va = importlib.import_module("machine_nb.evaluate"), importlib.import_module("machine_nb.validate")
+    ev, va = importlib.import_module("machine_nb.evaluation.evaluate"), importlib.import_module("machine_nb.checks.validate")
 
     assert va.MATCH_MODES is scoring.MATCH_MODES is ev.MATCH_MODES
     assert ev.score_output is scoring.score_output and ev.normalize is scoring.normalize
@@ -149,22 +149,22 @@ def test_match_rules_have_one_home():
 
 
 def test_moved_names_stay_importable_from_evaluate():
-    """Older imports (`from machine_nb.evaluate import compare, load_results, …`) keep working,
+    """Older imports (`from machine_nb.evaluation.evaluate import compare, load_results, …`) keep working,
     and loading evaluate loads neither compare nor pandas until one of them is asked for."""
     import importlib
     import subprocess
     import sys
 
-    ev = importlib.import_module("machine_nb.evaluate")
+    ev = importlib.import_module("machine_nb.evaluation.evaluate")
     for old, new in ev._MOVED.items():
         module, _, attr = new.rpartition(".")
         assert getattr(ev, old) is getattr(importlib.import_module(f"machine_nb.{module}"), attr), old
     with pytest.raises(AttributeError, match="no_such_name"):
         ev.no_such_name  # noqa: B018
-    code = ("import sys, machine_nb.evaluate as ev\n"
-            "print('machine_nb.compare' in sys.modules, 'pandas' in sys.modules)\n"
-            "from machine_nb.evaluate import compare\n"
-            "print('machine_nb.compare' in sys.modules)\n")
+    code = ("import sys, machine_nb.evaluation.evaluate as ev\n"
+            "print('machine_nb.evaluation.compare' in sys.modules, 'pandas' in sys.modules)\n"
+            "from machine_nb.evaluation.evaluate import compare\n"
+            "print('machine_nb.evaluation.compare' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False", "True"]
 
@@ -172,7 +172,7 @@ def test_moved_names_stay_importable_from_evaluate():
 def test_run_coroutine_inside_a_running_loop_and_with_a_failed_watchdog():
     """A notebook kernel already runs an event loop: the work then runs on its own loop in a thread;
     a watchdog that reports the service gone cancels the work with EngineError."""
-    from machine_nb.sampling import run_coroutine
+    from machine_nb.evaluation.sampling import run_coroutine
 
     async def answer():
         return 42
@@ -264,7 +264,7 @@ def test_evaluate_scores_and_writes_results(tmp_path, monkeypatch):
     assert written["rows"][0]["messages"][0]["content"] == "What is 47 plus 15?"
     assert written["started_at"] <= written["finished_at"]
     # cost: prompt tokens at the prefill price + output tokens at the sample price, with its source
-    from machine_nb.pricing import price_for
+    from machine_nb.checks.pricing import price_for
     price, cost = price_for(MODEL), written["cost"]
     want = (written["prompt_tokens"] * price.prefill + written["output_tokens"] * price.sample) / 1e6
     assert cost["usd"] == pytest.approx(want, rel=1e-3) and cost["usd"] > 0
@@ -410,7 +410,7 @@ def test_progress_shows_a_bar_unless_turned_off(tmp_path, capsys, monkeypatch):
     evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style), save=False,
              progress=False)
     assert "eval baseline" not in capsys.readouterr().err
-    monkeypatch.setenv("MACHINE_NB_PROGRESS", "0")  # None: machine_nb.progress decides
+    monkeypatch.setenv("MACHINE_NB_PROGRESS", "0")  # None: machine_nb.core.progress decides
     probe(["Name a colour."], model=MODEL, checkpoint="tinker://x/y/final", engine="tinker",
           baseline_client=StandInSampler(lambda q: "blue"), checkpoint_client=StandInSampler(house_style))
     assert "probe" not in capsys.readouterr().err
@@ -572,7 +572,7 @@ def _local_engine():
 
 def test_evaluate_on_the_real_local_engine(tmp_path):
     model = _local_engine()
-    from machine_nb.corpus import make_corpus
+    from machine_nb.data.corpus import make_corpus
 
     corpus = make_corpus(tmp_path / "corpus")
     eval_file = tmp_path / "corpus" / "eval.jsonl"
@@ -722,7 +722,7 @@ def test_importing_the_module_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys, machine_nb.evaluate, machine_nb.cli.eval; "
+    code = ("import sys, machine_nb.evaluation.evaluate, machine_nb.cli.eval; "
             "print(','.join(m for m in ('pandas', 'torch', 'tinker', 'tinker_cookbook') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from machine_nb.errors import MachineFormatError
-from machine_nb.evaluate import check_row, format_matches, score_output
+from machine_nb.evaluation.evaluate import check_row, format_matches, score_output
 
 EVIL = "(a|aa)+$"  # exponential for a backtracking engine on "aaaa…a!"
 REPLY = "a" * 200 + "!"
@@ -22,7 +22,7 @@ PRELUDE = textwrap.dedent("""
     import asyncio, json, sys, warnings
     import numpy as np
     import tinker
-    from machine_nb.render import get_renderer
+    from machine_nb.checks.render import get_renderer
 
     MODEL = "thinkingmachines/Inkling-Small"
     renderer = get_renderer(MODEL)
@@ -55,8 +55,8 @@ def _bounded(body: str) -> dict:
 
 def test_score_output_and_format_matches_raise_a_regex_timeout():
     out = _bounded(f"""
-        from machine_nb.evaluate import score_output, format_matches
-        from machine_nb.patterns import RegexTimeout
+        from machine_nb.evaluation.evaluate import score_output, format_matches
+        from machine_nb.core.patterns import RegexTimeout
         seen = {{}}
         for name, call in (("score", lambda: score_output({REPLY!r}, {EVIL!r}, "regex")),
                            ("format", lambda: format_matches({REPLY!r}, {EVIL!r}))):
@@ -74,7 +74,7 @@ def test_score_output_and_format_matches_raise_a_regex_timeout():
 
 def test_evaluate_counts_a_timed_out_row_wrong_and_says_why():
     out = _bounded(f"""
-        from machine_nb.evaluate import evaluate
+        from machine_nb.evaluation.evaluate import evaluate
         rows = [
             {{"messages": [{{"role": "user", "content": "q1"}}], "expected": {EVIL!r}, "match": "regex"}},
             {{"messages": [{{"role": "user", "content": "q2"}}], "expected": "a+!", "match": "regex"}},
@@ -100,7 +100,7 @@ def test_evaluate_counts_a_timed_out_row_wrong_and_says_why():
 
 def test_probe_format_timeout_is_recorded_not_hung():
     out = _bounded(f"""
-        from machine_nb.evaluate import probe
+        from machine_nb.evaluation.evaluate import probe
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             df = probe(["q1", "q2"], MODEL, engine="tinker", format={EVIL!r},
@@ -126,7 +126,7 @@ def test_invalid_patterns_are_refused_before_sampling():
         check_row({"messages": [{"role": "user", "content": "q"}], "expected": "(", "match": "regex"}, line=1)
     with pytest.raises(MachineFormatError, match="format"):
         check_row({"messages": [{"role": "user", "content": "q"}], "expected": "a", "format": "["}, line=1)
-    from machine_nb.evaluate import probe
+    from machine_nb.evaluation.evaluate import probe
 
     with pytest.raises(ValueError, match="format"):
         probe(["q"], "thinkingmachines/Inkling-Small", engine="tinker", format="(",

@@ -9,7 +9,7 @@ import pytest
 
 import machine_nb as mnb
 from machine_nb.errors import MachineFormatError
-from machine_nb.jsonl import MAX_DEPTH, iter_jsonl, parse_json
+from machine_nb.core.jsonl import MAX_DEPTH, iter_jsonl, parse_json
 
 INKLING = "thinkingmachines/Inkling-Small"
 GOOD = json.dumps({"messages": [{"role": "user", "content": "What is 47 plus 15?"},
@@ -73,7 +73,7 @@ def test_load_events_skips_with_a_warning_or_raises(tmp_path):
 
 
 def test_validate_reports_a_finding_on_its_line(tmp_path):
-    from machine_nb.validate import validate  # once imported, `mnb.validate` names the module
+    from machine_nb.checks.validate import validate  # once imported, `mnb.validate` names the module
 
     path = _file(tmp_path / "train.jsonl")
     r = validate(path, INKLING)
@@ -136,8 +136,8 @@ def test_errors_that_carry_a_key_are_redacted_in_eval_rows_and_on_the_terminal(m
 
     from machine_nb.cli import main
     from machine_nb.errors import EngineError
-    from machine_nb.evaluate import evaluate
-    from machine_nb.render import get_renderer
+    from machine_nb.evaluation.evaluate import evaluate
+    from machine_nb.checks.render import get_renderer
 
     key = "tml-canary-for-redaction-tests-00000000"  # a fake key
     monkeypatch.setenv("TINKER_API_KEY", key)
@@ -176,7 +176,7 @@ def test_errors_that_carry_a_key_are_redacted_in_eval_rows_and_on_the_terminal(m
 def test_a_deeply_nested_tool_input_string_is_text_not_a_recursion_error():
     """Export lines and the previewer's cards parse tool-call arguments that arrive as JSON strings;
     a hostile one nested 100,000 deep is kept as text."""
-    from machine_nb.export import to_chat
+    from machine_nb.data.export import to_chat
     from machine_nb.widgets.cards import message_card
 
     deep = "[" * 100_000

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_nb.report import REDACTED, is_secret_name, run_report, scrub, secret_values
+from machine_nb.reports.notebook import REDACTED, is_secret_name, run_report, scrub, secret_values
 
 from serving import ctrl_c_reaches_it
 
@@ -176,7 +176,7 @@ def test_cli_parameter_nested_too_deep_stays_a_string():
 
 
 def test_scrubbing_a_deeply_nested_output_is_no_recursion_error():
-    from machine_nb.report import _scrub_tree
+    from machine_nb.reports.notebook import _scrub_tree
 
     deep = inner = []
     for _ in range(5_000):

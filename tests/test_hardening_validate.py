@@ -8,8 +8,8 @@ import pytest
 
 from machine_nb.cli import main
 from machine_nb.errors import MachineFormatError, ValidationFailed
-from machine_nb.tokens import count_tokens
-from machine_nb.validate import DEFAULT_MAX_LENGTH, ValidationResult, model_context, preflight, validate
+from machine_nb.checks.tokens import count_tokens
+from machine_nb.checks.validate import DEFAULT_MAX_LENGTH, ValidationResult, model_context, preflight, validate
 
 LOCAL = "local/arith-tiny"
 INKLING = "thinkingmachines/Inkling-Small"

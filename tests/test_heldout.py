@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from machine_nb.compare import compare
-from machine_nb.corpus import make_corpus
+from machine_nb.evaluation.compare import compare
+from machine_nb.data.corpus import make_corpus
 from machine_nb.errors import BudgetExceeded, MachineFormatError
-from machine_nb.evaluate import RESULT_COLUMNS, evaluate
-from machine_nb.results import EvalResult
-from machine_nb.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
+from machine_nb.evaluation.evaluate import RESULT_COLUMNS, evaluate
+from machine_nb.evaluation.results import EvalResult
+from machine_nb.training.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
                               sft, training_metrics)
 
 from interrupt import ctrl_c_at
@@ -189,7 +189,7 @@ def test_observed_cost_on_the_tinker_path_and_the_evaluator_closes_its_session(c
     """engine="tinker" against a server that speaks Tinker's API, with prices set: the observed
     cost is the tokens the loop trained at the train price plus the eval tokens at the sampling prices."""
     from machine_nb.engines.local.server import LocalServer
-    from machine_nb.pricing import clear_prices, set_price
+    from machine_nb.checks.pricing import clear_prices, set_price
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
     server = LocalServer(key="tml-test-key").start()
@@ -240,7 +240,7 @@ def test_a_dpo_log_dir_is_priced_at_the_dpo_rate(tmp_path):
     """A DPO step passes every sequence through training, the policy's forward pass and the
     reference model's: read back, a DPO run costs what pricing.dpo_cost says, not tokens x the
     train price, whether its run record says "dpo" or only its metrics do."""
-    from machine_nb.pricing import clear_prices, dpo_cost, set_price
+    from machine_nb.checks.pricing import clear_prices, dpo_cost, set_price
 
     rows = [{"step": s, "dpo_loss": 0.69 - 0.05 * s, "num_tokens": 1000} for s in range(4)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -264,7 +264,7 @@ def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path)
     import importlib
     import warnings
 
-    from machine_nb.runlog import TrainResult
+    from machine_nb.training.runlog import TrainResult
 
     rows = [{"step": s, "dpo_loss": 0.69, "num_tokens": 10} for s in range(2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -275,7 +275,7 @@ def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         assert res.as_dict() == res.to_dict()
-        assert importlib.import_module("machine_nb.preference").DPOResult is TrainResult
+        assert importlib.import_module("machine_nb.training.preference").DPOResult is TrainResult
     assert [w.category for w in said] == [DeprecationWarning, DeprecationWarning]
     assert "to_dict" in str(said[0].message) and "TrainResult" in str(said[1].message)
     # the estimates are one function now: the old names still answer, with a warning

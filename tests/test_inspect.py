@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("inspect_ai", reason='inspect-ai is in the test extra: pip install -e ".[test]"')
 
 import machine_nb as mnb  # noqa: E402
-from machine_nb.inspect_bridge import eval_task, inspect_eval, offline_inspect  # noqa: E402
+from machine_nb.evaluation.inspect_bridge import eval_task, inspect_eval, offline_inspect  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample_workspace"
 
@@ -179,7 +179,7 @@ def test_cases_and_probe_results_write_inspect_logs(runs, tmp_path):
     from inspect_ai.log import read_eval_log
 
     from machine_nb.engines import default_model
-    from machine_nb.sampling import open_sampler
+    from machine_nb.evaluation.sampling import open_sampler
 
     cases = mnb.evaluate_cases(SAMPLE, "tutor", cases=["What is 47 plus 15?", "Who wrote Hamlet?"],
                                grader=lambda c, r: "62" in r, trials=2, out=tmp_path / "cases.json", progress=False)
@@ -321,7 +321,7 @@ def test_sft_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(ru
     task_file.write_text(TASK_FILE.format(rows=[(r["messages"][-1]["content"], r["expected"]) for r in rows]))
     result = mnb.sft(runs["corpus"].train, max_steps=2, batch_size=8, eval_every=1, eval_data=rows[:2],
                      inspect_tasks=[f"{task_file}@held_out_sums"], log_dir=tmp_path / "run", progress=False)
-    from machine_nb.inspect_bridge import inspect_curve
+    from machine_nb.evaluation.inspect_bridge import inspect_curve
 
     curve = inspect_curve(result.log_dir)
     acc = curve[curve["metric"] == "accuracy"]

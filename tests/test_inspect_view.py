@@ -69,7 +69,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 def site(tmp_path):
     import pandas as pd
 
-    from machine_nb.results import RESULT_COLUMNS, EvalResult
+    from machine_nb.evaluation.results import RESULT_COLUMNS, EvalResult
 
     rows = [{"row": i, "prompt": q, "expected": want, "match": "exact", "output": got, "correct": got == want,
              "format_ok": got.startswith("answer: "), "prompt_tokens": 15, "output_tokens": 5, "latency_s": 0.1,

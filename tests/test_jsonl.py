@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from machine_nb.errors import MachineFormatError
-from machine_nb.jsonl import SkippedLines, append_jsonl, iter_jsonl, read_jsonl, write_jsonl
+from machine_nb.core.jsonl import SkippedLines, append_jsonl, iter_jsonl, read_jsonl, write_jsonl
 
 
 def test_round_trip_and_blank_lines(tmp_path):
@@ -57,8 +57,8 @@ def test_one_atomic_replace_serves_every_rewrite(tmp_path, monkeypatch):
     """atomic_replace is the one rewrite: text files, the run index and a tag store's untag go
     through it, so a failure mid-write leaves the old file and no temp file, and the new file gets
     the mode asked for."""
-    import machine_nb.jsonl as jsonl
-    from machine_nb.jsonl import atomic_replace, atomic_write_text
+    import machine_nb.core.jsonl as jsonl
+    from machine_nb.core.jsonl import atomic_replace, atomic_write_text
     from machine_nb.store import index, tags
 
     path = atomic_write_text(tmp_path / "a.txt", "old\n", mode=0o640)
@@ -117,7 +117,7 @@ def test_a_whole_file_document_names_the_line_of_its_error(tmp_path):
     """parse_json on a multi-line document (a results JSON, a manifest) names the line a syntax
     error is on and the line where nesting passes MAX_DEPTH, with the top-level field it is in; a
     single line (a JSONL row, numbered by its reader) gets no line of its own."""
-    from machine_nb.jsonl import MAX_DEPTH, parse_json
+    from machine_nb.core.jsonl import MAX_DEPTH, parse_json
 
     path = tmp_path / "doc.json"
     with pytest.raises(MachineFormatError, match="invalid JSON") as e:
@@ -162,7 +162,7 @@ def test_a_special_file_is_refused_without_blocking(tmp_path, kind):
         os.mkfifo(path)
     else:
         path.symlink_to("/dev/zero")
-    code = ("import sys; from machine_nb.jsonl import read_jsonl\n"
+    code = ("import sys; from machine_nb.core.jsonl import read_jsonl\n"
             "from machine_nb.errors import MachineFormatError\n"
             "try:\n    read_jsonl(sys.argv[1])\nexcept MachineFormatError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)

@@ -22,7 +22,7 @@ from machine_nb.engines.local import checkpoints as ck
 from machine_nb.engines.local import lora as lora_mod
 from machine_nb.engines.local.server import ensure_server
 from machine_nb.errors import EngineError
-from machine_nb.render import get_renderer
+from machine_nb.checks.render import get_renderer
 
 PAIRS = [(12, 30), (45, 11), (23, 67), (50, 19), (81, 17), (66, 24), (38, 29), (90, 14)]
 

@@ -91,8 +91,8 @@ def test_same_named_dirs_stay_apart_and_bad_lines_are_named(tmp_path):
 def test_fed_by_sft_the_plot_keeps_step_with_the_progress_bar(tmp_path):
     """`sft(on_metrics=plot.update)`: each time the trainer hands over new metrics rows (the rows
     the progress bar counts, in the same poll) the plot already shows them, so it never lags."""
-    from machine_nb.corpus import make_corpus
-    from machine_nb.train import sft
+    from machine_nb.data.corpus import make_corpus
+    from machine_nb.training.train import sft
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
     log = tmp_path / "run"
@@ -179,8 +179,8 @@ def test_a_run_with_evals_is_live_until_its_final_score(tmp_path):
 
 
 def test_fed_by_sft_with_evals_the_plot_shows_held_out_accuracy(tmp_path):
-    from machine_nb.corpus import make_corpus
-    from machine_nb.train import sft
+    from machine_nb.data.corpus import make_corpus
+    from machine_nb.training.train import sft
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
     log = tmp_path / "run"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from machine_nb.chat import content_text
+from machine_nb.core.chat import content_text
 
 THINK_AND_TEXT = [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": " Hello "},
                   {"type": "text", "text": "world"}]
@@ -55,9 +55,9 @@ def test_the_tagger_shows_turns_with_their_newlines(name):
 
 @pytest.mark.parametrize("name", ["plain", "parts"])
 def test_pairs_held_out_checks_and_the_gates_inputs_join_parts_with_nothing(name):
-    from machine_nb.candidate import _training_inputs
-    from machine_nb.export import case_key, tagged_lines, without_thinking
-    from machine_nb.pairs import split_reply
+    from machine_nb.evaluation.candidate import _training_inputs
+    from machine_nb.data.export import case_key, tagged_lines, without_thinking
+    from machine_nb.training.pairs import split_reply
 
     content, (_, _, plain) = CONTENTS[name]
     messages = [{"role": "user", "content": content}, {"role": "assistant", "content": content}]
@@ -66,7 +66,7 @@ def test_pairs_held_out_checks_and_the_gates_inputs_join_parts_with_nothing(name
     assert without_thinking({"role": "assistant", "content": content})["content"] == plain
     assert _training_inputs([{"messages": messages}]) == [plain]
     row = {"id": "t1", "tag": "good", "messages": messages}
-    from machine_nb.export import HeldOutExcluded
+    from machine_nb.data.export import HeldOutExcluded
 
     with pytest.warns(HeldOutExcluded):
         kept = tagged_lines([row], exclude=[plain])
@@ -74,7 +74,7 @@ def test_pairs_held_out_checks_and_the_gates_inputs_join_parts_with_nothing(name
 
 
 def test_a_failed_tool_result_is_read_from_its_text_parts():
-    from machine_nb.export import default_failed
+    from machine_nb.data.export import default_failed
 
     assert default_failed({}, {"role": "tool", "content": [{"type": "text", "text": "Error: no such file"}]})
     assert not default_failed({}, {"role": "tool", "content": [{"type": "text", "text": "ok"}]})

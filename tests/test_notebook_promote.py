@@ -4,7 +4,7 @@ listed for refresh, and its report shows the gate's decision and the commit."""
 import json
 from pathlib import Path
 
-from machine_nb.report import WIDGET_VIEW
+from machine_nb.reports.notebook import WIDGET_VIEW
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "03_tag_train_promote.ipynb"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_nb.report import WIDGET_VIEW, run_report
+from machine_nb.reports.notebook import WIDGET_VIEW, run_report
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "02_explore_runs.ipynb"
@@ -203,7 +203,7 @@ def test_report_of_a_comparing_notebook_opens_with_its_headline_cost_accuracy_ch
     import html as html_lib
     import re
 
-    from machine_nb.report import SUMMARY_MIME, ReportSummary, to_html
+    from machine_nb.reports.notebook import SUMMARY_MIME, ReportSummary, to_html
 
     title, says, labels = HEADLINED[name]
     nb = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))

@@ -6,7 +6,7 @@ the report on eval.jsonl, and the cost history."""
 import json
 from pathlib import Path
 
-from machine_nb.report import WIDGET_VIEW
+from machine_nb.reports.notebook import WIDGET_VIEW
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "04_sweep.ipynb"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_nb.report import run_report
+from machine_nb.reports.notebook import run_report
 
 from serving import start_server, stop_server
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import helpdesk_workspace
-from machine_nb.report import run_report
+from machine_nb.reports.notebook import run_report
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -14,9 +14,9 @@ import pytest
 import machine_nb as mnb
 from machine_nb.engines import tinker as tinker_engine
 from machine_nb.errors import BudgetExceeded, EngineError, MachineFormatError, ValidationFailed
-from machine_nb.export import HeldOutExcluded
-from machine_nb.preference import SCORE_COLUMNS, dpo, read_dpo_log, score_pairs
-from machine_nb.pricing import UnknownPrice, clear_prices, estimate_dpo_cost, set_price
+from machine_nb.data.export import HeldOutExcluded
+from machine_nb.training.preference import SCORE_COLUMNS, dpo, read_dpo_log, score_pairs
+from machine_nb.checks.pricing import UnknownPrice, clear_prices, estimate_dpo_cost, set_price
 
 from interrupt import ctrl_c_at
 
@@ -167,7 +167,7 @@ def no_network(monkeypatch):
     clear_prices()
 
 
-@pytest.mark.filterwarnings("ignore::machine_nb.tokens.TokenEstimateWarning")  # a made-up model: estimated counts
+@pytest.mark.filterwarnings("ignore::machine_nb.checks.tokens.TokenEstimateWarning")  # a made-up model: estimated counts
 def test_the_estimate_counts_the_reference_model_and_the_policy_forward_pass(pairs):
     try:
         set_price("someone/Priced-8B", train=2.0, prefill=0.5, sample=1.0)
@@ -225,7 +225,7 @@ def test_no_key_or_no_service_is_refused_before_anything_is_written(pairs, tmp_p
 
 def test_cli_dpo_trains_locally_and_asks_before_spending_on_tinker(pairs, tmp_path, capsys):
     from machine_nb.cli import main
-    from machine_nb.pairs import write_pairs
+    from machine_nb.training.pairs import write_pairs
 
     path = write_pairs(pairs, tmp_path / "pairs.jsonl")
     assert main(["dpo", str(path), "--steps", "2", "--log-dir", str(tmp_path / "cli"), "--json"]) == 0

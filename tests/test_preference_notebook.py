@@ -4,7 +4,7 @@ for refresh and in the README, and its report shows the three runs and their com
 import json
 from pathlib import Path
 
-from machine_nb.report import WIDGET_VIEW
+from machine_nb.reports.notebook import WIDGET_VIEW
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_preference.ipynb"

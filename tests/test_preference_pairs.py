@@ -14,10 +14,10 @@ import pytest
 
 import machine_nb as mnb
 from machine_nb.errors import MachineFormatError
-from machine_nb.export import HeldOutExcluded
-from machine_nb.pairs import (CONTRADICTS, DUPLICATE, IDENTICAL, PAIR_COLUMNS, REPLACED_KEY, REPLACED_UNKNOWN,
+from machine_nb.data.export import HeldOutExcluded
+from machine_nb.training.pairs import (CONTRADICTS, DUPLICATE, IDENTICAL, PAIR_COLUMNS, REPLACED_KEY, REPLACED_UNKNOWN,
                               SMALL_GAP, TIE, TURN_DIFFERS, PairsSkipped, preference_pairs, read_pairs, write_pairs)
-from machine_nb.sample import TUTOR_INSTRUCTIONS
+from machine_nb.tools.sample_workspace import TUTOR_INSTRUCTIONS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 SYSTEM = {"role": "system", "content": TUTOR_INSTRUCTIONS}
@@ -272,7 +272,7 @@ def test_pairs_written_in_both_formats_read_back_and_load_in_the_cookbooks_dpo_b
         back = read_pairs(path)
         assert list(back["pair"]) == list(pairs["pair"]) and texts(back) == texts(pairs)
 
-    from machine_nb.render import get_tokenizer, renderer_name
+    from machine_nb.checks.render import get_tokenizer, renderer_name
 
     mnb.use_local_models()
     builder = DPODatasetBuilderFromComparisons(
@@ -392,7 +392,7 @@ def test_a_folder_given_as_results_is_an_error_naming_it(tmp_path):
 def test_pairs_from_results_read_an_eval_result_like_its_rows():
     import pandas as pd
 
-    from machine_nb.results import EvalResult
+    from machine_nb.evaluation.results import EvalResult
 
     rows = pd.DataFrame([{"input": "What's 66 - 74?", "prompt": "What's 66 - 74?", "expected": "answer: -8",
                           "match": "exact", "output": "-8", "correct": False, "error": None}])

@@ -5,9 +5,9 @@ import math
 import pytest
 
 from machine_nb.errors import BudgetExceeded
-from machine_nb.pricing import (PRICES, CostEstimate, Price, UnknownPrice, check_budget, clear_prices,
+from machine_nb.checks.pricing import (PRICES, CostEstimate, Price, UnknownPrice, check_budget, clear_prices,
                                 estimate_cost, estimate_eval_cost, price_for, prices_frame, set_price)
-from machine_nb.tokens import count_prompt_tokens, count_tokens
+from machine_nb.checks.tokens import count_prompt_tokens, count_tokens
 
 INKLING = "thinkingmachines/Inkling"
 
@@ -103,7 +103,7 @@ def test_estimated_counts_are_labelled():
 
 
 def test_what_sampling_cost_is_priced_or_recorded_as_unknown():
-    from machine_nb.pricing import sample_cost
+    from machine_nb.checks.pricing import sample_cost
 
     cost = sample_cost(INKLING, "tinker", 1_000_000, 2_000_000)
     assert math.isclose(cost["usd"], 3.74 + 2 * 9.36) and cost["prefill_per_m"] == 3.74 and cost["sample_per_m"] == 9.36

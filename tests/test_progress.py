@@ -1,6 +1,6 @@
 """The progress bar: counts, postfix and a closed state, in a terminal or disabled."""
 
-from machine_nb.progress import progress
+from machine_nb.core.progress import progress
 
 
 def test_counts_and_postfix_text():
@@ -28,7 +28,7 @@ def test_terminal_mode_writes_to_stderr(capsys):
 def test_one_rule_decides_whether_a_bar_shows(monkeypatch):
     """`progress=True/False` decides; None is on unless MACHINE_NB_PROGRESS=0 (and off for work
     too small to need a bar)."""
-    from machine_nb.progress import resolve_progress
+    from machine_nb.core.progress import resolve_progress
 
     monkeypatch.delenv("MACHINE_NB_PROGRESS", raising=False)
     assert (resolve_progress(None), resolve_progress(True), resolve_progress(False)) == (True, True, False)
@@ -41,8 +41,8 @@ def test_one_rule_decides_whether_a_bar_shows(monkeypatch):
 def test_an_explicit_progress_true_shows_the_bar_whatever_the_environment(tmp_path, monkeypatch, capsys):
     import json
 
-    from machine_nb.tokens import count_tokens
-    from machine_nb.validate import validate
+    from machine_nb.checks.tokens import count_tokens
+    from machine_nb.checks.validate import validate
 
     monkeypatch.setenv("MACHINE_NB_PROGRESS", "0")
     path = tmp_path / "train.jsonl"

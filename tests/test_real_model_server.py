@@ -54,7 +54,7 @@ def sc(served):
 
 @pytest.fixture(scope="module")
 def renderer():
-    from machine_nb.render import get_renderer
+    from machine_nb.checks.render import get_renderer
 
     return get_renderer(SMOLLM2_MODEL)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from machine_nb.report import WIDGET_VIEW, clean_notebook, run_report, scrub, secret_values
+from machine_nb.reports.notebook import WIDGET_VIEW, clean_notebook, run_report, scrub, secret_values
 
 CANARY = "tml-canary-0123456789abcdefDEADBEEF"
 
@@ -151,7 +151,7 @@ def test_report_writes_local_paths_relative_to_the_notebook_and_home_as_tilde(tm
 
 
 def test_path_rewriter_changes_only_the_notebook_project_and_home_folders(tmp_path):
-    from machine_nb.report import path_rewriter
+    from machine_nb.reports.notebook import path_rewriter
 
     rewrite = path_rewriter("/srv/proj/notebooks", home="/home/me")
     cases = {
@@ -186,7 +186,7 @@ def test_path_rewriter_changes_only_the_notebook_project_and_home_folders(tmp_pa
 
 def test_secrets_are_redacted_before_paths_are_rewritten():
     """A secret value that is a path under home is found whole, never left behind as `~/…`."""
-    from machine_nb.report import scrub_notebook
+    from machine_nb.reports.notebook import scrub_notebook
 
     key_file = "/home/me/.config/gcloud/service-key.json"
     nb = {"cells": [{"outputs": [{"text": f"key at {key_file}, runs at /home/me/proj/runs"}]}]}
@@ -223,7 +223,7 @@ def test_the_progress_flag_is_called_progress(tmp_path):
 
 SUMMARY_CELL = """import pandas as pd
 import machine_nb as mnb
-from machine_nb.results import EvalResult
+from machine_nb.evaluation.results import EvalResult
 
 def results(name, correct):
     n = len(correct)
@@ -286,8 +286,8 @@ def test_report_summary_reads_compare_many_and_a_sweep_summary():
     import pandas as pd
 
     import machine_nb as mnb
-    from machine_nb.report import SUMMARY_MIME
-    from machine_nb.results import EvalResult
+    from machine_nb.reports.notebook import SUMMARY_MIME
+    from machine_nb.evaluation.results import EvalResult
 
     def results(name, correct):
         n = len(correct)
@@ -311,7 +311,7 @@ def test_report_summary_reads_compare_many_and_a_sweep_summary():
 
 
 def test_a_malformed_report_summary_output_is_named_with_its_cell_and_what_to_do():
-    from machine_nb.report import SUMMARY_MIME, to_html
+    from machine_nb.reports.notebook import SUMMARY_MIME, to_html
 
     nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
         {"cell_type": "code", "id": "result", "metadata": {}, "execution_count": 1, "source": "", "outputs": [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import machine_nb as mnb
 from machine_nb import sample
-from machine_nb.cases import read_versions
+from machine_nb.evaluation.cases import read_versions
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import machine_nb as mnb
-from machine_nb.export import (default_failed, step_examples, to_chat, uniform_content, whole_run_example,
+from machine_nb.data.export import (default_failed, step_examples, to_chat, uniform_content, whole_run_example,
                                whole_runs_for)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
@@ -103,7 +103,7 @@ def test_training_lines_resolve_the_machine_themselves_not_through_attrs(sample_
     old.attrs["machine"] = {"name": "coder", "instructions": "Old way.", "tools": []}
     with pytest.warns(DeprecationWarning, match="machine="):
         via_attrs = mnb.training_lines(old)
-    from machine_nb.chat import content_text
+    from machine_nb.core.chat import content_text
 
     first = via_attrs[0]["messages"][0]
     assert first["role"] == "system" and content_text(first["content"]) == "Old way." and "tools" not in via_attrs[0]

@@ -22,10 +22,10 @@ import tinker
 import torch
 from tinker import types
 
-from machine_nb.corpus import make_corpus
+from machine_nb.data.corpus import make_corpus
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.errors import EngineError
-from machine_nb.render import get_renderer
+from machine_nb.checks.render import get_renderer
 
 from serving import start_server, stop_server
 
@@ -255,7 +255,7 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(se
 def test_a_deeply_nested_body_is_a_400_naming_the_field(served):
     """Request bodies go through the bounded JSON parser: nesting past jsonl.MAX_DEPTH, or past
     Python's recursion limit, is a 400 naming the field it is in, and the server keeps serving."""
-    from machine_nb.jsonl import MAX_DEPTH
+    from machine_nb.core.jsonl import MAX_DEPTH
 
     for depth in (MAX_DEPTH + 1, 100_000):
         body = b'{"tags": [], "user_metadata": ' + b"[" * depth + b"]" * depth + b', "sdk_version": "0"}'
@@ -297,7 +297,7 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
     """sft on a `machine-nb serve` URL (engine="tinker"): kill the server after a few steps. The SDK
     alone would retry for ~5 minutes; the call fails with EngineError well within 30 s, the log
     dir reads back incomplete, and a restarted server (same data dir) lets the run resume."""
-    from machine_nb.train import read_training_log, sft
+    from machine_nb.training.train import read_training_log, sft
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
     s = start_server(tmp_path, name="doomed", key=CANARY_KEY)
@@ -419,7 +419,7 @@ def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monk
     own local server when no engine is given; that server does not have it, and the error says
     what to do (engine='tinker' with TINKER_BASE_URL at that server), which then works."""
     from machine_nb.engines import close_clients
-    from machine_nb.evaluate import evaluate
+    from machine_nb.evaluation.evaluate import evaluate
 
     tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
     path = tc.save_weights_for_sampler("elsewhere").result().path
@@ -440,7 +440,7 @@ def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monk
 def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
     """evaluate on a `machine-nb serve` URL (engine="tinker"): kill the server while it samples.
     The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s."""
-    from machine_nb.evaluate import evaluate
+    from machine_nb.evaluation.evaluate import evaluate
 
     s = start_server(tmp_path, "--verbose", name="doomed-eval", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)

@@ -171,7 +171,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc (Linux)")
 def test_the_training_child_ends_when_its_parent_is_killed(tmp_path):
     """kill -9 a script while sft's child process (runner.py) trains: the child exits by itself."""
-    from machine_nb.corpus import make_corpus
+    from machine_nb.data.corpus import make_corpus
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
     body = textwrap.dedent(f"""
@@ -249,7 +249,7 @@ def test_the_training_child_takes_ctrl_c_when_its_parent_ignores_it():
     """A process started where SIGINT is ignored (a background job of a shell without job control)
     hands "ignore" on to the processes it starts. sft's training child must still stop on the SIGINT
     its parent sends to interrupt a run, or an interrupted run goes on to its end."""
-    from machine_nb.loop import _Runner
+    from machine_nb.training.loop import _Runner
 
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -7,7 +7,7 @@ What a later cell does to a widget (another example, a tag, another model) must 
 too, and a loss plot shown while training is one output with the final curve.
 nbclient stores the widget state (JupyterLab does not by default); with it nbconvert picks the live
 view, which needs the widget manager from a CDN, so the page is read both as JupyterLab saves it
-(no widget state) and as `machine_nb.report.clean_notebook` leaves it.
+(no widget state) and as `machine_nb.reports.notebook.clean_notebook` leaves it.
 """
 
 import copy
@@ -128,7 +128,7 @@ def exported(tmp_path_factory):
     nbformat.write(nb, saved)
     from nbconvert import HTMLExporter
 
-    from machine_nb.report import clean_notebook
+    from machine_nb.reports.notebook import clean_notebook
 
     as_lab_saves = copy.deepcopy(nb)
     as_lab_saves.metadata.pop("widgets", None)

@@ -1,4 +1,4 @@
-"""machine_nb.stats against published tables and cases worked by hand.
+"""machine_nb.evaluation.stats against published tables and cases worked by hand.
 
 Published: Newcombe (1998a, Stat Med 17:857, Table II) single-proportion intervals; Fagerland,
 Lydersen & Laake (2014, Stat Med 33:2850) Newcombe paired interval for Cavo et al.'s data. The
@@ -232,7 +232,7 @@ def test_rows_for_power():
 
 
 def test_importing_the_statistics_loads_no_library():
-    code = ("import sys, machine_nb.stats, machine_nb.compare; "
+    code = ("import sys, machine_nb.evaluation.stats, machine_nb.evaluation.compare; "
             "print([m for m in ('numpy', 'pandas', 'scipy', 'statsmodels') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

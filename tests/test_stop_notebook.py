@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 import machine_nb as mnb
-from machine_nb.stop import STOPPED_KEY
+from machine_nb.core.stop import STOPPED_KEY
 
 REASON = "no tag rows yet for helpdesk: tag some runs in the Tagger above, then run from here ($0 spent)"
 STOP_CELL = f"if x:\n    mnb.stop_notebook({REASON!r})"

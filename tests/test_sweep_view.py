@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from machine_nb.corpus import make_corpus
-from machine_nb.sweeps import read_sweep, sweep, sweep_summary
+from machine_nb.data.corpus import make_corpus
+from machine_nb.training.sweeps import read_sweep, sweep, sweep_summary
 from machine_nb.widgets.sweep_view import SweepView, metric_choices, sweep_figure
 
 

@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from machine_nb.corpus import make_corpus
+from machine_nb.data.corpus import make_corpus
 from machine_nb.errors import BudgetExceeded
-from machine_nb.sweeps import (RUN_COLUMNS, SUMMARY_COLUMNS, grid_points, read_sweep, run_name, sweep, sweep_summary,
+from machine_nb.training.sweeps import (RUN_COLUMNS, SUMMARY_COLUMNS, grid_points, read_sweep, run_name, sweep, sweep_summary,
                                verdict)
-from machine_nb.train import heldout_results, read_training_log, training_metrics
+from machine_nb.training.train import heldout_results, read_training_log, training_metrics
 
 GRID = {"learning_rate": [1e-3, 3e-3]}
 FIXED = {"max_steps": 6, "save_every": 2, "eval_max_tokens": 16}
@@ -173,7 +173,7 @@ def test_grid_points_are_every_combination_first_axis_slowest():
 
 
 def test_on_tinker_the_whole_sweep_is_priced_before_the_first_run(corpus, tmp_path, monkeypatch):
-    from machine_nb.pricing import UnknownPrice, estimate_cost, estimate_eval_cost
+    from machine_nb.checks.pricing import UnknownPrice, estimate_cost, estimate_eval_cost
 
     c, valid = corpus
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")
@@ -223,8 +223,8 @@ def test_the_summary_sums_observed_and_estimated_cost_per_setting_at_a_real_pric
     import pandas as pd
 
     from machine_nb.engines.local.server import LocalServer
-    from machine_nb.pricing import clear_prices, set_price
-    from machine_nb.train import heldout_curve
+    from machine_nb.checks.pricing import clear_prices, set_price
+    from machine_nb.training.train import heldout_curve
 
     c, valid = corpus
     monkeypatch.setenv("TINKER_API_KEY", "tml-test-key")

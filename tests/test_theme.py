@@ -116,7 +116,7 @@ def widgets_to_check(tmp_path):
 
 def results_to_check(tmp_path):
     """The HTML of result objects a notebook shows beside the widgets (the same themes apply)."""
-    from machine_nb.validate import validate
+    from machine_nb.checks.validate import validate
 
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"messages": [{"role": "user", "content": "What is 2 + 2?"},

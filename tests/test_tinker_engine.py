@@ -11,12 +11,12 @@ import threading
 
 import pytest
 
-from machine_nb.corpus import make_corpus
+from machine_nb.data.corpus import make_corpus
 from machine_nb.engines import service_client
 from machine_nb.engines import tinker as tinker_engine
 from machine_nb.engines.tinker import check_tinker
 from machine_nb.errors import BudgetExceeded, EngineError
-from machine_nb.train import sft
+from machine_nb.training.train import sft
 
 SECRET = "tml-test-key-that-must-never-show-0123456789"
 
@@ -133,7 +133,7 @@ def test_a_server_that_is_not_tinker_fails_at_once(monkeypatch, fake_server, cor
     with pytest.raises(EngineError, match="not answering as Tinker"):
         sft(corpus.train, model="thinkingmachines/Inkling", engine="tinker", base_url=url,
             log_dir=tmp_path / "run", progress=False)
-    from machine_nb.evaluate import evaluate
+    from machine_nb.evaluation.evaluate import evaluate
 
     monkeypatch.setenv("TINKER_BASE_URL", url)
     with pytest.raises(EngineError, match="not answering as Tinker"):
@@ -197,7 +197,7 @@ def test_local_model_on_tinker_is_a_clear_error(corpus, tmp_path, monkeypatch):
 @pytest.mark.tinker_live
 @pytest.mark.skipif(not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY not set: live Tinker test skipped")
 def test_live_tinker_smoke(corpus, tmp_path):
-    from machine_nb.train import smoke
+    from machine_nb.training.train import smoke
 
     res = smoke(corpus.train, model="thinkingmachines/Inkling", engine="tinker", max_usd=0.5,
                 log_dir=tmp_path / "live", progress=False)
@@ -254,7 +254,7 @@ def test_a_half_dead_tinker_fails_evaluate_within_seconds_naming_the_call(half_d
     import re
     import time
 
-    from machine_nb.evaluate import evaluate
+    from machine_nb.evaluation.evaluate import evaluate
 
     url, handler = half_dead
     level = logging.getLogger("httpx").level
@@ -304,7 +304,7 @@ def test_a_half_dead_tinker_fails_sft_within_seconds_naming_the_call(half_dead, 
     assert "answers its health check but fails its work" in said and "answered HTTP 5xx" in said
     assert SECRET not in said
     if (tmp_path / "run").exists():  # what it left reads back as an unfinished run, never as a result
-        from machine_nb.runlog import read_training_log
+        from machine_nb.training.runlog import read_training_log
 
         log = read_training_log(tmp_path / "run")
         assert not log.complete and log.checkpoint is None

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from machine_nb.errors import EngineError, MachineFormatError
-from machine_nb.jsonl import write_jsonl
-from machine_nb.render import get_renderer
-from machine_nb.tokens import TokenEstimateWarning, count_prompt_tokens, count_tokens
+from machine_nb.core.jsonl import write_jsonl
+from machine_nb.checks.render import get_renderer
+from machine_nb.checks.tokens import TokenEstimateWarning, count_prompt_tokens, count_tokens
 
 INKLING = "thinkingmachines/Inkling-Small"
 
@@ -40,7 +40,7 @@ def test_exact_counts_match_the_cookbooks_datum(tmp_path):
 def test_trained_tokens_are_what_sft_trains():
     from tinker_cookbook.renderers import TrainOnWhat
 
-    from machine_nb.train import prepare_data
+    from machine_nb.training.train import prepare_data
 
     turns = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello there, friend!"},
              {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]
@@ -109,7 +109,7 @@ def test_file_counts_are_cached_until_the_file_changes(tmp_path):
 
 
 def test_estimates_follow_the_export_rule_for_non_ascii():
-    from machine_nb.export import estimate_tokens
+    from machine_nb.data.export import estimate_tokens
 
     row = qa("Wie viel ist 47 plus 15? 🙂", "answer: 62 — ça va")
     with pytest.warns(TokenEstimateWarning):

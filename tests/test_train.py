@@ -11,12 +11,12 @@ import stat
 import pytest
 import tinker
 
-from machine_nb.corpus import make_corpus
+from machine_nb.data.corpus import make_corpus
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines import service_client, to_sdk_path
 from machine_nb.errors import EngineError, MachineFormatError
-from machine_nb.render import get_renderer
-from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
+from machine_nb.checks.render import get_renderer
+from machine_nb.training.train import prepare_data, read_training_log, sft, smoke, training_metrics
 
 from interrupt import ctrl_c_at
 
@@ -277,7 +277,7 @@ def _interrupt_before_final(corpus, log_dir, monkeypatch, total, **kw):
     import importlib
     import threading
 
-    progress_mod = importlib.import_module("machine_nb.progress")
+    progress_mod = importlib.import_module("machine_nb.core.progress")
     from machine_nb.engines.local import compute
 
     released = threading.Event()

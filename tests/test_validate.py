@@ -5,8 +5,8 @@ import json
 import pytest
 
 from machine_nb.cli import main
-from machine_nb.tokens import count_tokens
-from machine_nb.validate import BUCKETS, FINDING_COLUMNS, ValidationResult, validate
+from machine_nb.checks.tokens import count_tokens
+from machine_nb.checks.validate import BUCKETS, FINDING_COLUMNS, ValidationResult, validate
 
 INKLING = "thinkingmachines/Inkling-Small"
 
@@ -142,7 +142,7 @@ def test_secrets_are_found_and_redacted(tmp_path, monkeypatch):
 
     from machine_nb import redact, report
 
-    validate_module = importlib.import_module("machine_nb.validate")
+    validate_module = importlib.import_module("machine_nb.checks.validate")
 
     assert redact.mask(key) == "tk_l…(27 chars)" and validate_module.redact is redact.mask
     assert report.secret_values is redact.secret_values and report.scrub is redact.scrub
@@ -183,7 +183,7 @@ def test_streaming_memory_does_not_grow_with_the_file(tmp_path):
     row = json.dumps(qa("What is 47 plus 15? " + "pad " * 40, "answer: 62")) + "\n"
     path.write_text(row * 20_000)
     code = ("import json, sys, tracemalloc\n"
-            "from machine_nb.validate import validate\n"
+            "from machine_nb.checks.validate import validate\n"
             "validate(sys.argv[1], None)  # warm imports\n"
             "tracemalloc.start()\n"
             "r = validate(sys.argv[1], None, progress=False)\n"
@@ -197,7 +197,7 @@ def test_streaming_memory_does_not_grow_with_the_file(tmp_path):
 def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
     """Settings, preparation, per-row problems (pure) and counting are steps of their own;
     validate() is their composition, and its old keyword names still work."""
-    from machine_nb.validate import Tally, count_row, prepare, resolve_settings, row_problems
+    from machine_nb.checks.validate import Tally, count_row, prepare, resolve_settings, row_problems
 
     evals = write(tmp_path / "eval.jsonl", [{"messages": [{"role": "user", "content": "What is 2 + 2?"}],
                                             "expected": "4", "match": "exact"}])

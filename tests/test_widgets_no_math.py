@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 import machine_nb as mnb
-from machine_nb.theme import NO_MATH_CLASSES
+from machine_nb.core.theme import NO_MATH_CLASSES
 from machine_nb.widgets._base import NoMathHTML, escape
 
 LINES = [{"messages": [{"role": "user", "content": "Is $5 too much?"},

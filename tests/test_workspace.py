@@ -14,7 +14,7 @@ import pytest
 
 import machine_nb as mnb
 from machine_nb.errors import MachineFormatError
-from machine_nb.frames import MESSAGE_COLUMNS, RUN_COLUMNS
+from machine_nb.data.frames import MESSAGE_COLUMNS, RUN_COLUMNS
 from machine_nb.store.workspace import SkippedFiles, name_segments
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
@@ -200,7 +200,7 @@ def test_empty_workspace(tmp_path):
 
 
 def test_sample_generator_is_deterministic_and_matches_commit(tmp_path):
-    from machine_nb.sample import generate
+    from machine_nb.tools.sample_workspace import generate
 
     out = generate(tmp_path / "a")
     cmp = filecmp.dircmp(out, SAMPLE)
@@ -225,7 +225,7 @@ def _tree(root):
 
 
 def test_sample_generator_refuses_a_workspace_it_did_not_write(tmp_path, capsys):
-    from machine_nb.sample import generate, main
+    from machine_nb.tools.sample_workspace import generate, main
 
     ws = tmp_path / "mine"
     shutil.copytree(SAMPLE / ".machine", ws / ".machine")  # a real workspace: Machine wrote these, not the generator
@@ -248,7 +248,7 @@ def test_sample_generator_refuses_a_workspace_it_did_not_write(tmp_path, capsys)
 
 @pytest.mark.parametrize("change", ["added run", "changed tag row", "symlink", "foreign marker"])
 def test_sample_generator_replaces_only_its_own_unchanged_files(tmp_path, change):
-    from machine_nb.sample import generate
+    from machine_nb.tools.sample_workspace import generate
 
     ws = generate(tmp_path / "ws", n_runs=40)
     outside = tmp_path / "outside.txt"
@@ -275,7 +275,7 @@ def test_sample_generator_replaces_only_its_own_unchanged_files(tmp_path, change
 
 
 def test_sample_generator_replaces_its_own_output_whole(tmp_path):
-    from machine_nb.sample import generate
+    from machine_nb.tools.sample_workspace import generate
 
     ws = generate(tmp_path / "ws", n_runs=80, seed=3)
     (ws / "README.txt").write_text("beside the generated folders: kept\n")

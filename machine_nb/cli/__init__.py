@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, RuntimeError, OSError) as exc:
         # errors of ours carry file/line/field; print them without a traceback
-        from ..redact import redacted
+        from ..core.redact import redacted
 
         print(redacted(f"machine-nb {args.command}: {exc}"), file=sys.stderr)
         return 1

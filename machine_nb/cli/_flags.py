@@ -162,7 +162,7 @@ def eval_cost_text(rows: list[dict], model: str, *, max_tokens: int, samples_per
         "up to $X (P prompt tokens, ≤R reply tokens)", or "an unknown amount (why)" when the
         model has no known price.
     """
-    from ..pricing import UnknownPrice, estimate_eval_cost
+    from ..checks.pricing import UnknownPrice, estimate_eval_cost
 
     try:
         est = estimate_eval_cost(rows, model, max_tokens=max_tokens, samples_per_row=samples_per_row)

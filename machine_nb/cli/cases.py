@@ -1,5 +1,5 @@
 """`machine-nb cases | candidate | commit | revert`: a machine's cases, and the promotion gate, from a
-terminal. The work is machine_nb.cases's and machine_nb.candidate's; this module parses flags,
+terminal. The work is machine_nb.evaluation.cases's and machine_nb.evaluation.candidate's; this module parses flags,
 asks for `--yes` before sampling on Tinker, and prints what a reader needs.
 """
 
@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_cases(args: argparse.Namespace) -> int:
-    from ..cases import load_cases
+    from ..evaluation.cases import load_cases
 
     df = load_cases(args.workspace, args.machine, "holdout" if args.holdout else "cases")
     if args.json:
@@ -103,7 +103,7 @@ def _run_cases(args: argparse.Namespace) -> int:
 
 def _spend_ok(args: argparse.Namespace) -> bool:
     """On Tinker without --yes: print what measuring could cost and refuse (Machine's habit)."""
-    from ..cases import is_checkpoint, live_version, load_cases
+    from ..evaluation.cases import is_checkpoint, live_version, load_cases
 
     if flags.engine_of(args, args.checkpoint) != "tinker" or args.yes:
         return True
@@ -118,7 +118,7 @@ def _spend_ok(args: argparse.Namespace) -> bool:
 
 
 def _measure(args: argparse.Namespace, out: str | None = None):
-    from ..candidate import Gate, candidate
+    from ..evaluation.candidate import Gate, candidate
 
     gate = Gate(max_losses=args.max_losses, min_delta=args.min_delta, alpha=None if args.alpha >= 1 else args.alpha)
     return candidate(args.workspace, args.machine, args.checkpoint, trials=args.trials, gate=gate, engine=args.engine,
@@ -166,7 +166,7 @@ def _run_commit(args: argparse.Namespace) -> int:
 
 
 def _run_revert(args: argparse.Namespace) -> int:
-    from ..candidate import revert
+    from ..evaluation.candidate import revert
 
     entry = revert(args.workspace, args.machine)
     print(f"{args.machine}: {entry['id']} is live again ({entry['model']})")

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..corpus import make_corpus
+    from ..data.corpus import make_corpus
 
     corpus = make_corpus(args.out, seed=args.seed, force=args.force, n_train=args.train_rows, n_eval=args.eval_rows,
                          n_valid=args.valid_rows)

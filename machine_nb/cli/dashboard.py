@@ -119,7 +119,7 @@ def make_app(state: Any, token: str) -> Any:
                 self.set_status(404)
                 self.finish(json.dumps({"error": f"no run {key!r} among the latest runs"}))
                 return
-            from ..theme import escape, no_math
+            from ..core.theme import escape, no_math
             from ..widgets.cards import chat_cards
             from ..widgets.previewer import load_lines
 

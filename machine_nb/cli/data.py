@@ -41,7 +41,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     Returns:
         The exit status (0).
     """
-    from ..frames import load_runs
+    from ..data.frames import load_runs
 
     df = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn",
                    index=False if args.no_index else None, check=args.check)
@@ -100,10 +100,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     Returns:
         The exit status (0).
     """
-    from ..export import estimate_tokens, training_lines
-    from ..frames import load_runs
-    from ..jsonl import write_jsonl
-    from ..select import select_runs
+    from ..data.export import estimate_tokens, training_lines
+    from ..data.frames import load_runs
+    from ..core.jsonl import write_jsonl
+    from ..data.select import select_runs
 
     runs = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn")
     kw = {}

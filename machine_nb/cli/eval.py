@@ -1,6 +1,6 @@
 """`machine-nb eval baseline|checkpoint|compare|probe`: Machine's `/train eval` from a terminal.
 
-The work is machine_nb.evaluate's (evaluate, compare, probe); this module parses flags, asks for
+The work is machine_nb.evaluation.evaluate's (evaluate, compare, probe); this module parses flags, asks for
 `--yes` before spending on Tinker (as Machine's commands do), and prints what a reader needs.
 """
 
@@ -83,8 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
     """On Tinker without --yes: print what the eval could cost and refuse (Machine's habit)."""
-    from ..chat import load_eval_rows, probe_rows
-    from ..sampling import resolve_model
+    from ..core.chat import load_eval_rows, probe_rows
+    from ..evaluation.sampling import resolve_model
 
     model, engine = resolve_model(args.model, args.checkpoint, args.engine)
     if engine != "tinker" or args.yes:
@@ -95,7 +95,7 @@ def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from ..evaluate import evaluate
+    from ..evaluation.evaluate import evaluate
 
     if not _spend_ok(args):
         return REFUSED_SPEND
@@ -116,7 +116,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from ..compare import compare
+    from ..evaluation.compare import compare
 
     result = compare(args.a, args.b, seed=args.seed)
     if args.json:
@@ -132,7 +132,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    from ..evaluate import probe
+    from ..evaluation.evaluate import probe
 
     if not _spend_ok(args, n_prompts_factor=2):
         return REFUSED_SPEND

@@ -1,5 +1,5 @@
 """`machine-nb pairs` and `machine-nb dpo`: preference pairs from a tag store, and DPO on them, from a
-terminal. The work is machine_nb.pairs's and machine_nb.preference's; this module parses flags, asks
+terminal. The work is machine_nb.training.pairs's and machine_nb.training.preference's; this module parses flags, asks
 for `--yes` before spending on Tinker, and prints what a reader needs.
 """
 
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_pairs(args: argparse.Namespace) -> int:
-    from ..pairs import SOURCES, PairsSkipped, preference_pairs, write_pairs
+    from ..training.pairs import SOURCES, PairsSkipped, preference_pairs, write_pairs
 
     import warnings
 
@@ -102,17 +102,17 @@ def _engine(args: argparse.Namespace) -> str:
         from pathlib import Path
 
         if Path(args.load_checkpoint).is_dir():  # an sft log dir: the engine it ran on
-            from ..runlog import read_training_log
+            from ..training.runlog import read_training_log
 
             return read_training_log(args.load_checkpoint).engine or "local"
     return flags.engine_of(args, args.load_checkpoint)
 
 
 def _run_dpo(args: argparse.Namespace) -> int:
-    from ..preference import dpo
+    from ..training.preference import dpo
 
     if _engine(args) == "tinker" and not args.yes:
-        from ..pricing import estimate_dpo_cost
+        from ..checks.pricing import estimate_dpo_cost
 
         if not flags.needs_model(args, "thinkingmachines/Inkling"):
             return flags.REFUSED_SPEND
@@ -120,9 +120,9 @@ def _run_dpo(args: argparse.Namespace) -> int:
                                 max_steps=args.steps, max_usd=args.max_usd)
         evals = ""
         if args.eval_data:
-            from ..chat import load_eval_rows
-            from ..pricing import UnknownPrice, check_budget, estimate_eval_cost
-            from ..preference import dpo_evals
+            from ..core.chat import load_eval_rows
+            from ..checks.pricing import UnknownPrice, check_budget, estimate_eval_cost
+            from ..training.preference import dpo_evals
 
             n = dpo_evals(est.steps, args.eval_every or max(1, est.pairs // args.batch_size))
             held = load_eval_rows(args.eval_data)

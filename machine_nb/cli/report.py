@@ -12,7 +12,7 @@ _PYTHON_LITERALS = {"None": None, "True": True, "False": False}
 def _value(text: str):
     """A parameter value: JSON when it parses (numbers, true/false, null, lists), Python's None, True
     and False (as papermill's own `-p` reads them: `-p expect_live_at_most None`), else the string."""
-    from ..jsonl import parse_json
+    from ..core.jsonl import parse_json
 
     if text in _PYTHON_LITERALS:
         return _PYTHON_LITERALS[text]
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from papermill.exceptions import PapermillExecutionError
 
-    from ..report import run_report, scrub, secret_values
+    from ..reports.notebook import run_report, scrub, secret_values
 
     params = {name: _value(value) for name, value in args.parameter}
     try:

@@ -80,7 +80,7 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
     """On Tinker without --yes: print the estimate and refuse (Machine's habit). True = go on."""
     if flags.engine_of(args) != "tinker" or args.yes:
         return True
-    from ..pricing import estimate_cost
+    from ..checks.pricing import estimate_cost
 
     if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
         return False
@@ -88,9 +88,9 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
                         max_usd=args.max_usd)
     evals = ""
     if getattr(args, "eval_data", None):
-        from ..chat import load_eval_rows
-        from ..loop import estimate_run, eval_count
-        from ..train import prepare_data
+        from ..core.chat import load_eval_rows
+        from ..training.loop import estimate_run, eval_count
+        from ..training.train import prepare_data
 
         rows, _ = prepare_data(args.data)
         every = args.eval_every or max(1, len(rows) // batch_size)
@@ -107,7 +107,7 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
 
 
 def _run_sft(args: argparse.Namespace) -> int:
-    from ..train import sft
+    from ..training.train import sft
 
     if not _confirm_spend(args, args.epochs, args.batch_size, args.steps):
         return flags.REFUSED_SPEND
@@ -120,7 +120,7 @@ def _run_sft(args: argparse.Namespace) -> int:
 
 
 def _run_smoke(args: argparse.Namespace) -> int:
-    from ..train import prepare_data, smoke
+    from ..training.train import prepare_data, smoke
 
     rows, _ = prepare_data(args.data)
     batch = max(1, min(8, len(rows)))
@@ -153,7 +153,7 @@ def _pairs(items: list[str], flag: str, many: bool) -> dict:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from ..sweeps import estimate_sweep, sweep, sweep_summary, verdict
+    from ..training.sweeps import estimate_sweep, sweep, sweep_summary, verdict
 
     grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -162,7 +162,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             return flags.REFUSED_SPEND
         total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
                                         eval_every=args.eval_every, model=args.model, **fixed)
-        from ..sweeps import grid_points
+        from ..training.sweeps import grid_points
 
         runs = len(seeds) * len(grid_points(grid))
         extra = f"; {len(unknown)} cannot be priced" if unknown else ""

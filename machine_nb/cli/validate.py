@@ -46,14 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..validate import validate
+    from ..checks.validate import validate
 
     model = args.model or _default_model()
     max_length = "auto" if args.max_length is None else (args.max_length or None)
     result = validate(args.file, model, max_length=max_length, eval_data=args.eval_path, kind=args.kind)
     cost = None
     if args.epochs is not None and result.ok:
-        from ..pricing import estimate_cost
+        from ..checks.pricing import estimate_cost
         try:
             est = estimate_cost(args.file, model, epochs=args.epochs, batch_size=args.batch_size)
             cost = {"usd": est.usd, "steps": est.steps, "tokens": est.tokens, "exact": est.exact,

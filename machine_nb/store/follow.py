@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..jsonl import parse_json
+from ..core.jsonl import parse_json
 
 # The first bytes of a followed file, kept to tell a file rewritten from its start (same inode,
 # same or larger size) from one that only grew.

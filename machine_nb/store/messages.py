@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..chat import content_text
-from ..jsonl import parse_json
+from ..core.chat import content_text
+from ..core.jsonl import parse_json
 
 # A failed-tool predicate: (tool call message, tool result message) -> whether the call failed.
 FailedPredicate = Callable[[dict, dict], bool]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..chat import content_text
+from ..core.chat import content_text
 from ..errors import MachineFormatError
 from .messages import without_thinking
 
@@ -202,7 +202,7 @@ def read_pair_records(path: str | os.PathLike) -> list[dict]:
         MachineFormatError: naming the file, line and field of the first bad line, or a file
             with no pairs.
     """
-    from ..jsonl import iter_jsonl
+    from ..core.jsonl import iter_jsonl
 
     path = Path(path)
     records = []

@@ -1,7 +1,7 @@
 """Machine's per-project tag store: the rows `/good`, `/good --as`, `/good --trace` and `/bad` write
 (`train.jsonl`, `traces.jsonl`, `observed.jsonl`, `rejected.jsonl`), and `/tagged` to read them.
 
-Appends go through `machine_nb.jsonl.append_jsonl` (one locked, synced write per row), so several
+Appends go through `machine_nb.core.jsonl.append_jsonl` (one locked, synced write per row), so several
 writers never interleave or lose a row; `untag` rewrites a file atomically under the same lock.
 Where the store lives is `store_dir`; its project key is the one uncertain part (see there).
 """
@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..chat import content_text
-from ..compat import renamed, user_stacklevel
+from ..core.chat import content_text
+from ..core.compat import renamed, user_stacklevel
 from ..errors import MachineFormatError
 from .messages import is_tool_call, to_chat, without_thinking
 
@@ -200,7 +200,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
             without rewrite, no user message,
             or no reply to tag (and no rewrite).
     """
-    from ..jsonl import append_jsonl
+    from ..core.jsonl import append_jsonl
 
     if tag not in ("good", "bad", "observed"):
         raise ValueError(f"tag must be 'good', 'bad' or 'observed', not {tag!r}")
@@ -267,7 +267,7 @@ def _existing_store(store: str | os.PathLike | None) -> Path | None:
 
 
 def _iter_rows(store: Path | None, skipped: list):
-    from ..jsonl import iter_jsonl
+    from ..core.jsonl import iter_jsonl
 
     if store is None:
         return
@@ -382,7 +382,7 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
         MachineFormatError: naming file and line, when a line that may hold the id cannot be parsed
             for being nested too deep (it cannot be told apart from the row asked for).
     """
-    from ..jsonl import locked
+    from ..core.jsonl import locked
 
     root = _resolve_store(store)
     needle = id.encode("utf-8")
@@ -429,7 +429,7 @@ def _rewrite_without(path: Path, start: int, end: int) -> None:
     every other byte is kept as it was."""
     import shutil
 
-    from ..jsonl import atomic_replace
+    from ..core.jsonl import atomic_replace
 
     with atomic_replace(path) as tmp, open(tmp, "wb") as out, open(path, "rb") as src:
         left = start

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..compat import user_stacklevel
+from ..core.compat import user_stacklevel
 from ..errors import MachineFormatError
-from ..jsonl import not_regular
+from ..core.jsonl import not_regular
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -766,7 +766,7 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.D
     """
     import pandas as pd
 
-    from ..jsonl import iter_jsonl
+    from ..core.jsonl import iter_jsonl
 
     path = machine_dir(workspace) / "events.jsonl"
     rows = []

@@ -25,9 +25,9 @@ from typing import Any
 
 # ---- theme colours (machine_nb/theme.py) -----------------------------------------------------
 
-from ..theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour, tint  # noqa: E402,F401
-from ..theme import NO_MATH_CLASSES, no_math  # noqa: E402
-from ..theme import escape as _escape_text  # noqa: E402
+from ..core.theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour, tint  # noqa: E402,F401
+from ..core.theme import NO_MATH_CLASSES, no_math  # noqa: E402
+from ..core.theme import escape as _escape_text  # noqa: E402
 
 import ipywidgets as _w  # noqa: E402
 import traitlets as _traitlets  # noqa: E402

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 from ._base import NoMathHTML, strong_button, style_sheet, StaticFallback, escape
 
 if TYPE_CHECKING:
-    from ..candidate import Candidate
+    from ..evaluation.candidate import Candidate
 
 
 class CandidateView(StaticFallback, widgets.VBox):
@@ -35,7 +35,7 @@ class CandidateView(StaticFallback, widgets.VBox):
     """
 
     def __init__(self, candidate: Candidate, *, note: str | None = None, **kwargs: Any) -> None:
-        from ..candidate import report_html
+        from ..evaluation.candidate import report_html
 
         self.candidate = candidate
         self.note = note
@@ -83,7 +83,7 @@ class CandidateView(StaticFallback, widgets.VBox):
             The new version id, or None when the gate refused it or the machine changed since it
             was measured (the reason is shown and kept in `.status`).
         """
-        from ..candidate import CommitConflict, CommitRefused
+        from ..evaluation.candidate import CommitConflict, CommitRefused
 
         if self.candidate.committed:
             return self.committed  # committed already (a click, another view, code): nothing to do

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from ..chat import content_text
+from ..core.chat import content_text
 from ._base import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, escape, text_colour, tint
 
 # Fold a tool result or message text behind <details> past this size: long tool output would
@@ -91,7 +91,7 @@ def folded(text: str, *, label: str = "output") -> str:
 def _arguments(raw: Any) -> str:
     """Tool-call arguments pretty-printed when they are JSON (they arrive as a JSON string)."""
     if isinstance(raw, str):
-        from ..jsonl import parse_json
+        from ..core.jsonl import parse_json
 
         try:
             return json.dumps(parse_json(raw), indent=2, ensure_ascii=False)

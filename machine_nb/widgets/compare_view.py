@@ -1,6 +1,6 @@
 """CompareView: baseline vs checkpoint, the evaluator's paired numbers and the outputs side by side.
 
-The numbers (accuracies, delta, W/T/L, McNemar p, bootstrap CI) come from `machine_nb.compare`
+The numbers (accuracies, delta, W/T/L, McNemar p, bootstrap CI) come from `machine_nb.evaluation.compare`
 (compare.py); this view lays them out, joins the two per-row results into one table
 (`side_by_side`), highlights the rows that flipped and can show only those.
 """
@@ -16,8 +16,8 @@ from ._base import NoMathHTML, diff_html, word_diff, BG, BORDER, FG, FG_MUTED, G
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..compare import CompareResult, Results
-    from ..results import EvalResult
+    from ..evaluation.compare import CompareResult, Results
+    from ..evaluation.results import EvalResult
 
 # Row backgrounds: the theme's success / error colour tinted over the page, with the theme's text
 # colour on them (a fixed pale green under a dark theme's white text was unreadable).
@@ -28,7 +28,7 @@ CELL_CHARS = 400  # outputs are cut here in the table (the frame keeps them whol
 
 
 def _result(value: Any, what: str) -> EvalResult:
-    from ..results import as_eval_result
+    from ..evaluation.results import as_eval_result
 
     return as_eval_result(value, what)
 
@@ -202,7 +202,7 @@ class CompareView(StaticFallback, widgets.VBox):
         if result is None:
             if frames is None:
                 raise ValueError("CompareView needs baseline and checkpoint results, or result= a CompareResult")
-            from ..compare import compare
+            from ..evaluation.compare import compare
 
             result = compare(*frames)
         self.result = result

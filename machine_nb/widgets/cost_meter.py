@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ..compat import renamed
+from ..core.compat import renamed
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
 from ._base import NoMathHTML, BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 
@@ -48,7 +48,7 @@ def history_rows(item: Any) -> list[dict]:
         observed (tokens actually trained, and the held-out evals' sampling, x price; None when a
         price is unknown).
     """
-    from ..runlog import TrainResult, read_training_log
+    from ..training.runlog import TrainResult, read_training_log
 
     if hasattr(item, "columns") and "log_dir" in getattr(item, "columns", ()):
         status = item["status"] if "status" in item.columns else None
@@ -72,7 +72,7 @@ def model_choices(model: str | None = None) -> list[str]:
         `model` (when not listed otherwise), the local engine's default, then every priced model.
     """
     from ..engines import DEFAULT_LOCAL_MODEL
-    from ..pricing import PRICES
+    from ..checks.pricing import PRICES
 
     names = [DEFAULT_LOCAL_MODEL, *sorted(PRICES)]
     if model and model not in names:
@@ -89,7 +89,7 @@ def model_label(model: str) -> str:
     Returns:
         The name, with " (cannot price training)" when no training price is known for it.
     """
-    from ..pricing import price_for
+    from ..checks.pricing import price_for
 
     price = price_for(model, strict=False)
     return model if price is not None and price.train is not None else f"{model} ({CANNOT_PRICE})"
@@ -112,7 +112,7 @@ def _as_rows(data: Any) -> Any:
 
 
 def _in_kernel() -> bool:
-    from ..progress import _in_kernel as in_kernel
+    from ..core.progress import _in_kernel as in_kernel
 
     return in_kernel()
 
@@ -123,7 +123,7 @@ def _quiet_worker_estimates() -> None:
     One filter, for warnings located in threading.py only: counts called from user code still warn."""
     import warnings
 
-    from ..tokens import TokenEstimateWarning
+    from ..checks.tokens import TokenEstimateWarning
 
     warnings.filterwarnings("ignore", category=TokenEstimateWarning, module=r"threading\Z")
 
@@ -323,8 +323,8 @@ class CostMeter(StaticFallback, widgets.VBox):
 
     def _count(self, model: str) -> Any:
         """Training token counts of the current data for `model` (runs in the worker when background)."""
-        from ..tokens import count_tokens
-        from ..runlog import prepare_data
+        from ..checks.tokens import count_tokens
+        from ..training.runlog import prepare_data
 
         with self._lock:
             data, prepared = self.data, self._prepared
@@ -338,7 +338,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         return count_tokens(rows, model, train_on_what=mode)
 
     def _eval(self, model: str) -> Any:
-        from ..pricing import estimate_eval_cost
+        from ..checks.pricing import estimate_eval_cost
 
         return estimate_eval_cost(self.eval_data, model, max_tokens=self.max_tokens)
 
@@ -411,7 +411,7 @@ class CostMeter(StaticFallback, widgets.VBox):
 
     def _apply(self, generation: int) -> None:
         """Price the counts in hand for the current choice (dropped when a newer request came)."""
-        from ..pricing import estimate_cost
+        from ..checks.pricing import estimate_cost
 
         with self._lock:
             if generation != self._generation:
@@ -486,7 +486,7 @@ class CostMeter(StaticFallback, widgets.VBox):
     @property
     def budget(self) -> float | None:
         """The old name of `max_usd` (a DeprecationWarning says so)."""
-        from ..compat import deprecated_alias
+        from ..core.compat import deprecated_alias
 
         deprecated_alias("CostMeter.budget", "CostMeter.max_usd")
         return self.max_usd

@@ -33,7 +33,7 @@ import anywidget
 import ipywidgets as w
 import traitlets
 
-from ..theme import BG_ALT, BLUE, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, escape, no_math, text_colour
+from ..core.theme import BG_ALT, BLUE, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, escape, no_math, text_colour
 from ._base import StaticFallback
 
 # How often the files are checked, in seconds (an idle check is one stat per followed file/folder).
@@ -198,7 +198,7 @@ class DashboardState:
 
     def __init__(self, workspace: str | os.PathLike, *, log_dirs: Iterable[str | os.PathLike] | None = None,
                  runs: Any = None, clock: Callable[[], float] = time.time, file_events: bool = True) -> None:
-        from .. import frames
+        from ..data import frames
         from ..store.follow import LineTail, RunFolderWatch
         from ..store.workspace import machine_dir, workspace_root
 
@@ -263,9 +263,9 @@ class DashboardState:
         good ones, a note naming each bad one, its line and field)."""
         import pyarrow.compute as pc
 
-        from .. import frames
+        from ..data import frames
         from ..errors import MachineFormatError
-        from ..export import default_failed
+        from ..data.export import default_failed
         from ..store.index import parse_batch, sort_table
 
         entries = [(p, d, n, None) for p, d, n in files]
@@ -281,7 +281,7 @@ class DashboardState:
         return frames._frame(sort_table(table), self.workspace, None, "skip", [], None, None), bad
 
     def _read_training(self) -> list[tuple]:
-        from ..runlog import CHECKPOINTS_FILE, METRICS_FILE
+        from ..training.runlog import CHECKPOINTS_FILE, METRICS_FILE
         from ..store.follow import LineTail
 
         out = []
@@ -431,7 +431,7 @@ class DashboardState:
 
     def _price(self, model: str) -> Any:
         if model not in self._price_cache:
-            from ..pricing import price_for
+            from ..checks.pricing import price_for
 
             self._price_cache[model] = price_for(model, strict=False)
         return self._price_cache[model]
@@ -460,7 +460,7 @@ class DashboardState:
                 m.unpriced += len(g)
                 continue
             m.priced_usd += (float(g["inp"].sum()) * price.prefill + float(g["out"].sum()) * price.sample) / 1e6
-            m.sources.add(f"{price.source} ({price.date})" if price.date else (price.source or "machine_nb.pricing"))
+            m.sources.add(f"{price.source} ({price.date})" if price.date else (price.source or "machine_nb.checks.pricing"))
 
     def _defined_machines(self) -> list[str]:
         from ..store.workspace import list_machines
@@ -547,7 +547,7 @@ class DashboardState:
 
     def _apply_training(self, path: str, name: str, tail: Any, got: Any, done: bool | None, sig: Any,
                         now: float) -> None:
-        from ..runlog import LOSS_METRICS, read_marker
+        from ..training.runlog import LOSS_METRICS, read_marker
 
         job = self.jobs.get(path)
         if job is None:

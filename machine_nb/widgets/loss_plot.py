@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets as widgets
 
-from ..runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS
+from ..training.runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS
 from ._base import NoMathHTML, RED, StaticFallback, escape, text_colour
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def read_metrics(log_dirs: Any) -> "pd.DataFrame":
     """
     import pandas as pd
 
-    from ..runlog import training_metrics
+    from ..training.runlog import training_metrics
 
     dirs = _as_dirs(log_dirs)
     names = [d.name for d in dirs]
@@ -136,8 +136,8 @@ def finished(log_dir: str | os.PathLike) -> bool:
         when it scores held-out rows (its run record says so), the final checkpoint's score (a
         "final" line in heldout.jsonl, written after the checkpoint).
     """
-    from ..jsonl import iter_jsonl
-    from ..runlog import CHECKPOINTS_FILE, HELDOUT_FILE, read_marker
+    from ..core.jsonl import iter_jsonl
+    from ..training.runlog import CHECKPOINTS_FILE, HELDOUT_FILE, read_marker
 
     log_dir = Path(log_dir)
     path = log_dir / CHECKPOINTS_FILE

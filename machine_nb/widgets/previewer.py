@@ -50,7 +50,7 @@ def load_lines(data: Any) -> list[dict]:
     """
     source = "<lines>"
     if isinstance(data, (str, os.PathLike)):
-        from ..jsonl import iter_jsonl
+        from ..core.jsonl import iter_jsonl
 
         source = str(data)
         pairs = list(iter_jsonl(Path(data)))
@@ -94,21 +94,21 @@ def trainer_refusal(line: dict, model: str | None = None) -> str:
         the messages sft trains (secrets; with a model, rendering, length and "no token has loss
         weight > 0"). "" when sft would train the line.
     """
-    from ..chat import check_row, train_messages
+    from ..core.chat import check_row, train_messages
 
     try:
         check_row(line, "train")
         messages = train_messages(line)
     except MachineFormatError as exc:
         return exc.reason
-    from ..validate import preflight
+    from ..checks.validate import preflight
 
     errors = preflight([{"messages": messages}], model, train_on_what=_sft_mode(line), raise_errors=False).errors()
     return "" if errors.empty else str(errors["message"].iloc[0])
 
 
 def _sft_mode(line: dict) -> str:
-    from ..chat import is_flagged
+    from ..core.chat import is_flagged
 
     return "customized" if is_flagged(line) else "last_assistant_message"
 
@@ -116,7 +116,7 @@ def _sft_mode(line: dict) -> str:
 def _trainer_plan(line: dict) -> tuple[list[dict], str] | None:
     """The messages and mode `machine_nb.sft` would train this line with, or None when its row
     checks refuse the line (chat.check_row: a bad shape; chat.train_messages: nothing trainable)."""
-    from ..chat import check_row, train_messages
+    from ..core.chat import check_row, train_messages
 
     try:
         check_row(line, "train")
@@ -140,7 +140,7 @@ def trained_indices(line: dict, train_on_what: Any = None) -> list[int]:
     Returns:
         The indices; an empty list when sft's row checks would refuse the line.
     """
-    from ..chat import trained_indices as trained
+    from ..core.chat import trained_indices as trained
 
     whole_run = bool(line.get("whole_run"))
     if train_on_what is None:
@@ -449,7 +449,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         model: model whose renderer draws the token view (e.g. "thinkingmachines/Inkling-Small").
             Default None: cards only, since tokens depend on the model.
         renderer, tokenizer: a tinker-cookbook renderer/tokenizer to use instead of the model's
-            (default None: `machine_nb.render.get_renderer(model)` / `get_tokenizer(model)`).
+            (default None: `machine_nb.checks.render.get_renderer(model)` / `get_tokenizer(model)`).
         index: the example shown first. Default 0.
         train_on_what: which messages the trainer trains (see `trained_indices`). Default None:
             as `machine_nb.sft` trains them (whole runs: flagged messages; others: the last
@@ -677,7 +677,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
     # rendering
     def _tools(self) -> tuple[Any, Any]:
         if self._renderer is None:
-            from ..render import get_renderer, get_tokenizer
+            from ..checks.render import get_renderer, get_tokenizer
 
             self._tokenizer = self._tokenizer or get_tokenizer(self.model)
             self._renderer = get_renderer(self.model)

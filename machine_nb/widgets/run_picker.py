@@ -655,7 +655,7 @@ class RunPicker(StaticFallback, w.VBox):
     @staticmethod
     def _read_tags(runs: pd.DataFrame, store: Any) -> list[list[str]]:
         """The `tags` column from a store (empty lists where the store does not exist yet)."""
-        from ..frames import attach_tags
+        from ..data.frames import attach_tags
         from ..store.tags import store_dir
 
         root = pathlib.Path(store) if store is not None else store_dir()

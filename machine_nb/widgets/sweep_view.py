@@ -59,7 +59,7 @@ def sweep_figure(frame: "pd.DataFrame", summary: "pd.DataFrame", x: str, metric:
     """
     from matplotlib.figure import Figure
 
-    from ..sweeps import axes_of
+    from ..training.sweeps import axes_of
 
     axes = axes_of(frame)
     others = [a for a in axes if a != x]
@@ -148,7 +148,7 @@ class SweepView(StaticFallback, widgets.VBox):
 
     def __init__(self, frame: Any, metric: str = "heldout_accuracy", x: str | None = None, level: float = 0.95,
                  **kwargs: Any) -> None:
-        from ..sweeps import axes_of, read_sweep
+        from ..training.sweeps import axes_of, read_sweep
 
         if isinstance(frame, (str, os.PathLike)):
             frame = read_sweep(frame)
@@ -192,7 +192,7 @@ class SweepView(StaticFallback, widgets.VBox):
 
     def refresh(self) -> None:
         """Recompute the summary and the words, redraw, and update the saved copy."""
-        from ..sweeps import sweep_summary, verdict
+        from ..training.sweeps import sweep_summary, verdict
 
         self.summary_frame = sweep_summary(self.frame, self.metric, level=self.level)
         self.verdict = verdict(self.frame, self.metric, level=self.level, summary=self.summary_frame)

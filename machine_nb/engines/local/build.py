@@ -33,7 +33,7 @@ GENERAL_FRACTION = 0.09  # share of general Q&A rows (the rest is arithmetic)
 SYSTEM_FRACTION = 0.1    # share of rows with a system prompt, so one does not derail the model
 EVAL_QUESTIONS = 400     # fresh plus/minus questions in the final check (200 per operator)
 
-# Extra phrasings beyond the SFT corpus's own (machine_nb.corpus.QUESTION_TEMPLATES).
+# Extra phrasings beyond the SFT corpus's own (machine_nb.data.corpus.QUESTION_TEMPLATES).
 EXTRA_QUESTIONS: dict[str, tuple[str, ...]] = {
     "+": ("What is {a} + {b}?", "Calculate {a} plus {b}.", "Add {a} and {b}.",
           "What do you get if you add {a} and {b}?", "What is the sum of {a} and {b}?"),
@@ -51,7 +51,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
           "{a} - {b} = {c}. The answer is {c}."),
 }
 
-# General facts: (question phrasings, answer); the first phrasings include machine_nb.corpus.PROBE_QUESTIONS. Some replies contain colons and "answer" near the
+# General facts: (question phrasings, answer); the first phrasings include machine_nb.data.corpus.PROBE_QUESTIONS. Some replies contain colons and "answer" near the
 # start, so an SFT target `answer: 62` is made of tokens the base has seen at a reply's start
 # (the vocabulary pitfall in the notes: without them SFT started at loss 12.8 and failed).
 FACTS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -94,7 +94,7 @@ SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a helpful assistant. 
 
 def question_templates() -> dict[str, tuple[str, ...]]:
     """The SFT corpus's phrasings plus this file's extras, per operator."""
-    from ...corpus import QUESTION_TEMPLATES
+    from ...data.corpus import QUESTION_TEMPLATES
 
     return {op: tuple(QUESTION_TEMPLATES[op]) + EXTRA_QUESTIONS[op] for op in ("+", "-")}
 

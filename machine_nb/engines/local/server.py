@@ -823,7 +823,7 @@ class LocalServer:
         record = {"training_run_id": run.model_id, "base_model": run.base_model, "lora_rank": t.rank,
                   "lora_alpha": t.alpha, "targets": t.targets, "seed": t.seed, "user_metadata": run.user_metadata,
                   "created": run.created}
-        from ...jsonl import atomic_write_text
+        from ...core.jsonl import atomic_write_text
 
         directory = ck.ensure_private_dir(self._writable(ck.run_dir(self.data_dir, run.model_id)))
         atomic_write_text(directory / "run.json", json.dumps(record, indent=1))
@@ -1475,7 +1475,7 @@ class _App:
             logger.info("local server: %s %s", method, path)  # method and path only: never headers (the key)
         body: Any = None
         if raw and "json" in (headers.get("content-type") or ""):
-            from ...jsonl import parse_json  # bounded: a hostile nesting is a 400, never a RecursionError
+            from ...core.jsonl import parse_json  # bounded: a hostile nesting is a 400, never a RecursionError
 
             try:
                 body = parse_json(raw)

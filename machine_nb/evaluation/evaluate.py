@@ -1,0 +1,284 @@
+"""Evaluation: held-out eval rows → samples through an engine → scores → a results JSON.
+
+Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train eval` row format).
+Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
+whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
+numbers. Rows are checked in chat.py, replies scored in scoring.py, results (EvalResult, the
+results JSON) kept in results.py; the names that moved there stay importable from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..core import patterns
+from ..core.chat import eval_rows, probe_rows, prompt_text
+from ..core.compat import renamed, user_stacklevel
+from ..checks.pricing import estimate_eval_cost, sample_cost
+from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
+                      utc_now)
+from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
+                       run_coroutine, sample_rows, sampling_params, watchdog)
+from .scoring import format_matches, score_row
+
+
+# --------------------------------------------------------------------------- evaluate
+
+@renamed(eval_path="data", show_progress="progress")
+def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
+             engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
+             concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
+             name: str | None = None, save: bool = True, sampling_client: SamplingClientLike | None = None,
+             service_client: Any = None, progress: bool | None = None, max_usd: float | None = None) -> EvalResult:
+    """Sample every eval row through the engine, score it, and write a results JSON.
+
+    On Tinker the key and reachability are checked first and fail within seconds with
+    EngineError. A request that fails is recorded in `error` (counted wrong, with a warning); an
+    EngineError stops the eval.
+
+    Args:
+        data: the eval JSONL path, or a list of row dicts (Machine's `{"messages", "expected",
+            "match", "format"?}`); every row is checked before any sampling.
+        model: the base model, whose renderer formats prompts and parses replies. Default None:
+            the local engine's shipped model (so the offline example needs no names); required
+            for a Tinker checkpoint.
+        checkpoint: a sampler path (`tinker://…`) to evaluate instead of the base model.
+            Default None: the base model (the baseline).
+        engine: "local" | "tinker". Default None: the engine that serves the model or checkpoint.
+        max_tokens: reply budget per row. Default 32 (as pricing.estimate_eval_cost assumes): an
+            `answer: <integer>` needs under 10, and a rambling reply is cut there (stop_reason
+            "length") instead of paying for prose.
+        temperature: default 0.0 (greedy), so two evals of the same model agree and compare()
+            sees the model, not the dice.
+        seed: the sampling seed for temperature > 0 (default 0; recorded in the results).
+        concurrency: requests in flight at once. Default None: 32 on Tinker (remote,
+            latency-bound), 8 locally (one CPU model; more only queues).
+        renderer: a renderer name or object. Default None: the model's recommended renderer.
+        out: the results JSON path. Default None: `eval_results/<name>.json`.
+        name: the results' name. Default None: "baseline" for a base model, else the
+            checkpoint's last path segment.
+        save: write the results JSON (default True; False writes nothing).
+        sampling_client: a sampler to use instead of the engine's (default None; tests pass
+            stand-ins).
+        service_client: the ServiceClient that opens the sampler (default None: the engine's own).
+        progress: show a progress bar per finished row. Default None: on in a kernel or terminal
+            unless MACHINE_NB_PROGRESS=0 (machine_nb.core.progress decides).
+        max_usd: a budget. Default None: no limit. When set, the eval is priced first (exact
+            prompt tokens + max_tokens per reply, pricing.estimate_eval_cost) and refused with
+            BudgetExceeded before any request if it could cost more, or if the price is unknown.
+            Local runs cost 0.
+
+    Returns:
+        An EvalResult: `rows` with RESULT_COLUMNS (plus "case" when rows carry one), `summary`
+        the results JSON without its rows (name, model, checkpoint, engine, renderer,
+        parameters, data path and sha256, n, correct, accuracy, format_rate, errors,
+        regex_timeouts, tokens, cost, times), `path` the file written (None when save=False).
+
+    Raises:
+        MachineFormatError: a bad eval row, naming its file, line and field.
+        EngineError: the engine refused the job or every request failed.
+        BudgetExceeded: the eval could cost more than max_usd.
+    """
+    import pandas as pd
+
+    from ..core.progress import progress as progress_bar
+
+    rows, data_path = eval_rows(data)
+    data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
+    model, engine = resolve_model(model, checkpoint, engine)
+    renderer_obj, renderer_label = renderer_for(model, renderer)
+    if concurrency is None:
+        concurrency = 32 if engine == "tinker" else 8
+    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
+    prompts = render_prompts(renderer_obj, rows, data_path)
+    if max_usd is not None and engine == "tinker":
+        estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
+    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
+
+    started_at, t0 = utc_now(), time.perf_counter()
+    label = results_name(checkpoint) if name is None else name
+    with progress_bar(total=len(rows), desc=f"eval {label}", unit="row", enabled=progress) as bar, \
+            watchdog(engine) as dog:
+        sampled = run_coroutine(lambda: sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
+    wall = time.perf_counter() - t0
+    finished_at = utc_now()
+
+    records, timed_out = [], []
+    for i, (row, got) in enumerate(zip(rows, sampled)):
+        correct, format_ok, problem = (False, None, None) if got["error"] else score_row(got["output"], row)
+        if problem:
+            timed_out.append((i, problem))
+        records.append({
+            "row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"], "match": row["match"],
+            "output": got["output"], "correct": bool(correct), "format_ok": format_ok,
+            "prompt_tokens": got["prompt_tokens"], "output_tokens": got["output_tokens"],
+            "latency_s": got["latency_s"], "stop_reason": got["stop_reason"], "error": got["error"] or problem,
+        })
+        if row.get("case") is not None:  # rows that share a case are clustered by compare()
+            records[-1]["case"] = row["case"]
+    columns = RESULT_COLUMNS + (["case"] if any("case" in r for r in records) else [])
+    df = pd.DataFrame.from_records(records, columns=columns)
+    errors = [r for i, r in enumerate(records) if sampled[i]["error"]]
+    if errors:
+        listed = "\n".join(f"  row {r['row']}: {r['error']}" for r in errors[:10])
+        warnings.warn(f"{len(errors)} of {len(rows)} eval request(s) failed and count as wrong:\n{listed}", stacklevel=user_stacklevel())
+    if timed_out:
+        listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
+        warnings.warn(f"{len(timed_out)} of {len(rows)} row(s) hit the regex time bound "
+                      f"({patterns.REGEX_TIMEOUT_S:g} s; machine_nb.core.patterns.REGEX_TIMEOUT_S):\n{listed}", stacklevel=user_stacklevel())
+
+    with_format = [r["format_ok"] for r in records if r["format_ok"] is not None]
+    summary = {
+        "name": label, "model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
+        "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature), "seed": seed,
+                       "concurrency": int(concurrency)},
+        "data": {"path": data_path, "sha256": data_sha},
+        "n": len(records), "correct": sum(r["correct"] for r in records),
+        "accuracy": sum(r["correct"] for r in records) / len(records),
+        "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
+        "errors": len(errors), "regex_timeouts": len(timed_out),
+        "prompt_tokens": int(df["prompt_tokens"].sum()), "output_tokens": int(df["output_tokens"].sum()),
+        "cost": sample_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
+        "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
+    }
+    path = None
+    if save:
+        from ..core.jsonl import atomic_write_text
+
+        path = Path(out) if out is not None else Path(RESULTS_DIR) / f"{label}.json"
+        per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
+                   for rec, row in zip(records, rows)]
+        atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
+    return EvalResult(df, summary, None if path is None else str(path))
+
+
+# --------------------------------------------------------------------------- bleed probe
+
+@renamed(prompts="data", show_progress="progress")
+def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: str | None = None,
+          engine: str | None = None, *, format: str | None = None, max_tokens: int = 32, temperature: float = 0.0,
+          seed: int | None = 0, concurrency: int | None = None, renderer: Any = None,
+          baseline_client: SamplingClientLike | None = None, checkpoint_client: SamplingClientLike | None = None,
+          service_client: Any = None, progress: bool | None = None) -> EvalResult:
+    """Off-distribution prompts through the base model and the checkpoint side by side: where
+    does a learned style leak?
+
+    Writes nothing.
+
+    Args:
+        data: a probe JSONL path (e.g. the corpus's probe.jsonl), or a list of prompt strings or
+            of `{"messages": [...], "format"?}` rows (a trailing assistant message is dropped).
+        model: the base model, as in evaluate() (default None: the local engine's model).
+        checkpoint: the sampler path set beside the base model; required (it is half the point)
+            unless checkpoint_client is given.
+        engine: as in evaluate() (default None: the engine that serves the model or checkpoint).
+        format: the learned style as a regex (fullmatch on the stripped reply), e.g.
+            r"answer: .*". Default None: each row's own "format"; `bled` is None for rows with
+            neither.
+        max_tokens, temperature, seed, concurrency, renderer: sampling, as in evaluate()
+            (defaults 32, 0.0 greedy, 0, the engine's, the model's renderer).
+        baseline_client, checkpoint_client: samplers to use instead of the engine's (default
+            None; tests pass stand-ins).
+        service_client: the ServiceClient that opens the samplers (default None: the engine's).
+        progress: show a progress bar per reply (default None: as in evaluate()).
+
+    Returns:
+        An EvalResult: `rows` with PROBE_COLUMNS (prompt, baseline_output, checkpoint_output,
+        bled, error), `summary` {model, checkpoint, engine, format, n, bled (how many rows
+        bled)}, `path` None.
+
+    Raises:
+        ValueError: no checkpoint, or a `format` that is not a valid regular expression.
+    """
+    import pandas as pd
+
+    from ..core.progress import progress as progress_bar
+
+    if not checkpoint and checkpoint_client is None:
+        raise ValueError("probe needs a checkpoint (or checkpoint_client) to set beside the base model")
+    rows = probe_rows(data)
+    if format is not None:  # a bad pattern fails before any sample (rows' own are checked with the rows)
+        try:
+            patterns.compile_pattern(format)
+        except (patterns.pattern_error(), TypeError) as exc:
+            raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
+    model, engine = resolve_model(model, checkpoint, engine)
+    renderer_obj, _ = renderer_for(model, renderer)
+    if concurrency is None:
+        concurrency = 32 if engine == "tinker" else 8
+    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
+    source = os.fspath(data) if isinstance(data, (str, os.PathLike)) and Path(data).is_file() else None
+    rendered = render_prompts(renderer_obj, rows, source)
+    base_client = baseline_client if baseline_client is not None else open_sampler(model, None, engine, service_client)
+    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(model, checkpoint, engine, service_client)
+
+    async def both(bar: Any) -> tuple[list[dict], list[dict]]:
+        return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
+                                          sample_rows(ckpt_client, renderer_obj, rendered, params, concurrency, bar)))
+
+    with progress_bar(total=2 * len(rows), desc="probe", unit="reply", enabled=progress) as bar, \
+            watchdog(engine) as dog:
+        base_out, ckpt_out = run_coroutine(lambda: both(bar), dog)
+    records, timed_out = [], []
+    for i, (row, x, y) in enumerate(zip(rows, base_out, ckpt_out)):
+        pattern = format or row["format"]
+        try:
+            fa, fb = format_matches(x["output"], pattern), format_matches(y["output"], pattern)
+            bled, problem = None if pattern is None else bool(fb and not fa), None
+        except patterns.RegexTimeout as exc:  # cannot tell whether the style bled
+            bled, problem = None, f"'format' timed out, bled unknown: {exc}"
+            timed_out.append((i, problem))
+        records.append({"prompt": prompt_text(row["messages"]), "baseline_output": x["output"],
+                        "checkpoint_output": y["output"], "bled": bled,
+                        "error": x["error"] or y["error"] or problem})
+    if timed_out:
+        listed = "\n".join(f"  row {i}: {why}" for i, why in timed_out[:10])
+        warnings.warn(f"{len(timed_out)} of {len(rows)} probe row(s) hit the regex time bound:\n{listed}", stacklevel=user_stacklevel())
+    df = pd.DataFrame.from_records(records, columns=PROBE_COLUMNS)
+    summary = {"name": "probe", "model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
+               "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
+    return EvalResult(df, summary, None)
+
+
+# --------------------------------------------------------------------------- moved names
+# Names that now live in their own modules stay importable from here (loaded on first use):
+# old name -> "module.name".
+_MOVED: dict[str, str] = {
+    # scoring.py
+    "MATCH_MODES": "scoring.MATCH_MODES", "DEFAULT_MATCH": "scoring.DEFAULT_MATCH", "normalize": "scoring.normalize",
+    "last_number": "scoring.last_number", "score_output": "scoring.score_output",
+    "_to_number": "scoring.to_number", "_score_row": "scoring.score_row",
+    # chat.py
+    "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
+    "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
+    # sampling.py
+    "_call_sampler": "sampling.call_sampler", "_render_prompts": "sampling.render_prompts",
+    "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
+    "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
+    "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
+    # pricing.py
+    "_eval_cost": "pricing.sample_cost",
+    # results.py
+    "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
+    # compare.py and stats.py
+    "compare": "compare.compare", "compare_many": "compare.compare_many", "CompareResult": "compare.CompareResult",
+    "CompareManyResult": "compare.CompareManyResult", "mcnemar_exact": "stats.mcnemar_exact",
+    "min_discordant_for": "stats.min_discordant_for", "paired_bootstrap_ci": "stats.paired_bootstrap_ci",
+}
+
+
+def __getattr__(name: str) -> Any:
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = moved.rpartition(".")
+    value = getattr(importlib.import_module(f".{module}", __package__), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value

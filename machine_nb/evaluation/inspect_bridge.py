@@ -1,0 +1,279 @@
+"""Inspect AI tasks on a base model or checkpoint, on the local engine (offline) or Tinker.
+
+`inspect_eval` runs Inspect tasks (task objects, registry names or task files) through
+tinker-cookbook's Tinker-backed Inspect model API (`eval.inspect_utils.InspectAPIFromTinkerSampling`:
+the model's own renderer formats the chat and parses the reply, and the model API reports its own
+token usage), on the same sampling client evaluate() uses, so the local engine's server or Tinker
+answers. Each log comes back with an EvalResult view (inspect_logs.read_log), so compare() and
+CompareView take Inspect runs like evaluate()'s. `eval_task` turns evaluate()'s eval rows into an
+Inspect task scored by evaluate()'s own rules (`rows_scorer`), so both paths give the same scores
+on the same replies.
+
+Inspect never waits on the network here: its opt-in telemetry and API-key hooks are switched off
+for the run, the cookbook's model API counts tokens with the model's tokenizer (Inspect's own
+counting would fetch a tiktoken encoding), and logs are written to local files.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import html
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .inspect_logs import NETWORK_HOOKS, offline_inspect, require_inspect  # noqa: F401 (public here too)
+from .results import RESULTS_DIR, EvalResult, from_inspect_log
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# --------------------------------------------------------------------------- evaluate()'s rows as a task
+
+def rows_scorer() -> Any:
+    """An Inspect scorer with evaluate()'s rules: each sample's `match` mode (its metadata, default
+    "exact") against its target, and its `format` regex (scoring.score_row).
+
+    Returns:
+        The Inspect Scorer: C / I with the mode, format check and any regex time-out in the
+        score's metadata; metrics accuracy and stderr.
+    """
+    require_inspect("rows_scorer")
+    from inspect_ai.scorer import CORRECT, INCORRECT, Score, accuracy, scorer, stderr
+
+    from .scoring import DEFAULT_MATCH, score_row
+
+    @scorer(metrics=[accuracy(), stderr()], name="match")
+    def machine_nb_match() -> Any:
+        async def score(state: Any, target: Any) -> Any:
+            meta = state.metadata or {}
+            row = {"expected": target.text, "match": meta.get("match") or DEFAULT_MATCH, "format": meta.get("format")}
+            reply = state.output.completion if state.output is not None else ""
+            correct, format_ok, problem = score_row(reply, row)
+            return Score(value=CORRECT if correct else INCORRECT, answer=reply,
+                         explanation=f"{row['match']} match against {row['expected']!r}",
+                         metadata={"match": row["match"], "expected": row["expected"], "format_ok": format_ok,
+                                   "error": problem})
+        return score
+
+    return machine_nb_match()
+
+
+def eval_task(data: str | os.PathLike | list[dict], *, name: str | None = None, scorer: Any = None) -> Any:
+    """evaluate()'s eval rows as an Inspect task: one sample per row, generate(), evaluate()'s scoring.
+
+    Args:
+        data: an eval JSONL path or a list of row dicts (Machine's `{"messages", "expected",
+            "match", "format"?}`), checked as evaluate() checks them.
+        name: the task's name (default None: the file's stem, or "eval_rows").
+        scorer: an Inspect scorer (default None: rows_scorer(), evaluate()'s match modes).
+
+    Returns:
+        The inspect_ai Task. Sample ids are row + 1 (row as evaluate() numbers them), inputs the
+        rows' messages, targets their expected answers, metadata their match, format and row.
+
+    Raises:
+        MachineFormatError: a bad row, naming its file, line and field.
+    """
+    require_inspect("eval_task")
+    from inspect_ai import Task
+    from inspect_ai.dataset import MemoryDataset, Sample
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
+    from inspect_ai.solver import generate
+
+    from ..core.chat import content_text, eval_rows
+
+    rows, path = eval_rows(data)
+    kinds = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
+    samples = [Sample(id=i + 1, input=[kinds[m["role"]](content=content_text(m["content"])) for m in row["messages"]
+                                       if m.get("role") in kinds],
+                      target=str(row["expected"]),
+                      metadata={"row": i, "match": row["match"], "format": row["format"], "line": row.get("line")})
+               for i, row in enumerate(rows)]
+    label = name or (Path(path).stem if path else "eval_rows")
+    return Task(dataset=MemoryDataset(samples, name=label, location=path), solver=generate(),
+                scorer=scorer if scorer is not None else rows_scorer(), name=label)
+
+
+# --------------------------------------------------------------------------- running tasks
+
+@dataclass(repr=False)
+class InspectRun:
+    """What inspect_eval returns: Inspect's logs and an EvalResult view of each, in task order.
+
+    Iterating, indexing and len() go over the EvalResults; `compare(run_a, run_b)` takes a run of
+    one task as its EvalResult.
+
+    Args:
+        logs: the inspect_ai EvalLogs (with their samples).
+        results: one EvalResult per log (rows: evaluate()'s columns plus sample_id, epoch,
+            score, scorer, messages; path: the log file).
+    """
+
+    logs: list = field(default_factory=list)
+    results: list[EvalResult] = field(default_factory=list)
+
+    @property
+    def eval_result(self) -> EvalResult:
+        """The one task's EvalResult (a ValueError naming the tasks when the run has several)."""
+        if len(self.results) != 1:
+            names = ", ".join(str(r.name) for r in self.results) or "none"
+            raise ValueError(f"this Inspect run has {len(self.results)} tasks ({names}): pick one, e.g. run[0]")
+        return self.results[0]
+
+    @property
+    def paths(self) -> list[str]:
+        """The log files written, in task order."""
+        return [str(r.path) for r in self.results]
+
+    def __getitem__(self, i: int) -> EvalResult:
+        return self.results[i]
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[EvalResult]:
+        return iter(self.results)
+
+    def __repr__(self) -> str:
+        return f"InspectRun({', '.join(repr(r) for r in self.results)})"
+
+    def _repr_html_(self) -> str:
+        return "".join(r._repr_html_() for r in self.results) or html.escape(repr(self))
+
+
+def _call(fn: Any) -> Any:
+    """fn() here, or in a worker thread where an event loop already runs (a notebook kernel):
+    inspect_ai.eval runs its own loop."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn).result()
+
+
+def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
+                 max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0, concurrency: int | None = None,
+                 renderer: str | None = None, log_dir: str | os.PathLike | None = None,
+                 sampling_client: Any = None, service_client: Any = None, progress: bool | None = None,
+                 **inspect_options: Any) -> InspectRun:
+    """Run Inspect AI tasks on a base model or checkpoint through tinker-cookbook's Inspect model API.
+
+    The sampler is the engine's (the real tinker SDK's client on the local server or Tinker, as
+    evaluate() opens it); the cookbook's `InspectAPIFromTinkerSampling` renders each chat with
+    the model's renderer, samples, parses the reply and reports its token usage. Inspect writes
+    a `.eval` log per task; load_results reads it back.
+
+    Args:
+        tasks: what inspect_ai.eval takes: a Task, a registry name ("inspect_evals/gsm8k"), a
+            task file ("tasks.py" or "tasks.py@name"), or a list of them; eval_task(data) makes
+            one from evaluate()'s eval rows.
+        model: the base model, as evaluate() takes it (default None: the local engine's model, or
+            a local checkpoint's recorded base model; required for a Tinker checkpoint).
+        checkpoint: a sampler path to evaluate instead of the base model (default None).
+        engine: "local" | "tinker" (default None: the engine that serves the model or checkpoint).
+        max_tokens: the reply budget (default 32, as evaluate(); a task's own GenerateConfig
+            wins where it sets one).
+        temperature: default 0.0 (greedy), as evaluate().
+        seed: the sampling seed (default 0).
+        concurrency: requests in flight (Inspect's max_connections). Default None: 32 on Tinker,
+            8 locally, as evaluate().
+        renderer: a renderer name (default None: the model's recommended one).
+        log_dir: where Inspect writes its logs (default None: `eval_results/`).
+        sampling_client: a sampler to use instead of the engine's (default None).
+        service_client: the ServiceClient that opens the sampler (default None: the engine's).
+        progress: Inspect's progress display. Default None or False: none (display="log", at
+            Inspect's default log level only warnings and errors show); True: its plain text
+            display. A `display=` in inspect_options wins.
+        **inspect_options: any other inspect_ai.eval argument (limit, epochs, sample_id,
+            task_args, solver, metadata, ...).
+
+    Returns:
+        An InspectRun: `.logs` (inspect_ai EvalLogs), `.results` (an EvalResult per log, named
+        after its task, with model, checkpoint, engine, renderer and parameters in its summary
+        and the log file as its path), `.paths`.
+
+    Raises:
+        ImportError: inspect_ai is not installed (`pip install "machine_nb[inspect]"`).
+        EngineError: the engine cannot serve the model or checkpoint.
+    """
+    require_inspect("inspect_eval")
+    import inspect_ai
+    from inspect_ai.model import GenerateConfig, Model
+
+    from .. import engines
+    from ..checks import render
+    from .sampling import open_sampler, renderer_for, resolve_model
+
+    model, engine = resolve_model(model, checkpoint, engine)
+    if renderer is not None and not isinstance(renderer, str):
+        raise TypeError("inspect_eval: renderer must be a renderer name (the cookbook's Inspect model API builds it)")
+    if render.is_local_model(model):
+        engines.use_local_models()  # the cookbook looks the local model's tokenizer and renderer up by name
+    _, renderer_label = renderer_for(model, renderer)
+    if concurrency is None:
+        concurrency = 32 if engine == "tinker" else 8
+    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
+    from tinker_cookbook.eval.inspect_utils import InspectAPIFromTinkerSampling
+
+    api = InspectAPIFromTinkerSampling(renderer_name=renderer_label, model_name=model, sampling_client=client)
+    config = GenerateConfig(max_tokens=int(max_tokens), temperature=float(temperature), seed=seed,
+                            max_connections=int(concurrency))
+    run = {"model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
+           "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature), "seed": seed,
+                          "concurrency": int(concurrency)}}
+    # the SDK retries requests itself; logs are written once, at the end (as the cookbook's evaluator runs Inspect)
+    # "log": Inspect's progress goes to logging (quiet at its default level), where "none" still draws
+    # a rich live view, which in a notebook leaves an empty output widget behind
+    options = {"display": "plain" if progress else "log", "log_dir": os.fspath(log_dir or RESULTS_DIR),
+               "retry_on_error": 0, "fail_on_error": False, "log_realtime": False, "score_display": False,
+               **inspect_options}
+    options["metadata"] = {**(options.get("metadata") or {}), "machine_nb_run": run}
+
+    def go() -> list:
+        with offline_inspect(), warnings.catch_warnings():
+            # the cookbook's model API calls the SDK's sample_async, which the SDK marks deprecated
+            warnings.filterwarnings("ignore", message=".*sample_async", category=FutureWarning)
+            return list(inspect_ai.eval(tasks, model=Model(api=api, config=config), **options))
+
+    logs = _call(go)
+    return InspectRun(logs=logs, results=[from_inspect_log(log) for log in logs])
+
+
+# --------------------------------------------------------------------------- Inspect scores while training
+
+def inspect_curve(log_dir: str | os.PathLike) -> pd.DataFrame:
+    """The Inspect task scores a run logged while training (`sft(inspect_tasks=…)`), one row per
+    step, task and metric.
+
+    Args:
+        log_dir: the run's log dir (reads metrics.jsonl; a partial last line is skipped).
+
+    Returns:
+        A DataFrame with step (the weights after that many steps; 0 = the base model, the last
+        the final checkpoint), task (Inspect's dataset name), metric (accuracy, stderr, ...) and
+        value; empty when the run ran no Inspect tasks. The per-sample logs are in
+        `<log dir>/inspect/` (load_results reads each).
+    """
+    import pandas as pd
+
+    from ..training.runlog import HELDOUT_PREFIX, METRICS_FILE, read_log_lines
+
+    prefix = f"{HELDOUT_PREFIX}inspect/"
+    out = []
+    for row in read_log_lines(Path(log_dir) / METRICS_FILE):
+        for key, value in row.items():
+            if key.startswith(prefix) and isinstance(value, (int, float)):
+                task, _, metric = key[len(prefix):].rpartition("/")
+                out.append({"step": row.get("step"), "task": task, "metric": metric, "value": float(value)})
+    return pd.DataFrame(out, columns=["step", "task", "metric", "value"])
+
+
+__all__ = ["inspect_curve", "inspect_eval", "InspectRun", "eval_task", "rows_scorer", "offline_inspect",
+           "NETWORK_HOOKS"]

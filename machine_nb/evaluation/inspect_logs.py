@@ -1,0 +1,426 @@
+"""Eval results as Inspect AI logs, and Inspect AI logs as eval results.
+
+Inspect AI (`inspect_ai`) is the evaluation framework whose log viewer (`inspect view`) and
+published tasks many readers already use. This module converts in both directions through
+inspect_ai's own log API, never by writing its file format by hand:
+
+- `build_log` turns one result (its per-row records and summary: evaluate, evaluate_cases or
+  probe) into an `EvalLog` with one sample per row (input, target, output, the score with its
+  match mode, token usage) and the run (model, checkpoint, settings) in its spec; `write_log`
+  writes it atomically as a `.eval` file.
+- `read_log` reads any Inspect log (ours or one Inspect wrote) back as per-row records and a
+  summary in the shape of evaluate()'s results, so compare() pairs them like its own.
+
+The conversion is plain data in and out (results.py wraps it in an EvalResult); inspect_ai loads
+on the first call, and its absence is an ImportError that says how to install it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..core.chat import content_text, prompt_text
+from ..errors import MachineFormatError
+
+INSTALL_HINT = 'pip install "machine_nb[inspect]"'
+
+SCORE_NAME = "match"
+"""The score a log written here carries per sample: C / I, with the match mode in its metadata."""
+
+PROBE_SCORE = "bled"
+"""A probe's score per sample: 1 when the checkpoint's reply has the format and the base model's has not."""
+
+PROVIDER = "tinker-sampling"
+"""The model-name prefix of our logs: tinker-cookbook's Inspect model API, which inspect_eval runs through."""
+
+SAMPLE_COLUMNS = ["sample_id", "epoch", "score", "scorer"]
+"""Columns a result read from an Inspect log adds after evaluate()'s: sample_id (the sample's id),
+epoch (1-based), score (the score's value as a number, Inspect's value_to_float), scorer (its name)."""
+
+_STOP_TO_INSPECT = {"stop": "stop", "length": "max_tokens"}
+_STOP_FROM_INSPECT = {"stop": "stop", "max_tokens": "length", "model_length": "length"}
+
+
+# Inspect's opt-in hooks that import user code which may reach a server (telemetry, key lookups).
+NETWORK_HOOKS = ("INSPECT_TELEMETRY", "INSPECT_API_KEY_OVERRIDE", "INSPECT_REQUIRED_HOOKS")
+
+
+@contextlib.contextmanager
+def offline_inspect() -> Iterator[None]:
+    """Inspect's network hooks switched off for the duration (their variables restored after).
+
+    Yields:
+        Nothing.
+    """
+    saved = {k: os.environ.pop(k) for k in NETWORK_HOOKS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def require_inspect(what: str) -> Any:
+    """inspect_ai, imported, or an ImportError that says how to install it.
+
+    Args:
+        what: the function that needs it, named in the error.
+
+    Returns:
+        The inspect_ai module.
+
+    Raises:
+        ImportError: inspect_ai is not installed.
+    """
+    try:
+        import inspect_ai
+    except ImportError:
+        raise ImportError(f"{what} needs Inspect AI (inspect_ai), which is not installed: {INSTALL_HINT}") from None
+    return inspect_ai
+
+
+def is_inspect_log(path: str | os.PathLike) -> bool:
+    """Whether a file is an Inspect log by its name: `.eval` (Inspect's zip format).
+
+    Args:
+        path: the file.
+
+    Returns:
+        True for a `.eval` file (an Inspect `.json` log is recognised when read: it has "eval").
+    """
+    return Path(path).suffix.lower() == ".eval"
+
+
+# --------------------------------------------------------------------------- writing
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy of a cell or summary value (NaN → None, numpy scalars → Python)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(value, "item"):  # numpy scalars
+        return _plain(value.item())
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    return str(value)
+
+
+def _chat_messages(messages: Any, prompt: str) -> list:
+    """Inspect chat messages for a row's messages (or its prompt text alone)."""
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
+
+    kinds = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
+    out = []
+    if isinstance(messages, list):
+        for m in messages:
+            if isinstance(m, Mapping) and m.get("role") in kinds:
+                out.append(kinds[m["role"]](content=content_text(m.get("content"))))
+    return out or [ChatMessageUser(content=str(prompt or ""))]
+
+
+def _usage(prompt_tokens: Any, output_tokens: Any) -> Any:
+    from inspect_ai.model import ModelUsage
+
+    i, o = int(_plain(prompt_tokens) or 0), int(_plain(output_tokens) or 0)
+    return ModelUsage(input_tokens=i, output_tokens=o, total_tokens=i + o)
+
+
+def build_log(records: list[dict], summary: dict) -> Any:
+    """An Inspect EvalLog of one result: a sample per row, the run in its spec.
+
+    Args:
+        records: the result's rows as dicts: evaluate()'s (RESULT_COLUMNS; "messages", "line",
+            "format", "case" where present), evaluate_cases' (with "case" and "trial": sample id
+            case + 1, epoch trial + 1) or probe's (PROBE_COLUMNS: output is the checkpoint's
+            reply, the base model's goes in the metadata, the score is `bled`).
+        summary: the result's summary (name, model, checkpoint, engine, renderer, parameters,
+            data, times, ...); kept whole in the log's metadata under "machine_nb".
+
+    Returns:
+        The inspect_ai.log.EvalLog (not written).
+    """
+    require_inspect("write_inspect_log")
+    from inspect_ai.log import (EvalConfig, EvalDataset, EvalLog, EvalMetric, EvalPlan, EvalPlanStep, EvalResults,
+                                EvalSample, EvalScore, EvalSpec, EvalStats)
+    from inspect_ai.model import ChatMessageAssistant, GenerateConfig, ModelOutput
+    from inspect_ai.scorer import CORRECT, INCORRECT, Score
+
+    summary = _plain(dict(summary))
+    probe = "checkpoint_output" in (records[0] if records else {}) or "bled" in summary
+    model_name = f"{PROVIDER}/{summary.get('model') or 'unknown'}"
+    params = summary.get("parameters") or {}
+    cases = bool(records) and all(r.get("case") is not None and r.get("trial") is not None for r in records)
+    samples, total_in, total_out = [], 0, 0
+    for i, raw in enumerate(records):
+        r = _plain(raw)
+        row = int(r["row"]) if r.get("row") is not None else i
+        sid, epoch = (int(r["case"]) + 1, int(r["trial"]) + 1) if cases else (row + 1, 1)
+        if r.get("sample_id") is not None:  # read from an Inspect log: keep its id and epoch
+            sid, epoch = r["sample_id"], int(r.get("epoch") or 1)
+        text_in = _chat_messages(r.get("messages"), r.get("prompt") or r.get("input") or "")
+        output = r.get("checkpoint_output") if probe else r.get("output")
+        stop = _STOP_TO_INSPECT.get(r.get("stop_reason") or "", "stop" if r.get("stop_reason") is None else "unknown")
+        model_output = ModelOutput.from_content(model_name, str(output or ""), stop_reason=stop)
+        usage = _usage(r.get("prompt_tokens"), r.get("output_tokens"))
+        model_output.usage = usage
+        total_in, total_out = total_in + usage.input_tokens, total_out + usage.output_tokens
+        meta = {k: r[k] for k in ("row", "match", "format", "format_ok", "latency_s", "stop_reason", "error", "case",
+                                  "trial", "line", "input", "baseline_output", "bled") if k in r}
+        meta["row"] = row
+        if probe:
+            bled = r.get("bled")
+            scores = {} if bled is None else {PROBE_SCORE: Score(
+                value=1 if bled else 0, answer=str(output or ""),
+                explanation="the checkpoint's reply has the format and the base model's has not" if bled else
+                "no bleed", metadata={"format": summary.get("format")})}
+        else:
+            correct = bool(r.get("correct"))
+            scores = {SCORE_NAME: Score(
+                value=CORRECT if correct else INCORRECT, answer=str(output or ""),
+                explanation=(f"{r.get('match')} match against {r.get('expected')!r}" if r.get("match") else None),
+                metadata={"match": r.get("match"), "expected": r.get("expected"), "format_ok": r.get("format_ok")})}
+        target = r.get("expected")
+        samples.append(EvalSample(
+            id=sid, epoch=epoch, input=text_in, target="" if target is None else (target if isinstance(target, list) else str(target)),
+            messages=[*text_in, ChatMessageAssistant(content=str(output or ""), model=model_name)],
+            output=model_output, scores=scores, metadata=meta, model_usage={model_name: usage},
+            total_time=r.get("latency_s"), working_time=r.get("latency_s")))
+    n = len(samples)
+    if probe:
+        bled = [s.scores[PROBE_SCORE].value for s in samples if PROBE_SCORE in (s.scores or {})]
+        metrics = {"mean": EvalMetric(name="mean", value=(sum(bled) / len(bled)) if bled else 0.0)}
+        scorer = PROBE_SCORE
+    else:
+        acc = (sum(bool(_plain(r.get("correct"))) for r in records) / n) if n else 0.0
+        stderr = math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else 0.0
+        metrics = {"accuracy": EvalMetric(name="accuracy", value=acc), "stderr": EvalMetric(name="stderr", value=stderr)}
+        scorer = SCORE_NAME
+    data = summary.get("data") or {}
+    started = summary.get("started_at") or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    finished = summary.get("finished_at") or started
+    epochs = max((s.epoch for s in samples), default=1)
+    spec = EvalSpec(
+        created=started, task=str(summary.get("name") or "results"), task_attribs={},
+        dataset=EvalDataset(name=Path(data["path"]).stem if data.get("path") else None, location=data.get("path"),
+                            samples=len({s.id for s in samples}), sample_ids=list(dict.fromkeys(s.id for s in samples))),
+        model=model_name,
+        model_args={k: summary.get(k) for k in ("checkpoint", "engine", "renderer") if summary.get(k) is not None},
+        model_generate_config=GenerateConfig(max_tokens=params.get("max_tokens"), temperature=params.get("temperature"),
+                                             seed=params.get("seed")),
+        config=EvalConfig(epochs=epochs),
+        packages={"machine_nb": _version()},
+        metadata={"machine_nb": summary})
+    return EvalLog(
+        version=2, status="success", eval=spec,
+        plan=EvalPlan(name="plan", steps=[EvalPlanStep(solver="generate", params={})]),
+        results=EvalResults(total_samples=n, completed_samples=n,
+                            scores=[EvalScore(name=scorer, scorer=scorer, scored_samples=n, metrics=metrics)]),
+        stats=EvalStats(started_at=started, completed_at=finished,
+                        model_usage={model_name: _usage(total_in, total_out)}),
+        samples=samples)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("machine_nb")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def write_log(log: Any, path: str | os.PathLike) -> str:
+    """Write an EvalLog with inspect_ai's log API, atomically (a temporary file, then a rename).
+
+    Args:
+        log: the EvalLog.
+        path: the `.eval` (or `.json`) file; its folder is created.
+
+    Returns:
+        The path written.
+    """
+    from inspect_ai.log import write_eval_log
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".eval", dir=path.parent)
+    os.close(fd)
+    try:
+        write_eval_log(log, tmp, format="json" if path.suffix.lower() == ".json" else "eval")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return os.fspath(path)
+
+
+# --------------------------------------------------------------------------- reading
+
+def _target_text(target: Any) -> Any:
+    if isinstance(target, list):
+        return target[0] if len(target) == 1 else list(target)
+    return target
+
+
+def _input_messages(value: Any) -> list[dict]:
+    """A sample's input as our chat messages ({"role", "content"})."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return [{"role": m.role, "content": m.text if hasattr(m, "text") else content_text(m.content)} for m in value]
+
+
+def _first_score(sample: Any, order: list[str]) -> tuple[str | None, Any]:
+    scores = sample.scores or {}
+    for name in order:
+        if name in scores:
+            return name, scores[name]
+    for name, score in scores.items():
+        return name, score
+    return None, None
+
+
+def _mode(score: Any, meta: dict) -> str | None:
+    """A foreign sample's match mode where its score or sample metadata names one (eval_task's do)."""
+    for where in ((score.metadata if score is not None else None) or {}, meta):
+        if isinstance(where.get("match"), str):
+            return where["match"]
+    return None
+
+
+def read_log(source: Any) -> tuple[list[dict], dict]:
+    """Any Inspect log (ours or another's) as per-row records and a summary, evaluate()'s shape.
+
+    Rows are ordered by dataset order then epoch (a log written here keeps its rows' order).
+    `correct` is whether the sample's first score (the log's first scorer) is full marks
+    (Inspect's value_to_float gives 1.0: C, True, 1); `score` is that value as a number.
+
+    Args:
+        source: the `.eval` or `.json` log file, or an inspect_ai EvalLog in memory.
+
+    Returns:
+        (records with RESULT_COLUMNS + SAMPLE_COLUMNS, plus "messages", and for our logs their
+        "case", "trial", "format", "line" where they had them (a probe's log: PROBE_COLUMNS +
+        SAMPLE_COLUMNS + "messages", and no accuracy); summary with name, model,
+        checkpoint, engine, renderer, parameters, data, n, correct, accuracy, format_rate,
+        errors, prompt_tokens, output_tokens, started_at, finished_at, and "inspect": the
+        task, eval and run ids, status, scorer and its metrics).
+
+    Raises:
+        MachineFormatError: the file is missing or is not an Inspect log, or holds no samples.
+    """
+    require_inspect("load_results")
+    from inspect_ai.log import read_eval_log
+    from inspect_ai.scorer import value_to_float
+
+    if isinstance(source, (str, os.PathLike)):
+        path = source
+        if not os.path.exists(path):
+            raise MachineFormatError(path, "file not found")
+        try:
+            log = read_eval_log(os.fspath(path))
+        except Exception as exc:  # inspect_ai raises ValueError / zipfile / pydantic errors on a bad file
+            raise MachineFormatError(path, f"not an Inspect eval log: {type(exc).__name__}: {exc}") from None
+    else:
+        log, path = source, source.location or None
+    if not log.samples:
+        raise MachineFormatError(path, f"the Inspect log holds no samples (status {log.status!r}); run the eval "
+                                       "with samples logged (log_samples=True)", field="samples")
+    meta_eval = log.eval.metadata if isinstance(log.eval.metadata, dict) else {}
+    ours = meta_eval.get("machine_nb") if isinstance(meta_eval.get("machine_nb"), dict) else None  # build_log's
+    run = meta_eval.get("machine_nb_run") if isinstance(meta_eval.get("machine_nb_run"), dict) else {}  # inspect_eval's
+    order = [s.name for s in (log.results.scores if log.results and log.results.scores else [])]
+    ids = list(log.eval.dataset.sample_ids or []) if log.eval.dataset else []
+    position = {str(x): i for i, x in enumerate(ids)}
+    to_float = value_to_float()
+
+    def key(s: Any) -> tuple:
+        meta = s.metadata or {}
+        if ours is not None and isinstance(meta.get("row"), int):
+            return (0, meta["row"], 0, "")
+        return (1, position.get(str(s.id), len(position)), s.epoch, str(s.id))
+
+    records = []
+    for i, s in enumerate(sorted(log.samples, key=key)):
+        meta = dict(s.metadata or {})
+        name, score = _first_score(s, order)
+        value = None if score is None else score.value
+        if isinstance(value, dict):
+            value = next(iter(value.values()), None)
+        try:
+            number = None if value is None else float(to_float(value))
+        except (TypeError, ValueError):
+            number = None
+        usage = list((s.model_usage or {}).values())
+        output = s.output.completion if s.output is not None else ""
+        stop = s.output.stop_reason if s.output is not None and s.output.choices else None
+        messages = _input_messages(s.input)
+        rec = {
+            "row": i, "prompt": prompt_text(messages), "expected": _target_text(s.target),
+            "match": meta.get("match") if ours is not None else _mode(score, meta),
+            "output": output, "correct": number is not None and number >= 1.0,
+            "format_ok": meta.get("format_ok") if ours is not None else
+            ((score.metadata or {}).get("format_ok") if score is not None else None),  # rows_scorer's
+            "prompt_tokens": sum(int(u.input_tokens or 0) for u in usage),
+            "output_tokens": sum(int(u.output_tokens or 0) for u in usage),
+            "latency_s": meta.get("latency_s") if ours is not None else s.total_time,
+            "stop_reason": meta.get("stop_reason") if ours is not None else _STOP_FROM_INSPECT.get(stop or "", stop),
+            "error": (s.error.message if s.error is not None else None) or (meta.get("error") if ours is not None else None),
+            "sample_id": s.id, "epoch": s.epoch, "score": number, "scorer": name, "messages": messages,
+        }
+        if ours is not None:
+            for k in ("case", "trial", "input", "format", "line"):
+                if k in meta:
+                    rec[k] = meta[k]
+            if "baseline_output" in meta:  # a probe's row: PROBE_COLUMNS, no answer to be right about
+                rec = {"prompt": rec["prompt"], "baseline_output": meta["baseline_output"], "checkpoint_output": output,
+                       "bled": meta.get("bled"), "error": rec["error"],
+                       **{k: rec[k] for k in ("sample_id", "epoch", "score", "scorer", "messages")}}
+        records.append(rec)
+    n = len(records)
+    probe = bool(records) and "baseline_output" in records[0]
+    correct = None if probe else sum(r["correct"] for r in records)
+    with_format = [bool(r["format_ok"]) for r in records if r.get("format_ok") is not None]
+    cfg = log.eval.model_generate_config
+    args = log.eval.model_args or {}
+    metrics = {}
+    if log.results and log.results.scores:
+        metrics = {m.name: m.value for m in log.results.scores[0].metrics.values()}
+    base = dict(ours) if ours is not None else {k: v for k, v in run.items()
+                                                 if k in ("model", "checkpoint", "engine", "renderer", "parameters")}
+    summary = {
+        **base,
+        "name": base.get("name") or log.eval.task, "model": base.get("model") or log.eval.model,
+        "checkpoint": base.get("checkpoint", args.get("checkpoint")), "engine": base.get("engine", args.get("engine")),
+        "renderer": base.get("renderer", args.get("renderer")),
+        "parameters": base.get("parameters") or {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+                                                 "seed": cfg.seed},
+        "data": base.get("data") or {"path": log.eval.dataset.location if log.eval.dataset else None, "sha256": None},
+        "n": n, "correct": correct, "accuracy": correct / n if n and correct is not None else None,
+        "format_rate": (sum(with_format) / len(with_format)) if with_format else None,
+        "errors": sum(1 for r in records if r["error"]),
+        "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
+        "output_tokens": sum(r.get("output_tokens") or 0 for r in records),
+        "started_at": base.get("started_at") or (log.stats.started_at if log.stats else None) or log.eval.created,
+        "finished_at": base.get("finished_at") or (log.stats.completed_at if log.stats else None),
+        "inspect": {"task": log.eval.task, "eval_id": log.eval.eval_id, "run_id": log.eval.run_id,
+                    "status": log.status, "model": log.eval.model, "scorer": order[0] if order else None,
+                    "metrics": metrics, "location": None if path is None else os.fspath(path)},
+    }
+    return records, summary
+
+
+__all__ = ["NETWORK_HOOKS", "offline_inspect", "INSTALL_HINT", "SCORE_NAME", "PROBE_SCORE", "PROVIDER", "SAMPLE_COLUMNS", "require_inspect",
+           "is_inspect_log", "build_log", "write_log", "read_log"]

@@ -1,0 +1,413 @@
+"""Eval results: the EvalResult that evaluate(), probe(), evaluate_cases() and load_results()
+return, and the results JSON evaluate() writes.
+
+A results file is the run's summary (name, model, checkpoint, engine, parameters, data path and
+sha256, accuracy, cost, times) plus one record per row. evaluate.py writes it; compare.py,
+pairs.py and the CompareView read it (as_eval_result takes any of the forms a result travels
+in). A result also travels as an Inspect AI log: `EvalResult.write_inspect_log` writes one and
+load_results reads any (the conversion is inspect_logs.py's), so Inspect's viewer and compare()
+meet on the same files. pandas loads only when a result is built or a file is read.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..core.compat import user_stacklevel
+from ..errors import MachineFormatError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RESULTS_DIR = "eval_results"  # Machine's `/train eval` writes here too
+
+RESULT_COLUMNS = ["row", "prompt", "expected", "match", "output", "correct", "format_ok",
+                  "prompt_tokens", "output_tokens", "latency_s", "stop_reason", "error"]
+"""Columns of evaluate()'s frame: row (0-based position in the eval file), prompt (the last user
+message's text), expected, match, output (the parsed reply text), correct (bool), format_ok (bool,
+or None when the row has no "format"), prompt_tokens / output_tokens (exact, from the renderer
+and the sampler), latency_s (one request), stop_reason ("stop" | "length" | None), error (None, or why the
+row could not be scored in full: its request failed, or a regex ran past patterns.REGEX_TIMEOUT_S;
+a failed request or a timed-out "regex" match counts as wrong, a timed-out "format" gives
+format_ok False). Rows that share a case (evaluate_cases, trials) add a "case" column."""
+
+PROBE_COLUMNS = ["prompt", "baseline_output", "checkpoint_output", "bled", "error"]
+"""Columns of probe()'s rows: prompt (the last user message's text), baseline_output and
+checkpoint_output (the two parsed replies), bled (True: the checkpoint's reply matches the format
+while the base model's does not; None when the row has no format or its regex timed out), error
+(None, or why a reply is missing or the format could not be checked)."""
+
+
+def results_name(checkpoint: str | None) -> str:
+    """The results file's name for a model or checkpoint.
+
+    Args:
+        checkpoint: a sampler path, or None for the base model.
+
+    Returns:
+        "baseline" for a base model, else the checkpoint's last path segment
+        ("tinker://…/sampler_weights/final" -> "final"), made safe for a file name.
+    """
+    if not checkpoint:
+        return "baseline"
+    last = [p for p in re.split(r"[/\\]+", str(checkpoint).split("://", 1)[-1]) if p]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", last[-1] if last else "checkpoint") or "checkpoint"
+
+
+def utc_now() -> str:
+    """The time now in UTC, for results' started_at / finished_at.
+
+    Returns:
+        ISO 8601 to the second, e.g. "2025-01-31T12:00:00+00:00".
+    """
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def file_sha256(path: str | os.PathLike | None) -> str | None:
+    """The SHA-256 of a file's bytes, read in blocks (the eval data a result was measured on).
+
+    Args:
+        path: the file, or None for in-memory rows.
+
+    Returns:
+        The hex digest, or None for no path or a file that is not there.
+    """
+    if path is None or not os.path.isfile(path):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_results(path: str | os.PathLike) -> EvalResult:
+    """Read a results JSON written by evaluate() (or evaluate_cases), or any Inspect AI log, back
+    as an EvalResult.
+
+    An Inspect log (`.eval`, or a `.json` log Inspect wrote; needs `pip install
+    "machine_nb[inspect]"`) gives one row per sample and epoch, in dataset order: evaluate()'s
+    columns (correct: the first scorer gave full marks) plus sample_id, epoch, score, scorer and
+    messages (inspect_logs.read_log), so compare() pairs two logs by sample id.
+
+    Args:
+        path: the results file or Inspect log.
+
+    Returns:
+        An EvalResult: `rows` with RESULT_COLUMNS first, then every other column the file's rows
+        carry, in the order they first appear (evaluate() writes "line", "messages" (the exact
+        prompt) and "format"; evaluate_cases "case", "trial", "input" and "messages"; a column
+        some rows lack is empty on those), `summary` the file without its rows, `path` the file.
+
+    Raises:
+        MachineFormatError: the file is missing, is not JSON (naming the line and field where
+            the parser stopped) or is not such a result (naming the field).
+        ImportError: an Inspect log without inspect_ai installed (saying how to install it).
+    """
+    import pandas as pd
+
+    from .inspect_logs import is_inspect_log
+    from ..core.jsonl import parse_json
+
+    if is_inspect_log(path):
+        return from_inspect_log(path)
+    try:
+        with open(path, "rb") as fh:
+            data = parse_json(fh.read(), path)
+    except FileNotFoundError:
+        raise MachineFormatError(path, "file not found") from None
+    except MachineFormatError as exc:
+        raise MachineFormatError(path, f"not a results JSON: {exc.reason}", line=exc.line, field=exc.field) from None
+    if isinstance(data, dict) and "rows" not in data and isinstance(data.get("eval"), dict) and "task" in data["eval"]:
+        return from_inspect_log(path)  # an Inspect log in its JSON format
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise MachineFormatError(path, "not an eval results file: no list of per-row results", field="rows")
+    for i, row in enumerate(data["rows"]):
+        for key in ("prompt", "expected", "output", "correct"):
+            if not isinstance(row, dict) or key not in row:
+                raise MachineFormatError(path, "missing in a per-row result", field=f"rows.{i}.{key}")
+    df = pd.DataFrame.from_records(data["rows"])
+    for col in RESULT_COLUMNS:
+        if col not in df.columns:
+            df[col] = range(len(df)) if col == "row" else None
+    df = df[RESULT_COLUMNS + [c for c in df.columns if c not in RESULT_COLUMNS]]
+    return EvalResult(df, {k: v for k, v in data.items() if k != "rows"}, os.fspath(path))
+
+
+def from_inspect_log(source: Any) -> EvalResult:
+    """An Inspect log (any, not only ours) as an EvalResult (inspect_logs.read_log).
+
+    Args:
+        source: the log file, or an inspect_ai EvalLog in memory.
+
+    Returns:
+        The EvalResult: rows with RESULT_COLUMNS (a probe's log: PROBE_COLUMNS), then
+        inspect_logs.SAMPLE_COLUMNS, then the rest; path the log's file (None for a log never
+        written).
+    """
+    import pandas as pd
+
+    from .inspect_logs import SAMPLE_COLUMNS, read_log
+
+    records, summary = read_log(source)
+    first = (PROBE_COLUMNS if records and "baseline_output" in records[0] else RESULT_COLUMNS) + SAMPLE_COLUMNS
+    extra = [c for c in dict.fromkeys(k for r in records for k in r) if c not in first]
+    path = source if isinstance(source, (str, os.PathLike)) else source.location
+    return EvalResult(pd.DataFrame.from_records(records, columns=first + extra), summary,
+                      os.fspath(path) if path else None)
+
+
+def as_eval_result(value: Any, what: str = "results") -> EvalResult:
+    """An EvalResult from any form a result travels in.
+
+    Args:
+        value: an EvalResult (returned as is); a results JSON path (read with load_results); a
+            DataFrame of per-row results (its name and path are taken from the `attrs` that
+            older code set, when present); or a loaded results dict (`{..., "rows": [...]}`,
+            the shape of the results JSON and of `EvalResult.to_dict()`).
+        what: the value's role, named in errors (default "results").
+
+    Returns:
+        The EvalResult.
+
+    Raises:
+        TypeError: any other value. MachineFormatError: a path that is not a results JSON.
+    """
+    import pandas as pd
+
+    if isinstance(value, EvalResult):
+        return value
+    if isinstance(getattr(type(value), "eval_result", None), property):  # an InspectRun of one task
+        return value.eval_result
+    if isinstance(value, (str, os.PathLike)):
+        return load_results(value)
+    if isinstance(value, pd.DataFrame):
+        summary = value.attrs.get("summary")
+        path = value.attrs.get("path")
+        return EvalResult(value, dict(summary) if isinstance(summary, dict) else {},
+                          None if path is None else str(path))
+    if isinstance(value, dict) and isinstance(value.get("rows"), list):
+        summary = {k: v for k, v in value.items() if k not in ("rows", "path")}
+        path = value.get("path")
+        return EvalResult(pd.DataFrame.from_records(value["rows"]), summary, None if path is None else str(path))
+    raise TypeError(f"{what}: expected an EvalResult, a results JSON path, a DataFrame of results or a results "
+                    f"dict, got {type(value).__name__}")
+
+
+# --------------------------------------------------------------------------- the result object
+
+HTML_ROWS = 10  # rows of the table the notebook view shows (the whole frame is `.rows`)
+
+
+def _deprecated_frame_use(old: str, new: str) -> None:
+    warnings.warn(f"{old} treats an EvalResult as the DataFrame evaluate() used to return: write {new} "
+                  "(this forwarding to .rows will be removed in a later release)", DeprecationWarning, stacklevel=user_stacklevel())
+
+
+@dataclass(repr=False, eq=False)
+class EvalResult:
+    """One eval's results: a row per sampled reply, the run's summary, and the file written.
+
+    For one release an EvalResult also stands in for its `rows` DataFrame (`res["correct"]`,
+    `len(res)`, `res.columns`, `res.head()`, iteration, `res.attrs["summary"]`, ...): each such
+    use warns with a DeprecationWarning and goes to `rows` (`res.attrs` gives
+    `{"summary": ..., "path": ...}`). Write `res.rows[...]`, `res.summary`, `res.path` instead.
+
+    Args:
+        rows: one row per reply. evaluate() and load_results(): RESULT_COLUMNS (plus "case" when
+            rows share a case); evaluate_cases(): cases.CASE_RESULT_COLUMNS; probe():
+            PROBE_COLUMNS.
+        summary: the run as plain data: what the results JSON holds besides its rows (name,
+            model, checkpoint, engine, renderer, parameters, data, n, correct, accuracy,
+            format_rate, errors, tokens, cost, times; probe: model, checkpoint, engine, format, n,
+            bled). Default {}.
+        path: the results JSON written or read, or None when nothing was written (default).
+    """
+
+    rows: pd.DataFrame
+    summary: dict = field(default_factory=dict)
+    path: str | None = None
+
+    # ------------------------------------------------------------------ the numbers
+
+    @property
+    def name(self) -> str | None:
+        """The results' name (summary["name"]: "baseline", a checkpoint's last segment, ...), or None."""
+        return self.summary.get("name")
+
+    @property
+    def accuracy(self) -> float | None:
+        """The share of rows scored correct (None for a probe, which scores no answers)."""
+        if self.summary.get("accuracy") is not None:
+            return float(self.summary["accuracy"])
+        if "correct" in self.rows.columns and len(self.rows):
+            return float(self.rows["correct"].astype(bool).mean())
+        return None
+
+    def accuracy_interval(self, level: float = 0.95) -> tuple[float, float] | None:
+        """The Wilson score interval of the accuracy (stats.proportion_interval).
+
+        Args:
+            level: the confidence level (default 0.95).
+
+        Returns:
+            (low, high), or None when there is no accuracy (a probe, no rows).
+        """
+        from .stats import proportion_interval
+
+        if self.accuracy is None:
+            return None
+        n = len(self.rows) or int(self.summary.get("n") or 0)
+        if not n:
+            return None
+        return proportion_interval(self.accuracy * n, n, level=level)
+
+    def to_dict(self, *args: Any, **kwargs: Any) -> dict:
+        """The result as plain data, in the results JSON's shape (e.g. for a report's JSON).
+
+        Args:
+            *args, **kwargs: none. Given any (`res.to_dict("records")`), this is the DataFrame's
+                `to_dict` on `rows`, with a DeprecationWarning (forwarded for one release).
+
+        Returns:
+            `{**summary, "path": path, "rows": [one dict per row]}`; compare() and
+            as_eval_result() read it back.
+        """
+        if args or kwargs:
+            _deprecated_frame_use("result.to_dict(...)", "result.rows.to_dict(...)")
+            return self.rows.to_dict(*args, **kwargs)
+        return {**self.summary, "path": self.path, "rows": self.rows.to_dict("records")}
+
+    def _headline(self) -> str:
+        """One line: name, correct of n, accuracy with its Wilson interval (or the probe's bled count)."""
+        n = len(self.rows)
+        parts = [str(self.name) if self.name else "results"]
+        acc = self.accuracy
+        if acc is not None and n:
+            low, high = self.accuracy_interval()
+            correct = int(self.rows["correct"].astype(bool).sum()) if "correct" in self.rows.columns else round(acc * n)
+            parts.append(f"{correct}/{n} correct, {acc:.1%} (95% CI {low:.1%} to {high:.1%}, Wilson)")
+            if self.summary.get("format_rate") is not None:
+                parts.append(f"format {self.summary['format_rate']:.1%}")
+        elif "bled" in self.summary:
+            parts.append(f"{self.summary['bled']} of {n} replies bled the format")
+        else:
+            parts.append(f"{n} rows")
+        if self.summary.get("errors"):
+            parts.append(f"{self.summary['errors']} failed request(s)")
+        return parts[0] + ": " + "; ".join(parts[1:])
+
+    def __repr__(self) -> str:
+        acc = self.accuracy
+        fields = [f"name={self.name!r}", f"n={len(self.rows)}"]
+        if acc is not None:
+            fields.append(f"accuracy={acc:.3f}")
+        if "bled" in self.summary:
+            fields.append(f"bled={self.summary['bled']}")
+        fields.append(f"path={self.path!r}")
+        return f"EvalResult({', '.join(fields)})"
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from ..core.theme import FG, FG_MUTED, escape, no_math
+
+        where = f" <span style='color:{FG_MUTED}'>· {escape(self.path)}</span>" if self.path else ""
+        more = len(self.rows) - HTML_ROWS
+        tail = (f"<p style='margin:2px 0;color:{FG_MUTED}'>… {more} more row(s) in <code>.rows</code></p>"
+                if more > 0 else "")
+        with pd.option_context("display.max_colwidth", 80):  # a long reply is cut in the view, not in .rows
+            table = self.rows.head(HTML_ROWS).to_html(escape=True, border=0)
+        return no_math(f"<div class='machine-nb-eval' style='color:{FG}'><p style='margin:2px 0'>"
+                       f"{escape(self._headline())}{where}</p>{table.replace('$', '&#36;')}{tail}</div>")
+
+    # ------------------------------------------------------------------ Inspect AI
+
+    def write_inspect_log(self, path: str | os.PathLike | None = None) -> str:
+        """Write these results as an Inspect AI eval log, for `inspect view` and Inspect's tools.
+
+        One sample per row: its input (the row's messages, or its prompt), target (expected),
+        the model's output, the score (C / I, named "match", its match mode and format check in
+        the score's metadata; a probe's is "bled", 1 or 0, with the base model's reply in the
+        sample's metadata), the token usage, and the row's other fields as sample metadata;
+        evaluate_cases' trials are epochs of one sample per case. The run (model, checkpoint,
+        engine, renderer, settings, data, times) is in the log's spec and, whole, in its
+        metadata under "machine_nb". Written with inspect_ai's own log API
+        (inspect_logs.build_log), atomically; load_results reads it back.
+
+        Args:
+            path: the log file, `.eval` (Inspect's format) or `.json`. Default None: beside the
+                results JSON with the suffix `.eval` when there is one, else
+                `eval_results/<name>.eval`.
+
+        Returns:
+            The path written.
+
+        Raises:
+            ImportError: inspect_ai is not installed (`pip install "machine_nb[inspect]"`).
+        """
+        from pathlib import Path
+
+        from .inspect_logs import build_log, require_inspect, write_log
+
+        require_inspect("EvalResult.write_inspect_log")
+        if path is None:
+            if self.path and not self.path.endswith(".eval"):
+                path = Path(self.path).with_suffix(".eval")
+            else:
+                path = Path(RESULTS_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', str(self.name or 'results'))}.eval"
+        return write_log(build_log(self.rows.to_dict("records"), self.summary), path)
+
+    # ------------------------------------------------------------------ DataFrame use, for one release
+
+    @property
+    def attrs(self) -> dict:
+        """Deprecated: `{"summary": ..., "path": ...}`, as the DataFrame evaluate() returned had."""
+        _deprecated_frame_use("result.attrs", "result.summary and result.path")
+        return {"summary": self.summary, "path": self.path}
+
+    def __getattr__(self, name: str) -> Any:
+        # only public DataFrame names: IPython's display probes (_repr_*_), copy and pickle look
+        # up private names, and must not reach the frame
+        if name.startswith("_") or "rows" not in self.__dict__:
+            raise AttributeError(f"'EvalResult' object has no attribute {name!r}")
+        try:
+            value = getattr(self.rows, name)
+        except AttributeError:
+            raise AttributeError(f"'EvalResult' object has no attribute {name!r}") from None
+        _deprecated_frame_use(f"result.{name}", f"result.rows.{name}")
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        _deprecated_frame_use("result[...]", "result.rows[...]")
+        return self.rows[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _deprecated_frame_use("result[...] = ...", "result.rows[...] = ...")
+        self.rows[key] = value
+
+    def __len__(self) -> int:
+        _deprecated_frame_use("len(result)", "len(result.rows)")
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator:
+        _deprecated_frame_use("iterating over result", "result.rows")
+        return iter(self.rows)
+
+    def __contains__(self, key: Any) -> bool:
+        _deprecated_frame_use("`x in result`", "`x in result.rows`")
+        return key in self.rows
+
+    def __bool__(self) -> bool:
+        return True  # a result is a result, whatever len() of its rows
+
+
+__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "as_eval_result", "results_name", "utc_now",
+           "file_sha256", "load_results", "from_inspect_log"]

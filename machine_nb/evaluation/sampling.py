@@ -1,0 +1,299 @@
+"""Sampling eval prompts through an engine: which model and engine, a sampling client, rendered
+prompts, replies with their tokens and latency, and running the work from a notebook.
+
+evaluate(), probe(), held-out evals during training, cases and sweeps all sample through these.
+The client is the real tinker SDK's (the local engine's server or Tinker, see engines/); tinker
+and tinker-cookbook load on the first call that needs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from ..errors import EngineError, MachineFormatError
+
+
+class SamplingClientLike(Protocol):
+    """What evaluate() needs of a sampler: tinker's `sample_async(prompt, num_samples, sampling_params)`
+    (or `sample(...)` returning an awaitable / a future) that yields a `tinker.SampleResponse`."""
+
+    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
+        """Sample replies to one prompt.
+
+        Args:
+            prompt: a tinker.ModelInput.
+            num_samples: replies wanted (evaluate asks for 1).
+            sampling_params: a tinker.SamplingParams.
+
+        Returns:
+            A tinker.SampleResponse (or an awaitable or future of one).
+        """
+        ...
+
+
+def resolve_model(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
+    """The model whose renderer formats the prompts, and the engine that serves the sampler.
+
+    Args:
+        model: the base model, or None: a local checkpoint's recorded base model, else the
+            local engine's default model.
+        checkpoint: a sampler path (`tinker://…`, `local://…`) or None for the base model.
+        engine: "local" | "tinker", or None: the engine that serves the checkpoint or model
+            (engines.engine_for). Needed only to point a local model's checkpoint at a
+            Tinker-compatible server (`engine="tinker"` with TINKER_BASE_URL).
+
+    Returns:
+        (model, engine).
+
+    Raises:
+        EngineError: a Tinker checkpoint without model=, or an engine asked for the other's model.
+    """
+    from .. import engines
+
+    if model is None:
+        if checkpoint and engines.engine_for(str(checkpoint)) == "local":
+            model = engines.checkpoint_base_model(str(checkpoint))  # a local checkpoint records it
+        elif checkpoint:
+            raise EngineError(f"Pass model= (the base model of {checkpoint!r}): its renderer formats the prompts")
+        else:
+            model = engines.default_model("local")
+    engine = engine or engines.engine_for(str(checkpoint or model))
+    # asking one engine for the other's model: a clear error now, not a failed request later
+    engines.check_model(engine, str(checkpoint or model))
+    return model, engine
+
+
+def open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
+    """A sampling client (the real tinker SDK's) for the base model or a checkpoint.
+
+    Args:
+        model: the base model.
+        checkpoint: a sampler path, or None for the base model.
+        engine: "local" | "tinker".
+        service_client: a ServiceClient to use (default None: the engine's own, from
+            engines.service_client, which on Tinker checks the key and the service first, within
+            5 s, never leaving the SDK to hang for minutes).
+
+    Returns:
+        The SDK's SamplingClient itself (not a future of it).
+
+    Raises:
+        EngineError or MachineFormatError: a refused checkpoint (missing, corrupt), explained.
+    """
+    from .. import engines
+
+    if service_client is None:
+        service_client = engines.service_client(engine, models=(model,))
+
+    def create() -> Any:
+        try:
+            if checkpoint:
+                future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
+            else:
+                future = service_client.create_sampling_client(base_model=model)
+            return future.result() if hasattr(future, "result") else future
+        except engines.sdk_errors() as exc:
+            raise engines.explain(exc) from None
+
+    if engine != "tinker":
+        return create()
+    with engines.watchdog(engine) as dog:  # a service whose work calls fail: EngineError in seconds
+        return dog.run(create)
+
+
+def renderer_for(model: str, renderer: Any = None) -> tuple[Any, str]:
+    """The renderer that formats prompts and parses replies, and its label for the results.
+
+    Args:
+        model: the base model.
+        renderer: a renderer name, a renderer object, or None (the model's recommended renderer).
+
+    Returns:
+        (renderer, its name; a renderer object's class name).
+    """
+    from ..checks.render import get_renderer, renderer_name
+
+    if renderer is None or isinstance(renderer, str):
+        name = renderer or renderer_name(model)
+        return get_renderer(model, name), name
+    return renderer, type(renderer).__name__
+
+
+def sampling_params(max_tokens: int, temperature: float, seed: int | None, renderer: Any) -> Any:
+    """tinker.SamplingParams for one reply per prompt, stopping at the renderer's stop sequences.
+
+    Args:
+        max_tokens: the reply budget.
+        temperature: 0.0 is greedy.
+        seed: the sampling seed (or None).
+        renderer: the renderer whose stop sequences end a reply.
+
+    Returns:
+        A tinker.SamplingParams.
+    """
+    import tinker
+
+    return tinker.SamplingParams(max_tokens=int(max_tokens), temperature=float(temperature), seed=seed,
+                                 stop=renderer.get_stop_sequences())
+
+
+def render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[Any]:
+    """Every row's generation prompt, rendered before anything is sent.
+
+    Args:
+        renderer: the model's renderer.
+        rows: checked rows with "messages" (and "line").
+        path: the rows' file, named in the error (None for in-memory rows).
+
+    Returns:
+        One tinker.ModelInput per row.
+
+    Raises:
+        MachineFormatError: a row the renderer cannot format, naming its line (not a failure
+            halfway through a paid eval).
+    """
+    prompts = []
+    for row in rows:
+        try:
+            prompts.append(renderer.build_generation_prompt(row["messages"]))
+        except Exception as exc:  # the cookbook raises ValueError/KeyError/TypeError on odd messages
+            raise MachineFormatError(path, f"the renderer cannot format this prompt: {type(exc).__name__}: {exc}",
+                                     line=row.get("line"), field="messages") from None
+    return prompts
+
+
+async def call_sampler(client: Any, prompt: Any, params: Any) -> Any:
+    """One sample request, whichever way the client answers.
+
+    Args:
+        client: tinker's SamplingClient (whose `sample()` returns an awaitable APIFuture), or a
+            stand-in with `sample_async` returning an awaitable, a future or the response.
+        prompt: a tinker.ModelInput.
+        params: tinker.SamplingParams.
+
+    Returns:
+        The tinker.SampleResponse.
+    """
+    import tinker
+
+    if isinstance(client, tinker.SamplingClient) or not hasattr(client, "sample_async"):
+        # tinker's own client: sample() returns an awaitable APIFuture (sample_async is deprecated)
+        result = client.sample(prompt=prompt, num_samples=1, sampling_params=params)
+    else:
+        result = client.sample_async(prompt=prompt, num_samples=1, sampling_params=params)
+    if hasattr(result, "__await__"):
+        result = await result
+    if hasattr(result, "result_async"):
+        result = await result.result_async()
+    elif isinstance(result, concurrent.futures.Future) or (hasattr(result, "result") and not hasattr(result, "sequences")):
+        result = await asyncio.get_running_loop().run_in_executor(None, result.result)
+    return result
+
+
+async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: Any, concurrency: int,
+                      bar: Any = None) -> list[dict]:
+    """Sample one reply per prompt, at most `concurrency` requests in flight.
+
+    Args:
+        client: a sampling client (see call_sampler).
+        renderer: parses each reply's tokens into text.
+        prompts: rendered prompts (render_prompts).
+        params: tinker.SamplingParams.
+        concurrency: requests in flight at once (at least 1).
+        bar: a progress bar updated once per reply (default None).
+
+    Returns:
+        Per prompt, in order: {"prompt_tokens", "output", "output_tokens", "stop_reason",
+        "latency_s", "error"}; a request that failed has its reason (redacted) in "error" and
+        an empty output, and the other rows go on.
+
+    Raises:
+        EngineError: the engine refused the job (wrong model, no key), or every request failed.
+    """
+    from tinker_cookbook import renderers
+
+    semaphore = asyncio.Semaphore(max(1, int(concurrency)))
+
+    async def one(prompt: Any) -> dict:
+        async with semaphore:
+            start = time.perf_counter()
+            try:
+                response = await call_sampler(client, prompt, params)
+                error = None
+            except EngineError:
+                raise  # the engine refuses the whole job (wrong model, no key): stop at once
+            except Exception as exc:  # one failed request: record it (redacted), keep the other rows
+                from ..core.redact import redacted
+
+                response, error = None, redacted(f"{type(exc).__name__}: {exc}")
+            latency = time.perf_counter() - start
+        out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
+               "latency_s": round(latency, 4), "error": error}
+        if response is not None:
+            seq = response.sequences[0]
+            tokens = list(seq.tokens)
+            message, _ = renderer.parse_response(tokens)
+            out.update(output=renderers.get_text_content(message), output_tokens=len(tokens),
+                       stop_reason=getattr(seq, "stop_reason", None))
+        if bar is not None:
+            bar.update(1)
+        return out
+
+    results = list(await asyncio.gather(*(one(p) for p in prompts)))
+    if results and all(r["error"] for r in results):  # nothing to score: an engine problem, not the rows
+        raise EngineError(f"All {len(results)} sampling requests failed; the first: {results[0]['error']}")
+    return results
+
+
+def watchdog(engine: str) -> Any:
+    """A context manager that watches the service while work runs on it (engines.watchdog at
+    Tinker's URL).
+
+    Args:
+        engine: "local" | "tinker".
+
+    Returns:
+        On Tinker, a Watchdog on the service's URL (its `failed` says why the service stopped
+        answering); locally, a context manager that watches nothing.
+    """
+    from .. import engines
+
+    return engines.watchdog(engine)
+
+
+def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog: Any = None) -> Any:
+    """Run a coroutine to completion, also from Jupyter.
+
+    Args:
+        coro_factory: makes the coroutine (called once, in the thread that runs it).
+        watchdog: a Watchdog (see `watchdog`) or None. When the service stops answering, the work
+            is cancelled and EngineError raised within seconds.
+
+    Returns:
+        The coroutine's result. Where an event loop already runs (a notebook kernel), the
+        coroutine runs on its own loop in a worker thread.
+    """
+    async def guarded() -> Any:
+        task = asyncio.ensure_future(coro_factory())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if watchdog is not None and watchdog.failed:
+                task.cancel()
+                raise EngineError(watchdog.failed)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(guarded())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(guarded())).result()
+
+
+__all__ = ["SamplingClientLike", "resolve_model", "open_sampler", "renderer_for", "sampling_params",
+           "render_prompts", "call_sampler", "sample_rows", "watchdog", "run_coroutine"]

@@ -1,0 +1,2 @@
+"""Reports: an executed notebook as a shareable, self-contained HTML file.
+"""

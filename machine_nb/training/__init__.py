@@ -1,0 +1,3 @@
+"""Training: SFT and DPO through tinker-cookbook's own loops, the child process that runs them, their
+log dirs, preference pairs and sweeps.
+"""

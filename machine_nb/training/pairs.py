@@ -1,0 +1,478 @@
+"""Preference pairs from what a team already said: a prompt with a chosen and a rejected reply.
+
+Sources: a rewrite row (`/good --as`: the rewrite over the reply it replaced), a `/bad` row and a
+`/good` row of the same conversation, runs of the same case whose scores differ by at least
+`min_gap`, and eval results (the expected answer over the model's own wrong one). Held-out cases
+are left out as `export.tagged_lines` leaves them out of SFT. Written out, pairs are
+tinker-cookbook's comparison JSONL (what `preference.dpo` trains on) or TRL's conversational
+preference format. Training on them is preference.py's.
+
+pandas is imported at module level: every public function here returns a frame (`import
+machine_nb` still loads none of this module).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.compat import user_stacklevel
+from ..errors import MachineFormatError
+from ..data.export import case_key, held_out_keys, run_case, say_excluded
+# Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
+from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages, comparison_line,  # noqa: F401
+                          is_reply, last_user, pair_id, pair_line, pair_message, pair_record, pair_records,
+                          read_pair_records)
+
+# the older private names (preference.py's imports)
+_messages, _records = check_messages, pair_records
+from ..store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
+from ..store.workspace import resolve_machine
+
+#: Where pairs come from, in the order they are built (a duplicate keeps the first source's row).
+SOURCES = ("rewrite", "tags", "scores")
+
+# Skip reasons (`PreferencePairs.skipped`), one phrase each.
+OTHER_MACHINE = "another machine"
+NO_REPLY = "no assistant reply"
+REPLACED_UNKNOWN = "rewrite whose replaced reply is unknown (no 'replaced' key, no tagged run to rebuild it from)"
+TURN_DIFFERS = "rewrite whose tagged run no longer holds the tagged turn"
+IDENTICAL = "identical completions"
+TIE = "tie (equal scores)"
+SMALL_GAP = "score gap below min_gap"
+UNSCORED = "unscored run"
+DUPLICATE = "duplicate pair"
+CONTRADICTS = "contradicted by a pair the other way round"
+
+
+class PairsSkipped(UserWarning):
+    """Tag rows that should have made preference pairs and could not (each listed in `.skipped`)."""
+
+
+class PreferencePairs(pd.DataFrame):
+    """A pairs frame (PAIR_COLUMNS, one row per pair), plus what was left out and why.
+
+    excluded: pair records left out because their input is a held-out case.
+    skipped: `{"source", "id", "reason"}` dicts for rows, runs or pairs that gave no pair (ties,
+    identical completions, duplicates, rewrites whose replaced reply is unknown, …).
+    """
+
+    _metadata = ["excluded", "skipped"]
+
+    @property
+    def _constructor(self):
+        return PreferencePairs
+
+    def skipped_counts(self) -> pd.Series:
+        """How many were skipped for each reason.
+
+        Returns:
+            A Series: reason -> count, most first.
+        """
+        reasons = [s["reason"] for s in (getattr(self, "skipped", None) or [])]
+        return pd.Series(reasons, dtype="object").value_counts().rename_axis("reason").rename("skipped")
+
+
+# ---------------------------------------------------------------------------------------------
+# messages
+
+
+def split_reply(messages: list[dict]) -> tuple[list[dict], dict] | None:
+    """A conversation split at its last assistant reply.
+
+    A reply is an assistant message with text and no tool calls; what follows it is not part of
+    the pair.
+
+    Args:
+        messages: chat messages.
+
+    Returns:
+        (the messages before the reply, the reply), both as pairs keep messages; None when there
+        is no reply.
+    """
+    at = max((i for i, m in enumerate(messages) if is_reply(m)), default=-1)
+    if at < 0:
+        return None
+    return [pair_message(m) for m in messages[:at]], pair_message(messages[at])
+
+
+def _with_system(prompt: list[dict], system: str | None) -> list[dict]:
+    if system and not (prompt and prompt[0].get("role") == "system"):
+        return [{"role": "system", "content": system}] + prompt
+    return prompt
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def _tag_rows(store: Any) -> list[dict]:
+    if store is None or isinstance(store, (str, os.PathLike)):
+        from ..store.tags import tagged
+
+        frame = tagged(store)
+        return list(frame["row"])
+    if isinstance(store, pd.DataFrame):
+        return list(store["row"]) if "row" in store.columns else store.to_dict("records")
+    return [r for r in store]
+
+
+def _run_id_of(row: dict) -> str | None:
+    rid = row.get("run")
+    if isinstance(rid, str) and rid:
+        return rid
+    src = row.get("source")
+    return src[:-5] if isinstance(src, str) and src.endswith(".json") else None
+
+
+def _run_records(runs: Any, workspace: Any, name: str | None) -> list[dict]:
+    if runs is None:
+        if workspace is None:
+            return []
+        from ..data.frames import load_runs
+
+        runs = load_runs(workspace, name)
+    from ..data.export import run_records
+
+    records = run_records(runs)
+    return [r for r in records if name is None or r.get("machine") == name]
+
+
+# ---------------------------------------------------------------------------------------------
+# the sources
+
+
+class _Collector:
+    """Pair records in order, with duplicates, contradictions and held-out inputs taken out."""
+
+    def __init__(self, held: set[str]):
+        self.held = held
+        self.records: list[dict] = []
+        self.excluded: list[dict] = []
+        self.skipped: list[dict] = []
+        self._seen: dict[tuple[str, str, str], int] = {}
+
+    def skip(self, source: str, ident: Any, reason: str) -> None:
+        self.skipped.append({"source": source, "id": ident, "reason": reason})
+
+    def add(self, rec: dict) -> None:
+        chosen, rejected = rec["chosen"][0]["content"], rec["rejected"][0]["content"]
+        ident = rec.get("chosen_tag") or rec.get("chosen_run") or rec["pair"]
+        if chosen.strip() == rejected.strip():
+            self.skip(rec["source"], ident, IDENTICAL)
+            return
+        if self.held and any(case_key(m["content"]) in self.held for m in rec["prompt"] if m.get("role") == "user"):
+            self.excluded.append(rec)
+            return
+        prompt = canonical_json(rec["prompt"])
+        if (prompt, chosen, rejected) in self._seen:
+            self.skip(rec["source"], ident, DUPLICATE)
+            return
+        self._seen[(prompt, chosen, rejected)] = len(self.records)
+        self.records.append(rec)
+
+    def result(self) -> list[dict]:
+        """The records, less both sides of every contradiction (A over B and B over A)."""
+        keys = set(self._seen)
+        out = []
+        for rec in self.records:
+            k = (canonical_json(rec["prompt"]), rec["chosen"][0]["content"], rec["rejected"][0]["content"])
+            if (k[0], k[2], k[1]) in keys:
+                self.skip(rec["source"], rec.get("chosen_tag") or rec["pair"], CONTRADICTS)
+                continue
+            out.append(rec)
+        return out
+
+
+class _RunLookup:
+    """Runs by (machine, id), as tags match them (frames.attach_tags): run ids are unique within
+    a machine only, so a row that names no machine (Machine's own) finds a run only when one
+    machine alone has that id."""
+
+    def __init__(self, runs: list[dict]):
+        self.by_key = {(str(r.get("machine")), str(r.get("id"))): r for r in runs}
+        by_id: dict[str, list[dict]] = {}
+        for r in runs:
+            by_id.setdefault(str(r.get("id")), []).append(r)
+        self.unique = {rid: found[0] for rid, found in by_id.items() if len(found) == 1}
+
+    def of(self, row: dict) -> dict | None:
+        rid = _run_id_of(row)
+        if rid is None:
+            return None
+        machine = row.get("machine")
+        if isinstance(machine, str) and machine:
+            return self.by_key.get((machine, rid))
+        return self.unique.get(rid)
+
+
+def _rebuilt_reply(row: dict, user: str, runs: _RunLookup) -> tuple[str | None, str | None]:
+    """(the reply the rewrite replaced, the skip reason): read back from the tagged run's latest turn."""
+    from ..store.tags import _item_messages, _text as tag_text, latest_turn
+
+    run = runs.of(row)
+    if run is None:
+        return None, REPLACED_UNKNOWN
+    msgs, _ = _item_messages(run)
+    try:
+        user_i, reply_i = latest_turn(msgs)
+    except ValueError:
+        return None, TURN_DIFFERS
+    if tag_text(msgs[user_i].get("content")) != user.strip():
+        return None, TURN_DIFFERS
+    return tag_text(msgs[reply_i].get("content")), None
+
+
+def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _RunLookup,
+               sources: set[str], out: _Collector) -> None:
+    good: dict[str, list[tuple[dict, list[dict], dict]]] = {}
+    bad: dict[str, list[tuple[dict, list[dict], dict]]] = {}
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            continue
+        if name is not None and row.get("machine") != name:
+            continue  # rows of other machines are not this machine's preferences (not counted)
+        if row.get("tag") not in ("good", "bad"):
+            continue
+        split = split_reply(row["messages"])
+        if split is None:
+            out.skip("tags", row.get("id"), NO_REPLY)
+            continue
+        prompt, reply = split
+        prompt = _with_system(prompt, system)
+        entry = (row, prompt, reply)
+        (good if row["tag"] == "good" else bad).setdefault(canonical_json(prompt), []).append(entry)
+        if "rewrite" in sources and row["tag"] == "good" and row.get("rewritten") is True:
+            replaced = row.get(REPLACED_KEY)
+            reason = None
+            if not isinstance(replaced, str):
+                replaced, reason = _rebuilt_reply(row, last_user(prompt), runs)
+            if replaced is None:
+                out.skip("rewrite", row.get("id"), reason or REPLACED_UNKNOWN)
+                continue
+            run = _run_id_of(row)
+            out.add(pair_record("rewrite", row.get("machine"), prompt, reply,
+                                {"role": "assistant", "content": replaced}, chosen_tag=row.get("id"),
+                                rejected_tag=row.get("id"), chosen_run=run, rejected_run=run))
+    if "tags" not in sources:
+        return
+    for key, goods in good.items():
+        for g_row, prompt, g_reply in goods:
+            for b_row, _, b_reply in bad.get(key, []):
+                out.add(pair_record("tags", g_row.get("machine") or b_row.get("machine"), prompt, g_reply, b_reply,
+                                    chosen_tag=g_row.get("id"), rejected_tag=b_row.get("id"),
+                                    chosen_run=_run_id_of(g_row), rejected_run=_run_id_of(b_row)))
+
+
+def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Collector) -> None:
+    from ..data.export import conversation
+
+    groups: dict[tuple[str, str, str], list[tuple[float | None, str, dict, list[dict], dict]]] = {}
+    for run in runs:
+        split = split_reply(conversation(run, system, reasoning=False))
+        if split is None:
+            continue
+        prompt, reply = split
+        score = (run.get("scorecard") or {}).get("total")
+        score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+        key = (str(run.get("machine")), run_case(run), canonical_json(prompt))
+        groups.setdefault(key, []).append((score, str(run.get("startedAt") or ""), run, prompt, reply))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        scored = [m for m in members if m[0] is not None]
+        for m in members:
+            if m[0] is None:
+                out.skip("scores", m[2].get("id"), UNSCORED)
+        if len(scored) < 2:
+            continue
+        # best: highest score, then newest (Machine's bestOf order); worst: lowest score, then newest
+        top, bottom = max(m[0] for m in scored), min(m[0] for m in scored)
+        best = max((m for m in scored if m[0] == top), key=lambda m: m[1])
+        worst = max((m for m in scored if m[0] == bottom), key=lambda m: m[1])
+        gap = best[0] - worst[0]
+        if gap == 0:
+            out.skip("scores", best[2].get("id"), TIE)
+            continue
+        if gap < min_gap:
+            out.skip("scores", best[2].get("id"), SMALL_GAP)
+            continue
+        out.add(pair_record("scores", best[2].get("machine"), best[3], best[4], worst[4],
+                            chosen_run=best[2].get("id"), rejected_run=worst[2].get("id"),
+                            chosen_score=best[0], rejected_score=worst[0]))
+
+
+def _frame(records: list[dict], excluded: list[dict], skipped: list[dict]) -> PreferencePairs:
+    df = PreferencePairs(pd.DataFrame.from_records(records, columns=PAIR_COLUMNS))
+    for col in ("chosen_score", "rejected_score"):
+        df[col] = df[col].astype("float64")
+    df.excluded = list(excluded)
+    df.skipped = list(skipped)
+    return df
+
+
+def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict | None = None,
+                     workspace: str | os.PathLike | None = None, min_gap: float = 0.25,
+                     exclude: Iterable[Any] | None = None, instructions: str | None = None,
+                     sources: Iterable[str] = SOURCES) -> PreferencePairs:
+    """Preference pairs (prompt, chosen, rejected) from tag rows and scored runs.
+
+    - **rewrite**: a `/good --as` row (`rewritten: true`): chosen = the rewrite, rejected = the reply
+      it replaced (the row's `replaced` key; for rows without it, such as Machine's own, the latest
+      turn of the run the row names, read from `runs`; else the row is skipped and counted).
+    - **tags**: a `/good` row and a `/bad` row with the same conversation up to the reply (every
+      good x bad combination): chosen = the good reply, rejected = the bad one.
+    - **scores**: runs of the same case and conversation whose scorecard totals differ by at least
+      `min_gap`: chosen = the best run's reply, rejected = the worst's (newest first on equal scores).
+
+    Identical completions, ties, duplicates (the first source keeps its row) and contradicting pairs
+    (A over B and B over A: both go) are dropped and listed in `.skipped`; pairs whose input is a
+    held-out case are left out, listed in `.excluded` and counted in one HeldOutExcluded warning.
+
+    Args:
+        store: the tag rows: a tag store directory, a `tagged()` DataFrame, or tag row dicts.
+            Default None: `store_dir()` of the current directory, as `tagged()` reads.
+        runs: runs for score pairs and for rebuilding rewrites: a `load_runs` frame or Run dicts.
+            Default None: the runs of `workspace` (of `machine` when given), none without a workspace.
+        machine: a machine name (its definition read from `workspace`) or definition dict. Rows and
+            runs of other machines are left out. Default None: every row and run.
+        workspace: where the machine is defined and its runs live (default None).
+        min_gap: the smallest scorecard difference that makes a score pair (default 0.25, a quarter
+            of the 0-1 score range: closer scores are as likely a grader's noise as a preference).
+        exclude: held-out cases never trained on (strings, `{input}` dicts or a load_cases frame).
+            Default None: the machine's holdout cases (none known without a machine). `()`: none.
+        instructions: the system message every prompt starts with (tag rows store only the turn).
+            Default None: the machine's instructions, none when unknown; "" adds none.
+        sources: which sources to use (default all of SOURCES).
+
+    Returns:
+        A PreferencePairs frame (PAIR_COLUMNS, one row per pair, in source order).
+    """
+    wanted = set(sources)
+    unknown = wanted - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown pair source(s) {sorted(unknown)}; known: {', '.join(SOURCES)}")
+    if min_gap is None or min_gap <= 0:
+        raise ValueError(f"min_gap must be above 0 (equal scores are a tie, never a preference), got {min_gap}")
+    mdef = resolve_machine(machine, workspace)
+    name = mdef.get("name")
+    system = mdef.get("instructions") if instructions is None else instructions
+    held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
+    if exclude is None and "holdout" not in mdef:
+        warnings.warn(f"held-out cases were not checked: no definition of machine {name!r} was read (pass "
+                      "workspace= for its holdout.json, or exclude= the cases never to train on)", stacklevel=user_stacklevel())
+    out = _Collector(held)
+    run_list = _run_records(runs, workspace, name) if (wanted & {"rewrite", "scores"}) else []
+    if wanted & {"rewrite", "tags"}:
+        rows = _tag_rows(store)
+        _from_tags(rows, name, system, _RunLookup(run_list), wanted, out)
+    if "scores" in wanted:
+        _from_scores(run_list, system, float(min_gap), out)
+    records = out.result()
+    lost = [s for s in out.skipped if s["reason"] in (REPLACED_UNKNOWN, TURN_DIFFERS)]
+    if lost:
+        ids = ", ".join(str(s["id"]) for s in lost[:10]) + (" …" if len(lost) > 10 else "")
+        warnings.warn(PairsSkipped(
+            f"{len(lost)} rewrite row(s) gave no pair: the reply they replaced is unknown ({ids}). Pass the "
+            "workspace (or runs=) holding the runs they name; rows written from now on keep it."), stacklevel=user_stacklevel())
+    say_excluded(len(out.excluded), len(out.excluded) + len(records), "preference pair(s)",
+                 f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
+    return _frame(records, out.excluded, out.skipped)
+
+
+def pairs_from_results(results: Any, *, instructions: str | None = None, machine: str | None = None) -> PreferencePairs:
+    """Pairs from eval results: the expected answer over the model's own wrong reply.
+
+    One pair per row scored `exact` that the model got wrong (a right reply, an error or a rule
+    that is not a literal answer, such as `contains`, gives none). Held-out cases' results make
+    held-out pairs: a measure of whether a checkpoint prefers the answer to what the base model says.
+
+    Args:
+        results: an `evaluate` / `evaluate_cases` result (an EvalResult or its rows frame), or the
+            path of a results JSON (read with results.load_results, which keeps each row's exact
+            prompt `messages`).
+        instructions: for rows without `messages` (an in-memory result), the system message of the
+            prompt (`[system, user: input]`, as `evaluate_cases` prompts); default None: none.
+            Ignored when rows carry messages.
+        machine: recorded in the `machine` column (default None).
+
+    Returns:
+        A PreferencePairs frame with source "results" (`chosen_tag`/`rejected_tag` None).
+
+    Raises:
+        MachineFormatError: a results file that is not JSON or not a results file (naming its
+            line and field), or a row whose `messages` is not a list of chat messages.
+    """
+    from ..evaluation.results import as_eval_result
+
+    res = as_eval_result(results)
+    path = res.path if isinstance(results, (str, os.PathLike)) else None
+    out = _Collector(set())
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    for i, r in enumerate(res.rows.to_dict("records")):
+        if r.get("match") != "exact" or r.get("correct") or isinstance(r.get("error"), str):
+            continue
+        expected, output = r.get("expected"), r.get("output")
+        if not isinstance(expected, str) or not isinstance(output, str) or not output.strip():
+            continue
+        if isinstance(r.get("messages"), list):
+            if not all(isinstance(m, dict) for m in r["messages"]):
+                raise MachineFormatError(path, "must be a list of chat messages", field=f"rows.{i}.messages")
+            prompt = [pair_message(m) for m in r["messages"]]
+        else:
+            text = r.get("input") if isinstance(r.get("input"), str) else r.get("prompt")
+            prompt = system + [{"role": "user", "content": str(text)}]
+        out.add(pair_record("results", machine, prompt, {"role": "assistant", "content": expected},
+                            {"role": "assistant", "content": output}))
+    return _frame(out.result(), [], out.skipped)
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison") -> Path:
+    """Write pairs to a JSONL file, atomically.
+
+    Args:
+        pairs: a pairs frame (or records with prompt, chosen, rejected).
+        path: the file to write (replaced whole; parents created).
+        format: "comparison" (default): tinker-cookbook's `{"comparison": {"prompt_conversation",
+            "completion_A", "completion_B"}, "label": "A"}` (A = chosen); "trl": TRL's conversational
+            preference format `{"prompt", "chosen", "rejected"}` (message lists). Either carries
+            `pair`, `source` and `machine` beside it, which neither reader looks at.
+
+    Returns:
+        The path written.
+    """
+    from ..core.jsonl import write_jsonl
+
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    return write_jsonl([pair_line(p, format) for p in pair_records(pairs)], path)
+
+
+def read_pairs(path: str | os.PathLike) -> PreferencePairs:
+    """Pairs from a JSONL file in either format `write_pairs` writes, as a frame.
+
+    Args:
+        path: the pairs JSONL (read by store.pairs.read_pair_records: a "B" label swaps the
+            completions; ties, completions that are not one assistant reply and identical
+            replies are refused).
+
+    Returns:
+        A PreferencePairs frame (source from the line, else "file").
+
+    Raises:
+        MachineFormatError: naming the file, line and field of the first bad line.
+    """
+    return _frame(read_pair_records(path), [], [])
+
+
+__all__ = ["preference_pairs", "pairs_from_results", "write_pairs", "read_pairs", "comparison_line", "split_reply",
+           "PreferencePairs", "PairsSkipped", "PAIR_COLUMNS", "SOURCES", "REPLACED_KEY"]

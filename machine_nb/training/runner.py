@@ -1,0 +1,178 @@
+"""Run one of tinker-cookbook's training loops in a child process, exactly as a script would.
+
+`sft` (train.py) and `dpo` (preference.py) hand this module a plain-JSON spec (loop.child_spec)
+naming the module whose `child_run(spec)` builds the cookbook's own Config and runs its loop
+(`run_loop`: `supervised.train.main` or `preference.train_dpo.main`, with the held-out
+evaluator when asked), talking to the engine through the real tinker SDK (`Config.base_url`).
+A child process, because the cookbook's loop configures the process's logging for itself (it
+replaces the root logger's handlers and logs every step at INFO): in a notebook kernel that
+would rewire the user's logging and flood the cell. Here its
+console output goes to `<log dir>/train.log` (Machine's own habit) and nothing of the caller's
+process is touched. The child exits when its parent does (it watches its stdin), so it can
+never outlive the notebook or script that started it.
+
+The child serves one run after another (imports take seconds; the next run starts at once): a
+spec per line on its stdin, a status per line on its stdout (`{"event": "ready" | "done" |
+"error" | "interrupted"}`); everything else it prints goes to the run's log. After an error or
+an interrupt it exits, and the next run gets a fresh child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any, Callable
+
+
+def _status(channel: Any, **event: Any) -> None:
+    channel.write(json.dumps(event) + "\n")
+    channel.flush()
+
+
+def run(spec: dict) -> None:
+    """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft).
+
+    Args:
+        spec: the run's spec (loop.child_spec), with its environment, cwd and log file.
+    """
+    import importlib
+
+    if spec.get("local_models"):
+        from ..engines import use_local_models
+
+        use_local_models()
+    module = importlib.import_module(spec["module"])
+    module.child_run(spec)
+
+
+def config_steps(config: Any) -> tuple[Any, int, int]:
+    """How a cookbook Config's loop counts its steps (in the child, where the cookbook is loaded).
+
+    Args:
+        config: a supervised or DPO Config.
+
+    Returns:
+        (its dataset, batches an epoch, the run's steps: epochs x batches, capped by max_steps).
+    """
+    dataset, _ = config.dataset_builder()
+    n_batches = len(dataset)
+    total = n_batches * config.num_epochs
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    return dataset, n_batches, total
+
+
+def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool) -> None:
+    """Run a cookbook loop, with the held-out evaluator when the spec asks for one.
+
+    The evaluator goes into the Config's `evaluator_builders` (the loop calls it every
+    `spec["heldout"]["every"]` steps from the step it starts or resumes at, each score filed
+    under its step: loop.eval_schedule); after the loop, the final checkpoint is scored the same
+    way (the loop evaluates before a step, so never the weights after the last).
+
+    Args:
+        spec: the run's spec (loop.child_spec).
+        config: the cookbook's Config for it.
+        main: runs the loop on a Config (the cookbook's `main`, or what stands in for it).
+        last: the loop also evaluates before its last step (the cookbook's DPO loop does).
+    """
+    builder = None
+    if spec.get("heldout"):
+        import chz
+        from tinker_cookbook import checkpoint_utils
+
+        from ..evaluation.heldout import HeldOutEvalBuilder
+        from .loop import eval_schedule
+
+        _, n_batches, total = config_steps(config)
+        resumed = checkpoint_utils.get_last_checkpoint(spec["log_dir"])
+        start = 0 if resumed is None else (resumed.epoch or 0) * n_batches + (resumed.batch or 0)  # as the loops resume
+        every = int(spec["heldout"]["every"])
+        builder = HeldOutEvalBuilder.from_spec(spec, eval_schedule(start, total, every, last=last))
+        config = chz.replace(config, evaluator_builders=[builder], eval_every=every)
+    main(config)
+    if builder is not None:
+        from ..evaluation.heldout import evaluate_final
+
+        evaluate_final(builder, spec["base_url"], total)
+
+
+def _redirect(path: str | None) -> None:
+    """Point this process's stdout and stderr (fds 1 and 2) at a run's log file (None: /dev/null)."""
+    target = os.open(path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for fd in (1, 2):
+        os.dup2(target, fd)
+    os.close(target)
+
+
+def main() -> int:
+    """Serve specs, one line each on stdin, one at a time, until stdin closes.
+
+    The process stays for the next run (tinker-cookbook and the SDK take seconds to import);
+    each run applies the environment and working directory its spec carries, and writes its
+    console output to the spec's `log` file.
+
+    Returns:
+        The exit code after an error (1) or an interrupt (130); it never returns otherwise (the
+        process exits when its stdin closes).
+    """
+    import queue
+    import signal
+
+    # the parent interrupts a run with SIGINT: take it even when this process was started with
+    # SIGINT ignored (a parent run as a background job of a shell without job control passes that on)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    status = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    sys.stdout = os.fdopen(1, "w", encoding="utf-8", buffering=1, closefd=False)
+    _redirect(None)
+    specs: "queue.Queue[dict | None]" = queue.Queue()
+
+    def read_specs() -> None:
+        try:
+            for line in sys.stdin.buffer:
+                specs.put(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        os._exit(3)  # the parent closed our stdin: it ended, or was killed
+
+    threading.Thread(target=read_specs, name="machine-nb-specs", daemon=True).start()
+    _status(status, event="ready")
+    while True:
+        spec = specs.get()
+        os.environ.clear()
+        os.environ.update(spec.get("env") or {})
+        os.chdir(spec.get("cwd") or os.getcwd())
+        _redirect(spec.get("log"))
+        try:
+            run(spec)
+        except KeyboardInterrupt:
+            _status(status, event="interrupted")
+            return 130
+        except BaseException as exc:  # reported to the parent, which raises it there
+            traceback.print_exc()
+            body = getattr(exc, "body", None)
+            _status(status, event="error", type=type(exc).__name__, message=str(exc)[:4000],
+                    body=body if isinstance(body, (dict, str)) else None)
+            return 1
+        finally:
+            import logging
+
+            for handler in logging.getLogger().handlers:  # the cookbook's, pointing at this run's files
+                handler.flush()
+            sys.stdout.flush()
+            _redirect(None)
+        _status(status, event="done")
+
+
+if __name__ == "__main__":
+    code = main()
+    # leave at once: the spec reader thread would block the interpreter's normal shutdown
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
