@@ -256,15 +256,15 @@ _MOVED: dict[str, str] = {
     "last_number": "scoring.last_number", "score_output": "scoring.score_output",
     "_to_number": "scoring.to_number", "_score_row": "scoring.score_row",
     # chat.py
-    "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
-    "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
+    "check_row": "..core.chat.check_row", "load_eval_rows": "..core.chat.load_eval_rows", "_rows_from": "..core.chat.eval_rows",
+    "_probe_rows": "..core.chat.probe_rows", "_text": "..core.chat.content_text",
     # sampling.py
     "_call_sampler": "sampling.call_sampler", "_render_prompts": "sampling.render_prompts",
     "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
     "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
     "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
     # pricing.py
-    "_eval_cost": "pricing.sample_cost",
+    "_eval_cost": "..checks.pricing.sample_cost",
     # results.py
     "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
     # compare.py and stats.py
@@ -279,6 +279,6 @@ def __getattr__(name: str) -> Any:
     if moved is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, _, attr = moved.rpartition(".")
-    value = getattr(importlib.import_module(f".{module}", __package__), attr)
+    value = getattr(importlib.import_module(module if module.startswith(".") else f".{module}", __package__), attr)
     globals()[name] = value  # later lookups skip this function
     return value
