@@ -178,7 +178,7 @@ class HangingResolver:
 
 
 def no_network(train: Path, hub_retries: bool) -> None:
-    from machine_nb import render
+    from machine_nb.checks import render
     from machine_nb.widgets.cost_meter import CostMeter
 
     saved = {k: os.environ.pop(k, None) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}

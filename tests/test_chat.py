@@ -62,12 +62,12 @@ def test_callers_in_this_package_keep_their_text(name):
 
     assert message_text({"content": content}) == PINNED[name]["joined"]
     assert message_text({"content": content}, reasoning=True) == PINNED[name]["with reasoning"]
-    assert module("evaluate").prompt_text([{"role": "user", "content": content}]) == PINNED[name]["joined"]
+    assert module("evaluation.evaluate").prompt_text([{"role": "user", "content": content}]) == PINNED[name]["joined"]
 
 
 def test_overlap_digests_are_unchanged():
     """validate's train/eval overlap keys, pinned to the bytes they were before content_text."""
-    prompt_keys = module("validate").prompt_keys
+    prompt_keys = module("checks.validate").prompt_keys
     rows = [
         [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is  47 plus 15?"},
          {"role": "assistant", "content": "answer: 62"}],
@@ -83,7 +83,7 @@ def test_overlap_digests_are_unchanged():
 
 
 def test_prompt_text_is_the_last_user_message():
-    prompt_text = module("evaluate").prompt_text
+    prompt_text = module("evaluation.evaluate").prompt_text
     assert prompt_text([{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
                         {"role": "user", "content": "second"}, {"role": "assistant", "content": "b"}]) == "second"
     assert prompt_text([{"role": "system", "content": "no user here"}]) == "no user here"

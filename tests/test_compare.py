@@ -18,7 +18,7 @@ import warnings
 import pandas as pd
 import pytest
 
-from machine_nb import stats
+from machine_nb.evaluation import stats
 from machine_nb.evaluation.compare import CompareManyResult, CompareResult, compare, compare_many
 from machine_nb.evaluation.evaluate import load_results
 from machine_nb.evaluation.results import EvalResult

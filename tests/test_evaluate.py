@@ -137,7 +137,7 @@ def test_match_rules_have_one_home():
     """validate checks rows against the very modes evaluate scores with (scoring.py)."""
     import importlib
 
-    from machine_nb import scoring
+    from machine_nb.evaluation import scoring
 
     ev, va = importlib.import_module("machine_nb.evaluation.evaluate"), importlib.import_module("machine_nb.checks.validate")
 
@@ -158,7 +158,7 @@ def test_moved_names_stay_importable_from_evaluate():
     ev = importlib.import_module("machine_nb.evaluation.evaluate")
     for old, new in ev._MOVED.items():
         module, _, attr = new.rpartition(".")
-        assert getattr(ev, old) is getattr(importlib.import_module(f"machine_nb.{module}"), attr), old
+        assert getattr(ev, old) is getattr(importlib.import_module(module if module.startswith(".") else "." + module, "machine_nb.evaluation"), attr), old
     with pytest.raises(AttributeError, match="no_such_name"):
         ev.no_such_name  # noqa: B018
     code = ("import sys, machine_nb.evaluation.evaluate as ev\n"
@@ -370,7 +370,7 @@ def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warnin
 def test_the_notebook_view_is_a_line_with_the_wilson_interval_then_the_first_rows():
     import pandas as pd
 
-    from machine_nb import stats
+    from machine_nb.evaluation import stats
 
     rows = pd.DataFrame({"row": range(12), "prompt": [f"q{i}" for i in range(12)],
                          "output": ["<b>bold</b>"] + ["x"] * 11, "correct": [True] * 10 + [False] * 2})

@@ -279,7 +279,9 @@ def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path)
     assert [w.category for w in said] == [DeprecationWarning, DeprecationWarning]
     assert "to_dict" in str(said[0].message) and "TrainResult" in str(said[1].message)
     # the estimates are one function now: the old names still answer, with a warning
-    from machine_nb import loop, preference, train
+    from machine_nb.training import loop
+    from machine_nb.training import preference
+    from machine_nb.training import train
 
     with pytest.warns(DeprecationWarning, match=r"estimate_run\('sft'"):
         old = train.run_estimate

@@ -404,7 +404,7 @@ def test_pairs_from_results_read_an_eval_result_like_its_rows():
 def test_pairs_from_a_results_file_keep_its_exact_prompts_through_the_one_results_reader(tmp_path, monkeypatch):
     """A results file's rows carry the exact prompt messages (evaluate_cases writes the machine's
     instructions and the case); the pair's prompt is those messages, read by load_results."""
-    from machine_nb import results
+    from machine_nb.evaluation import results
 
     prompt = [SYSTEM, {"role": "user", "content": "What's 66 - 74?"}]
     rows = [{"row": 0, "case": 0, "trial": 0, "input": "What's 66 - 74?", "prompt": "What's 66 - 74?",

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pytest
 
 import machine_nb as mnb
-from machine_nb import frames
+from machine_nb.data import frames
 from machine_nb.store import index as run_index
 from machine_nb.store.workspace import SkippedFiles
 

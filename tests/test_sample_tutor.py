@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import machine_nb as mnb
-from machine_nb import sample
+from machine_nb.tools import sample_workspace as sample
 from machine_nb.evaluation.cases import read_versions
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"

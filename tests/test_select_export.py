@@ -95,7 +95,9 @@ def test_training_lines_resolve_the_machine_themselves_not_through_attrs(sample_
     assert "machine" not in sel.attrs
     tools = mnb.load_machine(SAMPLE, "coder")["tools"]
     lines = mnb.training_lines(sel)
-    assert lines and all(line["tools"] == mnb.export.tool_specs(tools) for line in lines)
+    from machine_nb.data.export import tool_specs
+
+    assert lines and all(line["tools"] == tool_specs(tools) for line in lines)
     assert lines == mnb.training_lines(sel, "coder", workspace=SAMPLE)
     assert lines == mnb.training_lines(pd.concat([sel.head(1), sel.iloc[1:]], ignore_index=True))
     # the definition a frame carried in attrs is still read, with a warning naming the arguments

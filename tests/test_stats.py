@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from machine_nb import stats
+from machine_nb.evaluation import stats
 
 Z = 1.959963984540054  # the 97.5% normal quantile
 

@@ -123,7 +123,7 @@ def test_unreachable_hub_is_not_waited_on(monkeypatch):
     import socket
     import threading
 
-    from machine_nb import render
+    from machine_nb.checks import render
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)

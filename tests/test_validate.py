@@ -140,7 +140,8 @@ def test_secrets_are_found_and_redacted(tmp_path, monkeypatch):
     # one rule for secrets: validate shows them as redact.mask does, and the report redacts what redact does
     import importlib
 
-    from machine_nb import redact, report
+    from machine_nb.core import redact
+    from machine_nb.reports import notebook as report
 
     validate_module = importlib.import_module("machine_nb.checks.validate")
 

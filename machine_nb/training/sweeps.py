@@ -328,7 +328,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     data_path, data_sha = _sha(data)
     eval_path, eval_sha = _sha(eval_data)
     path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
-    manifest = {"generator": "machine_nb.training.sweeps.sweep", "grid": plain_grid(grid),
+    manifest = {"generator": "machine_nb.sweeps.sweep", "grid": plain_grid(grid),
                 "seeds": seeds, "model": model, "engine": engine, "settings": settings, "eval_every": eval_every,
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
