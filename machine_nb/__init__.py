@@ -6,10 +6,9 @@ public API; each name lives in the module a reader would look for (`select_runs`
 `select.py`, `LossPlot` in `widgets/loss_plot.py`, what a training log dir reads back as in
 `runlog.py`).
 
-Kept out on purpose: `DPOResult`, the old name of TrainResult for DPO runs (one result class
-serves sft and dpo now; `machine_nb.preference.DPOResult` still answers for a release, with a
-DeprecationWarning). `close_clients` is here because a notebook that uses a `machine-nb serve`
-server through engine="tinker" calls it before stopping that server.
+One result class, TrainResult, serves sft and dpo runs. `close_clients` is here because a
+notebook that uses a `machine-nb serve` server through engine="tinker" calls it before stopping
+that server.
 """
 
 from __future__ import annotations

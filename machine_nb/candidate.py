@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from .cases import (PREVIOUS_LIVE, VERSION_ID, is_checkpoint, live_index, load_cases, machine_path, previous_live_index,
                     read_versions)
 from .chat import content_text
-from .compat import renamed
 from .store.workspace import read_file
 
 if TYPE_CHECKING:
@@ -629,7 +628,6 @@ def _training_inputs(data: Any) -> list[str]:
     return out
 
 
-@renamed(show_progress="progress")
 def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, trials: int = 1,
               gate: Gate | None = None, engine: str | None = None, grader: Any = None, data: Any = None,
               max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0, max_usd: float | None = None,

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .compat import renamed
 from .errors import MachineFormatError
 
 if TYPE_CHECKING:
@@ -156,7 +155,7 @@ def warn_holdout_in_cases(cases_path: Path, cases: list[dict], holdout_path: Pat
     """
     import warnings
 
-    from .compat import user_stacklevel
+    from .errors import user_stacklevel
     from .export import case_key
 
     held = {}
@@ -331,7 +330,6 @@ def _grade(grader: Grader, case: dict, reply: str) -> bool:
     return bool(value)
 
 
-@renamed(show_progress="progress")
 def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None = None,
                    checkpoint: str | None = None, *, split: str = "holdout", cases: Any = None, trials: int = 1,
                    engine: str | None = None, grader: Grader | None = None, instructions: str | None = None,

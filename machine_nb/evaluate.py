@@ -20,7 +20,7 @@ from typing import Any
 
 from . import patterns
 from .chat import eval_rows, probe_rows, prompt_text
-from .compat import renamed, user_stacklevel
+from .errors import user_stacklevel
 from .pricing import estimate_eval_cost, sample_cost
 from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
                       utc_now)
@@ -31,7 +31,6 @@ from .scoring import format_matches, score_row
 
 # --------------------------------------------------------------------------- evaluate
 
-@renamed(eval_path="data", show_progress="progress")
 def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
@@ -161,7 +160,6 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
 # --------------------------------------------------------------------------- bleed probe
 
-@renamed(prompts="data", show_progress="progress")
 def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: str | None = None,
           engine: str | None = None, *, format: str | None = None, max_tokens: int = 32, temperature: float = 0.0,
           seed: int | None = 0, concurrency: int | None = None, renderer: Any = None,

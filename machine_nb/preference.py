@@ -137,20 +137,6 @@ def read_dpo_log(log_dir: str | os.PathLike) -> TrainResult:
     return read_training_log(log_dir)
 
 
-def __getattr__(name: str) -> Any:
-    from .compat import deprecated_alias
-
-    if name == "DPOResult":  # one result class for sft and dpo runs now
-        deprecated_alias("machine_nb.preference.DPOResult", "machine_nb.TrainResult (kind='dpo')")
-        return TrainResult
-    if name == "dpo_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
-        import functools
-
-        deprecated_alias("machine_nb.preference.dpo_estimate(…)", "machine_nb.loop.estimate_run('dpo', …)")
-        return functools.partial(loop.estimate_run, "dpo")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class DPOSettings(loop.RunSettings):
     """A dpo run's settings, every default resolved (see loop.RunSettings for the shared ones).

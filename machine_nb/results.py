@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .compat import user_stacklevel
-from .errors import MachineFormatError
+from .errors import MachineFormatError, user_stacklevel
 
 if TYPE_CHECKING:
     import pandas as pd

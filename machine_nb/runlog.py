@@ -23,8 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
-from .compat import user_stacklevel
-from .errors import MachineFormatError
+from .errors import MachineFormatError, user_stacklevel
 from .jsonl import iter_jsonl, parse_json
 
 if TYPE_CHECKING:
@@ -135,17 +134,6 @@ class TrainResult:
             Every field by name (JSON-serialisable).
         """
         return asdict(self)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The old name of `to_dict` (a DeprecationWarning says so).
-
-        Returns:
-            `to_dict()`.
-        """
-        from .compat import deprecated_alias
-
-        deprecated_alias("TrainResult.as_dict()", "TrainResult.to_dict()")
-        return self.to_dict()
 
     def _repr_html_(self) -> str:
         from .theme import escape, no_math

@@ -268,17 +268,6 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
     return sft(data, model, engine, max_steps=steps, batch_size=batch_size, **kwargs)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "run_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
-        import functools
-
-        from .compat import deprecated_alias
-
-        deprecated_alias("machine_nb.train.run_estimate(…)", "machine_nb.loop.estimate_run('sft', …)")
-        return functools.partial(loop.estimate_run, "sft")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ---------------------------------------------------------------------------------------------
 # the half that runs in the child process (runner.py)
 

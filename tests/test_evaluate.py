@@ -385,23 +385,6 @@ def test_the_notebook_view_is_a_line_with_the_wilson_interval_then_the_first_row
     assert res.accuracy_interval() == (low, high)
 
 
-@pytest.mark.parametrize("call,old,new", [
-    ("evaluate", "eval_path", "data"), ("evaluate", "show_progress", "progress"),
-    ("probe", "prompts", "data"), ("probe", "show_progress", "progress"),
-])
-def test_old_keyword_names_still_work_with_a_warning(tmp_path, call, old, new):
-    data = write_rows(tmp_path / "rows.jsonl", eval_rows(2))
-    clients = ({"sampling_client": StandInSampler(house_style), "save": False} if call == "evaluate" else
-               {"checkpoint": "tinker://x/y/final", "format": "answer: .*",
-                "baseline_client": StandInSampler(arithmetic), "checkpoint_client": StandInSampler(house_style)})
-    fn = {"evaluate": evaluate, "probe": probe}[call]
-    args = {"data": data, "progress": False}
-    args[old] = args.pop(new)
-    with pytest.warns(DeprecationWarning, match=rf"{call}\({old}=…\) is now {call}\({new}=…\)"):
-        res = fn(model=MODEL, engine="tinker", **clients, **args)
-    assert res.rows["prompt"].tolist() == ["What is 47 plus 15?", "What is 12 minus 30?"]
-
-
 def test_progress_shows_a_bar_unless_turned_off(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MACHINE_NB_PROGRESS", raising=False)
     evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=StandInSampler(house_style), save=False,

@@ -18,7 +18,7 @@ PACKAGE = "machine_nb"
 ROOT = Path(__file__).resolve().parent.parent
 
 # Layer of each top-level module or subpackage (higher = nearer the user); imports point down or
-# stay within a layer. `errors` is a leaf (it imports only `os`): every layer may raise its
+# stay within a layer. `errors` is a leaf (it imports only `os` and `sys`): every layer may raise its
 # exceptions, the engines included, so it sits with them at the bottom.
 LAYERS: dict[str, int] = {}
 for _names, _layer in [
@@ -27,7 +27,7 @@ for _names, _layer in [
     ("validate tokens pricing corpus render stats sampling results runlog", 3),  # checks and numbers
     ("select export frames inspect_logs", 2),  # Machine's data as frames and lines
     ("store progress patterns redact scoring chat theme stop", 1),  # files on disk, and pure helpers under everything
-    ("engines errors jsonl compat", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing, renamed keywords
+    ("engines errors jsonl", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing
 ]:
     for _name in _names.split():
         LAYERS[_name] = _layer
