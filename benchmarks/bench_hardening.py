@@ -49,7 +49,7 @@ def main() -> None:
 
     from machine_nb.corpus import MAX_ROWS, corpus_rows
     from machine_nb.errors import MachineFormatError
-    from machine_nb.evaluate import score_output
+    from machine_nb.scoring import score_output
     from machine_nb.jsonl import MAX_DEPTH, iter_jsonl
     from machine_nb.patterns import REGEX_TIMEOUT_S, RegexTimeout
     from machine_nb.report import scrub

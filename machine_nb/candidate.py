@@ -1,7 +1,7 @@
 """The promotion gate: a trained checkpoint is a *candidate*, measured against the machine's live
 version on its held-out cases; `Candidate.commit()` makes it live only if it passed the gate
 (unless forced), and `revert()` restores the previous version. Measuring is
-`cases.evaluate_cases`, the paired numbers `evaluate.compare`'s; this module decides, and writes
+`cases.evaluate_cases`, the paired numbers `compare.compare`'s; this module decides, and writes
 the machine's `versions.json` (and the `model` of its `model.json`).
 
 Writes are whole-file replacements (temp + rename) under one lock per machine, after re-reading

@@ -4,13 +4,12 @@ Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train e
 Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
 whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
 numbers. Rows are checked in chat.py, replies scored in scoring.py, results (EvalResult, the
-results JSON) kept in results.py; the names that moved there stay importable from here.
+results JSON) kept in results.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import time
@@ -243,40 +242,3 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
     summary = {"name": "probe", "model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
                "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
     return EvalResult(df, summary, None)
-
-
-# --------------------------------------------------------------------------- moved names
-# Names that now live in their own modules stay importable from here (loaded on first use):
-# old name -> "module.name".
-_MOVED: dict[str, str] = {
-    # scoring.py
-    "MATCH_MODES": "scoring.MATCH_MODES", "DEFAULT_MATCH": "scoring.DEFAULT_MATCH", "normalize": "scoring.normalize",
-    "last_number": "scoring.last_number", "score_output": "scoring.score_output",
-    "_to_number": "scoring.to_number", "_score_row": "scoring.score_row",
-    # chat.py
-    "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
-    "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
-    # sampling.py
-    "_call_sampler": "sampling.call_sampler", "_render_prompts": "sampling.render_prompts",
-    "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
-    "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
-    "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
-    # pricing.py
-    "_eval_cost": "pricing.sample_cost",
-    # results.py
-    "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
-    # compare.py and stats.py
-    "compare": "compare.compare", "compare_many": "compare.compare_many", "CompareResult": "compare.CompareResult",
-    "CompareManyResult": "compare.CompareManyResult", "mcnemar_exact": "stats.mcnemar_exact",
-    "min_discordant_for": "stats.min_discordant_for", "paired_bootstrap_ci": "stats.paired_bootstrap_ci",
-}
-
-
-def __getattr__(name: str) -> Any:
-    moved = _MOVED.get(name)
-    if moved is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attr = moved.rpartition(".")
-    value = getattr(importlib.import_module(f".{module}", __package__), attr)
-    globals()[name] = value  # later lookups skip this function
-    return value

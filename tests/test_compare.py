@@ -20,8 +20,7 @@ import pytest
 
 from machine_nb import stats
 from machine_nb.compare import CompareManyResult, CompareResult, compare, compare_many
-from machine_nb.evaluate import load_results
-from machine_nb.results import EvalResult
+from machine_nb.results import EvalResult, load_results
 
 Z2 = 1.959963984540054 ** 2
 
@@ -44,16 +43,13 @@ def write_results(path, df, **summary):
     return path
 
 
-# --------------------------------------------------------------------------- the old home still works
+# --------------------------------------------------------------------------- the public names
 
-def test_evaluate_still_exports_the_moved_names():
+def test_the_comparison_names_come_from_compare_and_stats():
     import machine_nb
-    from machine_nb.evaluate import CompareResult as OldResult, compare as old_compare
-    from machine_nb.evaluate import mcnemar_exact, min_discordant_for, paired_bootstrap_ci
 
-    assert old_compare is compare and OldResult is CompareResult
-    assert mcnemar_exact is stats.mcnemar_exact and paired_bootstrap_ci is stats.paired_bootstrap_ci
-    assert min_discordant_for(0.05) == 6 and min_discordant_for(0.01) == 8  # 2/2^6 = 0.031, 2/2^8 = 0.0078
+    assert stats.min_discordant_for(0.05) == 6 and stats.min_discordant_for(0.01) == 8  # 2/2^6 = 0.031, 2/2^8 = 0.0078
+    assert machine_nb.compare is compare and machine_nb.CompareResult is CompareResult
     assert machine_nb.compare_many is compare_many and machine_nb.CompareManyResult is CompareManyResult
 
 

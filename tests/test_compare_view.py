@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from machine_nb.evaluate import compare
+from machine_nb.compare import compare
 from machine_nb.widgets.compare_view import CompareView, side_by_side
 
 

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from machine_nb.errors import EngineError, MachineFormatError
-from machine_nb.evaluate import (RESULT_COLUMNS, compare, evaluate, last_number, load_eval_rows, load_results,
-                                 normalize, probe, results_name, score_output)
-from machine_nb.results import PROBE_COLUMNS, EvalResult, as_eval_result
+from machine_nb.chat import load_eval_rows
+from machine_nb.compare import compare
+from machine_nb.evaluate import evaluate, probe
+from machine_nb.results import PROBE_COLUMNS, RESULT_COLUMNS, EvalResult, as_eval_result, load_results, results_name
+from machine_nb.scoring import last_number, normalize, score_output
 
 MODEL = "thinkingmachines/Inkling-Small"  # renders offline through tml_renderers
 
@@ -139,34 +141,12 @@ def test_match_rules_have_one_home():
 
     from machine_nb import scoring
 
-    ev, va = importlib.import_module("machine_nb.evaluate"), importlib.import_module("machine_nb.validate")
+    va = importlib.import_module("machine_nb.validate")
 
-    assert va.MATCH_MODES is scoring.MATCH_MODES is ev.MATCH_MODES
-    assert ev.score_output is scoring.score_output and ev.normalize is scoring.normalize
+    assert va.MATCH_MODES is scoring.MATCH_MODES
     assert scoring.to_number("1,234.50") == scoring.last_number("about 1,234.5 apples") == 1234.5
     assert scoring.score_row("answer: 62.", {"expected": "Answer: 62", "match": "exact", "format": r"answer: \d+\."}) \
         == (True, True, None)
-
-
-def test_moved_names_stay_importable_from_evaluate():
-    """Older imports (`from machine_nb.evaluate import compare, load_results, …`) keep working,
-    and loading evaluate loads neither compare nor pandas until one of them is asked for."""
-    import importlib
-    import subprocess
-    import sys
-
-    ev = importlib.import_module("machine_nb.evaluate")
-    for old, new in ev._MOVED.items():
-        module, _, attr = new.rpartition(".")
-        assert getattr(ev, old) is getattr(importlib.import_module(f"machine_nb.{module}"), attr), old
-    with pytest.raises(AttributeError, match="no_such_name"):
-        ev.no_such_name  # noqa: B018
-    code = ("import sys, machine_nb.evaluate as ev\n"
-            "print('machine_nb.compare' in sys.modules, 'pandas' in sys.modules)\n"
-            "from machine_nb.evaluate import compare\n"
-            "print('machine_nb.compare' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False", "True"]
 
 
 def test_run_coroutine_inside_a_running_loop_and_with_a_failed_watchdog():

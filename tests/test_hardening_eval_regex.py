@@ -12,8 +12,9 @@ import textwrap
 
 import pytest
 
+from machine_nb.chat import check_row
 from machine_nb.errors import MachineFormatError
-from machine_nb.evaluate import check_row, format_matches, score_output
+from machine_nb.scoring import format_matches, score_output
 
 EVIL = "(a|aa)+$"  # exponential for a backtracking engine on "aaaa…a!"
 REPLY = "a" * 200 + "!"
@@ -55,7 +56,7 @@ def _bounded(body: str) -> dict:
 
 def test_score_output_and_format_matches_raise_a_regex_timeout():
     out = _bounded(f"""
-        from machine_nb.evaluate import score_output, format_matches
+        from machine_nb.scoring import score_output, format_matches
         from machine_nb.patterns import RegexTimeout
         seen = {{}}
         for name, call in (("score", lambda: score_output({REPLY!r}, {EVIL!r}, "regex")),

@@ -14,8 +14,8 @@ import pytest
 from machine_nb.compare import compare
 from machine_nb.corpus import make_corpus
 from machine_nb.errors import BudgetExceeded, MachineFormatError
-from machine_nb.evaluate import RESULT_COLUMNS, evaluate
-from machine_nb.results import EvalResult
+from machine_nb.evaluate import evaluate
+from machine_nb.results import RESULT_COLUMNS, EvalResult
 from machine_nb.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
                               sft, training_metrics)
 
