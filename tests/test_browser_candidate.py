@@ -24,14 +24,13 @@ import pandas as pd
 import machine_nb as mnb
 from machine_nb.candidate import Candidate, Gate, build_report
 from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.results import EvalResult
 cases = mnb.load_cases("ws", "tutor", "holdout").head(8)
 def results(name, outputs):
     rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": e, "match": "exact", "output": o,
              "correct": o == e, "format_ok": None, "prompt_tokens": 27, "output_tokens": 8, "latency_s": 0.0,
              "stop_reason": "stop", "error": None} for i, (q, e, o) in enumerate(zip(cases["input"], cases["expected"], outputs))]
-    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
-    df.attrs["summary"] = {"name": name}
-    return df
+    return EvalResult(pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS), {"name": name})
 def checkpoint(n):  # a local checkpoint's folder, as commit checks it
     import json, pathlib
     d = pathlib.Path("ws", "ckpt", "sampler_weights", str(n)).absolute()

