@@ -279,7 +279,7 @@ def is_checkpoint(model: str) -> bool:
         model: a version's `model`.
 
     Returns:
-        True for a path (`tinker://…`, or a `local://…` one written before the local server).
+        True for a checkpoint path (`tinker://…`).
     """
     return "://" in str(model)
 

@@ -104,9 +104,9 @@ def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
             raise ValueError(
                 f"load_checkpoint={load_checkpoint!r} is sampler weights; DPO starts from training state "
                 "(…/weights/<name>): pass the sft TrainResult, its log dir, or result.state_path")
-        from .engines import checkpoint_base_model, engine_for
+        from .engines import check_checkpoint, checkpoint_base_model, engine_for
 
-        engine = engine_for(load_checkpoint)
+        engine = engine_for(check_checkpoint(load_checkpoint))
         return load_checkpoint, checkpoint_base_model(load_checkpoint) if engine == "local" else None, engine
     else:
         raise ValueError(f"load_checkpoint must be a TrainResult, a training log dir or a tinker:// state path, "
@@ -222,10 +222,7 @@ class DPOSettings(loop.RunSettings):
         Returns:
             A JSON-shaped dict.
         """
-        from .engines import to_sdk_path
-
-        return {**super().spec(), "beta": self.beta,
-                "load_checkpoint": None if self.load_checkpoint is None else to_sdk_path(self.load_checkpoint)}
+        return {**super().spec(), "beta": self.beta, "load_checkpoint": self.load_checkpoint}
 
     def resume_update(self, resumed: loop.Resumed, per_epoch: int, steps: int) -> dict[str, Any] | None:
         """Where the resumed run continues, when that is part way: the cookbook takes its reference

@@ -41,7 +41,7 @@ def resolve_model(model: str | None, checkpoint: str | None, engine: str | None)
     Args:
         model: the base model, or None: a local checkpoint's recorded base model, else the
             local engine's default model.
-        checkpoint: a sampler path (`tinker://…`, `local://…`) or None for the base model.
+        checkpoint: a sampler path (`tinker://<run>/sampler_weights/<name>`) or None for the base model.
         engine: "local" | "tinker", or None: the engine that serves the checkpoint or model
             (engines.engine_for). Needed only to point a local model's checkpoint at a
             Tinker-compatible server (`engine="tinker"` with TINKER_BASE_URL).
@@ -50,10 +50,13 @@ def resolve_model(model: str | None, checkpoint: str | None, engine: str | None)
         (model, engine).
 
     Raises:
-        EngineError: a Tinker checkpoint without model=, or an engine asked for the other's model.
+        EngineError: not a checkpoint path, a Tinker checkpoint without model=, or an engine asked
+            for the other's model.
     """
     from . import engines
 
+    if checkpoint:
+        engines.check_checkpoint(str(checkpoint))
     if model is None:
         if checkpoint and engines.engine_for(str(checkpoint)) == "local":
             model = engines.checkpoint_base_model(str(checkpoint))  # a local checkpoint records it
@@ -92,7 +95,7 @@ def open_sampler(model: str, checkpoint: str | None, engine: str, service_client
     def create() -> Any:
         try:
             if checkpoint:
-                future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
+                future = service_client.create_sampling_client(model_path=str(checkpoint))
             else:
                 future = service_client.create_sampling_client(base_model=model)
             return future.result() if hasattr(future, "result") else future

@@ -31,12 +31,14 @@ def results(name, outputs):
              "correct": o == e, "format_ok": None, "prompt_tokens": 27, "output_tokens": 8, "latency_s": 0.0,
              "stop_reason": "stop", "error": None} for i, (q, e, o) in enumerate(zip(cases["input"], cases["expected"], outputs))]
     return EvalResult(pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS), {"name": name})
-def checkpoint(n):  # a local checkpoint's folder, as commit checks it
-    import json, pathlib
-    d = pathlib.Path("ws", "ckpt", "sampler_weights", str(n)).absolute()
+def checkpoint(n):  # a local checkpoint's description in the server's data dir, as commit checks it
+    import json
+    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+    path = f"tinker://local-{n:016x}:train:0/sampler_weights/final"
+    d = checkpoint_dir(default_data_dir(), path)
     d.mkdir(parents=True, exist_ok=True)
     (d / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
-    return f"local://{d}"
+    return path
 def make(learned):
     live = results("live v1", ["It is so."] * len(cases))
     cand = results("candidate", [e if i < learned else "It is so." for i, e in enumerate(cases["expected"])])

@@ -272,7 +272,7 @@ def test_evaluate_baseline_style_scores_zero_but_number_mode_sees_arithmetic(tmp
 def test_checkpoint_results_are_named_by_last_path_segment(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert results_name("tinker://abc-123/sampler_weights/final") == "final"
-    assert results_name("local://runs/x/000020") == "000020"
+    assert results_name("tinker://local-0123abcd:train:0/sampler_weights/000020") == "000020"
     assert results_name(None) == "baseline"
     res = evaluate(eval_rows(2), model=MODEL, checkpoint="tinker://abc/sampler_weights/final", engine="tinker",
                    sampling_client=StandInSampler(house_style))
@@ -572,37 +572,25 @@ def _saved_checkpoint() -> str:
     return trainer.save_weights_for_sampler("final").result().path
 
 
-def test_checkpoints_written_before_the_server_still_load(tmp_path):
-    """A `local://<log dir>/sampler_weights/<name>` checkpoint of the in-process engine's layout
-    evaluates as it did (same files, same replies)."""
-    import shutil
+@pytest.mark.parametrize("model", [None, "local/arith-tiny"])
+def test_a_folder_is_not_a_checkpoint_path(tmp_path, model):
+    """A checkpoint is named by its path (`tinker://<run>/sampler_weights/<name>`), never by a
+    folder: `local://<dir>` is refused before anything is sampled, saying what a path looks like."""
+    with pytest.raises(EngineError, match=r"is not a checkpoint path tinker://<run>/weights\|sampler_weights/<name>"):
+        evaluate(eval_rows(1), model=model, checkpoint=f"local://{tmp_path}/run/sampler_weights/final", save=False)
 
+
+@pytest.mark.parametrize("damage", ["truncated", "random"])
+def test_a_corrupt_local_checkpoint_names_its_file(damage):
     from machine_nb.engines.local import checkpoints as ck
     from machine_nb.engines.local.server import ensure_server
 
     path = _saved_checkpoint()
-    old = tmp_path / "run" / "sampler_weights" / "final"
-    shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, path), old)
-    rows = eval_rows(2)
-    new_out = evaluate(rows, checkpoint=path, save=False).rows["output"].tolist()
-    old_out = evaluate(rows, checkpoint=f"local://{old}", save=False)
-    assert old_out.rows["output"].tolist() == new_out and old_out.summary["engine"] == "local"
-
-
-@pytest.mark.parametrize("damage", ["truncated", "random"])
-def test_a_corrupt_local_checkpoint_names_its_file(tmp_path, damage):
-    import shutil
-
-    from machine_nb.engines.local import checkpoints as ck
-    from machine_nb.engines.local.server import ensure_server
-
-    folder = tmp_path / "run" / "sampler_weights" / "final"
-    shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, _saved_checkpoint()), folder)
-    weights = folder / "adapter.safetensors"
+    weights = ck.checkpoint_dir(ensure_server().data_dir, path) / "adapter.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 3] if damage == "truncated" else os.urandom(len(data)))
     with pytest.raises(MachineFormatError) as info:
-        evaluate(eval_rows(1), checkpoint=f"local://{folder}", save=False)
+        evaluate(eval_rows(1), checkpoint=path, save=False)
     assert info.value.path == str(weights) and "safetensors" in str(info.value)
 
 

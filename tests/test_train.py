@@ -13,7 +13,7 @@ import tinker
 
 from machine_nb.corpus import make_corpus
 from machine_nb.engines.local import DEFAULT_MODEL
-from machine_nb.engines import service_client, to_sdk_path
+from machine_nb.engines import service_client
 from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.render import get_renderer
 from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
@@ -31,7 +31,7 @@ def corpus(tmp_path_factory):
 def answers(checkpoint: str, rows: list[dict], log_dir=None) -> list[str]:
     """Greedy replies of a checkpoint, sampled through the real tinker SDK from the local server."""
     renderer = get_renderer(DEFAULT_MODEL)
-    sampler = service_client("local").create_sampling_client(model_path=to_sdk_path(checkpoint)).result()
+    sampler = service_client("local").create_sampling_client(model_path=checkpoint).result()
     params = tinker.SamplingParams(max_tokens=16, temperature=0.0, stop=renderer.get_stop_sequences())
     out = []
     for row in rows:
