@@ -671,7 +671,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     from . import engines
     from .cases import evaluate_cases
     from .export import case_key, held_out_keys
-    from .sampling import open_sampler
+    from .sampling import SamplerTarget, open_sampler
 
     workspace = os.fspath(workspace)
     gate = gate or Gate()
@@ -692,7 +692,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          "sft returned (TrainResult.checkpoint)")
     engine = engine or engines.engine_for(checkpoint)
     service = engines.service_client(engine)
-    cand_client = open_sampler("", str(checkpoint), engine, service)  # a checkpoint: its base model is asked
+    cand_client = open_sampler(SamplerTarget("", str(checkpoint), engine), service)  # its base model is asked
     base = cand_client.get_base_model()
     live_ckpt = live["model"] if is_checkpoint(live["model"]) else None
     live_base = live.get("baseModel") or (None if live_ckpt else live["model"])
@@ -701,7 +701,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          f"{live_base}: a candidate must share the live version's base model (its renderer, "
                          "tokens and price), so train it from that one")
     engines.check_model(engine, live_ckpt or live_base)
-    live_client = open_sampler(live_base or "", live_ckpt, engine, service)
+    live_client = open_sampler(SamplerTarget(live_base or "", live_ckpt, engine), service)
     if live_base is None:
         live_base = live_client.get_base_model()
         if live_base != base:

@@ -420,9 +420,10 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
 
         engine = engine_for(str(checkpoint or model))
     if sampling_client is None:
-        from .sampling import open_sampler  # the SDK's client itself (not its future), errors explained
+        from .sampling import SamplerTarget, open_sampler  # the SDK's client itself (not its future), errors explained
 
-        sampling_client = open_sampler(model, str(checkpoint) if checkpoint else None, engine, service_client)
+        sampling_client = open_sampler(SamplerTarget(model, str(checkpoint) if checkpoint else None, engine),
+                                       service_client)
     if model is None:  # a checkpoint's base model: its renderer formats the prompts
         model = sampling_client.get_base_model()
     label = name or (results_name(checkpoint) if checkpoint else f"live {live['id']}" if live else "baseline")

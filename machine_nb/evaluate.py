@@ -23,8 +23,8 @@ from .errors import user_stacklevel
 from .pricing import estimate_eval_cost, sample_cost
 from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
                       utc_now)
-from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
-                       run_coroutine, sample_rows, sampling_params, watchdog)
+from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, run_coroutine, sample_rows,
+                       sampler_target, sampling_params, watchdog)
 from .scoring import format_matches, score_row
 
 
@@ -90,7 +90,8 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
     rows, data_path = eval_rows(data)
     data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
-    model, engine = resolve_model(model, checkpoint, engine)
+    target = sampler_target(model, checkpoint, engine)
+    model, engine = target.model, target.engine
     renderer_obj, renderer_label = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
@@ -98,7 +99,7 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
     prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
-    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
+    client = sampling_client if sampling_client is not None else open_sampler(target, service_client)
 
     started_at, t0 = utc_now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
@@ -206,15 +207,16 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
             patterns.compile_pattern(format)
         except (patterns.pattern_error(), TypeError) as exc:
             raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
-    model, engine = resolve_model(model, checkpoint, engine)
+    target = sampler_target(model, checkpoint, engine)
+    model, engine = target.model, target.engine
     renderer_obj, _ = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     source = os.fspath(data) if isinstance(data, (str, os.PathLike)) and Path(data).is_file() else None
     rendered = render_prompts(renderer_obj, rows, source)
-    base_client = baseline_client if baseline_client is not None else open_sampler(model, None, engine, service_client)
-    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(model, checkpoint, engine, service_client)
+    base_client = baseline_client if baseline_client is not None else open_sampler(target.base, service_client)
+    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(target, service_client)
 
     async def both(bar: Any) -> tuple[list[dict], list[dict]]:
         return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),

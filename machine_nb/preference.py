@@ -497,7 +497,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
 
     from .chat import prompt_text
     from .engines import checkpoint_base_model, default_model, engine_for
-    from .sampling import open_sampler
+    from .sampling import SamplerTarget, open_sampler
 
     records = _pair_records(pairs)
     if engine is None:
@@ -508,7 +508,8 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
         if checkpoint is not None:
             raise ValueError("model= is needed with a Tinker checkpoint (its renderer formats the pairs)")
         model = default_model(engine)
-    client = open_sampler(render.base_model(model), checkpoint, engine)  # engines keeps one service client
+    # engines keeps one service client
+    client = open_sampler(SamplerTarget(render.base_model(model), checkpoint, engine))
     renderer = render.get_renderer(model)
     futures = [(_reply_logprob(client, renderer, r["prompt"] + r["chosen"]),
                 _reply_logprob(client, renderer, r["prompt"] + r["rejected"])) for r in records]

@@ -376,8 +376,7 @@ def test_cli_cases_candidate_commit_revert(trained, ws, tmp_path, capsys):
 
 def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(trained, ws, monkeypatch):
     """candidate() opens both sampling clients with sampling.open_sampler (the SDK's client, never
-    a future of it), and its report is built the same from EvalResults as from frames with their
-    summary in attrs."""
+    a future of it), and its report is built the same from EvalResults as from bare frames."""
     import machine_nb.sampling as sampling
     from machine_nb.candidate import build_report, case_table
     from machine_nb.results import EvalResult
@@ -385,9 +384,9 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     opened = []
     real = sampling.open_sampler
 
-    def noting(model, checkpoint, engine, service_client=None):
-        client = real(model, checkpoint, engine, service_client)
-        opened.append((checkpoint, type(client).__name__))
+    def noting(target, service_client=None):
+        client = real(target, service_client)
+        opened.append((target.checkpoint, type(client).__name__))
         return client
 
     monkeypatch.setattr(sampling, "open_sampler", noting)

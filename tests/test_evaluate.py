@@ -572,6 +572,25 @@ def _saved_checkpoint() -> str:
     return trainer.save_weights_for_sampler("final").result().path
 
 
+def test_a_checkpoint_is_looked_up_once_and_its_target_passed_down(monkeypatch):
+    """evaluate() resolves a checkpoint once (sampling.sampler_target: its base model, its engine)
+    and opens the sampler on that one value."""
+    import importlib
+
+    from machine_nb import engines
+    from machine_nb.sampling import SamplerTarget
+
+    path = _saved_checkpoint()
+    ev = importlib.import_module("machine_nb.evaluate")
+    looked_up, opened = [], []
+    lookup, open_sampler = engines.checkpoint_base_model, ev.open_sampler
+    monkeypatch.setattr(engines, "checkpoint_base_model", lambda p: looked_up.append(p) or lookup(p))
+    monkeypatch.setattr(ev, "open_sampler", lambda target, *a: opened.append(target) or open_sampler(target, *a))
+    res = evaluate(eval_rows(1), checkpoint=path, save=False, progress=False)
+    assert looked_up == [path] and opened == [SamplerTarget("local/arith-tiny", path, "local")]
+    assert (res.summary["model"], res.summary["engine"]) == ("local/arith-tiny", "local")
+
+
 @pytest.mark.parametrize("model", [None, "local/arith-tiny"])
 def test_a_folder_is_not_a_checkpoint_path(tmp_path, model):
     """A checkpoint is named by its path (`tinker://<run>/sampler_weights/<name>`), never by a
