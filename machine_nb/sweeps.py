@@ -455,7 +455,7 @@ def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str
                    settings: Mapping[str, Any]) -> tuple[float, list[str]]:
     from .chat import eval_rows
     from .loop import estimate_run, eval_count, refuse_unpriced
-    from .train import prepare_data
+    from .chat import prepare_data
 
     refuse_unpriced(model, what="the sweep")
     rows, _ = prepare_data(data)

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from . import loop, render
+from .chat import prepare_data
 from .loop import LOCAL_LORA_RANK, TINKER_LORA_RANK, keep_runners, run_cookbook  # noqa: F401 (public here)
 from .runlog import (DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_DATA, HELDOUT_FILE, HELDOUT_FORMAT_RATE,  # noqa: F401
                      HELDOUT_PREFIX, LOSS_METRICS, MARKER, SFT_LOSS, TrainResult, heldout_curve, heldout_results,
-                     loss_metric, new_log_dir, prepare_data, read_log_lines, read_training_log, training_metrics)
+                     loss_metric, new_log_dir, read_log_lines, read_training_log, training_metrics)
 
 if TYPE_CHECKING:
     from .validate import ValidationResult
@@ -426,7 +427,7 @@ def child_run(spec: dict) -> None:
     run_loop(spec, config, main, last=False)
 
 
-__all__ = ["sft", "smoke", "prepare_data", "SFTSettings", "SFTData", "exact_resume_point",
+__all__ = ["sft", "smoke", "SFTSettings", "SFTData", "exact_resume_point",
            "child_run", "keep_runners", "run_cookbook", "TrainResult", "read_training_log", "training_metrics",
            "heldout_curve", "heldout_results", "loss_metric", "new_log_dir", "LOCAL_LORA_RANK", "TINKER_LORA_RANK",
            "LOCAL_LEARNING_RATE", "LOCAL_FULL_LEARNING_RATE", "TINKER_LEARNING_RATE", "SFT_LOSS", "DPO_LOSS",

@@ -86,7 +86,7 @@ def test_eval_cost_and_linking_to_a_picker(tmp_path):
 
 def test_trained_tokens_are_what_sft_trains():
     from machine_nb.tokens import count_tokens
-    from machine_nb.train import prepare_data
+    from machine_nb.chat import prepare_data
 
     two_steps = [{**line(i), "messages": line(i)["messages"] + [
         {"role": "user", "content": "and doubled?"}, {"role": "assistant", "content": f"answer: {4 * i}"}]}

@@ -11,12 +11,13 @@ import stat
 import pytest
 import tinker
 
+from machine_nb.chat import prepare_data
 from machine_nb.corpus import make_corpus
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines import service_client
 from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.render import get_renderer
-from machine_nb.train import prepare_data, read_training_log, sft, smoke, training_metrics
+from machine_nb.train import read_training_log, sft, smoke, training_metrics
 
 from interrupt import ctrl_c_at
 

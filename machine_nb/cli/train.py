@@ -90,7 +90,7 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
     if getattr(args, "eval_data", None):
         from ..chat import load_eval_rows
         from ..loop import estimate_run, eval_count
-        from ..train import prepare_data
+        from ..chat import prepare_data
 
         rows, _ = prepare_data(args.data)
         every = args.eval_every or max(1, len(rows) // batch_size)
@@ -120,7 +120,8 @@ def _run_sft(args: argparse.Namespace) -> int:
 
 
 def _run_smoke(args: argparse.Namespace) -> int:
-    from ..train import prepare_data, smoke
+    from ..chat import prepare_data
+    from ..train import smoke
 
     rows, _ = prepare_data(args.data)
     batch = max(1, min(8, len(rows)))

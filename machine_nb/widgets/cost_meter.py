@@ -321,7 +321,7 @@ class CostMeter(StaticFallback, widgets.VBox):
     def _count(self, model: str) -> Any:
         """Training token counts of the current data for `model` (runs in the worker when background)."""
         from ..tokens import count_tokens
-        from ..runlog import prepare_data
+        from ..chat import prepare_data
 
         with self._lock:
             data, prepared = self.data, self._prepared
