@@ -159,13 +159,13 @@ class DPOSettings(loop.RunSettings):
     load_checkpoint: str | None = None
 
     @classmethod
-    def resolve(cls, resumed: loop.Resumed | None, given: Any) -> "DPOSettings":
+    def resolve(cls, resumed: loop.Resumed | None, /, **given: Any) -> "DPOSettings":
         """loop.RunSettings.resolve, after `load_checkpoint` (a TrainResult, log dir or state path)
         became the state path it names, and model and engine default to its own.
 
         Args:
             resumed: the run to continue, or None.
-            given: the call's arguments by name.
+            **given: the call's settings by field name.
 
         Returns:
             The settings.
@@ -175,14 +175,13 @@ class DPOSettings(loop.RunSettings):
         """
         from . import engines
 
-        given = dict(given)
         if resumed is None and given.get("load_checkpoint") is not None:
             path, start_model, start_engine = _state_path(given["load_checkpoint"])
             model = given.get("model")
             if model is not None and start_model is not None and render.base_model(model) != render.base_model(start_model):
                 raise ValueError(f"load_checkpoint was trained from {start_model!r}, not model={model!r}")
             given.update(load_checkpoint=path, model=model or start_model, engine=given.get("engine") or start_engine)
-        settings = super().resolve(resumed, given)
+        settings = super().resolve(resumed, **given)
         if settings.load_checkpoint is not None:
             engines.check_model(settings.engine, settings.load_checkpoint)
         return settings
@@ -390,7 +389,11 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         stops the run and re-raises KeyboardInterrupt; `dpo(pairs, resume=log_dir)` finishes it.
     """
     resumed = loop.resume_record(resume, "dpo")
-    settings = DPOSettings.resolve(resumed, locals())  # this call's arguments, by name
+    settings = DPOSettings.resolve(
+        resumed, model=model, engine=engine, beta=beta, learning_rate=learning_rate, epochs=epochs,
+        batch_size=batch_size, max_steps=max_steps, lora_rank=lora_rank, load_checkpoint=load_checkpoint, seed=seed,
+        max_length=max_length, lr_schedule=lr_schedule, save_every=save_every, max_usd=max_usd, base_url=base_url,
+        eval_every=eval_every, eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     records = DPOData(_pair_records(loop.data_source(resumed, DPOData.file, pairs)))
     return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics)

@@ -216,7 +216,11 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         cannot serve the model, or the run failed. FileExistsError: a log dir in use.
     """
     resumed = loop.resume_record(resume, "sft")
-    settings = SFTSettings.resolve(resumed, locals())  # this call's arguments, by name
+    settings = SFTSettings.resolve(
+        resumed, model=model, engine=engine, epochs=epochs, max_steps=max_steps, learning_rate=learning_rate,
+        batch_size=batch_size, lora_rank=lora_rank, seed=seed, max_length=max_length, lr_schedule=lr_schedule,
+        save_every=save_every, max_usd=max_usd, base_url=base_url, eval_every=eval_every,
+        eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     inspect = _inspect_spec(inspect_tasks, settings)
     rows = SFTData(*prepare_data(loop.data_source(resumed, SFTData.file, data)))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
