@@ -85,6 +85,6 @@ def test_commit_button_obeys_the_gate_in_jupyterlab(tmp_path):
                 os.makedirs(out, exist_ok=True)
                 shutil.copy(shot, os.path.join(out, shot.name))
     written = json.loads(versions.read_text())
-    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"].endswith("/ws/ckpt/sampler_weights/8")
+    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"] == "tinker://local-0000000000000008:train:0/sampler_weights/final"
     assert [v["id"] for v in written if v.get("live")] == ["v2"]
     assert shot.stat().st_size > 10_000
