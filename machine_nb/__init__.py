@@ -12,10 +12,9 @@ DataFrames, selection, export), `checks` (validation, tokens, prices), `training
 `core` holds the small pieces all of them use, `tools` what is no part of the API (the sample
 workspace's generator).
 
-Kept out on purpose: `DPOResult`, the old name of TrainResult for DPO runs (one result class
-serves sft and dpo now; `machine_nb.training.preference.DPOResult` still answers for a release, with a
-DeprecationWarning). `close_clients` is here because a notebook that uses a `machine-nb serve`
-server through engine="tinker" calls it before stopping that server.
+One result class, TrainResult, serves sft and dpo runs. `close_clients` is here because a
+notebook that uses a `machine-nb serve` server through engine="tinker" calls it before stopping
+that server.
 """
 
 from __future__ import annotations

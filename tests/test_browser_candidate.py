@@ -24,20 +24,21 @@ import pandas as pd
 import machine_nb as mnb
 from machine_nb.evaluation.candidate import Candidate, Gate, build_report
 from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.evaluation.results import EvalResult
 cases = mnb.load_cases("ws", "tutor", "holdout").head(8)
 def results(name, outputs):
     rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": e, "match": "exact", "output": o,
              "correct": o == e, "format_ok": None, "prompt_tokens": 27, "output_tokens": 8, "latency_s": 0.0,
              "stop_reason": "stop", "error": None} for i, (q, e, o) in enumerate(zip(cases["input"], cases["expected"], outputs))]
-    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
-    df.attrs["summary"] = {"name": name}
-    return df
-def checkpoint(n):  # a local checkpoint's folder, as commit checks it
-    import json, pathlib
-    d = pathlib.Path("ws", "ckpt", "sampler_weights", str(n)).absolute()
+    return EvalResult(pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS), {"name": name})
+def checkpoint(n):  # a local checkpoint's description in the server's data dir, as commit checks it
+    import json
+    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+    path = f"tinker://local-{n:016x}:train:0/sampler_weights/final"
+    d = checkpoint_dir(default_data_dir(), path)
     d.mkdir(parents=True, exist_ok=True)
     (d / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
-    return f"local://{d}"
+    return path
 def make(learned):
     live = results("live v1", ["It is so."] * len(cases))
     cand = results("candidate", [e if i < learned else "It is so." for i, e in enumerate(cases["expected"])])
@@ -84,6 +85,6 @@ def test_commit_button_obeys_the_gate_in_jupyterlab(tmp_path):
                 os.makedirs(out, exist_ok=True)
                 shutil.copy(shot, os.path.join(out, shot.name))
     written = json.loads(versions.read_text())
-    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"].endswith("/ws/ckpt/sampler_weights/8")
+    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"] == "tinker://local-0000000000000008:train:0/sampler_weights/final"
     assert [v["id"] for v in written if v.get("live")] == ["v2"]
     assert shot.stat().st_size > 10_000

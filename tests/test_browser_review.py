@@ -47,18 +47,18 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 CANDIDATE = '''\
 from machine_nb.evaluation.candidate import Candidate, Gate, build_report
 from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.evaluation.results import EvalResult
 cases = mnb.load_cases("ws", "tutor", "holdout").head(8)
 def results(name, outputs):
     rows = [{"row": i, "case": i, "trial": 0, "input": q, "prompt": q, "expected": e, "match": "exact", "output": o,
              "correct": o == e, "format_ok": None, "prompt_tokens": 27, "output_tokens": 8, "latency_s": 0.0,
              "stop_reason": "stop", "error": None} for i, (q, e, o) in enumerate(zip(cases["input"], cases["expected"], outputs))]
-    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
-    df.attrs["summary"] = {"name": name}
-    return df
+    return EvalResult(pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS), {"name": name})
 report = build_report("tutor", results("live v1", ["It is so."] * 8), results("candidate", list(cases["expected"])))
 passed, reason = Gate().decide(report)
-cand = Candidate(workspace="ws", machine="tutor", checkpoint="local:///ckpt/8", base_model="local/arith-tiny",
-                 engine="local", live_version=read_versions("ws", "tutor")[0], report=report, passed=passed, reason=reason)
+cand = Candidate(workspace="ws", machine="tutor", checkpoint="tinker://local-0000000000000008:train:0/sampler_weights/8",
+                 base_model="local/arith-tiny", engine="local", live_version=read_versions("ws", "tutor")[0],
+                 report=report, passed=passed, reason=reason)
 mnb.CandidateView(cand)'''
 CELLS = [
     SETUP,

@@ -153,7 +153,7 @@ def test_validate_trainers_and_evals_share_one_rule():
 def test_where_the_copies_disagreed_the_stricter_rule_holds():
     """A row validate rejects is refused by the trainer and the eval too (and the other way round)."""
     from machine_nb.core.chat import check_row, row_findings
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     # training: the assistant's reply must come last (the trainer used to take any assistant message)
     tool_last = {"messages": [user(), reply(), {"role": "tool", "content": "x"}]}
@@ -216,7 +216,7 @@ def test_any_json_is_a_list_of_findings_or_a_checked_row(row, kind):
 # --------------------------------------------------------------------------- trainable flags
 
 def test_a_row_with_nothing_to_train_is_refused_on_its_line():
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     good = {"messages": [user(), reply()]}
     whole = {"whole_run": True, "messages": [user(), reply(), user("and?"), reply("done")]}  # no flag: none trained
@@ -238,7 +238,7 @@ FLAG_ROWS = [
 def test_sft_tokens_and_the_previewer_train_the_same_messages():
     from machine_nb.core.chat import trained_indices
     from machine_nb.checks.tokens import sft_view
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
     from machine_nb.widgets.previewer import trained_indices as previewed
 
     expected = [[1], [3], [1], [3], [1], [1]]

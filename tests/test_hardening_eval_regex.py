@@ -13,8 +13,9 @@ import textwrap
 
 import pytest
 
+from machine_nb.core.chat import check_row
 from machine_nb.errors import MachineFormatError
-from machine_nb.evaluation.evaluate import check_row, format_matches, score_output
+from machine_nb.evaluation.scoring import format_matches, score_output
 
 EVIL = "(a|aa)+$"  # exponential for a backtracking engine on "aaaa…a!"
 REPLY = "a" * 200 + "!"
@@ -44,7 +45,7 @@ PRELUDE = textwrap.dedent("""
 
 SCENARIOS = {
     "score_and_format": f"""
-        from machine_nb.evaluation.evaluate import score_output, format_matches
+        from machine_nb.evaluation.scoring import score_output, format_matches
         from machine_nb.core.patterns import RegexTimeout
         seen = {{}}
         for name, call in (("score", lambda: score_output({REPLY!r}, {EVIL!r}, "regex")),

@@ -59,4 +59,6 @@ def test_a_run_read_back_comes_from_runlog_and_the_kept_clients_can_be_closed():
     for name in ("TrainResult", "read_training_log", "training_metrics", "heldout_curve", "heldout_results"):
         assert machine_nb._API[name] == "training.runlog" and getattr(machine_nb, name) is getattr(runlog, name)
     assert machine_nb.close_clients is engines.close_clients
-    assert "DPOResult" not in machine_nb.__all__  # the old name answers from machine_nb.training.preference, with a warning
+    from machine_nb.training import preference
+
+    assert "DPOResult" not in machine_nb.__all__ and not hasattr(preference, "DPOResult")  # one result class
