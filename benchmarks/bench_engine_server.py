@@ -119,10 +119,11 @@ def inprocess_sft(train_path: Path, log_dir: Path, seed: int = 0):
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
     from tinker_cookbook.utils import ml_log
 
+    from machine_nb.core.chat import prepare_data
     from machine_nb.engines.local import ensure_registered
     from machine_nb.engines.local.service import ServiceClient
     from machine_nb.core.jsonl import write_jsonl
-    from machine_nb.training.train import prepare_data, read_training_log
+    from machine_nb.training.train import read_training_log
 
     class View(pytypes.ModuleType):
         def __init__(self, real, **replaced):

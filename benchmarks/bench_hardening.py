@@ -49,7 +49,7 @@ def main() -> None:
 
     from machine_nb.data.corpus import MAX_ROWS, corpus_rows
     from machine_nb.errors import MachineFormatError
-    from machine_nb.evaluation.evaluate import score_output
+    from machine_nb.evaluation.scoring import score_output
     from machine_nb.core.jsonl import MAX_DEPTH, iter_jsonl
     from machine_nb.core.patterns import REGEX_TIMEOUT_S, RegexTimeout
     from machine_nb.reports.notebook import scrub

@@ -3,20 +3,23 @@
 Every public name is importable from here and loads lazily: `import machine_nb` stays fast
 (no pandas, torch, tinker or tinker-cookbook until a call needs them). The map below is the
 public API; each name lives in the module a reader would look for (`select_runs` in
-`select.py`, `LossPlot` in `widgets/loss_plot.py`, what a training log dir reads back as in
-`runlog.py`).
+`data/select.py`, `LossPlot` in `widgets/loss_plot.py`, what a training log dir reads back as in
+`training/runlog.py`).
 
-Kept out on purpose: `DPOResult`, the old name of TrainResult for DPO runs (one result class
-serves sft and dpo now; `machine_nb.training.preference.DPOResult` still answers for a release, with a
-DeprecationWarning). `close_clients` is here because a notebook that uses a `machine-nb serve`
-server through engine="tinker" calls it before stopping that server.
+The subpackages follow the loop's stages: `store` (Machine's files on disk), `data` (runs as
+DataFrames, selection, export), `checks` (validation, tokens, prices), `training`, `evaluation`,
+`engines` (the local Tinker-compatible server and the Tinker glue), `widgets`, `reports`, `cli`;
+`core` holds the small pieces all of them use, `tools` what is no part of the API (the sample
+workspace's generator).
+
+One result class, TrainResult, serves sft and dpo runs. `close_clients` is here because a
+notebook that uses a `machine-nb serve` server through engine="tinker" calls it before stopping
+that server.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -161,21 +164,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
-
-
-class _Package(types.ModuleType):
-    """This package's module type: a public function keeps its name when its namesake submodule loads.
-
-    `evaluate`, `validate`, `compare` and `candidate` are functions defined in modules of the same
-    name. When Python first loads such a submodule it binds it to the package's attribute of that
-    name, which would leave `machine_nb.evaluation.evaluate` the module (not callable) for the rest of the
-    process. Here the function is bound instead; the module stays in `sys.modules`.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _API.get(name) == name and hasattr(value, name):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

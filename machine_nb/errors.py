@@ -1,8 +1,10 @@
-"""The errors machine_nb raises on purpose: each says what is wrong, where, and what to do."""
+"""The errors machine_nb raises on purpose: each says what is wrong, where, and what to do; and
+`user_stacklevel`, which points the package's warnings at the user's line."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 
 class MachineFormatError(ValueError):
@@ -44,3 +46,20 @@ class ValidationFailed(MachineFormatError):
                  line: int | None = None):
         super().__init__(path, message, line=line)
         self.result = result
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that points a warning at the first line outside machine_nb: the user's.
+
+    Counted from the function that calls `warnings.warn`, past every frame of this package in
+    between, so a warning names the notebook cell or script line that made the call however deep
+    inside the package it was raised. Code running in a thread of the package's own (no user
+    frame above it) gets the thread's entry point.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level

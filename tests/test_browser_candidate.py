@@ -21,12 +21,14 @@ pytestmark = pytest.mark.browser
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 
 SETUP = RESULTS + '''\
-def checkpoint(n):  # a local checkpoint's folder, as commit checks it
-    import json, pathlib
-    d = pathlib.Path("ws", "ckpt", "sampler_weights", str(n)).absolute()
+def checkpoint(n):  # a local checkpoint's description in the server's data dir, as commit checks it
+    import json
+    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+    path = f"tinker://local-{n:016x}:train:0/sampler_weights/final"
+    d = checkpoint_dir(default_data_dir(), path)
     d.mkdir(parents=True, exist_ok=True)
     (d / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
-    return f"local://{d}"
+    return path
 def make(learned):
     live = results("live v1", ["It is so."] * len(cases))
     cand = results("candidate", [e if i < learned else "It is so." for i, e in enumerate(cases["expected"])])
@@ -73,6 +75,6 @@ def test_commit_button_obeys_the_gate_in_jupyterlab(tmp_path):
                 os.makedirs(out, exist_ok=True)
                 shutil.copy(shot, os.path.join(out, shot.name))
     written = json.loads(versions.read_text())
-    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"].endswith("/ws/ckpt/sampler_weights/8")
+    assert [v["id"] for v in written] == ["v1", "v2"] and written[1]["model"] == "tinker://local-0000000000000008:train:0/sampler_weights/final"
     assert [v["id"] for v in written if v.get("live")] == ["v2"]
     assert shot.stat().st_size > 10_000

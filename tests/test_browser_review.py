@@ -48,8 +48,9 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 CANDIDATE = RESULTS + '''\
 report = build_report("tutor", results("live v1", ["It is so."] * 8), results("candidate", list(cases["expected"])))
 passed, reason = Gate().decide(report)
-cand = Candidate(workspace="ws", machine="tutor", checkpoint="local:///ckpt/8", base_model="local/arith-tiny",
-                 engine="local", live_version=read_versions("ws", "tutor")[0], report=report, passed=passed, reason=reason)
+cand = Candidate(workspace="ws", machine="tutor", checkpoint="tinker://local-0000000000000008:train:0/sampler_weights/8",
+                 base_model="local/arith-tiny", engine="local", live_version=read_versions("ws", "tutor")[0],
+                 report=report, passed=passed, reason=reason)
 mnb.CandidateView(cand)'''
 CELLS = [
     SETUP,

@@ -169,12 +169,25 @@ def test_missing_or_malformed_files_stop_before_any_sampling(trained, ws, damage
 
 
 def fake_checkpoint(root: Path, name: str) -> str:
-    """A local checkpoint's folder as commit checks it (its description; no weights are sampled here)."""
-    d = Path(root) / "ckpt" / "sampler_weights" / name
+    """A local checkpoint as commit checks it: its description in the server's data dir, under a run
+    named after `root` (no weights are sampled here)."""
+    import hashlib
+
+    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+
+    run = "local-" + hashlib.sha256(str(root).encode()).hexdigest()[:16] + ":train:0"
+    path = f"tinker://{run}/sampler_weights/{name}"
+    d = checkpoint_dir(default_data_dir(), path)
     d.mkdir(parents=True, exist_ok=True)
     (d / "checkpoint.json").write_text(json.dumps({"format": "machine-nb-local/1", "base_model": "local/arith-tiny",
                                                    "lora_rank": 0}))
-    return f"local://{d}"
+    return path
+
+
+def checkpoint_folder(path: str) -> Path:
+    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+
+    return checkpoint_dir(default_data_dir(), path)
 
 
 COMMITTER = textwrap.dedent("""
@@ -183,10 +196,13 @@ COMMITTER = textwrap.dedent("""
     from machine_nb.evaluation.candidate import Candidate, CommitConflict
     from machine_nb.evaluation.cases import live_version
     ws, name, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    ckpt = Path(ws) / "ckpt" / "sampler_weights" / name
-    ckpt.mkdir(parents=True)
-    (ckpt / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
-    cand = Candidate(workspace=ws, machine="tutor", checkpoint=f"local://{ckpt}", base_model="local/arith-tiny",
+    import hashlib
+    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+    ckpt = f"tinker://local-{hashlib.sha256(ws.encode()).hexdigest()[:16]}:train:0/sampler_weights/{name}"
+    folder = checkpoint_dir(default_data_dir(), ckpt)
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
+    cand = Candidate(workspace=ws, machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
                      engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
     print("ready", flush=True)
     while not go.exists():
@@ -280,7 +296,7 @@ def test_commit_refuses_a_candidate_whose_checkpoint_is_gone(tmp_path):
     ckpt = fake_checkpoint(tmp_path, "gone")
     cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
                      engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
-    shutil.rmtree(ckpt[len("local://"):])
+    shutil.rmtree(checkpoint_folder(ckpt))
     before = (ws / "machines" / "tutor" / "versions.json").read_bytes()
     with pytest.raises(CommitRefused, match="checkpoint .* cannot be sampled .*v1 stays live"):
         cand.commit(force=True)
@@ -304,7 +320,7 @@ def test_malformed_versions_stop_the_candidate_before_any_sampling(trained, ws, 
 
 def test_a_checkpoint_that_is_gone_stops_the_candidate_before_any_sampling(trained, ws, tmp_path):
     gone = fake_checkpoint(tmp_path, "x")
-    shutil.rmtree(gone[len("local://"):])
+    shutil.rmtree(checkpoint_folder(gone))
     with pytest.raises(ValueError, match="cannot be sampled .* nothing was measured"):
         mnb.candidate(ws, "tutor", gone, progress=False)
 
@@ -360,8 +376,7 @@ def test_cli_cases_candidate_commit_revert(trained, ws, tmp_path, capsys):
 
 def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(trained, ws, monkeypatch):
     """candidate() opens both sampling clients with sampling.open_sampler (the SDK's client, never
-    a future of it), and its report is built the same from EvalResults as from frames with their
-    summary in attrs."""
+    a future of it), and its report is built the same from EvalResults as from bare frames."""
     import machine_nb.evaluation.sampling as sampling
     from machine_nb.evaluation.candidate import build_report, case_table
     from machine_nb.evaluation.results import EvalResult
@@ -369,9 +384,9 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     opened = []
     real = sampling.open_sampler
 
-    def noting(model, checkpoint, engine, service_client=None):
-        client = real(model, checkpoint, engine, service_client)
-        opened.append((checkpoint, type(client).__name__))
+    def noting(target, service_client=None):
+        client = real(target, service_client)
+        opened.append((target.checkpoint, type(client).__name__))
         return client
 
     monkeypatch.setattr(sampling, "open_sampler", noting)
@@ -381,8 +396,7 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     r = cand.report
     assert isinstance(r.live, EvalResult) and r.live.summary["name"].startswith("live ")
     live = EvalResult(r.live.rows.copy(), {"name": "live v1"})
-    framed = r.candidate.rows.copy()
-    framed.attrs["summary"] = {"name": "candidate"}  # a frame with its summary in attrs, as before EvalResult
+    framed = r.candidate.rows.copy()  # a bare frame of rows
     again = build_report("tutor", live, framed)
     assert again.live_name == "live v1" and again.cases.equals(r.cases) and again.p_value == r.p_value
     assert case_table(live, r.candidate).equals(r.cases)

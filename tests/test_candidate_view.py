@@ -3,6 +3,7 @@ the gate (a refused candidate writes nothing; a passing one writes the version o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 import machine_nb as mnb
 from machine_nb.evaluation.candidate import Candidate, Gate, build_report
 from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
+from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
+from machine_nb.evaluation.results import EvalResult
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 HOLDOUT = [("What's 66 - 74?", "-8"), ("What is 28 minus 74?", "-46"), ("How much is 33 minus 45?", "-12"),
@@ -26,9 +29,7 @@ def results(name: str, outputs: list[str]) -> pd.DataFrame:
              "output": o, "correct": o == f"answer: {n}", "format_ok": None, "prompt_tokens": 27, "output_tokens": 8,
              "latency_s": 0.01, "stop_reason": "stop", "error": None}
             for i, ((q, n), o) in enumerate(zip(HOLDOUT, outputs))]
-    df = pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS)
-    df.attrs["summary"] = {"name": name}
-    return df
+    return EvalResult(pd.DataFrame(rows, columns=CASE_RESULT_COLUMNS), {"name": name})
 
 
 @pytest.fixture
@@ -45,10 +46,11 @@ def make(ws: Path, learned: int) -> Candidate:
     report = build_report("tutor", live, cand)
     gate = Gate()
     passed, reason = gate.decide(report)
-    ckpt = ws / "runs" / "sft" / "sampler_weights" / "final"  # commit checks that the checkpoint is there
-    ckpt.mkdir(parents=True, exist_ok=True)
-    (ckpt / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
-    return Candidate(workspace=str(ws), machine="tutor", checkpoint=f"local://{ckpt}",
+    ckpt = f"tinker://local-{hashlib.sha256(str(ws).encode()).hexdigest()[:16]}:train:0/sampler_weights/final"
+    folder = checkpoint_dir(default_data_dir(), ckpt)  # commit checks that the checkpoint is there
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
+    return Candidate(workspace=str(ws), machine="tutor", checkpoint=ckpt,
                      base_model="local/arith-tiny", engine="local", live_version=read_versions(ws, "tutor")[0],
                      report=report, gate=gate, passed=passed, reason=reason)
 
@@ -77,7 +79,7 @@ def test_passing_candidate_commits_once_from_the_button(ws):
     assert "passes" in view.static_html() and "Not committed yet: the gate passed it" in view.static_html()
     view._button.click()
     assert view.committed == "v2" and view._button.disabled
-    assert view.status == f"Committed as v2: tutor runs local://{ws}/runs/sft/sampler_weights/final."
+    assert view.status == f"Committed as v2: tutor runs {cand.checkpoint}."
     versions = read_versions(ws, "tutor")
     assert [v["id"] for v in versions] == ["v1", "v2"] and versions[-1]["source"]["note"] == "from the view"
     assert "committed as <b>v2</b>" in view.static_html()

@@ -172,13 +172,6 @@ def test_trials_sample_each_case_with_its_own_seed():
         mnb.evaluate_cases(SAMPLE, "tutor", cases=cases, trials=0)
 
 
-def test_the_old_show_progress_keyword_still_works_with_a_warning():
-    with pytest.warns(DeprecationWarning, match=r"evaluate_cases\(show_progress=…\) is now evaluate_cases\(progress=…\)"):
-        res = mnb.evaluate_cases(SAMPLE, "tutor", cases=["What is 47 plus 15?"], grader=lambda c, r: True,
-                                 show_progress=False)
-    assert res.rows["correct"].tolist() == [True]
-
-
 # --------------------------------------------------------------------------- held-out inputs stay out of training
 
 

@@ -62,12 +62,12 @@ def test_callers_in_this_package_keep_their_text(name):
 
     assert message_text({"content": content}) == PINNED[name]["joined"]
     assert message_text({"content": content}, reasoning=True) == PINNED[name]["with reasoning"]
-    assert module("evaluate").prompt_text([{"role": "user", "content": content}]) == PINNED[name]["joined"]
+    assert module("evaluation.evaluate").prompt_text([{"role": "user", "content": content}]) == PINNED[name]["joined"]
 
 
 def test_overlap_digests_are_unchanged():
     """validate's train/eval overlap keys, pinned to the bytes they were before content_text."""
-    prompt_keys = module("validate").prompt_keys
+    prompt_keys = module("checks.validate").prompt_keys
     rows = [
         [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is  47 plus 15?"},
          {"role": "assistant", "content": "answer: 62"}],
@@ -83,7 +83,7 @@ def test_overlap_digests_are_unchanged():
 
 
 def test_prompt_text_is_the_last_user_message():
-    prompt_text = module("evaluate").prompt_text
+    prompt_text = module("evaluation.evaluate").prompt_text
     assert prompt_text([{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
                         {"role": "user", "content": "second"}, {"role": "assistant", "content": "b"}]) == "second"
     assert prompt_text([{"role": "system", "content": "no user here"}]) == "no user here"
@@ -153,7 +153,7 @@ def test_validate_trainers_and_evals_share_one_rule():
 def test_validate_the_trainer_and_the_eval_hold_rows_to_one_rule():
     """A row validate rejects is refused by the trainer and the eval too (and the other way round)."""
     from machine_nb.core.chat import check_row, row_findings
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     # training: the assistant's reply must come last (what follows it would never be learned)
     tool_last = {"messages": [user(), reply(), {"role": "tool", "content": "x"}]}
@@ -216,7 +216,7 @@ def test_any_json_is_a_list_of_findings_or_a_checked_row(row, kind):
 # --------------------------------------------------------------------------- trainable flags
 
 def test_a_row_with_nothing_to_train_is_refused_on_its_line():
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     good = {"messages": [user(), reply()]}
     whole = {"whole_run": True, "messages": [user(), reply(), user("and?"), reply("done")]}  # no flag: none trained
@@ -238,7 +238,7 @@ FLAG_ROWS = [
 def test_sft_tokens_and_the_previewer_train_the_same_messages():
     from machine_nb.core.chat import trained_indices
     from machine_nb.checks.tokens import sft_view
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
     from machine_nb.widgets.previewer import trained_indices as previewed
 
     expected = [[1], [3], [1], [3], [1], [1]]

@@ -13,15 +13,13 @@ import math
 import re
 import subprocess
 import sys
-import warnings
 
 import pandas as pd
 import pytest
 
 from machine_nb.evaluation import stats
 from machine_nb.evaluation.compare import CompareManyResult, CompareResult, compare, compare_many
-from machine_nb.evaluation.evaluate import load_results
-from machine_nb.evaluation.results import EvalResult
+from machine_nb.evaluation.results import EvalResult, load_results
 
 Z2 = 1.959963984540054 ** 2
 
@@ -44,16 +42,13 @@ def write_results(path, df, **summary):
     return path
 
 
-# --------------------------------------------------------------------------- the old home still works
+# --------------------------------------------------------------------------- the public names
 
-def test_evaluate_still_exports_the_moved_names():
+def test_the_comparison_names_come_from_compare_and_stats():
     import machine_nb
-    from machine_nb.evaluation.evaluate import CompareResult as OldResult, compare as old_compare
-    from machine_nb.evaluation.evaluate import mcnemar_exact, min_discordant_for, paired_bootstrap_ci
 
-    assert old_compare is compare and OldResult is CompareResult
-    assert mcnemar_exact is stats.mcnemar_exact and paired_bootstrap_ci is stats.paired_bootstrap_ci
-    assert min_discordant_for(0.05) == 6 and min_discordant_for(0.01) == 8  # 2/2^6 = 0.031, 2/2^8 = 0.0078
+    assert stats.min_discordant_for(0.05) == 6 and stats.min_discordant_for(0.01) == 8  # 2/2^6 = 0.031, 2/2^8 = 0.0078
+    assert machine_nb.evaluation.compare is compare and machine_nb.CompareResult is CompareResult
     assert machine_nb.compare_many is compare_many and machine_nb.CompareManyResult is CompareManyResult
 
 
@@ -164,17 +159,14 @@ def test_compare_from_result_files_and_html(tmp_path):
 
 
 def test_compare_takes_an_eval_result_a_frame_a_results_path_or_a_dict(tmp_path):
-    """Whatever form results come in, the numbers are the same and the name travels with them;
-    none of these uses the EvalResult's deprecated DataFrame forwarding."""
+    """Whatever form results come in, the numbers are the same and the name travels with them."""
     base = frame([True] + [False] * 7, name="baseline")
     rows = frame([True] * 6 + [False] * 2)
     tuned = EvalResult(rows, {"name": "tuned", "accuracy": 0.75}, None)
     forms = {"EvalResult": tuned, "DataFrame": rows, "path": write_results(tmp_path / "tuned.json", rows, name="tuned"),
              "dict": tuned.to_dict()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        got = {kind: compare(base, value) for kind, value in forms.items()}
-        many = compare_many(base, {"as result": tuned, "as file": forms["path"]})
+    got = {kind: compare(base, value) for kind, value in forms.items()}
+    many = compare_many(base, {"as result": tuned, "as file": forms["path"]})
     numbers = {kind: (r.wins, r.ties, r.losses, r.p_value, r.delta_ci_low, r.delta_ci_high) for kind, r in got.items()}
     assert set(numbers.values()) == {(5, 3, 0, 2 * 0.5 ** 5, got["path"].delta_ci_low, got["path"].delta_ci_high)}
     assert {kind: r.checkpoint_name for kind, r in got.items()} == {

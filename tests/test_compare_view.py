@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from machine_nb.evaluation.evaluate import compare
+from machine_nb.evaluation.compare import compare
 from machine_nb.widgets.compare_view import CompareView, side_by_side
 
 
@@ -64,19 +64,15 @@ def test_all_wins_at_n_24_never_prints_a_zero_width_interval():
     assert "Newcombe" in html and "no spread" in html and "86.2% to 100.0%" in html
 
 
-def test_eval_results_and_their_names_reach_the_view_without_the_frame_shim(tmp_path):
-    import warnings
-
+def test_eval_results_and_their_names_reach_the_view(tmp_path):
     from machine_nb.evaluation.results import EvalResult
 
     base, tuned = EvalResult(BASE, {"name": "base model"}), EvalResult(CKPT, {"name": "step 60"})
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(tuned.to_dict()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)  # no forwarded DataFrame use inside
-        views = [CompareView(base, tuned), CompareView(base, path), CompareView(result=compare(base, tuned),
-                                                                                 frames=(base, str(path)))]
-        rows = side_by_side(base, path)
+    views = [CompareView(base, tuned), CompareView(base, path), CompareView(result=compare(base, tuned),
+                                                                             frames=(base, str(path)))]
+    rows = side_by_side(base, path)
     for v in views:
         assert (v.result.wins, v.result.ties, v.result.losses) == (2, 3, 1)
         assert v.result.baseline_name == "base model" and v.result.checkpoint_name == "step 60"

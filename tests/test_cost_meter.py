@@ -47,16 +47,6 @@ def test_budget_turns_red_and_says_by_how_much():
     assert ok.over_by == 0 and "within budget" in ok.static_html()
 
 
-def test_the_old_budget_keyword_still_works_with_a_warning():
-    with pytest.warns(DeprecationWarning, match=r"max_usd"):
-        m = CostMeter(LINES, model=INKLING, budget=1e-6)
-    assert m.max_usd == 1e-6 and m.over_by > 0
-    with pytest.warns(DeprecationWarning, match=r"CostMeter.max_usd"):
-        assert m.budget == 1e-6
-    with pytest.raises(TypeError, match="both"):
-        CostMeter(LINES, model=INKLING, budget=1.0, max_usd=1.0)
-
-
 def test_model_without_train_price_explains_instead_of_crashing():
     m = CostMeter(LINES, model=INKLING)
     m._model.value = "thinkingmachines/Inkling-Small"  # Machine's table has no train price for it
@@ -96,7 +86,7 @@ def test_eval_cost_and_linking_to_a_picker(tmp_path):
 
 def test_trained_tokens_are_what_sft_trains():
     from machine_nb.checks.tokens import count_tokens
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     two_steps = [{**line(i), "messages": line(i)["messages"] + [
         {"role": "user", "content": "and doubled?"}, {"role": "assistant", "content": f"answer: {4 * i}"}]}

@@ -15,9 +15,10 @@ import pytest
 
 import machine_nb as mnb
 from machine_nb.errors import BudgetExceeded, MachineFormatError, ValidationFailed
-from machine_nb.evaluation.evaluate import RESULT_COLUMNS, evaluate
+from machine_nb.evaluation.evaluate import evaluate
 from machine_nb.data.export import HeldOutExcluded
 from machine_nb.training.preference import dpo, read_dpo_log
+from machine_nb.evaluation.results import RESULT_COLUMNS
 from machine_nb.training.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, training_metrics
 
 from interrupt import ctrl_c_at

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from machine_nb.errors import EngineError, MachineFormatError
-from machine_nb.evaluation.evaluate import (RESULT_COLUMNS, compare, evaluate, last_number, load_eval_rows, load_results,
-                                 normalize, probe, results_name, score_output)
-from machine_nb.evaluation.results import PROBE_COLUMNS, EvalResult, as_eval_result
+from machine_nb.core.chat import load_eval_rows
+from machine_nb.evaluation.compare import compare
+from machine_nb.evaluation.evaluate import evaluate, probe
+from machine_nb.evaluation.results import PROBE_COLUMNS, RESULT_COLUMNS, EvalResult, as_eval_result, load_results, results_name
+from machine_nb.evaluation.scoring import last_number, normalize, score_output
 
 MODEL = "thinkingmachines/Inkling-Small"  # renders offline through tml_renderers
 
@@ -139,34 +141,12 @@ def test_match_rules_have_one_home():
 
     from machine_nb.evaluation import scoring
 
-    ev, va = importlib.import_module("machine_nb.evaluation.evaluate"), importlib.import_module("machine_nb.checks.validate")
+    va = importlib.import_module("machine_nb.checks.validate")
 
-    assert va.MATCH_MODES is scoring.MATCH_MODES is ev.MATCH_MODES
-    assert ev.score_output is scoring.score_output and ev.normalize is scoring.normalize
+    assert va.MATCH_MODES is scoring.MATCH_MODES
     assert scoring.to_number("1,234.50") == scoring.last_number("about 1,234.5 apples") == 1234.5
     assert scoring.score_row("answer: 62.", {"expected": "Answer: 62", "match": "exact", "format": r"answer: \d+\."}) \
         == (True, True, None)
-
-
-def test_moved_names_stay_importable_from_evaluate():
-    """Older imports (`from machine_nb.evaluation.evaluate import compare, load_results, …`) keep working,
-    and loading evaluate loads neither compare nor pandas until one of them is asked for."""
-    import importlib
-    import subprocess
-    import sys
-
-    ev = importlib.import_module("machine_nb.evaluation.evaluate")
-    for old, new in ev._MOVED.items():
-        module, _, attr = new.rpartition(".")
-        assert getattr(ev, old) is getattr(importlib.import_module(f"machine_nb.{module}"), attr), old
-    with pytest.raises(AttributeError, match="no_such_name"):
-        ev.no_such_name  # noqa: B018
-    code = ("import sys, machine_nb.evaluation.evaluate as ev\n"
-            "print('machine_nb.evaluation.compare' in sys.modules, 'pandas' in sys.modules)\n"
-            "from machine_nb.evaluation.evaluate import compare\n"
-            "print('machine_nb.evaluation.compare' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False", "True"]
 
 
 def test_run_coroutine_inside_a_running_loop_and_with_a_failed_watchdog():
@@ -292,7 +272,7 @@ def test_evaluate_baseline_style_scores_zero_but_number_mode_sees_arithmetic(tmp
 def test_checkpoint_results_are_named_by_last_path_segment(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert results_name("tinker://abc-123/sampler_weights/final") == "final"
-    assert results_name("local://runs/x/000020") == "000020"
+    assert results_name("tinker://local-0123abcd:train:0/sampler_weights/000020") == "000020"
     assert results_name(None) == "baseline"
     res = evaluate(eval_rows(2), model=MODEL, checkpoint="tinker://abc/sampler_weights/final", engine="tinker",
                    sampling_client=StandInSampler(house_style))
@@ -325,9 +305,9 @@ def test_evaluate_returns_an_eval_result_with_rows_summary_and_path(tmp_path):
     assert again.summary == res.summary and again.path == res.path and again.rows["correct"].tolist() == [True] * 6
 
 
-def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warning():
-    """For one release, code written against the DataFrame keeps working: each use warns and
-    goes to `.rows` (the notebooks' `res["correct"].mean()`, `len(res)`, `res.attrs["summary"]`)."""
+def test_an_eval_result_is_its_rows_summary_and_path_not_a_frame():
+    """The rows are `.rows`, the run's numbers `.summary`, the file `.path`; the result itself
+    answers none of a DataFrame's names, and copies and pickles whole."""
     import copy
     import pickle
 
@@ -335,36 +315,20 @@ def test_an_eval_result_still_works_as_the_frame_evaluate_returned_with_a_warnin
 
     rows = pd.DataFrame({"row": [0, 1], "output": ["a", "b"], "correct": [True, False]})
     res = EvalResult(rows, {"name": "x", "accuracy": 0.5}, "x.json")
-    uses = {
-        'res["correct"]': lambda: res["correct"].tolist() == [True, False],
-        "len(res)": lambda: len(res) == 2,
-        "res.columns": lambda: list(res.columns) == ["row", "output", "correct"],
-        "iteration": lambda: list(res) == ["row", "output", "correct"],
-        "res.head()": lambda: res.head(1)["output"].tolist() == ["a"],
-        "res.loc": lambda: res.loc[1, "output"] == "b",
-        "res.correct": lambda: res.correct.tolist() == [True, False],
-        "res.assign": lambda: res.assign(case=res.rows["row"])["case"].tolist() == [0, 1],
-        'res.attrs["summary"]': lambda: res.attrs["summary"] == {"name": "x", "accuracy": 0.5},
-        'res.attrs["path"]': lambda: res.attrs["path"] == "x.json",
-        'res.to_dict("records")': lambda: res.to_dict("records")[0] == {"row": 0, "output": "a", "correct": True},
-        '"correct" in res': lambda: "correct" in res,
-    }
-    for what, use in uses.items():
-        with pytest.warns(DeprecationWarning, match="treats an EvalResult as the DataFrame evaluate") as caught:
-            assert use(), what
-        assert caught[0].filename == __file__, what  # the warning points at the caller's line
-    with pytest.warns(DeprecationWarning, match=r"result\[\.\.\.\] = \.\.\. treats .*write result\.rows\[\.\.\.\]"):
-        res["took_shape"] = [True, False]
-    with pytest.warns(DeprecationWarning, match=r"^len\(result\) treats .*: write len\(result\.rows\)"):
+    assert res.rows["correct"].tolist() == [True, False] and len(res.rows) == 2
+    assert (res.summary, res.path, res.accuracy) == ({"name": "x", "accuracy": 0.5}, "x.json", 0.5)
+    for name in ("columns", "head", "loc", "correct", "attrs", "assign"):
+        assert not hasattr(res, name), name
+    with pytest.raises(TypeError):
+        res["correct"]  # noqa: B018
+    with pytest.raises(TypeError):
         len(res)
-    assert res.rows["took_shape"].tolist() == [True, False]
-    with pytest.raises(AttributeError, match="'EvalResult' object has no attribute 'no_such'"):
-        res.no_such  # noqa: B018
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # what IPython, copy and pickle look up never reaches the frame
-        assert not hasattr(res, "_repr_latex_") and not hasattr(res, "_ipython_display_") and bool(res)
-        assert copy.deepcopy(res).summary == res.summary
-        assert pickle.loads(pickle.dumps(res)).rows.equals(res.rows)
+    with pytest.raises(TypeError):
+        res.to_dict("records")
+    assert res.to_dict() == {"name": "x", "accuracy": 0.5, "path": "x.json",
+                             "rows": [{"row": 0, "output": "a", "correct": True}, {"row": 1, "output": "b", "correct": False}]}
+    assert bool(res) and copy.deepcopy(res).summary == res.summary
+    assert pickle.loads(pickle.dumps(res)).rows.equals(res.rows)
 
 
 def test_the_notebook_view_is_a_line_with_the_wilson_interval_then_the_first_rows():
@@ -383,23 +347,6 @@ def test_the_notebook_view_is_a_line_with_the_wilson_interval_then_the_first_row
     assert ">q9<" in html and ">q10<" not in html and "2 more row(s)" in html  # the table's head only
     assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html
     assert res.accuracy_interval() == (low, high)
-
-
-@pytest.mark.parametrize("call,old,new", [
-    ("evaluate", "eval_path", "data"), ("evaluate", "show_progress", "progress"),
-    ("probe", "prompts", "data"), ("probe", "show_progress", "progress"),
-])
-def test_old_keyword_names_still_work_with_a_warning(tmp_path, call, old, new):
-    data = write_rows(tmp_path / "rows.jsonl", eval_rows(2))
-    clients = ({"sampling_client": StandInSampler(house_style), "save": False} if call == "evaluate" else
-               {"checkpoint": "tinker://x/y/final", "format": "answer: .*",
-                "baseline_client": StandInSampler(arithmetic), "checkpoint_client": StandInSampler(house_style)})
-    fn = {"evaluate": evaluate, "probe": probe}[call]
-    args = {"data": data, "progress": False}
-    args[old] = args.pop(new)
-    with pytest.warns(DeprecationWarning, match=rf"{call}\({old}=…\) is now {call}\({new}=…\)"):
-        res = fn(model=MODEL, engine="tinker", **clients, **args)
-    assert res.rows["prompt"].tolist() == ["What is 47 plus 15?", "What is 12 minus 30?"]
 
 
 def test_progress_shows_a_bar_unless_turned_off(tmp_path, capsys, monkeypatch):
@@ -625,37 +572,44 @@ def _saved_checkpoint() -> str:
     return trainer.save_weights_for_sampler("final").result().path
 
 
-def test_checkpoints_written_before_the_server_still_load(tmp_path):
-    """A `local://<log dir>/sampler_weights/<name>` checkpoint of the in-process engine's layout
-    evaluates as it did (same files, same replies)."""
-    import shutil
+def test_a_checkpoint_is_looked_up_once_and_its_target_passed_down(monkeypatch):
+    """evaluate() resolves a checkpoint once (sampling.sampler_target: its base model, its engine)
+    and opens the sampler on that one value."""
+    import importlib
 
+    from machine_nb import engines
+    from machine_nb.evaluation.sampling import SamplerTarget
+
+    path = _saved_checkpoint()
+    ev = importlib.import_module("machine_nb.evaluation.evaluate")
+    looked_up, opened = [], []
+    lookup, open_sampler = engines.checkpoint_base_model, ev.open_sampler
+    monkeypatch.setattr(engines, "checkpoint_base_model", lambda p: looked_up.append(p) or lookup(p))
+    monkeypatch.setattr(ev, "open_sampler", lambda target, *a: opened.append(target) or open_sampler(target, *a))
+    res = evaluate(eval_rows(1), checkpoint=path, save=False, progress=False)
+    assert looked_up == [path] and opened == [SamplerTarget("local/arith-tiny", path, "local")]
+    assert (res.summary["model"], res.summary["engine"]) == ("local/arith-tiny", "local")
+
+
+@pytest.mark.parametrize("model", [None, "local/arith-tiny"])
+def test_a_folder_is_not_a_checkpoint_path(tmp_path, model):
+    """A checkpoint is named by its path (`tinker://<run>/sampler_weights/<name>`), never by a
+    folder: `local://<dir>` is refused before anything is sampled, saying what a path looks like."""
+    with pytest.raises(EngineError, match=r"is not a checkpoint path tinker://<run>/weights\|sampler_weights/<name>"):
+        evaluate(eval_rows(1), model=model, checkpoint=f"local://{tmp_path}/run/sampler_weights/final", save=False)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random"])
+def test_a_corrupt_local_checkpoint_names_its_file(damage):
     from machine_nb.engines.local import checkpoints as ck
     from machine_nb.engines.local.server import ensure_server
 
     path = _saved_checkpoint()
-    old = tmp_path / "run" / "sampler_weights" / "final"
-    shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, path), old)
-    rows = eval_rows(2)
-    new_out = evaluate(rows, checkpoint=path, save=False).rows["output"].tolist()
-    old_out = evaluate(rows, checkpoint=f"local://{old}", save=False)
-    assert old_out.rows["output"].tolist() == new_out and old_out.summary["engine"] == "local"
-
-
-@pytest.mark.parametrize("damage", ["truncated", "random"])
-def test_a_corrupt_local_checkpoint_names_its_file(tmp_path, damage):
-    import shutil
-
-    from machine_nb.engines.local import checkpoints as ck
-    from machine_nb.engines.local.server import ensure_server
-
-    folder = tmp_path / "run" / "sampler_weights" / "final"
-    shutil.copytree(ck.checkpoint_dir(ensure_server().data_dir, _saved_checkpoint()), folder)
-    weights = folder / "adapter.safetensors"
+    weights = ck.checkpoint_dir(ensure_server().data_dir, path) / "adapter.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 3] if damage == "truncated" else os.urandom(len(data)))
     with pytest.raises(MachineFormatError) as info:
-        evaluate(eval_rows(1), checkpoint=f"local://{folder}", save=False)
+        evaluate(eval_rows(1), checkpoint=path, save=False)
     assert info.value.path == str(weights) and "safetensors" in str(info.value)
 
 

@@ -2,8 +2,9 @@
 hangs the eval: the match is bounded in time, and a row past the bound counts wrong, says why in its
 `error`, and is warned about; the other rows score as usual.
 
-The replies below make Python's `re` backtrack for hours, so each scenario runs in a child process
-that the test gives up on after 10 minutes (a hang guard, not a speed measurement)."""
+The replies below make Python's `re` backtrack for hours, so the scenarios run in one child process
+(started once for the module) that the tests give up on after 10 minutes (a hang guard, not a speed
+measurement)."""
 
 import json
 import subprocess
@@ -12,8 +13,9 @@ import textwrap
 
 import pytest
 
+from machine_nb.core.chat import check_row
 from machine_nb.errors import MachineFormatError
-from machine_nb.evaluation.evaluate import check_row, format_matches, score_output
+from machine_nb.evaluation.scoring import format_matches, score_output
 
 EVIL = "(a|aa)+$"  # exponential for a backtracking engine on "aaaa…a!"
 REPLY = "a" * 200 + "!"
@@ -41,21 +43,9 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
-def _bounded(body: str) -> dict:
-    """Run PRELUDE + body in a child; body prints one JSON object as its last line."""
-    code = PRELUDE + textwrap.dedent(body)
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                              env={**__import__("os").environ, "MACHINE_NB_PROGRESS": "0"})
-    except subprocess.TimeoutExpired:
-        pytest.fail("the regex match hung (no result after 10 minutes)")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_score_output_and_format_matches_raise_a_regex_timeout():
-    out = _bounded(f"""
-        from machine_nb.evaluation.evaluate import score_output, format_matches
+SCENARIOS = {
+    "score_and_format": f"""
+        from machine_nb.evaluation.scoring import score_output, format_matches
         from machine_nb.core.patterns import RegexTimeout
         seen = {{}}
         for name, call in (("score", lambda: score_output({REPLY!r}, {EVIL!r}, "regex")),
@@ -65,15 +55,9 @@ def test_score_output_and_format_matches_raise_a_regex_timeout():
             except RegexTimeout as exc:
                 seen[name] = "timeout: " + str(exc)
         seen["issue_example"] = score_output("a" * 40 + "!", "(a+)+$", "regex")
-        print(json.dumps(seen))
-    """)
-    assert out["score"].startswith("timeout: ") and "(a|aa)+$" in out["score"] and "bound" in out["score"]
-    assert out["format"].startswith("timeout: ")
-    assert out["issue_example"] is False  # the issue's `(a+)+$` answers at once: no match
-
-
-def test_evaluate_counts_a_timed_out_row_wrong_and_says_why():
-    out = _bounded(f"""
+        OUT["score_and_format"] = seen
+    """,
+    "evaluate": f"""
         from machine_nb.evaluation.evaluate import evaluate
         rows = [
             {{"messages": [{{"role": "user", "content": "q1"}}], "expected": {EVIL!r}, "match": "regex"}},
@@ -84,10 +68,45 @@ def test_evaluate_counts_a_timed_out_row_wrong_and_says_why():
             warnings.simplefilter("always")
             res = evaluate(rows, MODEL, engine="tinker", sampling_client=Fixed({REPLY!r}), save=False)
         df = res.rows
-        print(json.dumps({{"correct": df["correct"].tolist(), "format_ok": df["format_ok"].tolist(),
-                           "error": df["error"].tolist(), "summary": res.summary,
-                           "warnings": [str(w.message) for w in caught]}}))
-    """)
+        OUT["evaluate"] = {{"correct": df["correct"].tolist(), "format_ok": df["format_ok"].tolist(),
+                            "error": df["error"].tolist(), "summary": res.summary,
+                            "warnings": [str(w.message) for w in caught]}}
+    """,
+    "probe": f"""
+        from machine_nb.evaluation.evaluate import probe
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            df = probe(["q1", "q2"], MODEL, engine="tinker", format={EVIL!r},
+                       baseline_client=Fixed("fine"), checkpoint_client=Fixed({REPLY!r})).rows
+        OUT["probe"] = {{"bled": df["bled"].tolist(), "error": df["error"].tolist(),
+                         "warnings": [str(w.message) for w in caught]}}
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict:
+    """Every scenario, run in one child: scenario name -> what it recorded in OUT."""
+    code = PRELUDE + "OUT = {}\n" + "".join(textwrap.dedent(body) for body in SCENARIOS.values()) \
+        + "print(json.dumps(OUT, default=str))\n"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                              env={**__import__("os").environ, "MACHINE_NB_PROGRESS": "0"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("the regex match hung (no result after 10 minutes)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_score_output_and_format_matches_raise_a_regex_timeout(outcomes):
+    out = outcomes["score_and_format"]
+    assert out["score"].startswith("timeout: ") and "(a|aa)+$" in out["score"] and "bound" in out["score"]
+    assert out["format"].startswith("timeout: ")
+    assert out["issue_example"] is False  # the issue's `(a+)+$` answers at once: no match
+
+
+def test_evaluate_counts_a_timed_out_row_wrong_and_says_why(outcomes):
+    out = outcomes["evaluate"]
     assert out["correct"] == [False, True, True]
     assert out["format_ok"] == [None, None, False]
     assert "timed out" in out["error"][0] and "match 'regex'" in out["error"][0]
@@ -98,16 +117,8 @@ def test_evaluate_counts_a_timed_out_row_wrong_and_says_why():
     assert "2 of 3" in said and "row 0" in said and "row 2" in said
 
 
-def test_probe_format_timeout_is_recorded_not_hung():
-    out = _bounded(f"""
-        from machine_nb.evaluation.evaluate import probe
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            df = probe(["q1", "q2"], MODEL, engine="tinker", format={EVIL!r},
-                       baseline_client=Fixed("fine"), checkpoint_client=Fixed({REPLY!r})).rows
-        print(json.dumps({{"bled": df["bled"].tolist(), "error": df["error"].tolist(),
-                           "warnings": [str(w.message) for w in caught]}}))
-    """)
+def test_probe_format_timeout_is_recorded_not_hung(outcomes):
+    out = outcomes["probe"]
     assert out["bled"] == [None, None]
     assert all("timed out" in e for e in out["error"])
     assert any("timed out" in w for w in out["warnings"])

@@ -14,8 +14,8 @@ import pytest
 from machine_nb.evaluation.compare import compare
 from machine_nb.data.corpus import make_corpus
 from machine_nb.errors import BudgetExceeded, MachineFormatError
-from machine_nb.evaluation.evaluate import RESULT_COLUMNS, evaluate
-from machine_nb.evaluation.results import EvalResult
+from machine_nb.evaluation.evaluate import evaluate
+from machine_nb.evaluation.results import RESULT_COLUMNS, EvalResult
 from machine_nb.training.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_curve, heldout_results, read_training_log,
                               sft, training_metrics)
 
@@ -260,10 +260,7 @@ def test_a_dpo_log_dir_is_priced_at_the_dpo_rate(tmp_path):
         clear_prices()
 
 
-def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path):
-    import importlib
-    import warnings
-
+def test_one_result_class_for_sft_and_dpo(tmp_path):
     from machine_nb.training.runlog import TrainResult
 
     rows = [{"step": s, "dpo_loss": 0.69, "num_tokens": 10} for s in range(2)]
@@ -272,22 +269,7 @@ def test_one_result_class_for_sft_and_dpo_and_the_old_names_still_work(tmp_path)
                                                           "resumed_at": [1]}))
     res = read_training_log(tmp_path)
     assert type(res) is TrainResult and (res.kind, res.resumed_at) == ("dpo", [1]) and "resumed at step 1" in res.note
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        assert res.as_dict() == res.to_dict()
-        assert importlib.import_module("machine_nb.training.preference").DPOResult is TrainResult
-    assert [w.category for w in said] == [DeprecationWarning, DeprecationWarning]
-    assert "to_dict" in str(said[0].message) and "TrainResult" in str(said[1].message)
-    # the estimates are one function now: the old names still answer, with a warning
-    from machine_nb.training import loop
-    from machine_nb.training import preference
-    from machine_nb.training import train
-
-    with pytest.warns(DeprecationWarning, match=r"estimate_run\('sft'"):
-        old = train.run_estimate
-    with pytest.warns(DeprecationWarning, match=r"estimate_run\('dpo'"):
-        old_dpo = preference.dpo_estimate
-    assert (old.func, old.args, old_dpo.func, old_dpo.args) == (loop.estimate_run, ("sft",), loop.estimate_run, ("dpo",))
+    assert res.to_dict()["kind"] == "dpo"
 
 
 def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus, tmp_path, capsys):

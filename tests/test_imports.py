@@ -3,10 +3,7 @@ code outside `machine_nb/engines/` reaches the engines through `machine_nb.engin
 
 The graph is read from the source with `ast` (nothing is imported): module-level and
 function-level imports, relative and absolute, with `from . import x` resolved to the submodule x
-where there is one. Imports under `if TYPE_CHECKING:` never run and are left out. A module that
-keeps moved names importable through a module `__getattr__` lists them in a `_MOVED` dict
-(name -> submodule); its values count as function-level imports, so a lazy re-export cannot hide
-a cycle either.
+where there is one. Imports under `if TYPE_CHECKING:` never run and are left out.
 """
 
 from __future__ import annotations
@@ -17,17 +14,20 @@ from pathlib import Path
 PACKAGE = "machine_nb"
 ROOT = Path(__file__).resolve().parent.parent
 
-# Layer of each top-level module or subpackage (higher = nearer the user); imports point down or
-# stay within a layer. `errors` is a leaf (it imports only `os`): every layer may raise its
-# exceptions, the engines included, so it sits with them at the bottom.
+# Layer of each module, subpackage or package of modules (the longest dotted prefix that is listed
+# decides; higher = nearer the user); imports point down or stay within a layer. The folders group
+# the modules by the loop's stages; the layers run across them. `errors` is a leaf (it imports only
+# `os` and `sys`): every layer may raise its exceptions, the engines included, so it sits with them at the bottom.
 LAYERS: dict[str, int] = {}
 for _names, _layer in [
-    ("__init__ cli widgets report", 5),  # what users touch (`__init__`: the package's lazy public API)
-    ("train evaluate preference sweeps candidate cases pairs compare heldout runner sample loop inspect_bridge", 4),  # the loop's steps
-    ("validate tokens pricing corpus render stats sampling results runlog", 3),  # checks and numbers
-    ("select export frames inspect_logs", 2),  # Machine's data as frames and lines
-    ("store progress patterns redact scoring chat theme stop", 1),  # files on disk, and pure helpers under everything
-    ("engines errors jsonl compat", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing, renamed keywords
+    ("__init__ cli widgets reports", 5),  # what users touch (`__init__`: the package's lazy public API)
+    ("training.train training.preference training.sweeps training.pairs training.runner training.loop "
+     "evaluation.evaluate evaluation.candidate evaluation.cases evaluation.compare evaluation.heldout "
+     "evaluation.inspect_bridge tools training evaluation", 4),  # the loop's steps
+    ("checks data.corpus evaluation.stats evaluation.sampling evaluation.results training.runlog", 3),  # checks and numbers
+    ("data data.select data.export data.frames evaluation.inspect_logs", 2),  # Machine's data as frames and lines
+    ("store core evaluation.scoring", 1),  # files on disk, and pure helpers under everything
+    ("engines errors core.jsonl", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing
 ]:
     for _name in _names.split():
         LAYERS[_name] = _layer
@@ -39,7 +39,7 @@ ALLOWED_CYCLES: set[frozenset[str]] = set()
 ALLOWED_UPWARD = {
     # the offline build script (`python -m machine_nb.engines.local.build`, never imported by the
     # package) pretrains the shipped model on the corpus module's own question phrasings
-    ("engines.local.build", "corpus"),
+    ("engines.local.build", "data.corpus"),
 }
 
 # Engine internals reached from outside engines/ (not through machine_nb.engines): (importer, imported).
@@ -78,10 +78,10 @@ class _Imports(ast.NodeVisitor):
             parts.pop()
         return ".".join(parts)
 
-    def _add(self, dotted: str, line: int, *, lazy: bool = False) -> None:
+    def _add(self, dotted: str, line: int) -> None:
         target = self._resolve(dotted)
         if target is not None and target != self.name:
-            self.found.append((target, line, "function" if (self.depth or lazy) else "module"))
+            self.found.append((target, line, "function" if self.depth else "module"))
 
     def visit_FunctionDef(self, node: ast.AST) -> None:
         self.depth += 1
@@ -116,24 +116,6 @@ class _Imports(ast.NodeVisitor):
         for alias in node.names:
             sub = f"{full}.{alias.name}"
             self._add(sub if self._resolve(sub) == sub[len(PACKAGE) + 1:] else full, node.lineno)
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        self._moved(node.targets, node.value, node.lineno)
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self._moved([node.target], node.value, node.lineno)
-        self.generic_visit(node)
-
-    def _moved(self, targets: list, value: ast.AST | None, line: int) -> None:
-        if self.depth or not isinstance(value, ast.Dict):
-            return
-        if not any(isinstance(t, ast.Name) and t.id == "_MOVED" for t in targets):
-            return
-        base = ".".join([PACKAGE, *self.name.split(".")][: None if self.is_package else -1])
-        for v in value.values:
-            if isinstance(v, ast.Constant) and isinstance(v.value, str):
-                self._add(f"{base}.{v.value}", line, lazy=True)
 
 
 def import_graph(root: Path = ROOT) -> dict[str, list[tuple[str, int, str]]]:
@@ -183,7 +165,10 @@ def cycles(graph: dict[str, list[tuple[str, int, str]]]) -> list[frozenset[str]]
 
 
 def layer(module: str) -> int | None:
-    return LAYERS.get(module.split(".")[0] if module else "__init__")
+    parts = module.split(".") if module else ["__init__"]
+    while parts and ".".join(parts) not in LAYERS:
+        parts.pop()
+    return LAYERS.get(".".join(parts)) if parts else None
 
 
 def _where(graph: dict, a: str, b: str) -> str:
@@ -203,7 +188,7 @@ def test_the_reader_finds_every_kind_of_import(tmp_path):
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("from .. import leaf\n")
-    for name in ("leaf", "a", "b", "c", "d", "typed", "sub/moved"):
+    for name in ("leaf", "a", "b", "c", "d", "typed"):
         (pkg / f"{name}.py").write_text("")
     (pkg / "sub" / "inner.py").write_text(
         "from ..a import x\n"                 # relative, two levels
@@ -212,11 +197,10 @@ def test_the_reader_finds_every_kind_of_import(tmp_path):
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from .. import typed\n"
         "def f():\n    from .. import d\n"     # function-level
-        "from . import nothing_here\n"        # not a module: the package itself, which is sub
-        "_MOVED = {'old': 'moved'}\n")   # a sibling module, loaded lazily
+        "from . import nothing_here\n")      # not a module: the package itself, which is sub
     graph = import_graph(tmp_path)
     assert sorted(graph["sub.inner"]) == [("a", 1, "module"), ("b", 2, "module"), ("c", 3, "module"),
-                                          ("d", 8, "function"), ("sub", 9, "module"), ("sub.moved", 10, "function")]
+                                          ("d", 8, "function"), ("sub", 9, "module")]
     assert graph["sub"] == [("leaf", 1, "module")]
     assert cycles({"a": [("b", 1, "module")], "b": [("a", 2, "function")], "c": [("a", 1, "module")]}) \
         == [frozenset({"a", "b"})]
@@ -263,7 +247,7 @@ def test_engines_are_reached_through_machine_nb_engines():
 
 def test_the_graph_sees_the_package():
     """A reader that found nothing would pass every rule: the known edges must be there."""
-    assert any(target == "jsonl" and kind == "module" for target, _, kind in GRAPH["validate"])
-    assert any(target == "stats" and kind == "module" for target, _, kind in GRAPH["compare"])
-    assert any(target == "render" and kind == "module" for target, _, kind in GRAPH["train"])
+    assert any(target == "core.jsonl" and kind == "module" for target, _, kind in GRAPH["checks.validate"])
+    assert any(target == "evaluation.stats" and kind == "module" for target, _, kind in GRAPH["evaluation.compare"])
+    assert any(target == "checks.render" and kind == "module" for target, _, kind in GRAPH["training.train"])
     assert len(GRAPH) > 50

@@ -179,7 +179,7 @@ def test_cases_and_probe_results_write_inspect_logs(runs, tmp_path):
     from inspect_ai.log import read_eval_log
 
     from machine_nb.engines import default_model
-    from machine_nb.evaluation.sampling import open_sampler
+    from machine_nb.evaluation.sampling import SamplerTarget, open_sampler
 
     cases = mnb.evaluate_cases(SAMPLE, "tutor", cases=["What is 47 plus 15?", "Who wrote Hamlet?"],
                                grader=lambda c, r: "62" in r, trials=2, out=tmp_path / "cases.json", progress=False)
@@ -191,7 +191,7 @@ def test_cases_and_probe_results_write_inspect_logs(runs, tmp_path):
     assert back.rows["correct"].tolist() == cases.rows["correct"].tolist()
 
     model = default_model("local")
-    same = open_sampler(model, None, "local")
+    same = open_sampler(SamplerTarget(model, None, "local"))
     bled = mnb.probe(["Name a colour.", "What is 2 plus 2?"], model=model, checkpoint_client=same,
                      format=r"\d+ \+ \d+ = \d+\.?", progress=False)
     log = read_eval_log(bled.write_inspect_log(tmp_path / "probe.eval"))

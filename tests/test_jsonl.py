@@ -139,14 +139,13 @@ def test_a_whole_file_document_names_the_line_of_its_error(tmp_path):
     assert e.value.line is None
 
 
-def test_writers_take_the_data_first_and_the_old_forms_warn(tmp_path):
+def test_writers_take_the_data_first(tmp_path):
     path = tmp_path / "a.jsonl"
     append_jsonl([{"n": 1}], path)
-    with pytest.warns(DeprecationWarning, match=r"append_jsonl\(rows, path\)"):
-        append_jsonl(path, [{"n": 2}])  # the old order: swapped
-    assert read_jsonl(path) == [{"n": 1}, {"n": 2}]
-    with pytest.warns(DeprecationWarning, match=r"write_jsonl\(rows="):
-        write_jsonl(lines=[{"n": 3}], path=path)
+    with pytest.raises(TypeError, match=r"append_jsonl\(rows, path\) takes the rows first"):
+        append_jsonl(path, [{"n": 2}])  # swapped: refused, the file untouched
+    assert read_jsonl(path) == [{"n": 1}]
+    write_jsonl(rows=[{"n": 3}], path=path)
     assert read_jsonl(path) == [{"n": 3}]
 
 

@@ -16,7 +16,7 @@ import pytest
 import tinker
 import torch
 
-from machine_nb.engines import check_model, engine_for, service_client
+from machine_nb.engines import check_checkpoint, check_model, engine_for, service_client
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import checkpoints as ck
 from machine_nb.engines.local import lora as lora_mod
@@ -290,9 +290,10 @@ def test_concurrent_samples_from_threads_match_sequential(sc, renderer):
     assert [results[i] for i in range(len(prompts))] == sequential
 
 
-def test_engine_routing_and_clear_errors(sc, batch, tmp_path):
+def test_engine_routing_and_clear_errors(sc, batch):
     assert engine_for("local/arith-tiny") == "local"
-    assert engine_for("local:///x/sampler_weights/final") == "local"
+    with pytest.raises(EngineError, match=r"'local:///x/sampler_weights/final' is not a checkpoint path tinker://<run>/"):
+        check_checkpoint("local:///x/sampler_weights/final")
     assert engine_for("tinker://local-0123abcd:train:0/sampler_weights/final") == "local"
     assert engine_for("thinkingmachines/Inkling-Small") == "tinker"
     assert engine_for("tinker://run/sampler_weights/final") == "tinker"
@@ -304,7 +305,7 @@ def test_engine_routing_and_clear_errors(sc, batch, tmp_path):
         sc.create_lora_training_client("thinkingmachines/Inkling-Small").result()
     with pytest.raises(tinker.BadRequestError, match="engine='tinker'"):
         sc.create_sampling_client(model_path="tinker://abc/sampler_weights/final").result()
-    missing = ck.to_tinker_path(f"local://{tmp_path}/sampler_weights/missing")
+    missing = "tinker://local-0123abcd:train:0/sampler_weights/missing"
     with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
         sc.create_sampling_client(model_path=missing).result()
     with pytest.raises(tinker.BadRequestError, match="does not serve"):

@@ -148,7 +148,7 @@ def unclean_outputs(nb: dict) -> list[str]:
 
 
 def test_unclean_outputs_names_each_kind_of_noise():
-    said = {"DeprecationWarning": "x.py:3: DeprecationWarning: len(result) treats an EvalResult as ...",
+    said = {"DeprecationWarning": "x.py:3: DeprecationWarning: the old name ...",
             "FutureWarning": "../machine_nb/evaluate.py:232: FutureWarning: Using the future ...",
             "Traceback": "Traceback (most recent call last):", "/work/": "logs: /work/repo/runs/a",
             "/tmp/": "wrote /tmp/x.json", "/home/": "/home/me/.cache", "no metrics yet": "LossPlot: no metrics yet",

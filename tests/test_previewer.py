@@ -37,7 +37,7 @@ def test_trained_indices_are_what_sft_trains():
     # as machine_nb.sft trains: a whole run's assistant message without a flag is not trained
     unflagged = {**WHOLE, "messages": WHOLE["messages"][:4] + [{"role": "assistant", "content": "ok"}]}
     assert trained_indices(unflagged) == [1]
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     rows, mode = prepare_data([unflagged])
     assert mode == "customized" and [i for i, m in enumerate(rows[0]["messages"]) if m["trainable"]] == [1]
@@ -52,7 +52,7 @@ def test_trained_indices_are_what_sft_trains():
 
 def test_what_the_previewer_says_sft_refuses_is_what_sft_refuses():
     """trainer_refusal runs sft's own checks: the row rules, the flags, then validate.preflight."""
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
     from machine_nb.checks.validate import preflight
     from machine_nb.widgets.previewer import trainer_refusal
 

@@ -133,18 +133,14 @@ def test_eval_cost():
 
 
 def test_the_input_is_called_data_and_a_price_serialises_with_to_dict():
-    """One vocabulary: `data` for what a call reads, `to_dict()` for serialising; the old names
-    still work for a release, with a warning naming the new one."""
+    """One vocabulary: `data` for what a call reads, `to_dict()` for serialising; one name each."""
     data = rows(8)
-    by_name = estimate_cost(data=data, model=INKLING)
-    with pytest.warns(DeprecationWarning, match=r"estimate_cost\(data="):
-        assert estimate_cost(path_or_rows=data, model=INKLING).usd == by_name.usd
+    assert estimate_cost(data=data, model=INKLING).usd == estimate_cost(data, INKLING).usd
     evals = [{"messages": r["messages"][:1], "expected": "x"} for r in data]
-    with pytest.warns(DeprecationWarning, match=r"estimate_eval_cost\(data="):
-        assert estimate_eval_cost(eval_path=evals, model=INKLING).usd == estimate_eval_cost(data=evals, model=INKLING).usd
-    with pytest.warns(DeprecationWarning, match=r"count_tokens\(data="):
-        assert count_tokens(path_or_rows=data, model=INKLING).equals(count_tokens(data, INKLING))
+    assert estimate_eval_cost(data=evals, model=INKLING).usd == estimate_eval_cost(evals, INKLING).usd
+    assert count_tokens(data=data, model=INKLING).equals(count_tokens(data, INKLING))
+    with pytest.raises(TypeError, match="path_or_rows"):
+        estimate_cost(path_or_rows=data, model=INKLING)
     price = PRICES[INKLING]
     assert price.to_dict()["train"] == 11.22 and set(price.to_dict()) == set(prices_frame().columns) - {"model"}
-    with pytest.warns(DeprecationWarning, match=r"Price.to_dict\(\)"):
-        assert price.as_dict() == price.to_dict()
+    assert not hasattr(price, "as_dict")

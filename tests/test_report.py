@@ -216,9 +216,10 @@ def test_clean_notebook_drops_the_live_twin_of_a_widget_whose_static_output_is_k
 
 
 def test_the_progress_flag_is_called_progress(tmp_path):
-    with pytest.warns(DeprecationWarning, match=r"run_report\(progress="):
-        with pytest.raises(FileNotFoundError):
-            run_report(tmp_path / "missing.ipynb", progress_bar=False)
+    with pytest.raises(FileNotFoundError):
+        run_report(tmp_path / "missing.ipynb", progress=False)
+    with pytest.raises(TypeError, match="progress_bar"):
+        run_report(tmp_path / "missing.ipynb", progress_bar=False)
 
 
 SUMMARY_CELL = """import pandas as pd

@@ -95,21 +95,15 @@ def test_training_lines_resolve_the_machine_themselves_not_through_attrs(sample_
     assert "machine" not in sel.attrs
     tools = mnb.load_machine(SAMPLE, "coder")["tools"]
     lines = mnb.training_lines(sel)
-    assert lines and all(line["tools"] == mnb.export.tool_specs(tools) for line in lines)
+    from machine_nb.data.export import tool_specs
+
+    assert lines and all(line["tools"] == tool_specs(tools) for line in lines)
     assert lines == mnb.training_lines(sel, "coder", workspace=SAMPLE)
     assert lines == mnb.training_lines(pd.concat([sel.head(1), sel.iloc[1:]], ignore_index=True))
-    # the definition a frame carried in attrs is still read, with a warning naming the arguments
+    # a definition in the frame's attrs is not read: the machine comes from machine= and workspace=
     old = sel.copy()
     old.attrs["machine"] = {"name": "coder", "instructions": "Old way.", "tools": []}
-    with pytest.warns(DeprecationWarning, match="machine="):
-        via_attrs = mnb.training_lines(old)
-    from machine_nb.core.chat import content_text
-
-    first = via_attrs[0]["messages"][0]
-    assert first["role"] == "system" and content_text(first["content"]) == "Old way." and "tools" not in via_attrs[0]
-    # the old keyword name still works, with a warning
-    with pytest.warns(DeprecationWarning, match=r"training_lines\(runs="):
-        assert mnb.training_lines(selected=sel) == lines
+    assert mnb.training_lines(old) == lines
 
 
 def test_one_function_resolves_machine_definitions(sample_runs):

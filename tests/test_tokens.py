@@ -40,7 +40,7 @@ def test_exact_counts_match_the_cookbooks_datum(tmp_path):
 def test_trained_tokens_are_what_sft_trains():
     from tinker_cookbook.renderers import TrainOnWhat
 
-    from machine_nb.training.train import prepare_data
+    from machine_nb.core.chat import prepare_data
 
     turns = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello there, friend!"},
              {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi."}]

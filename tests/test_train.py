@@ -11,12 +11,13 @@ import stat
 import pytest
 import tinker
 
+from machine_nb.core.chat import prepare_data
 from machine_nb.data.corpus import make_corpus
 from machine_nb.engines.local import DEFAULT_MODEL
-from machine_nb.engines import service_client, to_sdk_path
+from machine_nb.engines import service_client
 from machine_nb.errors import EngineError, MachineFormatError
 from machine_nb.checks.render import get_renderer
-from machine_nb.training.train import prepare_data, read_training_log, sft, smoke, training_metrics
+from machine_nb.training.train import read_training_log, sft, smoke, training_metrics
 
 from interrupt import ctrl_c_at, engine_fault_at
 
@@ -31,7 +32,7 @@ def corpus(tmp_path_factory):
 def answers(checkpoint: str, rows: list[dict], log_dir=None) -> list[str]:
     """Greedy replies of a checkpoint, sampled through the real tinker SDK from the local server."""
     renderer = get_renderer(DEFAULT_MODEL)
-    sampler = service_client("local").create_sampling_client(model_path=to_sdk_path(checkpoint)).result()
+    sampler = service_client("local").create_sampling_client(model_path=checkpoint).result()
     params = tinker.SamplingParams(max_tokens=16, temperature=0.0, stop=renderer.get_stop_sequences())
     out = []
     for row in rows:

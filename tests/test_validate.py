@@ -145,7 +145,7 @@ def test_secrets_are_found_and_redacted(tmp_path, monkeypatch):
 
     validate_module = importlib.import_module("machine_nb.checks.validate")
 
-    assert redact.mask(key) == "tk_l…(27 chars)" and validate_module.redact is redact.mask
+    assert redact.mask(key) == "tk_l…(27 chars)" and validate_module.mask is redact.mask
     assert report.secret_values is redact.secret_values and report.scrub is redact.scrub
 
 
@@ -217,10 +217,7 @@ def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
     path = write(tmp_path / "t.jsonl", [row])
     whole = validate(path, None, 5, evals)
     assert by_steps.findings.equals(whole.findings) and by_steps.summary == whole.summary
-    with pytest.warns(DeprecationWarning, match=r"validate\(path=…\) is now validate\(data=…\)"), \
-            pytest.warns(DeprecationWarning, match="eval_data"):
-        old = validate(path=path, max_length=5, eval_path=evals)
-    assert old.findings.equals(whole.findings)
+    assert validate(data=path, max_length=5, eval_data=evals).findings.equals(whole.findings)
     plain = whole.to_dict()
     assert plain["path"] == str(path) and plain["ok"] is False and plain["summary"] == whole.summary
     assert [(f["line"], f["code"]) for f in plain["findings"]][:2] == [(None, "no_model"), (1, "secret")]

@@ -126,7 +126,7 @@ def test_misplaced_and_bad_files_are_reported(tmp_path):
     with pytest.raises(MachineFormatError) as exc:
         mnb.load_runs(ws, on_error="raise")
     assert exc.value.path and exc.value.path.endswith(".json")
-    # "skip" leaves them out without a word; strict= is the older name, with a warning
+    # "skip" leaves them out without a word
     from machine_nb.store.workspace import iter_runs
 
     with warnings.catch_warnings():
@@ -137,11 +137,8 @@ def test_misplaced_and_bad_files_are_reported(tmp_path):
         assert [os.path.basename(e.path) for e in skipped] == ["broken.json"]
     with pytest.warns(SkippedFiles, match="skipped 1 run file"):
         list(iter_runs(ws, "support"))
-    with pytest.warns(DeprecationWarning, match=r"load_runs\(on_error=…\)"):
-        with pytest.raises(MachineFormatError):
-            mnb.load_runs(ws, strict=True)
-    with pytest.raises(TypeError, match="only on_error"):
-        mnb.load_runs(ws, strict=True, on_error="skip")
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        mnb.load_runs(ws, on_error="strict")
     (ws / ".machine/sessions/support").mkdir(parents=True, exist_ok=True)
     (ws / ".machine/sessions/support/bad.json").write_text("[]")
     with pytest.raises(MachineFormatError, match="bad.json"):

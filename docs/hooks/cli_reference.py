@@ -1,11 +1,16 @@
 """MkDocs hook: the CLI reference page is written from `machine-nb … --help` at build time.
 
-`<!-- cli-help -->` in a page is replaced by every command's help, run through the installed
-`machine-nb` entry point's module in this Python (so the page is always what `--help` prints).
+`<!-- cli-help -->` in a page is replaced by every command's help. One child process of this
+Python runs this file as a script: it calls the `machine-nb` entry point's `main([... "--help"])`
+for every command and subcommand and prints them as JSON, so the page is always what `--help`
+prints, at the cost of one start of the package.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import re
 import subprocess
@@ -17,10 +22,22 @@ _COMMAND = re.compile(r"^    ([a-z][a-z0-9-]*)(?:\s{2,}|$)")
 
 
 def _help(*args: str) -> str:
-    env = dict(os.environ, COLUMNS="100", HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-m", "machine_nb.cli", *args, "--help"], capture_output=True,
-                         text=True, env=env, check=True, timeout=120)
-    return out.stdout
+    """What `machine-nb ARGS --help` prints (run in this process: the child's side)."""
+    from machine_nb.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main([*args, "--help"])
+    return out.getvalue()
+
+
+def _all_helps(path: list[str]) -> list[tuple[list[str], str]]:
+    """Every command's help under `path`, depth first, in --help's order (the child's side)."""
+    text = _help(*path)
+    found = [(path, text)]
+    for name in _commands(text):
+        found += _all_helps([*path, name])
+    return found
 
 
 def _commands(text: str) -> list[str]:
@@ -37,15 +54,22 @@ def _commands(text: str) -> list[str]:
     return found
 
 
-def _section(path: list[str], level: int) -> list[str]:
-    text = _help(*path)
-    parts = [f"{'#' * level} `machine-nb {' '.join(path)}`" if path else "", "", "```text", text.rstrip(), "```", ""]
-    for name in _commands(text):
-        parts += _section([*path, name], min(level + 1, 4))
+def _section(helps: list[tuple[list[str], str]]) -> list[str]:
+    parts = []
+    for path, text in helps:
+        level = min(len(path) + 2, 4)
+        parts += [f"{'#' * level} `machine-nb {' '.join(path)}`" if path else "", "", "```text", text.rstrip(), "```", ""]
     return parts
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' signature)
     if MARKER not in markdown:
         return markdown
-    return markdown.replace(MARKER, "\n".join(_section([], 2)).lstrip())
+    env = dict(os.environ, COLUMNS="100", HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, check=True, timeout=120)
+    helps = [(path, text) for path, text in json.loads(out.stdout)]
+    return markdown.replace(MARKER, "\n".join(_section(helps)).lstrip())
+
+
+if __name__ == "__main__":
+    print(json.dumps(_all_helps([])))

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..core.compat import deprecated_alias, renamed
 from ..errors import BudgetExceeded
 from .render import base_model, is_local_model
 from ..core.theme import escape, no_math
@@ -43,15 +42,6 @@ class Price:
             {prefill, cached_prefill, sample, train, source, date}.
         """
         return asdict(self)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The older name of to_dict (warns).
-
-        Returns:
-            The same as to_dict().
-        """
-        deprecated_alias("Price.as_dict()", "Price.to_dict()")
-        return self.to_dict()
 
 
 class UnknownPrice(BudgetExceeded):
@@ -271,7 +261,6 @@ def _resolve_price(model: str, price: Price | Mapping[str, Any] | None, prices) 
     return price if isinstance(price, Price) else _with_fields(price_for(model, prices=prices, strict=False), price)
 
 
-@renamed(path_or_rows="data")
 def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, epochs: int = 1,
                   batch_size: int = 8, price: Price | Mapping[str, Any] | None = None,
                   max_usd: float | None = None, *, max_steps: int | None = None,
@@ -315,7 +304,6 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
     return est
 
 
-@renamed(eval_path="data")
 def estimate_eval_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, max_tokens: int = 32,
                        price: Price | Mapping[str, Any] | None = None, max_usd: float | None = None, *,
                        samples_per_row: int = 1, prices: Mapping[str, Any] | None = None) -> EvalCostEstimate:

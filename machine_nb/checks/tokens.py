@@ -17,8 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core.chat import is_flagged, trainable_flags, trained_indices
-from ..errors import EngineError, MachineFormatError
-from ..core.compat import renamed, user_stacklevel
+from ..errors import EngineError, MachineFormatError, user_stacklevel
 from ..core.jsonl import iter_jsonl
 
 if TYPE_CHECKING:
@@ -60,7 +59,6 @@ def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, 
     return estimate_tokens([{"messages": [msgs[i] for i in keep]}]) if keep else 0
 
 
-@renamed(path_or_rows="data")
 def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
               skipped: list | None = None) -> Iterator[tuple[int, Any]]:
     """The rows of a JSONL file or of rows in memory, numbered.
@@ -186,7 +184,6 @@ def renderer_or_reason(model: str) -> tuple[Any, str | None]:
         return None, offline_note(model, f"no renderer ({type(exc).__name__}: {exc})")
 
 
-@renamed(path_or_rows="data")
 def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
                  train_on_what: Any = None, on_error: str = "raise", progress: bool | None = None) -> pd.DataFrame:
     """Tokens per chat row for `model`.
@@ -270,7 +267,6 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
     return df
 
 
-@renamed(path_or_rows="data")
 def count_prompt_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: str, *,
                         on_error: str = "raise") -> pd.DataFrame:
     """Generation-prompt tokens per eval row (what sampling prefills).

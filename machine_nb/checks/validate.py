@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
-from ..core.compat import renamed
 from ..core.jsonl import dumps_line, iter_jsonl
 from ..core.redact import SECRET_PATTERNS, connection_passwords, mask
 from ..evaluation.scoring import MATCH_MODES
@@ -31,8 +30,6 @@ MAX_FINDINGS_PER_CODE = 200  # beyond this a code is summarised, so a broken 100
 FINDING_COLUMNS = ["line", "severity", "code", "message"]
 """findings' columns: line (1-based; <NA> for the whole file), severity (error|warning|info),
 code (a stable short name, e.g. render_failed), message (what and where, secrets redacted)."""
-
-redact = mask  # the older name of redact.mask, the one rule for showing a secret in a finding
 
 
 def bucket_label(tokens: int) -> str:
@@ -609,7 +606,6 @@ class Tally:
 
 # --------------------------------------------------------------------------- the compositions
 
-@renamed(path="data", eval_path="eval_data")
 def validate(data: Any, model: str | None = None, max_length: int | str | None = "auto",
              eval_data: str | os.PathLike | None = None, *, kind: str = "auto", train_on_what: Any = None,
              progress: bool | None = None) -> ValidationResult:
@@ -687,7 +683,6 @@ def _validate_rows(data: Any, model: str | None, max_length: int | str | None, e
     return tally.result(empty="holds no rows")
 
 
-@renamed(rows="data", eval_path="eval_data")
 def preflight(data: Any, model: str | None = None, max_length: int | str | None = "auto", *,
               eval_data: str | os.PathLike | None = None, train_on_what: Any = None,
               raise_errors: bool = True) -> ValidationResult:
@@ -743,6 +738,6 @@ def _refused(result: ValidationResult, model: str | None) -> Exception:
 
 
 __all__ = ["validate", "preflight", "model_context", "resolve_max_length", "ValidationResult", "shape_findings",
-           "secret_findings", "empty_reply_findings", "prompt_keys", "redact", "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES",
+           "secret_findings", "empty_reply_findings", "prompt_keys", "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES",
            "FINDING_COLUMNS", "SECRET_PATTERNS", "ValidateSettings", "resolve_settings", "Prepared", "prepare",
            "iter_file_rows", "row_problems", "count_row", "Tally"]

@@ -84,13 +84,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:
     """On Tinker without --yes: print what the eval could cost and refuse (Machine's habit)."""
     from ..core.chat import load_eval_rows, probe_rows
-    from ..evaluation.sampling import resolve_model
+    from ..evaluation.sampling import sampler_target
 
-    model, engine = resolve_model(args.model, args.checkpoint, args.engine)
-    if engine != "tinker" or args.yes:
+    target = sampler_target(args.model, args.checkpoint, args.engine)
+    if target.engine != "tinker" or args.yes:
         return True
     rows = load_eval_rows(args.data) if n_prompts_factor == 1 else probe_rows(args.data)
-    return refuse_to_spend("samples", eval_cost_text(rows, model, max_tokens=args.max_tokens,
+    return refuse_to_spend("samples", eval_cost_text(rows, target.model, max_tokens=args.max_tokens,
                                                      samples_per_row=n_prompts_factor))
 
 

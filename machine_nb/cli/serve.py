@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "(requests in progress are answered first; prints 'stopped', exit 0). "
             "Writes: training runs and checkpoints under --data-dir (default $MACHINE_NB_DATA_DIR, else "
             "~/.cache/machine_nb/tinker-server; 0700 folders, 0600 files); nothing is written or deleted "
-            "anywhere else (checkpoints written before the server, local://…, are served read-only). "
+            "anywhere else. "
             "Cost: free, runs on this machine. "
             "Scripts that look up a local model's tokenizer or renderer through tinker-cookbook call "
             "machine_nb.use_local_models() first."))

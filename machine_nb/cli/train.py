@@ -90,7 +90,7 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
     if getattr(args, "eval_data", None):
         from ..core.chat import load_eval_rows
         from ..training.loop import estimate_run, eval_count
-        from ..training.train import prepare_data
+        from ..core.chat import prepare_data
 
         rows, _ = prepare_data(args.data)
         every = args.eval_every or max(1, len(rows) // batch_size)
@@ -118,7 +118,8 @@ def _run_sft(args: argparse.Namespace) -> int:
 
 
 def _run_smoke(args: argparse.Namespace) -> int:
-    from ..training.train import prepare_data, smoke
+    from ..core.chat import prepare_data
+    from ..training.train import smoke
 
     rows, _ = prepare_data(args.data)
     batch = max(1, min(8, len(rows)))

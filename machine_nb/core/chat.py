@@ -3,13 +3,13 @@
 One home for what every step needs to agree on: how message content reads as text (tag keys,
 overlap digests, prompts in results), which rows are valid training, eval or probe rows (validate
 reports every problem as a finding; trainers and evals refuse the first with MachineFormatError),
-and which messages a training row trains.
+which messages a training row trains, and the rows sft trains on (`prepare_data`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -425,6 +425,52 @@ def train_messages(row: Mapping[str, Any], *, customized: bool | None = None, pa
     return messages
 
 
+def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
+    """(name for messages, (line number, row) pairs) of a JSONL path or an in-memory list/DataFrame."""
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if not path.exists():
+            raise FileNotFoundError(f"No training data at {path}")
+        from .jsonl import iter_jsonl
+
+        return str(path), iter_jsonl(path)
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame of export lines
+        data = data.to_dict("records")
+    return "<data>", enumerate(list(data), start=1)
+
+
+def prepare_data(data: Any) -> tuple[list[dict], str]:
+    """Check chat rows and choose what to train on, as `sft` writes them to its train.jsonl.
+
+    Each row must pass check_row's training-row rules (the shape rules validate applies: known
+    roles, content, tool calls, and the assistant's reply last). Rows are step examples (train
+    the last assistant message) unless some are whole runs (`"whole_run": true`) or carry
+    per-message `trainable` flags: then every row states its flags ("customized",
+    trainable_flags): whole-run rows keep theirs (assistant messages without one are not
+    trained), other rows train their last assistant message. Stating every flag matters because
+    the cookbook loads rows with `datasets`, which gives every message every key seen in the file.
+
+    Args:
+        data: a chat JSONL path, a list of rows, or a DataFrame of export lines.
+
+    Returns:
+        (rows for the cookbook, each `{"messages": [...]}` only; the cookbook's train_on_what value).
+
+    Raises:
+        MachineFormatError: naming the file, line and field of the first bad row, or no rows.
+        FileNotFoundError: a path that is not there.
+    """
+    name, source = _source_rows(data)
+    checked = [(line, check_row(row, "train", path=name, line=line)) for line, row in source]
+    if not checked:
+        raise MachineFormatError(name, "no training rows")
+    flagged = any(is_flagged(row) for _, row in checked)
+    # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
+    # unify the schemas of every other key (tools' JSON schemas differ from run to run)
+    rows = [{"messages": train_messages(row, customized=flagged, path=name, line=line)} for line, row in checked]
+    return rows, ("customized" if flagged else "last_assistant_message")
+
+
 # --------------------------------------------------------------------------- eval and probe rows
 
 def load_eval_rows(path: str | os.PathLike) -> list[dict]:
@@ -503,5 +549,5 @@ def probe_rows(prompts: Any) -> list[dict]:
 
 
 __all__ = ["ROLES", "PART_TYPES", "KINDS", "Finding", "content_text", "prompt_text", "row_findings", "check_row",
-           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "load_eval_rows", "eval_rows",
-           "probe_rows"]
+           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "prepare_data", "load_eval_rows",
+           "eval_rows", "probe_rows"]

@@ -24,8 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from .compat import renamed, user_stacklevel
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 
 OnError = Literal["raise", "warn", "skip"]
 
@@ -335,7 +334,6 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) 
     return Path(path)
 
 
-@renamed(lines="rows")
 def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
     """Write values as a JSONL file atomically (see atomic_replace).
 
@@ -381,17 +379,18 @@ def append_jsonl(rows: Iterable[Any], path: str | os.PathLike, *, mode: int = 0o
 
     Args:
         rows: the values to append, one line each.
-        path: the file (created with `mode` when missing). The older order `append_jsonl(path,
-            rows)` still works for a release, with a DeprecationWarning.
+        path: the file (created with `mode` when missing).
         mode: permission bits of a new file (default 0o600: private to the user).
 
     Returns:
         The path appended to.
+
+    Raises:
+        TypeError: `rows` is a path (the rows come first, then the file, as in write_jsonl).
     """
-    if isinstance(rows, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
-        warnings.warn("append_jsonl(path, rows) is now append_jsonl(rows, path), data first as write_jsonl; the "
-                      "old order will be removed in a later release", DeprecationWarning, stacklevel=user_stacklevel())
-        rows, path = path, rows
+    if isinstance(rows, (str, os.PathLike)):
+        raise TypeError(f"append_jsonl(rows, path) takes the rows first and the file second, as write_jsonl does; "
+                        f"got the path {os.fspath(rows)!r} as rows")
     data = "".join(dumps_line(r) + "\n" for r in rows).encode("utf-8")
     with locked(path) as path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)

@@ -193,7 +193,7 @@ def _body(rows: list[dict[str, Any]]) -> str:
     return "".join(dumps_line(r) + "\n" for r in rows)
 
 
-GENERATOR = "machine_nb.corpus.make_corpus"  # the manifest's "generator": how make_corpus knows its own files
+GENERATOR = "machine_nb.corpus.make_corpus"  # the manifest's "generator": how make_corpus knows its own files (a name files carry, not an import path)
 HELD_OUT = ("eval.jsonl", "valid.jsonl")
 
 

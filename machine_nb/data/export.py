@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..core.chat import content_text
-from ..core.compat import renamed, user_stacklevel
+from ..errors import user_stacklevel
 from ..store.workspace import resolve_machine
 
 # The message rules live in the store layer (the tag store reads turns with them); export's names
@@ -273,7 +273,6 @@ def run_records(runs: Any) -> list[dict]:
     return [r["run"] if isinstance(r, dict) and isinstance(r.get("run"), dict) else r for r in runs]
 
 
-@renamed(selected="runs")
 def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Iterable[dict] | None = None,
                    whole_runs: bool | None = None, base_model: str | None = None,
                    reasoning: bool | Callable[[str], str] = True, instructions: str | None = None,
@@ -290,8 +289,7 @@ def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Itera
         machine: the machine's definition dict or name (its definition read from `workspace`).
             Default None: the machine all of `runs` belong to, its definition read from the
             workspace they were loaded from when it has one (only its name otherwise); runs of
-            several machines use no definition. (A frame's `attrs["machine"]`, which select_runs
-            once attached, is still read, with a DeprecationWarning.)
+            several machines use no definition.
         tools: tool declarations (Machine tools or ToolSpecs); default None: the machine's.
         whole_runs: one line per whole run. Default None: `whole_runs_for(base_model)` when
             base_model is given, else False. True with a non-Inkling base model (base_model, else
@@ -308,7 +306,7 @@ def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Itera
     Returns:
         The lines, with uniform content (see `uniform_content`).
     """
-    mdef = _definition(runs, machine, workspace)
+    mdef = resolve_machine(machine, workspace, runs=runs, undefined="name" if machine is None else "raise")
     if whole_runs is None:
         whole_runs = bool(base_model) and whole_runs_for(base_model)
     elif whole_runs and base_model is None and isinstance(mdef.get("model"), str) \
@@ -335,21 +333,6 @@ def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Itera
         for example in step_examples(msgs, failed_steps=flags, keep_step_reasoning=resends):
             lines.append({"messages": example, **extra, "machine": name, "run": run.get("id"), "score": score})
     return uniform_content(lines)
-
-
-def _definition(runs: Any, machine: dict | str | None, workspace: Any) -> dict:
-    """The machine definition training_lines uses (resolve_machine's), or the deprecated attached one."""
-    attrs = getattr(runs, "attrs", None) if hasattr(runs, "columns") else None
-    attached = attrs.get("machine") if isinstance(attrs, dict) else None
-    if machine is None and workspace is None and isinstance(attached, dict):
-        import warnings
-
-        warnings.warn("training_lines read the machine definition from the frame's attrs['machine'], which "
-                      "select_runs no longer sets: pass machine= (a name or the definition) and workspace= instead; "
-                      "reading attrs will be removed in a later release",
-                      DeprecationWarning, stacklevel=user_stacklevel())
-        return attached
-    return resolve_machine(machine, workspace, runs=runs, undefined="name" if machine is None else "raise")
 
 
 def estimate_tokens(lines: Iterable[dict]) -> int:

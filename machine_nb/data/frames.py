@@ -9,9 +9,8 @@ import gc
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..core.compat import user_stacklevel
 from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 from ..store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, on_error_policy,
                               read_json, warn_skipped, workspace_root)
 
@@ -52,7 +51,7 @@ INDEX_MIN_RUNS = 5_000
 
 def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
               store: str | os.PathLike | None = None, failed: FailedPredicate | None = None,
-              index: bool | None = None, check: str = "dirs", strict: bool | None = None) -> pd.DataFrame:
+              index: bool | None = None, check: str = "dirs") -> pd.DataFrame:
     """All runs of a workspace as a DataFrame, one row per run, newest first (started_at, then id).
 
     Args:
@@ -75,7 +74,6 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
             every file created, deleted or renamed into place changes, plus a stat of unfinished
             runs and bad files) or "files" (stat every file; also sees files rewritten in place).
             See `store.index.update_index`.
-        strict: the older name of on_error: True is "raise", False "warn" (warns).
 
     Returns:
         A DataFrame with RUN_COLUMNS (and `tags` with a store). With the index, `run` is filled on
@@ -84,7 +82,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
         the workspace root; `attrs["index"]` what the index did (an IndexStats: files, parsed,
         reused, removed, …) or None.
     """
-    on_error = on_error_policy(on_error, strict, "load_runs")
+    on_error = on_error_policy(on_error)
     failed_rule = failed or default_failed
     if check not in ("dirs", "files"):
         raise ValueError(f"check must be one of ('dirs', 'files'), not {check!r}")

@@ -6,8 +6,7 @@ time it is needed. So training (train.py) and evaluation (evaluate.py) run one c
 only differences between the engines are the base URL, the key and the model.
 
 Which engine a model or checkpoint belongs to is decided here, by its name: local models are
-`local/…`, their checkpoints `tinker://local-…` (and, from before the server, `local://…`);
-anything else is Tinker's. Higher layers reach the engines only through this module.
+`local/…`, their checkpoints `tinker://local-…`; anything else is Tinker's. Higher layers reach the engines only through this module.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from .local.checkpoints import PROCESS_KEY as LOCAL_API_KEY  # noqa: E402  (name
 
 
 def engine_for(model_or_path: str) -> str:
-    """"local" for a local model (`local/…`) or checkpoint (`tinker://local-…`, `local://…`), else "tinker"."""
+    """"local" for a local model (`local/…`) or checkpoint (`tinker://local-…`), else "tinker"."""
     from .local.checkpoints import is_local_path
 
     name = str(model_or_path)
@@ -289,11 +288,17 @@ def _close(client: Any, *, finish: bool) -> None:
     stop_sdk_client(client)
 
 
-def to_sdk_path(path: str) -> str:
-    """A checkpoint path as the SDK takes it (`tinker://…`; legacy `local://…` paths translated)."""
-    from .local.checkpoints import is_local_path, to_tinker_path
+def check_checkpoint(path: str) -> str:
+    """`path` when it is a checkpoint path (`tinker://<run>/weights|sampler_weights/<name>`, local or
+    Tinker's), else EngineError saying what one looks like."""
+    from .local.checkpoints import TINKER_SCHEME, is_local_path, parse
 
-    return to_tinker_path(path) if is_local_path(path) else path
+    if is_local_path(path):
+        parse(path)
+    elif not isinstance(path, str) or not path.startswith(TINKER_SCHEME):
+        raise EngineError(f"{path!r} is not a checkpoint path tinker://<run>/weights|sampler_weights/<name> "
+                          "(a training run's result.checkpoint, or result.state_path for its training state)")
+    return path
 
 
 def checkpoint_base_model(path: str) -> str | None:
@@ -305,7 +310,7 @@ def checkpoint_base_model(path: str) -> str | None:
     """
     if engine_for(path) != "local":
         return None
-    from .local.checkpoints import LEGACY_SCHEME, checkpoint_dir, default_data_dir
+    from .local.checkpoints import checkpoint_dir, default_data_dir
     from .local.compute import read_meta
 
     try:
@@ -315,7 +320,7 @@ def checkpoint_base_model(path: str) -> str | None:
     except ImportError:
         data_dir = default_data_dir()
     directory = checkpoint_dir(data_dir, path)
-    if not (directory / "checkpoint.json").is_file() and not str(path).startswith(LEGACY_SCHEME):
+    if not (directory / "checkpoint.json").is_file():
         raise EngineError(
             f"{path} is not a checkpoint of this process's local engine (its data dir {data_dir} does not hold "
             "it). A checkpoint made by a separate `machine-nb serve` is served by that server: pass "

@@ -1,7 +1,7 @@
 """The promotion gate: a trained checkpoint is a *candidate*, measured against the machine's live
 version on its held-out cases; `Candidate.commit()` makes it live only if it passed the gate
 (unless forced), and `revert()` restores the previous version. Measuring is
-`cases.evaluate_cases`, the paired numbers `evaluate.compare`'s; this module decides, and writes
+`cases.evaluate_cases`, the paired numbers `compare.compare`'s; this module decides, and writes
 the machine's `versions.json` (and the `model` of its `model.json`).
 
 Writes are whole-file replacements (temp + rename) under one lock per machine, after re-reading
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from .cases import (PREVIOUS_LIVE, VERSION_ID, is_checkpoint, live_index, load_cases, machine_path, previous_live_index,
                     read_versions)
 from ..core.chat import content_text
-from ..core.compat import renamed
 from ..store.workspace import read_file
 
 if TYPE_CHECKING:
@@ -629,7 +628,6 @@ def _training_inputs(data: Any) -> list[str]:
     return out
 
 
-@renamed(show_progress="progress")
 def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, trials: int = 1,
               gate: Gate | None = None, engine: str | None = None, grader: Any = None, data: Any = None,
               max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0, max_usd: float | None = None,
@@ -673,7 +671,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     from .. import engines
     from .cases import evaluate_cases
     from ..data.export import case_key, held_out_keys
-    from .sampling import open_sampler
+    from .sampling import SamplerTarget, open_sampler
 
     workspace = os.fspath(workspace)
     gate = gate or Gate()
@@ -694,7 +692,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          "sft returned (TrainResult.checkpoint)")
     engine = engine or engines.engine_for(checkpoint)
     service = engines.service_client(engine)
-    cand_client = open_sampler("", str(checkpoint), engine, service)  # a checkpoint: its base model is asked
+    cand_client = open_sampler(SamplerTarget("", str(checkpoint), engine), service)  # its base model is asked
     base = cand_client.get_base_model()
     live_ckpt = live["model"] if is_checkpoint(live["model"]) else None
     live_base = live.get("baseModel") or (None if live_ckpt else live["model"])
@@ -703,7 +701,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
                          f"{live_base}: a candidate must share the live version's base model (its renderer, "
                          "tokens and price), so train it from that one")
     engines.check_model(engine, live_ckpt or live_base)
-    live_client = open_sampler(live_base or "", live_ckpt, engine, service)
+    live_client = open_sampler(SamplerTarget(live_base or "", live_ckpt, engine), service)
     if live_base is None:
         live_base = live_client.get_base_model()
         if live_base != base:

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.compat import renamed
 from ..errors import MachineFormatError
 
 if TYPE_CHECKING:
@@ -156,7 +155,7 @@ def warn_holdout_in_cases(cases_path: Path, cases: list[dict], holdout_path: Pat
     """
     import warnings
 
-    from ..core.compat import user_stacklevel
+    from ..errors import user_stacklevel
     from ..data.export import case_key
 
     held = {}
@@ -280,7 +279,7 @@ def is_checkpoint(model: str) -> bool:
         model: a version's `model`.
 
     Returns:
-        True for a path (`tinker://…`, or a `local://…` one written before the local server).
+        True for a checkpoint path (`tinker://…`).
     """
     return "://" in str(model)
 
@@ -331,7 +330,6 @@ def _grade(grader: Grader, case: dict, reply: str) -> bool:
     return bool(value)
 
 
-@renamed(show_progress="progress")
 def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None = None,
                    checkpoint: str | None = None, *, split: str = "holdout", cases: Any = None, trials: int = 1,
                    engine: str | None = None, grader: Grader | None = None, instructions: str | None = None,
@@ -422,9 +420,10 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
 
         engine = engine_for(str(checkpoint or model))
     if sampling_client is None:
-        from .sampling import open_sampler  # the SDK's client itself (not its future), errors explained
+        from .sampling import SamplerTarget, open_sampler  # the SDK's client itself (not its future), errors explained
 
-        sampling_client = open_sampler(model, str(checkpoint) if checkpoint else None, engine, service_client)
+        sampling_client = open_sampler(SamplerTarget(model, str(checkpoint) if checkpoint else None, engine),
+                                       service_client)
     if model is None:  # a checkpoint's base model: its renderer formats the prompts
         model = sampling_client.get_base_model()
     label = name or (results_name(checkpoint) if checkpoint else f"live {live['id']}" if live else "baseline")

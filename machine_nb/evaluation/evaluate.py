@@ -4,13 +4,12 @@ Rows are Machine's `{"messages", "expected", "match", "format"?}` (its `/train e
 Sampling goes through the real tinker SDK's sampling client (local server or Tinker, see engines/);
 whether a checkpoint is *good enough* to use is the reader's call, made from compare.py's paired
 numbers. Rows are checked in chat.py, replies scored in scoring.py, results (EvalResult, the
-results JSON) kept in results.py; the names that moved there stay importable from here.
+results JSON) kept in results.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import time
@@ -20,18 +19,17 @@ from typing import Any
 
 from ..core import patterns
 from ..core.chat import eval_rows, probe_rows, prompt_text
-from ..core.compat import renamed, user_stacklevel
+from ..errors import user_stacklevel
 from ..checks.pricing import estimate_eval_cost, sample_cost
 from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
                       utc_now)
-from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, resolve_model,
-                       run_coroutine, sample_rows, sampling_params, watchdog)
+from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, run_coroutine, sample_rows,
+                       sampler_target, sampling_params, watchdog)
 from .scoring import format_matches, score_row
 
 
 # --------------------------------------------------------------------------- evaluate
 
-@renamed(eval_path="data", show_progress="progress")
 def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
@@ -92,7 +90,8 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
     rows, data_path = eval_rows(data)
     data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
-    model, engine = resolve_model(model, checkpoint, engine)
+    target = sampler_target(model, checkpoint, engine)
+    model, engine = target.model, target.engine
     renderer_obj, renderer_label = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
@@ -100,7 +99,7 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
     prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
-    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
+    client = sampling_client if sampling_client is not None else open_sampler(target, service_client)
 
     started_at, t0 = utc_now(), time.perf_counter()
     label = results_name(checkpoint) if name is None else name
@@ -161,7 +160,6 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
 # --------------------------------------------------------------------------- bleed probe
 
-@renamed(prompts="data", show_progress="progress")
 def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: str | None = None,
           engine: str | None = None, *, format: str | None = None, max_tokens: int = 32, temperature: float = 0.0,
           seed: int | None = 0, concurrency: int | None = None, renderer: Any = None,
@@ -209,15 +207,16 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
             patterns.compile_pattern(format)
         except (patterns.pattern_error(), TypeError) as exc:
             raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
-    model, engine = resolve_model(model, checkpoint, engine)
+    target = sampler_target(model, checkpoint, engine)
+    model, engine = target.model, target.engine
     renderer_obj, _ = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     source = os.fspath(data) if isinstance(data, (str, os.PathLike)) and Path(data).is_file() else None
     rendered = render_prompts(renderer_obj, rows, source)
-    base_client = baseline_client if baseline_client is not None else open_sampler(model, None, engine, service_client)
-    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(model, checkpoint, engine, service_client)
+    base_client = baseline_client if baseline_client is not None else open_sampler(target.base, service_client)
+    ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(target, service_client)
 
     async def both(bar: Any) -> tuple[list[dict], list[dict]]:
         return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),
@@ -245,40 +244,3 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
     summary = {"name": "probe", "model": model, "checkpoint": checkpoint, "engine": engine, "format": format,
                "n": len(df), "bled": int(sum(bool(b) for b in df["bled"] if b is not None))}
     return EvalResult(df, summary, None)
-
-
-# --------------------------------------------------------------------------- moved names
-# Names that now live in their own modules stay importable from here (loaded on first use):
-# old name -> "module.name".
-_MOVED: dict[str, str] = {
-    # scoring.py
-    "MATCH_MODES": "scoring.MATCH_MODES", "DEFAULT_MATCH": "scoring.DEFAULT_MATCH", "normalize": "scoring.normalize",
-    "last_number": "scoring.last_number", "score_output": "scoring.score_output",
-    "_to_number": "scoring.to_number", "_score_row": "scoring.score_row",
-    # chat.py
-    "check_row": "chat.check_row", "load_eval_rows": "chat.load_eval_rows", "_rows_from": "chat.eval_rows",
-    "_probe_rows": "chat.probe_rows", "_text": "chat.content_text",
-    # sampling.py
-    "_call_sampler": "sampling.call_sampler", "_render_prompts": "sampling.render_prompts",
-    "_sample_rows": "sampling.sample_rows", "_run": "sampling.run_coroutine", "_resolve": "sampling.resolve_model",
-    "_open_sampler": "sampling.open_sampler", "_watchdog": "sampling.watchdog",
-    "_sampling_params": "sampling.sampling_params", "_renderer_for": "sampling.renderer_for",
-    # pricing.py
-    "_eval_cost": "pricing.sample_cost",
-    # results.py
-    "load_results": "results.load_results", "_now": "results.utc_now", "_sha256": "results.file_sha256",
-    # compare.py and stats.py
-    "compare": "compare.compare", "compare_many": "compare.compare_many", "CompareResult": "compare.CompareResult",
-    "CompareManyResult": "compare.CompareManyResult", "mcnemar_exact": "stats.mcnemar_exact",
-    "min_discordant_for": "stats.min_discordant_for", "paired_bootstrap_ci": "stats.paired_bootstrap_ci",
-}
-
-
-def __getattr__(name: str) -> Any:
-    moved = _MOVED.get(name)
-    if moved is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attr = moved.rpartition(".")
-    value = getattr(importlib.import_module(f".{module}", __package__), attr)
-    globals()[name] = value  # later lookups skip this function
-    return value

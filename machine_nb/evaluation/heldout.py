@@ -219,7 +219,7 @@ def _on_final_checkpoint(log_dir: str, model: str, base_url: str | None, total_s
     import tinker
     from tinker_cookbook import checkpoint_utils
 
-    from .sampling import open_sampler
+    from .sampling import SamplerTarget, open_sampler
 
     final = [c for c in checkpoint_utils.load_checkpoints_file(log_dir) if c.name == "final" and c.sampler_path]
     if not final:
@@ -227,7 +227,7 @@ def _on_final_checkpoint(log_dir: str, model: str, base_url: str | None, total_s
     service = tinker.ServiceClient(base_url=base_url)
     status = "errored"
     try:
-        metrics = score(open_sampler(model, final[-1].sampler_path, "tinker", service_client=service))
+        metrics = score(open_sampler(SamplerTarget(model, final[-1].sampler_path, "tinker"), service_client=service))
         status = "success"
     except BaseException as exc:
         if on_error is not None:

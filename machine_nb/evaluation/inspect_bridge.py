@@ -209,9 +209,10 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
 
     from .. import engines
     from ..checks import render
-    from .sampling import open_sampler, renderer_for, resolve_model
+    from .sampling import open_sampler, renderer_for, sampler_target
 
-    model, engine = resolve_model(model, checkpoint, engine)
+    target = sampler_target(model, checkpoint, engine)
+    model, engine = target.model, target.engine
     if renderer is not None and not isinstance(renderer, str):
         raise TypeError("inspect_eval: renderer must be a renderer name (the cookbook's Inspect model API builds it)")
     if render.is_local_model(model):
@@ -219,7 +220,7 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
     _, renderer_label = renderer_for(model, renderer)
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
-    client = sampling_client if sampling_client is not None else open_sampler(model, checkpoint, engine, service_client)
+    client = sampling_client if sampling_client is not None else open_sampler(target, service_client)
     from tinker_cookbook.eval.inspect_utils import InspectAPIFromTinkerSampling
 
     api = InspectAPIFromTinkerSampling(renderer_name=renderer_label, model_name=model, sampling_client=client)

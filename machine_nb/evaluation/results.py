@@ -15,12 +15,9 @@ import datetime as _dt
 import hashlib
 import os
 import re
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.compat import user_stacklevel
 from ..errors import MachineFormatError
 
 if TYPE_CHECKING:
@@ -169,9 +166,8 @@ def as_eval_result(value: Any, what: str = "results") -> EvalResult:
 
     Args:
         value: an EvalResult (returned as is); a results JSON path (read with load_results); a
-            DataFrame of per-row results (its name and path are taken from the `attrs` that
-            older code set, when present); or a loaded results dict (`{..., "rows": [...]}`,
-            the shape of the results JSON and of `EvalResult.to_dict()`).
+            DataFrame of per-row results (no summary, no path); or a loaded results dict
+            (`{..., "rows": [...]}`, the shape of the results JSON and of `EvalResult.to_dict()`).
         what: the value's role, named in errors (default "results").
 
     Returns:
@@ -189,10 +185,7 @@ def as_eval_result(value: Any, what: str = "results") -> EvalResult:
     if isinstance(value, (str, os.PathLike)):
         return load_results(value)
     if isinstance(value, pd.DataFrame):
-        summary = value.attrs.get("summary")
-        path = value.attrs.get("path")
-        return EvalResult(value, dict(summary) if isinstance(summary, dict) else {},
-                          None if path is None else str(path))
+        return EvalResult(value)
     if isinstance(value, dict) and isinstance(value.get("rows"), list):
         summary = {k: v for k, v in value.items() if k not in ("rows", "path")}
         path = value.get("path")
@@ -206,19 +199,12 @@ def as_eval_result(value: Any, what: str = "results") -> EvalResult:
 HTML_ROWS = 10  # rows of the table the notebook view shows (the whole frame is `.rows`)
 
 
-def _deprecated_frame_use(old: str, new: str) -> None:
-    warnings.warn(f"{old} treats an EvalResult as the DataFrame evaluate() used to return: write {new} "
-                  "(this forwarding to .rows will be removed in a later release)", DeprecationWarning, stacklevel=user_stacklevel())
-
-
 @dataclass(repr=False, eq=False)
 class EvalResult:
     """One eval's results: a row per sampled reply, the run's summary, and the file written.
 
-    For one release an EvalResult also stands in for its `rows` DataFrame (`res["correct"]`,
-    `len(res)`, `res.columns`, `res.head()`, iteration, `res.attrs["summary"]`, ...): each such
-    use warns with a DeprecationWarning and goes to `rows` (`res.attrs` gives
-    `{"summary": ..., "path": ...}`). Write `res.rows[...]`, `res.summary`, `res.path` instead.
+    The rows are a DataFrame of their own (`res.rows["correct"]`, `len(res.rows)`); the run's
+    numbers are `res.summary`, the file `res.path`.
 
     Args:
         rows: one row per reply. evaluate() and load_results(): RESULT_COLUMNS (plus "case" when
@@ -269,20 +255,13 @@ class EvalResult:
             return None
         return proportion_interval(self.accuracy * n, n, level=level)
 
-    def to_dict(self, *args: Any, **kwargs: Any) -> dict:
+    def to_dict(self) -> dict:
         """The result as plain data, in the results JSON's shape (e.g. for a report's JSON).
-
-        Args:
-            *args, **kwargs: none. Given any (`res.to_dict("records")`), this is the DataFrame's
-                `to_dict` on `rows`, with a DeprecationWarning (forwarded for one release).
 
         Returns:
             `{**summary, "path": path, "rows": [one dict per row]}`; compare() and
             as_eval_result() read it back.
         """
-        if args or kwargs:
-            _deprecated_frame_use("result.to_dict(...)", "result.rows.to_dict(...)")
-            return self.rows.to_dict(*args, **kwargs)
         return {**self.summary, "path": self.path, "rows": self.rows.to_dict("records")}
 
     def _headline(self) -> str:
@@ -364,49 +343,6 @@ class EvalResult:
             else:
                 path = Path(RESULTS_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', str(self.name or 'results'))}.eval"
         return write_log(build_log(self.rows.to_dict("records"), self.summary), path)
-
-    # ------------------------------------------------------------------ DataFrame use, for one release
-
-    @property
-    def attrs(self) -> dict:
-        """Deprecated: `{"summary": ..., "path": ...}`, as the DataFrame evaluate() returned had."""
-        _deprecated_frame_use("result.attrs", "result.summary and result.path")
-        return {"summary": self.summary, "path": self.path}
-
-    def __getattr__(self, name: str) -> Any:
-        # only public DataFrame names: IPython's display probes (_repr_*_), copy and pickle look
-        # up private names, and must not reach the frame
-        if name.startswith("_") or "rows" not in self.__dict__:
-            raise AttributeError(f"'EvalResult' object has no attribute {name!r}")
-        try:
-            value = getattr(self.rows, name)
-        except AttributeError:
-            raise AttributeError(f"'EvalResult' object has no attribute {name!r}") from None
-        _deprecated_frame_use(f"result.{name}", f"result.rows.{name}")
-        return value
-
-    def __getitem__(self, key: Any) -> Any:
-        _deprecated_frame_use("result[...]", "result.rows[...]")
-        return self.rows[key]
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        _deprecated_frame_use("result[...] = ...", "result.rows[...] = ...")
-        self.rows[key] = value
-
-    def __len__(self) -> int:
-        _deprecated_frame_use("len(result)", "len(result.rows)")
-        return len(self.rows)
-
-    def __iter__(self) -> Iterator:
-        _deprecated_frame_use("iterating over result", "result.rows")
-        return iter(self.rows)
-
-    def __contains__(self, key: Any) -> bool:
-        _deprecated_frame_use("`x in result`", "`x in result.rows`")
-        return key in self.rows
-
-    def __bool__(self) -> bool:
-        return True  # a result is a result, whatever len() of its rows
 
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "as_eval_result", "results_name", "utc_now",

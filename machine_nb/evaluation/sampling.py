@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -35,25 +36,51 @@ class SamplingClientLike(Protocol):
         ...
 
 
-def resolve_model(model: str | None, checkpoint: str | None, engine: str | None) -> tuple[str, str]:
-    """The model whose renderer formats the prompts, and the engine that serves the sampler.
+@dataclasses.dataclass(frozen=True)
+class SamplerTarget:
+    """What a sampling client is opened on, resolved once (`sampler_target`) and passed down to
+    `open_sampler`, so the checkpoint is looked up in one place.
+
+    Args:
+        model: the base model: its renderer formats the prompts ("" when only the checkpoint's
+            server knows it; the client's `get_base_model()` then says).
+        checkpoint: the sampler path (`tinker://<run>/sampler_weights/<name>`), or None for the
+            base model itself.
+        engine: "local" | "tinker", the engine that serves it.
+    """
+
+    model: str
+    checkpoint: str | None
+    engine: str
+
+    @property
+    def base(self) -> SamplerTarget:
+        """The same base model and engine, without the checkpoint."""
+        return dataclasses.replace(self, checkpoint=None)
+
+
+def sampler_target(model: str | None, checkpoint: str | None, engine: str | None) -> SamplerTarget:
+    """The model whose renderer formats the prompts, the checkpoint, and the engine that serves them.
 
     Args:
         model: the base model, or None: a local checkpoint's recorded base model, else the
             local engine's default model.
-        checkpoint: a sampler path (`tinker://…`, `local://…`) or None for the base model.
+        checkpoint: a sampler path (`tinker://<run>/sampler_weights/<name>`) or None for the base model.
         engine: "local" | "tinker", or None: the engine that serves the checkpoint or model
             (engines.engine_for). Needed only to point a local model's checkpoint at a
             Tinker-compatible server (`engine="tinker"` with TINKER_BASE_URL).
 
     Returns:
-        (model, engine).
+        The SamplerTarget.
 
     Raises:
-        EngineError: a Tinker checkpoint without model=, or an engine asked for the other's model.
+        EngineError: not a checkpoint path, a Tinker checkpoint without model=, or an engine asked
+            for the other's model.
     """
     from .. import engines
 
+    if checkpoint:
+        engines.check_checkpoint(str(checkpoint))
     if model is None:
         if checkpoint and engines.engine_for(str(checkpoint)) == "local":
             model = engines.checkpoint_base_model(str(checkpoint))  # a local checkpoint records it
@@ -64,16 +91,14 @@ def resolve_model(model: str | None, checkpoint: str | None, engine: str | None)
     engine = engine or engines.engine_for(str(checkpoint or model))
     # asking one engine for the other's model: a clear error now, not a failed request later
     engines.check_model(engine, str(checkpoint or model))
-    return model, engine
+    return SamplerTarget(model, str(checkpoint) if checkpoint else None, engine)
 
 
-def open_sampler(model: str, checkpoint: str | None, engine: str, service_client: Any = None) -> Any:
+def open_sampler(target: SamplerTarget, service_client: Any = None) -> Any:
     """A sampling client (the real tinker SDK's) for the base model or a checkpoint.
 
     Args:
-        model: the base model.
-        checkpoint: a sampler path, or None for the base model.
-        engine: "local" | "tinker".
+        target: the base model, checkpoint and engine (sampler_target's).
         service_client: a ServiceClient to use (default None: the engine's own, from
             engines.service_client, which on Tinker checks the key and the service first, within
             5 s, never leaving the SDK to hang for minutes).
@@ -86,13 +111,14 @@ def open_sampler(model: str, checkpoint: str | None, engine: str, service_client
     """
     from .. import engines
 
+    model, checkpoint, engine = target.model, target.checkpoint, target.engine
     if service_client is None:
         service_client = engines.service_client(engine, models=(model,))
 
     def create() -> Any:
         try:
             if checkpoint:
-                future = service_client.create_sampling_client(model_path=engines.to_sdk_path(str(checkpoint)))
+                future = service_client.create_sampling_client(model_path=checkpoint)
             else:
                 future = service_client.create_sampling_client(base_model=model)
             return future.result() if hasattr(future, "result") else future
@@ -295,5 +321,5 @@ def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog
         return pool.submit(lambda: asyncio.run(guarded())).result()
 
 
-__all__ = ["SamplingClientLike", "resolve_model", "open_sampler", "renderer_for", "sampling_params",
+__all__ = ["SamplingClientLike", "SamplerTarget", "sampler_target", "open_sampler", "renderer_for", "sampling_params",
            "render_prompts", "call_sampler", "sample_rows", "watchdog", "run_coroutine"]

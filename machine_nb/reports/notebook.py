@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.compat import renamed
 from ..core.jsonl import atomic_write_text
 from ..core.progress import resolve_progress
 from ..core.redact import REDACTED, is_secret_name, scrub, secret_values  # noqa: F401  (the rule's home)
@@ -804,7 +803,6 @@ def _redacted_error(exc: BaseException, secrets: list[str]) -> BaseException | N
     return RuntimeError(f"{type(exc).__name__}: {text}") if n else None
 
 
-@renamed(progress_bar="progress")
 def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = None,
                output: str | os.PathLike | None = None, *, kernel_name: str = "python3",
                cwd: str | os.PathLike | None = None, progress: bool | None = None,

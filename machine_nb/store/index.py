@@ -31,8 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..core.compat import user_stacklevel
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 from ..core.jsonl import atomic_replace
 from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
                         outside, read_file)

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.chat import content_text
-from ..core.compat import renamed, user_stacklevel
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 from .messages import is_tool_call, to_chat, without_thinking
 
 if TYPE_CHECKING:
@@ -161,7 +160,6 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
     return chat, records
 
 
-@renamed(item="run")
 def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
         trace: bool = False, store: str | os.PathLike | None = None, *, reasoning: bool = False,
         source: str | None = None, id: str | None = None, created_at: str | None = None,

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.compat import user_stacklevel
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 from ..core.jsonl import not_regular, open_regular_fd
 
 if TYPE_CHECKING:
@@ -100,25 +99,8 @@ def warn_skipped(what: str, errors: list[MachineFormatError]) -> None:
 ON_ERROR = ("raise", "warn", "skip")
 
 
-def on_error_policy(on_error: str, strict: bool | None, fn: str) -> str:
-    """The bad-file policy of a reader that once took `strict=`.
-
-    Args:
-        on_error: "raise", "warn" or "skip".
-        strict: the older flag (None: not given): True is "raise", False is "warn"; giving it
-            warns, and giving it with an on_error other than "warn" is a TypeError.
-        fn: the reader's name, for the messages.
-
-    Returns:
-        The policy.
-    """
-    if strict is not None:
-        if on_error != "warn":
-            raise TypeError(f"{fn}() got both strict= and on_error=: pass only on_error")
-        warnings.warn(f"{fn}(strict=…) is now {fn}(on_error=…): strict=True is on_error='raise', strict=False "
-                      "on_error='warn'; the old name will be removed in a later release", DeprecationWarning,
-                      stacklevel=user_stacklevel())
-        on_error = "raise" if strict else "warn"
+def on_error_policy(on_error: str) -> str:
+    """A reader's bad-file policy, checked: "raise", "warn" or "skip" (ValueError otherwise)."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
     return on_error
@@ -629,8 +611,7 @@ def read_run(path: str | os.PathLike, machine: str | None = None) -> dict:
 
 
 def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
-              skipped: list[MachineFormatError] | None = None, strict: bool | None = None
-              ) -> Iterator[tuple[str, dict]]:
+              skipped: list[MachineFormatError] | None = None) -> Iterator[tuple[str, dict]]:
     """Every run file of a workspace (or of one machine and its nested machines), parsed and checked.
 
     Args:
@@ -640,12 +621,11 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
             does not hide hundreds of good ones, and listed in one SkippedFiles warning at the
             end), "skip" (skipped silently) or "raise" (the first one's MachineFormatError).
         skipped: a list that collects each skipped file's MachineFormatError (default None).
-        strict: the older name: True is on_error="raise", False "warn" (warns).
 
     Returns:
         An iterator of (path, run record).
     """
-    on_error = on_error_policy(on_error, strict, "iter_runs")
+    on_error = on_error_policy(on_error)
     top = root = machine_dir(workspace) / "runs"
     if machine is not None:
         root = root.joinpath(*name_segments(machine, "machine name"))
@@ -672,8 +652,7 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
 # Sessions and events
 
 
-def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn",
-                  strict: bool | None = None) -> pd.DataFrame:
+def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn") -> pd.DataFrame:
     """Named chat sessions as a DataFrame, newest first.
 
     A Session is Machine's `{machine, name, messages, updatedAt}` record.
@@ -683,7 +662,6 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, o
         machine: only this machine's sessions and its nested machines' (default None: all).
         on_error: what a bad file does: "warn" (default: skipped, listed in one SkippedFiles
             warning), "skip" (skipped silently) or "raise" (its MachineFormatError).
-        strict: the older name: True is on_error="raise", False "warn" (warns).
 
     Returns:
         A DataFrame with columns machine, name, n_messages, updated_at (UTC datetime; NaT, with a
@@ -692,7 +670,7 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, o
     """
     import pandas as pd
 
-    on_error = on_error_policy(on_error, strict, "load_sessions")
+    on_error = on_error_policy(on_error)
 
     top = root = machine_dir(workspace) / "sessions"
     if machine is not None:

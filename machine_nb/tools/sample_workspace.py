@@ -664,7 +664,7 @@ def generate(out: str | Path, *, seed: int = 0, n_runs: int | None = None, pad: 
 MARKER = ".machine-nb-sample.json"
 """The generator's record of what it wrote (every file's sha256), at the workspace's top."""
 OWN_FOLDERS = (".machine", "machines", ".machine-store")
-_WRITTEN_BY = "machine_nb.sample.generate"
+_WRITTEN_BY = "machine_nb.sample.generate"  # a name the marker file carries, not an import path
 
 
 def _sha256(path: Path) -> str:

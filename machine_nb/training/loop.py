@@ -190,13 +190,13 @@ class RunSettings:
     eval_temperature: float = 0.0
 
     @classmethod
-    def resolve(cls: type[S], resumed: Resumed | None, given: Mapping[str, Any]) -> S:
+    def resolve(cls: type[S], resumed: Resumed | None, /, **given: Any) -> S:
         """The settings of a run, from its call's arguments (or, resumed, the run's own).
 
         Args:
             resumed: the run to continue (its record's settings win), or None.
-            given: the call's arguments by name (the fields of this class are taken from it;
-                model and engine may be None).
+            **given: the call's settings by field name, each passed on explicitly by `sft` or
+                `dpo` (model and engine may be None; a field not given keeps its default).
 
         Returns:
             The settings, every default filled in.
@@ -204,9 +204,13 @@ class RunSettings:
         Raises:
             EngineError: an unknown engine or a model it does not serve.
             UnknownPrice: on Tinker, a price the run's cost needs is unknown.
-            ValueError: a value out of range.
+            ValueError: a value out of range. TypeError: a name that is not a field.
         """
-        values = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}")
+        values = dict(given)
         if resumed is not None:
             values.update({k: resumed.record[k] for k in cls.resumed if k in resumed.record})
             held = resumed.record.get("heldout")

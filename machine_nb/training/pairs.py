@@ -21,8 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.compat import user_stacklevel
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 from ..data.export import case_key, held_out_keys, run_case, say_excluded
 # Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
 from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages, comparison_line,  # noqa: F401

@@ -105,9 +105,9 @@ def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
             raise ValueError(
                 f"load_checkpoint={load_checkpoint!r} is sampler weights; DPO starts from training state "
                 "(…/weights/<name>): pass the sft TrainResult, its log dir, or result.state_path")
-        from ..engines import checkpoint_base_model, engine_for
+        from ..engines import check_checkpoint, checkpoint_base_model, engine_for
 
-        engine = engine_for(load_checkpoint)
+        engine = engine_for(check_checkpoint(load_checkpoint))
         return load_checkpoint, checkpoint_base_model(load_checkpoint) if engine == "local" else None, engine
     else:
         raise ValueError(f"load_checkpoint must be a TrainResult, a training log dir or a tinker:// state path, "
@@ -138,20 +138,6 @@ def read_dpo_log(log_dir: str | os.PathLike) -> TrainResult:
     return read_training_log(log_dir)
 
 
-def __getattr__(name: str) -> Any:
-    from ..core.compat import deprecated_alias
-
-    if name == "DPOResult":  # one result class for sft and dpo runs now
-        deprecated_alias("machine_nb.training.preference.DPOResult", "machine_nb.TrainResult (kind='dpo')")
-        return TrainResult
-    if name == "dpo_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
-        import functools
-
-        deprecated_alias("machine_nb.training.preference.dpo_estimate(…)", "machine_nb.training.loop.estimate_run('dpo', …)")
-        return functools.partial(loop.estimate_run, "dpo")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class DPOSettings(loop.RunSettings):
     """A dpo run's settings, every default resolved (see loop.RunSettings for the shared ones).
@@ -174,13 +160,13 @@ class DPOSettings(loop.RunSettings):
     load_checkpoint: str | None = None
 
     @classmethod
-    def resolve(cls, resumed: loop.Resumed | None, given: Any) -> "DPOSettings":
+    def resolve(cls, resumed: loop.Resumed | None, /, **given: Any) -> "DPOSettings":
         """loop.RunSettings.resolve, after `load_checkpoint` (a TrainResult, log dir or state path)
         became the state path it names, and model and engine default to its own.
 
         Args:
             resumed: the run to continue, or None.
-            given: the call's arguments by name.
+            **given: the call's settings by field name.
 
         Returns:
             The settings.
@@ -190,14 +176,13 @@ class DPOSettings(loop.RunSettings):
         """
         from .. import engines
 
-        given = dict(given)
         if resumed is None and given.get("load_checkpoint") is not None:
             path, start_model, start_engine = _state_path(given["load_checkpoint"])
             model = given.get("model")
             if model is not None and start_model is not None and render.base_model(model) != render.base_model(start_model):
                 raise ValueError(f"load_checkpoint was trained from {start_model!r}, not model={model!r}")
             given.update(load_checkpoint=path, model=model or start_model, engine=given.get("engine") or start_engine)
-        settings = super().resolve(resumed, given)
+        settings = super().resolve(resumed, **given)
         if settings.load_checkpoint is not None:
             engines.check_model(settings.engine, settings.load_checkpoint)
         return settings
@@ -237,10 +222,7 @@ class DPOSettings(loop.RunSettings):
         Returns:
             A JSON-shaped dict.
         """
-        from ..engines import to_sdk_path
-
-        return {**super().spec(), "beta": self.beta,
-                "load_checkpoint": None if self.load_checkpoint is None else to_sdk_path(self.load_checkpoint)}
+        return {**super().spec(), "beta": self.beta, "load_checkpoint": self.load_checkpoint}
 
     def resume_update(self, resumed: loop.Resumed, per_epoch: int, steps: int) -> dict[str, Any] | None:
         """Where the resumed run continues, when that is part way: the cookbook takes its reference
@@ -408,7 +390,11 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         stops the run and re-raises KeyboardInterrupt; `dpo(pairs, resume=log_dir)` finishes it.
     """
     resumed = loop.resume_record(resume, "dpo")
-    settings = DPOSettings.resolve(resumed, locals())  # this call's arguments, by name
+    settings = DPOSettings.resolve(
+        resumed, model=model, engine=engine, beta=beta, learning_rate=learning_rate, epochs=epochs,
+        batch_size=batch_size, max_steps=max_steps, lora_rank=lora_rank, load_checkpoint=load_checkpoint, seed=seed,
+        max_length=max_length, lr_schedule=lr_schedule, save_every=save_every, max_usd=max_usd, base_url=base_url,
+        eval_every=eval_every, eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     records = DPOData(_pair_records(loop.data_source(resumed, DPOData.file, pairs)))
     return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics)
@@ -515,7 +501,7 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
 
     from ..core.chat import prompt_text
     from ..engines import checkpoint_base_model, default_model, engine_for
-    from ..evaluation.sampling import open_sampler
+    from ..evaluation.sampling import SamplerTarget, open_sampler
 
     records = _pair_records(pairs)
     if engine is None:
@@ -526,7 +512,8 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
         if checkpoint is not None:
             raise ValueError("model= is needed with a Tinker checkpoint (its renderer formats the pairs)")
         model = default_model(engine)
-    client = open_sampler(render.base_model(model), checkpoint, engine)  # engines keeps one service client
+    # engines keeps one service client
+    client = open_sampler(SamplerTarget(render.base_model(model), checkpoint, engine))
     renderer = render.get_renderer(model)
     futures = [(_reply_logprob(client, renderer, r["prompt"] + r["chosen"]),
                 _reply_logprob(client, renderer, r["prompt"] + r["rejected"])) for r in records]

@@ -21,10 +21,9 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from ..core.compat import user_stacklevel
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 from ..core.jsonl import iter_jsonl, parse_json
 
 if TYPE_CHECKING:
@@ -135,17 +134,6 @@ class TrainResult:
             Every field by name (JSON-serialisable).
         """
         return asdict(self)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The old name of `to_dict` (a DeprecationWarning says so).
-
-        Returns:
-            `to_dict()`.
-        """
-        from ..core.compat import deprecated_alias
-
-        deprecated_alias("TrainResult.as_dict()", "TrainResult.to_dict()")
-        return self.to_dict()
 
     def _repr_html_(self) -> str:
         from ..core.theme import escape, no_math
@@ -727,59 +715,9 @@ def private_files(log_dir: Path, before: set[str] | None = None) -> None:
                 _tighten(os.path.join(root, f), 0o600, folder=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# the training rows a run writes (train.jsonl)
-
-
-def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """(name for messages, (line number, row) pairs) of a JSONL path or an in-memory list/DataFrame."""
-    if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
-        if not path.exists():
-            raise FileNotFoundError(f"No training data at {path}")
-        return str(path), iter_jsonl(path)
-    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame of export lines
-        data = data.to_dict("records")
-    return "<data>", enumerate(list(data), start=1)
-
-
-def prepare_data(data: Any) -> tuple[list[dict], str]:
-    """Check chat rows and choose what to train on, as `sft` writes them to its train.jsonl.
-
-    Each row must pass chat.check_row's training-row rules (the shape rules validate applies: known
-    roles, content, tool calls, and the assistant's reply last). Rows are step examples (train
-    the last assistant message) unless some are whole runs (`"whole_run": true`) or carry
-    per-message `trainable` flags: then every row states its flags ("customized",
-    chat.trainable_flags): whole-run rows keep theirs (assistant messages without one are not
-    trained), other rows train their last assistant message. Stating every flag matters because
-    the cookbook loads rows with `datasets`, which gives every message every key seen in the file.
-
-    Args:
-        data: a chat JSONL path, a list of rows, or a DataFrame of export lines.
-
-    Returns:
-        (rows for the cookbook, each `{"messages": [...]}` only; the cookbook's train_on_what value).
-
-    Raises:
-        MachineFormatError: naming the file, line and field of the first bad row, or no rows.
-        FileNotFoundError: a path that is not there.
-    """
-    from ..core.chat import check_row, is_flagged, train_messages
-
-    name, source = _source_rows(data)
-    checked = [(line, check_row(row, "train", path=name, line=line)) for line, row in source]
-    if not checked:
-        raise MachineFormatError(name, "no training rows")
-    flagged = any(is_flagged(row) for _, row in checked)
-    # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
-    # unify the schemas of every other key (tools' JSON schemas differ from run to run)
-    rows = [{"messages": train_messages(row, customized=flagged, path=name, line=line)} for line, row in checked]
-    return rows, ("customized" if flagged else "last_assistant_message")
-
-
 __all__ = ["TrainResult", "read_training_log", "training_metrics", "heldout_curve", "heldout_results",
            "heldout_steps", "loss_metric", "resume_note", "read_marker", "load_marker", "read_log_lines",
            "unique_steps", "MetricsTail", "new_log_dir", "claim_log_dir", "log_entries", "private_files",
-           "prepare_data", "SFT_LOSS", "DPO_LOSS", "LOSS_METRICS", "HELDOUT_PREFIX", "HELDOUT_ACCURACY",
+           "SFT_LOSS", "DPO_LOSS", "LOSS_METRICS", "HELDOUT_PREFIX", "HELDOUT_ACCURACY",
            "HELDOUT_FORMAT_RATE", "METRICS_FILE", "CHECKPOINTS_FILE", "TRAIN_LOG", "HELDOUT_FILE", "HELDOUT_DATA",
            "MARKER", "RUN_FILES", "CURVE_COLUMNS", "METRIC_COLUMNS"]

@@ -449,9 +449,8 @@ def estimate_sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Seque
 
 def _estimate_runs(data: Any, eval_data: Any, eval_every: int | None, model: str, pending: list,
                    settings: Mapping[str, Any]) -> tuple[float, list[str]]:
-    from ..core.chat import eval_rows
+    from ..core.chat import eval_rows, prepare_data
     from .loop import estimate_run, eval_count, refuse_unpriced
-    from .train import prepare_data
 
     refuse_unpriced(model, what="the sweep")
     rows, _ = prepare_data(data)

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from . import loop
 from ..checks import render
+from ..core.chat import prepare_data
 from .loop import LOCAL_LORA_RANK, TINKER_LORA_RANK, keep_runners, run_cookbook  # noqa: F401 (public here)
 from .runlog import (DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_DATA, HELDOUT_FILE, HELDOUT_FORMAT_RATE,  # noqa: F401
                      HELDOUT_PREFIX, LOSS_METRICS, MARKER, SFT_LOSS, TrainResult, heldout_curve, heldout_results,
-                     loss_metric, new_log_dir, prepare_data, read_log_lines, read_training_log, training_metrics)
+                     loss_metric, new_log_dir, read_log_lines, read_training_log, training_metrics)
 
 if TYPE_CHECKING:
     from ..checks.validate import ValidationResult
@@ -216,7 +217,11 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         cannot serve the model, or the run failed. FileExistsError: a log dir in use.
     """
     resumed = loop.resume_record(resume, "sft")
-    settings = SFTSettings.resolve(resumed, locals())  # this call's arguments, by name
+    settings = SFTSettings.resolve(
+        resumed, model=model, engine=engine, epochs=epochs, max_steps=max_steps, learning_rate=learning_rate,
+        batch_size=batch_size, lora_rank=lora_rank, seed=seed, max_length=max_length, lr_schedule=lr_schedule,
+        save_every=save_every, max_usd=max_usd, base_url=base_url, eval_every=eval_every,
+        eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     inspect = _inspect_spec(inspect_tasks, settings)
     rows = SFTData(*prepare_data(loop.data_source(resumed, SFTData.file, data)))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
@@ -267,17 +272,6 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
     per_epoch = max(1, len(rows) // batch_size)
     kwargs.setdefault("epochs", -(-steps // per_epoch))
     return sft(data, model, engine, max_steps=steps, batch_size=batch_size, **kwargs)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "run_estimate":  # the estimate is loop.estimate_run now, for sft and dpo alike
-        import functools
-
-        from ..core.compat import deprecated_alias
-
-        deprecated_alias("machine_nb.training.train.run_estimate(…)", "machine_nb.training.loop.estimate_run('sft', …)")
-        return functools.partial(loop.estimate_run, "sft")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +432,7 @@ def child_run(spec: dict) -> None:
     run_loop(spec, config, main, last=False)
 
 
-__all__ = ["sft", "smoke", "prepare_data", "SFTSettings", "SFTData", "exact_resume_point",
+__all__ = ["sft", "smoke", "SFTSettings", "SFTData", "exact_resume_point",
            "child_run", "keep_runners", "run_cookbook", "TrainResult", "read_training_log", "training_metrics",
            "heldout_curve", "heldout_results", "loss_metric", "new_log_dir", "LOCAL_LORA_RANK", "TINKER_LORA_RANK",
            "LOCAL_LEARNING_RATE", "LOCAL_FULL_LEARNING_RATE", "TINKER_LEARNING_RATE", "SFT_LOSS", "DPO_LOSS",

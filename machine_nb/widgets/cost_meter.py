@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ..core.compat import renamed
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
 from ._base import NoMathHTML, BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
 
@@ -143,7 +142,6 @@ class CostMeter(StaticFallback, widgets.VBox):
         eval_data: eval rows (path or rows) to price an eval too. Default None: no eval line.
         max_usd: USD limit for training + eval; the meter turns red and says by how much when over,
             and says it cannot check it when a part cannot be priced. Default None: no budget.
-            (`budget=` is its old name, still accepted with a DeprecationWarning.)
         max_tokens: sampled tokens per eval answer, as evaluate() uses. Default 32.
         background: count tokens in a worker thread ("computing…" meanwhile). Default None: in a
             Jupyter kernel yes, elsewhere no (a script gets the numbers when the call returns).
@@ -159,7 +157,6 @@ class CostMeter(StaticFallback, widgets.VBox):
     adds a finished run to `.history` (estimated vs observed tokens and USD), shown under the estimate.
     """
 
-    @renamed(budget="max_usd")
     def __init__(self, data: Any, model: str = "thinkingmachines/Inkling", epochs: int = 1, batch_size: int = 8,
                  eval_data: Any = None, max_usd: float | None = None, max_tokens: int = 32, *,
                  max_steps: int | None = None, background: bool | None = None, history: Any = None,
@@ -324,7 +321,7 @@ class CostMeter(StaticFallback, widgets.VBox):
     def _count(self, model: str) -> Any:
         """Training token counts of the current data for `model` (runs in the worker when background)."""
         from ..checks.tokens import count_tokens
-        from ..training.runlog import prepare_data
+        from ..core.chat import prepare_data
 
         with self._lock:
             data, prepared = self.data, self._prepared
@@ -482,14 +479,6 @@ class CostMeter(StaticFallback, widgets.VBox):
         if self.computing or self.unpriced or not parts:
             return None
         return sum(parts)
-
-    @property
-    def budget(self) -> float | None:
-        """The old name of `max_usd` (a DeprecationWarning says so)."""
-        from ..core.compat import deprecated_alias
-
-        deprecated_alias("CostMeter.budget", "CostMeter.max_usd")
-        return self.max_usd
 
     @property
     def over_by(self) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 import ipywidgets as w
 
 from ..core.chat import content_text
-from ..core.compat import user_stacklevel
+from ..errors import user_stacklevel
 from ._base import NoMathHTML, diff_html, strong_button, style_sheet, word_diff, FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
 
 # Rows listed under "recently tagged" (the newest first).

@@ -9,17 +9,12 @@ with a session id the server makes), so its checkpoints are ordinary Tinker path
     <data dir>/runs/<run id>/{weights,sampler_weights}/<name>/checkpoint.json + weights
 
 The `tinker://local-` prefix is how a checkpoint string says which engine serves it
-(`engines.engine_for`). Checkpoints the in-process engine wrote before the server existed are
-`local://<abs log dir>/{weights,sampler_weights}/<name>`; they keep loading through the path
-`tinker://local-file.<base64url of the log dir>/<kind>/<name>` (`to_tinker_path` makes it).
-Such a path can name any folder, so the server reads one only when it holds a checkpoint this
-toolkit wrote (`not_a_checkpoint`), and never deletes or writes outside its data dir (`is_inside`).
+(`engines.engine_for`). The server never deletes or writes outside its data dir (`is_inside`).
 Directories are 0700 and files 0600: runs hold what was trained on.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -29,11 +24,9 @@ from typing import Callable
 from ...errors import EngineError
 
 TINKER_SCHEME = "tinker://"
-LEGACY_SCHEME = "local://"
 RUN_PREFIX = "local-"
-_FILE_RUN_PREFIX = "local-file."
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
-#: What every checkpoint.json this toolkit writes says it is (the in-process engine's before the server too).
+#: What every checkpoint.json this toolkit writes says it is.
 FORMAT = "machine-nb-local/1"
 _RUN_ID = re.compile(r"^local-[0-9a-f]{8,64}:train:\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -150,8 +143,8 @@ def run_ids(data_dir: Path, log: Callable[[str], None]) -> list[str]:
 
 
 def is_local_path(path: str) -> bool:
-    """Whether a checkpoint path is served by the local engine (`tinker://local-…` or `local://…`)."""
-    return isinstance(path, str) and (path.startswith(TINKER_SCHEME + RUN_PREFIX) or path.startswith(LEGACY_SCHEME))
+    """Whether a checkpoint path is served by the local engine (`tinker://local-…`)."""
+    return isinstance(path, str) and path.startswith(TINKER_SCHEME + RUN_PREFIX)
 
 
 def check_name(name: str) -> str:
@@ -165,28 +158,11 @@ def tinker_path(run_id: str, kind: str, name: str) -> str:
     return f"{TINKER_SCHEME}{run_id}/{kind}/{name}"
 
 
-def to_tinker_path(path: str) -> str:
-    """The `tinker://` form of a local checkpoint path (legacy `local://` paths are translated)."""
-    if not isinstance(path, str):
-        raise EngineError(f"a checkpoint path is a string, got {type(path).__name__}")
-    if path.startswith(TINKER_SCHEME):
-        return path
-    if not path.startswith(LEGACY_SCHEME):
-        raise EngineError(f"{path!r} is not a checkpoint path (tinker://… or local://…)")
-    directory = Path(path[len(LEGACY_SCHEME):])
-    if not directory.is_absolute() or directory.parent.name not in KINDS:
-        raise EngineError(f"{path!r}: a local:// checkpoint names an absolute directory "
-                          "…/weights/<name> or …/sampler_weights/<name>")
-    run_dir = str(directory.parent.parent)
-    token = base64.urlsafe_b64encode(run_dir.encode("utf-8")).decode("ascii").rstrip("=")
-    return tinker_path(_FILE_RUN_PREFIX + token, directory.parent.name, directory.name)
-
-
 def parse(path: str) -> tuple[str, str, str]:
     """(run id, kind, name) of a local `tinker://` checkpoint path; EngineError naming what is wrong."""
-    if not isinstance(path, str) or not path.startswith(TINKER_SCHEME):
-        raise EngineError(f"{path!r} is not a tinker:// checkpoint path")
-    parts = path[len(TINKER_SCHEME):].split("/")
+    if not isinstance(path, str):
+        raise EngineError(f"a checkpoint path is a string, got {type(path).__name__}")
+    parts = path[len(TINKER_SCHEME):].split("/") if path.startswith(TINKER_SCHEME) else []
     if len(parts) != 3 or parts[1] not in KINDS:
         raise EngineError(f"{path!r} is not a checkpoint path tinker://<run>/weights|sampler_weights/<name>")
     run_id, kind, name = parts
@@ -195,11 +171,6 @@ def parse(path: str) -> tuple[str, str, str]:
                           "use engine='tinker' for it")
     check_name(name)
     return run_id, kind, name
-
-
-def is_legacy_run(run_id: str) -> bool:
-    """Whether a run id names a folder outside the data dir (`local-file.…`: a `local://` checkpoint's)."""
-    return run_id.startswith(_FILE_RUN_PREFIX)
 
 
 def is_inside(path: Path, root: Path) -> bool:
@@ -236,17 +207,7 @@ def not_a_checkpoint(directory: Path) -> str | None:
 
 
 def run_dir(data_dir: Path, run_id: str) -> Path:
-    """The directory of a run: `<data dir>/runs/<run id>`, or a legacy log dir (`local-file.…`)."""
-    if is_legacy_run(run_id):
-        token = run_id[len(_FILE_RUN_PREFIX):]
-        try:
-            decoded = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8")
-        except (ValueError, UnicodeDecodeError):
-            raise EngineError(f"run id {run_id!r} does not name a directory") from None
-        directory = Path(decoded)
-        if not directory.is_absolute():
-            raise EngineError(f"run id {run_id!r} does not name an absolute directory")
-        return directory
+    """The directory of a run: `<data dir>/runs/<run id>`."""
     if not _RUN_ID.match(run_id):
         raise EngineError(f"{run_id!r} is not a local run id (local-<hex>:train:<n>)")
     return Path(data_dir) / "runs" / run_id
@@ -254,5 +215,5 @@ def run_dir(data_dir: Path, run_id: str) -> Path:
 
 def checkpoint_dir(data_dir: Path, path: str) -> Path:
     """The directory holding a local checkpoint (it may not exist)."""
-    run_id, kind, name = parse(to_tinker_path(path))
+    run_id, kind, name = parse(path)
     return run_dir(data_dir, run_id) / kind / name

@@ -1031,32 +1031,22 @@ class LocalServer:
         return {"request_id": fut.request_id, "model_id": run.model_id}
 
     def _checkpoint_dir(self, path: str, call: str, field_name: str = "path", *, delete: bool = False) -> Path:
-        """The folder of the checkpoint a request names in `field_name`, or the 4xx that says why not.
-
-        A legacy path (`tinker://local-file.…`, from a `local://` one) can name any folder: it is
-        read only when it holds a checkpoint this toolkit wrote, and never deleted (`delete=True`).
-        """
+        """The folder of the checkpoint a request names in `field_name`, or the 4xx that says why not."""
         try:
-            run_id, kind, name = ck.parse(ck.to_tinker_path(path))
+            run_id, kind, name = ck.parse(path)
             directory = ck.run_dir(self.data_dir, run_id) / kind / name
         except EngineError as exc:
             raise ApiError(400, f"{call}: {exc}", field_name) from None
-        legacy = ck.is_legacy_run(run_id)
-        if delete and (legacy or not ck.is_inside(directory, self.data_dir)):
+        if delete and not ck.is_inside(directory, self.data_dir):
             raise ApiError(403, f"{call}: {path} is a folder outside this server's data dir ({directory}); the "
                                 "server deletes only checkpoints it wrote there. Delete the folder yourself if you "
                                 "mean to.", field_name)
         if not (directory / "checkpoint.json").is_file():
-            hint = "" if legacy else (
+            hint = (
                 " A checkpoint made by another server (e.g. a separate `machine-nb serve`) is served by that server: "
                 "send the request there (with machine_nb: engine='tinker' and TINKER_BASE_URL set to its URL).")
             raise ApiError(404, f"{call}: no checkpoint {path} on this server (looked in {directory}).{hint}",
                            field_name)
-        if legacy:
-            problem = ck.not_a_checkpoint(directory)
-            if problem is not None:
-                raise ApiError(400, f"{call}: {path} names {directory}, which is not a checkpoint machine_nb wrote: "
-                                    f"{problem}", field_name)
         return directory
 
     def load_weights(self, q: dict, body: Any) -> dict:
@@ -1232,12 +1222,12 @@ class LocalServer:
         except EngineError as exc:
             raise ApiError(404, str(exc)) from None
         path = directory / "run.json"
-        if path.is_file() and not ck.is_legacy_run(run_id):  # a legacy folder is read only for its checkpoints
+        if path.is_file():
             try:
                 return json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 raise ApiError(400, f"{path}: unreadable run record") from None
-        # a legacy log dir (or a run without a record): describe it from a checkpoint
+        # a run without a record: describe it from a checkpoint
         from .compute import read_meta
 
         for sub in ("weights", "sampler_weights"):
@@ -1256,7 +1246,6 @@ class LocalServer:
         import datetime as dt
 
         directory = ck.run_dir(self.data_dir, run_id)
-        legacy = ck.is_legacy_run(run_id)
         out = []
         for sub, kind in ck.KINDS.items():
             base = directory / sub
@@ -1264,8 +1253,6 @@ class LocalServer:
                 continue
             for d in sorted(base.iterdir()):
                 if d.name.startswith(".") or not (d / "checkpoint.json").is_file():
-                    continue
-                if legacy and ck.not_a_checkpoint(d) is not None:
                     continue
                 size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
                 when = dt.datetime.fromtimestamp((d / "checkpoint.json").stat().st_mtime, dt.timezone.utc)
