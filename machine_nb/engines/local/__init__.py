@@ -149,6 +149,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "chat_template.jinja", "chat_template.json")
 _SDK_LOCK = threading.Lock()
 _SDK_WARM: dict[str, Any] = {}
+_HUB_WRITTEN: dict[str, Path] = {}
 
 
 def hub_tokenizer(name: str = DEFAULT_MODEL) -> Path | None:
@@ -160,12 +161,18 @@ def hub_tokenizer(name: str = DEFAULT_MODEL) -> Path | None:
     that machine_nb did not make (left alone), or a hub cache that cannot be written. The real
     model's tokenizer comes from its converted folder (converting it first if needed)."""
     base = model_entry(name).name
+    known = _HUB_WRITTEN.get(base)
+    if known is not None and _hub.published(base) == known:  # written by this process, still there
+        return known
     folder = tokenizer_dir(base)
     files = {p.name: p for p in (folder / f for f in _TOKENIZER_FILES) if p.is_file()}
     # transformers reads the model's config.json before the tokenizer's own files
     config = folder / "config.json"
     files["config.json"] = config if config.is_file() else _model_dir(base) / "config.json"
-    return _hub.publish(base, files)
+    snapshot = _hub.publish(base, files)
+    if snapshot is not None:
+        _HUB_WRITTEN[base] = snapshot
+    return snapshot
 
 
 def sdk_tokenizer(name: str = DEFAULT_MODEL) -> Any:
