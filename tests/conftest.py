@@ -27,6 +27,8 @@ def _session_dir(var: str, prefix: str) -> None:
 _session_dir("MACHINE_NB_DATA_DIR", "machine-nb-server-")
 # and run indexes go here, never into the user's cache
 _session_dir("MACHINE_NB_CACHE_DIR", "machine-nb-cache-")
+# local models' tokenizers are written to the Hugging Face hub cache under their names: not the user's
+_session_dir("HF_HUB_CACHE", "machine-nb-hub-")
 # real models converted from their GGUF files persist across test sessions (only the first converts)
 os.environ.setdefault("MACHINE_NB_MODELS_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                             ".machine_nb_cache", "models"))

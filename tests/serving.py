@@ -1,9 +1,11 @@
-"""`machine-nb serve` started as a user starts it: a real subprocess on a free port, its log in a file."""
+"""`machine-nb serve` started as a user starts it: a real subprocess on a free port, its log in a file;
+and a stand-in for the Hugging Face hub that counts the connections a call makes to it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -117,3 +119,29 @@ def kill_when(proc: subprocess.Popen, ready: Callable[[], bool]) -> list[float]:
 
     threading.Thread(target=kill, daemon=True).start()
     return killed_at
+class FakeHub:
+    """A stand-in for the Hugging Face hub's address (`HF_ENDPOINT`) that counts the connections made to
+    it and drops each at once, so a call that asks the network shows without waiting."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()

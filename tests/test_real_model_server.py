@@ -121,6 +121,13 @@ def test_raw_sdk_trains_samples_the_trained_reply_and_resumes_exactly_after_a_re
         stop_server(again)
 
 
+def test_a_sampling_clients_get_tokenizer_loads_the_real_models_tokenizer_by_name_offline(sc, renderer):
+    # the SDK calls AutoTokenizer.from_pretrained("local/smollm2-135m"): the hub-cache entry the server wrote
+    tok = sc.create_sampling_client(base_model=SMOLLM2_MODEL).result().get_tokenizer()
+    text = "<|im_start|>user\nMy invoice shows the wrong amount<|im_end|>"
+    assert tok.encode(text, add_special_tokens=False) == renderer.tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_sampling_options_stop_strings_seeds_top_k_top_p_and_prompt_logprobs(sc, renderer):
     sampler = sc.create_sampling_client(base_model=SMOLLM2_MODEL).result()
     prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is the capital of France?"}])

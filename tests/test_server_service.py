@@ -379,3 +379,24 @@ def test_two_runs_at_once_give_the_same_losses_as_each_alone(srv, sc):
     for t in threads:
         t.join(300)
     assert together == alone
+
+
+def test_two_runs_steps_run_at_the_same_time(srv, sc, monkeypatch):
+    """Each run's forward/backward waits inside the step until the other run's is inside too: were
+    the runs' steps served one at a time, the first would wait for a second that cannot start."""
+    import threading
+
+    from machine_nb.engines.local import compute
+
+    both_inside = threading.Barrier(2, timeout=60)
+    step = compute.Trainer.forward_backward
+
+    def meeting(self, *args, **kwargs):
+        both_inside.wait()
+        return step(self, *args, **kwargs)
+
+    clients = [sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result() for s in (1, 2)]
+    monkeypatch.setattr(compute.Trainer, "forward_backward", meeting)
+    futures = [tc.forward_backward([datum([5, 6, 7, 8])], "cross_entropy") for tc in clients]
+    assert all(f.result(timeout=120).metrics["loss:sum"] > 0 for f in futures)
+    assert not both_inside.broken

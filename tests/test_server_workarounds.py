@@ -14,10 +14,17 @@ from machine_nb.engines.local import workarounds
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local.server import LocalServer
 
+from serving import FakeHub
+
 
 def test_the_versions_are_those_the_workarounds_were_written_for():
+    import huggingface_hub
+    import transformers
+
     assert f"{sys.version_info.major}.{sys.version_info.minor}" == workarounds.WRITTEN_FOR["python"]
     assert ".".join(tinker.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["tinker"]
+    assert ".".join(huggingface_hub.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["huggingface_hub"]
+    assert ".".join(transformers.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["transformers"]
 
 
 def test_the_private_names_are_there():
@@ -28,6 +35,32 @@ def test_the_private_names_are_there():
     client = tinker.ServiceClient(base_url="http://127.0.0.1:9", api_key="tml-not-a-real-key-0000")
     for name in ("_lifecycle_lock", "_closed", "_session_holder", "_rest_holder"):
         assert hasattr(client, name), name
+    from huggingface_hub import constants
+    from tinker.lib.public_interfaces import sampling_client
+
+    assert callable(sampling_client._load_tokenizer_from_model_info.cache_info)
+    assert isinstance(constants.HF_HUB_OFFLINE, bool)
+
+
+def test_warm_sdk_tokenizer_loads_offline_and_restores_the_offline_switch(monkeypatch):
+    from huggingface_hub import constants, is_offline_mode
+    from tinker.lib.public_interfaces import sampling_client
+
+    from machine_nb.engines.local import hub_tokenizer
+
+    assert hub_tokenizer(DEFAULT_MODEL) is not None
+    hub = FakeHub()
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert not is_offline_mode()  # huggingface_hub and transformers read the switch on each call
+    sampling_client._load_tokenizer_from_model_info.cache_clear()
+    tok = workarounds.warm_sdk_tokenizer(DEFAULT_MODEL)
+    assert constants.HF_HUB_OFFLINE is False
+    info = sampling_client._load_tokenizer_from_model_info.cache_info()
+    assert (info.misses, info.currsize) == (1, 1)
+    assert sampling_client._load_tokenizer_from_model_info(DEFAULT_MODEL) is tok  # the key get_tokenizer() uses
+    hub.close()
+    assert hub.connections == 0
 
 
 def test_stop_sdk_client_stops_a_client_of_a_server_that_is_gone_without_waiting():

@@ -28,8 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Prints 'serving the Tinker API on http://HOST:PORT' when ready; Ctrl-C or SIGTERM stops it "
             "(requests in progress are answered first; prints 'stopped', exit 0). "
             "Writes: training runs and checkpoints under --data-dir (default $MACHINE_NB_DATA_DIR, else "
-            "~/.cache/machine_nb/tinker-server; 0700 folders, 0600 files); nothing is written or deleted "
-            "anywhere else. "
+            "~/.cache/machine_nb/tinker-server; 0700 folders, 0600 files), and each local model's tokenizer "
+            "into the Hugging Face hub cache under the model's name (models--local--…, marked as machine_nb's; "
+            "a folder of that name it did not make is left alone), so the SDK's SamplingClient.get_tokenizer() "
+            "loads it offline (HF_HUB_OFFLINE=1); nothing is written or deleted anywhere else. "
             "Cost: free, runs on this machine. "
             "Scripts that look up a local model's tokenizer or renderer through tinker-cookbook call "
             "machine_nb.use_local_models() first."))

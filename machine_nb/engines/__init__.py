@@ -140,6 +140,8 @@ def use_local_models() -> list[str]:
     Call it before tinker-cookbook code that looks a local model up by name
     (`tokenizer_utils.get_tokenizer("local/arith-tiny")`, `model_info`/renderer lookups), e.g. in a
     script run against `machine-nb serve`. machine_nb's own functions call it themselves.
+    It also makes the tinker SDK's `SamplingClient.get_tokenizer()` for a local model answer at once
+    in this process, with no network wait even without HF_HUB_OFFLINE (it loads those tokenizers).
     """
     from .local import use_local_models as register_all
 

@@ -4,7 +4,8 @@ real tinker SDK and tinker-cookbook run here unchanged.
 
 This file is the registry of the models it serves (`MODELS`: one entry per name, saying which
 backend runs it, its context, vocabulary and renderer), registers their tokenizers and renderers
-with tinker-cookbook (`use_local_models`), and loads their weights. The server is server.py
+with tinker-cookbook (`use_local_models`), makes each tokenizer loadable by the model's name for the
+tinker SDK (`hub_tokenizer`, `sdk_tokenizer`: hubcache.py), and loads their weights. The server is server.py
 (protocol) over compute.py (training and sampling in torch; the real model's side is in
 hf_compute.py over hf.py), wire.py (protobuf) and checkpoints.py (paths and files). Importing
 this file is cheap: torch, transformers and tinker-cookbook load on the first call that needs them.
@@ -13,12 +14,17 @@ this file is cheap: torch, transformers and tinker-cookbook load on the first ca
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from . import hf as _hf
+from . import hubcache as _hub
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "local/arith-tiny"
 """The shipped base model: answers two-digit plus/minus questions and a few facts, naturally
@@ -127,10 +133,70 @@ def use_local_models() -> list[str]:
     Call it before tinker-cookbook code that looks a local model up by name
     (`tokenizer_utils.get_tokenizer("local/arith-tiny")`, `model_info`/renderer lookups), e.g. in a
     script run against `machine-nb serve`. machine_nb's own functions call it themselves.
+    It also makes the tinker SDK's `SamplingClient.get_tokenizer()` answer at once in this process
+    for each local model whose tokenizer is in the hub cache (`sdk_tokenizer`; the shipped model's
+    always is, the real model's once a server has loaded it), which loads those tokenizers.
     """
     for name in MODELS:
         ensure_registered(name)
+    for name, entry in MODELS.items():
+        if entry.kind == "tiny" or _hub.published(name) is not None:  # never converts a real model here
+            sdk_tokenizer(name)
     return sorted(MODELS)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template.jinja", "chat_template.json")
+_SDK_LOCK = threading.Lock()
+_SDK_WARM: dict[str, Any] = {}
+_HUB_WRITTEN: dict[str, Path] = {}
+
+
+def hub_tokenizer(name: str = DEFAULT_MODEL) -> Path | None:
+    """Write the model's tokenizer into the Hugging Face hub cache under the model's own name
+    (hubcache.py), so `AutoTokenizer.from_pretrained("local/arith-tiny")`, which is what the tinker
+    SDK's `SamplingClient.get_tokenizer()` calls, loads it in any process with `HF_HUB_OFFLINE=1`.
+
+    Returns the snapshot folder, or None when nothing could be written: a repository of that name
+    that machine_nb did not make (left alone), or a hub cache that cannot be written. The real
+    model's tokenizer comes from its converted folder (converting it first if needed)."""
+    base = model_entry(name).name
+    known = _HUB_WRITTEN.get(base)
+    if known is not None and _hub.published(base) == known:  # written by this process, still there
+        return known
+    folder = tokenizer_dir(base)
+    files = {p.name: p for p in (folder / f for f in _TOKENIZER_FILES) if p.is_file()}
+    # transformers reads the model's config.json before the tokenizer's own files
+    config = folder / "config.json"
+    files["config.json"] = config if config.is_file() else _model_dir(base) / "config.json"
+    snapshot = _hub.publish(base, files)
+    if snapshot is not None:
+        _HUB_WRITTEN[base] = snapshot
+    return snapshot
+
+
+def sdk_tokenizer(name: str = DEFAULT_MODEL) -> Any:
+    """Make the tinker SDK's `SamplingClient.get_tokenizer()` for a sampler of this model return at
+    once in this process, with or without `HF_HUB_OFFLINE`: the tokenizer is written to the hub
+    cache (`hub_tokenizer`) and loaded into the SDK's own cache of that call (workarounds.py).
+    Once per process and model; returns the SDK's tokenizer, or None when it could not be loaded
+    (logged: the call then needs `HF_HUB_OFFLINE=1` and the hub-cache entry, or fails as for any
+    name the hub does not know)."""
+    from .workarounds import warm_sdk_tokenizer
+
+    base = model_entry(name).name
+    with _SDK_LOCK:
+        if base in _SDK_WARM:
+            return _SDK_WARM[base]
+        if hub_tokenizer(base) is None:
+            return None
+        try:
+            tok = warm_sdk_tokenizer(base)
+        except (OSError, ValueError) as exc:
+            logger.warning("could not load %s's tokenizer for the tinker SDK from the hub cache: %s", base, exc)
+            return None
+        _SDK_WARM[base] = tok
+        return tok
 
 
 def ensure_registered(name: str = DEFAULT_MODEL) -> dict:

@@ -525,6 +525,9 @@ class LocalServer:
         self._in_flight = 0
         self._capabilities: dict | None = None
         self._routes = self._route_table()
+        #: Whether SDK clients may run in this process: then each sampler's tokenizer is also loaded
+        #: into the SDK's cache (`engines.local.sdk_tokenizer`); `serve()` clears it.
+        self.sdk_in_process = True
 
     @property
     def url(self) -> str:
@@ -1088,10 +1091,23 @@ class LocalServer:
     # -- sampling
     def _add_sampler(self, sampler: Any, model_path: str | None, session_id: str | None = None) -> str:
         self._reap()
+        self._tokenizer_by_name(sampler.base_model)
         sid = f"{ck.RUN_PREFIX}sampler-{secrets.token_hex(8)}"
         with self._lock:
             self.samplers[sid] = _Sampler(self, sid, sampler, model_path, session_id)
         return sid
+
+    def _tokenizer_by_name(self, base_model: str) -> None:
+        """Make the SDK's `SamplingClient.get_tokenizer()`, which loads a sampler's tokenizer by its
+        base model's name, work offline: the tokenizer goes into the hub cache under that name, and
+        into the SDK's own cache when this process may hold SDK clients (not `machine-nb serve`)."""
+        from . import hub_tokenizer, sdk_tokenizer
+
+        try:
+            (sdk_tokenizer if self.sdk_in_process else hub_tokenizer)(base_model)
+        except Exception as exc:  # sampling works without it; only get_tokenizer() by name would not
+            logger.warning("local server: %s's tokenizer is not loadable by name (%s: %s)", base_model,
+                           type(exc).__name__, exc)
 
     def create_sampling_session(self, q: dict, body: Any) -> dict:
         from tinker import types
@@ -1623,6 +1639,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
     else:
         note = "every request must send the key it was given as its API key (TINKER_API_KEY)"
     server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
+    server.sdk_in_process = False  # its clients are other processes: they read the hub cache
     if verbose:
         logging.basicConfig(level=logging.INFO)
     import signal
@@ -1637,7 +1654,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
         server.capabilities({}, None)  # loads what the first requests need, so "ready" means ready
         import sys
 
-        from . import describe_devices
+        from . import DEFAULT_MODEL, describe_devices
+
+        server._tokenizer_by_name(DEFAULT_MODEL)  # `AutoTokenizer.from_pretrained` finds it by name offline
 
         print(note, file=sys.stderr, flush=True)  # names the key's file, never the key
         # which device and dtype each model runs on; the ready line below stays "… on URL" alone,

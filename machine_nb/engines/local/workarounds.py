@@ -15,6 +15,15 @@ an upgrade rather than found broken in a user's notebook.
 - `stop_sdk_client(client)`: stop a `tinker.ServiceClient`'s heartbeat and connections without
   sending anything. Its public `close()` first sends "finish session", which the SDK retries for
   about five minutes against a server that is gone.
+- `warm_sdk_tokenizer(name)`: fill the SDK's cache of `SamplingClient.get_tokenizer()` results for a
+  local model, so that call answers at once. It loads by the sampler's base-model name
+  (`sampling_client._load_tokenizer_from_model_info(name)`, an `lru_cache` keyed by that one
+  argument), which for a local model resolves only from the hub cache (hubcache.py), and which
+  outside offline mode first asks the hub: a network wait, or a DNS timeout on a machine without
+  one. The warming call runs with huggingface_hub's offline switch (`constants.HF_HUB_OFFLINE`,
+  read on each call by huggingface_hub and transformers) turned on around it alone: no public API
+  passes `local_files_only` through the SDK. Other threads see offline mode for that short call
+  (transformers is imported before it, so it is the loading of two small files).
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ import concurrent.futures.thread
 import threading
 from typing import Any, Callable
 
-#: What each workaround was written against: Python's minor version and the tinker SDK's.
-WRITTEN_FOR = {"python": "3.11", "tinker": "0.38"}
+#: What each workaround was written against: the minor versions of Python, the tinker SDK,
+#: huggingface_hub and transformers.
+WRITTEN_FOR = {"python": "3.11", "tinker": "0.38", "huggingface_hub": "1.33", "transformers": "5.5"}
 
 
 def before_executors_shut_down(fn: Callable[[], None]) -> None:
@@ -59,3 +69,24 @@ def stop_sdk_client(client: Any) -> None:
                 holder.close()
             except Exception:  # already closed, or the SDK's loop has ended at exit
                 pass
+
+
+_OFFLINE_LOCK = threading.Lock()
+
+
+def warm_sdk_tokenizer(name: str) -> Any:
+    """Load model `name`'s tokenizer through the SDK's own cached loader, as
+    `SamplingClient.get_tokenizer()` calls it for a sampler of that base model, with the hub in
+    offline mode for the call: afterwards that call returns the cached tokenizer with no network.
+    Returns the tokenizer; raises what the loader raises (OSError when the hub cache lacks `name`)."""
+    import transformers.models.auto.tokenization_auto  # noqa: F401  (imported outside the offline window)
+    from huggingface_hub import constants
+    from tinker.lib.public_interfaces import sampling_client
+
+    with _OFFLINE_LOCK:
+        was = constants.HF_HUB_OFFLINE
+        constants.HF_HUB_OFFLINE = True
+        try:
+            return sampling_client._load_tokenizer_from_model_info(name)
+        finally:
+            constants.HF_HUB_OFFLINE = was
