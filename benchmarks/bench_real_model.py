@@ -2,7 +2,9 @@
 measured in the same run.
 
 - one LoRA training step (rank 8, batch 4 x 256 tokens) through `machine-nb serve` and the SDK,
-  against a bare PEFT forward/backward/AdamW step in this process on the same batch (target <= 1.3x);
+  against a bare PEFT forward/backward/AdamW step in this process on the same batch, with the same
+  LoRA targets (the SDK's default train_unembed adds the output projection's adapter to both), dtype,
+  attention implementation and torch thread count (target <= 1.3x);
 - sampling 8 prompts x 32 new tokens through the server (8 requests in flight), against a bare
   batched `model.generate` on the same prompts (target <= 1.3x);
 - server start to first answer with this model: cold (a fresh models folder: the one-time
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -233,14 +236,22 @@ def main() -> None:
     data = [datum_from_model_input_weights(tinker.ModelInput.from_ints(r), torch.ones(len(r)), max_length=257)
             for r in rows]
     sc = tinker.ServiceClient(base_url=url, api_key=KEY)
-    tc = sc.create_lora_training_client(base_model=MODEL, rank=8, seed=0)
+    # the SDK's defaults: LoRA on attention, MLP and the output projection (train_unembed)
+    tc = sc.create_lora_training_client(base_model=MODEL, rank=8, seed=0, train_unembed=True)
     bare = AutoModelForCausalLM.from_pretrained(str(hf.model_dir()), dtype=dtype).to(device)
-    bare = get_peft_model(bare, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
-                                           target_modules=list(hf.ATTN_MODULES + hf.MLP_MODULES)))
+    targets = list(hf.ATTN_MODULES + hf.MLP_MODULES) + ["lm_head"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*", category=UserWarning)
+        bare = get_peft_model(bare, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                               target_modules=targets))
     bare.train()
     opt = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=1e-4, foreach=False)
     b, s = paired_medians(partial(bare_step, bare, opt, rows), partial(server_step, tc, data), args.repeats)
-    print(f"LoRA step, rank 8, batch 4 x 256: server {s:.2f} s, bare PEFT {b:.2f} s -> {s / b:.2f}x (target <= 1.3x)")
+    print(f"LoRA step, rank 8, batch 4 x 256: server {s:.2f} s, bare PEFT {b:.2f} s -> {s / b:.2f}x (target <= 1.3x); "
+          f"both with LoRA on {', '.join(targets)} (the server's train_unembed adapter included), the same "
+          f"from_pretrained defaults (attention implementation), {str(dtype).removeprefix('torch.')}, "
+          f"{torch.get_num_threads()} torch thread(s), AdamW; the server recomputes "
+          f"{hf.plan_batch([256] * 4, backward=True)} of {hf.NUM_LAYERS} layers in the backward pass here")
     del bare, opt
 
     base = AutoModelForCausalLM.from_pretrained(str(hf.model_dir()), dtype=dtype).to(device).eval()

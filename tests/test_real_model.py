@@ -1,6 +1,8 @@
 """The local engine's real model, local/smollm2-135m, in this process: its tokenizer (built from the
 GGUF's own vocabulary and merges), its ChatML renderer against the tokenizer's chat template,
-greedy outputs that re-encode to their ids, exact token counts, and the device choice."""
+greedy outputs that re-encode to their ids, exact token counts, the device choice, and a training
+step's two ways (a cross-entropy step's one-pass logits and layers recomputed or kept give the
+gradients of the plain backward pass) and its plan of recomputed layers."""
 
 from __future__ import annotations
 
@@ -155,6 +157,59 @@ def test_the_device_is_cpu_here_and_machine_nb_device_overrides(monkeypatch):
     monkeypatch.setenv("MACHINE_NB_DEVICE", "tpu")
     with pytest.raises(EngineError, match="MACHINE_NB_DEVICE"):
         hf.device_and_dtype()
+
+
+def test_cross_entropy_steps_with_layers_kept_or_recomputed_give_the_plain_backward_passs_gradients():
+    import numpy as np
+    import torch
+
+    from machine_nb.engines.local import compute
+
+    compute.configure_torch()
+    trainer = compute.Trainer(SMOLLM2_MODEL, 4, train_unembed=True)
+    rng = np.random.default_rng(0)
+    batch = [compute.Example(rng.integers(3, 5000, n).tolist(), rng.integers(3, 5000, n),
+                             rng.uniform(-1, 2, n).astype(np.float32)) for n in (13, 6)]
+
+    def grads(run) -> tuple[list[np.ndarray], float, list[torch.Tensor]]:
+        logp, _, total = run()
+        out = [p.grad.clone() for p in trainer.params]
+        trainer.optimizer = None
+        for p in trainer.params:
+            p.grad = None
+        return logp, total, out
+
+    plain = grads(lambda: compute.Trainer.forward_backward(trainer, batch, True))  # log_softmax, then backward
+    assert any(float(g.abs().max()) > 0 for g in plain[2][-2:])  # the output projection's adapter learns too
+    one_pass = [grads(lambda: trainer.forward_backward(batch, True))]
+    from machine_nb.engines.local import hf_compute
+
+    idx, tgt, w = trainer._tensors(batch)
+    for layers in (7, hf.NUM_LAYERS):
+        def run(layers=layers):
+            lp = hf_compute.cross_entropy_backward(trainer.model, idx, tgt, w, recompute=layers)
+            return trainer._outputs(batch, lp, -w * lp, (-w * lp).sum())
+        one_pass.append(grads(run))
+    for logp, total, gs in one_pass:
+        assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(logp, plain[0]))
+        assert total == pytest.approx(plain[1], rel=1e-5)
+        assert all(float((a - b).abs().max()) <= 1e-4 * float(b.abs().max()) for a, b in zip(gs, plain[2]))
+    assert all(torch.equal(a, b) for a, b in zip(one_pass[1][2], one_pass[2][2]))  # recomputing changes nothing
+
+
+def test_a_batch_keeps_the_layers_its_fast_path_memory_holds_and_recomputes_the_others(monkeypatch):
+    monkeypatch.delenv("MACHINE_NB_DEVICE", raising=False)
+    monkeypatch.setenv("MACHINE_NB_MEMORY_GB", "100")
+    plans = {}
+    for fast in ("100", "2.0", "1.0"):
+        monkeypatch.setenv("MACHINE_NB_FAST_GB", fast)
+        plans[fast] = [hf.plan_batch([256] * n, backward=True) for n in (1, 4, 16)]
+    assert plans["100"] == [0, 0, 0]
+    assert plans["1.0"] == [0, hf.NUM_LAYERS, hf.NUM_LAYERS]
+    assert plans["2.0"][0] == 0 and 0 < plans["2.0"][1] < hf.NUM_LAYERS and plans["2.0"][2] == hf.NUM_LAYERS
+    monkeypatch.setenv("MACHINE_NB_MEMORY_GB", "1")
+    with pytest.raises(EngineError, match="over the memory budget"):
+        hf.plan_batch([256] * 16, backward=True)
 
 
 def test_the_gguf_is_found_inside_the_installed_package_without_importing_it():

@@ -334,6 +334,17 @@ class Trainer(_ModelShape):
 
         With `backward`, the gradients of that sum accumulate in the trainable parameters.
         """
+        idx, tgt, w = self._tensors(batch)
+        with torch.set_grad_enabled(backward):
+            logp = self.target_logprobs(idx, tgt)
+            elementwise = -w * logp if loss is None else loss(logp)
+            total = elementwise.sum()
+            if backward:
+                total.backward()
+        return self._outputs(batch, logp, elementwise, total)
+
+    def _tensors(self, batch: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input ids, target ids, weights) of a batch, each [batch, width], right-padded with zeros."""
         if not batch:
             raise EngineError("empty batch")
         width = max(len(ex.ids) for ex in batch)
@@ -345,13 +356,11 @@ class Trainer(_ModelShape):
             idx[i, :n] = torch.tensor(ex.ids, dtype=torch.long)
             tgt[i, :n] = torch.from_numpy(np.ascontiguousarray(ex.targets, dtype=np.int64))
             w[i, :n] = torch.from_numpy(np.ascontiguousarray(ex.weights, dtype=np.float32))
-        idx, tgt, w = idx.to(self.device), tgt.to(self.device), w.to(self.device)
-        with torch.set_grad_enabled(backward):
-            logp = self.target_logprobs(idx, tgt)
-            elementwise = -w * logp if loss is None else loss(logp)
-            total = elementwise.sum()
-            if backward:
-                total.backward()
+        return idx.to(self.device), tgt.to(self.device), w.to(self.device)
+
+    @staticmethod
+    def _outputs(batch: Sequence[Example], logp: torch.Tensor, elementwise: torch.Tensor, total: torch.Tensor
+                 ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
         logp_np = logp.detach().cpu().numpy()
         el_np = elementwise.detach().cpu().numpy()
         lengths = [len(ex.ids) for ex in batch]

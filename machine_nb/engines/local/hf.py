@@ -332,15 +332,19 @@ def lora_targets(model: Any) -> list[str]:
 # memory
 
 #: Tokens whose logits are computed at once (49,152 floats each).
-LOGIT_CHUNK = 512
+LOGIT_CHUNK = 256
+#: The decoder's layers (the unit `plan_batch` recomputes or keeps).
+NUM_LAYERS = 30
 #: Bytes a trained token costs beside the weights (fp32, from the peak resident memory of LoRA steps
-#: on CPU): activations kept for the backward pass, and with every layer recomputed there.
+#: on CPU): with every layer's activations kept for the backward pass, and with every layer recomputed
+#: there; a batch that keeps some layers and recomputes the others costs in between, per layer.
 TRAIN_BYTES_PER_TOKEN_FP32 = 2_600_000
 RECOMPUTE_BYTES_PER_TOKEN_FP32 = 1_200_000
 #: ... and a token of a forward pass without gradients.
 FORWARD_BYTES_PER_TOKEN_FP32 = 100_000
-#: A batch whose kept activations fit in this many bytes trains without recomputing layers (the
-#: fastest way); a bigger one recomputes them, up to the memory budget. $MACHINE_NB_FAST_GB overrides.
+#: A batch trains keeping as many layers' activations as fit in this many bytes (keeping is the
+#: fastest way; each layer recomputed costs about one more forward pass of it), and recomputes the
+#: others, up to the memory budget. $MACHINE_NB_FAST_GB overrides.
 FAST_PATH_BYTES = 1_500_000_000
 
 
@@ -374,11 +378,12 @@ def _width() -> int:
     return 4 if dtype == torch.float32 else 2
 
 
-def plan_batch(lengths: Sequence[int], *, backward: bool) -> bool:
-    """Whether a forward(/backward) batch of these sequence lengths recomputes layers in the
-    backward pass: False when its activations fit FAST_PATH_BYTES, True when only recomputing
-    fits the memory budget. Raises EngineError when neither fits, naming the batch's size, its
-    longest sequence and the budget."""
+def plan_batch(lengths: Sequence[int], *, backward: bool) -> int:
+    """How many decoder layers a forward(/backward) batch of these sequence lengths recomputes in
+    the backward pass: 0 when every layer's activations fit FAST_PATH_BYTES, else the fewest whose
+    recomputation brings the rest within it, or all of them (NUM_LAYERS) when only that fits the
+    memory budget. Raises EngineError when nothing fits, naming the batch's size, its longest
+    sequence and the budget."""
     tokens = int(sum(lengths)) if lengths else 0
     longest = max(lengths) if lengths else 0
     scale = _width() / 4
@@ -387,14 +392,14 @@ def plan_batch(lengths: Sequence[int], *, backward: bool) -> bool:
     if not backward:
         need = tokens * FORWARD_BYTES_PER_TOKEN_FP32 * scale + logits
         if need <= budget:
-            return False
+            return 0
     else:
+        per_layer = (TRAIN_BYTES_PER_TOKEN_FP32 - RECOMPUTE_BYTES_PER_TOKEN_FP32) / NUM_LAYERS * scale
         fast = min(budget, _fast_path_bytes())
-        if tokens * TRAIN_BYTES_PER_TOKEN_FP32 * scale + logits <= fast:
-            return False
         need = tokens * RECOMPUTE_BYTES_PER_TOKEN_FP32 * scale + logits
         if need <= budget:
-            return True
+            kept = int((fast - need) // (tokens * per_layer)) if tokens and fast > need else 0
+            return NUM_LAYERS - min(NUM_LAYERS, kept) if tokens else 0
     raise EngineError(
         f"a batch of {len(lengths)} sequences ({tokens} tokens, the longest {longest}) needs about "
         f"{need / 1e9:.1f} GB for {'training' if backward else 'a forward pass'}, over the memory budget of "

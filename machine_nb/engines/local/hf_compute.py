@@ -5,16 +5,18 @@ compute.py's `Trainer` and `Sampler`.
 classes here, so the server runs one code path for every model: the same requests, checkpoint
 files, AdamW, and per-token target log-probabilities (`target_logprobs`) under the loss. What
 differs lives here: PEFT adapters over a shared frozen base, logits taken a chunk of tokens at a
-time (the 49k-word unembedding of a long batch would not fit otherwise), layers recomputed in the
-backward pass when a batch's activations would not fit the memory budget, and batched sampling
-with a KV cache.
+time (the 49k-word unembedding of a long batch would not fit otherwise; a cross-entropy step takes
+each chunk's gradient as soon as its logits are made, so they are computed once), as many layers
+recomputed in the backward pass as a batch needs to fit its memory (`hf.plan_batch`), and batched
+sampling with a KV cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -34,17 +36,31 @@ def _chunk_logprobs(head: Any, hidden: torch.Tensor, tgt: torch.Tensor) -> torch
     return torch.log_softmax(head(hidden).float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
 
 
-def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompute: bool = False) -> torch.Tensor:
-    """log p(tgt | prefix) at every position (B, T), float32: the decoder once, the unembedding a
-    chunk of hf.LOGIT_CHUNK tokens at a time (recomputed in the backward pass, never all kept)."""
-    body, head = _parts(model)
-    if recompute:
-        body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+@contextlib.contextmanager
+def _recomputing(body: Any, layers: int) -> Iterator[None]:
+    """Recompute `layers` of the decoder's layers (spread evenly over the stack) in the backward
+    pass instead of keeping their activations; the others keep theirs (no recomputation: faster)."""
+    if layers <= 0:
+        yield
+        return
+    stack = list(body.layers)
+    picked = {round(i * len(stack) / layers) for i in range(min(layers, len(stack)))}
+    body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for i, layer in enumerate(stack):
+        layer.gradient_checkpointing = i in picked
     try:
-        hidden = body(input_ids=idx, use_cache=False).last_hidden_state
+        yield
     finally:
-        if recompute:
-            body.gradient_checkpointing_disable()
+        body.gradient_checkpointing_disable()
+
+
+def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompute: int = 0) -> torch.Tensor:
+    """log p(tgt | prefix) at every position (B, T), float32: the decoder once (`recompute` of its
+    layers recomputed in the backward pass), the unembedding a chunk of hf.LOGIT_CHUNK tokens at a
+    time (recomputed in the backward pass, never all kept)."""
+    body, head = _parts(model)
+    with _recomputing(body, recompute):
+        hidden = body(input_ids=idx, use_cache=False).last_hidden_state
     B, T, C = hidden.shape
     flat_h, flat_t = hidden.reshape(B * T, C), tgt.reshape(B * T)
     out = []
@@ -55,6 +71,41 @@ def target_logprobs(model: Any, idx: torch.Tensor, tgt: torch.Tensor, *, recompu
         else:
             out.append(_chunk_logprobs(head, h, t))
     return torch.cat(out).reshape(B, T)
+
+
+def cross_entropy_backward(model: Any, idx: torch.Tensor, tgt: torch.Tensor, weights: torch.Tensor, *,
+                           recompute: int = 0) -> torch.Tensor:
+    """Accumulate the gradients of sum(-weights * log p(tgt)) into the model's trainable parameters;
+    returns log p(tgt) (B, T), float32, detached.
+
+    The same figures as `target_logprobs` then backward, with the unembedding's logits computed
+    once: the loss's gradient with respect to the log-probabilities (-weights) is known before the
+    forward pass, so each chunk's logits go backward (weights * (softmax - one-hot)) as soon as
+    they are made, and the decoder's backward pass follows with the gradients of its output.
+    """
+    body, head = _parts(model)
+    with _recomputing(body, recompute):
+        hidden = body(input_ids=idx, use_cache=False).last_hidden_state
+    B, T, C = hidden.shape
+    flat_h = hidden.detach().reshape(B * T, C)
+    flat_t, flat_w = tgt.reshape(B * T, 1), weights.reshape(B * T, 1).to(torch.float32)
+    grad_h = torch.empty_like(flat_h)
+    logp = torch.empty(B * T, dtype=torch.float32, device=flat_h.device)
+    for start in range(0, B * T, hf.LOGIT_CHUNK):
+        part = slice(start, start + hf.LOGIT_CHUNK)
+        h = flat_h[part].detach().requires_grad_(True)
+        logits = head(h).float()
+        with torch.no_grad():
+            t, w = flat_t[part], flat_w[part]
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            logp[part] = (logits.gather(-1, t) - lse).squeeze(-1)
+            grad = torch.sub(logits, lse).exp_().mul_(w)  # d(-w * log_softmax[t]) / dlogits = w * (p - onehot)
+            grad.scatter_add_(-1, t, -w)
+        logits.backward(grad)
+        del logits, grad
+        grad_h[part] = h.grad
+    hidden.backward(grad_h.reshape(B, T, C).to(hidden.dtype))
+    return logp.reshape(B, T)
 
 
 class _RealModelShape:
@@ -103,6 +154,19 @@ class HFTrainer(_RealModelShape, Trainer):
         lengths = [idx.shape[1]] * idx.shape[0]
         recompute = hf.plan_batch(lengths, backward=torch.is_grad_enabled())
         return target_logprobs(self.model, idx, tgt, recompute=recompute)
+
+    def forward_backward(self, batch: Sequence[Any], backward: bool, loss: Any = None
+                         ) -> tuple[list[Any], list[Any], float]:
+        """As Trainer.forward_backward; cross-entropy with gradients (loss None: sum -w * logp)
+        computes each chunk's logits once (`cross_entropy_backward`), the other cases as the base class."""
+        if not backward or loss is not None:
+            return super().forward_backward(batch, backward, loss)
+        idx, tgt, w = self._tensors(batch)
+        recompute = hf.plan_batch([idx.shape[1]] * idx.shape[0], backward=True)
+        with torch.enable_grad():
+            logp = cross_entropy_backward(self.model, idx, tgt, w, recompute=recompute)
+        elementwise = -w * logp
+        return self._outputs(batch, logp, elementwise, elementwise.sum())
 
     def _weights(self) -> tuple[str, dict[str, torch.Tensor]]:
         from peft import get_peft_model_state_dict
