@@ -48,7 +48,7 @@ def test_the_comparison_names_come_from_compare_and_stats():
     import machine_nb
 
     assert stats.min_discordant_for(0.05) == 6 and stats.min_discordant_for(0.01) == 8  # 2/2^6 = 0.031, 2/2^8 = 0.0078
-    assert machine_nb.evaluation.compare is compare and machine_nb.CompareResult is CompareResult
+    assert machine_nb.compare is compare and machine_nb.CompareResult is CompareResult
     assert machine_nb.compare_many is compare_many and machine_nb.CompareManyResult is CompareManyResult
 
 
