@@ -30,6 +30,17 @@ from .scoring import format_matches, score_row
 
 # --------------------------------------------------------------------------- evaluate
 
+def _sampling(model: str | None, checkpoint: str | None, engine: str | None, renderer: Any,
+              concurrency: int | None, max_tokens: int, temperature: float, seed: int | None) -> tuple:
+    """What evaluate() and probe() sample with: (the sampler's target, the renderer and its label,
+    requests in flight: 32 on Tinker, 8 on the local engine unless given, the sampling params)."""
+    target = sampler_target(model, checkpoint, engine)
+    renderer_obj, renderer_label = renderer_for(target.model, renderer)
+    if concurrency is None:
+        concurrency = 32 if target.engine == "tinker" else 8
+    return target, renderer_obj, renderer_label, concurrency, sampling_params(max_tokens, temperature, seed, renderer_obj)
+
+
 def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
              engine: str | None = None, *, max_tokens: int = 32, temperature: float = 0.0, seed: int | None = 0,
              concurrency: int | None = None, renderer: Any = None, out: str | os.PathLike | None = None,
@@ -90,12 +101,9 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
     rows, data_path = eval_rows(data)
     data_sha = file_sha256(data_path)  # of the file as read, not as it may be after a long eval
-    target = sampler_target(model, checkpoint, engine)
+    target, renderer_obj, renderer_label, concurrency, params = _sampling(
+        model, checkpoint, engine, renderer, concurrency, max_tokens, temperature, seed)
     model, engine = target.model, target.engine
-    renderer_obj, renderer_label = renderer_for(model, renderer)
-    if concurrency is None:
-        concurrency = 32 if engine == "tinker" else 8
-    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
@@ -207,12 +215,9 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
             patterns.compile_pattern(format)
         except (patterns.pattern_error(), TypeError) as exc:
             raise ValueError(f"probe: format {format!r} is not a valid regular expression: {exc}") from None
-    target = sampler_target(model, checkpoint, engine)
+    target, renderer_obj, _, concurrency, params = _sampling(
+        model, checkpoint, engine, renderer, concurrency, max_tokens, temperature, seed)
     model, engine = target.model, target.engine
-    renderer_obj, _ = renderer_for(model, renderer)
-    if concurrency is None:
-        concurrency = 32 if engine == "tinker" else 8
-    params = sampling_params(max_tokens, temperature, seed, renderer_obj)
     source = os.fspath(data) if isinstance(data, (str, os.PathLike)) and Path(data).is_file() else None
     rendered = render_prompts(renderer_obj, rows, source)
     base_client = baseline_client if baseline_client is not None else open_sampler(target.base, service_client)
