@@ -54,7 +54,7 @@ SCENARIOS = {
                 seen[name] = repr(call())
             except RegexTimeout as exc:
                 seen[name] = "timeout: " + str(exc)
-        seen["issue_example"] = score_output("a" * 40 + "!", "(a+)+$", "regex")
+        seen["nested_plus"] = score_output("a" * 40 + "!", "(a+)+$", "regex")
         OUT["score_and_format"] = seen
     """,
     "evaluate": f"""
@@ -102,7 +102,7 @@ def test_score_output_and_format_matches_raise_a_regex_timeout(outcomes):
     out = outcomes["score_and_format"]
     assert out["score"].startswith("timeout: ") and "(a|aa)+$" in out["score"] and "bound" in out["score"]
     assert out["format"].startswith("timeout: ")
-    assert out["issue_example"] is False  # the issue's `(a+)+$` answers at once: no match
+    assert out["nested_plus"] is False  # `(a+)+$` on a short reply answers at once: no match
 
 
 def test_evaluate_counts_a_timed_out_row_wrong_and_says_why(outcomes):
