@@ -32,13 +32,19 @@ _RUN_ID = re.compile(r"^local-[0-9a-f]{8,64}:train:\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
-def default_data_dir() -> Path:
-    """$MACHINE_NB_DATA_DIR, else a per-user cache directory (`~/.cache/machine_nb/tinker-server`)."""
-    env = os.environ.get("MACHINE_NB_DATA_DIR", "").strip()
+def cache_folder(env_var: str, name: str) -> Path:
+    """The folder `$env_var` names, else `name` in the user's cache folder for machine_nb
+    ($XDG_CACHE_HOME/machine_nb, or ~/.cache/machine_nb); absolute."""
+    env = os.environ.get(env_var, "").strip()
     if env:
         return Path(env).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base).absolute() / "machine_nb" / "tinker-server"
+    return Path(base).absolute() / "machine_nb" / name
+
+
+def default_data_dir() -> Path:
+    """$MACHINE_NB_DATA_DIR, else a per-user cache directory (`~/.cache/machine_nb/tinker-server`)."""
+    return cache_folder("MACHINE_NB_DATA_DIR", "tinker-server")
 
 
 def ensure_private_dir(path: Path) -> Path:

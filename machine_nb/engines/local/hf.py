@@ -70,11 +70,9 @@ def gguf_path() -> Path:
 def models_root() -> Path:
     """Where converted models live: $MACHINE_NB_MODELS_DIR, else `models/` in the user's cache
     folder ($XDG_CACHE_HOME/machine_nb or ~/.cache/machine_nb)."""
-    env = os.environ.get("MACHINE_NB_MODELS_DIR", "").strip()
-    if env:
-        return Path(env).expanduser().absolute()
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base).absolute() / "machine_nb" / "models"
+    from .checkpoints import cache_folder
+
+    return cache_folder("MACHINE_NB_MODELS_DIR", "models")
 
 
 def _cache_name(gguf: Path) -> str:
