@@ -25,6 +25,9 @@ def test_the_versions_are_those_the_workarounds_were_written_for():
     assert ".".join(tinker.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["tinker"]
     assert ".".join(huggingface_hub.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["huggingface_hub"]
     assert ".".join(transformers.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["transformers"]
+    import torch
+
+    assert ".".join(torch.__version__.split(".")[:2]) == workarounds.WRITTEN_FOR["torch"]
 
 
 def test_the_private_names_are_there():
@@ -40,6 +43,9 @@ def test_the_private_names_are_there():
 
     assert callable(sampling_client._load_tokenizer_from_model_info.cache_info)
     assert isinstance(constants.HF_HUB_OFFLINE, bool)
+    import torch
+
+    assert callable(torch._C._set_deterministic_algorithms)
 
 
 def test_warm_sdk_tokenizer_loads_offline_and_restores_the_offline_switch(monkeypatch):
@@ -74,3 +80,29 @@ def test_stop_sdk_client_stops_a_client_of_a_server_that_is_gone_without_waiting
     assert not stopping.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         client.create_sampling_client(base_model=DEFAULT_MODEL)
+
+
+def test_deterministic_kernels_turns_the_switch_on_without_importing_the_compiler():
+    """In a fresh process (this one may have imported the compiler already): the switch is on, in
+    error mode as torch's own switch sets it, and neither torch._inductor nor torch._dynamo was
+    imported."""
+    import subprocess
+
+    code = ("import sys, torch\n"
+            "from machine_nb.engines.local.workarounds import deterministic_kernels\n"
+            "deterministic_kernels()\n"
+            "assert torch.are_deterministic_algorithms_enabled()\n"
+            "assert not torch.is_deterministic_algorithms_warn_only_enabled()\n"
+            "print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_deterministic_kernels_also_sets_the_compilers_copy_once_it_is_imported(monkeypatch):
+    import torch
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "deterministic", False)
+    workarounds.deterministic_kernels()
+    assert inductor_config.deterministic is True and torch.are_deterministic_algorithms_enabled()

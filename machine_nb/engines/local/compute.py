@@ -24,6 +24,7 @@ import torch
 from ...errors import EngineError, MachineFormatError
 from . import lora as _lora
 from .checkpoints import FORMAT
+from .workarounds import deterministic_kernels
 
 #: torch threads when MACHINE_NB_THREADS is unset: 1, because torch's threads spin-wait for each
 #: other, so next to any other busy process more threads make a step slower, not faster; and
@@ -49,7 +50,7 @@ def configure_torch(threads: int | None = None) -> int:
     threads = max(1, int(threads))
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    deterministic_kernels()
     return threads
 
 

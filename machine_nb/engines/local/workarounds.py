@@ -24,18 +24,26 @@ an upgrade rather than found broken in a user's notebook.
   read on each call by huggingface_hub and transformers) turned on around it alone: no public API
   passes `local_files_only` through the SDK. Other threads see offline mode for that short call
   (transformers is imported before it, so it is the loading of two small files).
+- `deterministic_kernels()`: torch's deterministic-kernels switch without the import that
+  `torch.use_deterministic_algorithms` makes of `torch._inductor.config` (and through it all of
+  torch._dynamo, about as much work as importing torch itself) only to copy the switch into the
+  compiler's settings. The engine never compiles, so each process that trains or samples is spared
+  that import; the switch itself is the same call (`torch._C._set_deterministic_algorithms`), and
+  the compiler's copy is still set when it is already imported.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures.thread
+import sys
 import threading
 from typing import Any, Callable
 
 #: What each workaround was written against: the minor versions of Python, the tinker SDK,
-#: huggingface_hub and transformers.
-WRITTEN_FOR = {"python": "3.11", "tinker": "0.38", "huggingface_hub": "1.33", "transformers": "5.5"}
+#: huggingface_hub, transformers and torch.
+WRITTEN_FOR = {"python": "3.11", "tinker": "0.38", "huggingface_hub": "1.33", "transformers": "5.5",
+               "torch": "2.13"}
 
 
 def before_executors_shut_down(fn: Callable[[], None]) -> None:
@@ -90,3 +98,14 @@ def warm_sdk_tokenizer(name: str) -> Any:
             return sampling_client._load_tokenizer_from_model_info(name)
         finally:
             constants.HF_HUB_OFFLINE = was
+
+
+def deterministic_kernels() -> None:
+    """Turn on torch's deterministic kernels (errors, not warnings, for an operation that has none),
+    as `torch.use_deterministic_algorithms(True)` does, without importing torch's compiler."""
+    import torch
+
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True
+    torch._C._set_deterministic_algorithms(True, warn_only=False)
