@@ -319,16 +319,49 @@ def _count_optim_steps(monkeypatch):
     return calls
 
 
+#: The short runs the resume tests stop and resume: save_every=4, so their last checkpoint is step 8.
+SHORT = dict(epochs=2, batch_size=8, save_every=4, progress=False)
+
+
+class ShortRuns:
+    """The short runs (SHORT with max_steps=total) several tests compare against or resume, each
+    trained once in this module: `whole(total)` the uninterrupted run; `stopped(total, dest)` a copy
+    at `dest` of the run stopped while the engine holds its final save (`_interrupt_before_final`),
+    for the test to resume or edit as its own."""
+
+    def __init__(self, corpus, root):
+        self.corpus, self.root, self._whole, self._stopped = corpus, root, {}, {}
+
+    def whole(self, total):
+        if total not in self._whole:
+            self._whole[total] = sft(self.corpus.train, log_dir=self.root / f"whole-{total}", max_steps=total, **SHORT)
+        return self._whole[total]
+
+    def stopped(self, total, dest):
+        import shutil
+
+        if total not in self._stopped:
+            with pytest.MonkeyPatch.context() as mp:
+                _interrupt_before_final(self.corpus, self.root / f"stopped-{total}", mp, total, max_steps=total,
+                                        **SHORT)
+            self._stopped[total] = self.root / f"stopped-{total}"
+        shutil.copytree(self._stopped[total], dest, symlinks=True)
+        return dest
+
+
+@pytest.fixture(scope="module")
+def short_runs(corpus, tmp_path_factory):
+    return ShortRuns(corpus, tmp_path_factory.mktemp("short"))
+
+
 @pytest.mark.parametrize("total", [9, 10, 11])
-def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_path, monkeypatch, total):
+def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, short_runs, tmp_path, monkeypatch, total):
     """save_every=4: the last checkpoint is step 8, which is the last step of 9, the one before
     the last of 10 (the state saved there already holds every step of both: the cookbook's next
     batch is in flight as it saves), or two before the last of 11. Resumed, each run equals the
     uninterrupted one: no step trained twice, the same steps, tokens, losses and replies."""
-    kw = dict(epochs=2, max_steps=total, batch_size=8, save_every=4, progress=False)
-    whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
-    log_dir = tmp_path / "interrupted"
-    _interrupt_before_final(corpus, log_dir, monkeypatch, total, **kw)
+    whole = short_runs.whole(total)
+    log_dir = short_runs.stopped(total, tmp_path / "interrupted")
     part = read_training_log(log_dir)
     assert not part.complete and part.steps == total and part.state_path.endswith("/weights/000008")
 
@@ -353,15 +386,14 @@ def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_pa
     assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
 
 
-def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tmp_path):
+def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, short_runs, tmp_path):
     """The engine fails step 5 after it was submitted, before checkpoint 4 was saved: that state
     holds steps 0-4 only. The resume trains step 5 (its row never came), and the run equals the
     uninterrupted one."""
-    kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
-    whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
+    whole = short_runs.whole(11)
     log_dir = tmp_path / "failed"
     with engine_fault_at(6), pytest.raises(EngineError):
-        sft(corpus.train, log_dir=log_dir, **kw)
+        sft(corpus.train, log_dir=log_dir, max_steps=11, **SHORT)
     assert read_training_log(log_dir).state_path.endswith("/weights/000004")
     done = sft(corpus.train, resume=log_dir, progress=False)
     assert done.complete and done.unconfirmed_steps == [5]
@@ -371,13 +403,11 @@ def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tm
     assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
 
 
-def test_steps_without_rows_are_trained_again_and_reported(corpus, tmp_path, monkeypatch):
+def test_steps_without_rows_are_trained_again_and_reported(corpus, short_runs, tmp_path, monkeypatch):
     """The rows of steps 8 and 9 missing after checkpoint 8 (as an interrupt in the moments
     between the checkpoint and those rows leaves the log): the resume cannot tell whether the
     state holds them, trains them again rather than skip one, and says so."""
-    kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
-    log_dir = tmp_path / "interrupted"
-    _interrupt_before_final(corpus, log_dir, monkeypatch, 11, **kw)
+    log_dir = short_runs.stopped(11, tmp_path / "interrupted")
     metrics = log_dir / "metrics.jsonl"
     kept = [line for line in metrics.read_text().splitlines(keepends=True) if json.loads(line).get("step", 0) < 8]
     metrics.write_text("".join(kept))
