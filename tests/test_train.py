@@ -114,7 +114,7 @@ def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
     assert answers(runs[0].checkpoint, rows, tmp_path) == answers(runs[1].checkpoint, rows, tmp_path)
 
 
-#: The short runs the resume tests stop and resume: save_every=4, so their last checkpoint is step 8.
+#: The short runs the resume tests stop and resume: a checkpoint every 4 steps (4 and 8).
 SHORT = dict(epochs=2, batch_size=8, save_every=4, progress=False)
 
 
@@ -152,10 +152,10 @@ def short_runs(corpus, tmp_path_factory):
 def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp_path):
     """Interrupt the 11-step run (save_every=4) mid-run, just past its step-4 checkpoint, resume it:
     11 steps, the same tokens, the very same losses and the same replies as the run that was never
-    interrupted. (The 60-step run's own checkpoints at save_every=20 are test_log_dir_holds_…'s.)"""
+    interrupted."""
     whole = short_runs.whole(11)
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("sft", at=6, hold_step=7):  # held before the step-8 checkpoint: the last one is 4
+    with ctrl_c_at("sft", at=6, hold_step=7):  # step 6 is held until the Ctrl-C: checkpoint 8 cannot come first
         sft(corpus.train, log_dir=log_dir, max_steps=11, **SHORT)
     part = read_training_log(log_dir)
     assert not part.complete and 4 <= part.steps < 11
