@@ -193,49 +193,81 @@ def checkpoint_folder(path: str) -> Path:
 COMMITTER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from machine_nb.evaluation.candidate import Candidate, CommitConflict
+    from machine_nb.evaluation.candidate import Candidate, CommitConflict, checkpoint_problem
     from machine_nb.evaluation.cases import live_version
-    ws, name, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    ws, who, barriers = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     import hashlib
     from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
-    ckpt = f"tinker://local-{hashlib.sha256(ws.encode()).hexdigest()[:16]}:train:0/sampler_weights/{name}"
-    folder = checkpoint_dir(default_data_dir(), ckpt)
-    folder.mkdir(parents=True)
-    (folder / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
-    cand = Candidate(workspace=ws, machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
-                     engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
-    print("ready", flush=True)
-    while not go.exists():
-        time.sleep(0.001)
-    try:
-        print("won", cand.commit()["id"])
-    except CommitConflict as exc:
-        print("lost", exc)
+    for attempt in map(int, sys.stdin):  # the parent starts each round once the last one is settled
+        ckpt = (f"tinker://local-{hashlib.sha256(ws.encode()).hexdigest()[:16]}:train:0/sampler_weights/"
+                f"{attempt}-{who}")
+        folder = checkpoint_dir(default_data_dir(), ckpt)
+        folder.mkdir(parents=True)
+        (folder / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 0}))
+        cand = Candidate(workspace=ws, machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
+                         engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True,
+                         reason="test")
+        assert checkpoint_problem(ckpt) is None  # what commit checks first, loaded: the four reach the lock together
+        print("ready", flush=True)
+        go = barriers / f"go{attempt}"
+        while not go.exists():
+            time.sleep(0.001)
+        try:
+            print("won", cand.commit()["id"], flush=True)
+        except CommitConflict as exc:
+            print("lost", exc, flush=True)
 """)
 
 
 def test_concurrent_commits_one_wins_the_other_sees_a_clear_error(tmp_path):
+    """Four processes race to commit, three rounds over: each round exactly one wins and the
+    others see a clear error, and versions.json stays whole. The same four processes play every
+    round (each measures against the live version after the last round), released together by a
+    file that appears."""
+    import threading
+
     ws = tmp_path / "ws"
     shutil.copytree(SAMPLE / "machines" / "tutor", ws / "machines" / "tutor")
     script = tmp_path / "commit.py"
     script.write_text(COMMITTER)
-    for attempt in range(3):
-        go = tmp_path / f"go{attempt}"
-        procs = [subprocess.Popen([sys.executable, str(script), str(ws), f"{attempt}-{i}", str(go)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-                 for i in range(4)]
-        assert [p.stdout.readline() for p in procs] == ["ready\n"] * 4  # all four are waiting for the signal
-        go.touch()
-        outs = [p.communicate(timeout=60) for p in procs]
+    procs = [subprocess.Popen([sys.executable, str(script), str(ws), str(i), str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for i in range(4)]
+    # a broken round ends the processes (and so every read below) rather than hang the test
+    watchdog = threading.Timer(300, lambda: [p.kill() for p in procs])
+    watchdog.start()
+
+    def lines() -> list[str]:
+        said = [p.stdout.readline() for p in procs]
+        if not all(said):  # a process ended: its error
+            for p in procs:
+                p.kill()
+            raise AssertionError([p.communicate()[1] for p in procs])
+        return said
+
+    try:
+        for attempt in range(3):
+            for p in procs:
+                p.stdin.write(f"{attempt}\n")
+                p.stdin.flush()
+            assert lines() == ["ready\n"] * 4  # all four are waiting for the signal
+            (tmp_path / f"go{attempt}").touch()
+            said = [s.strip() for s in lines()]
+            won = [s for s in said if s.startswith("won")]
+            assert len(won) == 1, said
+            lost = [s for s in said if s.startswith("lost")]
+            assert len(lost) == 3 and all("another commit or revert came first. Nothing was written" in s for s in lost)
+            versions = json.loads((ws / "machines" / "tutor" / "versions.json").read_text())  # whole, valid JSON
+            assert [v["id"] for v in versions] == [f"v{i}" for i in range(1, attempt + 3)]
+            assert [v["id"] for v in versions if v.get("live")] == [won[0].split()[1]] == [versions[-1]["id"]]
+        outs = [p.communicate(timeout=60) for p in procs]  # stdin closes: each process ends
         assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
-        said = [out.strip() for out, _ in outs]
-        won = [s for s in said if s.startswith("won")]
-        assert len(won) == 1, said
-        lost = [s for s in said if s.startswith("lost")]
-        assert len(lost) == 3 and all("another commit or revert came first. Nothing was written" in s for s in lost)
-        versions = json.loads((ws / "machines" / "tutor" / "versions.json").read_text())  # whole, valid JSON
-        assert [v["id"] for v in versions] == [f"v{i}" for i in range(1, attempt + 3)]
-        assert [v["id"] for v in versions if v.get("live")] == [won[0].split()[1]] == [versions[-1]["id"]]
+    finally:
+        watchdog.cancel()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def test_a_stale_candidate_cannot_commit_over_a_newer_version(tmp_path):

@@ -8,6 +8,7 @@ and DPO log dirs read back with their steps."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from machine_nb.training.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_c
                               sft, training_metrics)
 
 from interrupt import ctrl_c_at
+from trained import minimal_sft
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +116,12 @@ def test_one_eval_step_reads_back_as_an_eval_result_and_every_step_as_a_table(tm
     assert list(every["step"]) == [0, 0, 4, 4] and every.attrs == {}
 
 
-def test_evals_leave_training_untouched(run, corpus, tmp_path):
-    plain = sft(corpus.train, log_dir=tmp_path / "plain", epochs=10, batch_size=8, progress=False)
+def test_evals_leave_training_untouched(run, tmp_path_factory):
+    plain = minimal_sft(tmp_path_factory)  # the same run with no eval_data (trained.py)
     assert list(training_metrics(plain.log_dir)["train_mean_nll"].dropna()) == list(
         training_metrics(run.log_dir)["train_mean_nll"].dropna())
     assert plain.evals == 0 and plain.best_step is None and plain.heldout_accuracy is None
-    assert not (tmp_path / "plain" / HELDOUT_FILE).exists()
+    assert not (Path(plain.log_dir) / HELDOUT_FILE).exists()
 
 
 def test_observed_cost_next_to_the_estimate(run):

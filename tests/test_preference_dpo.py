@@ -36,7 +36,21 @@ def trained(pairs, tmp_path_factory):
     return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "dpo", progress=False)
 
 
-def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_first(pairs, trained):
+@pytest.fixture(scope="module")
+def base_scores(pairs):
+    """How the base model ranks the pairs (score_pairs with no checkpoint)."""
+    return score_pairs(pairs)
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """SFT on the tutor's tagged lines, 30 steps: where SFT then DPO starts, and a run of the other kind."""
+    with pytest.warns(HeldOutExcluded):
+        lines = mnb.tagged_lines(mnb.tagged(SAMPLE / ".machine-store"), "tutor", workspace=SAMPLE)
+    return mnb.sft(lines, max_steps=30, log_dir=tmp_path_factory.mktemp("sft") / "sft", progress=False)
+
+
+def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_first(pairs, trained, base_scores):
     assert trained.engine == "local" and trained.model == "local/arith-tiny"
     assert trained.steps == 50 and trained.complete and trained.cost_usd == 0.0
     assert trained.checkpoint.startswith("tinker://local-") and trained.checkpoint.endswith("/sampler_weights/final")
@@ -50,7 +64,7 @@ def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_f
     assert trained.last_loss < 0.05 and metrics["accuracy"].tail(5).min() == 1.0 and metrics["margin"].iloc[-1] > 1
     assert trained.tokens == int(metrics["num_tokens"].sum())
     # the checkpoint, not just the loop's own metric: absolute log-probabilities of each pair's replies
-    before, after = score_pairs(pairs), score_pairs(pairs, checkpoint=trained.checkpoint)
+    before, after = base_scores, score_pairs(pairs, checkpoint=trained.checkpoint)
     assert list(after.columns) == SCORE_COLUMNS and len(after) == 44
     assert before["correct"].mean() == 0.0  # the base model prefers its own natural answers
     assert after["correct"].mean() == 1.0 and (after["margin"] > before["margin"]).all()
@@ -76,21 +90,19 @@ def test_the_log_dir_holds_the_pairs_the_cookbook_read_and_reads_back(trained, p
         ["000020", "000040", "final"]
 
 
-def test_sft_then_dpo_starts_from_the_sft_weights(pairs, tmp_path):
-    with pytest.warns(HeldOutExcluded):
-        lines = mnb.tagged_lines(mnb.tagged(SAMPLE / ".machine-store"), "tutor", workspace=SAMPLE)
-    sft = mnb.sft(lines, max_steps=30, log_dir=tmp_path / "sft", progress=False)
+def test_sft_then_dpo_starts_from_the_sft_weights(pairs, sft_run, base_scores, tmp_path):
+    sft = sft_run
     both = dpo(pairs, load_checkpoint=sft, max_steps=5, log_dir=tmp_path / "dpo", progress=False)
     marker = json.loads((tmp_path / "dpo" / "machine_nb.json").read_text())
     assert marker["load_checkpoint"] == sft.state_path and marker["learning_rate"] == 1e-4
     assert both.steps == 5 and both.complete and both.model == "local/arith-tiny"
     # the SFT checkpoint already prefers the chosen replies more than the base model; DPO widens that
-    base = score_pairs(pairs)
+    base = base_scores
     start, end = score_pairs(pairs, checkpoint=sft.checkpoint), score_pairs(pairs, checkpoint=both.checkpoint)
     assert start["margin"].mean() > base["margin"].mean() + 20
     assert (end["margin"] > start["margin"]).all()
     # a log dir works as well as the result; sampler weights are not a starting point
-    again = dpo(pairs, load_checkpoint=tmp_path / "sft", max_steps=1, log_dir=tmp_path / "dpo2", progress=False)
+    again = dpo(pairs, load_checkpoint=Path(sft.log_dir), max_steps=1, log_dir=tmp_path / "dpo2", progress=False)
     assert json.loads((tmp_path / "dpo2" / "machine_nb.json").read_text())["load_checkpoint"] == sft.state_path
     assert again.steps == 1
     with pytest.raises(ValueError, match="sampler weights"):
@@ -98,7 +110,7 @@ def test_sft_then_dpo_starts_from_the_sft_weights(pairs, tmp_path):
     assert not (tmp_path / "dpo3").exists()
 
 
-def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, tmp_path):
+def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, sft_run, tmp_path):
     log_dir = tmp_path / "interrupted"
     with ctrl_c_at("dpo", at=22, hold_step=26):
         dpo(pairs, log_dir=log_dir, progress=False)
@@ -107,10 +119,7 @@ def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trai
     with pytest.raises(FileExistsError, match="resume="):
         dpo(pairs, log_dir=log_dir, progress=False)
     with pytest.raises(ValueError, match="not a dpo run"):
-        sft_dir = tmp_path / "sft"
-        mnb.smoke(mnb.tagged_lines(mnb.tagged(SAMPLE / ".machine-store"), "tutor", workspace=SAMPLE, exclude=()),
-                  log_dir=sft_dir, progress=False)
-        dpo(pairs, resume=sft_dir, progress=False)
+        dpo(pairs, resume=sft_run.log_dir, progress=False)
     done = dpo(pairs, resume=log_dir, progress=False)
     assert done.complete and done.steps == 50 and done.tokens == trained.tokens
     full, resumed = mnb.training_metrics(trained.log_dir), mnb.training_metrics(log_dir)

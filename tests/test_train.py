@@ -20,6 +20,7 @@ from machine_nb.checks.render import get_renderer
 from machine_nb.training.train import read_training_log, sft, smoke, training_metrics
 
 from interrupt import ctrl_c_at, engine_fault_at
+from trained import minimal_sft
 
 ANSWER = re.compile(r"^answer: -?\d+$")
 
@@ -50,10 +51,9 @@ def answers_base(rows: list[dict], log_dir=None) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory):
-    """The minimal-SFT run: 48 rows, batch 8, 10 epochs = 60 steps, local defaults."""
-    log_dir = tmp_path_factory.mktemp("runs") / "sft"
-    return sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, progress=False)
+def trained(tmp_path_factory):
+    """The minimal-SFT run: 48 rows, batch 8, 10 epochs = 60 steps, local defaults (trained.py)."""
+    return minimal_sft(tmp_path_factory)
 
 
 def test_sft_learns_the_house_style_end_to_end(trained, corpus):
@@ -114,25 +114,62 @@ def test_same_seed_twice_gives_identical_losses_and_outputs(corpus, tmp_path):
     assert answers(runs[0].checkpoint, rows, tmp_path) == answers(runs[1].checkpoint, rows, tmp_path)
 
 
-def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, trained, tmp_path):
-    """Interrupt the 60-step run just past its step-20 checkpoint, resume it: 60 steps, the same
-    tokens, the very same final loss and the same replies as the run that was never interrupted."""
+#: The short runs the resume tests stop and resume: a checkpoint every 4 steps (4 and 8).
+SHORT = dict(epochs=2, batch_size=8, save_every=4, progress=False)
+
+
+class ShortRuns:
+    """The short runs (SHORT with max_steps=total) several tests compare against or resume, each
+    trained once in this module: `whole(total)` the uninterrupted run; `stopped(total, dest)` a copy
+    at `dest` of the run stopped while the engine holds its final save (`_interrupt_before_final`),
+    for the test to resume or edit as its own."""
+
+    def __init__(self, corpus, root):
+        self.corpus, self.root, self._whole, self._stopped = corpus, root, {}, {}
+
+    def whole(self, total):
+        if total not in self._whole:
+            self._whole[total] = sft(self.corpus.train, log_dir=self.root / f"whole-{total}", max_steps=total, **SHORT)
+        return self._whole[total]
+
+    def stopped(self, total, dest):
+        import shutil
+
+        if total not in self._stopped:
+            with pytest.MonkeyPatch.context() as mp:
+                _interrupt_before_final(self.corpus, self.root / f"stopped-{total}", mp, total, max_steps=total,
+                                        **SHORT)
+            self._stopped[total] = self.root / f"stopped-{total}"
+        shutil.copytree(self._stopped[total], dest, symlinks=True)
+        return dest
+
+
+@pytest.fixture(scope="module")
+def short_runs(corpus, tmp_path_factory):
+    return ShortRuns(corpus, tmp_path_factory.mktemp("short"))
+
+
+def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp_path):
+    """Interrupt the 11-step run (save_every=4) mid-run, just past its step-4 checkpoint, resume it:
+    11 steps, the same tokens, the very same losses and the same replies as the run that was never
+    interrupted."""
+    whole = short_runs.whole(11)
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("sft", at=22, hold_step=26):
-        sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, progress=False)
+    with ctrl_c_at("sft", at=6, hold_step=7):  # step 6 is held until the Ctrl-C: checkpoint 8 cannot come first
+        sft(corpus.train, log_dir=log_dir, max_steps=11, **SHORT)
     part = read_training_log(log_dir)
-    assert not part.complete and 20 <= part.steps < 60
-    assert part.state_path is not None and part.state_path.endswith("/weights/000020")
+    assert not part.complete and 4 <= part.steps < 11
+    assert part.state_path is not None and part.state_path.endswith("/weights/000004")
     # reusing the dir without resume= is refused; resume finishes the run exactly
     with pytest.raises(FileExistsError, match="resume="):
         sft(corpus.train, log_dir=log_dir, progress=False)
     done = sft(corpus.train, resume=log_dir, progress=False)
     assert done.complete and done.checkpoint.endswith("/sampler_weights/final")
-    assert done.steps == 60 and done.tokens == trained.tokens
-    assert done.last_loss == trained.last_loss
-    assert list(training_metrics(log_dir)["train_mean_nll"]) == list(training_metrics(trained.log_dir)["train_mean_nll"])
+    assert done.steps == 11 and done.tokens == whole.tokens
+    assert done.last_loss == whole.last_loss
+    assert list(training_metrics(log_dir)["train_mean_nll"]) == list(training_metrics(whole.log_dir)["train_mean_nll"])
     rows = [json.loads(line) for line in open(corpus.eval)][:6]
-    assert answers(done.checkpoint, rows) == answers(trained.checkpoint, rows)
+    assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
 
 
 def test_smoke_runs_two_real_steps_and_reports_metrics_as_they_come(corpus, tmp_path):
@@ -320,15 +357,13 @@ def _count_optim_steps(monkeypatch):
 
 
 @pytest.mark.parametrize("total", [9, 10, 11])
-def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_path, monkeypatch, total):
+def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, short_runs, tmp_path, monkeypatch, total):
     """save_every=4: the last checkpoint is step 8, which is the last step of 9, the one before
     the last of 10 (the state saved there already holds every step of both: the cookbook's next
     batch is in flight as it saves), or two before the last of 11. Resumed, each run equals the
     uninterrupted one: no step trained twice, the same steps, tokens, losses and replies."""
-    kw = dict(epochs=2, max_steps=total, batch_size=8, save_every=4, progress=False)
-    whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
-    log_dir = tmp_path / "interrupted"
-    _interrupt_before_final(corpus, log_dir, monkeypatch, total, **kw)
+    whole = short_runs.whole(total)
+    log_dir = short_runs.stopped(total, tmp_path / "interrupted")
     part = read_training_log(log_dir)
     assert not part.complete and part.steps == total and part.state_path.endswith("/weights/000008")
 
@@ -353,15 +388,14 @@ def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, tmp_pa
     assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
 
 
-def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tmp_path):
+def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, short_runs, tmp_path):
     """The engine fails step 5 after it was submitted, before checkpoint 4 was saved: that state
     holds steps 0-4 only. The resume trains step 5 (its row never came), and the run equals the
     uninterrupted one."""
-    kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
-    whole = sft(corpus.train, log_dir=tmp_path / "whole", **kw)
+    whole = short_runs.whole(11)
     log_dir = tmp_path / "failed"
     with engine_fault_at(6), pytest.raises(EngineError):
-        sft(corpus.train, log_dir=log_dir, **kw)
+        sft(corpus.train, log_dir=log_dir, max_steps=11, **SHORT)
     assert read_training_log(log_dir).state_path.endswith("/weights/000004")
     done = sft(corpus.train, resume=log_dir, progress=False)
     assert done.complete and done.unconfirmed_steps == [5]
@@ -371,13 +405,11 @@ def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, tm
     assert answers(done.checkpoint, rows) == answers(whole.checkpoint, rows)
 
 
-def test_steps_without_rows_are_trained_again_and_reported(corpus, tmp_path, monkeypatch):
+def test_steps_without_rows_are_trained_again_and_reported(corpus, short_runs, tmp_path, monkeypatch):
     """The rows of steps 8 and 9 missing after checkpoint 8 (as an interrupt in the moments
     between the checkpoint and those rows leaves the log): the resume cannot tell whether the
     state holds them, trains them again rather than skip one, and says so."""
-    kw = dict(epochs=2, max_steps=11, batch_size=8, save_every=4, progress=False)
-    log_dir = tmp_path / "interrupted"
-    _interrupt_before_final(corpus, log_dir, monkeypatch, 11, **kw)
+    log_dir = short_runs.stopped(11, tmp_path / "interrupted")
     metrics = log_dir / "metrics.jsonl"
     kept = [line for line in metrics.read_text().splitlines(keepends=True) if json.loads(line).get("step", 0) < 8]
     metrics.write_text("".join(kept))
