@@ -44,5 +44,6 @@ def serve_half_dead() -> tuple[http.server.ThreadingHTTPServer, str, type[HalfDe
     """
     handler = type("Handler", (HalfDead,), {"work": 0})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll interval: shutdown() waits for the serving loop's next poll
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}", handler

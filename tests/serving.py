@@ -119,6 +119,27 @@ def kill_when(proc: subprocess.Popen, ready: Callable[[], bool]) -> list[float]:
 
     threading.Thread(target=kill, daemon=True).start()
     return killed_at
+
+
+def watch_closely(monkeypatch) -> None:
+    """Make the Tinker engine's watchdog (engines.tinker.Watchdog, which every `engine="tinker"`
+    call builds with its defaults) give up on a service after seconds rather than its default
+    ten, through its own constructor arguments: a health check every 0.5 s, a service that has not
+    answered for 4 s, or whose work calls answered 5xx at least 4 times over 2 s. The checks, the
+    counting and the messages are the product's; only the waits are shorter (the default's seconds
+    to a half-dead service's EngineError: benchmarks/bench_hardening.py). A live server, even on a
+    loaded machine, answers its health check well within 4 s."""
+    from machine_nb.engines import tinker as tinker_engine
+
+    real = tinker_engine.Watchdog
+
+    class CloseWatchdog(real):
+        def __init__(self, url: str, **kwargs):
+            super().__init__(url, **{"every": 0.5, "grace": 4.0, "grace_5xx": 2.0, **kwargs})
+
+    monkeypatch.setattr(tinker_engine, "Watchdog", CloseWatchdog)
+
+
 class FakeHub:
     """A stand-in for the Hugging Face hub's address (`HF_ENDPOINT`) that counts the connections made to
     it and drops each at once, so a call that asks the network shows without waiting."""

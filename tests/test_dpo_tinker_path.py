@@ -17,7 +17,7 @@ from machine_nb.data.export import HeldOutExcluded
 from machine_nb.training.preference import dpo
 from machine_nb.checks.pricing import clear_prices, set_price
 
-from serving import kill_when, start_server, stop_server
+from serving import kill_when, start_server, stop_server, watch_closely
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: no real service sees it
@@ -62,13 +62,17 @@ def test_dpo_on_the_tinker_path_trains_on_the_served_server(pairs, served, tmp_p
             assert PLACEHOLDER_KEY not in path.read_text(encoding="utf-8", errors="replace"), path
 
 
-def test_a_server_that_dies_mid_dpo_fails_the_call_quickly(pairs, served, tmp_path):
+def test_a_server_that_dies_mid_dpo_fails_the_call_quickly(pairs, served, tmp_path, monkeypatch):
+    """The watchdog's waits are shortened (serving.watch_closely); the failure is still the dead
+    server's (its port refuses), after the kill."""
+    watch_closely(monkeypatch)
     proc, url, _ = served
     log_dir = tmp_path / "run"
     metrics = log_dir / "metrics.jsonl"
     killed_at = kill_when(proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 2)  # two steps in
-    with pytest.raises(EngineError, match="stopped answering"):
+    with pytest.raises(EngineError, match="stopped answering") as err:
         dpo(pairs, model=MODEL, engine="tinker", batch_size=4, epochs=200, log_dir=log_dir, progress=False,
             max_usd=10.0)
     assert killed_at and time.monotonic() - killed_at[0] < 30
+    assert "Connection refused" in str(err.value), str(err.value)
     assert not mnb.read_training_log(log_dir).complete

@@ -24,7 +24,7 @@ from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.errors import EngineError
 from machine_nb.checks.render import get_renderer
 
-from serving import cookbook_sft_script, kill_when, start_server, stop_server
+from serving import cookbook_sft_script, kill_when, start_server, stop_server, watch_closely
 
 CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never show in any output
 
@@ -274,19 +274,30 @@ def test_binding_beyond_loopback_needs_a_key(tmp_path):
 def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(tmp_path, monkeypatch):
     """sft on a `machine-nb serve` URL (engine="tinker"): kill the server after a few steps. The SDK
     alone would retry for ~5 minutes; the call fails with EngineError well within 30 s, the log
-    dir reads back incomplete, and a restarted server (same data dir) lets the run resume."""
+    dir reads back incomplete, and a restarted server (same data dir) lets the run resume.
+
+    The watchdog's waits are shortened (watch_closely); with its defaults a dead server is given
+    up on within grace + one check interval + one check's timeout of the kill, asserted below."""
+    import inspect
+
+    from machine_nb.engines.tinker import Watchdog
     from machine_nb.training.train import read_training_log, sft
 
-    corpus = make_corpus(tmp_path / "corpus", seed=0)
+    defaults = {k: p.default for k, p in inspect.signature(Watchdog).parameters.items()}
+    assert defaults["grace"] + defaults["every"] + defaults["timeout"] < 30
+    watch_closely(monkeypatch)
+    corpus = make_corpus(tmp_path / "corpus", seed=0, n_train=16)  # 2 steps an epoch at batch 8, 20 in all
     s = start_server(tmp_path, name="doomed", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     log_dir = tmp_path / "run"
     metrics = log_dir / "metrics.jsonl"
     killed_at = kill_when(s.proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 8)  # a few steps in
-    with pytest.raises(EngineError, match="stopped answering"):
+    with pytest.raises(EngineError, match="stopped answering") as err:
         sft(corpus.train, model=DEFAULT_MODEL, engine="tinker", base_url=s.url, log_dir=log_dir,
             save_every=4, progress=False)
+    # the failure came after the kill, from the dead server (its port refuses), within seconds
     assert killed_at and time.monotonic() - killed_at[0] < 30
+    assert "Connection refused" in str(err.value), str(err.value)
     s.proc.wait()
     s.log.close()
     part = read_training_log(log_dir)
@@ -296,7 +307,7 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
         done = sft(corpus.train, resume=log_dir, base_url=again.url, progress=False)
     finally:
         stop_server(again)
-    assert done.complete and done.steps == 60
+    assert done.complete and done.steps == 20
 
 
 def _call(method: str, url: str, path: str, key: str | None = CANARY_KEY) -> tuple[int, dict]:
@@ -391,18 +402,21 @@ def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monk
 
 def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
     """evaluate on a `machine-nb serve` URL (engine="tinker"): kill the server while it samples.
-    The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s."""
+    The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s
+    (the watchdog's waits shortened as in the test above)."""
     from machine_nb.evaluation.evaluate import evaluate
 
+    watch_closely(monkeypatch)
     s = start_server(tmp_path, "--verbose", name="doomed-eval", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     monkeypatch.setenv("TINKER_BASE_URL", s.url)
     rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
             for a in range(10, 40) for b in range(10, 20)]  # 300 rows: sampling takes a while
     killed_at = kill_when(s.proc, lambda: s.output().count("POST /api/v1/asample") >= 3)  # while sampling
-    with pytest.raises(EngineError, match="stopped answering"):
+    with pytest.raises(EngineError, match="stopped answering") as err:
         evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, progress=False, max_tokens=64)
     assert killed_at and time.monotonic() - killed_at[0] < 30
+    assert "Connection refused" in str(err.value), str(err.value)  # from the dead server
     from machine_nb import engines
 
     assert not [k for k in engines._CLIENTS if k[1] == s.url]  # no SDK client kept heartbeating at a dead server

@@ -88,15 +88,18 @@ def test_a_script_on_the_local_engine_exits_promptly_with_its_sessions_finished(
 
 def test_work_still_going_in_another_thread_at_exit_finishes(tmp_path):
     """The main thread ends while a (non-daemon) thread still evaluates: Python waits for that
-    thread, and the local server keeps serving it until it is done."""
+    thread, and the local server keeps serving it until it is done. The thread's calls all start
+    once the main thread has ended (it joins it first), so every one of them comes at exit."""
     body = ROWS + textwrap.dedent("""
         import threading
         import machine_nb as mnb
 
         mnb.evaluate(ROWS, save=False, progress=False)  # the server is up, the imports done
-        many = ROWS * 40
+        many = ROWS * 4
+        main = threading.main_thread()
 
         def work():
+            main.join()  # returns once the main thread has ended: the interpreter is exiting
             for _ in range(3):
                 assert len(mnb.evaluate(many, save=False, progress=False).rows) == len(many)
             print("thread done", flush=True)

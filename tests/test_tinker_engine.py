@@ -19,6 +19,7 @@ from machine_nb.errors import BudgetExceeded, EngineError
 from machine_nb.training.train import sft
 
 from half_dead import serve_half_dead
+from serving import watch_closely
 
 SECRET = "tml-test-key-that-must-never-show-0123456789"
 
@@ -110,7 +111,8 @@ def fake_server():
     def start(status: int) -> str:
         handler = type("Handler", (_Fake,), {"status": status, "hits": 0})
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # a short poll interval: shutdown() waits for the serving loop's next poll
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/services/tinker"
 
@@ -208,6 +210,9 @@ def test_live_tinker_smoke(corpus, tmp_path):
 
 @pytest.fixture
 def half_dead(monkeypatch):
+    """A half-dead Tinker at TINKER_BASE_URL, watched with the watchdog's waits shortened
+    (serving.watch_closely): the same counting and messages, in seconds rather than ten."""
+    watch_closely(monkeypatch)
     server, url, handler = serve_half_dead()
     monkeypatch.setenv("TINKER_API_KEY", SECRET)
     monkeypatch.setenv("TINKER_BASE_URL", url)
@@ -225,6 +230,8 @@ def test_a_half_dead_tinker_fails_evaluate_within_seconds_naming_the_call(half_d
     import time
 
     from machine_nb.evaluation.evaluate import evaluate
+
+    import tinker  # noqa: F401  (importing the SDK sets the httpx logger's level: the level to keep is the one after)
 
     url, handler = half_dead
     level = logging.getLogger("httpx").level
