@@ -33,7 +33,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -105,15 +107,45 @@ class Lab:
     def end_test(self) -> None:
         """Leave the server as a new test expects it: every kernel shut down, the theme Lab's default.
 
-        Kernels are stopped one by one through the REST API (each DELETE returns once its kernel has
-        gone), so no notebook's kernel or its threads keep running into the next test."""
-        for session in self._api("GET", "sessions"):
-            self._api("DELETE", f"sessions/{session['id']}")
-        for kernel in self._api("GET", "kernels"):
-            self._api("DELETE", f"kernels/{kernel['id']}")
+        The kernels are stopped through the REST API in a thread, while the next test opens its
+        page; the next `end_test` (or `wait_stopped`) waits for that and raises what it met."""
+        self.wait_stopped()
+        doomed = ([f"sessions/{s['id']}" for s in self._api("GET", "sessions")]
+                  + [f"kernels/{k['id']}" for k in self._api("GET", "kernels")])
+
+        def stop() -> None:
+            for path in doomed:
+                try:
+                    self._api("DELETE", path)  # returns once the kernel has gone
+                except urllib.error.HTTPError as e:
+                    if e.code != 404:  # a session's DELETE also ended its kernel
+                        _stopping.append(e)
+                except OSError as e:
+                    _stopping.append(e)
+
+        thread = threading.Thread(target=stop, name="lab-end-test", daemon=True)
+        thread.start()
+        _stopping.append(thread)
         server_root = self.root if not self.prefix else self.root.parent
         theme = server_root / ".lab-settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
         theme.unlink(missing_ok=True)  # set_theme saved a choice there; without it Lab opens in its default
+
+    def wait_stopped(self) -> None:
+        """Wait until the kernels earlier `end_test` calls stop have gone; raise what stopping met."""
+        errors = []
+        while _stopping:
+            item = _stopping.pop(0)
+            if isinstance(item, threading.Thread):
+                item.join(90)
+                if item.is_alive():
+                    errors.append(TimeoutError("a kernel of an earlier test did not stop in 90 s"))
+            else:
+                errors.append(item)
+        if errors:
+            raise RuntimeError(f"stopping the kernels of an earlier test failed: {errors}")
+
+
+_stopping: list = []  # end_test's threads, then any error they met
 
 
 @contextlib.contextmanager

@@ -127,7 +127,7 @@ def use_the_picker(page, nb_path: Path, theme: str, search: str, matches: int, p
         html = saved_picker_html(nb_path)
         if f"text: {search}" in html and f"page 2 of {pages}" in html:
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
         page.keyboard.press("ControlOrMeta+s")  # saved again once the fallback is updated
     assert (f"text: {search}" in html and f"{matches} match · 1 selected" in html
             and f"page 2 of {pages}" in html), (theme, html[:400])

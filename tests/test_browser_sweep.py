@@ -52,7 +52,7 @@ def pick_x_in_theme(page, nb_path, x: str, theme: str) -> dict[str, list[dict]]:
     deadline = page.evaluate("Date.now()") + 60_000
     run_command(page, "docmanager:save")
     while saved_x(nb_path) != x and page.evaluate("Date.now()") < deadline:
-        page.wait_for_timeout(500)
+        page.wait_for_timeout(200)
         run_command(page, "docmanager:save")
     return report
 
