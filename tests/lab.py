@@ -11,7 +11,7 @@ reuse it:
 
 Starting Lab and Chromium costs seconds, so a test process keeps one of each: the `lab` fixture
 (tests/conftest.py) gives each test its own folder of the process's one Lab, opened in a workspace
-of its own (no tab of an earlier test is restored), and shuts the folder's kernels and puts the
+of its own (no tab of an earlier test is restored), and shuts the test's kernels and puts the
 theme back when the test ends; `chromium_page()` opens a fresh browser context (no cookies, storage
 or tabs of an earlier test) in the process's one Chromium, which stops once the next test is not a
 browser test (a running Playwright marks an asyncio loop as running, which other tests' asyncio
@@ -92,6 +92,8 @@ class Lab:
 
     def folder(self, name: str) -> Lab:
         """This server rooted at its new subfolder `name` (letters, digits, "-" and "_")."""
+        if self.prefix:
+            raise ValueError(f"Lab.folder({name!r}): call it on the server's Lab, not on its folder {self.prefix!r}")
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise ValueError(f"Lab folder name {name!r}: use letters, digits, '-' and '_' only")
         (self.root / name).mkdir()
