@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from candidate_cells import RESULTS
-from lab import (chromium_page, contrast, keep_screenshot, open_and_run_all, run_command, run_in_kernel, screenshot_after,
-                 set_theme, write_notebook)
+from lab import (chromium_page, contrast, open_and_run_all, run_command, run_in_kernel, screenshot_after, set_theme,
+                 write_notebook)
 
 pytestmark = pytest.mark.browser
 
