@@ -32,3 +32,6 @@ _session_dir("HF_HUB_CACHE", "machine-nb-hub-")
 # real models converted from their GGUF files persist across test sessions (only the first converts)
 os.environ.setdefault("MACHINE_NB_MODELS_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                             ".machine_nb_cache", "models"))
+
+# browser tests: one JupyterLab and one Chromium per test process (tests/lab_fixtures.py)
+from lab_fixtures import lab, pytest_runtest_teardown, shared_lab  # noqa: E402,F401

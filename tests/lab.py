@@ -9,6 +9,14 @@ reuse it:
         write_notebook(tmp / "x.ipynb", ["print('ok')"])
         open_and_run_all(page, lab.url("x.ipynb"))
 
+Starting Lab and Chromium costs seconds, so a test process keeps one of each: the `lab` fixture
+(tests/conftest.py) gives each test its own folder of the process's one Lab, opened in a workspace
+of its own (no tab of an earlier test is restored), and shuts the test's kernels and puts the
+theme back when the test ends; `chromium_page()` opens a fresh browser context (no cookies, storage
+or tabs of an earlier test) in the process's one Chromium, which stops once the next test is not a
+browser test (a running Playwright marks an asyncio loop as running, which other tests' asyncio
+would trip on).
+
 Lab switches themes without a reload, so one run of a notebook can be checked in both themes:
 `set_theme(page, "JupyterLab Dark")` between the checks, each inside `screenshot_after(page, path)`.
 """
@@ -25,7 +33,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -63,15 +73,81 @@ def write_notebook(path: Path, cells: Sequence[str]) -> Path:
 
 @dataclass
 class Lab:
-    """A running JupyterLab: `url(notebook)` opens a notebook under root with the token."""
+    """A running JupyterLab: `url(notebook)` opens a notebook under root with the token.
+
+    `folder(name)` is the same server seen from its subfolder `name`: its root is that folder, and
+    its urls open notebooks there in a Lab workspace of that name (a fresh layout: no tab another
+    folder's test left open is restored, so no kernel of theirs starts)."""
 
     base: str
     token: str
     root: Path
     process: subprocess.Popen
+    prefix: str = ""  # the root's path under the server's root ("" for the server's root)
 
     def url(self, notebook: str) -> str:
-        return f"{self.base}/lab/tree/{notebook}?token={self.token}"
+        if not self.prefix:
+            return f"{self.base}/lab/tree/{notebook}?token={self.token}"
+        return f"{self.base}/lab/workspaces/{self.prefix}/tree/{self.prefix}/{notebook}?token={self.token}"
+
+    def folder(self, name: str) -> Lab:
+        """This server rooted at its new subfolder `name` (letters, digits, "-" and "_")."""
+        if self.prefix:
+            raise ValueError(f"Lab.folder({name!r}): call it on the server's Lab, not on its folder {self.prefix!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise ValueError(f"Lab folder name {name!r}: use letters, digits, '-' and '_' only")
+        (self.root / name).mkdir()
+        return Lab(self.base, self.token, self.root / name, self.process, name)
+
+    def _api(self, method: str, path: str) -> object:
+        request = urllib.request.Request(f"{self.base}/api/{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            body = reply.read()
+        return json.loads(body) if body else None
+
+    def end_test(self) -> None:
+        """Leave the server as a new test expects it: every kernel shut down, the theme Lab's default.
+
+        The kernels are stopped through the REST API in a thread, while the next test opens its
+        page; the next `end_test` (or `wait_stopped`) waits for that and raises what it met."""
+        self.wait_stopped()
+        doomed = ([f"sessions/{s['id']}" for s in self._api("GET", "sessions")]
+                  + [f"kernels/{k['id']}" for k in self._api("GET", "kernels")])
+
+        def stop() -> None:
+            for path in doomed:
+                try:
+                    self._api("DELETE", path)  # returns once the kernel has gone
+                except urllib.error.HTTPError as e:
+                    if e.code != 404:  # a session's DELETE also ended its kernel
+                        _stopping.append(e)
+                except OSError as e:
+                    _stopping.append(e)
+
+        thread = threading.Thread(target=stop, name="lab-end-test", daemon=True)
+        thread.start()
+        _stopping.append(thread)
+        server_root = self.root if not self.prefix else self.root.parent
+        theme = server_root / ".lab-settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+        theme.unlink(missing_ok=True)  # set_theme saved a choice there; without it Lab opens in its default
+
+    def wait_stopped(self) -> None:
+        """Wait until the kernels earlier `end_test` calls stop have gone; raise what stopping met."""
+        errors = []
+        while _stopping:
+            item = _stopping.pop(0)
+            if isinstance(item, threading.Thread):
+                item.join(90)
+                if item.is_alive():
+                    errors.append(TimeoutError("a kernel of an earlier test did not stop in 90 s"))
+            else:
+                errors.append(item)
+        if errors:
+            raise RuntimeError(f"stopping the kernels of an earlier test failed: {errors}")
+
+
+_stopping: list = []  # end_test's threads, then any error they met
 
 
 @contextlib.contextmanager
@@ -128,20 +204,49 @@ def lab_server(root: Path, start_timeout_s: float = 90) -> Iterator[Lab]:
                 proc.wait(5)
 
 
-@contextlib.contextmanager
-def chromium_page(width: int = 1280, height: int = 900) -> Iterator:
-    """A Playwright page in headless Debian Chromium, with generous waits for `expect()` too."""
+_shared: dict = {}  # this process's Playwright and Chromium, while a browser test runs
+
+
+def shared_browser():
+    """This test process's headless Debian Chromium (launched on first use; see stop_browser)."""
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=TIMEOUT_MS)  # expect() ignores page.set_default_timeout (5 s default)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    if "browser" not in _shared:
+        path = chromium_path()
+        playwright = sync_playwright().start()
         try:
-            page = browser.new_page(viewport={"width": width, "height": height})
-            page.set_default_timeout(TIMEOUT_MS)
-            yield page
-        finally:
+            _shared["browser"] = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        except BaseException:
+            playwright.stop()
+            raise
+        _shared["playwright"] = playwright
+    return _shared["browser"]
+
+
+def stop_browser() -> None:
+    """Close the shared Chromium and stop Playwright (which leaves no asyncio loop marked running)."""
+    browser, playwright = _shared.pop("browser", None), _shared.pop("playwright", None)
+    try:
+        if browser is not None:
             browser.close()
+    finally:
+        if playwright is not None:
+            playwright.stop()
+
+
+@contextlib.contextmanager
+def chromium_page(width: int = 1280, height: int = 900, **context_options) -> Iterator:
+    """A Playwright page in a fresh context of the shared headless Chromium, with generous waits for
+    `expect()` too; the context (its pages, storage and cache) closes when the block ends.
+    `context_options` go to `browser.new_context` (e.g. color_scheme="dark")."""
+    context = shared_browser().new_context(viewport={"width": width, "height": height}, **context_options)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
+    finally:
+        context.close()
 
 
 def open_and_run_all(page, url: str) -> None:

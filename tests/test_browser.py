@@ -21,8 +21,8 @@ import json
 
 import pytest
 
-from lab import (keep_widget_picture, chromium_page, chromium_path, contrast, keep_screenshot, lab_server, open_and_run_all, run_command,
-                 saved_static, screenshot_after, set_theme, write_notebook)
+from lab import (keep_widget_picture, chromium_page, contrast, keep_screenshot, open_and_run_all, run_command, saved_static,
+                 screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -49,15 +49,13 @@ picker
 TAGGER = 'tagger = mnb.Tagger(runs, store="tag_store")\ntagger'
 
 
-def test_click_rows_in_run_picker_and_tag_in_jupyterlab(tmp_path):
+def test_click_rows_in_run_picker_and_tag_in_jupyterlab(lab, tmp_path):
     from playwright.sync_api import expect
 
-    chromium_path()  # fails at once, saying to run `make setup`, when Chromium is missing
-    root = tmp_path / "lab"
-    root.mkdir()
+    root = lab.root
     write_notebook(root / "widgets.ipynb", [SETUP, PICKER, TAGGER, "print('ok')"])
     shot = tmp_path / "run_picker.png"
-    with lab_server(root) as lab, chromium_page() as page:
+    with chromium_page() as page:
         try:
             open_and_run_all(page, lab.url("widgets.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
@@ -114,15 +112,13 @@ LINKED = [
 ]
 
 
-def test_picker_drives_previewer_and_tagger_and_the_saved_notebook_keeps_it(tmp_path):
+def test_picker_drives_previewer_and_tagger_and_the_saved_notebook_keeps_it(lab, tmp_path):
     from playwright.sync_api import expect
 
-    chromium_path()
-    root = tmp_path / "lab"
-    root.mkdir()
+    root = lab.root
     nb_path = write_notebook(root / "linked.ipynb", LINKED)
     shot = tmp_path / "linked_picker_previewer.png"
-    with lab_server(root) as lab, chromium_page(height=2200) as page:
+    with chromium_page(height=2200) as page:
         try:
             open_and_run_all(page, lab.url("linked.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
@@ -203,7 +199,7 @@ THEMED = [
     "mnb.CostMeter(lines, model='thinkingmachines/Inkling', max_usd=100)",
     "mnb.Tagger({'id': 'r1', 'machine': 'calc', 'history': [], 'trajectory': lines[1]['messages'][1:]}, store='tag_store')",
     "c = mnb.make_corpus('corpus', seed=0)\n"
-    "run = mnb.sft(c.train, max_steps=48, eval_data=mnb.read_jsonl(c.valid)[:8], eval_every=12, progress=False)\n"
+    "run = mnb.sft(c.train, max_steps=24, eval_data=mnb.read_jsonl(c.valid)[:8], eval_every=8, progress=False)\n"
     "mnb.LossPlot(run.log_dir, live=False)",
     "print('ok')",
 ]
@@ -230,16 +226,13 @@ def readable_text(page, theme: str) -> dict[str, list[dict]]:
     return {name: contrast(page, sel) for name, sel in READABLE.items()}
 
 
-def test_widget_text_is_readable_in_light_and_dark_themes(tmp_path):
+def test_widget_text_is_readable_in_light_and_dark_themes(lab, tmp_path):
     """One notebook run, measured in Light, then in Dark (Lab switches theme without a reload)."""
     from playwright.sync_api import expect
 
-    chromium_path()
-    root = tmp_path / "lab"
-    root.mkdir()
-    write_notebook(root / "themed.ipynb", THEMED)
+    write_notebook(lab.root / "themed.ipynb", THEMED)
     reports = {}
-    with lab_server(root) as lab, chromium_page(width=1400, height=2600) as page:
+    with chromium_page(width=1400, height=2600) as page:
         with screenshot_after(page, tmp_path / "widgets_light_theme.png"):
             open_and_run_all(page, lab.url("themed.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from candidate_cells import RESULTS
-from lab import chromium_page, chromium_path, keep_widget_picture, lab_server, open_and_run_all, set_theme, write_notebook
+from lab import chromium_page, keep_widget_picture, open_and_run_all, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -39,18 +39,17 @@ def make(learned):
 '''
 
 
-def test_commit_button_obeys_the_gate_in_jupyterlab(tmp_path):
+def test_commit_button_obeys_the_gate_in_jupyterlab(lab, tmp_path):
     from playwright.sync_api import expect
 
-    chromium_path()
-    root = tmp_path / "lab"
+    root = lab.root
     shutil.copytree(SAMPLE / "machines" / "tutor", root / "ws" / "machines" / "tutor")
     write_notebook(root / "candidate.ipynb", [SETUP, "mnb.CandidateView(make(2))", "mnb.CandidateView(make(8))",
                                                "print('ok')"])
     shot = tmp_path / "candidate_view.png"
     versions = root / "ws" / "machines" / "tutor" / "versions.json"
     before = versions.read_bytes()
-    with lab_server(root) as lab, chromium_page() as page:
+    with chromium_page() as page:
         try:
             open_and_run_all(page, lab.url("candidate.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")

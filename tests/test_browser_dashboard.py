@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import (chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, screenshot_after,
-                 set_theme, write_notebook)
+from lab import chromium_page, contrast, open_and_run_all, run_command, screenshot_after, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -24,16 +23,15 @@ WRITER = Path(__file__).with_name("dashboard_writer.py")
 CELLS = ["import machine_nb as mnb\nd = mnb.Dashboard('ws', interval=0.2)\npicker = d.picker\nd", "picker"]
 
 
-def test_dashboard_shows_new_runs_as_they_land(tmp_path):
-    chromium_path()
+def test_dashboard_shows_new_runs_as_they_land(lab, tmp_path):
     from playwright.sync_api import expect
 
     sys.path.insert(0, str(Path(__file__).parent))
     from dashboard_writer import write_run
 
-    root = tmp_path / "ws" / ".machine" / "runs"
+    root = lab.root / "ws" / ".machine" / "runs"
     write_run(str(root), "support", "first", cost=0.5)
-    write_notebook(tmp_path / "dash.ipynb", CELLS)
+    write_notebook(lab.root / "dash.ipynb", CELLS)
     writer = subprocess.Popen([sys.executable, str(WRITER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, bufsize=1)
 
@@ -42,9 +40,9 @@ def test_dashboard_shows_new_runs_as_they_land(tmp_path):
         writer.stdin.flush()
         assert json.loads(writer.stdout.readline())["ok"]
 
-    events = str(tmp_path / "ws" / ".machine" / "events.jsonl")
+    events = str(lab.root / "ws" / ".machine" / "events.jsonl")
     try:
-        with lab_server(tmp_path) as lab, chromium_page() as page:
+        with chromium_page() as page:
             open_and_run_all(page, lab.url("dash.ipynb"))
             view = page.locator(".mnb-dashboard-view")
             expect(view.locator(".mnb-machines")).to_contain_text("support")
@@ -70,7 +68,7 @@ def test_dashboard_shows_new_runs_as_they_land(tmp_path):
                     expect(page.locator(".mnb-previewer")).to_contain_text(f"answer {ids[0]}")
             run_command(page, "docmanager:save")
             page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
-        nb = json.loads((tmp_path / "dash.ipynb").read_text())
+        nb = json.loads((lab.root / "dash.ipynb").read_text())
         saved = next(o["data"]["text/html"] for o in nb["cells"][0]["outputs"] if "text/html" in o.get("data", {}))
         saved = "".join(saved) if isinstance(saved, list) else saved
         assert "dark2" in saved and "chatbot/triage" in saved and "answer dark0" in saved

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import (keep_widget_picture, chromium_page, chromium_path, lab_server, open_and_run_all, run_in_kernel, screenshot_after, set_theme,
-                 write_notebook)
+from lab import keep_widget_picture, chromium_page, open_and_run_all, run_in_kernel, screenshot_after, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -128,7 +127,7 @@ def use_the_picker(page, nb_path: Path, theme: str, search: str, matches: int, p
         html = saved_picker_html(nb_path)
         if f"text: {search}" in html and f"page 2 of {pages}" in html:
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
         page.keyboard.press("ControlOrMeta+s")  # saved again once the fallback is updated
     assert (f"text: {search}" in html and f"{matches} match · 1 selected" in html
             and f"page 2 of {pages}" in html), (theme, html[:400])
@@ -150,17 +149,14 @@ def reset_picker(page) -> None:
     page.locator(".mnb-table").evaluate("e => { e.scrollLeft = 0; }")
 
 
-def test_run_picker_in_jupyterlab(tmp_path):
+def test_run_picker_in_jupyterlab(lab, tmp_path):
     """One notebook run: the picker used in the Light theme, put back, then used again in Dark
     (another search, so the second save is told from the first)."""
     from playwright.sync_api import expect
 
-    chromium_path()
-    root = tmp_path / "lab"
-    root.mkdir()
-    shutil.copytree(SAMPLE / ".machine", root / "ws" / ".machine")
-    nb_path = write_notebook(root / "picker.ipynb", CELLS)
-    with lab_server(root) as lab, chromium_page(width=1400, height=1000) as page:
+    shutil.copytree(SAMPLE / ".machine", lab.root / "ws" / ".machine")
+    nb_path = write_notebook(lab.root / "picker.ipynb", CELLS)
+    with chromium_page(width=1400, height=1000) as page:
         with screenshot_after(page, tmp_path / "run_picker_light.png"):
             open_and_run_all(page, lab.url("picker.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import (CHROMIUM_ARGS, TIMEOUT_MS, chromium_page, chromium_path, keep_screenshot, lab_server, set_theme,
-                 screenshot_after)
+from lab import TIMEOUT_MS, chromium_page, keep_screenshot, set_theme, screenshot_after, shared_browser
 
 pytestmark = pytest.mark.browser
 
@@ -62,60 +61,59 @@ def _rgb(css: str) -> list[float]:
 
 
 def test_report_of_notebook_01_reads_offline_with_headline_charts_and_hidden_code(report_page, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        try:
-            context, page, fetched = _open_offline(browser, report_page, "light")
-            with screenshot_after(page, tmp_path / "report_light.png"):
-                assert page.title() == TITLE
-                expect(page.locator("h1.mnb-title")).to_have_text(TITLE)
-                headline = page.locator(".mnb-headline").inner_text()
-                for part in ("95.8%", "0.0%", "95% CI", "n = 24", "McNemar, p = "):
-                    assert part in headline, (part, headline)
-                # "$" as text: the cost line, and a training result's line in the body; no math typeset anywhere
-                assert "$0.0000 observed" in page.locator(".mnb-cost").inner_text()
-                train_line = page.locator(".machine-nb-train").last.inner_text()
-                assert "$0.0000 observed (estimated $0.0000)" in train_line, train_line
-                assert page.locator("mjx-container, .MathJax, .MathJax_Display").count() == 0
-                # the charts: accuracy with intervals beside the loss curve, both decoded images
-                for chart in (".mnb-accuracy-chart img", ".mnb-loss-chart img"):
-                    expect(page.locator(chart)).to_be_visible()
-                    assert page.locator(chart).evaluate("i => i.complete && i.naturalWidth > 100"), chart
-                acc, loss = (page.locator(c).bounding_box() for c in (".mnb-accuracy-chart", ".mnb-loss-chart"))
-                assert abs(acc["y"] - loss["y"]) < 5 and loss["x"] > acc["x"] + acc["width"] - 1, "not side by side"
-                # settings from the parameters cell, links to each section (limitations kept)
-                expect(page.locator(".mnb-settings th", has_text="max_steps")).to_be_visible()
-                links = page.locator(".mnb-toc a").all_inner_texts()
-                assert "Limitations, in plain words" in links and len(links) >= 10, links
-                for href in page.locator(".mnb-toc a").evaluate_all("as => as.map(a => a.getAttribute('href'))"):
-                    assert page.evaluate("(id) => !!document.getElementById(id)", href[1:]), href
-                # code: hidden, then one click shows it
-                code = page.locator(".jp-CodeCell .jp-Cell-inputWrapper")
-                assert code.count() >= 10
-                assert code.evaluate_all("cs => cs.filter(c => c.offsetParent !== null).length") == 0
-                expect(page.get_by_role("button", name="Show code")).to_be_visible()
-            page.get_by_role("button", name="Show code").click()
-            with screenshot_after(page, tmp_path / "report_code_shown.png"):
-                expect(code.first).to_be_visible()
-                assert code.evaluate_all("cs => cs.filter(c => c.offsetParent === null).length") == 0
-                expect(page.get_by_role("button", name="Hide code")).to_have_attribute("aria-pressed", "true")
-            assert fetched == [], f"the report tried to fetch {fetched}"
-            context.close()
+    browser = shared_browser()
+    context, page, fetched = _open_offline(browser, report_page, "light")
+    try:
+        with screenshot_after(page, tmp_path / "report_light.png"):
+            assert page.title() == TITLE
+            expect(page.locator("h1.mnb-title")).to_have_text(TITLE)
+            headline = page.locator(".mnb-headline").inner_text()
+            for part in ("95.8%", "0.0%", "95% CI", "n = 24", "McNemar, p = "):
+                assert part in headline, (part, headline)
+            # "$" as text: the cost line, and a training result's line in the body; no math typeset anywhere
+            assert "$0.0000 observed" in page.locator(".mnb-cost").inner_text()
+            train_line = page.locator(".machine-nb-train").last.inner_text()
+            assert "$0.0000 observed (estimated $0.0000)" in train_line, train_line
+            assert page.locator("mjx-container, .MathJax, .MathJax_Display").count() == 0
+            # the charts: accuracy with intervals beside the loss curve, both decoded images
+            for chart in (".mnb-accuracy-chart img", ".mnb-loss-chart img"):
+                expect(page.locator(chart)).to_be_visible()
+                assert page.locator(chart).evaluate("i => i.complete && i.naturalWidth > 100"), chart
+            acc, loss = (page.locator(c).bounding_box() for c in (".mnb-accuracy-chart", ".mnb-loss-chart"))
+            assert abs(acc["y"] - loss["y"]) < 5 and loss["x"] > acc["x"] + acc["width"] - 1, "not side by side"
+            # settings from the parameters cell, links to each section (limitations kept)
+            expect(page.locator(".mnb-settings th", has_text="max_steps")).to_be_visible()
+            links = page.locator(".mnb-toc a").all_inner_texts()
+            assert "Limitations, in plain words" in links and len(links) >= 10, links
+            for href in page.locator(".mnb-toc a").evaluate_all("as => as.map(a => a.getAttribute('href'))"):
+                assert page.evaluate("(id) => !!document.getElementById(id)", href[1:]), href
+            # code: hidden, then one click shows it
+            code = page.locator(".jp-CodeCell .jp-Cell-inputWrapper")
+            assert code.count() >= 10
+            assert code.evaluate_all("cs => cs.filter(c => c.offsetParent !== null).length") == 0
+            expect(page.get_by_role("button", name="Show code")).to_be_visible()
+        page.get_by_role("button", name="Show code").click()
+        with screenshot_after(page, tmp_path / "report_code_shown.png"):
+            expect(code.first).to_be_visible()
+            assert code.evaluate_all("cs => cs.filter(c => c.offsetParent === null).length") == 0
+            expect(page.get_by_role("button", name="Hide code")).to_have_attribute("aria-pressed", "true")
+    finally:
+        context.close()
+    assert fetched == [], f"the report tried to fetch {fetched}"
 
-            context, page, fetched = _open_offline(browser, report_page, "dark")
-            with screenshot_after(page, tmp_path / "report_dark.png"):
-                background = _rgb(page.evaluate("getComputedStyle(document.body).backgroundColor"))
-                assert max(background) < 60, f"the page is not dark in a dark colour scheme: {background}"
-                for chart in (".mnb-accuracy-chart img", ".mnb-loss-chart img"):
-                    behind = page.locator(chart).evaluate("i => getComputedStyle(i).backgroundColor")
-                    assert _rgb(behind) == [255, 255, 255], f"{chart} is not on white in the dark page: {behind}"
-            assert fetched == [], f"the report tried to fetch {fetched}"
-            context.close()
-        finally:
-            browser.close()
+    context, page, fetched = _open_offline(browser, report_page, "dark")
+    try:
+        with screenshot_after(page, tmp_path / "report_dark.png"):
+            background = _rgb(page.evaluate("getComputedStyle(document.body).backgroundColor"))
+            assert max(background) < 60, f"the page is not dark in a dark colour scheme: {background}"
+            for chart in (".mnb-accuracy-chart img", ".mnb-loss-chart img"):
+                behind = page.locator(chart).evaluate("i => getComputedStyle(i).backgroundColor")
+                assert _rgb(behind) == [255, 255, 255], f"{chart} is not on white in the dark page: {behind}"
+    finally:
+        context.close()
+    assert fetched == [], f"the report tried to fetch {fetched}"
 
 
 def _saved_outputs(notebook: str, cell_id: str, wanted) -> list[dict]:
@@ -126,7 +124,7 @@ def _saved_outputs(notebook: str, cell_id: str, wanted) -> list[dict]:
     return outputs
 
 
-def test_dollar_amounts_read_as_text_in_jupyterlab(tmp_path):
+def test_dollar_amounts_read_as_text_in_jupyterlab(lab, tmp_path):
     """A training result's line and notebook 04's summary, as the committed notebooks saved them, open in
     Lab beside real math: MathJax typesets the math and leaves every dollar amount as text."""
     from playwright.sync_api import expect
@@ -139,10 +137,10 @@ def test_dollar_amounts_read_as_text_in_jupyterlab(tmp_path):
     for i, outs in enumerate((train, summary_04)):
         cells.append({"cell_type": "code", "id": f"saved-{i}", "metadata": {}, "execution_count": 1,
                       "source": "# the committed notebook's saved output", "outputs": outs})
-    (tmp_path / "dollars.ipynb").write_text(json.dumps({
+    (lab.root / "dollars.ipynb").write_text(json.dumps({
         "cells": cells, "nbformat": 4, "nbformat_minor": 5,
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
-    with lab_server(tmp_path) as lab, chromium_page() as page:
+    with chromium_page() as page:
         page.goto(lab.url("dollars.ipynb"))
         expect(page.locator(".jp-MarkdownCell mjx-container").first).to_be_attached()  # MathJax has run
         for theme, shot in (("JupyterLab Light", "dollars_light.png"), ("JupyterLab Dark", "dollars_dark.png")):

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from candidate_cells import RESULTS
-from lab import (chromium_page, chromium_path, contrast, keep_screenshot, lab_server, open_and_run_all, run_command,
-                 run_in_kernel, screenshot_after, set_theme, write_notebook)
+from lab import (chromium_page, contrast, open_and_run_all, run_command, run_in_kernel, screenshot_after, set_theme,
+                 write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -74,11 +74,13 @@ THEMES = ("JupyterLab Light", "JupyterLab Dark")
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    chromium_path()  # fails at once, saying to run `make setup`, when Chromium is missing
-    root = tmp_path_factory.mktemp("review-lab")
-    with lab_server(root) as server:
-        yield server
+def lab(shared_lab):
+    """The process's JupyterLab rooted at a folder for this module (its kernels stop at the end)."""
+    folder = shared_lab.folder("review")
+    try:
+        yield folder
+    finally:
+        folder.end_test()
 
 
 @pytest.fixture(scope="module")

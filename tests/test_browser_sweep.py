@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from lab import (keep_widget_picture, chromium_page, chromium_path, contrast, lab_server, open_and_run_all, run_command, saved_static,
-                 screenshot_after, set_theme, write_notebook)
+from lab import (keep_widget_picture, chromium_page, contrast, open_and_run_all, run_command, saved_static, screenshot_after,
+                 set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -22,7 +22,7 @@ CELLS = [
     "import machine_nb as mnb\n"
     "c = mnb.make_corpus('corpus', seed=0)\n"
     "rows = mnb.read_jsonl(c.valid)[:4]\n"
-    "frame = mnb.sweep(c.train, {'learning_rate': [1e-3, 3e-3], 'max_steps': [2, 4]}, eval_data=rows, eval_every=2,\n"
+    "frame = mnb.sweep(c.train, {'learning_rate': [1e-3, 3e-3], 'max_steps': [1, 2]}, eval_data=rows, eval_every=2,\n"
     "                  eval_max_tokens=8, sweep_dir='sweep', progress=False)",
     "view = mnb.SweepView(frame)\nview",
     "print('ok')",
@@ -52,22 +52,19 @@ def pick_x_in_theme(page, nb_path, x: str, theme: str) -> dict[str, list[dict]]:
     deadline = page.evaluate("Date.now()") + 60_000
     run_command(page, "docmanager:save")
     while saved_x(nb_path) != x and page.evaluate("Date.now()") < deadline:
-        page.wait_for_timeout(500)
+        page.wait_for_timeout(200)
         run_command(page, "docmanager:save")
     return report
 
 
-def test_sweep_view_dropdown_redraws_and_reads_in_both_themes(tmp_path):
+def test_sweep_view_dropdown_redraws_and_reads_in_both_themes(lab, tmp_path):
     """One sweep and notebook run: x axis max_steps in Light, then back to learning_rate in Dark
     (so the second redraw and save are told from the first)."""
     from playwright.sync_api import expect
 
-    chromium_path()
-    root = tmp_path / "lab"
-    root.mkdir()
-    nb_path = write_notebook(root / "sweep.ipynb", CELLS)
+    nb_path = write_notebook(lab.root / "sweep.ipynb", CELLS)
     reports, saved = {}, {}
-    with lab_server(root) as lab, chromium_page(width=1300, height=1600) as page:
+    with chromium_page(width=1300, height=1600) as page:
         with screenshot_after(page, tmp_path / "sweep_view_light.png"):
             open_and_run_all(page, lab.url("sweep.ipynb"))
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible(

@@ -65,8 +65,9 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             left -= len(chunk)
 
 
-@pytest.fixture
-def site(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The bundled viewer site, served from loopback (made once: both colour schemes read it)."""
     import pandas as pd
 
     from machine_nb.evaluation.results import RESULT_COLUMNS, EvalResult
@@ -77,6 +78,7 @@ def site(tmp_path):
     res = EvalResult(pd.DataFrame(rows, columns=RESULT_COLUMNS),
                      {"name": "arith_baseline", "model": "local/arith-tiny", "checkpoint": None, "engine": "local",
                       "parameters": {"max_tokens": 32, "temperature": 0.0, "seed": 0}})
+    tmp_path = tmp_path_factory.mktemp("inspect")
     res.write_inspect_log(tmp_path / "logs" / "arith_baseline.eval")
     env = {k: v for k, v in os.environ.items() if not k.startswith("INSPECT_")}
     done = subprocess.run([sys.executable, "-m", "inspect_ai", "view", "bundle", "--log-dir", str(tmp_path / "logs"),
