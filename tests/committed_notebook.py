@@ -2,7 +2,8 @@
 
 Whether every committed notebook is clean, parameterised and executed is checked once for all of
 them in test_notebook_reports.py; `check_listed` adds what each story's test also needs: the
-notebook is refreshed by scripts/refresh_notebooks.py and linked from the README.
+notebook is refreshed by scripts/refresh_notebooks.py and linked from the README; `run_small` runs a
+notebook top to bottom in a kernel with smaller parameters, for the stories the suite runs that way.
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def outputs_text(cell: dict) -> str:
 def report_text(nb: dict) -> str:
     """Every code cell's saved outputs, in order."""
     return "\n".join(outputs_text(c) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def run_small(name: str, out: Path, parameters: dict) -> list[dict]:
+    """Run notebooks/NAME top to bottom in a kernel (papermill, from the notebooks folder) with
+    `parameters` injected, into the notebook file `out`; assert every code cell ran and none
+    raised. Returns the executed code cells."""
+    import papermill
+
+    folder = ROOT / "notebooks"
+    nb = papermill.execute_notebook(str(folder / name), str(out), cwd=str(folder), progress_bar=False,
+                                    parameters=parameters)
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in code), "a cell did not run"
+    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return code
 
 
 def check_listed(name: str) -> None:

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from committed_notebook import check_listed, outputs_text, report_text
+from committed_notebook import check_listed, outputs_text, report_text, run_small
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "06_real_model.ipynb"
@@ -38,14 +38,8 @@ def test_the_notebook_runs_top_to_bottom_on_a_cheaper_smoke_run(tmp_path):
     """The whole notebook in a kernel on the real model, with two smoke steps of one row each (8 in the
     committed run) and 8-token replies (32 committed): the same export, validation, training,
     checkpoint and evaluation of base model and checkpoint, each cell without an error."""
-    import papermill
-
-    nb = papermill.execute_notebook(
-        str(NOTEBOOK), str(tmp_path / "06.ipynb"), cwd=str(NOTEBOOK.parent), progress_bar=False,
-        parameters={"batch_size": 1, "max_tokens": 8, "scratch_root": str(tmp_path / "scratch")})
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert all(c.get("execution_count") for c in code), "a cell did not run"
-    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    code = run_small(NOTEBOOK.name, tmp_path / "06.ipynb",
+                     {"batch_size": 1, "max_tokens": 8, "scratch_root": str(tmp_path / "scratch")})
     shown = "\n".join(outputs_text(c) for c in code)
     assert "'local/smollm2-135m'" in shown and "21 of 130 support runs selected -> support.jsonl" in shown
     assert "model='local/smollm2-135m', ok=True, rows=21, errors=0" in shown

@@ -6,7 +6,7 @@ the report on eval.jsonl, and the cost history."""
 import json
 from pathlib import Path
 
-from committed_notebook import check_listed, outputs_text, report_text
+from committed_notebook import check_listed, outputs_text, report_text, run_small
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "04_sweep.ipynb"
@@ -41,15 +41,9 @@ def test_the_notebook_runs_top_to_bottom_on_a_small_grid(tmp_path):
     grid still tells its settings apart (1e-3 learns nothing in 5 epochs, 1e-2 does), the chosen
     setting beats the base model on eval.jsonl, and every view and the summary are drawn. The
     committed copy keeps the full grid's outputs (checked above) for readers."""
-    import papermill
-
-    nb = papermill.execute_notebook(
-        str(NOTEBOOK), str(tmp_path / "04.ipynb"), cwd=str(NOTEBOOK.parent), progress_bar=False,
-        parameters={"learning_rates": [1e-3, 1e-2], "epochs": [5], "seeds": [0, 1],
-                    "data_dir": str(tmp_path / "data"), "sweep_root": str(tmp_path / "sweeps")})
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert all(c.get("execution_count") for c in code), "a cell did not run"
-    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    code = run_small(NOTEBOOK.name, tmp_path / "04.ipynb",
+                     {"learning_rates": [1e-3, 1e-2], "epochs": [5], "seeds": [0, 1],
+                      "data_dir": str(tmp_path / "data"), "sweep_root": str(tmp_path / "sweeps")})
     shown = "\n".join(outputs_text(c) for c in code)
     assert "2 x 1 settings x 2 seeds = 4 runs" in shown and "4 runs in" in shown and "{'ran': 4}" in shown
     assert "mnb-sweep-table" in shown and "Best by mean heldout_accuracy: learning_rate=0.01, epochs=5" in shown

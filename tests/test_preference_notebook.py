@@ -5,7 +5,7 @@ to bottom, its assertion cell included, on a short run."""
 import json
 from pathlib import Path
 
-from committed_notebook import check_listed, outputs_text, report_text
+from committed_notebook import check_listed, outputs_text, report_text, run_small
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_preference.ipynb"
@@ -36,15 +36,8 @@ def test_the_notebook_runs_top_to_bottom_on_a_short_run(tmp_path):
     holds for a reason: DPO ranks the pairs and the base model does not, SFT learns the format,
     both DPO losses fall, and every table, plot and the headline are drawn. The committed copy keeps
     the full run's outputs (checked above) for readers."""
-    import papermill
-
-    nb = papermill.execute_notebook(
-        str(NOTEBOOK), str(tmp_path / "05.ipynb"), cwd=str(NOTEBOOK.parent), progress_bar=False,
-        parameters={"sft_epochs": 6, "dpo_epochs": 2, "dpo_learning_rate": 1e-2,
-                    "runs_root": str(tmp_path / "runs")})
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert all(c.get("execution_count") for c in code), "a cell did not run"
-    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    code = run_small(NOTEBOOK.name, tmp_path / "05.ipynb",
+                     {"sft_epochs": 6, "dpo_epochs": 2, "dpo_learning_rate": 1e-2, "runs_root": str(tmp_path / "runs")})
     by_id = {c.get("id"): outputs_text(c) for c in code}
     shown = "\n".join(by_id.values())
     assert "44 pairs: 44 rewrite; 2 left out as held-out" in shown
