@@ -34,4 +34,16 @@ os.environ.setdefault("MACHINE_NB_MODELS_DIR", os.path.join(os.path.dirname(os.p
                                                             ".machine_nb_cache", "models"))
 
 # browser tests: one JupyterLab and one Chromium per test process (tests/lab_fixtures.py)
-from lab_fixtures import lab, pytest_runtest_teardown, shared_lab  # noqa: E402,F401
+from lab_fixtures import lab, shared_lab, stop_browser_unless_next  # noqa: E402,F401
+import pytest  # noqa: E402
+from sdk_sessions import check_no_heartbeat_left  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each test's teardown (the fixtures of its module too, when the next test is in
+    another): the shared Chromium stops before a test that is not a browser test, and no tinker
+    SDK session is left sending heartbeats to a server that is gone."""
+    yield
+    stop_browser_unless_next(nextitem)
+    check_no_heartbeat_left()

@@ -41,9 +41,9 @@ def lab(shared_lab, request):
         folder.end_test()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    yield
+def stop_browser_unless_next(nextitem) -> None:
+    """Stop the shared Chromium unless the next test is a browser test (tests/conftest.py calls it
+    after each test's teardown)."""
     lab = sys.modules.get("lab")
     if lab is not None and (nextitem is None or nextitem.get_closest_marker("browser") is None):
         lab.stop_browser()

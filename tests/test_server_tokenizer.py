@@ -103,6 +103,7 @@ def test_with_the_engine_in_process_get_tokenizer_answers_from_the_sdk_cache():
         assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
         assert [tok.encode(t, add_special_tokens=False) for t in TEXTS] == engine_ids(TEXTS)
         assert tok.decode(tok.encode(TEXTS[0], add_special_tokens=False)) == TEXTS[0]
+        client.close("success").result(timeout=60)  # its session ends before the server does
     finally:
         server.stop()
 

@@ -38,6 +38,10 @@ def test_the_private_names_are_there():
     client = tinker.ServiceClient(base_url="http://127.0.0.1:9", api_key="tml-not-a-real-key-0000")
     for name in ("_lifecycle_lock", "_closed", "_session_holder", "_rest_holder"):
         assert hasattr(client, name), name
+    from tinker.lib import internal_client_holder
+
+    assert hasattr(internal_client_holder._internal_client_holder_thread_singleton, "_loop")
+    assert hasattr(internal_client_holder.InternalClientHolder, "_session_heartbeat")
     from huggingface_hub import constants
     from tinker.lib.public_interfaces import sampling_client
 
@@ -80,6 +84,23 @@ def test_stop_sdk_client_stops_a_client_of_a_server_that_is_gone_without_waiting
     assert not stopping.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         client.create_sampling_client(base_model=DEFAULT_MODEL)
+
+
+def test_a_local_server_stopping_ends_the_sdk_heartbeats_sent_to_it():
+    """A client the server's owner never sees (tinker-cookbook makes its own), left open: once the
+    server stops, no heartbeat of its session keeps failing against it."""
+    import time
+
+    server = LocalServer().start()
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.key)
+    client.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60)
+    assert [url for url, _ in workarounds.sdk_heartbeats()].count(server.url) == 1
+    server.stop()
+    deadline = time.monotonic() + 10
+    while server.url in [url for url, _ in workarounds.sdk_heartbeats()] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.url not in [url for url, _ in workarounds.sdk_heartbeats()]
+    assert workarounds.stop_heartbeats_to(server.url) == 0
 
 
 def test_deterministic_kernels_turns_the_switch_on_without_importing_the_compiler():

@@ -583,7 +583,9 @@ class LocalServer:
         """Call the `on_stop` callbacks (unless `notify` is False), stop accepting requests, answer
         the ones in progress (a long-poll whose result is not ready gets a failed future saying the
         server stopped), close the connections, and end the workers (finished checkpoints stay on
-        disk). A second call does nothing."""
+        disk), and stop the SDK session heartbeats this process sends here, whoever made their
+        clients (tinker-cookbook makes its own), so none is left failing against a server that is
+        gone. A second call does nothing."""
         with self._lock:
             if self._stopped:
                 return
@@ -597,6 +599,9 @@ class LocalServer:
         with _RUNNING_LOCK:
             if _RUNNING.get(self.url) is self:
                 del _RUNNING[self.url]
+        from .workarounds import stop_heartbeats_to
+
+        stop_heartbeats_to(self.url)
         self._stopping.set()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True

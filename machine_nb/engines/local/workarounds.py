@@ -15,6 +15,14 @@ an upgrade rather than found broken in a user's notebook.
 - `stop_sdk_client(client)`: stop a `tinker.ServiceClient`'s heartbeat and connections without
   sending anything. Its public `close()` first sends "finish session", which the SDK retries for
   about five minutes against a server that is gone.
+- `sdk_heartbeats()` and `stop_heartbeats_to(url)`: the session heartbeats the SDK runs in this
+  process, and stopping those sent to one server. A local server stopping in this process ends
+  them, whoever made the client (tinker-cookbook makes its own): otherwise each fails every 10 s
+  for the life of the process and, after two minutes, logs "Tinker is down" every 10 s, under a
+  later cell's output. The SDK keeps them as tasks of its one event loop
+  (`internal_client_holder._internal_client_holder_thread_singleton._loop`), each running the
+  holder's `_session_heartbeat` with the holder's `_base_url`; no public API lists them, and a
+  client's public `close()` needs the client.
 - `warm_sdk_tokenizer(name)`: fill the SDK's cache of `SamplingClient.get_tokenizer()` results for a
   local model, so that call answers at once. It loads by the sampler's base-model name
   (`sampling_client._load_tokenizer_from_model_info(name)`, an `lru_cache` keyed by that one
@@ -34,6 +42,7 @@ an upgrade rather than found broken in a user's notebook.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import concurrent.futures.thread
 import sys
@@ -77,6 +86,50 @@ def stop_sdk_client(client: Any) -> None:
                 holder.close()
             except Exception:  # already closed, or the SDK's loop has ended at exit
                 pass
+
+
+def sdk_heartbeats() -> list[tuple[str, Any]]:
+    """(base URL, asyncio task) of each session heartbeat the tinker SDK runs in this process;
+    empty when the SDK is not imported or its loop is not running."""
+    module = sys.modules.get("tinker.lib.internal_client_holder")
+    loop = getattr(getattr(module, "_internal_client_holder_thread_singleton", None), "_loop", None)
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return []
+
+    def heartbeats() -> list:  # read on the loop's own thread: its task set is not thread-safe
+        return [t for t in asyncio.all_tasks(loop) if getattr(t.get_coro(), "__name__", "") == "_session_heartbeat"]
+
+    async def listed() -> list:
+        return heartbeats()
+
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if here is loop:  # called from the SDK's own thread: waiting on it would never return
+        tasks = heartbeats()
+    else:
+        tasks = asyncio.run_coroutine_threadsafe(listed(), loop).result(timeout=10)
+    found = []
+    for task in tasks:
+        frame = task.get_coro().cr_frame
+        holder = frame.f_locals.get("self") if frame is not None else None
+        url = getattr(holder, "_base_url", None)
+        if isinstance(url, str):
+            found.append((url.rstrip("/"), task))
+    return found
+
+
+def stop_heartbeats_to(url: str) -> int:
+    """Stop the SDK's session heartbeats to the server at `url` (its clients are left as they are).
+    Returns how many were stopped; errors of an SDK loop ended at exit are ignored."""
+    try:
+        beats = [task for base, task in sdk_heartbeats() if base == url.rstrip("/")]
+    except Exception:  # the SDK's loop ended while it was asked (interpreter exit)
+        return 0
+    for task in beats:
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    return len(beats)
 
 
 _OFFLINE_LOCK = threading.Lock()
