@@ -1,12 +1,9 @@
-"""Benchmark: the local engine as a Tinker-compatible server against the same engine called in process.
+"""Benchmark: the local engine as a Tinker-compatible server.
 
-On the minimal-SFT corpus (48 rows, batch 8, 10 epochs = 60 steps), in one run, alternating:
-- `sft` wall time: in-process engine (the cookbook's module globals swapped for the local
-  ServiceClient, no HTTP) vs the server (the cookbook unchanged in a child process,
-  the real tinker SDK over HTTP); target server <= 2x;
-- identical losses for the same seed on both, and the same seed twice through the server giving
-  identical losses and outputs;
-- a 24-row eval: in-process sampler vs the server (target <= 2x);
+On the minimal-SFT corpus (48 rows, batch 8, 10 epochs = 60 steps), in one run:
+- `sft` wall time through the server (the cookbook unchanged in a child process, the real
+  tinker SDK over HTTP), and the same seed twice giving identical losses and outputs;
+- a 24-row eval through the server;
 - server start-up: `machine-nb serve` launched to its ready line, and in this process
   `ensure_server()` to a first answered request (target <= 3 s);
 - notebook 01 end to end through the server (target <= 30 s), from a fresh kernel;
@@ -17,9 +14,6 @@ On the minimal-SFT corpus (48 rows, batch 8, 10 epochs = 60 steps), in one run, 
 
     .venv/bin/python benchmarks/bench_engine_server.py [--repeats 3] [--no-notebook]
     .venv/bin/python benchmarks/bench_engine_server.py --requests [--baseline /tmp/main-checkout]
-
-The in-process half needs `machine_nb.engines.local.service` (the old engine); where it is gone,
-only the server's figures are measured.
 """
 
 from __future__ import annotations
@@ -105,76 +99,6 @@ def compare_requests(baseline: Path, rounds: int) -> None:
         print(f"  {k:32s} baseline {b:8.2f} ms   this {t:8.2f} ms   ratio {t / b:.2f}x (target <= 1.3x)")
 
 
-def inprocess_sft(train_path: Path, log_dir: Path, seed: int = 0):
-    """sft without the server: the cookbook's `tinker` and `ml_log` names swapped for the
-    in-process engine and a quiet logger, on a worker thread's event loop."""
-    import asyncio
-    import threading
-    import types as pytypes
-    from functools import partial
-
-    from tinker_cookbook.renderers import TrainOnWhat
-    from tinker_cookbook.supervised import train as cookbook_train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
-    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
-    from tinker_cookbook.utils import ml_log
-
-    from machine_nb.core.chat import prepare_data
-    from machine_nb.engines.local import ensure_registered
-    from machine_nb.engines.local.service import ServiceClient
-    from machine_nb.core.jsonl import write_jsonl
-    from machine_nb.training.train import read_training_log
-
-    class View(pytypes.ModuleType):
-        def __init__(self, real, **replaced):
-            super().__init__(real.__name__)
-            self._real = real
-            self.__dict__.update(replaced)
-
-        def __getattr__(self, name):
-            return getattr(self._real, name)
-
-    def quiet(log_dir, wandb_project=None, wandb_name=None, config=None, do_configure_logging_module=True):
-        ml = ml_log.MultiplexLogger([ml_log.JsonLogger(log_dir)])
-        if config is not None:
-            ml.log_hparams(config)
-        return ml
-
-    ensure_registered("local/arith-tiny")
-    rows, train_on = prepare_data(train_path)
-    log_dir.mkdir(parents=True)
-    write_jsonl(rows, log_dir / "train.jsonl")
-    builder = FromConversationFileBuilder(
-        file_path=str(log_dir / "train.jsonl"), test_size=0, shuffle_seed=seed,
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer="local/arith-tiny", renderer_name="machine_nb/local_chat", max_length=128,
-            batch_size=8, train_on_what=TrainOnWhat(train_on)))
-    config = cookbook_train.Config(
-        log_path=str(log_dir), model_name="local/arith-tiny", recipe_name="machine_nb_sft",
-        renderer_name="machine_nb/local_chat", dataset_builder=builder, learning_rate=3e-3, num_epochs=10,
-        lora_rank=8, save_every=20, eval_every=0, infrequent_eval_every=0)
-    saved = cookbook_train.tinker, cookbook_train.ml_log
-    cookbook_train.tinker = View(saved[0], ServiceClient=partial(ServiceClient, log_dir=log_dir, seed=seed))
-    cookbook_train.ml_log = View(saved[1], setup_logging=quiet)
-    try:
-        errors = []
-        thread = threading.Thread(target=lambda: _run(asyncio, cookbook_train.main(config), errors))
-        thread.start()
-        thread.join()
-        if errors:
-            raise errors[0]
-    finally:
-        cookbook_train.tinker, cookbook_train.ml_log = saved
-    return read_training_log(log_dir)
-
-
-def _run(asyncio, coro, errors):
-    try:
-        asyncio.run(coro)
-    except BaseException as exc:  # handed back to the caller's thread
-        errors.append(exc)
-
-
 def losses(log_dir) -> list[float]:
     from machine_nb.training.train import training_metrics
 
@@ -205,12 +129,6 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     os.environ.setdefault("MACHINE_NB_DATA_DIR", str(work / "server-data"))
-    try:
-        import machine_nb.engines.local.service  # noqa: F401
-        have_old = True
-    except ImportError:
-        have_old = False
-
     import torch
 
     from machine_nb.data.corpus import make_corpus
@@ -218,7 +136,7 @@ def main() -> int:
     from machine_nb.training.train import sft
 
     print(f"machine: {os.cpu_count()} cpu(s), torch {torch.__version__}, load average "
-          f"{os.getloadavg()[0]:.1f}; in-process engine available: {have_old}")
+          f"{os.getloadavg()[0]:.1f}")
     corpus = make_corpus(work / "corpus", seed=0)
 
     # -- server start-up
@@ -240,33 +158,18 @@ def main() -> int:
     print(f"server start-up: `machine-nb serve` to its ready line {serve_ready:.2f} s ({line.strip()!r}); "
           f"in this process, ensure_server() to a first answer {inproc_ready * 1000:.0f} ms (target <= 3 s)")
 
-    # -- sft, alternating
+    # -- sft
     warm = sft(corpus.train, log_dir=work / "warm-server", progress=False)  # first call: server + child start
-    if have_old:
-        inprocess_sft(corpus.train, work / "warm-old")
-    server_t, old_t, server_runs, old_runs = [], [], [], []
+    server_t, server_runs = [], []
     for i in range(args.repeats):
-        if have_old:
-            t0 = time.perf_counter()
-            old_runs.append(inprocess_sft(corpus.train, work / f"old-{i}"))
-            old_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         server_runs.append(sft(corpus.train, log_dir=work / f"server-{i}", progress=False))
         server_t.append(time.perf_counter() - t0)
     print(f"sft, 60 steps: server median {med(server_t):.2f} s (runs {', '.join(f'{x:.2f}' for x in server_t)})")
-    if have_old:
-        ratios = [s / o for s, o in zip(server_t, old_t)]
-        print(f"sft, 60 steps: in-process median {med(old_t):.2f} s (runs {', '.join(f'{x:.2f}' for x in old_t)})")
-        print(f"sft ratio server / in-process: median {med(ratios):.2f}x (pairs {', '.join(f'{r:.2f}' for r in ratios)}; "
-              "target <= 2x)")
-        same = losses(old_runs[0].log_dir) == losses(server_runs[0].log_dir)
-        print(f"same seed, in-process vs server: identical losses {same} "
-              f"({len(losses(server_runs[0].log_dir))} steps, last {losses(server_runs[0].log_dir)[-1]:.6f} vs "
-              f"{losses(old_runs[0].log_dir)[-1]:.6f})")
     print(f"same seed twice through the server: identical losses "
           f"{losses(server_runs[0].log_dir) == losses(warm.log_dir)}")
 
-    # -- eval, alternating
+    # -- eval
     def server_eval(ckpt):
         return evaluate(corpus.eval, checkpoint=ckpt, save=False, progress=False)
 
@@ -274,29 +177,12 @@ def main() -> int:
     outs_b = server_eval(warm.checkpoint).rows["output"].tolist()
     print(f"same seed twice through the server: identical outputs {outs_a == outs_b} "
           f"(exact match {sum(o == r for o, r in zip(outs_a, [json.loads(x)['expected'] for x in open(corpus.eval)])) / 24:.3f})")
-    ev_server, ev_old = [], []
-    old_sampler = None
-    if have_old:
-        from machine_nb.engines.local.service import ServiceClient
-
-        old_sampler = ServiceClient(log_dir=work / "old-scratch").create_sampling_client(
-            model_path=old_runs[0].checkpoint)
-        old_outs = evaluate(corpus.eval, model="local/arith-tiny", sampling_client=old_sampler, save=False,
-                            progress=False).rows["output"].tolist()
-        print(f"eval outputs, in-process vs server (same seed's checkpoints): identical {old_outs == outs_a}")
+    ev_server = []
     for _ in range(args.repeats):
-        if have_old:
-            t0 = time.perf_counter()
-            evaluate(corpus.eval, model="local/arith-tiny", sampling_client=old_sampler, save=False, progress=False)
-            ev_old.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         server_eval(server_runs[0].checkpoint)
         ev_server.append(time.perf_counter() - t0)
     print(f"24-row eval: server median {med(ev_server):.3f} s")
-    if have_old:
-        ratios = [s / o for s, o in zip(ev_server, ev_old)]
-        print(f"24-row eval: in-process median {med(ev_old):.3f} s; ratio server / in-process median "
-              f"{med(ratios):.2f}x (target <= 2x)")
 
     # -- notebook 01
     if not args.no_notebook:
