@@ -89,9 +89,14 @@ def test_without_offline_mode_use_local_models_makes_get_tokenizer_ask_no_networ
     assert hub.connections == 0
 
 
-def test_with_the_engine_in_process_get_tokenizer_answers_from_the_sdk_cache():
+def test_with_the_engine_in_process_get_tokenizer_answers_from_the_sdk_cache(monkeypatch):
+    """Offline mode off (the SDK's loader would ask the hub): the engine fills the SDK's cache."""
+    from huggingface_hub import constants
     from tinker.lib.public_interfaces import sampling_client as sdk
 
+    hub = FakeHub()
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     server = LocalServer().start()
     try:
         client = tinker.ServiceClient(base_url=server.url, api_key=server.key)
@@ -106,6 +111,31 @@ def test_with_the_engine_in_process_get_tokenizer_answers_from_the_sdk_cache():
         client.close("success").result(timeout=60)  # its session ends before the server does
     finally:
         server.stop()
+        hub.close()
+    assert hub.connections == 0
+
+
+def test_in_offline_mode_sampling_in_process_loads_no_tokenizer_and_get_tokenizer_still_works():
+    """HF_HUB_OFFLINE=1: the SDK's loader reads the hub cache itself, so sampling through the
+    in-process engine does not load the tokenizer (nor import transformers' tokenizer classes) for
+    a `get_tokenizer()` that may never come; when it comes, it answers offline."""
+    code = textwrap.dedent("""
+        import json, sys
+        import tinker
+        from machine_nb.engines.local.server import LocalServer
+        server = LocalServer().start()
+        client = tinker.ServiceClient(base_url=server.url, api_key=server.key)
+        sampler = client.create_sampling_client(base_model="local/arith-tiny").result(timeout=120)
+        print("transformers.models.auto.tokenization_auto" in sys.modules)
+        tok = sampler.get_tokenizer()
+        print(json.dumps([tok.encode(t, add_special_tokens=False) for t in json.loads(sys.argv[1])]))
+        client.close("success").result(timeout=60)
+        server.stop()
+    """)
+    done = run_script(code, json.dumps(TEXTS), env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    *_, loaded, ids = done.stdout.splitlines()
+    assert loaded == "False"
+    assert json.loads(ids) == engine_ids(TEXTS)
 
 
 def test_the_hub_cache_entry_is_updated_when_ours_and_a_foreign_one_is_left_alone(tmp_path, monkeypatch):

@@ -133,9 +133,10 @@ def use_local_models() -> list[str]:
     Call it before tinker-cookbook code that looks a local model up by name
     (`tokenizer_utils.get_tokenizer("local/arith-tiny")`, `model_info`/renderer lookups), e.g. in a
     script run against `machine-nb serve`. machine_nb's own functions call it themselves.
-    It also makes the tinker SDK's `SamplingClient.get_tokenizer()` answer at once in this process
-    for each local model whose tokenizer is in the hub cache (`sdk_tokenizer`; the shipped model's
-    always is, the real model's once a server has loaded it), which loads those tokenizers.
+    It also makes the tinker SDK's `SamplingClient.get_tokenizer()` answer with no network in this
+    process for each local model whose tokenizer is in the hub cache (`sdk_tokenizer`; the shipped
+    model's always is, the real model's once a server has loaded it), which outside offline mode
+    loads those tokenizers.
     """
     for name in MODELS:
         ensure_registered(name)
@@ -176,19 +177,23 @@ def hub_tokenizer(name: str = DEFAULT_MODEL) -> Path | None:
 
 
 def sdk_tokenizer(name: str = DEFAULT_MODEL) -> Any:
-    """Make the tinker SDK's `SamplingClient.get_tokenizer()` for a sampler of this model return at
-    once in this process, with or without `HF_HUB_OFFLINE`: the tokenizer is written to the hub
-    cache (`hub_tokenizer`) and loaded into the SDK's own cache of that call (workarounds.py).
-    Once per process and model; returns the SDK's tokenizer, or None when it could not be loaded
-    (logged: the call then needs `HF_HUB_OFFLINE=1` and the hub-cache entry, or fails as for any
-    name the hub does not know)."""
+    """Make the tinker SDK's `SamplingClient.get_tokenizer()` for a sampler of this model answer in
+    this process with no network, with or without `HF_HUB_OFFLINE`: the tokenizer is written to
+    the hub cache (`hub_tokenizer`), from which the SDK's loader reads it in offline mode; outside
+    offline mode, where that loader would ask the hub first, it is also loaded into the SDK's own
+    cache of that call (workarounds.py). Once per process and model; returns the SDK's tokenizer
+    when it was loaded, else None: in offline mode, or when it could not be loaded (logged: the
+    call then needs `HF_HUB_OFFLINE=1` and the hub-cache entry, or fails as for any name the hub
+    does not know)."""
+    from huggingface_hub import constants
+
     from .workarounds import warm_sdk_tokenizer
 
     base = model_entry(name).name
     with _SDK_LOCK:
         if base in _SDK_WARM:
             return _SDK_WARM[base]
-        if hub_tokenizer(base) is None:
+        if hub_tokenizer(base) is None or constants.HF_HUB_OFFLINE:
             return None
         try:
             tok = warm_sdk_tokenizer(base)
