@@ -9,6 +9,9 @@ import json
 import logging
 import os
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -438,3 +441,24 @@ def test_telemetry_is_accepted_and_dropped(tmp_path):
             assert not p.is_file() or canary.encode() not in p.read_bytes()
     finally:
         srv.stop()
+
+
+def test_the_base_model_of_a_local_checkpoint_is_read_without_loading_torch(tmp_path):
+    """Reading a checkpoint's description (evaluate, a candidate's commit, dpo from a checkpoint)
+    loads no tensor library: a fresh process answers from checkpoint.json alone."""
+    code = textwrap.dedent("""
+        import json, sys
+        from pathlib import Path
+        from machine_nb import engines
+        from machine_nb.engines.local.checkpoints import checkpoint_dir
+        path = "tinker://local-0123456789abcdef:train:0/weights/000010"
+        folder = checkpoint_dir(Path(sys.argv[1]), path)
+        folder.mkdir(parents=True)
+        (folder / "checkpoint.json").write_text(json.dumps({"base_model": "local/arith-tiny", "lora_rank": 8}))
+        print(engines.checkpoint_base_model(path), "torch" in sys.modules)
+    """)
+    env = {**os.environ, "MACHINE_NB_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["local/arith-tiny", "False"]

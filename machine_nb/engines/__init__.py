@@ -312,8 +312,7 @@ def checkpoint_base_model(path: str) -> str | None:
     """
     if engine_for(path) != "local":
         return None
-    from .local.checkpoints import checkpoint_dir, default_data_dir
-    from .local.compute import read_meta
+    from .local.checkpoints import checkpoint_dir, default_data_dir, read_meta
 
     try:
         from .local.server import _DEFAULT

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ...errors import EngineError
+from ...errors import EngineError, MachineFormatError
 
 TINKER_SCHEME = "tinker://"
 RUN_PREFIX = "local-"
@@ -223,3 +223,23 @@ def checkpoint_dir(data_dir: Path, path: str) -> Path:
     """The directory holding a local checkpoint (it may not exist)."""
     run_id, kind, name = parse(path)
     return run_dir(data_dir, run_id) / kind / name
+
+
+def read_meta(directory: Path) -> dict:
+    """A checkpoint directory's `checkpoint.json`; MachineFormatError naming the file if unusable."""
+    path = Path(directory) / "checkpoint.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MachineFormatError(str(path), "no checkpoint here (the file does not exist)") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise MachineFormatError(str(path), f"unreadable checkpoint description: {exc}") from None
+    if not isinstance(meta, dict):
+        raise MachineFormatError(str(path), "a checkpoint description is a JSON object")
+    for key in ("base_model", "lora_rank"):
+        if key not in meta:
+            raise MachineFormatError(str(path), "missing", field=key)
+    if not isinstance(meta["lora_rank"], int) or meta["lora_rank"] < 0:
+        raise MachineFormatError(str(path), f"must be a whole number >= 0, got {meta['lora_rank']!r}",
+                                 field="lora_rank")
+    return meta

@@ -23,7 +23,7 @@ import torch
 
 from ...errors import EngineError, MachineFormatError
 from . import lora as _lora
-from .checkpoints import FORMAT
+from .checkpoints import FORMAT, read_meta
 from .workarounds import deterministic_kernels
 
 #: torch threads when MACHINE_NB_THREADS is unset: 1, because torch's threads spin-wait for each
@@ -79,26 +79,6 @@ def load_base(base_model: str) -> torch.nn.Module:
 
 # ---------------------------------------------------------------------------------------------
 # checkpoint files
-
-
-def read_meta(directory: Path) -> dict:
-    """A checkpoint directory's `checkpoint.json`; MachineFormatError naming the file if unusable."""
-    path = Path(directory) / "checkpoint.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MachineFormatError(str(path), "no checkpoint here (the file does not exist)") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise MachineFormatError(str(path), f"unreadable checkpoint description: {exc}") from None
-    if not isinstance(meta, dict):
-        raise MachineFormatError(str(path), "a checkpoint description is a JSON object")
-    for key in ("base_model", "lora_rank"):
-        if key not in meta:
-            raise MachineFormatError(str(path), "missing", field=key)
-    if not isinstance(meta["lora_rank"], int) or meta["lora_rank"] < 0:
-        raise MachineFormatError(str(path), f"must be a whole number >= 0, got {meta['lora_rank']!r}",
-                                 field="lora_rank")
-    return meta
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -23,7 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ...errors import EngineError, MachineFormatError
 from . import hf
-from .compute import Sample, Sampler, Trainer, _read_tensors, _stops, read_meta
+from .checkpoints import read_meta
+from .compute import Sample, Sampler, Trainer, _read_tensors, _stops
 from .lora import default_alpha
 
 def _parts(model: Any) -> tuple[Any, Any]:

@@ -1060,7 +1060,8 @@ class LocalServer:
     def load_weights(self, q: dict, body: Any) -> dict:
         from tinker import types
 
-        from .compute import Trainer, read_meta
+        from .checkpoints import read_meta
+        from .compute import Trainer
 
         req = _parse(types.LoadWeightsRequest, body, "load_weights")
         directory = self._checkpoint_dir(req.path, "load_weights")
@@ -1249,7 +1250,7 @@ class LocalServer:
             except (OSError, ValueError):
                 raise ApiError(400, f"{path}: unreadable run record") from None
         # a run without a record: describe it from a checkpoint
-        from .compute import read_meta
+        from .checkpoints import read_meta
 
         for sub in ("weights", "sampler_weights"):
             for d in sorted((directory / sub).glob("*")) if (directory / sub).is_dir() else []:
@@ -1328,7 +1329,7 @@ class LocalServer:
         return {"checkpoints": cps}
 
     def weights_info(self, q: dict, body: Any) -> dict:
-        from .compute import read_meta
+        from .checkpoints import read_meta
 
         path = (body or {}).get("tinker_path") if isinstance(body, dict) else None
         if not isinstance(path, str):
