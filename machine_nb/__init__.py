@@ -99,6 +99,7 @@ _API: dict[str, str] = {
     "run_report": "reports.notebook",
     "report_summary": "reports.notebook",
     "ReportSummary": "reports.notebook",
+    "no_math": "core.theme",
     # a notebook that cannot go on: its stated reason, and the cells below skipped
     "stop_notebook": "core.stop",
     "NotebookStopped": "core.stop",

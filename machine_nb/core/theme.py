@@ -54,5 +54,19 @@ def escape(text: object) -> str:
 
 
 def no_math(fragment: str, tag: str = "div") -> str:
-    """Wrap an HTML fragment in an element that math typesetters skip (see NO_MATH_CLASSES)."""
+    """Wrap HTML (or Markdown) in an element that math typesetters skip, so `$` stays a dollar sign.
+
+    JupyterLab, nbviewer and exported reports typeset text between two `$` as TeX: "costs $0.40
+    and $0.32" shows as math. Every view of machine_nb sits inside this wrapper; use it for
+    a summary cell of your own: `display(Markdown(mnb.no_math("\n\n- cost: &#36;0.40\n\n")))`
+    (write `$` as `&#36;`, and surround Markdown with blank lines so it is read inside the element).
+
+    Args:
+        fragment: the HTML or Markdown to wrap.
+        tag: the wrapping element (default "div"; "span" inside a line).
+
+    Returns:
+        The fragment inside `<tag class="tex2jax_ignore mathjax_ignore">`. Also importable as
+        `machine_nb.no_math`.
+    """
     return f'<{tag} class="{NO_MATH_CLASSES}">{fragment}</{tag}>'
