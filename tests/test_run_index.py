@@ -461,10 +461,10 @@ def test_worker_processes_parse_the_same_rows(ws, monkeypatch):
     (ws / ".machine" / "runs" / "support" / "broken.json").write_text('{"id": "broken", "machine": "supp')
     (ws / ".machine" / "runs" / "chatbot" / "triage" / "elsewhere.json").write_text(
         json.dumps({"id": "elsewhere", "machine": "support"}))  # rows of bad files cross the pipe too
-    alone, s1, _ = run_index.update_index(ws, frames._RunParser(frames.default_failed), workers=1)
+    alone, s1, _ = run_index.update_index(ws, frames.RunParser(frames.default_failed), workers=1)
     run_index.remove_index(ws)
     monkeypatch.setattr(run_index, "TASK", 3)  # many small batches, shared by three processes
-    shared, s3, _ = run_index.update_index(ws, frames._RunParser(frames.default_failed), workers=3)
+    shared, s3, _ = run_index.update_index(ws, frames.RunParser(frames.default_failed), workers=3)
     assert (s1.workers, s3.workers) == (1, 3) and s1.parsed == s3.parsed == alone.num_rows
     assert shared.drop_columns(["mtime_ns"]).equals(alone.drop_columns(["mtime_ns"]))
     assert shared.filter(pc.is_valid(shared["error"])).num_rows == 2

@@ -39,7 +39,7 @@ def resolve_progress(value: bool | None = None, *, worth_a_bar: bool = True) -> 
     return worth_a_bar and os.environ.get(PROGRESS_ENV, "1") != "0"
 
 
-def _in_kernel() -> bool:
+def in_kernel() -> bool:
     shell = sys.modules.get("IPython")
     if shell is None:
         return False
@@ -80,7 +80,7 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         self._last = 0.0
         self._closed = False
         enabled = resolve_progress(enabled)
-        self._mode = "off" if not enabled else ("html" if _in_kernel() else "tqdm")
+        self._mode = "off" if not enabled else ("html" if in_kernel() else "tqdm")
         self._handle = None
         self._tqdm = None
         if self._mode == "html":

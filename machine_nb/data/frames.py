@@ -114,7 +114,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
         if use_index:
             from ..store.index import update_index
 
-            table, stats, problems = update_index(workspace, _RunParser(default_failed), machine=machine, check=check)
+            table, stats, problems = update_index(workspace, RunParser(default_failed), machine=machine, check=check)
             return _frame(table, workspace, store, on_error, problems, None, stats)
         if listed is None:
             listed = list(iter_named_files(root.joinpath(*scope), within=root))
@@ -128,7 +128,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
                 continue
             entries.append((path, folder or "", os.path.basename(path), problem))
         records: list = []
-        table = _RunParser(failed_rule, records)(entries)
+        table = RunParser(failed_rule, records)(entries)
         from ..store.index import sort_table
 
         table = table.append_column("_pos", _arange(table.num_rows))
@@ -154,7 +154,7 @@ def _with_file_fields(table, entries):
     return table.append_column("name", pa.array([e[2] for e in entries], pa.large_string()))
 
 
-class _RunParser:
+class RunParser:
     """The index's parser: `[(path, dir, name, problem)]` -> a table of the run columns (plus
     error, recheck and bad_time), reading each file with `read(k)` when given (the index's reader,
     which notes the file's size and mtime), else by path; when `records` is a list, each parsed

@@ -79,12 +79,12 @@ def _resolve_store(store: str | os.PathLike | None) -> Path:
     return Path(store) if store is not None else store_dir()
 
 
-def _text(content: Any) -> str:
+def extract_text(content: Any) -> str:
     """Machine's extractMessageText: the text parts joined by newlines, trimmed."""
     return content_text(content, sep="\n", strip=True)
 
 
-def _item_messages(item: Any) -> tuple[list[dict], dict | None]:
+def item_messages(item: Any) -> tuple[list[dict], dict | None]:
     """(messages, run record or None) from a load_runs row, a Run dict, or a list of messages."""
     if hasattr(item, "to_dict") and not isinstance(item, dict):
         item = item.to_dict()
@@ -120,7 +120,7 @@ def latest_turn(msgs: list[dict], *, answered: bool = True) -> tuple[int, int | 
     if last_user < 0:
         raise ValueError("no user message to tag: a tagged turn is the latest user/assistant turn")
     reply = max((i for i in range(last_user + 1, len(msgs))
-                 if msgs[i].get("role") == "assistant" and not _is_call(msgs[i]) and _text(msgs[i].get("content"))),
+                 if msgs[i].get("role") == "assistant" and not _is_call(msgs[i]) and extract_text(msgs[i].get("content"))),
                 default=-1)
     if reply < 0:
         if answered:
@@ -145,7 +145,7 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
                 for p in content:
                     if p.get("type") == "thinking":
                         records.append({"role": "reasoning", "content": p["thinking"], "timestamp": stamp})
-            text = _text(content)
+            text = extract_text(content)
             if text:
                 records.append({"role": "assistant", "content": text, "timestamp": stamp})
             if m.get("tool_calls"):
@@ -153,10 +153,10 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
                     {"id": tc.get("id"), "name": tc["function"]["name"], "args": tc["function"]["arguments"]}
                     for tc in m["tool_calls"]]})
         elif role == "tool":
-            records.append({"role": "tool", "tool_call_id": m.get("tool_call_id"), "content": _text(content),
+            records.append({"role": "tool", "tool_call_id": m.get("tool_call_id"), "content": extract_text(content),
                             "timestamp": stamp})
         else:
-            records.append({"role": role, "content": _text(content), "timestamp": stamp})
+            records.append({"role": role, "content": extract_text(content), "timestamp": stamp})
     return chat, records
 
 
@@ -210,7 +210,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         what = f"a {type(rewrite).__name__}" if not isinstance(rewrite, str) else "empty" if not rewrite else "only whitespace"
         raise ValueError(f"rewrite= is {what}: it is the answer the model learns, so give the text of that answer "
                          "(or leave rewrite= out to keep the run's own reply)")
-    msgs, record = _item_messages(run)
+    msgs, record = item_messages(run)
     user_i, reply_i = latest_turn(msgs, answered=rewrite is None)
     stamp = created_at or datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     row: dict[str, Any] = {"id": id or secrets.token_hex(6)}
@@ -219,8 +219,8 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         row["messages"], trajectory = _trace(msgs, user_i, reasoning, stamp)
         kind, fname = "trace", DATA_FILES["traces"]
     else:
-        answer = rewrite if rewrite is not None else _text(msgs[reply_i].get("content"))
-        row["messages"] = [{"role": "user", "content": _text(msgs[user_i].get("content"))},
+        answer = rewrite if rewrite is not None else extract_text(msgs[reply_i].get("content"))
+        row["messages"] = [{"role": "user", "content": extract_text(msgs[user_i].get("content"))},
                            {"role": "assistant", "content": answer}]
         kind = "final"
         fname = {"good": DATA_FILES["train"], "bad": DATA_FILES["rejected"], "observed": DATA_FILES["observed"]}[tag]
@@ -240,7 +240,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
     if rewrite is not None:
         row["rewritten"] = True
         if replaced is None and reply_i is not None:
-            replaced = _text(msgs[reply_i].get("content"))
+            replaced = extract_text(msgs[reply_i].get("content"))
         if replaced is not None:
             row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
@@ -314,9 +314,9 @@ def tagged(store: str | os.PathLike | None = None) -> pd.DataFrame:
     out, where, ids = [], [], []
     for fname, line, row in _iter_rows(root, skipped):
         msgs = row["messages"]
-        last_user = next((_text(m.get("content")) for m in reversed(msgs) if isinstance(m, dict) and m.get("role") == "user"), None)
-        last_asst = next((_text(m.get("content")) for m in reversed(msgs)
-                          if isinstance(m, dict) and m.get("role") == "assistant" and _text(m.get("content"))), None)
+        last_user = next((extract_text(m.get("content")) for m in reversed(msgs) if isinstance(m, dict) and m.get("role") == "user"), None)
+        last_asst = next((extract_text(m.get("content")) for m in reversed(msgs)
+                          if isinstance(m, dict) and m.get("role") == "assistant" and extract_text(m.get("content"))), None)
         machine, run = row.get("machine"), row.get("run")
         out.append((row.get("id") or "(no id)", fname, line, row.get("tag"), row.get("kind", "final"),
                     row.get("note"), row.get("source"), machine if isinstance(machine, str) else None,

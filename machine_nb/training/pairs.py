@@ -212,19 +212,19 @@ class _RunLookup:
 
 def _rebuilt_reply(row: dict, user: str, runs: _RunLookup) -> tuple[str | None, str | None]:
     """(the reply the rewrite replaced, the skip reason): read back from the tagged run's latest turn."""
-    from ..store.tags import _item_messages, _text as tag_text, latest_turn
+    from ..store.tags import extract_text, item_messages, latest_turn
 
     run = runs.of(row)
     if run is None:
         return None, REPLACED_UNKNOWN
-    msgs, _ = _item_messages(run)
+    msgs, _ = item_messages(run)
     try:
         user_i, reply_i = latest_turn(msgs)
     except ValueError:
         return None, TURN_DIFFERS
-    if tag_text(msgs[user_i].get("content")) != user.strip():
+    if extract_text(msgs[user_i].get("content")) != user.strip():
         return None, TURN_DIFFERS
-    return tag_text(msgs[reply_i].get("content")), None
+    return extract_text(msgs[reply_i].get("content")), None
 
 
 def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _RunLookup,

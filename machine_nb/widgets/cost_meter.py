@@ -110,8 +110,8 @@ def _as_rows(data: Any) -> Any:
     return list(data)
 
 
-def _in_kernel() -> bool:
-    from ..core.progress import _in_kernel as in_kernel
+def in_kernel() -> bool:
+    from ..core.progress import in_kernel
 
     return in_kernel()
 
@@ -170,7 +170,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.max_steps = None if max_steps is None else int(max_steps)
         self.max_usd = max_usd
         self.max_tokens = int(max_tokens)
-        self.background = _in_kernel() if background is None else bool(background)
+        self.background = in_kernel() if background is None else bool(background)
         if self.background:
             _quiet_worker_estimates()
         self.estimate = None

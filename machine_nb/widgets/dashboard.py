@@ -261,7 +261,7 @@ class DashboardState:
         from ..store.index import parse_batch, sort_table
 
         entries = [(p, d, n, None) for p, d, n in files]
-        table = parse_batch(frames._RunParser(default_failed), entries, time.time_ns())
+        table = parse_batch(frames.RunParser(default_failed), entries, time.time_ns())
         bad = []
         is_bad = pc.is_valid(table["error"])
         if pc.any(is_bad).as_py():
