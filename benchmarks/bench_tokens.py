@@ -47,7 +47,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from machine_nb.checks.tokens import _estimate_tokens, count_tokens
+    from machine_nb.checks.tokens import machine_estimate, count_tokens
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=10_000)
@@ -61,7 +61,7 @@ def main() -> None:
     df = count_tokens(rows, args.model, progress=False)
     wall = time.perf_counter() - t0
     assert df["exact"].all(), df[~df["exact"]].head()
-    estimates = [_estimate_tokens(r) for r in rows]
+    estimates = [machine_estimate(r) for r in rows]
     tokens = int(df["tokens"].sum())
     ratios = sorted(t / e for t, e in zip(df["tokens"], estimates))
     chars = sum(len(m["content"]) for r in rows for m in r["messages"])

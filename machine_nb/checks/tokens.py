@@ -41,7 +41,7 @@ class TokenEstimateWarning(UserWarning):
     """Counts are 2.5-chars-per-token estimates, not the model's tokenizer."""
 
 
-def _estimate_tokens(row: Mapping[str, Any]) -> int:
+def machine_estimate(row: Mapping[str, Any]) -> int:
     """Machine's estimate for one row: characters of the JSON of messages (+ tools) / 2.5, rounded up
     (`export.estimate_tokens`, the same rule the export step reports)."""
     from ..data.export import estimate_tokens
@@ -245,7 +245,7 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
                 except Exception as exc:  # reported per row; the estimate keeps the total an upper-ish bound
                     error = f"renderer failed: {type(exc).__name__}: {exc}"
             if renderer is None or error is not None:
-                tokens, exact = _estimate_tokens(row), False
+                tokens, exact = machine_estimate(row), False
                 trained = min(tokens, _estimate_trained(messages, train_on_what,
                                                         whole_run=bool(row.get("whole_run"))))
             cols["line"].append(line)
@@ -299,7 +299,7 @@ def count_prompt_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], m
                 raise LookupError
             out.append((line, int(renderer.build_generation_prompt(list(messages)).length), True))
         except Exception:
-            out.append((line, _estimate_tokens(row), False))
+            out.append((line, machine_estimate(row), False))
     df = pd.DataFrame(out, columns=["line", "prompt_tokens", "exact"])
     df.attrs["note"] = note or ""
     if note:

@@ -458,7 +458,7 @@ def count_row(row: Mapping[str, Any], settings: ValidateSettings,
         (tokens, trained tokens, problems): tokens None when the renderer cannot render the row
         (the problem says why); problems: render_failed, too_long, no_trainable_tokens.
     """
-    from .tokens import _estimate_tokens, render_row
+    from .tokens import machine_estimate, render_row
 
     messages, renderer = row["messages"], prepared.renderer
     tokens = trained = None
@@ -473,7 +473,7 @@ def count_row(row: Mapping[str, Any], settings: ValidateSettings,
             return None, 0, [("error", "render_failed", f"the {settings.model} renderer cannot render this row: "
                                                         f"{type(exc).__name__}: {str(exc)[:300]}")]
     if tokens is None:
-        tokens, trained = _estimate_tokens(row), 0
+        tokens, trained = machine_estimate(row), 0
     problems = []
     if settings.max_length is not None and tokens > settings.max_length:
         if settings.max_length == settings.context:

@@ -115,7 +115,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
             from ..store.index import update_index
 
             table, stats, problems = update_index(workspace, RunParser(default_failed), machine=machine, check=check)
-            return _frame(table, workspace, store, on_error, problems, None, stats)
+            return runs_frame(table, workspace, store, on_error, problems, None, stats)
         if listed is None:
             listed = list(iter_named_files(root.joinpath(*scope), within=root))
         entries, problems = [], []
@@ -133,7 +133,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
 
         table = table.append_column("_pos", _arange(table.num_rows))
         table = sort_table(_with_file_fields(table, entries))
-        return _frame(table, workspace, store, on_error, problems, records, None)
+        return runs_frame(table, workspace, store, on_error, problems, records, None)
     finally:
         if gc_was_on:
             gc.enable()
@@ -275,8 +275,8 @@ def _str_dtype():
     return _STR_DTYPE
 
 
-def _frame(table: Any, workspace: Any, store: Any, on_error: str, problems: list, records: list | None,
-           stats: Any):
+def runs_frame(table: Any, workspace: Any, store: Any, on_error: str, problems: list, records: list | None,
+               stats: Any):
     """The runs DataFrame from index rows (sorted): bad files warned about (or raised), times
     warned about, `path` and `run` added, tags attached."""
     import pyarrow as pa

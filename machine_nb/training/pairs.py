@@ -23,13 +23,9 @@ import pandas as pd
 
 from ..errors import MachineFormatError, user_stacklevel
 from ..data.export import case_key, held_out_keys, run_case, say_excluded
-# Pair records and files are the store layer's (pricing reads pairs too); their names stay importable here.
-from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, check_messages, comparison_line,  # noqa: F401
-                          is_reply, last_user, pair_id, pair_line, pair_message, pair_record, pair_records,
-                          read_pair_records)
-
-# the older private names (preference.py's imports)
-_messages, _records = check_messages, pair_records
+# pair records and files are the store layer's (pricing reads pairs too)
+from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, comparison_line, is_reply, last_user, pair_line,
+                          pair_message, pair_record, pair_records, read_pair_records)
 from ..store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
 from ..store.workspace import resolve_machine
 

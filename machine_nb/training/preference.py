@@ -55,16 +55,16 @@ an eval result as far as `compare` is concerned, so two of them compare pair by 
 
 def _pair_records(pairs: Any) -> list[dict]:
     """Pair records (prompt, chosen, rejected, pair?) checked like a file is: errors name the pair and field."""
-    from .pairs import _messages, _records, pair_id
+    from ..store.pairs import check_messages, pair_id, pair_records
 
     where = str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<pairs>"
     out = []
-    for i, p in enumerate(_records(pairs), start=1):
+    for i, p in enumerate(pair_records(pairs), start=1):
         if not isinstance(p, dict):
             raise MachineFormatError(where, "a pair must be a mapping with prompt, chosen, rejected", line=i)
-        prompt = _messages(p.get("prompt"), Path(where), i, "prompt")
-        chosen = _messages(p.get("chosen"), Path(where), i, "chosen", reply=True)
-        rejected = _messages(p.get("rejected"), Path(where), i, "rejected", reply=True)
+        prompt = check_messages(p.get("prompt"), Path(where), i, "prompt")
+        chosen = check_messages(p.get("chosen"), Path(where), i, "chosen", reply=True)
+        rejected = check_messages(p.get("rejected"), Path(where), i, "rejected", reply=True)
         if chosen[0]["content"].strip() == rejected[0]["content"].strip():
             raise MachineFormatError(where, "chosen and rejected are the same reply: no preference to learn",
                                      line=i, field="chosen")
@@ -288,7 +288,7 @@ class DPOData(loop.RunData):
         Returns:
             The JSONL lines.
         """
-        from .pairs import comparison_line
+        from ..store.pairs import comparison_line
 
         records = list(self.items)
         random.Random(settings.seed).shuffle(records)
@@ -517,9 +517,9 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     renderer = render.get_renderer(model)
     futures = [(_reply_logprob(client, renderer, r["prompt"] + r["chosen"]),
                 _reply_logprob(client, renderer, r["prompt"] + r["rejected"])) for r in records]
-    from .pairs import _records
+    from ..store.pairs import pair_records
 
-    raw = _records(pairs)
+    raw = pair_records(pairs)
     rows = []
     for i, (r, (fc, fr)) in enumerate(zip(records, futures)):
         c, j = fc.result(), fr.result()

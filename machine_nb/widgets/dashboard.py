@@ -270,7 +270,7 @@ class DashboardState:
                 err = MachineFormatError(where.get((b["dir"], b["name"]), b["name"]), b["error"],
                                          line=b["error_line"], field=b["error_field"])
                 bad.append(f"skipped a bad run file: {err}")
-        return frames._frame(sort_table(table), self.workspace, None, "skip", [], None, None), bad
+        return frames.runs_frame(sort_table(table), self.workspace, None, "skip", [], None, None), bad
 
     def _read_training(self) -> list[tuple]:
         from ..training.runlog import CHECKPOINTS_FILE, METRICS_FILE

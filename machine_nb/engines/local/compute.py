@@ -81,7 +81,7 @@ def load_base(base_model: str) -> torch.nn.Module:
 # checkpoint files
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors; MachineFormatError naming the file when it is missing or corrupt."""
     from safetensors.torch import load_file
 
@@ -111,13 +111,13 @@ def _lora_model(meta: dict, directory: Path) -> torch.nn.Module:
                          unembed=targets.get("unembed", False))
         path = directory / "adapter.safetensors"
         try:
-            _lora.load_adapter_state(model, _read_tensors(path))
+            _lora.load_adapter_state(model, read_tensors(path))
         except ValueError as exc:
             raise MachineFormatError(str(path), f"the adapter does not fit {meta['base_model']} at rank {rank}: {exc}") from None
     else:
         path = directory / "model.safetensors"
         try:
-            model.load_state_dict(_read_tensors(path))
+            model.load_state_dict(read_tensors(path))
         except RuntimeError as exc:
             raise MachineFormatError(str(path), f"the weights do not fit {meta['base_model']}: {exc}") from None
     return model
@@ -197,7 +197,7 @@ class Sampler(_ModelShape):
             raise EngineError(f"the prompt has {len(ids)} tokens; the local model's context is "
                               f"{self.block_size} tokens (shorten the prompt)")
         budget = self.block_size - len(ids) if max_tokens is None else int(max_tokens)
-        token_stops, text_stops = _stops(stop)
+        token_stops, text_stops = split_stops(stop)
         decode = None
         if text_stops:
             from . import get_tokenizer
@@ -229,7 +229,7 @@ class Sampler(_ModelShape):
         return out
 
 
-def _stops(stop: Any) -> tuple[list[list[int]], list[str]]:
+def split_stops(stop: Any) -> tuple[list[list[int]], list[str]]:
     if stop is None:
         return [], []
     if isinstance(stop, (str, int, np.integer)):
@@ -414,7 +414,7 @@ class Trainer(_ModelShape):
                               f"run trains {self.base_model} at rank {self.rank}")
         filename, _ = self._weights()
         path = Path(directory) / filename
-        state = _read_tensors(path)
+        state = read_tensors(path)
         try:
             self._load_weights(state)
         except (ValueError, RuntimeError) as exc:

@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from ...errors import EngineError, MachineFormatError
 from . import hf
 from .checkpoints import read_meta
-from .compute import Sample, Sampler, Trainer, _read_tensors, _stops
+from .compute import Sample, Sampler, Trainer, read_tensors, split_stops
 from .lora import default_alpha
 
 def _parts(model: Any) -> tuple[Any, Any]:
@@ -233,7 +233,7 @@ class HFSampler(_RealModelShape, Sampler):
                              mlp=targets.get("mlp", True), unembed=targets.get("unembed", False))
         path = Path(directory) / "adapter.safetensors"
         try:
-            _load_adapter(model, _read_tensors(path))
+            _load_adapter(model, read_tensors(path))
         except ValueError as exc:
             raise MachineFormatError(str(path), f"the adapter does not fit {meta['base_model']} at rank {rank}: {exc}") from None
         return cls(model, meta["base_model"], seed=seed)
@@ -272,9 +272,9 @@ class HFSampler(_RealModelShape, Sampler):
 
 
 def _filter(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    from .model import _filter_logits
+    from .model import filter_logits
 
-    return _filter_logits(logits, top_k if top_k and top_k > 0 else None, top_p)
+    return filter_logits(logits, top_k if top_k and top_k > 0 else None, top_p)
 
 
 @dataclass
@@ -365,7 +365,7 @@ def generate_batch(model: Any, rows: Sequence[Row]) -> list[Sample]:
 
     device = next(model.parameters()).device
     B = len(rows)
-    stops = [_stops(r.stop) for r in rows]
+    stops = [split_stops(r.stop) for r in rows]
     token_stops = [[s for s in ts if s] for ts, _ in stops]
     text_stops = [xs for _, xs in stops]
     decode = hf.get_tokenizer().decode if any(text_stops) else None

@@ -151,7 +151,7 @@ class GPT(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
-def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[..., -1, None]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -226,12 +226,12 @@ def generate(
                 break
             logits = logits.float()
             if temperature > 0:
-                scaled = _filter_logits(logits / temperature, top_k, top_p)
+                scaled = filter_logits(logits / temperature, top_k, top_p)
                 probs = torch.softmax(scaled, dim=-1)
                 tok = int(torch.multinomial(probs, 1, generator=gen))
                 lp = float(torch.log_softmax(scaled, dim=-1)[tok])
             else:
-                tok = int(torch.argmax(_filter_logits(logits, top_k, top_p)))
+                tok = int(torch.argmax(filter_logits(logits, top_k, top_p)))
                 lp = float(torch.log_softmax(logits, dim=-1)[tok])
             tokens.append(tok)
             logprobs.append(lp)
