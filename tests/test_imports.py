@@ -67,6 +67,9 @@ class _Imports(ast.NodeVisitor):
         self.name, self.is_package, self.known = name, is_package, known
         self.depth = 0
         self.found: list[tuple[str, int, str]] = []
+        #: names another machine_nb module keeps to itself (a leading underscore) used here: (module, name, line)
+        self.private: list[tuple[str, str, int]] = []
+        self._modules: dict[str, str] = {}  # local name -> the machine_nb module it is bound to
 
     def _resolve(self, dotted: str) -> str | None:
         """The longest known module that `dotted` (full name, "machine_nb.x.y") names or lies in."""
@@ -103,6 +106,16 @@ class _Imports(ast.NodeVisitor):
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             self._add(alias.name, node.lineno)
+            target = self._resolve(alias.name)
+            if alias.asname and target is not None and alias.name == ".".join([PACKAGE, target]).rstrip("."):
+                self._modules[alias.asname] = target
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in self._modules and _private(node.attr) \
+                and self._modules[value.id] != self.name:
+            self.private.append((self._modules[value.id], node.attr, node.lineno))
+        self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
@@ -115,18 +128,33 @@ class _Imports(ast.NodeVisitor):
             full = node.module or ""
         for alias in node.names:
             sub = f"{full}.{alias.name}"
-            self._add(sub if self._resolve(sub) == sub[len(PACKAGE) + 1:] else full, node.lineno)
+            is_module = self._resolve(sub) == sub[len(PACKAGE) + 1:]
+            self._add(sub if is_module else full, node.lineno)
+            target = self._resolve(full)
+            if is_module:
+                self._modules[alias.asname or alias.name] = sub[len(PACKAGE) + 1:]
+            elif target is not None and target != self.name and _private(alias.name):
+                self.private.append((target, alias.name, node.lineno))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def read_imports(root: Path = ROOT) -> dict[str, _Imports]:
+    """module -> what its source imports and uses of other machine_nb modules."""
+    known = modules(root)
+    out = {}
+    for name, (path, is_package) in known.items():
+        visitor = _Imports(name, is_package, known)
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        out[name] = visitor
+    return out
 
 
 def import_graph(root: Path = ROOT) -> dict[str, list[tuple[str, int, str]]]:
     """module -> [(imported module, line, "module" | "function")], TYPE_CHECKING-only imports left out."""
-    known = modules(root)
-    graph = {}
-    for name, (path, is_package) in known.items():
-        visitor = _Imports(name, is_package, known)
-        visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
-        graph[name] = visitor.found
-    return graph
+    return {name: visitor.found for name, visitor in read_imports(root).items()}
 
 
 def cycles(graph: dict[str, list[tuple[str, int, str]]]) -> list[frozenset[str]]:
@@ -243,6 +271,28 @@ def test_engines_are_reached_through_machine_nb_engines():
     stale = ALLOWED_ENGINE_INTERNALS - reached
     assert not stale, ("allowed engine-internal imports that no longer exist (remove them from "
                        f"ALLOWED_ENGINE_INTERNALS): {stale}")
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name with a leading underscore is its module's own: another module that needs it gets a
+    public name for it (a private module, such as cli/_flags.py, may be imported by its siblings)."""
+    used = [(name, target, attr, line) for name, visitor in read_imports().items()
+            for target, attr, line in visitor.private]
+    assert not used, "private names of other modules:\n" + "\n".join(
+        f"{MODULES[name][0].relative_to(ROOT).as_posix()}:{line} uses {PACKAGE}.{target}.{attr}"
+        for name, target, attr, line in sorted(used))
+
+
+def test_the_private_name_reader_sees_both_forms(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_helpers.py").write_text("")
+    (pkg / "a.py").write_text("_x = 1\ndef _f(): pass\n")
+    (pkg / "b.py").write_text("from .a import _f, _x as y\nfrom . import a, _helpers\n"
+                              "a._x\na.public\n_helpers.thing\nself_only = a.__name__\n")
+    seen = read_imports(tmp_path)["b"].private
+    assert sorted(seen) == [("a", "_f", 1), ("a", "_x", 1), ("a", "_x", 3)]
 
 
 def test_the_graph_sees_the_package():

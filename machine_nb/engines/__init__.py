@@ -314,12 +314,10 @@ def checkpoint_base_model(path: str) -> str | None:
         return None
     from .local.checkpoints import checkpoint_dir, default_data_dir, read_meta
 
-    try:
-        from .local.server import _DEFAULT
+    from .local.server import default_server
 
-        data_dir = _DEFAULT.data_dir if _DEFAULT is not None else default_data_dir()
-    except ImportError:
-        data_dir = default_data_dir()
+    server = default_server()
+    data_dir = server.data_dir if server is not None else default_data_dir()
     directory = checkpoint_dir(data_dir, path)
     if not (directory / "checkpoint.json").is_file():
         raise EngineError(

@@ -1571,6 +1571,11 @@ def running_at(url: str) -> LocalServer | None:
         return _RUNNING.get(str(url).rstrip("/"))
 
 
+def default_server() -> LocalServer | None:
+    """The server `ensure_server()` started in this process, else None (this starts nothing)."""
+    return _DEFAULT
+
+
 def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
     first time it is needed, with the process's key (`checkpoints.PROCESS_KEY`), reused afterwards, stopped when the interpreter exits (after
