@@ -47,3 +47,18 @@ def pytest_runtest_teardown(item, nextitem):
     yield
     stop_browser_unless_next(nextitem)
     check_no_heartbeat_left()
+
+
+#: The files that take longest (tens of seconds each), longest first. With `-n 2 --dist loadfile`
+#: a worker takes the next file when it is free; handing out the long files first lets the two
+#: workers end together rather than one waiting while the other runs a long file picked last.
+LONG_FIRST = ("test_real_model_server", "test_preference_dpo", "test_train", "test_browser", "test_server",
+              "test_heldout", "test_sweeps", "test_candidate", "test_cli", "test_notebook_sweep",
+              "test_server_lifecycle", "test_notebook_tinker_path", "test_notebook_real_model",
+              "test_preference_notebook", "test_browser_review", "test_dpo_heldout")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the long files first (in LONG_FIRST's order); every file's own tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
