@@ -431,3 +431,26 @@ def test_a_broken_run_record_is_a_format_error_naming_it(tmp_path, corpus):
     marker.write_text("[1, 2]")
     with pytest.raises(MachineFormatError, match="run record"):
         sft(corpus.train, resume=log_dir, progress=False)
+
+
+def test_the_training_process_is_started_while_the_data_is_checked_and_kept_when_the_run_is_refused(tmp_path):
+    """sft starts its child process (runner.py) before checking the data, so its imports go on
+    meanwhile; a run refused by the checks leaves it idle, and the next run uses that process."""
+    import sys
+
+    from machine_nb.training import runner
+    from machine_nb.training.loop import _Runner, start_runner
+
+    runner.preload()
+    assert [name for name in runner.PRELOAD if name not in sys.modules] == []  # every name is a module
+    _Runner.trim()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')  # no assistant reply to train on
+    with pytest.raises(Exception):
+        sft(bad, log_dir=tmp_path / "refused", progress=False)
+    idle = list(_Runner._idle)
+    assert len(idle) == 1 and idle[0].proc.poll() is None
+    start_runner()  # one idle process is enough
+    assert _Runner._idle == idle
+    assert _Runner.take() is idle[0]
+    idle[0].give_back()

@@ -841,6 +841,13 @@ def train(settings: RunSettings, data: RunData, *, module: str, eval_data: Any, 
 # the child processes that run the cookbook (runner.py says why a child)
 
 
+def start_runner() -> None:
+    """Start the process for the coming run now, unless one is idle, so that its imports go on
+    while the caller reads and checks the data (`sft` and `dpo` call it once their settings
+    resolve). A run refused by those checks leaves it idle, as after a run, for the next one."""
+    _Runner.prestart()
+
+
 def _child_env(engine: str) -> dict[str, str]:
     """The run's environment: the caller's, unchanged, except that on the local engine the
     training loop sends the local server's own key (the user's TINKER_API_KEY never goes to the local server)."""
@@ -884,6 +891,17 @@ class _Runner:
         with self._cond:
             self.events.append({"event": "exit"})
             self._cond.notify_all()
+
+    @classmethod
+    def prestart(cls) -> None:
+        """Start a process for the next run when none is idle, so it imports while the caller
+        prepares the run (it stays idle, kept as after a run, if the run is refused)."""
+        with cls._lock:
+            if cls._idle:
+                return
+        runner = cls()
+        with cls._lock:
+            cls._idle.append(runner)
 
     @classmethod
     def take(cls) -> "_Runner":

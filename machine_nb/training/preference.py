@@ -395,6 +395,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         batch_size=batch_size, max_steps=max_steps, lora_rank=lora_rank, load_checkpoint=load_checkpoint, seed=seed,
         max_length=max_length, lr_schedule=lr_schedule, save_every=save_every, max_usd=max_usd, base_url=base_url,
         eval_every=eval_every, eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
+    loop.start_runner()
     records = DPOData(_pair_records(loop.data_source(resumed, DPOData.file, pairs)))
     return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics)

@@ -223,6 +223,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         save_every=save_every, max_usd=max_usd, base_url=base_url, eval_every=eval_every,
         eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     inspect = _inspect_spec(inspect_tasks, settings)
+    loop.start_runner()
     rows = SFTData(*prepare_data(loop.data_source(resumed, SFTData.file, data)))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=data, progress=progress, on_metrics=on_metrics,
