@@ -845,7 +845,12 @@ def start_runner() -> None:
     """Start the process for the coming run now, unless one is idle, so that its imports go on
     while the caller reads and checks the data (`sft` and `dpo` call it once their settings
     resolve). A run refused by those checks leaves it idle, as after a run, for the next one."""
-    _Runner.prestart()
+    with _Runner._lock:
+        if _Runner._idle:
+            return
+    runner = _Runner()
+    with _Runner._lock:
+        _Runner._idle.append(runner)
 
 
 def _child_env(engine: str) -> dict[str, str]:
@@ -891,17 +896,6 @@ class _Runner:
         with self._cond:
             self.events.append({"event": "exit"})
             self._cond.notify_all()
-
-    @classmethod
-    def prestart(cls) -> None:
-        """Start a process for the next run when none is idle, so it imports while the caller
-        prepares the run (it stays idle, kept as after a run, if the run is refused)."""
-        with cls._lock:
-            if cls._idle:
-                return
-        runner = cls()
-        with cls._lock:
-            cls._idle.append(runner)
 
     @classmethod
     def take(cls) -> "_Runner":
