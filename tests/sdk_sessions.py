@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from machine_nb.engines.local.workarounds import sdk_heartbeats
+from machine_nb.engines.local.workarounds import sdk_heartbeats, stop_heartbeats_to
 
 
 def _answers(url: str) -> bool:
@@ -38,9 +38,10 @@ def orphaned_heartbeats(wait: float = 5.0) -> list[str]:
         if not dead or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    for _, task in dead:  # stop them, so they do not warn under later tests
-        task.get_loop().call_soon_threadsafe(task.cancel)
-    return sorted({url for url, _ in dead})
+    gone = sorted({url for url, _ in dead})
+    for url in gone:  # stop them, so they do not warn under later tests
+        stop_heartbeats_to(url)
+    return gone
 
 
 def check_no_heartbeat_left() -> None:
