@@ -3,7 +3,8 @@
 A `machine-nb serve` process and trainer processes using the real tinker SDK, each running the
 same small LoRA training loop (forward_backward + optim_step). Each round times trainer 1 alone,
 trainer 2 alone, then both at once, and prints the ratio (both at once) / (sum of the solo times)
-(target <= 0.7 on 2 cores: different runs' steps run in parallel, one thread each); the summary
+(target <= 0.7 on 2 cores: different runs' steps run in parallel, in the server's training
+processes, `--train-workers`; 0 runs them on threads of the server's own process); the summary
 gives the median over the rounds and whether each trainer's losses at once were bit-identical to
 its losses alone in every round.
 
@@ -59,12 +60,15 @@ sc.close("success").result(timeout=60)
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has used so far (Linux /proc; 0.0 elsewhere)."""
+    """CPU seconds (user + system) process `pid` and the processes it started (the server's
+    training processes) have used so far (Linux /proc; 0.0 elsewhere)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (t / "children").read_text().split()]
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(c) for c in children)
 
 
 def trainers(url: str, steps: int, seeds: list[int], server_pid: int) -> tuple[list[dict], float]:
@@ -88,14 +92,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--train-workers", type=int, default=None,
+                    help="the server's training processes (default: serve's, one per core; 0: none)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-concurrent-"))
     env = {**os.environ, "MACHINE_NB_SERVER_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    workers = [] if args.train_workers is None else ["--train-workers", str(args.train_workers)]
     server = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
-                               str(work / "data")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               str(work / "data"), *workers], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                               env=env)
     url = server.stdout.readline().split(" on ", 1)[1].strip()
-    print(f"machine: {os.cpu_count()} cpu(s); {args.steps} steps each; {args.rounds} rounds")
+    print(f"machine: {os.cpu_count()} cpu(s); {args.steps} steps each; {args.rounds} rounds; server's training "
+          f"processes: {'one per core (default)' if args.train_workers is None else args.train_workers}")
     ratios, identical = [], True
     try:
         trainers(url, 2, [0], server.pid)  # warm-up: imports, first model load

@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", default=None,
                    help=f"the key itself; other users see it in `ps`: prefer --key-file or ${KEY_ENV}")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default $MACHINE_NB_THREADS, else 1)")
+    p.add_argument("--train-workers", type=int, default=None, metavar="N",
+                   help="training processes, so that different runs' steps run in parallel (default: one per "
+                        "core, at most 8; 0 trains every run in the server's own process)")
     p.add_argument("--verbose", action="store_true", help="log each request (method and path, never headers)")
     p.set_defaults(func=_run)
 
@@ -53,6 +56,6 @@ def _run(args: argparse.Namespace) -> int:
 
     key = server_key(args.key, args.key_file, os.environ.get(KEY_ENV))
     serve(args.host, args.port, data_dir=args.data_dir, key=key, threads=args.threads,
-          verbose=args.verbose, announce=lambda line: print(line, flush=True))
+          train_workers=args.train_workers, verbose=args.verbose, announce=lambda line: print(line, flush=True))
     print("stopped", file=sys.stderr)
     return 0

@@ -324,6 +324,20 @@ class Trainer(_ModelShape):
                 total.backward()
         return self._outputs(batch, logp, elementwise, total)
 
+    def guarded_forward_backward(self, batch: Sequence[Example], *, backward: bool,
+                                 loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+                                 ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+        """`forward_backward` that leaves the run as it was when it fails or goes non-finite (steps.py)."""
+        from . import steps
+
+        return steps.forward_backward(self, batch, backward=backward, loss=loss)
+
+    def guarded_optim_step(self, **adam: float) -> dict[str, float]:
+        """`optim_step` that leaves the run as it was when it fails or goes non-finite (steps.py)."""
+        from . import steps
+
+        return steps.optim_step(self, **adam)
+
     def _tensors(self, batch: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(input ids, target ids, weights) of a batch, each [batch, width], right-padded with zeros."""
         if not batch:

@@ -129,7 +129,7 @@ def prepare(loss_fn: str, config: dict, inputs: Sequence[dict[str, np.ndarray]],
                 columns[key].append(None)  # type: ignore[arg-type]
     if loss_fn == "cross_entropy":
         return Prepared(loss_fn, None, columns["weights"])
-    return Prepared(loss_fn, _build(loss_fn, settings, columns), None)
+    return Prepared(loss_fn, RLLoss(loss_fn, settings, columns), None)
 
 
 def _padded(arrays: Sequence[np.ndarray | None], width: int, fill: float) -> torch.Tensor:
@@ -140,10 +140,17 @@ def _padded(arrays: Sequence[np.ndarray | None], width: int, fill: float) -> tor
     return out
 
 
-def _build(loss_fn: str, settings: dict[str, float], columns: dict[str, list]) -> LossFn:
-    lengths = [len(a) for a in columns["logprobs"]]
+@dataclass
+class RLLoss:
+    """One request's RL loss over its inputs: a plain object, so it travels to a training process."""
 
-    def fn(lp: torch.Tensor) -> torch.Tensor:
+    loss_fn: str
+    settings: dict[str, float]
+    columns: dict[str, list]
+
+    def __call__(self, lp: torch.Tensor) -> torch.Tensor:
+        loss_fn, settings, columns = self.loss_fn, self.settings, self.columns
+        lengths = [len(a) for a in columns["logprobs"]]
         width = lp.shape[1]
         valid = torch.zeros(lp.shape, dtype=torch.bool)
         for i, n in enumerate(lengths):
@@ -171,5 +178,3 @@ def _build(loss_fn: str, settings: dict[str, float], columns: dict[str, list]) -
             else:  # ppo, gspo
                 loss = -torch.minimum(ratio * adv, clipped * adv)
         return torch.where(valid, loss, torch.zeros_like(loss))
-
-    return fn

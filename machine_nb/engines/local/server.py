@@ -27,12 +27,10 @@ framed by uvicorn (a maintained HTTP stack: chunked bodies, bad lengths); SIGINT
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import ipaddress
 import json
 import logging
-import math
 import os
 import secrets
 import socket
@@ -41,7 +39,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 from urllib.parse import parse_qs
 
 from ...errors import EngineError, MachineFormatError
@@ -272,9 +270,12 @@ class _Run:
         while True:
             job = self._take()
             if job is None:
-                return
+                break
             fut, fn = job
             _run_job(fut, fn)
+        release = getattr(self.trainer, "close", None)  # a trainer in a training process (workers.py)
+        if release is not None:
+            release()
 
     def close(self) -> None:
         with self._cond:
@@ -337,99 +338,6 @@ class _Sampler:
         else:
             self.worker.submit(_run_job, fut, fn)
         return fut
-
-
-def _flat(tensors: list) -> Any:
-    """One flat float32 copy of `tensors` (a single copy, not one per tensor: many small tensors)."""
-    import torch
-
-    return torch.cat([t.detach().reshape(-1).float() for t in tensors]) if tensors else torch.zeros(0)
-
-
-def _put_back(tensors: list, flat: Any) -> None:
-    import torch
-
-    with torch.no_grad():
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
-
-
-@contextlib.contextmanager
-def _kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Iterator[None]:
-    """Run a training step so that a step that fails, or leaves a gradient (or, with `weights`, a
-    trainable weight) NaN or infinite, leaves the run as it was before it: gradients, and with
-    `weights` the parameters and the optimizer's state, are put back, and the step fails saying why.
-    Works on any trainer with `params` (its trainable tensors) and `optimizer` (None until the
-    first step)."""
-    import torch
-
-    params = list(getattr(trainer, "params", ()))
-    had_grad = [q for q in params if q.grad is not None]
-    grads = _flat([q.grad for q in had_grad]) if had_grad else None  # none: the usual first step
-    if weights:
-        values = _flat(params)
-        optimizer = trainer.optimizer
-        kept = [] if optimizer is None else [(q, dict(optimizer.state[q])) for q in params if q in optimizer.state]
-        state_tensors = [v for _, st in kept for v in st.values() if isinstance(v, torch.Tensor)]
-        state = _flat(state_tensors)
-
-    def restore() -> None:
-        with torch.no_grad():
-            for q in params:
-                q.grad = None
-            for q in had_grad:
-                q.grad = torch.zeros_like(q)
-            if had_grad:
-                _put_back([q.grad for q in had_grad], grads)
-            if weights:
-                _put_back(params, values)
-                if optimizer is None:
-                    trainer.optimizer = None
-                else:
-                    optimizer.state.clear()
-                    for q, st in kept:
-                        optimizer.state[q] = st
-                    _put_back(state_tensors, state)
-
-    try:
-        yield
-    except BaseException:
-        restore()
-        raise
-    what = None
-    if not bool(torch.isfinite(_flat([q.grad for q in params if q.grad is not None])).all()):
-        what = "gradient"
-    elif weights:
-        after = _flat(params)
-        if not bool(torch.isfinite(after).all()):
-            what = "parameter"
-        elif after.numel() and not _adapted_weights_finite(getattr(trainer, "model", None), float(after.abs().max())):
-            what = "weight (base plus adapter)"
-    if what is not None:
-        restore()
-        raise EngineError(f"{call}: this step made a {what} NaN or infinite (a learning rate, beta2 or loss "
-                          "weight too large?); the run is kept as it was before it. Retry with smaller "
-                          "settings.")
-
-
-def _adapted_weights_finite(model: Any, largest: float) -> bool:
-    """Whether every LoRA-adapted weight (base + scale * B @ A) is finite: finite adapters can still
-    multiply out to infinity, which a sampler (that merges them) would then serve. `largest` bounds
-    every adapter value, so the products are computed only when that bound does not settle it."""
-    import torch
-
-    from .lora import lora_modules
-
-    if not isinstance(model, torch.nn.Module):
-        return True
-    modules = list(lora_modules(model).values())
-    if not modules or max(m.scale * m.rank for m in modules) * largest * largest < 1e30:
-        return True
-    with torch.no_grad():
-        return all(bool(torch.isfinite(m.base.weight + m.scale * (m.lora_b @ m.lora_a)).all()) for m in modules)
 
 
 def _configure(threads: int | None) -> None:
@@ -496,10 +404,13 @@ class LocalServer:
       random one (`.key`), which the process hands to its own clients.
     data_dir: where runs and checkpoints are written (default `checkpoints.default_data_dir()`).
     threads: torch threads for the work (default $MACHINE_NB_THREADS, else 1: reproducible).
+    train_workers: training processes for the runs of the engine's own models (workers.py), so
+      that different runs' steps run in parallel; default 0 keeps every run in this process.
+      `machine-nb serve` uses one per core.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, data_dir: str | os.PathLike | None = None,
-                 key: str | None = None, threads: int | None = None, quiet: bool = True):
+                 key: str | None = None, threads: int | None = None, quiet: bool = True, train_workers: int = 0):
         if not _is_loopback(host) and not key:
             raise EngineError(f"binding {host!r} (not loopback) exposes the server to other machines: "
                               "give it a key that every request must send as its API key (--key-file, or "
@@ -513,6 +424,11 @@ class LocalServer:
         self.runs: dict[str, _Run] = {}
         self.samplers: dict[str, _Sampler] = {}
         self._lock = threading.Lock()
+        self.train_pool: Any = None
+        if train_workers > 0:
+            from .workers import TrainerPool
+
+            self.train_pool = TrainerPool(train_workers, threads)
         self._socket = _listen(host, port)
         self.port = self._socket.getsockname()[1]
         self._app = _App(self)
@@ -618,6 +534,8 @@ class LocalServer:
         # the step or sample in progress finishes: torch work cut off by the process's exit can abort it
         for thread in [r._thread for r in runs] + [s.worker.thread for s in samplers]:
             thread.join(60)
+        if self.train_pool is not None:
+            self.train_pool.close()
 
     # -- dispatch
     def _route_table(self) -> dict[tuple[str, str], Callable]:
@@ -820,6 +738,14 @@ class LocalServer:
             self.runs[model_id] = run
         return run
 
+    def _pool_for(self, base_model: str) -> Any:
+        """The training processes a new run of `base_model` goes to, or None to train it here: the
+        real model's runs stay here, sharing one frozen base (workers.py)."""
+        from . import MODELS
+
+        entry = MODELS.get(base_model)
+        return self.train_pool if entry is not None and entry.backend is None else None
+
     def _writable(self, path: Path) -> Path:
         """`path`, when it lies under the data dir (links resolved): the server writes nowhere else."""
         if not ck.is_inside(path, self.data_dir):
@@ -855,11 +781,14 @@ class LocalServer:
         run = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata)
         fut = self.futures.new("create_model")
 
+        settings = {"rank": rank, "seed": None if lora is None else lora.seed,
+                    "train_attn": True if lora is None else lora.train_attn,
+                    "train_mlp": True if lora is None else lora.train_mlp,
+                    "train_unembed": True if lora is None else lora.train_unembed}
+
         def create() -> dict:
-            run.trainer = Trainer(req.base_model, rank, seed=None if lora is None else lora.seed,
-                                  train_attn=True if lora is None else lora.train_attn,
-                                  train_mlp=True if lora is None else lora.train_mlp,
-                                  train_unembed=True if lora is None else lora.train_unembed)
+            pool = self._pool_for(req.base_model)
+            run.trainer = Trainer(req.base_model, **settings) if pool is None else pool.trainer(req.base_model, **settings)
             self._write_run_record(run)
             return {"model_id": run.model_id, "type": "create_model"}
 
@@ -903,12 +832,8 @@ class LocalServer:
         def work() -> tuple[bytes, str]:
             if run.trainer is None:
                 raise EngineError("the training run was not created")
-            with _kept_if_not_finite(run.trainer, call):
-                logprobs, elementwise, total = run.trainer.forward_backward(batch, backward=not req.forward_only,
-                                                                            loss=loss)
-                if not math.isfinite(total):
-                    raise EngineError(f"the loss is {total}: check the inputs' scale (weights, advantages, "
-                                      "logprobs); the run's gradients are as they were before this request")
+            logprobs, elementwise, total = run.trainer.guarded_forward_backward(batch, backward=not req.forward_only,
+                                                                                loss=loss)
             outputs = [{"logprobs": lp, "elementwise_loss": el} for lp, el in zip(logprobs, elementwise)]
             return wire.encode_forward_backward_output(outputs, {"loss:sum": total}), wire.CONTENT_TYPE
 
@@ -984,10 +909,9 @@ class LocalServer:
                 raise ApiError(400, f"optim_step: {name} must be a finite number >= 0, got {value}", f"adam_params.{name}")
 
         def work() -> dict:
-            with _kept_if_not_finite(run.trainer, "optim_step", weights=True):
-                metrics = run.trainer.optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
-                                                 eps=p.eps, weight_decay=p.weight_decay,
-                                                 grad_clip_norm=p.grad_clip_norm)
+            metrics = run.trainer.guarded_optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+                                                     eps=p.eps, weight_decay=p.weight_decay,
+                                                     grad_clip_norm=p.grad_clip_norm)
             return {"metrics": metrics}
 
         fut = run.submit(req.seq_id, "optim_step", work)
@@ -1087,7 +1011,9 @@ class LocalServer:
         fut = self.futures.new("load_weights")
 
         def create() -> dict:
-            run.trainer = Trainer.from_checkpoint(directory, optimizer=req.optimizer)
+            pool = self._pool_for(meta["base_model"])
+            run.trainer = (Trainer.from_checkpoint(directory, optimizer=req.optimizer) if pool is None
+                           else pool.from_checkpoint(directory, optimizer=req.optimizer))
             self._write_run_record(run)
             return {"path": req.path, "type": "load_weights"}
 
@@ -1639,9 +1565,10 @@ def _stop_default(notify: bool = True) -> None:
 
 def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathLike | None = None,
           key: str | None = None, threads: int | None = None, verbose: bool = False,
-          announce: Callable[[str], None] = print) -> None:
+          announce: Callable[[str], None] = print, train_workers: int | None = None) -> None:
     """Run the server in the foreground until Ctrl-C or SIGTERM (what `machine-nb serve` does): the
-    requests in progress are answered, the workers end, and the call returns."""
+    requests in progress are answered, the workers end, and the call returns. `train_workers`:
+    training processes (LocalServer's; default one per core, workers.default_workers())."""
     if key is None and _is_loopback(host):
         directory = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
         key, key_file = ck.data_dir_key(ck.ensure_private_dir(directory))
@@ -1649,7 +1576,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
                 f"TINKER_API_KEY=$(cat {key_file})")
     else:
         note = "every request must send the key it was given as its API key (TINKER_API_KEY)"
-    server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose)
+    if train_workers is None:
+        from .workers import default_workers
+
+        train_workers = default_workers()
+    server = LocalServer(host, port, data_dir=data_dir, key=key, threads=threads, quiet=not verbose,
+                         train_workers=train_workers)
     server.sdk_in_process = False  # its clients are other processes: they read the hub cache
     if verbose:
         logging.basicConfig(level=logging.INFO)

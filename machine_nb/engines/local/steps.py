@@ -1,0 +1,125 @@
+"""A training step that fails, or leaves a gradient or weight NaN or infinite, leaves its run as
+it was before it: `forward_backward` and `optim_step` run a trainer's step under that guard.
+
+Both work on any trainer of the local engine (compute.py's, hf_compute.py's), in the server's
+process or in a training process of its own (workers.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator, Sequence
+
+from ...errors import EngineError
+
+
+def forward_backward(trainer: Any, batch: Sequence[Any], *, backward: bool, loss: Any = None
+                     ) -> tuple[list, list, float]:
+    """The trainer's `forward_backward` under the guard, failing on a non-finite loss."""
+    call = "forward_backward" if backward else "forward"
+    with kept_if_not_finite(trainer, call):
+        logprobs, elementwise, total = trainer.forward_backward(batch, backward=backward, loss=loss)
+        if not math.isfinite(total):
+            raise EngineError(f"the loss is {total}: check the inputs' scale (weights, advantages, "
+                              "logprobs); the run's gradients are as they were before this request")
+    return logprobs, elementwise, total
+
+
+def optim_step(trainer: Any, **adam: float) -> dict[str, float]:
+    """The trainer's `optim_step` (AdamW with these settings) under the guard."""
+    with kept_if_not_finite(trainer, "optim_step", weights=True):
+        return trainer.optim_step(**adam)
+
+
+def _flat(tensors: list) -> Any:
+    """One flat float32 copy of `tensors` (a single copy, not one per tensor: many small tensors)."""
+    import torch
+
+    return torch.cat([t.detach().reshape(-1).float() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _put_back(tensors: list, flat: Any) -> None:
+    import torch
+
+    with torch.no_grad():
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
+@contextlib.contextmanager
+def kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Iterator[None]:
+    """Run a training step so that a step that fails, or leaves a gradient (or, with `weights`, a
+    trainable weight) NaN or infinite, leaves the run as it was before it: gradients, and with
+    `weights` the parameters and the optimizer's state, are put back, and the step fails saying why.
+    Works on any trainer with `params` (its trainable tensors) and `optimizer` (None until the
+    first step)."""
+    import torch
+
+    params = list(getattr(trainer, "params", ()))
+    had_grad = [q for q in params if q.grad is not None]
+    grads = _flat([q.grad for q in had_grad]) if had_grad else None  # none: the usual first step
+    if weights:
+        values = _flat(params)
+        optimizer = trainer.optimizer
+        kept = [] if optimizer is None else [(q, dict(optimizer.state[q])) for q in params if q in optimizer.state]
+        state_tensors = [v for _, st in kept for v in st.values() if isinstance(v, torch.Tensor)]
+        state = _flat(state_tensors)
+
+    def restore() -> None:
+        with torch.no_grad():
+            for q in params:
+                q.grad = None
+            for q in had_grad:
+                q.grad = torch.zeros_like(q)
+            if had_grad:
+                _put_back([q.grad for q in had_grad], grads)
+            if weights:
+                _put_back(params, values)
+                if optimizer is None:
+                    trainer.optimizer = None
+                else:
+                    optimizer.state.clear()
+                    for q, st in kept:
+                        optimizer.state[q] = st
+                    _put_back(state_tensors, state)
+
+    try:
+        yield
+    except BaseException:
+        restore()
+        raise
+    what = None
+    if not bool(torch.isfinite(_flat([q.grad for q in params if q.grad is not None])).all()):
+        what = "gradient"
+    elif weights:
+        after = _flat(params)
+        if not bool(torch.isfinite(after).all()):
+            what = "parameter"
+        elif after.numel() and not _adapted_weights_finite(getattr(trainer, "model", None), float(after.abs().max())):
+            what = "weight (base plus adapter)"
+    if what is not None:
+        restore()
+        raise EngineError(f"{call}: this step made a {what} NaN or infinite (a learning rate, beta2 or loss "
+                          "weight too large?); the run is kept as it was before it. Retry with smaller "
+                          "settings.")
+
+
+def _adapted_weights_finite(model: Any, largest: float) -> bool:
+    """Whether every LoRA-adapted weight (base + scale * B @ A) is finite: finite adapters can still
+    multiply out to infinity, which a sampler (that merges them) would then serve. `largest` bounds
+    every adapter value, so the products are computed only when that bound does not settle it."""
+    import torch
+
+    from .lora import lora_modules
+
+    if not isinstance(model, torch.nn.Module):
+        return True
+    modules = list(lora_modules(model).values())
+    if not modules or max(m.scale * m.rank for m in modules) * largest * largest < 1e30:
+        return True
+    with torch.no_grad():
+        return all(bool(torch.isfinite(m.base.weight + m.scale * (m.lora_b @ m.lora_a)).all()) for m in modules)

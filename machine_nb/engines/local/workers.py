@@ -1,0 +1,306 @@
+"""Training processes of the local server: different runs' steps in parallel, not one at a time.
+
+A server's training runs each execute their requests in order on a thread of their own; in one
+process those threads still take turns for Python's interpreter lock, which the many small tensor
+operations of a small model's step take and release thousands of times. With `train_workers=N`
+(`machine-nb serve` takes the machine's cores), the trainers of the engine's own models live in up
+to N training processes instead: a new run goes to the process with the fewest runs, and a new
+process starts (importing torch, once) only when every one started has a run. Each run talks to
+its process over its own connection, so its requests stay in order, and the process runs each of
+its runs on a thread of its own, with the same thread count and kernels as the server would: the
+losses are the ones the server would compute itself.
+
+`RemoteTrainer` is the server's side of one run: the calls the server makes on a trainer
+(`guarded_forward_backward`, `guarded_optim_step`, `meta`, `save`, `load`, `snapshot`), sent to
+the process and answered there; errors come back as the same exceptions. The processes listen on a
+Unix socket in a private folder and accept only clients that prove the key the server gave them
+on their standard input, and they end when that input closes (the server stopped or died).
+
+The real model (hf_compute.py) keeps its trainers in the server's process: they share one frozen
+base, and its large matrix products run outside the interpreter lock already.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import secrets
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ...errors import EngineError, MachineFormatError
+
+logger = logging.getLogger(__name__)
+
+#: The calls a training process answers on the trainer it holds, besides creating it.
+_CALLS = frozenset({"guarded_forward_backward", "guarded_optim_step", "meta", "save", "load", "snapshot"})
+
+
+def default_workers() -> int:
+    """Training processes `machine-nb serve` uses by default: one per core (at most 8), or none
+    (every run in the server's own process) on a single core."""
+    cores = os.cpu_count() or 1
+    return 0 if cores < 2 else min(cores, 8)
+
+
+class _Process:
+    """One training process: its handle, socket address, key, and the runs it holds."""
+
+    def __init__(self, threads: int | None):
+        root = Path(__file__).resolve().parents[3]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+        self.key = secrets.token_bytes(32)
+        self.proc = subprocess.Popen([sys.executable, "-m", "machine_nb.engines.local.workers",
+                                      "" if threads is None else str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(self.key.hex().encode() + b"\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().decode().strip()
+        if not line.startswith("/"):
+            self.proc.kill()
+            raise EngineError(f"the local server's training process did not start (exit code {self.proc.wait()})")
+        self.address = line
+        self.runs = 0
+
+    def connect(self) -> Any:
+        from multiprocessing.connection import Client
+
+        return Client(self.address, family="AF_UNIX", authkey=self.key)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close its input (it ends at once: the server lets its runs finish their steps first), then
+        wait for it."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class TrainerPool:
+    """Up to `most` training processes, started as runs need them; `trainer` gives a run its own."""
+
+    def __init__(self, most: int, threads: int | None = None):
+        self.most = max(1, int(most))
+        self.threads = threads
+        self._processes: list[_Process] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _process(self) -> _Process:
+        with self._lock:
+            if self._closed:
+                raise EngineError("the local server is stopping")
+            alive = [p for p in self._processes if p.proc.poll() is None]
+            self._processes = alive
+            best = min(alive, key=lambda p: p.runs, default=None)
+            if best is None or (best.runs > 0 and len(alive) < self.most):
+                best = _Process(self.threads)
+                self._processes.append(best)
+            best.runs += 1
+            return best
+
+    def trainer(self, base_model: str, **settings: Any) -> "RemoteTrainer":
+        """A new run's trainer in a training process: `Trainer(base_model, **settings)` there."""
+        return RemoteTrainer(self, "create", base_model, settings)
+
+    def from_checkpoint(self, directory: Path, *, optimizer: bool) -> "RemoteTrainer":
+        """`Trainer.from_checkpoint(directory, optimizer=…)` in a training process."""
+        return RemoteTrainer(self, "from_checkpoint", str(directory), {"optimizer": optimizer})
+
+    def pids(self) -> list[int]:
+        """The process ids of the training processes running now."""
+        with self._lock:
+            return [p.proc.pid for p in self._processes if p.proc.poll() is None]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            processes, self._processes = self._processes, []
+        for p in processes:
+            p.close()
+
+
+class RemoteTrainer:
+    """A run's trainer in a training process, answering the calls the server makes on a trainer."""
+
+    def __init__(self, pool: TrainerPool, how: str, what: str, settings: dict):
+        self._process = pool._process()
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        try:
+            try:
+                self._conn = self._process.connect()
+            except OSError as exc:
+                raise EngineError(f"the local server's training process cannot be reached: {exc}") from None
+            info = self._call(how, what, **settings)
+        except BaseException:
+            self.close()
+            raise
+        self.base_model: str = info["base_model"]
+        self.rank: int = info["rank"]
+        self.alpha: float | None = info["alpha"]
+        self.targets: dict = info["targets"]
+        self.seed: int = info["seed"]
+
+    @property
+    def pid(self) -> int:
+        """The process id of the training process holding this run."""
+        return self._process.proc.pid
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if self._conn is None:
+                raise EngineError("this training run was let go (its training process is not reachable)")
+            try:
+                self._conn.send_bytes(pickle.dumps((name, args, kwargs)))
+                kind, *value = pickle.loads(self._conn.recv_bytes())
+            except (EOFError, OSError):
+                code = self._process.proc.poll()
+                raise EngineError(
+                    f"the training process of this run ended ({'exit code ' + str(code) if code is not None else 'its connection closed'}); "
+                    "the run's state since its last saved checkpoint is lost: start a new run from that checkpoint"
+                ) from None
+        if kind == "ok":
+            return value[0]
+        if kind == "EngineError":
+            raise EngineError(value[0])
+        if kind == "MachineFormatError":
+            path, reason, line, field = value
+            raise MachineFormatError(path, reason, line=line, field=field)
+        if kind == "ValueError":
+            raise ValueError(value[0])
+        logger.error("local server: a training process failed\n%s", value[1])
+        raise RuntimeError(value[0])
+
+    def guarded_forward_backward(self, batch: Any, *, backward: bool, loss: Any = None) -> tuple[list, list, float]:
+        return self._call("guarded_forward_backward", batch, backward=backward, loss=loss)
+
+    def guarded_optim_step(self, **adam: float) -> dict[str, float]:
+        return self._call("guarded_optim_step", **adam)
+
+    def meta(self, kind: str, name: str, model_id: str, user_metadata: dict | None) -> dict:
+        return self._call("meta", kind, name, model_id, user_metadata)
+
+    def save(self, final: Path, meta: dict, *, optimizer: bool) -> None:
+        self._call("save", final, meta, optimizer=optimizer)
+
+    def load(self, directory: Path, *, optimizer: bool) -> None:
+        self._call("load", directory, optimizer=optimizer)
+
+    def snapshot(self, *, seed: int = 0) -> Any:
+        """A sampler, in the server's process, of the run's weights now (a merged copy)."""
+        from .compute import Sampler
+
+        return Sampler(self._call("snapshot", seed=seed), self.base_model, seed=seed)
+
+    def close(self) -> None:
+        """Let the run go: its thread in the training process ends, and the process takes new runs."""
+        with self._lock:
+            conn, self._conn = getattr(self, "_conn", None), None
+            counted, self._counted = getattr(self, "_counted", True), False
+        if conn is not None:
+            conn.close()
+        if counted:
+            self._process.runs -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the training process
+
+
+def _answer(trainer: Any, name: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(the trainer after the call, the call's value)."""
+    from .compute import Trainer
+
+    if name == "create":
+        trainer = Trainer(args[0], **kwargs)
+    elif name == "from_checkpoint":
+        trainer = Trainer.from_checkpoint(Path(args[0]), **kwargs)
+    elif name in _CALLS and trainer is not None:
+        value = getattr(trainer, name)(*args, **kwargs)
+        return trainer, value.model if name == "snapshot" else value
+    else:
+        raise EngineError(f"a training process does not answer {name!r} here")
+    return trainer, {"base_model": trainer.base_model, "rank": trainer.rank, "alpha": trainer.alpha,
+                     "targets": trainer.targets, "seed": trainer.seed}
+
+
+def _serve_run(conn: Any, threads: int | None) -> None:
+    """Answer one run's calls, in order, until the server closes its connection."""
+    from .compute import configure_torch
+
+    configure_torch(threads)
+    trainer = None
+    with conn:
+        while True:
+            try:
+                name, args, kwargs = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            try:
+                trainer, value = _answer(trainer, name, args, kwargs)
+                reply: tuple = ("ok", value)
+            except EngineError as exc:
+                reply = ("EngineError", str(exc))
+            except MachineFormatError as exc:
+                reply = ("MachineFormatError", exc.path, exc.reason, exc.line, exc.field)
+            except ValueError as exc:
+                reply = ("ValueError", str(exc))
+            except Exception as exc:  # a defect: the server logs the traceback and fails the request
+                reply = ("error", f"internal error of the local engine: {type(exc).__name__}: {exc}",
+                         traceback.format_exc())
+            try:
+                conn.send_bytes(pickle.dumps(reply))
+            except OSError:
+                return
+
+
+def _main(argv: list[str]) -> int:
+    import tempfile
+    from multiprocessing.connection import Listener
+
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal stops the server, which ends this
+    threads = int(argv[0]) if argv and argv[0] else None
+    key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
+    folder = tempfile.mkdtemp(prefix="machine-nb-train-")  # private (0700): only this user reaches the socket
+    address = os.path.join(folder, "socket")
+    listener = Listener(address, family="AF_UNIX", authkey=key)
+
+    def end_with_input() -> None:
+        sys.stdin.buffer.read()  # returns when the server closes it, or dies
+        try:
+            os.unlink(address)
+            os.rmdir(folder)
+        finally:
+            os._exit(0)
+
+    threading.Thread(target=end_with_input, daemon=True).start()
+    threading.Thread(target=lambda: __import__("machine_nb.engines.local.compute"), daemon=True).start()
+    print(address, flush=True)
+    while True:
+        try:
+            conn = listener.accept()
+        except Exception:  # a client without the key, or one that went away mid-handshake
+            continue
+        threading.Thread(target=_serve_run, args=(conn, threads), daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

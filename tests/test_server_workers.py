@@ -1,0 +1,159 @@
+"""Training processes (engines/local/workers.py): a server with `train_workers` trains its runs of
+the engine's own model in processes of their own, so different runs' steps run in parallel, with
+the losses, checkpoints, samplers and errors of a server that trains them itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from machine_nb.engines.local import DEFAULT_MODEL
+from machine_nb.engines.local import server as server_mod
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    s = server_mod.LocalServer(data_dir=tmp_path_factory.mktemp("pooled") / "data", train_workers=2).start()
+    sc = tinker.ServiceClient(base_url=s.url, api_key=s.key)
+    yield s, sc
+    sc.close("success").result(timeout=60)
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def here(tmp_path_factory):
+    s = server_mod.LocalServer(data_dir=tmp_path_factory.mktemp("here") / "data").start()
+    sc = tinker.ServiceClient(base_url=s.url, api_key=s.key)
+    yield s, sc
+    sc.close("success").result(timeout=60)
+    s.stop()
+
+
+def rows(seed: int, n: int = 4, length: int = 24) -> list[types.Datum]:
+    out = []
+    for i in range(n):
+        ids = [(7 * i + 3 * j + seed) % 90 + 5 for j in range(length)]
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids),
+                               loss_fn_inputs={"target_tokens": ids[1:] + [2], "weights": [1.0] * length}))
+    return out
+
+
+def train(tc, data, steps: int, lr: float = 1e-2) -> list[float]:
+    out = []
+    for _ in range(steps):
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=lr))
+        out.append(fb.result(timeout=60).metrics["loss:sum"])
+        opt.result(timeout=60)
+    return out
+
+
+def test_two_runs_at_once_train_in_two_processes_with_the_losses_of_a_server_training_them_itself(pooled, here):
+    srv, sc = pooled
+    clients = [sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result() for s in (1, 2)]
+    pids = {srv.runs[tc.model_id].trainer.pid for tc in clients}
+    assert len(pids) == 2 and os.getpid() not in pids and pids <= set(srv.train_pool.pids())
+    together: dict = {}
+    threads = [threading.Thread(target=lambda s=s, tc=tc: together.__setitem__(s, train(tc, rows(s), 4)))
+               for s, tc in zip((1, 2), clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    own_srv, own_sc = here
+    for s in (1, 2):
+        tc = own_sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result()
+        assert not hasattr(own_srv.runs[tc.model_id].trainer, "pid")  # trained in the server itself
+        assert train(tc, rows(s), 4) == together[s]
+    assert together[1][-1] < together[1][0]
+
+
+def test_checkpoints_samplers_and_rl_losses_of_a_run_in_a_training_process(pooled, here):
+    """Save state, resume it in a new run (in a training process): the next loss is the
+    uninterrupted run's; a sampler of the run's weights samples what the server's own would; a
+    PPO forward/backward gives the same loss."""
+    srv, sc = pooled
+    own_srv, own_sc = here
+    data = rows(3)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3, train_unembed=True).result()
+    train(tc, data, 3)
+    path = tc.save_state("mid").result(timeout=60).path
+    uninterrupted = train(tc, data, 2)
+    resumed = sc.create_training_client_from_state_with_optimizer(path).result()
+    assert hasattr(srv.runs[resumed.model_id].trainer, "pid")
+    assert train(resumed, data, 2) == uninterrupted
+
+    theirs = own_sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3, train_unembed=True).result()
+    train(theirs, data, 5)
+    prompt = types.ModelInput.from_ints([5, 17, 23, 9])
+    params = types.SamplingParams(max_tokens=8, temperature=0.0)
+    samples = [c.save_weights_and_get_sampling_client().sample(prompt, 1, params).result(timeout=60)
+               for c in (resumed, theirs)]
+    assert samples[0].sequences[0].tokens == samples[1].sequences[0].tokens
+
+    ppo = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        "target_tokens": d.loss_fn_inputs["target_tokens"], "logprobs": [-1.0] * 24, "advantages": [0.5] * 24})
+        for d in data]
+    losses = [c.forward_backward(ppo, "ppo").result(timeout=60).metrics["loss:sum"] for c in (resumed, theirs)]
+    assert losses[0] == losses[1] and np.isfinite(losses[0])
+
+
+def test_a_step_gone_non_finite_in_a_training_process_fails_and_keeps_the_run(pooled):
+    srv, sc = pooled
+    data = rows(4)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=4).result()
+    train(tc, data, 2)
+    before = tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"]
+    tc.forward_backward(data, "cross_entropy").result(timeout=60)
+    with pytest.raises(Exception, match="NaN or infinite.*kept as it was"):
+        tc.optim_step(types.AdamParams(learning_rate=1e30)).result(timeout=60)
+    assert tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] == before
+
+
+def test_a_training_process_that_dies_fails_its_runs_clearly_and_the_server_goes_on(pooled):
+    srv, sc = pooled
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
+    train(tc, rows(5), 1)
+    pid = srv.runs[tc.model_id].trainer.pid
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Exception, match="training process of this run ended.*last saved checkpoint"):
+        tc.forward_backward(rows(5), "cross_entropy").result(timeout=60)
+    fresh = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
+    assert srv.runs[fresh.model_id].trainer.pid != pid
+    assert len(train(fresh, rows(5), 1)) == 1
+
+
+def test_stopping_the_server_ends_its_training_processes(tmp_path):
+    srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
+    sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
+    try:
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=6).result()
+        train(tc, rows(6, n=1), 1)
+        pids = srv.train_pool.pids()
+        assert len(pids) == 1
+    finally:
+        sc.close("success").result(timeout=60)
+        srv.stop()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pids[0]}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pids[0]}")
+
+
+def test_the_real_model_and_a_server_without_workers_keep_runs_in_the_server(pooled, tmp_path):
+    """Only the engine's own models go to training processes (the real model's runs share one
+    frozen base in the server); `train_workers=0`, the default of an in-process server, starts none."""
+    from machine_nb.engines.local import MODELS
+
+    srv, _ = pooled
+    real = [name for name, entry in MODELS.items() if entry.backend is not None]
+    assert real and all(srv._pool_for(name) is None for name in real)
+    assert srv._pool_for(DEFAULT_MODEL) is srv.train_pool
+    assert server_mod.LocalServer(data_dir=tmp_path / "d").train_pool is None
