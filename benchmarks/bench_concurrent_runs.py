@@ -106,7 +106,7 @@ def main() -> int:
           f"processes: {'one per core (default)' if args.train_workers is None else args.train_workers}")
     ratios, identical = [], True
     try:
-        trainers(url, 2, [0], server.pid)  # warm-up: imports, first model load
+        trainers(url, 2, [0, 3], server.pid)  # warm-up, two at once: imports, first model loads, training processes
         for r in range(1, args.rounds + 1):
             load = os.getloadavg()[0]
             solo = [trainers(url, args.steps, [s], server.pid) for s in (1, 2)]
