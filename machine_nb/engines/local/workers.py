@@ -294,6 +294,7 @@ def _main(argv: list[str]) -> int:
     threading.Thread(target=end_with_input, daemon=True).start()
     threading.Thread(target=lambda: __import__("machine_nb.engines.local.compute"), daemon=True).start()
     print(address, flush=True)
+    os.dup2(2, 1)  # anything printed later goes to stderr: nobody reads this pipe once the address is read
     while True:
         try:
             conn = listener.accept()
