@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,11 +123,13 @@ def test_a_training_process_that_dies_fails_its_runs_clearly_and_the_server_goes
     tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
     train(tc, rows(5), 1)
     pid = srv.runs[tc.model_id].trainer.pid
+    folder = Path(srv.runs[tc.model_id].trainer.address).parent
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(Exception, match="training process of this run ended.*last saved checkpoint"):
         tc.forward_backward(rows(5), "cross_entropy").result(timeout=60)
     fresh = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
     assert srv.runs[fresh.model_id].trainer.pid != pid
+    assert not folder.exists()  # the killed process's socket folder, removed by the server
     assert len(train(fresh, rows(5), 1)) == 1
 
 
@@ -138,6 +141,8 @@ def test_stopping_the_server_ends_its_training_processes(tmp_path):
         train(tc, rows(6, n=1), 1)
         pids = srv.train_pool.pids()
         assert len(pids) == 1
+        folder = Path(srv.runs[tc.model_id].trainer.address).parent
+        assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
     finally:
         sc.close("success").result(timeout=60)
         srv.stop()
@@ -145,6 +150,7 @@ def test_stopping_the_server_ends_its_training_processes(tmp_path):
     while time.monotonic() < deadline and os.path.exists(f"/proc/{pids[0]}"):
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pids[0]}")
+    assert not folder.exists()
 
 
 def test_the_real_model_and_a_server_without_workers_keep_runs_in_the_server(pooled, tmp_path):

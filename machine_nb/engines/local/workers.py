@@ -26,6 +26,7 @@ import logging
 import os
 import pickle
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -37,6 +38,8 @@ from ...errors import EngineError, MachineFormatError
 
 logger = logging.getLogger(__name__)
 
+#: The start of the name of each training process's private socket folder (under the temp dir).
+SOCKET_PREFIX = "machine-nb-train-"
 #: The calls a training process answers on the trainer it holds, besides creating it.
 _CALLS = frozenset({"guarded_forward_backward", "guarded_optim_step", "meta", "save", "load", "snapshot"})
 
@@ -89,6 +92,13 @@ class _Process:
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        self.forget()
+
+    def forget(self) -> None:
+        """Remove its socket's folder, which it removes itself unless it was killed."""
+        folder = Path(self.address).parent
+        if folder.name.startswith(SOCKET_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class TrainerPool:
@@ -106,6 +116,8 @@ class TrainerPool:
             if self._closed:
                 raise EngineError("the local server is stopping")
             alive = [p for p in self._processes if p.proc.poll() is None]
+            for gone in set(self._processes) - set(alive):
+                gone.forget()
             self._processes = alive
             best = min(alive, key=lambda p: p.runs, default=None)
             if best is None or (best.runs > 0 and len(alive) < self.most):
@@ -161,6 +173,11 @@ class RemoteTrainer:
     def pid(self) -> int:
         """The process id of the training process holding this run."""
         return self._process.proc.pid
+
+    @property
+    def address(self) -> str:
+        """The socket of the training process holding this run (in a private folder of its own)."""
+        return self._process.address
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -279,7 +296,7 @@ def _main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal stops the server, which ends this
     threads = int(argv[0]) if argv and argv[0] else None
     key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
-    folder = tempfile.mkdtemp(prefix="machine-nb-train-")  # private (0700): only this user reaches the socket
+    folder = tempfile.mkdtemp(prefix=SOCKET_PREFIX)  # private (0700): only this user reaches the socket
     address = os.path.join(folder, "socket")
     listener = Listener(address, family="AF_UNIX", authkey=key)
 
