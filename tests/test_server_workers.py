@@ -163,3 +163,34 @@ def test_the_real_model_and_a_server_without_workers_keep_runs_in_the_server(poo
     assert real and all(srv._pool_for(name) is None for name in real)
     assert srv._pool_for(DEFAULT_MODEL) is srv.train_pool
     assert server_mod.LocalServer(data_dir=tmp_path / "d").train_pool is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+                    reason="needs root to act as the user nobody (runuser), as CI runs")
+def test_another_user_cannot_reach_a_training_process(pooled):
+    """A training process's socket lies in a folder only its owner may enter, and it answers only
+    a client that proves the key the server gave it."""
+    import json
+    import subprocess
+    import textwrap
+    from multiprocessing.connection import Client
+
+    srv, sc = pooled
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=7).result()
+    address = srv.runs[tc.model_id].trainer.address
+    probe = textwrap.dedent(f"""
+        import json, socket
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect({address!r})
+            print(json.dumps("connected"))
+        except PermissionError:
+            print(json.dumps("no access"))
+    """)
+    done = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", probe], capture_output=True,
+                          text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == "no access"
+    with pytest.raises(Exception, match="digest|authenticat"):  # the owner, without the key
+        Client(address, family="AF_UNIX", authkey=b"not-the-key")
+    assert len(train(tc, rows(7, n=1), 1)) == 1  # and the run goes on
