@@ -3,8 +3,9 @@
 A `machine-nb serve` process and trainer processes using the real tinker SDK, each running the
 same small LoRA training loop (forward_backward + optim_step). Each round times trainer 1 alone,
 trainer 2 alone, then both at once, and prints the ratio (both at once) / (sum of the solo times)
-(target <= 0.7 on 2 cores: different runs' steps run in parallel, in the server's training
-processes, `--train-workers`; 0 runs them on threads of the server's own process); the summary
+(target <= 0.7 on 2 cores: different runs' steps run in parallel, a run started beside another in
+one of the server's training processes, `--train-workers`; 0 runs every one on a thread of the
+server's own process); the summary
 gives the median over the rounds and whether each trainer's losses at once were bit-identical to
 its losses alone in every round.
 
@@ -93,7 +94,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-workers", type=int, default=None,
-                    help="the server's training processes (default: serve's, one per core; 0: none)")
+                    help="the server's training processes (default: serve's; 0: none)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-concurrent-"))
     env = {**os.environ, "MACHINE_NB_SERVER_KEY": KEY, "PYTHONPATH": str(ROOT)}
@@ -103,7 +104,7 @@ def main() -> int:
                               env=env)
     url = server.stdout.readline().split(" on ", 1)[1].strip()
     print(f"machine: {os.cpu_count()} cpu(s); {args.steps} steps each; {args.rounds} rounds; server's training "
-          f"processes: {'one per core (default)' if args.train_workers is None else args.train_workers}")
+          f"processes: {'the default' if args.train_workers is None else args.train_workers}")
     ratios, identical = [], True
     try:
         trainers(url, 2, [0, 3], server.pid)  # warm-up, two at once: imports, first model loads, training processes

@@ -1,6 +1,7 @@
-"""Training processes (engines/local/workers.py): a server with `train_workers` trains its runs of
-the engine's own model in processes of their own, so different runs' steps run in parallel, with
-the losses, checkpoints, samplers and errors of a server that trains them itself."""
+"""Training processes (engines/local/workers.py): a server with `train_workers` trains a run of the
+engine's own model that starts while others train in a process of its own, so different runs'
+steps run in parallel, with the losses, checkpoints, samplers and errors of a server that trains
+them itself."""
 
 from __future__ import annotations
 
@@ -21,11 +22,27 @@ from machine_nb.engines.local import server as server_mod
 
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory):
+    """A server with two training processes, and one run of its own that counts as training
+    whenever `elsewhere` places a run, so that run goes to a training process."""
     s = server_mod.LocalServer(data_dir=tmp_path_factory.mktemp("pooled") / "data", train_workers=2).start()
     sc = tinker.ServiceClient(base_url=s.url, api_key=s.key)
+    anchor = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=99).result()
+    assert s.runs[anchor.model_id].place is None
     yield s, sc
     sc.close("success").result(timeout=60)
     s.stop()
+
+
+def elsewhere(srv, sc, monkeypatch, create=None, **settings):
+    """A training client whose run trains in a training process: made while every run counts as
+    training (the fixture's anchor run holds the server's own place)."""
+    monkeypatch.setattr(server_mod, "ACTIVE_S", 1e9)
+    try:
+        tc = (create or (lambda: sc.create_lora_training_client(DEFAULT_MODEL, **settings).result()))()
+    finally:
+        monkeypatch.undo()
+    assert srv.runs[tc.model_id].place in srv.train_pool.pids()
+    return tc
 
 
 @pytest.fixture(scope="module")
@@ -56,39 +73,51 @@ def train(tc, data, steps: int, lr: float = 1e-2) -> list[float]:
     return out
 
 
-def test_two_runs_at_once_train_in_two_processes_with_the_losses_of_a_server_training_them_itself(pooled, here):
-    srv, sc = pooled
-    clients = [sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result() for s in (1, 2)]
-    pids = {srv.runs[tc.model_id].trainer.pid for tc in clients}
-    assert len(pids) == 2 and os.getpid() not in pids and pids <= set(srv.train_pool.pids())
-    together: dict = {}
-    threads = [threading.Thread(target=lambda s=s, tc=tc: together.__setitem__(s, train(tc, rows(s), 4)))
-               for s, tc in zip((1, 2), clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+def test_a_run_alone_trains_in_the_server_and_one_started_beside_it_in_a_training_process(tmp_path, here,
+                                                                                          monkeypatch):
+    """Run 1 alone trains in the server itself; run 2, started while run 1 trains, in a training
+    process; the two train at once with the losses of a server that trains both itself; once both
+    are idle, run 3 trains in the server again (a free place, no new process)."""
+    srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
+    sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
+    try:
+        monkeypatch.setattr(server_mod, "ACTIVE_S", 30.0)
+        clients = [sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result() for s in (1, 2)]
+        places = [srv.runs[tc.model_id].place for tc in clients]
+        assert places[0] is None and places[1] == srv.train_pool.pids()[0] != os.getpid()
+        together: dict = {}
+        threads = [threading.Thread(target=lambda s=s, tc=tc: together.__setitem__(s, train(tc, rows(s), 4)))
+                   for s, tc in zip((1, 2), clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        monkeypatch.setattr(server_mod, "ACTIVE_S", 0.0)
+        third = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3).result()
+        assert srv.runs[third.model_id].place is None and len(srv.train_pool.pids()) == 1
+    finally:
+        sc.close("success").result(timeout=60)
+        srv.stop()
     own_srv, own_sc = here
     for s in (1, 2):
         tc = own_sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result()
-        assert not hasattr(own_srv.runs[tc.model_id].trainer, "pid")  # trained in the server itself
+        assert own_srv.runs[tc.model_id].place is None and own_srv.train_pool is None
         assert train(tc, rows(s), 4) == together[s]
     assert together[1][-1] < together[1][0]
 
 
-def test_checkpoints_samplers_and_rl_losses_of_a_run_in_a_training_process(pooled, here):
+def test_checkpoints_samplers_and_rl_losses_of_a_run_in_a_training_process(pooled, here, monkeypatch):
     """Save state, resume it in a new run (in a training process): the next loss is the
     uninterrupted run's; a sampler of the run's weights samples what the server's own would; a
     PPO forward/backward gives the same loss."""
     srv, sc = pooled
     own_srv, own_sc = here
     data = rows(3)
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3, train_unembed=True).result()
+    tc = elsewhere(srv, sc, monkeypatch, rank=4, seed=3, train_unembed=True)
     train(tc, data, 3)
     path = tc.save_state("mid").result(timeout=60).path
     uninterrupted = train(tc, data, 2)
-    resumed = sc.create_training_client_from_state_with_optimizer(path).result()
-    assert hasattr(srv.runs[resumed.model_id].trainer, "pid")
+    resumed = elsewhere(srv, sc, monkeypatch, lambda: sc.create_training_client_from_state_with_optimizer(path).result())
     assert train(resumed, data, 2) == uninterrupted
 
     theirs = own_sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3, train_unembed=True).result()
@@ -106,10 +135,10 @@ def test_checkpoints_samplers_and_rl_losses_of_a_run_in_a_training_process(poole
     assert losses[0] == losses[1] and np.isfinite(losses[0])
 
 
-def test_a_step_gone_non_finite_in_a_training_process_fails_and_keeps_the_run(pooled):
+def test_a_step_gone_non_finite_in_a_training_process_fails_and_keeps_the_run(pooled, monkeypatch):
     srv, sc = pooled
     data = rows(4)
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=4).result()
+    tc = elsewhere(srv, sc, monkeypatch, rank=4, seed=4)
     train(tc, data, 2)
     before = tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"]
     tc.forward_backward(data, "cross_entropy").result(timeout=60)
@@ -118,25 +147,27 @@ def test_a_step_gone_non_finite_in_a_training_process_fails_and_keeps_the_run(po
     assert tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] == before
 
 
-def test_a_training_process_that_dies_fails_its_runs_clearly_and_the_server_goes_on(pooled):
+def test_a_training_process_that_dies_fails_its_runs_clearly_and_the_server_goes_on(pooled, monkeypatch):
     srv, sc = pooled
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
+    tc = elsewhere(srv, sc, monkeypatch, rank=4, seed=5)
     train(tc, rows(5), 1)
     pid = srv.runs[tc.model_id].trainer.pid
     folder = Path(srv.runs[tc.model_id].trainer.address).parent
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(Exception, match="training process of this run ended.*last saved checkpoint"):
         tc.forward_backward(rows(5), "cross_entropy").result(timeout=60)
-    fresh = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=5).result()
+    fresh = elsewhere(srv, sc, monkeypatch, rank=4, seed=5)
     assert srv.runs[fresh.model_id].trainer.pid != pid
     assert not folder.exists()  # the killed process's socket folder, removed by the server
     assert len(train(fresh, rows(5), 1)) == 1
 
 
-def test_stopping_the_server_ends_its_training_processes(tmp_path):
+def test_stopping_the_server_ends_its_training_processes(tmp_path, monkeypatch):
     srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
     sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
     try:
+        sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=6).result()  # trains in the server
+        monkeypatch.setattr(server_mod, "ACTIVE_S", 1e9)
         tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=6).result()
         train(tc, rows(6, n=1), 1)
         pids = srv.train_pool.pids()
@@ -167,7 +198,7 @@ def test_the_real_model_and_a_server_without_workers_keep_runs_in_the_server(poo
 
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
                     reason="needs root to act as the user nobody (runuser), as CI runs")
-def test_another_user_cannot_reach_a_training_process(pooled):
+def test_another_user_cannot_reach_a_training_process(pooled, monkeypatch):
     """A training process's socket lies in a folder only its owner may enter, and it answers only
     a client that proves the key the server gave it."""
     import json
@@ -176,7 +207,7 @@ def test_another_user_cannot_reach_a_training_process(pooled):
     from multiprocessing.connection import Client
 
     srv, sc = pooled
-    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=7).result()
+    tc = elsewhere(srv, sc, monkeypatch, rank=2, seed=7)
     address = srv.runs[tc.model_id].trainer.address
     probe = textwrap.dedent(f"""
         import json, socket

@@ -45,8 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"the key itself; other users see it in `ps`: prefer --key-file or ${KEY_ENV}")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default $MACHINE_NB_THREADS, else 1)")
     p.add_argument("--train-workers", type=int, default=None, metavar="N",
-                   help="training processes, so that different runs' steps run in parallel (default: one per "
-                        "core, at most 8; 0 trains every run in the server's own process)")
+                   help="training processes for runs started while others train, so that different runs' steps "
+                        "run in parallel (default: one fewer than the cores, at most 7; 0 trains every run in the "
+                        "server's own process)")
     p.add_argument("--verbose", action="store_true", help="log each request (method and path, never headers)")
     p.set_defaults(func=_run)
 

@@ -67,6 +67,9 @@ _HOUSEKEEPING = frozenset({"/api/v1/healthz", "/api/v1/session_heartbeat", "/api
 _PROTOBUF_CALLS = frozenset({"/api/v1/forward_backward", "/api/v1/forward"})
 _ORDERED_CALLS = frozenset({"/api/v1/optim_step", "/api/v1/save_weights", "/api/v1/save_weights_for_sampler",
                             "/api/v1/load_weights"})
+#: Seconds since its last request during which a run counts as training now, when a new run is
+#: placed (in this process or a training process, workers.py): a script's steps come faster.
+ACTIVE_S = 2.0
 #: Samplers kept at most, the least recently used let go first (each holds a copy of its model),
 #: and the seconds an unused one is kept.
 MAX_SAMPLERS = 64
@@ -185,6 +188,9 @@ class _Run:
         self._seen: dict[int, _Future] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._working = False
+        #: Where its trainer lives: None for this process, else its training process's pid (workers.py).
+        self.place: int | None = None
         self._thread = threading.Thread(target=self._work, name=f"local-run-{model_id}", daemon=True)
         self._thread.start()
 
@@ -272,10 +278,18 @@ class _Run:
             if job is None:
                 break
             fut, fn = job
-            _run_job(fut, fn)
+            self._working = True
+            try:
+                _run_job(fut, fn)
+            finally:
+                self._working = False
         release = getattr(self.trainer, "close", None)  # a trainer in a training process (workers.py)
         if release is not None:
             release()
+
+    def active(self, now: float) -> bool:
+        """Whether the run is training now: a request running or queued, or one within ACTIVE_S."""
+        return self._working or bool(self._pending or self._unordered) or now - self.last_request < ACTIVE_S
 
     def close(self) -> None:
         with self._cond:
@@ -404,9 +418,9 @@ class LocalServer:
       random one (`.key`), which the process hands to its own clients.
     data_dir: where runs and checkpoints are written (default `checkpoints.default_data_dir()`).
     threads: torch threads for the work (default $MACHINE_NB_THREADS, else 1: reproducible).
-    train_workers: training processes for the runs of the engine's own models (workers.py), so
-      that different runs' steps run in parallel; default 0 keeps every run in this process.
-      `machine-nb serve` uses one per core.
+    train_workers: training processes for runs of the engine's own models that start while
+      others train (workers.py), so that different runs' steps run in parallel; default 0 keeps
+      every run in this process. `machine-nb serve` uses one fewer than the cores.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, data_dir: str | os.PathLike | None = None,
@@ -425,6 +439,7 @@ class LocalServer:
         self.samplers: dict[str, _Sampler] = {}
         self._lock = threading.Lock()
         self.train_pool: Any = None
+        self._placing = threading.Lock()  # one new run placed at a time
         if train_workers > 0:
             from .workers import TrainerPool
 
@@ -739,12 +754,29 @@ class LocalServer:
         return run
 
     def _pool_for(self, base_model: str) -> Any:
-        """The training processes a new run of `base_model` goes to, or None to train it here: the
-        real model's runs stay here, sharing one frozen base (workers.py)."""
+        """The training processes a new run of `base_model` may go to, or None to train it here:
+        the real model's runs stay here, sharing one frozen base (workers.py)."""
         from . import MODELS
 
         entry = MODELS.get(base_model)
         return self.train_pool if entry is not None and entry.backend is None else None
+
+    def _place(self, run: _Run) -> Any:
+        """The training process `run` trains in, or None for this process (TrainerPool.place):
+        a run alone trains here; a run that starts while others are training goes where none is."""
+        pool = self._pool_for(run.base_model)
+        if pool is None:
+            return None
+        with self._placing:
+            now = time.time()
+            with self._lock:
+                others = [r for r in self.runs.values() if r is not run and not r._closed and r.active(now)]
+            busy: dict[int | None, int] = {}
+            for r in others:
+                busy[r.place] = busy.get(r.place, 0) + 1
+            process = pool.place(busy)
+            run.place = None if process is None else process.proc.pid
+            return process
 
     def _writable(self, path: Path) -> Path:
         """`path`, when it lies under the data dir (links resolved): the server writes nowhere else."""
@@ -787,8 +819,11 @@ class LocalServer:
                     "train_unembed": True if lora is None else lora.train_unembed}
 
         def create() -> dict:
-            pool = self._pool_for(req.base_model)
-            run.trainer = Trainer(req.base_model, **settings) if pool is None else pool.trainer(req.base_model, **settings)
+            from .workers import RemoteTrainer
+
+            process = self._place(run)
+            run.trainer = (Trainer(req.base_model, **settings) if process is None
+                           else RemoteTrainer(process, "create", req.base_model, settings))
             self._write_run_record(run)
             return {"model_id": run.model_id, "type": "create_model"}
 
@@ -1011,9 +1046,11 @@ class LocalServer:
         fut = self.futures.new("load_weights")
 
         def create() -> dict:
-            pool = self._pool_for(meta["base_model"])
-            run.trainer = (Trainer.from_checkpoint(directory, optimizer=req.optimizer) if pool is None
-                           else pool.from_checkpoint(directory, optimizer=req.optimizer))
+            from .workers import RemoteTrainer
+
+            process = self._place(run)
+            run.trainer = (Trainer.from_checkpoint(directory, optimizer=req.optimizer) if process is None
+                           else RemoteTrainer(process, "from_checkpoint", str(directory), {"optimizer": req.optimizer}))
             self._write_run_record(run)
             return {"path": req.path, "type": "load_weights"}
 
@@ -1568,7 +1605,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
           announce: Callable[[str], None] = print, train_workers: int | None = None) -> None:
     """Run the server in the foreground until Ctrl-C or SIGTERM (what `machine-nb serve` does): the
     requests in progress are answered, the workers end, and the call returns. `train_workers`:
-    training processes (LocalServer's; default one per core, workers.default_workers())."""
+    training processes (LocalServer's; default one fewer than the cores, workers.default_workers())."""
     if key is None and _is_loopback(host):
         directory = Path(data_dir).expanduser().absolute() if data_dir is not None else ck.default_data_dir()
         key, key_file = ck.data_dir_key(ck.ensure_private_dir(directory))

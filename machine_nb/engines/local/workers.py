@@ -3,12 +3,13 @@
 A server's training runs each execute their requests in order on a thread of their own; in one
 process those threads still take turns for Python's interpreter lock, which the many small tensor
 operations of a small model's step take and release thousands of times. With `train_workers=N`
-(`machine-nb serve` takes the machine's cores), the trainers of the engine's own models live in up
-to N training processes instead: a new run goes to the process with the fewest runs, and a new
-process starts (importing torch, once) only when every one started has a run. Each run talks to
-its process over its own connection, so its requests stay in order, and the process runs each of
-its runs on a thread of its own, with the same thread count and kernels as the server would: the
-losses are the ones the server would compute itself.
+(`machine-nb serve` takes one fewer than the machine's cores), a run of the engine's own models
+that starts while other runs are training goes to a training process where none is (a new one
+starts, importing torch, only when every place has a run training, up to N); a run alone trains
+in the server's own process, as without them, so it never waits for a process to start. Each run
+in a process talks to it over its own connection, so its requests stay in order, and the process
+runs each of its runs on a thread of its own, with the same thread count and kernels as the
+server: the losses are the ones the server would compute itself.
 
 `RemoteTrainer` is the server's side of one run: the calls the server makes on a trainer
 (`guarded_forward_backward`, `guarded_optim_step`, `meta`, `save`, `load`, `snapshot`), sent to
@@ -45,14 +46,13 @@ _CALLS = frozenset({"guarded_forward_backward", "guarded_optim_step", "meta", "s
 
 
 def default_workers() -> int:
-    """Training processes `machine-nb serve` uses by default: one per core (at most 8), or none
-    (every run in the server's own process) on a single core."""
-    cores = os.cpu_count() or 1
-    return 0 if cores < 2 else min(cores, 8)
+    """Training processes `machine-nb serve` may start by default: one fewer than the cores (the
+    server's own process trains too; at most 7), so none on a single core."""
+    return min(max(0, (os.cpu_count() or 1) - 1), 7)
 
 
 class _Process:
-    """One training process: its handle, socket address, key, and the runs it holds."""
+    """One training process: its handle, socket address and key."""
 
     def __init__(self, threads: int | None):
         root = Path(__file__).resolve().parents[3]
@@ -70,7 +70,6 @@ class _Process:
             self.proc.kill()
             raise EngineError(f"the local server's training process did not start (exit code {self.proc.wait()})")
         self.address = line
-        self.runs = 0
 
     def connect(self) -> Any:
         from multiprocessing.connection import Client
@@ -102,7 +101,7 @@ class _Process:
 
 
 class TrainerPool:
-    """Up to `most` training processes, started as runs need them; `trainer` gives a run its own."""
+    """Up to `most` training processes beside the server, started as runs need them."""
 
     def __init__(self, most: int, threads: int | None = None):
         self.most = max(1, int(most))
@@ -111,7 +110,14 @@ class TrainerPool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _process(self) -> _Process:
+    def place(self, busy: dict[int | None, int]) -> "_Process | None":
+        """Where a new run trains: None for the server's own process, else a training process.
+
+        `busy`: runs training now in each place (the server's under None, a process's under its
+        pid). The first free place wins, the server's own first, so a run alone never waits for a
+        process to start; when every place has a run training, a new process starts (up to
+        `most`), else the place with the fewest takes it, a training process before the server
+        on a tie."""
         with self._lock:
             if self._closed:
                 raise EngineError("the local server is stopping")
@@ -119,20 +125,19 @@ class TrainerPool:
             for gone in set(self._processes) - set(alive):
                 gone.forget()
             self._processes = alive
-            best = min(alive, key=lambda p: p.runs, default=None)
-            if best is None or (best.runs > 0 and len(alive) < self.most):
-                best = _Process(self.threads)
-                self._processes.append(best)
-            best.runs += 1
-            return best
+            places: list[_Process | None] = [None, *alive]
 
-    def trainer(self, base_model: str, **settings: Any) -> "RemoteTrainer":
-        """A new run's trainer in a training process: `Trainer(base_model, **settings)` there."""
-        return RemoteTrainer(self, "create", base_model, settings)
+            def load(place: "_Process | None") -> int:
+                return busy.get(None if place is None else place.proc.pid, 0)
 
-    def from_checkpoint(self, directory: Path, *, optimizer: bool) -> "RemoteTrainer":
-        """`Trainer.from_checkpoint(directory, optimizer=…)` in a training process."""
-        return RemoteTrainer(self, "from_checkpoint", str(directory), {"optimizer": optimizer})
+            free = [p for p in places if load(p) == 0]
+            if free:
+                return free[0]
+            if len(alive) < self.most:
+                started = _Process(self.threads)
+                self._processes.append(started)
+                return started
+            return min(places, key=lambda p: (load(p), p is None))  # a tie: a process (the server also serves HTTP)
 
     def pids(self) -> list[int]:
         """The process ids of the training processes running now."""
@@ -150,8 +155,9 @@ class TrainerPool:
 class RemoteTrainer:
     """A run's trainer in a training process, answering the calls the server makes on a trainer."""
 
-    def __init__(self, pool: TrainerPool, how: str, what: str, settings: dict):
-        self._process = pool._process()
+    def __init__(self, process: _Process, how: str, what: str, settings: dict):
+        """`how`: "create" (`Trainer(what, **settings)`) or "from_checkpoint" (`what`: the folder)."""
+        self._process = process
         self._lock = threading.Lock()
         self._conn: Any = None
         try:
@@ -228,12 +234,9 @@ class RemoteTrainer:
     def close(self) -> None:
         """Let the run go: its thread in the training process ends, and the process takes new runs."""
         with self._lock:
-            conn, self._conn = getattr(self, "_conn", None), None
-            counted, self._counted = getattr(self, "_counted", True), False
+            conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-        if counted:
-            self._process.runs -= 1
 
 
 # ---------------------------------------------------------------------------------------------
