@@ -293,7 +293,9 @@ def test_without_inspect_ai_each_function_says_how_to_install_it(runs, monkeypat
         eval_task(runs["corpus"].eval)
     with pytest.raises(ImportError, match=hint):
         mnb.sft(runs["corpus"].train, max_steps=1, inspect_tasks=["tasks.py@x"], log_dir=tmp_path / "run")
-    assert not (tmp_path / "x.eval").exists() and not (tmp_path / "run").exists()
+    with pytest.raises(ImportError, match=hint):
+        mnb.dpo([], max_steps=1, inspect_tasks=["tasks.py@x"], log_dir=tmp_path / "dpo")
+    assert not (tmp_path / "x.eval").exists() and not (tmp_path / "run").exists() and not (tmp_path / "dpo").exists()
 
 
 # --------------------------------------------------------------------------- Inspect tasks while training
@@ -337,4 +339,27 @@ def test_sft_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(ru
     assert first.summary["inspect"]["model"] == "tinker-sampling/local/arith-tiny"
     with pytest.raises(TypeError, match="registry name"):
         mnb.sft(runs["corpus"].train, max_steps=1, inspect_tasks=[eval_task(rows)], log_dir=tmp_path / "no")
+    assert not (tmp_path / "no").exists()
+
+
+def test_dpo_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(runs, tmp_path, guard):
+    """As sft: the Inspect task before each of the 2 steps and on the final checkpoint, its scores in
+    the run's metrics and its logs in the log dir; a Task object is refused before anything runs."""
+    from machine_nb.evaluation.inspect_bridge import inspect_curve
+    from machine_nb.data.export import HeldOutExcluded
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+    with pytest.warns(HeldOutExcluded):
+        pairs = mnb.preference_pairs(sample / ".machine-store", workspace=sample, machine="tutor")
+    rows = mnb.read_jsonl(runs["corpus"].eval)[:4]
+    task_file = tmp_path / "sums_task.py"
+    task_file.write_text(TASK_FILE.format(rows=[(r["messages"][-1]["content"], r["expected"]) for r in rows]))
+    result = mnb.dpo(pairs, max_steps=2, batch_size=8, eval_every=1, inspect_tasks=f"{task_file}@held_out_sums",
+                     log_dir=tmp_path / "dpo", progress=False)
+    acc = inspect_curve(result.log_dir)
+    acc = acc[acc["metric"] == "accuracy"]
+    assert acc["step"].tolist() == [0, 1, 2] and set(acc["task"]) == {"held_out_sums"}
+    assert len(sorted((tmp_path / "dpo" / "inspect").glob("*.eval"))) == 3
+    with pytest.raises(TypeError, match=r"dpo\(inspect_tasks=…\).*registry name"):
+        mnb.dpo(pairs, max_steps=1, inspect_tasks=[eval_task(rows)], log_dir=tmp_path / "no")
     assert not (tmp_path / "no").exists()

@@ -18,7 +18,7 @@ class Handed(Exception):
 
 @pytest.mark.parametrize("fn, cls, data, extra, derived", [
     (sft, SFTSettings, "data", {"inspect_tasks"}, {"submit_ahead"}),
-    (dpo, DPOSettings, "pairs", set(), set()),
+    (dpo, DPOSettings, "pairs", {"inspect_tasks"}, set()),
 ])
 def test_every_setting_of_the_call_reaches_its_settings_class(monkeypatch, fn, cls, data, extra, derived):
     params = inspect.signature(fn).parameters

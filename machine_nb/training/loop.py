@@ -48,6 +48,34 @@ S = TypeVar("S", bound="RunSettings")
 # 1. resolved settings
 
 
+def inspect_spec(tasks: Any, settings: Any, call: str) -> dict | None:
+    """The child's `inspect` settings for sft's or dpo's `inspect_tasks`, checked before anything
+    runs (`call`: "sft" or "dpo", for the messages); None without tasks.
+
+    Args:
+        tasks: Inspect task names or files, one or a list.
+        settings: the run's settings (its eval_every, eval_max_tokens, eval_temperature).
+        call: the function's name.
+    """
+    if tasks is None:
+        return None
+    from ..evaluation.inspect_logs import require_inspect
+
+    require_inspect(f"{call}(inspect_tasks=…)")
+    tasks = [tasks] if isinstance(tasks, (str, os.PathLike)) else list(tasks)
+    for task in tasks:
+        if not isinstance(task, (str, os.PathLike)):
+            raise TypeError(f"{call}(inspect_tasks=…): {type(task).__name__} is not a task name or file: the "
+                            "training loop runs in a child process, so give Inspect tasks by registry name "
+                            "(\"inspect_evals/gsm8k\") or task file (\"tasks.py@name\", an absolute path or one "
+                            "relative to the working directory)")
+    if not tasks:
+        return None
+    return {"tasks": [os.fspath(t) for t in tasks], "every": settings.eval_every,
+            "max_tokens": int(settings.eval_max_tokens), "temperature": float(settings.eval_temperature),
+            "seed": 0, "concurrency": 8}
+
+
 def resolve_target(model: str | None, engine: str | None) -> tuple[str, str]:
     """The model and engine a run uses, checked against each other.
 
@@ -1042,6 +1070,6 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
 
 
 __all__ = ["RunSettings", "RunData", "Resumed", "HeldOut", "Preflight", "resolve_target", "refuse_unpriced",
-           "resume_record", "data_source", "count_steps", "eval_schedule", "eval_count", "plan_heldout",
+           "inspect_spec", "resume_record", "data_source", "count_steps", "eval_schedule", "eval_count", "plan_heldout",
            "refuse_overlap", "estimate_run", "preflight", "prepare_log_dir", "child_spec", "run", "train",
            "keep_runners", "run_cookbook", "LOCAL_LORA_RANK", "TINKER_LORA_RANK"]

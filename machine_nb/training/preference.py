@@ -311,7 +311,8 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         lr_schedule: str = "linear", save_every: int = 20, max_usd: float | None = None,
         base_url: str | None = None, progress: bool | None = None,
         on_metrics: Callable[[list[dict]], Any] | None = None, eval_data: Any = None,
-        eval_every: int | None = None, eval_max_tokens: int = 32, eval_temperature: float = 0.0) -> TrainResult:
+        eval_every: int | None = None, eval_max_tokens: int = 32, eval_temperature: float = 0.0,
+        inspect_tasks: Any = None) -> TrainResult:
     """Direct preference optimisation with tinker-cookbook's `preference.train_dpo.main`, on `engine`.
 
     The cookbook's loop runs unchanged in a child process (its `main` calls `asyncio.run` itself, so
@@ -380,6 +381,12 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         eval_max_tokens: the evals' reply budget, as evaluate() takes it (default 32); recorded
             with every score.
         eval_temperature: the evals' sampling temperature (default 0.0: greedy); recorded too.
+        inspect_tasks: Inspect AI tasks to run at the same steps (`eval_every`; default once an
+            epoch) and on the final checkpoint, as sft(inspect_tasks=…) runs them: registry names
+            or task files ("tasks.py@name"); their scores go into `metrics.jsonl` as
+            `test/inspect/<dataset>/<metric>` (`machine_nb.evaluation.inspect_bridge.inspect_curve`
+            reads them), Inspect's logs into `<log dir>/inspect/`. Needs
+            `pip install "machine_nb[inspect]"`. Default None: none.
 
     Returns:
         A TrainResult (kind "dpo") read back from the log dir (`read_training_log`): steps, tokens,
@@ -395,10 +402,12 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         batch_size=batch_size, max_steps=max_steps, lora_rank=lora_rank, load_checkpoint=load_checkpoint, seed=seed,
         max_length=max_length, lr_schedule=lr_schedule, save_every=save_every, max_usd=max_usd, base_url=base_url,
         eval_every=eval_every, eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
+    inspect = loop.inspect_spec(inspect_tasks, settings, "dpo")
     loop.start_runner()
     records = DPOData(_pair_records(loop.data_source(resumed, DPOData.file, pairs)))
     return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
-                      workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics)
+                      workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics,
+                      **({"inspect": inspect} if inspect else {}))
 
 
 def dpo_evals(steps: int, every: int) -> int:
@@ -452,9 +461,18 @@ def child_run(spec: dict) -> None:
     """
     from tinker_cookbook.preference import train_dpo
 
-    from .runner import run_loop
+    from .runner import config_steps, run_loop, with_inspect
 
-    run_loop(spec, _dpo_config(spec), train_dpo.main, last=True)
+    config, inspect = with_inspect(spec, _dpo_config(spec))  # Inspect tasks on their own schedule
+
+    def main(config: Any) -> None:
+        train_dpo.main(config)
+        if inspect is not None:  # the loop scores before a step, so never the final weights: score them here
+            from ..evaluation.heldout import inspect_final
+
+            inspect_final(inspect, spec["base_url"], config_steps(config)[2])
+
+    run_loop(spec, config, main, last=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,23 @@ def config_steps(config: Any) -> tuple[Any, int, int]:
     return dataset, n_batches, total
 
 
+def with_inspect(spec: dict, config: Any) -> tuple[Any, Any]:
+    """A cookbook Config with the spec's Inspect tasks as its loop's infrequent evaluators (every
+    `spec["inspect"]["every"]` steps, default once an epoch), and their builder (None: no tasks).
+
+    The loops score before a step, never the final weights: `inspect_final` scores those after.
+    """
+    if not spec.get("inspect"):
+        return config, None
+    import chz
+
+    from ..evaluation.heldout import InspectEvalBuilder
+
+    builder = InspectEvalBuilder.from_spec(spec)
+    every = int(spec["inspect"].get("every") or config_steps(config)[1])
+    return chz.replace(config, infrequent_evaluator_builders=[builder], infrequent_eval_every=every), builder
+
+
 def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool) -> None:
     """Run a cookbook loop, with the held-out evaluator when the spec asks for one.
 

@@ -222,34 +222,13 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         batch_size=batch_size, lora_rank=lora_rank, seed=seed, max_length=max_length, lr_schedule=lr_schedule,
         save_every=save_every, max_usd=max_usd, base_url=base_url, eval_every=eval_every,
         eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
-    inspect = _inspect_spec(inspect_tasks, settings)
+    inspect = loop.inspect_spec(inspect_tasks, settings, "sft")
     loop.start_runner()
     rows = SFTData(*prepare_data(loop.data_source(resumed, SFTData.file, data)))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=data, progress=progress, on_metrics=on_metrics,
                       train_on_what=rows.train_on_what, resume=resumed is not None,
                       **({"inspect": inspect} if inspect else {}))
-
-
-def _inspect_spec(tasks: Any, settings: SFTSettings) -> dict | None:
-    """The child's `inspect` settings for sft(inspect_tasks=…), checked before anything runs."""
-    if tasks is None:
-        return None
-    from ..evaluation.inspect_logs import require_inspect
-
-    require_inspect("sft(inspect_tasks=…)")
-    tasks = [tasks] if isinstance(tasks, (str, os.PathLike)) else list(tasks)
-    for task in tasks:
-        if not isinstance(task, (str, os.PathLike)):
-            raise TypeError(f"sft(inspect_tasks=…): {type(task).__name__} is not a task name or file: the training "
-                            "loop runs in a child process, so give Inspect tasks by registry name "
-                            "(\"inspect_evals/gsm8k\") or task file (\"tasks.py@name\", an absolute path or one "
-                            "relative to the working directory)")
-    if not tasks:
-        return None
-    return {"tasks": [os.fspath(t) for t in tasks], "every": settings.eval_every,
-            "max_tokens": int(settings.eval_max_tokens), "temperature": float(settings.eval_temperature),
-            "seed": 0, "concurrency": 8}
 
 
 def smoke(data: Any, model: str | None = None, engine: str | None = None, *, steps: int = 2,
@@ -406,19 +385,10 @@ def child_run(spec: dict) -> None:
 
     from tinker_cookbook.supervised import train as cookbook_train
 
-    from .runner import config_steps, run_loop
+    from .runner import config_steps, run_loop, with_inspect
 
-    config = _sft_config(spec)
+    config, inspect = with_inspect(spec, _sft_config(spec))  # Inspect tasks on their own schedule
     record = exact_resume_point(spec["log_dir"], config) if spec.get("resume") else None
-    inspect = None
-    if spec.get("inspect"):  # Inspect tasks as the loop's infrequent evaluators, on their own schedule
-        import chz
-
-        from ..evaluation.heldout import InspectEvalBuilder
-
-        inspect = InspectEvalBuilder.from_spec(spec)
-        every = int(spec["inspect"].get("every") or config_steps(config)[1])  # default: once an epoch
-        config = chz.replace(config, infrequent_evaluator_builders=[inspect], infrequent_eval_every=every)
 
     def main(config: Any) -> None:
         if record is not None and int(record.get("steps_in_state", -1)) >= config_steps(config)[2]:
