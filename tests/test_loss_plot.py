@@ -149,6 +149,25 @@ def test_held_out_accuracy_gets_its_own_axis(tmp_path):
     assert axis_labels(plain.frame)[0] == ["loss (train_mean_nll)", "learning rate (dotted)"]
 
 
+def test_inspect_task_accuracy_joins_the_held_out_panel(tmp_path):
+    """sft/dpo(inspect_tasks=…) log `test/inspect/<task>/accuracy`: a line per task beside the held-out
+    rows' accuracy, and a panel of its own when the run scores no held-out rows."""
+    log = tmp_path / "run"
+    scored = [{**r, "test/accuracy": r["step"] / 10, "test/inspect/sums/accuracy": r["step"] / 20,
+               "test/inspect/sums/stderr": 0.1} if r["step"] % 3 == 0 else r for r in rows(10)]
+    write_metrics(log, scored)
+    labels, fig = axis_labels(LossPlot(log, live=False).frame)
+    assert labels[1] == "held-out"
+    lines = {line.get_label(): line for line in fig.axes[1].get_lines()}
+    assert set(lines) == {"held-out accuracy", "Inspect sums"}  # accuracy only: no stderr line
+    assert list(lines["Inspect sums"].get_xdata()) == [0, 3, 6, 9]
+    assert list(lines["Inspect sums"].get_ydata()) == [0.0, 0.15, 0.3, 0.45]
+    only = tmp_path / "only"
+    write_metrics(only, [{**r, "test/inspect/sums/accuracy": 0.5} if r["step"] % 5 == 0 else r for r in rows(10)])
+    labels, fig = axis_labels(LossPlot(only, live=False).frame)
+    assert labels[1] == "held-out" and [line.get_label() for line in fig.axes[1].get_lines()] == ["Inspect sums"]
+
+
 def test_dpo_runs_plot_dpo_loss_with_accuracy_and_margin_apart(tmp_path):
     log = tmp_path / "dpo"
     write_metrics(log, [{"step": s, "dpo_loss": 0.69 - 0.04 * s, "accuracy": 0.5 + 0.04 * s, "margin": 0.2 * s,

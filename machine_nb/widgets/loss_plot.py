@@ -4,7 +4,8 @@ Reads each log dir's `metrics.jsonl` (one row per step) and draws loss with an E
 is written on the plot, several runs overlaid, learning rate on a second axis. The loss is the
 supervised `train_mean_nll`, or `dpo_loss` for the cookbook's DPO runs. Below it, on axes of their
 own when the runs log them: held-out accuracy and format rate (`sft(eval_data=…)`'s
-`test/accuracy`, `test/format_rate`), and DPO's preference `accuracy` and `margin`. Handed to
+`test/accuracy`, `test/format_rate`) with each Inspect task's accuracy (`inspect_tasks=…`'s
+`test/inspect/<task>/accuracy`), and DPO's preference `accuracy` and `margin`. Handed to
 `sft(on_metrics=plot.update)` it redraws in the same poll that moves the progress bar, so the
 two never disagree. Otherwise (a run started elsewhere) a daemon thread polls the files' size and
 mtime so the kernel stays free; it stops at the run's "final" row in `checkpoints.jsonl` or on
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets as widgets
 
-from ..training.runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS
+from ..training.runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, SFT_LOSS
 from ._base import NoMathHTML, RED, StaticPlot, escape, text_colour
 
 if TYPE_CHECKING:
@@ -33,6 +34,17 @@ if TYPE_CHECKING:
 LOSS = SFT_LOSS
 HELDOUT = ((HELDOUT_ACCURACY, "o-", "held-out accuracy"), (HELDOUT_FORMAT_RATE, "s:", "format rate"))
 DPO_ACCURACY, DPO_MARGIN = "accuracy", "margin"
+#: Where sft/dpo(inspect_tasks=…) log each Inspect task's accuracy: `test/inspect/<task>/accuracy`.
+INSPECT_ACCURACY = (f"{HELDOUT_PREFIX}inspect/", "/accuracy")
+#: Their line styles in the held-out panel, one per task (the runs' colours are the loss legend's).
+INSPECT_STYLES = ("^-.", "v:", "D-.", "x:")
+
+
+def inspect_columns(frame: "pd.DataFrame") -> list[tuple[str, str]]:
+    """(column, task) of every Inspect task's accuracy the frame holds, in column order."""
+    start, end = INSPECT_ACCURACY
+    return [(c, c[len(start):-len(end)]) for c in frame.columns
+            if isinstance(c, str) and c.startswith(start) and c.endswith(end) and frame[c].notna().any()]
 # Seconds between updates of the saved notebook's copy of the plot while a run goes: each sends
 # the PNG again (~40 KB), the live image already shows every step.
 STATIC_EVERY_S = 2.0
@@ -166,8 +178,8 @@ def smoothing_note(weight: float) -> str:
 
 
 def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training loss") -> "Figure":
-    """Loss per step for every run in a metrics frame, with panels below for held-out accuracy and
-    DPO's accuracy and margin when the runs log them.
+    """Loss per step for every run in a metrics frame, with panels below for held-out accuracy
+    (Inspect tasks' included) and DPO's accuracy and margin when the runs log them.
 
     Args:
         frame: a `read_metrics` frame.
@@ -179,7 +191,8 @@ def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training
     """
     from matplotlib.figure import Figure
 
-    heldout = any(_has(frame, col) for col, _, _ in HELDOUT)
+    inspect = inspect_columns(frame)
+    heldout = any(_has(frame, col) for col, _, _ in HELDOUT) or bool(inspect)
     dpo = _has(frame, DPO_ACCURACY) or _has(frame, DPO_MARGIN)
     panels = 1 + heldout + dpo
     fig = Figure(figsize=(8, 4.2 + 2.0 * (panels - 1)), dpi=100)
@@ -225,6 +238,11 @@ def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training
                     # one legend entry per line style: the runs' colours are in the loss legend above
                     acc_ax.plot(list(steps[sel]), df.loc[sel, col], style, color=colour, ms=4, lw=1.2,
                                 label=label if i == 0 else None)
+            for k, (col, task) in enumerate(inspect):
+                if col in df.columns and df[col].notna().any():
+                    sel = df[col].notna()
+                    acc_ax.plot(list(steps[sel]), df.loc[sel, col], INSPECT_STYLES[k % len(INSPECT_STYLES)],
+                                color=colour, ms=4, lw=1.0, label=f"Inspect {task}" if i == 0 else None)
         if pref_ax is not None:
             if DPO_ACCURACY in df.columns and df[DPO_ACCURACY].notna().any():
                 sel = df[DPO_ACCURACY].notna()
