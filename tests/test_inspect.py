@@ -342,6 +342,26 @@ def test_sft_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(ru
     assert not (tmp_path / "no").exists()
 
 
+def test_the_cli_runs_inspect_tasks_with_sft_and_dpo(runs, tmp_path, guard, capsys):
+    """`machine-nb sft|dpo … --inspect-task FILE@task`: the task's scores at step 0 and on the final checkpoint."""
+    from machine_nb.cli import main
+    from machine_nb.evaluation.inspect_bridge import inspect_curve
+
+    rows = mnb.read_jsonl(runs["corpus"].eval)[:2]
+    task_file = tmp_path / "sums_task.py"
+    task_file.write_text(TASK_FILE.format(rows=[(r["messages"][-1]["content"], r["expected"]) for r in rows]))
+    pairs = tmp_path / "pairs.jsonl"
+    mnb.write_jsonl([{"prompt": r["messages"][:-1], "chosen": [r["messages"][-1]],
+                      "rejected": [{**r["messages"][-1], "content": r["messages"][-1]["content"] + "0"}]}
+                     for r in mnb.read_jsonl(runs["corpus"].train)[:8]], pairs)
+    for command, data in (("sft", runs["corpus"].train), ("dpo", pairs)):
+        log_dir = tmp_path / command
+        assert main([command, str(data), "--log-dir", str(log_dir), "--steps", "1", "--batch-size", "8",
+                     "--inspect-task", f"{task_file}@held_out_sums"]) == 0, capsys.readouterr().err
+        curve = inspect_curve(log_dir)
+        assert curve[curve["metric"] == "accuracy"]["step"].tolist() == [0, 1], command
+
+
 def test_dpo_runs_inspect_tasks_at_its_eval_steps_and_on_the_final_checkpoint(runs, tmp_path, guard):
     """As sft: the Inspect task before each of the 2 steps and on the final checkpoint, its scores in
     the run's metrics and its logs in the log dir; a Task object is refused before anything runs."""

@@ -5,9 +5,9 @@ has it: which model and engine (`--model`, `--engine`), how replies are sampled 
 `--temperature`, `--seed`, `--concurrency`), what a Tinker call may spend (`--max-usd`, `--yes`,
 `--json`), and for the training commands where a run writes (`--log-dir`, `--workspace`,
 `--resume`), its schedule (`--epochs`, `--steps`, `--learning-rate`, `--batch-size`,
-`--lora-rank`) and its held-out evals (`--eval`, `--eval-every`). The values land on `args` under
-the usual names (`args.model`, `args.max_usd`, ...); what a command does with them stays in its
-module.
+`--lora-rank`), its held-out evals (`--eval`, `--eval-every`) and Inspect tasks (`--inspect-task`).
+The values land on `args` under the usual names (`args.model`, `args.max_usd`, ...); what a
+command does with them stays in its module.
 
 Spending: a command that would spend on Tinker without `--yes` prints what it would spend and
 exits 2 (`refuse_to_spend`); on the local engine nothing is spent and `--yes` is not needed.
@@ -295,6 +295,21 @@ def heldout_flags(p: argparse.ArgumentParser, *, every: str = "once an epoch",
                    help=f"score --eval every N steps (default: {every}) and the final checkpoint")
 
 
+def inspect_flags(p: argparse.ArgumentParser) -> None:
+    """Add a run's Inspect AI tasks: `--inspect-task`, repeatable.
+
+    Args:
+        p: the command's parser.
+
+    Returns:
+        None; `args.inspect_tasks` (a list of task names or files, or None).
+    """
+    p.add_argument("--inspect-task", dest="inspect_tasks", action="append", default=None, metavar="TASK",
+                   help="an Inspect AI task to run at the --eval-every steps and on the final checkpoint: a registry "
+                        "name or a task file (tasks.py@name); repeat for more. Scores go into metrics.jsonl, logs "
+                        "into <log dir>/inspect/. Needs machine_nb[inspect]")
+
+
 def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str = "loss") -> None:
     """A finished run as the commands print it: one JSON object, or a few lines for a reader.
 
@@ -331,5 +346,5 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
 
 
 __all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "model_flag", "engine_flag", "target_flags", "engine_of",
-           "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
+           "inspect_flags", "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
            "resume_flag", "schedule_flags", "heldout_flags", "print_result", "heldout_cost_text", "estimate_source"]

@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     flags.resume_flag(d, "dpo")
     d.add_argument("--seed", type=int, default=0, help="the order the pairs are written in (default 0)")
     flags.heldout_flags(d, every="once an epoch; also before the last step")
+    flags.inspect_flags(d)
     flags.spending_flags(d)
     d.set_defaults(func=_run_dpo)
 
@@ -144,6 +145,6 @@ def _run_dpo(args: argparse.Namespace) -> int:
                  epochs=args.epochs, max_steps=args.steps, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  load_checkpoint=args.load_checkpoint, log_dir=args.log_dir, workspace=args.workspace,
                  resume=args.resume, seed=args.seed, max_usd=args.max_usd, eval_data=args.eval_data,
-                 eval_every=args.eval_every)
+                 eval_every=args.eval_every, inspect_tasks=args.inspect_tasks)
     flags.print_result(result, args.json, steps="DPO steps", loss="dpo_loss")
     return 0

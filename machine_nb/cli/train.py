@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        lora_rank="8 local, 32 Tinker; 0 = full fine-tuning, local only")
     flags.resume_flag(p, "sft")
     flags.heldout_flags(p)
+    flags.inspect_flags(p)
     p.set_defaults(func=_run_sft)
 
     s = sub.add_parser(
@@ -112,7 +113,8 @@ def _run_sft(args: argparse.Namespace) -> int:
     result = sft(args.data, args.model, args.engine, epochs=args.epochs, max_steps=args.steps,
                  learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
-                 max_usd=args.max_usd, eval_data=args.eval_data, eval_every=args.eval_every)
+                 max_usd=args.max_usd, eval_data=args.eval_data, eval_every=args.eval_every,
+                 inspect_tasks=args.inspect_tasks)
     flags.print_result(result, args.json)
     return 0
 
