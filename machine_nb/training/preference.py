@@ -452,27 +452,18 @@ def _dpo_config(spec: dict) -> Any:
 
 def child_run(spec: dict) -> None:
     """The dpo half that runs in the child (runner.py): the cookbook's DPO loop, unchanged (its
-    `main` runs its own event loops); with held-out evals, runner.run_loop puts the evaluator in
-    the loop's `evaluator_builders` (it also scores before the last step) and scores the final
-    checkpoint.
+    `main` runs its own event loops); with held-out evals or Inspect tasks, runner.run_loop puts
+    them in the loop's evaluators (the held-out one also scores before the last step) and scores
+    the final checkpoint.
 
     Args:
         spec: what `dpo` wrote (loop.child_spec).
     """
     from tinker_cookbook.preference import train_dpo
 
-    from .runner import config_steps, run_loop, with_inspect
+    from .runner import run_loop
 
-    config, inspect = with_inspect(spec, _dpo_config(spec))  # Inspect tasks on their own schedule
-
-    def main(config: Any) -> None:
-        train_dpo.main(config)
-        if inspect is not None:  # the loop scores before a step, so never the final weights: score them here
-            from ..evaluation.heldout import inspect_final
-
-            inspect_final(inspect, spec["base_url"], config_steps(config)[2])
-
-    run_loop(spec, config, main, last=True)
+    run_loop(spec, _dpo_config(spec), train_dpo.main, last=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,12 +66,9 @@ def config_steps(config: Any) -> tuple[Any, int, int]:
     return dataset, n_batches, total
 
 
-def with_inspect(spec: dict, config: Any) -> tuple[Any, Any]:
+def _with_inspect(spec: dict, config: Any) -> tuple[Any, Any]:
     """A cookbook Config with the spec's Inspect tasks as its loop's infrequent evaluators (every
-    `spec["inspect"]["every"]` steps, default once an epoch), and their builder (None: no tasks).
-
-    The loops score before a step, never the final weights: `inspect_final` scores those after.
-    """
+    `spec["inspect"]["every"]` steps, default once an epoch), and their builder (None: no tasks)."""
     if not spec.get("inspect"):
         return config, None
     import chz
@@ -84,12 +81,13 @@ def with_inspect(spec: dict, config: Any) -> tuple[Any, Any]:
 
 
 def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool) -> None:
-    """Run a cookbook loop, with the held-out evaluator when the spec asks for one.
+    """Run a cookbook loop, with the held-out evaluator and the Inspect tasks the spec asks for.
 
     The evaluator goes into the Config's `evaluator_builders` (the loop calls it every
     `spec["heldout"]["every"]` steps from the step it starts or resumes at, each score filed
-    under its step: loop.eval_schedule); after the loop, the final checkpoint is scored the same
-    way (the loop evaluates before a step, so never the weights after the last).
+    under its step: loop.eval_schedule), the Inspect tasks into its infrequent evaluators; after
+    the loop, the final checkpoint is scored by both the same way (the loop evaluates before a
+    step, so never the weights after the last).
 
     Args:
         spec: the run's spec (loop.child_spec).
@@ -97,6 +95,7 @@ def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool)
         main: runs the loop on a Config (the cookbook's `main`, or what stands in for it).
         last: the loop also evaluates before its last step (the cookbook's DPO loop does).
     """
+    config, inspect = _with_inspect(spec, config)
     builder = None
     if spec.get("heldout"):
         import chz
@@ -112,6 +111,10 @@ def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool)
         builder = HeldOutEvalBuilder.from_spec(spec, eval_schedule(start, total, every, last=last))
         config = chz.replace(config, evaluator_builders=[builder], eval_every=every)
     main(config)
+    if inspect is not None:
+        from ..evaluation.heldout import inspect_final
+
+        inspect_final(inspect, spec["base_url"], config_steps(config)[2])
     if builder is not None:
         from ..evaluation.heldout import evaluate_final
 

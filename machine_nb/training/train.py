@@ -375,8 +375,8 @@ async def _final_from_state(config: Any, record: dict) -> None:
 
 def child_run(spec: dict) -> None:
     """The sft half that runs in the child (runner.py): the cookbook's loop, unchanged, resumed
-    exactly (`exact_resume_point`); with held-out evals, runner.run_loop puts the evaluator in
-    the loop's `evaluator_builders` and scores the final checkpoint.
+    exactly (`exact_resume_point`); with held-out evals or Inspect tasks, runner.run_loop puts
+    them in the loop's evaluators and scores the final checkpoint.
 
     Args:
         spec: what `sft` wrote (loop.child_spec).
@@ -385,9 +385,9 @@ def child_run(spec: dict) -> None:
 
     from tinker_cookbook.supervised import train as cookbook_train
 
-    from .runner import config_steps, run_loop, with_inspect
+    from .runner import config_steps, run_loop
 
-    config, inspect = with_inspect(spec, _sft_config(spec))  # Inspect tasks on their own schedule
+    config = _sft_config(spec)
     record = exact_resume_point(spec["log_dir"], config) if spec.get("resume") else None
 
     def main(config: Any) -> None:
@@ -395,10 +395,6 @@ def child_run(spec: dict) -> None:
             asyncio.run(_final_from_state(config, record))
         else:
             asyncio.run(cookbook_train.main(config))
-        if inspect is not None:  # the loop scores before a step, so never the final weights: score them here
-            from ..evaluation.heldout import inspect_final
-
-            inspect_final(inspect, spec["base_url"], config_steps(config)[2])
 
     run_loop(spec, config, main, last=False)
 
