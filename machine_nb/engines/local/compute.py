@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import random
 import secrets
@@ -327,16 +328,23 @@ class Trainer(_ModelShape):
     def guarded_forward_backward(self, batch: Sequence[Example], *, backward: bool,
                                  loss: Callable[[torch.Tensor], torch.Tensor] | None = None
                                  ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
-        """`forward_backward` that leaves the run as it was when it fails or goes non-finite (steps.py)."""
-        from . import steps
+        """`forward_backward` that leaves the run as it was when it fails or goes non-finite
+        (steps.py), and fails on a non-finite loss."""
+        from .steps import kept_if_not_finite
 
-        return steps.forward_backward(self, batch, backward=backward, loss=loss)
+        with kept_if_not_finite(self, "forward_backward" if backward else "forward"):
+            logprobs, elementwise, total = self.forward_backward(batch, backward=backward, loss=loss)
+            if not math.isfinite(total):
+                raise EngineError(f"the loss is {total}: check the inputs' scale (weights, advantages, "
+                                  "logprobs); the run's gradients are as they were before this request")
+        return logprobs, elementwise, total
 
     def guarded_optim_step(self, **adam: float) -> dict[str, float]:
         """`optim_step` that leaves the run as it was when it fails or goes non-finite (steps.py)."""
-        from . import steps
+        from .steps import kept_if_not_finite
 
-        return steps.optim_step(self, **adam)
+        with kept_if_not_finite(self, "optim_step", weights=True):
+            return self.optim_step(**adam)
 
     def _tensors(self, batch: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(input ids, target ids, weights) of a batch, each [batch, width], right-padded with zeros."""

@@ -761,6 +761,13 @@ class LocalServer:
         entry = MODELS.get(base_model)
         return self.train_pool if entry is not None and entry.backend is None else None
 
+    def _new_trainer(self, run: _Run, how: str, what: str, settings: dict) -> Any:
+        """`run`'s trainer, `workers.new_trainer(how, what, settings)`, made where `_place` puts it."""
+        from .workers import RemoteTrainer, new_trainer
+
+        process = self._place(run)
+        return new_trainer(how, what, settings) if process is None else RemoteTrainer(process, how, what, settings)
+
     def _place(self, run: _Run) -> Any:
         """The training process `run` trains in, or None for this process (TrainerPool.place):
         a run alone trains here; a run that starts while others are training goes where none is."""
@@ -797,8 +804,6 @@ class LocalServer:
     def create_model(self, q: dict, body: Any) -> dict:
         from tinker import types
 
-        from .compute import Trainer
-
         req = _parse(types.CreateModelRequest, body, "create_model")
         self._session(req.session_id, "create_model")
         self._check_base_model(req.base_model, "create_model")
@@ -819,11 +824,7 @@ class LocalServer:
                     "train_unembed": True if lora is None else lora.train_unembed}
 
         def create() -> dict:
-            from .workers import RemoteTrainer
-
-            process = self._place(run)
-            run.trainer = (Trainer(req.base_model, **settings) if process is None
-                           else RemoteTrainer(process, "create", req.base_model, settings))
+            run.trainer = self._new_trainer(run, "create", req.base_model, settings)
             self._write_run_record(run)
             return {"model_id": run.model_id, "type": "create_model"}
 
@@ -1020,7 +1021,6 @@ class LocalServer:
         from tinker import types
 
         from .checkpoints import read_meta
-        from .compute import Trainer
 
         req = _parse(types.LoadWeightsRequest, body, "load_weights")
         directory = self._checkpoint_dir(req.path, "load_weights")
@@ -1046,11 +1046,7 @@ class LocalServer:
         fut = self.futures.new("load_weights")
 
         def create() -> dict:
-            from .workers import RemoteTrainer
-
-            process = self._place(run)
-            run.trainer = (Trainer.from_checkpoint(directory, optimizer=req.optimizer) if process is None
-                           else RemoteTrainer(process, "from_checkpoint", str(directory), {"optimizer": req.optimizer}))
+            run.trainer = self._new_trainer(run, "from_checkpoint", str(directory), {"optimizer": req.optimizer})
             self._write_run_record(run)
             return {"path": req.path, "type": "load_weights"}
 

@@ -1,35 +1,15 @@
 """A training step that fails, or leaves a gradient or weight NaN or infinite, leaves its run as
-it was before it: `forward_backward` and `optim_step` run a trainer's step under that guard.
-
-Both work on any trainer of the local engine (compute.py's, hf_compute.py's), in the server's
-process or in a training process of its own (workers.py).
+it was before it: `kept_if_not_finite`, the guard of `Trainer.guarded_forward_backward` and
+`guarded_optim_step` (compute.py), for any trainer of the local engine (compute.py's,
+hf_compute.py's), in the server's process or in a training process of its own (workers.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from ...errors import EngineError
-
-
-def forward_backward(trainer: Any, batch: Sequence[Any], *, backward: bool, loss: Any = None
-                     ) -> tuple[list, list, float]:
-    """The trainer's `forward_backward` under the guard, failing on a non-finite loss."""
-    call = "forward_backward" if backward else "forward"
-    with kept_if_not_finite(trainer, call):
-        logprobs, elementwise, total = trainer.forward_backward(batch, backward=backward, loss=loss)
-        if not math.isfinite(total):
-            raise EngineError(f"the loss is {total}: check the inputs' scale (weights, advantages, "
-                              "logprobs); the run's gradients are as they were before this request")
-    return logprobs, elementwise, total
-
-
-def optim_step(trainer: Any, **adam: float) -> dict[str, float]:
-    """The trainer's `optim_step` (AdamW with these settings) under the guard."""
-    with kept_if_not_finite(trainer, "optim_step", weights=True):
-        return trainer.optim_step(**adam)
 
 
 def _flat(tensors: list) -> Any:

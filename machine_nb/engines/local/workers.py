@@ -156,7 +156,7 @@ class RemoteTrainer:
     """A run's trainer in a training process, answering the calls the server makes on a trainer."""
 
     def __init__(self, process: _Process, how: str, what: str, settings: dict):
-        """`how`: "create" (`Trainer(what, **settings)`) or "from_checkpoint" (`what`: the folder)."""
+        """`new_trainer(how, what, settings)`, made in `process`."""
         self._process = process
         self._lock = threading.Lock()
         self._conn: Any = None
@@ -194,10 +194,9 @@ class RemoteTrainer:
                 kind, *value = pickle.loads(self._conn.recv_bytes())
             except (EOFError, OSError):
                 code = self._process.proc.poll()
-                raise EngineError(
-                    f"the training process of this run ended ({'exit code ' + str(code) if code is not None else 'its connection closed'}); "
-                    "the run's state since its last saved checkpoint is lost: start a new run from that checkpoint"
-                ) from None
+                how = "its connection closed" if code is None else f"exit code {code}"
+                raise EngineError(f"the training process of this run ended ({how}); the run's state since its last "
+                                  "saved checkpoint is lost: start a new run from that checkpoint") from None
         if kind == "ok":
             return value[0]
         if kind == "EngineError":
@@ -243,14 +242,22 @@ class RemoteTrainer:
 # the training process
 
 
-def _answer(trainer: Any, name: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-    """(the trainer after the call, the call's value)."""
+def new_trainer(how: str, what: str, settings: dict) -> Any:
+    """A run's trainer in this process: `Trainer(what, **settings)` for `how` "create", or
+    `Trainer.from_checkpoint(what, **settings)` for "from_checkpoint" (`what`: the folder)."""
     from .compute import Trainer
 
-    if name == "create":
-        trainer = Trainer(args[0], **kwargs)
-    elif name == "from_checkpoint":
-        trainer = Trainer.from_checkpoint(Path(args[0]), **kwargs)
+    if how == "create":
+        return Trainer(what, **settings)
+    if how == "from_checkpoint":
+        return Trainer.from_checkpoint(Path(what), **settings)
+    raise EngineError(f"no way to make a trainer by {how!r}")
+
+
+def _answer(trainer: Any, name: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(the trainer after the call, the call's value)."""
+    if name in ("create", "from_checkpoint"):
+        trainer = new_trainer(name, args[0], kwargs)
     elif name in _CALLS and trainer is not None:
         value = getattr(trainer, name)(*args, **kwargs)
         return trainer, value.model if name == "snapshot" else value
