@@ -32,7 +32,8 @@ from typing import Any
 from tinker_cookbook.eval.evaluators import SamplingClientEvaluator
 
 from ..training.loop import eval_schedule  # noqa: F401 (importable from here too: the held-out evals' schedule)
-from ..training.runlog import HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, METRICS_FILE
+from ..training.runlog import (HELDOUT_ACCURACY, HELDOUT_FILE, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX,
+                               INSPECT_PREFIX, METRICS_FILE)
 
 
 @dataclass(frozen=True)
@@ -242,8 +243,6 @@ def _on_final_checkpoint(log_dir: str, model: str, base_url: str | None, total_s
 
 # --------------------------------------------------------------------------- Inspect AI tasks while training
 
-INSPECT_PREFIX = f"{HELDOUT_PREFIX}inspect/"
-"""metrics.jsonl names of Inspect task scores: `test/inspect/<dataset>/<metric>` (e.g. accuracy)."""
 
 INSPECT_DIR = "inspect"
 """The log dir's folder for the Inspect logs of each eval step (load_results reads them)."""

@@ -37,6 +37,8 @@ DPO_LOSS = "dpo_loss"
 LOSS_METRICS = (SFT_LOSS, DPO_LOSS)
 #: Held-out scores in metrics.jsonl (the cookbook's `test/` prefix for evaluator metrics).
 HELDOUT_PREFIX = "test/"
+#: Where the Inspect tasks run while training log their metrics: `test/inspect/<task>/<metric>`.
+INSPECT_PREFIX = f"{HELDOUT_PREFIX}inspect/"
 HELDOUT_ACCURACY = "test/accuracy"
 HELDOUT_FORMAT_RATE = "test/format_rate"
 #: The cookbook's files in a log dir: one row per step, one row per saved checkpoint.
@@ -466,14 +468,22 @@ def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95) -> "pd.Dat
     return curve
 
 
+def inspect_accuracy_task(key: Any) -> str | None:
+    """The Inspect task whose accuracy a metrics key holds (`test/inspect/<task>/accuracy`), else None."""
+    if isinstance(key, str) and key.startswith(INSPECT_PREFIX) and key.endswith("/accuracy"):
+        return key[len(INSPECT_PREFIX):-len("/accuracy")]
+    return None
+
+
 def _inspect_accuracy(log_dir: str | os.PathLike) -> dict[int, dict[str, float]]:
     """{step: {task: accuracy}} of the Inspect tasks a run scored while training (metrics.jsonl's
     `test/inspect/<task>/accuracy`); empty for a run without them."""
-    prefix, out = f"{HELDOUT_PREFIX}inspect/", {}
+    out: dict[int, dict[str, float]] = {}
     for row in read_log_lines(Path(log_dir) / METRICS_FILE):
         for key, value in row.items():
-            if key.startswith(prefix) and key.endswith("/accuracy") and isinstance(value, (int, float)):
-                out.setdefault(row.get("step"), {})[key[len(prefix):-len("/accuracy")]] = float(value)
+            task = inspect_accuracy_task(key)
+            if task is not None and isinstance(value, (int, float)):
+                out.setdefault(row.get("step"), {})[task] = float(value)
     return out
 
 
@@ -718,6 +728,7 @@ def private_files(log_dir: Path, before: set[str] | None = None) -> None:
 __all__ = ["TrainResult", "read_training_log", "training_metrics", "heldout_curve", "heldout_results",
            "heldout_steps", "loss_metric", "resume_note", "read_marker", "load_marker", "read_log_lines",
            "unique_steps", "MetricsTail", "new_log_dir", "claim_log_dir", "log_entries", "private_files",
-           "SFT_LOSS", "DPO_LOSS", "LOSS_METRICS", "HELDOUT_PREFIX", "HELDOUT_ACCURACY",
+           "SFT_LOSS", "DPO_LOSS", "LOSS_METRICS", "HELDOUT_PREFIX", "INSPECT_PREFIX", "inspect_accuracy_task",
+           "HELDOUT_ACCURACY",
            "HELDOUT_FORMAT_RATE", "METRICS_FILE", "CHECKPOINTS_FILE", "TRAIN_LOG", "HELDOUT_FILE", "HELDOUT_DATA",
            "MARKER", "RUN_FILES", "CURVE_COLUMNS", "METRIC_COLUMNS"]

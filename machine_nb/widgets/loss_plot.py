@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets as widgets
 
-from ..training.runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, HELDOUT_PREFIX, SFT_LOSS
+from ..training.runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS, inspect_accuracy_task
 from ._base import NoMathHTML, RED, StaticPlot, escape, text_colour
 
 if TYPE_CHECKING:
@@ -34,17 +34,16 @@ if TYPE_CHECKING:
 LOSS = SFT_LOSS
 HELDOUT = ((HELDOUT_ACCURACY, "o-", "held-out accuracy"), (HELDOUT_FORMAT_RATE, "s:", "format rate"))
 DPO_ACCURACY, DPO_MARGIN = "accuracy", "margin"
-#: Where sft/dpo(inspect_tasks=…) log each Inspect task's accuracy: `test/inspect/<task>/accuracy`.
-INSPECT_ACCURACY = (f"{HELDOUT_PREFIX}inspect/", "/accuracy")
-#: Their line styles in the held-out panel, one per task (the runs' colours are the loss legend's).
+#: The line styles of the Inspect tasks' accuracies in the held-out panel, one per task (the runs'
+#: colours are the loss legend's).
 INSPECT_STYLES = ("^-.", "v:", "D-.", "x:")
 
 
 def inspect_columns(frame: "pd.DataFrame") -> list[tuple[str, str]]:
-    """(column, task) of every Inspect task's accuracy the frame holds, in column order."""
-    start, end = INSPECT_ACCURACY
-    return [(c, c[len(start):-len(end)]) for c in frame.columns
-            if isinstance(c, str) and c.startswith(start) and c.endswith(end) and frame[c].notna().any()]
+    """(column, task) of every Inspect task's accuracy the frame holds (`test/inspect/<task>/accuracy`,
+    logged by sft/dpo(inspect_tasks=…)), in column order."""
+    return [(c, inspect_accuracy_task(c)) for c in frame.columns
+            if inspect_accuracy_task(c) is not None and frame[c].notna().any()]
 # Seconds between updates of the saved notebook's copy of the plot while a run goes: each sends
 # the PNG again (~40 KB), the live image already shows every step.
 STATIC_EVERY_S = 2.0
