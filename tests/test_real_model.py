@@ -227,3 +227,43 @@ def _tracked_files() -> list[str]:
 
     root = Path(__file__).resolve().parent.parent
     return subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+
+
+_HEAP_PROBE = r"""
+import sys
+import torch
+from machine_nb.engines.local import hf
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+capped = sys.argv[1] == "capped" and hf.cap_heap()
+first = torch.ones(6 << 20, dtype=torch.uint8)
+del first  # glibc's default threshold rises to the size of a large block freed
+big, pins = [], []
+for _ in range(60):  # 5 MiB blocks, each followed by a small live one, as a step's activations are
+    big.append(torch.ones(5 << 20, dtype=torch.uint8))
+    pins.append(torch.ones(64 << 10, dtype=torch.uint8))
+before = rss()
+del big
+print(capped, before - rss())
+"""
+
+
+@pytest.mark.skipif(hf._glibc() is None, reason="mallopt is glibc's; this C library is not glibc")
+def test_on_glibc_a_cpu_trainer_maps_large_blocks_so_that_freeing_them_gives_them_back():
+    import subprocess
+    import sys
+
+    def probe(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, check=True)
+        capped, freed = out.stdout.split()
+        return capped, int(freed)
+
+    size = 60 * (5 << 20)
+    capped, freed = probe("capped")
+    assert capped == "True" and freed > 0.8 * size  # mapped blocks go back to the system as they are freed
+    capped, freed = probe("default")
+    assert capped == "False" and freed < 0.2 * size  # by default they stay in the heap, between the live blocks
