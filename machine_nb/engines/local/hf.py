@@ -368,52 +368,6 @@ def memory_budget() -> int:
         return 4 * 10**9
 
 
-
-# ---------------------------------------------------------------------------------------------
-# the C heap (glibc) during CPU training
-
-#: Blocks of this many bytes or more are mapped for themselves and given back to the system when
-#: freed (glibc's M_MMAP_THRESHOLD), once a real model trains on CPU in the process.
-HEAP_MMAP_THRESHOLD = 4 * 1024 * 1024
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-_HEAP_CAPPED = threading.Event()
-
-
-@lru_cache(maxsize=1)
-def _glibc() -> Any:
-    """The C library when it is glibc (mallopt), else None (macOS, musl, Windows)."""
-    import ctypes
-    import platform
-    import sys
-
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-    return libc if hasattr(libc, "mallopt") else None
-
-
-def cap_heap() -> bool:
-    """Map the large blocks of a CPU training step for themselves (HEAP_MMAP_THRESHOLD), once per
-    process; True when the C library took the setting.
-
-    A step makes and frees thousands of activation tensors of a few megabytes. With glibc's default
-    (a threshold that rises to the size of each large block freed, up to 32 MiB), they come from
-    heaps whose freed space between still-live tensors is neither reused in full nor given back, and
-    the step's peak resident memory grows well past what its tensors hold. Mapping them costs page
-    faults; `benchmarks/bench_real_model.py` measures the step's time and the server's peak."""
-    libc = _glibc()
-    if libc is None:
-        return False
-    if not _HEAP_CAPPED.is_set():
-        if not libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD):
-            return False
-        _HEAP_CAPPED.set()
-    return True
-
-
 def _width() -> int:
     import torch
 

@@ -146,8 +146,6 @@ class HFTrainer(_RealModelShape, Trainer):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = None
         self._device = hf.device_and_dtype()[0]
-        if self._device.type == "cpu":
-            hf.cap_heap()
 
     @property
     def device(self) -> torch.device:
