@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--warm-starts", type=int, default=3, help="warm starts timed, the median printed (default 3)")
     ap.add_argument("--no-smoke", action="store_true", help="skip the smoke + eval figure")
     args = ap.parse_args()
+    if args.warm_starts < 1:
+        ap.error("--warm-starts must be 1 or more: the last warm server serves the figures that follow")
     if args.device:
         os.environ["MACHINE_NB_DEVICE"] = args.device
     import torch
