@@ -12,22 +12,33 @@ from typing import Any, Iterator
 from ...errors import EngineError
 
 
-def _flat(tensors: list) -> Any:
-    """One flat float32 copy of `tensors` (a single copy, not one per tensor: many small tensors)."""
+def _flat(tensors: list) -> dict:
+    """Flat float32 copies of `tensors`, one per device they live on (one copy per device, not one
+    per tensor: many small tensors). An optimizer's state can span devices: AdamW keeps its step
+    counts on the CPU beside moments on the GPU."""
     import torch
 
-    return torch.cat([t.detach().reshape(-1).float() for t in tensors]) if tensors else torch.zeros(0)
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault(t.device, []).append(t.detach().reshape(-1).float())
+    return {device: torch.cat(parts) for device, parts in groups.items()}
 
 
-def _put_back(tensors: list, flat: Any) -> None:
+def _put_back(tensors: list, flat: dict) -> None:
     import torch
 
     with torch.no_grad():
-        offset = 0
+        offsets = dict.fromkeys(flat, 0)
         for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
+            n, at = t.numel(), offsets[t.device]
+            t.copy_(flat[t.device][at:at + n].view_as(t))
+            offsets[t.device] = at + n
+
+
+def _finite(flat: dict) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(part).all()) for part in flat.values())
 
 
 @contextlib.contextmanager
@@ -73,14 +84,16 @@ def kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Ite
         restore()
         raise
     what = None
-    if not bool(torch.isfinite(_flat([q.grad for q in params if q.grad is not None])).all()):
+    if not _finite(_flat([q.grad for q in params if q.grad is not None])):
         what = "gradient"
     elif weights:
         after = _flat(params)
-        if not bool(torch.isfinite(after).all()):
+        if not _finite(after):
             what = "parameter"
-        elif after.numel() and not _adapted_weights_finite(getattr(trainer, "model", None), float(after.abs().max())):
-            what = "weight (base plus adapter)"
+        else:
+            largest = max((float(part.abs().max()) for part in after.values() if part.numel()), default=None)
+            if largest is not None and not _adapted_weights_finite(getattr(trainer, "model", None), largest):
+                what = "weight (base plus adapter)"
     if what is not None:
         restore()
         raise EngineError(f"{call}: this step made a {what} NaN or infinite (a learning rate, beta2 or loss "
