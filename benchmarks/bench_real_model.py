@@ -93,17 +93,19 @@ def batch_4x256(tok) -> list[list[int]]:
     return [ids[i * 257:(i + 1) * 257] for i in range(4)]
 
 
-def bare_step(model, opt, rows) -> float:
+def bare_step(model, opt, rows, device) -> float:
     import torch
 
-    x = torch.tensor([r[:-1] for r in rows])
-    y = torch.tensor([r[1:] for r in rows])
+    x = torch.tensor([r[:-1] for r in rows], device=device)
+    y = torch.tensor([r[1:] for r in rows], device=device)
     t = time.perf_counter()
     logits = model(input_ids=x).logits
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if x.is_cuda:  # wait for the GPU's queued work, as the server's answer does
+        torch.cuda.synchronize(x.device)
     return time.perf_counter() - t
 
 
@@ -244,7 +246,7 @@ def main() -> None:
             for r in rows]
     sc = tinker.ServiceClient(base_url=url, api_key=KEY)
     # the SDK's defaults: LoRA on attention, MLP and the output projection (train_unembed)
-    tc = sc.create_lora_training_client(base_model=MODEL, rank=8, seed=0, train_unembed=True)
+    tc = sc.create_lora_training_client(base_model=MODEL, rank=8, seed=0, train_unembed=True).result()
     bare = AutoModelForCausalLM.from_pretrained(str(hf.model_dir()), dtype=dtype).to(device)
     targets = list(hf.ATTN_MODULES + hf.MLP_MODULES) + ["lm_head"]
     with warnings.catch_warnings():
@@ -253,7 +255,7 @@ def main() -> None:
                                                target_modules=targets))
     bare.train()
     opt = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=1e-4, foreach=False)
-    b, s = paired_medians(partial(bare_step, bare, opt, rows), partial(server_step, tc, data), args.repeats)
+    b, s = paired_medians(partial(bare_step, bare, opt, rows, device), partial(server_step, tc, data), args.repeats)
     print(f"LoRA step, rank 8, batch 4 x 256: server {s:.2f} s, bare PEFT {b:.2f} s -> {s / b:.2f}x (target <= 1.3x); "
           f"both with LoRA on {', '.join(targets)} (the server's train_unembed adapter included), the same "
           f"from_pretrained defaults (attention implementation), {str(dtype).removeprefix('torch.')}, "
