@@ -4,7 +4,8 @@ hangs the eval: the match is bounded in time, and a row past the bound counts wr
 
 The replies below make Python's `re` backtrack for hours, so the scenarios run in one child process
 (started once for the module) that the tests give up on after 10 minutes (a hang guard, not a speed
-measurement)."""
+measurement). The child sets the bound users set, `patterns.REGEX_TIMEOUT_S`, to BOUND_S: every match
+it bounds would run for hours, and every match it lets through ends in microseconds."""
 
 import json
 import subprocess
@@ -19,12 +20,14 @@ from machine_nb.evaluation.scoring import format_matches, score_output
 
 EVIL = "(a|aa)+$"  # exponential for a backtracking engine on "aaaa…a!"
 REPLY = "a" * 200 + "!"
+BOUND_S = 0.25
 
 PRELUDE = textwrap.dedent("""
     import asyncio, json, sys, warnings
     import numpy as np
     import tinker
     from machine_nb.checks.render import get_renderer
+    from machine_nb.core import patterns
 
     MODEL = "thinkingmachines/Inkling-Small"
     renderer = get_renderer(MODEL)
@@ -87,8 +90,8 @@ SCENARIOS = {
 @pytest.fixture(scope="module")
 def outcomes() -> dict:
     """Every scenario, run in one child: scenario name -> what it recorded in OUT."""
-    code = PRELUDE + "OUT = {}\n" + "".join(textwrap.dedent(body) for body in SCENARIOS.values()) \
-        + "print(json.dumps(OUT, default=str))\n"
+    code = PRELUDE + f"patterns.REGEX_TIMEOUT_S = {BOUND_S}\nOUT = {{}}\n" \
+        + "".join(textwrap.dedent(body) for body in SCENARIOS.values()) + "print(json.dumps(OUT, default=str))\n"
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                               env={**__import__("os").environ, "MACHINE_NB_PROGRESS": "0"})
@@ -100,7 +103,8 @@ def outcomes() -> dict:
 
 def test_score_output_and_format_matches_raise_a_regex_timeout(outcomes):
     out = outcomes["score_and_format"]
-    assert out["score"].startswith("timeout: ") and "(a|aa)+$" in out["score"] and "bound" in out["score"]
+    assert out["score"].startswith("timeout: ") and "(a|aa)+$" in out["score"]
+    assert f"ran past its {BOUND_S:g} s bound" in out["score"]
     assert out["format"].startswith("timeout: ")
     assert out["nested_plus"] is False  # `(a+)+$` on a short reply answers at once: no match
 
