@@ -121,26 +121,26 @@ SHORT = dict(epochs=2, batch_size=8, save_every=4, progress=False)
 class ShortRuns:
     """The short runs (SHORT with max_steps=total) several tests compare against or resume, each
     trained once in this module: `whole(total)` the uninterrupted run; `stopped(total, dest)` a copy
-    at `dest` of the run stopped while the engine holds its final save (`_interrupt_before_final`),
-    for the test to resume or edit as its own."""
+    at `dest` of its log dir as it stood while the engine held the final save (`_copy_before_final`):
+    every step logged, the last periodic checkpoint the last one, for the test to resume or edit as
+    its own."""
 
     def __init__(self, corpus, root):
-        self.corpus, self.root, self._whole, self._stopped = corpus, root, {}, {}
+        self.corpus, self.root, self._whole = corpus, root, {}
 
     def whole(self, total):
         if total not in self._whole:
-            self._whole[total] = sft(self.corpus.train, log_dir=self.root / f"whole-{total}", max_steps=total, **SHORT)
+            with pytest.MonkeyPatch.context() as mp:
+                self._whole[total] = _copy_before_final(self.corpus, self.root / f"whole-{total}",
+                                                        self.root / f"stopped-{total}", mp, total,
+                                                        max_steps=total, **SHORT)
         return self._whole[total]
 
     def stopped(self, total, dest):
         import shutil
 
-        if total not in self._stopped:
-            with pytest.MonkeyPatch.context() as mp:
-                _interrupt_before_final(self.corpus, self.root / f"stopped-{total}", mp, total, max_steps=total,
-                                        **SHORT)
-            self._stopped[total] = self.root / f"stopped-{total}"
-        shutil.copytree(self._stopped[total], dest, symlinks=True)
+        self.whole(total)
+        shutil.copytree(self.root / f"stopped-{total}", dest, symlinks=True)
         return dest
 
 
@@ -308,34 +308,38 @@ def test_resume_tightens_only_the_runs_own_files_and_follows_no_symlink(tmp_path
     assert mode(log_dir / "checkpoints.jsonl") == 0o600 and mode(log_dir / "train.log") == 0o600
 
 
-def _interrupt_before_final(corpus, log_dir, monkeypatch, total, **kw):
-    """Run sft until every step is logged, then Ctrl-C while the engine holds the "final" save:
-    the log dir ends at its last periodic checkpoint, as a Ctrl-C (or a dead service) at that
-    moment leaves it. Returns how many optimizer steps the engine ran."""
+def _copy_before_final(corpus, log_dir, copy_to, monkeypatch, total, **kw):
+    """Run sft to the end, and while the engine holds its "final" save with every step logged,
+    copy the log dir to `copy_to`: what a Ctrl-C (or a dead service) at that moment leaves, the
+    log dir ending at its last periodic checkpoint. The save then goes on and the run completes
+    untouched. Returns its TrainResult."""
     import importlib
+    import shutil
     import threading
 
     progress_mod = importlib.import_module("machine_nb.core.progress")
     from machine_nb.engines.local import compute
 
-    released = threading.Event()
+    holding, released = threading.Event(), threading.Event()
     real_save, real_update = compute.Trainer.save, progress_mod.progress.update
 
     def held_save(self, final, meta, *, optimizer):
         if final.name == "final":
+            holding.set()
             released.wait(60)
         return real_save(self, final, meta, optimizer=optimizer)
 
-    def interrupting_update(self, n=1, **postfix):
+    def copying_update(self, n=1, **postfix):
         real_update(self, n, **postfix)
-        if self.desc == "sft" and self.n >= total:
-            raise KeyboardInterrupt
+        if self.desc == "sft" and self.n >= total and not released.is_set():
+            assert holding.wait(60), "the engine never began the final save"
+            shutil.copytree(log_dir, copy_to, symlinks=True)
+            released.set()
 
     monkeypatch.setattr(compute.Trainer, "save", held_save)
-    monkeypatch.setattr(progress_mod.progress, "update", interrupting_update)
+    monkeypatch.setattr(progress_mod.progress, "update", copying_update)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            sft(corpus.train, log_dir=log_dir, **kw)
+        return sft(corpus.train, log_dir=log_dir, **kw)
     finally:
         released.set()
         monkeypatch.setattr(progress_mod.progress, "update", real_update)
@@ -380,6 +384,7 @@ def test_resume_is_exact_when_the_last_checkpoint_sits_at_the_end(corpus, short_
         opened = [s for sid, s in server.sessions.items() if sid not in sessions_before]
         assert len(opened) == 1 and opened[0].finished
     assert done.complete and done.checkpoint.endswith("/sampler_weights/final") and done.unconfirmed_steps == []
+    assert done.checkpoint != whole.checkpoint  # its own weights, compared below
     assert (done.steps, done.tokens, done.first_loss, done.last_loss) == \
         (whole.steps, whole.tokens, whole.first_loss, whole.last_loss) == (total, whole.tokens, whole.first_loss,
                                                                           whole.last_loss)
