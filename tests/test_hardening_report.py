@@ -48,26 +48,71 @@ def _env(tmp: Path, **extra) -> dict:
     return {**os.environ, "TMPDIR": str(tmp / "tmpdir"), "TINKER_API_KEY": CANARY, **extra}
 
 
-def test_a_failing_cell_never_prints_or_raises_the_key(tmp_path, monkeypatch):
+# (text a notebook prints and raises, the secret in it that must not be seen, what a reader sees instead)
+PASSWORD_FORMS = [
+    ("host=db user=u password=CANARYdsn1 dbname=app", "CANARYdsn1", f"host=db user=u password={REDACTED} dbname=app"),
+    ("host=db password='CANARY dsn2' port=5432", "CANARY dsn2", f"host=db password='{REDACTED}' port=5432"),
+    ("jdbc:postgresql://h/db?user=u&password=CANARYjdbc3&ssl=true", "CANARYjdbc3",
+     f"jdbc:postgresql://h/db?user=u&password={REDACTED}&ssl=true"),
+    ("jdbc:sqlserver://h:1433;user=u;password=CANARYjdbc4;encrypt=true", "CANARYjdbc4",
+     f"jdbc:sqlserver://h:1433;user=u;password={REDACTED};encrypt=true"),
+    ("postgres://u:CAN@RYurl5@db.example/app", "RYurl5", f"postgres://u:{REDACTED}@db.example/app"),
+    ("mysql://root:CANARYurl6@db.example/app", "CANARYurl6", f"mysql://root:{REDACTED}@db.example/app"),
+]
+PASSWORDS = " | ".join(form for form, _, _ in PASSWORD_FORMS)
+
+
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory):
+    """One notebook whose cell 3 raises an error holding the key (TINKER_API_KEY) and every
+    password form, after cell 2 printed them: run once by `machine-nb report` and once by
+    run_report, with HOME=/root (the home folder's name is also a user name in a URL)."""
     from papermill.exceptions import PapermillExecutionError
 
-    nb = _notebook(tmp_path / "fail.ipynb", "print('before')",
-                   "import os\nraise RuntimeError('bad key ' + os.environ['TINKER_API_KEY'])")
-    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o", str(tmp_path / "out.html")],
-                          capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=600)
+    tmp = tmp_path_factory.mktemp("failed")
+    nb = _notebook(tmp / "fail.ipynb", f"print('before')\nprint({PASSWORDS!r})",
+                   f"import os\nraise RuntimeError('bad key ' + os.environ['TINKER_API_KEY'] + ' | ' + {PASSWORDS!r})")
+    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o", str(tmp / "out.html")],
+                          capture_output=True, text=True, env=_env(tmp, HOME="/root"), cwd=tmp, timeout=600)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TINKER_API_KEY", CANARY)
+    mp.setenv("HOME", "/root")
+    try:
+        with pytest.raises(PapermillExecutionError) as err:
+            run_report(nb, output=tmp / "lib.html", progress=False)
+    finally:
+        mp.undo()
+    return {"tmp": tmp, "proc": proc, "error": err.value, "html": (tmp / "out.html").read_text(),
+            "executed": (tmp / "out.ipynb").read_text()}
+
+
+def test_a_failing_cell_never_prints_or_raises_the_key(failed):
+    proc = failed["proc"]
     assert proc.returncode == 1
     assert "cell 3 failed: RuntimeError: bad key [redacted]" in proc.stderr
     assert CANARY not in proc.stdout + proc.stderr
-    assert not _files_holding(tmp_path, CANARY)
-    assert "before" in (tmp_path / "out.html").read_text()  # the partial report is still written, redacted
+    assert not _files_holding(failed["tmp"], CANARY)
+    assert "before" in failed["html"]  # the partial report is still written, redacted
 
-    monkeypatch.setenv("TINKER_API_KEY", CANARY)
-    with pytest.raises(PapermillExecutionError) as err:
-        run_report(nb, output=tmp_path / "lib.html", progress=False)
-    exc = err.value
+    exc = failed["error"]
     for text in (str(exc), repr(exc.args), exc.evalue, "\n".join(exc.traceback)):
-        assert CANARY not in text and REDACTED in text
+        assert CANARY not in text and f"bad key {REDACTED}" in text
     assert exc.__cause__ is None and exc.__suppress_context__  # the raw exception is not chained
+
+
+def test_every_password_form_is_redacted_in_html_notebook_terminal_and_error(failed):
+    import html as html_mod
+
+    proc, html_text, executed = failed["proc"], failed["html"], failed["executed"]
+    assert proc.returncode == 1
+    raised = "\n".join([str(failed["error"]), failed["error"].evalue, *failed["error"].traceback])
+    for form, secret, shown in PASSWORD_FORMS:
+        for where, seen in (("html", html_mod.unescape(html_text)), ("executed notebook", executed),
+                            ("terminal line", proc.stderr + proc.stdout), ("raised error", raised)):
+            assert secret not in seen, (where, form)
+        assert shown in html_mod.unescape(html_text) and shown in executed, form
+        assert shown in proc.stderr, form  # the terminal line names the error, redacted
+    assert "mysql:/~" not in html_text + executed
 
 
 def test_no_unredacted_file_while_running_or_after_ctrl_c(tmp_path):
@@ -185,41 +230,3 @@ def test_scrubbing_a_deeply_nested_output_is_no_recursion_error():
     inner.append(f"the key {CANARY}")
     _, n = _scrub_tree({"outputs": deep, f"k {CANARY}": 1}, [CANARY])
     assert n == 2 and inner == [f"the key {REDACTED}"]
-
-
-# (text a notebook prints and raises, the secret in it that must not be seen, what a reader sees instead)
-PASSWORD_FORMS = [
-    ("host=db user=u password=CANARYdsn1 dbname=app", "CANARYdsn1", f"host=db user=u password={REDACTED} dbname=app"),
-    ("host=db password='CANARY dsn2' port=5432", "CANARY dsn2", f"host=db password='{REDACTED}' port=5432"),
-    ("jdbc:postgresql://h/db?user=u&password=CANARYjdbc3&ssl=true", "CANARYjdbc3",
-     f"jdbc:postgresql://h/db?user=u&password={REDACTED}&ssl=true"),
-    ("jdbc:sqlserver://h:1433;user=u;password=CANARYjdbc4;encrypt=true", "CANARYjdbc4",
-     f"jdbc:sqlserver://h:1433;user=u;password={REDACTED};encrypt=true"),
-    ("postgres://u:CAN@RYurl5@db.example/app", "RYurl5", f"postgres://u:{REDACTED}@db.example/app"),
-    ("mysql://root:CANARYurl6@db.example/app", "CANARYurl6", f"mysql://root:{REDACTED}@db.example/app"),
-]
-
-
-def test_every_password_form_is_redacted_in_html_notebook_terminal_and_error(tmp_path, monkeypatch):
-    from papermill.exceptions import PapermillExecutionError
-
-    text = " | ".join(form for form, _, _ in PASSWORD_FORMS)
-    nb = _notebook(tmp_path / "dsn.ipynb", f"print({text!r})", f"raise RuntimeError({text!r})")
-    env = _env(tmp_path, HOME="/root")  # the home folder's name is also a user name in a URL
-    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-o", str(tmp_path / "out.html")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 1
-    html_text, executed = (tmp_path / "out.html").read_text(), (tmp_path / "out.ipynb").read_text()
-    import html as html_mod
-
-    monkeypatch.setenv("HOME", "/root")
-    with pytest.raises(PapermillExecutionError) as err:
-        run_report(nb, output=tmp_path / "lib.html", progress=False)
-    raised = "\n".join([str(err.value), err.value.evalue, *err.value.traceback])
-    for form, secret, shown in PASSWORD_FORMS:
-        for where, seen in (("html", html_mod.unescape(html_text)), ("executed notebook", executed),
-                            ("terminal line", proc.stderr + proc.stdout), ("raised error", raised)):
-            assert secret not in seen, (where, form)
-        assert shown in html_mod.unescape(html_text) and shown in executed, form
-        assert shown in proc.stderr, form  # the terminal line names the error, redacted
-    assert "mysql:/~" not in html_text + executed
