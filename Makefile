@@ -14,8 +14,8 @@ report: setup
 
 # Notebooks 04, 05 and 06 run in tests (test_notebook_sweep.py, test_preference_notebook.py,
 # test_notebook_real_model.py) on smaller parameters, their assertion cells included; the committed
-# copies keep the full runs' outputs for readers. Notebook 01 runs top to bottom, on both engines, in
-# test_notebook_tinker_path.py.
+# copies keep the full runs' outputs for readers. Notebook 01 runs top to bottom, on both engines and on
+# smaller parameters (36 steps), in test_notebook_tinker_path.py.
 NBVAL_SKIP := --ignore=notebooks/01_minimal_sft.ipynb --ignore=notebooks/04_sweep.ipynb --ignore=notebooks/05_preference.ipynb --ignore=notebooks/06_real_model.ipynb
 
 # Test files run in parallel, one pytest worker per CPU up to 4 (each worker keeps a file's tests,
