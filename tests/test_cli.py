@@ -160,34 +160,53 @@ def _cli(*args: str, cwd) -> str:
     return proc.stdout
 
 
+def _main(capfd, *args: str) -> str:
+    """`machine-nb ARGS` run through the CLI's own `main` in this process: what the console script
+    runs, with its exit code, stdout and stderr (file descriptors, so anything a child process or
+    C code writes there is seen as a terminal would see it)."""
+    from machine_nb.cli import main
+
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    assert code == 0, f"machine-nb {' '.join(args)} failed ({code}):\n{err[-2000:]}"
+    return out
+
+
 @pytest.mark.slow
-def test_headless_minimal_sft_loop_like_machines_train_commands(tmp_path):
-    """Machine's minimal SFT loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine."""
+def test_headless_minimal_sft_loop_like_machines_train_commands(tmp_path, capfd, monkeypatch):
+    """Machine's minimal SFT loop with `machine-nb` in place of `pi -p "/train …"`, on the local engine.
+
+    The corpus and the final checkpoint's eval run as separate `machine-nb` processes, as a later
+    terminal command would: the checkpoint sft printed is found by a fresh process through the
+    data dir alone. The steps between run through the CLI's `main` in this process (one set of
+    imports for all of them rather than one a command)."""
     _cli("corpus", "-o", "data", cwd=tmp_path)
-    assert "0 error(s)" in _cli("validate", "data/train.jsonl", "-m", "local/arith-tiny", "--eval", "data/eval.jsonl",
-                                cwd=tmp_path)
-    smoke = json.loads(_cli("smoke", "data/train.jsonl", "--log-dir", "logs/smoke", "--json", cwd=tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert "0 error(s)" in _main(capfd, "validate", "data/train.jsonl", "-m", "local/arith-tiny", "--eval",
+                                 "data/eval.jsonl")
+    smoke = json.loads(_main(capfd, "smoke", "data/train.jsonl", "--log-dir", "logs/smoke", "--json"))
     assert smoke["steps"] == 2 and smoke["checkpoint"]
-    base = json.loads(_cli("eval", "baseline", "--data", "data/eval.jsonl", "--out", "ev/baseline.json", "--json",
-                           cwd=tmp_path))
-    sft = json.loads(_cli("sft", "data/train.jsonl", "--epochs", "10", "--steps", "60", "--log-dir", "logs/sft",
-                          "--json", cwd=tmp_path))
+    base = json.loads(_main(capfd, "eval", "baseline", "--data", "data/eval.jsonl", "--out", "ev/baseline.json",
+                            "--json"))
+    sft = json.loads(_main(capfd, "sft", "data/train.jsonl", "--epochs", "10", "--steps", "60", "--log-dir",
+                           "logs/sft", "--json"))
     assert sft["steps"] == 60 and sft["last_loss"] < sft["first_loss"]
     _cli("eval", "checkpoint", sft["checkpoint"], "--data", "data/eval.jsonl", "--out", "ev/final.json", "--json",
          cwd=tmp_path)
-    result = json.loads(_cli("eval", "compare", "ev/baseline.json", "ev/final.json", "--json", cwd=tmp_path))
+    result = json.loads(_main(capfd, "eval", "compare", "ev/baseline.json", "ev/final.json", "--json"))
     assert result["n"] == 24 and result["baseline_accuracy"] == base["accuracy"]
     assert result["checkpoint_accuracy"] > result["baseline_accuracy"]
 
 
-def test_headless_explore_commands_read_the_sample_without_writing_it(tmp_path):
+def test_headless_explore_commands_read_the_sample_without_writing_it(tmp_path, capfd, monkeypatch):
     root = Path(__file__).resolve().parent.parent
     workspace = root / "data" / "sample_workspace"
     store = workspace / ".machine-store"
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in store.rglob("*") if p.is_file()}
-    assert "coder" in _cli("runs", str(workspace), "--limit", "5", cwd=tmp_path)
-    assert "train.jsonl" in _cli("tagged", "--store", str(store), cwd=tmp_path)
-    _cli("export", str(workspace), "--machine", "coder", "--out", "export.jsonl", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert "coder" in _main(capfd, "runs", str(workspace), "--limit", "5")
+    assert "train.jsonl" in _main(capfd, "tagged", "--store", str(store))
+    _main(capfd, "export", str(workspace), "--machine", "coder", "--out", "export.jsonl")
     lines = (tmp_path / "export.jsonl").read_text().splitlines()
     assert lines and all('"messages"' in line for line in lines)
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in store.rglob("*") if p.is_file()}
