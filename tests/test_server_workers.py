@@ -77,7 +77,8 @@ def test_a_run_alone_trains_in_the_server_and_one_started_beside_it_in_a_trainin
                                                                                           monkeypatch):
     """Run 1 alone trains in the server itself; run 2, started while run 1 trains, in a training
     process; the two train at once with the losses of a server that trains both itself; once both
-    are idle, run 3 trains in the server again (a free place, no new process)."""
+    are idle, run 3 trains in the server again (a free place, no new process). Stopping the server
+    ends its training process and removes its private socket folder."""
     srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
     sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
     try:
@@ -85,6 +86,9 @@ def test_a_run_alone_trains_in_the_server_and_one_started_beside_it_in_a_trainin
         clients = [sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result() for s in (1, 2)]
         places = [srv.runs[tc.model_id].place for tc in clients]
         assert places[0] is None and places[1] == srv.train_pool.pids()[0] != os.getpid()
+        pids = srv.train_pool.pids()
+        folder = Path(srv.runs[clients[1].model_id].trainer.address).parent
+        assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
         together: dict = {}
         threads = [threading.Thread(target=lambda s=s, tc=tc: together.__setitem__(s, train(tc, rows(s), 4)))
                    for s, tc in zip((1, 2), clients)]
@@ -98,6 +102,11 @@ def test_a_run_alone_trains_in_the_server_and_one_started_beside_it_in_a_trainin
     finally:
         sc.close("success").result(timeout=60)
         srv.stop()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pids[0]}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pids[0]}")  # stopping the server ended its training process
+    assert not folder.exists()
     own_srv, own_sc = here
     for s in (1, 2):
         tc = own_sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=s).result()
@@ -160,28 +169,6 @@ def test_a_training_process_that_dies_fails_its_runs_clearly_and_the_server_goes
     assert srv.runs[fresh.model_id].trainer.pid != pid
     assert not folder.exists()  # the killed process's socket folder, removed by the server
     assert len(train(fresh, rows(5), 1)) == 1
-
-
-def test_stopping_the_server_ends_its_training_processes(tmp_path, monkeypatch):
-    srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
-    sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
-    try:
-        sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=6).result()  # trains in the server
-        monkeypatch.setattr(server_mod, "ACTIVE_S", 1e9)
-        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, seed=6).result()
-        train(tc, rows(6, n=1), 1)
-        pids = srv.train_pool.pids()
-        assert len(pids) == 1
-        folder = Path(srv.runs[tc.model_id].trainer.address).parent
-        assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
-    finally:
-        sc.close("success").result(timeout=60)
-        srv.stop()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{pids[0]}"):
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{pids[0]}")
-    assert not folder.exists()
 
 
 def test_the_real_model_and_a_server_without_workers_keep_runs_in_the_server(pooled, tmp_path):
