@@ -259,11 +259,18 @@ def test_a_half_dead_tinker_fails_evaluate_within_seconds_naming_the_call(half_d
     assert logging.getLogger("httpx").level == level  # the watch put the logger back
 
 
-def test_a_half_dead_tinker_fails_sft_within_seconds_naming_the_call(half_dead, corpus, tmp_path):
+def test_a_half_dead_tinker_fails_sft_within_seconds_naming_the_call(half_dead, corpus, tmp_path, monkeypatch):
     """sft's SDK calls run in its training process; the watchdog here probes a light work call
-    itself, so the same half-dead service stops sft with EngineError naming the call."""
+    itself, so the same half-dead service stops sft with EngineError naming the call. The training
+    process, stuck in an SDK call that a first Ctrl-C cannot cancel, ends through its interrupt path
+    on a second one, not killed after the last grace."""
+    from machine_nb.training import loop
+
     url, handler = half_dead
     out: list = []
+    ended: list = []
+    stop = loop._Runner.stop
+    monkeypatch.setattr(loop._Runner, "stop", lambda self: (stop(self), ended.append(self.proc.returncode)))
 
     def go() -> None:
         try:
@@ -280,6 +287,7 @@ def test_a_half_dead_tinker_fails_sft_within_seconds_naming_the_call(half_dead, 
     said = str(out[0])
     assert "answers its health check but fails its work" in said and "answered HTTP 5xx" in said
     assert SECRET not in said
+    assert ended == [130], ended  # runner.py's exit code for an interrupted run
     if (tmp_path / "run").exists():  # what it left reads back as an unfinished run, never as a result
         from machine_nb.training.runlog import read_training_log
 

@@ -967,18 +967,22 @@ class _Runner:
         return None
 
     def stop(self) -> None:
-        """Ctrl-C for the run in progress (SIGINT, then harder), then the process ends."""
+        """Ctrl-C for the run in progress, then the process ends. The first SIGINT cancels the run's
+        event loop, which cannot land while it waits in a blocking SDK call; a second one, after
+        a short grace, raises KeyboardInterrupt there; the process is killed if both fail."""
         import signal
         import subprocess
 
-        if self.proc.poll() is None:
+        for grace in (3, 15):
+            if self.proc.poll() is not None:
+                break
             with contextlib.suppress(OSError):
                 self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         self.close()
 
     def close(self) -> None:
