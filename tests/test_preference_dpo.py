@@ -36,6 +36,17 @@ def trained(pairs, tmp_path_factory):
     return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "dpo", progress=False)
 
 
+#: A short run for Ctrl-C and resume: 2 epochs = 10 steps, a checkpoint every 4, at a rate at which a
+#: few steps rank every pair the right way round (one step brings the loss from log 2 under 0.05)
+SHORT = dict(epochs=2, learning_rate=1e-2, save_every=4, progress=False)
+
+
+@pytest.fixture(scope="module")
+def short(pairs, tmp_path_factory):
+    """The short run, uninterrupted: what an interrupted and resumed one is held against."""
+    return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "short", **SHORT)
+
+
 @pytest.fixture(scope="module")
 def base_scores(pairs):
     """How the base model ranks the pairs (score_pairs with no checkpoint)."""
@@ -110,28 +121,30 @@ def test_sft_then_dpo_starts_from_the_sft_weights(pairs, sft_run, base_scores, t
     assert not (tmp_path / "dpo3").exists()
 
 
-def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, sft_run, tmp_path):
+def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, short, sft_run, tmp_path):
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("dpo", at=22, hold_step=26):
-        dpo(pairs, log_dir=log_dir, progress=False)
+    with ctrl_c_at("dpo", at=5, hold_step=6):
+        dpo(pairs, log_dir=log_dir, **SHORT)
     part = read_dpo_log(log_dir)
-    assert not part.complete and 20 <= part.steps < 50 and part.state_path.endswith("/weights/000020")
+    assert not part.complete and 4 <= part.steps < 10 and part.state_path.endswith("/weights/000004")
     with pytest.raises(FileExistsError, match="resume="):
-        dpo(pairs, log_dir=log_dir, progress=False)
+        dpo(pairs, log_dir=log_dir, **SHORT)
     with pytest.raises(ValueError, match="not a dpo run"):
         dpo(pairs, resume=sft_run.log_dir, progress=False)
     done = dpo(pairs, resume=log_dir, progress=False)
-    assert done.complete and done.steps == 50 and done.tokens == trained.tokens
-    full, resumed = mnb.training_metrics(trained.log_dir), mnb.training_metrics(log_dir)
-    assert list(resumed["step"]) == list(range(50))
+    assert done.complete and done.steps == 10 and done.tokens == short.tokens
+    full, resumed = mnb.training_metrics(short.log_dir), mnb.training_metrics(log_dir)
+    assert list(resumed["step"]) == list(range(10))
     # the steps before the checkpoint are the uninterrupted run's; the cookbook then takes its
-    # reference model from the weights it resumes from, so step 20 is measured from log 2 again
-    assert list(resumed["dpo_loss"][:20]) == list(full["dpo_loss"][:20])
-    assert math.isclose(resumed["dpo_loss"].iloc[20], math.log(2), rel_tol=1e-4)
+    # reference model from the weights it resumes from, so step 4 is measured from log 2 again
+    assert list(resumed["dpo_loss"][:4]) == list(full["dpo_loss"][:4])
+    assert math.isclose(resumed["dpo_loss"].iloc[4], math.log(2), rel_tol=1e-4)
+    assert not math.isclose(full["dpo_loss"].iloc[4], math.log(2), rel_tol=1e-4)
     assert done.last_loss < 0.05 and resumed["accuracy"].iloc[-1] == 1.0
     # and the result says so: where it resumed and what that changed
-    assert done.resumed_at == [20] and "resumed at step 20" in done.note and "steps 20-49" in done.note
+    assert done.resumed_at == [4] and "resumed at step 4" in done.note and "steps 4-9" in done.note
     assert trained.resumed_at == [] and trained.note is None and part.note is None
+    assert short.resumed_at == [] and short.note is None
     assert score_pairs(pairs, checkpoint=done.checkpoint)["correct"].mean() == 1.0
 
 
