@@ -1,6 +1,6 @@
-"""Held-out accuracy while DPO trains, as a user sees it: dpo(pairs, eval_data=…, eval_every=4) on the
-local engine → tinker-cookbook's train_dpo calls the evaluator at steps 0, 4, 8 and before its last
-step (9), the final checkpoint (10) is scored too; metrics.jsonl, heldout.jsonl, the best step, scores
+"""Held-out accuracy while DPO trains, as a user sees it: dpo(pairs, eval_data=…, eval_every=3) on the
+local engine → tinker-cookbook's train_dpo calls the evaluator at steps 0, 3 and before its last
+step (4), the final checkpoint (5) is scored too; metrics.jsonl, heldout.jsonl, the best step, scores
 that agree with evaluate() on the same weights; bad eval rows and overlapping prompts refused before
 anything is written; Ctrl-C + resume keeps every eval step and says what the resume changed; the
 observed cost and the budget guard on the Tinker path; `machine-nb dpo --eval`."""
@@ -24,10 +24,10 @@ from machine_nb.training.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_cu
 from interrupt import ctrl_c_at
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
-#: 20 pairs at batch 4 = 5 steps an epoch, 2 epochs = 10 steps; scored every 4: 0, 4, 8, the last step
-#: (9, which train_dpo always evaluates) and the final checkpoint (10)
-KW = dict(batch_size=4, epochs=2, eval_every=4, save_every=4, progress=False)
-STEPS = [0, 4, 8, 9, 10]
+#: 20 pairs at batch 4 = 5 steps an epoch, 1 epoch; scored every 3: 0, 3, the last step (4, which
+#: train_dpo always evaluates, though not a multiple of 3) and the final checkpoint (5)
+KW = dict(batch_size=4, epochs=1, eval_every=3, save_every=3, progress=False)
+STEPS = [0, 3, 4, 5]
 
 
 @pytest.fixture(scope="module")
@@ -58,17 +58,17 @@ def run(train_pairs, eval_file, tmp_path_factory):
 
 
 def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_checkpoint(run):
-    assert run.kind == "dpo" and run.complete and run.steps == 10 and run.loss_metric == "dpo_loss"
+    assert run.kind == "dpo" and run.complete and run.steps == 5 and run.loss_metric == "dpo_loss"
     metrics = training_metrics(run.log_dir)
     scored = metrics[metrics[HELDOUT_ACCURACY].notna()]
     assert list(scored["step"]) == STEPS
     assert scored["test/max_tokens"].eq(32).all() and scored["test/temperature"].eq(0).all()
     assert metrics["test/format_rate"].notna().sum() == len(STEPS)
-    # the loop logs an eval step's scores in that step's row; step 10 is the final checkpoint's own row
-    assert scored[scored.step < 10]["dpo_loss"].notna().all() and math.isnan(scored["dpo_loss"].iloc[-1])
-    assert run.evals == len(STEPS) and run.steps == 10  # the final checkpoint's row is no training step
+    # the loop logs an eval step's scores in that step's row; step 5 is the final checkpoint's own row
+    assert scored[scored.step < 5]["dpo_loss"].notna().all() and math.isnan(scored["dpo_loss"].iloc[-1])
+    assert run.evals == len(STEPS) and run.steps == 5  # the final checkpoint's row is no training step
     curve = heldout_curve(run.log_dir)
-    assert list(curve["step"]) == STEPS and list(curve["final"]) == [False] * 4 + [True]
+    assert list(curve["step"]) == STEPS and list(curve["final"]) == [False] * 3 + [True]
     assert list(curve["accuracy"]) == list(scored[HELDOUT_ACCURACY]) and curve["n"].eq(8).all()
     assert run.heldout_accuracy == curve["accuracy"].iloc[-1]
     assert run.heldout_format_rate == curve["format_rate"].iloc[-1]
@@ -83,7 +83,7 @@ def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_c
 
     plot = LossPlot(run.log_dir, live=False)
     assert plot.finished()  # the final checkpoint's score is in: nothing left to wait for
-    assert (f"held-out {run.heldout_accuracy:.1%} at step 10 (best {run.best_accuracy:.1%} at step {run.best_step})"
+    assert (f"held-out {run.heldout_accuracy:.1%} at step 5 (best {run.best_accuracy:.1%} at step {run.best_step})"
             in plot.summary())
     assert "held-out" in [a.get_ylabel() for a in figure(plot.frame).axes]
     # read back from the log dir alone: the same
@@ -91,11 +91,11 @@ def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_c
     assert (again.best_step, again.heldout_accuracy, again.evals, again.cost_usd) == (
         run.best_step, run.heldout_accuracy, run.evals, 0.0)
     marker = json.loads((Path(run.log_dir) / "machine_nb.json").read_text())
-    assert marker["heldout"]["every"] == 4 and marker["heldout"]["evals"] == 5 and marker["steps"] == 10
-    assert marker["estimate"]["usd"] == 0.0 and marker["estimate"]["evals"] == 5
+    assert marker["heldout"]["every"] == 3 and marker["heldout"]["evals"] == 4 and marker["steps"] == 5
+    assert marker["estimate"]["usd"] == 0.0 and marker["estimate"]["evals"] == 4
     # the estimate prices each sequence's rendered tokens; the loop passes one fewer a sequence (a datum's
-    # input drops the last token): 20 pairs x 2 sequences x 2 epochs
-    assert run.estimated_usd == 0.0 and run.estimated_tokens - run.tokens == 80
+    # input drops the last token): 20 pairs x 2 sequences x 1 epoch
+    assert run.estimated_usd == 0.0 and run.estimated_tokens - run.tokens == 40
 
 
 def test_per_row_results_agree_with_evaluate_on_the_same_weights(run, eval_file, tmp_path):
@@ -151,24 +151,24 @@ def test_a_pair_whose_prompt_is_in_eval_rows_in_memory_is_refused_too(train_pair
 def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_changed(run, train_pairs, eval_file,
                                                                                    tmp_path):
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("dpo", at=6, hold_step=7):
+    with ctrl_c_at("dpo", at=4, hold_step=5):
         dpo(train_pairs, log_dir=log_dir, eval_data=eval_file, **KW)
     part = read_dpo_log(log_dir)
-    assert not part.complete and part.heldout_accuracy is None and part.state_path.endswith("/weights/000004")
-    assert part.evals >= 2 and part.note is None  # steps 0 and 4 scored before the interrupt
+    assert not part.complete and part.heldout_accuracy is None and part.state_path.endswith("/weights/000003")
+    assert part.evals >= 2 and part.note is None  # steps 0 and 3 scored before the interrupt
     done = dpo(train_pairs, resume=log_dir, progress=False)  # the eval settings come from the run
-    assert done.complete and done.steps == 10
+    assert done.complete and done.steps == 5
     assert list(heldout_curve(log_dir)["step"]) == STEPS
     # the steps before the checkpoint, and the weights they reach, are the uninterrupted run's
-    for step in (0, 4):
+    for step in (0, 3):
         assert list(heldout_results(log_dir, step).rows["output"]) == list(heldout_results(run.log_dir, step).rows["output"])
     full, resumed = training_metrics(run.log_dir), training_metrics(log_dir)
-    assert list(resumed["dpo_loss"][:4]) == list(full["dpo_loss"][:4])
-    # from step 4 on, the reference model is the step-4 weights: the loss starts again at log 2
-    assert math.isclose(resumed["dpo_loss"].iloc[4], math.log(2), rel_tol=1e-4)
-    assert not math.isclose(full["dpo_loss"].iloc[4], math.log(2), rel_tol=1e-4)
-    assert done.resumed_at == [4] and "resumed at step 4" in done.note and "reference model" in done.note
-    assert "steps 4-9" in done.note and "note" in done._repr_html_()
+    assert list(resumed["dpo_loss"][:3]) == list(full["dpo_loss"][:3])
+    # from step 3 on, the reference model is the step-3 weights: the loss starts again at log 2
+    assert math.isclose(resumed["dpo_loss"].iloc[3], math.log(2), rel_tol=1e-4)
+    assert not math.isclose(full["dpo_loss"].iloc[3], math.log(2), rel_tol=1e-4)
+    assert done.resumed_at == [3] and "resumed at step 3" in done.note and "reference model" in done.note
+    assert "steps 3-4" in done.note and "note" in done._repr_html_()
     assert read_dpo_log(log_dir).note == done.note and done.to_dict()["note"] == done.note
     assert (done.best_step is not None and done.heldout_accuracy == heldout_curve(log_dir)["accuracy"].iloc[-1])
 
