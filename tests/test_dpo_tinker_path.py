@@ -30,16 +30,29 @@ def pairs():
         return mnb.preference_pairs(SAMPLE / ".machine-store", workspace=SAMPLE, machine="tutor").head(8)
 
 
+@pytest.fixture(scope="module")
+def servers():
+    """The file's `machine-nb serve` subprocess, kept from test to test while it lives; stopped at the end."""
+    box: dict = {}
+    yield box
+    if "server" in box:
+        stop_server(box["server"])
+
+
 @pytest.fixture
-def served(tmp_path, monkeypatch):
-    """A `machine-nb serve` subprocess, TINKER_BASE_URL at it, a placeholder key and a known price."""
-    server = start_server(tmp_path)
+def served(servers, tmp_path_factory, monkeypatch):
+    """A live `machine-nb serve` subprocess (the file's, or a new one after a test killed it),
+    TINKER_BASE_URL at it, a placeholder key and a known price."""
+    server = servers.get("server")
+    if server is None or server.proc.poll() is not None:
+        if server is not None:
+            stop_server(server)
+        server = servers["server"] = start_server(tmp_path_factory.mktemp("served"))
     monkeypatch.setenv("TINKER_BASE_URL", server.url)
     monkeypatch.setenv("TINKER_API_KEY", PLACEHOLDER_KEY)
     set_price(MODEL, train=2.0, prefill=0.5, sample=1.5, source="test price")
     yield server.proc, server.url, server.data_dir
     clear_prices()
-    stop_server(server)
 
 
 def test_dpo_on_the_tinker_path_trains_on_the_served_server(pairs, served, tmp_path):
@@ -57,7 +70,7 @@ def test_dpo_on_the_tinker_path_trains_on_the_served_server(pairs, served, tmp_p
     assert info.base_model == MODEL
     metrics = mnb.training_metrics(res.log_dir)
     assert len(metrics) == 2 and metrics["dpo_loss"].notna().all()
-    for path in tmp_path.rglob("*"):
+    for path in [*tmp_path.rglob("*"), *data_dir.parent.rglob("*")]:  # the run's files, the server's data and log
         if path.is_file() and path.suffix in (".json", ".jsonl", ".log"):
             assert PLACEHOLDER_KEY not in path.read_text(encoding="utf-8", errors="replace"), path
 
