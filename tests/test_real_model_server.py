@@ -22,14 +22,11 @@ from machine_nb.engines.local import DEFAULT_MODEL, SMOLLM2_MODEL
 
 from serving import TEST_KEY as KEY, cookbook_sft_script, start_server, stop_server  # the key start_server gives each server
 
+#: One ticket per queue: the tuned model must tell four replies apart, in steps of four rows.
 ROUTES = [("My invoice shows the wrong amount", "queue: billing"),
           ("The app crashes when I log in", "queue: bugs"),
           ("How do I export my data?", "queue: howto"),
-          ("I was charged twice this month", "queue: billing"),
-          ("Please delete my account", "queue: privacy"),
-          ("The search button does nothing", "queue: bugs"),
-          ("Can I change my username?", "queue: howto"),
-          ("Who can see my profile?", "queue: privacy")]
+          ("Please delete my account", "queue: privacy")]
 SYSTEM = "Route the ticket."
 
 
@@ -91,12 +88,12 @@ def test_raw_sdk_trains_samples_the_trained_reply_and_resumes_exactly_after_a_re
     tc = sc.create_lora_training_client(base_model=SMOLLM2_MODEL, rank=8, seed=3).result()
     tok = tc.get_tokenizer()  # the SDK's own AutoTokenizer load from the tokenizer_id the server reports
     assert tok.encode("Hello world") == renderer.tokenizer.encode("Hello world")
-    losses = [step(tc, data) for _ in range(5)]
-    state = tc.save_state("five").result().path
-    losses += [step(tc, data) for _ in range(5)]
+    losses = [step(tc, data) for _ in range(3)]
+    state = tc.save_state("three").result().path
+    losses += [step(tc, data) for _ in range(2)]  # five: four leave the reply's end token near even odds
     assert losses[-1] < 0.2 * losses[0], losses
-    path = tc.save_weights_for_sampler("ten").result().path
-    ckpt = served.data_dir / "runs" / path.split("/")[2] / "sampler_weights" / "ten"
+    path = tc.save_weights_for_sampler("five").result().path
+    ckpt = served.data_dir / "runs" / path.split("/")[2] / "sampler_weights" / "five"
     assert (ckpt / "adapter.safetensors").stat().st_size < 20_000_000  # the adapters only
     from safetensors import safe_open
 
@@ -115,7 +112,7 @@ def test_raw_sdk_trains_samples_the_trained_reply_and_resumes_exactly_after_a_re
     try:
         sc2 = tinker.ServiceClient(base_url=again.url, api_key=KEY)
         tc2 = sc2.create_training_client_from_state_with_optimizer(state).result()
-        assert [step(tc2, data) for _ in range(2)] == losses[5:7]
+        assert [step(tc2, data) for _ in range(2)] == losses[3:5]
         sc2.close("success").result(timeout=60)
     finally:
         stop_server(again)
@@ -174,7 +171,7 @@ def test_beyond_the_context_or_the_memory_budget_is_a_400_naming_the_field_and_t
     assert "Traceback" not in served.output()
 
 
-COOKBOOK_SCRIPT = cookbook_sft_script("local/smollm2-135m", "machine_nb/smollm2_chatml", max_length=256, batch_size=4,
+COOKBOOK_SCRIPT = cookbook_sft_script("local/smollm2-135m", "machine_nb/smollm2_chatml", max_length=256, batch_size=2,
                                       learning_rate=2e-3, save_every=0, recipe="real_model")
 
 

@@ -199,9 +199,10 @@ def build_tokenizer(gguf: Path) -> Any:
 @lru_cache(maxsize=1)
 def get_tokenizer() -> Any:
     """The model's tokenizer (a PreTrainedTokenizerFast from the converted folder; cached)."""
+    folder = tokenizer_dir()  # a missing package says so before transformers is imported
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,10 +253,10 @@ _BASE_LOCK = threading.Lock()
 
 @lru_cache(maxsize=2)
 def _base(device_key: str) -> Any:
+    device, dtype = device_and_dtype()
+    folder = model_dir()  # a missing package says so before transformers is imported
     from transformers import AutoModelForCausalLM
 
-    device, dtype = device_and_dtype()
-    folder = model_dir()
     with _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     model.to(device).eval().requires_grad_(False)
@@ -299,10 +300,11 @@ def with_lora(rank: int, *, alpha: float, seed: int, attn: bool = True, mlp: boo
     """A PeftModel over a fresh module tree: adapters initialised from `seed` (B at zero, so the
     wrapped model starts equal to the base), only the adapters trainable."""
     import torch
-    from peft import get_peft_model
 
     device, dtype = device_and_dtype()
-    model = fresh_model()
+    model = fresh_model()  # first: a missing package says so before PEFT is imported
+    from peft import get_peft_model
+
     cfg = lora_config(rank, alpha=alpha, attn=attn, mlp=mlp, unembed=unembed)
     state = torch.random.get_rng_state()
     try:
