@@ -389,8 +389,9 @@ def test_a_poll_that_is_not_ready_is_held_open(monkeypatch, caplog):
         (worker,) = srv.samplers.values()
         params = tinker.SamplingParams(max_tokens=4, temperature=0.0)
 
-        def polls_while_held(until_polls: int) -> tuple[int, int]:
-            """(polls while the sample was held back, polls in all) for one sample request."""
+        def polls_while_held(until_polls: int, wait: float) -> tuple[int, int]:
+            """(polls while the sample was held back, polls in all) for one sample request, held back
+            until `until_polls` polls came and then `wait` seconds more."""
             gate = threading.Event()
             worker.worker.submit(gate.wait)  # the sampler's one worker is busy until the gate opens
             pending = sampler.sample(prompt(renderer), 1, params)
@@ -400,16 +401,17 @@ def test_a_poll_that_is_not_ready_is_held_open(monkeypatch, caplog):
                     break
                 gate.wait(0.01)
             (fut,) = futs
-            gate.wait(1.0)  # a second of waiting: a client that polls at once polls many times in it
+            gate.wait(wait)
             held = fut.polls
             gate.set()
             assert pending.result().sequences
             return held, fut.polls
 
-        held, total = polls_while_held(until_polls=1)
+        # a second of waiting: a client that polls at once polls many times in it
+        held, total = polls_while_held(until_polls=1, wait=1.0)
         assert held == 1 and total == 1
         monkeypatch.setattr(server_mod, "LONG_POLL_S", 0.0)
-        held, total = polls_while_held(until_polls=5)
+        held, total = polls_while_held(until_polls=5, wait=0.0)  # the polls came without a hold
         assert held >= 5 and total >= held
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("tinker")]
     finally:
