@@ -114,6 +114,7 @@ def test_the_registered_renderer_equals_the_tokenizers_own_chat_template_on_50_c
 def test_greedy_outputs_re_encode_to_the_ids_the_model_produced(tok):
     from machine_nb.engines.local import compute, load_base
 
+    compute.configure_torch()  # the engine's thread count, as its server sets it for a sampler
     sampler = compute.Sampler(load_base(SMOLLM2_MODEL), SMOLLM2_MODEL)
     assert type(sampler).__name__ == "HFSampler"
     prompts = ["What is the capital of France?", "Write one line about the sea."]
