@@ -8,6 +8,9 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MACHINE_NB_PROGRESS", "0")
+# one compute thread per process (torch, BLAS), for this process and every process it starts: the
+# engine pins one itself, and two test workers each computing on every core slow each other down
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _session_dir(var: str, prefix: str) -> None:
