@@ -55,10 +55,11 @@ def pytest_runtest_teardown(item, nextitem):
 #: The files that take longest (tens of seconds each), longest first. With `-n 2 --dist loadfile`
 #: a worker takes the next file when it is free; handing out the long files first lets the two
 #: workers end together rather than one waiting while the other runs a long file picked last.
-LONG_FIRST = ("test_real_model_server", "test_preference_dpo", "test_train", "test_browser", "test_server",
-              "test_heldout", "test_sweeps", "test_candidate", "test_cli", "test_notebook_sweep",
-              "test_server_lifecycle", "test_notebook_tinker_path", "test_notebook_real_model",
-              "test_preference_notebook", "test_browser_review", "test_dpo_heldout")
+LONG_FIRST = ("test_real_model_server", "test_browser", "test_notebook_tinker_path", "test_server",
+              "test_preference_dpo", "test_browser_review", "test_preference_notebook", "test_notebook_sweep",
+              "test_notebook_real_model", "test_heldout", "test_sweeps", "07_inspect", "test_train",
+              "test_server_lifecycle", "test_server_tokenizer", "test_browser_sweep", "test_browser_report",
+              "03_tag_train_promote", "test_candidate", "test_server_service", "test_notebook_reports")
 
 
 def pytest_collection_modifyitems(config, items):
