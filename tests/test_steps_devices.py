@@ -1,12 +1,13 @@
 """A training step's guard (engines/local/steps.py) on a run whose tensors span devices: on a GPU,
-AdamW keeps each parameter's step count on the CPU beside its moments on the GPU, and the guard
-snapshots and puts back both."""
+the engine's AdamW (as torch's) keeps each parameter's step count on the CPU beside its moments on
+the GPU, and the guard snapshots and puts back both."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from machine_nb.engines.local.adamw import AdamW
 from machine_nb.engines.local.steps import kept_if_not_finite
 from machine_nb.errors import EngineError
 
@@ -17,13 +18,13 @@ class Run:
     def __init__(self, device: str):
         self.params = [torch.nn.Parameter(torch.linspace(-1, 1, 6, device=device).reshape(2, 3)),
                        torch.nn.Parameter(torch.ones(4, device=device))]
-        self.optimizer = torch.optim.AdamW(self.params, lr=0.1, foreach=False)
+        self.optimizer = AdamW(self.params)
 
     def step(self, scale: float = 1.0) -> None:
         loss = sum((p * p).sum() for p in self.params) * scale
         loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step(lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8)
+        self.optimizer.zero_grad()
 
 
 def snapshot(run: Run) -> list[torch.Tensor]:

@@ -24,6 +24,7 @@ import torch
 
 from ...errors import EngineError, MachineFormatError
 from . import lora as _lora
+from .adamw import AdamW
 from .checkpoints import FORMAT, read_meta
 from .workarounds import deterministic_kernels
 
@@ -294,7 +295,7 @@ class Trainer(_ModelShape):
             self.alpha = None
             self.model.requires_grad_(True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: AdamW | None = None
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.params)
@@ -370,8 +371,8 @@ class Trainer(_ModelShape):
         return ([logp_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)],
                 [el_np[i, :n].astype(np.float32) for i, n in enumerate(lengths)], float(total.detach()))
 
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.params, lr=1e-4, foreach=False)
+    def _make_optimizer(self) -> AdamW:
+        return AdamW(self.params)
 
     def optim_step(self, *, learning_rate: float, beta1: float, beta2: float, eps: float,
                    weight_decay: float = 0.0, grad_clip_norm: float = 0.0) -> dict[str, float]:
@@ -379,15 +380,13 @@ class Trainer(_ModelShape):
         gradients cleared. Returns {"grad_norm": norm before clipping}."""
         if self.optimizer is None:
             self.optimizer = self._make_optimizer()
-        for group in self.optimizer.param_groups:
-            group.update(lr=float(learning_rate), betas=(float(beta1), float(beta2)), eps=float(eps),
-                         weight_decay=float(weight_decay))
         grads = [q.grad for q in self.params if q.grad is not None]
         norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
         if grad_clip_norm and grad_clip_norm > 0 and grads:
             torch.nn.utils.clip_grad_norm_(self.params, float(grad_clip_norm), foreach=False)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step(lr=float(learning_rate), beta1=float(beta1), beta2=float(beta2), eps=float(eps),
+                            weight_decay=float(weight_decay))
+        self.optimizer.zero_grad()
         return {"grad_norm": norm}
 
     # -- checkpoints
