@@ -1,0 +1,85 @@
+"""The whole suite's test time, as CI meets it: `make test` in a fresh clone of the committed tree
+(the one-time conversion of the real model included), run several times, one after another.
+
+Each run clones HEAD into a new temporary folder and runs the README's test command there, its
+set-up step left out (`make -o setup test`: set-up is not test time): the clone uses this checkout's
+`.venv`, with the clone first on the import path of every process the tests start. Printed per run: pytest's own wall time ("in N s"), the summed time of
+every test phase, the CPU time of all the processes the run started, and the pass/fail counts; then
+the slowest items of the last run. Run it alone: other work on the machine slows every figure.
+
+    .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def one_run(slowest: int, jobs: int | None) -> dict:
+    """Clone HEAD, run `make test` there; returns the run's figures and its slowest items."""
+    work = Path(tempfile.mkdtemp(prefix="bench-suite-"))
+    clone = work / "clone"
+    try:
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        os.symlink(ROOT / ".venv", clone / ".venv")
+        junit = work / "junit.xml"
+        env = {**os.environ, "PYTHONPATH": str(clone),
+               "PYTEST_ADDOPTS": f"--durations={slowest} --junitxml={junit} -p no:cacheprovider"}
+        cmd = ["make", "-o", "setup", "test"] + ([f"JOBS={jobs}"] if jobs else [])
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.monotonic()
+        done = subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True)
+        wall = time.monotonic() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = done.stdout + done.stderr
+        summary = re.findall(r"=+ (.*) in ([\d.]+)s", out)
+        if not summary:
+            raise SystemExit(f"make test printed no summary (exit {done.returncode}):\n{out[-3000:]}")
+        counts, pytest_s = summary[-1][0], float(summary[-1][1])
+        phases = [(float(tc.get("time", 0)), tc.get("classname", ""), tc.get("name", ""))
+                  for tc in ET.parse(junit).iter("testcase")]
+        slow = re.search(r"slowest \d+ durations =+\n(.*?)\n(?:=|\n)", out, re.S)
+        return {"pytest_s": pytest_s, "make_s": wall, "summed_s": sum(p[0] for p in phases),
+                "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+                "counts": counts, "rc": done.returncode, "slowest": slow.group(1).strip() if slow else ""}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs, one after another (default 3)")
+    parser.add_argument("--slowest", type=int, default=15, help="slowest items to print (default 15)")
+    parser.add_argument("--jobs", type=int, default=None, help="pytest workers (default: the Makefile's)")
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+          f"HEAD {subprocess.run(['git', '-C', str(ROOT), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
+    runs = []
+    for i in range(args.runs):
+        r = one_run(args.slowest, args.jobs)
+        runs.append(r)
+        print(f"run {i + 1}: pytest {r['pytest_s']:.1f} s (make test {r['make_s']:.1f} s), summed test time "
+              f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
+    times = [r["pytest_s"] for r in runs]
+    print(f"pytest wall: median {statistics.median(times):.1f} s, min {min(times):.1f}, max {max(times):.1f} "
+          f"(target <= 240)")
+    print(f"slowest {args.slowest} items of the last run:\n{runs[-1]['slowest']}")
+    sys.exit(max(r["rc"] for r in runs))
+
+
+if __name__ == "__main__":
+    main()
