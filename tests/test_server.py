@@ -31,7 +31,11 @@ CANARY_KEY = "tml-canary-key-for-tests-0123456789"  # a fake key: it must never 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("serve"), "--verbose", key=CANARY_KEY)
+    """The module's `machine-nb serve`, bound beyond loopback (every address, 0.0.0.0), which it
+    does with the key given by --key; the tests reach it through loopback."""
+    s = start_server(tmp_path_factory.mktemp("serve"), "--verbose", "--host", "0.0.0.0", "--key", CANARY_KEY,
+                     key=None)
+    s.key, s.url = CANARY_KEY, s.url.replace("0.0.0.0", "127.0.0.1")
     yield s
     assert stop_server(s) == 0  # Ctrl-C stops it cleanly
 
@@ -252,49 +256,52 @@ def test_the_clients_key_is_never_logged_or_stored(served, sc):
             assert CANARY_KEY.encode() not in open(os.path.join(root, f), "rb").read(), f
 
 
-def test_binding_beyond_loopback_needs_a_key(tmp_path):
+def test_binding_beyond_loopback_needs_a_key(served, tmp_path):
+    """Without a key, `serve` refuses an address beyond loopback; with one (the module's server,
+    bound to 0.0.0.0 with --key), every request must send it."""
     refused = subprocess.run([sys.executable, "-m", "machine_nb.cli", "serve", "--host", "0.0.0.0", "--port", "0",
                               "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "--key" in refused.stderr
-    s = start_server(tmp_path, "--host", "0.0.0.0", "--key", "tml-server-key-0000", name="keyed")
-    try:
-        url = s.url.replace("0.0.0.0", "127.0.0.1")
-        status, body = _post(url, "/api/v1/create_session", b"{}", key="tml-wrong")
-        assert status == 401 and "key" in body["detail"]
-        with pytest.raises(tinker.AuthenticationError):
-            tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_sampling_client(
-                base_model=DEFAULT_MODEL).result(timeout=60)
-        ok = tinker.ServiceClient(base_url=url, api_key="tml-server-key-0000")
-        assert ok.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60).get_base_model() == DEFAULT_MODEL
-        ok.close("success").result(timeout=60)
-    finally:
-        stop_server(s)
+    assert served.line.startswith("serving the Tinker API on http://0.0.0.0:")
+    url = served.url
+    status, body = _post(url, "/api/v1/create_session", b"{}", key="tml-wrong")
+    assert status == 401 and "key" in body["detail"]
+    with pytest.raises(tinker.AuthenticationError):
+        tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_sampling_client(
+            base_model=DEFAULT_MODEL).result(timeout=60)
+    ok = tinker.ServiceClient(base_url=url, api_key=CANARY_KEY)
+    assert ok.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60).get_base_model() == DEFAULT_MODEL
+    ok.close("success").result(timeout=60)
 
 
-def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(tmp_path, monkeypatch):
+def test_a_server_that_dies_mid_run_or_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
     """sft on a `machine-nb serve` URL (engine="tinker"): kill the server after a few steps. The SDK
     alone would retry for ~5 minutes; the call fails with EngineError well within 30 s, the log
     dir reads back incomplete, and a restarted server (same data dir) lets the run resume.
+    Then evaluate on the restarted server (engine="tinker"): kill it while it samples, and that
+    call too fails with EngineError well within 30 s, keeping no SDK client for the dead server.
 
     The watchdog's waits are shortened (watch_closely); with its defaults a dead server is given
     up on within grace + one check interval + one check's timeout of the kill, asserted below."""
     import inspect
 
+    from machine_nb import engines
     from machine_nb.engines.tinker import Watchdog
+    from machine_nb.evaluation.evaluate import evaluate
     from machine_nb.training.train import read_training_log, sft
 
     defaults = {k: p.default for k, p in inspect.signature(Watchdog).parameters.items()}
     assert defaults["grace"] + defaults["every"] + defaults["timeout"] < 30
     watch_closely(monkeypatch)
-    corpus = make_corpus(tmp_path / "corpus", seed=0, n_train=16)  # 2 steps an epoch at batch 8, 20 in all
+    corpus = make_corpus(tmp_path / "corpus", seed=0, n_train=16)  # 2 steps an epoch at batch 8, 12 in 6 epochs
     s = start_server(tmp_path, name="doomed", key=CANARY_KEY)
     monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
     log_dir = tmp_path / "run"
     metrics = log_dir / "metrics.jsonl"
-    killed_at = kill_when(s.proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 8)  # a few steps in
+    killed_at = kill_when(s.proc, lambda: metrics.exists() and metrics.read_text().count("\n") >= 6)  # half way
     with pytest.raises(EngineError, match="stopped answering") as err:
-        sft(corpus.train, model=DEFAULT_MODEL, engine="tinker", base_url=s.url, log_dir=log_dir,
-            save_every=4, progress=False)
+        sft(corpus.train, model=DEFAULT_MODEL, engine="tinker", base_url=s.url, log_dir=log_dir, epochs=6,
+            save_every=3, progress=False)
     # the failure came after the kill, from the dead server (its port refuses), within seconds
     assert killed_at and time.monotonic() - killed_at[0] < 30
     assert "Connection refused" in str(err.value), str(err.value)
@@ -302,12 +309,27 @@ def test_a_server_that_dies_mid_run_fails_the_call_quickly_and_the_run_resumes(t
     s.log.close()
     part = read_training_log(log_dir)
     assert not part.complete and part.state_path is not None
-    again = start_server(tmp_path, "--data-dir", str(s.data_dir), name="again", key=CANARY_KEY)
+    again = start_server(tmp_path, "--data-dir", str(s.data_dir), "--verbose", name="again", key=CANARY_KEY)
     try:
         done = sft(corpus.train, resume=log_dir, base_url=again.url, progress=False)
+    except BaseException:
+        stop_server(again)
+        raise
+    assert done.complete and done.steps == 12
+
+    monkeypatch.setenv("TINKER_BASE_URL", again.url)
+    rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
+            for a in range(10, 40) for b in range(10, 20)]  # 300 rows: sampling takes a while
+    sampled = again.output().count("POST /api/v1/asample")
+    killed_at = kill_when(again.proc, lambda: again.output().count("POST /api/v1/asample") >= sampled + 3)
+    try:
+        with pytest.raises(EngineError, match="stopped answering") as err:
+            evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, progress=False, max_tokens=64)
     finally:
         stop_server(again)
-    assert done.complete and done.steps == 20
+    assert killed_at and time.monotonic() - killed_at[0] < 30
+    assert "Connection refused" in str(err.value), str(err.value)  # from the dead server
+    assert not [k for k in engines._CLIENTS if k[1] == again.url]  # no SDK client kept heartbeating at a dead server
 
 
 def _call(method: str, url: str, path: str, key: str | None = CANARY_KEY) -> tuple[int, dict]:
@@ -398,27 +420,3 @@ def test_a_checkpoint_of_another_server_says_where_it_is_served(served, sc, monk
     finally:
         close_clients(served.url)  # this server stops with the module: end the session kept for it first
     assert len(df.rows) == 2 and df.rows["error"].isna().all()
-
-
-def test_a_server_that_dies_while_evaluate_samples_fails_the_call_quickly(tmp_path, monkeypatch):
-    """evaluate on a `machine-nb serve` URL (engine="tinker"): kill the server while it samples.
-    The SDK alone would retry for ~5 minutes; the call fails with EngineError well within 30 s
-    (the watchdog's waits shortened as in the test above)."""
-    from machine_nb.evaluation.evaluate import evaluate
-
-    watch_closely(monkeypatch)
-    s = start_server(tmp_path, "--verbose", name="doomed-eval", key=CANARY_KEY)
-    monkeypatch.setenv("TINKER_API_KEY", CANARY_KEY)
-    monkeypatch.setenv("TINKER_BASE_URL", s.url)
-    rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}], "expected": f"answer: {a + b}"}
-            for a in range(10, 40) for b in range(10, 20)]  # 300 rows: sampling takes a while
-    killed_at = kill_when(s.proc, lambda: s.output().count("POST /api/v1/asample") >= 3)  # while sampling
-    with pytest.raises(EngineError, match="stopped answering") as err:
-        evaluate(rows, model=DEFAULT_MODEL, engine="tinker", save=False, progress=False, max_tokens=64)
-    assert killed_at and time.monotonic() - killed_at[0] < 30
-    assert "Connection refused" in str(err.value), str(err.value)  # from the dead server
-    from machine_nb import engines
-
-    assert not [k for k in engines._CLIENTS if k[1] == s.url]  # no SDK client kept heartbeating at a dead server
-    s.proc.wait()
-    s.log.close()
