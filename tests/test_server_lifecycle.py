@@ -109,36 +109,14 @@ def test_a_script_on_the_local_engine_exits_promptly_with_its_sessions_finished(
     assert time.monotonic() - start < 180  # (the bound is the requirement: "exits promptly", not a benchmark)
 
 
-def test_work_still_going_in_another_thread_at_exit_finishes(tmp_path):
-    """The main thread ends while a (non-daemon) thread still evaluates: Python waits for that
-    thread, and the local server keeps serving it until it is done. The thread's calls all start
-    once the main thread has ended (it joins it first), so every one of them comes at exit."""
-    body = ROWS + textwrap.dedent("""
-        import threading
-        import machine_nb as mnb
-
-        mnb.evaluate(ROWS, save=False, progress=False)  # the server is up, the imports done
-        many = ROWS * 4
-        main = threading.main_thread()
-
-        def work():
-            main.join()  # returns once the main thread has ended: the interpreter is exiting
-            for _ in range(3):
-                assert len(mnb.evaluate(many, save=False, progress=False).rows) == len(many)
-            print("thread done", flush=True)
-
-        threading.Thread(target=work).start()
-        print("main done", flush=True)
-    """)
-    done = run_script(tmp_path, body, timeout=180)
-    assert_quiet(done)
-    assert "main done" in done.stdout and "thread done" in done.stdout
-
-
-def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
+def test_no_heartbeat_warning_after_a_server_stops_or_dies_and_work_at_exit_finishes(tmp_path):
     """A stopped local server and a killed `machine-nb serve` (engine="tinker"): machine_nb keeps no
     SDK client for either, so no heartbeat keeps failing and nothing is printed; the next call on
-    the local engine starts a fresh server and works."""
+    the local engine starts a fresh server and works.
+
+    Then the main thread ends while a (non-daemon) thread still evaluates: Python waits for that
+    thread, and the local server keeps serving it until it is done. The thread's calls all start
+    once the main thread has ended (it joins it first), so every one of them comes at exit."""
     body = FAST_SDK_CLOCK + ROWS + textwrap.dedent("""
         import os, signal, subprocess, sys, time
         import machine_nb as mnb
@@ -167,10 +145,24 @@ def test_no_heartbeat_warning_after_a_server_stops_or_dies(tmp_path):
             print("refused:", str(exc)[:60], flush=True)
         time.sleep(0.5)                      # five SDK heartbeats, 250 s by its fast clock
         print("done", flush=True)
+
+        import threading
+        many = ROWS * 4
+        main = threading.main_thread()
+
+        def work():
+            main.join()  # returns once the main thread has ended: the interpreter is exiting
+            for _ in range(3):
+                assert len(mnb.evaluate(many, save=False, progress=False).rows) == len(many)
+            print("thread done", flush=True)
+
+        threading.Thread(target=work).start()
+        print("main done", flush=True)
     """)
     done = run_script(tmp_path, body)
     assert_quiet(done)
     assert "refused: Tinker at http://127.0.0.1" in done.stdout and "done" in done.stdout
+    assert "main done" in done.stdout and "thread done" in done.stdout
 
 
 def _children(pid: int) -> list[int]:
