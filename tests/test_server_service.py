@@ -25,7 +25,7 @@ from tinker import types
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
 
-from serving import TEST_KEY, start_server, stop_server
+from serving import TEST_KEY, Served, start_server, stop_server
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by any user (the venv's interpreter may sit under /root)
 
@@ -143,31 +143,46 @@ def test_every_server_has_a_key_and_the_processs_own_clients_send_it():
     assert call(ensure_server().url, "/api/v1/training_runs", key=None)[0] == 401
 
 
-def test_serve_takes_its_key_from_a_file_or_the_environment_never_the_command_line(tmp_path):
+def test_serve_says_it_takes_its_key_from_a_file_or_the_environment():
     helped = subprocess.run([sys.executable, "-m", "machine_nb.cli", "serve", "--help"], capture_output=True,
                             text=True, timeout=60)
     assert "--key-file" in helped.stdout and "MACHINE_NB_SERVER_KEY" in helped.stdout
+    # the key from --key-file and from $MACHINE_NB_SERVER_KEY, never from the command line: checked
+    # on the servers the signal tests below start (start_with_*), one key source each
+
+
+def start_with_a_key_file(tmp_path) -> Served:
+    """`machine-nb serve --key-file`: the server takes the file's key, and it is neither on the
+    command line nor written to the data dir's own key file; the test key of the environment is
+    refused."""
+    key = "tml-from-a-key-file-0123456789"
     key_file = tmp_path / "k"
-    key_file.write_text("tml-from-a-key-file-0123456789\n")
+    key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     served = start_server(tmp_path, "--key-file", str(key_file), key=None, name="filed")
+    served.key = key
     try:
-        cmdline = Path(f"/proc/{served.proc.pid}/cmdline").read_bytes().decode()
-        assert "tml-from-a-key-file" not in cmdline
-        assert call(served.url, "/api/v1/training_runs", key="tml-from-a-key-file-0123456789")[0] == 200
+        assert key not in Path(f"/proc/{served.proc.pid}/cmdline").read_bytes().decode()
+        assert call(served.url, "/api/v1/training_runs", key=key)[0] == 200
         assert call(served.url, "/api/v1/training_runs", key=TEST_KEY)[0] == 401
         assert not (served.data_dir / "server.key").exists()
-    finally:
+    except BaseException:
         stop_server(served)
-    # the key from $MACHINE_NB_SERVER_KEY: checked on the servers the signal tests below start
-    # (assert_key_from_the_environment), rather than on one more server started for it alone
+        raise
+    return served
 
 
-def assert_key_from_the_environment(served) -> None:
+def start_with_the_key_from_the_environment(tmp_path) -> Served:
     """A server started with $MACHINE_NB_SERVER_KEY (serving.start_server's way) takes that key,
     and it is not on the server's command line."""
-    assert TEST_KEY not in Path(f"/proc/{served.proc.pid}/cmdline").read_bytes().decode()
-    assert call(served.url, "/api/v1/training_runs", key=TEST_KEY)[0] == 200
+    served = start_server(tmp_path)
+    try:
+        assert TEST_KEY not in Path(f"/proc/{served.proc.pid}/cmdline").read_bytes().decode()
+        assert call(served.url, "/api/v1/training_runs", key=TEST_KEY)[0] == 200
+    except BaseException:
+        stop_server(served)
+        raise
+    return served
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,17 +314,18 @@ def test_a_negative_content_length_gets_an_answer(srv):
 # 7: stopping
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_the_server_cleanly_and_answers_the_request_in_progress(tmp_path, sig):
+@pytest.mark.parametrize("sig, start", [(signal.SIGTERM, start_with_a_key_file),
+                                        (signal.SIGINT, start_with_the_key_from_the_environment)])
+def test_a_signal_stops_the_server_cleanly_and_answers_the_request_in_progress(tmp_path, sig, start):
     """A poll held open on a request that cannot finish yet (an earlier seq_id never came) is
     answered as a failed request saying the server stopped; the process prints "stopped", exit 0.
-    (The server takes its key from $MACHINE_NB_SERVER_KEY: checked here too.)"""
+    (Each server takes its key from one of the sources `serve` reads, checked as it starts.)"""
     import threading
 
-    served = start_server(tmp_path)
+    served = start(tmp_path)
     try:
-        assert_key_from_the_environment(served)
-        post = lambda path, body: call(served.url, path, key=TEST_KEY, body=json.dumps(body).encode(), method="POST")
+        post = lambda path, body: call(served.url, path, key=served.key, body=json.dumps(body).encode(),
+                                       method="POST")
         sid = post("/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"})[1]["session_id"]
         created = post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL,
                                                 "lora_config": {"rank": 2}})[1]
