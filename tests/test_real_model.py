@@ -229,3 +229,71 @@ def _tracked_files() -> list[str]:
 
     root = Path(__file__).resolve().parent.parent
     return subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_read_gguf_reads_the_fields_and_tensors_the_gguf_librarys_reader_reads(tmp_path):
+    """On a small file of every value type and of plain, Q8_0 and Q4_1 tensors (the real file's kinds)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFWriter, quants
+
+    path = tmp_path / "small.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_uint32("llama.block_count", 2)
+    writer.add_int64("some.int64", -5)
+    writer.add_float32("llama.rope.freq_base", 0.1)
+    writer.add_float64("some.float64", 1 / 3)
+    writer.add_bool("tokenizer.ggml.add_bos_token", False)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "Ġb", "日本", ""])
+    writer.add_array("tokenizer.ggml.token_type", [1, 3, 1, 1])
+    writer.add_array("some.floats", [0.5, -1.25])
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((4, 64)).astype(np.float32)
+    writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(8).astype(np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", quants.quantize(weights, Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.add_tensor("blk.0.ffn_up.weight", quants.quantize(weights, Q.Q4_1), raw_dtype=Q.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    fields, tensors = hf.read_gguf(path)
+    reader = GGUFReader(str(path))
+    expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert fields == expected and len(fields) == 10
+    assert list(tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        kind, raw = tensors[t.name]
+        assert kind == t.tensor_type and raw.shape == t.data.shape and np.array_equal(raw, t.data)
+    kind, raw = tensors["blk.0.attn_q.weight"]
+    assert np.abs(quants.dequantize(raw, kind) - weights).max() < 0.05
+
+
+def test_llama_weights_name_and_lay_out_the_tensors_as_transformers_gguf_loader_does():
+    """Hugging Face's names, and the query and key rows un-permuted as transformers' Llama processor does."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rng = np.random.default_rng(1)
+    heads, kv_heads, head_dim, hidden = 3, 1, 4, 6
+    raw = {"blk.0.attn_q.weight": rng.standard_normal((heads * head_dim, hidden)),
+           "blk.0.attn_k.weight": rng.standard_normal((kv_heads * head_dim, hidden)),
+           "blk.0.attn_v.weight": rng.standard_normal((kv_heads * head_dim, hidden)),
+           "blk.12.ffn_down.weight": rng.standard_normal((hidden, 5)),
+           "token_embd.weight": rng.standard_normal((7, hidden)), "output_norm.weight": rng.standard_normal(hidden)}
+    tensors = {k: (Q.F32, v.astype(np.float32)) for k, v in raw.items()}
+    fields = {"llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads}
+    out = hf.llama_weights(fields, tensors)
+    assert sorted(out) == ["model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight",
+                           "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                           "model.layers.12.mlp.down_proj.weight", "model.norm.weight"]
+    processor = LlamaTensorProcessor(config={"num_attention_heads": heads, "num_key_value_heads": kv_heads})
+    for gguf_name, hf_name in [("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+                               ("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight"),
+                               ("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight")]:
+        expected = processor.process(tensors[gguf_name][1], gguf_name).weights
+        assert out[hf_name].dtype == np.float32 and np.array_equal(out[hf_name], expected)
+    assert not np.array_equal(out["model.layers.0.self_attn.q_proj.weight"], tensors["blk.0.attn_q.weight"][1])
+    with pytest.raises(EngineError, match="unexpected tensor"):
+        hf.llama_weights(fields, {"blk.0.attn_qkv.weight": (Q.F32, np.zeros((2, 2), np.float32))})

