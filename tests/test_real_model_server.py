@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tinker
@@ -90,32 +91,38 @@ def test_raw_sdk_trains_samples_the_trained_reply_and_resumes_exactly_after_a_re
     assert tok.encode("Hello world") == renderer.tokenizer.encode("Hello world")
     losses = [step(tc, data) for _ in range(3)]
     state = tc.save_state("three").result().path
-    losses += [step(tc, data) for _ in range(2)]  # five: four leave the reply's end token near even odds
-    assert losses[-1] < 0.2 * losses[0], losses
-    path = tc.save_weights_for_sampler("five").result().path
-    ckpt = served.data_dir / "runs" / path.split("/")[2] / "sampler_weights" / "five"
-    assert (ckpt / "adapter.safetensors").stat().st_size < 20_000_000  # the adapters only
-    from safetensors import safe_open
-
-    with safe_open(str(ckpt / "adapter.safetensors"), "pt") as f:  # the SDK's default train_unembed=True
-        assert any("lm_head.lora_A" in k for k in f.keys()) and not any("embed_tokens" in k for k in f.keys())
-    sampler = sc.create_sampling_client(model_path=path).result()
-    q, a = ROUTES[0]
-    prompt = renderer.build_generation_prompt([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
-    res = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, temperature=0.0,
-                                                         stop=renderer.get_stop_sequences())).result()
-    reply, term = renderer.parse_response(res.sequences[0].tokens)
-    assert reply["content"] == a and term.is_stop_sequence
-
-    # a new server process on the same data dir resumes the run from the saved state and optimizer
-    again = start_server(tmp_path, "--data-dir", str(served.data_dir), name="again")
+    # a new server process on the same data dir, started once the state is saved (it starts while this
+    # one trains on), resumes the run at the end
+    starting = ThreadPoolExecutor(1)
+    again = starting.submit(start_server, tmp_path, "--data-dir", str(served.data_dir), name="again")
+    starting.shutdown(wait=False)
     try:
-        sc2 = tinker.ServiceClient(base_url=again.url, api_key=KEY)
+        losses += [step(tc, data) for _ in range(2)]  # five: four leave the reply's end token near even odds
+        assert losses[-1] < 0.2 * losses[0], losses
+        path = tc.save_weights_for_sampler("five").result().path
+        ckpt = served.data_dir / "runs" / path.split("/")[2] / "sampler_weights" / "five"
+        assert (ckpt / "adapter.safetensors").stat().st_size < 20_000_000  # the adapters only
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / "adapter.safetensors"), "pt") as f:  # the SDK's default train_unembed=True
+            assert any("lm_head.lora_A" in k for k in f.keys()) and not any("embed_tokens" in k for k in f.keys())
+        sampler = sc.create_sampling_client(model_path=path).result()
+        q, a = ROUTES[0]
+        prompt = renderer.build_generation_prompt([{"role": "system", "content": SYSTEM},
+                                                   {"role": "user", "content": q}])
+        res = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, temperature=0.0,
+                                                             stop=renderer.get_stop_sequences())).result()
+        reply, term = renderer.parse_response(res.sequences[0].tokens)
+        assert reply["content"] == a and term.is_stop_sequence
+
+        # the new server resumes the run from the saved state and optimizer: the first step's loss
+        # checks the weights, the second's the optimizer's state
+        sc2 = tinker.ServiceClient(base_url=again.result().url, api_key=KEY)
         tc2 = sc2.create_training_client_from_state_with_optimizer(state).result()
         assert [step(tc2, data) for _ in range(2)] == losses[3:5]
         sc2.close("success").result(timeout=60)
     finally:
-        stop_server(again)
+        stop_server(again.result())
 
 
 def test_a_sampling_clients_get_tokenizer_loads_the_real_models_tokenizer_by_name_offline(sc, renderer):
