@@ -5,17 +5,21 @@ and with every notebook cell drawn (no windowing, so off-screen outputs can be m
 server in its own process group, waiting for "| Idle" before Run > Run All. Any test module can
 reuse it:
 
-    with lab_server(tmp) as lab, chromium_page() as page:
+    with lab_server(tmp) as lab, lab_page(lab) as page:
         write_notebook(tmp / "x.ipynb", ["print('ok')"])
-        open_and_run_all(page, lab.url("x.ipynb"))
+        open_and_run_all(page, lab, "x.ipynb")
 
-Starting Lab and Chromium costs seconds, so a test process keeps one of each: the `lab` fixture
-(tests/conftest.py) gives each test its own folder of the process's one Lab, opened in a workspace
-of its own (no tab of an earlier test is restored), and shuts the test's kernels and puts the
-theme back when the test ends; `chromium_page()` opens a fresh browser context (no cookies, storage
-or tabs of an earlier test) in the process's one Chromium, which stops once the next test is not a
-browser test (a running Playwright marks an asyncio loop as running, which other tests' asyncio
-would trip on).
+Starting Lab and Chromium and loading Lab's page cost seconds, so a test process keeps one of
+each: the `lab` fixture (tests/conftest.py) gives each test its own folder of the process's one
+Lab and shuts the test's kernels when the test ends; `lab_page(lab)` lends the process's one Lab
+page (loaded once, in a workspace of its own), where `open_and_run_all` opens each test's notebook
+with Lab's `docmanager:open`, so each test's notebook has its own panel, widget manager and new
+kernel. When the block ends every document is closed unsaved (the files stay as the test left them)
+and the theme is Lab's default again; a block that fails closes the page's browser context
+instead, so the next test loads Lab afresh. `chromium_page()` opens a fresh browser context (no
+cookies, storage or tabs of an earlier test) for pages that are not Lab. The process's one
+Chromium stops once the next test is not a browser test (a running Playwright marks an asyncio
+loop as running, which other tests' asyncio would trip on).
 
 Lab switches themes without a reload, so one run of a notebook can be checked in both themes:
 `set_theme(page, "JupyterLab Dark")` between the checks, each inside `screenshot_after(page, path)`.
@@ -226,6 +230,7 @@ def shared_browser():
 
 def stop_browser() -> None:
     """Close the shared Chromium and stop Playwright (which leaves no asyncio loop marked running)."""
+    _shared.pop("lab_page", None)  # its context closes with the browser
     browser, playwright = _shared.pop("browser", None), _shared.pop("playwright", None)
     try:
         if browser is not None:
@@ -249,20 +254,97 @@ def chromium_page(width: int = 1280, height: int = 900, **context_options) -> It
         context.close()
 
 
-def open_and_run_all(page, url: str) -> None:
-    """Open a notebook, wait for its kernel to be idle, then Run > Run All Cells."""
+LIGHT = "JupyterLab Light"  # Lab's default theme
+
+# Close every document of the main area unsaved (a test reads its files as it left them), then
+# wait until none is left: closing a document's last tab disposes its context and widget manager.
+# (Lab opens its Launcher in an emptied main area; that one stays.)
+_CLOSE_DOCUMENTS_JS = """async () => {
+  const app = window.jupyterapp;
+  const documents = () => Array.from(app.shell.widgets("main")).filter((w) => w.context);
+  for (const w of documents()) {
+    if (w.context.model) w.context.model.dirty = false;  // no "Save your work?" dialog
+    w.close();
+  }
+  for (const end = Date.now() + 60000; documents().length; ) {
+    if (Date.now() > end) throw new Error("documents still open: " + documents().map((w) => w.title.label));
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return true;
+}"""
+
+
+@contextlib.contextmanager
+def lab_page(lab: Lab, width: int = 1280, height: int = 900) -> Iterator:
+    """The process's one page on JupyterLab `lab` (its server), at `width` x `height`, with Lab
+    loaded and no document open; open notebooks with `open_and_run_all` (or `open_notebook`).
+
+    When the block ends, every document is closed unsaved and the theme is Lab's default again; when
+    the block raises, the page's browser context is closed and the next call loads Lab in a new one
+    (nothing a failed test left, such as a dialog, reaches the next test)."""
+    held = _shared.get("lab_page")
+    if held is not None and held[0] != lab.base:
+        _shared.pop("lab_page")[1].close()
+        held = None
+    if held is None:
+        context = shared_browser().new_context(viewport={"width": width, "height": height})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(f"{lab.base}/lab/workspaces/browser-tests?reset&token={lab.token}")
+            page.wait_for_function("() => window.jupyterapp")
+            page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+        except BaseException:
+            context.close()
+            raise
+        held = _shared["lab_page"] = (lab.base, context, page)
+    else:
+        held[2].set_viewport_size({"width": width, "height": height})
+    page = held[2]
+    try:
+        yield page
+    except BaseException:
+        _shared.pop("lab_page", None)
+        held[1].close()
+        raise
+    try:
+        page.evaluate(_CLOSE_DOCUMENTS_JS)
+        if page.evaluate("document.body.dataset.jpThemeName") != LIGHT:
+            set_theme(page, LIGHT)
+    except BaseException:
+        _shared.pop("lab_page", None)
+        held[1].close()
+        raise
+
+
+def open_notebook(page, lab: Lab, notebook: str) -> None:
+    """Open `notebook` (under lab.root) in a new tab of the Lab page and wait until it is in front
+    with its new kernel idle and the status bar saying so (so `end_test` finds the kernel)."""
     from playwright.sync_api import expect
 
-    page.goto(url)
+    path = f"{lab.prefix}/{notebook}" if lab.prefix else notebook
+    run_command(page, "docmanager:open", {"path": path})
+    page.wait_for_function("""(path) => {
+      const w = window.jupyterapp.shell.currentWidget;
+      const kernel = w && w.context && w.context.path === path && w.sessionContext.session
+        && w.sessionContext.session.kernel;
+      return !!kernel && kernel.status === "idle";
+    }""", arg=path)
     # The Run menu opened before the kernel is idle keeps its items disabled for good.
     expect(page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\| Idle$"))).to_be_visible()
+
+
+def open_and_run_all(page, lab: Lab, notebook: str) -> None:
+    """Open a notebook in the Lab page (see `lab_page`), wait for its kernel to be idle, then
+    Run > Run All Cells."""
+    open_notebook(page, lab, notebook)
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
 
 
 def run_command(page, command: str, args: dict | None = None) -> None:
     """Run a JupyterLab command (e.g. "apputils:change-theme", "docmanager:save") and wait for it."""
-    page.evaluate("([c, a]) => window.jupyterapp.commands.execute(c, a)", [command, args or {}])
+    page.evaluate("([c, a]) => window.jupyterapp.commands.execute(c, a).then(() => null)", [command, args or {}])
 
 
 def set_theme(page, theme: str) -> None:

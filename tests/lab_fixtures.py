@@ -1,11 +1,11 @@
 """Fixtures for the browser tests (tests/conftest.py imports them): one JupyterLab per test process.
 
-`lab` is that server seen from a new folder of its own for each test (its notebooks, files and Lab
-workspace); when the test ends its kernels are shut down (in the background, while the next test
-opens its page) and the theme is Lab's default again.
+`lab` is that server seen from a new folder of its own for each test (its notebooks and files);
+when the test ends its kernels are shut down (in the background, while the next test opens its
+notebook) and the theme saved in the settings is Lab's default again.
 `shared_lab` is the server itself, for a module that keeps one folder for all its tests. The shared
-Chromium (`lab.chromium_page`) stops after a browser test whose next test is not one (marker
-`browser`), so no Playwright is left running under other tests.
+Chromium, with the Lab page `lab.lab_page` lends, stops after a browser test whose next test is not
+one (marker `browser`), so no Playwright is left running under other tests.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from lab import (keep_widget_picture, chromium_page, contrast, keep_screenshot, open_and_run_all, run_command, saved_static,
+from lab import (keep_widget_picture, lab_page, contrast, keep_screenshot, open_and_run_all, run_command, saved_static,
                  screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
@@ -55,9 +55,9 @@ def test_click_rows_in_run_picker_and_tag_in_jupyterlab(lab, tmp_path):
     root = lab.root
     write_notebook(root / "widgets.ipynb", [SETUP, PICKER, TAGGER, "print('ok')"])
     shot = tmp_path / "run_picker.png"
-    with chromium_page() as page:
+    with lab_page(lab) as page:
         try:
-            open_and_run_all(page, lab.url("widgets.ipynb"))
+            open_and_run_all(page, lab, "widgets.ipynb")
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
             rows = page.locator(".mnb-table tbody tr")
             expect(rows).to_have_count(10)  # one page of the 30 runs, drawn by table.js
@@ -118,9 +118,9 @@ def test_picker_drives_previewer_and_tagger_and_the_saved_notebook_keeps_it(lab,
     root = lab.root
     nb_path = write_notebook(root / "linked.ipynb", LINKED)
     shot = tmp_path / "linked_picker_previewer.png"
-    with chromium_page(height=2200) as page:
+    with lab_page(lab, height=2200) as page:
         try:
-            open_and_run_all(page, lab.url("linked.ipynb"))
+            open_and_run_all(page, lab, "linked.ipynb")
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
             status = page.locator(".mnb-previewer .widget-html", has_text="ExamplePreviewer")
             expect(page.locator(".mnb-previewer", has_text="Select runs in the picker")).to_be_visible()
@@ -232,9 +232,9 @@ def test_widget_text_is_readable_in_light_and_dark_themes(lab, tmp_path):
 
     write_notebook(lab.root / "themed.ipynb", THEMED)
     reports = {}
-    with chromium_page(width=1400, height=2600) as page:
+    with lab_page(lab, width=1400, height=2600) as page:
         with screenshot_after(page, tmp_path / "widgets_light_theme.png"):
-            open_and_run_all(page, lab.url("themed.ipynb"))
+            open_and_run_all(page, lab, "themed.ipynb")
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
             expect(page.locator(".mnb-tok-trained:visible").first).to_be_visible()  # the live views
             expect(page.locator(".mnb-compare-rows:visible").first).to_be_visible()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from candidate_cells import RESULTS
-from lab import chromium_page, keep_widget_picture, open_and_run_all, set_theme, write_notebook
+from lab import lab_page, keep_widget_picture, open_and_run_all, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -49,9 +49,9 @@ def test_commit_button_obeys_the_gate_in_jupyterlab(lab, tmp_path):
     shot = tmp_path / "candidate_view.png"
     versions = root / "ws" / "machines" / "tutor" / "versions.json"
     before = versions.read_bytes()
-    with chromium_page() as page:
+    with lab_page(lab) as page:
         try:
-            open_and_run_all(page, lab.url("candidate.ipynb"))
+            open_and_run_all(page, lab, "candidate.ipynb")
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
             buttons = page.locator(".widget-button", has_text="Commit")
             expect(buttons).to_have_count(2)

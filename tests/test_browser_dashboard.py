@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import chromium_page, contrast, open_and_run_all, run_command, screenshot_after, set_theme, write_notebook
+from lab import lab_page, contrast, open_and_run_all, run_command, screenshot_after, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -42,8 +42,8 @@ def test_dashboard_shows_new_runs_as_they_land(lab, tmp_path):
 
     events = str(lab.root / "ws" / ".machine" / "events.jsonl")
     try:
-        with chromium_page() as page:
-            open_and_run_all(page, lab.url("dash.ipynb"))
+        with lab_page(lab) as page:
+            open_and_run_all(page, lab, "dash.ipynb")
             view = page.locator(".mnb-dashboard-view")
             expect(view.locator(".mnb-machines")).to_contain_text("support")
             expect(view.locator(".mnb-latest a.mnb-run")).to_have_count(1)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import keep_widget_picture, chromium_page, open_and_run_all, run_in_kernel, screenshot_after, set_theme, write_notebook
+from lab import keep_widget_picture, lab_page, open_and_run_all, run_in_kernel, screenshot_after, set_theme, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -156,9 +156,9 @@ def test_run_picker_in_jupyterlab(lab, tmp_path):
 
     shutil.copytree(SAMPLE / ".machine", lab.root / "ws" / ".machine")
     nb_path = write_notebook(lab.root / "picker.ipynb", CELLS)
-    with chromium_page(width=1400, height=1000) as page:
+    with lab_page(lab, width=1400, height=1000) as page:
         with screenshot_after(page, tmp_path / "run_picker_light.png"):
-            open_and_run_all(page, lab.url("picker.ipynb"))
+            open_and_run_all(page, lab, "picker.ipynb")
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]')).to_have_text("ok")
             set_theme(page, THEMES["light"])
             use_the_picker(page, nb_path, "light", search="order", matches=23, pages=3)

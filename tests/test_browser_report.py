@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import TIMEOUT_MS, chromium_page, keep_screenshot, set_theme, screenshot_after, shared_browser
+from lab import TIMEOUT_MS, keep_screenshot, lab_page, open_notebook, screenshot_after, set_theme, shared_browser
 
 pytestmark = pytest.mark.browser
 
@@ -140,8 +140,8 @@ def test_dollar_amounts_read_as_text_in_jupyterlab(lab, tmp_path):
     (lab.root / "dollars.ipynb").write_text(json.dumps({
         "cells": cells, "nbformat": 4, "nbformat_minor": 5,
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
-    with chromium_page() as page:
-        page.goto(lab.url("dollars.ipynb"))
+    with lab_page(lab) as page:
+        open_notebook(page, lab, "dollars.ipynb")
         expect(page.locator(".jp-MarkdownCell mjx-container").first).to_be_attached()  # MathJax has run
         for theme, shot in (("JupyterLab Light", "dollars_light.png"), ("JupyterLab Dark", "dollars_dark.png")):
             set_theme(page, theme)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from candidate_cells import RESULTS
-from lab import (chromium_page, contrast, open_and_run_all, run_command, run_in_kernel, screenshot_after, set_theme,
+from lab import (lab_page, contrast, open_and_run_all, run_command, run_in_kernel, screenshot_after, set_theme,
                  write_notebook)
 
 pytestmark = pytest.mark.browser
@@ -85,7 +85,7 @@ def lab(shared_lab):
 
 @pytest.fixture(scope="module")
 def page(lab):
-    with chromium_page(width=1400, height=2000) as p:
+    with lab_page(lab, width=1400, height=2000) as p:
         yield p
 
 
@@ -97,7 +97,7 @@ def session(lab, page):
     shutil.copytree(SAMPLE / "machines" / "tutor", lab.root / "ws" / "machines" / "tutor")
     write_notebook(lab.root / "review.ipynb", CELLS)
     with screenshot_after(page, lab.root / "session.png"):
-        open_and_run_all(page, lab.url("review.ipynb"))
+        open_and_run_all(page, lab, "review.ipynb")
         expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible()
         expect(page.locator(".mnb-table tbody tr")).to_have_count(12)
     return lab.root / "review.ipynb"

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from lab import (keep_widget_picture, chromium_page, contrast, open_and_run_all, run_command, saved_static, screenshot_after,
+from lab import (keep_widget_picture, lab_page, contrast, open_and_run_all, run_command, saved_static, screenshot_after,
                  set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
@@ -64,9 +64,9 @@ def test_sweep_view_dropdown_redraws_and_reads_in_both_themes(lab, tmp_path):
 
     nb_path = write_notebook(lab.root / "sweep.ipynb", CELLS)
     reports, saved = {}, {}
-    with chromium_page(width=1300, height=1600) as page:
+    with lab_page(lab, width=1300, height=1600) as page:
         with screenshot_after(page, tmp_path / "sweep_view_light.png"):
-            open_and_run_all(page, lab.url("sweep.ipynb"))
+            open_and_run_all(page, lab, "sweep.ipynb")
             expect(page.locator('[data-mime-type="application/vnd.jupyter.stdout"]', has_text="ok")).to_be_visible(
                 timeout=240_000)
             assert saved_x(nb_path) is None  # nothing saved yet: the first save below is this one
