@@ -114,7 +114,7 @@ class Lab:
         """Leave the server as a new test expects it: every kernel shut down, the theme Lab's default.
 
         The kernels are stopped through the REST API in a thread, while the next test opens its
-        page; the next `end_test` (or `wait_stopped`) waits for that and raises what it met."""
+        notebook; the next `end_test` (or `wait_stopped`) waits for that and raises what it met."""
         self.wait_stopped()
         doomed = ([f"sessions/{s['id']}" for s in self._api("GET", "sessions")]
                   + [f"kernels/{k['id']}" for k in self._api("GET", "kernels")])
@@ -132,15 +132,21 @@ class Lab:
         thread = threading.Thread(target=stop, name="lab-end-test", daemon=True)
         thread.start()
         _stopping.append(thread)
+        _stopping_last[0] = thread
         server_root = self.root if not self.prefix else self.root.parent
         theme = server_root / ".lab-settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
         theme.unlink(missing_ok=True)  # set_theme saved a choice there; without it Lab opens in its default
 
-    def wait_stopped(self) -> None:
-        """Wait until the kernels earlier `end_test` calls stop have gone; raise what stopping met."""
+    def wait_stopped(self, last: bool = True) -> None:
+        """Wait until the kernels earlier `end_test` calls stop have gone; raise what stopping met.
+
+        With `last=False` the latest `end_test`'s stop is not waited for: for the server's own end,
+        which stops its kernels with it (one process group)."""
         errors = []
         while _stopping:
             item = _stopping.pop(0)
+            if not last and item is _stopping_last[0]:
+                continue
             if isinstance(item, threading.Thread):
                 item.join(90)
                 if item.is_alive():
@@ -152,6 +158,7 @@ class Lab:
 
 
 _stopping: list = []  # end_test's threads, then any error they met
+_stopping_last: list = [None]  # the latest end_test's thread
 
 
 @contextlib.contextmanager

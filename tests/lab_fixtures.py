@@ -27,7 +27,7 @@ def shared_lab(tmp_path_factory):
     chromium_path()  # fails at once, saying to run `make setup`, when Chromium is missing
     with lab_server(tmp_path_factory.mktemp("lab")) as server:
         yield server
-        server.wait_stopped()
+        server.wait_stopped(last=False)  # the last test's kernels stop with the server
 
 
 @pytest.fixture
