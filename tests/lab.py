@@ -290,7 +290,7 @@ def lab_page(lab: Lab, width: int = 1280, height: int = 900) -> Iterator:
     the block raises, the page's browser context is closed and the next call loads Lab in a new one
     (nothing a failed test left, such as a dialog, reaches the next test)."""
     held = _shared.get("lab_page")
-    if held is not None and held[0] != lab.base:
+    if held is not None and (held[0] != lab.base or held[2].is_closed()):
         _shared.pop("lab_page")[1].close()
         held = None
     if held is None:
