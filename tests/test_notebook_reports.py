@@ -61,6 +61,24 @@ def test_report_has_no_widget_state_and_shows_static_tables(report):
 
 
 @pytest.mark.slow
+def test_report_shows_the_committed_per_machine_table(report):
+    """The cell marked NBVAL_CHECK_OUTPUT shows what the committed copy shows, both as text and as
+    the HTML table: the sample workspace is deterministic, so its numbers must not drift. (This run
+    is the suite's run of notebook 02: every cell ran without an error, checked above.)"""
+    rep, _ = report
+
+    def shown(nb: dict) -> list[dict[str, str]]:
+        cell = next(c for c in nb["cells"] if c.get("id") == "by-machine")
+        assert "# NBVAL_CHECK_OUTPUT" in "".join(cell["source"])
+        return [{mime: "".join(value) for mime, value in out.get("data", {}).items()
+                 if mime in ("text/plain", "text/html")} for out in cell["outputs"]]
+
+    ran, committed = (shown(json.loads(p.read_text(encoding="utf-8"))) for p in (rep.executed, NOTEBOOK))
+    assert committed and all(out.get("text/plain") and out.get("text/html") for out in committed)
+    assert ran == committed
+
+
+@pytest.mark.slow
 def test_report_exports_valid_training_jsonl_to_the_given_path(report):
     rep, tmp = report
     lines = [json.loads(line) for line in (tmp / "export" / "train.jsonl").read_text().splitlines() if line.strip()]
