@@ -12,7 +12,7 @@ setup:
 report: setup
 	$(PY) -m machine_nb.cli report notebooks/01_minimal_sft.ipynb -o reports/minimal_sft.html
 
-# Every notebook runs in a test, top to bottom with its assertion cells: 01 on both engines and 03, 04,
+# Every notebook runs in a test, top to bottom with its assertion cells: 01 (on both engines), 03, 04,
 # 05, 06 and 07 on smaller parameters (test_notebook_tinker_path.py, test_notebook_promote_run.py,
 # test_notebook_sweep.py, test_preference_notebook.py, test_notebook_real_model.py,
 # test_notebook_inspect.py), 02 on its defaults but scratch paths, through run_report (test_notebook_reports.py, which also
