@@ -15,9 +15,9 @@ report: setup
 # Every notebook runs in a test, top to bottom with its assertion cells: 01 (on both engines), 03, 04,
 # 05, 06 and 07 on smaller parameters (test_notebook_tinker_path.py, test_notebook_promote_run.py,
 # test_notebook_sweep.py, test_preference_notebook.py, test_notebook_real_model.py,
-# test_notebook_inspect.py), 02 on its defaults but scratch paths, through run_report (test_notebook_reports.py, which also
-# compares its NBVAL_CHECK_OUTPUT cell with the committed copy); the committed copies keep the full
-# runs' outputs for readers. nbval runs a notebook not listed here.
+# test_notebook_inspect.py); 02 on its defaults, its scratch paths aside, through run_report
+# (test_notebook_reports.py, which also compares its NBVAL_CHECK_OUTPUT cell with the committed copy).
+# The committed copies keep the full runs' outputs for readers. nbval runs a notebook not listed here.
 NBVAL_SKIP := --ignore=notebooks/01_minimal_sft.ipynb --ignore=notebooks/02_explore_runs.ipynb --ignore=notebooks/03_tag_train_promote.ipynb --ignore=notebooks/04_sweep.ipynb --ignore=notebooks/05_preference.ipynb --ignore=notebooks/06_real_model.ipynb --ignore=notebooks/07_inspect.ipynb
 
 # Test files run in parallel, one pytest worker per CPU up to 4 (each worker keeps a file's tests,
