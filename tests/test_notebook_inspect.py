@@ -3,11 +3,14 @@ kernel, its assertion cell included, on a shorter training run."""
 
 from pathlib import Path
 
+import pytest
+
 from committed_notebook import outputs_text, run_small
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_inspect.ipynb"
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_top_to_bottom_on_a_shorter_training_run(tmp_path):
     """SFT for 6 epochs (36 steps; 60 in the committed run), which already takes the replies to the
     trained format, so the comparison has rows that changed: the assertion cell reads both Inspect

@@ -4,11 +4,14 @@ shows is checked in test_notebook_promote.py."""
 
 from pathlib import Path
 
+import pytest
+
 from committed_notebook import outputs_text, run_small
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_tag_train_promote.ipynb"
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_top_to_bottom_on_a_shorter_training_run(tmp_path):
     """The candidate trains 30 steps (60 in the committed run): deterministic (seed 0), and enough for
     the tagged rows' format, so the assertion cell's thresholds hold for the same reason as on the
