@@ -14,35 +14,44 @@ def ctrl_c_at(bar: str, at: int, hold_step: int) -> Iterator[None]:
     """The training call in the block is interrupted when the `bar` progress bar reaches `at`.
 
     The local engine (served from this process) holds its `hold_step`-th optimizer step until the
-    interrupt, so the run cannot finish first. The block must raise KeyboardInterrupt (a test
-    failure otherwise); both patches are undone when it ends.
+    interrupted training process has been stopped (loop._Runner.stop returned: the process has
+    ended), so the run cannot finish first, however slowly the interrupt travels. The block must
+    raise KeyboardInterrupt (a test failure otherwise); every patch is undone when it ends.
     """
     from machine_nb.engines.local import compute
+    from machine_nb.training import loop
 
     bar_class = importlib.import_module("machine_nb.core.progress").progress  # the module, not the function
     gate, calls = threading.Event(), []
-    real_step, real_update = compute.Trainer.optim_step, bar_class.update
+    real_step, real_update, real_stop = compute.Trainer.optim_step, bar_class.update, loop._Runner.stop
 
     def held_step(self, **params):
         calls.append(1)
         if len(calls) == hold_step:
-            # released by the interrupt; the bound only keeps a broken test from hanging, and is
-            # generous because a loaded machine can take minutes to bring the bar to `at`
+            # released once the training process has stopped; the bound only keeps a broken test
+            # from hanging, and is generous because a loaded machine can take minutes to bring the
+            # bar to `at`
             gate.wait(300)
         return real_step(self, **params)
 
     def interrupting_update(self, n=1, **postfix):
         real_update(self, n, **postfix)
         if self.desc == bar and self.n >= at:  # the training bar, not the token count before it
-            gate.set()
             raise KeyboardInterrupt
 
-    compute.Trainer.optim_step, bar_class.update = held_step, interrupting_update
+    def stop_then_release(self):
+        try:
+            real_stop(self)
+        finally:
+            gate.set()
+
+    compute.Trainer.optim_step, bar_class.update, loop._Runner.stop = held_step, interrupting_update, stop_then_release
     try:
         with pytest.raises(KeyboardInterrupt):
             yield
     finally:
-        compute.Trainer.optim_step, bar_class.update = real_step, real_update
+        gate.set()
+        compute.Trainer.optim_step, bar_class.update, loop._Runner.stop = real_step, real_update, real_stop
 
 
 @contextlib.contextmanager
