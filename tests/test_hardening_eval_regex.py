@@ -20,7 +20,7 @@ from machine_nb.evaluation.scoring import format_matches, score_output
 
 EVIL = "(a|aa)+$"  # exponential for a backtracking engine on "aaaa…a!"
 REPLY = "a" * 200 + "!"
-BOUND_S = 0.25
+BOUND_S = 0.1
 
 PRELUDE = textwrap.dedent("""
     import asyncio, json, sys, warnings
@@ -29,7 +29,7 @@ PRELUDE = textwrap.dedent("""
     from machine_nb.checks.render import get_renderer
     from machine_nb.core import patterns
 
-    MODEL = "thinkingmachines/Inkling-Small"
+    MODEL = "local/arith-tiny"
     renderer = get_renderer(MODEL)
 
     class Fixed:
@@ -69,7 +69,7 @@ SCENARIOS = {
         ]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            res = evaluate(rows, MODEL, engine="tinker", sampling_client=Fixed({REPLY!r}), save=False)
+            res = evaluate(rows, MODEL, engine="local", sampling_client=Fixed({REPLY!r}), save=False)
         df = res.rows
         OUT["evaluate"] = {{"correct": df["correct"].tolist(), "format_ok": df["format_ok"].tolist(),
                             "error": df["error"].tolist(), "summary": res.summary,
@@ -79,7 +79,7 @@ SCENARIOS = {
         from machine_nb.evaluation.evaluate import probe
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            df = probe(["q1", "q2"], MODEL, engine="tinker", format={EVIL!r},
+            df = probe(["q1", "q2"], MODEL, engine="local", format={EVIL!r},
                        baseline_client=Fixed("fine"), checkpoint_client=Fixed({REPLY!r})).rows
         OUT["probe"] = {{"bled": df["bled"].tolist(), "error": df["error"].tolist(),
                          "warnings": [str(w.message) for w in caught]}}
