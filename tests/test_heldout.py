@@ -173,18 +173,42 @@ def test_eval_rows_in_memory_and_the_default_once_an_epoch(corpus, tmp_path):
     assert marker["heldout"]["source"] is None and marker["heldout"]["every"] == 6
 
 
-def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, run, tmp_path):
+#: A short run for Ctrl-C and resume: 12 steps, the first 8 valid rows scored every 3 steps (0, 3, 6,
+#: 9 and the final checkpoint, 12), a checkpoint every 4 (4 and 8)
+SHORT = dict(max_steps=12, eval_every=3, save_every=4, progress=False)
+
+
+@pytest.fixture(scope="module")
+def valid8(corpus, tmp_path_factory):
+    path = tmp_path_factory.mktemp("valid8") / "valid8.jsonl"
+    path.write_text("".join(corpus.valid.read_text().splitlines(keepends=True)[:8]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def short(corpus, valid8, tmp_path_factory):
+    """The short run, uninterrupted: what an interrupted and resumed one is held against."""
+    return sft(corpus.train, log_dir=tmp_path_factory.mktemp("runs") / "short", eval_data=valid8, **SHORT)
+
+
+def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, valid8, short, tmp_path):
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("sft", at=22, hold_step=26):
-        sft(corpus.train, log_dir=log_dir, epochs=10, batch_size=8, eval_data=corpus.valid, eval_every=6,
-            progress=False)
+    # past the step-4 checkpoint and the eval at step 3; step 6 is held until the Ctrl-C, so the
+    # checkpoint at 8 cannot come first
+    with ctrl_c_at("sft", at=5, hold_step=7):
+        sft(corpus.train, log_dir=log_dir, eval_data=valid8, **SHORT)
     part = read_training_log(log_dir)
-    assert not part.complete and part.heldout_accuracy is None and part.evals >= 4
+    assert not part.complete and part.heldout_accuracy is None and part.evals >= 2
+    assert part.state_path.endswith("/weights/000004")
     done = sft(corpus.train, resume=log_dir, progress=False)  # the eval settings come from the run
-    assert done.complete and done.steps == 60
-    assert list(heldout_curve(log_dir)["step"]) == list(heldout_curve(run.log_dir)["step"])
-    assert list(heldout_curve(log_dir)["accuracy"]) == list(heldout_curve(run.log_dir)["accuracy"])
-    assert (done.heldout_accuracy, done.best_step) == (run.heldout_accuracy, run.best_step)
+    assert done.complete and done.steps == 12 and short.complete and short.evals == 5
+    assert list(heldout_curve(log_dir)["step"]) == list(heldout_curve(short.log_dir)["step"]) == [0, 3, 6, 9, 12]
+    assert list(heldout_curve(log_dir)["accuracy"]) == list(heldout_curve(short.log_dir)["accuracy"])
+    assert (done.heldout_accuracy, done.best_step) == (short.heldout_accuracy, short.best_step)
+    # every eval step's replies, word for word, are the uninterrupted run's
+    for step in (0, 3, 6, 9, "final"):
+        assert list(heldout_results(log_dir, step).rows["output"]) == list(
+            heldout_results(short.log_dir, step).rows["output"])
 
 
 def test_observed_cost_on_the_tinker_path_and_the_evaluator_closes_its_session(corpus, tmp_path, monkeypatch):
