@@ -188,9 +188,9 @@ def test_headless_minimal_sft_loop_like_machines_train_commands(tmp_path, capfd,
     assert smoke["steps"] == 2 and smoke["checkpoint"]
     base = json.loads(_main(capfd, "eval", "baseline", "--data", "data/eval.jsonl", "--out", "ev/baseline.json",
                             "--json"))
-    sft = json.loads(_main(capfd, "sft", "data/train.jsonl", "--epochs", "10", "--steps", "60", "--log-dir",
+    sft = json.loads(_main(capfd, "sft", "data/train.jsonl", "--epochs", "10", "--steps", "30", "--log-dir",
                            "logs/sft", "--json"))
-    assert sft["steps"] == 60 and sft["last_loss"] < sft["first_loss"]
+    assert sft["steps"] == 30 and sft["last_loss"] < sft["first_loss"]
     _cli("eval", "checkpoint", sft["checkpoint"], "--data", "data/eval.jsonl", "--out", "ev/final.json", "--json",
          cwd=tmp_path)
     result = json.loads(_main(capfd, "eval", "compare", "ev/baseline.json", "ev/final.json", "--json"))
