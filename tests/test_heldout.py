@@ -21,7 +21,6 @@ from machine_nb.training.train import (HELDOUT_ACCURACY, HELDOUT_FILE, heldout_c
                               sft, training_metrics)
 
 from interrupt import ctrl_c_at
-from trained import minimal_sft
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +115,11 @@ def test_one_eval_step_reads_back_as_an_eval_result_and_every_step_as_a_table(tm
     assert list(every["step"]) == [0, 0, 4, 4] and every.attrs == {}
 
 
-def test_evals_leave_training_untouched(run, tmp_path_factory):
-    plain = minimal_sft(tmp_path_factory)  # the same run with no eval_data (trained.py)
+def test_evals_leave_training_untouched(corpus, short, tmp_path):
+    plain = sft(corpus.train, log_dir=tmp_path / "plain", **{**SHORT, "eval_every": None})  # the short run, no eval_data
     assert list(training_metrics(plain.log_dir)["train_mean_nll"].dropna()) == list(
-        training_metrics(run.log_dir)["train_mean_nll"].dropna())
+        training_metrics(short.log_dir)["train_mean_nll"].dropna())
+    assert len(training_metrics(plain.log_dir)) == 12 and short.evals == 5
     assert plain.evals == 0 and plain.best_step is None and plain.heldout_accuracy is None
     assert not (Path(plain.log_dir) / HELDOUT_FILE).exists()
 

@@ -20,7 +20,6 @@ from machine_nb.checks.render import get_renderer
 from machine_nb.training.train import read_training_log, sft, smoke, training_metrics
 
 from interrupt import ctrl_c_at, engine_fault_at
-from trained import minimal_sft
 
 ANSWER = re.compile(r"^answer: -?\d+$")
 
@@ -51,9 +50,11 @@ def answers_base(rows: list[dict], log_dir=None) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The minimal-SFT run: 48 rows, batch 8, 10 epochs = 60 steps, local defaults (trained.py)."""
-    return minimal_sft(tmp_path_factory)
+def trained(corpus, tmp_path_factory):
+    """The minimal-SFT run of the corpus (seed 0): 48 rows, batch 8, 10 epochs = 60 steps, local
+    defaults, no held-out evals."""
+    return sft(corpus.train, log_dir=tmp_path_factory.mktemp("minimal-sft") / "sft", epochs=10, batch_size=8,
+               progress=False)
 
 
 def test_sft_learns_the_house_style_end_to_end(trained, corpus):
