@@ -193,18 +193,22 @@ def short(corpus, valid8, tmp_path_factory):
 
 def test_ctrl_c_then_resume_keeps_every_eval_step(corpus, valid8, short, tmp_path):
     log_dir = tmp_path / "interrupted"
-    # past the step-4 checkpoint and the eval at step 3; step 6 is held until the Ctrl-C, so the
+    # past the step-4 checkpoint and the eval at step 3, with every step that checkpoint's state
+    # holds logged (so the resume trains no step again); step 6 is held until the Ctrl-C, so the
     # checkpoint at 8 cannot come first
-    with ctrl_c_at("sft", at=5, hold_step=7):
+    with ctrl_c_at("sft", at=6, hold_step=7):
         sft(corpus.train, log_dir=log_dir, eval_data=valid8, **SHORT)
     part = read_training_log(log_dir)
     assert not part.complete and part.heldout_accuracy is None and part.evals >= 2
     assert part.state_path.endswith("/weights/000004")
     done = sft(corpus.train, resume=log_dir, progress=False)  # the eval settings come from the run
-    assert done.complete and done.steps == 12 and short.complete and short.evals == 5
+    assert done.complete and done.steps == 12 and done.unconfirmed_steps == [] and short.complete and short.evals == 5
     assert list(heldout_curve(log_dir)["step"]) == list(heldout_curve(short.log_dir)["step"]) == [0, 3, 6, 9, 12]
     assert list(heldout_curve(log_dir)["accuracy"]) == list(heldout_curve(short.log_dir)["accuracy"])
     assert (done.heldout_accuracy, done.best_step) == (short.heldout_accuracy, short.best_step)
+    # the resumed run trains the uninterrupted run's steps exactly
+    assert list(training_metrics(log_dir)["train_mean_nll"].dropna()) == list(
+        training_metrics(short.log_dir)["train_mean_nll"].dropna())
     # every eval step's replies, word for word, are the uninterrupted run's
     for step in (0, 3, 6, 9, "final"):
         assert list(heldout_results(log_dir, step).rows["output"]) == list(
