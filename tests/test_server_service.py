@@ -421,3 +421,28 @@ def test_two_runs_steps_run_at_the_same_time(srv, sc, monkeypatch):
     futures = [tc.forward_backward([datum([5, 6, 7, 8])], "cross_entropy") for tc in clients]
     assert all(f.result(timeout=120).metrics["loss:sum"] > 0 for f in futures)
     assert not both_inside.broken
+
+
+STOP_SIGNALS = textwrap.dedent("""
+    import os, signal, threading
+    from machine_nb.engines.local.server import _StopSignals
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+        before = signal.getsignal(sig)
+        stop = _StopSignals()
+        assert not stop.wait(0.01)
+        threading.Timer(0.05, os.kill, (os.getpid(), sig)).start()
+        assert stop.wait(60), sig  # the signal, caught while the main thread waits
+        # a handler may run while the main thread is anywhere in its wait, its locks held: it takes none
+        stop._handle(sig, None)
+        stop.close()
+        assert signal.getsignal(sig) is before
+    print("ok")
+""")
+
+
+def test_serve_takes_ctrl_c_and_sigterm_through_handlers_that_take_no_lock():
+    # a handler that set a threading.Event could find the Event's lock held by the main thread's
+    # own wait on it, and `machine-nb serve` then hung on Ctrl-C for good
+    done = subprocess.run([sys.executable, "-c", STOP_SIGNALS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

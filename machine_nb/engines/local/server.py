@@ -1598,6 +1598,48 @@ def _stop_default(notify: bool = True) -> None:
             pass
 
 
+class _StopSignals:
+    """Ctrl-C and SIGTERM, from now until `close()`, as a stop request that `wait` returns.
+
+    A Python signal handler runs in the main thread between two of its bytecodes, possibly while
+    that thread holds a lock inside its own wait (a `threading.Event`'s, say): a handler that took
+    the same lock would hang the process for good. So the handlers here take no lock: they write a
+    byte to a socket pair, and `wait` blocks in `select` on its other end. Off the main thread
+    (where signals cannot be caught) it installs nothing and `wait` only times out."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self._previous: dict = {}
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        try:
+            self._write.send(b"\0")
+        except OSError:  # the pair is full (a stop is asked already) or closed
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a stop was asked, waiting up to `timeout` seconds for one."""
+        import select
+
+        return bool(select.select([self._read], [], [], timeout)[0])
+
+    def close(self) -> None:
+        """Put the previous handlers back and close the pair."""
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        self._read.close()
+        self._write.close()
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathLike | None = None,
           key: str | None = None, threads: int | None = None, verbose: bool = False,
           announce: Callable[[str], None] = print, train_workers: int | None = None) -> None:
@@ -1620,13 +1662,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
     server.sdk_in_process = False  # its clients are other processes: they read the hub cache
     if verbose:
         logging.basicConfig(level=logging.INFO)
-    import signal
-
-    stop_asked = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda signum, frame: stop_asked.set())
+    stop = _StopSignals()
     try:
         server.start()
         server.capabilities({}, None)  # loads what the first requests need, so "ready" means ready
@@ -1641,9 +1677,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, data_dir: str | os.PathL
         # so a script can take the URL from its end
         print(f"models: {describe_devices()}", file=sys.stderr, flush=True)
         announce(f"serving the Tinker API on {server.url}")
-        while not stop_asked.wait(0.5) and server._thread is not None and server._thread.is_alive():
+        while not stop.wait(0.5) and server._thread is not None and server._thread.is_alive():
             pass
     finally:
         server.stop()  # requests in progress are answered first
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop.close()
