@@ -28,11 +28,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command `argv` names (default: the command line's) and return its exit code.
+
+    Called as the program (no `argv`), a command that marks itself `end_process` (serve: its
+    server has stopped and written everything when it returns) ends the process right there, with
+    its output flushed, skipping the interpreter's teardown of torch and the other modules it
+    loaded (a second or more after Ctrl-C); called with `argv` (from Python), it always returns.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    code = _run(args)
+    if argv is None and getattr(args, "end_process", False):
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

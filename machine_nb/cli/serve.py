@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "run in parallel (default: one fewer than the cores, at most 7; 0 trains every run in the "
                         "server's own process)")
     p.add_argument("--verbose", action="store_true", help="log each request (method and path, never headers)")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, end_process=True)  # nothing is left to do once the server has stopped
 
 
 def _run(args: argparse.Namespace) -> int:
