@@ -56,10 +56,11 @@ def pytest_runtest_teardown(item, nextitem):
 #: a worker takes the next file when it is free; handing out the long files first lets the two
 #: workers end together rather than one waiting while the other runs a long file picked last.
 LONG_FIRST = ("test_real_model_server", "test_browser", "test_notebook_tinker_path", "test_server",
-              "test_preference_dpo", "test_browser_review", "test_preference_notebook", "test_notebook_sweep",
-              "test_notebook_real_model", "test_heldout", "test_sweeps", "07_inspect", "test_train",
-              "test_server_lifecycle", "test_server_tokenizer", "test_browser_sweep", "test_browser_report",
-              "03_tag_train_promote", "test_candidate", "test_server_service", "test_notebook_reports")
+              "test_preference_dpo", "test_preference_notebook", "test_heldout", "test_notebook_sweep",
+              "test_browser_review", "test_notebook_real_model", "test_sweeps", "test_notebook_promote_run",
+              "test_notebook_inspect", "test_train", "test_server_lifecycle", "test_server_tokenizer",
+              "test_browser_sweep", "test_notebook_reports", "test_real_model", "test_candidate",
+              "test_server_service", "test_cli")
 
 
 def pytest_collection_modifyitems(config, items):
