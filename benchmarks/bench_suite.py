@@ -1,4 +1,4 @@
-"""The whole suite's test time, as CI meets it: `make test` in a fresh clone of the committed tree
+"""The whole suite's test time, as CI meets it: `make test` in a fresh clone of a commit
 (the one-time conversion of the real model included), run several times, one after another.
 
 Each run clones HEAD into a new temporary folder and runs the README's test command there, its
@@ -7,7 +7,9 @@ set-up step left out (`make -o setup test`: set-up is not test time): the clone 
 every test phase, the CPU time of all the processes the run started, and the pass/fail counts; then
 the slowest items of the last run. Run it alone: other work on the machine slows every figure.
 
-    .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N]
+    .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV]
+
+`--rev` times another commit the same way (e.g. the suite before a change, for a ratio in one sitting).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def one_run(slowest: int, jobs: int | None) -> dict:
-    """Clone HEAD, run `make test` there; returns the run's figures and its slowest items."""
+def one_run(slowest: int, jobs: int | None, rev: str) -> dict:
+    """Clone the repository at `rev`, run `make test` there; returns the run's figures and its slowest items."""
     work = Path(tempfile.mkdtemp(prefix="bench-suite-"))
     clone = work / "clone"
     try:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        subprocess.run(["git", "-C", str(clone), "checkout", "-q", rev], check=True)
         os.symlink(ROOT / ".venv", clone / ".venv")
         junit = work / "junit.xml"
         env = {**os.environ, "PYTHONPATH": str(clone),
@@ -65,12 +68,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs, one after another (default 3)")
     parser.add_argument("--slowest", type=int, default=15, help="slowest items to print (default 15)")
     parser.add_argument("--jobs", type=int, default=None, help="pytest workers (default: the Makefile's)")
+    parser.add_argument("--rev", default="HEAD", help="the commit to time (default HEAD)")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-          f"HEAD {subprocess.run(['git', '-C', str(ROOT), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
+          f"commit {subprocess.run(['git', '-C', str(ROOT), 'rev-parse', '--short', args.rev], capture_output=True, text=True).stdout.strip()}")
     runs = []
     for i in range(args.runs):
-        r = one_run(args.slowest, args.jobs)
+        r = one_run(args.slowest, args.jobs, args.rev)
         runs.append(r)
         print(f"run {i + 1}: pytest {r['pytest_s']:.1f} s (make test {r['make_s']:.1f} s), summed test time "
               f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
