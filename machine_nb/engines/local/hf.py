@@ -296,16 +296,13 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def build_tokenizer(gguf: Path, fields: dict[str, Any] | None = None) -> Any:
+def build_tokenizer(gguf: Path, fields: dict[str, Any]) -> Any:
     """A PreTrainedTokenizerFast from the GGUF's vocabulary and merges: byte-level BPE behind
     SmolLM's pre-tokenizer (every digit alone, then GPT-2's byte-level split), no BOS, the file's
-    control tokens special, and its ChatML chat template. `fields`: the file's metadata when
-    `read_gguf` has read it already."""
+    control tokens special, and its ChatML chat template. `fields`: the file's metadata
+    (`read_gguf`); `gguf` names the file in errors."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    if fields is None:
-        fields = read_gguf(gguf)[0]
 
     def field(key: str) -> Any:
         if key not in fields:
