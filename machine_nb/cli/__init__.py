@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     Called as the program (no `argv`), a command that marks itself `end_process` (serve: its
     server has stopped and written everything when it returns) ends the process right there, with
     its output flushed, skipping the interpreter's teardown of torch and the other modules it
-    loaded (a second or more after Ctrl-C); called with `argv` (from Python), it always returns.
+    loaded, which takes longer than the stop itself; called with `argv` (from Python), it always
+    returns.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
