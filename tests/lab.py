@@ -464,10 +464,20 @@ def keep_widget_picture(page, cell: int, name: str) -> Path | None:
     return path
 
 
+def saved_outputs(path: Path, cell: int) -> list[dict]:
+    """The outputs of a saved notebook's cell; [] while the file is caught mid-save (Jupyter's
+    contents manager writes the notebook in place, so a poll can read it half written)."""
+    try:
+        nb = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return []
+    return nb["cells"][cell].get("outputs", [])
+
+
 def saved_static(path: Path, cell: int) -> str:
-    """The text/html of a saved notebook cell's static fallback output ("" when it has none)."""
-    nb = json.loads(path.read_text())
-    for out in nb["cells"][cell].get("outputs", []):
+    """The text/html of a saved notebook cell's static fallback output ("" when it has none, or
+    while the file is caught mid-save)."""
+    for out in saved_outputs(path, cell):
         html = out.get("data", {}).get("text/html", "")
         html = "".join(html) if isinstance(html, list) else html
         if "mnb-static" in html:

@@ -8,14 +8,14 @@ once: the picker is used in Light, put back from Python, and used again in Dark.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from lab import keep_widget_picture, lab_page, open_and_run_all, run_in_kernel, screenshot_after, set_theme, write_notebook
+from lab import (keep_widget_picture, lab_page, open_and_run_all, run_in_kernel, saved_outputs, screenshot_after, set_theme,
+                 write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -54,8 +54,7 @@ N_RUNS = sum(1 for _ in (SAMPLE / ".machine" / "runs").rglob("*.json"))  # the c
 
 
 def saved_picker_html(path: Path) -> str:
-    nb = json.loads(path.read_text())
-    for out in nb["cells"][0]["outputs"]:
+    for out in saved_outputs(path, 0):
         if "text/html" in out.get("data", {}):
             html = out["data"]["text/html"]
             return "".join(html) if isinstance(html, list) else html
@@ -170,3 +169,13 @@ def test_run_picker_in_jupyterlab(lab, tmp_path):
             keep_widget_picture(page, 0, "run_picker-dark")
     for theme in THEMES:
         assert (tmp_path / f"run_picker_{theme}.png").stat().st_size > 10_000
+
+
+def test_a_notebook_caught_mid_save_reads_as_no_outputs_yet(tmp_path):
+    # the polls above read the file while JupyterLab may be writing it in place
+    nb_path = write_notebook(tmp_path / "half.ipynb", CELLS)
+    whole = nb_path.read_text()
+    nb_path.write_text(whole[: len(whole) // 2])
+    assert saved_outputs(nb_path, 0) == [] and saved_picker_html(nb_path) == ""
+    nb_path.write_text("")
+    assert saved_outputs(nb_path, 0) == []
