@@ -17,10 +17,9 @@ SETTINGS = [(1e-2, 0.9, 0.999, 1e-8, 0.0), (5e-3, 0.9, 0.95, 1e-6, 0.01), (2e-2,
             (1e-3, 0.9, 0.999, 1e-8, 0.0), (7e-3, 0.85, 0.98, 1e-7, 0.05)]
 
 
-def tensors(seed: int = 0) -> list[torch.nn.Parameter]:
+def tensors(seed: int = 0, device: str = "cpu") -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(5, 7, generator=g)), torch.nn.Parameter(torch.randn(11, generator=g)),
-            torch.nn.Parameter(torch.randn(3, 3, generator=g))]
+    return [torch.nn.Parameter(torch.randn(*shape, generator=g).to(device)) for shape in ((5, 7), (11,), (3, 3))]
 
 
 def backward(params: list[torch.nn.Parameter], step: int) -> None:
@@ -37,8 +36,13 @@ def torch_step(opt: torch.optim.AdamW, lr: float, b1: float, b2: float, eps: flo
     opt.zero_grad(set_to_none=True)
 
 
-def test_every_step_matches_torchs_adamw_bit_for_bit():
-    ours_p, theirs_p = tensors(), tensors()
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                    reason="needs a CUDA GPU; the CPU case runs the same steps"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_every_step_matches_torchs_adamw_bit_for_bit(device):
+    ours_p, theirs_p = tensors(device=device), tensors(device=device)
     ours, theirs = AdamW(ours_p), torch.optim.AdamW(theirs_p, foreach=False)
     for i, (lr, b1, b2, eps, wd) in enumerate(SETTINGS):
         backward(ours_p, i)
@@ -50,6 +54,10 @@ def test_every_step_matches_torchs_adamw_bit_for_bit():
         assert all(p.grad is None for p in ours_p)
     for p, q in zip(ours_p, theirs_p):
         assert {k: v.tolist() for k, v in ours.state[p].items()} == {k: v.tolist() for k, v in theirs.state[q].items()}
+        # torch's layout on any device: the step count on the CPU, the moments beside the tensor
+        assert ({k: v.device.type for k, v in ours.state[p].items()}
+                == {k: v.device.type for k, v in theirs.state[q].items()}
+                == {"step": "cpu", "exp_avg": device, "exp_avg_sq": device})
     assert float(ours.state[ours_p[-1]]["step"]) == 3 and float(ours.state[ours_p[0]]["step"]) == 5
 
 
