@@ -39,11 +39,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import parse_qs
 
 from ...errors import EngineError, MachineFormatError
 from . import checkpoints as ck
+
+if TYPE_CHECKING:
+    import asyncio
 
 logger = logging.getLogger(__name__)
 
@@ -1367,7 +1370,7 @@ class _Threads:
         self._name = name
         self._lock = threading.Lock()
 
-    def run(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+    def run(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         import asyncio
 
         loop = asyncio.get_running_loop()
