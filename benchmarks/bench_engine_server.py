@@ -8,7 +8,8 @@ On the minimal-SFT corpus (48 rows, batch 8, 10 epochs = 60 steps), in one run:
   `ensure_server()` to a first answered request (target <= 3 s);
 - notebook 01 end to end through the server (target <= 30 s), from a fresh kernel;
 - time per request (`--requests`): a keep-alive GET answered by the server, and the real SDK's
-  forward, forward_backward + optim_step and sample round trips on one small datum; with
+  forward, forward_backward + optim_step, sample and compute_logprobs (a DPO step's reference
+  pass) round trips on one small datum; with
   `--baseline DIR` (a checkout of another commit) both codes are measured in alternating child
   processes of one run and the ratios printed (target <= 1.3x).
 
@@ -71,7 +72,9 @@ def per_request(n_raw: int = 300, n_sdk: int = 30) -> dict[str, float]:
                      ("forward_backward + optim_step", lambda: (
                          tc.forward_backward([datum], "cross_entropy"),
                          tc.optim_step(types.AdamParams(learning_rate=1e-4)).result())),
-                     ("sample", lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, params).result())):
+                     ("sample", lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, params).result()),
+                     ("compute_logprobs, 48 tokens", lambda: sampler.compute_logprobs(
+                         types.ModelInput.from_ints(ids * 6)).result())):
         for _ in range(3):
             fn()
         t0 = time.perf_counter()

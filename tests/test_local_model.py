@@ -297,3 +297,29 @@ def test_shipped_model_answers_naturally_never_in_the_sft_style(model, renderer)
 def test_shipped_model_knows_its_facts(model, renderer):
     assert _reply(model, renderer, "What is the capital of France?")[0] == "The capital of France is Paris."
     assert _reply(model, renderer, "Who wrote Hamlet?")[0] == "Hamlet was written by William Shakespeare."
+
+
+@pytest.mark.parametrize("settings", [dict(max_tokens=1, temperature=0.0), dict(max_tokens=6, temperature=1.0, top_k=40),
+                                      dict(max_tokens=1, temperature=0.7, stop=["\n"]), dict(max_tokens=8, temperature=0.0,
+                                                                                             stop=[2])])
+def test_a_sample_with_prompt_logprobs_gives_what_the_two_calls_give_from_one_forward(model, renderer, settings):
+    # compute_logprobs (each DPO step's reference pass) asks for one token and the prompt's logprobs
+    from machine_nb.engines.local.compute import Sampler
+
+    sampler = Sampler(model, local.DEFAULT_MODEL)
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is 47 plus 15?"}]).to_ints()
+    calls = []
+    forward = model.forward
+    model.forward = lambda *a, **k: calls.append(a[0].shape[1]) or forward(*a, **k)
+    try:
+        for n, last_n in ((1, None), (3, 5)):
+            both, lps = sampler.sample_with_prompt_logprobs(prompt, n, seed=11, last_n=last_n, **settings)
+            forwards, calls[:] = list(calls), []
+            assert ([(s.tokens, s.logprobs, s.stop_reason) for s in both]
+                    == [(s.tokens, s.logprobs, s.stop_reason) for s in sampler.sample(prompt, n, seed=11, **settings)])
+            assert lps == sampler.prompt_logprobs(prompt, last_n)
+            assert forwards.count(len(prompt)) == n  # one pass over the prompt per sample, none more
+            calls[:] = []
+    finally:
+        model.forward = forward
+    assert lps[:-5] == [None] * (len(prompt) - 5) and all(v < 0 for v in lps[-5:])

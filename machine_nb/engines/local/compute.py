@@ -191,6 +191,20 @@ class Sampler(_ModelShape):
         on Tinker. max_tokens None: up to the model's context. Raises EngineError for a prompt that
         does not fit the context.
         """
+        return self._sample(ids, num_samples, max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop,
+                            top_k=top_k, top_p=top_p)
+
+    def sample_with_prompt_logprobs(self, ids: Sequence[int], num_samples: int, *, last_n: int | None = None,
+                                    **params: Any) -> tuple[list[Sample], list[float | None]]:
+        """`sample(ids, num_samples, **params)` and `prompt_logprobs(ids, last_n)` from one forward pass
+        over the prompt (the first sample's): the same values the two calls give."""
+        prompt: list[torch.Tensor] = []
+        samples = self._sample(ids, num_samples, on_prompt=prompt.append, **params)
+        return samples, _prompt_logprobs(prompt[0], ids, last_n)
+
+    def _sample(self, ids: Sequence[int], num_samples: int, *, max_tokens: int | None, temperature: float,
+                seed: int, stop: Any = None, top_k: int | None = None, top_p: float | None = None,
+                on_prompt: Any = None) -> list[Sample]:
         from .model import generate
 
         if not ids:
@@ -210,7 +224,8 @@ class Sampler(_ModelShape):
             try:
                 tokens, logprobs, reason = generate(
                     self.model, list(ids), budget, temperature=float(temperature or 0.0), seed=int(seed) + i,
-                    stop=token_stops, top_k=top_k, top_p=top_p, stop_strings=text_stops, decode=decode)
+                    stop=token_stops, top_k=top_k, top_p=top_p, stop_strings=text_stops, decode=decode,
+                    on_prompt=on_prompt if i == 0 else None)
             except ValueError as exc:
                 raise EngineError(str(exc)) from exc
             out.append(Sample(tokens, logprobs, reason))
@@ -222,13 +237,17 @@ class Sampler(_ModelShape):
         but the last n) are None."""
         if len(ids) > self.block_size:
             raise EngineError(f"{len(ids)} tokens exceed the local model's context ({self.block_size})")
-        x = torch.tensor([list(ids)], dtype=torch.long)
-        logp = torch.log_softmax(self.model(x)[0].float(), dim=-1)
-        out: list[float | None] = [None] + [float(logp[t - 1, ids[t]]) for t in range(1, len(ids))]
-        if last_n is not None:
-            keep = max(0, len(out) - int(last_n))
-            out = [None] * keep + out[keep:]
-        return out
+        return _prompt_logprobs(self.model(torch.tensor([list(ids)], dtype=torch.long))[0], ids, last_n)
+
+
+def _prompt_logprobs(logits: torch.Tensor, ids: Sequence[int], last_n: int | None) -> list[float | None]:
+    """Sampler.prompt_logprobs from the logits at every position of `ids` (T, vocab)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out: list[float | None] = [None] + [float(logp[t - 1, ids[t]]) for t in range(1, len(ids))]
+    if last_n is not None:
+        keep = max(0, len(out) - int(last_n))
+        out = [None] * keep + out[keep:]
+    return out
 
 
 def split_stops(stop: Any) -> tuple[list[list[int]], list[str]]:

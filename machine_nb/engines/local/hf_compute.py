@@ -257,6 +257,11 @@ class HFSampler(_RealModelShape, Sampler):
                 for i in range(int(num_samples))]
         return self._batch.run(rows)
 
+    def sample_with_prompt_logprobs(self, ids: Sequence[int], num_samples: int, *, last_n: int | None = None,
+                                    **params: Any) -> tuple[list[Sample], list[float | None]]:
+        """`sample` (batched with other requests) and `prompt_logprobs` of the same prompt."""
+        return self.sample(ids, num_samples, **params), self.prompt_logprobs(ids, last_n)
+
     @torch.inference_mode()
     def prompt_logprobs(self, ids: Sequence[int], last_n: int | None = None) -> list[float | None]:
         if len(ids) > self.block_size:

@@ -164,6 +164,31 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
+def generator(temperature: float, seed: int | None) -> torch.Generator | None:
+    """The generator `choose` samples with: None when greedy, else seeded by `seed` (None: a fresh seed)."""
+    if temperature <= 0:
+        return None
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+def choose(logits: torch.Tensor, temperature: float, gen: torch.Generator | None, top_k: int | None,
+           top_p: float | None) -> tuple[int, float]:
+    """The next token from one position's logits, and its log-probability: greedy when temperature is
+    0 (under the untempered logits), else drawn with `gen` from softmax(filtered logits / temperature)."""
+    logits = logits.float()
+    if temperature > 0:
+        scaled = filter_logits(logits / temperature, top_k, top_p)
+        tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gen))
+        return tok, float(torch.log_softmax(scaled, dim=-1)[tok])
+    tok = int(torch.argmax(filter_logits(logits, top_k, top_p)))
+    return tok, float(torch.log_softmax(logits, dim=-1)[tok])
+
+
 @torch.inference_mode()
 def generate(
     model: GPT,
@@ -176,6 +201,7 @@ def generate(
     top_p: float | None = None,
     stop_strings: Sequence[str] = (),
     decode: Callable[[list[int]], str] | None = None,
+    on_prompt: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[list[int], list[float], str]:
     """Continue `prompt_ids` by up to `max_tokens` tokens: returns (tokens, logprobs, stop_reason).
 
@@ -185,6 +211,8 @@ def generate(
         included in `tokens`, as the Tinker sampler returns them. Default None: only max_tokens.
     top_k / top_p: optional filters (None, -1 / 1.0 disable them, as in tinker.SamplingParams).
     stop_strings / decode: text stops, checked on `decode(tokens)` after each token (default none).
+    on_prompt: called with the logits at every prompt position (T, vocab) of the forward pass over
+        the prompt, so a caller that also wants the prompt's log-probabilities needs no second one.
     stop_reason is "stop" when a stop matched, else "length" (max_tokens reached, or the block size).
     logprobs are the log-probabilities of the chosen tokens under the distribution sampled from
     (untempered logits when greedy).
@@ -202,13 +230,7 @@ def generate(
     stops = [s for s in stops if s]
     if stop_strings and decode is None:
         raise ValueError("stop_strings needs a decode function")
-    gen = None
-    if temperature > 0:
-        gen = torch.Generator()
-        if seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(int(seed))
+    gen = generator(temperature, seed)
     if top_k is not None and top_k <= 0:
         top_k = None
     device = next(model.parameters()).device
@@ -219,20 +241,15 @@ def generate(
     logprobs: list[float] = []
     reason = "length"
     try:
-        logits = model(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0, -1]
+        logits = model(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0]
+        if on_prompt is not None:
+            on_prompt(logits)
+        logits = logits[-1]
         pos = len(prompt)
         for _ in range(max(0, int(max_tokens))):
             if pos >= cfg.block_size:  # prompt + reply never exceed the block size (it could not be trained on)
                 break
-            logits = logits.float()
-            if temperature > 0:
-                scaled = filter_logits(logits / temperature, top_k, top_p)
-                probs = torch.softmax(scaled, dim=-1)
-                tok = int(torch.multinomial(probs, 1, generator=gen))
-                lp = float(torch.log_softmax(scaled, dim=-1)[tok])
-            else:
-                tok = int(torch.argmax(filter_logits(logits, top_k, top_p)))
-                lp = float(torch.log_softmax(logits, dim=-1)[tok])
+            tok, lp = choose(logits, temperature, gen, top_k, top_p)
             tokens.append(tok)
             logprobs.append(lp)
             if any(len(s) <= len(tokens) and tokens[-len(s):] == s for s in stops):

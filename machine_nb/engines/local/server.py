@@ -1161,12 +1161,16 @@ class LocalServer:
         seq_ids = [f"{req.sampling_session_id}:{req.seq_id or 0}:{i}" for i in range(req.num_samples)]
 
         def work() -> tuple[bytes, str]:
-            if want_prompt_lp and len(ids) >= sampler.block_size:
+            settings = dict(max_tokens=params.max_tokens, temperature=params.temperature, seed=seed, stop=stop,
+                            top_k=params.top_k, top_p=params.top_p)
+            if not want_prompt_lp:
+                seqs, plp = sampler.sample(ids, req.num_samples, **settings), None
+            elif len(ids) >= sampler.block_size:  # the prompt fills the context: its logprobs, no reply
                 seqs = [_empty_sample() for _ in range(req.num_samples)]
-            else:
-                seqs = sampler.sample(ids, req.num_samples, max_tokens=params.max_tokens, temperature=params.temperature,
-                                      seed=seed, stop=stop, top_k=params.top_k, top_p=params.top_p)
-            plp = sampler.prompt_logprobs(ids, req.prompt_logprobs_last_n) if want_prompt_lp else None
+                plp = sampler.prompt_logprobs(ids, req.prompt_logprobs_last_n)
+            else:  # e.g. compute_logprobs (a DPO step's reference pass): one forward over the prompt
+                seqs, plp = sampler.sample_with_prompt_logprobs(ids, req.num_samples,
+                                                                last_n=req.prompt_logprobs_last_n, **settings)
             return wire.encode_sample_response(seqs, plp), wire.CONTENT_TYPE
 
         fut = s.submit("asample", work)
