@@ -7,9 +7,12 @@ set-up step left out (`make -o setup test`: set-up is not test time): the clone 
 every test phase, the CPU time of all the processes the run started, and the pass/fail counts; then
 the slowest items of the last run. Run it alone: other work on the machine slows every figure.
 
-    .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV]
+    .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV] [--by-process]
 
 `--rev` times another commit the same way (e.g. the suite before a change, for a ratio in one sitting).
+`--by-process` also splits each run's CPU time by kind of process (pytest workers, notebook kernels,
+training processes, servers, browsers, ...), read from /proc twice a second: a process's last half
+second before it ends is missed, so the kinds add up to a little less than the run's total.
 """
 
 from __future__ import annotations
@@ -30,9 +33,76 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: (kind, a test on a process's command line), the first that matches names the process
+KINDS = [("notebook kernels", lambda c: "ipykernel" in c),
+         ("training processes (tinker-cookbook loops)", lambda c: "machine_nb.training.runner" in c),
+         ("machine-nb serve", lambda c: "machine_nb.cli serve" in c or "machine-nb serve" in c),
+         ("Chromium", lambda c: "chrom" in c.lower() or "headless_shell" in c),
+         ("JupyterLab servers", lambda c: "jupyter" in c and ("lab" in c or "server" in c)),
+         ("pytest workers", lambda c: "exec(eval(sys.stdin.readline()))" in c),
+         ("pytest (main process)", lambda c: "-m pytest" in c),
+         ("other Python processes the tests start", lambda c: "python" in c),
+         ("other (make, git, ...)", lambda c: True)]
 
-def one_run(slowest: int, jobs: int | None, rev: str) -> dict:
-    """Clone the repository at `rev`, run `make test` there; returns the run's figures and its slowest items."""
+
+class ProcessSampler:
+    """CPU seconds of every process started after `start()`, by kind (KINDS), read from /proc."""
+
+    def __init__(self, every: float = 0.5):
+        import threading
+
+        self.every = every
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.seen: dict[tuple[str, str], list] = {}  # (pid, start time) -> [command line, CPU seconds]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _scan(self) -> dict[tuple[str, str], float]:
+        found = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            found[(pid, fields[19])] = (int(fields[11]) + int(fields[12])) / self.tick
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            for key, cpu in self._scan().items():
+                if key in self.before:
+                    continue
+                if key not in self.seen:
+                    try:
+                        cmd = Path(f"/proc/{key[0]}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    except OSError:
+                        continue
+                    self.seen[key] = [cmd, cpu]
+                self.seen[key][1] = cpu
+
+    def start(self) -> None:
+        self.before = set(self._scan())
+        self._thread.start()
+
+    def stop(self) -> list[tuple[str, int, float]]:
+        """(kind, processes, CPU seconds) for each kind seen, most CPU first."""
+        self._stop.set()
+        self._thread.join()
+        totals: dict[str, list] = {}
+        for cmd, cpu in self.seen.values():
+            kind = next(name for name, test in KINDS if test(cmd))
+            entry = totals.setdefault(kind, [0, 0.0])
+            entry[0] += 1
+            entry[1] += cpu
+        return sorted(((k, n, cpu) for k, (n, cpu) in totals.items()), key=lambda x: -x[2])
+
+
+def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) -> dict:
+    """Clone the repository at `rev`, run `make test` there; returns the run's figures, its slowest
+    items and (`by_process`) its CPU time by kind of process."""
     work = Path(tempfile.mkdtemp(prefix="bench-suite-"))
     clone = work / "clone"
     try:
@@ -43,11 +113,15 @@ def one_run(slowest: int, jobs: int | None, rev: str) -> dict:
         env = {**os.environ, "PYTHONPATH": str(clone),
                "PYTEST_ADDOPTS": f"--durations={slowest} --junitxml={junit} -p no:cacheprovider"}
         cmd = ["make", "-o", "setup", "test"] + ([f"JOBS={jobs}"] if jobs else [])
+        sampler = ProcessSampler() if by_process else None
+        if sampler:
+            sampler.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.monotonic()
         done = subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        kinds = sampler.stop() if sampler else []
         out = done.stdout + done.stderr
         summary = re.findall(r"=+ (.*) in ([\d.]+)s", out)
         if not summary:
@@ -58,7 +132,8 @@ def one_run(slowest: int, jobs: int | None, rev: str) -> dict:
         slow = re.search(r"slowest \d+ durations =+\n(.*?)\n(?:=|\n)", out, re.S)
         return {"pytest_s": pytest_s, "make_s": wall, "summed_s": sum(p[0] for p in phases),
                 "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-                "counts": counts, "rc": done.returncode, "slowest": slow.group(1).strip() if slow else ""}
+                "counts": counts, "rc": done.returncode, "slowest": slow.group(1).strip() if slow else "",
+                "kinds": kinds}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -69,15 +144,18 @@ def main() -> None:
     parser.add_argument("--slowest", type=int, default=15, help="slowest items to print (default 15)")
     parser.add_argument("--jobs", type=int, default=None, help="pytest workers (default: the Makefile's)")
     parser.add_argument("--rev", default="HEAD", help="the commit to time (default HEAD)")
+    parser.add_argument("--by-process", action="store_true", help="also each run's CPU time by kind of process")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
           f"commit {subprocess.run(['git', '-C', str(ROOT), 'rev-parse', '--short', args.rev], capture_output=True, text=True).stdout.strip()}")
     runs = []
     for i in range(args.runs):
-        r = one_run(args.slowest, args.jobs, args.rev)
+        r = one_run(args.slowest, args.jobs, args.rev, args.by_process)
         runs.append(r)
         print(f"run {i + 1}: pytest {r['pytest_s']:.1f} s (make test {r['make_s']:.1f} s), summed test time "
               f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
+        for kind, n, cpu in r["kinds"]:
+            print(f"    {cpu:6.0f} s CPU  {n:4d} × {kind}", flush=True)
     times = [r["pytest_s"] for r in runs]
     print(f"pytest wall: median {statistics.median(times):.1f} s, min {min(times):.1f}, max {max(times):.1f} "
           f"(target <= 240)")
