@@ -204,6 +204,12 @@ def test_a_missing_notebook_creates_nothing(tmp_path, monkeypatch):
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 1 and "missing.ipynb" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+    # said before the notebook machinery (papermill, nbformat: seconds of imports) is loaded
+    said = subprocess.run([sys.executable, "-c", "import sys\nfrom machine_nb.cli import main\n"
+                           "code = main(['report', 'missing.ipynb'])\n"
+                           "print(code, sorted(m for m in ('papermill', 'nbformat') if m in sys.modules))"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert said.stdout.split("\n")[0] == "1 []" and "no notebook at" in said.stderr, said
 
 
 def test_the_input_notebook_is_never_overwritten(tmp_path):

@@ -832,8 +832,6 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         PapermillExecutionError: a failing cell, its text redacted, after both files are written
             (the error shows in place). A Ctrl-C writes nothing and re-raises.
     """
-    import papermill
-
     folder = Path(os.path.abspath(notebook)).parent  # as given: path_rewriter adds its real path
     notebook = Path(notebook).resolve()
     if not notebook.is_file():
@@ -844,6 +842,8 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
     if executed == notebook:
         raise ValueError(f"the executed notebook would overwrite its input {notebook}: choose another output "
                          f"than {html_path.name}")
+    import papermill  # after the checks above: seconds of imports (nbformat, nbclient)
+
     parameters = dict(parameters or {})
     secrets = sorted(set(secret_values()) | set(secret_values({k: v for k, v in parameters.items()})),
                      key=len, reverse=True)
