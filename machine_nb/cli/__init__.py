@@ -43,13 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     code = _run(args)
     if argv is None and getattr(args, "end_process", False):
-        import logging
-        import os
+        from ..core.process import end_process
 
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        end_process(code)
     return code
 
 

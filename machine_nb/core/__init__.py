@@ -1,3 +1,3 @@
-"""Small pieces every layer uses: JSONL files, progress bars, stopping a notebook, theme colours,
-secret redaction, eval-row patterns, chat-row rules.
+"""Small pieces every layer uses: JSONL files, progress bars, stopping a notebook, ending a
+process at once, theme colours, secret redaction, eval-row patterns, chat-row rules.
 """

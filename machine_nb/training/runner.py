@@ -209,11 +209,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # leave at once: the spec reader thread would block the interpreter's normal shutdown
-    import logging
+    from ..core.process import end_process
 
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # leave at once: the spec reader thread would block the interpreter's normal shutdown
+    end_process(main())
