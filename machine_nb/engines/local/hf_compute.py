@@ -26,6 +26,7 @@ from . import hf
 from .checkpoints import read_meta
 from .compute import Sample, Sampler, Trainer, read_tensors, split_stops
 from .lora import default_alpha
+from .model import choose
 
 def _parts(model: Any) -> tuple[Any, Any]:
     """(the decoder stack, the unembedding) of a LlamaForCausalLM, bare or inside a PeftModel."""
@@ -276,12 +277,6 @@ class HFSampler(_RealModelShape, Sampler):
         return out
 
 
-def _filter(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    from .model import filter_logits
-
-    return filter_logits(logits, top_k if top_k and top_k > 0 else None, top_p)
-
-
 @dataclass
 class Row:
     """One sequence to continue and how: the same settings a Tinker sampling request takes."""
@@ -400,14 +395,7 @@ def generate_batch(model: Any, rows: Sequence[Row]) -> list[Sample]:
             if done[i]:
                 chosen.append(hf.END_TOKEN_ID)
                 continue
-            row = lf[i]
-            if r.temperature > 0:
-                scaled = _filter(row / r.temperature, r.top_k, r.top_p)
-                tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gens[i]))
-                lp = float(torch.log_softmax(scaled, dim=-1)[tok])
-            else:
-                tok = int(torch.argmax(_filter(row, r.top_k, r.top_p)))
-                lp = float(torch.log_softmax(row, dim=-1)[tok])
+            tok, lp = choose(lf[i], r.temperature, gens[i], r.top_k, r.top_p)
             toks = out_tokens[i]
             toks.append(tok)
             out_lp[i].append(lp)

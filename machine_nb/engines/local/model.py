@@ -164,22 +164,11 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
-def generator(temperature: float, seed: int | None) -> torch.Generator | None:
-    """The generator `choose` samples with: None when greedy, else seeded by `seed` (None: a fresh seed)."""
-    if temperature <= 0:
-        return None
-    gen = torch.Generator()
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(int(seed))
-    return gen
-
-
 def choose(logits: torch.Tensor, temperature: float, gen: torch.Generator | None, top_k: int | None,
            top_p: float | None) -> tuple[int, float]:
     """The next token from one position's logits, and its log-probability: greedy when temperature is
-    0 (under the untempered logits), else drawn with `gen` from softmax(filtered logits / temperature)."""
+    0 (under the untempered logits), else drawn with `gen` from softmax(filtered logits / temperature).
+    top_k / top_p as `filter_logits` takes them (None, a top_k <= 0 or a top_p of 1.0: no filter)."""
     logits = logits.float()
     if temperature > 0:
         scaled = filter_logits(logits / temperature, top_k, top_p)
@@ -230,7 +219,13 @@ def generate(
     stops = [s for s in stops if s]
     if stop_strings and decode is None:
         raise ValueError("stop_strings needs a decode function")
-    gen = generator(temperature, seed)
+    gen = None
+    if temperature > 0:
+        gen = torch.Generator()
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(int(seed))
     if top_k is not None and top_k <= 0:
         top_k = None
     device = next(model.parameters()).device
