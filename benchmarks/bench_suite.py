@@ -3,16 +3,19 @@
 
 Each run clones HEAD into a new temporary folder and runs the README's test command there, its
 set-up step left out (`make -o setup test`: set-up is not test time): the clone uses this checkout's
-`.venv`, with the clone first on the import path of every process the tests start. Printed per run: pytest's own wall time ("in N s"), the summed time of
-every test phase, the CPU time of all the processes the run started, and the pass/fail counts; then
-the slowest items of the last run. Run it alone: other work on the machine slows every figure.
+`.venv`, with the clone first on the import path of every process the tests start. Printed per run:
+pytest's own wall time ("in N s"), the summed time of every test phase, the CPU time of the
+processes the run started and waited for (getrusage: a server or browser ended without a wait is
+not in it), and the pass/fail counts; then the slowest items of the last run. Run it alone: other
+work on the machine slows every figure.
 
     .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV] [--by-process]
 
 `--rev` times another commit the same way (e.g. the suite before a change, for a ratio in one sitting).
 `--by-process` also splits each run's CPU time by kind of process (pytest workers, notebook kernels,
-training processes, servers, browsers, ...), read from /proc twice a second: a process's last half
-second before it ends is missed, so the kinds add up to a little less than the run's total.
+training processes, servers, browsers, ...), read from /proc twice a second. It counts every
+process, waited for or not, but misses each one's last half second before it ends: its sum and the
+getrusage figure differ either way.
 """
 
 from __future__ import annotations
