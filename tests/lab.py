@@ -132,7 +132,6 @@ class Lab:
         thread = threading.Thread(target=stop, name="lab-end-test", daemon=True)
         thread.start()
         _stopping.append(thread)
-        _stopping_last[0] = thread
         server_root = self.root if not self.prefix else self.root.parent
         theme = server_root / ".lab-settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
         theme.unlink(missing_ok=True)  # set_theme saved a choice there; without it Lab opens in its default
@@ -140,12 +139,13 @@ class Lab:
     def wait_stopped(self, last: bool = True) -> None:
         """Wait until the kernels earlier `end_test` calls stop have gone; raise what stopping met.
 
-        With `last=False` the latest `end_test`'s stop is not waited for: for the server's own end,
-        which stops its kernels with it (one process group)."""
+        With `last=False` the latest `end_test`'s stop (the one thread pending: each `end_test` waits
+        for the one before) is not waited for: for the server's own end, which stops its kernels with
+        it (one process group)."""
         errors = []
         while _stopping:
             item = _stopping.pop(0)
-            if not last and item is _stopping_last[0]:
+            if not last and isinstance(item, threading.Thread):
                 continue
             if isinstance(item, threading.Thread):
                 item.join(90)
@@ -157,8 +157,7 @@ class Lab:
             raise RuntimeError(f"stopping the kernels of an earlier test failed: {errors}")
 
 
-_stopping: list = []  # end_test's threads, then any error they met
-_stopping_last: list = [None]  # the latest end_test's thread
+_stopping: list = []  # the latest end_test's thread, then any error it met
 
 
 @contextlib.contextmanager
@@ -310,11 +309,6 @@ def lab_page(lab: Lab, width: int = 1280, height: int = 900) -> Iterator:
     page = held[2]
     try:
         yield page
-    except BaseException:
-        _shared.pop("lab_page", None)
-        held[1].close()
-        raise
-    try:
         page.evaluate(_CLOSE_DOCUMENTS_JS)
         if page.evaluate("document.body.dataset.jpThemeName") != LIGHT:
             set_theme(page, LIGHT)
