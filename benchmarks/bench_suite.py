@@ -9,6 +9,11 @@ processes the run started and waited for (getrusage: a server or browser ended w
 not in it), and the pass/fail counts; then the slowest items of the last run. Run it alone: other
 work on the machine slows every figure.
 
+Before the runs and after them it measures what the machine's CPUs give together: the same pure-Python loop in one process,
+then in one process per CPU at once; "N CPUs do X times the work of one" is N times the first time
+over the slowest of the second. Where X is below N (CPUs that share a physical core, a busy host),
+the suite's test time is its work divided by X, not by N.
+
     .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV] [--by-process]
 
 `--rev` times another commit the same way (e.g. the suite before a change, for a ratio in one sitting).
@@ -103,6 +108,25 @@ class ProcessSampler:
         return sorted(((k, n, cpu) for k, (n, cpu) in totals.items()), key=lambda x: -x[2])
 
 
+#: the loop `throughput` times: about a second and a half of one CPU's pure-Python work
+SPIN = "s = 0\nfor i in range(30_000_000):\n    s += i"
+
+
+def throughput(n: int, repeats: int = 3) -> tuple[float, float, float]:
+    """(seconds for SPIN alone, seconds for the slowest of `n` SPINs at once, the work the `n` do
+    together in units of one), each time the median of `repeats`."""
+    def timed(k: int) -> float:
+        start = time.monotonic()
+        procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(k)]
+        for proc in procs:
+            proc.wait()
+        return time.monotonic() - start
+
+    alone = statistics.median(timed(1) for _ in range(repeats))
+    together = statistics.median(timed(n) for _ in range(repeats))
+    return alone, together, n * alone / together
+
+
 def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) -> dict:
     """Clone the repository at `rev`, run `make test` there; returns the run's figures, its slowest
     items and (`by_process`) its CPU time by kind of process."""
@@ -151,6 +175,14 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
           f"commit {subprocess.run(['git', '-C', str(ROOT), 'rev-parse', '--short', args.rev], capture_output=True, text=True).stdout.strip()}")
+    n = os.cpu_count() or 1
+
+    def say_throughput(when: str) -> None:
+        alone, together, x = throughput(n)
+        print(f"throughput {when}: one loop alone {alone:.2f} s, {n} at once {together:.2f} s: "
+              f"{n} CPUs do {x:.2f} times the work of one", flush=True)
+
+    say_throughput("before the runs")
     runs = []
     for i in range(args.runs):
         r = one_run(args.slowest, args.jobs, args.rev, args.by_process)
@@ -159,6 +191,7 @@ def main() -> None:
               f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
         for kind, n, cpu in r["kinds"]:
             print(f"    {cpu:6.0f} s CPU  {n:4d} × {kind}", flush=True)
+    say_throughput("after the runs")
     times = [r["pytest_s"] for r in runs]
     print(f"pytest wall: median {statistics.median(times):.1f} s, min {min(times):.1f}, max {max(times):.1f} "
           f"(target <= 240)")
