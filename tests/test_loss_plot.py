@@ -113,6 +113,60 @@ def test_fed_by_sft_the_plot_keeps_step_with_the_progress_bar(tmp_path):
     assert plot.summary().startswith("LossPlot: run: 6 steps") and not plot.live
 
 
+def test_fed_faster_than_it_draws_the_data_keeps_step_and_the_picture_follows(tmp_path, monkeypatch):
+    """Steps handed to `update` within REDRAW_EVERY_S of the last picture move `.frame` and the
+    summary at once; the picture follows in one redraw when that time has passed, with no further
+    call, and at once when the run has ended. The plot's clock is a counter moved by hand, and
+    the put-off redraw runs when the test says (then once on a real timer)."""
+    from types import SimpleNamespace
+
+    from machine_nb.widgets import loss_plot
+    from machine_nb.widgets.loss_plot import REDRAW_EVERY_S, figure, png_bytes
+
+    now = [1000.0]
+    monkeypatch.setattr(loss_plot, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    log = tmp_path / "run"
+    write_metrics(log, rows(1))
+    p = LossPlot(log, refresh_s=3600)
+    real_later, later = p._later, []
+    p._later = lambda wait, fn: later.append((wait, fn)) or SimpleNamespace(cancel=lambda: None)
+    current = lambda: p.static_png() == png_bytes(figure(p.frame, p.smoothing))  # noqa: E731
+    try:
+        drawn, png = p.redraws, p.static_png()
+        for s in range(1, 6):  # five steps within REDRAW_EVERY_S of the first picture
+            now[0] += REDRAW_EVERY_S / 10
+            write_metrics(log, rows(1, start=s), mode="a")
+            p.update()
+            assert len(p.frame) == s + 1 and f"run: {s + 1} steps" in p.summary()
+        assert p.redraws == drawn and p.static_png() == png
+        # one redraw put off, for when REDRAW_EVERY_S has passed since the picture; it draws all five
+        ((wait, redraw),) = later
+        assert abs(wait - REDRAW_EVERY_S * 0.9) < 1e-9
+        now[0] += REDRAW_EVERY_S
+        redraw()
+        assert p.redraws == drawn + 1 and current()
+        # a step long after the last picture is drawn at once
+        now[0] += 2 * REDRAW_EVERY_S
+        write_metrics(log, rows(1, start=6), mode="a")
+        p.update()
+        assert p.redraws == drawn + 2 and current() and len(later) == 1
+        # a step right after it, on the real timer: drawn by the time the timer has run
+        timers = []
+        p._later = lambda wait, fn: timers.append(real_later(wait, fn)) or timers[-1]
+        write_metrics(log, rows(1, start=7), mode="a")
+        p.update()
+        assert len(p.frame) == 8
+        timers[0].join(timeout=600)  # the bound: a hang
+        assert p.redraws == drawn + 3 and current()
+        # the run's end is drawn at once, however soon after the last picture
+        write_metrics(log, rows(1, start=8), mode="a")
+        (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "batch": 9}) + "\n")
+        p.update()
+        assert p.redraws == drawn + 4 and "run: 9 steps" in p.summary() and current()
+    finally:
+        p.stop()
+
+
 def test_stop_draws_the_final_state(tmp_path):
     log = tmp_path / "run"
     write_metrics(log, rows(2))

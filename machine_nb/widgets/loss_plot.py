@@ -6,8 +6,10 @@ supervised `train_mean_nll`, or `dpo_loss` for the cookbook's DPO runs. Below it
 own when the runs log them: held-out accuracy and format rate (`sft(eval_data=…)`'s
 `test/accuracy`, `test/format_rate`) with each Inspect task's accuracy (`inspect_tasks=…`'s
 `test/inspect/<task>/accuracy`), and DPO's preference `accuracy` and `margin`. Handed to
-`sft(on_metrics=plot.update)` it redraws in the same poll that moves the progress bar, so the
-two never disagree. Otherwise (a run started elsewhere) a daemon thread polls the files' size and
+`sft(on_metrics=plot.update)` its data (`.frame`, the summary line) moves in the same poll as the
+progress bar, so the two never disagree; the picture is redrawn at most every REDRAW_EVERY_S, the
+steps in between drawn together once that has passed (a PNG per step, at the local engine's pace
+of several steps a second, would take the CPU the training needs). Otherwise (a run started elsewhere) a daemon thread polls the files' size and
 mtime so the kernel stays free; it stops at the run's "final" row in `checkpoints.jsonl` or on
 `.stop()`. The PNG is also the static fallback kept in saved notebooks, brought up to date as the
 run goes (at most every STATIC_EVERY_S) and when it ends.
@@ -47,6 +49,9 @@ def inspect_columns(frame: "pd.DataFrame") -> list[tuple[str, str]]:
 # Seconds between updates of the saved notebook's copy of the plot while a run goes: each sends
 # the PNG again (~40 KB), the live image already shows every step.
 STATIC_EVERY_S = 2.0
+# Seconds between redraws of the picture while `update` is fed faster than this: later steps wait
+# for the next redraw, which comes when this has passed even if no step follows.
+REDRAW_EVERY_S = 0.5
 
 
 def _as_dirs(log_dirs: Any) -> list[Path]:
@@ -331,6 +336,9 @@ class LossPlot(StaticPlot, widgets.VBox):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._static_at = 0.0  # when the saved notebook's copy was last sent
+        self._drawn_at = 0.0  # when the picture was last drawn
+        self._pending: threading.Timer | None = None  # the redraw `update` put off, if any
+        self._behind = False  # whether `.frame` holds steps the picture does not show yet
         super().__init__(children=[self._image, self._status], **kwargs)
         self._draw()
         if live and not self.finished():
@@ -402,20 +410,53 @@ class LossPlot(StaticPlot, widgets.VBox):
     def stop(self) -> None:
         """Stop the live polling and draw what the files hold now; the saved notebook keeps it."""
         self._stop.set()
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.refresh(final=True)
 
     def update(self, rows: Any = None) -> None:
-        """Redraw now with what the log dirs hold (what `sft(on_metrics=…)` calls).
+        """Take in what the log dirs hold now (what `sft(on_metrics=…)` calls): `.frame` and the
+        summary line at once, the picture too unless it was drawn less than REDRAW_EVERY_S ago
+        (then when that has passed), and the final state in the saved notebook once every run ended.
 
         Args:
             rows: the new metrics rows, as sft hands them (default None); they are already on
                 disk, so the files are read whole.
         """
         done = self.finished()
-        if done or self._signature() != self._seen:  # nothing new on disk: nothing to draw
+        if not done and self._signature() == self._seen:  # nothing new on disk: nothing to draw
+            return
+        wait = self._drawn_at + REDRAW_EVERY_S - time.monotonic()
+        if done or wait <= 0:
             self.refresh(final=done)
+            return
+        with self._lock:  # the data now, the picture when REDRAW_EVERY_S has passed
+            self._seen = self._signature()
+            self.frame = read_metrics(self.log_dirs)
+            self._status.value = escape(self.summary())
+            self._behind = True
+            if self._pending is None:
+                self._pending = self._later(wait, self._redraw_pending)
+
+    @staticmethod
+    def _later(wait: float, fn: Any) -> threading.Timer:
+        timer = threading.Timer(wait, fn)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _redraw_pending(self) -> None:
+        with self._lock:
+            self._pending = None
+            if self._stop.is_set() or not self._behind:  # stop() draws the final state itself
+                return
+        try:
+            self.refresh()
+        except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
+            self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
 
     def refresh(self, final: bool = False) -> None:
         """Re-read the metrics and redraw.
@@ -437,6 +478,7 @@ class LossPlot(StaticPlot, widgets.VBox):
         frame = self.frame if frame is None else frame
         png = png_bytes(figure(frame, self.smoothing))
         self.redraws += 1
+        self._drawn_at, self._behind = time.monotonic(), False
         self.frame, self._png = frame, png  # published together, after the drawing
         self._image.value = png
         self._status.value = escape(self.summary())
