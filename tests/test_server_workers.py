@@ -214,6 +214,31 @@ def test_another_user_cannot_reach_a_training_process(pooled, monkeypatch):
     assert len(train(tc, rows(7, n=1), 1)) == 1  # and the run goes on
 
 
+def test_a_run_whose_session_was_finished_takes_no_place_from_the_next_run(tmp_path, monkeypatch):
+    """Runs one after another, each with its own session finished at its end (as sft and dpo do):
+    the next run trains in the server, even right after the last one's final request, and no
+    training process starts."""
+    srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
+    monkeypatch.setattr(server_mod, "ACTIVE_S", 1e9)  # every run not finished counts as training
+    try:
+        first = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
+        tc = first.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=1).result()
+        train(tc, rows(1), 1)
+        assert srv.runs[tc.model_id].place is None
+        first.close("success").result(timeout=60)
+        second = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
+        try:
+            tc2 = second.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=2).result()
+            assert srv.runs[tc2.model_id].place is None and srv.train_pool.pids() == []
+            # while that run's session is open it still counts: a third goes to a training process
+            third = second.create_lora_training_client(DEFAULT_MODEL, rank=4, seed=3).result()
+            assert srv.runs[third.model_id].place in srv.train_pool.pids() != []
+        finally:
+            second.close("success").result(timeout=60)
+    finally:
+        srv.stop()
+
+
 def test_a_run_whose_creation_failed_takes_no_place_from_the_next_run(tmp_path, monkeypatch):
     """A run whose trainer could not be made (as the real model's without its package) never
     trains: the run created next trains in the server itself, starting no training process."""

@@ -775,14 +775,18 @@ class LocalServer:
 
     def _place(self, run: _Run) -> Any:
         """The training process `run` trains in, or None for this process (TrainerPool.place):
-        a run alone trains here; a run that starts while others are training goes where none is."""
+        a run alone trains here; a run that starts while others are training goes where none is.
+        A run whose session its client has finished trains no more (a script's runs one after
+        another: the next one starts within ACTIVE_S of the last one's final save)."""
         pool = self._pool_for(run.base_model)
         if pool is None:
             return None
         with self._placing:
             now = time.time()
             with self._lock:
-                others = [r for r in self.runs.values() if r is not run and not r._closed and r.active(now)]
+                done = {sid for sid, s in self.sessions.items() if s.finished}
+                others = [r for r in self.runs.values()
+                          if r is not run and not r._closed and r.session_id not in done and r.active(now)]
             busy: dict[int | None, int] = {}
             for r in others:
                 busy[r.place] = busy.get(r.place, 0) + 1
