@@ -215,9 +215,9 @@ def test_another_user_cannot_reach_a_training_process(pooled, monkeypatch):
 
 
 def test_a_run_whose_session_was_finished_takes_no_place_from_the_next_run(tmp_path, monkeypatch):
-    """Runs one after another, each with its own session finished at its end (as sft and dpo do):
-    the next run trains in the server, even right after the last one's final request, and no
-    training process starts."""
+    """Runs one after another, each client finishing its session at its end (`close()`, as a
+    script should): the next run trains in the server, even right after the last one's final
+    request, and no training process starts."""
     srv = server_mod.LocalServer(data_dir=tmp_path / "data", train_workers=1).start()
     monkeypatch.setattr(server_mod, "ACTIVE_S", 1e9)  # every run not finished counts as training
     try:
