@@ -9,10 +9,10 @@ processes the run started and waited for (getrusage: a server or browser ended w
 not in it), and the pass/fail counts; then the slowest items of the last run. Run it alone: other
 work on the machine slows every figure.
 
-Before the runs and after them it measures what the machine's CPUs give together: the same pure-Python loop in one process,
-then in one process per CPU at once; "N CPUs do X times the work of one" is N times the first time
-over the slowest of the second. Where X is below N (CPUs that share a physical core, a busy host),
-the suite's test time is its work divided by X, not by N.
+Before the runs and after them it measures what the machine's CPUs give together: the same
+pure-Python loop in one process, then in one process per CPU at once; "N CPUs do X times the work
+of one" is N times the first time over the slowest of the second. Where X is below N (CPUs that
+share a physical core, a busy host), the suite's test time is its work divided by X, not by N.
 
     .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV] [--by-process]
 
@@ -189,8 +189,8 @@ def main() -> None:
         runs.append(r)
         print(f"run {i + 1}: pytest {r['pytest_s']:.1f} s (make test {r['make_s']:.1f} s), summed test time "
               f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
-        for kind, n, cpu in r["kinds"]:
-            print(f"    {cpu:6.0f} s CPU  {n:4d} × {kind}", flush=True)
+        for kind, count, cpu in r["kinds"]:
+            print(f"    {cpu:6.0f} s CPU  {count:4d} × {kind}", flush=True)
     say_throughput("after the runs")
     times = [r["pytest_s"] for r in runs]
     print(f"pytest wall: median {statistics.median(times):.1f} s, min {min(times):.1f}, max {max(times):.1f} "
