@@ -60,19 +60,18 @@ def _run(args: argparse.Namespace) -> int:
     try:
         report = run_report(args.notebook, params, args.output, cwd=args.cwd, timeout=args.timeout,
                             progress=sys.stderr.isatty())
+    except (ValueError, RuntimeError, OSError) as exc:  # e.g. a kernel that died: its message may quote a cell
+        secrets = sorted(set(secret_values()) | set(secret_values(params)), key=len, reverse=True)
+        print(f"machine-nb report: {scrub(str(exc), secrets)[0]}", file=sys.stderr)
+        return 1
     except Exception as exc:
         # papermill is imported once the input checks pass (a missing notebook is said before its
         # seconds of imports), so a failed cell's error class is looked up only where it can be
         ran = sys.modules.get("papermill.exceptions")
-        if ran is not None and isinstance(exc, ran.PapermillExecutionError):  # its text is redacted already
-            print(f"machine-nb report: cell {exc.exec_count} failed: {exc.ename}: {exc.evalue}\n"
-                  "the partial report (with the error in place) was written anyway (redacted)", file=sys.stderr)
-            return 1
-        if not isinstance(exc, (ValueError, RuntimeError, OSError)):
+        if ran is None or not isinstance(exc, ran.PapermillExecutionError):
             raise
-        # e.g. a kernel that died: its message may quote a cell
-        secrets = sorted(set(secret_values()) | set(secret_values(params)), key=len, reverse=True)
-        print(f"machine-nb report: {scrub(str(exc), secrets)[0]}", file=sys.stderr)
+        print(f"machine-nb report: cell {exc.exec_count} failed: {exc.ename}: {exc.evalue}\n"  # redacted already
+              "the partial report (with the error in place) was written anyway (redacted)", file=sys.stderr)
         return 1
     print(f"report: {report.html}")
     print(f"executed notebook: {report.executed}")
