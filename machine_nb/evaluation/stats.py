@@ -5,8 +5,8 @@ exact tests, clustering by case, power and Holm's correction. What they mean for
 put into words by compare.py. Methods a well-kept library implements come from it (statsmodels:
 Wilson and Clopper-Pearson intervals, exact McNemar; scipy: distributions); the rest
 (Newcombe's paired interval, the cluster sign-flip test, effective sample size, exact McNemar
-power, and Holm's step-down, checked against statsmodels' in the tests) is written out here. numpy, scipy and statsmodels load inside the functions, so importing
-this module costs nothing.
+power, and Holm's step-down, checked against statsmodels' in the tests) is written out here.
+numpy, scipy and statsmodels load inside the functions, so importing this module costs nothing.
 """
 
 from __future__ import annotations

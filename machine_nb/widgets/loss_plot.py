@@ -9,10 +9,11 @@ own when the runs log them: held-out accuracy and format rate (`sft(eval_data=â€
 `sft(on_metrics=plot.update)` its data (`.frame`, the summary line) moves in the same poll as the
 progress bar, so the two never disagree; the picture is redrawn at most every REDRAW_EVERY_S, the
 steps in between drawn together once that has passed (a PNG per step, at the local engine's pace
-of several steps a second, would take the CPU the training needs). Otherwise (a run started elsewhere) a daemon thread polls the files' size and
-mtime so the kernel stays free; it stops at the run's "final" row in `checkpoints.jsonl` or on
-`.stop()`. The PNG is also the static fallback kept in saved notebooks, brought up to date as the
-run goes (at most every STATIC_EVERY_S) and when it ends.
+of several steps a second, would take the CPU the training needs). Otherwise (a run started
+elsewhere) a daemon thread polls the files' size and mtime so the kernel stays free; it stops at
+the run's "final" row in `checkpoints.jsonl` or on `.stop()`. The PNG is also the static fallback
+kept in saved notebooks, brought up to date as the run goes (at most every STATIC_EVERY_S) and
+when it ends.
 """
 
 from __future__ import annotations
@@ -391,7 +392,7 @@ class LossPlot(StaticPlot, widgets.VBox):
                 if self.poll():
                     break
             except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
-                self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
+                self._show_error(exc)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the background poll ends: every run finished, or `stop()` was called.
@@ -456,7 +457,11 @@ class LossPlot(StaticPlot, widgets.VBox):
         try:
             self.refresh()
         except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
-            self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
+            self._show_error(exc)
+
+    def _show_error(self, exc: Exception) -> None:
+        """What went wrong in a background redraw, in the status line."""
+        self._status.value = f'<span style="color:{text_colour(RED)}">{escape(exc)}</span>'
 
     def refresh(self, final: bool = False) -> None:
         """Re-read the metrics and redraw.
