@@ -314,12 +314,12 @@ def test_a_sample_with_prompt_logprobs_gives_what_the_two_calls_give_from_one_fo
     try:
         for n, last_n in ((1, None), (3, 5)):
             both, lps = sampler.sample_with_prompt_logprobs(prompt, n, seed=11, last_n=last_n, **settings)
-            forwards, calls[:] = list(calls), []
+            forwards = list(calls)
             assert ([(s.tokens, s.logprobs, s.stop_reason) for s in both]
                     == [(s.tokens, s.logprobs, s.stop_reason) for s in sampler.sample(prompt, n, seed=11, **settings)])
             assert lps == sampler.prompt_logprobs(prompt, last_n)
             assert forwards.count(len(prompt)) == n  # one pass over the prompt per sample, none more
-            calls[:] = []
+            calls.clear()  # the two separate calls' passes above
     finally:
         model.forward = forward
     assert lps[:-5] == [None] * (len(prompt) - 5) and all(v < 0 for v in lps[-5:])
