@@ -21,11 +21,14 @@ report: setup
 NBVAL_SKIP := --ignore=notebooks/01_minimal_sft.ipynb --ignore=notebooks/02_explore_runs.ipynb --ignore=notebooks/03_tag_train_promote.ipynb --ignore=notebooks/04_sweep.ipynb --ignore=notebooks/05_preference.ipynb --ignore=notebooks/06_real_model.ipynb --ignore=notebooks/07_inspect.ipynb
 
 # Test files run in parallel, one pytest worker per CPU up to 4 (each worker keeps a file's tests,
-# and a notebook's cells, together and in order); JOBS=1 runs them one after another.
+# and a notebook's cells, together and in order); JOBS=1 runs them one after another. Files are handed
+# out in collection order, which tests/conftest.py sorts longest first (LONG_FIRST); without
+# --no-loadscope-reorder, pytest-xdist would hand out the files with most tests first instead, and
+# leave the long one-test notebook files for last.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 test: setup
-	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest -n $(JOBS) --dist loadfile --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg $(NBVAL_SKIP)
+	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg $(NBVAL_SKIP)
 
 # The documentation site (docs/, mkdocs.yml) into site/, offline, strict: a broken link, a missing
 # reference or a docstring griffe cannot read fails the build.

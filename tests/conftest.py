@@ -52,15 +52,17 @@ def pytest_runtest_teardown(item, nextitem):
     check_no_heartbeat_left()
 
 
-#: The files that take longest (tens of seconds each), longest first. With `-n 2 --dist loadfile`
-#: a worker takes the next file when it is free; handing out the long files first lets the two
-#: workers end together rather than one waiting while the other runs a long file picked last.
-LONG_FIRST = ("test_real_model_server", "test_browser", "test_notebook_tinker_path", "test_server",
-              "test_preference_dpo", "test_preference_notebook", "test_heldout", "test_notebook_sweep",
-              "test_browser_review", "test_notebook_real_model", "test_sweeps", "test_notebook_promote_run",
-              "test_notebook_inspect", "test_train", "test_server_lifecycle", "test_server_tokenizer",
-              "test_browser_sweep", "test_notebook_reports", "test_real_model", "test_candidate",
-              "test_server_service", "test_cli")
+#: The files that take longest (8 to 35 s each, run alone), longest first. With `-n 2 --dist loadfile
+#: --no-loadscope-reorder` (the Makefile) a worker takes the next file in this order when it is free;
+#: handing out the long files first lets the two workers end together rather than one waiting while
+#: the other runs a long file picked last.
+LONG_FIRST = ("test_real_model_server", "test_browser", "test_preference_dpo", "test_notebook_tinker_path",
+              "test_server", "test_browser_review", "test_preference_notebook", "test_sweeps",
+              "test_notebook_real_model", "test_train", "test_server_tokenizer", "test_heldout",
+              "test_notebook_sweep", "test_notebook_promote_run", "test_notebook_inspect",
+              "test_notebooks_any_workspace", "test_notebook_reports", "test_browser_sweep", "test_server_lifecycle",
+              "test_hardening_report", "test_server_service", "test_dpo_heldout", "test_candidate",
+              "test_tinker_engine", "test_docs", "test_inspect", "test_report")
 
 
 def pytest_collection_modifyitems(config, items):
