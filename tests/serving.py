@@ -3,6 +3,7 @@ and a stand-in for the Hugging Face hub that counts the connections a call makes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -28,6 +29,18 @@ class Served:
         if not self.log.closed:
             self.log.flush()
         return open(self.log.name, encoding="utf-8", errors="replace").read()
+
+    def children(self) -> list[str]:
+        """The command lines of the server's child processes (its training processes, say)."""
+        pids = set()
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids.update((task / "children").read_text().split())
+        lines = []
+        for pid in sorted(pids):
+            with contextlib.suppress(OSError):
+                lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
+        return lines
 
 
 def ctrl_c_reaches_it() -> None:

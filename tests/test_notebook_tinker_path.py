@@ -25,7 +25,7 @@ PLACEHOLDER_KEY = "tml-placeholder-key-for-a-local-server-0000"  # a fake key: n
 @pytest.fixture
 def server(tmp_path):
     served = start_server(tmp_path)
-    yield served.url
+    yield served
     stop_server(served)
 
 
@@ -37,10 +37,13 @@ def results(log_root: Path) -> dict[str, dict]:
 @pytest.mark.slow
 def test_notebook_01_through_the_tinker_path_matches_the_local_engine(tmp_path, server, monkeypatch):
     common = {"data_dir": str(tmp_path / "data"), "seed": 0, "epochs": 5, "max_steps": 30}
-    monkeypatch.setenv("TINKER_BASE_URL", server)
+    monkeypatch.setenv("TINKER_BASE_URL", server.url)
     monkeypatch.setenv("TINKER_API_KEY", PLACEHOLDER_KEY)
     run_report(NOTEBOOK, {**common, "engine": "tinker", "model": "local/arith-tiny",
                           "log_root": str(tmp_path / "runs-tinker")}, tmp_path / "out" / "tinker.html")
+    # the smoke run, then sft right after it: each run's session was finished at its end, so the
+    # server trained both itself and started no training process
+    assert not [c for c in server.children() if "machine_nb.engines.local.workers" in c], server.children()
     monkeypatch.delenv("TINKER_BASE_URL")
     monkeypatch.delenv("TINKER_API_KEY")
     run_report(NOTEBOOK, {**common, "engine": "local", "log_root": str(tmp_path / "runs-local")},

@@ -178,6 +178,14 @@ def test_smoke_runs_two_real_steps_and_reports_metrics_as_they_come(corpus, tmp_
     res = smoke(corpus.train, log_dir=tmp_path / "smoke", progress=False, on_metrics=seen.extend)
     assert res.steps == 2 and res.complete and res.checkpoint.startswith("tinker://local-")
     assert [m["step"] for m in seen] == [0, 1] and all("train_mean_nll" in m for m in seen)
+    # the cookbook's loop never closes the SDK client it makes; its session is finished all the same
+    # once the run ends, so the kept training process sends no more heartbeats and the server counts
+    # the run as done (the next run of a script trains beside none on `machine-nb serve`)
+    from machine_nb.engines.local.server import default_server
+
+    srv = default_server()
+    run = srv.runs[res.checkpoint.removeprefix("tinker://").split("/")[0]]
+    assert srv.sessions[run.session_id].finished
 
 
 def test_default_log_dirs_are_fresh(corpus, tmp_path, monkeypatch):

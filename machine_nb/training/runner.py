@@ -20,12 +20,13 @@ an interrupt it exits, and the next run gets a fresh child.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def _status(channel: Any, **event: Any) -> None:
@@ -34,7 +35,8 @@ def _status(channel: Any, **event: Any) -> None:
 
 
 def run(spec: dict) -> None:
-    """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft).
+    """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft); once it
+    returns, the SDK sessions it left open are finished (`_sessions_finished_after`).
 
     Args:
         spec: the run's spec (loop.child_spec), with its environment, cwd and log file.
@@ -46,7 +48,41 @@ def run(spec: dict) -> None:
 
         use_local_models()
     module = importlib.import_module(spec["module"])
-    module.child_run(spec)
+    with _sessions_finished_after():
+        module.child_run(spec)
+
+
+@contextlib.contextmanager
+def _sessions_finished_after() -> Iterator[None]:
+    """Finish, once a run's loop has returned, the SDK sessions of the clients made during it.
+
+    tinker-cookbook's loops make their own `tinker.ServiceClient` and never close it. This process
+    is kept for the next run, so an open session would go on sending heartbeats, and the engine would
+    count the run as still training (`machine-nb serve` would send the next run to a training process
+    beside it). While the run goes, `tinker.ServiceClient` is a subclass that records each client
+    made; afterwards each is closed ("success"; a client already closed is left as it is, and a finish
+    that fails leaves the session to the engine's timeout). After an error or an interrupt nothing is
+    sent (the server may be gone, and the SDK retries a finish for minutes): this process exits then,
+    and its sessions end with it.
+    """
+    import tinker
+
+    made: list[Any] = []
+    original = tinker.ServiceClient
+
+    class RecordedServiceClient(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    tinker.ServiceClient = RecordedServiceClient
+    try:
+        yield
+    finally:
+        tinker.ServiceClient = original
+    for client in made:
+        with contextlib.suppress(Exception):  # the run is done either way; an unfinished session times out
+            client.close("success").result(timeout=60)
 
 
 def config_steps(config: Any) -> tuple[Any, int, int]:
