@@ -6,7 +6,8 @@ set-up step left out (`make -o setup test`: set-up is not test time): the clone 
 `.venv`, with the clone first on the import path of every process the tests start. Printed per run:
 pytest's own wall time ("in N s"), the summed time of every test phase, the CPU time of the
 processes the run started and waited for (getrusage: a server or browser ended without a wait is
-not in it), and the pass/fail counts; then the slowest items of the last run. Run it alone: other
+not in it), the pass/fail counts and the name and message of each test that failed; then the
+slowest items of the last run. Run it alone: other
 work on the machine slows every figure.
 
 Before the runs and after them it measures what the machine's CPUs give together: the same
@@ -154,13 +155,15 @@ def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) 
         if not summary:
             raise SystemExit(f"make test printed no summary (exit {done.returncode}):\n{out[-3000:]}")
         counts, pytest_s = summary[-1][0], float(summary[-1][1])
-        phases = [(float(tc.get("time", 0)), tc.get("classname", ""), tc.get("name", ""))
-                  for tc in ET.parse(junit).iter("testcase")]
+        cases = list(ET.parse(junit).iter("testcase"))
+        phases = [(float(tc.get("time", 0)), tc.get("classname", ""), tc.get("name", "")) for tc in cases]
+        failed = [(f"{tc.get('classname', '')}::{tc.get('name', '')}", (bad.get("message") or "").strip())
+                  for tc in cases for bad in tc if bad.tag in ("failure", "error")]
         slow = re.search(r"slowest \d+ durations =+\n(.*?)\n(?:=|\n)", out, re.S)
         return {"pytest_s": pytest_s, "make_s": wall, "summed_s": sum(p[0] for p in phases),
                 "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
                 "counts": counts, "rc": done.returncode, "slowest": slow.group(1).strip() if slow else "",
-                "kinds": kinds}
+                "kinds": kinds, "failed": failed}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -191,6 +194,8 @@ def main() -> None:
               f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
         for kind, count, cpu in r["kinds"]:
             print(f"    {cpu:6.0f} s CPU  {count:4d} × {kind}", flush=True)
+        for name, message in r["failed"]:
+            print(f"    failed: {name}: {message[:600]}", flush=True)
     say_throughput("after the runs")
     times = [r["pytest_s"] for r in runs]
     print(f"pytest wall: median {statistics.median(times):.1f} s, min {min(times):.1f}, max {max(times):.1f} "
