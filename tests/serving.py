@@ -32,15 +32,25 @@ class Served:
 
     def children(self) -> list[str]:
         """The command lines of the server's child processes (its training processes, say)."""
-        pids = set()
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                pids.update((task / "children").read_text().split())
         lines = []
-        for pid in sorted(pids):
-            with contextlib.suppress(OSError):
+        for pid in child_pids(self.proc.pid):
+            with contextlib.suppress(OSError):  # one that ended meanwhile
                 lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
         return lines
+
+
+def child_pids(pid: int) -> list[int]:
+    """The process ids whose parent is `pid`, read from /proc (Linux)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
 
 
 def ctrl_c_reaches_it() -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from serving import child_pids
+
 ROOT = Path(__file__).resolve().parents[1]
 NOISE = ("heartbeat failed", "Tinker is down", "Traceback")
 
@@ -165,19 +167,6 @@ def test_no_heartbeat_warning_after_a_server_stops_or_dies_and_work_at_exit_fini
     assert "main done" in done.stdout and "thread done" in done.stdout
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -207,7 +196,7 @@ def test_the_training_child_ends_when_its_parent_is_killed(tmp_path):
         while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # the child is training
             assert parent.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.2)
-        children = _children(parent.pid)
+        children = child_pids(parent.pid)
         assert children, "no child process"
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
