@@ -427,15 +427,15 @@ class LossPlot(StaticPlot, widgets.VBox):
             rows: the new metrics rows, as sft hands them (default None); they are already on
                 disk, so the files are read whole.
         """
-        done = self.finished()
-        if not done and self._signature() == self._seen:  # nothing new on disk: nothing to draw
+        done, seen = self.finished(), self._signature()  # taken before reading, as refresh does
+        if not done and seen == self._seen:  # nothing new on disk: nothing to draw
             return
         wait = self._drawn_at + REDRAW_EVERY_S - time.monotonic()
         if done or wait <= 0:
             self.refresh(final=done)
             return
         with self._lock:  # the data now, the picture when REDRAW_EVERY_S has passed
-            self._seen = self._signature()
+            self._seen = seen
             self.frame = read_metrics(self.log_dirs)
             self._status.value = escape(self.summary())
             self._behind = True
