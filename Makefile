@@ -22,7 +22,8 @@ NBVAL_SKIP := --ignore=notebooks/01_minimal_sft.ipynb --ignore=notebooks/02_expl
 
 # Test files run in parallel, one pytest worker per CPU up to 4 (each worker keeps a file's tests,
 # and a notebook's cells, together and in order); JOBS=1 runs them one after another. Files are handed
-# out in collection order, which tests/conftest.py sorts longest first (LONG_FIRST); without
+# out in collection order, which tests/conftest.py sorts longest first (LONG_FIRST), after the browser
+# files, which it hands out as one unit (one JupyterLab and one Chromium for all of them); without
 # --no-loadscope-reorder, pytest-xdist would hand out the files with most tests first instead, and
 # leave the long one-test notebook files for last.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)

@@ -52,20 +52,53 @@ def pytest_runtest_teardown(item, nextitem):
     check_no_heartbeat_left()
 
 
-#: The files that take longest (8 to 35 s each, run alone), longest first. With `-n 2 --dist loadfile
-#: --no-loadscope-reorder` (the Makefile) a worker takes the next file in this order when it is free;
-#: handing out the long files first lets the two workers end together rather than one waiting while
-#: the other runs a long file picked last.
-LONG_FIRST = ("test_real_model_server", "test_browser", "test_preference_dpo", "test_notebook_tinker_path",
-              "test_server", "test_browser_review", "test_preference_notebook", "test_sweeps",
+#: Browser tests (marker `browser`) are in files named test_browser*.py, and no other test is: under
+#: `make test` those files are one unit of work that one pytest-xdist worker runs back to back, first,
+#: so one JupyterLab, one Chromium and one Lab page serve them all (see pytest_xdist_make_scheduler).
+BROWSER_FILES = "test_browser"
+
+#: The other files that take longest (8 to 35 s each, run alone), longest first. With `-n 2 --dist
+#: loadfile --no-loadscope-reorder` (the Makefile) a worker takes the next file in this order when it is
+#: free; handing out the long files first lets the two workers end together rather than one waiting
+#: while the other runs a long file picked last.
+LONG_FIRST = ("test_real_model_server", "test_preference_dpo", "test_notebook_tinker_path",
+              "test_server", "test_preference_notebook", "test_sweeps",
               "test_notebook_real_model", "test_train", "test_server_tokenizer", "test_heldout",
               "test_notebook_sweep", "test_notebook_promote_run", "test_notebook_inspect",
-              "test_notebooks_any_workspace", "test_notebook_reports", "test_browser_sweep", "test_server_lifecycle",
+              "test_notebooks_any_workspace", "test_notebook_reports", "test_server_lifecycle",
               "test_hardening_report", "test_server_service", "test_dpo_heldout", "test_candidate",
               "test_tinker_engine", "test_docs", "test_inspect", "test_report")
 
 
+def _is_browser_file(path: str) -> bool:
+    return os.path.basename(path).startswith(BROWSER_FILES)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Run the long files first (in LONG_FIRST's order); every file's own tests keep their order."""
+    """Run the browser files first, then the long files (in LONG_FIRST's order); every file's own
+    tests keep their order. A browser test outside a test_browser*.py file, or a test in one that
+    is not marked `browser`, is refused: the scheduling above relies on the names."""
+    misplaced = sorted({item.nodeid.split("::")[0] for item in items
+                        if (item.get_closest_marker("browser") is not None) != _is_browser_file(str(item.path))})
+    if misplaced:
+        raise pytest.UsageError(f"the `browser` marker and the file name {BROWSER_FILES}*.py go together; "
+                                f"these files have one without the other: {', '.join(misplaced)}")
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+    items.sort(key=lambda item: -1 if _is_browser_file(str(item.path)) else rank.get(item.path.stem, len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with all the browser files as one unit: the worker that takes it runs every
+    browser test, one after another, on one JupyterLab and one Chromium (started once, not once
+    for each file that follows a file of other tests)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BrowserFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return f"{BROWSER_FILES}*.py" if _is_browser_file(path) else path
+
+    return BrowserFilesTogether(config, log)
