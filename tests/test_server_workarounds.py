@@ -42,6 +42,9 @@ def test_the_private_names_are_there():
 
     assert hasattr(internal_client_holder._internal_client_holder_thread_singleton, "_loop")
     assert hasattr(internal_client_holder.InternalClientHolder, "_session_heartbeat")
+    import inspect
+
+    assert "self._session_heartbeat_task" in inspect.getsource(internal_client_holder.InternalClientHolder.__init__)
     from huggingface_hub import constants
     from tinker.lib.public_interfaces import sampling_client
 
@@ -127,3 +130,56 @@ def test_deterministic_kernels_also_sets_the_compilers_copy_once_it_is_imported(
     monkeypatch.setattr(inductor_config, "deterministic", False)
     workarounds.deterministic_kernels()
     assert inductor_config.deterministic is True and torch.are_deterministic_algorithms_enabled()
+
+
+def _heartbeat_that_survives_one_cancel(monkeypatch) -> None:
+    """The SDK's heartbeat as it runs when a cancel lands while its request is in flight: the HTTP
+    stack turns that cancel into an error the heartbeat's loop catches, and it beats on."""
+    import asyncio
+
+    from tinker.lib import internal_client_holder
+
+    async def _session_heartbeat(self, session_id):
+        survived = False
+        while True:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                if survived:
+                    raise
+                survived = True
+
+    monkeypatch.setattr(internal_client_holder.InternalClientHolder, "_session_heartbeat", _session_heartbeat)
+
+
+def _ends(task, within_s: float = 10) -> bool:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while not task.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return task.done()
+
+
+def test_stop_sdk_client_ends_a_heartbeat_that_survives_the_first_cancel(monkeypatch):
+    _heartbeat_that_survives_one_cancel(monkeypatch)
+    server = LocalServer().start()
+    try:
+        client = tinker.ServiceClient(base_url=server.url, api_key=server.key)
+        client.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60)
+        (beat,) = [task for url, task in workarounds.sdk_heartbeats() if url == server.url]
+        workarounds.stop_sdk_client(client)
+        assert _ends(beat)
+    finally:
+        server.stop()
+
+
+def test_a_local_server_stopping_ends_a_heartbeat_that_survives_the_first_cancel(monkeypatch):
+    _heartbeat_that_survives_one_cancel(monkeypatch)
+    server = LocalServer().start()
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.key)
+    client.create_sampling_client(base_model=DEFAULT_MODEL).result(timeout=60)
+    (beat,) = [task for url, task in workarounds.sdk_heartbeats() if url == server.url]
+    server.stop()
+    assert _ends(beat)
+    workarounds.stop_sdk_client(client)

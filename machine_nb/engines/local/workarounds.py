@@ -23,6 +23,10 @@ an upgrade rather than found broken in a user's notebook.
   (`internal_client_holder._internal_client_holder_thread_singleton._loop`), each running the
   holder's `_session_heartbeat` with the holder's `_base_url`; no public API lists them, and a
   client's public `close()` needs the client.
+  Both stop a heartbeat by cancelling its task until it has ended (`cancel_until_done`): a single
+  cancel, the SDK's own `close()` included, can land while the heartbeat's request is in flight,
+  where the HTTP stack under it turns the cancel into an error that the heartbeat's loop catches and
+  survives; the loop then beats on, failing against a closed holder, and logs "Tinker is down".
 - `warm_sdk_tokenizer(name)`: fill the SDK's cache of `SamplingClient.get_tokenizer()` results for a
   local model, so that call answers at once. It loads by the sampler's base-model name
   (`sampling_client._load_tokenizer_from_model_info(name)`, an `lru_cache` keyed by that one
@@ -86,6 +90,36 @@ def stop_sdk_client(client: Any) -> None:
                 holder.close()
             except Exception:  # already closed, or the SDK's loop has ended at exit
                 pass
+            heartbeat = getattr(holder, "_session_heartbeat_task", None)
+            if heartbeat is not None:
+                cancel_until_done(heartbeat)
+
+
+_CANCELLING: set = set()  # cancel_until_done's tasks, held until they end (a loop holds tasks weakly)
+
+
+def cancel_until_done(task: "asyncio.Task") -> None:
+    """Cancel `task` (an SDK task, on the SDK's loop) again every 50 ms until it has ended; returns
+    at once. Errors of a loop ended at exit are ignored."""
+    async def keep_cancelling() -> None:
+        while not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=0.05)
+
+    loop = task.get_loop()
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    try:
+        if here is loop:  # on the SDK's own thread
+            job = loop.create_task(keep_cancelling())
+            _CANCELLING.add(job)
+            job.add_done_callback(_CANCELLING.discard)
+        else:
+            asyncio.run_coroutine_threadsafe(keep_cancelling(), loop)
+    except RuntimeError:  # the loop is closed: the process is exiting, and its tasks with it
+        pass
 
 
 def sdk_heartbeats() -> list[tuple[str, Any]]:
@@ -128,7 +162,7 @@ def stop_heartbeats_to(url: str) -> int:
     except Exception:  # the SDK's loop ended while it was asked (interpreter exit)
         return 0
     for task in beats:
-        task.get_loop().call_soon_threadsafe(task.cancel)
+        cancel_until_done(task)
     return len(beats)
 
 
