@@ -53,12 +53,12 @@ def slow_or_interrupt(parent: int, marks: str, x: int) -> int:
 
 
 def worker_pid(parent: int, marks: str, x: int) -> int:
-    """The pid of the process that made the call; the test's process waits until two workers
-    have made one."""
-    if os.getpid() == parent:
-        _wait(marks, 2)
-    else:
+    """The pid of the process that made the call. No call returns before two workers have each
+    taken one: a worker marks and then waits for the other's mark, and the test's process waits
+    too. So the first worker cannot make every call while the second is still starting."""
+    if os.getpid() != parent:
         _mark(marks)
+    _wait(marks, 2)
     return os.getpid()
 
 
