@@ -20,13 +20,15 @@ report: setup
 # The committed copies keep the full runs' outputs for readers. nbval runs a notebook not listed here.
 NBVAL_SKIP := --ignore=notebooks/01_minimal_sft.ipynb --ignore=notebooks/02_explore_runs.ipynb --ignore=notebooks/03_tag_train_promote.ipynb --ignore=notebooks/04_sweep.ipynb --ignore=notebooks/05_preference.ipynb --ignore=notebooks/06_real_model.ipynb --ignore=notebooks/07_inspect.ipynb
 
-# Test files run in parallel, one pytest worker per CPU up to 4 (each worker keeps a file's tests,
-# and a notebook's cells, together and in order); JOBS=1 runs them one after another. Files are handed
+# Test files run in parallel, on one pytest worker more than there are CPUs, up to 4 (each worker keeps
+# a file's tests, and a notebook's cells, together and in order); JOBS=1 runs them one after another.
+# A worker's test is mostly one chain of work handed between processes (kernel, training process,
+# server) that leaves its CPU idle at times, waiting; the extra worker uses that time. Files are handed
 # out in collection order, which tests/conftest.py sorts longest first (LONG_FIRST), after the browser
 # files, which it hands out as one unit (one JupyterLab and one Chromium for all of them); without
 # --no-loadscope-reorder, pytest-xdist would hand out the files with most tests first instead, and
 # leave the long one-test notebook files for last.
-JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 test: setup
 	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg $(NBVAL_SKIP)
