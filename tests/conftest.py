@@ -57,10 +57,10 @@ def pytest_runtest_teardown(item, nextitem):
 #: so one JupyterLab, one Chromium and one Lab page serve them all (see pytest_xdist_make_scheduler).
 BROWSER_FILES = "test_browser"
 
-#: The other files that take longest (8 to 35 s each, run alone), longest first. With `-n 2 --dist
-#: loadfile --no-loadscope-reorder` (the Makefile) a worker takes the next file in this order when it is
-#: free; handing out the long files first lets the two workers end together rather than one waiting
-#: while the other runs a long file picked last.
+#: The other files that take longest, longest first. With `--dist loadfile --no-loadscope-reorder` (the
+#: Makefile) a worker takes the next file in this order when it is free; handing out the long files
+#: first lets the workers end together rather than one running a long file picked last while the
+#: others wait.
 LONG_FIRST = ("test_real_model_server", "test_preference_dpo", "test_notebook_tinker_path",
               "test_server", "test_preference_notebook", "test_sweeps",
               "test_notebook_real_model", "test_train", "test_server_tokenizer", "test_heldout",
