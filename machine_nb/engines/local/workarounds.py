@@ -24,9 +24,9 @@ an upgrade rather than found broken in a user's notebook.
   holder's `_session_heartbeat` with the holder's `_base_url`; no public API lists them, and a
   client's public `close()` needs the client.
   Both stop a heartbeat by cancelling its task until it has ended (`cancel_until_done`): a single
-  cancel, the SDK's own `close()` included, can land while the heartbeat's request is in flight,
-  where the HTTP stack under it turns the cancel into an error that the heartbeat's loop catches and
-  survives; the loop then beats on, failing against a closed holder, and logs "Tinker is down".
+  cancel, the SDK's own `close()` included, can be absorbed below the heartbeat's loop (whose only
+  handler is `except Exception`, so something under its request turned the cancel into an ordinary
+  error); the task then stays "cancelling", beats on against a closed holder, and logs "Tinker is down".
 - `warm_sdk_tokenizer(name)`: fill the SDK's cache of `SamplingClient.get_tokenizer()` results for a
   local model, so that call answers at once. It loads by the sampler's base-model name
   (`sampling_client._load_tokenizer_from_model_info(name)`, an `lru_cache` keyed by that one
