@@ -95,31 +95,19 @@ def stop_sdk_client(client: Any) -> None:
                 cancel_until_done(heartbeat)
 
 
-_CANCELLING: set = set()  # cancel_until_done's tasks, held until they end (a loop holds tasks weakly)
-
-
 def cancel_until_done(task: "asyncio.Task") -> None:
     """Cancel `task` (an SDK task, on the SDK's loop) again every 50 ms until it has ended; returns
-    at once. Errors of a loop ended at exit are ignored."""
+    at once, from any thread (the SDK's own included). Errors of a loop ended at exit are ignored."""
     async def keep_cancelling() -> None:
         while not task.done():
             task.cancel()
             await asyncio.wait([task], timeout=0.05)
 
-    loop = task.get_loop()
+    job = keep_cancelling()
     try:
-        here = asyncio.get_running_loop()
-    except RuntimeError:
-        here = None
-    try:
-        if here is loop:  # on the SDK's own thread
-            job = loop.create_task(keep_cancelling())
-            _CANCELLING.add(job)
-            job.add_done_callback(_CANCELLING.discard)
-        else:
-            asyncio.run_coroutine_threadsafe(keep_cancelling(), loop)
+        asyncio.run_coroutine_threadsafe(job, task.get_loop())
     except RuntimeError:  # the loop is closed: the process is exiting, and its tasks with it
-        pass
+        job.close()
 
 
 def sdk_heartbeats() -> list[tuple[str, Any]]:
