@@ -240,6 +240,36 @@ def test_kv_cache_matches_full_forward(model, renderer):
     assert len(logprobs) == 12 and all(lp <= 0 for lp in logprobs) and reason == "length"
 
 
+def test_decoding_without_module_calls_gives_the_models_own_logits_bit_for_bit(model, monkeypatch):
+    from machine_nb.engines.local import lora
+    from machine_nb.engines.local import model as gpt
+
+    tuned = local.load_base()  # a sampler's model: adapters (B made non-zero) merged, the unembedding's kept
+    lora.apply_lora(tuned, 4, seed=1, unembed=True)
+    with torch.no_grad():
+        for name, p in tuned.named_parameters():
+            if name.endswith("lora_b"):
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    lora.merge_lora(tuned).eval()
+    unmerged = local.load_base()
+    lora.apply_lora(unmerged, 4)
+    assert gpt.plain_forward(unmerged) is None  # an adapter's module runs itself
+    idx = torch.tensor([[1, 4, 300, 301, 17, 42, 9], [2, 3, 5, 7, 11, 13, 17]])
+    with torch.inference_mode():
+        for m in (model, tuned):
+            assert torch.equal(gpt.plain_forward(m)(idx), m(idx))
+            steps = []
+            for forward in (gpt.plain_forward(m), m):  # the cached path: the prompt, then one token
+                caches = [[None, None] for _ in m.blocks]
+                steps.append([forward(idx[:, :6], caches=caches), forward(idx[:, 6:], caches=caches, start_pos=6)])
+            assert all(torch.equal(a, b) for a, b in zip(*steps))
+    # generation decodes through it, and gives what the modules give
+    settings = [{}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.7, "seed": 5, "top_k": 20, "top_p": 0.9}]
+    fast = [generate(tuned, [1, 4, 300, 301], 20, **s) for s in settings]
+    monkeypatch.setattr(gpt, "plain_forward", lambda m: None)
+    assert fast == [generate(tuned, [1, 4, 300, 301], 20, **s) for s in settings]
+
+
 def test_generate_stops_at_stop_sequences(model):
     prompt = [1, 4, 300, 301]
     free, _, _ = generate(model, prompt, 10)
@@ -302,15 +332,18 @@ def test_shipped_model_knows_its_facts(model, renderer):
 @pytest.mark.parametrize("settings", [dict(max_tokens=1, temperature=0.0), dict(max_tokens=6, temperature=1.0, top_k=40),
                                       dict(max_tokens=1, temperature=0.7, stop=["\n"]), dict(max_tokens=8, temperature=0.0,
                                                                                              stop=[2])])
-def test_a_sample_with_prompt_logprobs_gives_what_the_two_calls_give_from_one_forward(model, renderer, settings):
+def test_a_sample_with_prompt_logprobs_gives_what_the_two_calls_give_from_one_forward(model, renderer, settings,
+                                                                                      monkeypatch):
     # compute_logprobs (each DPO step's reference pass) asks for one token and the prompt's logprobs
+    from machine_nb.engines.local import model as gpt
     from machine_nb.engines.local.compute import Sampler
 
     sampler = Sampler(model, local.DEFAULT_MODEL)
     prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is 47 plus 15?"}]).to_ints()
     calls = []
-    forward = model.forward
+    forward, plain = model.forward, gpt.plain_forward
     model.forward = lambda *a, **k: calls.append(a[0].shape[1]) or forward(*a, **k)
+    monkeypatch.setattr(gpt, "plain_forward", lambda m: lambda *a, **k: calls.append(a[0].shape[1]) or plain(m)(*a, **k))
     try:
         for n, last_n in ((1, None), (3, 5)):
             both, lps = sampler.sample_with_prompt_logprobs(prompt, n, seed=11, last_n=last_n, **settings)

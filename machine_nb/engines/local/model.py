@@ -44,6 +44,24 @@ class GPTConfig:
         return cls(**known)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: list | None) -> torch.Tensor:
+    """Causal attention of queries q (B, h, T, d) over keys and values k, v; `cache` ([k, v] of the
+    earlier positions, or [None, None] at the start) is extended in place, for incremental decoding."""
+    T = q.shape[2]
+    if cache is not None:
+        if cache[0] is not None:
+            k = torch.cat([cache[0], k], dim=2)
+            v = torch.cat([cache[1], v], dim=2)
+        cache[0], cache[1] = k, v
+    if k.shape[2] == T:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if T == 1:  # one new query attends to every position (no mask: the same result, half the time)
+        return F.scaled_dot_product_attention(q, k, v)
+    # new queries attend to every cached position and causally among themselves
+    mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=q.device).tril(diagonal=k.shape[2] - T)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class Attention(nn.Module):
     """Multi-head causal self-attention; `cache` ([k, v], filled in place) enables incremental decoding."""
 
@@ -62,19 +80,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, h, C // h).transpose(1, 2)
         k = self.k_proj(x).view(B, T, h, C // h).transpose(1, 2)
         v = self.v_proj(x).view(B, T, h, C // h).transpose(1, 2)
-        if cache is not None:  # [k, v] of earlier positions, extended in place
-            if cache[0] is not None:
-                k = torch.cat([cache[0], k], dim=2)
-                v = torch.cat([cache[1], v], dim=2)
-            cache[0], cache[1] = k, v
-        if k.shape[2] == T:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif T == 1:  # one new query attends to every position (no mask: the same result, half the time)
-            y = F.scaled_dot_product_attention(q, k, v)
-        else:  # new queries attend to every cached position and causally among themselves
-            past = k.shape[2] - T
-            mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = attend(q, k, v, cache)
         return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -149,6 +155,63 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i])
         return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def _norm_args(ln: nn.LayerNorm) -> tuple:
+    """The arguments after the input that nn.LayerNorm's forward gives F.layer_norm."""
+    return ln.normalized_shape, ln.weight, ln.bias, ln.eps
+
+
+def plain_forward(model: nn.Module) -> Callable[..., torch.Tensor] | None:
+    """`model.forward` as one function over its weights, for decoding, or None when `model` is not a
+    plain GPT.
+
+    Decoding a token runs some 40 small modules, and calling a module costs about as much as its
+    work at this size; this function makes the same torch calls on the same tensors in the same
+    order, without the module calls, so its logits are identical, bit for bit. Plain means built
+    of exactly these classes (GPT, Block, Attention, MLP, nn.Linear, nn.LayerNorm, nn.Embedding):
+    a projection with an unmerged LoRA adapter or any other module gives None, and the caller uses
+    the model itself. The unembedding's adapter (lora.UnembedLoRA, which merging keeps: its hooks
+    add h @ A.T @ B.T * scale to the logits) is applied as its hooks apply it; the function holds
+    the model's weight tensors, so an update in place is seen.
+    """
+    if type(model) is not GPT or type(model.ln_f) is not nn.LayerNorm:
+        return None
+    layers = []
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.fc_in, mlp.fc_out)
+        if (type(block) is not Block or type(attn) is not Attention or type(mlp) is not MLP
+                or any(type(m) is not nn.Linear for m in linears)
+                or any(type(m) is not nn.LayerNorm for m in (block.ln_1, block.ln_2))):
+            return None
+        layers.append((_norm_args(block.ln_1), [(m.weight, m.bias) for m in linears], _norm_args(block.ln_2),
+                       attn.n_head))
+    unembed = getattr(model, "unembed_lora", None)
+    cfg, wte, wpe, ln_f = model.config, model.wte.weight, model.wpe.weight, _norm_args(model.ln_f)
+
+    def forward(idx: torch.Tensor, caches: list[list] | None = None, start_pos: int = 0) -> torch.Tensor:
+        B, T = idx.shape
+        if start_pos + T > cfg.block_size:
+            return model(idx, caches=caches, start_pos=start_pos)  # the model's own error
+        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        x = F.embedding(idx, wte) + F.embedding(pos, wpe)
+        for i, (ln_1, (q_proj, k_proj, v_proj, o_proj, fc_in, fc_out), ln_2, h) in enumerate(layers):
+            a = F.layer_norm(x, *ln_1)
+            C = a.shape[-1]
+            q = F.linear(a, *q_proj).view(B, T, h, C // h).transpose(1, 2)
+            k = F.linear(a, *k_proj).view(B, T, h, C // h).transpose(1, 2)
+            v = F.linear(a, *v_proj).view(B, T, h, C // h).transpose(1, 2)
+            y = attend(q, k, v, None if caches is None else caches[i])
+            x = x + F.linear(y.transpose(1, 2).contiguous().view(B, T, C), *o_proj)
+            x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, *ln_2), *fc_in)), *fc_out)
+        hidden = F.layer_norm(x, *ln_f)
+        logits = F.linear(hidden, wte)
+        if unembed is not None:
+            logits = logits + (hidden @ unembed.lora_a.t() @ unembed.lora_b.t()) * unembed.scale
+        return logits
+
+    return forward
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -230,13 +293,15 @@ def generate(
         top_k = None
     device = next(model.parameters()).device
     was_training = model.training
-    model.eval()
+    if was_training:
+        model.eval()
+    forward = plain_forward(model) or model
     caches: list[list] = [[None, None] for _ in range(cfg.n_layer)]
     tokens: list[int] = []
     logprobs: list[float] = []
     reason = "length"
     try:
-        logits = model(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0]
+        logits = forward(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0]
         if on_prompt is not None:
             on_prompt(logits)
         logits = logits[-1]
@@ -256,7 +321,8 @@ def generate(
             pos += 1
             if pos >= cfg.block_size:
                 break
-            logits = model(torch.tensor([[tok]], device=device), caches=caches, start_pos=pos - 1)[0, -1]
+            logits = forward(torch.tensor([[tok]], device=device), caches=caches, start_pos=pos - 1)[0, -1]
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
     return tokens, logprobs, reason
