@@ -12,13 +12,10 @@ import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("inspect_ai", reason='inspect-ai is in the test extra: pip install -e ".[test]"')
-
-from lab import chromium_page, keep_screenshot  # noqa: E402
+from lab import chromium_page, keep_screenshot
 
 pytestmark = pytest.mark.browser
 

@@ -7,6 +7,7 @@ Everything runs offline against the real local server: the rows are notebook 01'
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import sys
@@ -14,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("inspect_ai", reason='inspect-ai is in the test extra: pip install -e ".[test]"')
-
-import machine_nb as mnb  # noqa: E402
-from machine_nb.evaluation.inspect_bridge import eval_task, inspect_eval, offline_inspect  # noqa: E402
+import machine_nb as mnb
+from machine_nb.evaluation.inspect_bridge import eval_task, inspect_eval, offline_inspect
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample_workspace"
 
@@ -207,8 +206,10 @@ def test_cases_and_probe_results_write_inspect_logs(runs, tmp_path):
 
 # --------------------------------------------------------------------------- any Inspect log, compared
 
+@functools.cache
 def canned_api():
-    """A model API of this test's own, registered with Inspect as "canned": fixed replies, with usage."""
+    """A model API of this test's own, registered with Inspect as "canned" (once, on first use): fixed
+    replies, with usage."""
     from inspect_ai.model import GenerateConfig, ModelAPI, ModelOutput, ModelUsage, modelapi
 
     class Canned(ModelAPI):
@@ -228,9 +229,6 @@ def canned_api():
     return canned
 
 
-canned_api()
-
-
 def foreign_log(log_dir, replies: dict[str, str], *, ids=("q-b", "q-a", "q-c"), epochs: int = 1):
     """A log made by Inspect itself: a task with Inspect's match() scorer, on a model API of this
     test's own that reports its usage (Inspect's mockllm would fetch a tiktoken encoding)."""
@@ -240,6 +238,7 @@ def foreign_log(log_dir, replies: dict[str, str], *, ids=("q-b", "q-a", "q-c"), 
     from inspect_ai.scorer import match
     from inspect_ai.solver import generate
 
+    canned_api()
     questions = {"q-a": ("What is 1 plus 1?", "2"), "q-b": ("What is 2 plus 2?", "4"), "q-c": ("What is 3 plus 3?", "6")}
     task = Task(dataset=MemoryDataset([Sample(id=i, input=questions[i][0], target=questions[i][1]) for i in ids],
                                       name="sums"), solver=generate(), scorer=match(), name="sums")

@@ -237,7 +237,10 @@ class Sampler(_ModelShape):
         but the last n) are None."""
         if len(ids) > self.block_size:
             raise EngineError(f"{len(ids)} tokens exceed the local model's context ({self.block_size})")
-        return _prompt_logprobs(self.model(torch.tensor([list(ids)], dtype=torch.long))[0], ids, last_n)
+        from .model import plain_forward
+
+        forward = plain_forward(self.model) or self.model
+        return _prompt_logprobs(forward(torch.tensor([list(ids)], dtype=torch.long))[0], ids, last_n)
 
 
 def _prompt_logprobs(logits: torch.Tensor, ids: Sequence[int], last_n: int | None) -> list[float | None]:
