@@ -29,12 +29,12 @@ def main() -> None:
     name = local.DEFAULT_MODEL
     model = local.load_base(name)
     tok, renderer = get_tokenizer(name), get_renderer(name)
-    weights = local.MODELS[name] / "model.safetensors"
+    weights = local.MODELS[name].directory / "model.safetensors"
     print(f"model {name}: {model.num_params():,} parameters, vocab {tok.vocab_size}, "
           f"weights file {weights.stat().st_size / 1e6:.2f} MB (fp16)")
     import json
 
-    meta = json.loads((local.MODELS[name] / "config.json").read_text())["build"]
+    meta = json.loads((local.MODELS[name].directory / "config.json").read_text())["build"]
     print(f"build: {meta}")
 
     t0 = time.perf_counter()

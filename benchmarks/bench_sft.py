@@ -53,9 +53,12 @@ def main() -> int:
                     help="a directory of other weights for the default model (e.g. a pretraining build in progress)")
     args = ap.parse_args()
     if args.weights:
+        import dataclasses
+
         from machine_nb.engines import local
 
-        local.MODELS[local.DEFAULT_MODEL] = Path(args.weights)
+        entry = local.MODELS[local.DEFAULT_MODEL]
+        local.MODELS[local.DEFAULT_MODEL] = dataclasses.replace(entry, directory=Path(args.weights))
 
     import torch
 
@@ -75,7 +78,7 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cpu(s), torch {torch.__version__}, threads {torch.get_num_threads()}")
     from machine_nb.engines import local
 
-    weights_dir = local.MODELS[DEFAULT_MODEL]
+    weights_dir = local.MODELS[DEFAULT_MODEL].directory
     build = json.loads((Path(weights_dir) / "config.json").read_text()).get("build", {})
     print(f"model: {DEFAULT_MODEL} from {weights_dir} (build: {build.get('steps')} steps, "
           f"random_init={build.get('random_init')}, partial={build.get('partial', False)})")
