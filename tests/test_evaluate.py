@@ -172,6 +172,38 @@ def test_run_coroutine_inside_a_running_loop_and_with_a_failed_watchdog():
         run_coroutine(forever, Gone())
 
 
+def test_a_failed_watchdog_ends_work_that_absorbs_its_first_cancels():
+    """The tinker SDK's heartbeat once absorbed a cancel below its loop and went on (workarounds.
+    cancel_until_done): work that absorbs its first three cancels still ends, with EngineError, in
+    seconds, here and in a kernel's thread (each run in a thread here, so that a hang fails the test
+    instead of stopping the suite)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from machine_nb.evaluation.sampling import run_coroutine
+
+    class Gone:
+        failed = "the service stopped answering"
+
+    async def stubborn():
+        for _ in range(3):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+        await asyncio.sleep(3600)
+
+    async def in_a_kernel():
+        return run_coroutine(stubborn, Gone())
+
+    for call in (lambda: run_coroutine(stubborn, Gone()), lambda: asyncio.run(in_a_kernel())):
+        pool = ThreadPoolExecutor(1)
+        try:
+            with pytest.raises(EngineError, match="stopped answering"):
+                pool.submit(call).result(timeout=30)
+        finally:
+            pool.shutdown(wait=False)
+
+
 # --------------------------------------------------------------------------- eval rows
 
 def test_load_eval_rows_fills_default_match_and_line(tmp_path):
@@ -460,7 +492,7 @@ def test_load_results_rejects_other_files(tmp_path):
     (tmp_path / "z.json").write_text('{\n "name": "x",\n "rows": [\n  {"prompt": "q",}\n ]\n}\n')
     with pytest.raises(MachineFormatError, match="invalid JSON") as err:
         load_results(tmp_path / "z.json")
-    assert err.value.line == 4 and f"z.json:4" in str(err.value) and err.value.path == str(tmp_path / "z.json")
+    assert err.value.line == 4 and "z.json:4" in str(err.value) and err.value.path == str(tmp_path / "z.json")
 
 
 def test_load_results_keeps_the_columns_a_results_file_adds(tmp_path):

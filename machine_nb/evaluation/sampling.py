@@ -297,7 +297,8 @@ def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog
     Args:
         coro_factory: makes the coroutine (called once, in the thread that runs it).
         watchdog: a Watchdog (see `watchdog`) or None. When the service stops answering, the work
-            is cancelled and EngineError raised within seconds.
+            is cancelled (again every 50 ms until it has ended: a task can absorb a cancel) and
+            EngineError raised within seconds.
 
     Returns:
         The coroutine's result. Where an event loop already runs (a notebook kernel), the
@@ -310,7 +311,9 @@ def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog
             if done:
                 return task.result()
             if watchdog is not None and watchdog.failed:
-                task.cancel()
+                while not task.done():
+                    task.cancel()
+                    await asyncio.wait({task}, timeout=0.05)
                 raise EngineError(watchdog.failed)
 
     try:
