@@ -183,7 +183,6 @@ def main() -> int:
         # idle CPU: 10 s with nothing written
         time.sleep(2)
         send("cpu")
-        t = time.monotonic()
         time.sleep(10)
         send("cpu")
         while len(records("cpu")) < 2:

@@ -159,7 +159,7 @@ def test_summary_spread_interval_and_words(swept):
     assert f"learning_rate={best.learning_rate:g}" in words and "over 2 seeds" in words and "interval" in words
     assert "Best minus the runner-up" in words
     assert "lowest" not in verdict(df, "final_loss")
-    assert verdict(df, "final_loss").startswith(f"Best by mean final_loss: learning_rate=0.003")
+    assert verdict(df, "final_loss").startswith("Best by mean final_loss: learning_rate=0.003")
 
 
 def test_grid_points_are_every_combination_first_axis_slowest():

@@ -657,7 +657,7 @@ class DashboardState:
                 f'<td style="{cell}" title="{escape(source)}">{escape(cost)}'
                 f'<div style="{muted};font-size:11px">{escape(source)}</div></td></tr>')
         parts.append(
-            f'<table class="mnb-machines" style="border-collapse:collapse;margin:4px 0"><thead><tr>'
+            '<table class="mnb-machines" style="border-collapse:collapse;margin:4px 0"><thead><tr>'
             + "".join(f'<th style="{head}">{h}</th>' for h in
                       ("machine", "live version", "running", "finished today", "failed", "runs",
                        "recent scores", "cost so far"))
@@ -702,7 +702,7 @@ class DashboardState:
                 jobs.append(f'<tr><td style="{cell}">{escape(j["name"])}</td><td style="{cell}">{j["steps"]:,}{total}</td>'
                             f'<td style="{cell}">{escape(loss)}</td><td style="{cell}">{curve}</td>'
                             f'<td style="{cell}">{escape(status)}</td></tr>')
-            parts.append(f'<b>training</b><table class="mnb-jobs" style="border-collapse:collapse;margin:4px 0"><thead><tr>'
+            parts.append('<b>training</b><table class="mnb-jobs" style="border-collapse:collapse;margin:4px 0"><thead><tr>'
                          + "".join(f'<th style="{head}">{h}</th>' for h in ("run", "steps", "loss", "loss curve", "status"))
                          + f'</tr></thead><tbody>{"".join(jobs)}</tbody></table>')
         if snap["notes"]:
