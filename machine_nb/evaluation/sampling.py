@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from ..core.tasks import cancel_and_wait
 from ..errors import EngineError, MachineFormatError
 
 
@@ -297,7 +298,7 @@ def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog
     Args:
         coro_factory: makes the coroutine (called once, in the thread that runs it).
         watchdog: a Watchdog (see `watchdog`) or None. When the service stops answering, the work
-            is cancelled (again every 50 ms until it has ended: a task can absorb a cancel) and
+            is cancelled until it has ended (`core.tasks.cancel_and_wait`: a task can absorb a cancel) and
             EngineError raised within seconds.
 
     Returns:
@@ -311,9 +312,7 @@ def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog
             if done:
                 return task.result()
             if watchdog is not None and watchdog.failed:
-                while not task.done():
-                    task.cancel()
-                    await asyncio.wait({task}, timeout=0.05)
+                await cancel_and_wait(task)
                 raise EngineError(watchdog.failed)
 
     try:

@@ -53,6 +53,8 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ...core.tasks import cancel_and_wait
+
 #: What each workaround was written against: the minor versions of Python, the tinker SDK,
 #: huggingface_hub, transformers and torch.
 WRITTEN_FOR = {"python": "3.11", "tinker": "0.38", "huggingface_hub": "1.33", "transformers": "5.5",
@@ -96,14 +98,10 @@ def stop_sdk_client(client: Any) -> None:
 
 
 def cancel_until_done(task: "asyncio.Task") -> None:
-    """Cancel `task` (an SDK task, on the SDK's loop) again every 50 ms until it has ended; returns
-    at once, from any thread (the SDK's own included). Errors of a loop ended at exit are ignored."""
-    async def keep_cancelling() -> None:
-        while not task.done():
-            task.cancel()
-            await asyncio.wait([task], timeout=0.05)
-
-    job = keep_cancelling()
+    """Cancel `task` (an SDK task, on the SDK's loop) until it has ended (`core.tasks.cancel_and_wait`,
+    run on that loop); returns at once, from any thread (the SDK's own included). Errors of a loop
+    ended at exit are ignored."""
+    job = cancel_and_wait(task)
     try:
         asyncio.run_coroutine_threadsafe(job, task.get_loop())
     except RuntimeError:  # the loop is closed: the process is exiting, and its tasks with it
