@@ -27,7 +27,7 @@ for _names, _layer in [
     ("checks data.corpus evaluation.stats evaluation.sampling evaluation.results training.runlog", 3),  # checks and numbers
     ("data data.select data.export data.frames evaluation.inspect_logs", 2),  # Machine's data as frames and lines
     ("store core evaluation.scoring", 1),  # files on disk, and pure helpers under everything
-    ("engines errors core.jsonl core.tasks", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing, ending an asyncio task
+    ("engines errors core.jsonl core.tasks core.process", 0),  # the local server and the Tinker glue; the errors every layer raises, JSONL reading (bounded) and writing, ending an asyncio task, a process's start-up and end
 ]:
     for _name in _names.split():
         LAYERS[_name] = _layer

@@ -53,10 +53,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..core.process import pause_collection, settle
     from ..engines import serve, server_key
 
+    started: list[bool] = []
+
+    def ready(line: str) -> None:
+        settle()
+        started.append(True)
+        print(line, flush=True)
+
     key = server_key(args.key, args.key_file, os.environ.get(KEY_ENV))
-    serve(args.host, args.port, data_dir=args.data_dir, key=key, threads=args.threads,
-          train_workers=args.train_workers, verbose=args.verbose, announce=lambda line: print(line, flush=True))
+    pause_collection()  # while the server imports and loads its models; `ready` resumes it
+    try:
+        serve(args.host, args.port, data_dir=args.data_dir, key=key, threads=args.threads,
+              train_workers=args.train_workers, verbose=args.verbose, announce=ready)
+    finally:
+        if not started:  # it failed before it was ready
+            settle()
     print("stopped", file=sys.stderr)
     return 0

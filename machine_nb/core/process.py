@@ -1,7 +1,9 @@
-"""Ending a program's process at once, its output written."""
+"""The toolkit's own processes: their start-up without the garbage collector's repeated walks, and
+ending one at once, its output written."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -16,3 +18,25 @@ def end_process(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def pause_collection() -> None:
+    """Pause the cyclic garbage collector for the start-up of one of the toolkit's own long-lived
+    processes (the training runner, a server's training process, `machine-nb serve`); `settle`
+    resumes it once the process is ready.
+
+    Importing torch, the tinker SDK and tinker-cookbook, and loading a model, make some hundreds of
+    thousands of objects that live as long as the process. A collector running while they are made
+    walks the growing heap again and again, and every full collection afterwards walks them all
+    once more. Never for a user's interpreter: `settle` freezes
+    every object that exists.
+    """
+    gc.disable()
+
+
+def settle() -> None:
+    """The process is ready: move every object it has made so far, which lives as long as it does, to
+    the collector's permanent generation (`gc.freeze`), then resume the collector for what the
+    process makes from now on."""
+    gc.freeze()
+    gc.enable()

@@ -198,6 +198,8 @@ def main() -> int:
     import queue
     import signal
 
+    from ..core.process import pause_collection, settle
+
     # the parent interrupts a run with SIGINT: take it even when this process was started with
     # SIGINT ignored (a parent run as a background job of a shell without job control passes that on)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -216,7 +218,9 @@ def main() -> int:
 
     threading.Thread(target=read_specs, name="machine-nb-specs", daemon=True).start()
     _status(status, event="ready")
+    pause_collection()  # while PRELOAD is imported (core.process)
     preload()
+    settle()
     while True:
         spec = specs.get()
         os.environ.clear()

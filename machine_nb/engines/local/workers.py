@@ -303,6 +303,8 @@ def _main(argv: list[str]) -> int:
 
     import signal
 
+    from ...core.process import pause_collection, settle
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal stops the server, which ends this
     threads = int(argv[0]) if argv and argv[0] else None
     key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
@@ -319,7 +321,15 @@ def _main(argv: list[str]) -> int:
             os._exit(0)
 
     threading.Thread(target=end_with_input, daemon=True).start()
-    threading.Thread(target=lambda: __import__("machine_nb.engines.local.compute"), daemon=True).start()
+    pause_collection()  # while torch and the engine's modules are imported (core.process)
+
+    def warm() -> None:
+        try:
+            __import__("machine_nb.engines.local.compute")
+        finally:
+            settle()
+
+    threading.Thread(target=warm, daemon=True).start()
     print(address, flush=True)
     os.dup2(2, 1)  # anything printed later goes to stderr: nobody reads this pipe once the address is read
     while True:

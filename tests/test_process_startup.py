@@ -1,0 +1,72 @@
+"""The toolkit's own long-lived processes start with the garbage collector paused and, once ready,
+freeze what their start-up made and resume it (machine_nb.core.process.pause_collection, settle):
+the training runner, and `machine-nb serve` (also when it fails before it is ready)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pause_then_settle_freezes_what_was_made_and_resumes_the_collector():
+    code = textwrap.dedent("""
+        import gc, json
+        from machine_nb.core.process import pause_collection, settle
+        pause_collection()
+        paused = not gc.isenabled()
+        import torch
+        made = len(gc.get_objects())
+        settle()
+        print(json.dumps([paused, gc.isenabled(), gc.get_freeze_count() >= made, len(gc.get_objects()) < 1000]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [True, True, True, True]
+
+
+PROBE = """
+import gc, json, sys
+
+
+def child_run(spec):
+    loaded = [m for m in ("torch", "tinker", "tinker_cookbook.supervised.train") if m in sys.modules]
+    with open(spec["out"], "w") as f:
+        json.dump([gc.isenabled(), gc.get_freeze_count(), loaded], f)
+"""
+
+
+def test_the_training_runner_runs_a_spec_with_its_preloaded_modules_frozen_and_the_collector_on(tmp_path):
+    (tmp_path / "gc_probe.py").write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.training.runner"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert json.loads(proc.stdout.readline()) == {"event": "ready"}
+        spec = {"module": "gc_probe", "out": str(tmp_path / "gc.json"), "env": env, "cwd": str(tmp_path),
+                "log": str(tmp_path / "run.log")}
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"event": "done"}, (tmp_path / "run.log").read_text()
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+    enabled, frozen, loaded = json.loads((tmp_path / "gc.json").read_text())
+    assert enabled and loaded == ["torch", "tinker", "tinker_cookbook.supervised.train"]
+    assert frozen > 100_000  # the SDK's, the cookbook's and torch's objects, made while the collector was paused
+
+
+def test_serve_that_fails_before_it_is_ready_resumes_the_collector():
+    code = textwrap.dedent("""
+        import gc, json
+        from machine_nb.cli import main
+        code = main(["serve", "--host", "0.0.0.0", "--port", "0"])  # no key for an address beyond this machine
+        print(json.dumps([code, gc.isenabled()]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [1, True], done.stderr[-2000:]
