@@ -30,7 +30,10 @@ NBVAL_SKIP := --ignore=notebooks/01_minimal_sft.ipynb --ignore=notebooks/02_expl
 # leave the long one-test notebook files for last.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
+# The package's bytecode is compiled first: every kernel, training process and server the tests start
+# imports it, and with PYTHONDONTWRITEBYTECODE set none of them would write it for the next.
 test: setup
+	$(PY) -m compileall -q machine_nb
 	MACHINE_NB_TEST_ARTIFACTS=$(CURDIR)/test-artifacts $(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg $(NBVAL_SKIP)
 
 # The documentation site (docs/, mkdocs.yml) into site/, offline, strict: a broken link, a missing

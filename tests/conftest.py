@@ -1,6 +1,7 @@
 """Shared test set-up: offline, single-threaded torch, small fixtures."""
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -40,6 +41,18 @@ os.environ.setdefault("MACHINE_NB_MODELS_DIR", os.path.join(os.path.dirname(os.p
 from lab_fixtures import lab, shared_lab, stop_browser_unless_next  # noqa: E402,F401
 import pytest  # noqa: E402
 from sdk_sessions import check_no_heartbeat_left  # noqa: E402
+
+
+# Collection imports torch, the tinker SDK, tinker-cookbook, pandas and the package: hundreds of
+# thousands of objects that live as long as the test process. The collector is paused while they
+# are made, and they are frozen out of its walks once collected (pytest_collection_finish), as the
+# toolkit's own processes do at start-up (machine_nb.core.process.pause_collection).
+gc.disable()
+
+
+def pytest_collection_finish(session):
+    gc.freeze()
+    gc.enable()
 
 
 @pytest.hookimpl(hookwrapper=True)
