@@ -46,7 +46,9 @@ from sdk_sessions import check_no_heartbeat_left  # noqa: E402
 # Collection imports torch, the tinker SDK, tinker-cookbook, pandas and the package: hundreds of
 # thousands of objects that live as long as the test process. The collector is paused while they
 # are made, and they are frozen out of its walks once collected (pytest_collection_finish), as the
-# toolkit's own processes do at start-up (machine_nb.core.process.pause_collection).
+# toolkit's own processes do at start-up (machine_nb.core.process.pause_collection). After each
+# file, what outlived it (modules its tests imported, caches) is frozen too, once a collection has
+# freed its garbage (pytest_runtest_teardown): each later collection walks only what is new.
 gc.disable()
 
 
@@ -58,11 +60,15 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """After each test's teardown (the fixtures of its module too, when the next test is in
-    another): the shared Chromium stops before a test that is not a browser test, and no tinker
-    SDK session is left sending heartbeats to a server that is gone."""
+    another): the shared Chromium stops before a test that is not a browser test, no tinker
+    SDK session is left sending heartbeats to a server that is gone, and after a file's last test
+    what outlived the file is frozen out of the collector's walks."""
     yield
     stop_browser_unless_next(nextitem)
     check_no_heartbeat_left()
+    if nextitem is None or nextitem.path != item.path:
+        gc.collect()
+        gc.freeze()
 
 
 #: Browser tests (marker `browser`) are in files named test_browser*.py, and no other test is: under
