@@ -28,8 +28,7 @@ def pause_collection() -> None:
     Importing torch, the tinker SDK and tinker-cookbook, and loading a model, make some hundreds of
     thousands of objects that live as long as the process. A collector running while they are made
     walks the growing heap again and again, and every full collection afterwards walks them all
-    once more. Never for a user's interpreter: `settle` freezes
-    every object that exists.
+    once more. Never for a user's interpreter: `settle` freezes every object that exists.
     """
     gc.disable()
 
