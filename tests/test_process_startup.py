@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,9 @@ def test_the_training_runner_runs_a_spec_with_its_preloaded_modules_frozen_and_t
     (tmp_path / "gc_probe.py").write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     proc = subprocess.Popen([sys.executable, "-m", "machine_nb.training.runner"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path)
+    watchdog = threading.Timer(120, proc.kill)  # a stuck runner ends its output, and so the reads below
+    watchdog.start()
     try:
         assert json.loads(proc.stdout.readline()) == {"event": "ready"}
         spec = {"module": "gc_probe", "out": str(tmp_path / "gc.json"), "env": env, "cwd": str(tmp_path),
@@ -54,6 +57,7 @@ def test_the_training_runner_runs_a_spec_with_its_preloaded_modules_frozen_and_t
         proc.stdin.flush()
         assert json.loads(proc.stdout.readline()) == {"event": "done"}, (tmp_path / "run.log").read_text()
     finally:
+        watchdog.cancel()
         proc.stdin.close()
         proc.wait(60)
     enabled, frozen, loaded = json.loads((tmp_path / "gc.json").read_text())
