@@ -56,11 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     from ..core.process import pause_collection, settle
     from ..engines import serve, server_key
 
-    started: list[bool] = []
-
     def ready(line: str) -> None:
         settle()
-        started.append(True)
         print(line, flush=True)
 
     key = server_key(args.key, args.key_file, os.environ.get(KEY_ENV))
@@ -69,7 +66,6 @@ def _run(args: argparse.Namespace) -> int:
         serve(args.host, args.port, data_dir=args.data_dir, key=key, threads=args.threads,
               train_workers=args.train_workers, verbose=args.verbose, announce=ready)
     finally:
-        if not started:  # it failed before it was ready
-            settle()
+        settle()  # when it failed before it was ready (after `ready`, nothing is left to do)
     print("stopped", file=sys.stderr)
     return 0

@@ -36,6 +36,9 @@ def pause_collection() -> None:
 def settle() -> None:
     """The process is ready: move every object it has made so far, which lives as long as it does, to
     the collector's permanent generation (`gc.freeze`), then resume the collector for what the
-    process makes from now on."""
+    process makes from now on. Nothing happens while the collector runs (the process has settled
+    already), so a `finally` may call it again."""
+    if gc.isenabled():
+        return
     gc.freeze()
     gc.enable()
