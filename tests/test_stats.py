@@ -50,6 +50,19 @@ def test_jeffreys_is_the_beta_posterior():
     assert (lo, hi) == pytest.approx((beta.ppf(0.025, 7.5, 17.5), beta.ppf(0.975, 7.5, 17.5)))
 
 
+def test_proportion_intervals_give_statsmodels_values():
+    from statsmodels.stats.proportion import proportion_confint
+
+    for n in (1, 2, 7, 24, 263, 5000):
+        for k in sorted({0, 1, n // 3, n // 2, n - 1, n, n / 2 + 0.25}):  # fractional: effective counts
+            for method, theirs in stats.PROPORTION_METHODS.items():
+                for level in (0.8, 0.95, 0.99):
+                    low, high = proportion_confint(k, n, alpha=1 - level, method=theirs)
+                    want = (max(0.0, float(low)), min(1.0, float(high)))
+                    assert stats.proportion_interval(k, n, method=method, level=level) == pytest.approx(
+                        want, abs=1e-12), (k, n, method, level)
+
+
 def test_proportion_interval_refuses_nonsense():
     with pytest.raises(ValueError, match="unknown method"):
         stats.proportion_interval(1, 2, method="wald")
@@ -104,6 +117,14 @@ def test_mcnemar_hand_worked():
     assert stats.mcnemar_exact(1, 7) == pytest.approx(2 * 9 / 256)  # 7 wins, 1 loss: 0.0703
     assert stats.mcnemar_exact(0, 24) == pytest.approx(2 * 0.5 ** 24)
     assert stats.mcnemar_exact(0, 0) == 1.0 and stats.mcnemar_exact(3, 3) == 1.0
+
+
+def test_mcnemar_gives_statsmodels_values():
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    for b, c in [*itertools.product(range(40), repeat=2), (120, 180), (4000, 4210), (0, 1500)]:
+        want = 1.0 if b + c == 0 else min(1.0, float(mcnemar([[0, b], [c, 0]], exact=True).pvalue))
+        assert stats.mcnemar_exact(b, c) == pytest.approx(want, rel=1e-12, abs=1e-300), (b, c)
 
 
 def test_critical_minority_against_brute_force():
@@ -243,6 +264,24 @@ def test_mcnemar_power_against_enumeration_and_by_hand():
     assert stats.mcnemar_power(5, 1.0, 0.0) == 0.0 and stats.mcnemar_power(6, 1.0, 0.0) == 1.0
 
 
+def test_mcnemar_power_gives_the_scipy_stats_sum():
+    import numpy as np
+    from scipy.stats import binom
+
+    def by_scipy_stats(n, p_win, p_loss, alpha):
+        psi, d = p_win + p_loss, np.arange(n + 1)
+        k = binom.ppf(alpha / 2, d, 0.5) - 1
+        q = min(1.0, p_win / psi)
+        reject = np.where(k >= 0, binom.cdf(k, d, q) + binom.sf(d - k - 1, d, q), 0.0)
+        return float(min(1.0, (binom.pmf(d, n, min(1.0, psi)) * reject).sum()))
+
+    for n in (1, 6, 24, 300, 1000):
+        for p_win, p_loss in [(0.5, 0.0), (1.0, 0.0), (0.3, 0.1), (0.05, 0.02), (0.6, 0.4), (0.2, 0.2)]:
+            for alpha in (0.05, 0.01):
+                assert stats.mcnemar_power(n, p_win, p_loss, alpha=alpha) == pytest.approx(
+                    by_scipy_stats(n, p_win, p_loss, alpha), abs=1e-12), (n, p_win, p_loss, alpha)
+
+
 def test_rows_for_power():
     assert stats.rows_for_power(1.0, 0.0) == 6  # every row a win: 6 are the fewest that can reach p < 0.05
     assert stats.rows_for_power(0.1, 0.1) is None  # no effect to detect
@@ -259,5 +298,25 @@ def test_rows_for_power():
 def test_importing_the_statistics_loads_no_library():
     code = ("import sys, machine_nb.evaluation.stats, machine_nb.evaluation.compare; "
             "print([m for m in ('numpy', 'pandas', 'scipy', 'statsmodels') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_comparison_loads_neither_scipy_stats_nor_statsmodels():
+    # they take about half a second to import: a notebook's first comparison would pay it
+    code = """
+import sys
+import machine_nb as mnb
+from machine_nb.evaluation import stats
+import pandas as pd
+frame = lambda correct, case: pd.DataFrame({"prompt": [f"p{i}" for i in range(24)], "expected": "a",
+                                            "output": "a", "correct": correct, "case": case})
+rows = [True] * 7 + [False] * 17
+for case in (None, [i // 8 for i in range(24)]):
+    mnb.compare(frame([False] * 24, case), frame(rows, case), cluster="case" if case else False)
+stats.proportion_interval(3, 10, method="clopper-pearson"), stats.proportion_interval(3, 10, method="jeffreys")
+stats.critical_minority(30), stats.rows_for_power(0.3, 0.1)
+print([m for m in ("scipy.stats", "statsmodels") if m in sys.modules])
+"""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

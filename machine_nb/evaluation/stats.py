@@ -2,11 +2,15 @@
 
 Pure functions over counts and 0/1 lists: accuracy intervals, the paired-difference interval,
 exact tests, clustering by case, power and Holm's correction. What they mean for a checkpoint is
-put into words by compare.py. Methods a well-kept library implements come from it (statsmodels:
-Wilson and Clopper-Pearson intervals, exact McNemar; scipy: distributions); the rest
-(Newcombe's paired interval, the cluster sign-flip test, effective sample size, exact McNemar
-power, and Holm's step-down, checked against statsmodels' in the tests) is written out here.
-numpy, scipy and statsmodels load inside the functions, so importing this module costs nothing.
+put into words by compare.py. The distributions come from scipy.special's functions (the
+binomial CDF, the inverse incomplete beta function, Student's t quantile) and the standard library's
+NormalDist; the methods built on them (Wilson, Clopper-Pearson and Jeffreys intervals, exact
+McNemar, Newcombe's paired interval, the cluster sign-flip test, effective sample size, exact
+McNemar power, Holm's step-down) are written out here and checked against statsmodels' and
+scipy.stats' in the tests. Neither of those is imported: together they take about half a second
+to import, more than all of compare() takes at the sizes evals have, and a notebook pays that on
+its first comparison. numpy and scipy.special load inside the functions, so importing this module
+costs nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 PROPORTION_METHODS = {"wilson": "wilson", "clopper-pearson": "beta", "jeffreys": "jeffreys"}
-"""proportion_interval() methods and their statsmodels names: Wilson score (the default: close to
-nominal coverage at small n, never zero width), Clopper-Pearson (exact tails, conservative),
-Jeffreys (the equal-tailed Beta(k+½, n−k+½) posterior interval)."""
+"""proportion_interval() methods and the statsmodels `proportion_confint` method each equals:
+Wilson score (the default: close to nominal coverage at small n, never zero width),
+Clopper-Pearson (exact tails, conservative), Jeffreys (the equal-tailed Beta(k+½, n−k+½)
+posterior interval)."""
 
 
 def proportion_interval(k: float, n: float, *, level: float = 0.95, method: str = "wilson") -> tuple[float, float]:
@@ -33,14 +38,43 @@ def proportion_interval(k: float, n: float, *, level: float = 0.95, method: str 
     Returns:
         (low, high), inside [0, 1].
     """
-    from statsmodels.stats.proportion import proportion_confint
-
     if method not in PROPORTION_METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {sorted(PROPORTION_METHODS)}")
     if not n > 0 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
-    low, high = proportion_confint(k, n, alpha=1 - level, method=PROPORTION_METHODS[method])
+    tail = (1 - level) / 2
+    if method == "wilson":
+        z2 = _normal_quantile(1 - tail) ** 2
+        p = k / n
+        centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+        half = math.sqrt(z2 * p * (1 - p) / n + z2 ** 2 / (4 * n ** 2)) / (1 + z2 / n)
+        low, high = centre - half, centre + half
+    else:
+        from scipy.special import betainccinv, betaincinv  # Beta quantiles from the lower / upper tail
+
+        if method == "jeffreys":
+            low, high = betaincinv(k + 0.5, n - k + 0.5, tail), betainccinv(k + 0.5, n - k + 0.5, tail)
+        else:  # Clopper-Pearson
+            low = 0.0 if k == 0 else betaincinv(k, n - k + 1, tail)
+            high = 1.0 if k == n else betainccinv(k + 1, n - k, tail)
     return (max(0.0, float(low)), min(1.0, float(high)))
+
+
+def _normal_quantile(q: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(q)
+
+
+def _binomial_cdf(x: int, n: int, p: float) -> float:
+    """P(X ≤ x), X ~ Bin(n, p): 0 below 0, 1 from n on."""
+    if x < 0:
+        return 0.0
+    if x >= n:
+        return 1.0
+    from scipy.special import bdtr
+
+    return float(bdtr(x, n, p))
 
 
 def newcombe_paired_interval(table: Sequence[Sequence[float]], *, level: float = 0.95) -> tuple[float, float]:
@@ -91,11 +125,10 @@ def mcnemar_exact(b: int, c: int) -> float:
     Returns:
         The p-value; 1.0 when there are no discordant pairs (no evidence either way).
     """
-    from statsmodels.stats.contingency_tables import mcnemar
-
-    if int(b) + int(c) == 0:
+    b, c = int(b), int(c)
+    if b + c == 0:
         return 1.0
-    return min(1.0, float(mcnemar([[0, int(b)], [int(c), 0]], exact=True).pvalue))
+    return min(1.0, 2 * _binomial_cdf(min(b, c), b + c, 0.5))
 
 
 def min_discordant_for(alpha: float = 0.05) -> int:
@@ -129,12 +162,10 @@ def critical_minority(d: int, alpha: float = 0.05) -> int | None:
         The largest minority count k for which a k-to-(d−k) split gives p < alpha, or None when
         no split of d pairs can (d < min_discordant_for(alpha)).
     """
-    from scipy.stats import binom
-
     if d <= 0:
         return None
-    k = int(binom.ppf(alpha / 2, d, 0.5)) - 1  # the smallest x with P(X ≤ x) ≥ alpha/2, less one
-    while k >= 0 and mcnemar_exact(k, d - k) >= alpha:  # guard the quantile's float edge
+    k = min(d // 2, max(-1, int(d / 2 - _normal_quantile(1 - alpha / 2) * math.sqrt(d) / 2)))  # near it
+    while k >= 0 and mcnemar_exact(k, d - k) >= alpha:
         k -= 1
     while mcnemar_exact(k + 1, d - k - 1) < alpha and k + 1 < d - k - 1:
         k += 1
@@ -179,7 +210,6 @@ def sign_flip_test(differences: Sequence[int], clusters: Sequence[Any] | None = 
         The p-value (1.0 when every case's difference sums to 0).
     """
     import numpy as np
-    from scipy.stats import binom
 
     sums, _ = case_sums(differences, clusters)
     sums = np.rint(sums).astype(int)
@@ -194,7 +224,8 @@ def sign_flip_test(differences: Sequence[int], clusters: Sequence[Any] | None = 
     for v, k in zip(*np.unique(sizes, return_counts=True)):
         v, k = int(v), int(k)
         step = np.zeros_like(dist)
-        for x, px in enumerate(binom.pmf(np.arange(k + 1), k, 0.5)):
+        for x in range(k + 1):
+            px = math.exp(math.lgamma(k + 1) - math.lgamma(x + 1) - math.lgamma(k - x + 1) - k * math.log(2))
             shift = v * (2 * x - k)
             if shift >= 0:
                 step[shift:] += px * dist[:len(dist) - shift]
@@ -319,7 +350,7 @@ def effective_size(values: Sequence[float], clusters: Sequence[Any] | None, *, l
     Returns:
         The effective size, in (0, n].
     """
-    from scipy.stats import t
+    from scipy.special import stdtrit  # Student's t quantile
 
     n = len(values)
     if clusters is None or n == 0:
@@ -330,7 +361,7 @@ def effective_size(values: Sequence[float], clusters: Sequence[Any] | None, *, l
     if g < 2:
         return 1.0  # one case: one observation's worth, whatever its size
     q = 1 - (1 - level) / 2
-    df_factor = (t.ppf(q, n - 1) / t.ppf(q, g - 1)) ** 2
+    df_factor = (stdtrit(n - 1, q) / stdtrit(g - 1, q)) ** 2
     return float(min(n, n / design_effect(values, clusters) * df_factor))
 
 
@@ -348,16 +379,34 @@ def mcnemar_power(n: int, p_win: float, p_loss: float, *, alpha: float = 0.05) -
         P(p < alpha), summed exactly over the number of discordant pairs and their split.
     """
     import numpy as np
-    from scipy.stats import binom
+    from scipy.special import bdtr, bdtrc  # the binomial CDF and its upper tail
 
     psi = p_win + p_loss
     if n <= 0 or psi <= 0:
         return 0.0
     d = np.arange(n + 1)
-    k = binom.ppf(alpha / 2, d, 0.5) - 1  # largest minority count that rejects (−1: none)
+    k = _rejecting_minority(d, alpha)
     q = min(1.0, p_win / psi)
-    reject = np.where(k >= 0, binom.cdf(k, d, q) + binom.sf(d - k - 1, d, q), 0.0)
-    return float(min(1.0, (binom.pmf(d, n, min(1.0, psi)) * reject).sum()))
+    kk = np.maximum(k, 0)
+    reject = np.where(k >= 0, bdtr(kk, d, q) + bdtrc(d - kk - 1, d, q), 0.0)
+    discordant = np.diff(bdtr(d, n, min(1.0, psi)), prepend=0.0)  # P(d discordant pairs of n)
+    return float(min(1.0, (discordant * reject).sum()))
+
+
+def _rejecting_minority(d: Any, alpha: float) -> Any:
+    """Per number of discordant pairs d (an array): the largest minority count k that exact McNemar
+    rejects at alpha, i.e. the largest k with P(X ≤ k) < alpha/2, X ~ Bin(d, ½); −1 where none does.
+    A bisection over all d at once: P(X ≤ −1) = 0 < alpha/2, and P(X ≤ d//2) ≥ ½ ≥ alpha/2."""
+    import numpy as np
+    from scipy.special import bdtr
+
+    low, high = np.full(len(d), -1), d // 2
+    while (open_ := high - low > 1).any():
+        mid = (low + high) // 2
+        below = bdtr(np.maximum(mid, 0), d, 0.5) < alpha / 2
+        low = np.where(open_ & below, mid, low)
+        high = np.where(open_ & ~below, mid, high)
+    return low
 
 
 def rows_for_power(p_win: float, p_loss: float, *, power: float = 0.8, alpha: float = 0.05,
