@@ -56,6 +56,8 @@ def test_the_tokenizer_folder_loads_offline_as_the_sdk_loads_it(tok):
     for text in TEXTS:
         assert again.encode(text) == tok.encode(text)
     assert again.eos_token == "<|im_end|>" and again.eos_token_id == hf.END_TOKEN_ID
+    # hf.get_tokenizer loads the class AutoTokenizer resolves to, with the same chat template
+    assert type(again) is type(tok) and again.chat_template == tok.chat_template
 
 
 def _conversations(n: int) -> list[list[dict]]:

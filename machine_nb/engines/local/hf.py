@@ -338,11 +338,16 @@ def build_tokenizer(gguf: Path, fields: dict[str, Any]) -> Any:
 
 @lru_cache(maxsize=1)
 def get_tokenizer() -> Any:
-    """The model's tokenizer (a PreTrainedTokenizerFast from the converted folder; cached)."""
-    folder = tokenizer_dir()  # a missing package says so before transformers is imported
-    from transformers import AutoTokenizer
+    """The model's tokenizer (a PreTrainedTokenizerFast from the converted folder; cached).
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    Loaded by its class, not through `AutoTokenizer` (which gives the same object): the auto
+    classes import transformers' model registry and torch's compiler with it, over a second of
+    CPU in a process that only tokenizes (a notebook rendering chats, a script).
+    """
+    folder = tokenizer_dir()  # a missing package says so before transformers is imported
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 # ---------------------------------------------------------------------------------------------
