@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, tree_env, trees
 
 RUNNER = """
 import json, sys, psutil
@@ -41,7 +41,7 @@ print(json.dumps(t.user + t.system))
 def runner_cpu(tree: Path, steps: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run([sys.executable, "-c", RUNNER, tmp, str(steps), str(tree)], check=True, capture_output=True,
-                             text=True, env=_env(tree, tmp), cwd=tmp).stdout
+                             text=True, env=tree_env(tree, tmp), cwd=tmp).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -51,7 +51,7 @@ def serve_cpu(tree: Path) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "serve", "--port", "0", "--data-dir",
                                  f"{tmp}/data"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                env=_env(tree, tmp), cwd=tmp)
+                                env=tree_env(tree, tmp), cwd=tmp)
         try:
             line = proc.stdout.readline()
             if not line.startswith("serving the Tinker API on"):
@@ -63,13 +63,6 @@ def serve_cpu(tree: Path) -> float:
             proc.wait(60)
 
 
-def _env(tree: Path, tmp: str) -> dict[str, str]:
-    # run from `tmp`: a script's own folder (-c: the working directory) comes first on the import path
-    return {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "MACHINE_NB_DATA_DIR": f"{tmp}/server-data", "MACHINE_NB_CACHE_DIR": f"{tmp}/cache",
-            "HF_HUB_CACHE": f"{tmp}/hub"}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD~1", help="the commit to compare with (default HEAD~1)")
@@ -77,22 +70,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="training steps of the runner's run")
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        other = Path(tmp) / "other"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), args.rev], check=True)
-        try:
-            trees = {"this checkout": ROOT, args.rev: other}
-            found: dict[str, dict[str, list[float]]] = {name: {"runner": [], "serve": []} for name in trees}
-            for tree in trees.values():  # both trees' bytecode compiled, so neither compiles per process
-                subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "machine_nb")], check=True)
-            runner_cpu(ROOT, 1)  # the file cache warm
-            for i in range(args.rounds):
-                order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
-                for name, tree in order:
-                    found[name]["runner"].append(runner_cpu(tree, args.steps))
-                    found[name]["serve"].append(serve_cpu(tree))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
+    with trees(args.rev) as both:
+        found: dict[str, dict[str, list[float]]] = {name: {"runner": [], "serve": []} for name in both}
+        runner_cpu(ROOT, 1)  # the file cache warm
+        for i in range(args.rounds):
+            order = list(both.items()) if i % 2 == 0 else list(both.items())[::-1]
+            for name, tree in order:
+                found[name]["runner"].append(runner_cpu(tree, args.steps))
+                found[name]["serve"].append(serve_cpu(tree))
 
     print(f"machine: {os.cpu_count()} CPUs; {args.rounds} rounds; runner: a {args.steps}-step sft run")
     medians = {name: {k: statistics.median(v) for k, v in kinds.items()} for name, kinds in found.items()}

@@ -1,5 +1,6 @@
 """What several benchmarks share: executing a shipped notebook in a fresh kernel, a plain os-level
-file read (the floor a reader is measured against), and a process's peak resident memory.
+file read (the floor a reader is measured against), a process's peak resident memory, and another
+commit's tree beside this checkout (for one-sitting comparisons of fresh processes).
 
 Benchmarks run as scripts from the repository root (`python benchmarks/bench_x.py`), so this
 folder is on their import path and they `import common`.
@@ -7,12 +8,18 @@ folder is on their import path and they `import common`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 
 
 def run_notebook(name: str, timeout: float, extra_cell: str | None = None) -> tuple[float, dict | None]:
@@ -71,3 +78,29 @@ def peak_rss_mb() -> float:
     import sys
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024 * 1024)
+
+
+@contextlib.contextmanager
+def trees(rev: str) -> Iterator[dict[str, Path]]:
+    """{"this checkout": the repository, rev: a temporary worktree of that commit}, each with its
+    package's bytecode compiled (so no process compiles modules as it imports them); the worktree
+    is removed afterwards. A process started with `tree_env(tree, ...)` imports that tree's package."""
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "other"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), rev], check=True)
+        try:
+            found = {"this checkout": ROOT, rev: other}
+            for tree in found.values():
+                subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "machine_nb")], check=True)
+            yield found
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
+
+
+def tree_env(tree: Path, tmp: str) -> dict[str, str]:
+    """The environment of a process that is to import `tree`'s package, offline, with one compute
+    thread and its data, caches and hub cache under `tmp`. Run it from `tmp` (cwd): a script's own
+    folder (-c: the working directory) comes first on the import path."""
+    return {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "MACHINE_NB_DATA_DIR": f"{tmp}/server-data", "MACHINE_NB_CACHE_DIR": f"{tmp}/cache",
+            "HF_HUB_CACHE": f"{tmp}/hub"}
