@@ -1,6 +1,8 @@
 """The toolkit's own long-lived processes start with the garbage collector paused and, once ready,
 freeze what their start-up made and resume it (machine_nb.core.process.pause_collection, settle):
-the training runner, and `machine-nb serve` (also when it fails before it is ready)."""
+the training runner, and `machine-nb serve` (also when it fails before it is ready). A report's
+IPython kernel imports the SDK's and the cookbook's stack so before the notebook's first cell
+(reports.notebook.kernel_arguments, core.process.preload)."""
 
 from __future__ import annotations
 
@@ -77,3 +79,38 @@ def test_serve_that_fails_before_it_is_ready_resumes_the_collector():
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [1, True], done.stderr[-2000:]
+
+
+def test_a_reports_kernel_starts_with_the_stack_preloaded_and_frozen_and_the_notebook_untouched(tmp_path):
+    import nbformat
+
+    from machine_nb.reports.notebook import KERNEL_PRELOAD, run_report
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(textwrap.dedent("""
+        import gc, json, sys
+        names = sorted(n for n in globals() if not n.startswith("_") and n not in ("In", "Out", "exit", "quit", "open", "get_ipython"))
+        print("PROBE", json.dumps([gc.isenabled(), gc.get_freeze_count(), [m for m in sys.modules if m in %r], names]))
+    """ % (KERNEL_PRELOAD,))))
+    nbformat.write(nb, tmp_path / "probe.ipynb")
+    report = run_report(tmp_path / "probe.ipynb", output=tmp_path / "out" / "probe.html", progress=False)
+    (cell,) = json.loads(report.executed.read_text())["cells"]
+    assert cell["execution_count"] == 1  # the preload took no execution count and showed nothing
+    (line,) = [ln for o in cell["outputs"] for ln in "".join(o.get("text", "")).splitlines() if ln.startswith("PROBE")]
+    enabled, frozen, loaded, names = json.loads(line.split(" ", 1)[1])
+    assert enabled and sorted(loaded) == sorted(KERNEL_PRELOAD)
+    assert frozen > 100_000  # torch's, the SDK's and the cookbook's objects
+    assert names == ["gc", "json", "sys"]  # the cell's own imports: the preload bound no name
+
+
+def test_only_an_ipython_kernel_gets_the_preload(tmp_path, monkeypatch):
+    from machine_nb.reports.notebook import kernel_arguments
+
+    spec = tmp_path / "kernels" / "other"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({"argv": ["other-kernel", "{connection_file}"], "display_name": "Other",
+                                                  "language": "other"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    assert kernel_arguments("other") == [] and kernel_arguments("no-such-kernel") == []
+    (line,) = kernel_arguments("python3")
+    assert line.startswith("--IPKernelApp.exec_lines=")
