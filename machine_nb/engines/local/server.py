@@ -27,6 +27,7 @@ framed by uvicorn (a maintained HTTP stack: chunked bodies, bad lengths); SIGINT
 
 from __future__ import annotations
 
+import collections
 import hmac
 import ipaddress
 import json
@@ -109,17 +110,21 @@ class _Future:
     body: bytes = b""
     finished_at: float | None = None
     polls: int = 0  # retrieve_future requests for it (long-polling keeps this near 1 per LONG_POLL_S waited)
+    owner: "_Futures | None" = field(default=None, repr=False)
 
 
 class _Futures:
-    """request id -> result (JSON or protobuf bytes), waited on by long-polls."""
+    """request id -> result (JSON or protobuf bytes), waited on by long-polls. A result is kept
+    FUTURE_TTL_S after it finished; the oldest go first, so a new request costs the same however
+    many results a long session keeps (a scan of them all per request grew with every row evaluated)."""
 
     def __init__(self) -> None:
         self._items: dict[str, _Future] = {}
+        self._finished: collections.deque[_Future] = collections.deque()  # in the order they finished
         self._lock = threading.Lock()
 
     def new(self, call: str) -> _Future:
-        fut = _Future(f"req-{secrets.token_hex(8)}", call)
+        fut = _Future(f"req-{secrets.token_hex(8)}", call, owner=self)
         with self._lock:
             self._gc()
             self._items[fut.request_id] = fut
@@ -127,9 +132,12 @@ class _Futures:
 
     def _gc(self) -> None:
         cutoff = time.monotonic() - FUTURE_TTL_S
-        stale = [k for k, f in self._items.items() if f.finished_at is not None and f.finished_at < cutoff]
-        for k in stale:
-            del self._items[k]
+        while self._finished and self._finished[0].finished_at < cutoff:
+            self._items.pop(self._finished.popleft().request_id, None)
+
+    def _finish(self, fut: _Future) -> None:
+        with self._lock:
+            self._finished.append(fut)
 
     def get(self, request_id: str) -> _Future | None:
         with self._lock:
@@ -142,7 +150,11 @@ class _Futures:
 
     @staticmethod
     def resolve(fut: _Future, body: bytes, content_type: str = "application/json") -> None:
-        fut.body, fut.content_type, fut.finished_at = body, content_type, time.monotonic()
+        fut.body, fut.content_type = body, content_type
+        if fut.finished_at is None:  # kept FUTURE_TTL_S from its first result
+            fut.finished_at = time.monotonic()
+            if fut.owner is not None:
+                fut.owner._finish(fut)
         fut.done.set()
 
     @classmethod
