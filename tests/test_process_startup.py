@@ -2,7 +2,8 @@
 freeze what their start-up made and resume it (machine_nb.core.process.pause_collection, settle):
 the training runner, and `machine-nb serve` (also when it fails before it is ready). A report's
 IPython kernel imports the SDK's and the cookbook's stack so before the notebook's first cell
-(reports.notebook.kernel_arguments, core.process.preload)."""
+(reports.notebook.kernel_arguments, core.process.preload). A `machine-nb` command's process
+freezes what it holds once its exit handlers have run (core.process.freeze_at_exit)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,28 @@ def test_only_an_ipython_kernel_gets_the_preload(tmp_path, monkeypatch):
     assert kernel_arguments("other") == [] and kernel_arguments("no-such-kernel") == []
     (line,) = kernel_arguments("python3")
     assert line.startswith("--IPKernelApp.exec_lines=")
+
+
+EXIT_PROBE = """
+import atexit, gc, json, sys
+atexit.register(lambda: print("LAST", gc.get_freeze_count()))  # registered first: runs last
+from machine_nb.cli import main
+if sys.argv[1] == "program":
+    sys.argv = ["machine-nb", "corpus", "-o", sys.argv[2]]
+    code = main()
+else:
+    code = main(["corpus", "-o", sys.argv[2]])
+atexit.register(lambda: print("EARLIER", gc.get_freeze_count()))  # registered after main: runs before the freeze
+sys.exit(code)
+"""
+
+
+def test_a_command_run_as_the_program_freezes_what_it_holds_after_its_exit_handlers(tmp_path):
+    found = {}
+    for how in ("program", "python"):
+        done = subprocess.run([sys.executable, "-c", EXIT_PROBE, how, str(tmp_path / how)], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        found[how] = dict(line.split() for line in done.stdout.splitlines() if line.startswith(("LAST", "EARLIER")))
+    assert found["program"]["EARLIER"] == "0" and int(found["program"]["LAST"]) > 10_000
+    assert found["python"] == {"EARLIER": "0", "LAST": "0"}  # main(argv) from Python leaves the process alone

@@ -33,9 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     Called as the program (no `argv`), a command that marks itself `end_process` (serve: its
     server has stopped and written everything when it returns) ends the process right there, with
     its output flushed, skipping the interpreter's teardown of torch and the other modules it
-    loaded, which takes longer than the stop itself; called with `argv` (from Python), it always
-    returns.
+    loaded, which takes longer than the stop itself; every other command's process ends through
+    its exit handlers with what it holds frozen out of the teardown's collections
+    (core.process.freeze_at_exit). Called with `argv` (from Python), it always returns and
+    changes nothing of the process.
     """
+    if argv is None:
+        from ..core.process import freeze_at_exit
+
+        freeze_at_exit()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
