@@ -82,13 +82,15 @@ def test_serve_that_fails_before_it_is_ready_resumes_the_collector():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [1, True], done.stderr[-2000:]
 
 
-def test_a_reports_kernel_starts_with_the_stack_preloaded_and_frozen_and_the_notebook_untouched(tmp_path):
+def _probe_report(tmp_path, first_line: str) -> tuple[int, list]:
+    """Run a one-cell notebook (`first_line`, then a probe) as a report; the cell's execution count and
+    what the probe saw: [collector on, objects frozen, KERNEL_PRELOAD modules loaded, the notebook's names]."""
     import nbformat
 
     from machine_nb.reports.notebook import KERNEL_PRELOAD, run_report
 
     nb = nbformat.v4.new_notebook()
-    nb.cells.append(nbformat.v4.new_code_cell(textwrap.dedent("""
+    nb.cells.append(nbformat.v4.new_code_cell(first_line + textwrap.dedent("""
         import gc, json, sys
         names = sorted(n for n in globals() if not n.startswith("_") and n not in ("In", "Out", "exit", "quit", "open", "get_ipython"))
         print("PROBE", json.dumps([gc.isenabled(), gc.get_freeze_count(), [m for m in sys.modules if m in %r], names]))
@@ -96,12 +98,23 @@ def test_a_reports_kernel_starts_with_the_stack_preloaded_and_frozen_and_the_not
     nbformat.write(nb, tmp_path / "probe.ipynb")
     report = run_report(tmp_path / "probe.ipynb", output=tmp_path / "out" / "probe.html", progress=False)
     (cell,) = json.loads(report.executed.read_text())["cells"]
-    assert cell["execution_count"] == 1  # the preload took no execution count and showed nothing
     (line,) = [ln for o in cell["outputs"] for ln in "".join(o.get("text", "")).splitlines() if ln.startswith("PROBE")]
-    enabled, frozen, loaded, names = json.loads(line.split(" ", 1)[1])
+    return cell["execution_count"], json.loads(line.split(" ", 1)[1])
+
+
+def test_a_reports_kernel_starts_with_the_stack_preloaded_and_frozen_and_the_notebook_untouched(tmp_path):
+    from machine_nb.reports.notebook import KERNEL_PRELOAD
+
+    count, (enabled, frozen, loaded, names) = _probe_report(tmp_path, "import machine_nb as mnb\n")
+    assert count == 1  # the preload took no execution count and showed nothing
     assert enabled and sorted(loaded) == sorted(KERNEL_PRELOAD)
     assert frozen > 100_000  # torch's, the SDK's and the cookbook's objects
-    assert names == ["gc", "json", "sys"]  # the cell's own imports: the preload bound no name
+    assert names == ["gc", "json", "mnb", "sys"]  # the cell's own imports: the preload bound no name
+
+
+def test_a_notebook_that_does_not_import_machine_nb_is_not_made_to_load_it(tmp_path):
+    _, (enabled, frozen, loaded, names) = _probe_report(tmp_path, "")
+    assert enabled and loaded == [] and frozen == 0 and names == ["gc", "json", "sys"]
 
 
 def test_only_an_ipython_kernel_gets_the_preload(tmp_path, monkeypatch):

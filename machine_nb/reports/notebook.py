@@ -48,12 +48,29 @@ from ..core.redact import REDACTED, is_secret_name, scrub, secret_values  # noqa
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 KERNEL_PRELOAD = ("torch", "tinker", "tinker_cookbook.renderers")
-"""What a report's IPython kernel imports before the notebook's first cell, with the garbage
-collector paused, and then freezes (core.process.preload): the stack every machine_nb notebook
-loads (the tinker SDK brings torch; the cookbook's renderers count and preview tokens). Imported
-later, in a cell, its several hundred thousand objects would be walked by full collections again
-and again while they are made, and by every full collection after: notebook 01's kernel takes
-about a tenth less CPU preloaded. Nothing of the notebook's exists yet when it is frozen."""
+"""What the IPython kernel of a report on a notebook that imports machine_nb imports before the
+notebook's first cell, with the garbage collector paused, and then freezes (core.process.preload):
+the stack such a notebook loads (the tinker SDK brings torch; the cookbook's renderers count and
+preview tokens). Imported later, in a cell, its several hundred thousand objects would be walked
+by full collections again and again while they are made, and by every full collection after:
+notebook 01's kernel takes about a tenth less CPU preloaded. Nothing of the notebook's exists yet
+when it is frozen. A notebook that does not import machine_nb is not made to load it (about a
+second of CPU)."""
+
+_IMPORTS_MACHINE_NB = re.compile(r"^[ \t]*(?:import|from)[ \t]+machine_nb\b", re.M)
+
+
+def imports_machine_nb(nb: Mapping[str, Any]) -> bool:
+    """Whether a code cell of the notebook imports machine_nb (`import machine_nb…`, `from machine_nb…`).
+
+    Args:
+        nb: the notebook as JSON.
+
+    Returns:
+        True when one does.
+    """
+    return any(cell.get("cell_type") == "code" and _IMPORTS_MACHINE_NB.search(_text(cell.get("source", "")))
+               for cell in nb.get("cells", []))
 
 
 @dataclass
@@ -848,8 +865,8 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         parameters: values injected after the cell tagged `parameters` (default None: none).
         output: the HTML path; default None: `reports/<notebook stem>.html` under the current
             directory. The executed notebook lands next to it with the same stem.
-        kernel_name: the Jupyter kernel (default "python3"). An IPython kernel starts with
-            KERNEL_PRELOAD imported and frozen (kernel_arguments).
+        kernel_name: the Jupyter kernel (default "python3"). An IPython kernel of a notebook that
+            imports machine_nb starts with KERNEL_PRELOAD imported and frozen (kernel_arguments).
         cwd: the kernel's working directory; default None: the notebook's own folder (as Jupyter
             and nbval run it), so relative paths in the notebook mean the same everywhere.
         progress: papermill's progress bar over cells (default None: on unless
@@ -877,6 +894,11 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
                          f"than {html_path.name}")
     import papermill  # after the checks above: seconds of imports (nbformat, nbclient)
 
+    try:
+        preload = imports_machine_nb(json.loads(notebook.read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # papermill says what is wrong with the file
+        preload = False
+
     parameters = dict(parameters or {})
     secrets = sorted(set(secret_values()) | set(secret_values({k: v for k, v in parameters.items()})),
                      key=len, reverse=True)
@@ -887,7 +909,7 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         try:
             papermill.execute_notebook(
                 str(notebook), memory, parameters=parameters, kernel_name=kernel_name,
-                extra_arguments=kernel_arguments(kernel_name), cwd=str(cwd or notebook.parent),
+                extra_arguments=kernel_arguments(kernel_name) if preload else [], cwd=str(cwd or notebook.parent),
                 progress_bar=resolve_progress(progress),
                 **({"execution_timeout": timeout} if timeout else {}))
         except Exception as exc:  # keep going: the partial notebook shows where it failed
