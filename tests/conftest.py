@@ -42,6 +42,8 @@ from lab_fixtures import lab, shared_lab, stop_browser_unless_next  # noqa: E402
 import pytest  # noqa: E402
 from sdk_sessions import check_no_heartbeat_left  # noqa: E402
 
+from machine_nb.core.process import pause_collection, settle  # noqa: E402
+
 
 # Collection imports torch, the tinker SDK, tinker-cookbook, pandas and the package: hundreds of
 # thousands of objects that live as long as the test process. The collector is paused while they
@@ -49,12 +51,11 @@ from sdk_sessions import check_no_heartbeat_left  # noqa: E402
 # toolkit's own processes do at start-up (machine_nb.core.process.pause_collection). After each
 # file, what outlived it (modules its tests imported, caches) is frozen too, once a collection has
 # freed its garbage (pytest_runtest_teardown): each later collection walks only what is new.
-gc.disable()
+pause_collection()
 
 
 def pytest_collection_finish(session):
-    gc.freeze()
-    gc.enable()
+    settle()
 
 
 @pytest.hookimpl(hookwrapper=True)

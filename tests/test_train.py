@@ -450,13 +450,13 @@ def test_a_broken_run_record_is_a_format_error_naming_it(tmp_path, corpus):
 def test_the_training_process_is_started_while_the_data_is_checked_and_kept_when_the_run_is_refused(tmp_path):
     """sft starts its child process (runner.py) before checking the data, so its imports go on
     meanwhile; a run refused by the checks leaves it idle, and the next run uses that process."""
-    import sys
+    import importlib
 
     from machine_nb.training import runner
     from machine_nb.training.loop import _Runner, start_runner
 
-    runner.preload()
-    assert [name for name in runner.PRELOAD if name not in sys.modules] == []  # every name is a module
+    for name in runner.PRELOAD:  # every name is a module
+        importlib.import_module(name)
     _Runner.trim()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')  # no assistant reply to train on

@@ -63,8 +63,9 @@ def settle() -> None:
 
 def preload(modules: Sequence[str]) -> None:
     """Import `modules` with the collector paused, then `settle`: what a fresh process about to use
-    them saves in collections (a report's kernel before its first cell: reports.notebook). A
-    module that cannot be imported is left out (what needs it fails there, as it would have).
+    them saves in collections (the training runner while it awaits its first run, a report's
+    kernel before its first cell: reports.notebook). A module that fails to import is left out
+    (what needs it fails there, and says why).
     Only at the start of a process, before it holds anything of a user's: `settle` freezes every
     object that exists. Returns None (an IPython exec line shows no value).
 
@@ -76,7 +77,7 @@ def preload(modules: Sequence[str]) -> None:
         for name in modules:
             try:
                 importlib.import_module(name)
-            except ImportError:
+            except Exception:
                 pass
     finally:
         settle()

@@ -12,7 +12,7 @@ process is touched. The child exits when its parent does (it watches its stdin),
 never outlive the notebook or script that started it.
 
 The child serves one run after another (imports take seconds; the next run starts at once, and
-the first one's imports are made while the parent still checks the data: `preload`): a
+the first one's imports are made while the parent still checks the data: PRELOAD): a
 spec per line on its stdin, a status per line on its stdout (`{"event": "ready" | "done" |
 "error" | "interrupted"}`); everything else it prints goes to the run's log. After an error or
 an interrupt it exits, and the next run gets a fresh child.
@@ -166,22 +166,10 @@ def _redirect(path: str | None) -> None:
 
 
 #: What every training loop imports (the SDK, tinker-cookbook's renderers, datasets and SFT loop),
-#: imported while the first spec is awaited.
+#: imported while the first spec is awaited (core.process.preload), so a process started ahead of its
+#: first run (`loop.start_runner` starts one while the caller checks the data) spends its import time then.
 PRELOAD = ("machine_nb.engines", "tinker_cookbook.renderers", "tinker_cookbook.supervised.data",
            "tinker_cookbook.supervised.train", "machine_nb.training.train")
-
-
-def preload() -> None:
-    """Import PRELOAD, so a process started ahead of its first run (`loop.start_runner` starts one while
-    the caller checks the data) spends its import time then; a module that fails to import is left
-    for the run, which reports it."""
-    import importlib
-
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # the run imports it again and says what is wrong
-            pass
 
 
 def main() -> int:
@@ -198,7 +186,7 @@ def main() -> int:
     import queue
     import signal
 
-    from ..core.process import pause_collection, settle
+    from ..core.process import preload
 
     # the parent interrupts a run with SIGINT: take it even when this process was started with
     # SIGINT ignored (a parent run as a background job of a shell without job control passes that on)
@@ -218,9 +206,7 @@ def main() -> int:
 
     threading.Thread(target=read_specs, name="machine-nb-specs", daemon=True).start()
     _status(status, event="ready")
-    pause_collection()  # while PRELOAD is imported (core.process)
-    preload()
-    settle()
+    preload(PRELOAD)
     while True:
         spec = specs.get()
         os.environ.clear()
