@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from common import tree_env, trees
+from common import alternating, tree_env, trees
 
 COMMANDS = {"validate": ["validate", "{tmp}/corpus/train.jsonl", "--model", "local/arith-tiny"],
             "corpus": ["corpus", "-o", "{tmp}/other"]}
@@ -48,11 +48,9 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "machine_nb.cli", "corpus", "-o", f"{tmp}/corpus"], check=True,
                        capture_output=True, env=tree_env(next(iter(both.values())), tmp), cwd=tmp)
         found = {name: {cmd: [] for cmd in COMMANDS} for name in both}
-        for i in range(args.rounds):
-            order = list(both.items()) if i % 2 == 0 else list(both.items())[::-1]
-            for name, tree in order:
-                for cmd, argv in COMMANDS.items():
-                    found[name][cmd].append(run(tree, argv, tmp))
+        for name, tree in alternating(both, args.rounds):
+            for cmd, argv in COMMANDS.items():
+                found[name][cmd].append(run(tree, argv, tmp))
 
     print(f"{args.rounds} rounds; a whole command in a fresh process: CPU-s (user + system) and wall s")
     med = {name: {cmd: [statistics.median(r[k] for r in runs) for k in range(2)] for cmd, runs in cmds.items()}

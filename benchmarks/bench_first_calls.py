@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import tree_env, trees
+from common import alternating, tree_env, trees
 
 BEFORE = """
 import os, sys
@@ -69,11 +69,9 @@ def main() -> None:
 
     with trees(args.rev) as both:
         found = {name: {call: [] for call in CALLS} for name in both}
-        for i in range(args.rounds):
-            order = list(both.items()) if i % 2 == 0 else list(both.items())[::-1]
-            for name, tree in order:
-                for call, code in CALLS.items():
-                    found[name][call].append(call_cpu(tree, code))
+        for name, tree in alternating(both, args.rounds):
+            for call, code in CALLS.items():
+                found[name][call].append(call_cpu(tree, code))
 
     print(f"{args.rounds} rounds; CPU-s of the first call in a fresh process that has imported machine_nb, pandas, tinker")
     medians = {name: {k: statistics.median(v) for k, v in calls.items()} for name, calls in found.items()}

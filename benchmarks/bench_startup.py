@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, tree_env, trees
+from common import ROOT, alternating, tree_env, trees
 
 RUNNER = """
 import json, sys, psutil
@@ -73,11 +73,9 @@ def main() -> None:
     with trees(args.rev) as both:
         found: dict[str, dict[str, list[float]]] = {name: {"runner": [], "serve": []} for name in both}
         runner_cpu(ROOT, 1)  # the file cache warm
-        for i in range(args.rounds):
-            order = list(both.items()) if i % 2 == 0 else list(both.items())[::-1]
-            for name, tree in order:
-                found[name]["runner"].append(runner_cpu(tree, args.steps))
-                found[name]["serve"].append(serve_cpu(tree))
+        for name, tree in alternating(both, args.rounds):
+            found[name]["runner"].append(runner_cpu(tree, args.steps))
+            found[name]["serve"].append(serve_cpu(tree))
 
     print(f"machine: {os.cpu_count()} CPUs; {args.rounds} rounds; runner: a {args.steps}-step sft run")
     medians = {name: {k: statistics.median(v) for k, v in kinds.items()} for name, kinds in found.items()}

@@ -104,3 +104,11 @@ def tree_env(tree: Path, tmp: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
             "MACHINE_NB_DATA_DIR": f"{tmp}/server-data", "MACHINE_NB_CACHE_DIR": f"{tmp}/cache",
             "HF_HUB_CACHE": f"{tmp}/hub"}
+
+
+def alternating(both: dict[str, Path], rounds: int) -> Iterator[tuple[str, Path]]:
+    """(name, tree) for each of `rounds` rounds over `both` (from `trees`), the order reversed every
+    other round, so neither tree always runs first (on a warmer cache, or a quieter machine)."""
+    items = list(both.items())
+    for i in range(rounds):
+        yield from (items if i % 2 == 0 else items[::-1])
