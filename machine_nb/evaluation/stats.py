@@ -162,13 +162,11 @@ def critical_minority(d: int, alpha: float = 0.05) -> int | None:
         The largest minority count k for which a k-to-(d−k) split gives p < alpha, or None when
         no split of d pairs can (d < min_discordant_for(alpha)).
     """
+    import numpy as np
+
     if d <= 0:
         return None
-    k = min(d // 2, max(-1, int(d / 2 - _normal_quantile(1 - alpha / 2) * math.sqrt(d) / 2)))  # near it
-    while k >= 0 and mcnemar_exact(k, d - k) >= alpha:
-        k -= 1
-    while mcnemar_exact(k + 1, d - k - 1) < alpha and k + 1 < d - k - 1:
-        k += 1
+    k = int(_rejecting_minority(np.array([int(d)]), alpha)[0])
     return k if k >= 0 else None
 
 
