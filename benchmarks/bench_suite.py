@@ -14,6 +14,12 @@ Before the runs and after them it measures what the machine's CPUs give together
 pure-Python loop in one process, then in one process per CPU at once; "N CPUs do X times the work
 of one" is N times the first time over the slowest of the second. Where X is below N (CPUs that
 share a physical core, a busy host), the suite's test time is its work divided by X, not by N.
+That loop runs in the CPU's caches, so a host slowed in other ways (memory bandwidth, caches
+shared with other guests) can pass it unchanged. Before each run it therefore also times the work
+most of the suite's processes begin with: a fresh Python importing torch, the tinker SDK,
+tinker-cookbook's renderers and pandas ("imports probe", CPU seconds, the median of three). The
+same code taking more CPU in one run than in another, with the probe up by the same share, is the
+host, not the code.
 
     .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV] [--by-process]
 
@@ -113,6 +119,21 @@ class ProcessSampler:
 SPIN = "s = 0\nfor i in range(30_000_000):\n    s += i"
 
 
+#: what the imports probe times: the imports most processes the suite starts make first
+IMPORTS = "import torch, tinker, tinker_cookbook.renderers, pandas"
+
+
+def imports_probe(repeats: int = 3) -> float:
+    """CPU seconds (user + system) of a fresh Python running IMPORTS: the median of `repeats`."""
+    spent = []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", IMPORTS], check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    return statistics.median(spent)
+
+
 def throughput(n: int, repeats: int = 3) -> tuple[float, float, float]:
     """(seconds for SPIN alone, seconds for the slowest of `n` SPINs at once, the work the `n` do
     together in units of one), each time the median of `repeats`."""
@@ -188,10 +209,12 @@ def main() -> None:
     say_throughput("before the runs")
     runs = []
     for i in range(args.runs):
+        probe = imports_probe()
         r = one_run(args.slowest, args.jobs, args.rev, args.by_process)
         runs.append(r)
         print(f"run {i + 1}: pytest {r['pytest_s']:.1f} s (make test {r['make_s']:.1f} s), summed test time "
-              f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}", flush=True)
+              f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}; imports probe before it "
+              f"{probe:.2f} CPU-s", flush=True)
         for kind, count, cpu in r["kinds"]:
             print(f"    {cpu:6.0f} s CPU  {count:4d} × {kind}", flush=True)
         for name, message in r["failed"]:
