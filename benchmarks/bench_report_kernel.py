@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 
-from common import NOTEBOOKS
+from common import NOTEBOOKS, alternating
 
 PROBE = ("import os as _os, gc as _gc\n_t = _os.times()\n"
          "print('BENCH', _t.user + _t.system, sum(s['collections'] for s in _gc.get_stats()))")
@@ -53,10 +53,8 @@ def main() -> None:
 
     found: dict[str, list[tuple[float, int, float]]] = {"preloaded (run_report)": [], "plain kernel": []}
     run(False, args.max_steps)  # the file cache warm
-    for i in range(args.rounds):
-        order = list(found) if i % 2 == 0 else list(found)[::-1]
-        for name in order:
-            found[name].append(run(name.startswith("preloaded"), args.max_steps))
+    for name, runs in alternating(found, args.rounds):
+        runs.append(run(name.startswith("preloaded"), args.max_steps))
 
     print(f"notebook 01, {args.max_steps} steps, {args.rounds} rounds; the kernel's own CPU")
     med = {}

@@ -16,7 +16,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -106,9 +108,10 @@ def tree_env(tree: Path, tmp: str) -> dict[str, str]:
             "HF_HUB_CACHE": f"{tmp}/hub"}
 
 
-def alternating(both: dict[str, Path], rounds: int) -> Iterator[tuple[str, Path]]:
-    """(name, tree) for each of `rounds` rounds over `both` (from `trees`), the order reversed every
-    other round, so neither tree always runs first (on a warmer cache, or a quieter machine)."""
+def alternating(both: Mapping[str, T], rounds: int) -> Iterator[tuple[str, T]]:
+    """(name, value) for each of `rounds` rounds over `both` (the trees from `trees`, or any two
+    things to measure), the order reversed every other round, so neither always runs first (on a
+    warmer cache, or a quieter machine)."""
     items = list(both.items())
     for i in range(rounds):
         yield from (items if i % 2 == 0 else items[::-1])
