@@ -15,7 +15,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 import pandas as pd
 

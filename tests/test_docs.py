@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import machine_nb
 
 ROOT = Path(__file__).resolve().parent.parent

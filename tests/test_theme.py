@@ -13,7 +13,7 @@ import re
 import pandas as pd
 import pytest
 
-from machine_nb.widgets import _base
+from machine_nb.core import theme
 
 COLOUR_PROPS = {"color", "background", "background-color", "border", "border-color", "border-left",
                 "border-right", "border-top", "border-bottom", "outline", "fill", "stroke"}
@@ -136,18 +136,18 @@ def test_every_widget_colour_is_a_theme_variable(tmp_path):
 
 def test_the_validation_verdict_uses_the_palettes_readable_green_and_red(tmp_path):
     shown = results_to_check(tmp_path)
-    assert _base.text_colour(_base.GREEN) in shown["validation (ready)"]
-    assert _base.text_colour(_base.RED) in shown["validation (errors)"]
+    assert theme.text_colour(theme.GREEN) in shown["validation (ready)"]
+    assert theme.text_colour(theme.RED) in shown["validation (errors)"]
 
 
 def test_the_checker_sees_hard_coded_colours():
     assert hard_coded('<span style="background:#eceff3;color:var(--jp-content-font-color1, #111)">x</span>') == [
         "background: #eceff3"]
-    assert hard_coded(f'<b style="color:{_base.text_colour(_base.GREEN)};background:{_base.tint(_base.RED)}">') == []
+    assert hard_coded(f'<b style="color:{theme.text_colour(theme.GREEN)};background:{theme.tint(theme.RED)}">') == []
     assert hard_coded('<b style="border:1px solid white">') == ["border: 1px solid white"]
 
 
 @pytest.mark.parametrize("name", ["FG", "FG_MUTED", "BG", "BG_ALT", "BORDER", "GREEN", "RED", "ORANGE", "BLUE"])
 def test_palette_entries_are_jupyterlab_variables_with_fallbacks(name):
-    value = getattr(_base, name)
+    value = getattr(theme, name)
     assert re.fullmatch(r"var\(--jp-[a-z0-9-]+, #[0-9a-f]{3,6}\)", value), value

@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from machine_nb.cli import main
 from machine_nb.checks.tokens import count_tokens
 from machine_nb.checks.validate import BUCKETS, FINDING_COLUMNS, ValidationResult, validate

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.chat import PART_TYPES, ROLES, content_text, row_findings  # noqa: F401 (ROLES, PART_TYPES: older imports)
+from ..core.chat import ROLES, content_text, row_findings
 from ..core.jsonl import dumps_line, iter_jsonl
 from ..core.redact import SECRET_PATTERNS, connection_passwords, mask
 from ..evaluation.scoring import MATCH_MODES

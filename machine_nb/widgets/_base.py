@@ -19,14 +19,12 @@ never pairs a light background with a dark theme's light text.
 from __future__ import annotations
 
 import base64
-import html
 from dataclasses import dataclass
 from typing import Any
 
-# ---- theme colours (machine_nb/theme.py) -----------------------------------------------------
+# ---- theme colours and text (core/theme.py) ------------------------------------------------------
 
-from ..core.theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour, tint  # noqa: E402,F401
-from ..core.theme import NO_MATH_CLASSES, no_math  # noqa: E402
+from ..core.theme import GREEN, NO_MATH_CLASSES, RED, no_math, text_colour  # noqa: E402
 from ..core.theme import escape as _escape_text  # noqa: E402
 
 import ipywidgets as _w  # noqa: E402

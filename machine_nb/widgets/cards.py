@@ -13,7 +13,8 @@ import json
 from typing import Any, Iterable
 
 from ..core.chat import content_text
-from ._base import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, escape, text_colour, tint
+from ..core.theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, text_colour, tint
+from ._base import escape
 
 # Fold a tool result or message text behind <details> past this size: long tool output would
 # push the rest of the conversation off screen (peers collapse it too).

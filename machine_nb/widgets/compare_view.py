@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import NoMathHTML, diff_html, word_diff, BG, BORDER, FG, FG_MUTED, GREEN, RED, StaticFallback, escape, text_colour, tint
+from ..core.theme import BG, BORDER, FG, FG_MUTED, GREEN, RED, text_colour, tint
+from ._base import NoMathHTML, diff_html, word_diff, StaticFallback, escape
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
-from ._base import NoMathHTML, BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
+from ..core.theme import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, text_colour
+from ._base import NoMathHTML, StaticFallback, escape
 
 if TYPE_CHECKING:
     import pandas as pd

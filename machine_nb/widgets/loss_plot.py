@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ipywidgets as widgets
 
 from ..training.runlog import DPO_LOSS, HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE, SFT_LOSS, inspect_accuracy_task
-from ._base import NoMathHTML, RED, StaticPlot, escape, text_colour
+from ..core.theme import RED, text_colour
+from ._base import NoMathHTML, StaticPlot, escape
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -22,7 +22,8 @@ import ipywidgets as widgets
 import traitlets
 
 from ..errors import MachineFormatError
-from ._base import NoMathHTML, FG_MUTED, GREEN, ORANGE, RED, StaticFallback, escape, text_colour
+from ..core.theme import FG_MUTED, GREEN, ORANGE, RED, text_colour
+from ._base import NoMathHTML, StaticFallback, escape
 from .cards import chat_cards, token_view
 
 if TYPE_CHECKING:

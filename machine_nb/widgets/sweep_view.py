@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from ._base import NoMathHTML, BG, BG_ALT, BORDER, FG, FG_MUTED, StaticPlot, escape
+from ..core.theme import BG, BG_ALT, BORDER, FG, FG_MUTED
+from ._base import NoMathHTML, StaticPlot, escape
 from .loss_plot import png_bytes
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ import ipywidgets as w
 
 from ..core.chat import content_text
 from ..errors import user_stacklevel
-from ._base import NoMathHTML, diff_html, strong_button, style_sheet, word_diff, FG_MUTED, GREEN, GREY, ORANGE, RED, StaticFallback, escape, text_colour
+from ..core.theme import FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour
+from ._base import NoMathHTML, diff_html, strong_button, style_sheet, word_diff, StaticFallback, escape
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
