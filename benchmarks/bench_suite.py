@@ -19,7 +19,8 @@ shared with other guests) can pass it unchanged. Before each run it therefore al
 most of the suite's processes begin with: a fresh Python importing torch, the tinker SDK,
 tinker-cookbook's renderers and pandas ("imports probe", CPU seconds, the median of three). The
 same code taking more CPU in one run than in another, with the probe up by the same share, is the
-host, not the code.
+host, not the code. It is one reading before a run of minutes, and the host can change within the
+run: a probe that stayed level does not show the run's host stayed as fast.
 
     .venv/bin/python benchmarks/bench_suite.py [--runs 3] [--slowest 15] [--jobs N] [--rev REV] [--by-process]
 
