@@ -338,6 +338,9 @@ def test_a_sample_with_prompt_logprobs_gives_what_the_two_calls_give_from_one_fo
     from machine_nb.engines.local import model as gpt
     from machine_nb.engines.local.compute import Sampler
 
+    from machine_nb.engines.local.compute import clear_kept
+
+    clear_kept()  # nothing kept from another test: the passes below are counted
     sampler = Sampler(model, local.DEFAULT_MODEL)
     prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is 47 plus 15?"}]).to_ints()
     calls = []
@@ -351,8 +354,105 @@ def test_a_sample_with_prompt_logprobs_gives_what_the_two_calls_give_from_one_fo
             assert ([(s.tokens, s.logprobs, s.stop_reason) for s in both]
                     == [(s.tokens, s.logprobs, s.stop_reason) for s in sampler.sample(prompt, n, seed=11, **settings)])
             assert lps == sampler.prompt_logprobs(prompt, last_n)
-            assert forwards.count(len(prompt)) == n  # one pass over the prompt per sample, none more
+            if settings["max_tokens"] == 1:  # every sample's token comes from one pass, kept for the next call
+                assert forwards.count(len(prompt)) == (1 if last_n is None else 0), forwards
+            else:
+                assert forwards.count(len(prompt)) == n  # one pass over the prompt per sample, none more
             calls.clear()  # the two separate calls' passes above
     finally:
         model.forward = forward
     assert lps[:-5] == [None] * (len(prompt) - 5) and all(v < 0 for v in lps[-5:])
+
+
+def _counting_passes(monkeypatch) -> list[int]:
+    """The prompt lengths of the forward passes made from here on (the model's plain forward)."""
+    from machine_nb.engines.local import model as gpt
+
+    passes: list[int] = []
+    plain = gpt.plain_forward
+    monkeypatch.setattr(gpt, "plain_forward", lambda m: lambda *a, **k: passes.append(a[0].shape[1]) or plain(m)(*a, **k))
+    return passes
+
+
+def test_a_kept_prompt_pass_answers_as_a_fresh_pass_would_until_the_store_is_full(model, renderer, monkeypatch):
+    # compute_logprobs asks for the same prompts every DPO epoch: a second ask, from any sampler of
+    # the same weights, runs no forward pass and gives, bit for bit, what a forward pass gives; a
+    # full store keeps nothing more and still answers right; other weights are not answered from it
+    import copy
+
+    from machine_nb.engines.local.compute import KEPT_PROMPT_PASSES, Sampler, clear_kept
+
+    prompts = [renderer.build_generation_prompt([{"role": "user", "content": q}]).to_ints()
+               for q in ("What is 47 plus 15?", "What's 83 - 29?", "Who wrote Hamlet?")]
+    one = dict(max_tokens=1, temperature=1.0, stop=[2])
+
+    def answers(sampler, prompt, seed):
+        samples, lps = sampler.sample_with_prompt_logprobs(prompt, 2, seed=seed, last_n=4, **one)
+        return [(s.tokens, s.logprobs, s.stop_reason) for s in samples], lps
+
+    clear_kept()
+    full = KEPT_PROMPT_PASSES.limit
+    size = lambda p: 8 * len(p) + 4 * (len(p) - 1) + 4 * model.config.vocab_size  # what the store counts
+    monkeypatch.setattr(KEPT_PROMPT_PASSES, "limit", size(prompts[0]) + size(prompts[1]))
+    passes = _counting_passes(monkeypatch)
+    first = [answers(Sampler(model, local.DEFAULT_MODEL), p, seed=5) for p in prompts]
+    assert passes == [len(p) for p in prompts] and len(KEPT_PROMPT_PASSES) == 2  # the third did not fit
+    passes.clear()
+    same = Sampler(copy.deepcopy(model), local.DEFAULT_MODEL)  # another sampler of the same weights
+    again = [answers(same, p, seed=s) for p, s in zip(prompts, (5, 6, 5))]
+    assert passes == [len(prompts[2])]  # only the prompt that was not kept
+    assert again[0] == first[0] and again[2] == first[2]
+    assert again[1][1] == first[1][1]  # another seed draws anew; the prompt's logprobs are the kept ones
+    clear_kept()
+    monkeypatch.setattr(KEPT_PROMPT_PASSES, "limit", 0)
+    assert [answers(same, p, seed=s) for p, s in zip(prompts, (5, 6, 5))] == again  # computed afresh
+    passes.clear()
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.wte.weight[0, 0] += 1.0
+    monkeypatch.setattr(KEPT_PROMPT_PASSES, "limit", full)
+    answers(same, prompts[0], seed=5)
+    answers(Sampler(other, local.DEFAULT_MODEL), prompts[0], seed=5)
+    assert passes == [len(prompts[0])] * 2
+    clear_kept()
+
+
+def test_a_greedy_sample_is_kept_for_any_sampler_of_the_same_weights_and_a_seeded_one_never(model, renderer,
+                                                                                           monkeypatch):
+    import copy
+
+    from machine_nb.engines.local.compute import KEPT_SAMPLES, Sampler, clear_kept
+
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": "What is 47 plus 15?"}]).to_ints()
+    greedy = dict(max_tokens=40, temperature=0.0, stop=renderer.get_stop_sequences())
+    as_data = lambda samples: [(s.tokens, s.logprobs, s.stop_reason) for s in samples]
+    clear_kept()
+    passes = _counting_passes(monkeypatch)
+    first = as_data(Sampler(model, local.DEFAULT_MODEL).sample(prompt, 3, seed=1, **greedy))
+    assert passes.count(len(prompt)) == 1 and len(KEPT_SAMPLES) == 1  # three greedy samples: one decode
+    assert first[0] == first[1] == first[2] and first[0][2] == "stop"
+    passes.clear()
+    same = Sampler(copy.deepcopy(model), local.DEFAULT_MODEL)
+    assert as_data(same.sample(prompt, 2, seed=99, **greedy)) == first[:2] and passes == []
+    assert as_data(same.sample(prompt, 1, seed=1, **{**greedy, "max_tokens": 3}))[0][0] == first[0][0][:3]
+    assert passes.count(len(prompt)) == 1  # another max_tokens is another request
+    passes.clear()
+    seeded = dict(max_tokens=12, temperature=0.8, stop=renderer.get_stop_sequences())
+    a, b = (as_data(same.sample(prompt, 1, seed=4, **seeded)) for _ in range(2))
+    assert a == b and passes.count(len(prompt)) == 2  # the same seed draws the same, computed each time
+    clear_kept()
+    passes.clear()
+    assert as_data(same.sample(prompt, 3, seed=1, **greedy)) == first and passes.count(len(prompt)) == 1
+    clear_kept()
+
+
+def test_generate_runs_no_forward_pass_for_a_token_it_will_not_draw(model, renderer, monkeypatch):
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": "Who wrote Hamlet?"}]).to_ints()
+    from machine_nb.engines.local import model as gpt
+
+    passes = []
+    plain = gpt.plain_forward
+    monkeypatch.setattr(gpt, "plain_forward", lambda m: lambda *a, **k: passes.append(a[0].shape[1]) or plain(m)(*a, **k))
+    toks, _, reason = generate(model, prompt, 3)
+    assert len(toks) == 3 and reason == "length"
+    assert passes == [len(prompt), 1, 1]  # the prompt, then the 2nd and 3rd tokens' steps

@@ -15,6 +15,7 @@ import os
 import random
 import secrets
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -151,11 +152,75 @@ class _ModelShape:
         return int(self.model.config.vocab_size)
 
 
+class _Kept:
+    """What samplers computed, kept in this process for the next request that asks the same of the
+    same weights, up to `limit` bytes; once full, new results are computed and not kept (a run that
+    cycles through more prompts than fit still finds the first ones)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._items: dict[tuple, Any] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: tuple, value: Any, size: int) -> None:
+        with self._lock:
+            if key not in self._items and self._bytes + size <= self.limit:
+                self._items[key] = value
+                self._bytes += size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+#: Greedy samples (temperature 0: a function of the weights, the prompt and the settings, whatever
+#: the seed): an evaluation of a checkpoint that was evaluated before, such as the held-out rows of
+#: a run's last step and then `evaluate` of its final checkpoint, or a baseline cell run again.
+KEPT_SAMPLES = _Kept(32 * 2**20)
+#: Forward passes over the prompts of one-token requests (the SDK's `compute_logprobs`): the
+#: prompt's log-probabilities and its last position's logits. A DPO run asks for the reference
+#: log-probabilities of the same pairs every epoch.
+KEPT_PROMPT_PASSES = _Kept(64 * 2**20)
+
+
+def clear_kept() -> None:
+    """Forget every kept sample and prompt pass of this process (KEPT_SAMPLES, KEPT_PROMPT_PASSES)."""
+    KEPT_SAMPLES.clear()
+    KEPT_PROMPT_PASSES.clear()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A digest of everything a model's outputs depend on: its config and every tensor of its
+    state (names, dtypes, shapes and values)."""
+    import hashlib
+
+    h = hashlib.blake2b(repr(getattr(model, "config", None)).encode(), digest_size=16)
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 class Sampler(_ModelShape):
     """Greedy or seeded sampling, and prompt log-probabilities, from one fixed set of weights.
 
     `seed`: where the seeds of requests that give none come from (a per-sampler sequence), so a
     run of requests repeats exactly.
+
+    Greedy samples and the prompt passes of one-token requests are kept in this process
+    (KEPT_SAMPLES, KEPT_PROMPT_PASSES) by a digest of the weights, the torch thread count and the
+    device, so any sampler of the same weights answers them again without a forward pass, with the
+    very values a forward pass gives.
     """
 
     def __new__(cls, model: Any = None, base_model: str = "", *args: Any, **kwargs: Any) -> "Sampler":
@@ -167,6 +232,7 @@ class Sampler(_ModelShape):
         self.model = model.eval().requires_grad_(False)
         self.base_model = base_model
         self._seeds = random.Random(seed)
+        self._digest: str | None = None
 
     @classmethod
     def from_checkpoint(cls, directory: Path, *, seed: int = 0) -> "Sampler":
@@ -197,21 +263,46 @@ class Sampler(_ModelShape):
     def sample_with_prompt_logprobs(self, ids: Sequence[int], num_samples: int, *, last_n: int | None = None,
                                     **params: Any) -> tuple[list[Sample], list[float | None]]:
         """`sample(ids, num_samples, **params)` and `prompt_logprobs(ids, last_n)` from one forward pass
-        over the prompt (the first sample's): the same values the two calls give."""
-        prompt: list[torch.Tensor] = []
-        samples = self._sample(ids, num_samples, on_prompt=prompt.append, **params)
-        return samples, _prompt_logprobs(prompt[0], ids, last_n)
+        over the prompt (the first sample's; for one token, a pass kept from an earlier request of
+        the same prompt): the same values the two calls give."""
+        if params.get("max_tokens") != 1:
+            prompt: list[torch.Tensor] = []
+            samples = self._sample(ids, num_samples, on_prompt=prompt.append, **params)
+            return samples, _prompt_logprobs(prompt[0], ids, last_n)
+        self._check_prompt(ids)
+        logprobs, last = self._prompt_pass(ids)
+        samples = self._sample(ids, num_samples, last_logits=last, **params)
+        return samples, prompt_logprobs_list(logprobs.tolist(), last_n)
+
+    def _weights_key(self) -> tuple:
+        """What a kept result of this sampler is filed under, besides the request itself."""
+        if self._digest is None:
+            self._digest = weights_digest(self.model)
+        device = next(self.model.parameters()).device
+        return self._digest, self.base_model, torch.get_num_threads(), str(device)
+
+    @torch.inference_mode()
+    def _prompt_pass(self, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log p of each prompt token after the first, the logits at the last position): kept, or
+        computed and kept while KEPT_PROMPT_PASSES has room."""
+        from .model import plain_forward
+
+        prompt = tuple(int(t) for t in ids)
+        key = (self._weights_key(), prompt)
+        kept = KEPT_PROMPT_PASSES.get(key)
+        if kept is None:
+            forward = plain_forward(self.model) or self.model
+            logits = forward(torch.tensor([list(prompt)], dtype=torch.long))[0]
+            kept = (_token_logprobs(logits, prompt), logits[-1].clone())
+            KEPT_PROMPT_PASSES.put(key, kept, 8 * len(prompt) + sum(t.numel() * t.element_size() for t in kept))
+        return kept
 
     def _sample(self, ids: Sequence[int], num_samples: int, *, max_tokens: int | None, temperature: float,
                 seed: int, stop: Any = None, top_k: int | None = None, top_p: float | None = None,
-                on_prompt: Any = None) -> list[Sample]:
+                on_prompt: Any = None, last_logits: torch.Tensor | None = None) -> list[Sample]:
         from .model import generate
 
-        if not ids:
-            raise EngineError("the prompt is empty")
-        if len(ids) >= self.block_size:
-            raise EngineError(f"the prompt has {len(ids)} tokens; the local model's context is "
-                              f"{self.block_size} tokens (shorten the prompt)")
+        self._check_prompt(ids)
         budget = self.block_size - len(ids) if max_tokens is None else int(max_tokens)
         token_stops, text_stops = split_stops(stop)
         decode = None
@@ -219,17 +310,40 @@ class Sampler(_ModelShape):
             from . import get_tokenizer
 
             decode = get_tokenizer(self.base_model).decode
+        temperature = float(temperature or 0.0)
+        key = None
+        if temperature == 0.0 and on_prompt is None:  # greedy: every sample is the same, whatever its seed
+            key = (self._weights_key(), tuple(int(t) for t in ids), budget, tuple(tuple(s) for s in token_stops),
+                   tuple(text_stops), top_k, top_p)
+            kept = KEPT_SAMPLES.get(key)
+            if kept is not None:
+                return [Sample(list(kept[0]), list(kept[1]), kept[2]) for _ in range(int(num_samples))]
         out = []
         for i in range(int(num_samples)):
+            if key is not None and out:
+                out.append(Sample(list(out[0].tokens), list(out[0].logprobs), out[0].stop_reason))
+                continue
             try:
                 tokens, logprobs, reason = generate(
-                    self.model, list(ids), budget, temperature=float(temperature or 0.0), seed=int(seed) + i,
+                    self.model, list(ids), budget, temperature=temperature, seed=int(seed) + i,
                     stop=token_stops, top_k=top_k, top_p=top_p, stop_strings=text_stops, decode=decode,
-                    on_prompt=on_prompt if i == 0 else None)
+                    on_prompt=on_prompt if i == 0 else None, last_logits=last_logits)
             except ValueError as exc:
                 raise EngineError(str(exc)) from exc
             out.append(Sample(tokens, logprobs, reason))
+        if key is not None and out:
+            first = out[0]
+            KEPT_SAMPLES.put(key, (tuple(first.tokens), tuple(first.logprobs), first.stop_reason),
+                             16 * (len(first.tokens) + len(ids)) + 256)
         return out
+
+    def _check_prompt(self, ids: Sequence[int]) -> None:
+        """EngineError for a prompt that is empty or leaves no room for a token."""
+        if not ids:
+            raise EngineError("the prompt is empty")
+        if len(ids) >= self.block_size:
+            raise EngineError(f"the prompt has {len(ids)} tokens; the local model's context is "
+                              f"{self.block_size} tokens (shorten the prompt)")
 
     @torch.inference_mode()
     def prompt_logprobs(self, ids: Sequence[int], last_n: int | None = None) -> list[float | None]:
@@ -243,10 +357,21 @@ class Sampler(_ModelShape):
         return _prompt_logprobs(forward(torch.tensor([list(ids)], dtype=torch.long))[0], ids, last_n)
 
 
+def _token_logprobs(logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) for t >= 1, float32 (T - 1,), from the logits at every position of `ids`."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp[:-1].gather(-1, torch.tensor(list(ids[1:]), dtype=torch.long).unsqueeze(-1)).squeeze(-1)
+
+
 def _prompt_logprobs(logits: torch.Tensor, ids: Sequence[int], last_n: int | None) -> list[float | None]:
     """Sampler.prompt_logprobs from the logits at every position of `ids` (T, vocab)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    out: list[float | None] = [None] + [float(logp[t - 1, ids[t]]) for t in range(1, len(ids))]
+    return prompt_logprobs_list(_token_logprobs(logits, ids).tolist(), last_n)
+
+
+def prompt_logprobs_list(logprobs: list[float], last_n: int | None) -> list[float | None]:
+    """A prompt's log-probabilities as Tinker returns them, from those of its tokens after the first:
+    None for the first token and, with `last_n`, for all but the last n."""
+    out: list[float | None] = [None] + logprobs
     if last_n is not None:
         keep = max(0, len(out) - int(last_n))
         out = [None] * keep + out[keep:]

@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from ...errors import EngineError, MachineFormatError
 from . import hf
 from .checkpoints import read_meta
-from .compute import Sample, Sampler, Trainer, read_tensors, split_stops
+from .compute import Sample, Sampler, Trainer, prompt_logprobs_list, read_tensors, split_stops
 from .lora import default_alpha
 from .model import choose
 
@@ -269,12 +269,7 @@ class HFSampler(_RealModelShape, Sampler):
             raise EngineError(f"{len(ids)} tokens exceed the context of {self.base_model} ({self.block_size})")
         x = torch.tensor([list(ids)], dtype=torch.long, device=self._device)
         tgt = torch.tensor([list(ids[1:]) + [0]], dtype=torch.long, device=self._device)
-        lp = target_logprobs(self.model, x, tgt)[0, :-1].float().cpu().tolist()
-        out: list[float | None] = [None] + [float(v) for v in lp]
-        if last_n is not None:
-            keep = max(0, len(out) - int(last_n))
-            out = [None] * keep + out[keep:]
-        return out
+        return prompt_logprobs_list(target_logprobs(self.model, x, tgt)[0, :-1].float().cpu().tolist(), last_n)
 
 
 @dataclass

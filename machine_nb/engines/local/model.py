@@ -254,6 +254,7 @@ def generate(
     stop_strings: Sequence[str] = (),
     decode: Callable[[list[int]], str] | None = None,
     on_prompt: Callable[[torch.Tensor], None] | None = None,
+    last_logits: torch.Tensor | None = None,
 ) -> tuple[list[int], list[float], str]:
     """Continue `prompt_ids` by up to `max_tokens` tokens: returns (tokens, logprobs, stop_reason).
 
@@ -265,6 +266,10 @@ def generate(
     stop_strings / decode: text stops, checked on `decode(tokens)` after each token (default none).
     on_prompt: called with the logits at every prompt position (T, vocab) of the forward pass over
         the prompt, so a caller that also wants the prompt's log-probabilities needs no second one.
+    last_logits: the logits at the prompt's last position from a forward pass over it made before
+        (vocab,); with max_tokens <= 1 nothing is decoded after the first token, so generate then
+        runs no forward pass at all. ValueError with a larger max_tokens (decoding needs the pass's
+        key/value cache).
     stop_reason is "stop" when a stop matched, else "length" (max_tokens reached, or the block size).
     logprobs are the log-probabilities of the chosen tokens under the distribution sampled from
     (untempered logits when greedy).
@@ -280,6 +285,9 @@ def generate(
             f"({cfg.block_size} tokens, room for at least one new token)")
     stops = [[int(s)] if isinstance(s, int) else [int(t) for t in s] for s in (stop or [])]
     stops = [s for s in stops if s]
+    budget = max(0, int(max_tokens))
+    if last_logits is not None and budget > 1:
+        raise ValueError("last_logits replaces the prompt's forward pass only for max_tokens <= 1")
     if stop_strings and decode is None:
         raise ValueError("stop_strings needs a decode function")
     gen = None
@@ -301,12 +309,15 @@ def generate(
     logprobs: list[float] = []
     reason = "length"
     try:
-        logits = forward(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0]
-        if on_prompt is not None:
-            on_prompt(logits)
-        logits = logits[-1]
+        if last_logits is None:
+            logits = forward(torch.tensor([prompt], device=device), caches=caches, start_pos=0)[0]
+            if on_prompt is not None:
+                on_prompt(logits)
+            logits = logits[-1]
+        else:
+            logits = last_logits
         pos = len(prompt)
-        for _ in range(max(0, int(max_tokens))):
+        for _ in range(budget):
             if pos >= cfg.block_size:  # prompt + reply never exceed the block size (it could not be trained on)
                 break
             tok, lp = choose(logits, temperature, gen, top_k, top_p)
@@ -319,7 +330,7 @@ def generate(
                 reason = "stop"
                 break
             pos += 1
-            if pos >= cfg.block_size:
+            if pos >= cfg.block_size or len(tokens) >= budget:  # no forward pass for a token never drawn
                 break
             logits = forward(torch.tensor([[tok]], device=device), caches=caches, start_pos=pos - 1)[0, -1]
     finally:
