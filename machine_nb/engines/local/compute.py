@@ -311,31 +311,26 @@ class Sampler(_ModelShape):
 
             decode = get_tokenizer(self.base_model).decode
         temperature = float(temperature or 0.0)
-        key = None
+        n = int(num_samples)
+
+        def draw(sample_seed: int, hook: Any) -> Sample:
+            try:
+                return Sample(*generate(self.model, list(ids), budget, temperature=temperature, seed=sample_seed,
+                                        stop=token_stops, top_k=top_k, top_p=top_p, stop_strings=text_stops,
+                                        decode=decode, on_prompt=hook, last_logits=last_logits))
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+
         if temperature == 0.0 and on_prompt is None:  # greedy: every sample is the same, whatever its seed
             key = (self._weights_key(), tuple(int(t) for t in ids), budget, tuple(tuple(s) for s in token_stops),
                    tuple(text_stops), top_k, top_p)
             kept = KEPT_SAMPLES.get(key)
-            if kept is not None:
-                return [Sample(list(kept[0]), list(kept[1]), kept[2]) for _ in range(int(num_samples))]
-        out = []
-        for i in range(int(num_samples)):
-            if key is not None and out:
-                out.append(Sample(list(out[0].tokens), list(out[0].logprobs), out[0].stop_reason))
-                continue
-            try:
-                tokens, logprobs, reason = generate(
-                    self.model, list(ids), budget, temperature=temperature, seed=int(seed) + i,
-                    stop=token_stops, top_k=top_k, top_p=top_p, stop_strings=text_stops, decode=decode,
-                    on_prompt=on_prompt if i == 0 else None, last_logits=last_logits)
-            except ValueError as exc:
-                raise EngineError(str(exc)) from exc
-            out.append(Sample(tokens, logprobs, reason))
-        if key is not None and out:
-            first = out[0]
-            KEPT_SAMPLES.put(key, (tuple(first.tokens), tuple(first.logprobs), first.stop_reason),
-                             16 * (len(first.tokens) + len(ids)) + 256)
-        return out
+            if kept is None and n > 0:
+                first = draw(int(seed), None)
+                kept = (tuple(first.tokens), tuple(first.logprobs), first.stop_reason)
+                KEPT_SAMPLES.put(key, kept, 16 * (len(first.tokens) + len(ids)) + 256)
+            return [Sample(list(kept[0]), list(kept[1]), kept[2]) for _ in range(n)]
+        return [draw(int(seed) + i, on_prompt if i == 0 else None) for i in range(n)]
 
     def _check_prompt(self, ids: Sequence[int]) -> None:
         """EngineError for a prompt that is empty or leaves no room for a token."""
