@@ -167,6 +167,55 @@ def test_fed_faster_than_it_draws_the_data_keeps_step_and_the_picture_follows(tm
         p.stop()
 
 
+def test_update_during_a_redraw_in_another_thread_waits_for_its_data(tmp_path, monkeypatch):
+    """A redraw in another thread (the poll, or a put-off one) reads the files, new rows included,
+    and draws; `update` for those rows, called meanwhile, returns with `.frame` holding them. The
+    drawing thread is held inside the drawing until `update` has either returned or waits for it."""
+    import threading
+
+    from machine_nb.widgets import loss_plot
+
+    log = tmp_path / "run"
+    write_metrics(log, rows(1))
+    p = LossPlot(log, live=False)
+    drawing, release, progressed = threading.Event(), threading.Event(), threading.Event()
+    real_png = loss_plot.png_bytes
+
+    def held_png(fig):
+        if threading.current_thread().name == "redraw":
+            drawing.set()
+            assert release.wait(600)  # the bound: a hang
+        return real_png(fig)
+
+    class Watched:  # the plot's lock, saying when `update` starts to wait for it
+        def __init__(self, lock):
+            self.lock = lock
+
+        def __enter__(self):
+            if threading.current_thread().name == "update":
+                progressed.set()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    monkeypatch.setattr(loss_plot, "png_bytes", held_png)
+    p._lock = Watched(p._lock)
+    write_metrics(log, rows(1, start=1), mode="a")  # the new step, on disk before the redraw reads
+    redraw = threading.Thread(target=p.refresh, name="redraw")
+    redraw.start()
+    assert drawing.wait(600)
+    seen = []
+    updating = threading.Thread(target=lambda: (p.update(rows(1, start=1)), seen.append(len(p.frame)),
+                                                progressed.set()), name="update")
+    updating.start()
+    assert progressed.wait(600)
+    release.set()
+    redraw.join(600)
+    updating.join(600)
+    assert seen == [2] and len(p.frame) == 2
+
+
 def test_stop_draws_the_final_state(tmp_path):
     log = tmp_path / "run"
     write_metrics(log, rows(2))

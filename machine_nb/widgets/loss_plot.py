@@ -328,8 +328,9 @@ class LossPlot(StaticPlot, widgets.VBox):
         self.log_dirs = _as_dirs(log_dirs)
         self.smoothing = float(smoothing)
         self.refresh_s = float(refresh_s)
-        self._seen = self._signature()  # taken before reading, so a write in between is not missed
+        seen = self._signature()  # taken before reading, so a write in between is not missed
         self.frame = read_metrics(self.log_dirs)
+        self._seen = seen
         self.redraws = 0
         self._png = b""
         self._image = widgets.Image(format="png")
@@ -436,8 +437,8 @@ class LossPlot(StaticPlot, widgets.VBox):
             self.refresh(final=done)
             return
         with self._lock:  # the data now, the picture when REDRAW_EVERY_S has passed
-            self._seen = seen
             self.frame = read_metrics(self.log_dirs)
+            self._seen = seen  # after the frame it describes: `update` compares it without the lock
             self._status.value = escape(self.summary())
             self._behind = True
             if self._pending is None:
@@ -471,8 +472,8 @@ class LossPlot(StaticPlot, widgets.VBox):
             final: also update the saved notebook's copy at once (default False: at most every STATIC_EVERY_S).
         """
         with self._lock:  # the poll thread and a user's call never interleave a redraw
-            self._seen = self._signature()
-            self._draw(read_metrics(self.log_dirs))
+            seen = self._signature()
+            self._draw(read_metrics(self.log_dirs), seen)
             if final or time.monotonic() - self._static_at >= STATIC_EVERY_S:
                 self._static_at = time.monotonic()
                 try:
@@ -480,12 +481,14 @@ class LossPlot(StaticPlot, widgets.VBox):
                 except Exception:  # the kernel or display went away; the live view is all there is
                     pass
 
-    def _draw(self, frame: "pd.DataFrame | None" = None) -> None:
+    def _draw(self, frame: "pd.DataFrame | None" = None, seen: tuple | None = None) -> None:
         frame = self.frame if frame is None else frame
         png = png_bytes(figure(frame, self.smoothing))
         self.redraws += 1
         self._drawn_at, self._behind = time.monotonic(), False
         self.frame, self._png = frame, png  # published together, after the drawing
+        if seen is not None:  # the files' signature `frame` was read at, published after it: `update`
+            self._seen = seen  # takes an unchanged signature to mean `.frame` holds the files already
         self._image.value = png
         self._status.value = escape(self.summary())
 
