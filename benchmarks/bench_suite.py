@@ -29,11 +29,18 @@ run: a probe that stayed level does not show the run's host stayed as fast.
 training processes, servers, browsers, ...), read from /proc twice a second. It counts every
 process, waited for or not, but misses each one's last half second before it ends: its sum and the
 getrusage figure differ either way.
+`--by-file N` also prints the N test files that cost the most CPU, every process they started
+included: a process counts for the test its pytest worker was running when it started (a kernel of
+the browser tests' JupyterLab counts for the test that opened it; a process kept across tests, such
+as the shared Chromium or a training process, for the test that started it), and each worker's own
+CPU for the test it ran. A process first seen (twice a second) after its test ended counts for the
+worker's next test.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -69,11 +76,12 @@ class ProcessSampler:
 
         self.every = every
         self.tick = os.sysconf("SC_CLK_TCK")
-        self.seen: dict[tuple[str, str], list] = {}  # (pid, start time) -> [command line, CPU seconds]
+        #: (pid, start time) -> [command line, CPU seconds, parent pid, when first seen]
+        self.seen: dict[tuple[str, str], list] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _scan(self) -> dict[tuple[str, str], float]:
+    def _scan(self) -> dict[tuple[str, str], tuple[float, int]]:
         found = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -83,12 +91,13 @@ class ProcessSampler:
             except OSError:  # ended meanwhile
                 continue
             fields = stat[stat.rfind(")") + 2:].split()
-            found[(pid, fields[19])] = (int(fields[11]) + int(fields[12])) / self.tick
+            found[(pid, fields[19])] = ((int(fields[11]) + int(fields[12])) / self.tick, int(fields[1]))
         return found
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            for key, cpu in self._scan().items():
+            now = time.time()
+            for key, (cpu, ppid) in self._scan().items():
                 if key in self.before:
                     continue
                 if key not in self.seen:
@@ -96,24 +105,87 @@ class ProcessSampler:
                         cmd = Path(f"/proc/{key[0]}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     except OSError:
                         continue
-                    self.seen[key] = [cmd, cpu]
+                    self.seen[key] = [cmd, cpu, ppid, now]
                 self.seen[key][1] = cpu
 
     def start(self) -> None:
         self.before = set(self._scan())
         self._thread.start()
 
+    def processes(self) -> list[dict]:
+        """Every process seen: pid, parent pid, when first seen (epoch seconds), command line, CPU seconds."""
+        return [{"pid": int(key[0]), "ppid": ppid, "seen": seen, "cmd": cmd, "cpu": cpu}
+                for key, (cmd, cpu, ppid, seen) in self.seen.items()]
+
     def stop(self) -> list[tuple[str, int, float]]:
         """(kind, processes, CPU seconds) for each kind seen, most CPU first."""
         self._stop.set()
         self._thread.join()
         totals: dict[str, list] = {}
-        for cmd, cpu in self.seen.values():
+        for cmd, cpu, _, _ in self.seen.values():
             kind = next(name for name, test in KINDS if test(cmd))
             entry = totals.setdefault(kind, [0, 0.0])
             entry[0] += 1
             entry[1] += cpu
         return sorted(((k, n, cpu) for k, (n, cpu) in totals.items()), key=lambda x: -x[2])
+
+
+#: The pytest plugin `--by-file` gives the workers: each test's worker pid, start, end and the worker's
+#: own CPU seconds during it, a JSON line each, appended to $BENCH_SUITE_TESTS.
+TIMELINE_PLUGIN = """
+import json, os, resource, time
+import pytest
+
+def _cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start, cpu = time.time(), _cpu()
+    yield
+    with open(os.environ["BENCH_SUITE_TESTS"], "a") as fh:
+        fh.write(json.dumps({"file": item.nodeid.split("::")[0], "pid": os.getpid(), "start": start,
+                             "end": time.time(), "cpu": _cpu() - cpu}) + "\\n")
+"""
+
+
+def by_file(tests: list[dict], processes: list[dict]) -> list[tuple[str, float, dict[str, float]]]:
+    """(test file, CPU seconds, CPU seconds by kind of process) for each file, most CPU first: the
+    workers' own CPU during its tests, and every process started from a worker (directly or further
+    down) while it ran one of them (see the module's `--by-file`)."""
+    workers = {t["pid"] for t in tests}
+    runs: dict[int, list[dict]] = {}
+    for t in tests:
+        runs.setdefault(t["pid"], []).append(t)
+    same_pid: dict[int, list[dict]] = {}
+    for proc in processes:
+        same_pid.setdefault(proc["pid"], []).append(proc)
+
+    def parent(proc: dict) -> dict | None:  # the process of that pid alive when this one started
+        earlier = [p for p in same_pid.get(proc["ppid"], []) if p["seen"] <= proc["seen"] + 1.0]
+        return max(earlier, key=lambda p: p["seen"]) if earlier else None
+
+    files: dict[str, dict[str, float]] = {}
+    for t in tests:
+        kinds = files.setdefault(t["file"], {})
+        kinds["pytest workers"] = kinds.get("pytest workers", 0.0) + t["cpu"]
+    for proc in processes:
+        if proc["pid"] in workers:
+            continue
+        up, hops = proc, 0
+        while up is not None and up["ppid"] not in workers and hops < 50:
+            up, hops = parent(up), hops + 1
+        if up is None or up["ppid"] not in workers:
+            continue
+        started = [t for t in runs[up["ppid"]] if t["start"] <= proc["seen"]]
+        if not started:
+            continue
+        test = max(started, key=lambda t: t["start"])
+        kind = next(name for name, match in KINDS if match(proc["cmd"]))
+        kinds = files.setdefault(test["file"], {})
+        kinds[kind] = kinds.get(kind, 0.0) + proc["cpu"]
+    return sorted(((f, sum(k.values()), k) for f, k in files.items()), key=lambda x: -x[1])
 
 
 #: the loop `throughput` times: about a second and a half of one CPU's pure-Python work
@@ -150,9 +222,9 @@ def throughput(n: int, repeats: int = 3) -> tuple[float, float, float]:
     return alone, together, n * alone / together
 
 
-def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) -> dict:
+def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False, by_files: bool = False) -> dict:
     """Clone the repository at `rev`, run `make test` there; returns the run's figures, its slowest
-    items and (`by_process`) its CPU time by kind of process."""
+    items, (`by_process`) its CPU time by kind of process and (`by_files`) by test file."""
     work = Path(tempfile.mkdtemp(prefix="bench-suite-"))
     clone = work / "clone"
     try:
@@ -162,8 +234,15 @@ def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) 
         junit = work / "junit.xml"
         env = {**os.environ, "PYTHONPATH": str(clone),
                "PYTEST_ADDOPTS": f"--durations={slowest} --junitxml={junit} -p no:cacheprovider"}
+        timeline = work / "tests.jsonl"
+        if by_files:  # the plugin alone in a folder of its own on the path: it shadows no module
+            (work / "plugin").mkdir()
+            (work / "plugin" / "bench_suite_timeline.py").write_text(TIMELINE_PLUGIN)
+            env["PYTHONPATH"] += os.pathsep + str(work / "plugin")
+            env["PYTEST_ADDOPTS"] += " -p bench_suite_timeline"
+            env["BENCH_SUITE_TESTS"] = str(timeline)
         cmd = ["make", "-o", "setup", "test"] + ([f"JOBS={jobs}"] if jobs else [])
-        sampler = ProcessSampler() if by_process else None
+        sampler = ProcessSampler() if by_process or by_files else None
         if sampler:
             sampler.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -172,6 +251,10 @@ def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) 
         wall = time.monotonic() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         kinds = sampler.stop() if sampler else []
+        files = []
+        if by_files and timeline.exists():
+            tests = [json.loads(line) for line in timeline.read_text().splitlines()]
+            files = by_file(tests, sampler.processes())
         out = done.stdout + done.stderr
         summary = re.findall(r"=+ (.*) in ([\d.]+)s", out)
         if not summary:
@@ -185,7 +268,7 @@ def one_run(slowest: int, jobs: int | None, rev: str, by_process: bool = False) 
         return {"pytest_s": pytest_s, "make_s": wall, "summed_s": sum(p[0] for p in phases),
                 "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
                 "counts": counts, "rc": done.returncode, "slowest": slow.group(1).strip() if slow else "",
-                "kinds": kinds, "failed": failed}
+                "kinds": kinds if by_process else [], "files": files, "failed": failed}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -197,6 +280,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None, help="pytest workers (default: the Makefile's)")
     parser.add_argument("--rev", default="HEAD", help="the commit to time (default HEAD)")
     parser.add_argument("--by-process", action="store_true", help="also each run's CPU time by kind of process")
+    parser.add_argument("--by-file", type=int, default=0, metavar="N",
+                        help="also the N test files that cost each run the most CPU, their processes included")
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
           f"commit {subprocess.run(['git', '-C', str(ROOT), 'rev-parse', '--short', args.rev], capture_output=True, text=True).stdout.strip()}")
@@ -211,13 +296,19 @@ def main() -> None:
     runs = []
     for i in range(args.runs):
         probe = imports_probe()
-        r = one_run(args.slowest, args.jobs, args.rev, args.by_process)
+        r = one_run(args.slowest, args.jobs, args.rev, args.by_process, args.by_file > 0)
         runs.append(r)
         print(f"run {i + 1}: pytest {r['pytest_s']:.1f} s (make test {r['make_s']:.1f} s), summed test time "
               f"{r['summed_s']:.0f} s, CPU {r['cpu_s']:.0f} s, {r['counts']}, exit {r['rc']}; imports probe before it "
               f"{probe:.2f} CPU-s", flush=True)
         for kind, count, cpu in r["kinds"]:
             print(f"    {cpu:6.0f} s CPU  {count:4d} × {kind}", flush=True)
+        if r["files"]:
+            total = sum(cpu for _, cpu, _ in r["files"])
+            print(f"    CPU by test file, its processes included ({total:.0f} s in all):", flush=True)
+            for name, cpu, kinds in r["files"][:args.by_file]:
+                split = ", ".join(f"{k} {v:.0f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+                print(f"    {cpu:6.1f} s {100 * cpu / total:4.1f}%  {name}  ({split})", flush=True)
         for name, message in r["failed"]:
             print(f"    failed: {name}: {message[:600]}", flush=True)
     say_throughput("after the runs")
