@@ -186,9 +186,9 @@ class _Kept:
 #: the seed): an evaluation of a checkpoint that was evaluated before, such as the held-out rows of
 #: a run's last step and then `evaluate` of its final checkpoint, or a baseline cell run again.
 KEPT_SAMPLES = _Kept(32 * 2**20)
-#: Forward passes over the prompts of one-token requests (the SDK's `compute_logprobs`): the
-#: prompt's log-probabilities and its last position's logits. A DPO run asks for the reference
-#: log-probabilities of the same pairs every epoch.
+#: Forward passes over the prompts of one-token requests (the SDK's `compute_logprobs`) and of
+#: `prompt_logprobs`: the prompt's log-probabilities and its last position's logits. A DPO run asks
+#: for the reference log-probabilities of the same pairs every epoch.
 KEPT_PROMPT_PASSES = _Kept(64 * 2**20)
 
 
@@ -217,10 +217,10 @@ class Sampler(_ModelShape):
     `seed`: where the seeds of requests that give none come from (a per-sampler sequence), so a
     run of requests repeats exactly.
 
-    Greedy samples and the prompt passes of one-token requests are kept in this process
-    (KEPT_SAMPLES, KEPT_PROMPT_PASSES) by a digest of the weights, the torch thread count and the
-    device, so any sampler of the same weights answers them again without a forward pass, with the
-    very values a forward pass gives.
+    Greedy samples and the prompt passes of one-token requests and of `prompt_logprobs` are kept in
+    this process (KEPT_SAMPLES, KEPT_PROMPT_PASSES) by a digest of the weights, the torch thread count
+    and the device, so any sampler of the same weights answers them again without a forward pass,
+    with the very values a forward pass gives.
     """
 
     def __new__(cls, model: Any = None, base_model: str = "", *args: Any, **kwargs: Any) -> "Sampler":
@@ -346,10 +346,7 @@ class Sampler(_ModelShape):
         but the last n) are None."""
         if len(ids) > self.block_size:
             raise EngineError(f"{len(ids)} tokens exceed the local model's context ({self.block_size})")
-        from .model import plain_forward
-
-        forward = plain_forward(self.model) or self.model
-        return _prompt_logprobs(forward(torch.tensor([list(ids)], dtype=torch.long))[0], ids, last_n)
+        return prompt_logprobs_list(self._prompt_pass(ids)[0].tolist(), last_n)
 
 
 def _token_logprobs(logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
