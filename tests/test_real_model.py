@@ -2,11 +2,13 @@
 GGUF's own vocabulary and merges), its ChatML renderer against the tokenizer's chat template,
 greedy outputs that re-encode to their ids, exact token counts, the device choice, and a training
 step's two ways (a cross-entropy step's one-pass logits and layers recomputed or kept give the
-gradients of the plain backward pass) and its plan of recomputed layers."""
+gradients of the plain backward pass) and its plan of recomputed layers; and the folder the GGUF is
+converted into: converted once, under a lock another process waits on, complete or not at all."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -299,3 +301,94 @@ def test_llama_weights_name_and_lay_out_the_tensors_as_transformers_gguf_loader_
     assert not np.array_equal(out["model.layers.0.self_attn.q_proj.weight"], tensors["blk.0.attn_q.weight"][1])
     with pytest.raises(EngineError, match="unexpected tensor"):
         hf.llama_weights(fields, {"blk.0.attn_qkv.weight": (Q.F32, np.zeros((2, 2), np.float32))})
+
+
+# ---------------------------------------------------------------------------------------------
+# the converted folder (hf.model_dir): converted once per cache folder, complete or not at all
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty models folder, a stand-in GGUF file and a stand-in `convert` that writes a small
+    complete folder (the real conversion is the first use in a fresh checkout); returns the models
+    folder and the list of folders `convert` was asked to fill."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setattr(hf, "gguf_path", lambda: gguf)
+    monkeypatch.setenv("MACHINE_NB_MODELS_DIR", str(tmp_path / "models"))
+    calls: list = []
+
+    def convert(source, dest):
+        calls.append(dest)
+        (dest / "model.safetensors").write_bytes(b"weights")
+        (dest / "done.json").write_text("{}")
+
+    monkeypatch.setattr(hf, "convert", convert)
+    return tmp_path / "models", calls
+
+
+def test_the_model_converts_once_and_a_failed_conversion_leaves_nothing(cache, monkeypatch):
+    root, calls = cache
+    good = hf.convert
+
+    def fails(source, dest):
+        (dest / "model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(hf, "convert", fails)
+    with pytest.raises(OSError, match="disk full"):
+        hf.model_dir()
+    assert sorted(p.name for p in root.iterdir()) == [".convert.lock"]  # no folder, whole or half
+    monkeypatch.setattr(hf, "convert", good)
+    final = hf.model_dir()
+    assert final.parent == root and (final / "done.json").is_file() and len(calls) == 1
+    assert hf.model_dir() == final and len(calls) == 1  # converted once
+    (final / "done.json").unlink()  # a folder without its mark is incomplete: converted again
+    assert hf.model_dir() == final and len(calls) == 2 and (final / "done.json").is_file()
+
+
+def test_a_conversion_a_killed_process_left_half_made_is_removed_before_the_next(cache):
+    """A process killed while converting (no `finally` ran) leaves its temporary folder behind: the
+    next conversion, holding the lock no converting process could hold then, removes it."""
+    root, calls = cache
+    root.mkdir()
+    stale = root / f".smollm2-135m-instruct-v{hf.CONVERSION_VERSION}-64.tmp-0a1b2c"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half of it")
+    foreign = root / "my-notes"  # not the toolkit's: left alone
+    foreign.mkdir()
+    final = hf.model_dir()
+    assert len(calls) == 1 and (final / "done.json").is_file()
+    assert sorted(p.name for p in root.iterdir()) == sorted([".convert.lock", final.name, "my-notes"])
+
+
+def test_a_process_that_finds_another_converting_waits_and_uses_its_folder(cache):
+    """The lock is an flock on the models folder's lock file: a second opener waits for it, then
+    finds the folder complete and converts nothing."""
+    import fcntl
+    import threading
+
+    root, calls = cache
+    root.mkdir()
+    lock = open(root / ".convert.lock", "a+")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # another converting process, as the lock sees it
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(hf.model_dir()))
+    waiting.start()
+    inode = os.fstat(lock.fileno()).st_ino
+    while not _flock_waiters(inode):  # /proc/locks lists a blocked request with "->"
+        assert waiting.is_alive(), got
+        waiting.join(0.01)
+    final = root / f"smollm2-135m-instruct-v{hf.CONVERSION_VERSION}-64"
+    final.mkdir()
+    (final / "done.json").write_text("{}")  # what the other process leaves when it is done
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
+    waiting.join(30)
+    assert got == [final] and calls == []
+
+
+def _flock_waiters(inode: int) -> bool:
+    with open("/proc/locks") as f:
+        return any("->" in line and line.split()[2] == "FLOCK" and line.split()[6].endswith(f":{inode}")
+                   for line in f)

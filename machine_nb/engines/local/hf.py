@@ -76,9 +76,13 @@ def models_root() -> Path:
     return cache_folder("MACHINE_NB_MODELS_DIR", "models")
 
 
+#: The converted folders' names begin with it (then the conversion's version and the file's size).
+_CACHE_PREFIX = "smollm2-135m-instruct"
+
+
 def _cache_name(gguf: Path) -> str:
     st = gguf.stat()
-    return f"smollm2-135m-instruct-v{CONVERSION_VERSION}-{st.st_size}"
+    return f"{_CACHE_PREFIX}-v{CONVERSION_VERSION}-{st.st_size}"
 
 
 _CONVERT_LOCK = threading.Lock()
@@ -89,6 +93,8 @@ def model_dir() -> Path:
 
     Conversion runs once per cache folder: under a file lock (another process converting waits),
     into a temporary folder renamed into place when complete, so a crash leaves nothing half-made.
+    A temporary folder that a process killed while converting left behind is removed by the next
+    conversion: no other process can be converting while it holds the lock.
     """
     gguf = gguf_path()
     root = models_root()
@@ -103,6 +109,8 @@ def model_dir() -> Path:
         try:
             if (final / "done.json").is_file():
                 return final
+            for stale in root.glob(f".{_CACHE_PREFIX}-*.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
             tmp = root / f".{final.name}.tmp-{secrets.token_hex(3)}"
             tmp.mkdir()
             try:
