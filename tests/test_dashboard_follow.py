@@ -290,3 +290,42 @@ def test_training_job_shows_steps_loss_and_eta(tmp_path, writer):
     writer.do("append", path=str(log / "checkpoints.jsonl"), text='{"name": "final", "sampler_path": "x"}\n')
     state.poll()
     assert state.snapshot()["jobs"][0]["done"] and "done" in state.html()
+
+
+def test_run_folders_are_walked_as_load_runs_walks_them(tmp_path):
+    """A symlink loop under runs/ is not walked round and round (each run file once, where load_runs
+    finds it), and links to a file system's root or to a folder holding the workspace are not entered."""
+    import machine_nb as mnb
+
+    root = tmp_path / ".machine" / "runs"
+    (root / "support").mkdir(parents=True)
+    (root / "support" / "r1.json").write_text(json.dumps({"id": "r1", "machine": "support"}))
+    (root / "support" / "loop").symlink_to(root / "support")
+    watch = RunFolderWatch(root, events=False)
+    assert [(d, n) for _, d, n in watch.poll().added] == [("support", "r1.json")]
+    (root / "everything").symlink_to("/")
+    (root / "up").symlink_to(tmp_path)
+    assert watch.poll(full=True).added == []
+    paths = mnb.load_runs(tmp_path, on_error="skip", index=False)["path"].tolist()
+    assert [p for p, _, _ in RunFolderWatch(root, events=False).poll().added] == paths
+
+
+def test_a_followed_path_that_is_not_a_regular_file_is_refused_with_one_note(tmp_path):
+    """events.jsonl as a link to a device or as a FIFO is not read (a device never ends, a FIFO
+    blocks the open until a writer comes): one note names it, later reads say nothing more, and a
+    regular file put in its place is read from its start."""
+    path = tmp_path / "events.jsonl"
+    path.symlink_to("/dev/zero")
+    tail = LineTail(path)
+    got = tail.read()
+    assert got.lines == [] and not got.more
+    assert got.notes == [f"{path}: a character device, not a regular file: not read"]
+    assert tail.read().notes == [] and tail.offset == 0
+    path.unlink()
+    os.mkfifo(path)
+    got = tail.read()  # returns: the FIFO is never opened for a blocking read
+    assert got.lines == [] and got.notes == [f"{path}: a FIFO (named pipe), not a regular file: not read"]
+    assert tail.read().notes == []
+    path.unlink()
+    path.write_text('{"n": 1}\n')
+    assert [x.value["n"] for x in tail.read().lines] == [1]

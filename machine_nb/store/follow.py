@@ -2,8 +2,8 @@
 last read stopped (`LineTail`: `.machine/events.jsonl`, a training run's `metrics.jsonl`), and the
 run files that land under `.machine/runs/` (`RunFolderWatch`).
 
-Both poll: one `stat` per followed file and per run folder when nothing changed, so a view that
-polls a few times a second costs next to nothing while machines are idle, and works the same on
+Both poll: one `stat` per followed file and a few per run folder when nothing changed, so a view
+that polls a few times a second costs next to nothing while machines are idle, and works the same on
 every platform and file system (network mounts included). A folder that changed is listed again,
 which for a machine with tens of thousands of runs costs tens of milliseconds each time; so where
 the operating system reports file events (inotify, FSEvents, kqueue, Windows, through the
@@ -37,7 +37,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..core.jsonl import parse_json
+from ..core.jsonl import not_regular, open_regular, parse_json
+from ..errors import MachineFormatError
 
 # The first bytes of a followed file, kept to tell a file rewritten from its start (same inode,
 # same or larger size) from one that only grew.
@@ -106,6 +107,7 @@ class LineTail:
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
         self._head = b""     # its first bytes (up to HEAD_BYTES)
         self._seen: tuple[int, int] | None = None   # (size, mtime_ns) at the last read
+        self._refused: tuple[int, int] | None = None  # (st_dev, st_ino) of a non-regular file noted
 
     def _restart(self) -> None:
         self.offset = self.lines = 0
@@ -115,7 +117,8 @@ class LineTail:
         """The lines completed since the last read.
 
         Returns:
-            A TailRead; a partial last line stays unread until its newline is written.
+            A TailRead; a partial last line stays unread until its newline is written. A path
+            that is not a regular file (a FIFO, a device, a folder) is not read: one note says so.
         """
         out = TailRead()
         try:
@@ -129,10 +132,20 @@ class LineTail:
         ident = (st.st_dev, st.st_ino)
         if self._ident is not None and (st.st_size, st.st_mtime_ns) == self._seen and ident == self._ident:
             return out  # unchanged: the one stat is all an idle poll costs
-        try:
-            f = open(self.path, "rb")
-        except FileNotFoundError:  # removed between the stat and the open: next poll
+        what = not_regular(st.st_mode)
+        if what is not None:  # a FIFO would block the open, a device never end the read
+            if self._ident is not None:
+                out.reset = True
+                self._restart()
+            if self._refused != ident:  # said once, not on every poll
+                out.notes.append(f"{self.path}: {what}, not a regular file: not read")
+            self._refused = ident
             return out
+        try:
+            f = open_regular(self.path)
+        except MachineFormatError:  # removed or replaced between the stat and the open: next poll
+            return out
+        self._refused = None
         with f:
             st = os.fstat(f.fileno())  # the file actually opened (a rename may have come between)
             ident = (st.st_dev, st.st_ino)
@@ -414,13 +427,30 @@ class RunFolderWatch:
                 out.changed.append((path, d, name))
 
     def _list(self) -> FolderChanges:
-        """List the folders that changed since they were last listed."""
+        """List the folders that changed since they were last listed.
+
+        The folders walked are the ones `load_runs` walks (store.workspace.follow_problem): each
+        real folder once, symlink loops not entered, and links out of the workspace followed only
+        to a machine's folder (not to a file system's root, a mount point or a folder holding
+        the workspace; a folder out there is read only when it holds nothing but run files).
+        """
+        from .workspace import follow_problem, foreign_problem
+
         out = FolderChanges()
         now = time.time_ns()
-        stack = [("", self.root)]
+        try:
+            st0 = os.stat(self.root)
+        except OSError:
+            st0 = None
+        root_real = os.path.realpath(self.root)
+        top = () if st0 is None else ((st0.st_dev, st0.st_ino),)
+        visited = set(top)
+        # (folder, its path, identities of the folders it is inside of and its own, its real path
+        # when outside the workspace)
+        stack = [("", self.root, top, None)]
         seen: set[str] = set()
         while stack:
-            d, dirpath = stack.pop()
+            d, dirpath, ancestors, far = stack.pop()
             try:
                 st = os.stat(dirpath)
             except OSError:
@@ -432,26 +462,33 @@ class RunFolderWatch:
                 names, subdirs = set(), set()
                 try:
                     with os.scandir(dirpath) as it:
-                        for e in it:
-                            n = e.name
-                            if n.endswith(".json") and not n.startswith("."):
-                                names.add(n)  # a folder named *.json is rare; is_dir() only if asked
-                            else:
-                                try:
-                                    if e.is_dir():
-                                        subdirs.add(n)
-                                except OSError:
-                                    pass
+                        entries = list(it)
                 except OSError:
                     continue
+                if far is not None and foreign_problem(entries, far):
+                    entries = []  # outside the workspace and not a machine's folder: not read
+                for e in entries:
+                    n = e.name
+                    if n.endswith(".json") and not n.startswith("."):
+                        names.add(n)  # a folder named *.json is rare; is_dir() only if asked
+                    else:
+                        try:
+                            if e.is_dir():
+                                subdirs.add(n)
+                        except OSError:
+                            pass
                 old = folder.names if folder is not None else set()
                 base = dirpath + os.sep
                 out.added.extend((base + n, d, n) for n in sorted(names - old))
                 out.removed.extend(base + n for n in old - names)
                 folder = _Folder(None if sig[0] > now - RACY_NS else sig, names, subdirs)
                 self._folders[d] = folder
+            segments = d.split("/") if d else []
             for s in sorted(folder.subdirs, reverse=True):
-                stack.append((f"{d}/{s}" if d else s, os.path.join(dirpath, s)))
+                path = os.path.join(dirpath, s)
+                problem, key, sub_far = follow_problem(path, s, segments, ancestors, visited, root_real, far)
+                if problem is None:
+                    stack.append((f"{d}/{s}" if d else s, path, (*ancestors, key), sub_far))
         for d in [d for d in self._folders if d not in seen]:  # folders that are gone
             gone = self._folders.pop(d)
             base = os.path.join(self.root, *d.split("/")) + os.sep if d else self.root + os.sep
