@@ -574,3 +574,23 @@ def test_an_index_that_cannot_be_mapped_is_read_instead(ws, monkeypatch):
     stats = df.attrs["index"]
     assert stats.rebuilt is None and stats.parsed == 0 and stats.reused == len(good)
     pd.testing.assert_frame_equal(df.drop(columns="run"), good)
+
+
+def test_a_write_killed_midway_leaves_no_temporary_file_behind(ws, cache):
+    """A process killed while it writes the index (a kernel restarted during a first load) leaves
+    its temporary files; the next write of that index removes them, so they do not pile up."""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import os, signal, sys\n"
+              "import machine_nb as mnb\n"
+              "os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # killed before the rename\n"
+              "mnb.load_runs(sys.argv[1], index=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(ws)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    folder = run_index.run_index_path(ws).parent
+    assert [p.name for p in folder.glob("*.tmp*")]  # what the killed write left
+    df = mnb.load_runs(ws, index=True)
+    assert df.attrs["index"].written
+    assert sorted(p.name for p in folder.iterdir()) == [run_index.run_index_path(ws).name]

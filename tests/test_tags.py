@@ -203,6 +203,24 @@ def test_untag_names_a_line_nested_too_deep(tmp_path):
     assert exc.value.line == 1
 
 
+def test_untag_removes_what_an_untag_killed_midway_left_and_nothing_else(tmp_path):
+    """An untag killed while it rewrites a store file leaves that file's temporary copy (as big as
+    the file); the next untag of that file, under the lock every writer holds, removes it. A
+    hidden file of the user's beside it stays."""
+    import tempfile
+
+    rows = [mnb.tag([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}], store=tmp_path)
+            for i in range(2)]
+    fd, stale = tempfile.mkstemp(dir=tmp_path, prefix=".train.jsonl.", suffix=".tmp")  # as atomic_replace names it
+    os.write(fd, (tmp_path / "train.jsonl").read_bytes())
+    os.close(fd)
+    (tmp_path / ".train.jsonl.mine").write_text("mine")
+    assert mnb.untag(rows[0]["id"], store=tmp_path) == rows[0]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".train")) == [
+        ".train.jsonl.lock", ".train.jsonl.mine"]
+    assert [r["id"] for r in lines_ok(tmp_path / "train.jsonl")] == [rows[1]["id"]]
+
+
 def test_tagged_and_untag_stream_a_big_store(tmp_path):
     """Memory held by tagged() + untag() grows with the rows' summaries (the last user and assistant
     texts), not with whole rows: here each row's bulk is a long tool result, as in a trace.

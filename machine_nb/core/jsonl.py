@@ -317,6 +317,36 @@ def atomic_replace(path: str | os.PathLike, *, mode: int = 0o600) -> Iterator[Pa
         raise
 
 
+def remove_stale_temporaries(path: str | os.PathLike, *, suffixes: tuple[str, ...] = (".tmp",)) -> int:
+    """Remove the temporary files of `path` that a process killed inside `atomic_replace` left
+    (`.<name>.<8 random characters><suffix>`, as it names them); nothing else is touched.
+
+    Call it only while holding the lock that every writer of `path` holds (`locked`, or the
+    caller's own): no writer can have one of these files open then.
+
+    Args:
+        path: the file whose temporary copies go.
+        suffixes: the endings of its temporary files (default (".tmp",): atomic_replace's own).
+
+    Returns:
+        How many were removed.
+    """
+    path = Path(path)
+    ends = "|".join(re.escape(s) for s in suffixes)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}(?:{ends})")
+    try:
+        with os.scandir(path.parent) as entries:
+            stale = [e.path for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:  # no folder, or not readable: nothing to remove
+        return 0
+    removed = 0
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+            removed += 1
+    return removed
+
+
 def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) -> Path:
     """Write a whole text file atomically (see atomic_replace).
 

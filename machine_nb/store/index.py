@@ -4,9 +4,10 @@ run file), kept in step with `.machine/runs/` from file sizes and modification t
 (a first load of many files parses them in several processes: see PARALLEL_MIN).
 
 It lives outside the workspace, in a per-user cache folder (`cache_dir()`), named after the real
-path of the workspace's `runs/` folder. Writes are atomic (temp file + rename); an index that
-cannot be read, has another schema version or workspace, or whose bytes were damaged since (a
-checksum of each column, checked on every load), is rebuilt, never trusted. What a
+path of the workspace's `runs/` folder. Writes are atomic (temp file + rename; the temp files of
+a write killed midway are removed by the next write); an index that cannot be read, has another
+schema version or workspace, or whose bytes were damaged since (a checksum of each column,
+checked on every load), is rebuilt, never trusted. What a
 row holds is `INDEX_SCHEMA` (documented in the README, for DuckDB or Polars); how a run file
 becomes a row is decided in `frames.py`, which hands `update_index` its parser.
 
@@ -17,13 +18,14 @@ at a million runs: benchmarks/bench_run_index.py); Parquet stores less but decod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import MachineFormatError, user_stacklevel
-from ..core.jsonl import atomic_replace
+from ..core.jsonl import atomic_replace, remove_stale_temporaries
 from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
                         outside, read_file)
 
@@ -261,7 +263,8 @@ def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
     The checksums are of the buffers as the file lays them out (the writer drops unused bitmaps
     and rebases sliced arrays), so the table is written once, read back mapped, its checksums
     taken, and written again with them. An index of the older format (a `.parquet` file beside
-    it) is removed once this one is written.
+    it) is removed once this one is written, and so are the temporary files of a write of this
+    index that was killed midway (see _writing).
 
     Args:
         path: the index file.
@@ -278,7 +281,7 @@ def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
         with pa.OSFile(os.fspath(dest), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_table(rows.replace_schema_metadata(schema.metadata), max_chunksize=max(1, rows.num_rows))
 
-    with atomic_replace(path) as tmp:
+    with _writing(path), atomic_replace(path) as tmp:
         laid_out = tmp.with_name(tmp.name + ".1")
         try:
             write(laid_out, table, {})
@@ -300,6 +303,31 @@ def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
             path.with_suffix(".parquet").unlink()  # the same workspace's index of schema version 1
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Hold the lock every index write in `path`'s folder holds (an flock on the folder itself,
+    so the cache folder gains no lock file), and remove the temporary files of `path` that a
+    write killed midway left (`.<name>.<random>.tmp`, `.tmp.1`): while the lock is held no
+    other write has one open. Where the folder cannot be locked (some network file systems),
+    nothing is removed.
+    """
+    fd = None
+    try:
+        import fcntl
+
+        fd = os.open(path.parent, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        pass  # not locked: another write may be under way, so no temporary file is removed
+    else:
+        remove_stale_temporaries(path, suffixes=(".tmp", ".tmp.1"))
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing the folder releases its lock
 
 
 def empty_table() -> pa.Table:

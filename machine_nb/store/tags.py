@@ -380,7 +380,7 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
         MachineFormatError: naming file and line, when a line that may hold the id cannot be parsed
             for being nested too deep (it cannot be told apart from the row asked for).
     """
-    from ..core.jsonl import locked
+    from ..core.jsonl import locked, remove_stale_temporaries
 
     root = _resolve_store(store)
     needle = id.encode("utf-8")
@@ -389,6 +389,7 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
         if not path.exists():
             continue
         with locked(path):
+            remove_stale_temporaries(path)  # the copy an untag killed midway left, as big as the file
             found = _find_row(path, id, needle)
             if found is not None:
                 start, end, removed = found
