@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -143,6 +144,29 @@ def test_every_server_has_a_key_and_the_processs_own_clients_send_it():
     assert call(ensure_server().url, "/api/v1/training_runs", key=None)[0] == 401
 
 
+def test_a_key_file_that_could_not_be_written_is_not_left_half_written(tmp_path):
+    """A server that fails while writing its data dir's key file (a full disk here: no byte may be
+    written) leaves no empty key file behind, so the next server makes a whole one and starts."""
+    from machine_nb.engines.local import checkpoints as ck
+
+    code = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from machine_nb.engines.local import checkpoints as ck
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        try:
+            ck.data_dir_key(Path({str(tmp_path)!r}))
+        except OSError as exc:
+            print("failed:", exc.strerror)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("failed:"), (done.stdout, done.stderr)
+    key, path = ck.data_dir_key(tmp_path)
+    assert ck.check_key(key) and path.read_text() == key + "\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ck.data_dir_key(tmp_path) == (key, path)
+
+
 def test_serve_says_it_takes_its_key_from_a_file_or_the_environment():
     helped = subprocess.run([sys.executable, "-m", "machine_nb.cli", "serve", "--help"], capture_output=True,
                             text=True, timeout=60)
@@ -209,6 +233,61 @@ def test_after_a_refused_request_the_next_call_runs_at_once(srv, sc):
     fb = tc.forward_backward([datum(IDS)], "cross_entropy").result(timeout=30)  # would wait SEQ_GAP_TIMEOUT_S
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=30)
     assert np.isfinite(fb.metrics["loss:sum"])
+
+
+def _result(srv, request_id: str) -> dict:
+    """A future's result, polled as the SDK polls it (a 408 is "not ready yet")."""
+    while True:
+        status, answer = call(srv.url, "/api/v1/retrieve_future", key=srv.key, method="POST",
+                              body=json.dumps({"request_id": request_id}).encode())
+        if status != 408:
+            assert status == 200, answer
+            return answer
+
+
+def test_after_a_request_that_never_arrived_the_next_one_runs_at_once(srv, sc, monkeypatch):
+    """The requests queued behind a `seq_id` that never came fail after SEQ_GAP_TIMEOUT_S, and the
+    run goes on from the last of them: the next request runs, it does not wait for a number that
+    was already failed."""
+    monkeypatch.setattr(server_mod, "SEQ_GAP_TIMEOUT_S", 0.0)
+    tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
+    nxt = srv.runs[tc.model_id]._next_seq
+
+    def optim_step(seq_id: int) -> str:
+        body = json.dumps({"model_id": tc.model_id, "seq_id": seq_id, "adam_params": {"learning_rate": 1e-3}})
+        status, answer = call(srv.url, "/api/v1/optim_step", key=srv.key, body=body.encode(), method="POST")
+        assert status == 200, answer
+        return answer["request_id"]
+
+    run, held = srv.runs[tc.model_id], threading.Event()
+    run.submit(None, "hold", lambda: held.wait(60) and {})  # both are queued before the run looks at them
+    queued = [optim_step(nxt + 1), optim_step(nxt + 2)]  # request nxt is lost on its way
+    held.set()
+    for request_id in queued:
+        assert f"seq_id {nxt} of this run never arrived" in _result(srv, request_id)["error"]
+    answer = _result(srv, optim_step(nxt + 3))
+    assert "error" not in answer and answer["metrics"]["grad_norm"] == 0.0, answer
+
+
+def test_a_session_lists_its_own_runs_and_samplers(srv):
+    """`get_session` names the training runs and samplers made in that session, none of another's."""
+    def post(path: str, body: dict) -> dict:
+        status, answer = call(srv.url, path, key=srv.key, body=json.dumps(body).encode(), method="POST")
+        assert status == 200, answer
+        return answer
+
+    made = {}
+    for name in ("a", "b"):
+        sid = post("/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"})["session_id"]
+        model_id = post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL,
+                                                 "lora_config": {"rank": 2}})["model_id"]
+        sampler = post("/api/v1/create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 0,
+                                                           "base_model": DEFAULT_MODEL})["sampling_session_id"]
+        made[name] = (sid, model_id, sampler)
+    rest = tinker.RestClient(base_url=srv.url, api_key=srv.key)
+    for sid, model_id, sampler in made.values():
+        listed = rest.get_session(sid).result(timeout=60)
+        assert listed.training_run_ids == [model_id] and listed.sampler_ids == [sampler]
 
 
 # ---------------------------------------------------------------------------------------------

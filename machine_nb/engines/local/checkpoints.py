@@ -103,20 +103,32 @@ def read_key_file(path: str | os.PathLike) -> str:
 
 def data_dir_key(data_dir: Path) -> tuple[str, Path]:
     """(key, file) of the data dir's server key, created (0600, random) the first time. Refuses a
-    file that other users can read or write (`chmod 600` it)."""
+    file that other users can read or write (`chmod 600` it).
+
+    The file appears whole or not at all: the key is written to a temporary file beside it, then
+    hard-linked into place, which fails when the file exists (another server made it first: its
+    key is the one read). A write that fails (a full disk) leaves no empty key file behind."""
+    import secrets
+
     path = Path(data_dir) / KEY_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        mode = path.stat().st_mode
-        if mode & 0o077:
-            raise EngineError(f"{path}: other users can read or change this key file (mode {mode & 0o777:o}); "
-                              f"run `chmod 600 {path}`") from None
-        return read_key_file(path), path
-    key = new_key()
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(key + "\n")
-    return key, path
+    if not path.exists():
+        key = new_key()
+        tmp = Path(data_dir) / f".{KEY_FILE}.tmp-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(key + "\n")
+            os.link(tmp, path)
+            return key, path
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        raise EngineError(f"{path}: other users can read or change this key file (mode {mode & 0o777:o}); "
+                          f"run `chmod 600 {path}`")
+    return read_key_file(path), path
 
 
 def run_ids(data_dir: Path, log: Callable[[str], None]) -> list[str]:

@@ -270,12 +270,12 @@ class _Run:
                 if self._pending:
                     waited_since = waited_since or time.monotonic()
                     if time.monotonic() - waited_since > SEQ_GAP_TIMEOUT_S:
-                        missing, first = self._next_seq, min(self._pending)
+                        missing, last = self._next_seq, max(self._pending)
                         for seq in sorted(self._pending):
                             fut, _ = self._pending.pop(seq)
                             _Futures.fail(fut, f"{fut.call}: request seq_id {missing} of this run never arrived "
                                                f"(waited {SEQ_GAP_TIMEOUT_S:g} s)")
-                        self._next_seq = first + 1
+                        self._next_seq = last + 1  # every number up to the last failed one is taken
                         waited_since = None
                         continue
                     self._cond.wait(1.0)
@@ -717,7 +717,7 @@ class LocalServer:
             raise ApiError(404, f"no session {sid!r} on this server")
         with self._lock:
             runs = [m for m, r in self.runs.items() if r.session_id == sid]
-            samplers = list(self.samplers)
+            samplers = [k for k, s in self.samplers.items() if s.session_id == sid]
         return {"training_run_ids": runs, "sampler_ids": samplers}
 
     def _reap(self) -> None:
