@@ -423,6 +423,41 @@ def test_every_request_failing_is_an_engine_error_not_a_zero_score(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_failed_final_held_out_eval_writes_no_secret_into_heldout_jsonl(tmp_path, monkeypatch):
+    """The final checkpoint's held-out eval records its failure in heldout.jsonl (a run's results
+    file): the key and a URL password in the exception are redacted there, as in a row's error."""
+    import tinker
+
+    from machine_nb.evaluation import heldout, sampling
+
+    key = "tml-" + "Fin4lEvalKey" * 3
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    (tmp_path / "checkpoints.jsonl").write_text(
+        json.dumps({"name": "final", "sampler_path": "tinker://run-1/sampler_weights/final"}) + "\n")
+
+    class Service:
+        def __init__(self, base_url=None):
+            pass
+
+        def close(self, status):
+            raise ConnectionError("already gone")
+
+    def refuse(target, service_client=None):
+        raise PermissionError(f"key {key} refused by https://bob:Pr0xyPassw0rd@proxy.example/v1")
+
+    monkeypatch.setattr(tinker, "ServiceClient", Service)
+    monkeypatch.setattr(sampling, "open_sampler", refuse)
+    builder = heldout.HeldOutEvalBuilder(eval_path=str(tmp_path / "eval.jsonl"), model=MODEL, renderer="qwen3",
+                                         log_dir=str(tmp_path))
+    with pytest.raises(PermissionError):
+        heldout.evaluate_final(builder, None, 4)
+    text = (tmp_path / "heldout.jsonl").read_text()
+    assert key not in text and "Pr0xyPassw0rd" not in text
+    record = json.loads(text)
+    assert (record["step"], record["final"]) == (4, True)
+    assert record["error"] == "PermissionError: key [redacted] refused by https://bob:[redacted]@proxy.example/v1"
+
+
 def test_a_prompt_the_renderer_cannot_format_fails_before_sampling(tmp_path):
     rows = eval_rows(3)
     # a well-formed row (validate passes it) whose image the renderer will not fetch

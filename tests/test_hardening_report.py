@@ -236,3 +236,45 @@ def test_scrubbing_a_deeply_nested_output_is_no_recursion_error():
     inner.append(f"the key {CANARY}")
     _, n = _scrub_tree({"outputs": deep, f"k {CANARY}": 1}, [CANARY])
     assert n == 2 and inner == [f"the key {REDACTED}"]
+
+
+def test_a_secret_shown_in_an_html_output_is_redacted_in_its_escaped_form(tmp_path, monkeypatch):
+    """A table or view shows text HTML-escaped ("&" as "&amp;"): a password holding "&", "<", ">",
+    a quote or "$" is redacted in that form too, so the page and the notebook do not show it."""
+    import html as html_mod
+
+    password = "Tr0ub4dor&3<horse>'$x"
+    monkeypatch.setenv("DB_PASSWORD", password)
+    nb = _notebook(tmp_path / "t.ipynb",
+                   "import html, os\nimport pandas as pd\nfrom IPython.display import HTML, display\n"
+                   "from machine_nb.core.theme import escape\n"
+                   "pd.DataFrame({'setting': ['db password'], 'value': [os.environ['DB_PASSWORD']]})",
+                   "display(HTML('<p>' + html.escape(os.environ['DB_PASSWORD']) + '</p>'))\n"
+                   "display(HTML('<p>' + escape(os.environ['DB_PASSWORD']) + '</p>'))")
+    rep = run_report(nb, output=tmp_path / "out" / "t.html", progress=False)
+    page, executed = rep.html.read_text(), rep.executed.read_text()
+    for where, text in (("html", page), ("executed notebook", executed)):
+        seen = html_mod.unescape(text.replace("&#36;", "$"))
+        assert password not in seen, where
+    outputs = [out for cell in json.loads(executed)["cells"] for out in cell.get("outputs", [])]
+    shown = "".join("".join(o.get("data", {}).get("text/html", "")) for o in outputs)
+    assert shown.count(REDACTED) == 3 and "horse" not in shown
+
+    text, n = scrub(f"<td>{html_mod.escape(password, quote=False)}</td> <b>{html_mod.escape(password)}</b>",
+                    secret_values({"DB_PASSWORD": password}))
+    assert text == f"<td>{REDACTED}</td> <b>{REDACTED}</b>" and n == 2
+
+
+def test_a_secret_named_parameter_given_as_a_number_is_redacted(tmp_path):
+    """`machine-nb report -p db_password 48213907` passes a number (the CLI reads JSON): it is a
+    secret all the same, redacted in what the notebook prints and in the notebook's metadata."""
+    nb = _notebook(tmp_path / "n.ipynb", "print('connecting with', db_password)")
+    data = json.loads(nb.read_text())
+    data["cells"][0]["source"] = "db_password = 'x'"
+    nb.write_text(json.dumps(data))
+    rep = run_report(nb, {"db_password": 48213907, "n_rows": 24}, tmp_path / "out" / "n.html", progress=False)
+    executed = json.loads(rep.executed.read_text())
+    assert "48213907" not in rep.html.read_text() and "connecting with [redacted]" in rep.html.read_text()
+    assert executed["metadata"]["papermill"]["parameters"] == {"db_password": REDACTED, "n_rows": 24}
+    printed = [out for cell in executed["cells"] for out in cell.get("outputs", []) if out.get("name") == "stdout"]
+    assert ["".join(out["text"]) for out in printed] == ["connecting with [redacted]\n"]

@@ -12,7 +12,8 @@ What is redacted (`[redacted]`):
 - whatever its length, except blank values, values under 3 characters and common flag words
   ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
   report and protect nothing. A value under 8 characters is replaced only where it stands as a
-  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs, JSON-escaped too;
+  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs; either JSON- or
+  HTML-escaped too (`p&amp;ss` in a table a notebook displays shows as `p&ss` on the page);
 - the password of any URL with one (`postgres://user:[redacted]@host/db`, an `@` in the password
   too), in an environment value or anywhere in the text;
 - the value of `password=…` (also `passwd`, `passphrase`, `pwd`, any case) in a libpq DSN
@@ -24,6 +25,7 @@ What is redacted (`[redacted]`):
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -144,20 +146,27 @@ def _key_shapes() -> re.Pattern[str]:
     return re.compile("|".join([block, *shapes]))
 
 
+def _escaped_forms(secret: str) -> set[str]:
+    """The forms a value takes in a notebook's text: raw, JSON-escaped, and HTML-escaped as views
+    escape it (pandas: `&`, `<`, `>`; html.escape: quotes too; theme.escape: `$` as well)."""
+    quoted = html.escape(secret)
+    return {secret, json.dumps(secret)[1:-1], html.escape(secret, quote=False), quoted, quoted.replace("$", "&#36;")}
+
+
 def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
     """Redact secrets, URL, DSN and JDBC passwords and key-shaped strings from a text.
 
     Args:
         text: the text.
-        secrets: values to redact (secret_values), each in its raw and JSON-escaped form; a value
-            under 8 characters only where it stands as a whole word.
+        secrets: values to redact (secret_values), each in its raw, JSON-escaped and HTML-escaped
+            forms; a value under 8 characters only where it stands as a whole word.
 
     Returns:
         (the text redacted, the number of replacements).
     """
     count = 0
     for s in secrets:
-        for form in {s, json.dumps(s)[1:-1]}:
+        for form in _escaped_forms(s):
             if form not in text:
                 continue
             if len(form) >= _WHOLE_WORD_BELOW:

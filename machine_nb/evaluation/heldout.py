@@ -201,8 +201,10 @@ def evaluate_final(builder: HeldOutEvalBuilder, base_url: str | None, total_step
     from .sampling import run_coroutine
 
     def failed(exc: BaseException) -> None:  # say the run is over (a live plot stops waiting)
+        from ..core.redact import redacted  # the error goes into a results file: no key or password in it
+
         _append(os.path.join(builder.log_dir, HELDOUT_FILE),
-                {"step": total_steps, "final": True, "error": f"{type(exc).__name__}: {exc}"})
+                {"step": total_steps, "final": True, "error": redacted(f"{type(exc).__name__}: {exc}")})
 
     return _on_final_checkpoint(builder.log_dir, builder.model, base_url, total_steps,
                                 lambda client: run_coroutine(lambda: HeldOutEvaluator(builder).run(

@@ -900,8 +900,10 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         preload = False
 
     parameters = dict(parameters or {})
-    secrets = sorted(set(secret_values()) | set(secret_values({k: v for k, v in parameters.items()})),
-                     key=len, reverse=True)
+    # a secret-named parameter is a secret whatever its type (the CLI reads `-p pin 4821` as a number):
+    # a non-string one is redacted as the text `print` shows it as
+    shown = {k: v if isinstance(v, str) else str(v) for k, v in parameters.items()}
+    secrets = sorted(set(secret_values()) | set(secret_values(shown)), key=len, reverse=True)
     memory = _memory_path()
     start = time.monotonic()
     error: BaseException | None = None
@@ -928,6 +930,10 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         raise error
     nb = clean_notebook(json.loads(text))
     nb.get("metadata", {}).get("papermill", {})["output_path"] = str(executed)
+    injected = nb.get("metadata", {}).get("papermill", {}).get("parameters")
+    for name, value in (injected.items() if isinstance(injected, dict) else []):
+        if not isinstance(value, str) and name in shown and shown[name] in secrets:
+            injected[name] = shown[name]  # a string, so the scrub below redacts it with the rest
     nb, n1 = scrub_notebook(nb, secrets, folder)
     text = json.dumps(nb, ensure_ascii=False, indent=1)
     html_path.parent.mkdir(parents=True, exist_ok=True)
