@@ -435,3 +435,50 @@ def test_the_gate_opens_samplers_through_open_sampler_and_reads_any_result_form(
     plain = cand.to_dict()
     assert plain["report"]["wins"] == r.wins and plain["gate"]["max_losses"] == 0 and plain["committed"] is None
     assert json.loads(json.dumps(plain, default=str))["checkpoint"] == trained["strong"]
+
+
+class _Killed(BaseException):
+    """A process killed between two writes, as far as the code after them can tell."""
+
+
+def _killed_after_the_first_write(monkeypatch) -> None:
+    from machine_nb.core import jsonl
+
+    real, done = jsonl.atomic_write_text, []
+
+    def write(path, *args, **kwargs):
+        if done:
+            raise _Killed(path)
+        real(path, *args, **kwargs)
+        done.append(path)
+
+    monkeypatch.setattr(jsonl, "atomic_write_text", write)
+
+
+def test_a_commit_or_revert_cut_short_between_its_files_finishes_when_run_again(tmp_path, monkeypatch):
+    """versions.json is written last: a commit or revert killed after its first file leaves the
+    history as it was, so running it again finishes it, and model.json names the live version's
+    model. (Written first, the history would mark a version live that model.json does not run, and
+    the commit could not be retried: "already committed".)"""
+    from machine_nb.evaluation.cases import live_version
+
+    ws = _bare(tmp_path)
+    d = ws / "machines" / "tutor"
+    cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, "a"),
+                     base_model="local/arith-tiny", engine="local", live_version=live_version(ws, "tutor"),
+                     report=None, passed=True, reason="test")
+    with monkeypatch.context() as m:
+        _killed_after_the_first_write(m)
+        with pytest.raises(_Killed):
+            cand.commit()
+    assert live_id(ws) == "v1"
+    assert cand.commit()["id"] == "v2"
+    model = lambda: json.loads((d / "model.json").read_text())["model"]  # noqa: E731
+    assert live_version(ws, "tutor")["model"] == model() == cand.checkpoint
+    with monkeypatch.context() as m:
+        _killed_after_the_first_write(m)
+        with pytest.raises(_Killed):
+            mnb.revert(ws, "tutor")
+    assert live_id(ws) == "v2"
+    assert mnb.revert(ws, "tutor")["id"] == "v1"
+    assert live_id(ws) == "v1" and model() == "local/arith-tiny" == live_version(ws, "tutor")["model"]

@@ -427,15 +427,25 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
             v.pop("live", None)
         previous = versions[back]
         previous["live"] = True
-        _replace_json(d / "versions.json", versions)
-        _set_model_json(d, previous["model"])
-        instructions = previous.get("instructions")
-        md = d / "instructions.md"
-        if isinstance(instructions, str) and md.exists() and read_file(md)[0].decode("utf-8") != instructions:
-            from ..core.jsonl import atomic_write_text
-
-            atomic_write_text(md, instructions, mode=md.stat().st_mode & 0o777)
+        _write_live(d, versions, previous, instructions=True)
     return dict(previous)
+
+
+def _write_live(d: Path, versions: list[dict], live: dict, *, instructions: bool = False) -> None:
+    """Write a machine's files for its new live version: model.json's `model` (and with
+    `instructions`, instructions.md when the version recorded other instructions), then
+    versions.json, each atomically. The history goes last: a process killed between the files
+    leaves it as it was, so the same commit or revert run again finishes the job (written first,
+    it would mark live a version whose model model.json does not name, and a commit could not be
+    run again: "already committed")."""
+    _set_model_json(d, live["model"])
+    text = live.get("instructions")
+    md = d / "instructions.md"
+    if instructions and isinstance(text, str) and md.exists() and read_file(md)[0].decode("utf-8") != text:
+        from ..core.jsonl import atomic_write_text
+
+        atomic_write_text(md, text, mode=md.stat().st_mode & 0o777)
+    _replace_json(d / "versions.json", versions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -567,8 +577,7 @@ class Candidate:
             for v in versions:
                 v.pop("live", None)
             versions.append(entry)
-            _replace_json(d / "versions.json", versions)
-            _set_model_json(d, self.checkpoint)
+            _write_live(d, versions, entry)
         self.committed = entry["id"]
         for callback in list(self._observers):
             callback(self)
