@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -464,3 +465,15 @@ def test_the_base_model_of_a_local_checkpoint_is_read_without_loading_torch(tmp_
                           env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["local/arith-tiny", "False"]
+
+
+def test_checkpoint_names_and_run_ids_are_whole_matches():
+    """A name or run id with a trailing newline is refused like any other character outside the rule."""
+    assert ck.check_name("final") == "final"
+    for bad in ("final\n", "a/b", "..", "", "x" * 129):
+        with pytest.raises(EngineError, match="checkpoint name"):
+            ck.check_name(bad)
+    good = "local-0123456789abcdef:train:0"
+    assert ck.run_dir(Path("/d"), good) == Path("/d/runs") / good
+    with pytest.raises(EngineError, match="not a local run id"):
+        ck.run_dir(Path("/d"), good + "\n")

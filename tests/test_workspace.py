@@ -177,7 +177,7 @@ def test_bad_timestamps_kept_with_nat(tmp_path):
 
 def test_segment_rule():
     assert name_segments("chatbot/triage") == ["chatbot", "triage"]
-    for bad in ["", "Chatbot", "a//b", "-a", "a/.b", "a b"]:
+    for bad in ["", "Chatbot", "a//b", "-a", "a/.b", "a b", "chatbot\n", "chatbot/triage\n"]:  # a newline too
         with pytest.raises(ValueError, match="Invalid"):
             name_segments(bad)
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # Machine's rule for each "/"-separated segment of a machine, run or session name.
-SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]*")  # a whole segment: fullmatch
 
 # Files a machine definition directory may hold (any one marks a directory as a machine).
 DEFINITION_FILES = ("machine.ts", "instructions.md", "model.json", "rubric.ts", "rubric.json",
@@ -47,7 +47,7 @@ def name_segments(name: str, what: str = "name") -> list[str]:
         ValueError: with Machine's own wording, when a segment is invalid.
     """
     parts = name.split("/") if isinstance(name, str) else []
-    if not parts or not all(SEGMENT.match(p) for p in parts):
+    if not parts or not all(SEGMENT.fullmatch(p) for p in parts):
         raise ValueError(f'Invalid {what} "{name}": use lowercase letters, digits, ".", "_" and "-", '
                          'with "/" between nested names.')
     return parts
@@ -410,7 +410,7 @@ def folder_problem(segments: list[str], name: str, base: str) -> str | None:
     """
     if not segments:
         return f"file directly under {base}/ (expected {base}/<machine>/{name})"
-    bad = [s for s in segments if not SEGMENT.match(s)]
+    bad = [s for s in segments if not SEGMENT.fullmatch(s)]
     if bad:
         return (f"folder segment {bad[0]!r} is not a valid machine name segment "
                 "(lowercase letters, digits, '.', '_', '-'; starting with a letter or digit)")
@@ -816,7 +816,7 @@ def list_machines(workspace: str | os.PathLike) -> list[str]:
         if problem:
             problems.append(MachineFormatError(dirpath, problem))
             continue
-        if segments and any(f in DEFINITION_FILES for f in filenames) and all(SEGMENT.match(p) for p in segments):
+        if segments and any(f in DEFINITION_FILES for f in filenames) and all(SEGMENT.fullmatch(p) for p in segments):
             names.append("/".join(segments))
     warn_skipped("machine folder(s)", problems)
     return sorted(names)

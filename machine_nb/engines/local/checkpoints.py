@@ -28,8 +28,8 @@ RUN_PREFIX = "local-"
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 #: What every checkpoint.json this toolkit writes says it is.
 FORMAT = "machine-nb-local/1"
-_RUN_ID = re.compile(r"^local-[0-9a-f]{8,64}:train:\d+$")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_RUN_ID = re.compile(r"local-[0-9a-f]{8,64}:train:\d+")  # whole names: fullmatch
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def cache_folder(env_var: str, name: str) -> Path:
@@ -144,7 +144,7 @@ def run_ids(data_dir: Path, log: Callable[[str], None]) -> list[str]:
         return []
     out = []
     for p in entries:
-        if not _RUN_ID.match(p.name) or not p.is_dir():
+        if not _RUN_ID.fullmatch(p.name) or not p.is_dir():
             log(f"{p}: not a training run (skipped)")
             continue
         record = p / "run.json"
@@ -167,7 +167,7 @@ def is_local_path(path: str) -> bool:
 
 def check_name(name: str) -> str:
     """A checkpoint name is a plain file name (letters, digits, `._-`); EngineError otherwise."""
-    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
         raise EngineError(f"checkpoint name {name!r} must be 1-128 letters, digits, '.', '_' or '-'")
     return name
 
@@ -226,7 +226,7 @@ def not_a_checkpoint(directory: Path) -> str | None:
 
 def run_dir(data_dir: Path, run_id: str) -> Path:
     """The directory of a run: `<data dir>/runs/<run id>`."""
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise EngineError(f"{run_id!r} is not a local run id (local-<hex>:train:<n>)")
     return Path(data_dir) / "runs" / run_id
 
