@@ -220,3 +220,24 @@ def test_validate_is_made_of_steps_a_user_can_call(tmp_path):
     assert plain["path"] == str(path) and plain["ok"] is False and plain["summary"] == whole.summary
     assert [(f["line"], f["code"]) for f in plain["findings"]][:2] == [(None, "no_model"), (1, "secret")]
     assert json.loads(json.dumps(plain)) == plain
+
+
+def test_a_secret_the_renderer_quotes_in_its_error_is_redacted(tmp_path, monkeypatch, capsys):
+    """A renderer error may quote the row (a media part's path); the render_failed finding and the
+    CLI line show the key redacted, as the secret finding masks it."""
+    env_key = "tk_live_0123456789abcdefXYZ"
+    monkeypatch.setenv("TINKER_API_KEY", env_key)
+    shaped = "sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123"  # fake canaries, not real credentials
+    path = write(tmp_path / "t.jsonl", [
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": env_key}]},
+                      {"role": "assistant", "content": "a"}]},
+        {"messages": [{"role": "user", "content": [{"type": "audio", "audio": shaped}]},
+                      {"role": "assistant", "content": "a"}]}])
+    r = validate(path, INKLING)
+    assert [(line, code) for line, code in codes(r) if code == "render_failed"] == [(1, "render_failed"),
+                                                                                   (2, "render_failed")]
+    text = "\n".join(r.findings["message"])
+    assert env_key not in text and shaped not in text
+    assert main(["validate", str(path), "-m", INKLING]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:1: error render_failed" in out and env_key not in out and shaped not in out

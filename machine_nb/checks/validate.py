@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.chat import ROLES, content_text, row_findings
 from ..core.jsonl import dumps_line, iter_jsonl
-from ..core.redact import SECRET_PATTERNS, connection_passwords, mask
+from ..core.redact import SECRET_PATTERNS, connection_passwords, mask, redacted
 from ..evaluation.scoring import MATCH_MODES
 
 if TYPE_CHECKING:
@@ -469,9 +469,9 @@ def count_row(row: Mapping[str, Any], settings: ValidateSettings,
                                              whole_run=bool(row.get("whole_run")))
             else:
                 tokens, trained = int(renderer.build_generation_prompt(list(messages)).length), 0
-        except Exception as exc:
+        except Exception as exc:  # its text may quote the row (a media part's path): redacted like the rest
             return None, 0, [("error", "render_failed", f"the {settings.model} renderer cannot render this row: "
-                                                        f"{type(exc).__name__}: {str(exc)[:300]}")]
+                                                        f"{type(exc).__name__}: {redacted(str(exc))[:300]}")]
     if tokens is None:
         tokens, trained = machine_estimate(row), 0
     problems = []
