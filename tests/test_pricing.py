@@ -1,5 +1,6 @@
 """Prices and cost: the table carries sources, unknown models refuse, estimates follow the documented rules."""
 
+import json
 import math
 
 import pytest
@@ -144,3 +145,26 @@ def test_the_input_is_called_data_and_a_price_serialises_with_to_dict():
     price = PRICES[INKLING]
     assert price.to_dict()["train"] == 11.22 and set(price.to_dict()) == set(prices_frame().columns) - {"model"}
     assert not hasattr(price, "as_dict")
+
+
+@pytest.mark.parametrize("schedule", [{"batch_size": 0}, {"epochs": 0}, {"epochs": -2}, {"max_steps": 0}])
+def test_a_schedule_no_run_can_use_is_refused_not_priced(schedule, tmp_path, capsys):
+    """The rules the trainers refuse by (epochs and batch_size at least 1, max_steps at least 1 or
+    None) hold for the estimate too: no division by zero, no negative cost."""
+    from machine_nb.checks.pricing import estimate_dpo_cost
+    from machine_nb.cli import main
+
+    with pytest.raises(ValueError, match="at least 1"):
+        estimate_cost(rows(8), INKLING, **schedule)
+    pair = {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
+            "rejected": [{"role": "assistant", "content": "b"}]}
+    with pytest.raises(ValueError, match="at least 1"):
+        estimate_dpo_cost([pair], INKLING, **schedule)
+    if "max_steps" in schedule:
+        return
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(8)))
+    flags = ["--epochs", str(schedule.get("epochs", 1)), "--batch-size", str(schedule.get("batch_size", 8))]
+    assert main(["validate", str(path), "-m", INKLING, *flags]) == 1
+    out, err = capsys.readouterr()
+    assert "cost: $" not in out and err.startswith("machine-nb validate: ") and "at least 1" in err

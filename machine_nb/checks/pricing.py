@@ -189,6 +189,15 @@ class _Estimate:
         return asdict(self)
 
 
+def _check_schedule(epochs: int, batch_size: int, max_steps: int | None) -> None:
+    """Refuse (ValueError) a schedule no run can use, by the rule the trainers refuse it by: epochs
+    and batch_size below 1, or max_steps below 1 (a zero batch has no steps, a negative epoch no cost)."""
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be at least 1 (got epochs={epochs}, batch_size={batch_size})")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1 or None, got {max_steps}")
+
+
 def _steps(items: int, batch_size: int, epochs: int, max_steps: int | None) -> tuple[int, float]:
     """(optimizer steps, the share of the full run they make): the cookbook drops the partial
     batch; max_steps stops early."""
@@ -283,9 +292,13 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
 
     Returns:
         A CostEstimate.
+
+    Raises:
+        ValueError: epochs or batch_size below 1, or max_steps below 1 (as the trainers refuse them).
     """
     from .tokens import count_tokens
 
+    _check_schedule(epochs, batch_size, max_steps)
     row = _resolve_price(model, price, prices)
     if row.train is None:
         raise UnknownPrice(f"No training price is known for {model!r} ({row.source or 'no source'}): cannot bound "
@@ -431,10 +444,12 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
 
     Raises:
         UnknownPrice: no train or prefill price is known for the model ("cannot bound the cost").
+        ValueError: epochs or batch_size below 1, or max_steps below 1 (as the trainers refuse them).
     """
     from ..store.pairs import pair_records
     from .tokens import count_tokens
 
+    _check_schedule(epochs, batch_size, max_steps)
     row = _resolve_price(model, price, prices)
     if row.train is None or row.prefill is None:
         missing = "training" if row.train is None else "prefill (the reference model's forward pass)"
