@@ -184,6 +184,16 @@ def test_check_row_fills_in_eval_and_probe_rows():
         probe_rows([5])
 
 
+
+def test_a_prompt_longer_than_a_file_name_can_be_is_one_probe_prompt():
+    """A prompt past the file system's name limit (255 bytes) is a prompt, not a path the check for
+    a file fails on."""
+    from machine_nb.core.chat import probe_rows
+
+    prompt = "Explain, in one paragraph, " + "why the sky looks blue " * 20
+    assert probe_rows(prompt) == [{"messages": [user(prompt)], "format": None, "line": 1}]
+
+
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                            lambda children: st.lists(children, max_size=4)
                            | st.dictionaries(st.sampled_from(["role", "content", "messages", "tool_calls",

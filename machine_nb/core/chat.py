@@ -515,6 +515,15 @@ def eval_rows(data: Any) -> tuple[list[dict], str | None]:
     return rows, None
 
 
+def _names_a_file(text: str | os.PathLike) -> bool:
+    """Whether `text` is the path of something that exists; a string no path can be (longer than
+    the file system allows a name) is not, rather than an OSError."""
+    try:
+        return Path(text).exists()
+    except OSError:
+        return False
+
+
 def probe_rows(prompts: Any) -> list[dict]:
     """Checked probe prompts from a JSONL path, one prompt string, or a list of strings and rows.
 
@@ -531,7 +540,7 @@ def probe_rows(prompts: Any) -> list[dict]:
     """
     from .jsonl import iter_jsonl
 
-    if isinstance(prompts, (str, os.PathLike)) and (Path(prompts).suffix == ".jsonl" or Path(prompts).exists()):
+    if isinstance(prompts, (str, os.PathLike)) and (Path(prompts).suffix == ".jsonl" or _names_a_file(prompts)):
         items, path = list(iter_jsonl(prompts)), os.fspath(prompts)
     elif isinstance(prompts, str):
         items, path = [(1, prompts)], None
