@@ -328,3 +328,12 @@ def test_a_broken_run_record_leaves_the_plot_working(tmp_path):
     assert finished(log)
     p = LossPlot(log, live=False)
     assert p.finished() and "3 steps" in p.summary()
+
+
+def test_closing_the_plot_ends_its_polling(tmp_path):
+    log = tmp_path / "run"
+    write_metrics(log, rows(2))  # a run that has not finished: the plot polls it
+    p = LossPlot(log, refresh_s=3600)
+    assert p.live
+    p.close()  # the cell's output cleared, or the plot closed in code
+    assert not p.live

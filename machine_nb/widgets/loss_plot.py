@@ -412,13 +412,23 @@ class LossPlot(StaticPlot, widgets.VBox):
 
     def stop(self) -> None:
         """Stop the live polling and draw what the files hold now; the saved notebook keeps it."""
+        self._end_polling()
+        self.refresh(final=True)
+
+    def close(self) -> None:
+        """Stop the live polling (and a redraw put off) and close the widget."""
+        if getattr(self, "_stop", None) is not None:  # also called from __del__, maybe of a half-made plot
+            self._end_polling()
+        super().close()
+
+    def _end_polling(self) -> None:
+        """End the background poll and cancel a redraw `update` put off."""
         self._stop.set()
         pending = self._pending
         if pending is not None:
             pending.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self.refresh(final=True)
 
     def update(self, rows: Any = None) -> None:
         """Take in what the log dirs hold now (what `sft(on_metrics=…)` calls): `.frame` and the
