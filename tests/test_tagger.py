@@ -318,3 +318,18 @@ def test_the_rewrite_is_shown_against_the_reply():
     assert "mnb-diff-removed" in html and ">0.</span>" in html and ">zero.</span>" in html
     t.rewrite.value = ""
     assert t._diff.value == ""
+
+
+def test_a_row_this_tagger_wrote_and_a_cell_removed_leaves_its_list_and_undo(tmp_path):
+    from machine_nb.store.tags import untag
+
+    store = tmp_path / "store"
+    t = Tagger(runs_frame(2), store=store)
+    first = t.good()
+    t.next_run()
+    second = t.bad()
+    untag(second["id"], store=store)  # removed in a cell
+    assert [r["id"] for r in t.recent_rows()] == [first["id"]] and "1 tagged here" in t.summary()
+    assert second["id"] not in t._recent.value  # the "recently tagged" table
+    assert t.undo() == first  # the newest row still in the store
+    assert store_rows(store) == [] and t.written == [] and t._b_undo.disabled

@@ -260,8 +260,9 @@ class Tagger(StaticFallback, w.VBox):
         **kwargs: passed to ipywidgets.VBox (layout, …).
 
     The run on screen is read once (an indexed frame reads it from its run file) and kept until
-    another run is shown. `.written` lists the rows this widget wrote (oldest first); `undo()` removes the newest of
-    them from the store and never touches any other row. `existing_tags()` lists the current
+    another run is shown. `.written` lists the rows this widget wrote that are still in the store
+    (oldest first; a row `untag()` removed anywhere in this process leaves it); `undo()` removes the
+    newest of them from the store and never touches any other row. `existing_tags()` lists the current
     run's tag rows (a rewrite row with its stored answer). A button press on a turn that already
     has a row only warns; pressing it again writes (the methods `good()` / `bad()` write at once,
     with a DuplicateTagWarning). A rewrite identical to the turn's reply is refused.
@@ -520,7 +521,10 @@ class Tagger(StaticFallback, w.VBox):
                 self._known.append(row)
         else:
             self._known = [r for r in self._known if r.get("id") != row.get("id")]
-        if self._runs and self._run is not None and same_run(row, self._run):
+        mine = event == "untag" and any(r.get("id") == row.get("id") for r in self.written)
+        if mine:  # a row this tagger wrote, removed (its Undo, or untag() anywhere): not listed, counted or undone
+            self.written[:] = [r for r in self.written if r.get("id") != row.get("id")]
+        if mine or self._runs and self._run is not None and same_run(row, self._run):
             self._draw()
 
     def existing_tags(self) -> list[dict]:
@@ -670,8 +674,8 @@ class Tagger(StaticFallback, w.VBox):
             self._status.value = "nothing to undo"
             return None
         row = self.written[-1]
-        untag(row["id"], store=self.store)  # _on_store drops it from the known rows
-        self.written.pop()
+        untag(row["id"], store=self.store)  # _on_store drops it from the known rows and from .written
+        self.written[:] = [r for r in self.written if r.get("id") != row["id"]]
         self._status.value = f"removed row {escape(row.get('id'))}"
         self._draw()
         return row
