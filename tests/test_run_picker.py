@@ -314,3 +314,19 @@ def test_search_covers_every_text_column_as_you_type():
 
     assert p.controls["text"].continuous_update
     assert asyncio.run(type_in_the_box()) == ["run029"]
+
+
+def test_a_view_sorted_by_tags_stays_sorted_as_runs_are_tagged(tmp_path):
+    from machine_nb.store.tags import tag, untag
+
+    store = tmp_path / "store"
+    runs = make_runs(6).drop(columns=["tags"])
+    p = RunPicker(runs, store=store, sort_by="tags", ascending=False)
+    assert list(p.filtered["id"]) == [f"run{i:03d}" for i in range(6)]  # all untagged: the frame's order
+    row = tag({"id": "run004", "machine": "b", "trajectory": [{"role": "user", "content": "q"},
+                                                             {"role": "assistant", "content": "a"}]},
+              "good", store=store)
+    assert list(p.filtered["id"])[0] == "run004" and p.page_keys[0] == "run004"  # the tagged run on top
+    assert p.filtered["tags"].map(", ".join).is_monotonic_decreasing
+    untag(row["id"], store=store)
+    assert list(p.filtered["id"]) == [f"run{i:03d}" for i in range(6)]

@@ -746,6 +746,8 @@ class RunPicker(StaticFallback, w.VBox):
                     ctl.value = keep
                 finally:
                     self._hold = False
+        if self._sort[0] == "tags":  # a view sorted by its tags is sorted again
+            self._order = sort_order(self.runs, *self._sort)
         self._refilter(reset_page=False)
 
     @traitlets.validate("selected_ids")
