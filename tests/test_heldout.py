@@ -313,3 +313,22 @@ def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus,
                  "--eval", str(corpus.valid), "--eval-every", "6"])
     err = capsys.readouterr().err
     assert code == 2 and "Held-out evals: 11 x 24 rows, at most $" in err and "--yes" in err
+
+
+def test_the_final_checkpoints_inspect_and_held_out_scores_read_back_together(tmp_path):
+    """With eval_data and inspect_tasks, the final checkpoint's Inspect scores and held-out scores
+    are logged as two metrics rows of one step (runner.run_loop scores it with each in turn): read
+    back, that step has both; a step a resumed run logged again is still its later row."""
+    rows = [{"step": 0, "train_mean_nll": 3.0, "num_tokens": 10, "test/accuracy": 0.25,
+             "test/inspect/sums/accuracy": 0.0},
+            {"step": 1, "train_mean_nll": 2.9, "num_tokens": 10},
+            {"step": 1, "train_mean_nll": 2.5, "num_tokens": 10},  # logged again by a resumed run
+            {"step": 2, "test/inspect/sums/accuracy": 0.5},  # the final checkpoint's Inspect tasks
+            {"step": 2, "test/accuracy": 0.75, "test/format_rate": 1.0}]  # then its held-out rows
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df = training_metrics(tmp_path)
+    assert list(df["step"]) == [0, 1, 2] and list(df["train_mean_nll"][:2]) == [3.0, 2.5]
+    final = df[df["step"] == 2].iloc[0]
+    assert (final["test/inspect/sums/accuracy"], final["test/accuracy"]) == (0.5, 0.75)
+    res = read_training_log(tmp_path)
+    assert (res.steps, res.evals, res.best_step, res.last_loss) == (2, 2, 2, 2.5)

@@ -292,3 +292,24 @@ def test_numpy_grid_values_run_as_plain_numbers():
     # values that differ past the 6 digits of "%g" keep their own run dirs
     near = grid_points({"learning_rate": [1e-3, 1.0000001e-3]})
     assert len({run_name(p, 0) for p in near}) == 2
+
+
+def test_a_grid_over_the_evals_sampling_shows_each_runs_own_value_once(tmp_path):
+    """eval_max_tokens and eval_temperature are both grid axes and run columns: a grid over one
+    of them gives it one column, holding each run's own value (not the fixed setting's default)."""
+    out = tmp_path / "sw"
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps({"grid": {"eval_max_tokens": [8, 16]}, "seeds": [0, 1],
+                                                "settings": {"eval_temperature": 0.5}, "eval_sha256": "x"}))
+    back = read_sweep(out)  # no run started yet: every row "missing"
+    assert list(back.columns) == ["run", "eval_max_tokens", *[c for c in RUN_COLUMNS if c != "eval_max_tokens"]]
+    assert list(back["eval_max_tokens"]) == [8, 8, 16, 16] and list(back["eval_temperature"]) == [0.5] * 4
+    assert list(back["status"]) == ["missing"] * 4
+
+
+def test_a_budget_that_bounds_nothing_is_refused_before_anything_is_written(corpus, tmp_path):
+    c, _ = corpus
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="max_usd"):
+            sweep(c.train, GRID, sweep_dir=tmp_path / "x", max_usd=bad, progress=False, **FIXED)
+    assert not (tmp_path / "x").exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -42,6 +43,35 @@ LOCAL_LORA_RANK = 8
 TINKER_LORA_RANK = 32
 
 S = TypeVar("S", bound="RunSettings")
+
+#: The learning-rate schedules the cookbook's loops know (tinker_cookbook.utils.lr_scheduling.LRSchedule).
+LR_SCHEDULES = ("linear", "cosine", "constant")
+
+
+def finite(value: Any) -> bool:
+    """Whether a setting is a real number that is neither NaN nor infinite (a bool is not one).
+
+    Args:
+        value: the setting's value.
+
+    Returns:
+        True for a finite int or float.
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy number (a DataFrame cell, a step of np.arange) as the Python int or float it stands
+    for, since a run's record and its child's spec are JSON; any other value as it is."""
+    import numbers
+
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +268,7 @@ class RunSettings:
         unknown = sorted(set(given) - names)
         if unknown:
             raise TypeError(f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}")
-        values = dict(given)
+        values = {name: _plain(value) for name, value in given.items()}
         if resumed is not None:
             values.update({k: resumed.record[k] for k in cls.resumed if k in resumed.record})
             held = resumed.record.get("heldout")
@@ -267,12 +297,21 @@ class RunSettings:
         return is_local_model(self.model)
 
     def check(self) -> None:
-        """Refuse values no run can use.
+        """Refuse values no run can use, naming the setting, before anything is written.
 
         Raises:
-            ValueError: epochs or batch_size below 1, max_steps below 1, or a LoRA rank below 1
-                (0, full fine-tuning, is for local models only).
+            ValueError: epochs, batch_size, max_steps, save_every, seed or lora_rank not a whole
+                number; epochs or batch_size below 1, max_steps below 1, save_every below 0 (0: no
+                periodic checkpoints, as the cookbook reads it), or a LoRA rank below 1 (0, full
+                fine-tuning, is for local models only); a learning_rate that is not a finite number
+                above 0; an lr_schedule the cookbook does not know; an eval_temperature or max_usd
+                that is not a finite number, 0 or more (a NaN budget would bound nothing).
         """
+        for name in ("epochs", "batch_size", "max_steps", "save_every", "seed", "lora_rank"):
+            value = getattr(self, name)
+            if (value is not None or name not in ("max_steps", "lora_rank")) and (
+                    isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch_size must be at least 1 (got epochs={self.epochs}, "
                              f"batch_size={self.batch_size})")
@@ -281,6 +320,18 @@ class RunSettings:
         rank = self.lora_rank
         if rank is not None and (rank < 0 or (rank == 0 and not self.local_model)):
             raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local models only), got {rank}")
+        if self.save_every < 0:
+            raise ValueError(f"save_every must be at least 0 (0: no checkpoint before the final one), got "
+                             f"{self.save_every}")
+        if self.learning_rate is not None and not (finite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be a finite number above 0 (or None), got {self.learning_rate!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(map(repr, LR_SCHEDULES))}, got "
+                             f"{self.lr_schedule!r}")
+        if not (finite(self.eval_temperature) and self.eval_temperature >= 0):
+            raise ValueError(f"eval_temperature must be a finite number, 0 or more, got {self.eval_temperature!r}")
+        if self.max_usd is not None and not (finite(self.max_usd) and self.max_usd >= 0):
+            raise ValueError(f"max_usd must be a finite amount, 0 or more (or None), got {self.max_usd!r}")
 
     def default_learning_rate(self) -> float:
         """The learning rate when none is given (each kind has its own).

@@ -188,14 +188,14 @@ class DPOSettings(loop.RunSettings):
         return settings
 
     def check(self) -> None:
-        """loop.RunSettings.check, and beta above 0.
+        """loop.RunSettings.check, and beta a finite number above 0.
 
         Raises:
             ValueError: a value out of range.
         """
         super().check()
-        if self.beta <= 0:
-            raise ValueError(f"beta must be above 0, got {self.beta}")
+        if not (loop.finite(self.beta) and self.beta > 0):
+            raise ValueError(f"beta must be a finite number above 0, got {self.beta!r}")
 
     def default_learning_rate(self) -> float:
         """LOCAL_DPO_LEARNING_RATE for a local LoRA from the base model,

@@ -226,7 +226,9 @@ def read_log_lines(path: str | os.PathLike) -> list[dict]:
 
 
 def unique_steps(rows: list[dict]) -> list[dict]:
-    """One row per step, the last written (a resumed run logs again the steps it continues from).
+    """One row per step: a step's rows merged, the later written winning where they share a key (a
+    resumed run logs again the steps it continues from; the final checkpoint's Inspect scores and
+    held-out scores are two rows of one step).
 
     Args:
         rows: log rows with a `step` (rows without one are kept, each on its own).
@@ -236,7 +238,8 @@ def unique_steps(rows: list[dict]) -> list[dict]:
     """
     by_step: dict[Any, dict] = {}
     for i, m in enumerate(rows):
-        by_step[m.get("step", f"row{i}")] = m
+        key = m.get("step", f"row{i}")
+        by_step[key] = {**by_step.get(key, {}), **m}
     return sorted(by_step.values(), key=lambda m: (m.get("step") is None, m.get("step") or 0))
 
 

@@ -239,8 +239,9 @@ def _row(name: str, point: Mapping[str, Any], seed: int, result: Any, status: st
     r = result
     return {"run": name, **point, "seed": seed, "status": status,
             **{col: None if r is None else getattr(r, attr) for col, attr in _FROM_RESULT.items()},
-            "eval_max_tokens": eval_settings.get("eval_max_tokens"),
-            "eval_temperature": eval_settings.get("eval_temperature"),
+            # a grid axis over the evals' sampling is this run's own value, not the fixed setting
+            "eval_max_tokens": point.get("eval_max_tokens", eval_settings.get("eval_max_tokens")),
+            "eval_temperature": point.get("eval_temperature", eval_settings.get("eval_temperature")),
             "wall_s": None if wall is None else round(wall, 3),
             "checkpoint": None if r is None else r.checkpoint, "log_dir": str(log_dir), "error": error}
 
@@ -248,7 +249,8 @@ def _row(name: str, point: Mapping[str, Any], seed: int, result: Any, status: st
 def _frame(rows: list[dict], axes: Sequence[str]):
     import pandas as pd
 
-    return pd.DataFrame(rows, columns=["run", *axes, *RUN_COLUMNS])
+    # an axis that is also a run column (eval_max_tokens, eval_temperature) is one column, with the axes
+    return pd.DataFrame(rows, columns=["run", *axes, *[c for c in RUN_COLUMNS if c not in axes]])
 
 
 class _Stopped(Exception):
@@ -291,7 +293,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         **settings: other sft keywords, the same for every run (e.g. batch_size=8, lora_rank=8).
 
     Returns:
-        A DataFrame, one row per run in grid order: run, the grid's axes, then RUN_COLUMNS: seed,
+        A DataFrame, one row per run in grid order: run, the grid's axes, then RUN_COLUMNS (an
+        axis among them, eval_max_tokens or eval_temperature, stays with the axes): seed,
         status ("ran", "resumed", "read back" or "failed"), steps, first_loss, final_loss,
         heldout_accuracy / heldout_format_rate (final checkpoint), best_step / best_accuracy,
         evals, tokens, estimated_tokens, estimated_usd (before the run), cost_usd (observed:
@@ -319,6 +322,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         raise TypeError(f"{unknown} are not sft settings (known: {', '.join(sorted(known))})")
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError(f"max_parallel must be at least 1, got {max_parallel!r}")
+    if max_usd is not None and not (loop.finite(max_usd) and max_usd >= 0):
+        raise ValueError(f"max_usd must be a finite amount, 0 or more (or None), got {max_usd!r}")
 
     model, engine = loop.resolve_target(model, engine)
     data_path, data_sha = _sha(data)
