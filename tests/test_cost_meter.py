@@ -276,3 +276,35 @@ def test_a_background_count_does_not_warn_from_its_thread():
     assert [str(w.message) for w in caught if w.filename.endswith("threading.py")] == []
     m.model = "Qwen/Qwen3-8B"
     assert "estimated" in m.static_html()  # the note is in the meter
+
+
+def test_wait_returns_with_the_estimate_in_not_just_the_count(monkeypatch):
+    """A count is filed, then priced (`_apply`) a moment later in the worker thread: `wait()` (and the
+    constructor's first wait, which decides what an executed notebook shows) returns once the
+    estimate is in, not in between with "computing…" still showing. The worker is held between the
+    two steps, and this thread waits holding the meter's lock, so the order is forced, not timed."""
+    import threading
+
+    m = CostMeter(LINES, model=INKLING, background=True)
+    m.wait()
+    assert m.estimate is not None and m.estimate.model == INKLING
+    entered, go = threading.Event(), threading.Event()
+    real = CostMeter._apply
+
+    def held(self, generation):
+        if threading.current_thread().name.startswith("CostMeter"):
+            entered.set()
+            go.wait(60)
+        real(self, generation)
+
+    monkeypatch.setattr(CostMeter, "_apply", held)
+    m.model = "local/arith-tiny"  # a count not made yet: counted in the worker
+    assert entered.wait(60) and m.computing
+    releaser = threading.Thread(target=lambda: (m._lock.acquire(), go.set(), m._lock.release()), daemon=True)
+    with m._lock:  # released only while wait() waits: the releaser lets the worker go on then
+        releaser.start()
+        m.wait(60)
+        shown = (m.computing, None if m.estimate is None else m.estimate.model)
+    go.set()
+    releaser.join(60)
+    assert shown == (False, "local/arith-tiny")

@@ -184,7 +184,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._counts: dict[str, Any] = {}  # model -> count_tokens frame of the current data
         self._evals: dict[str, Any] = {}  # model -> EvalCostEstimate or the error text
         self._pending: dict[tuple, Future] = {}
-        self._settled = threading.Condition(self._lock)  # notified whenever a count has been filed
+        self._settled = threading.Condition(self._lock)  # notified when a count is filed and when it is priced
         self._prepared: tuple[list[dict], str] | None = None  # the data as sft would train it
         self._history: list[dict] = []
         for item in ([] if history is None else history if isinstance(history, (list, tuple)) else [history]):
@@ -435,6 +435,7 @@ class CostMeter(StaticFallback, widgets.VBox):
             self.estimate, self.eval_estimate = estimate, eval_estimate
             self.error, self.eval_error = error, eval_error
             self.computing = False
+            self._settled.notify_all()  # wait() returns with the estimate in
         self._redraw()
 
     def _redraw(self) -> None:
@@ -442,7 +443,7 @@ class CostMeter(StaticFallback, widgets.VBox):
         self._static_changed()
 
     def wait(self, timeout: float | None = None) -> CostMeter:
-        """Wait for the counts the current choice needs.
+        """Wait for the counts the current choice needs, and for their estimate (`.computing` false).
 
         Args:
             timeout: seconds at most (default None: as long as it takes).
@@ -454,7 +455,8 @@ class CostMeter(StaticFallback, widgets.VBox):
 
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._settled:
-            while self._needs(self.model) and self._pending:
+            # a count is filed, then priced a moment later (_apply): done once the meter stops computing
+            while self.computing or (self._needs(self.model) and self._pending):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
