@@ -188,3 +188,14 @@ def test_a_deeply_nested_tool_input_string_is_text_not_a_recursion_error():
     assert call["tool_calls"][0]["function"]["arguments"] == json.dumps(deep)  # text, as any non-JSON input
     html = message_card(call, index=1, trained=True)
     assert "[[[" in html
+
+
+def test_a_role_from_a_training_line_is_text_in_a_card_short_or_folded():
+    """A message's role comes from the user's file: in a card it is escaped in the header, the
+    CSS class, and the fold's summary line of a long text."""
+    from machine_nb.widgets.cards import message_card
+
+    role = '<img src=x onerror="alert(1)">'
+    for text in ("short", "line\n" * 200):
+        html = message_card({"role": role, "content": text}, index=1, trained=False)
+        assert "<img" not in html and "&lt;img src=x" in html

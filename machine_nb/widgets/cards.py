@@ -74,7 +74,7 @@ def folded(text: str, *, label: str = "output") -> str:
 
     Args:
         text: the text (escaped here).
-        label: what the text is, in the fold's summary line (default "output").
+        label: what the text is, in the fold's summary line (escaped here; default "output").
 
     Returns:
         The HTML: the whole text, or, past FOLD_LINES lines or FOLD_CHARS characters, its first
@@ -85,7 +85,7 @@ def folded(text: str, *, label: str = "output") -> str:
         return f'<pre style="{PRE}">{escape(text)}</pre>'
     head = "\n".join(text.splitlines()[:5])[:400]
     return (f'<pre style="{PRE}">{escape(head)}</pre>'
-            f'<details><summary style="cursor:pointer;color:{FG_MUTED}">{label}: {n_lines} lines, '
+            f'<details><summary style="cursor:pointer;color:{FG_MUTED}">{escape(label)}: {n_lines} lines, '
             f'{len(text):,} chars (show all)</summary><pre style="{PRE}">{escape(text)}</pre></details>')
 
 
