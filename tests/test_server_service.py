@@ -167,6 +167,18 @@ def test_a_key_file_that_could_not_be_written_is_not_left_half_written(tmp_path)
     assert ck.data_dir_key(tmp_path) == (key, path)
 
 
+def test_on_a_file_system_without_hard_links_the_key_file_is_renamed_into_place(tmp_path, monkeypatch):
+    from machine_nb.engines.local import checkpoints as ck
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(ck.os, "link", no_links)
+    key, path = ck.data_dir_key(tmp_path)
+    assert ck.check_key(key) and path.read_text() == key + "\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ck.data_dir_key(tmp_path) == (key, path) and sorted(p.name for p in tmp_path.iterdir()) == ["server.key"]
+
+
 def test_serve_says_it_takes_its_key_from_a_file_or_the_environment():
     helped = subprocess.run([sys.executable, "-m", "machine_nb.cli", "serve", "--help"], capture_output=True,
                             text=True, timeout=60)

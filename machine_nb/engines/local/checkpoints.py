@@ -101,13 +101,31 @@ def read_key_file(path: str | os.PathLike) -> str:
         raise EngineError(f"{path}: {exc}") from None
 
 
+def _place(tmp: Path, path: Path) -> bool:
+    """Put the finished file `tmp` at `path` unless a file is there already: hard-linked (which
+    fails when one is), or, on a file system without hard links (some network and FUSE ones),
+    renamed unless one has appeared meanwhile. Returns whether it was put there."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        if path.exists():
+            return False
+        os.replace(tmp, path)
+        return True
+
+
 def data_dir_key(data_dir: Path) -> tuple[str, Path]:
     """(key, file) of the data dir's server key, created (0600, random) the first time. Refuses a
     file that other users can read or write (`chmod 600` it).
 
     The file appears whole or not at all: the key is written to a temporary file beside it, then
     hard-linked into place, which fails when the file exists (another server made it first: its
-    key is the one read). A write that fails (a full disk) leaves no empty key file behind."""
+    key is the one read). A write that fails (a full disk) leaves no empty key file behind. On a
+    file system without hard links the temporary file is renamed into place instead, unless the
+    file has appeared meanwhile."""
     import secrets
 
     path = Path(data_dir) / KEY_FILE
@@ -118,10 +136,8 @@ def data_dir_key(data_dir: Path) -> tuple[str, Path]:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(key + "\n")
-            os.link(tmp, path)
-            return key, path
-        except FileExistsError:
-            pass
+            if _place(tmp, path):
+                return key, path
         finally:
             tmp.unlink(missing_ok=True)
     mode = path.stat().st_mode
