@@ -748,3 +748,14 @@ def test_importing_the_module_stays_light():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""
+
+
+def test_a_prompt_the_renderer_cannot_format_is_named_with_the_secret_it_quotes_redacted(tmp_path, monkeypatch):
+    key = "tk_live_0123456789abcdefXYZ"
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    rows = eval_rows(2)
+    rows[1]["messages"] = [{"role": "user", "content": [{"type": "image", "image": key}]}]
+    with pytest.raises(MachineFormatError, match="the renderer cannot format") as failure:
+        evaluate(write_rows(tmp_path / "eval.jsonl", rows), model=MODEL, engine="tinker",
+                 sampling_client=StandInSampler(house_style))
+    assert key not in str(failure.value)

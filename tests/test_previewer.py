@@ -329,3 +329,16 @@ def test_status_line_leaves_out_fields_a_line_lacks():
     assert line.startswith("ExamplePreviewer: example 1/1 · step · 2 messages")
     full = ExamplePreviewer([{**bare, "run": "r1", "machine": "calc"}]).summary()
     assert "example 1/1 · run r1 · machine calc · step" in full
+
+
+def test_a_renderer_error_quoting_a_secret_is_shown_redacted(monkeypatch):
+    """The previewer shows why a line cannot be rendered; a renderer error quoting the row (a media
+    part's path) shows the key redacted, in the widget and in its static HTML. (The line's own
+    content is shown as it is, in its card.)"""
+    key = "tk_live_0123456789abcdefXYZ"
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    line = {"messages": [{"role": "user", "content": [{"type": "image", "image": key}]},
+                         {"role": "assistant", "content": "a"}]}
+    p = ExamplePreviewer([line], model=INKLING)
+    assert p.token_error and key not in p.token_error and "[redacted]" in p.token_error
+    assert "Could not render this example" in p.static_html() and "[redacted]" in p.static_html()

@@ -186,3 +186,15 @@ def test_estimated_trained_tokens_come_from_the_trained_messages():
     with pytest.warns(TokenEstimateWarning):
         every = count_tokens([row], "Qwen/Qwen3-8B", train_on_what="all_assistant_messages")
     assert df["trained_tokens"][0] < every["trained_tokens"][0] < every["tokens"][0]
+
+
+def test_a_secret_the_renderer_quotes_in_its_error_is_redacted_in_the_error_column(monkeypatch):
+    """The per-row `error` a notebook shows: a renderer error quoting the row (a media part's path)
+    has the key redacted, as validate's finding does."""
+    key = "tk_live_0123456789abcdefXYZ"
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image", "image": key}]},
+                          {"role": "assistant", "content": "a"}]}]
+    df = count_tokens(rows, INKLING)
+    assert df["error"].iloc[0].startswith("renderer failed") and key not in df["error"].iloc[0]
+    assert "[redacted]" in df["error"].iloc[0]

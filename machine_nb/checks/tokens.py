@@ -243,7 +243,9 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
                                                  whole_run=bool(row.get("whole_run")))
                     exact = True
                 except Exception as exc:  # reported per row; the estimate keeps the total an upper-ish bound
-                    error = f"renderer failed: {type(exc).__name__}: {exc}"
+                    from ..core.redact import redacted  # its text may quote the row (a media part's path)
+
+                    error = redacted(f"renderer failed: {type(exc).__name__}: {exc}")
             if renderer is None or error is not None:
                 tokens, exact = machine_estimate(row), False
                 trained = min(tokens, _estimate_trained(messages, train_on_what,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from ..core.redact import redacted
 from ..core.tasks import cancel_and_wait
 from ..errors import EngineError, MachineFormatError
 
@@ -188,7 +189,8 @@ def render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[An
         try:
             prompts.append(renderer.build_generation_prompt(row["messages"]))
         except Exception as exc:  # the cookbook raises ValueError/KeyError/TypeError on odd messages
-            raise MachineFormatError(path, f"the renderer cannot format this prompt: {type(exc).__name__}: {exc}",
+            raise MachineFormatError(path, redacted(f"the renderer cannot format this prompt: {type(exc).__name__}: "
+                                                    f"{exc}"),  # its text may quote the row: no key in it
                                      line=row.get("line"), field="messages") from None
     return prompts
 
@@ -254,8 +256,6 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
             except EngineError:
                 raise  # the engine refuses the whole job (wrong model, no key): stop at once
             except Exception as exc:  # one failed request: record it (redacted), keep the other rows
-                from ..core.redact import redacted
-
                 response, error = None, redacted(f"{type(exc).__name__}: {exc}")
             latency = time.perf_counter() - start
         out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from ..core.redact import redacted
 from ..errors import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -385,8 +386,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         except (KeyboardInterrupt, _Stopped, BudgetExceeded):
             raise
         except Exception as exc:  # one failed run: recorded, the others still run
-            return _row(name, point, seed, None, "failed", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}",
-                        eval_settings, log_dir)
+            return _row(name, point, seed, None, "failed", time.perf_counter() - t0,
+                        redacted(f"{type(exc).__name__}: {exc}"), eval_settings, log_dir)
         return _row(name, point, seed, result, status, time.perf_counter() - t0, None, eval_settings, log_dir)
 
     from ..core.progress import progress as progress_bar

@@ -33,6 +33,7 @@ import anywidget
 import ipywidgets as w
 import traitlets
 
+from ..core.redact import redacted
 from ..store.workspace import event_fields
 from ..core.theme import BG_ALT, BLUE, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, escape, no_math, text_colour
 from ._base import StaticFallback
@@ -787,7 +788,7 @@ class Follower:
                 with self.read_lock:
                     batch = self.state.read()
             except Exception as exc:  # a file system error: said in the view, following goes on
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.errors.append(redacted(f"{type(exc).__name__}: {exc}"))
                 batch = None
             if batch is not None:
                 with self.lock:
@@ -839,7 +840,7 @@ class Follower:
         try:
             self.on_change(merged, batches)
         except Exception as exc:  # a broken callback must not stop following
-            self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.errors.append(redacted(f"{type(exc).__name__}: {exc}"))
 
 
 # ---------------------------------------------------------------- the widget

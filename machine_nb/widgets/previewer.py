@@ -22,6 +22,7 @@ import ipywidgets as widgets
 import traitlets
 
 from ..errors import MachineFormatError
+from ..core.redact import redacted
 from ..core.theme import FG_MUTED, GREEN, ORANGE, RED, text_colour
 from ._base import NoMathHTML, StaticFallback, escape
 from .cards import chat_cards, token_view
@@ -553,7 +554,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             if len(frame) and not lines:
                 note = f"The {len(frame)} picked run(s) give no training example (no assistant answer)."
         except Exception as exc:  # a frame training_lines cannot read: say so in the widget
-            lines, note = [], f"Could not make training lines of the picked runs: {type(exc).__name__}: {exc}"
+            lines, note = [], redacted(f"Could not make training lines of the picked runs: {type(exc).__name__}: {exc}")
         cols = getattr(frame, "columns", ())
         if len(frame) and "id" in cols:
             machines = frame["machine"].astype(str) if "machine" in cols else [None] * len(frame)
@@ -697,7 +698,7 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
             self.diffs = prompt_diffs(self.line, renderer, tokenizer, ids=self.tokens["token_id"].tolist(),
                                       weights=self.tokens["weight"].tolist(), train_on_what=self.train_on_what)
         except Exception as exc:  # a renderer refusing a line is something to show, not a crash
-            self.token_error = f"{type(exc).__name__}: {exc}"
+            self.token_error = redacted(f"{type(exc).__name__}: {exc}")  # its text may quote the line
 
     def _refresh(self, _change: Any = None) -> None:
         if self._hold:
