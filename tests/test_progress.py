@@ -19,6 +19,16 @@ def test_wraps_iterables_and_closes():
     assert bar.n == 5 and bar.closed  # iterating to the end closes the bar
 
 
+def test_a_loop_left_early_closes_the_bar():
+    """A `break` (or an error) out of a loop over the bar closes it, as a finished loop does: the
+    notebook's line does not stay at its last throttled count."""
+    bar = progress(range(5), desc="rows", enabled=False)
+    for i in bar:
+        if i == 2:
+            break
+    assert bar.closed and bar.n == 2
+
+
 def test_terminal_mode_writes_to_stderr(capsys):
     with progress(total=2, desc="eval", enabled=True) as bar:
         bar.update(2)

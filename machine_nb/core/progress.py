@@ -91,10 +91,12 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
             self._tqdm = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=True)
 
     def __iter__(self) -> Iterator[Any]:
-        for item in self.iterable:
-            yield item
-            self.update()
-        self.close()
+        try:
+            for item in self.iterable:
+                yield item
+                self.update()
+        finally:  # a loop left by `break` or an error closes the bar too
+            self.close()
 
     @property
     def closed(self) -> bool:
