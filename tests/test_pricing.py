@@ -133,6 +133,23 @@ def test_eval_cost():
         estimate_eval_cost(data, INKLING, max_usd=1e-9)
 
 
+def test_an_eval_nothing_samples_and_a_budget_that_bounds_nothing_are_refused():
+    """A negative reply budget or no sample per row would price an eval below nothing; a NaN, negative
+    or infinite max_usd would pass every comparison (None is the way to say "no budget")."""
+    data = [{"messages": r["messages"][:1], "expected": r["messages"][1]["content"], "match": "exact"} for r in rows(2)]
+    with pytest.raises(ValueError, match="max_tokens"):
+        estimate_eval_cost(data, INKLING, max_tokens=-5)
+    with pytest.raises(ValueError, match="samples_per_row"):
+        estimate_eval_cost(data, INKLING, samples_per_row=0)
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="max_usd"):
+            check_budget(0.5, bad)
+        with pytest.raises(ValueError, match="max_usd"):
+            estimate_eval_cost(data, INKLING, max_usd=bad)
+    check_budget(0.5, None)  # no budget
+    check_budget(0.5, 1.0)  # one the cost is under
+
+
 def test_the_input_is_called_data_and_a_price_serialises_with_to_dict():
     """One vocabulary: `data` for what a call reads, `to_dict()` for serialising; one name each."""
     data = rows(8)

@@ -8,6 +8,8 @@ before spending; what sampling cost once it ran is `sample_cost`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -146,9 +148,16 @@ def check_budget(usd: float | None, max_usd: float | None, what: str = "this run
         usd: the estimated cost (None: it cannot be bounded).
         max_usd: the spending limit in USD (None: no budget, nothing is refused).
         what: what would cost it, for the message (default "this run").
+
+    Raises:
+        BudgetExceeded: over the budget, or no price while a budget is set.
+        ValueError: a budget that is not a finite amount, 0 or more (a NaN would pass every
+            comparison and bound nothing; None is "no budget").
     """
     if max_usd is None:
         return
+    if isinstance(max_usd, bool) or not isinstance(max_usd, numbers.Real) or not math.isfinite(max_usd) or max_usd < 0:
+        raise ValueError(f"max_usd must be a finite amount, 0 or more (or None for no budget), got {max_usd!r}")
     if usd is None:
         raise BudgetExceeded(f"{what}: the cost cannot be bounded (no price), so a budget of ${max_usd:.2f} cannot be honoured")
     if usd > max_usd:
@@ -334,9 +343,16 @@ def estimate_eval_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], mo
 
     Returns:
         An EvalCostEstimate (an upper bound: every answer is counted at max_tokens).
+
+    Raises:
+        ValueError: max_tokens below 0, samples_per_row below 1, or a bad max_usd (check_budget).
     """
     from .tokens import count_prompt_tokens
 
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ValueError(f"max_tokens must be a whole number, 0 or more, got {max_tokens!r}")
+    if isinstance(samples_per_row, bool) or not isinstance(samples_per_row, int) or samples_per_row < 1:
+        raise ValueError(f"samples_per_row must be a whole number, at least 1, got {samples_per_row!r}")
     row = _resolve_price(model, price, prices)
     if row.prefill is None or row.sample is None:
         raise UnknownPrice(f"No sampling price is known for {model!r}: cannot bound the cost of an eval.")
