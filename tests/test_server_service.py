@@ -25,6 +25,7 @@ from tinker import types
 
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
+from machine_nb.errors import EngineError
 
 from serving import TEST_KEY, Served, start_server, stop_server
 
@@ -536,3 +537,29 @@ def test_serve_takes_ctrl_c_and_sigterm_through_handlers_that_take_no_lock():
     # own wait on it, and `machine-nb serve` then hung on Ctrl-C for good
     done = subprocess.run([sys.executable, "-c", STOP_SIGNALS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_run_whose_creation_failed_says_so_to_every_later_call(srv, monkeypatch):
+    """A run whose trainer could not be made (its create_model failed): optimizer steps, saves and
+    samplers of it say the run was not created, as a forward pass does, not "internal error"."""
+    def post(path: str, body: dict) -> dict:
+        status, answer = call(srv.url, path, key=srv.key, body=json.dumps(body).encode(), method="POST")
+        assert status == 200, answer
+        return answer
+
+    def fails(*args, **kwargs):
+        raise EngineError("the base model could not be loaded")
+
+    monkeypatch.setattr(srv, "_new_trainer", fails)
+    sid = post("/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"})["session_id"]
+    made = post("/api/v1/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL,
+                                         "lora_config": {"rank": 2}})
+    assert "could not be loaded" in _result(srv, made["request_id"])["error"]
+    model_id, nxt = made["model_id"], srv.runs[made["model_id"]]._next_seq
+    asked = [post("/api/v1/optim_step", {"model_id": model_id, "seq_id": nxt, "adam_params": {"learning_rate": 1e-3}}),
+             post("/api/v1/save_weights", {"model_id": model_id, "seq_id": nxt + 1, "path": "s"}),
+             post("/api/v1/save_weights_for_sampler", {"model_id": model_id, "seq_id": nxt + 2, "path": "w"}),
+             post("/api/v1/save_weights_for_sampler", {"model_id": model_id, "seq_id": nxt + 3})]
+    for answer in asked:
+        result = _result(srv, answer["request_id"])
+        assert "the training run was not created" in result["error"] and result["category"] == "user", result

@@ -215,6 +215,12 @@ class _Run:
             self._unordered.insert(0, (fut, fn))
             self._cond.notify_all()
 
+    def trained(self) -> Any:
+        """The run's trainer, for a request's work; EngineError when its creation failed."""
+        if self.trainer is None:
+            raise EngineError("the training run was not created")
+        return self.trainer
+
     def submit(self, seq_id: int | None, call: str, fn: Callable) -> _Future:
         """Queue `fn` as request `seq_id` (a retried request returns the future it already has).
 
@@ -887,9 +893,7 @@ class LocalServer:
             raise
 
         def work() -> tuple[bytes, str]:
-            if run.trainer is None:
-                raise EngineError("the training run was not created")
-            logprobs, elementwise, total = run.trainer.guarded_forward_backward(batch, backward=not req.forward_only,
+            logprobs, elementwise, total = run.trained().guarded_forward_backward(batch, backward=not req.forward_only,
                                                                                 loss=loss)
             outputs = [{"logprobs": lp, "elementwise_loss": el} for lp, el in zip(logprobs, elementwise)]
             return wire.encode_forward_backward_output(outputs, {"loss:sum": total}), wire.CONTENT_TYPE
@@ -966,7 +970,7 @@ class LocalServer:
                 raise ApiError(400, f"optim_step: {name} must be a finite number >= 0, got {value}", f"adam_params.{name}")
 
         def work() -> dict:
-            metrics = run.trainer.guarded_optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
+            metrics = run.trained().guarded_optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
                                                      eps=p.eps, weight_decay=p.weight_decay,
                                                      grad_clip_norm=p.grad_clip_norm)
             return {"metrics": metrics}
@@ -979,8 +983,9 @@ class LocalServer:
         final = self._writable(ck.run_dir(self.data_dir, run.model_id) / sub / ck.check_name(name))
         if final.exists() and not overwrite:
             raise EngineError(f"checkpoint {name!r} exists already (pass overwrite=True to replace it)")
-        meta = run.trainer.meta(kind, name, run.model_id, {**run.user_metadata, **(user_metadata or {})})
-        run.trainer.save(final, meta, optimizer=kind == "state")
+        trainer = run.trained()
+        meta = trainer.meta(kind, name, run.model_id, {**run.user_metadata, **(user_metadata or {})})
+        trainer.save(final, meta, optimizer=kind == "state")
         return ck.tinker_path(run.model_id, sub, name)
 
     def save_weights(self, q: dict, body: Any) -> dict:
@@ -1012,7 +1017,8 @@ class LocalServer:
                 return {"path": self._save(run, "sampler", req.path, req.user_metadata), "type": "save_weights_for_sampler"}
         else:
             def work() -> dict:
-                sampler = run.trainer.snapshot(seed=run.trainer.seed)
+                trainer = run.trained()
+                sampler = trainer.snapshot(seed=trainer.seed)
                 sid = self._add_sampler(sampler, None, run.session_id)
                 return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
 
@@ -1048,7 +1054,7 @@ class LocalServer:
         if req.model_id is not None:  # load into an existing run, in its request order
             run = self._run(req.model_id, "load_weights")
             fut = run.submit(req.seq_id, "load_weights", lambda: (
-                run.trainer.load(directory, optimizer=req.optimizer),
+                run.trained().load(directory, optimizer=req.optimizer),
                 {"path": req.path, "type": "load_weights"})[1])
             return {"request_id": fut.request_id, "model_id": run.model_id}
         if req.session_id is None or req.model_seq_id is None:
