@@ -287,6 +287,22 @@ def test_a_log_dir_with_other_files_is_refused_untouched(tmp_path, corpus):
     assert smoke(corpus.train, log_dir=empty, progress=False).complete  # a new or empty folder is fine
 
 
+def test_a_run_that_stopped_before_its_first_checkpoint_is_not_offered_a_resume(tmp_path, corpus):
+    """A log dir holding a run that ended before any checkpoint cannot be resumed (nothing to resume
+    from): refused as a new run's dir with a way forward, not sent to a resume that refuses it too."""
+    from machine_nb.training.runlog import MARKER
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"kind": "sft"}))
+    with pytest.raises(FileExistsError) as refused:
+        sft(corpus.train, log_dir=folder, progress=False)
+    said = str(refused.value)
+    assert "no checkpoint (it stopped before its first one" in said and "resume=" not in said
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        sft(corpus.train, resume=folder, progress=False)
+
+
 def test_resume_tightens_only_the_runs_own_files_and_follows_no_symlink(tmp_path, corpus):
     """Files a user adds to an own-run log dir keep their permissions across a resume, and a
     symlink there never carries a chmod to its target outside the dir."""

@@ -643,7 +643,8 @@ def claim_log_dir(log_dir: Path, *, resume: bool) -> None:
     Raises:
         FileNotFoundError: resume, and no checkpoints.jsonl there.
         FileExistsError: resume, and not a dir this toolkit made; or a new run, and the dir is a
-            file or holds anything.
+            file or holds anything (a run of this toolkit's that stopped before its first
+            checkpoint included: there is nothing to resume in it).
     """
     ours = (log_dir / MARKER).is_file()
     if resume:
@@ -656,6 +657,11 @@ def claim_log_dir(log_dir: Path, *, resume: bool) -> None:
     if log_dir.exists() and not log_dir.is_dir():
         raise FileExistsError(f"log_dir={str(log_dir)!r} is a file, not a directory")
     if log_dir.is_dir() and any(log_dir.iterdir()):
+        if ours and not (log_dir / CHECKPOINTS_FILE).exists():
+            raise FileExistsError(
+                f"{log_dir} holds a run with no checkpoint (it stopped before its first one, or is still starting), "
+                "so there is nothing to resume there: pick another log_dir (or leave it None for a fresh one), or "
+                "delete that folder to start over in it.")
         if ours or (log_dir / CHECKPOINTS_FILE).exists():
             raise FileExistsError(
                 f"{log_dir} already holds a run; the cookbook would silently resume it. Pass "
