@@ -82,6 +82,14 @@ def test_eval_cost_and_linking_to_a_picker(tmp_path):
     assert m.estimate.rows == 5
     assert abs(m.total_usd - (m.estimate.usd + m.eval_estimate.usd)) < 1e-12
     assert "eval" in m.static_html()
+    m.unlink()  # stops following: the next selection is not priced
+    picker.selected_ids = ["r1"]
+    assert m.estimate.rows == 5
+    m.link(picker)
+    assert m.estimate.rows == 1
+    m.close()  # closing stops following too
+    picker.selected_ids = ["r1", "r2", "r3"]
+    assert m.estimate.rows == 1
 
 
 def test_trained_tokens_are_what_sft_trains():

@@ -285,6 +285,18 @@ def test_previewer_follows_a_run_picker():
     assert q.line["run"] == "run001" and p.line["run"] == "run003"
 
 
+def test_a_closed_previewer_stops_following_its_picker():
+    import machine_nb as mnb
+
+    picker = mnb.RunPicker(picker_runs())
+    p = ExamplePreviewer(picker)
+    picker.click("run001")
+    p.close()
+    assert p.picker is None
+    picker.click("run003")
+    assert p.line["run"] == "run001"
+
+
 def test_text_filter_keeps_matching_examples_and_navigation_stays_inside():
     lines = [{**STEP, "run": f"r{i}", "messages": [{"role": "user", "content": f"question {i} about {topic}"},
                                                       {"role": "assistant", "content": f"answer {i}"}]}

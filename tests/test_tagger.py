@@ -219,6 +219,19 @@ def test_tagger_follows_a_run_picker(tmp_path):
     assert other.current["run_id"] == "run1" and t.current["run_id"] == "run1"
 
 
+def test_a_closed_tagger_stops_following_its_picker(tmp_path):
+    import machine_nb as mnb
+
+    picker = mnb.RunPicker(runs_frame(4))
+    t = Tagger(picker, store=tmp_path / "store")
+    picker.click("run1")
+    assert t.current["run_id"] == "run1"
+    t.close()
+    assert t.picker is None
+    picker.click("run2")
+    assert t.current["run_id"] == "run1"  # no longer called: the picker holds it no more
+
+
 def test_note_and_rewrite_boxes_fit_their_cell():
     t = Tagger(runs_frame(1))
     for box in (t.note, t.rewrite):

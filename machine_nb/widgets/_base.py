@@ -246,6 +246,28 @@ class StaticFallback:
             update_display(bundle, raw=True, display_id=s.display_id)
 
 
+class FollowsPicker:
+    """Mixin for a widget that follows a RunPicker's selection (its `link(picker)` sets `picker`
+    and `_picker_handler`): `unlink()` stops following, and so does closing the widget, so a
+    closed widget is no longer called, nor kept alive, by the picker. Put it before the widget base.
+    """
+
+    picker: Any = None
+    _picker_handler: Any = None
+
+    def unlink(self) -> None:
+        """Stop following the picker (what the widget shows stays)."""
+        if self.picker is not None and self._picker_handler is not None:
+            self.picker.unobserve(self._picker_handler, names="selected_ids")
+        self.picker, self._picker_handler = None, None
+
+    def close(self) -> None:
+        """Stop following the picker, then close the widget."""
+        if self._picker_handler is not None:
+            self.unlink()
+        super().close()  # type: ignore[misc]
+
+
 class StaticPlot(StaticFallback):
     """StaticFallback for a widget drawn as one PNG: it keeps the last drawing in `_png` (empty
     before the first draw) and embeds it in its static HTML with `_img_html`."""

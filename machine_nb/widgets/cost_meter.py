@@ -21,7 +21,7 @@ import ipywidgets as widgets
 
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
 from ..core.theme import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, text_colour
-from ._base import NoMathHTML, StaticFallback, escape
+from ._base import FollowsPicker, NoMathHTML, StaticFallback, escape
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,7 +128,7 @@ def _quiet_worker_estimates() -> None:
     warnings.filterwarnings("ignore", category=TokenEstimateWarning, module=r"threading\Z")
 
 
-class CostMeter(StaticFallback, widgets.VBox):
+class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
     """Tokens, trained tokens, steps and USD for training (and an eval), with the price row used.
 
     Args:
@@ -252,7 +252,8 @@ class CostMeter(StaticFallback, widgets.VBox):
         self.recompute()
 
     def link(self, picker: Any) -> Any:
-        """Follow a RunPicker: each change of its selection re-prices `picker.selected`.
+        """Follow a RunPicker: each change of its selection re-prices `picker.selected`; `unlink()`
+        (or closing the meter) stops following.
 
         Args:
             picker: the RunPicker (through its `observe_selection`).
@@ -260,11 +261,12 @@ class CostMeter(StaticFallback, widgets.VBox):
         Returns:
             The handler it registered.
         """
-        handler = picker.observe_selection(self.update_data)
+        self.unlink()
+        self.picker = picker
+        self._picker_handler = picker.observe_selection(self.update_data)
         self.update_data(picker.selected)
-        return handler
+        return self._picker_handler
 
-    # history
     def record(self, run: Any) -> "CostMeter":
         """Add finished runs to the history and redraw.
 

@@ -24,7 +24,7 @@ import traitlets
 from ..errors import MachineFormatError
 from ..core.redact import redacted
 from ..core.theme import FG_MUTED, GREEN, ORANGE, RED, text_colour
-from ._base import NoMathHTML, StaticFallback, escape
+from ._base import FollowsPicker, NoMathHTML, StaticFallback, escape
 from .cards import chat_cards, token_view
 
 if TYPE_CHECKING:
@@ -441,7 +441,7 @@ class KeyPager(anywidget.AnyWidget):
     key_names = traitlets.List(traitlets.Unicode(), ["ArrowLeft", "ArrowRight", "Home", "End"]).tag(sync=True)
 
 
-class ExamplePreviewer(StaticFallback, widgets.VBox):
+class ExamplePreviewer(FollowsPicker, StaticFallback, widgets.VBox):
     """Step through training examples: chat cards, then the tokens the model's renderer trains on.
 
     Args:
@@ -535,12 +535,6 @@ class ExamplePreviewer(StaticFallback, widgets.VBox):
         self._picker_handler = picker.observe_selection(self._on_picked)
         self._on_picked(picker.selected)
         return self._picker_handler
-
-    def unlink(self) -> None:
-        """Stop following the picker (the lines shown stay)."""
-        if self.picker is not None and self._picker_handler is not None:
-            self.picker.unobserve(self._picker_handler, names="selected_ids")
-        self.picker, self._picker_handler = None, None
 
     def _on_picked(self, frame: Any) -> None:
         # runs are told apart by machine and id: ids are unique within a machine only

@@ -20,7 +20,7 @@ import ipywidgets as w
 from ..core.chat import content_text
 from ..errors import user_stacklevel
 from ..core.theme import FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour
-from ._base import NoMathHTML, diff_html, strong_button, style_sheet, word_diff, StaticFallback, escape
+from ._base import FollowsPicker, NoMathHTML, diff_html, strong_button, style_sheet, word_diff, StaticFallback, escape
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
@@ -248,7 +248,7 @@ def _records(runs: Any) -> _Runs:
 
 # ---------------------------------------------------------------- the widget
 
-class Tagger(StaticFallback, w.VBox):
+class Tagger(FollowsPicker, StaticFallback, w.VBox):
     """Step through runs and turns; Good / Bad / Good with rewrite (+ note) write through `tag()`.
 
     Args:
@@ -389,12 +389,6 @@ class Tagger(StaticFallback, w.VBox):
         self._picker_handler = picker.observe_selection(self.set_runs)
         self.set_runs(picker.selected)
         return self._picker_handler
-
-    def unlink(self) -> None:
-        """Stop following the picker (the runs shown stay)."""
-        if self.picker is not None and self._picker_handler is not None:
-            self.picker.unobserve(self._picker_handler, names="selected_ids")
-        self.picker, self._picker_handler = None, None
 
     def set_runs(self, runs: Any) -> None:
         """Tag other runs: a newly added run is shown first, else the run on screen when it is still there.
