@@ -162,6 +162,17 @@ def test_summary_spread_interval_and_words(swept):
     assert verdict(df, "final_loss").startswith("Best by mean final_loss: learning_rate=0.003")
 
 
+def test_the_best_setting_by_cost_is_the_cheapest(swept):
+    """Lower is better for a cost as for a loss: the verdict and the SweepView's line name the
+    cheapest setting, not the dearest."""
+    from machine_nb.widgets.sweep_view import SweepView
+
+    _, df = swept
+    priced = df.assign(cost_usd=[0.02 if lr == 1e-3 else 0.01 for lr in df["learning_rate"]])
+    assert verdict(priced, "cost_usd").startswith("Best by mean cost_usd: learning_rate=0.003")
+    assert "best learning_rate=0.003" in SweepView(priced, metric="cost_usd").summary()
+
+
 def test_grid_points_are_every_combination_first_axis_slowest():
     assert grid_points({"learning_rate": [1e-3, 3e-3], "epochs": [5, 10]}) == [
         {"learning_rate": 1e-3, "epochs": 5}, {"learning_rate": 1e-3, "epochs": 10},

@@ -620,12 +620,25 @@ def _setting_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
     return ", ".join(f"{a}={_value_text(row[a])}" for a in axes) or "the one setting"
 
 
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of a sweep metric is the better one: a loss, an NLL, a cost, tokens
+    or seconds (`final_loss`, `cost_usd`, `wall_s`, …); otherwise (accuracies, rates) the larger.
+
+    Args:
+        metric: a run column's name.
+
+    Returns:
+        True for a metric to minimise.
+    """
+    return any(word in metric for word in ("loss", "nll", "usd", "cost", "tokens", "wall_s"))
+
+
 def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: float = 0.95,
             summary: "pd.DataFrame | None" = None) -> str:
     """What a sweep shows, in plain words, with its uncertainty.
 
     Names the best setting by the metric's mean over seeds (highest accuracy, or lowest for a
-    loss), its spread across seeds and its interval, then compares it with the runner-up on the
+    loss or a cost: lower_is_better), its spread across seeds and its interval, then compares it with the runner-up on the
     same questions (compare.py: paired, clustered by question across seeds; the delta's interval
     and p) and says whether the grid can tell them apart.
 
@@ -644,8 +657,7 @@ def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: f
     if summary.empty:
         return "No finished runs to summarise yet."
     axes = axes_of(frame)
-    lower_better = "loss" in metric or "nll" in metric
-    ranked = summary.sort_values("mean", ascending=lower_better, kind="stable").reset_index(drop=True)
+    ranked = summary.sort_values("mean", ascending=lower_is_better(metric), kind="stable").reset_index(drop=True)
     best = ranked.iloc[0]
     pct = metric.endswith("accuracy") or metric.endswith("rate")
     val = (lambda v: f"{v:.1%}") if pct else (lambda v: f"{v:.4g}")
@@ -678,5 +690,5 @@ def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: f
     return " ".join(text)
 
 
-__all__ = ["sweep", "read_sweep", "sweep_summary", "verdict", "estimate_sweep", "grid_points", "run_name", "AXES",
+__all__ = ["sweep", "read_sweep", "sweep_summary", "verdict", "lower_is_better", "estimate_sweep", "grid_points", "run_name", "AXES",
            "RUN_COLUMNS", "SUMMARY_COLUMNS"]

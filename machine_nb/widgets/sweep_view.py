@@ -220,8 +220,9 @@ class SweepView(StaticPlot, widgets.VBox):
         s = self.summary_frame
         if s.empty:
             return f"SweepView: {len(self.frame)} runs, none finished"
-        lower = "loss" in self.metric
-        best = s.sort_values("mean", ascending=lower, kind="stable").iloc[0]
+        from ..training.sweeps import lower_is_better
+
+        best = s.sort_values("mean", ascending=lower_is_better(self.metric), kind="stable").iloc[0]
         setting = ", ".join(f"{a}={_label(best[a])}" for a in self.axes)
         pct = self.metric.endswith("accuracy") or self.metric.endswith("rate")
         value = f"{best['mean']:.1%}" if pct else f"{best['mean']:.4g}"
