@@ -158,6 +158,18 @@ def test_empty_missing_and_estimated(tmp_path):
     assert "Hugging Face hub" in r.findings["message"][0]
 
 
+def test_a_length_from_the_estimate_is_a_warning_that_says_so(tmp_path):
+    """Without the model's tokenizer offline the count is the deliberately high estimate: a row it
+    puts over max_length is a warning saying the count is estimated, not an error that fails a file
+    the model may hold. With the tokenizer, the same row is counted exactly."""
+    path = write(tmp_path / "t.jsonl", [qa("long?", "word " * 700)])
+    r = validate(path, "Qwen/Qwen3-8B", max_length=600)
+    (severity, message), = [(f.severity, f.message) for f in r.findings.itertuples() if f.code == "too_long"]
+    assert severity == "warning" and "estimated" in message and r.ok
+    exact = validate(path, INKLING, max_length=600)
+    assert [f.severity for f in exact.findings.itertuples() if f.code == "too_long"] == ["error"]
+
+
 def test_cli_exit_codes_and_output(tmp_path, capsys):
     bad = write(tmp_path / "bad.jsonl", [qa("q", "a"), {"messages": [{"role": "user", "content": "q"}]}])
     good = write(tmp_path / "good.jsonl", [qa("q", "a")])

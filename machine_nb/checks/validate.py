@@ -472,16 +472,19 @@ def count_row(row: Mapping[str, Any], settings: ValidateSettings,
         except Exception as exc:  # its text may quote the row (a media part's path): redacted like the rest
             return None, 0, [("error", "render_failed", f"the {settings.model} renderer cannot render this row: "
                                                         f"{type(exc).__name__}: {redacted(str(exc))[:300]}")]
-    if tokens is None:
+    estimated = tokens is None
+    if estimated:
         tokens, trained = machine_estimate(row), 0
     problems = []
     if settings.max_length is not None and tokens > settings.max_length:
+        # an estimated count runs high on purpose (a cost bound): over the limit, the row may fit
+        severity, count = ("warning", f"about {tokens} tokens (estimated)") if estimated else ("error", f"{tokens} tokens")
         if settings.max_length == settings.context:
-            problems.append(("error", "too_long", f"{tokens} tokens, over {settings.model}'s context of "
-                                                  f"{settings.context} tokens: the model cannot hold this row"))
+            problems.append((severity, "too_long", f"{count}, over {settings.model}'s context of "
+                                                   f"{settings.context} tokens: the model cannot hold this row"))
         else:
-            problems.append(("error", "too_long", f"{tokens} tokens, over max_length {settings.max_length}: the "
-                                                  "cookbook truncates it and cuts the target"))
+            problems.append((severity, "too_long", f"{count}, over max_length {settings.max_length}: the "
+                                                   "cookbook truncates it and cuts the target"))
     if renderer is not None and settings.kind == "train" and trained == 0:
         problems.append(("error", "no_trainable_tokens", "no token has loss weight > 0 (no trainable assistant "
                                                          "message): the row teaches nothing"))
