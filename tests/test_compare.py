@@ -381,3 +381,20 @@ def test_an_impossible_alpha_is_refused_instead_of_looping():
     for alpha in (0, -0.1, 1, 1.5):
         with _pytest.raises(ValueError, match="alpha"):
             min_discordant_for(alpha)
+
+
+def test_a_row_without_a_score_is_refused_naming_it_not_counted_as_correct():
+    """A results frame built by hand (a merge that missed a row) can hold NaN or None where
+    `correct` belongs: compare and the accuracy refuse it, naming the results and the row, rather
+    than count it as correct (bool(nan) is True)."""
+    a = frame([True, False, True, False])
+    b = frame([True, True, True, False])
+    b["correct"] = b["correct"].astype(object)
+    b.loc[2, "correct"] = float("nan")
+    with pytest.raises(ValueError, match=r"checkpoint: row 2 has no 'correct' value"):
+        compare(a, b)
+    with pytest.raises(ValueError, match=r"row 2 has no 'correct' value"):
+        EvalResult(b, {"name": "x"}).accuracy
+    b.loc[2, "correct"] = None
+    with pytest.raises(ValueError, match=r"row 2 has no 'correct' value"):
+        compare_many(a, {"ckpt": b})

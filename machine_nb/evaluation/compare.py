@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from . import stats
+from .results import correct_values
 from ..core.theme import BORDER, FG, FG_MUTED, GREEN, RED, escape, no_math, text_colour
 
 if TYPE_CHECKING:
@@ -456,8 +457,7 @@ def _flips(a: Any, b: Any, ca: list[bool], cb: list[bool]) -> Any:
 def _result(a: Any, b: Any, name_a: str, name_b: str, clusters: list | None, *, alpha: float, level: float,
             resamples: int, seed: int, power_alpha: float, p_adjusted: float | None = None,
             adjustment: str | None = None, num: dict | None = None) -> CompareResult:
-    ca = [bool(x) for x in a["correct"]]
-    cb = [bool(x) for x in b["correct"]]
+    ca, cb = correct_values(a, name_a), correct_values(b, name_b)
     if num is None:
         num = _paired_numbers(ca, cb, clusters, alpha=alpha, level=level, resamples=resamples, seed=seed,
                               power_alpha=power_alpha)
@@ -605,7 +605,7 @@ def compare_many(baseline: Results, checkpoints: Mapping[str, Results] | Sequenc
     names = [p[3] for p in pairs]
     if len(set(names)) != len(names):
         raise ValueError(f"two checkpoints share a name ({names}); pass {{name: results, …}}")
-    nums = [_paired_numbers([bool(x) for x in p[0]["correct"]], [bool(x) for x in p[1]["correct"]], p[4],
+    nums = [_paired_numbers(correct_values(p[0], p[2]), correct_values(p[1], p[3]), p[4],
                             alpha=alpha, level=level, resamples=resamples, seed=seed, power_alpha=power_alpha)
             for p in pairs]
     adjusted = stats.holm([num["p_value"] for num in nums], alpha=alpha)

@@ -199,6 +199,34 @@ def as_eval_result(value: Any, what: str = "results") -> EvalResult:
 HTML_ROWS = 10  # rows of the table the notebook view shows (the whole frame is `.rows`)
 
 
+def correct_values(rows: "pd.DataFrame", label: str = "results") -> list[bool]:
+    """The rows' `correct` scores as bools, refusing a row that has none.
+
+    A frame built by hand (a merge that missed a row) can hold None or NaN there, and `bool(nan)`
+    is True: such a row is an error naming it, never counted as correct.
+
+    Args:
+        rows: per-row results with a `correct` column.
+        label: what the results are, for the message (default "results").
+
+    Returns:
+        One bool per row, in order.
+
+    Raises:
+        ValueError: naming the row (its `row` number where the frame has one) that has no score.
+    """
+    import pandas as pd
+
+    numbers = list(rows["row"]) if "row" in rows.columns else range(len(rows))
+    out = []
+    for number, value in zip(numbers, rows["correct"]):
+        if value is None or (not isinstance(value, (list, tuple, dict)) and pd.isna(value)):
+            raise ValueError(f"{label}: row {number} has no 'correct' value (None or NaN); every scored row "
+                             "needs True or False")
+        out.append(bool(value))
+    return out
+
+
 @dataclass(repr=False, eq=False)
 class EvalResult:
     """One eval's results: a row per sampled reply, the run's summary, and the file written.
@@ -234,7 +262,8 @@ class EvalResult:
         if self.summary.get("accuracy") is not None:
             return float(self.summary["accuracy"])
         if "correct" in self.rows.columns and len(self.rows):
-            return float(self.rows["correct"].astype(bool).mean())
+            scores = correct_values(self.rows, str(self.name or "results"))
+            return sum(scores) / len(scores)
         return None
 
     def accuracy_interval(self, level: float = 0.95) -> tuple[float, float] | None:
@@ -271,7 +300,8 @@ class EvalResult:
         acc = self.accuracy
         if acc is not None and n:
             low, high = self.accuracy_interval()
-            correct = int(self.rows["correct"].astype(bool).sum()) if "correct" in self.rows.columns else round(acc * n)
+            correct = (sum(correct_values(self.rows, str(self.name or "results"))) if "correct" in self.rows.columns
+                       else round(acc * n))
             parts.append(f"{correct}/{n} correct, {acc:.1%} (95% CI {low:.1%} to {high:.1%}, Wilson)")
             if self.summary.get("format_rate") is not None:
                 parts.append(f"format {self.summary['format_rate']:.1%}")
@@ -345,5 +375,5 @@ class EvalResult:
         return write_log(build_log(self.rows.to_dict("records"), self.summary), path)
 
 
-__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "as_eval_result", "results_name", "utc_now",
+__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "as_eval_result", "results_name", "utc_now",
            "file_sha256", "load_results", "from_inspect_log"]

@@ -56,7 +56,9 @@ def side_by_side(baseline: Results, checkpoint: Results) -> pd.DataFrame:
     b = _result(checkpoint, "checkpoint").rows.reset_index(drop=True)
     if len(a) != len(b):
         raise ValueError(f"the two results are not over the same rows ({len(a)} vs {len(b)})")
-    ca, cb = a["correct"].astype(bool), b["correct"].astype(bool)
+    from ..evaluation.results import correct_values
+
+    ca, cb = correct_values(a, "baseline"), correct_values(b, "checkpoint")
     change = ["win" if (y and not x) else "loss" if (x and not y) else "tie" for x, y in zip(ca, cb)]
     return pd.DataFrame({
         "row": a["row"] if "row" in a.columns else range(len(a)),
