@@ -484,3 +484,23 @@ def test_the_training_process_is_started_while_the_data_is_checked_and_kept_when
     assert _Runner._idle == idle
     assert _Runner.take() is idle[0]
     idle[0].give_back()
+
+
+def test_a_ctrl_c_just_after_the_run_is_sent_stops_the_training_process(tmp_path, corpus, monkeypatch):
+    """An interrupt that lands as the spec has just gone to the training process (before the loop
+    that watches it) stops that process as any Ctrl-C does: nothing goes on training unwatched."""
+    from machine_nb.training.loop import _Runner
+
+    sent = []
+    real = _Runner.send
+
+    def send_then_interrupted(self, spec):
+        real(self, spec)
+        sent.append(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_Runner, "send", send_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sft(corpus.train, max_steps=2, log_dir=tmp_path / "run", progress=False)
+    (runner,) = sent
+    assert runner.proc.poll() is not None and runner not in _Runner._idle

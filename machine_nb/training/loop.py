@@ -1086,8 +1086,8 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
     """
     spec = {**spec, "env": _child_env(engine), "cwd": os.getcwd(), "log": str(log_dir / TRAIN_LOG)}
     runner = _Runner.take()
-    start = runner.send(spec)
     try:
+        start = runner.send(spec)  # inside: an interrupt as the spec goes out stops the run too
         while True:
             outcome = runner.outcome(start)
             if outcome is not None:
