@@ -141,6 +141,22 @@ def price_for(model: str, *, prices: Mapping[str, Price | Mapping[str, Any]] | N
         f"machine_nb.checks.pricing.set_price({model!r}, prefill=…, sample=…, train=…). Known: {', '.join(sorted(PRICES))}.")
 
 
+def check_max_usd(max_usd: float | None) -> None:
+    """Refuse a budget that is not a finite amount, 0 or more: a NaN would pass every comparison
+    and bound nothing (None is "no budget"). Every call that takes `max_usd` checks it here, the
+    ones that write before they spend as soon as their settings resolve.
+
+    Args:
+        max_usd: the spending limit in USD, or None.
+
+    Raises:
+        ValueError: naming max_usd.
+    """
+    if max_usd is not None and (isinstance(max_usd, bool) or not isinstance(max_usd, numbers.Real)
+                                or not math.isfinite(max_usd) or max_usd < 0):
+        raise ValueError(f"max_usd must be a finite amount, 0 or more (or None for no budget), got {max_usd!r}")
+
+
 def check_budget(usd: float | None, max_usd: float | None, what: str = "this run") -> None:
     """Refuse (BudgetExceeded) when `usd` is over `max_usd`, or unknown while a budget is set.
 
@@ -154,10 +170,9 @@ def check_budget(usd: float | None, max_usd: float | None, what: str = "this run
         ValueError: a budget that is not a finite amount, 0 or more (a NaN would pass every
             comparison and bound nothing; None is "no budget").
     """
+    check_max_usd(max_usd)
     if max_usd is None:
         return
-    if isinstance(max_usd, bool) or not isinstance(max_usd, numbers.Real) or not math.isfinite(max_usd) or max_usd < 0:
-        raise ValueError(f"max_usd must be a finite amount, 0 or more (or None for no budget), got {max_usd!r}")
     if usd is None:
         raise BudgetExceeded(f"{what}: the cost cannot be bounded (no price), so a budget of ${max_usd:.2f} cannot be honoured")
     if usd > max_usd:
@@ -524,6 +539,6 @@ def prices_frame() -> pd.DataFrame:
                         columns=["model", "prefill", "cached_prefill", "sample", "train", "source", "date"])
 
 
-__all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget",
+__all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget", "check_max_usd",
            "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "sample_cost", "prices_frame",
            "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost"]

@@ -330,8 +330,9 @@ class RunSettings:
                              f"{self.lr_schedule!r}")
         if not (finite(self.eval_temperature) and self.eval_temperature >= 0):
             raise ValueError(f"eval_temperature must be a finite number, 0 or more, got {self.eval_temperature!r}")
-        if self.max_usd is not None and not (finite(self.max_usd) and self.max_usd >= 0):
-            raise ValueError(f"max_usd must be a finite amount, 0 or more (or None), got {self.max_usd!r}")
+        from ..checks.pricing import check_max_usd
+
+        check_max_usd(self.max_usd)
 
     def default_learning_rate(self) -> float:
         """The learning rate when none is given (each kind has its own).

@@ -323,8 +323,9 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         raise TypeError(f"{unknown} are not sft settings (known: {', '.join(sorted(known))})")
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError(f"max_parallel must be at least 1, got {max_parallel!r}")
-    if max_usd is not None and not (loop.finite(max_usd) and max_usd >= 0):
-        raise ValueError(f"max_usd must be a finite amount, 0 or more (or None), got {max_usd!r}")
+    from ..checks.pricing import check_max_usd
+
+    check_max_usd(max_usd)  # before anything is written
 
     model, engine = loop.resolve_target(model, engine)
     data_path, data_sha = _sha(data)
@@ -638,9 +639,9 @@ def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: f
     """What a sweep shows, in plain words, with its uncertainty.
 
     Names the best setting by the metric's mean over seeds (highest accuracy, or lowest for a
-    loss or a cost: lower_is_better), its spread across seeds and its interval, then compares it with the runner-up on the
-    same questions (compare.py: paired, clustered by question across seeds; the delta's interval
-    and p) and says whether the grid can tell them apart.
+    loss or a cost: lower_is_better), its spread across seeds and its interval, then compares it
+    with the runner-up on the same questions (compare.py: paired, clustered by question across
+    seeds; the delta's interval and p) and says whether the grid can tell them apart.
 
     Args:
         frame: a sweep frame.
