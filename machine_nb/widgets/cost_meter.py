@@ -267,6 +267,7 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
         self.update_data(picker.selected)
         return self._picker_handler
 
+    # history
     def record(self, run: Any) -> "CostMeter":
         """Add finished runs to the history and redraw.
 
