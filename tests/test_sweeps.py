@@ -14,6 +14,7 @@ from machine_nb.data.corpus import make_corpus
 from machine_nb.errors import BudgetExceeded
 from machine_nb.training.sweeps import (RUN_COLUMNS, SUMMARY_COLUMNS, grid_points, read_sweep, run_name, sweep, sweep_summary,
                                verdict)
+from machine_nb.training.runlog import hold_log_dir
 from machine_nb.training.train import heldout_results, read_training_log, training_metrics
 
 from interrupt import engine_fault_at
@@ -114,6 +115,14 @@ def test_a_failed_run_is_recorded_then_resumed_and_a_stale_one_set_aside(swept, 
             continue
         if p.name != "machine_nb.json":
             p.unlink()
+    # while another kernel's run holds them (one resuming, one starting), neither is touched
+    ran_in = [out / run_name({"learning_rate": 0.001}, 0), stale]
+    with hold_log_dir(ran_in[0]), hold_log_dir(ran_in[1]):
+        held = sweep(c.train, GRID, eval_data=valid, eval_every=3, sweep_dir=out, progress=False, **FIXED)
+    assert list(held["status"]) == ["failed", "failed"], held
+    assert all("is in use: a run is training there now" in e for e in held["error"]), list(held["error"])
+    assert [p.name for p in stale.iterdir() if p.is_file()] == ["machine_nb.json"]
+    assert not list(out.glob("*.stale-*"))
     second = sweep(c.train, GRID, eval_data=valid, eval_every=3, sweep_dir=out, progress=False, **FIXED)
     assert list(second["status"]) == ["resumed", "ran"] and second["error"].isna().all()
     assert (out / f"{stale.name}.stale-1" / "machine_nb.json").exists()

@@ -153,7 +153,7 @@ def short_runs(corpus, tmp_path_factory):
 def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp_path):
     """Interrupt the 11-step run (save_every=4) mid-run, just past its step-4 checkpoint, resume it:
     11 steps, the same tokens, the very same losses and the same replies as the run that was never
-    interrupted."""
+    interrupted, though a second run was tried in its dir while it trained."""
     whole = short_runs.whole(11)
     log_dir = tmp_path / "interrupted"
     with ctrl_c_at("sft", at=6, hold_step=7):  # step 6 is held until the Ctrl-C: checkpoint 8 cannot come first
@@ -164,7 +164,22 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp
     # reusing the dir without resume= is refused; resume finishes the run exactly
     with pytest.raises(FileExistsError, match="resume="):
         sft(corpus.train, log_dir=log_dir, progress=False)
-    done = sft(corpus.train, resume=log_dir, progress=False)
+    # while it trains, a second run in its dir (a resume, or a new run, from another kernel or thread)
+    # is refused at once: two runs there would interleave their metrics and checkpoints
+    second: list = []
+
+    def start_another(rows) -> None:
+        if second:
+            return
+        for kw in ({"resume": log_dir}, {"log_dir": log_dir}):
+            try:
+                second.append(sft(corpus.train, progress=False, **kw))
+            except Exception as exc:  # kept for the asserts below: raised here it would stop the run
+                second.append(exc)
+
+    done = sft(corpus.train, resume=log_dir, progress=False, on_metrics=start_another)
+    assert len(second) == 2 and all(isinstance(e, FileExistsError) for e in second), second
+    assert all(f"{log_dir} is in use: a run is training there now" in str(e) for e in second), second
     assert done.complete and done.checkpoint.endswith("/sampler_weights/final")
     assert done.steps == 11 and done.tokens == whole.tokens
     assert done.last_loss == whole.last_loss

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Ty
 
 from ..errors import EngineError
 from .runlog import (HELDOUT_ACCURACY, HELDOUT_DATA, MARKER, METRICS_FILE, TRAIN_LOG, MetricsTail, TrainResult,
-                     claim_log_dir, load_marker, log_entries, new_log_dir, private_files, read_training_log)
+                     claim_log_dir, hold_log_dir, load_marker, log_entries, new_log_dir, private_files, read_training_log)
 
 if TYPE_CHECKING:
     from ..checks.validate import ValidationResult
@@ -767,11 +767,13 @@ def preflight(settings: RunSettings, data: RunData, heldout: HeldOut | None, ste
 # 3. the log dir
 
 
+@contextlib.contextmanager
 def prepare_log_dir(settings: RunSettings, data: RunData, heldout: HeldOut | None, checked: Preflight, *,
                     resumed: Resumed | None, log_dir: str | os.PathLike | None, workspace: str | os.PathLike | None,
-                    name: str | None, source: Any, per_epoch: int, steps: int) -> tuple[Path, set[str]]:
-    """The run's log dir, ready for the loop: a new one claimed, with its data, held-out rows and
-    run record written atomically; or a resumed one, its record brought up to date.
+                    name: str | None, source: Any, per_epoch: int, steps: int) -> Iterator[tuple[Path, set[str]]]:
+    """The run's log dir, ready for the loop and held for it (runlog.hold_log_dir): a new one
+    claimed, with its data, held-out rows and run record written atomically; or a resumed one, its
+    record brought up to date.
 
     Args:
         settings: the run's settings.
@@ -787,29 +789,36 @@ def prepare_log_dir(settings: RunSettings, data: RunData, heldout: HeldOut | Non
         steps: the run's steps.
 
     Returns:
-        (the log dir, what was in it before the run: runlog.log_entries, empty for a new one).
+        A context manager yielding (the log dir, what was in it before the run: runlog.log_entries,
+        empty for a new one) while the dir is held.
 
     Raises:
+        LogDirInUse: a run is training in the dir now.
         FileExistsError: a log dir that is not new or empty (runlog.claim_log_dir).
     """
     from ..core.jsonl import atomic_write_text, write_jsonl
 
-    if resumed is not None:
-        update = settings.resume_update(resumed, per_epoch, steps)
-        if update:
-            atomic_write_text(resumed.path / MARKER, json.dumps({**resumed.record, **update}, indent=1))
-        return resumed.path, log_entries(resumed.path)
-    path = (Path(log_dir).absolute() if log_dir is not None
+    path = (resumed.path if resumed is not None else Path(log_dir).absolute() if log_dir is not None
             else new_log_dir(settings.kind, workspace=workspace, name=name))
-    claim_log_dir(path, resume=False)
-    write_jsonl(data.lines(settings), path / data.file)
-    if heldout is not None:
-        write_jsonl(heldout.lines(), path / HELDOUT_DATA)
-    record = {"kind": settings.kind, **settings.record(), **data.record(), "steps": steps,
-              "source": str(source) if isinstance(source, (str, os.PathLike)) else f"<in-memory {data.unit}>",
-              "heldout": None if heldout is None else heldout.record(), "estimate": checked.estimate}
-    atomic_write_text(path / MARKER, json.dumps(record, indent=1))
-    return path, set()
+    if not path.is_dir():
+        claim_log_dir(path, resume=resumed is not None)  # refuses a file; makes a new run's dir
+    with hold_log_dir(path):
+        claim_log_dir(path, resume=resumed is not None)  # again, held: no run came in meanwhile
+        if resumed is not None:
+            resumed = Resumed(path, load_marker(path))  # as the last run there left it
+            update = settings.resume_update(resumed, per_epoch, steps)
+            if update:
+                atomic_write_text(path / MARKER, json.dumps({**resumed.record, **update}, indent=1))
+            yield path, log_entries(path)
+            return
+        write_jsonl(data.lines(settings), path / data.file)
+        if heldout is not None:
+            write_jsonl(heldout.lines(), path / HELDOUT_DATA)
+        record = {"kind": settings.kind, **settings.record(), **data.record(), "steps": steps,
+                  "source": str(source) if isinstance(source, (str, os.PathLike)) else f"<in-memory {data.unit}>",
+                  "heldout": None if heldout is None else heldout.record(), "estimate": checked.estimate}
+        atomic_write_text(path / MARKER, json.dumps(record, indent=1))
+        yield path, set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -908,10 +917,10 @@ def train(settings: RunSettings, data: RunData, *, module: str, eval_data: Any, 
     per_epoch, steps = count_steps(settings, data)
     heldout = plan_heldout(settings, eval_data, resumed, per_epoch=per_epoch, steps=steps)
     checked = preflight(settings, data, heldout, steps)
-    path, before = prepare_log_dir(settings, data, heldout, checked, resumed=resumed, log_dir=log_dir,
-                                   workspace=workspace, name=name, source=source, per_epoch=per_epoch, steps=steps)
-    run(settings, child_spec(module, settings, data, path, checked, heldout, **spec_extra), path, steps=steps,
-        before=before, progress=progress, on_metrics=on_metrics)
+    with prepare_log_dir(settings, data, heldout, checked, resumed=resumed, log_dir=log_dir, workspace=workspace,
+                         name=name, source=source, per_epoch=per_epoch, steps=steps) as (path, before):
+        run(settings, child_spec(module, settings, data, path, checked, heldout, **spec_extra), path, steps=steps,
+            before=before, progress=progress, on_metrics=on_metrics)
     result = read_training_log(path)
     result.model, result.engine = settings.model, settings.engine
     return result

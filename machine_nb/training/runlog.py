@@ -14,6 +14,7 @@ read runs through it, whatever is training them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -21,7 +22,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from ..errors import MachineFormatError, user_stacklevel
 from ..core.jsonl import iter_jsonl, parse_json
@@ -673,6 +674,46 @@ def claim_log_dir(log_dir: Path, *, resume: bool) -> None:
     os.chmod(log_dir, 0o700)
 
 
+class LogDirInUse(FileExistsError):
+    """A run is training in the log dir now (in another kernel, thread or process)."""
+
+
+@contextlib.contextmanager
+def hold_log_dir(log_dir: Path) -> Iterator[None]:
+    """Hold a log dir for one run, from its claim to its end: two runs in one dir would interleave
+    their metrics and checkpoints.
+
+    The hold is an flock on the folder itself, so the folder gains no lock file. No other run, in
+    this process or another, can take it while it is held, and it is let go when the run ends or
+    its process dies. Where the folder cannot be locked (a file system without flock), the run
+    goes on unheld.
+
+    Args:
+        log_dir: an existing dir.
+
+    Returns:
+        A context manager holding the dir while it is entered.
+
+    Raises:
+        LogDirInUse: a run holds `log_dir` now.
+    """
+    import fcntl
+
+    fd = os.open(log_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LogDirInUse(f"{log_dir} is in use: a run is training there now (in another kernel, thread or "
+                              f"process). Wait for it to end, then pass resume={str(log_dir)!r} to continue it, "
+                              "or pick another log_dir for a new run.") from None
+        except OSError:
+            pass  # no flock on this file system: unheld
+        yield
+    finally:
+        os.close(fd)  # closing the folder lets the hold go
+
+
 def log_entries(log_dir: Path) -> set[str]:
     """What is under a log dir now, so `private_files` can leave alone what the run did not write.
 
@@ -736,7 +777,8 @@ def private_files(log_dir: Path, before: set[str] | None = None) -> None:
 
 __all__ = ["TrainResult", "read_training_log", "training_metrics", "heldout_curve", "heldout_results",
            "heldout_steps", "loss_metric", "resume_note", "read_marker", "load_marker", "read_log_lines",
-           "unique_steps", "MetricsTail", "new_log_dir", "claim_log_dir", "log_entries", "private_files",
+           "unique_steps", "MetricsTail", "new_log_dir", "claim_log_dir", "hold_log_dir",
+           "LogDirInUse", "log_entries", "private_files",
            "SFT_LOSS", "DPO_LOSS", "LOSS_METRICS", "HELDOUT_PREFIX", "INSPECT_PREFIX", "inspect_accuracy_task",
            "HELDOUT_ACCURACY",
            "HELDOUT_FORMAT_RATE", "METRICS_FILE", "CHECKPOINTS_FILE", "TRAIN_LOG", "HELDOUT_FILE", "HELDOUT_DATA",

@@ -190,12 +190,25 @@ def _claim_sweep_dir(sweep_dir: Path, manifest: dict) -> dict:
 
 def _set_aside(log_dir: Path) -> Path:
     """Move a run dir that cannot be resumed (it stopped before its first checkpoint) out of the
-    way, so the run starts afresh; nothing is deleted."""
-    for i in itertools.count(1):
-        target = log_dir.with_name(f"{log_dir.name}.stale-{i}")
-        if not target.exists():
-            log_dir.rename(target)
-            return target
+    way, so the run starts afresh; nothing is deleted. A run starting there now (in another sweep
+    or kernel: it holds the dir, runlog.hold_log_dir) is left alone, and so is a dir that gained a
+    checkpoint since it was read.
+
+    Raises:
+        LogDirInUse: a run holds the dir.
+        FileExistsError: the dir holds a checkpoint now.
+    """
+    from .runlog import CHECKPOINTS_FILE, hold_log_dir
+
+    with hold_log_dir(log_dir):
+        if (log_dir / CHECKPOINTS_FILE).exists():
+            raise FileExistsError(f"{log_dir} gained a checkpoint while the sweep read it: run the sweep again "
+                                  "to resume it")
+        for i in itertools.count(1):
+            target = log_dir.with_name(f"{log_dir.name}.stale-{i}")
+            if not target.exists():
+                log_dir.rename(target)
+                return target
     raise AssertionError("unreachable")
 
 
