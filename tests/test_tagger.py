@@ -187,6 +187,29 @@ def test_a_tagged_turn_shows_its_tags_and_a_duplicate_needs_a_second_click(tmp_p
     assert len([r for r in t.existing_tags() if r["this_turn"]]) == 1
 
 
+def test_turns_that_repeat_a_user_text_are_told_apart_by_their_reply(tmp_path):
+    """"continue" twice in one run: a tag of the first turn is not this turn's on the second, so the
+    second is tagged with no confirming click, and each turn shows its own tag."""
+    store = tmp_path / "store"
+    run = {"id": "run9", "machine": "arith", "history": [
+        {"role": "user", "content": "continue"}, {"role": "assistant", "content": "answer: 1"}],
+        "trajectory": [{"role": "user", "content": "continue"}, {"role": "assistant", "content": "answer: 2"}]}
+    t = Tagger(pd.DataFrame({"id": ["run9"], "machine": "arith", "run": [run]}), store=store)
+    t.prev_turn()
+    assert t.current["turn"] == 0
+    t._b_good.click()
+    t.next_turn()
+    assert [r["this_turn"] for r in t.existing_tags()] == [False] and "already tagged" in t.static_html()
+    t._b_bad.click()  # no duplicate here: written at once
+    assert sorted(r["tag"] for r in store_rows(store)) == ["bad", "good"]
+    assert [(r["tag"], r["this_turn"]) for r in t.existing_tags()] == [("good", False), ("bad", True)]
+    t.prev_turn()
+    assert [(r["tag"], r["this_turn"]) for r in t.existing_tags()] == [("good", True), ("bad", False)]
+    with pytest.warns(UserWarning, match="already tagged good"):  # a rewrite of it belongs to it too
+        t.good_with_rewrite("answer: 3")
+    assert [(r["tag"], r["this_turn"]) for r in t.existing_tags()][-1] == ("good", True)
+
+
 def test_tags_of_the_same_id_on_another_machine_do_not_count(tmp_path):
     store = tmp_path / "store"
     other = {**make_run(0), "machine": "other"}

@@ -167,6 +167,32 @@ def row_user(row: dict) -> str:
     return ""
 
 
+def tags_turn(row: dict, turn: dict) -> bool:
+    """Whether a tag row of a turn's run is about that turn.
+
+    A row keeps the turn's user message and its reply (a rewrite row the reply it replaced), not
+    the turn's place, so both are compared: turns that repeat a user text ("continue") differ by
+    their replies. A row without the reply it replaced matches by the user text alone.
+
+    Args:
+        row: a tag row of the run.
+        turn: one of split_turns' turns.
+
+    Returns:
+        True when the row's user text and reply are the turn's.
+    """
+    from ..store.tags import REPLACED
+
+    if row_user(row) != turn["user"]:
+        return False
+    if row.get("rewritten"):
+        replaced = row.get(REPLACED)
+        return replaced is None or _text(replaced) == turn["answer"]
+    msgs = [m for m in row.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant"
+            and _text(m.get("content")).strip()]
+    return not msgs or _text(msgs[-1].get("content")) == turn["answer"]
+
+
 def same_run(row: dict, run: dict) -> bool:
     """Whether a tag row is about a run (ids repeat across machines, so the machine counts too).
 
@@ -539,7 +565,7 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
                 rewrite = (_text(msgs[-1].get("content")) if row.get("rewritten") and msgs
                            and isinstance(msgs[-1], dict) else "")
                 out.append({"id": row.get("id"), "tag": row.get("tag"), "note": row.get("note") or "",
-                            "rewrite": rewrite, "user": user, "this_turn": user == turn["user"]})
+                            "rewrite": rewrite, "user": user, "this_turn": tags_turn(row, turn)})
         return out
 
     def _existing_html(self) -> str:
