@@ -457,3 +457,30 @@ def test_generate_runs_no_forward_pass_for_a_token_it_will_not_draw(model, rende
     toks, _, reason = generate(model, prompt, 3)
     assert len(toks) == 3 and reason == "length"
     assert passes == [len(prompt), 1, 1]  # the prompt, then the 2nd and 3rd tokens' steps
+
+
+def test_a_save_removes_the_folders_a_killed_save_left_and_keeps_a_running_ones(tmp_path):
+    """A process killed while it saved a checkpoint leaves its temporary folder (for a full
+    fine-tune, the model's weights): the next save beside it removes it, and a replaced one left the
+    same way; a save under way in another process on the same data dir (alive) keeps its own."""
+    import os
+    import subprocess
+    import sys
+
+    from machine_nb.engines.local.compute import Trainer
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    parent = tmp_path / "weights"
+    parent.mkdir()
+    left = parent / f".000004.tmp-{ended.pid}-a1b2c3"
+    left.mkdir()
+    (left / "model.safetensors").write_bytes(b"x" * 100)
+    replaced = parent / f".000004.old-{ended.pid}-d4e5f6"
+    replaced.mkdir()
+    running = parent / f".000008.tmp-{os.getppid()}-a1b2c3"  # a live process's save under way
+    running.mkdir()
+    (parent / "notes").mkdir()  # not a save's
+    trainer = Trainer("local/arith-tiny", 4)
+    trainer.save(parent / "000012", trainer.meta("weights", "000012", "run", None), optimizer=False)
+    assert sorted(p.name for p in parent.iterdir()) == sorted(["000012", running.name, "notes"])

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import re
 import secrets
 import shutil
 import threading
@@ -401,6 +402,46 @@ class Example:
     weights: np.ndarray  # float32, may be negative (custom losses send -dLoss/dlogprobs)
 
 
+
+#: A checkpoint folder's temporary or replaced copy, as `Trainer.save` names it: `.<name>.tmp-<pid>-<hex>`.
+_SAVE_LEFTOVER = re.compile(r"\..+\.(?:tmp|old)-(\d+)-[0-9a-f]{6}")
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this id is running (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_saves(parent: Path) -> int:
+    """Remove the temporary and replaced checkpoint folders in `parent` whose process has ended:
+    what a process killed mid-save left (for a full fine-tune, the model's weights). A save under
+    way in a running process, another server's on the same data dir included, keeps its own.
+
+    Args:
+        parent: a folder of checkpoints (a run's `weights` or `sampler_weights`).
+
+    Returns:
+        How many were removed.
+    """
+    removed = 0
+    try:
+        with os.scandir(parent) as entries:
+            left = [(e.path, int(m.group(1))) for e in entries
+                    if (m := _SAVE_LEFTOVER.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for path, pid in left:
+        if not _running(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
 class Trainer(_ModelShape):
     """One training run: a local base model with LoRA adapters of `rank` (0: every weight), and AdamW.
 
@@ -541,10 +582,14 @@ class Trainer(_ModelShape):
         return "model.safetensors", {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def save(self, final: Path, meta: dict, *, optimizer: bool) -> None:
-        """Write a checkpoint directory atomically (temp dir + rename): weights, meta, optimizer state."""
+        """Write a checkpoint directory atomically (temp dir + rename): weights, meta, optimizer state.
+
+        The temporary and replaced folders carry this process's id, so that a later save beside
+        them removes those a killed process left (`remove_stale_saves`)."""
         parent = final.parent
         parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = parent / f".{final.name}.tmp-{secrets.token_hex(3)}"
+        remove_stale_saves(parent)
+        tmp = parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
         tmp.mkdir(mode=0o700)
         try:
             filename, tensors = self._weights()
@@ -556,7 +601,7 @@ class Trainer(_ModelShape):
             meta_path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
             os.chmod(meta_path, 0o600)
             if final.exists():  # overwrite=True, or a rerun that saves the same step again
-                old = parent / f".{final.name}.old-{secrets.token_hex(3)}"
+                old = parent / f".{final.name}.old-{os.getpid()}-{secrets.token_hex(3)}"
                 final.rename(old)
                 tmp.rename(final)
                 shutil.rmtree(old, ignore_errors=True)
