@@ -117,6 +117,16 @@ def test_lora_rank_and_alpha_are_honoured(sc):
         assert trainer(tc).num_trainable() == expected
     attn_only = sc.create_lora_training_client(DEFAULT_MODEL, rank=2, train_mlp=False).result()
     assert all("attn." in name for name in lora_mod.lora_modules(trainer(attn_only).model))
+    # a rank past the model's width adds nothing (every adapted layer maps to or from it) and only
+    # costs memory: refused with a 400 naming the field before any run is made, as a negative one is
+    runs = len(list(Path(ensure_server().data_dir, "runs").iterdir()))
+    for bad, said in ((cfg.n_embd + 1, f"at most {cfg.n_embd}"), (-1, "0 (full fine-tuning) or more")):
+        with pytest.raises(tinker.BadRequestError, match="lora_config.rank") as refused:
+            sc.create_lora_training_client(DEFAULT_MODEL, rank=bad).result(timeout=60)
+        assert said in str(refused.value), str(refused.value)
+    assert len(list(Path(ensure_server().data_dir, "runs").iterdir())) == runs
+    widest = sc.create_lora_training_client(DEFAULT_MODEL, rank=cfg.n_embd).result()
+    assert widest.get_info().lora_rank == cfg.n_embd
 
 
 def test_adam_params_learning_rate_weight_decay_and_clip_are_honoured(sc, batch):

@@ -54,6 +54,7 @@ NAN = float("nan")
     (SFTSettings, "save_every", -5), (SFTSettings, "lr_schedule", "cosin"), (SFTSettings, "eval_temperature", NAN),
     (SFTSettings, "eval_temperature", -1.0), (SFTSettings, "max_usd", NAN), (SFTSettings, "max_usd", -1.0),
     (DPOSettings, "beta", NAN), (DPOSettings, "learning_rate", NAN),
+    (SFTSettings, "lora_rank", 129), (DPOSettings, "lora_rank", 129),  # past the tiny model's width, 128
 ])
 def test_a_value_no_run_can_use_is_refused_naming_its_setting(cls, name, value):
     """Refused as the settings resolve, before a log dir is made: not by the cookbook or the engine

@@ -303,7 +303,7 @@ class RunSettings:
             ValueError: epochs, batch_size, max_steps, save_every, seed or lora_rank not a whole
                 number; epochs or batch_size below 1, max_steps below 1, save_every below 0 (0: no
                 periodic checkpoints, as the cookbook reads it), or a LoRA rank below 1 (0, full
-                fine-tuning, is for local models only); a learning_rate that is not a finite number
+                fine-tuning, is for local models only) or, on a local model, past its width; a learning_rate that is not a finite number
                 above 0; an lr_schedule the cookbook does not know; an eval_temperature or max_usd
                 that is not a finite number, 0 or more (a NaN budget would bound nothing).
         """
@@ -320,6 +320,12 @@ class RunSettings:
         rank = self.lora_rank
         if rank is not None and (rank < 0 or (rank == 0 and not self.local_model)):
             raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local models only), got {rank}")
+        if rank is not None and self.local_model:
+            from ..engines.local import max_lora_rank
+
+            if rank > (most := max_lora_rank(self.model)):
+                raise ValueError(f"lora_rank {rank} is past {self.model}'s width: give at most {most} (a higher "
+                                 "rank adds no capacity, only memory)")
         if self.save_every < 0:
             raise ValueError(f"save_every must be at least 0 (0: no checkpoint before the final one), got "
                              f"{self.save_every}")

@@ -234,6 +234,15 @@ def load_config(name: str = DEFAULT_MODEL) -> Any:
     return _read_config(_model_dir(name))
 
 
+def max_lora_rank(name: str = DEFAULT_MODEL) -> int:
+    """The highest LoRA rank the model takes: its width. Every adapted layer maps to or from it, so
+    a higher rank adds no capacity, only memory."""
+    entry = model_entry(name)
+    if entry.kind == "hf":
+        return _hf.WIDTH
+    return int(load_config(name).n_embd)
+
+
 def _read_config(directory: Path) -> Any:
     from ...errors import MachineFormatError
     from .model import GPTConfig

