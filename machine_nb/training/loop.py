@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Ty
 
 from ..errors import EngineError
 from .runlog import (HELDOUT_ACCURACY, HELDOUT_DATA, MARKER, METRICS_FILE, TRAIN_LOG, MetricsTail, TrainResult,
-                     claim_log_dir, hold_log_dir, load_marker, log_entries, new_log_dir, private_files, read_training_log)
+                     claim_log_dir, hold_log_dir, load_marker, log_entries, new_log_dir, private_files,
+                     read_training_log)
 
 if TYPE_CHECKING:
     from ..checks.validate import ValidationResult
@@ -303,9 +304,10 @@ class RunSettings:
             ValueError: epochs, batch_size, max_steps, save_every, seed or lora_rank not a whole
                 number; epochs or batch_size below 1, max_steps below 1, save_every below 0 (0: no
                 periodic checkpoints, as the cookbook reads it), or a LoRA rank below 1 (0, full
-                fine-tuning, is for local models only) or, on a local model, past its width; a learning_rate that is not a finite number
-                above 0; an lr_schedule the cookbook does not know; an eval_temperature or max_usd
-                that is not a finite number, 0 or more (a NaN budget would bound nothing).
+                fine-tuning, is for local models only) or, on a local model, past its width; a
+                learning_rate that is not a finite number above 0; an lr_schedule the cookbook does
+                not know; an eval_temperature or max_usd that is not a finite number, 0 or more (a
+                NaN budget would bound nothing).
         """
         for name in ("epochs", "batch_size", "max_steps", "save_every", "seed", "lora_rank"):
             value = getattr(self, name)
