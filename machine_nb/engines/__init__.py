@@ -127,6 +127,15 @@ def model_context(model: str) -> int | None:
     return int(load_config(model).block_size)
 
 
+def max_lora_rank(model: str) -> int | None:
+    """The highest LoRA rank a local base model takes (its width); None for Tinker's (not listed offline)."""
+    if not str(model).startswith("local/"):
+        return None
+    from .local import max_lora_rank as widest
+
+    return widest(model)
+
+
 def ensure_registered(model: str) -> dict:
     """Register a local model's tokenizer and renderer with tinker-cookbook; returns its names."""
     from .local import ensure_registered as register

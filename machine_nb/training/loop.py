@@ -322,10 +322,10 @@ class RunSettings:
         rank = self.lora_rank
         if rank is not None and (rank < 0 or (rank == 0 and not self.local_model)):
             raise ValueError(f"lora_rank must be at least 1 (0 = full fine-tuning, local models only), got {rank}")
-        if rank is not None and self.local_model:
-            from ..engines.local import max_lora_rank
+        if rank is not None:
+            from ..engines import max_lora_rank
 
-            if rank > (most := max_lora_rank(self.model)):
+            if (most := max_lora_rank(self.model)) is not None and rank > most:
                 raise ValueError(f"lora_rank {rank} is past {self.model}'s width: give at most {most} (a higher "
                                  "rank adds no capacity, only memory)")
         if self.save_every < 0:
