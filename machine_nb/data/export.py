@@ -24,23 +24,24 @@ from ..store.workspace import resolve_machine
 
 # The message rules live in the store layer (the tag store reads turns with them); export's names
 # for them stay importable from here.
-from ..store.messages import (FailedPredicate, default_failed, is_tool_call, to_chat, tool_results,  # noqa: F401
-                             without_thinking)
+from ..store.messages import (FailedPredicate, default_failed, is_tool_call, result_after,  # noqa: F401
+                             result_positions, to_chat, tool_results, without_thinking)
 
 # Harnesses that send a step's whole reply back to the model, reasoning included (chat completions).
 RESENDS_REASONING = frozenset({"tinker", "openrouter", "openai", "chat-completions"})
 
 
-def _step_calls(messages: Sequence[dict], i: int) -> list[tuple[dict, str | None]]:
-    """The tool calls of the step at index i, as (call, call id): chat `tool_calls`, or the run of
-    consecutive Machine tool-call messages that make one step (from i onwards)."""
+def _step_calls(messages: Sequence[dict], i: int) -> list[tuple[dict, str | None, int]]:
+    """The tool calls of the step at index i, as (call, call id, position of the message making
+    it): chat `tool_calls`, or the run of consecutive Machine tool-call messages that make one
+    step (from i onwards)."""
     m = messages[i]
     if m.get("tool_calls"):
-        return [(tc, tc.get("id")) for tc in m["tool_calls"]]
+        return [(tc, tc.get("id"), i) for tc in m["tool_calls"]]
     calls = []
     j = i if is_tool_call(m) else i + 1
     while j < len(messages) and is_tool_call(messages[j]):
-        calls.append((messages[j], messages[j].get("toolCallId")))
+        calls.append((messages[j], messages[j].get("toolCallId"), j))
         j += 1
     return calls
 
@@ -51,15 +52,18 @@ def step_failed(messages: Sequence[dict], i: int, failed: FailedPredicate | None
 
     Works on chat messages (a step is one assistant message with `tool_calls`) and on Machine
     Messages (a step is an assistant message plus the consecutive tool-call messages after it).
-    A call with no result in `messages` counts as not failed. Machine's rule: steps whose tool
-    calls all failed are not trained on, but stay in later steps' context.
+    A call's result is the first tool result after it with its id (store.messages.result_after:
+    a harness may reuse an id in later steps); a call with no result counts as not failed.
+    Machine's rule: steps whose tool calls all failed are not trained on, but stay in later
+    steps' context.
 
     Args:
         messages: the conversation.
         i: the index of the assistant step.
         failed: the failed-tool predicate (default None: `default_failed`, an error flag or
             "Error…" content on the result).
-        results: tool results by call id, when already collected (default None: tool_results).
+        results: tool results by call id, when already collected (default None: each call's
+            own result, found by result_after).
 
     Returns:
         True when the step made calls and all of them failed.
@@ -68,9 +72,9 @@ def step_failed(messages: Sequence[dict], i: int, failed: FailedPredicate | None
     calls = _step_calls(messages, i)
     if not calls:
         return False
-    results = tool_results(messages) if results is None else results
-    for call, cid in calls:
-        result = results.get(cid)
+    positions = result_positions(messages) if results is None else None
+    for call, cid, at in calls:
+        result = results.get(cid) if results is not None else result_after(messages, positions, cid, at)
         if result is None or not failed(call, result):
             return False
     return True
@@ -380,11 +384,25 @@ def case_key(text: Any) -> str:
     return re.sub(r"\s+", " ", str(text)).strip().lower()
 
 
+def one_or_many(values: Any) -> Any:
+    """A lone string (or case dict) as a list of one, so a single name is not read as its
+    characters (or a dict as its keys); anything else as given.
+
+    Args:
+        values: a string, a dict, or an iterable of them.
+
+    Returns:
+        `[values]` for a str or dict, else `values`.
+    """
+    return [values] if isinstance(values, (str, dict)) else values
+
+
 def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
     """The case keys of held-out cases.
 
     Args:
-        exclude: strings, `{input}` dicts or a load_cases frame (None: none).
+        exclude: strings, `{input}` dicts or a load_cases frame; a single string or dict is one
+            case (None: none).
 
     Returns:
         The set of case_key values.
@@ -393,7 +411,7 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
         return set()
     if hasattr(exclude, "columns") and "input" in exclude:
         exclude = list(exclude["input"])
-    return {case_key(e["input"] if isinstance(e, dict) else e) for e in exclude}
+    return {case_key(e["input"] if isinstance(e, dict) else e) for e in one_or_many(exclude)}
 
 
 def say_excluded(n: int, total: int, what: str, source: str) -> None:
@@ -418,7 +436,7 @@ class TaggedLines(list):
 
     excluded: the tag rows left out because their input is a held-out case.
     skipped: (row, reason) for rows not trained on for another reason (another tag, another
-    machine, no assistant reply).
+    machine, no assistant reply, a message that is not an object).
     """
 
     def __init__(self, lines: Iterable[dict] = (), excluded: list[dict] | None = None,
@@ -441,12 +459,14 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
             Default None: every row, no instructions, no held-out cases known.
         workspace: where a machine given by name is defined (default None: only its name is known).
         exclude: held-out cases whose inputs are never trained on (strings, `{input}` dicts or a
-            load_cases frame). Default None: the machine's holdout cases. `()` excludes nothing.
+            load_cases frame; one string is one case). Default None: the machine's holdout cases.
+            `()` excludes nothing.
             Rows left out are listed in `.excluded` and counted in one HeldOutExcluded warning.
         instructions: the system message each line starts with (tag rows store only the turn).
             Default None: the machine's instructions (what it runs with), none when unknown;
             "" adds none.
-        include: tags to train on (default ("good",): /bad rows keep the rejected shape out of SFT).
+        include: tags to train on, or one tag (default ("good",): /bad rows keep the rejected
+            shape out of SFT).
 
     Returns:
         A TaggedLines list of `{"messages", "machine"?, "run"?, "tag_id"}` lines: one per row,
@@ -458,12 +478,16 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
     name = mdef.get("name")
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)
     system = mdef.get("instructions") if instructions is None else instructions
-    wanted = set(include)
+    wanted = set(one_or_many(include))
     lines, excluded, skipped = [], [], []
     for row in rows:
         msgs = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(msgs, list):
             skipped.append((row, "no messages"))
+            continue
+        stray = next((i for i, m in enumerate(msgs) if not isinstance(m, dict)), None)
+        if stray is not None:  # a hand-edited row: no line can be made of it
+            skipped.append((row, f"messages[{stray}] is not a message object"))
             continue
         if row.get("tag") not in wanted:
             skipped.append((row, f"tag {row.get('tag')!r} is not trained on"))

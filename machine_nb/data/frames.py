@@ -9,7 +9,8 @@ import gc
 import os
 from typing import TYPE_CHECKING, Any
 
-from .export import FailedPredicate, run_records, default_failed, is_tool_call, run_case, tool_results
+from .export import (FailedPredicate, run_records, default_failed, is_tool_call, result_after, result_positions,
+                     run_case)
 from ..errors import MachineFormatError, user_stacklevel
 from ..store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, on_error_policy,
                               read_json, warn_skipped, workspace_root)
@@ -172,20 +173,18 @@ class RunParser:
         keep = records is not None
         for k, (path, folder, _name, problem) in enumerate(entries):
             calls: list = []
-            results: dict = {}
             try:
                 if problem:
                     raise MachineFormatError(path, problem, field="machine")
                 run = check_run(read_json(path) if read is None else loads_json(read(k), path), path,
-                                folder or None, calls, results)
+                                folder or None, calls, {})
             except MachineFormatError as exc:
                 rows.append(_error_row(exc))
                 if keep:
                     records.append(None)
                 continue
             n_failed = 0
-            for c in calls:
-                r = results.get(c.get("toolCallId"))
+            for c, r in calls:
                 if r is not None and failed(c, r):
                     n_failed += 1
             card = run.get("scorecard") or _EMPTY
@@ -418,12 +417,13 @@ def messages(runs: Any, *, failed: FailedPredicate | None = None) -> pd.DataFram
     for run in run_records(runs):
         hist = run.get("history") or []
         msgs = list(hist) + list(run.get("trajectory") or [])
-        results = tool_results(msgs)
-        calls = {m.get("toolCallId"): m for m in msgs if is_tool_call(m)}
+        positions = result_positions(msgs)
+        calls: dict = {}  # the latest call by id: the one a tool result answers
         for i, m in enumerate(msgs):
             call = is_tool_call(m)
             if call:
-                r = results.get(m.get("toolCallId"))
+                calls[m.get("toolCallId")] = m
+                r = result_after(msgs, positions, m.get("toolCallId"), i)
                 bad = r is not None and failed(m, r)
             elif m.get("role") == "tool":
                 bad = failed(calls.get(m.get("toolCallId"), {}), m)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .export import held_out_keys, case_key, run_case, run_records, say_excluded
+from .export import held_out_keys, case_key, one_or_many, run_case, run_records, say_excluded
 from ..store.workspace import resolve_machine
 
 if TYPE_CHECKING:
@@ -64,10 +64,12 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         min_score: lowest scorecard total to train on. Default 1: only runs that met every criterion.
         best_of: keep at most this many runs per case, best first (then newest). Default 2.
         exclude: cases never to train on, matched against a run's case and its input (strings, or
-            `{input}` case dicts; compared as `export.case_key` does: whitespace and case aside).
+            `{input}` case dicts, or one of them; compared as `export.case_key` does: whitespace
+            and case aside).
             Default None: the machine's holdout cases (holdout.json is never shown to a trainer);
             `()` excludes nothing. Runs left out this way are counted in one HeldOutExcluded warning.
-        models: only runs by these models, when given (e.g. the live model, for rejection sampling).
+        models: only runs by these models (or this one model), when given (e.g. the live model,
+            for rejection sampling).
         workspace: where a machine given by name is defined (default None: the runs' workspace).
 
     Returns:
@@ -91,7 +93,7 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         exclude = mdef.get("holdout") or []
     excluded = held_out_keys(exclude)
     n_excluded = 0
-    model_set = set(models) if models is not None else None
+    model_set = set(one_or_many(models)) if models is not None else None
 
     groups: dict[str, list[tuple[float, str, int]]] = {}
     positions = _candidates(runs, mdef["name"], min_score, fp, model_set)

@@ -63,7 +63,8 @@ def is_tool_call(message: dict) -> bool:
 
 
 def tool_results(messages: Sequence[dict]) -> dict[str, dict]:
-    """Tool result messages by the call id they answer.
+    """Tool result messages by the call id they answer (the last one, where an id repeats; to
+    pair a call with its own result, use result_after).
 
     Args:
         messages: Machine Messages or chat messages.
@@ -78,6 +79,47 @@ def tool_results(messages: Sequence[dict]) -> dict[str, dict]:
             if cid is not None:
                 out[cid] = m
     return out
+
+
+def result_positions(messages: Sequence[dict]) -> dict[str, list[int]]:
+    """Where the tool results are, by the call id they answer, in order (for result_after).
+
+    Args:
+        messages: Machine Messages or chat messages.
+
+    Returns:
+        {call id: positions in `messages` of the tool results carrying it, ascending}.
+    """
+    out: dict[str, list[int]] = {}
+    for i, m in enumerate(messages):
+        if m.get("role") == "tool":
+            cid = m.get("toolCallId", m.get("tool_call_id"))
+            if cid is not None:
+                out.setdefault(cid, []).append(i)
+    return out
+
+
+def result_after(messages: Sequence[dict], positions: dict[str, list[int]], cid: Any, at: int) -> dict | None:
+    """The result of the call with id `cid` made at position `at`: the first tool result after it
+    that carries its id. Harnesses that number calls per reply ("call_0") reuse an id in later
+    steps, so the id alone does not say which result answers which call.
+
+    Args:
+        messages: the conversation.
+        positions: result_positions(messages).
+        cid: the call's id (None: no result can be found).
+        at: the position of the message making the call.
+
+    Returns:
+        The result message, or None when none follows.
+    """
+    import bisect
+
+    found = positions.get(cid) if cid is not None else None
+    if not found:
+        return None
+    k = bisect.bisect_right(found, at)
+    return messages[found[k]] if k < len(found) else None
 
 
 def _parts(text: str, thinking: str | None) -> Any:
@@ -133,7 +175,7 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
     Returns:
         (chat messages, one flag per chat message: an assistant step whose tool calls all failed).
     """
-    results = tool_results(messages)
+    positions = result_positions(messages)
     failed = failed or default_failed
     out: list[dict] = []
     flags: list[bool] = []
@@ -151,7 +193,7 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
             return None
         return reasoning(r) if callable(reasoning) else r
 
-    for m in messages:
+    for at, m in enumerate(messages):
         role = m.get("role")
         content = m.get("content") or ""
         if role == "assistant" and is_tool_call(m):
@@ -169,7 +211,7 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
                 out.append({"role": "assistant", "_text": content, "_think": think(m), "tool_calls": [call]})
                 flags.append(False)
             step_at[0] = len(out) - 1
-            pending_calls.append((m, results.get(m.get("toolCallId"))))
+            pending_calls.append((m, result_after(messages, positions, m.get("toolCallId"), at)))
             continue
         if out and out[-1]["role"] == "assistant":
             out[-1]["_closed"] = True
@@ -200,4 +242,5 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
     return out, flags
 
 
-__all__ = ["FailedPredicate", "default_failed", "is_tool_call", "tool_results", "without_thinking", "to_chat"]
+__all__ = ["FailedPredicate", "default_failed", "is_tool_call", "tool_results", "result_positions", "result_after",
+           "without_thinking", "to_chat"]

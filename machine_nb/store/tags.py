@@ -273,7 +273,15 @@ def _iter_rows(store: Path | None, skipped: list):
         path = store / fname
         if not path.exists():
             continue
-        for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
+        rows = iter_jsonl(path, on_error="skip", skipped=skipped)
+        while True:
+            try:
+                line, row = next(rows)
+            except StopIteration:
+                break
+            except MachineFormatError as exc:  # a file that cannot be read (a FIFO, no permission): the others still are
+                skipped.append(exc)
+                break
             if not isinstance(row, dict):
                 skipped.append(MachineFormatError(path, f"a tag row must be a JSON object, got {type(row).__name__}", line=line))
                 continue
@@ -287,7 +295,8 @@ def tagged(store: str | os.PathLike | None = None) -> pd.DataFrame:
     """All tag rows of a store as a DataFrame, like `/tagged`, in file order (train, traces, observed,
     rejected; then line order).
 
-    Unreadable lines and rows without `messages` are skipped with one warning listing file and line.
+    Unreadable lines, rows without `messages`, and store files that cannot be read (a FIFO, no
+    permission) are skipped with one warning listing file and line; the rest is read.
 
     Args:
         store: the store directory (default None: `store_dir()` of the current directory).
@@ -366,7 +375,8 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
 
     The file is rewritten atomically under the same lock appends use, so no other row (not even
     an unreadable line, kept byte for byte) is lost. It is streamed: only lines that may hold the
-    id are parsed, and memory does not grow with the file.
+    id are parsed, and memory does not grow with the file. A store file that is a symlink is
+    rewritten where it points (the link stays a link), and the file keeps its permission bits.
 
     Args:
         id: the row's id.
@@ -377,8 +387,9 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
 
     Raises:
         KeyError: no row has this id.
-        MachineFormatError: naming file and line, when a line that may hold the id cannot be parsed
-            for being nested too deep (it cannot be told apart from the row asked for).
+        MachineFormatError: naming the file, when one cannot be read or is not a regular file (a
+            FIFO would block the read), or naming file and line, when a line that may hold the id
+            cannot be parsed for being nested too deep (it cannot be told apart from the row asked for).
     """
     from ..core.jsonl import locked, remove_stale_temporaries
 
@@ -388,12 +399,13 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
         path = root / fname
         if not path.exists():
             continue
-        with locked(path):
-            remove_stale_temporaries(path)  # the copy an untag killed midway left, as big as the file
-            found = _find_row(path, id, needle)
+        with locked(path):  # the lock beside the store's own name, the one tag() appends under
+            real = Path(os.path.realpath(path))  # a symlinked store file is edited where it points
+            remove_stale_temporaries(real)  # the copy an untag killed midway left, as big as the file
+            found = _find_row(real, id, needle)
             if found is not None:
                 start, end, removed = found
-                _rewrite_without(path, start, end)
+                _rewrite_without(real, start, end)
         if found is not None:
             _notify(root, "untag", removed)  # outside the lock: a view may read the store
             return removed
@@ -402,11 +414,14 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
 
 
 def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | None:
-    """(start, end, row) of the line holding the row with this id, or None; one line in memory."""
+    """(start, end, row) of the line holding the row with this id, or None; one line in memory.
+    Only a regular file is read (open_regular names any other, and a file it cannot read)."""
     import orjson
 
+    from ..core.jsonl import open_regular
+
     offset = 0
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         for number, raw in enumerate(fh, start=1):
             start, offset = offset, offset + len(raw)
             if needle not in raw and b"\\u" not in raw:  # the id, or an escape that could spell it
@@ -425,12 +440,14 @@ def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | Non
 
 def _rewrite_without(path: Path, start: int, end: int) -> None:
     """Replace a file by itself without bytes [start, end), streamed, atomically (jsonl.atomic_replace);
-    every other byte is kept as it was."""
+    every other byte, and the file's permission bits, are kept as they were."""
     import shutil
+    import stat
 
     from ..core.jsonl import atomic_replace
 
-    with atomic_replace(path) as tmp, open(tmp, "wb") as out, open(path, "rb") as src:
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    with atomic_replace(path, mode=mode) as tmp, open(tmp, "wb") as out, open(path, "rb") as src:
         left = start
         while left > 0:
             chunk = src.read(min(left, 1 << 20))

@@ -460,18 +460,22 @@ _NUMBERS = {int, float}  # exact classes: a JSON true/false is a bool, which is 
 
 
 def check_messages(value: Any, path: str | os.PathLike, field: str, calls: list | None = None,
-                   results: dict | None = None) -> None:
+                   waiting: dict | None = None) -> None:
     """Check a list of Machine Messages (role, content string).
 
-    When `calls`/`results` are given, also collects the assistant tool-call messages and the tool
-    results by call id in the same pass (load_runs counts tool calls without a second loop).
+    When `calls`/`waiting` are given, also pairs each assistant tool-call message with its result
+    in the same pass (load_runs counts failed tool calls without a second loop). A call's result
+    is the first tool result after it that carries its id (store.messages.result_after's rule):
+    harnesses that number calls per reply reuse an id in later steps.
 
     Args:
         value: the list.
         path: the file, named in errors.
         field: the list's field ("trajectory", "history", "messages").
-        calls: a list the tool-call messages are appended to (default None: not collected).
-        results: a dict tool results are put in by call id (default None).
+        calls: a list each tool call is appended to as `[call message, result message or None]`
+            (default None: not collected).
+        waiting: the calls still without a result, by call id (default None; pass the same dict
+            for history and trajectory, so a call in one finds its result in the other).
 
     Raises:
         MachineFormatError: naming the file and the first bad message's field.
@@ -501,10 +505,14 @@ def check_messages(value: Any, path: str | os.PathLike, field: str, calls: list 
         if collect:
             if role == "tool":
                 if cid is not None:
-                    results[cid] = m
+                    for pair in waiting.pop(cid, ()):
+                        pair[1] = m
             elif role == "assistant" and (cid is not None or m.get("toolInput") is not None
                                           or (name is not None and not content)):
-                calls.append(m)  # the rule of store.messages.is_tool_call
+                pair = [m, None]  # the rule of store.messages.is_tool_call
+                calls.append(pair)
+                if cid is not None:
+                    waiting.setdefault(cid, []).append(pair)
     else:
         return
     _explain_messages(value, path, field)
@@ -527,7 +535,7 @@ def _explain_messages(value: list, path: str | os.PathLike, field: str) -> None:
 
 
 def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, calls: list | None = None,
-              results: dict | None = None) -> dict:
+              waiting: dict | None = None) -> dict:
     """Check one parsed Run record.
 
     Required: `id` and `machine` (strings; `machine` must match the folder the file is in, and
@@ -538,8 +546,8 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
         run: the parsed record.
         path: its file.
         machine: the machine its folder names (default None: not checked).
-        calls: collects tool-call messages (see check_messages; default None).
-        results: collects tool results (default None).
+        calls: collects `[tool call, its result or None]` pairs (see check_messages; default None).
+        waiting: the calls still without a result, by call id (see check_messages; default None).
 
     Returns:
         The record.
@@ -566,7 +574,7 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
             raise MachineFormatError(path, f"expected a string, got {type(v).__name__}", field=key)
     for key in ("history", "trajectory"):
         if run.get(key) is not None:
-            check_messages(run[key], path, key, calls, results)
+            check_messages(run[key], path, key, calls, waiting)
     card = run.get("scorecard")
     if card is not None:
         if not isinstance(card, dict):
