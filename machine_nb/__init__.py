@@ -84,6 +84,7 @@ _API: dict[str, str] = {
     # comparing results: statistics that hold at small n
     "compare": "evaluation.compare",
     "compare_many": "evaluation.compare",
+    "NotMeasuredAlike": "evaluation.compare",
     "CompareResult": "evaluation.compare",
     "CompareManyResult": "evaluation.compare",
     # widgets

@@ -302,6 +302,22 @@ def live_version(workspace: str | os.PathLike, machine: str) -> dict:
 # running cases
 
 
+def _check_case_numbers(records: list[dict], path: str | None) -> None:
+    """Refuse two cases under one number: results, compare()'s clustering and case_accuracy would
+    take them for trials of one case. load_cases numbers each file from 0, so a frame of both
+    splits (pd.concat) reuses every number."""
+    from collections import Counter
+
+    counts = Counter(int(c.get("case", i)) for i, c in enumerate(records))
+    reused = [(k, n) for k, n in counts.items() if n > 1]
+    if reused:
+        listed = ", ".join(f"case {k} is given {n} times" for k, n in reused[:5])
+        more = f" and {len(reused) - 5} more numbers" if len(reused) > 5 else ""
+        raise MachineFormatError(path, f"{listed}{more}: each case needs its own number, or its trials and "
+                                       "scores merge with another case's; renumber them (a frame: "
+                                       "cases.assign(case=range(len(cases))))", field="case")
+
+
 def _case_records(cases: Any, workspace: Any, machine: str, split: str) -> tuple[list[dict], str | None]:
     """Case dicts (input, expected, match, format, …) and the file they came from (None in memory)."""
     if cases is None:
@@ -310,7 +326,9 @@ def _case_records(cases: Any, workspace: Any, machine: str, split: str) -> tuple
         # a frame stores a missing rule as NaN where the column also holds strings
         records = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
                    for r in cases.to_dict("records")]
-        return records, (cases["path"].iloc[0] if "path" in cases and len(cases) else None)
+        path = cases["path"].iloc[0] if "path" in cases and len(cases) else None
+        _check_case_numbers(records, path)
+        return records, path
     out = []
     for i, c in enumerate(cases):
         case = {"input": c} if isinstance(c, str) else dict(c)
@@ -320,6 +338,7 @@ def _case_records(cases: Any, workspace: Any, machine: str, split: str) -> tuple
         out.append({"case": i, **case, **_check_rule(case, i, Path("<cases>"))})
     if not out:
         raise MachineFormatError(None, "no cases given")
+    _check_case_numbers(out, None)
     return out, None
 
 

@@ -9,6 +9,7 @@ Whether a checkpoint is good enough to use stays the reader's call.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
@@ -100,6 +101,17 @@ def _align_samples(a: Any, b: Any, name_a: str, name_b: str) -> Any:
     return b.iloc[[where[k] for k in ka]].reset_index(drop=True)
 
 
+def _chat_text(messages: Any) -> Any:
+    """A row's whole prompt as (role, text) pairs, the form both a results JSON's and an Inspect
+    log's "messages" reduce to; None when the row carries none."""
+    from ..core.chat import content_text
+
+    if not isinstance(messages, (list, tuple)):
+        return None
+    return [(m.get("role"), content_text(m.get("content"))) for m in messages
+            if isinstance(m, Mapping) and m.get("role") in ("system", "user", "assistant")]
+
+
 def _check_same_rows(a: Any, b: Any, name_a: str, name_b: str) -> None:
     if len(a) != len(b):
         raise ValueError(f"the two results are not over the same rows: {name_a} has {len(a)} rows, {name_b} has {len(b)}")
@@ -114,10 +126,73 @@ def _check_same_rows(a: Any, b: Any, name_a: str, name_b: str) -> None:
                                  f"{name_a} has {str(va)[:80]!r}, {name_b} has {str(vb)[:80]!r}")
 
 
+class NotMeasuredAlike(UserWarning):
+    """The two results compared were sampled from other base models, with another renderer, reply
+    budget or temperature, or over another eval file: the delta measures that as well."""
+
+
+_SETTINGS = (("base model", ("model",)), ("renderer", ("renderer",)),
+             ("max_tokens", ("parameters", "max_tokens")), ("temperature", ("parameters", "temperature")),
+             ("eval file sha256", ("data", "sha256")))
+
+
+def _other_prompts(a: Any, b: Any) -> int:
+    """How many paired rows differ in their whole prompt (a system message, earlier turns) behind
+    the same last user message, where both carry their rows' messages (results files and Inspect
+    logs do; a frame built by hand may not)."""
+    if "messages" not in a.columns or "messages" not in b.columns:
+        return 0
+    pairs = ((_chat_text(x), _chat_text(y)) for x, y in zip(a["messages"], b["messages"]))
+    return sum(x is not None and y is not None and x != y for x, y in pairs)
+
+
+def _warn_if_measured_differently(sa: Mapping, sb: Mapping, name_a: str, name_b: str, other_prompts: int = 0,
+                                  rows: int = 0) -> None:
+    """One NotMeasuredAlike warning listing every setting the two summaries both record and differ
+    in (results without a summary, such as frames built by hand, record none), and the rows whose
+    whole prompt differs (`other_prompts` of `rows`): comparing two sets of instructions is a
+    comparison users make on purpose, so it is said, not refused."""
+    import warnings
+
+    from ..errors import user_stacklevel
+    from .inspect_logs import PROVIDER
+
+    def setting(summary: Mapping, path: tuple) -> Any:
+        value: Any = summary
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, str) and path == ("model",):
+            value = value.removeprefix(f"{PROVIDER}/")  # an Inspect log names the model with its provider
+        return value
+
+    differ = []
+    for label, path in _SETTINGS:
+        va, vb = setting(sa, path), setting(sb, path)
+        if not _missing(va) and not _missing(vb) and va != vb:
+            shown = (str(va)[:12] + "…", str(vb)[:12] + "…") if label.endswith("sha256") else (va, vb)
+            differ.append(f"{label} {shown[0]} vs {shown[1]}")
+    if other_prompts:
+        differ.append(f"the whole prompt (a system message or earlier turns) in {other_prompts} of {rows} rows")
+    if differ:
+        warnings.warn(NotMeasuredAlike(
+            f"{name_a} and {name_b} were not measured alike ({'; '.join(differ)}): the delta measures these "
+            "differences as well as the model. Evaluate both with the same settings on the same eval file "
+            "to compare the models alone."), stacklevel=user_stacklevel())
+
+
+def _check_levels(alpha: float, level: float) -> None:
+    for name, value, example in (("level", level, "0.95 for 95%"), ("alpha", alpha, "0.05")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+            raise ValueError(f"{name} must be between 0 and 1 (exclusive), e.g. {example}; got {value!r}")
+
+
 def _clusters(cluster: Any, a: Any, b: Any, name_a: str, name_b: str) -> list | None:
     """One case label per row, or None when every row is its own case."""
     if cluster is False:
         return None
+    if cluster is True or not (cluster is None or isinstance(cluster, str) or hasattr(cluster, "__iter__")):
+        raise ValueError(f"cluster={cluster!r}: pass a column name (cluster='case'), one case label per row, "
+                         "False (every row its own case) or None (the results' case column, if any)")
     if cluster is None or isinstance(cluster, str):
         column = CASE_COLUMN if cluster is None else cluster
         present = [(name, df) for name, df in ((name_a, a), (name_b, b)) if column in df.columns]
@@ -436,6 +511,7 @@ def _pair(baseline: Any, checkpoint: Any, name_b: str | None, cluster: Any) -> t
         name_a, name_b = f"{name_a} (A)", f"{name_b} (B)"
     b = _align_samples(a, b, name_a, name_b)
     _check_same_rows(a, b, name_a, name_b)
+    _warn_if_measured_differently(ra.summary, rb.summary, name_a, name_b, _other_prompts(a, b), len(a))
     if len(a) == 0:
         raise ValueError("no rows to compare")
     return a, b, name_a, name_b, _clusters(cluster, a, b, name_a, name_b)
@@ -493,10 +569,13 @@ def compare(baseline: Results, checkpoint: Results, *, alpha: float = 0.05, leve
             same as the baseline's (same count, and the same prompt, expected and match in
             order). Results read from Inspect logs (load_results, inspect_eval) are paired by
             sample id and epoch instead of by position; different sample sets are an error
-            naming the ids.
+            naming the ids. Results whose summaries record another base model, renderer,
+            max_tokens, temperature or eval file, or whose rows carry other whole prompts (a
+            system message) behind the same last message, are compared with a NotMeasuredAlike
+            warning.
         alpha: the level of the summary's "what can be concluded" sentence and the power
-            calculation. Default 0.05.
-        level: the confidence level of every interval. Default 0.95.
+            calculation, between 0 and 1. Default 0.05.
+        level: the confidence level of every interval, between 0 and 1. Default 0.95.
         resamples, seed: the bootstrap's (default 10,000 and 0: reproducible).
         cluster: which rows are trials of one case. Default None: the results' "case" column
             when they have one, else every row is its own case. A column name, a sequence of one
@@ -509,9 +588,11 @@ def compare(baseline: Results, checkpoint: Results, *, alpha: float = 0.05, leve
 
     Raises:
         ValueError: the two results are not over the same rows (naming the first row that
-            differs), or they are not per-row results.
+            differs), they are not per-row results, a row's correct is not True or False, or
+            alpha, level or cluster is out of range.
         TypeError: a value that is none of the accepted forms.
     """
+    _check_levels(alpha, level)
     a, b, name_a, name_b, clusters = _pair(baseline, checkpoint, None, cluster)
     return _result(a, b, name_a, name_b, clusters, alpha=alpha, level=level, resamples=resamples, seed=seed,
                    power_alpha=alpha)
@@ -594,6 +675,7 @@ def compare_many(baseline: Results, checkpoints: Mapping[str, Results] | Sequenc
     """
     import pandas as pd
 
+    _check_levels(alpha, level)
     items = list(checkpoints.items()) if isinstance(checkpoints, Mapping) else [(None, c) for c in checkpoints]
     if not items:
         raise ValueError("compare_many needs at least one checkpoint")

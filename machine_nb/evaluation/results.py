@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -130,6 +131,9 @@ def load_results(path: str | os.PathLike) -> EvalResult:
         for key in ("prompt", "expected", "output", "correct"):
             if not isinstance(row, dict) or key not in row:
                 raise MachineFormatError(path, "missing in a per-row result", field=f"rows.{i}.{key}")
+        if not isinstance(row["correct"], bool):  # "false" or null would be counted as right, or fail later
+            raise MachineFormatError(path, f"a per-row result's correct must be true or false, got "
+                                           f"{json.dumps(row['correct'])[:40]}", field=f"rows.{i}.correct")
     df = pd.DataFrame.from_records(data["rows"])
     for col in RESULT_COLUMNS:
         if col not in df.columns:
@@ -200,10 +204,12 @@ HTML_ROWS = 10  # rows of the table the notebook view shows (the whole frame is 
 
 
 def correct_values(rows: "pd.DataFrame", label: str = "results") -> list[bool]:
-    """The rows' `correct` scores as bools, refusing a row that has none.
+    """The rows' `correct` scores as bools, refusing a row whose score is not True or False.
 
-    A frame built by hand (a merge that missed a row) can hold None or NaN there, and `bool(nan)`
-    is True: such a row is an error naming it, never counted as correct.
+    A frame built by hand can hold None or NaN there (a merge that missed a row), text ("False",
+    from a CSV read as strings) or a partial score (0.5); `bool()` of each of those but None is
+    True, so such a row is an error naming it, never counted as correct. Bools (numpy's too) and
+    the numbers 0 and 1 are accepted.
 
     Args:
         rows: per-row results with a `correct` column.
@@ -213,17 +219,28 @@ def correct_values(rows: "pd.DataFrame", label: str = "results") -> list[bool]:
         One bool per row, in order.
 
     Raises:
-        ValueError: naming the row (its `row` number where the frame has one) that has no score.
+        ValueError: naming the row (its `row` number where the frame has one) and its value.
     """
+    import numbers
+
+    import numpy as np
     import pandas as pd
 
-    numbers = list(rows["row"]) if "row" in rows.columns else range(len(rows))
+    row_numbers = list(rows["row"]) if "row" in rows.columns else range(len(rows))
     out = []
-    for number, value in zip(numbers, rows["correct"]):
+    for number, value in zip(row_numbers, rows["correct"]):
         if value is None or (not isinstance(value, (list, tuple, dict)) and pd.isna(value)):
             raise ValueError(f"{label}: row {number} has no 'correct' value (None or NaN); every scored row "
                              "needs True or False")
-        out.append(bool(value))
+        if isinstance(value, (numbers.Number, np.bool_)) and value in (0, 1):  # bools, 0/1 as int or float
+            out.append(bool(value))
+            continue
+        hint = (" (a partial score: decide what counts as correct, e.g. rows['correct'] = rows['score'] >= 1)"
+                if isinstance(value, numbers.Number) else
+                " (text: convert the column, e.g. rows['correct'] = rows['correct'].map({'True': True, "
+                "'False': False}))" if isinstance(value, str) else "")
+        raise ValueError(f"{label}: row {number} has 'correct' {value!r} ({type(value).__name__}); every scored "
+                         f"row needs True or False{hint}")
     return out
 
 
@@ -258,12 +275,14 @@ class EvalResult:
 
     @property
     def accuracy(self) -> float | None:
-        """The share of rows scored correct (None for a probe, which scores no answers)."""
-        if self.summary.get("accuracy") is not None:
-            return float(self.summary["accuracy"])
+        """The share of rows scored correct, counted from `rows` (so it always agrees with the rows
+        shown, also for rows taken from a larger result); the summary's accuracy when there are no
+        per-row scores; None for a probe, which scores no answers."""
         if "correct" in self.rows.columns and len(self.rows):
             scores = correct_values(self.rows, str(self.name or "results"))
             return sum(scores) / len(scores)
+        if self.summary.get("accuracy") is not None:
+            return float(self.summary["accuracy"])
         return None
 
     def accuracy_interval(self, level: float = 0.95) -> tuple[float, float] | None:
