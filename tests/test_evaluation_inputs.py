@@ -155,3 +155,11 @@ def test_results_sampled_with_other_settings_or_base_models_are_warned_about():
     text = " ".join(str(w.message) for w in caught)
     assert "max_tokens" in text and "32" in text and "256" in text
     assert "Qwen/Qwen3-8B" in text and "sha256" in text
+
+
+def test_an_inspect_log_of_rows_whose_correct_is_text_is_refused_not_scored_correct(tmp_path):
+    """"False" as text was written as a correct (C) score, and counted in the log's accuracy."""
+    rows = frame([True, False]).assign(correct=[True, "False"])
+    with pytest.raises(ValueError, match=r"row 1 has 'correct' 'False' \(str\)"):
+        EvalResult(rows, {"name": "handmade"}).write_inspect_log(tmp_path / "handmade.eval")
+    assert not (tmp_path / "handmade.eval").exists()
