@@ -163,3 +163,49 @@ def test_one_store_file_that_cannot_be_read_is_named_and_the_others_load(tmp_pat
     with pytest.warns(SkippedFiles, match=r"observed\.jsonl: a FIFO"):
         runs = mnb.load_runs(tmp_path / "ws", store=store, index=False)
     assert runs["tags"].tolist() == [["good"]]
+
+
+@pytest.mark.parametrize("best_of", [0, -1, 1.5, True])
+def test_a_best_of_that_keeps_no_whole_number_of_runs_is_refused_naming_it(best_of):
+    """best_of=-1 dropped each case's last run and 0 kept none, without a word."""
+    runs = [{"id": f"r{i}", "machine": "m", "input": "q", "model": "mod-a", "harness": "h",
+             "scorecard": {"total": 1, "rubric": "fp"}, "trajectory": turn("q")} for i in range(3)]
+    with pytest.raises(ValueError, match=r"best_of must be a whole number, 1 or more"):
+        select_runs(runs, {"name": "m", "rubric": "fp"}, best_of=best_of, exclude=())
+
+
+def test_a_held_out_case_dict_without_an_input_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"held-out case 1 .* has no 'input'"):
+        tagged_lines([{"id": "a", "tag": "good", "messages": turn("q")}], exclude=["x", {"expected": "y"}])
+
+
+def test_tagging_into_a_store_file_that_is_a_fifo_or_a_folder_is_refused_naming_it(tmp_path):
+    """An append opened a FIFO for writing and waited for a reader without end; a folder gave a bare
+    IsADirectoryError. Both are refused naming the file, and nothing is written."""
+    import threading
+
+    store = tmp_path / "store"
+    store.mkdir()
+    os.mkfifo(store / "train.jsonl")
+    said: list = []
+
+    def tag_it() -> None:
+        try:
+            mnb.tag(turn("What is 1+1?"), "good", store=store)
+        except Exception as exc:  # kept for the asserts below
+            said.append(exc)
+
+    t = threading.Thread(target=tag_it, daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():  # still waiting on the FIFO: let it go before failing
+        with open(store / "train.jsonl", "rb"):
+            pass
+        t.join(20)
+        pytest.fail("tag() waited on a FIFO")
+    assert len(said) == 1 and isinstance(said[0], MachineFormatError) and "train.jsonl" in str(said[0]), said
+    assert "FIFO" in str(said[0]) or "fifo" in str(said[0]).lower(), said
+    (store / "train.jsonl").unlink()
+    (store / "train.jsonl").mkdir()
+    with pytest.raises(MachineFormatError, match="train.jsonl"):
+        mnb.tag(turn("What is 1+1?"), "good", store=store)

@@ -401,6 +401,27 @@ def locked(path: str | os.PathLike) -> Iterator[Path]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
+def _open_for_append(path: Path, mode: int) -> int:
+    """`path` opened for appending (created with `mode`), when it is a regular file: a FIFO is
+    opened non-blocking (with no reader it would wait for one without end) and refused, as is any
+    other file that is not a regular one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), mode)
+    except OSError as exc:
+        try:
+            what = not_regular(os.stat(path).st_mode)
+        except OSError:
+            what = None
+        raise MachineFormatError(path, f"{what}, not a regular file: nothing appended" if what else
+                                       f"cannot append: {exc.strerror}") from None
+    what = not_regular(os.fstat(fd).st_mode)
+    if what is not None:
+        os.close(fd)
+        raise MachineFormatError(path, f"{what}, not a regular file: nothing appended")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def append_jsonl(rows: Iterable[Any], path: str | os.PathLike, *, mode: int = 0o600) -> Path:
     """Append rows under the file's lock, in one write, synced to disk.
 
@@ -417,13 +438,15 @@ def append_jsonl(rows: Iterable[Any], path: str | os.PathLike, *, mode: int = 0o
 
     Raises:
         TypeError: `rows` is a path (the rows come first, then the file, as in write_jsonl).
+        MachineFormatError: naming the file, when it is not a regular file (a FIFO, a folder) or
+            cannot be written; nothing is appended.
     """
     if isinstance(rows, (str, os.PathLike)):
         raise TypeError(f"append_jsonl(rows, path) takes the rows first and the file second, as write_jsonl does; "
                         f"got the path {os.fspath(rows)!r} as rows")
     data = "".join(dumps_line(r) + "\n" for r in rows).encode("utf-8")
     with locked(path) as path:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        fd = _open_for_append(path, mode)
         try:
             size = os.fstat(fd).st_size
             if size:

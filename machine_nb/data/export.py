@@ -406,12 +406,21 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
 
     Returns:
         The set of case_key values.
+
+    Raises:
+        ValueError: a case dict without an "input", naming it.
     """
     if exclude is None:
         return set()
     if hasattr(exclude, "columns") and "input" in exclude:
         exclude = list(exclude["input"])
-    return {case_key(e["input"] if isinstance(e, dict) else e) for e in one_or_many(exclude)}
+    keys = set()
+    for i, e in enumerate(one_or_many(exclude)):
+        if isinstance(e, dict) and "input" not in e:
+            raise ValueError(f"held-out case {i} ({str(e)[:60]}) has no 'input': give the case's input text, "
+                             "or a {'input': ...} dict")
+        keys.add(case_key(e["input"] if isinstance(e, dict) else e))
+    return keys
 
 
 def say_excluded(n: int, total: int, what: str, source: str) -> None:

@@ -4,6 +4,7 @@ the selected runs into training lines is `export.training_lines`.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -78,10 +79,13 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         resolves the same definition itself (pass it the same `machine` and `workspace`).
 
     Raises:
-        ValueError: no rubric fingerprint is known (pass rubric=), or a definition dict without a name.
+        ValueError: no rubric fingerprint is known (pass rubric=), a definition dict without a name,
+            or a best_of that is not a whole number, 1 or more.
     """
     if isinstance(machine, dict) and not isinstance(machine.get("name"), str):
         raise ValueError("a machine definition dict needs a 'name'")
+    if isinstance(best_of, bool) or not isinstance(best_of, numbers.Integral) or best_of < 1:
+        raise ValueError(f"best_of must be a whole number, 1 or more (the runs kept per case), got {best_of!r}")
     mdef = resolve_machine(machine, workspace, runs=runs, undefined="name")
     fp = mdef.get("rubric") if rubric is _UNSET else rubric
     if rubric is _UNSET and fp is None:
