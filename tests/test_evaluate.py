@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -310,6 +311,31 @@ def test_checkpoint_results_are_named_by_last_path_segment(tmp_path, monkeypatch
                    sampling_client=StandInSampler(house_style))
     written = json.loads((tmp_path / "eval_results" / "final.json").read_text())
     assert written["checkpoint"] == "tinker://abc/sampler_weights/final" and res.summary["name"] == "final"
+
+
+def test_another_runs_checkpoint_of_the_same_name_does_not_overwrite_its_results(tmp_path, monkeypatch):
+    """Two runs' final checkpoints both default to eval_results/final.json: the second's results go
+    beside the first's (final-2.json, said in a warning), not over them; the same checkpoint
+    evaluated again replaces its own results, and a file this toolkit did not write is left alone."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(checkpoint: str):
+        return evaluate(eval_rows(2), model=MODEL, checkpoint=checkpoint, engine="tinker",
+                        sampling_client=StandInSampler(house_style))
+
+    first = run("tinker://run-a/sampler_weights/final")
+    with pytest.warns(UserWarning, match=r"final\.json holds the results of tinker://run-a/sampler_weights/final"):
+        second = run("tinker://run-b/sampler_weights/final")
+    assert Path(second.path) == Path("eval_results") / "final-2.json"
+    assert json.loads(Path(first.path).read_text())["checkpoint"] == "tinker://run-a/sampler_weights/final"
+    assert json.loads(Path(second.path).read_text())["checkpoint"] == "tinker://run-b/sampler_weights/final"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run("tinker://run-a/sampler_weights/final").path == first.path  # its own: replaced
+    (tmp_path / "eval_results" / "000020.json").write_text("not ours\n")
+    with pytest.warns(UserWarning, match="000020-2.json"):
+        assert Path(run("tinker://run-a/sampler_weights/000020").path).name == "000020-2.json"
+    assert (tmp_path / "eval_results" / "000020.json").read_text() == "not ours\n"
 
 
 # --------------------------------------------------------------------------- the result object

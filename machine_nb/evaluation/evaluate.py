@@ -70,7 +70,8 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         concurrency: requests in flight at once. Default None: 32 on Tinker (remote,
             latency-bound), 8 locally (one CPU model; more only queues).
         renderer: a renderer name or object. Default None: the model's recommended renderer.
-        out: the results JSON path. Default None: `eval_results/<name>.json`.
+        out: the results JSON path. Default None: `eval_results/<name>.json`, or beside it when
+            that file holds another model's or checkpoint's results (default_results_path).
         name: the results' name. Default None: "baseline" for a base model, else the
             checkpoint's last path segment.
         save: write the results JSON (default True; False writes nothing).
@@ -159,11 +160,51 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
     if save:
         from ..core.jsonl import atomic_write_text
 
-        path = Path(out) if out is not None else Path(RESULTS_DIR) / f"{label}.json"
+        path = Path(out) if out is not None else default_results_path(label, model, checkpoint)
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
         atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
     return EvalResult(df, summary, None if path is None else str(path))
+
+
+def default_results_path(label: str, model: str, checkpoint: str | None) -> Path:
+    """Where results go when no `out` is given: `eval_results/<label>.json`, unless that file holds
+    the results of another model or checkpoint (two runs' `…/sampler_weights/final` share a
+    label), or is not a results file of this toolkit's: then the first free `<label>-<n>.json`,
+    said in a warning. The same model and checkpoint evaluated again replaces its own results.
+
+    Args:
+        label: the results' name.
+        model: the base model sampled.
+        checkpoint: the checkpoint sampled, or None for the base model.
+
+    Returns:
+        The path to write.
+    """
+    import warnings
+
+    from ..errors import user_stacklevel
+
+    first = path = Path(RESULTS_DIR) / f"{label}.json"
+    n = 1
+    while path.exists():
+        try:
+            held = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            held = None
+        if isinstance(held, dict) and held.get("model") == model and held.get("checkpoint") == checkpoint:
+            break
+        n += 1
+        path = first.with_name(f"{label}-{n}.json")
+    if n > 1:
+        try:
+            other = json.loads(first.read_text(encoding="utf-8"))
+            whose = f"the results of {other.get('checkpoint') or other.get('model')}"
+        except (OSError, ValueError, AttributeError):
+            whose = "a file that is not results of this model"
+        warnings.warn(f"{first} holds {whose}: these results of {checkpoint or model} are written to {path} "
+                      "instead (pass out= or name= to choose)", stacklevel=user_stacklevel())
+    return path
 
 
 # --------------------------------------------------------------------------- bleed probe
