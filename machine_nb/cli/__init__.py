@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    code = _run(args)
+    code = _run(args, program=argv is None)
     if argv is None and getattr(args, "end_process", False):
         from ..core.process import end_process
 
@@ -55,18 +55,61 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _run(args: argparse.Namespace) -> int:
+#: Exit status when the reader of stdout stops early (`machine-nb runs --json | head`): 128 + SIGPIPE,
+#: what a shell reports for any other program cut off there.
+PIPE_CLOSED = 141
+
+
+def _run(args: argparse.Namespace, program: bool = False) -> int:
+    """Run the parsed command and turn its errors into an exit status and one line on stderr.
+
+    Args:
+        args: the parsed flags, with the handler as `func`.
+        program: the process is `machine-nb` itself (default False: called from Python), so stdout
+            may be pointed at the null device when its reader has gone.
+
+    Returns:
+        The command's exit status; 1 for an error of ours, 130 for Ctrl-C, PIPE_CLOSED when stdout's
+        reader stopped reading.
+    """
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone before the last buffered line is said here, not at exit
+        return code
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # another pipe (a kernel's, a socket): an error like any other
+            return _say(args, exc)
+        if program:  # the interpreter flushes stdout again at exit: let that write go nowhere
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PIPE_CLOSED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except (ValueError, RuntimeError, OSError) as exc:
-        # errors of ours carry file/line/field; print them without a traceback
-        from ..core.redact import redacted
+        return _say(args, exc)
 
-        print(redacted(f"machine-nb {args.command}: {exc}"), file=sys.stderr)
-        return 1
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports POLLERR on its write end)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no file descriptor (captured), or no poll (Windows)
+        return False
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _say(args: argparse.Namespace, exc: BaseException) -> int:
+    """Print one of our errors (they carry file, line and field) as one redacted line, no traceback; exit status 1."""
+    from ..core.redact import redacted
+
+    print(redacted(f"machine-nb {args.command}: {exc}"), file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

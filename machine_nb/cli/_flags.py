@@ -11,13 +11,18 @@ command does with them stays in its module.
 
 Spending: a command that would spend on Tinker without `--yes` prints what it would spend and
 exits 2 (`refuse_to_spend`); on the local engine nothing is spent and `--yes` is not needed.
+
+Values: a number flag's range is checked while parsing (`whole`, `number`, `PORT`), so a value no
+command can use (a reply budget of 0, a NaN temperature, port 70000) is argparse's one-line usage
+error naming the flag (exit 2) before anything is loaded, started or written.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from typing import Any
+from typing import Any, Callable
 
 ENGINES = ("local", "tinker")
 
@@ -26,6 +31,71 @@ NEEDS_MODEL = "machine-nb: --engine tinker needs --model (e.g. {example})"
 
 #: Exit status of a command that refused to spend (it printed the estimate; `--yes` allows it).
 REFUSED_SPEND = 2
+
+
+# --------------------------------------------------------------------------- values
+
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse `type`: a whole number from `low` (to `high`, inclusive), else a usage error.
+
+    Args:
+        low: the smallest value accepted.
+        high: the largest (default None: no upper bound).
+
+    Returns:
+        The parser argparse calls with the flag's text.
+    """
+    wanted = f"a whole number, at least {low}" if high is None else f"a whole number from {low} to {high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def number(low: float, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse `type`: a finite number, `low` or more (more than `low` with `above`), else a usage error.
+
+    Args:
+        low: the bound.
+        above: refuse `low` itself (default False).
+
+    Returns:
+        The parser argparse calls with the flag's text; NaN and infinities are refused.
+    """
+    wanted = f"a finite number {'above' if above else 'of at least'} {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def finite(text: str) -> float:
+    """An argparse `type`: any finite number (NaN and infinities are a usage error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+#: A TCP port to bind: 0 (the system picks a free one) to 65535.
+PORT = whole(0, 65535)
 
 
 # --------------------------------------------------------------------------- where it runs
@@ -117,12 +187,12 @@ def sampling_flags(p: argparse.ArgumentParser, *, per: str = "row", max_tokens: 
         None; `args.max_tokens`, `args.temperature`, `args.seed` (and `args.concurrency`: an int or
         None) hold the values.
     """
-    p.add_argument("--max-tokens", type=int, default=max_tokens,
+    p.add_argument("--max-tokens", type=whole(1), default=max_tokens,
                    help=f"reply budget per {per} (default {max_tokens})")
-    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, so reruns agree")
+    p.add_argument("--temperature", type=number(0), default=0.0, help="default 0: greedy, so reruns agree")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     if concurrency:
-        p.add_argument("--concurrency", type=int, default=None,
+        p.add_argument("--concurrency", type=whole(1), default=None,
                        help="requests in flight (default 32 on Tinker, 8 local)")
 
 
@@ -345,6 +415,7 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
     print(f"log dir:    {result.log_dir}")
 
 
-__all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "model_flag", "engine_flag", "target_flags", "engine_of",
+__all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "PORT", "whole", "number", "finite",
+           "model_flag", "engine_flag", "target_flags", "engine_of",
            "inspect_flags", "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
            "resume_flag", "schedule_flags", "heldout_flags", "print_result", "heldout_cost_text", "estimate_source"]

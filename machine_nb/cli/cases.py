@@ -23,15 +23,15 @@ def _machine_flags(p: argparse.ArgumentParser) -> None:
 def _measure_flags(p: argparse.ArgumentParser) -> None:
     _machine_flags(p)
     p.add_argument("--checkpoint", required=True, help="the trained sampler path: tinker://… (tinker://local-… on the local engine)")
-    p.add_argument("--trials", type=int, default=1, help="samples per held-out case per version (default 1)")
+    p.add_argument("--trials", type=flags.whole(1), default=1, help="samples per held-out case per version (default 1)")
     flags.engine_flag(p, help="local or tinker (default: the checkpoint's own; local for tinker://local-…)")
     p.add_argument("--data", default=None,
                    help="the training JSONL, to refuse a candidate trained on held-out inputs (default: not checked)")
-    p.add_argument("--max-losses", type=int, default=0,
+    p.add_argument("--max-losses", type=flags.whole(0), default=0,
                    help="held-out cases the live version gets right that the candidate may lose (default 0)")
-    p.add_argument("--min-delta", type=float, default=0.0,
+    p.add_argument("--min-delta", type=flags.finite, default=0.0,
                    help="accuracy margin over the live version, 0.1 = ten points (default 0: any gain)")
-    p.add_argument("--alpha", type=float, default=0.05,
+    p.add_argument("--alpha", type=flags.number(0, above=True), default=0.05,
                    help="significance the wins need, exact sign test (default 0.05; 1 disables the test)")
     flags.sampling_flags(p, per="case", concurrency=False)
     flags.spending_flags(p, budget_of="sampling both versions",

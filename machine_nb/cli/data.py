@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._flags import finite, whole
+
 _RUN_TABLE = ["id", "machine", "model", "harness", "score", "n_messages", "n_tool_calls", "started_at"]
 
 
@@ -132,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "index in the user's cache folder, see `machine_nb.run_index_path`); costs nothing.")
     p.add_argument("workspace", help="workspace directory (the one holding .machine/)")
     p.add_argument("--machine", help="only this machine and its nested machines")
-    p.add_argument("--limit", type=int, default=0, help="show at most N runs (default: all)")
+    p.add_argument("--limit", type=whole(0), default=0, help="show at most N runs (default 0: all)")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     p.add_argument("--strict", action="store_true", help="fail on the first bad run file instead of skipping it")
     p.add_argument("--no-index", action="store_true",
@@ -147,7 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "JSONL), like Machine's /tagged. Reads files only; writes nothing; costs nothing.")
     p.add_argument("--store", help="store directory (default: the current project's, see store_dir)")
     p.add_argument("--project", help="project directory whose store to read (default: current directory)")
-    p.add_argument("--limit", type=int, default=0, help="show only the last N rows (default: all)")
+    p.add_argument("--limit", type=whole(0), default=0, help="show only the last N rows (default 0: all)")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     p.set_defaults(func=cmd_tagged)
 
@@ -159,8 +161,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("workspace", help="workspace directory (the one holding .machine/ and machines/)")
     p.add_argument("--machine", required=True, help="machine to export (e.g. chatbot/triage)")
     p.add_argument("--rubric", help="rubric fingerprint to require (default: the machine's; 'any' for none)")
-    p.add_argument("--min-score", type=float, default=1.0, help="lowest scorecard total (default 1: every criterion met)")
-    p.add_argument("--best-of", type=int, default=2, help="keep at most N runs per case (default 2)")
+    p.add_argument("--min-score", type=finite, default=1.0, help="lowest scorecard total (default 1: every criterion met)")
+    p.add_argument("--best-of", type=whole(1), default=2, help="keep at most N runs per case (default 2; at least 1)")
     p.add_argument("--exclude-file", help="cases never to train on: a JSON array like holdout.json, or one per line "
                                           "(default: the machine's holdout.json)")
     p.add_argument("--model", action="append", help="only runs by this model (repeatable)")

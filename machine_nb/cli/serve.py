@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from ._flags import PORT, whole
+
 #: The environment variable a server key may come from (kept out of `ps`, unlike --key).
 KEY_ENV = "MACHINE_NB_SERVER_KEY"
 
@@ -37,14 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "machine_nb.use_local_models() first."))
     p.add_argument("--host", default="127.0.0.1",
                    help=f"address to bind (default 127.0.0.1; any other address needs --key-file or ${KEY_ENV})")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=PORT, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--data-dir", default=None, help="where runs and checkpoints are written")
     p.add_argument("--key-file", default=None,
                    help="a file whose first line is the key every request must send (tml-…, 12+ characters)")
     p.add_argument("--key", default=None,
                    help=f"the key itself; other users see it in `ps`: prefer --key-file or ${KEY_ENV}")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default $MACHINE_NB_THREADS, else 1)")
-    p.add_argument("--train-workers", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=whole(1), default=None, help="torch threads (default $MACHINE_NB_THREADS, else 1)")
+    p.add_argument("--train-workers", type=whole(0), default=None, metavar="N",
                    help="training processes for runs started while others train, so that different runs' steps "
                         "run in parallel (default: one fewer than the cores, at most 7; 0 trains every run in the "
                         "server's own process)")

@@ -176,9 +176,13 @@ def _run_sweep(args: argparse.Namespace) -> int:
                   max_usd=args.max_usd, **fixed)
     if args.json:
         import json
+        import math
 
+        # a failed run's missing numbers are NaN in the frame (a diverged loss may be inf); JSON has
+        # neither, so they print as null
         for row in frame.to_dict("records"):
-            print(json.dumps(row, default=str))
+            print(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                              for k, v in row.items()}, default=str))
         return 0 if (frame["status"] != "failed").all() else 1
     metric = "heldout_accuracy" if frame["heldout_accuracy"].notna().any() else "final_loss"
     summary = sweep_summary(frame, metric)
