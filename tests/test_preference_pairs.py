@@ -201,8 +201,9 @@ def test_runs_of_the_same_case_pair_best_over_worst_when_the_gap_is_large_enough
     # a smaller min_gap takes the 0.1 gap too; runs can be given directly
     looser = preference_pairs(tmp_path / "empty-store", runs, machine="tutor", min_gap=0.05, sources=["scores"])
     assert ("Compute 6 + 6.", "answer: 12", "6 + 6 = 12.") in texts(looser)
-    with pytest.raises(ValueError, match="min_gap"):
-        preference_pairs(tmp_path / "empty-store", runs, min_gap=0)
+    for bad in (0, float("nan"), "0.25", True):  # a NaN gap dropped every score pair without a word
+        with pytest.raises(ValueError, match="min_gap"):
+            preference_pairs(tmp_path / "empty-store", runs, min_gap=bad)
 
 
 # --------------------------------------------------------------------------- held-out cases

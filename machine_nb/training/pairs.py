@@ -13,6 +13,8 @@ machine_nb` still loads none of this module).
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import warnings
 from collections.abc import Iterable
@@ -352,8 +354,9 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
     unknown = wanted - set(SOURCES)
     if unknown:
         raise ValueError(f"unknown pair source(s) {sorted(unknown)}; known: {', '.join(SOURCES)}")
-    if min_gap is None or min_gap <= 0:
-        raise ValueError(f"min_gap must be above 0 (equal scores are a tie, never a preference), got {min_gap}")
+    if isinstance(min_gap, bool) or not isinstance(min_gap, numbers.Real) or not (0 < min_gap < math.inf):
+        raise ValueError(f"min_gap must be a finite number above 0 (equal scores are a tie, never a preference), "
+                         f"got {min_gap!r}")
     mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     system = mdef.get("instructions") if instructions is None else instructions
