@@ -138,18 +138,6 @@ def _usage(prompt_tokens: Any, output_tokens: Any) -> Any:
     return ModelUsage(input_tokens=i, output_tokens=o, total_tokens=i + o)
 
 
-def _scores(records: list[dict], summary: dict) -> list[bool]:
-    """Each row's `correct` as a bool, by results.correct_values' rule: text or a partial score is
-    refused naming its row, never written as a correct (C) score."""
-    import pandas as pd
-
-    from .results import correct_values
-
-    frame = pd.DataFrame({"row": [r.get("row", i) for i, r in enumerate(records)],
-                          "correct": pd.Series([_plain(r).get("correct") for r in records], dtype=object)})
-    return correct_values(frame, str(summary.get("name") or "results"))
-
-
 def build_log(records: list[dict], summary: dict) -> Any:
     """An Inspect EvalLog of one result: a sample per row, the run in its spec.
 
@@ -157,7 +145,8 @@ def build_log(records: list[dict], summary: dict) -> Any:
         records: the result's rows as dicts: evaluate()'s (RESULT_COLUMNS; "messages", "line",
             "format", "case" where present), evaluate_cases' (with "case" and "trial": sample id
             case + 1, epoch trial + 1) or probe's (PROBE_COLUMNS: output is the checkpoint's
-            reply, the base model's goes in the metadata, the score is `bled`).
+            reply, the base model's goes in the metadata, the score is `bled`); a row's `correct`
+            is a bool (EvalResult.write_inspect_log checks it with results.correct_values).
         summary: the result's summary (name, model, checkpoint, engine, renderer, parameters,
             data, times, ...); kept whole in the log's metadata under "machine_nb".
 
@@ -176,7 +165,6 @@ def build_log(records: list[dict], summary: dict) -> Any:
     params = summary.get("parameters") or {}
     cases = bool(records) and all(r.get("case") is not None and r.get("trial") is not None for r in records)
     samples, total_in, total_out = [], 0, 0
-    scored = None if probe else _scores(records, summary)
     for i, raw in enumerate(records):
         r = _plain(raw)
         row = int(r["row"]) if r.get("row") is not None else i
@@ -200,7 +188,7 @@ def build_log(records: list[dict], summary: dict) -> Any:
                 explanation="the checkpoint's reply has the format and the base model's has not" if bled else
                 "no bleed", metadata={"format": summary.get("format")})}
         else:
-            correct = scored[i]
+            correct = bool(r.get("correct"))
             scores = {SCORE_NAME: Score(
                 value=CORRECT if correct else INCORRECT, answer=str(output or ""),
                 explanation=(f"{r.get('match')} match against {r.get('expected')!r}" if r.get("match") else None),
@@ -217,7 +205,7 @@ def build_log(records: list[dict], summary: dict) -> Any:
         metrics = {"mean": EvalMetric(name="mean", value=(sum(bled) / len(bled)) if bled else 0.0)}
         scorer = PROBE_SCORE
     else:
-        acc = (sum(scored) / n) if n else 0.0
+        acc = (sum(bool(_plain(r.get("correct"))) for r in records) / n) if n else 0.0
         stderr = math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else 0.0
         metrics = {"accuracy": EvalMetric(name="accuracy", value=acc), "stderr": EvalMetric(name="stderr", value=stderr)}
         scorer = SCORE_NAME

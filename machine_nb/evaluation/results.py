@@ -391,7 +391,10 @@ class EvalResult:
                 path = Path(self.path).with_suffix(".eval")
             else:
                 path = Path(RESULTS_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', str(self.name or 'results'))}.eval"
-        return write_log(build_log(self.rows.to_dict("records"), self.summary), path)
+        rows = self.rows
+        if "correct" in rows.columns:  # text or a partial score is refused by its row, never written as C
+            rows = rows.assign(correct=correct_values(rows, str(self.name or "results")))
+        return write_log(build_log(rows.to_dict("records"), self.summary), path)
 
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "as_eval_result", "results_name", "utc_now",
