@@ -132,3 +132,14 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error_of_one_line(capsys, monkey
     monkeypatch.setattr(corpus, "_run", broken)
     assert main(["corpus"]) == 1
     assert capsys.readouterr().err == "machine-nb corpus: [Errno 32] Broken pipe (the kernel's)\n"
+
+
+@pytest.mark.parametrize("flag,bad", [("--seeds", "0,a"), ("--seeds", ""), ("--seeds", "0,,1"), ("--max-parallel", "0")])
+def test_sweep_flags_that_name_no_run_are_refused_naming_the_flag(flag, bad, tmp_path, capsys, parse_only):
+    """`--seeds 0,a` ended in "invalid literal for int()", naming no flag; --max-parallel 0 ran nothing."""
+    err = _usage_error(capsys, ["sweep", str(tmp_path / "train.jsonl"), "--grid", "learning_rate=1e-3", flag, bad])
+    assert flag in err
+
+
+def test_smoke_steps_must_be_at_least_one(tmp_path, capsys, parse_only):
+    assert "--steps" in _usage_error(capsys, ["smoke", str(tmp_path / "train.jsonl"), "--steps", "0"])

@@ -94,6 +94,18 @@ def finite(text: str) -> float:
     return value
 
 
+def whole_list(text: str) -> list[int]:
+    """An argparse `type`: comma-separated whole numbers ("0,1,2"), else a usage error."""
+    parts = text.split(",")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = None
+    if not values or any(not p.strip() for p in parts):
+        raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers such as 0,1,2, got {text!r}")
+    return values
+
+
 #: A TCP port to bind: 0 (the system picks a free one) to 65535.
 PORT = whole(0, 65535)
 
@@ -415,7 +427,7 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
     print(f"log dir:    {result.log_dir}")
 
 
-__all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "PORT", "whole", "number", "finite",
+__all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "PORT", "whole", "whole_list", "number", "finite",
            "model_flag", "engine_flag", "target_flags", "engine_of",
            "inspect_flags", "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
            "resume_flag", "schedule_flags", "heldout_flags", "print_result", "heldout_cost_text", "estimate_source"]

@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "smoke", help="a real 2-step training run: proves data, engine and loop work end to end",
         description="Run 2 real training steps (the same path as sft). " + _COMMON_DESC.format(prefix="sft"))
     _add_common(s)
-    s.add_argument("--steps", type=int, default=2, help="steps to run (default 2)")
+    s.add_argument("--steps", type=flags.whole(1), default=2, help="steps to run (default 2)")
     s.set_defaults(func=_run_smoke)
 
     w = sub.add_parser(
@@ -66,13 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
     w.add_argument("--grid", action="append", required=True, metavar="SETTING=V1,V2",
                    help="a setting and its values, e.g. learning_rate=1e-3,3e-3 (repeat for more axes)")
-    w.add_argument("--seeds", default="0", help="comma-separated training seeds (default 0)")
+    w.add_argument("--seeds", type=flags.whole_list, default=[0], help="comma-separated training seeds (default 0)")
     flags.heldout_flags(w, writes=False)
     w.add_argument("--set", action="append", default=[], metavar="SETTING=V",
                    help="an sft setting fixed for every run, e.g. batch_size=8 (repeatable)")
     w.add_argument("--sweep-dir", default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
     flags.target_flags(w, model_default="the engine's; local/arith-tiny locally")
-    w.add_argument("--max-parallel", type=int, default=1, help="runs at once (default 1)")
+    w.add_argument("--max-parallel", type=flags.whole(1), default=1, help="runs at once (default 1)")
     flags.spending_flags(w, budget_of="the whole sweep", json_help="print one JSON object per run instead of the summary")
     w.set_defaults(func=_run_sweep)
 
@@ -157,7 +157,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from ..training.sweeps import estimate_sweep, sweep, sweep_summary, verdict
 
     grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
-    seeds = [int(x) for x in args.seeds.split(",")]
+    seeds = args.seeds
     if flags.engine_of(args) == "tinker" and not args.yes:
         if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
             return flags.REFUSED_SPEND
