@@ -338,6 +338,18 @@ def test_another_runs_checkpoint_of_the_same_name_does_not_overwrite_its_results
     assert (tmp_path / "eval_results" / "000020.json").read_text() == "not ours\n"
 
 
+@pytest.mark.parametrize("setting,value", [("max_tokens", 0), ("max_tokens", 2.5), ("temperature", float("nan")),
+                                           ("temperature", -0.5), ("concurrency", 0), ("concurrency", True)])
+def test_a_sampling_setting_no_sampler_can_use_is_refused_before_a_row_is_sent(setting, value, tmp_path):
+    """concurrency=0 ran as 1 but was recorded as 0; a NaN temperature ran greedy and was saved as NaN,
+    which is not JSON; max_tokens=0 sampled empty replies and scored them."""
+    sampler = StandInSampler(house_style)
+    with pytest.raises(ValueError, match=setting):
+        evaluate(eval_rows(2), model=MODEL, engine="tinker", sampling_client=sampler, out=tmp_path / "r.json",
+                 **{setting: value})
+    assert sampler.calls == 0 and not (tmp_path / "r.json").exists()
+
+
 # --------------------------------------------------------------------------- the result object
 
 def test_evaluate_returns_an_eval_result_with_rows_summary_and_path(tmp_path):

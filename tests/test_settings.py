@@ -55,6 +55,8 @@ NAN = float("nan")
     (SFTSettings, "eval_temperature", -1.0), (SFTSettings, "max_usd", NAN), (SFTSettings, "max_usd", -1.0),
     (DPOSettings, "beta", NAN), (DPOSettings, "learning_rate", NAN),
     (SFTSettings, "lora_rank", 129), (DPOSettings, "lora_rank", 129),  # past the tiny model's width, 128
+    (SFTSettings, "eval_max_tokens", 0), (SFTSettings, "eval_max_tokens", 2.5), (SFTSettings, "eval_every", -3),
+    (SFTSettings, "eval_every", 1.5),
 ])
 def test_a_value_no_run_can_use_is_refused_naming_its_setting(cls, name, value):
     """Refused as the settings resolve, before a log dir is made: not by the cookbook or the engine

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import numbers
 import os
 import time
 import warnings
@@ -30,10 +32,30 @@ from .scoring import format_matches, score_row
 
 # --------------------------------------------------------------------------- evaluate
 
+def check_sampling(max_tokens: Any, temperature: Any, concurrency: Any = None) -> None:
+    """Refuse sampling settings no sampler can use, naming the setting, before a row is sent.
+
+    Raises:
+        ValueError: max_tokens not a whole number from 1; temperature not a finite number, 0 or
+            more; concurrency (when given) not a whole number from 1.
+    """
+    def whole(value: Any) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+    if not whole(max_tokens):
+        raise ValueError(f"max_tokens must be a whole number, 1 or more (the reply budget), got {max_tokens!r}")
+    if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
+            or not 0 <= temperature < math.inf):
+        raise ValueError(f"temperature must be a finite number, 0 or more (0: greedy), got {temperature!r}")
+    if concurrency is not None and not whole(concurrency):
+        raise ValueError(f"concurrency must be a whole number, 1 or more (requests in flight), got {concurrency!r}")
+
+
 def _sampling(model: str | None, checkpoint: str | None, engine: str | None, renderer: Any,
               concurrency: int | None, max_tokens: int, temperature: float, seed: int | None) -> tuple:
     """What evaluate() and probe() sample with: (the sampler's target, the renderer and its label,
     requests in flight: 32 on Tinker, 8 on the local engine unless given, the sampling params)."""
+    check_sampling(max_tokens, temperature, concurrency)
     target = sampler_target(model, checkpoint, engine)
     renderer_obj, renderer_label = renderer_for(target.model, renderer)
     if concurrency is None:

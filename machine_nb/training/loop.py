@@ -301,19 +301,27 @@ class RunSettings:
         """Refuse values no run can use, naming the setting, before anything is written.
 
         Raises:
-            ValueError: epochs, batch_size, max_steps, save_every, seed or lora_rank not a whole
-                number; epochs or batch_size below 1, max_steps below 1, save_every below 0 (0: no
+            ValueError: epochs, batch_size, max_steps, save_every, seed, lora_rank, eval_every or
+                eval_max_tokens not a whole number; epochs, batch_size or eval_max_tokens below 1,
+                eval_every below 0, max_steps below 1, save_every below 0 (0: no
                 periodic checkpoints, as the cookbook reads it), or a LoRA rank below 1 (0, full
                 fine-tuning, is for local models only) or, on a local model, past its width; a
                 learning_rate that is not a finite number above 0; an lr_schedule the cookbook does
                 not know; an eval_temperature or max_usd that is not a finite number, 0 or more (a
                 NaN budget would bound nothing).
         """
-        for name in ("epochs", "batch_size", "max_steps", "save_every", "seed", "lora_rank"):
+        for name in ("epochs", "batch_size", "max_steps", "save_every", "seed", "lora_rank", "eval_every",
+                     "eval_max_tokens"):
             value = getattr(self, name)
-            if (value is not None or name not in ("max_steps", "lora_rank")) and (
+            if (value is not None or name not in ("max_steps", "lora_rank", "eval_every")) and (
                     isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
+        if self.eval_every is not None and self.eval_every < 0:
+            raise ValueError(f"eval_every must be at least 0 (0: no held-out evals while training) or None, got "
+                             f"{self.eval_every}")
+        if self.eval_max_tokens < 1:
+            raise ValueError(f"eval_max_tokens must be at least 1 (a held-out reply's budget), got "
+                             f"{self.eval_max_tokens}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch_size must be at least 1 (got epochs={self.epochs}, "
                              f"batch_size={self.batch_size})")
