@@ -115,6 +115,7 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
     Raises:
         MachineFormatError: a bad eval row, naming its file, line and field.
+        ValueError: a sampling setting no sampler can use (check_sampling), naming it.
         EngineError: the engine refused the job or every request failed.
         BudgetExceeded: the eval could cost more than max_usd.
     """
