@@ -4,7 +4,8 @@ The one home for the rule, so a report, an eval's per-row errors, a training err
 validate's findings all redact the same things.
 
 What is redacted (`[redacted]`):
-- the value of every environment variable, and every `parameters` entry, with a secret name:
+- the value of every environment variable, and every `parameters` entry, with a secret name
+  (inside a dict or list parameter too: every value under a secret-named key, whole):
   a name part (split at `_` and other non-letters) that ends in KEY, TOKEN, SECRET, PASSWORD,
   PASSWD, PASSPHRASE, CREDENTIAL(S), or is PASS, PWD, CREDS, PAT, COOKIE, or starts with AUTH
   (not AUTHOR): `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, `SVC_PWD`, `GCP_CREDENTIALS`, … but not
@@ -12,13 +13,17 @@ What is redacted (`[redacted]`):
 - whatever its length, except blank values, values under 3 characters and common flag words
   ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
   report and protect nothing. A value under 8 characters is replaced only where it stands as a
-  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs; either JSON- or
-  HTML-escaped too (`p&amp;ss` in a table a notebook displays shows as `p&ss` on the page);
+  whole word ("hunter2", not "hunter22"); a longer one wherever it occurs; JSON-, HTML-,
+  Python- or URL-escaped too (`p&amp;ss` in a table a notebook displays shows as `p&ss` on the
+  page; `"P\\xe4ss"` is how a notebook's injected parameters cell writes `Päss`; `p%40ss` is `p@ss`
+  in a URL);
 - the password of any URL with one (`postgres://user:[redacted]@host/db`, an `@` in the password
   too), in an environment value or anywhere in the text;
 - the value of `password=…` (also `passwd`, `passphrase`, `pwd`, any case) in a libpq DSN
   (`host=db user=u password=[redacted]`), a JDBC URL (`?user=u&password=[redacted]`,
   `;password=[redacted];`), an ODBC string or a `.env` line; quoted values too;
+- the value of a secret-named query parameter in a URL (`?api_key=[redacted]&page=2`,
+  `&access_token=…`, `&amp;token=…` in HTML);
 - key-shaped strings (SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
   private key blocks), set in the environment or not.
 """
@@ -29,6 +34,8 @@ import html
 import json
 import os
 import re
+import urllib.parse
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -60,6 +67,9 @@ _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s
 _KEY_PASSWORD = re.compile(
     r"(?i)(?<![A-Za-z0-9])((?:password|passwd|passphrase|pwd)\s*=\s*)"
     r"('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|[^\s&;'\"<>()\[\]{},]++(?![(\[]))")
+# NAME=VALUE after "?", "&" or ";" (`&amp;` in HTML): a URL's query parameter; redacted when NAME is
+# secret-named (is_secret_name). The value runs to the next parameter, the fragment, a quote or a bracket.
+_QUERY_VALUE = re.compile(r"(?<=[?&;])([A-Za-z][A-Za-z0-9_.\-]*=)([^\s&#;'\"<>()\[\]{},]+)")
 
 
 def mask(secret: str) -> str:
@@ -95,22 +105,43 @@ def _worth_redacting(value: str) -> bool:
     return len(v) >= _MIN_SECRET_LEN and v.lower() not in _COMMON_VALUES
 
 
-def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
+def _secret_query_values(text: str) -> list[str]:
+    return [m.group(2) for m in _QUERY_VALUE.finditer(text)
+            if is_secret_name(m.group(1)[:-1]) and m.group(2) != REDACTED and _worth_redacting(m.group(2))]
+
+
+def secret_values(environ: Mapping[str, Any] | None = None) -> list[str]:
     """The values to redact, longest first.
 
     Args:
-        environ: the variables to read (default None: os.environ); non-string values are skipped.
+        environ: the variables to read (default None: os.environ), or a report's parameters: a
+            dict or list value is read inside (a key of a dict inside names its value as a
+            variable does), a number under a secret name is a secret as the text it prints as;
+            other values (booleans, None, objects) are skipped.
 
     Returns:
-        The values of secret-named variables worth redacting, and the password of any URL, DSN or
-        JDBC value.
+        The values of secret-named variables (and keys) worth redacting, and the password of any
+        URL, DSN or JDBC value and the value of a URL's secret-named query parameter.
     """
     environ = os.environ if environ is None else environ
     values = set()
-    for name, value in environ.items():
+    stack: list[tuple[Any, Any, bool]] = [(name, value, False) for name, value in environ.items()]
+    while stack:
+        name, value, inside_secret = stack.pop()
+        secret = inside_secret or (isinstance(name, str) and is_secret_name(name))
+        if isinstance(value, Mapping):
+            stack.extend((key, item, secret) for key, item in value.items())
+            continue
+        if isinstance(value, (list, tuple)):
+            stack.extend((name, item, secret) for item in value)
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if secret and _worth_redacting(str(value)):
+                values.add(str(value))
+            continue
         if not isinstance(value, str):
             continue
-        if is_secret_name(name) and _worth_redacting(value):
+        if secret and _worth_redacting(value):
             values.add(value)
         for m in _URL_PASSWORD.finditer(value):
             if _worth_redacting(m.group(2)):
@@ -119,6 +150,7 @@ def secret_values(environ: dict[str, Any] | None = None) -> list[str]:
             bare = m.group(2)[1:-1] if m.group(2)[:1] in "'\"" else m.group(2)
             if _worth_redacting(bare):
                 values.add(bare)
+        values.update(_secret_query_values(value))
     return sorted(values, key=len, reverse=True)
 
 
@@ -147,14 +179,20 @@ def _key_shapes() -> re.Pattern[str]:
 
 
 def _escaped_forms(secret: str) -> set[str]:
-    """The forms a value takes in a notebook's text: raw, JSON-escaped, and HTML-escaped as views
-    escape it (pandas: `&`, `<`, `>`; html.escape: quotes too; theme.escape: `$` as well)."""
+    """The forms a value takes in a notebook's text: raw, JSON-escaped, HTML-escaped as views
+    escape it (pandas: `&`, `<`, `>`; html.escape: quotes too; theme.escape: `$` as well),
+    Python-escaped as papermill writes a string parameter (`"P\\xe4ss"`), and percent-encoded as in
+    a URL (urllib's quote and quote_plus, which requests and urlencode use)."""
     quoted = html.escape(secret)
-    return {secret, json.dumps(secret)[1:-1], html.escape(secret, quote=False), quoted, quoted.replace("$", "&#36;")}
+    python = secret.encode("unicode_escape").decode("ascii")
+    return {secret, json.dumps(secret)[1:-1], html.escape(secret, quote=False), quoted, quoted.replace("$", "&#36;"),
+            python, python.replace('"', '\\"'), urllib.parse.quote(secret), urllib.parse.quote(secret, safe=""),
+            urllib.parse.quote_plus(secret)}
 
 
 def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
-    """Redact secrets, URL, DSN and JDBC passwords and key-shaped strings from a text.
+    """Redact secrets, URL, DSN and JDBC passwords, secret-named URL query values and key-shaped
+    strings from a text.
 
     Args:
         text: the text.
@@ -193,6 +231,14 @@ def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
         return m.group(1) + (value[0] + REDACTED + value[0] if value[:1] in "'\"" else REDACTED)
 
     text = _KEY_PASSWORD.sub(keyed, text)
+
+    def query(m: re.Match[str]) -> str:
+        if m.group(2) == REDACTED or not is_secret_name(m.group(1)[:-1]) or not _worth_redacting(m.group(2)):
+            return m.group(0)
+        replaced[0] += 1
+        return m.group(1) + REDACTED
+
+    text = _QUERY_VALUE.sub(query, text)
     text, n = _key_shapes().subn(REDACTED, text)
     return text, count + replaced[0] + n
 

@@ -215,7 +215,41 @@ def scrub_notebook(nb: dict[str, Any], secrets: list[str], folder: str | os.Path
     Returns:
         (nb, number of secret redactions).
     """
-    return _scrub_tree(nb, secrets, path_rewriter(folder, home))
+    joined = _join_lines(nb)
+    try:
+        return _scrub_tree(nb, secrets, path_rewriter(folder, home))
+    finally:
+        for container, key in joined:
+            container[key] = container[key].splitlines(True)
+
+
+def _join_lines(nb: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Join, in place, the texts nbformat saves as lists of lines (cell sources, stream text, an
+    output's or attachment's text mime types; not JSON ones), so a secret that spans lines (a private
+    key's block, a multi-line value) is found whole. Returns (container, key) of each, to split back."""
+    joined: list[tuple[dict[str, Any], str]] = []
+
+    def join(container: Any, key: str) -> None:
+        value = container.get(key) if isinstance(container, dict) else None
+        if isinstance(value, list) and value and all(isinstance(line, str) for line in value):
+            container[key] = "".join(value)
+            joined.append((container, key))
+
+    def join_bundle(bundle: Any) -> None:
+        for mime in list(bundle) if isinstance(bundle, dict) else []:
+            if not (mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))):
+                join(bundle, mime)
+
+    for cell in nb.get("cells") or []:
+        if not isinstance(cell, dict):
+            continue
+        join(cell, "source")
+        for bundle in (cell.get("attachments") or {}).values():
+            join_bundle(bundle)
+        for out in cell.get("outputs") or []:
+            join(out, "text")
+            join_bundle(out.get("data") if isinstance(out, dict) else None)
+    return joined
 
 
 # A machine_nb widget's static output (widgets/_base.py) names the widget's model id.
@@ -852,6 +886,55 @@ def kernel_arguments(kernel_name: str = "python3") -> list[str]:
     return [f"--IPKernelApp.exec_lines={json.dumps([line])}"]
 
 
+def _writable(name: str, value: Any) -> Any:
+    """`value` as papermill writes it faithfully into the notebook's injected cell: None, str, bool,
+    int, float, and lists and str-keyed dicts of them; a tuple becomes a list, a numpy scalar its
+    Python number, a path its text. Raises ValueError naming the parameter for anything else (papermill
+    would write its text as a string, or code that does not run)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_writable(name, item) for item in value]
+    if isinstance(value, Mapping):
+        bad = next((key for key in value if not isinstance(key, str)), None)
+        if bad is not None:
+            raise ValueError(f"parameter {name!r}: dict key {bad!r} is not a string; a notebook's parameters "
+                             "are written as Python source, and a non-string key would arrive as a string")
+        return {key: _writable(name, item) for key, item in value.items()}
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # np.int64(3), np.float32(0.5)
+        item = value.item()
+        if item is None or isinstance(item, (str, bool, int, float)):
+            return item
+    raise ValueError(f"parameter {name!r}: a {type(value).__name__} cannot be passed to a notebook; pass a str, "
+                     "number, bool, None, or a list or dict of them (e.g. str(value) or value.isoformat())")
+
+
+def _checked_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The parameters as papermill writes them, each name a Python variable name (_writable)."""
+    import keyword
+
+    checked = {}
+    for name, value in (parameters or {}).items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise ValueError(f"parameter {name!r} is not a Python variable name, so the notebook cannot be given it; "
+                             "name a variable of the notebook's cell tagged 'parameters' (e.g. learning_rate)")
+        checked[name] = _writable(name, value)
+    return checked
+
+
+def _secret_leaves_as_text(value: Any, secrets: list[str]) -> Any:
+    """`value` with every number whose text is one of `secrets` made that text (so scrub redacts it)."""
+    if isinstance(value, dict):
+        return {key: _secret_leaves_as_text(item, secrets) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_secret_leaves_as_text(item, secrets) for item in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and str(value) in secrets:
+        return str(value)
+    return value
+
+
 def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = None,
                output: str | os.PathLike | None = None, *, kernel_name: str = "python3",
                cwd: str | os.PathLike | None = None, progress: bool | None = None,
@@ -878,10 +961,13 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
 
     Raises:
         FileNotFoundError: a missing notebook, before anything is created.
-        ValueError: the executed notebook would overwrite `notebook`.
+        ValueError: the executed notebook would overwrite `notebook`; a parameter whose name is not a
+            Python variable name or whose value papermill cannot write (named), before anything runs;
+            a malformed report summary, with neither report file written.
         PapermillExecutionError: a failing cell, its text redacted, after both files are written
             (the error shows in place). A Ctrl-C writes nothing and re-raises.
     """
+    parameters = _checked_parameters(parameters)
     folder = Path(os.path.abspath(notebook)).parent  # as given: path_rewriter adds its real path
     notebook = Path(notebook).resolve()
     if not notebook.is_file():
@@ -899,11 +985,9 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
     except (OSError, ValueError):  # papermill says what is wrong with the file
         preload = False
 
-    parameters = dict(parameters or {})
-    # a secret-named parameter is a secret whatever its type (the CLI reads `-p pin 4821` as a number):
-    # a non-string one is redacted as the text `print` shows it as
-    shown = {k: v if isinstance(v, str) else str(v) for k, v in parameters.items()}
-    secrets = sorted(set(secret_values()) | set(secret_values(shown)), key=len, reverse=True)
+    # a secret-named parameter is a secret whatever its type (the CLI reads `-p pin 4821` as a number),
+    # inside a dict or list too: a number is redacted as the text `print` shows it as
+    secrets = sorted(set(secret_values()) | set(secret_values(parameters)), key=len, reverse=True)
     memory = _memory_path()
     start = time.monotonic()
     error: BaseException | None = None
@@ -930,15 +1014,15 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
         raise error
     nb = clean_notebook(json.loads(text))
     nb.get("metadata", {}).get("papermill", {})["output_path"] = str(executed)
-    injected = nb.get("metadata", {}).get("papermill", {}).get("parameters")
-    for name, value in (injected.items() if isinstance(injected, dict) else []):
-        if not isinstance(value, str) and name in shown and shown[name] in secrets:
-            injected[name] = shown[name]  # a string, so the scrub below redacts it with the rest
+    papermill_meta = nb.get("metadata", {}).get("papermill", {})
+    if isinstance(papermill_meta.get("parameters"), dict):  # as text, so the scrub below redacts it with the rest
+        papermill_meta["parameters"] = _secret_leaves_as_text(papermill_meta["parameters"], secrets)
     nb, n1 = scrub_notebook(nb, secrets, folder)
     text = json.dumps(nb, ensure_ascii=False, indent=1)
+    # the page first: a notebook it cannot be made from leaves the previous pair of files as it was
+    page, n2 = _scrub_tree(to_html(text), secrets, path_rewriter(folder))
     html_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(executed, text + "\n", mode=0o644)
-    page, n2 = _scrub_tree(to_html(text), secrets, path_rewriter(folder))
     atomic_write_text(html_path, page, mode=0o644)
     if error is not None:
         if safe is not None:
