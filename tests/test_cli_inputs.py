@@ -143,3 +143,20 @@ def test_sweep_flags_that_name_no_run_are_refused_naming_the_flag(flag, bad, tmp
 
 def test_smoke_steps_must_be_at_least_one(tmp_path, capsys, parse_only):
     assert "--steps" in _usage_error(capsys, ["smoke", str(tmp_path / "train.jsonl"), "--steps", "0"])
+
+
+def test_report_keeps_a_secret_named_parameter_as_the_text_given(tmp_path, monkeypatch, capsys):
+    """`-p db_pass 1e5` reached the notebook as 100000.0 and `-p pin 0012`-like values changed form:
+    a password is text, never a number; other parameters are still read as JSON."""
+    import machine_nb.reports.notebook as notebook
+
+    given = {}
+
+    def fake_run_report(path, params, output, **kw):
+        given.update(params)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(notebook, "run_report", fake_run_report)
+    main(["report", str(tmp_path / "x.ipynb"), "-p", "db_pass", "1e5", "-p", "api_token", "12345678",
+          "-p", "lr", "3e-3", "-p", "name", "hello"])
+    assert given == {"db_pass": "1e5", "api_token": "12345678", "lr": 3e-3, "name": "hello"}

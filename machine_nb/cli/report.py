@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("notebook", help="the .ipynb to execute")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                   help="set a parameter (VALUE parsed as JSON when it can be: 10, 3e-3, true, \"text\")")
+                   help="set a parameter (VALUE parsed as JSON when it can be: 10, 3e-3, true, \"text\"; "
+                        "a secret-named one, such as db_pass, stays text)")
     p.add_argument("-o", "--output", help="the HTML path (default reports/<notebook name>.html)")
     p.add_argument("--cwd", help="kernel working directory (default: the notebook's folder)")
     p.add_argument("--timeout", type=float, help="per-cell timeout in seconds (default: none)")
@@ -54,9 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..core.redact import is_secret_name
     from ..reports.notebook import run_report, scrub, secret_values
 
-    params = {name: _value(value) for name, value in args.parameter}
+    # a secret-named parameter (a password, a key) is the text given: "1e5" or "0012" read as a number
+    # would reach the notebook as another value
+    params = {name: value if is_secret_name(name) else _value(value) for name, value in args.parameter}
     try:
         report = run_report(args.notebook, params, args.output, cwd=args.cwd, timeout=args.timeout,
                             progress=sys.stderr.isatty())
