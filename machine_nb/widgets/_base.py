@@ -233,9 +233,23 @@ class StaticFallback:
         shown.append(_Shown(handle.display_id, parent))
         del shown[:-MAX_DISPLAYS]
 
+    def _static_within(self, owner: "StaticFallback") -> None:
+        """Say that this widget is shown inside `owner`, whose static HTML holds this one's (a
+        dashboard's previewer): each change here re-sends the owner's static output too, so the
+        saved notebook shows what the reader stepped to inside it.
+
+        Args:
+            owner: the widget whose static output includes this one's.
+        """
+        self.__dict__["_mnb_owner"] = owner
+
     def _static_changed(self) -> None:
         """Re-send the static output(s) with the current state (`update_display_data` by display
-        id: JupyterLab, nbclient and papermill apply it to the output wherever it is)."""
+        id: JupyterLab, nbclient and papermill apply it to the output wherever it is), and the
+        owner's when this widget is shown inside another (`_static_within`)."""
+        owner = self.__dict__.get("_mnb_owner")
+        if owner is not None:
+            owner._static_changed()
         shown: list[_Shown] = self.__dict__.get("_mnb_shown") or []
         if not shown or _shell() is None:
             return

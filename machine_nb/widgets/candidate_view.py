@@ -53,6 +53,13 @@ class CandidateView(StaticFallback, widgets.VBox):
         self._show_status()
         self._stop_following = candidate.observe(self._on_candidate)
 
+    def close(self) -> None:
+        """Stop following the candidate and close the view (the candidate no longer calls it)."""
+        stop = getattr(self, "_stop_following", None)  # also called for a half-made view
+        if stop is not None:
+            stop()
+        super().close()
+
     @property
     def status(self) -> str:
         """The outcome line: the candidate's status once committed, else why the last click did

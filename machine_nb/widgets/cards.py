@@ -101,6 +101,34 @@ def _arguments(raw: Any) -> str:
     return json.dumps(raw, indent=2, ensure_ascii=False, default=str)
 
 
+def tool_calls(message: dict) -> list[tuple[Any, Any, Any]]:
+    """A message's tool calls as (id, function name, arguments), whatever shape they came in.
+
+    Args:
+        message: a chat message.
+
+    Returns:
+        One tuple per call: an OpenAI-style `{"id", "function": {"name", "arguments"}}` gives its
+        three fields; a call whose function is a bare string gives that as the name; a call that
+        is not an object (a hand-written line's "get_weather(city='Oslo')") gives its str() as the
+        arguments, so it is shown, not dropped. A single call not in a list counts as one.
+    """
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        calls = [calls]
+    out = []
+    for call in calls:
+        if not isinstance(call, dict):
+            out.append((None, None, str(call)))
+            continue
+        fn = call.get("function")
+        if isinstance(fn, dict):
+            out.append((call.get("id"), fn.get("name"), fn.get("arguments")))
+        else:
+            out.append((call.get("id"), fn, call.get("arguments")))
+    return out
+
+
 def message_card(message: dict, *, index: int, trained: bool, results: dict[str, str] | None = None) -> str:
     """One chat card: role header, a "trained" badge, text, collapsed reasoning, tool calls.
 
@@ -140,13 +168,11 @@ def message_card(message: dict, *, index: int, trained: bool, results: dict[str,
                 body.append(folded(text, label=role))
         else:
             body.append(f'<pre style="{PRE}color:{FG_MUTED}">{escape(json.dumps(part, default=str)[:FOLD_CHARS])}</pre>')
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        call_id = call.get("id")
+    for call_id, name, arguments in tool_calls(message):
         body.append(f'<div class="mnb-tool-call" style="border:1px dashed {BORDER_STRONG};border-radius:4px;padding:4px 8px;margin:4px 0">'
-                    f'<b>call</b> <code>{escape(fn.get("name"))}</code> '
+                    f'<b>call</b> <code>{escape(name)}</code> '
                     f'<span style="color:{FG_MUTED};font-size:12px">{escape(call_id)}</span>'
-                    f'{folded(_arguments(fn.get("arguments")), label="arguments")}')
+                    f'{folded(_arguments(arguments), label="arguments")}')
         if results is not None and call_id in results:
             body.append(f'<b>result</b>{folded(results[call_id], label="result")}')
         body.append("</div>")

@@ -904,6 +904,7 @@ class Dashboard(StaticFallback, w.VBox):
 
         # made now, shown on the first click: a first click then costs no imports
         self.previewer = ExamplePreviewer([])
+        self.previewer._static_within(self)  # stepping through it updates the saved dashboard
         self._pickers: list[Any] = []
         self._picker_rows: list[Any] = []
         self._landed: list[Any] = []  # every frame of new rows since the dashboard was made
@@ -1065,9 +1066,8 @@ class Dashboard(StaticFallback, w.VBox):
         note = "" if lines else f"{key} gives no training example (no assistant answer)."
         if not self._preview_box.children:
             self._preview_box.children = (self.previewer,)
-        self.previewer.set_lines(lines, note=note)
         self.opened = key
-        self._static_changed()
+        self.previewer.set_lines(lines, note=note)  # re-sends this dashboard's static output too
 
     def _on_msg(self, _widget: Any, content: dict, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("event") == "open":

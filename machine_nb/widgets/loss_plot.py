@@ -86,7 +86,21 @@ def read_metrics(log_dirs: Any) -> "pd.DataFrame":
             frames.append(df.assign(run=d.name if names.count(d.name) == 1 else str(d)))
     if not frames:
         return training_metrics([])
-    return pd.concat(frames, ignore_index=True)
+    return _numbers(pd.concat(frames, ignore_index=True))
+
+
+def _numbers(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """The frame with every column the plot draws as numbers: a value written as text ("nan",
+    "n/a") is missing, a gap in its line, as a JSON NaN is (a column of text would make
+    matplotlib read the axis as categories and refuse the numbers beside it)."""
+    import pandas as pd
+
+    drawn = {"step", LOSS, DPO_LOSS, "learning_rate", DPO_ACCURACY, DPO_MARGIN, *(c for c, _, _ in HELDOUT),
+             *eval_loss_columns(frame), *(c for c in frame.columns if inspect_accuracy_task(c) is not None)}
+    for col in drawn:
+        if col in frame.columns and not pd.api.types.is_numeric_dtype(frame[col]):
+            frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
 
 
 def ema(values: Iterable[float], weight: float = 0.6) -> list[float]:
@@ -170,6 +184,21 @@ def finished(log_dir: str | os.PathLike) -> bool:
                                    for _, v in iter_jsonl(scores, on_error="skip"))
 
 
+def plot_text(text: Any) -> str:
+    """A name (a log dir, a setting's value) as matplotlib text that draws it as written.
+
+    Matplotlib reads text between two "$" as TeX: "lr_$1e-3_$2" would not parse (the figure could
+    not be drawn) and "$5 to $6" would show in italics. "\\$" is its literal dollar sign.
+
+    Args:
+        text: the name (str() is taken).
+
+    Returns:
+        The text with each "$" written "\\$".
+    """
+    return str(text).replace("$", r"\$")
+
+
 def smoothing_note(weight: float) -> str:
     """The sentence written on the plot saying what the smoothed line is.
 
@@ -215,6 +244,7 @@ def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training
     lr_ax = margin_ax = None
     colours = [f"C{i}" for i in range(10)]
     has_data = False
+    named: list = []  # the loss panel's lines, in the legend by name (see below)
     for i, (run, df) in enumerate(frame.groupby("run", sort=False)):
         colour = colours[i % len(colours)]
         df = df.sort_values("step") if "step" in df.columns else df
@@ -223,14 +253,14 @@ def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training
             has_data = True
             sel = df[loss].notna()
             ax.scatter(steps[sel], df.loc[sel, loss], s=8, alpha=0.25, color=colour)
-            ax.plot(list(steps[sel]), ema(df.loc[sel, loss].tolist(), smoothing), color=colour, lw=1.8,
-                    label=f"{run} train")
+            named += ax.plot(list(steps[sel]), ema(df.loc[sel, loss].tolist(), smoothing), color=colour, lw=1.8,
+                             label=f"{plot_text(run)} train")
         for col in eval_loss_columns(df):
             sel = df[col].notna()
             if sel.any():
                 has_data = True
-                ax.plot(list(steps[sel]), df.loc[sel, col], "o--", color=colour, ms=4, lw=1,
-                        label=f"{run} eval ({col})")
+                named += ax.plot(list(steps[sel]), df.loc[sel, col], "o--", color=colour, ms=4, lw=1,
+                                 label=f"{plot_text(run)} eval ({plot_text(col)})")
         if "learning_rate" in df.columns and df["learning_rate"].notna().any():
             if lr_ax is None:
                 lr_ax = ax.twinx()
@@ -248,7 +278,7 @@ def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training
                 if col in df.columns and df[col].notna().any():
                     sel = df[col].notna()
                     acc_ax.plot(list(steps[sel]), df.loc[sel, col], INSPECT_STYLES[k % len(INSPECT_STYLES)],
-                                color=colour, ms=4, lw=1.0, label=f"Inspect {task}" if i == 0 else None)
+                                color=colour, ms=4, lw=1.0, label=f"Inspect {plot_text(task)}" if i == 0 else None)
         if pref_ax is not None:
             if DPO_ACCURACY in df.columns and df[DPO_ACCURACY].notna().any():
                 sel = df[DPO_ACCURACY].notna()
@@ -261,7 +291,9 @@ def figure(frame: "pd.DataFrame", smoothing: float = 0.6, title: str = "training
                 sel = df[DPO_MARGIN].notna()
                 margin_ax.plot(list(steps[sel]), df.loc[sel, DPO_MARGIN], "--", color=colour, lw=1.2)
     if has_data:
-        ax.legend(loc="upper right", fontsize=8)
+        # handed over explicitly: `ax.legend()` leaves out labels starting with "_", its mark for
+        # "no label", and a run in a log dir named "_draft" would be drawn but not named
+        ax.legend(named, [line.get_label() for line in named], loc="upper right", fontsize=8)
     else:
         ax.text(0.5, 0.5, "no metrics logged yet", transform=ax.transAxes, ha="center", color="grey")
     if acc_ax is not None:

@@ -369,14 +369,13 @@ def line_text(line: dict) -> str:
         Its run id, machine and every message's text (reasoning included) and tool calls,
         lower-cased.
     """
-    from .cards import message_text
+    from .cards import message_text, tool_calls
 
     parts = [str(line.get("run", "")), str(line.get("machine", ""))]
     for m in line["messages"]:
         parts.append(message_text(m, reasoning=True))
-        for call in m.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            parts.append(f'{fn.get("name", "")} {fn.get("arguments", "")}')
+        for _id, name, arguments in tool_calls(m):
+            parts.append(f'{"" if name is None else name} {"" if arguments is None else arguments}')
     return "\n".join(parts).lower()
 
 

@@ -750,6 +750,17 @@ class RunPicker(StaticFallback, w.VBox):
             self._order = sort_order(self.runs, *self._sort)
         self._refilter(reset_page=False)
 
+    def close(self) -> None:
+        """Stop following the tag store, drop a search still waiting for typing to pause, and
+        close the widget (a closed picker is no longer redrawn by `tag()` calls)."""
+        if getattr(self, "_stop_following", None) is not None:  # also called for a half-made picker
+            self._stop_following()
+            self._stop_following = None
+        timer, self._search_timer = getattr(self, "_search_timer", None), None
+        if timer is not None:
+            timer.cancel()
+        super().close()
+
     @traitlets.validate("selected_ids")
     def _check_selected(self, proposal: Any) -> list[str]:
         keys = list(dict.fromkeys(proposal["value"]))  # no duplicates

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 
 from ..core.theme import BG, BG_ALT, BORDER, FG, FG_MUTED
 from ._base import NoMathHTML, StaticPlot, escape
-from .loss_plot import png_bytes
+from .loss_plot import plot_text, png_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,30 +73,31 @@ def sweep_figure(frame: "pd.DataFrame", summary: "pd.DataFrame", x: str, metric:
     width = 0.24  # side by side, so the bars of settings with equal means do not hide each other
     n_groups = max(1, len(groups) if others else 1)
     interval = metric == "heldout_accuracy"
+    named: list = []  # one line per combination, in the legend by name (a name may start with "_")
     for i, (key, g) in enumerate(groups):
         key = key if isinstance(key, tuple) else (key,)
         colour = f"C{i % 10}"
         offset = (i - (n_groups - 1) / 2) * (width / max(1, n_groups))
-        name = ", ".join(f"{a}={_label(v)}" for a, v in zip(others, key)) or metric
+        name = plot_text(", ".join(f"{a}={_label(v)}" for a, v in zip(others, key)) or metric)
         g = g.sort_values(x, key=lambda s: s.map(pos))
         px = [pos[v] + offset for v in g[x]]
         low = g["ci_low"] if interval else g["min"]
         high = g["ci_high"] if interval else g["max"]
         yerr = [(g["mean"] - low).clip(lower=0), (high - g["mean"]).clip(lower=0)]
-        ax.errorbar(px, g["mean"], yerr=yerr, fmt="o-", color=colour, capsize=4,
-                    lw=1.6, ms=5, label=name)
+        named.append(ax.errorbar(px, g["mean"], yerr=yerr, fmt="o-", color=colour, capsize=4,
+                                 lw=1.6, ms=5, label=name))
         runs = ok
         for a, v in zip(others, key):
             runs = runs[runs[a] == v]
         ax.scatter([pos[v] + offset for v in runs[x]], runs[metric], s=14, color=colour, alpha=0.45, zorder=3)
-    ax.set_xticks(range(len(xs)), [_label(v) for v in xs])
-    ax.set_xlabel(x)
-    ax.set_ylabel(metric)
+    ax.set_xticks(range(len(xs)), [plot_text(_label(v)) for v in xs])
+    ax.set_xlabel(plot_text(x))
+    ax.set_ylabel(plot_text(metric))
     if metric.endswith("accuracy") or metric.endswith("rate"):
         ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     if others or len(groups):
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(named, [c.get_label() for c in named], fontsize=8, loc="best")
     what = (f"bars: {level:.0%} Wilson interval over questions (seeds pooled)" if interval
             else "bars: range over seeds")
     fig.text(0.01, 0.01, f"dots: one run (seed) each · line: mean over seeds · {what}", fontsize=8, color="#444")
