@@ -316,3 +316,14 @@ def test_wait_returns_with_the_estimate_in_not_just_the_count(monkeypatch):
     go.set()
     releaser.join(60)
     assert shown == (False, "local/arith-tiny")
+
+
+def test_an_error_quoting_the_rows_is_redacted_in_the_meter(monkeypatch):
+    """A count or price error can quote a row (a key pasted where a role belongs): the meter shows it
+    redacted, in the live view and the saved one, as the previewer does."""
+    key = "tml-test-canary-cost-meter-0000000000"
+    bad = [{"messages": [{"role": key, "content": "What is 1 + 1?"}, {"role": "assistant", "content": "answer: 2"}]}]
+    m = CostMeter(bad, model=INKLING)
+    m.wait()
+    shown = m.error + m.eval_error + m.static_html() + m._repr_mimebundle_()["text/plain"]
+    assert m.error and key not in shown, shown

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from ..errors import BudgetExceeded, EngineError, MachineFormatError
+from ..core.redact import redacted
 from ..core.theme import BG, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, text_colour
 from ._base import FollowsPicker, NoMathHTML, StaticFallback, escape
 
@@ -423,16 +424,16 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
             counts = self._counts.get(model)
             if self._has_data():
                 if isinstance(counts, Exception):
-                    error = str(counts)
+                    error = redacted(str(counts))  # a count's error may quote a row
                 else:
                     try:
                         estimate = estimate_cost(self.data, model, self.epochs, self.batch_size,
                                                  max_steps=self.max_steps, counts=counts)
                     except (BudgetExceeded, EngineError, ValueError) as exc:  # no training price
-                        error = str(exc)
+                        error = redacted(str(exc))
             ev = self._evals.get(model)
             if isinstance(ev, Exception):
-                eval_error = str(ev)
+                eval_error = redacted(str(ev))
             else:
                 eval_estimate = ev
             self.estimate, self.eval_estimate = estimate, eval_estimate
