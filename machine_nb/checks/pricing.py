@@ -214,8 +214,14 @@ class _Estimate:
 
 
 def _check_schedule(epochs: int, batch_size: int, max_steps: int | None) -> None:
-    """Refuse (ValueError) a schedule no run can use, by the rule the trainers refuse it by: epochs
-    and batch_size below 1, or max_steps below 1 (a zero batch has no steps, a negative epoch no cost)."""
+    """Refuse (ValueError) a schedule no run can use, by the rule the trainers refuse it by: epochs,
+    batch_size or max_steps not a whole number (1.5 epochs would price 1.5x the steps no run takes),
+    epochs and batch_size below 1, or max_steps below 1 (a zero batch has no steps, a negative
+    epoch no cost)."""
+    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("max_steps", max_steps)):
+        if (value is not None or name != "max_steps") and (isinstance(value, bool)
+                                                           or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be at least 1 (got epochs={epochs}, batch_size={batch_size})")
     if max_steps is not None and max_steps < 1:
@@ -318,7 +324,8 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
         A CostEstimate.
 
     Raises:
-        ValueError: epochs or batch_size below 1, or max_steps below 1 (as the trainers refuse them).
+        ValueError: epochs, batch_size or max_steps not a whole number, epochs or batch_size below
+            1, or max_steps below 1 (as the trainers refuse them).
     """
     from .tokens import count_tokens
 
@@ -475,7 +482,8 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
 
     Raises:
         UnknownPrice: no train or prefill price is known for the model ("cannot bound the cost").
-        ValueError: epochs or batch_size below 1, or max_steps below 1 (as the trainers refuse them).
+        ValueError: epochs, batch_size or max_steps not a whole number, epochs or batch_size below
+            1, or max_steps below 1 (as the trainers refuse them).
     """
     from ..store.pairs import pair_records
     from .tokens import count_tokens

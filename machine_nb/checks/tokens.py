@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.chat import is_flagged, trainable_flags, trained_indices
 from ..errors import EngineError, MachineFormatError, user_stacklevel
-from ..core.jsonl import iter_jsonl
+from ..core.jsonl import iter_jsonl, open_regular
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,6 +59,33 @@ def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, 
     return estimate_tokens([{"messages": [msgs[i] for i in keep]}]) if keep else 0
 
 
+def refuse_jsonl_text(data: Any) -> None:
+    """Refuse a string of JSONL text given where a file's path goes (a cell's `open(f).read()`).
+
+    Such a string is not a path: as one it is missing, or too long for the file system to look up.
+
+    Args:
+        data: what a caller was given as its data.
+
+    Raises:
+        ValueError: a string that holds a newline, or reads as a JSON object or array ("{…}",
+            "[…]"), and names no file.
+    """
+    if not isinstance(data, str):
+        return
+    bare = data.strip()
+    if "\n" not in bare and not (bare[:1] + bare[-1:] in ("{}", "[]")):
+        return
+    try:
+        if os.path.lexists(data):
+            return
+    except (OSError, ValueError):  # too long a name, or a NUL byte: no file has it
+        pass
+    raise ValueError(f"got JSONL text, not a file path ({data[:40]!r}…, {len(data):,} characters): write it to a "
+                     "file and pass its path, or pass the rows as a list ([json.loads(line) for line in "
+                     "text.splitlines() if line.strip()])")
+
+
 def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
               skipped: list | None = None) -> Iterator[tuple[int, Any]]:
     """The rows of a JSONL file or of rows in memory, numbered.
@@ -69,14 +96,25 @@ def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error
         skipped: where "skip" collects the unreadable lines' errors (default None).
 
     Returns:
-        An iterator of (line, row): 1-based file lines, or positions (index + 1) in memory.
+        An iterator of (line, row): 1-based file lines, or positions (index + 1) in memory. A
+        DataFrame's row leaves out its missing cells (NaN, None): pandas fills every key some row
+        has into every row (`pd.read_json(lines=True)`), and a NaN `whole_run` or `tools` would
+        read as set.
     """
     if isinstance(data, (str, os.PathLike)):
+        refuse_jsonl_text(data)
         yield from iter_jsonl(data, on_error=on_error, skipped=skipped)
     else:
         if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame
-            data = data.to_dict("records")
+            data = ({k: v for k, v in record.items() if not _missing(v)} for record in data.to_dict("records"))
         yield from enumerate(data, start=1)
+
+
+def _missing(value: Any) -> bool:
+    """Whether a DataFrame cell is a missing value (None, NaN, pd.NA, NaT), not data."""
+    import pandas as pd
+
+    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
 
 
 def count_lines(data: Any) -> int | None:
@@ -87,10 +125,14 @@ def count_lines(data: Any) -> int | None:
 
     Returns:
         The count, or None for an iterable without a length.
+
+    Raises:
+        MachineFormatError: a path that is missing or not a regular file (a folder; a named pipe,
+            which is refused at once rather than waited on for a writer).
     """
     if isinstance(data, (str, os.PathLike)):
         n = 0
-        with open(data, "rb") as fh:
+        with open_regular(data) as fh:
             for block in iter(lambda: fh.read(1 << 16), b""):
                 n += block.count(b"\n")
         return n
@@ -208,7 +250,9 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
         A DataFrame with COLUMNS (line, tokens, trained_tokens, exact, error).
 
     Raises:
-        MachineFormatError: a missing file, or a row without a `messages` list (file, line, field).
+        MachineFormatError: a missing file or one that is not a regular file, or a row without a
+            `messages` list (file, line, field).
+        ValueError: JSONL text given instead of a file's path.
     """
     import pandas as pd
 
@@ -217,6 +261,7 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
     path = data if isinstance(data, (str, os.PathLike)) else None
     key = None
     if path is not None:
+        refuse_jsonl_text(path)
         try:
             st = os.stat(path)
         except FileNotFoundError:

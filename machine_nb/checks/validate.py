@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.chat import ROLES, content_text, row_findings
-from ..core.jsonl import dumps_line, iter_jsonl
+from ..core.jsonl import dumps_line, iter_jsonl, not_regular, open_regular
 from ..core.redact import SECRET_PATTERNS, connection_passwords, mask, redacted
 from ..evaluation.scoring import MATCH_MODES
 
@@ -230,6 +230,20 @@ def _isna(v: Any) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and v != v)
 
 
+def _not_a_file(path: Path) -> tuple[str, str] | None:
+    """(code, message) when `path` cannot be read as a JSONL file, else None. Only stat is asked:
+    opening a named pipe would wait for a writer."""
+    try:
+        what = not_regular(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return "no_file", f"{path} does not exist"
+    except OSError as exc:
+        return "no_file", f"{path} cannot be read: {exc.strerror}"
+    if what is None:
+        return None
+    return "not_a_file", f"{path} is {what}, not a regular file: give the path of a JSONL file"
+
+
 def _detect_kind(path: Path) -> str:
     """"eval" when the first readable object row has "expected", else "train"."""
     for _, row in iter_jsonl(path, on_error="skip", skipped=[]):
@@ -364,9 +378,13 @@ def prepare(settings: ValidateSettings) -> Prepared:
 
     Returns:
         The Prepared checks, with a finding for each thing that could not be prepared.
-    """
-    from .tokens import renderer_or_reason
 
+    Raises:
+        ValueError: JSONL text given for the held-out file instead of its path.
+    """
+    from .tokens import refuse_jsonl_text, renderer_or_reason
+
+    refuse_jsonl_text(settings.eval_data)
     out = Prepared()
     if settings.model is None:
         out.findings.append((None, "info", "no_model", "no model given: renderer checks and exact token counts "
@@ -376,11 +394,11 @@ def prepare(settings: ValidateSettings) -> Prepared:
         if note:
             out.findings.append((None, "warning", "estimated_tokens", note))
     if settings.eval_data is not None:
-        if Path(settings.eval_data).exists():
+        unreadable = _not_a_file(Path(settings.eval_data))
+        if unreadable is None:
             out.eval_keys = _load_prompt_keys(Path(settings.eval_data))
         else:
-            out.findings.append((None, "error", "no_file",
-                                 f"eval file {settings.eval_data} does not exist (overlap not checked)"))
+            out.findings.append((None, "error", "no_file", f"eval file {unreadable[1]} (overlap not checked)"))
     api_key = os.environ.get("TINKER_API_KEY", "").strip()
     out.extra_secrets = (api_key,) if len(api_key) >= 8 else ()
     return out
@@ -406,7 +424,7 @@ def iter_file_rows(path: str | os.PathLike, *, progress: bool | None = None,
     total = count_lines(path)
     skipped: list = [] if bad is None else bad
     show = resolve_progress(progress, worth_a_bar=total > PROGRESS_MIN_ROWS)
-    with open(path, "rb") as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows", enabled=show) as pb:
+    with open_regular(path) as raw_fh, bar(total=total, desc=f"validate {path.name}", unit="rows", enabled=show) as pb:
         raw_lines = iter(enumerate(raw_fh, start=1))
         for line, row in iter_jsonl(path, on_error="skip", skipped=skipped):
             # the raw text of this line, for the secret scan (the same file, read in step)
@@ -518,11 +536,13 @@ class Tally:
             line: the row's line (None: the whole file).
             severity: "error", "warning" or "info".
             code: the finding's stable short name.
-            message: what and where.
+            message: what and where. It is redacted (redact.redacted) before it is kept: shape
+                findings quote the field they are about (a role, a tool_call_id, `expected`),
+                and that value may be a key the secret finding reports masked.
         """
         n = self.per_code[code] = self.per_code.get(code, 0) + 1
         if n <= MAX_FINDINGS_PER_CODE:
-            self.findings.append((line, severity, code, message))
+            self.findings.append((line, severity, code, redacted(message)))
         self.counts[severity] += 1
 
     def bad_line(self, line: int | None, reason: str) -> None:
@@ -632,14 +652,24 @@ def validate(data: Any, model: str | None = None, max_length: int | str | None =
         progress: progress bar (default None: past 2,000 rows, unless MACHINE_NB_PROGRESS=0).
 
     Returns:
-        A ValidationResult: findings (line, severity, code, message), summary, ok.
+        A ValidationResult: findings (line, severity, code, message), summary, ok. A path that is
+        missing (no_file) or not a regular file (not_a_file: a folder, a named pipe) is a finding.
+
+    Raises:
+        ValueError: JSONL text given for `data` or `eval_data` instead of a path; a kind or
+            max_length no validation can use.
+        TypeError: data that is neither a path nor rows.
     """
+    from .tokens import refuse_jsonl_text
+
     if not isinstance(data, (str, os.PathLike)):
         return _validate_rows(data, model, max_length, eval_data, kind, train_on_what)
+    refuse_jsonl_text(data)
     path = Path(data)
-    if not path.exists():
+    unreadable = _not_a_file(path)
+    if unreadable is not None:
         tally = Tally(path, resolve_settings(model, max_length, kind))
-        tally.add(None, "error", "no_file", f"{path} does not exist")
+        tally.add(None, "error", *unreadable)
         return tally.finish()
     if kind == "auto":
         kind = _detect_kind(path)
