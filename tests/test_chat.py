@@ -283,3 +283,17 @@ def test_trained_indices_for_every_mode():
     assert trained_indices(messages, "customized") == [5]  # no flags: the last assistant message
     with pytest.raises(ValueError, match="unknown train_on_what"):
         trained_indices(messages, "everything")
+
+
+def test_a_frame_of_rows_that_lack_some_keys_is_prepared_as_the_rows_are():
+    """pd.DataFrame(rows) fills every key some row has into every row (NaN): a plain row then read
+    as a whole run (its NaN whole_run set) and was refused for having no trainable message."""
+    import pandas as pd
+
+    from machine_nb.core.chat import prepare_data
+
+    rows = [{"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1", "trainable": True},
+                          {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}],
+             "whole_run": True},
+            {"messages": [{"role": "user", "content": "q3"}, {"role": "assistant", "content": "a3"}]}]
+    assert prepare_data(pd.DataFrame(rows)) == prepare_data(rows)

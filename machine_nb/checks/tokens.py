@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..core.chat import is_flagged, trainable_flags, trained_indices
+from ..core.chat import frame_rows, is_flagged, trainable_flags, trained_indices
 from ..errors import EngineError, MachineFormatError, user_stacklevel
 from ..core.jsonl import iter_jsonl, open_regular
 
@@ -105,16 +105,7 @@ def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error
         refuse_jsonl_text(data)
         yield from iter_jsonl(data, on_error=on_error, skipped=skipped)
     else:
-        if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame
-            data = ({k: v for k, v in record.items() if not _missing(v)} for record in data.to_dict("records"))
-        yield from enumerate(data, start=1)
-
-
-def _missing(value: Any) -> bool:
-    """Whether a DataFrame cell is a missing value (None, NaN, pd.NA, NaT), not data."""
-    import pandas as pd
-
-    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
+        yield from enumerate(frame_rows(data), start=1)
 
 
 def count_lines(data: Any) -> int | None:

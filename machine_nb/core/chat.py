@@ -434,9 +434,28 @@ def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
         from .jsonl import iter_jsonl
 
         return str(path), iter_jsonl(path)
-    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a DataFrame of export lines
-        data = data.to_dict("records")
-    return "<data>", enumerate(list(data), start=1)
+    return "<data>", enumerate(list(frame_rows(data)), start=1)
+
+
+def frame_rows(data: Any) -> Any:
+    """A DataFrame's rows as dicts without their missing cells (None, NaN, pd.NA, NaT), as the rows
+    were before pandas gave every row every key some row has (a NaN `whole_run` would read as set);
+    anything else as given.
+
+    Args:
+        data: a DataFrame, or rows.
+
+    Returns:
+        An iterator of row dicts for a DataFrame, else `data`.
+    """
+    if not (hasattr(data, "to_dict") and hasattr(data, "columns")):
+        return data
+    import pandas as pd
+
+    def missing(value: Any) -> bool:
+        return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
+
+    return ({k: v for k, v in record.items() if not missing(v)} for record in data.to_dict("records"))
 
 
 def prepare_data(data: Any) -> tuple[list[dict], str]:
@@ -558,5 +577,5 @@ def probe_rows(prompts: Any) -> list[dict]:
 
 
 __all__ = ["ROLES", "PART_TYPES", "KINDS", "Finding", "content_text", "prompt_text", "row_findings", "check_row",
-           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "prepare_data", "load_eval_rows",
+           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "prepare_data", "frame_rows", "load_eval_rows",
            "eval_rows", "probe_rows"]
