@@ -130,6 +130,7 @@ def test_validate_trainers_and_evals_share_one_rule():
     rows = [
         ({"messages": [{"role": "bot", "content": "hi"}, reply()]}, "train", "unknown_role", "messages.0.role"),
         ({"messages": [user(), reply(trainable="yes")]}, "train", "bad_trainable", "messages.1.trainable"),
+        ({"messages": [user(), reply()], "whole_run": "no"}, "train", "bad_whole_run", "whole_run"),
         ({"messages": [user(), {"role": "tool", "tool_call_id": "c9", "content": "x"}, reply()]}, "train",
          "orphan_tool_result", "messages.1.tool_call_id"),
         ({"messages": [user()], "expected": "62", "match": "number", "format": 5}, "eval", "bad_format", "format"),

@@ -255,6 +255,9 @@ def row_findings(row: Any, kind: str = "train") -> list[Finding]:
         return [Finding("error", "empty_messages", "field 'messages' is an empty list; a row needs a non-empty list "
                                                    "of chat messages", "messages")]
     out = _message_findings(messages)
+    if "whole_run" in row and not isinstance(row["whole_run"], bool):  # "no" would read as set
+        out.append(Finding("error", "bad_whole_run", f"whole_run must be true or false, got {row['whole_run']!r}",
+                           "whole_run"))
     last = len(messages) - 1
     if kind == "train":
         if _role(messages[last]) != "assistant":
