@@ -182,9 +182,12 @@ def is_local_path(path: str) -> bool:
 
 
 def check_name(name: str) -> str:
-    """A checkpoint name is a plain file name (letters, digits, `._-`); EngineError otherwise."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
-        raise EngineError(f"checkpoint name {name!r} must be 1-128 letters, digits, '.', '_' or '-'")
+    """A checkpoint name is a plain file name (letters, digits, `._-`) that does not start with a
+    dot: a save's temporary folders do (`.<name>.tmp-…`), and listings leave such folders out.
+    EngineError otherwise."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith("."):
+        raise EngineError(f"checkpoint name {name!r} must be 1-128 letters, digits, '.', '_' or '-', not "
+                          "starting with '.'")
     return name
 
 

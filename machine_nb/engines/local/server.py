@@ -78,6 +78,11 @@ ACTIVE_S = 2.0
 #: and the seconds an unused one is kept.
 MAX_SAMPLERS = 64
 SAMPLER_IDLE_S = 1800.0
+#: Samples one `asample` request may ask for at most: the request's checks and its reply grow
+#: with the count, so a larger one is refused before anything is built for it.
+MAX_NUM_SAMPLES = 4096
+#: Seeds a request may give: what torch's generators take (a signed 64-bit number).
+SEED_RANGE = range(-(2**63), 2**63)
 
 
 class ApiError(Exception):
@@ -421,6 +426,12 @@ def _dump(value: Any) -> Any:
     return value.model_dump(mode="json", exclude_none=True)
 
 
+def _check_seed(seed: int | None, call: str, where: str) -> None:
+    """A 400 naming `where` for a seed outside SEED_RANGE (None: the server picks one)."""
+    if seed is not None and seed not in SEED_RANGE:
+        raise ApiError(400, f"{call}: a seed is a whole number from -2**63 to 2**63 - 1, got {seed}", where)
+
+
 def _token_ids(model_input: Any, where: str) -> list[int]:
     try:
         return [int(t) for t in model_input.to_ints()]
@@ -703,7 +714,10 @@ class LocalServer:
 
     def heartbeat(self, q: dict, body: Any) -> dict:
         sid = (body or {}).get("session_id") if isinstance(body, dict) else None
-        session = self.sessions.get(sid or "")
+        if not isinstance(sid, str):
+            raise ApiError(400, f"session_heartbeat: session_id must be a string, got {type(sid).__name__}",
+                           "session_id")
+        session = self.sessions.get(sid)
         if session is None:
             raise ApiError(404, f"session_heartbeat: no session {sid!r} on this server", "session_id")
         if session.finished:
@@ -767,7 +781,10 @@ class LocalServer:
             raise ApiError(400, f"{call}: the local engine does not serve {name!r}; it serves "
                                 f"{', '.join(sorted(MODELS))} (Tinker models need Tinker itself)", "base_model")
 
-    def _new_run(self, session_id: str, model_seq_id: int, base_model: str, user_metadata: dict | None) -> _Run:
+    def _new_run(self, session_id: str, model_seq_id: int, base_model: str, user_metadata: dict | None,
+                 call: str) -> _Run:
+        if model_seq_id < 0:  # a run id holds it as digits (checkpoints.run_dir): no folder would take it
+            raise ApiError(400, f"{call}: model_seq_id must be a whole number >= 0, got {model_seq_id}", "model_seq_id")
         model_id = f"{session_id}:train:{model_seq_id}"
         with self._lock:
             if model_id in self.runs:
@@ -842,12 +859,13 @@ class LocalServer:
         if rank < 0:  # rank 0 is full fine-tuning, a local-engine extension (Tinker has none)
             raise ApiError(400, f"create_model: LoRA rank must be 0 (full fine-tuning) or more, got {rank}",
                            "lora_config.rank")
+        _check_seed(None if lora is None else lora.seed, "create_model", "lora_config.seed")
         from . import max_lora_rank
 
         if rank > (most := max_lora_rank(req.base_model)):
             raise ApiError(400, f"create_model: LoRA rank {rank} is past {req.base_model}'s width: give at most "
                                 f"{most} (a higher rank adds no capacity, only memory)", "lora_config.rank")
-        run = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata)
+        run = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata, "create_model")
         fut = self.futures.new("create_model")
 
         settings = {"rank": rank, "seed": None if lora is None else lora.seed,
@@ -1074,7 +1092,7 @@ class LocalServer:
             raise ApiError(400, f"load_weights: {req.path} was trained from {meta['base_model']}, not {req.base_model}",
                            "base_model")
         run = self._new_run(req.session_id, req.model_seq_id, meta["base_model"],
-                            {**(meta.get("user_metadata") or {}), **(req.user_metadata or {})})
+                            {**(meta.get("user_metadata") or {}), **(req.user_metadata or {})}, "load_weights")
         fut = self.futures.new("load_weights")
 
         def create() -> dict:
@@ -1158,8 +1176,9 @@ class LocalServer:
                 raise ApiError(400, f"asample: the local engine does not return {name}", name)
         if req.target_prompt_logprobs is not None:
             raise ApiError(400, "asample: the local engine does not return target_prompt_logprobs", "target_prompt_logprobs")
-        if req.num_samples < 1:
-            raise ApiError(400, f"asample: num_samples must be at least 1, got {req.num_samples}", "num_samples")
+        if not 1 <= req.num_samples <= MAX_NUM_SAMPLES:
+            raise ApiError(400, f"asample: num_samples must be from 1 to {MAX_NUM_SAMPLES}, got {req.num_samples}; "
+                                "ask for more in several requests", "num_samples")
         if not ids:
             raise ApiError(400, "asample: the prompt is empty", "prompt")
         bad = [t for t in ids if not 0 <= t < sampler.vocab_size]
@@ -1176,6 +1195,7 @@ class LocalServer:
             raise ApiError(400, f"asample: max_tokens must be >= 0, got {params.max_tokens}", "sampling_params.max_tokens")
         if params.temperature < 0:
             raise ApiError(400, f"asample: temperature must be >= 0, got {params.temperature}", "sampling_params.temperature")
+        _check_seed(params.seed, "asample", "sampling_params.seed")
         from . import check_batch
 
         try:
