@@ -121,3 +121,13 @@ def test_a_heartbeat_with_a_session_id_that_is_no_string_names_it(srv, sid):
     status, body = call(srv, "/api/v1/session_heartbeat", {"session_id": sid, "type": "session_heartbeat"})
     assert status == 400 and body["field"] == "session_id", body
     assert "internal error" not in body["detail"]
+
+
+@pytest.mark.parametrize("params,field", [({"temperature": float("nan")}, "sampling_params.temperature"),
+                                          ({"temperature": float("inf")}, "sampling_params.temperature"),
+                                          ({"top_p": 0.0}, "sampling_params.top_p"),
+                                          ({"top_p": 1.5}, "sampling_params.top_p")])
+def test_sampling_numbers_no_sampler_can_use_are_refused_naming_them(srv, sampler, params, field):
+    """A NaN or infinite temperature (`nan < 0` is false) and a top_p outside (0, 1] sampled anyway."""
+    status, body = call(srv, "/api/v1/asample", sample_request(sampler, **params))
+    assert status == 400 and body["field"] == field, body

@@ -32,6 +32,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -1193,8 +1194,12 @@ class LocalServer:
         params = req.sampling_params
         if params.max_tokens is not None and params.max_tokens < 0:
             raise ApiError(400, f"asample: max_tokens must be >= 0, got {params.max_tokens}", "sampling_params.max_tokens")
-        if params.temperature < 0:
-            raise ApiError(400, f"asample: temperature must be >= 0, got {params.temperature}", "sampling_params.temperature")
+        if not 0 <= params.temperature < math.inf:  # NaN too
+            raise ApiError(400, f"asample: temperature must be a finite number >= 0, got {params.temperature}",
+                           "sampling_params.temperature")
+        if params.top_p is not None and not 0 < params.top_p <= 1:
+            raise ApiError(400, f"asample: top_p must be above 0 and at most 1 (1: no nucleus filter), got "
+                                f"{params.top_p}", "sampling_params.top_p")
         _check_seed(params.seed, "asample", "sampling_params.seed")
         from . import check_batch
 
