@@ -483,10 +483,19 @@ def data_source(resumed: Resumed | None, file: str, given: Any) -> Any:
 
     Returns:
         A path or the given data.
+
+    Raises:
+        FileNotFoundError: a resumed run whose copy is gone: the loop reads that copy, and the
+            rows given now may differ from the ones the run started with.
     """
-    if resumed is not None and (resumed.path / file).exists():
-        return resumed.path / file  # the very rows the run started with
-    return given
+    if resumed is None:
+        return given
+    if not (resumed.path / file).is_file():
+        raise FileNotFoundError(f"resume={str(resumed.path)!r}: its {file} (the rows the run started with, "
+                                "which the resumed loop reads) is missing, so the run cannot continue as it "
+                                f"started (nothing there was changed). Put {file} back in that folder, or start a "
+                                "new run.")
+    return resumed.path / file  # the very rows the run started with
 
 
 def count_steps(settings: RunSettings, data: RunData) -> tuple[int, int]:

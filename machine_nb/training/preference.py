@@ -403,8 +403,10 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
         max_length=max_length, lr_schedule=lr_schedule, save_every=save_every, max_usd=max_usd, base_url=base_url,
         eval_every=eval_every, eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     inspect = loop.inspect_spec(inspect_tasks, settings, "dpo")
+    # before the runner starts: a resume whose rows are gone is refused first
+    source = loop.data_source(resumed, DPOData.file, pairs)
     loop.start_runner()
-    records = DPOData(_pair_records(loop.data_source(resumed, DPOData.file, pairs)))
+    records = DPOData(_pair_records(source))
     return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=pairs, progress=progress, on_metrics=on_metrics,
                       **({"inspect": inspect} if inspect else {}))

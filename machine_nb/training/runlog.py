@@ -15,6 +15,7 @@ read runs through it, whatever is training them.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import stat
@@ -204,21 +205,88 @@ def resume_note(resumed_at: list[int], steps: int | None = None) -> str | None:
 # reading a log dir
 
 
-def read_log_lines(path: str | os.PathLike) -> list[dict]:
+#: What each field the readers use holds, per log file: a value of another type (a hand-edited or
+#: damaged line) is refused naming its file, line and field, rather than read as something else
+#: (JSON true as a loss of 1.0) or failing deep in a reader. A missing field, or null, is allowed.
+#: "int": a whole number; "number": any number (NaN and infinity included: a diverged run logs
+#: them); "count": a finite number, 0 or more; "text": a string; "object": a JSON object;
+#: "ints": a list of whole numbers; "objects": a list of JSON objects; "bool": true or false.
+FIELD_KINDS: dict[str, dict[str, str]] = {
+    METRICS_FILE: {"step": "int", "num_tokens": "count", SFT_LOSS: "number", DPO_LOSS: "number",
+                   HELDOUT_ACCURACY: "number", HELDOUT_FORMAT_RATE: "number"},
+    CHECKPOINTS_FILE: {"name": "text", "sampler_path": "text", "state_path": "text", "epoch": "int", "batch": "int",
+                       "elapsed_tokens": "count", "steps_in_state": "int", "unconfirmed": "ints"},
+    HELDOUT_FILE: {"step": "int", "final": "bool", "n": "int", "correct": "int", "errors": "int",
+                   "prompt_tokens": "int", "output_tokens": "int", "accuracy": "number", "format_rate": "number",
+                   "parameters": "object", "rows": "objects"},
+}
+_KIND_WORDS = {"int": "a whole number", "number": "a number", "count": "a finite number, 0 or more",
+               "text": "a string", "object": "a JSON object", "ints": "a list of whole numbers",
+               "objects": "a list of JSON objects", "bool": "true or false"}
+#: Metrics fields that mean nothing without their step (the held-out scores of an eval step).
+_NEEDS_STEP = (HELDOUT_ACCURACY, HELDOUT_FORMAT_RATE)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fits(value: Any, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {"int": lambda: _is_int(value), "number": lambda: number,
+            "count": lambda: number and math.isfinite(value) and value >= 0,
+            "text": lambda: isinstance(value, str), "object": lambda: isinstance(value, dict),
+            "ints": lambda: isinstance(value, list) and all(_is_int(v) for v in value),
+            "objects": lambda: isinstance(value, list) and all(isinstance(v, dict) for v in value),
+            "bool": lambda: isinstance(value, bool)}[kind]()
+
+
+def _check_row(path: Path, line: int, row: dict) -> None:
+    """Refuse a row of a log file whose fields do not hold what FIELD_KINDS says, naming the field."""
+    kinds = FIELD_KINDS.get(path.name, {})
+    for name, kind in kinds.items():
+        value = row.get(name)
+        if value is not None and not _fits(value, kind):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise MachineFormatError(path, f"{name} is {shown}, not {_KIND_WORDS[kind]}: no training run writes "
+                                     "that (the line was edited or damaged). Correct or delete the line, then "
+                                     "read the log dir again.", line=line, field=name)
+    if path.name == METRICS_FILE and row.get("step") is None:
+        for name in _NEEDS_STEP:
+            if row.get(name) is not None:
+                raise MachineFormatError(path, f"a row with {name} has no step, so its eval step is unknown: "
+                                         "add the step or delete the line, then read the log dir again.",
+                                         line=line, field="step")
+
+
+def read_log_lines(path: str | os.PathLike, *, strict: bool = False) -> list[dict]:
     """The JSON objects of a log dir's JSONL file, as far as they can be read.
 
     Args:
         path: the file (metrics.jsonl, checkpoints.jsonl, heldout.jsonl, …).
+        strict: refuse a row whose fields do not hold what FIELD_KINDS says (default False: rows
+            are returned as written, for a plot that shows a value of the wrong type as a gap).
+            The readers whose numbers a user relies on (`read_training_log`, `heldout_steps`)
+            read strictly.
 
     Returns:
         Its objects in order; [] when the file is not there. A partial last line (a run still
         writing) is skipped quietly, any other unreadable line with a warning naming it.
+
+    Raises:
+        MachineFormatError: with `strict`, a row with a field of the wrong type, naming the file,
+            line and field.
     """
     path = Path(path)
     if not path.exists():
         return []
     skipped: list[MachineFormatError] = []
-    rows = [value for _, value in iter_jsonl(path, on_error="skip", skipped=skipped) if isinstance(value, dict)]
+    rows = []
+    for line, value in iter_jsonl(path, on_error="skip", skipped=skipped):
+        if isinstance(value, dict):
+            if strict:
+                _check_row(path, line, value)
+            rows.append(value)
     loud = [e for e in skipped if "truncated last line" not in str(e)]
     if loud:
         warnings.warn(f"skipped {len(loud)} unreadable line(s) of {path}: " + "; ".join(str(e) for e in loud[:5]),
@@ -232,16 +300,17 @@ def unique_steps(rows: list[dict]) -> list[dict]:
     held-out scores are two rows of one step).
 
     Args:
-        rows: log rows with a `step` (rows without one are kept, each on its own).
+        rows: log rows with a `step` (rows without a whole-number one are kept, each on its own).
 
     Returns:
         The rows, ordered by step.
     """
     by_step: dict[Any, dict] = {}
     for i, m in enumerate(rows):
-        key = m.get("step", f"row{i}")
+        key = m["step"] if _is_int(m.get("step")) else ("row", i)
         by_step[key] = {**by_step.get(key, {}), **m}
-    return sorted(by_step.values(), key=lambda m: (m.get("step") is None, m.get("step") or 0))
+    # rows whose step is not a whole number (None, or text in a hand-edited file) go last, in order
+    return sorted(by_step.values(), key=lambda m: (0, m["step"]) if _is_int(m.get("step")) else (1, 0))
 
 
 def loss_metric(rows: Iterable[Mapping[str, Any]]) -> str | None:
@@ -366,13 +435,16 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
 
     Raises:
         FileNotFoundError: when `log_dir` does not exist.
+        MachineFormatError: a row of metrics.jsonl, checkpoints.jsonl or heldout.jsonl with a field
+            of the wrong type (FIELD_KINDS), or a held-out score without its step, naming the
+            file, line and field.
     """
     path = Path(log_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"No training log dir at {path}")
     marker = read_marker(path)
-    checkpoints = read_log_lines(path / CHECKPOINTS_FILE)
-    all_rows = unique_steps(read_log_lines(path / METRICS_FILE))
+    checkpoints = read_log_lines(path / CHECKPOINTS_FILE, strict=True)
+    all_rows = unique_steps(read_log_lines(path / METRICS_FILE, strict=True))
     loss_key = DPO_LOSS if marker.get("kind") == "dpo" else loss_metric(all_rows)
     kind = "dpo" if loss_key == DPO_LOSS else "sft"
     metrics = [m for m in all_rows if loss_key and isinstance(m.get(loss_key), (int, float))]
@@ -392,9 +464,10 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         last_eval = finals[-1] if finals else None
     best = max(evals, key=lambda m: m[HELDOUT_ACCURACY]) if evals else None  # max keeps the earliest tie
     estimate = marker.get("estimate") if isinstance(marker.get("estimate"), dict) else {}
+    usd, estimated_tokens = estimate.get("usd"), estimate.get("tokens")
     resumed = marker.get("resumed_at")
-    resumed_at = sorted({k for k in resumed if isinstance(k, int)}) if isinstance(resumed, list) else []
-    total = marker.get("steps") if isinstance(marker.get("steps"), int) else None
+    resumed_at = sorted({k for k in resumed if _is_int(k)}) if isinstance(resumed, list) else []
+    total = marker.get("steps") if _is_int(marker.get("steps")) else None
     return TrainResult(
         checkpoint=sampler[-1]["sampler_path"] if sampler else None,
         steps=len(metrics), tokens=tokens,
@@ -403,7 +476,8 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         log_dir=str(path), cost_usd=cost, model=model, engine=engine,
         complete=any(c.get("name") == "final" for c in checkpoints),
         state_path=states[-1]["state_path"] if states else None, loss_metric=loss_key,
-        estimated_usd=estimate.get("usd"), estimated_tokens=estimate.get("tokens"), eval_cost_usd=eval_cost,
+        estimated_usd=float(usd) if isinstance(usd, (int, float)) and not isinstance(usd, bool) else None,
+        estimated_tokens=estimated_tokens if _is_int(estimated_tokens) else None, eval_cost_usd=eval_cost,
         heldout_accuracy=None if last_eval is None else last_eval.get("accuracy"),
         heldout_format_rate=None if last_eval is None else last_eval.get("format_rate"),
         best_step=None if best is None else int(best["step"]),
@@ -422,8 +496,12 @@ def heldout_steps(log_dir: str | os.PathLike) -> list[dict]:
 
     Returns:
         One line per eval step (the last written when a resumed run repeated one), by step.
+
+    Raises:
+        MachineFormatError: a line with a field of the wrong type (FIELD_KINDS), naming the file,
+            line and field.
     """
-    rows = [r for r in read_log_lines(Path(log_dir) / HELDOUT_FILE) if isinstance(r.get("rows"), list)]
+    rows = [r for r in read_log_lines(Path(log_dir) / HELDOUT_FILE, strict=True) if isinstance(r.get("rows"), list)]
     return unique_steps(rows)
 
 

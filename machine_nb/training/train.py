@@ -223,8 +223,10 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
         save_every=save_every, max_usd=max_usd, base_url=base_url, eval_every=eval_every,
         eval_max_tokens=eval_max_tokens, eval_temperature=eval_temperature)
     inspect = loop.inspect_spec(inspect_tasks, settings, "sft")
+    # before the runner starts: a resume whose rows are gone is refused first
+    source = loop.data_source(resumed, SFTData.file, data)
     loop.start_runner()
-    rows = SFTData(*prepare_data(loop.data_source(resumed, SFTData.file, data)))
+    rows = SFTData(*prepare_data(source))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
                       workspace=workspace, name=name, source=data, progress=progress, on_metrics=on_metrics,
                       train_on_what=rows.train_on_what, resume=resumed is not None,
