@@ -169,17 +169,23 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp
     second: list = []
 
     def start_another(rows) -> None:
+        from machine_nb.training.loop import _Runner
+
         if second:
             return
+        idle = list(_Runner._idle)
         for kw in ({"resume": log_dir}, {"log_dir": log_dir}):
             try:
                 second.append(sft(corpus.train, progress=False, **kw))
             except Exception as exc:  # kept for the asserts below: raised here it would stop the run
                 second.append(exc)
+        second.append(_Runner._idle == idle)  # refused before a training process was started for it
 
     done = sft(corpus.train, resume=log_dir, progress=False, on_metrics=start_another)
-    assert len(second) == 2 and all(isinstance(e, FileExistsError) for e in second), second
-    assert all(f"{log_dir} is in use: a run is training there now" in str(e) for e in second), second
+    *refused, no_process_started = second
+    assert len(refused) == 2 and all(isinstance(e, FileExistsError) for e in refused), refused
+    assert all(f"{log_dir} is in use: a run is training there now" in str(e) for e in refused), refused
+    assert no_process_started
     assert done.complete and done.checkpoint.endswith("/sampler_weights/final")
     assert done.steps == 11 and done.tokens == whole.tokens
     assert done.last_loss == whole.last_loss

@@ -194,6 +194,22 @@ def resume_record(resume: str | os.PathLike | None, kind: str) -> Resumed | None
     return Resumed(path, record)
 
 
+def refuse_if_training(path: str | os.PathLike | None) -> None:
+    """Refuse at once a log dir a run is training in now (another kernel, thread or process), before
+    a training process is started for a call that would be refused; the run's own hold is taken
+    with its claim (prepare_log_dir).
+
+    Args:
+        path: the log dir a call resumes or starts in (None, or not a folder yet: nothing to check).
+
+    Raises:
+        LogDirInUse: a run holds it.
+    """
+    if path is not None and Path(path).is_dir():
+        with hold_log_dir(Path(path).absolute()):
+            pass
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """A training run's settings, every default resolved: what its run record keeps and its loop runs with.
@@ -1160,6 +1176,6 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
 
 
 __all__ = ["RunSettings", "RunData", "Resumed", "HeldOut", "Preflight", "resolve_target", "refuse_unpriced",
-           "inspect_spec", "resume_record", "data_source", "count_steps", "eval_schedule", "eval_count", "plan_heldout",
-           "refuse_overlap", "estimate_run", "preflight", "prepare_log_dir", "child_spec", "run", "train",
-           "keep_runners", "run_cookbook", "LOCAL_LORA_RANK", "TINKER_LORA_RANK"]
+           "inspect_spec", "resume_record", "data_source", "count_steps", "eval_schedule", "eval_count",
+           "plan_heldout", "refuse_overlap", "estimate_run", "preflight", "refuse_if_training", "prepare_log_dir",
+           "child_spec", "run", "train", "keep_runners", "run_cookbook", "LOCAL_LORA_RANK", "TINKER_LORA_RANK"]

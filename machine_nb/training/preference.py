@@ -405,6 +405,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
     inspect = loop.inspect_spec(inspect_tasks, settings, "dpo")
     # before the runner starts: a resume whose rows are gone is refused first
     source = loop.data_source(resumed, DPOData.file, pairs)
+    loop.refuse_if_training(resume if resume is not None else log_dir)
     loop.start_runner()
     records = DPOData(_pair_records(source))
     return loop.train(settings, records, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,

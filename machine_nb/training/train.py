@@ -225,6 +225,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
     inspect = loop.inspect_spec(inspect_tasks, settings, "sft")
     # before the runner starts: a resume whose rows are gone is refused first
     source = loop.data_source(resumed, SFTData.file, data)
+    loop.refuse_if_training(resume if resume is not None else log_dir)
     loop.start_runner()
     rows = SFTData(*prepare_data(source))
     return loop.train(settings, rows, module=__name__, eval_data=eval_data, resumed=resumed, log_dir=log_dir,
