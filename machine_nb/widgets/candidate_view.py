@@ -54,7 +54,7 @@ class CandidateView(StaticFallback, widgets.VBox):
         self._stop_following = candidate.observe(self._on_candidate)
 
     def close(self) -> None:
-        """Stop following the candidate and close the view (the candidate no longer calls it)."""
+        """Stop following the candidate and close the view (the candidate stops calling it)."""
         stop = getattr(self, "_stop_following", None)  # also called for a half-made view
         if stop is not None:
             stop()

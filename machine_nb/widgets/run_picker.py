@@ -752,7 +752,7 @@ class RunPicker(StaticFallback, w.VBox):
 
     def close(self) -> None:
         """Stop following the tag store, drop a search still waiting for typing to pause, and
-        close the widget (a closed picker is no longer redrawn by `tag()` calls)."""
+        close the widget (`tag()` calls stop redrawing a closed picker)."""
         if getattr(self, "_stop_following", None) is not None:  # also called for a half-made picker
             self._stop_following()
             self._stop_following = None
