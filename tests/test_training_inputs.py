@@ -151,3 +151,14 @@ def test_a_resume_whose_data_file_is_gone_is_refused_before_it_runs(tmp_path, ki
         else:
             mnb.dpo([pair, pair], resume=d, progress=False)
     assert sorted(p.name for p in d.iterdir()) == before
+
+
+def test_a_resumed_run_record_whose_heldout_lacks_a_setting_names_the_record(tmp_path):
+    """A hand-edited machine_nb.json whose "heldout" lacks max_tokens gave a bare KeyError."""
+    from machine_nb.training.loop import Resumed
+    from machine_nb.training.train import SFTSettings
+
+    record = {"kind": "sft", "heldout": {"every": 3, "temperature": 0.0}}
+    with pytest.raises(MachineFormatError, match="max_tokens") as refused:
+        SFTSettings.resolve(Resumed(tmp_path, record), model="local/arith-tiny")
+    assert refused.value.path == str(tmp_path / "machine_nb.json")

@@ -280,6 +280,7 @@ class RunSettings:
             EngineError: an unknown engine or a model it does not serve.
             UnknownPrice: on Tinker, a price the run's cost needs is unknown.
             ValueError: a value out of range. TypeError: a name that is not a field.
+            MachineFormatError: a resumed run record whose held-out settings are incomplete.
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(given) - names)
@@ -290,6 +291,13 @@ class RunSettings:
             values.update({k: resumed.record[k] for k in cls.resumed if k in resumed.record})
             held = resumed.record.get("heldout")
             if isinstance(held, dict):
+                missing = [k for k in ("every", "max_tokens", "temperature") if k not in held]
+                if missing:
+                    from ..errors import MachineFormatError
+
+                    raise MachineFormatError(resumed.path / MARKER, f"the run's held-out settings lack "
+                                             f"{', '.join(missing)}: the record was edited or damaged; put "
+                                             "the run's values back to resume it", field=f"heldout.{missing[0]}")
                 values.update(eval_every=held["every"], eval_max_tokens=held["max_tokens"],
                               eval_temperature=held["temperature"])
         values["model"], values["engine"] = resolve_target(values.get("model"), values.get("engine"))
