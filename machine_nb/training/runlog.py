@@ -231,14 +231,17 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _fits(value: Any, kind: str) -> bool:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return {"int": lambda: _is_int(value), "number": lambda: number,
-            "count": lambda: number and math.isfinite(value) and value >= 0,
-            "text": lambda: isinstance(value, str), "object": lambda: isinstance(value, dict),
-            "ints": lambda: isinstance(value, list) and all(_is_int(v) for v in value),
-            "objects": lambda: isinstance(value, list) and all(isinstance(v, dict) for v in value),
-            "bool": lambda: isinstance(value, bool)}[kind]()
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: FIELD_KINDS' kinds, each the test a value must pass.
+_FITS: dict[str, Any] = {
+    "int": _is_int, "number": _is_number, "count": lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+    "text": lambda v: isinstance(v, str), "object": lambda v: isinstance(v, dict),
+    "ints": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+    "objects": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "bool": lambda v: isinstance(v, bool)}
 
 
 def _check_row(path: Path, line: int, row: dict) -> None:
@@ -246,7 +249,7 @@ def _check_row(path: Path, line: int, row: dict) -> None:
     kinds = FIELD_KINDS.get(path.name, {})
     for name, kind in kinds.items():
         value = row.get(name)
-        if value is not None and not _fits(value, kind):
+        if value is not None and not _FITS[kind](value):
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise MachineFormatError(path, f"{name} is {shown}, not {_KIND_WORDS[kind]}: no training run writes "
                                      "that (the line was edited or damaged). Correct or delete the line, then "
@@ -476,7 +479,7 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         log_dir=str(path), cost_usd=cost, model=model, engine=engine,
         complete=any(c.get("name") == "final" for c in checkpoints),
         state_path=states[-1]["state_path"] if states else None, loss_metric=loss_key,
-        estimated_usd=float(usd) if isinstance(usd, (int, float)) and not isinstance(usd, bool) else None,
+        estimated_usd=float(usd) if _is_number(usd) else None,
         estimated_tokens=estimated_tokens if _is_int(estimated_tokens) else None, eval_cost_usd=eval_cost,
         heldout_accuracy=None if last_eval is None else last_eval.get("accuracy"),
         heldout_format_rate=None if last_eval is None else last_eval.get("format_rate"),
