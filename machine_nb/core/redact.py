@@ -105,9 +105,13 @@ def _worth_redacting(value: str) -> bool:
     return len(v) >= _MIN_SECRET_LEN and v.lower() not in _COMMON_VALUES
 
 
+def _secret_query(m: re.Match[str]) -> bool:
+    """Whether a _QUERY_VALUE match is a secret-named parameter whose value is worth redacting."""
+    return m.group(2) != REDACTED and is_secret_name(m.group(1)[:-1]) and _worth_redacting(m.group(2))
+
+
 def _secret_query_values(text: str) -> list[str]:
-    return [m.group(2) for m in _QUERY_VALUE.finditer(text)
-            if is_secret_name(m.group(1)[:-1]) and m.group(2) != REDACTED and _worth_redacting(m.group(2))]
+    return [m.group(2) for m in _QUERY_VALUE.finditer(text) if _secret_query(m)]
 
 
 def secret_values(environ: Mapping[str, Any] | None = None) -> list[str]:
@@ -233,7 +237,7 @@ def scrub(text: str, secrets: list[str]) -> tuple[str, int]:
     text = _KEY_PASSWORD.sub(keyed, text)
 
     def query(m: re.Match[str]) -> str:
-        if m.group(2) == REDACTED or not is_secret_name(m.group(1)[:-1]) or not _worth_redacting(m.group(2)):
+        if not _secret_query(m):
             return m.group(0)
         replaced[0] += 1
         return m.group(1) + REDACTED
