@@ -209,7 +209,7 @@ def default_results_path(label: str, model: str, checkpoint: str | None) -> Path
     from ..errors import user_stacklevel
 
     first = path = Path(RESULTS_DIR) / f"{label}.json"
-    n = 1
+    n, whose = 1, None
     while path.exists():
         try:
             held = json.loads(path.read_text(encoding="utf-8"))
@@ -217,14 +217,12 @@ def default_results_path(label: str, model: str, checkpoint: str | None) -> Path
             held = None
         if isinstance(held, dict) and held.get("model") == model and held.get("checkpoint") == checkpoint:
             break
+        if whose is None:  # what the first file holds, for the warning
+            whose = (f"the results of {held.get('checkpoint') or held.get('model')}" if isinstance(held, dict)
+                     else "a file that is not results of this model")
         n += 1
         path = first.with_name(f"{label}-{n}.json")
     if n > 1:
-        try:
-            other = json.loads(first.read_text(encoding="utf-8"))
-            whose = f"the results of {other.get('checkpoint') or other.get('model')}"
-        except (OSError, ValueError, AttributeError):
-            whose = "a file that is not results of this model"
         warnings.warn(f"{first} holds {whose}: these results of {checkpoint or model} are written to {path} "
                       "instead (pass out= or name= to choose)", stacklevel=user_stacklevel())
     return path
