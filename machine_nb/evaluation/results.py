@@ -319,8 +319,7 @@ class EvalResult:
         acc = self.accuracy
         if acc is not None and n:
             low, high = self.accuracy_interval()
-            correct = (sum(correct_values(self.rows, str(self.name or "results"))) if "correct" in self.rows.columns
-                       else round(acc * n))
+            correct = round(acc * n)  # the accuracy is counted from the rows: this is that count
             parts.append(f"{correct}/{n} correct, {acc:.1%} (95% CI {low:.1%} to {high:.1%}, Wilson)")
             if self.summary.get("format_rate") is not None:
                 parts.append(f"format {self.summary['format_rate']:.1%}")
@@ -397,5 +396,5 @@ class EvalResult:
         return write_log(build_log(rows.to_dict("records"), self.summary), path)
 
 
-__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "as_eval_result", "results_name", "utc_now",
-           "file_sha256", "load_results", "from_inspect_log"]
+__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "as_eval_result",
+           "results_name", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
