@@ -580,5 +580,5 @@ def probe_rows(prompts: Any) -> list[dict]:
 
 
 __all__ = ["ROLES", "PART_TYPES", "KINDS", "Finding", "content_text", "prompt_text", "row_findings", "check_row",
-           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "prepare_data", "frame_rows", "load_eval_rows",
-           "eval_rows", "probe_rows"]
+           "is_flagged", "trainable_flags", "trained_indices", "train_messages", "prepare_data", "frame_rows",
+           "load_eval_rows", "eval_rows", "probe_rows"]

@@ -402,7 +402,6 @@ class Example:
     weights: np.ndarray  # float32, may be negative (custom losses send -dLoss/dlogprobs)
 
 
-
 #: A checkpoint folder's temporary or replaced copy, as `Trainer.save` names it: `.<name>.tmp-<pid>-<hex>`.
 _SAVE_LEFTOVER = re.compile(r"\..+\.(?:tmp|old)-(\d+)-[0-9a-f]{6}")
 
