@@ -10,12 +10,15 @@ with a session id the server makes), so its checkpoints are ordinary Tinker path
 
 The `tinker://local-` prefix is how a checkpoint string says which engine serves it
 (`engines.engine_for`). The server never deletes or writes outside its data dir (`is_inside`).
+run.json and checkpoint.json are read through `read_run_record` and `read_meta`, which check each
+field's type (`_FIELDS`): a damaged file is refused naming the file and field, never half used.
 Directories are 0700 and files 0600: runs hold what was trained on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -149,7 +152,8 @@ def data_dir_key(data_dir: Path) -> tuple[str, Path]:
 
 def run_ids(data_dir: Path, log: Callable[[str], None]) -> list[str]:
     """The ids of the runs under `<data dir>/runs`, sorted; anything else there (a stray file or
-    folder, a name that is not a run id, a run.json that cannot be read) is skipped, and `log` says so."""
+    folder, a name that is not a run id, a damaged run.json: `read_run_record`) is skipped, and `log`
+    says so, naming the file and field."""
     root = Path(data_dir) / "runs"
     try:
         entries = sorted(root.iterdir())
@@ -163,14 +167,11 @@ def run_ids(data_dir: Path, log: Callable[[str], None]) -> list[str]:
         if not _RUN_ID.fullmatch(p.name) or not p.is_dir():
             log(f"{p}: not a training run (skipped)")
             continue
-        record = p / "run.json"
-        if record.exists():
+        if (p / "run.json").exists():
             try:
-                value = json.loads(record.read_text(encoding="utf-8"))
-                if not isinstance(value, dict) or not isinstance(value.get("base_model"), str):
-                    raise ValueError("not a run record")
-            except (OSError, ValueError, RecursionError) as exc:
-                log(f"{record}: unreadable run record ({exc}); run skipped")
+                read_run_record(p)
+            except MachineFormatError as exc:
+                log(f"{exc}; run skipped")
                 continue
         out.append(p.name)
     return out
@@ -225,19 +226,15 @@ def not_a_checkpoint(directory: Path) -> str | None:
     LoRA rank, and its weights file beside it (`adapter.safetensors`, or `model.safetensors` at rank 0).
     Whether the weights themselves are readable is checked when they are loaded.
     """
-    meta_path = Path(directory) / "checkpoint.json"
+    if not (Path(directory) / "checkpoint.json").is_file():
+        return "it has no checkpoint.json"
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"it has no {meta_path.name}"
-    except (OSError, ValueError, RecursionError):
-        return f"its {meta_path.name} is not readable JSON"
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        return f"its {meta_path.name} does not say \"format\": \"{FORMAT}\""
-    rank = meta.get("lora_rank")
-    if not isinstance(meta.get("base_model"), str) or not isinstance(rank, int) or rank < 0:
-        return f"its {meta_path.name} does not name a base model and a LoRA rank"
-    weights = Path(directory) / ("adapter.safetensors" if rank > 0 else "model.safetensors")
+        meta = read_meta(directory)
+    except MachineFormatError as exc:
+        return f"its checkpoint.json is damaged: {describe(exc)}"
+    if meta.get("format") != FORMAT:
+        return f"its checkpoint.json does not say \"format\": \"{FORMAT}\""
+    weights = Path(directory) / ("adapter.safetensors" if meta["lora_rank"] > 0 else "model.safetensors")
     if not weights.is_file():
         return f"it has no {weights.name}"
     return None
@@ -256,21 +253,82 @@ def checkpoint_dir(data_dir: Path, path: str) -> Path:
     return run_dir(data_dir, run_id) / kind / name
 
 
-def read_meta(directory: Path) -> dict:
-    """A checkpoint directory's `checkpoint.json`; MachineFormatError naming the file if unusable."""
-    path = Path(directory) / "checkpoint.json"
+#: 10000-01-01 in seconds since 1970: the first time Python's datetime cannot hold.
+_YEAR_10000 = 253402300800
+
+#: What each field of a run.json or checkpoint.json holds when present and not null: (test, what
+#: it must be). A field of another type is a damaged file, refused naming the file and the field
+#: before any code uses the value.
+_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "base_model": (lambda v: isinstance(v, str) and v != "", "a model name (a non-empty string)"),
+    "lora_rank": (lambda v: type(v) is int and v >= 0, "a whole number >= 0"),
+    "lora_alpha": (lambda v: type(v) in (int, float) and math.isfinite(v), "a number"),
+    "seed": (lambda v: type(v) is int and -(2**63) <= v < 2**63, "a whole number from -2**63 to 2**63 - 1"),
+    "targets": (lambda v: isinstance(v, dict) and all(isinstance(x, bool) for x in v.values()),
+                "an object of true/false values (attn, mlp, unembed)"),
+    "user_metadata": (lambda v: isinstance(v, dict), "an object"),
+    "training_run_id": (lambda v: isinstance(v, str), "a string"),
+    "created": (lambda v: type(v) in (int, float) and 0 <= v < _YEAR_10000,
+                f"a time in seconds since 1970 (0 to {_YEAR_10000 - 1})"),
+}
+
+
+def _read_record(path: Path, what: str, required: tuple[str, ...], way_out: str) -> dict:
+    """The JSON object in `path`, each of its `_FIELDS` checked (`required` ones present and not
+    null); MachineFormatError naming the file and the field otherwise."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise MachineFormatError(str(path), "no checkpoint here (the file does not exist)") from None
+        raise MachineFormatError(str(path), f"no {what} here (the file does not exist)") from None
     except (OSError, ValueError, RecursionError) as exc:
-        raise MachineFormatError(str(path), f"unreadable checkpoint description: {exc}") from None
-    if not isinstance(meta, dict):
-        raise MachineFormatError(str(path), "a checkpoint description is a JSON object")
-    for key in ("base_model", "lora_rank"):
-        if key not in meta:
-            raise MachineFormatError(str(path), "missing", field=key)
-    if not isinstance(meta["lora_rank"], int) or meta["lora_rank"] < 0:
-        raise MachineFormatError(str(path), f"must be a whole number >= 0, got {meta['lora_rank']!r}",
-                                 field="lora_rank")
-    return meta
+        raise MachineFormatError(str(path), f"unreadable {what} ({exc}); {way_out}") from None
+    if not isinstance(value, dict):
+        raise MachineFormatError(str(path), f"a {what} is a JSON object, got {type(value).__name__}; {way_out}")
+    for key in required:
+        if value.get(key) is None:
+            raise MachineFormatError(str(path), f"missing; {way_out}", field=key)
+    for key, (ok, want) in _FIELDS.items():
+        if value.get(key) is not None and not ok(value[key]):
+            raise MachineFormatError(str(path), f"must be {want}, got {_short(value[key])}; {way_out}", field=key)
+    return value
+
+
+def describe(exc: MachineFormatError) -> str:
+    """What is wrong with a file, naming the field when there is one (not the file itself)."""
+    return f"field {exc.field!r} {exc.reason}" if exc.field else exc.reason
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_meta(directory: Path) -> dict:
+    """A checkpoint directory's `checkpoint.json`: base model and LoRA rank present, and every field
+    of `_FIELDS` it has of the right type; MachineFormatError naming the file and field otherwise."""
+    return _read_record(Path(directory) / "checkpoint.json", "checkpoint description", ("base_model", "lora_rank"),
+                        "save the checkpoint again, or delete its folder")
+
+
+def read_run_record(directory: Path) -> dict:
+    """A run directory's `run.json`: its base model present, and every field of `_FIELDS` it has of
+    the right type; MachineFormatError naming the file and field otherwise."""
+    return _read_record(Path(directory) / "run.json", "run record", ("base_model",),
+                        "fix the file, or delete the run's folder")
+
+
+def checkpoint_files(directory: Path) -> tuple[int, float] | None:
+    """(bytes in its files, when its checkpoint.json was written) of a checkpoint folder, or None when
+    it has no checkpoint.json: not a checkpoint, or one deleted while this was reading it."""
+    meta = Path(directory) / "checkpoint.json"
+    try:
+        if not meta.is_file():
+            return None
+        when = meta.stat().st_mtime
+        size = 0
+        for f in Path(directory).iterdir():
+            if f.is_file():
+                size += f.stat().st_size
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return size, when

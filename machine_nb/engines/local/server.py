@@ -440,6 +440,13 @@ def _token_ids(model_input: Any, where: str) -> list[int]:
         raise ApiError(400, f"{exc}: the local engine takes text token chunks only", where) from None
 
 
+def _damaged(call: str, exc: MachineFormatError, field_name: str | None) -> ApiError:
+    """The 400 for a file of the data dir that cannot be used: it names the file and its field, and
+    carries them (`file`, `reason`) for the client to raise MachineFormatError (`engines.explain`)."""
+    return ApiError(400, f"{call}: {exc}", field_name, error_type="MachineFormatError", file=exc.path,
+                    reason=ck.describe(exc))
+
+
 # ---------------------------------------------------------------------------------------------
 # the server
 
@@ -1056,7 +1063,8 @@ class LocalServer:
             directory = ck.run_dir(self.data_dir, run_id) / kind / name
         except EngineError as exc:
             raise ApiError(400, f"{call}: {exc}", field_name) from None
-        if delete and not ck.is_inside(directory, self.data_dir):
+        # what a delete removes: the folder, or only the link when the folder is one
+        if delete and not ck.is_inside(directory.parent if directory.is_symlink() else directory, self.data_dir):
             raise ApiError(403, f"{call}: {path} is a folder outside this server's data dir ({directory}); the "
                                 "server deletes only checkpoints it wrote there. Delete the folder yourself if you "
                                 "mean to.", field_name)
@@ -1087,8 +1095,7 @@ class LocalServer:
         try:
             meta = read_meta(directory)
         except MachineFormatError as exc:
-            raise ApiError(400, f"load_weights: {exc}", "path", error_type="MachineFormatError",
-                           file=exc.path, reason=exc.reason) from None
+            raise _damaged("load_weights", exc, "path") from None
         if req.base_model is not None and req.base_model != meta["base_model"]:
             raise ApiError(400, f"load_weights: {req.path} was trained from {meta['base_model']}, not {req.base_model}",
                            "base_model")
@@ -1139,8 +1146,7 @@ class LocalServer:
             try:
                 sampler = Sampler.from_checkpoint(directory)
             except MachineFormatError as exc:
-                raise ApiError(400, f"create_sampling_session: {exc}", "model_path", error_type="MachineFormatError",
-                               file=exc.path, reason=exc.reason) from None
+                raise _damaged("create_sampling_session", exc, "model_path") from None
             except EngineError as exc:
                 raise ApiError(400, f"create_sampling_session: {exc}", "model_path") from None
         else:
@@ -1258,46 +1264,44 @@ class LocalServer:
         return True
 
     # -- REST lookups
-    def _run_record(self, run_id: str) -> dict:
+    def _run_record(self, run_id: str, call: str) -> dict:
+        """The run's run.json (`checkpoints.read_run_record`), else one made from a checkpoint of a
+        run that has none; 404 for no such run, a 400 naming the file and field for a damaged record."""
         try:
             directory = ck.run_dir(self.data_dir, run_id)
         except EngineError as exc:
             raise ApiError(404, str(exc)) from None
-        path = directory / "run.json"
-        if path.is_file():
+        if (directory / "run.json").is_file():
             try:
-                return json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                raise ApiError(400, f"{path}: unreadable run record") from None
-        # a run without a record: describe it from a checkpoint
-        from .checkpoints import read_meta
-
+                return ck.read_run_record(directory)
+            except MachineFormatError as exc:
+                raise _damaged(call, exc, None) from None
         for sub in ("weights", "sampler_weights"):
-            for d in sorted((directory / sub).glob("*")) if (directory / sub).is_dir() else []:
-                if ck.not_a_checkpoint(d) is None:
+            for d in _folders(directory / sub):
+                if not d.name.startswith(".") and ck.not_a_checkpoint(d) is None:
                     try:
-                        meta = read_meta(d)
-                    except MachineFormatError:
+                        meta = ck.read_meta(d)
+                        created = d.stat().st_mtime
+                    except (MachineFormatError, FileNotFoundError):  # damaged or deleted meanwhile
                         continue
                     return {"training_run_id": run_id, "base_model": meta["base_model"],
                             "lora_rank": meta["lora_rank"], "user_metadata": meta.get("user_metadata") or {},
-                            "created": d.stat().st_mtime}
-        raise ApiError(404, f"no training run {run_id!r} on this server")
+                            "created": created}
+        raise ApiError(404, f"{call}: no training run {run_id!r} on this server")
 
     def _checkpoints(self, run_id: str) -> list[dict]:
+        """The run's checkpoints, by kind and name; one deleted while they are listed is left out."""
         import datetime as dt
 
         directory = ck.run_dir(self.data_dir, run_id)
         out = []
         for sub, kind in ck.KINDS.items():
-            base = directory / sub
-            if not base.is_dir():
-                continue
-            for d in sorted(base.iterdir()):
-                if d.name.startswith(".") or not (d / "checkpoint.json").is_file():
+            for d in _folders(directory / sub):
+                found = None if d.name.startswith(".") else ck.checkpoint_files(d)
+                if found is None:
                     continue
-                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
-                when = dt.datetime.fromtimestamp((d / "checkpoint.json").stat().st_mtime, dt.timezone.utc)
+                size, written = found
+                when = dt.datetime.fromtimestamp(written, dt.timezone.utc)
                 out.append({"checkpoint_id": f"{sub}/{d.name}", "checkpoint_type": kind,
                             "time": when.isoformat(), "tinker_path": ck.tinker_path(run_id, sub, d.name),
                             "size_bytes": size})
@@ -1306,9 +1310,10 @@ class LocalServer:
     def get_training_run(self, run_id: str) -> dict:
         import datetime as dt
 
-        record = self._run_record(run_id)
+        record = self._run_record(run_id, "get_training_run")
         run = self.runs.get(run_id)
-        last = run.last_request if run is not None else record.get("created", time.time())
+        last = run.last_request if run is not None else record.get("created")
+        last = time.time() if last is None else last
         cps = self._checkpoints(run_id)
         training = [c for c in cps if c["checkpoint_type"] == "training"]
         sampler = [c for c in cps if c["checkpoint_type"] == "sampler"]
@@ -1336,7 +1341,7 @@ class LocalServer:
         return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
     def list_checkpoints(self, run_id: str) -> dict:
-        self._run_record(run_id)
+        self._run_record(run_id, "list_checkpoints")
         return {"checkpoints": self._checkpoints(run_id)}
 
     def list_all_checkpoints(self, q: dict, body: Any) -> dict:
@@ -1358,22 +1363,41 @@ class LocalServer:
         try:
             meta = read_meta(directory)
         except MachineFormatError as exc:
-            raise ApiError(400, f"weights_info: {exc}", "tinker_path") from None
+            raise _damaged("weights_info", exc, "tinker_path") from None
         targets = meta.get("targets") or {}
         return {"base_model": meta["base_model"], "is_lora": int(meta["lora_rank"]) > 0,
                 "lora_rank": int(meta["lora_rank"]) or None, "train_unembed": bool(targets.get("unembed", False)),
                 "train_mlp": targets.get("mlp", True), "train_attn": targets.get("attn", True)}
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> dict:
+        """Delete a checkpoint's folder. A folder that is a link loses the link only: what it leads
+        to stays, wherever it is. A checkpoint deleted meanwhile by another request counts as deleted."""
         import shutil
 
         parts = checkpoint_id.split("/")
         if len(parts) != 2 or parts[0] not in ck.KINDS:
             raise ApiError(400, f"delete_checkpoint: not a checkpoint id: {checkpoint_id!r}", "checkpoint_id")
-        directory = self._checkpoint_dir(ck.tinker_path(run_id, parts[0], parts[1]), "delete_checkpoint",
-                                         "checkpoint_id", delete=True)
-        shutil.rmtree(directory)
+        path = ck.tinker_path(run_id, parts[0], parts[1])
+        directory = self._checkpoint_dir(path, "delete_checkpoint", "checkpoint_id", delete=True)
+        try:
+            if directory.is_symlink():
+                directory.unlink()
+            else:
+                shutil.rmtree(directory)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise ApiError(409, f"delete_checkpoint: {path} could not be deleted from {directory} "
+                                f"({exc.strerror or exc}); delete the folder yourself", "checkpoint_id") from None
         return {}
+
+
+def _folders(directory: Path) -> list[Path]:
+    """The entries of `directory`, sorted; none when it does not exist (or was deleted meanwhile)."""
+    try:
+        return sorted(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _count(query: dict, name: str, default: int) -> int:
