@@ -11,6 +11,8 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -239,3 +241,23 @@ def test_a_checkpoint_deleted_while_its_run_is_listed_is_left_out(srv, monkeypat
     listed = srv.list_checkpoints(run_id)
     assert gone, "the listing never looked at checkpoint b"
     assert [c["checkpoint_id"] for c in listed["checkpoints"]] == ["weights/a", "weights/c"]
+
+
+def test_saving_over_a_checkpoint_whose_folder_is_a_link_replaces_the_link_and_leaves_nothing_behind(tmp_path):
+    from machine_nb.engines.local.compute import Trainer
+
+    trainer = Trainer(DEFAULT_MODEL, 2)
+    meta = {"format": ck.FORMAT, "base_model": DEFAULT_MODEL, "lora_rank": 2}
+    elsewhere = tmp_path / "elsewhere"
+    trainer.save(elsewhere, meta, optimizer=False)
+    parent = tmp_path / "run" / "weights"
+    parent.mkdir(parents=True)
+    (parent / "step").symlink_to(elsewhere, target_is_directory=True)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    # a link a killed save left as its replaced folder: removed by the next save, the link only
+    (parent / f".other.old-{ended.pid}-a1b2c3").symlink_to(elsewhere, target_is_directory=True)
+    trainer.save(parent / "step", meta, optimizer=False)
+    assert sorted(p.name for p in parent.iterdir()) == ["step"]  # no `.….old-…` link left over
+    assert not (parent / "step").is_symlink() and ck.not_a_checkpoint(parent / "step") is None
+    assert ck.not_a_checkpoint(elsewhere) is None  # what the link led to is untouched

@@ -8,6 +8,7 @@ Everything is deterministic at a fixed torch thread count (`configure_torch`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -431,15 +432,25 @@ def remove_stale_saves(parent: Path) -> int:
     removed = 0
     try:
         with os.scandir(parent) as entries:
-            left = [(e.path, int(m.group(1))) for e in entries
-                    if (m := _SAVE_LEFTOVER.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)]
+            left = [(Path(e.path), int(m.group(1))) for e in entries
+                    if (m := _SAVE_LEFTOVER.fullmatch(e.name)) and (e.is_dir(follow_symlinks=False) or e.is_symlink())]
     except OSError:
         return 0
     for path, pid in left:
         if not _running(pid):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
             removed += 1
     return removed
+
+
+def _remove(path: Path) -> None:
+    """Remove a checkpoint folder, or only the link when it is one (what a link leads to stays)."""
+    if path.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
 
 class Trainer(_ModelShape):
     """One training run: a local base model with LoRA adapters of `rank` (0: every weight), and AdamW.
@@ -603,7 +614,7 @@ class Trainer(_ModelShape):
                 old = parent / f".{final.name}.old-{os.getpid()}-{secrets.token_hex(3)}"
                 final.rename(old)
                 tmp.rename(final)
-                shutil.rmtree(old, ignore_errors=True)
+                _remove(old)
             else:
                 tmp.rename(final)
         finally:
