@@ -19,6 +19,7 @@ never pairs a light background with a dark theme's light text.
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,12 +139,66 @@ def _shell() -> Any:
     return ip if ip is not None and type(ip).__name__ == "ZMQInteractiveShell" else None
 
 
+def widgets_inside(widgets: Iterable[Any], *, skip: Iterable[Any] = ()) -> list[Any]:
+    """Widgets and everything inside them: children all the way down, and the layout and style
+    each one carries (widgets too, each with a comm of its own).
+
+    Args:
+        widgets: widgets (anything else, None included, is left out).
+        skip: widgets left out, with everything inside them (default none).
+
+    Returns:
+        Each widget once, a container before what it holds.
+    """
+    seen = {id(x) for x in skip}
+    out: list[Any] = []
+    todo = list(widgets)[::-1]
+    while todo:
+        x = todo.pop()
+        if not isinstance(x, _w.Widget) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append(x)
+        todo += [getattr(x, "layout", None), getattr(x, "style", None), *reversed(getattr(x, "children", None) or ())]
+    return out
+
+
+def close_widgets(widgets: Iterable[Any], *, keep: Iterable[Any] = ()) -> None:
+    """Close widgets a widget made, with everything inside them (see widgets_inside).
+
+    Args:
+        widgets: the widgets to close (a composite one among them also stops what it follows,
+            through its own close()).
+        keep: widgets left open, with everything inside them (parts still in use elsewhere;
+            default none).
+    """
+    for x in widgets_inside(widgets, skip=widgets_inside(keep)):
+        x.close()
+
+
 class StaticFallback:
     """Mixin for an ipywidgets DOMWidget subclass (put it first in the bases).
 
     Subclasses implement `static_html()`; plots also `static_png()`; `summary()` is the text/plain.
     They call `_static_changed()` after any change a reader of the saved notebook should see.
+    `close()` closes the widget's children all the way down (the widget made them; a widget that
+    holds one it was handed keeps it out of `children`) and what `_made_widgets()` adds.
     """
+
+    def _made_widgets(self) -> list[Any]:
+        """Widgets this one made that are not among its children (yet) and close() closes too.
+
+        Returns:
+            The widgets (default none).
+        """
+        return []
+
+    def close(self) -> None:
+        """Close the widget, its children all the way down (with their layouts and styles) and
+        `_made_widgets()`."""
+        if getattr(self, "comm", None) is not None:  # not closed yet (nor half-made, from __del__)
+            close_widgets([*getattr(self, "children", ()), *self._made_widgets()])
+        super().close()  # type: ignore[misc]
 
     def static_html(self) -> str:  # pragma: no cover - every widget overrides it
         """What the widget shows now, as HTML that reads without a kernel.
@@ -276,7 +331,8 @@ class FollowsPicker:
         self.picker, self._picker_handler = None, None
 
     def close(self) -> None:
-        """Stop following the picker, then close the widget."""
+        """Stop following the picker (it stays open: the caller's), then close the widget with
+        the widgets it made (StaticFallback.close)."""
         if self._picker_handler is not None:
             self.unlink()
         super().close()  # type: ignore[misc]

@@ -129,7 +129,65 @@ def tool_calls(message: dict) -> list[tuple[Any, Any, Any]]:
     return out
 
 
-def message_card(message: dict, *, index: int, trained: bool, results: dict[str, str] | None = None) -> str:
+def id_key(value: Any) -> Any:
+    """A tool call id as the JSON value it is, for pairing a call with its result: ids pair when
+    their JSON values are equal (7 and 7.0 do; 7 and "7" do not, as chat.row_findings reads
+    them; true and 1 do not).
+
+    Args:
+        value: a call's `id` or a result's `tool_call_id`, as parsed from JSON.
+
+    Returns:
+        A hashable key; None for a missing id (it pairs with nothing).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float)):
+        return ("number", value)  # 7 == 7.0, with one hash
+    if isinstance(value, str):
+        return ("string", value)
+    return ("json", json.dumps(value, sort_keys=True, default=str))
+
+
+def call_results(messages: list[dict]) -> dict[int, list[str | None]]:
+    """What came back for each tool call of a conversation.
+
+    A call's result is the first tool message after it whose `tool_call_id` is the call's id
+    (compared by id_key), the rule export follows (store.messages.result_after): harnesses that
+    number calls per reply reuse "call_0" in later steps, so the id alone does not say which
+    result answers which call.
+
+    Args:
+        messages: the chat messages.
+
+    Returns:
+        {index of a message with tool calls: the text of each call's result, in tool_calls order,
+        None where none came back}.
+    """
+    import bisect
+
+    positions: dict[Any, list[int]] = {}
+    for i, m in enumerate(messages):
+        key = id_key(m.get("tool_call_id")) if m.get("role") == "tool" else None
+        if key is not None:
+            positions.setdefault(key, []).append(i)
+    out: dict[int, list[str | None]] = {}
+    for i, m in enumerate(messages):
+        calls = tool_calls(m)
+        if not calls:
+            continue
+        row: list[str | None] = []
+        for call_id, _name, _arguments in calls:
+            found = positions.get(id_key(call_id), [])
+            k = bisect.bisect_right(found, i)
+            row.append(message_text(messages[found[k]]) if k < len(found) else None)
+        out[i] = row
+    return out
+
+
+def message_card(message: dict, *, index: int, trained: bool, results: list[str | None] | None = None) -> str:
     """One chat card: role header, a "trained" badge, text, collapsed reasoning, tool calls.
 
     Args:
@@ -137,8 +195,8 @@ def message_card(message: dict, *, index: int, trained: bool, results: dict[str,
         index: its position in the conversation (shown as "#index").
         trained: whether sft trains on it ("trained" badge; an assistant message that is not
             gets "context only").
-        results: tool_call_id -> the tool's output, so each call shows what came back under it
-            (default None: calls alone).
+        results: the output of each of its tool calls, in tool_calls order (None where none came
+            back; see call_results), shown under the call (default None: calls alone).
 
     Returns:
         The card's HTML.
@@ -168,13 +226,14 @@ def message_card(message: dict, *, index: int, trained: bool, results: dict[str,
                 body.append(folded(text, label=role))
         else:
             body.append(f'<pre style="{PRE}color:{FG_MUTED}">{escape(json.dumps(part, default=str)[:FOLD_CHARS])}</pre>')
-    for call_id, name, arguments in tool_calls(message):
+    for n, (call_id, name, arguments) in enumerate(tool_calls(message)):
         body.append(f'<div class="mnb-tool-call" style="border:1px dashed {BORDER_STRONG};border-radius:4px;padding:4px 8px;margin:4px 0">'
                     f'<b>call</b> <code>{escape(name)}</code> '
                     f'<span style="color:{FG_MUTED};font-size:12px">{escape(call_id)}</span>'
                     f'{folded(_arguments(arguments), label="arguments")}')
-        if results is not None and call_id in results:
-            body.append(f'<b>result</b>{folded(results[call_id], label="result")}')
+        result = results[n] if results is not None and n < len(results) else None
+        if result is not None:
+            body.append(f'<b>result</b>{folded(result, label="result")}')
         body.append("</div>")
     return (f'<div class="mnb-card mnb-role-{escape(role)}" style="{CARD.format(colour=colour)}">'
             f'<div style="font-size:12px;color:{text_colour(colour)};font-weight:600">#{index} {escape(role)}{badges}{extra}</div>'
@@ -182,7 +241,7 @@ def message_card(message: dict, *, index: int, trained: bool, results: dict[str,
 
 
 def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
-    """Cards for a whole conversation, each tool call with its result.
+    """Cards for a whole conversation, each tool call with its result (see call_results).
 
     Args:
         messages: the chat messages.
@@ -192,9 +251,8 @@ def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
         The cards' HTML, one per message.
     """
     trained = set(trained)
-    results = {str(m.get("tool_call_id")): message_text(m) for m in messages
-               if m.get("role") == "tool" and m.get("tool_call_id") is not None}
-    return "".join(message_card(m, index=i, trained=i in trained, results=results)
+    results = call_results(messages)
+    return "".join(message_card(m, index=i, trained=i in trained, results=results.get(i))
                    for i, m in enumerate(messages))
 
 

@@ -206,6 +206,18 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
         if self.computing:
             self.wait(FIRST_WAIT_S)
 
+    def close(self) -> None:
+        """Stop following the picker, drop the counts still running (a worker that finishes later
+        draws nothing; `wait()` returns at once) and close the meter with its controls."""
+        lock = getattr(self, "_lock", None)  # None: a half-made meter
+        if lock is not None:
+            with lock:
+                self._generation += 1  # a pricing under way for the old one is dropped (_apply)
+                self._pending.clear()  # a count that lands finds its future gone (_work)
+                self.computing = False
+                self._settled.notify_all()
+        super().close()
+
     # inputs
     @staticmethod
     def _options(model: str) -> list[tuple[str, str]]:

@@ -889,8 +889,9 @@ class Dashboard(StaticFallback, w.VBox):
         **kwargs: passed to ipywidgets.VBox.
 
     `picker` is a RunPicker of the same runs that gains new runs as they land; `follow(picker)`
-    makes any RunPicker of this workspace do the same. `stop()` stops following (so does
-    `close()`). A saved notebook shows the dashboard as it was at the last update.
+    makes any RunPicker of this workspace do the same. `stop()` stops following; `close()` also
+    closes the previewer and `picker` (a picker passed to `follow` stays open, no longer fed).
+    A saved notebook shows the dashboard as it was at the last update.
     """
 
     def __init__(self, workspace: str | os.PathLike, *, log_dirs: Iterable[str | os.PathLike] | None = None,
@@ -913,6 +914,7 @@ class Dashboard(StaticFallback, w.VBox):
         self._picker: Any = None
         self.picker_interval = PICKER_INTERVAL_S
         self.opened: str | None = None
+        self._closed = False  # a batch read before close() lands on the loop after it: dropped
         self._follower = Follower(self.state, self._on_change, interval=interval)
         super().__init__(children=[self._view, self._preview_box], **kwargs)
         self.add_class("mnb-dashboard-widget")
@@ -935,9 +937,18 @@ class Dashboard(StaticFallback, w.VBox):
         return self._follower.running
 
     def close(self) -> None:
-        """Stop following and close the widget."""
-        self.stop()
+        """Stop following, stop feeding the pickers (one passed to `follow` stays open: it is the
+        caller's), and close the widget with every widget it made: its view, its previewer
+        (shown or not) and `picker`."""
+        self._closed = True
+        if getattr(self, "_follower", None) is not None:  # also called for a half-made dashboard
+            self.stop()
+        self._pickers, self._picker_rows, self._landed = [], [], []
         super().close()
+
+    def _made_widgets(self) -> list[Any]:
+        """The previewer (a child from the first click on) and `picker` (never a child)."""
+        return [getattr(self, "previewer", None), getattr(self, "_picker", None)]
 
     def poll(self, *, full: bool = False) -> PollResult:
         """Read and show what changed now (what following does every `interval` seconds).
@@ -953,6 +964,8 @@ class Dashboard(StaticFallback, w.VBox):
         return res
 
     def _on_change(self, res: PollResult, batches: list[dict], force_picker: bool = False) -> None:
+        if self._closed:
+            return
         for b in batches:
             if b["frame"] is not None and len(b["frame"]):
                 self._picker_rows.append(b["frame"])
@@ -995,7 +1008,7 @@ class Dashboard(StaticFallback, w.VBox):
 
         def finish(prepared: list) -> None:
             try:
-                for p, ready in prepared:
+                for p, ready in prepared if not self._closed else ():
                     p.add_runs(ready)
             finally:
                 self._feeding = False

@@ -518,6 +518,10 @@ class ExamplePreviewer(FollowsPicker, StaticFallback, widgets.VBox):
         else:
             self._refresh()
 
+    def _made_widgets(self) -> list[Any]:
+        """The token view's HTML, a child only when there is a model to render with."""
+        return [self._token_html]
+
     # following a picker
     def link(self, picker: Any) -> Callable:
         """Follow a RunPicker: show the training lines of `picker.selected`, now and at every change

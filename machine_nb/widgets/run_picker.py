@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import traitlets
 
-from ._base import NoMathHTML, style_sheet, StaticFallback, escape
+from ._base import NoMathHTML, close_widgets, style_sheet, StaticFallback, escape
 
 # Columns shown by default, in this order, when the frame has them (`run`, `instructions` and
 # `final` are left out: nested or long, and `output` already carries the answer). The texts come
@@ -700,9 +700,10 @@ class RunPicker(StaticFallback, w.VBox):
             self._index.tags = tag_masks(self.runs)
             self.controls["tag"] = w.Dropdown(options=[ANY_TAG, *self._index.tags], value=ANY_TAG, description="tag")
             self.controls["tag"].observe(lambda _: self._refilter(), names="value")
-            self.children = self._layout()
+            old, self.children = self.children, self._layout()
             if getattr(self, "_mnb_hider", None) is not None:
                 self._ensure_hider()  # shown already: its static twin stays hidden under the live view
+            close_widgets(old, keep=self.children)  # the rows and boxes replaced, not the controls in them
             self.show_columns([*self._columns, "tags"])
         self._tags_changed()
 
@@ -752,7 +753,7 @@ class RunPicker(StaticFallback, w.VBox):
 
     def close(self) -> None:
         """Stop following the tag store, drop a search still waiting for typing to pause, and
-        close the widget (`tag()` calls stop redrawing a closed picker)."""
+        close the widget with its controls and table (`tag()` calls stop redrawing a closed picker)."""
         if getattr(self, "_stop_following", None) is not None:  # also called for a half-made picker
             self._stop_following()
             self._stop_following = None

@@ -374,6 +374,14 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         else:
             self._draw()
 
+    def close(self) -> None:
+        """Stop following the tag store and the picker (which stays open) and close the tagger
+        with its controls."""
+        stop, self._stop_following = getattr(self, "_stop_following", None), None  # None: half-made
+        if stop is not None:
+            stop()
+        super().close()
+
     def _show_diff(self) -> None:
         answer = self._turns[self._turn_pos]["answer"] if self._runs else ""
         self._diff.value = rewrite_diff_html(answer, self.rewrite.value or "")
