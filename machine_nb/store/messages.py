@@ -81,28 +81,49 @@ def tool_results(messages: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def result_positions(messages: Sequence[dict]) -> dict[str, list[int]]:
+def result_positions(messages: Sequence[dict]) -> dict[Any, list[int]]:
     """Where the tool results are, by the call id they answer, in order (for result_after).
 
     Args:
         messages: Machine Messages or chat messages.
 
     Returns:
-        {call id: positions in `messages` of the tool results carrying it, ascending}.
+        {call_id_key(call id): positions in `messages` of the tool results carrying it, ascending}.
     """
-    out: dict[str, list[int]] = {}
+    out: dict[Any, list[int]] = {}
     for i, m in enumerate(messages):
         if m.get("role") == "tool":
             cid = m.get("toolCallId", m.get("tool_call_id"))
             if cid is not None:
-                out.setdefault(cid, []).append(i)
+                out.setdefault(call_id_key(cid), []).append(i)
     return out
 
 
-def result_after(messages: Sequence[dict], positions: dict[str, list[int]], cid: Any, at: int) -> dict | None:
+def call_id_key(value: Any) -> Any:
+    """A tool call id as the JSON value it is, for pairing a call with its result: ids pair when
+    their JSON values are equal (7 and 7.0 do; 7 and "7" do not, nor true and 1). Machine's runs
+    carry string ids; a chat row may carry any JSON value.
+
+    Args:
+        value: a call's id or a result's `tool_call_id` / `toolCallId`, as parsed from JSON.
+
+    Returns:
+        A hashable key (a string id is its own key); None for a missing id (it pairs with nothing).
+    """
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, (int, float)):
+        return ("number", value)  # 7 == 7.0, with one hash
+    return ("json", json.dumps(value, sort_keys=True, default=str))
+
+
+def result_after(messages: Sequence[dict], positions: dict[Any, list[int]], cid: Any, at: int) -> dict | None:
     """The result of the call with id `cid` made at position `at`: the first tool result after it
-    that carries its id. Harnesses that number calls per reply ("call_0") reuse an id in later
-    steps, so the id alone does not say which result answers which call.
+    that carries its id (compared by call_id_key). Harnesses that number calls per reply
+    ("call_0") reuse an id in later steps, so the id alone does not say which result answers
+    which call.
 
     Args:
         messages: the conversation.
@@ -115,7 +136,7 @@ def result_after(messages: Sequence[dict], positions: dict[str, list[int]], cid:
     """
     import bisect
 
-    found = positions.get(cid) if cid is not None else None
+    found = positions.get(call_id_key(cid)) if cid is not None else None
     if not found:
         return None
     k = bisect.bisect_right(found, at)

@@ -129,35 +129,13 @@ def tool_calls(message: dict) -> list[tuple[Any, Any, Any]]:
     return out
 
 
-def id_key(value: Any) -> Any:
-    """A tool call id as the JSON value it is, for pairing a call with its result: ids pair when
-    their JSON values are equal (7 and 7.0 do; 7 and "7" do not, as chat.row_findings reads
-    them; true and 1 do not).
-
-    Args:
-        value: a call's `id` or a result's `tool_call_id`, as parsed from JSON.
-
-    Returns:
-        A hashable key; None for a missing id (it pairs with nothing).
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, (int, float)):
-        return ("number", value)  # 7 == 7.0, with one hash
-    if isinstance(value, str):
-        return ("string", value)
-    return ("json", json.dumps(value, sort_keys=True, default=str))
-
-
 def call_results(messages: list[dict]) -> dict[int, list[str | None]]:
     """What came back for each tool call of a conversation.
 
-    A call's result is the first tool message after it whose `tool_call_id` is the call's id
-    (compared by id_key), the rule export follows (store.messages.result_after): harnesses that
-    number calls per reply reuse "call_0" in later steps, so the id alone does not say which
-    result answers which call.
+    A call's result is the first tool message after it whose `tool_call_id` is the call's id as
+    a JSON value (7 and 7.0 pair; 7 and "7" do not), the rule export follows
+    (store.messages.result_after): harnesses that number calls per reply reuse "call_0" in later
+    steps, so the id alone does not say which result answers which call.
 
     Args:
         messages: the chat messages.
@@ -166,24 +144,16 @@ def call_results(messages: list[dict]) -> dict[int, list[str | None]]:
         {index of a message with tool calls: the text of each call's result, in tool_calls order,
         None where none came back}.
     """
-    import bisect
+    from ..store.messages import result_after, result_positions
 
-    positions: dict[Any, list[int]] = {}
-    for i, m in enumerate(messages):
-        key = id_key(m.get("tool_call_id")) if m.get("role") == "tool" else None
-        if key is not None:
-            positions.setdefault(key, []).append(i)
+    positions = result_positions(messages)
     out: dict[int, list[str | None]] = {}
     for i, m in enumerate(messages):
         calls = tool_calls(m)
         if not calls:
             continue
-        row: list[str | None] = []
-        for call_id, _name, _arguments in calls:
-            found = positions.get(id_key(call_id), [])
-            k = bisect.bisect_right(found, i)
-            row.append(message_text(messages[found[k]]) if k < len(found) else None)
-        out[i] = row
+        found = [result_after(messages, positions, call_id, i) for call_id, _name, _arguments in calls]
+        out[i] = [message_text(r) if r is not None else None for r in found]
     return out
 
 
