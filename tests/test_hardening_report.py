@@ -21,11 +21,11 @@ from serving import ctrl_c_reaches_it
 CANARY = "tml-canary-7f3a-0123456789abcdefDEADBEEF"  # fake, shaped like a key
 
 
-def _notebook(path: Path, *sources: str) -> Path:
+def _notebook(path: Path, *sources: str, params: str = "x = 1") -> Path:
     nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
         "language_info": {"name": "python"}}, "cells": []}
-    for i, source in enumerate(("x = 1", *sources)):
+    for i, source in enumerate((params, *sources)):
         nb["cells"].append({"cell_type": "code", "id": f"c{i}", "metadata": {"tags": ["parameters"] if i == 0 else []},
                             "source": source, "execution_count": None, "outputs": []})
     path.write_text(json.dumps(nb))
@@ -184,8 +184,8 @@ def test_secret_names_urls_and_short_values():
 
 
 def test_parameters_with_secret_names_and_key_shaped_outputs_are_redacted(tmp_path):
-    nb = _notebook(tmp_path / "p.ipynb", "api_key = 'x'", "print('using', api_key)",
-                   "print('found tml-' + 'Z' * 30)")
+    nb = _notebook(tmp_path / "p.ipynb", "print('using', api_key)", "print('found tml-' + 'Z' * 30)",
+                   params="api_key = 'x'")
     rep = run_report(nb, {"api_key": "hush-hush-value-42"}, tmp_path / "out" / "p.html", progress=False)
     for path in (rep.html, rep.executed):
         text = path.read_text()
@@ -270,7 +270,7 @@ def test_a_secret_named_parameter_given_as_a_number_is_redacted(tmp_path):
     secret all the same, redacted in what the notebook prints and in the notebook's metadata."""
     nb = _notebook(tmp_path / "n.ipynb", "print('connecting with', db_password)")
     data = json.loads(nb.read_text())
-    data["cells"][0]["source"] = "db_password = 'x'"
+    data["cells"][0]["source"] = "db_password = 'x'\nn_rows = 0"
     nb.write_text(json.dumps(data))
     rep = run_report(nb, {"db_password": 48213907, "n_rows": 24}, tmp_path / "out" / "n.html", progress=False)
     executed = json.loads(rep.executed.read_text())

@@ -51,7 +51,7 @@ def test_report_injects_parameters_and_writes_html_and_ipynb(tmp_path):
 def test_report_redacts_secret_env_values_everywhere(tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", CANARY)
     nb = _notebook(tmp_path / "leak.ipynb", [
-        ("code", "x = 1", ["parameters"]),
+        ("code", "note = ''", ["parameters"]),
         ("code", "import os\nprint(os.environ['TINKER_API_KEY'])\nos.environ['TINKER_API_KEY']", []),
         ("code", "from IPython.display import HTML\nHTML('<b>' + os.environ['TINKER_API_KEY'] + '</b>')", []),
     ])

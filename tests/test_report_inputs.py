@@ -20,11 +20,11 @@ from machine_nb.reports.notebook import SUMMARY_MIME, run_report, scrub_notebook
 FAKE_KEY_BODY = "MIIEfakefakeFAKEtml0test0canary0000000000000000000000000000000000"
 
 
-def _notebook(path: Path, *sources: str) -> Path:
-    """A notebook whose first cell is its `parameters` cell (`x = 1`), then one code cell per source."""
+def _notebook(path: Path, *sources: str, params: str = "x = 1") -> Path:
+    """A notebook whose first cell is its `parameters` cell (`params`), then one code cell per source."""
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                            "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+    nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
                 *(nbformat.v4.new_code_cell(s) for s in sources)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(nbformat.writes(nb))
@@ -88,7 +88,7 @@ def test_a_secret_inside_a_secret_named_dict_or_list_parameter_is_redacted():
 
 
 def test_a_nested_secret_parameter_reaches_neither_page_nor_notebook(tmp_path, no_kernel):
-    nb = _notebook(tmp_path / "nb.ipynb", "print(creds)")
+    nb = _notebook(tmp_path / "nb.ipynb", "print(creds)", params="creds = {}\nservice = {}")
     rep = run_report(nb, {"creds": {"password": "tml-test-canary-pw-0000", "pin": 4821},
                           "service": {"api_key": "fake-svc-canary-0000"}}, tmp_path / "out" / "r.html",
                      progress=False)
@@ -128,7 +128,7 @@ def test_a_secret_is_redacted_in_its_python_escaped_and_percent_encoded_forms():
 
 
 def test_a_non_ascii_secret_parameter_is_not_left_in_the_injected_cell(tmp_path, no_kernel):
-    nb = _notebook(tmp_path / "nb.ipynb", "pass")
+    nb = _notebook(tmp_path / "nb.ipynb", "pass", params="api_token = ''")
     rep = run_report(nb, {"api_token": "Pässwort-tml-canary-0000"}, tmp_path / "out" / "r.html", progress=False)
     for path in (rep.html, rep.executed):
         text = path.read_text()
@@ -152,7 +152,7 @@ def test_a_parameter_a_notebook_cannot_be_given_is_refused_by_name_before_anythi
 
 def test_numpy_numbers_tuples_and_paths_reach_the_notebook_as_their_python_values(tmp_path, no_kernel):
     np = pytest.importorskip("numpy")
-    nb = _notebook(tmp_path / "nb.ipynb", "pass")
+    nb = _notebook(tmp_path / "nb.ipynb", "pass", params="epochs = lr = shape = data = None")
     rep = run_report(nb, {"epochs": np.int64(3), "lr": np.float32(0.5), "shape": (2, 3),
                           "data": tmp_path / "d.jsonl"}, tmp_path / "out" / "r.html", progress=False)
     source = "".join(json.loads(rep.executed.read_text())["cells"][1]["source"])

@@ -5,11 +5,18 @@ validate's findings all redact the same things.
 
 What is redacted (`[redacted]`):
 - the value of every environment variable, and every `parameters` entry, with a secret name
-  (inside a dict or list parameter too: every value under a secret-named key, whole):
-  a name part (split at `_` and other non-letters) that ends in KEY, TOKEN, SECRET, PASSWORD,
-  PASSWD, PASSPHRASE, CREDENTIAL(S), or is PASS, PWD, CREDS, PAT, COOKIE, or starts with AUTH
-  (not AUTHOR): `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, `SVC_PWD`, `GCP_CREDENTIALS`, … but not
-  `PWD`, `OLDPWD` (the working directory) or `GIT_AUTHOR_NAME`;
+  (inside a dict or list parameter too: every value under a secret-named key, whole). The name's
+  words (split at `_`, `-` and other non-letters and at case changes: `apiKey` is `api`, `Key`) say it:
+  a word ending in PASSWORD, PASSWD, PASSPHRASE, SECRET or CREDENTIAL (each plural too), a word CREDS
+  or COOKIE(S), a word PASS, PWD or PAT in a longer name, a word starting with AUTH (not AUTHOR);
+  KEY(S) or TOKEN(S) after API, ACCESS, PRIVATE, REFRESH, SESSION, CLIENT, SERVICE, … (or fused:
+  `APIKEY`); the singular KEY or TOKEN anywhere in the name, or a word ending in it (`OPENAIKEY`), unless
+  the word before names a data key or a tokenizer's token (`sort_key`, `case_key`, `pad_token`,
+  `eos_token`) or the word after says what about it the name holds (`token_count`, `key_column`,
+  `HF_TOKEN_PATH`). So `TINKER_API_KEY`, `api_keys`, `HF_TOKEN`, `GITHUB_TOKEN_RO`, `access_tokens`,
+  `passwords`, `DB_PASS`, `HF_AUTH`, `GCP_CREDENTIALS` are secret names, and `max_tokens`, `tokenizer`,
+  `token_count`, `key_column`, `sort_key`, `monkey`, `PWD`, `OLDPWD` (the working directory) and
+  `GIT_AUTHOR_NAME` are not;
 - whatever its length, except blank values, values under 3 characters and common flag words
   ("true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", …), which would garble the
   report and protect nothing. A value under 8 characters is replaced only where it stands as a
@@ -49,9 +56,37 @@ SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 REDACTED = "[redacted]"
-_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS")
-_PARTS = {"PASS", "PWD", "CREDS", "PAT", "COOKIE"}
-_NOT_SECRET_PARTS = {"AUTHOR", "AUTHORS"}
+# A name's words: `TINKER_API_KEY`, `apiKey`, `APIKey`, `X-Amz-Security-Token` split at non-letters and case
+# changes; digits are left out (`api_key2` is `api`, `key`).
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+# A word ending in one of these names a credential wherever it stands (`MYPASSWORD`, `client_secret`, `secrets`).
+_CREDENTIAL_ENDINGS = tuple(word + plural for word in ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL")
+                            for plural in ("", "S"))
+_CREDENTIAL_WORDS = {"CREDS", "COOKIE", "COOKIES"}
+# in a longer name only: `DB_PASS`, `GH_PAT`; `pass` and `PWD` (the working folder) are not
+_CREDENTIAL_PARTS = {"PASS", "PWD", "PAT"}
+_NOT_AUTH = {"AUTHOR", "AUTHORS"}  # AUTH… is a credential (`HF_AUTH`, `X_AUTHORIZATION`), an author is not
+# KEY and TOKEN name credentials and ordinary things alike (`api_key`, `HF_TOKEN`, `OPENAI_KEY_PROD`;
+# `sort_key`, `max_tokens`, `pad_token`, `token_count`). After one of these words, a key or token of either
+# number is a credential (`access_tokens`); fused too (`APIKEY`, `accessToken`).
+_CREDENTIAL_KINDS = {"API", "ACCESS", "PRIVATE", "REFRESH", "BEARER", "SESSION", "CLIENT", "SERVICE", "SIGNING",
+                     "ENCRYPTION", "MASTER", "LICENSE", "SSH", "DEPLOY", "SECURITY", "OAUTH", "WEBHOOK", "APP"}
+# Otherwise the singular KEY or TOKEN anywhere in a name is one (`KAGGLE_KEY`, `HF_TOKEN`, `GITHUB_TOKEN_RO`), and
+# so is a word ending in it (`OPENAIKEY`), unless the word before names a data key or a tokenizer's token, or
+# the word after says what about it the name holds (`token_count`, `key_column`, `HF_TOKEN_PATH`). A plural is
+# a count or a collection (`max_tokens`, `sort_keys`). A redacted value that was no secret costs a word of a
+# report; a secret left in costs the secret: when in doubt, a name is a secret name.
+_ORDINARY = {"KEY": {"SORT", "PRIMARY", "FOREIGN", "PARTITION", "GROUP", "JOIN", "INDEX", "LOOKUP", "CACHE", "DICT",
+                     "MAP", "ROW", "COLUMN", "COL", "FIELD", "SHARD", "DEDUP", "CASE", "CHECK", "LABEL", "TEXT",
+                     "PROMPT", "INPUT", "OUTPUT", "TARGET", "METRIC", "LOSS", "RNG", "PRNG", "RANDOM", "HOT"},
+             "TOKEN": {"BOS", "EOS", "EOT", "PAD", "UNK", "SEP", "CLS", "MASK", "STOP", "START", "END", "SPECIAL",
+                       "IMAGE", "AUDIO", "VIDEO", "NEXT", "FIRST", "LAST", "NEW", "PROMPT", "INPUT", "OUTPUT",
+                       "TARGET", "TEXT"}}
+_ABOUT = {"COUNT", "COUNTS", "COLUMN", "COLUMNS", "COL", "ID", "IDS", "LEN", "LENGTH", "LIMIT", "LIMITS", "NAME",
+          "NAMES", "TYPE", "TYPES", "FIELD", "FIELDS", "INDEX", "IDX", "POS", "POSITION", "PATH", "FILE", "DIR",
+          "BUDGET", "USAGE", "RATE", "SIZE", "NUM", "MAP", "ORDER", "LAYOUT"}
+_FUSED = {kind + noun + plural for kind in _CREDENTIAL_KINDS for noun in _ORDINARY for plural in ("", "S")}
+_WORDS_ENDING_IN_KEY = {"MONKEY", "DONKEY", "TURKEY", "HOCKEY", "JOCKEY", "WHISKEY", "HOTKEY", "LACKEY"}
 _MIN_SECRET_LEN = 3  # shorter values ("1", "no") are not secrets, and redacting them garbles text
 _WHOLE_WORD_BELOW = 8  # shorter values are replaced only as whole words: "abc1" not inside "abc12"
 _COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "0", "1", "auto", "default",
@@ -88,16 +123,26 @@ def is_secret_name(name: str) -> bool:
     """Whether a variable's name says it holds a secret (the rule in this module's docstring).
 
     Args:
-        name: an environment variable's or parameter's name.
+        name: an environment variable's, parameter's, dict key's or URL query parameter's name.
 
     Returns:
-        True for `TINKER_API_KEY`, `DB_PASS`, `HF_AUTH`, …; False for `PWD`, `GIT_AUTHOR_NAME`, ….
+        True for `TINKER_API_KEY`, `api_keys`, `HF_TOKEN`, `access_tokens`, `passwords`, `DB_PASS`, `HF_AUTH`, …;
+        False for `sort_key`, `max_tokens`, `tokenizer`, `pad_token`, `key_column`, `PWD`, `GIT_AUTHOR_NAME`, ….
     """
-    parts = [p for p in re.split(r"[^A-Z0-9]+", str(name).upper()) if p]
-    if len(parts) < 2 and parts in (["PWD"], ["PASS"], ["PAT"]):  # the working directory, not a password
-        return False
-    return any(p.endswith(_SUFFIXES) or p in _PARTS or (p.startswith("AUTH") and p not in _NOT_SECRET_PARTS)
-               for p in parts)
+    words = [w.upper() for w in _WORD.findall(str(name))]
+    for i, word in enumerate(words):
+        if (word.endswith(_CREDENTIAL_ENDINGS) or word in _FUSED or (word.startswith("AUTH") and word not in _NOT_AUTH)
+                or word in _CREDENTIAL_WORDS or (word in _CREDENTIAL_PARTS and len(words) > 1)):
+            return True
+        noun = word[:-1] if word in ("KEYS", "TOKENS") else word
+        if noun in _ORDINARY and i and words[i - 1] in _CREDENTIAL_KINDS:
+            return True
+        if word in _ORDINARY:
+            if not ((i and words[i - 1] in _ORDINARY[word]) or (i + 1 < len(words) and words[i + 1] in _ABOUT)):
+                return True
+        elif word.endswith(("KEY", "TOKEN")) and word not in _WORDS_ENDING_IN_KEY:
+            return True
+    return False
 
 
 def _worth_redacting(value: str) -> bool:

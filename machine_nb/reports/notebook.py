@@ -1,14 +1,16 @@
 """Reports: execute a notebook with parameters and write a shareable, self-contained HTML.
 
 Execution is papermill's (parameters injected after the cell tagged `parameters`, the
-convention every notebook here follows). The notebook runs in memory (papermill saves it through
-an in-memory handler, never to disk), so neither a run in progress nor one stopped by Ctrl-C or a
-crash leaves an unredacted file anywhere; only the redacted notebook and HTML are written.
+convention every notebook here follows; a parameter that cell does not set is refused first). The
+notebook runs in memory (papermill saves it through an in-memory handler, never to disk), so neither
+a run in progress nor one stopped by Ctrl-C or a crash leaves an unredacted file anywhere; only the
+redacted notebook and HTML are written.
 
 What is redacted (`[redacted]`), everywhere in the notebook (outputs, sources, metadata), in the
 HTML and in the error a failing cell raises: what `machine_nb.core.redact` redacts (the rule's one
 home; its docstring lists it: the values of secret-named environment variables, the report's
-secret-named `parameters` too, URL passwords and key-shaped strings).
+secret-named `parameters` too, URL passwords and key-shaped strings), in what a cell printed between
+two flushes as one text (scrub_notebook).
 Local paths (path_rewriter), in the same pass over the notebook and the HTML, after the secrets:
 a path under the notebook's folder is written relative to it (`cache/a.json`), one under the folder
 above it (the project a `notebooks/` folder sits in) as `../…`, one elsewhere under the home folder
@@ -206,6 +208,10 @@ def scrub_notebook(nb: dict[str, Any], secrets: list[str], folder: str | os.Path
     """Redact `secrets` (redact.scrub) and rewrite local paths (path_rewriter) in every string of a
     notebook: sources, every output's every mime type, error tracebacks, metadata, in place.
 
+    A cell's consecutive stream outputs of one name (what a program prints between two flushes of
+    stdout, or of stderr) become one output first, as Jupyter shows them, so a secret printed in
+    pieces is redacted whole.
+
     Args:
         nb: the notebook as JSON-like data.
         secrets: values to redact (redact.secret_values), longest first.
@@ -215,12 +221,30 @@ def scrub_notebook(nb: dict[str, Any], secrets: list[str], folder: str | os.Path
     Returns:
         (nb, number of secret redactions).
     """
+    _join_streams(nb)
     joined = _join_lines(nb)
     try:
         return _scrub_tree(nb, secrets, path_rewriter(folder, home))
     finally:
         for container, key in joined:
             container[key] = container[key].splitlines(True)
+
+
+def _join_streams(nb: dict[str, Any]) -> None:
+    """Merge, in place, each run of consecutive stream outputs of one name in a cell into its first."""
+    for cell in nb.get("cells") or []:
+        outputs = cell.get("outputs") if isinstance(cell, dict) else None
+        if not isinstance(outputs, list):
+            continue
+        merged: list[Any] = []
+        for out in outputs:
+            last = merged[-1] if merged else None
+            if (isinstance(out, dict) and isinstance(last, dict) and out.get("output_type") == "stream"
+                    and last.get("output_type") == "stream" and out.get("name") == last.get("name")):
+                last["text"] = (_text(last.get("text")) + _text(out.get("text"))).splitlines(True)  # as nbformat saves
+            else:
+                merged.append(out)
+        outputs[:] = merged
 
 
 def _join_lines(nb: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
@@ -924,6 +948,65 @@ def _checked_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
     return checked
 
 
+def _bound_names(source: str) -> list[str] | None:
+    """The names a Python cell binds (assignments of every form, `for`, `with`, imports, defs), first
+    bound first, its IPython magic and shell lines left out; None when it is not Python that parses."""
+    import ast
+
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+    names: dict[str, None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names[node.id] = None
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = None
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(dict.fromkeys((a.asname or a.name).split(".")[0] for a in node.names))
+    return list(names)
+
+
+def _unknown_parameters(nb: Mapping[str, Any], names: list[str], where: str | os.PathLike) -> str | None:
+    """Why the notebook cannot be given `names`, or None when its cell tagged `parameters` sets every one.
+
+    papermill injects a name that cell does not set with a warning only, and a mistyped name leaves the
+    notebook on its default. A notebook that is not Python, or whose parameters cell does not parse, is
+    not checked (its kernel says what is wrong with the cell)."""
+    import difflib
+
+    if not names:
+        return None
+    meta = nb.get("metadata") or {}
+    language = (meta.get("language_info") or {}).get("name") or (meta.get("kernelspec") or {}).get("language")
+    if language and str(language).lower() != "python":
+        return None
+    cells = nb.get("cells") or []
+    tagged = (i for i, cell in enumerate(cells)
+              if isinstance(cell, dict) and "parameters" in ((cell.get("metadata") or {}).get("tags") or []))
+    index = next(tagged, None)
+    shown = ", ".join(repr(name) for name in names)
+    if index is None:
+        return (f"{where}: no cell tagged 'parameters', so it cannot be given {shown}; tag the cell that sets the "
+                "notebook's settings 'parameters' (JupyterLab: Property Inspector, Cell Tags)")
+    known = _bound_names(_text(cells[index].get("source")))
+    if known is None:
+        return None
+    unknown = [name for name in names if name not in known]
+    if not unknown:
+        return None
+
+    def closest(name: str) -> str:
+        near = difflib.get_close_matches(name, known, n=3)
+        return f"{name!r} (did you mean {' or '.join(repr(n) for n in near)}?)" if near else f"{name!r}"
+
+    sets = ", ".join(known) or "nothing"
+    return (f"{where}, cell {index + 1} (tagged 'parameters'): no parameter {', '.join(map(closest, unknown))}; "
+            f"the cell sets {sets}. Pass one of those names, or add the variable to that cell")
+
+
 def _secret_leaves_as_text(value: Any, secrets: list[str]) -> Any:
     """`value` with every number whose text is one of `secrets` made that text (so scrub redacts it)."""
     if isinstance(value, dict):
@@ -945,7 +1028,8 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
 
     Args:
         notebook: the notebook to run (never overwritten).
-        parameters: values injected after the cell tagged `parameters` (default None: none).
+        parameters: values injected after the cell tagged `parameters` (default None: none); each
+            name one that cell sets (a Python notebook's).
         output: the HTML path; default None: `reports/<notebook stem>.html` under the current
             directory. The executed notebook lands next to it with the same stem.
         kernel_name: the Jupyter kernel (default "python3"). An IPython kernel of a notebook that
@@ -962,8 +1046,9 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
     Raises:
         FileNotFoundError: a missing notebook, before anything is created.
         ValueError: the executed notebook would overwrite `notebook`; a parameter whose name is not a
-            Python variable name or whose value papermill cannot write (named), before anything runs;
-            a malformed report summary, with neither report file written.
+            Python variable name or whose value papermill cannot write (named), or that the notebook's
+            cell tagged `parameters` does not set (named, with the closest names it sets), before
+            anything runs; a malformed report summary, with neither report file written.
         PapermillExecutionError: a failing cell, its text redacted, after both files are written
             (the error shows in place). A Ctrl-C writes nothing and re-raises.
     """
@@ -978,12 +1063,17 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
     if executed == notebook:
         raise ValueError(f"the executed notebook would overwrite its input {notebook}: choose another output "
                          f"than {html_path.name}")
-    import papermill  # after the checks above: seconds of imports (nbformat, nbclient)
-
+    # papermill reads the file again: a NotebookNode given to it instead is written out and parsed again,
+    # and kept whole as the executed notebook's metadata.papermill.input_path
     try:
-        preload = imports_machine_nb(json.loads(notebook.read_text(encoding="utf-8")))
+        source_nb = json.loads(notebook.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # papermill says what is wrong with the file
-        preload = False
+        source_nb = {}
+    problem = _unknown_parameters(source_nb, list(parameters), notebook) if isinstance(source_nb, dict) else None
+    if problem:
+        raise ValueError(problem)
+    preload = isinstance(source_nb, dict) and imports_machine_nb(source_nb)
+    import papermill  # after the checks above: seconds of imports (nbformat, nbclient)
 
     # a secret-named parameter is a secret whatever its type (the CLI reads `-p pin 4821` as a number),
     # inside a dict or list too: a number is redacted as the text `print` shows it as
