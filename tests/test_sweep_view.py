@@ -77,9 +77,11 @@ def test_failed_runs_are_left_out_and_said(swept):
     _, frame = swept
     broken = frame.copy()
     broken.loc[0, "status"] = "failed"
+    broken.loc[2, "status"] = "no checkpoint"
+    broken.loc[3, "status"] = "incomplete"
     view = SweepView(broken)
     assert view.summary_frame["seeds"].tolist()[0] == 1
-    assert "1 run(s) failed or missing, left out" in view.static_html()
+    assert "left out: 1 failed, 1 incomplete, 1 no checkpoint" in view.static_html()
     with pytest.raises(ValueError, match="sweep frame"):
         SweepView(frame[["seed", "status"]])
     assert len(read_sweep(swept[0])) == 8

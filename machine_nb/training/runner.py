@@ -3,13 +3,18 @@
 `sft` (train.py) and `dpo` (preference.py) hand this module a plain-JSON spec (loop.child_spec)
 naming the module whose `child_run(spec)` builds the cookbook's own Config and runs its loop
 (`run_loop`: `supervised.train.main` or `preference.train_dpo.main`, with the held-out
-evaluator when asked), talking to the engine through the real tinker SDK (`Config.base_url`).
+evaluator when asked), talking to the engine through the real tinker SDK (at the spec's base URL).
 A child process, because the cookbook's loop configures the process's logging for itself (it
 replaces the root logger's handlers and logs every step at INFO): in a notebook kernel that
 would rewire the user's logging and flood the cell. Here its
 console output goes to `<log dir>/train.log` (Machine's own habit) and nothing of the caller's
 process is touched. The child exits when its parent does (it watches its stdin), so it can
 never outlive the notebook or script that started it.
+
+The cookbook writes its Config to the log dir's config.json and logs it (`ml_log.setup_logging`:
+its JSON and console loggers' `log_hparams`), `base_url` included. So the Config's base_url is
+None and the SDK takes the run's URL from $TINKER_BASE_URL in this process (`run`): a URL with
+credentials in it (`https://user:token@gateway/…`) connects as given, and no file holds it.
 
 The child serves one run after another (imports take seconds; the next run starts at once, and
 the first one's imports are made while the parent still checks the data: PRELOAD): a
@@ -21,6 +26,7 @@ an interrupt it exits, and the next run gets a fresh child.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -38,11 +44,16 @@ def run(spec: dict) -> None:
     """Run the loop `spec` names: `spec["module"]`'s `child_run(spec)` (train.py's for sft); once it
     returns, the SDK sessions it left open are finished (`_sessions_finished_after`).
 
+    The spec's base URL goes to the SDK through $TINKER_BASE_URL, and `child_run` gets None in its
+    place (the module docstring says why); every SDK client of the run resolves None to it.
+
     Args:
         spec: the run's spec (loop.child_spec), with its environment, cwd and log file.
     """
-    import importlib
-
+    if spec.get("base_url"):
+        os.environ["TINKER_BASE_URL"] = spec["base_url"]
+    spec = {**spec, "base_url": None}
+    _no_enclosing_repository()
     if spec.get("local_models"):
         from ..engines import use_local_models
 
@@ -50,6 +61,26 @@ def run(spec: dict) -> None:
     module = importlib.import_module(spec["module"])
     with _sessions_finished_after():
         module.child_run(spec)
+
+
+def _no_enclosing_repository() -> None:
+    """Keep git, for this run, from finding a repository above an installed tinker-cookbook.
+
+    The cookbook writes `code.diff` into every log dir: `git diff HEAD` of the repository its
+    package sits in (`utils.code_state`). Installed under a `site-packages` folder that sits in a
+    project (a `.venv` inside the checkout), git finds the project instead, and every run would
+    keep a copy of the user's uncommitted changes. With the folder as a ceiling
+    (GIT_CEILING_DIRECTORIES) the cookbook records that its package is in no repository; a
+    cookbook run from its own clone still has that clone's state recorded.
+    """
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("tinker_cookbook")
+    origin = Path(spec.origin).parent.parent if spec is not None and spec.origin else None
+    if origin is None or origin.name not in ("site-packages", "dist-packages"):
+        return
+    ceilings = [p for p in os.environ.get("GIT_CEILING_DIRECTORIES", "").split(os.pathsep) if p]
+    os.environ["GIT_CEILING_DIRECTORIES"] = os.pathsep.join([*ceilings, str(origin)])
 
 
 @contextlib.contextmanager
@@ -227,8 +258,13 @@ def main() -> int:
         finally:
             import logging
 
-            for handler in logging.getLogger().handlers:  # the cookbook's, pointing at this run's files
+            root = logging.getLogger()
+            for handler in list(root.handlers):  # the cookbook's, pointing at this run's files
                 handler.flush()
+                # gone with the run: the next run's first records (its Config among them) would
+                # otherwise land in this run's logs.log
+                root.removeHandler(handler)
+                handler.close()
             sys.stdout.flush()
             _redirect(None)
         _status(status, event="done")

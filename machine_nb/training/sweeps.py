@@ -305,6 +305,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         progress: a progress bar over the runs (default None: in a notebook or terminal unless
             MACHINE_NB_PROGRESS=0; machine_nb.core.progress decides). The runs themselves show none.
         **settings: other sft keywords, the same for every run (e.g. batch_size=8, lora_rank=8).
+            sweep.json records them, a base_url without its userinfo and query values
+            (loop.shown_url): the runs connect with the URL given.
 
     Returns:
         A DataFrame, one row per run in grid order: run, the grid's axes, then RUN_COLUMNS (an
@@ -345,7 +347,10 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     eval_path, eval_sha = _sha(eval_data)
     path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
     manifest = {"generator": "machine_nb.sweeps.sweep", "grid": plain_grid(grid),
-                "seeds": seeds, "model": model, "engine": engine, "settings": settings, "eval_every": eval_every,
+                "seeds": seeds, "model": model, "engine": engine, "eval_every": eval_every,
+                # a base URL without its credentials: a rotated token is the same sweep
+                "settings": {**settings, **({"base_url": loop.shown_url(settings["base_url"])}
+                                            if settings.get("base_url") else {})},
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     manifest = _claim_sweep_dir(path, json.loads(json.dumps(manifest, default=str)))
@@ -515,7 +520,10 @@ def read_sweep(sweep_dir: str | os.PathLike) -> "pd.DataFrame":
 
     Returns:
         The same columns as `sweep`; status "read back" for finished runs, "incomplete" for runs
-        that stopped part way (resumable by calling `sweep` again), "missing" for runs never started.
+        that stopped part way (resumable by calling `sweep` again), "no checkpoint" for runs that
+        started but hold no checkpoint (they stopped before their first one, or are starting now:
+        nothing to resume, so `sweep` sets such a dir aside and runs it afresh), "missing" for runs
+        never started. Only "read back" rows are summarised (sweep_summary).
 
     Raises:
         FileNotFoundError: when the dir holds no sweep.json.
@@ -541,7 +549,8 @@ def read_sweep(sweep_dir: str | os.PathLike) -> "pd.DataFrame":
                 rows.append(_row(name, point, seed, read_training_log(log_dir),
                                  "read back" if state == "done" else "incomplete", None, None, eval_settings, log_dir))
             else:
-                rows.append(_row(name, point, seed, None, "missing", None, None, eval_settings, log_dir))
+                rows.append(_row(name, point, seed, None, "no checkpoint" if state == "stale" else "missing", None,
+                                 None, eval_settings, log_dir))
     return _frame(rows, list(manifest["grid"]))
 
 
@@ -585,7 +594,8 @@ def sweep_summary(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, le
     """One row per setting of a sweep frame: the metric over seeds, with its spread and an interval.
 
     Args:
-        frame: what `sweep` or `read_sweep` returned (failed and missing runs are left out).
+        frame: what `sweep` or `read_sweep` returned (only runs that finished are summarised: status
+            "ran", "resumed" or "read back").
         metric: a numeric run column to summarise. Default "heldout_accuracy" (the final
             checkpoints' held-out accuracy); e.g. "final_loss" or "best_accuracy".
         level: the interval's confidence level. Default 0.95.

@@ -205,8 +205,9 @@ class SweepView(StaticPlot, widgets.VBox):
 
     def _body_html(self) -> str:
         runs = len(self.frame)
-        failed = int((~self.frame["status"].isin(["ran", "resumed", "read back"])).sum())
-        note = f" · {failed} run(s) failed or missing, left out" if failed else ""
+        left = self.frame.loc[~self.frame["status"].isin(["ran", "resumed", "read back"]), "status"]
+        counts = left.astype(str).value_counts().sort_index()
+        note = (" · left out: " + ", ".join(f"{n} {status}" for status, n in counts.items())) if len(left) else ""
         return (f'<div class="mnb-sweep" style="font-family:system-ui,sans-serif;font-size:13px;color:{FG};'
                 f'background:{BG}">{summary_table_html(self.summary_frame, self.axes, self.metric)}'
                 f'<p class="mnb-sweep-verdict" style="max-width:60em;color:{FG}">{escape(self.verdict)}</p>'
