@@ -127,13 +127,13 @@ SPENDING = {  # every command that spends on Tinker, as a user would start it wi
 
 @pytest.mark.parametrize("name", sorted(SPENDING))
 def test_every_spending_command_refuses_in_the_same_words_without_yes(name, spend_inputs, capsys, monkeypatch):
-    """One guard for every command: the estimate on one line, exit 2, nothing run or written."""
+    """One guard for every command: the estimate on one line, exit 4, nothing run or written."""
     from machine_nb.cli import main
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-not-a-real-key")  # never used: nothing may start without --yes
     code = main([a.format(**spend_inputs) for a in SPENDING[name]])
     err = capsys.readouterr().err
-    assert code == 2, err
+    assert code == 4, err
     assert re.fullmatch(r"This .+ on Tinker and costs (about|up to) \$\d+\.\d{4}.*\. Re-run with --yes to spend\.\n",
                         err, flags=re.S), err
     assert "tml-not-a-real-key" not in err and not Path(spend_inputs["runs"]).exists()

@@ -220,4 +220,4 @@ def test_cli_dpo_with_eval_prints_the_held_out_line_and_prices_the_evals(pairs, 
                  "--eval", str(eval_file), "--eval-every", "4"])
     err = capsys.readouterr().err
     # 20 pairs at batch 8: 2 steps an epoch x 10; steps 0, 4, …, 16 and the last (19), then the final checkpoint
-    assert code == 2 and "Held-out evals: 7 x 8 rows, at most $" in err and "--yes" in err
+    assert code == 4 and "Held-out evals: 7 x 8 rows, at most $" in err and "--yes" in err

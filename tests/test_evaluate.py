@@ -769,7 +769,7 @@ def test_cli_asks_before_spending_on_tinker(tmp_path, capsys, monkeypatch):
     data = write_rows(tmp_path / "eval.jsonl", eval_rows(3))
     code = main(["eval", "baseline", "--data", str(data), "-m", MODEL, "--out", str(tmp_path / "b.json")])
     err = capsys.readouterr().err
-    assert code == 2 and "costs up to $" in err and "--yes" in err and "tml-not-a-real-key" not in err
+    assert code == 4 and "costs up to $" in err and "--yes" in err and "tml-not-a-real-key" not in err
     assert not (tmp_path / "b.json").exists()
     bad = write_rows(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "q"}], "expected": "a",
                                                "match": "fuzzy"}])

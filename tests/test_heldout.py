@@ -312,7 +312,7 @@ def test_cli_sft_with_eval_prints_the_held_out_line_and_prices_the_evals(corpus,
     code = main(["sft", str(corpus.train), "--engine", "tinker", "--model", "thinkingmachines/Inkling",
                  "--eval", str(corpus.valid), "--eval-every", "6"])
     err = capsys.readouterr().err
-    assert code == 2 and "Held-out evals: 11 x 24 rows, at most $" in err and "--yes" in err
+    assert code == 4 and "Held-out evals: 11 x 24 rows, at most $" in err and "--yes" in err
 
 
 def test_the_final_checkpoints_inspect_and_held_out_scores_read_back_together(tmp_path):

@@ -255,5 +255,5 @@ def test_cli_dpo_trains_locally_and_asks_before_spending_on_tinker(pairs, tmp_pa
     assert out["steps"] == 2 and out["checkpoint"].startswith("tinker://local-")
     code = main(["dpo", str(path), "--engine", "tinker", "--model", "thinkingmachines/Inkling"])
     err = capsys.readouterr().err
-    assert code == 2 and "--yes" in err and "reference model" in err and "$" in err
+    assert code == 4 and "--yes" in err and "reference model" in err and "$" in err
     assert not (tmp_path / "runs").exists()

@@ -221,7 +221,7 @@ def test_cli_sweep_prints_the_summary_and_the_verdict_and_tinker_needs_yes(corpu
     code = main(["sweep", str(c.train), "--grid", "epochs=5,10", "--seeds", "0,1", "--eval", str(valid),
                  "--model", "thinkingmachines/Inkling", "--sweep-dir", str(tmp_path / "t")])
     err = capsys.readouterr().err
-    assert code == 2 and "about $" in err and "for 4 runs" in err and "--yes" in err and not (tmp_path / "t").exists()
+    assert code == 4 and "about $" in err and "for 4 runs" in err and "--yes" in err and not (tmp_path / "t").exists()
     assert main(["sweep", str(c.train), "--grid", "learning_rate"]) == 1
     assert "SETTING=VALUES" in capsys.readouterr().err
 

@@ -258,7 +258,7 @@ def test_cli_smoke_and_tinker_needs_yes(corpus, tmp_path, capsys):
     assert out["steps"] == 2 and out["checkpoint"].startswith("tinker://local-")
     code = main(["sft", str(corpus.train), "--engine", "tinker", "--model", "thinkingmachines/Inkling"])
     err = capsys.readouterr().err
-    assert code == 2 and "--yes" in err and "$" in err
+    assert code == 4 and "--yes" in err and "$" in err
 
 
 def test_sft_works_inside_a_running_event_loop_as_in_jupyter(corpus, tmp_path):

@@ -228,12 +228,33 @@ def _check_schedule(epochs: int, batch_size: int, max_steps: int | None) -> None
         raise ValueError(f"max_steps must be at least 1 or None, got {max_steps}")
 
 
+def no_full_batch(items: int, batch_size: int, noun: str = "rows", trainer: str = "sft") -> str:
+    """Why a run on fewer items than one batch is refused, or "" when there is a full batch.
+
+    The cookbook's dataset makes items // batch_size batches, so such a run would train 0 steps;
+    sft and dpo refuse it before anything is written or spent, and an estimate prices it at 0.
+
+    Args:
+        items: rows (or pairs) given.
+        batch_size: items a step.
+        noun: what an item is, plural (default "rows"; "pairs" for DPO).
+        trainer: the call that refuses it (default "sft"; "dpo").
+
+    Returns:
+        The sentence, naming the way out; "" when items fill at least one batch.
+    """
+    if items >= batch_size:
+        return ""
+    return (f"{items} {noun} make no full batch of {batch_size}: {trainer} refuses this run (the cookbook would "
+            f"train 0 steps), so it costs nothing. Lower batch_size or add {noun}.")
+
+
 def _steps(items: int, batch_size: int, epochs: int, max_steps: int | None) -> tuple[int, float]:
     """(optimizer steps, the share of the full run they make): the cookbook drops the partial
-    batch; max_steps stops early."""
+    batch; max_steps stops early; no full batch is no run, so its share is 0."""
     full = (items // batch_size) * epochs
     steps = full if max_steps is None else min(full, max_steps)
-    return steps, (1.0 if not full else steps / full)
+    return steps, (0.0 if not full else steps / full)
 
 
 @dataclass
@@ -243,8 +264,9 @@ class CostEstimate(_Estimate):
     tokens: rendered tokens of all rows (one epoch); trained_tokens: those with loss weight > 0;
     steps: optimizer steps = (rows // batch_size) * epochs (the cookbook drops the partial batch),
     capped by max_steps; usd: tokens x epochs x train price (Machine's rule; it counts the dropped
-    partial batch too, so it errs high), scaled down when max_steps stops early; exact: whether
-    counts come from the model's real renderer (else 2.5-chars-per-token estimates).
+    partial batch too, so it errs high), scaled down when max_steps stops early, and 0 for fewer
+    rows than one batch (sft refuses that run; `note` says so, `no_full_batch`'s sentence first);
+    exact: whether counts come from the model's real renderer (else 2.5-chars-per-token estimates).
     """
 
     model: str
@@ -321,7 +343,8 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
             here; passing it saves rendering twice).
 
     Returns:
-        A CostEstimate.
+        A CostEstimate; for fewer rows than one batch, 0 steps at $0 with `note` saying that sft
+        refuses such a run (`no_full_batch`).
 
     Raises:
         ValueError: epochs, batch_size or max_steps not a whole number, epochs or batch_size below
@@ -341,9 +364,9 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
     exact = bool(df["exact"].all()) if rows else True
     steps, fraction = _steps(rows, batch_size, epochs, max_steps)
     usd = tokens * epochs * fraction * row.train / 1e6
+    note = " ".join(n for n in (no_full_batch(rows, batch_size), df.attrs.get("note", "")) if n)
     est = CostEstimate(model=model, rows=rows, tokens=tokens, trained_tokens=trained, epochs=epochs,
-                       batch_size=batch_size, steps=steps, usd=usd, exact=exact, price=row,
-                       note=df.attrs.get("note", ""))
+                       batch_size=batch_size, steps=steps, usd=usd, exact=exact, price=row, note=note)
     check_budget(usd, max_usd, f"training {model} for {epochs} epoch(s)")
     return est
 
@@ -435,8 +458,9 @@ class DPOCostEstimate(_Estimate):
 
     pairs: pairs given; tokens: rendered tokens of both sequences of every pair (one epoch);
     trained_tokens: those of the two completions; steps: (pairs // batch_size) * epochs, capped by
-    max_steps; usd: the three parts together (the dropped partial batch counted too, as for SFT);
-    exact: whether counts come from the model's real renderer.
+    max_steps; usd: the three parts together (the dropped partial batch counted too, as for SFT; 0
+    for fewer pairs than one batch, which dpo refuses, as `note` says); exact: whether counts come
+    from the model's real renderer.
     """
 
     model: str
@@ -478,7 +502,8 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
         prices: per-call price overrides (default None).
 
     Returns:
-        A DPOCostEstimate.
+        A DPOCostEstimate; for fewer pairs than one batch, 0 steps at $0 with `note` saying that
+        dpo refuses such a run (`no_full_batch`).
 
     Raises:
         UnknownPrice: no train or prefill price is known for the model ("cannot bound the cost").
@@ -507,7 +532,8 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
     est = DPOCostEstimate(model=model, pairs=len(records), tokens=tokens, trained_tokens=trained, epochs=epochs,
                           batch_size=batch_size, steps=steps, train_usd=train_usd, forward_usd=forward_usd,
                           reference_usd=reference_usd, usd=usd, exact=exact, price=row,
-                          note=(df.attrs.get("note", "") if df is not None else ""))
+                          note=" ".join(n for n in (no_full_batch(len(records), batch_size, "pairs", "dpo"),
+                                                    df.attrs.get("note", "") if df is not None else "") if n))
     check_budget(usd, max_usd, f"DPO on {model} for {epochs} epoch(s)")
     return est
 
@@ -549,4 +575,4 @@ def prices_frame() -> pd.DataFrame:
 
 __all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget", "check_max_usd",
            "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "sample_cost", "prices_frame",
-           "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost"]
+           "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost", "no_full_batch"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,11 +134,44 @@ def empty_reply_findings(row: Any) -> list[tuple[str, str, str]]:
                                      "drop the row")]
 
 
+# `\/` not preceded by an escaped backslash: JSON's optional escape of "/", which Python's
+# unicode_escape codec does not know
+_ESCAPED_SLASH = re.compile(r"(?<!\\)((?:\\\\)*)\\/")
+
+
+def unescaped(raw: str) -> str:
+    """A JSON line's text with its strings' escapes decoded, as the secret scan reads it.
+
+    A key written `sk-\\u0061…` or wholly as `\\uXXXX` escapes is the same key, and in the raw text
+    `\\n` puts the letter n before a key on a new line, where `\\b` finds no word start. The
+    structure (quotes, commas) stays, so no match runs from one string into the next. A line with
+    no backslash is returned as it is; the decoding runs in the codecs, not per character here.
+
+    Args:
+        raw: a row's JSON text (or, for a row JSON cannot write, its repr).
+
+    Returns:
+        The text with `\\uXXXX` (surrogate pairs joined), `\\/`, `\\n`, `\\"`, `\\\\` and the other
+        escapes decoded; `raw` itself when it holds none, or when it is not escaped text.
+    """
+    if "\\" not in raw:
+        return raw
+    text = _ESCAPED_SLASH.sub(r"\1/", raw) if "\\/" in raw else raw
+    try:
+        text = text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:  # not JSON's escapes (a repr cut short): scan it as written
+        return raw
+    if "\\ud" in raw or "\\uD" in raw:  # a character beyond U+FFFF, written as two escapes
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Secrets in a raw line, each reported masked (redact.mask), severity error.
 
     Args:
-        raw: the row's JSON text.
+        raw: the row's JSON text; its strings are read decoded (`unescaped`), so a key written
+            with JSON escapes is found, once, as a plain one is.
         extra: literal secrets to look for too (default none).
 
     Returns:
@@ -145,15 +179,16 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
         `password=` setting is a warning (code "password": it may be a made-up example).
     """
     out = []
+    text = unescaped(raw)
     for name, pattern in SECRET_PATTERNS:
-        for m in pattern.finditer(raw):
+        for m in pattern.finditer(text):
             shown = m.group(0) if name == "private key" else mask(m.group(0))
             out.append(("error", "secret", f"{name} in the row: {shown}; remove it before training"))
     for value in extra:
-        if value and value in raw:
+        if value and value in text:
             out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {mask(value)}"))
-    if "=" in raw or "://" in raw:
-        for value in connection_passwords(raw.replace('\\"', '"')):
+    if "=" in text or "://" in text:
+        for value in connection_passwords(text):
             out.append(("warning", "password", f"a password in a connection string or URL in the row: {mask(value)}; "
                                                "remove it (or write a placeholder) unless it is a made-up example"))
     return out
@@ -773,4 +808,4 @@ def _refused(result: ValidationResult, model: str | None) -> Exception:
 __all__ = ["validate", "preflight", "model_context", "resolve_max_length", "ValidationResult", "shape_findings",
            "secret_findings", "empty_reply_findings", "prompt_keys", "bucket_label", "BUCKETS", "ROLES", "MATCH_MODES",
            "FINDING_COLUMNS", "SECRET_PATTERNS", "ValidateSettings", "resolve_settings", "Prepared", "prepare",
-           "iter_file_rows", "row_problems", "count_row", "Tally"]
+           "iter_file_rows", "row_problems", "count_row", "Tally", "unescaped"]

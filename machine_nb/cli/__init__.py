@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command `argv` names (default: the command line's) and return its exit code.
 
+    The exit statuses (docs/cli.md lists them): 0 done, 1 an error, 2 a usage error (_flags.USAGE),
+    3 `candidate`'s gate refused (cases.REFUSED), 4 a spend refused without `--yes`
+    (_flags.REFUSED_SPEND), 130 Ctrl-C, 141 stdout's reader gone (PIPE_CLOSED).
+
     Called as the program (no `argv`), a command that marks itself `end_process` (serve: its
     server has stopped and written everything when it returns) ends the process right there, with
     its output flushed, skipping the interpreter's teardown of torch and the other modules it
@@ -45,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
+        from ._flags import USAGE
+
         parser.print_help()
-        return 2
+        return USAGE
     code = _run(args, program=argv is None)
     if argv is None and getattr(args, "end_process", False):
         from ..core.process import end_process

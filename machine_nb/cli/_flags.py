@@ -10,11 +10,13 @@ The values land on `args` under the usual names (`args.model`, `args.max_usd`, .
 command does with them stays in its module.
 
 Spending: a command that would spend on Tinker without `--yes` prints what it would spend and
-exits 2 (`refuse_to_spend`); on the local engine nothing is spent and `--yes` is not needed.
+exits 4 (`refuse_to_spend`, REFUSED_SPEND); on the local engine nothing is spent and `--yes` is
+not needed. A schedule the trainer refuses (fewer rows than one batch) is refused as the trainer
+refuses it (exit 1), not offered for `--yes`.
 
 Values: a number flag's range is checked while parsing (`whole`, `number`, `PORT`), so a value no
 command can use (a reply budget of 0, a NaN temperature, port 70000) is argparse's one-line usage
-error naming the flag (exit 2) before anything is loaded, started or written.
+error naming the flag (exit 2, USAGE) before anything is loaded, started or written.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ ENGINES = ("local", "tinker")
 #: Printed instead of an estimate when a Tinker command has no model to price.
 NEEDS_MODEL = "machine-nb: --engine tinker needs --model (e.g. {example})"
 
+#: Exit status of a command line to fix: argparse's usage errors, no subcommand, `--engine tinker`
+#: without the `--model` an estimate needs.
+USAGE = 2
+
 #: Exit status of a command that refused to spend (it printed the estimate; `--yes` allows it).
-REFUSED_SPEND = 2
+#: Apart from USAGE (2) and from `candidate`'s refusing gate (3), so a script can tell them apart.
+REFUSED_SPEND = 4
 
 
 # --------------------------------------------------------------------------- values
@@ -226,7 +233,7 @@ def spending_flags(p: argparse.ArgumentParser, *, budget_of: str = "the run",
                    help=f"Tinker budget for {budget_of}: refuse before spending when the estimate is over it "
                         "(default: no limit)")
     p.add_argument("--yes", action="store_true",
-                   help="allow spending on Tinker (without it: print the estimate, exit 2)")
+                   help=f"allow spending on Tinker (without it: print the estimate, exit {REFUSED_SPEND})")
     p.add_argument("--json", action="store_true", help=json_help)
 
 
@@ -292,7 +299,8 @@ def refuse_to_spend(what: str, cost: str, *, detail: str = "", file: Any = None)
 
 
 def needs_model(args: argparse.Namespace, example: str) -> bool:
-    """Whether a Tinker estimate can be made: it needs --model (else the reason goes to stderr).
+    """Whether a Tinker estimate can be made: it needs --model (else the reason goes to stderr, and
+    the command exits USAGE: `--yes` alone would not help).
 
     Args:
         args: the parsed flags.
@@ -347,14 +355,17 @@ def schedule_flags(p: argparse.ArgumentParser, *, unit: str, learning_rate: str,
 
     Returns:
         None; `args.epochs`, `args.steps`, `args.learning_rate`, `args.batch_size`, `args.lora_rank`.
+        A value the trainers refuse by their own rules (epochs, steps or batch size below 1, a
+        learning rate that is not a finite number above 0, a negative rank) is a usage error.
     """
-    p.add_argument("--epochs", type=int, default=10, help=f"passes over the {unit} (default 10)")
-    p.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: epochs x full batches)")
-    p.add_argument("--learning-rate", "--lr", type=float, default=None,
+    p.add_argument("--epochs", type=whole(1), default=10, help=f"passes over the {unit} (default 10)")
+    p.add_argument("--steps", type=whole(1), default=None,
+                   help="stop after this many steps (default: epochs x full batches)")
+    p.add_argument("--learning-rate", "--lr", type=number(0, above=True), default=None,
                    help=f"peak learning rate, linear decay (default: {learning_rate})")
-    p.add_argument("--batch-size", type=int, default=8,
+    p.add_argument("--batch-size", type=whole(1), default=8,
                    help=f"{unit} per step (default 8; the partial last batch is dropped)")
-    p.add_argument("--lora-rank", type=int, default=None, help=f"LoRA rank (default {lora_rank})")
+    p.add_argument("--lora-rank", type=whole(0), default=None, help=f"LoRA rank (default {lora_rank})")
 
 
 def heldout_flags(p: argparse.ArgumentParser, *, every: str = "once an epoch",
@@ -373,7 +384,7 @@ def heldout_flags(p: argparse.ArgumentParser, *, every: str = "once an epoch",
     more = ". Writes heldout.jsonl; on Tinker its sampling is in the estimate" if writes else ""
     p.add_argument("--eval", dest="eval_data", default=None,
                    help=f"held-out eval JSONL to score while training (e.g. {example}; default: none){more}")
-    p.add_argument("--eval-every", type=int, default=None,
+    p.add_argument("--eval-every", type=whole(0), default=None,
                    help=f"score --eval every N steps (default: {every}) and the final checkpoint")
 
 
@@ -427,7 +438,7 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
     print(f"log dir:    {result.log_dir}")
 
 
-__all__ = ["ENGINES", "NEEDS_MODEL", "REFUSED_SPEND", "PORT", "whole", "whole_list", "number", "finite",
+__all__ = ["ENGINES", "NEEDS_MODEL", "USAGE", "REFUSED_SPEND", "PORT", "whole", "whole_list", "number", "finite",
            "model_flag", "engine_flag", "target_flags", "engine_of",
            "inspect_flags", "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
            "resume_flag", "schedule_flags", "heldout_flags", "print_result", "heldout_cost_text", "estimate_source"]

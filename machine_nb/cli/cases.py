@@ -11,7 +11,8 @@ import sys
 
 from . import _flags as flags
 
-# exit status of `candidate` when the gate refuses (0 passes; 1 is an error; 2 a refused spend, _flags.REFUSED_SPEND)
+# exit status of `candidate` when the gate refuses (0 passes; 1 is an error; 2 a usage error,
+# _flags.USAGE; 4 a refused spend, _flags.REFUSED_SPEND)
 REFUSED = 3
 
 

@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 
-from ._flags import (REFUSED_SPEND, engine_flag, eval_cost_text, model_flag, refuse_to_spend, sampling_flags,
-                     spending_flags)
+from ._flags import (REFUSED_SPEND, USAGE, engine_flag, eval_cost_text, model_flag, refuse_to_spend,
+                     sampling_flags, spending_flags)
 
 DEFAULT_DATA = "data/minimal_sft/eval.jsonl"  # where `machine-nb corpus` writes the held-out rows
 
@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     json_help="print the side-by-side replies as one JSON list")
     p.add_argument("--format", default=None, help="the learned style as a regex, e.g. 'answer: .*' (default: each row's)")
     p.set_defaults(func=_run_probe)
-    ev.set_defaults(func=lambda args: (ev.print_help(), 2)[1])
+    ev.set_defaults(func=lambda args: (ev.print_help(), USAGE)[1])
 
 
 def _spend_ok(args: argparse.Namespace, n_prompts_factor: int = 1) -> bool:

@@ -113,12 +113,15 @@ def _run_dpo(args: argparse.Namespace) -> int:
     from ..training.preference import dpo
 
     if _engine(args) == "tinker" and not args.yes:
-        from ..checks.pricing import estimate_dpo_cost
+        from ..checks.pricing import estimate_dpo_cost, no_full_batch
 
         if not flags.needs_model(args, "thinkingmachines/Inkling"):
-            return flags.REFUSED_SPEND
+            return flags.USAGE
         est = estimate_dpo_cost(args.pairs, args.model, epochs=args.epochs, batch_size=args.batch_size,
                                 max_steps=args.steps, max_usd=args.max_usd)
+        why = no_full_batch(est.pairs, args.batch_size, "pairs", "dpo")
+        if why:  # the run dpo refuses: exit 1 with its reason, nothing offered for --yes
+            raise ValueError(why)
         evals = ""
         if args.eval_data:
             from ..core.chat import load_eval_rows

@@ -77,16 +77,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=_run_sweep)
 
 
-def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps: int | None) -> bool:
-    """On Tinker without --yes: print the estimate and refuse (Machine's habit). True = go on."""
+def _refused_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps: int | None) -> int | None:
+    """On Tinker without --yes: print the estimate and refuse (Machine's habit).
+
+    Returns:
+        None to go on; else the exit status: REFUSED_SPEND, or USAGE when there is no --model to price.
+
+    Raises:
+        ValueError: fewer rows than one batch, the run sft refuses (exit 1, nothing offered for --yes).
+    """
     if flags.engine_of(args) != "tinker" or args.yes:
-        return True
-    from ..checks.pricing import estimate_cost
+        return None
+    from ..checks.pricing import estimate_cost, no_full_batch
 
     if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
-        return False
+        return flags.USAGE
     est = estimate_cost(args.data, args.model, epochs=epochs, batch_size=batch_size, max_steps=steps,
                         max_usd=args.max_usd)
+    why = no_full_batch(est.rows, batch_size)
+    if why:
+        raise ValueError(why)
     evals = ""
     if getattr(args, "eval_data", None):
         from ..core.chat import load_eval_rows
@@ -100,16 +110,18 @@ def _confirm_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         both = estimate_run("sft", rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
                             eval_rows=held, evals=n)
         evals = flags.heldout_cost_text(n, len(held), both["eval_usd"])
-    return flags.refuse_to_spend(
+    flags.refuse_to_spend(
         f"trains {args.model}", f"about ${est.usd:.4f} ({est.rows} rows, {est.tokens:,} tokens x {epochs} epoch(s), "
                                 f"{est.steps} steps; {flags.estimate_source(est)})", detail=evals)
+    return flags.REFUSED_SPEND
 
 
 def _run_sft(args: argparse.Namespace) -> int:
     from ..training.train import sft
 
-    if not _confirm_spend(args, args.epochs, args.batch_size, args.steps):
-        return flags.REFUSED_SPEND
+    refused = _refused_spend(args, args.epochs, args.batch_size, args.steps)
+    if refused is not None:
+        return refused
     result = sft(args.data, args.model, args.engine, epochs=args.epochs, max_steps=args.steps,
                  learning_rate=args.learning_rate, batch_size=args.batch_size, lora_rank=args.lora_rank,
                  log_dir=args.log_dir, workspace=args.workspace, resume=args.resume, seed=args.seed,
@@ -125,8 +137,9 @@ def _run_smoke(args: argparse.Namespace) -> int:
 
     rows, _ = prepare_data(args.data)
     batch = max(1, min(8, len(rows)))
-    if not _confirm_spend(args, -(-args.steps // max(1, len(rows) // batch)), batch, args.steps):
-        return flags.REFUSED_SPEND
+    refused = _refused_spend(args, -(-args.steps // max(1, len(rows) // batch)), batch, args.steps)
+    if refused is not None:
+        return refused
     result = smoke(args.data, args.model, args.engine, steps=args.steps, log_dir=args.log_dir,
                    workspace=args.workspace, seed=args.seed, max_usd=args.max_usd)
     flags.print_result(result, args.json)
@@ -160,7 +173,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     seeds = args.seeds
     if flags.engine_of(args) == "tinker" and not args.yes:
         if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
-            return flags.REFUSED_SPEND
+            return flags.USAGE
         total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
                                         eval_every=args.eval_every, model=args.model, **fixed)
         from ..training.sweeps import grid_points

@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "tinker-cookbook renderer. Reads: FILE (streamed) and --eval. Writes: nothing. Prints each finding "
             "as FILE:LINE: severity code: message, then a summary with tokens and the token-length histogram. "
             "Exit status 1 when there is any error finding, 0 otherwise. Cost: free (local rendering only); "
-            "with --epochs it also prints the training cost estimate from the price table."),
+            "with --epochs it also prints the training cost estimate from the price table, and a note when "
+            "the rows fill no batch of --batch-size (a run sft refuses: 0 steps, $0)."),
     )
     p.add_argument("file", help="the chat JSONL file to check")
     p.add_argument("-m", "--model", default=None,
@@ -47,10 +48,11 @@ def _run(args: argparse.Namespace) -> int:
     cost = None
     if args.epochs is not None and result.ok:
         from ..checks.pricing import estimate_cost
+
         try:
             est = estimate_cost(args.file, model, epochs=args.epochs, batch_size=args.batch_size)
             cost = {"usd": est.usd, "steps": est.steps, "tokens": est.tokens, "exact": est.exact,
-                    "price_source": est.price.source, "price_date": est.price.date}
+                    "price_source": est.price.source, "price_date": est.price.date, "note": est.note}
         except RuntimeError as exc:  # UnknownPrice: say so, the data is still valid
             cost = {"error": str(exc)}
     if args.json:
@@ -73,4 +75,6 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(f"cost: ${cost['usd']:.4f} for {args.epochs} epoch(s), {cost['steps']} steps "
                   f"(price: {cost['price_source']} {cost['price_date']})")
+            if cost["note"]:  # e.g. fewer rows than one batch: a run sft refuses
+                print(f"note: {cost['note']}")
     return 0 if result.ok else 1
