@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from machine_nb.cli import main
-from machine_nb.core.redact import REDACTED, is_secret_name, secret_values
+from machine_nb.core.redact import REDACTED, is_secret_name, redacted, secret_values
 from machine_nb.reports.notebook import run_report, scrub_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,3 +174,14 @@ def test_cli_report_refuses_a_mistyped_parameter(tmp_path, papermill_reached, ca
 def test_the_committed_notebooks_take_the_parameters_they_are_run_with(name, parameters, tmp_path, papermill_reached):
     with pytest.raises(Reached):
         run_report(NOTEBOOKS / name, parameters, tmp_path / "out" / "r.html", progress=False)
+
+
+@pytest.mark.parametrize("escape", ["\n", "\t", "\r"])
+def test_a_key_after_an_escaped_newline_in_printed_json_is_redacted(escape):
+    """`print(json.dumps(row))` writes a new line inside a string as the two characters `\\n`: a key
+    right after it is still a key."""
+    for key in ("sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123456789", "tml-test-canary-0123456789abcdef",
+                "ghp_" + "a1" * 18):
+        text = redacted(json.dumps({"content": "see" + escape + key}))
+        assert key not in text and REDACTED in text, text
+    assert redacted("a plain\\nnote") == "a plain\\nnote"

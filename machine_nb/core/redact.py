@@ -46,13 +46,21 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+def _key(prefix: str, rest: str) -> re.Pattern[str]:
+    """A key that starts with `prefix` (a pattern of fixed width), not inside a word, or right after
+    an escaped control character of JSON or Python text (`"see\\nsk-…"`, as json.dumps prints a new
+    line inside a string). The prefix comes first in the pattern and the start is checked behind it,
+    so a search skips to each occurrence of the prefix instead of trying every position."""
+    return re.compile(rf"{prefix}(?:(?<!\w{prefix})|(?<=\\[nrtbf]{prefix})){rest}")
+
+
 SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
-    ("API key (sk-…)", re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}")),
-    ("Tinker key (tml-…)", re.compile(r"\btml-[A-Za-z0-9_\-]{20,}")),
-    ("AWS access key", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),
-    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),
-    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}")),
+    ("API key (sk-…)", _key("sk-", r"[A-Za-z0-9_\-]{20,}")),
+    ("Tinker key (tml-…)", _key("tml-", r"[A-Za-z0-9_\-]{20,}")),
+    ("AWS access key", _key("AKIA", r"[0-9A-Z]{16}\b")),
+    ("GitHub token", _key("gh[pousr]_", r"[A-Za-z0-9]{30,}")),
+    ("Slack token", _key("xox[abposr]-", r"[A-Za-z0-9\-]{10,}")),
 )
 
 REDACTED = "[redacted]"
