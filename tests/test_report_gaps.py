@@ -185,3 +185,14 @@ def test_a_key_after_an_escaped_newline_in_printed_json_is_redacted(escape):
         text = redacted(json.dumps({"content": "see" + escape + key}))
         assert key not in text and REDACTED in text, text
     assert redacted("a plain\\nnote") == "a plain\\nnote"
+
+
+def test_a_token_given_as_a_urls_whole_userinfo_is_redacted_and_a_user_name_is_not():
+    """`https://TOKEN@host` (a token with no user name before it, as git hosts take one) is a
+    credential; `ssh://git@host` names a user."""
+    token = "tmltestcanary0123456789abcdef"
+    url = f"https://{token}@gateway.example/tinker"
+    assert redacted(f"connecting to {url}") == f"connecting to https://{REDACTED}@gateway.example/tinker"
+    assert token in secret_values({"TINKER_BASE_URL": url})
+    assert redacted("ssh://git@github.com/org/repo.git") == "ssh://git@github.com/org/repo.git"
+    assert redacted("https://build-bot@ci.example/x") == "https://build-bot@ci.example/x"

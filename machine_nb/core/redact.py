@@ -25,7 +25,8 @@ What is redacted (`[redacted]`):
   page; `"P\\xe4ss"` is how a notebook's injected parameters cell writes `Päss`; `p%40ss` is `p@ss`
   in a URL);
 - the password of any URL with one (`postgres://user:[redacted]@host/db`, an `@` in the password
-  too), in an environment value or anywhere in the text;
+  too), and a token given as a URL's whole userinfo (`https://[redacted]@host`: 20 or more
+  characters with a digit), in an environment value or anywhere in the text;
 - the value of `password=…` (also `passwd`, `passphrase`, `pwd`, any case) in a libpq DSN
   (`host=db user=u password=[redacted]`), a JDBC URL (`?user=u&password=[redacted]`,
   `;password=[redacted];`), an ODBC string or a `.env` line; quoted values too;
@@ -101,8 +102,10 @@ _COMMON_VALUES = {"true", "false", "yes", "no", "on", "off", "none", "null", "ni
                   "enabled", "disabled", "local", "dev", "test", "prod"}
 # scheme://user:PASSWORD@host — the user holds no ":", "/", "@" or whitespace; the password may
 # hold ":" and "@" (a password with an unescaped "@" is common): it runs to the last "@" before the
-# host, which holds no "@"
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:)([^\s/\"'<>]+)"
+# host, which holds no "@". Or scheme://TOKEN@host, a token as the whole userinfo (git hosts take one):
+# 20 or more characters with a digit among them, so a user name (`ssh://git@host`) is left alone
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@\"'<>]*:|\b[A-Za-z][A-Za-z0-9+.\-]*://(?=[\w.~\-]*\d))"
+                           r"((?<=:)[^\s/\"'<>]+|(?<=//)[\w.~\-]{20,})"
                            r"(?=@[^\s/@\"'<>]*(?:[/?#\s\"'<>;,)\]]|$))")
 # password=VALUE in a libpq DSN (`host=db user=u password=x`), a JDBC URL's parameters
 # (`?user=u&password=x`, `;password=x;`), an ODBC string (`PWD=x`) or a `.env` line: the value
