@@ -96,3 +96,51 @@ def test_a_base_url_with_a_query_is_refused_before_anything_is_written(tinker_pa
                 batch_size=4, max_usd=1.0, log_dir=tmp_path / "run", progress=False)
     assert QUERY_CANARY not in str(err.value) and CANARY not in str(err.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def gateway():
+    """A service behind an authenticating gateway: every request must carry the URL's user and token
+    as Basic auth (what the SDK's HTTP client sends for them); /bad answers 500 to everything."""
+    import base64
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    expected = "Basic " + base64.b64encode(f"proxy-user:{CANARY}".encode()).decode()
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.headers.get("Authorization") != expected:
+                status, body = 401, {"error": "gateway: credentials needed"}
+            elif self.path.startswith("/bad"):
+                status, body = 500, {"error": "down"}
+            elif self.path.endswith("/healthz"):
+                status, body = 200, {"status": "ok"}
+            else:
+                status, body = 200, {"supported_models": [{"model_name": "someone/Model-8B"}]}
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://proxy-user:{CANARY}@127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_service_check_sends_a_base_urls_credentials_and_its_errors_never_show_them(gateway):
+    from machine_nb.engines.tinker import check_tinker
+
+    key = "tml-test-canary-api-key-2222222222"
+    assert check_tinker(gateway, api_key=key, timeout=5) == gateway  # the gateway let both checks through
+    for url in (gateway + "/bad", gateway.rsplit(":", 1)[0] + ":9"):  # a failing service, a closed port
+        with pytest.raises(EngineError) as err:
+            check_tinker(url, api_key=key, timeout=5)
+        assert CANARY not in str(err.value) and "proxy-user" not in str(err.value), str(err.value)
+        assert "127.0.0.1" in str(err.value)

@@ -76,6 +76,9 @@ def base_url(engine: str, base_url: str | None = None) -> str:
     return tinker_base_url(base_url)
 
 
+from .tinker import check_base_url, shown_url  # noqa: E402,F401  (a Tinker URL's checks; the module is light)
+
+
 def check_service(engine: str, base_url: str | None = None, models: tuple[str, ...] = ()) -> str:
     """The service URL to hand the SDK, once the engine is known to answer as Tinker does.
 

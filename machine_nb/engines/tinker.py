@@ -36,38 +36,78 @@ def tinker_base_url(base_url: str | None = None) -> str:
     return resolve_base_url(base_url)
 
 
-def _get(url: str, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes]:
-    """One GET; (status, first 64 kB of the body)."""
+#: What a hidden query value shows as (as core.redact writes a redacted value).
+_HIDDEN = "[redacted]"
+
+
+def _query_names(query: str) -> list[str]:
+    """The parameter names of a URL's query; a part without "=" (a bare token) as `[redacted]`."""
+    return [name if sep else _HIDDEN for name, sep, _ in (part.partition("=") for part in query.split("&") if part)]
+
+
+def shown_url(url: str | None) -> str | None:
+    """A service URL as a message or a file may show it: without its userinfo (`user:token@`) or
+    fragment, each query value `[redacted]`. Calls connect with the URL as given.
+
+    Args:
+        url: the URL (None: None).
+
+    Returns:
+        `https://gateway.example/tinker` for `https://user:token@gateway.example/tinker`.
+    """
+    if not url:
+        return url
+    from urllib.parse import urlunsplit
+
+    parts = urlsplit(str(url))
+    query = "&".join(name if name == _HIDDEN else f"{name}={_HIDDEN}" for name in _query_names(parts.query))
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, query, ""))
+
+
+def check_base_url(url: str) -> None:
+    """Refuse a Tinker base URL with a query or fragment, naming the parameters, never their values.
+
+    The SDK appends its API paths to the base URL as text, so `…?api_key=…` would put every call's
+    path after the query: each would reach the service's root and fail.
+
+    Args:
+        url: the resolved base URL (engines.base_url).
+
+    Raises:
+        EngineError: a query or fragment in it.
+    """
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        names = ", ".join(_query_names(parts.query)) or "a fragment"
+        raise EngineError(f"the Tinker base URL {shown_url(url)} carries a query ({names}): the SDK appends its API "
+                          "paths to it, so every call would miss. Give base_url (or TINKER_BASE_URL) without "
+                          "'?…', and the Tinker key in TINKER_API_KEY.")
+
+
+def _request(method: str, url: str, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes]:
+    """One GET, or one POST of an empty JSON object, to `url` + `path`; (status, first 64 kB of the
+    body). A user and password in the URL go as Basic auth, as the SDK's HTTP client sends them (a
+    gateway in front of the service may ask for them on every request)."""
+    import base64
     import http.client
+    from urllib.parse import unquote
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EngineError(f"Tinker base URL {url!r} is not an http(s) URL; fix TINKER_BASE_URL or base_url.")
+        raise EngineError(f"Tinker base URL {shown_url(url)!r} is not an http(s) URL; fix TINKER_BASE_URL or base_url.")
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = cls(parts.hostname, parts.port, timeout=timeout)
     headers = {"User-Agent": "machine-nb-check"}
+    if parts.username is not None or parts.password is not None:
+        pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
     if key:
         headers["X-API-Key"] = key
+    body = None
+    if method == "POST":
+        headers["Content-Type"], body = "application/json", b"{}"
     try:
-        conn.request("GET", parts.path.rstrip("/") + path, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read(65536)
-    finally:
-        conn.close()
-
-
-def _post(url: str, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes]:
-    """One POST of an empty JSON object; (status, first 64 kB of the body)."""
-    import http.client
-
-    parts = urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname, parts.port, timeout=timeout)
-    headers = {"User-Agent": "machine-nb-check", "Content-Type": "application/json"}
-    if key:
-        headers["X-API-Key"] = key
-    try:
-        conn.request("POST", parts.path.rstrip("/") + path, body=b"{}", headers=headers)
+        conn.request(method, parts.path.rstrip("/") + path, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, response.read(65536)
     finally:
@@ -87,18 +127,18 @@ def probe(url: str, timeout: float, key: str | None) -> list[str]:
     Raises EngineError saying what it answered instead (an HTTP error, a page that is not
     Tinker's health answer, a refused key).
     """
-    status, body = _get(url, "/api/v1/healthz", timeout)
+    status, body = _request("GET", url, "/api/v1/healthz", timeout)
     health = _json(body)
     if status != 200 or not isinstance(health, dict) or health.get("status") != "ok":
         snippet = body[:120].decode("utf-8", "replace").strip()
-        raise EngineError(f"{url} is not answering as Tinker: its health check /api/v1/healthz gave HTTP "
+        raise EngineError(f"{shown_url(url)} is not answering as Tinker: its health check /api/v1/healthz gave HTTP "
                           f"{status} {snippet!r} (expected {{\"status\": \"ok\"}}); check TINKER_BASE_URL.")
-    status, body = _get(url, "/api/v1/get_server_capabilities", timeout, key)
+    status, body = _request("GET", url, "/api/v1/get_server_capabilities", timeout, key)
     if status in (401, 403):
-        raise EngineError(f"{url} refused the API key (HTTP {status}): check TINKER_API_KEY.")
+        raise EngineError(f"{shown_url(url)} refused the API key (HTTP {status}): check TINKER_API_KEY.")
     caps = _json(body)
     if status != 200 or not isinstance(caps, dict) or not isinstance(caps.get("supported_models"), list):
-        raise EngineError(f"{url} is not answering as Tinker: /api/v1/get_server_capabilities gave HTTP {status}.")
+        raise EngineError(f"{shown_url(url)} is not answering as Tinker: /api/v1/get_server_capabilities gave HTTP {status}.")
     return [str(m.get("model_name")) for m in caps["supported_models"] if isinstance(m, dict)]
 
 
@@ -129,11 +169,11 @@ def _bounded(fn, timeout: float, what: str, url: str):
         raise value
     if isinstance(value, TimeoutError):  # ours, or the socket's own a moment before it
         raise EngineError(
-            f"Tinker at {url} did not answer within {timeout:g} s (no network, a firewall, or a wrong "
+            f"Tinker at {shown_url(url)} did not answer within {timeout:g} s (no network, a firewall, or a wrong "
             f"TINKER_BASE_URL); not {what}, since the SDK would retry for ~5 minutes. "
             "Use engine='local' to run on this machine.") from None
     reason = type(value).__name__ + (f": {value}" if str(value) else "")
-    raise EngineError(f"Tinker at {url} did not answer ({reason}); not {what}, since the SDK would retry "
+    raise EngineError(f"Tinker at {shown_url(url)} did not answer ({reason}); not {what}, since the SDK would retry "
                       "for ~5 minutes. Use engine='local' to run on this machine.") from None
 
 
@@ -160,7 +200,7 @@ def check_tinker(base_url: str | None = None, timeout: float = DEFAULT_TIMEOUT, 
     for model in models:
         name = str(model).split(":", 1)[0]
         if name.startswith("local/") and name not in listed:
-            raise EngineError(f"{model!r} is the local engine's model and {url} does not serve it: pass "
+            raise EngineError(f"{model!r} is the local engine's model and {shown_url(url)} does not serve it: pass "
                               "engine='local', or point TINKER_BASE_URL at a `machine-nb serve` server.")
     return url
 
@@ -309,13 +349,13 @@ class Watchdog:
         while not self._stop.wait(min(self.every, 0.5)):
             n, for_s, said = self.work.failing()
             if n >= self.max_5xx and for_s >= self.grace_5xx:
-                self.failed = (f"the service at {self.url} answers its health check but fails its work: {said}, "
+                self.failed = (f"the service at {shown_url(self.url)} answers its health check but fails its work: {said}, "
                                f"over {for_s:.0f} s with no success (the SDK would retry for ~5 minutes)")
                 return
             if time.monotonic() - last_ok < self.every:
                 continue
             try:
-                status, _ = _get(self.url, "/api/v1/healthz", self.timeout)
+                status, _ = _request("GET", self.url, "/api/v1/healthz", self.timeout)
                 if status == 200:
                     last_ok = time.monotonic()
                     if self.probe_work:
@@ -325,7 +365,7 @@ class Watchdog:
             except Exception as exc:  # connection refused, reset, timeout
                 why = f"{type(exc).__name__}: {exc}"
             if time.monotonic() - last_ok >= self.grace:
-                self.failed = f"the service at {self.url} stopped answering for {self.grace:g} s ({why})"
+                self.failed = f"the service at {shown_url(self.url)} stopped answering for {self.grace:g} s ({why})"
                 return
 
     def _probe(self) -> None:
@@ -333,7 +373,7 @@ class Watchdog:
         SDK's own are; any answer below 500 (a refusal of this bare request included) is a live
         work plane. Never raises."""
         try:
-            status, _ = _post(self.url, "/api/v1/client/config", self.timeout, os.environ.get("TINKER_API_KEY"))
+            status, _ = _request("POST", self.url, "/api/v1/client/config", self.timeout, os.environ.get("TINKER_API_KEY"))
         except Exception:  # the health check says whether the service answers at all
             return
         self.work.saw("POST", f"{self.url.rstrip('/')}/api/v1/client/config", status)

@@ -763,56 +763,6 @@ def estimate_run(kind: str, items: Any, model: str, engine: str, *, epochs: int,
             "exact": train.exact, "price_source": train.price.source, "price_date": train.price.date}
 
 
-def _query_names(query: str) -> list[str]:
-    """The parameter names of a URL's query; a part without "=" (a bare token) as `[redacted]`."""
-    from ..core.redact import REDACTED
-
-    return [name if sep else REDACTED for name, sep, _ in (part.partition("=") for part in query.split("&") if part)]
-
-
-def shown_url(url: str | None) -> str | None:
-    """A service URL as a file may keep it: without its userinfo (`user:token@`) or fragment, each
-    query value `[redacted]`. What a sweep dir records; the runs connect with the URL as given.
-
-    Args:
-        url: the URL (None: None).
-
-    Returns:
-        `https://gateway.example/tinker` for `https://user:token@gateway.example/tinker`.
-    """
-    if not url:
-        return url
-    from urllib.parse import urlsplit, urlunsplit
-
-    from ..core.redact import REDACTED
-
-    parts = urlsplit(str(url))
-    query = "&".join(name if name == REDACTED else f"{name}={REDACTED}" for name in _query_names(parts.query))
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, query, ""))
-
-
-def check_base_url(url: str) -> None:
-    """Refuse a Tinker base URL with a query or fragment, naming the parameters, never their values.
-
-    The SDK appends its API paths to the base URL as text, so `…?api_key=…` would put every call's
-    path after the query: each would reach the service's root and fail.
-
-    Args:
-        url: the resolved base URL (engines.base_url).
-
-    Raises:
-        EngineError: a query or fragment in it.
-    """
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.query or parts.fragment:
-        names = ", ".join(_query_names(parts.query)) or "a fragment"
-        raise EngineError(f"the Tinker base URL {shown_url(url)} carries a query ({names}): the SDK appends its API "
-                          "paths to it, so every call would miss. Give base_url (or TINKER_BASE_URL) without "
-                          "'?…', and the Tinker key in TINKER_API_KEY.")
-
-
 @dataclass(frozen=True)
 class Preflight:
     """What a run's preflight established.
@@ -846,7 +796,7 @@ def preflight(settings: RunSettings, data: RunData, heldout: HeldOut | None, ste
     Raises:
         ValidationFailed: data validate rejects, or an item trained on a held-out prompt.
         BudgetExceeded: on Tinker, over `max_usd`, or a price unknown.
-        EngineError: a base URL with a query (check_base_url), no key, or the service does not answer.
+        EngineError: a base URL with a query (engines.check_base_url), no key, or the service does not answer.
     """
     from .. import engines
 
@@ -858,7 +808,7 @@ def preflight(settings: RunSettings, data: RunData, heldout: HeldOut | None, ste
     if settings.engine == "tinker":
         from ..checks.pricing import check_budget
 
-        check_base_url(engines.base_url(settings.engine, settings.base_url))
+        engines.check_base_url(engines.base_url(settings.engine, settings.base_url))
         what = settings.spend.format(model=settings.model)
         check_budget(estimate["usd"], settings.max_usd, f"{what} for {settings.epochs} epoch(s)"
                      + (f" with {estimate['evals']} held-out evals" if heldout else ""))
@@ -1239,5 +1189,5 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
 __all__ = ["RunSettings", "RunData", "Resumed", "HeldOut", "Preflight", "resolve_target", "refuse_unpriced",
            "inspect_spec", "resume_record", "data_source", "count_steps", "eval_schedule", "eval_count",
            "plan_heldout", "refuse_overlap", "estimate_run", "preflight", "refuse_if_training", "prepare_log_dir",
-           "child_spec", "shown_url", "check_base_url", "run", "train", "keep_runners", "run_cookbook",
+           "child_spec", "run", "train", "keep_runners", "run_cookbook",
            "LOCAL_LORA_RANK", "TINKER_LORA_RANK"]

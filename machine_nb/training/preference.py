@@ -368,7 +368,7 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
             refused, an unknown sampling price whenever a budget is set. Local runs cost 0.
         base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's). Credentials in
             it (`https://user:token@host`) are connected with, never written to the log dir (its
-            config.json records None); a query (`?api_key=…`) is refused (loop.check_base_url).
+            config.json records None); a query (`?api_key=…`) is refused (engines.check_base_url).
         progress: show a progress bar (steps, dpo loss, pair accuracy, last held-out accuracy);
             default None: in a notebook or terminal unless MACHINE_NB_PROGRESS=0.
         on_metrics: default None; called in the caller's thread with each list of new metrics rows

@@ -306,7 +306,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             MACHINE_NB_PROGRESS=0; machine_nb.core.progress decides). The runs themselves show none.
         **settings: other sft keywords, the same for every run (e.g. batch_size=8, lora_rank=8).
             sweep.json records them, a base_url without its userinfo and query values
-            (loop.shown_url): the runs connect with the URL given.
+            (engines.shown_url): the runs connect with the URL given.
 
     Returns:
         A DataFrame, one row per run in grid order: run, the grid's axes, then RUN_COLUMNS (an
@@ -338,6 +338,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         raise TypeError(f"{unknown} are not sft settings (known: {', '.join(sorted(known))})")
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError(f"max_parallel must be at least 1, got {max_parallel!r}")
+    from .. import engines
     from ..checks.pricing import check_max_usd
 
     check_max_usd(max_usd)  # before anything is written
@@ -349,7 +350,7 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     manifest = {"generator": "machine_nb.sweeps.sweep", "grid": plain_grid(grid),
                 "seeds": seeds, "model": model, "engine": engine, "eval_every": eval_every,
                 # a base URL without its credentials: a rotated token is the same sweep
-                "settings": {**settings, **({"base_url": loop.shown_url(settings["base_url"])}
+                "settings": {**settings, **({"base_url": engines.shown_url(settings["base_url"])}
                                             if settings.get("base_url") else {})},
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

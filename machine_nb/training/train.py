@@ -182,7 +182,7 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             None: no budget, but an unknown training price is still refused). Local runs cost 0.
         base_url: Tinker service URL (default None: $TINKER_BASE_URL, else Tinker's). Credentials in
             it (`https://user:token@host`) are connected with, never written to the log dir (its
-            config.json records None); a query (`?api_key=…`) is refused (loop.check_base_url).
+            config.json records None); a query (`?api_key=…`) is refused (engines.check_base_url).
         progress: show a progress bar (steps, loss, last held-out accuracy); default None: in a
             notebook or terminal unless MACHINE_NB_PROGRESS=0 (machine_nb.core.progress decides).
         on_metrics: default None; a function called in the caller's thread with each list of new
