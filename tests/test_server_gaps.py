@@ -22,7 +22,6 @@ import pytest
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import checkpoints as ck
 from machine_nb.engines.local import server as server_mod
-from machine_nb.errors import MachineFormatError
 
 GOOD_RUN = f"local-{'1' * 16}:train:0"
 
