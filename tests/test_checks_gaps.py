@@ -118,7 +118,8 @@ def test_the_cost_meter_warns_of_a_run_that_trains_nothing_and_prices_it_at_noth
 
     few = CostMeter(_rows(3), model=INKLING, batch_size=8)
     assert few.estimate.steps == 0 and few.estimate.usd == 0.0
-    assert any(w.startswith("0 steps: 3 rows is fewer than one batch of 8") for w in few.warnings())
+    assert few.warnings()[0].startswith("3 rows make no full batch of 8: sft refuses this run")
+    assert few.static_html().count("make no full batch") == 1  # said once, among the warnings
 
 
 def test_the_cli_refuses_fewer_rows_than_a_batch_as_sft_does_and_validate_says_so(tmp_path, capsys, monkeypatch):

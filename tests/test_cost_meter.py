@@ -107,7 +107,7 @@ def test_trained_tokens_are_what_sft_trains():
     # only the last answer of each line: fewer than if every assistant message were trained
     assert want < count_tokens(two_steps, INKLING, train_on_what="all_assistant_messages")["trained_tokens"].sum()
     few = CostMeter(LINES[:3], model=INKLING, batch_size=8)
-    assert few.estimate.steps == 0 and "0 steps: 3 rows is fewer than one batch of 8" in few.static_html()
+    assert few.estimate.steps == 0 and "3 rows make no full batch of 8" in few.static_html()
     assert not m.warnings()
     bad = CostMeter([{"messages": [{"role": "user", "content": "no answer"}]}], model=INKLING)
     assert bad.estimate is None and "no assistant message" in bad.error

@@ -516,8 +516,9 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
         if e is None:
             return out
         if e.steps == 0:
-            out.append(f"0 steps: {e.rows} rows is fewer than one batch of {e.batch_size} (the cookbook drops "
-                       "the partial batch), so nothing would be trained; lower batch_size or add rows.")
+            from ..checks.pricing import no_full_batch
+
+            out.append(no_full_batch(e.rows, e.batch_size))
         if e.rows and e.trained_tokens == 0:
             out.append("0 trained tokens: no message carries loss weight, so the loss would be flat.")
         return out
@@ -601,6 +602,10 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
                                              f"sample {f(price.sample)}"))
             rows.append(("price source", f"{escape(price.source)}{' · ' + escape(price.date) if price.date else ''}"))
         note = (e.note if e is not None else "") or ""
+        if e is not None and e.steps == 0:  # its sentence stands among the warnings
+            from ..checks.pricing import no_full_batch
+
+            note = note.replace(no_full_batch(e.rows, e.batch_size), "").strip()
         body = "".join(f'<tr><td style="padding:1px 10px 1px 0;color:{FG_MUTED};white-space:nowrap;'
                        f'vertical-align:top">{k}</td><td>{v}</td></tr>' for k, v in rows)
         errors = [x for x in (self.error, self.eval_error) if x] + self.warnings()
