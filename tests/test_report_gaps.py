@@ -81,7 +81,8 @@ SECRET_NAMES = ["api_key", "api_keys", "apiKey", "APIKey", "TINKER_API_KEY", "OP
                 "access_tokens", "accessToken", "private_key", "HF_TOKEN", "GITHUB_TOKEN", "KAGGLE_KEY", "key",
                 "token", "MACHINE_NB_SERVER_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "SECRET_KEY_BASE",
                 "X-Amz-Security-Token", "refresh_tokens", "gh_pat", "session_cookie", "db_passphrase",
-                "OPENAI_KEY_PROD", "GITHUB_TOKEN_RO", "OPENAIKEY", "passkey"]
+                "OPENAI_KEY_PROD", "GITHUB_TOKEN_RO", "OPENAIKEY", "passkey", "X-Amz-Signature", "sig",
+                "url_signature"]
 NOT_SECRET_NAMES = ["sort_key", "sortKey", "monkey", "keyboard", "KEYBOARD_LAYOUT", "max_tokens", "maxTokens",
                     "num_tokens", "max_new_tokens", "prompt_tokens", "tokens", "token_count", "tokenizer",
                     "tokenizer_dir", "key_column", "keys", "sort_keys", "pad_token", "eos_token", "bos_token_id",
@@ -196,3 +197,12 @@ def test_a_token_given_as_a_urls_whole_userinfo_is_redacted_and_a_user_name_is_n
     assert token in secret_values({"TINKER_BASE_URL": url})
     assert redacted("ssh://git@github.com/org/repo.git") == "ssh://git@github.com/org/repo.git"
     assert redacted("https://build-bot@ci.example/x") == "https://build-bot@ci.example/x"
+
+
+def test_a_presigned_urls_signature_is_redacted():
+    """A presigned URL (S3's `X-Amz-Signature`, an Azure SAS `sig`) grants access to whoever holds it."""
+    url = ("https://bucket.example/data.jsonl?X-Amz-Credential=AKIDEXAMPLE&X-Amz-Signature=fakecanary0123456789abcdef"
+           "&sv=2024&sig=fakecanarySAS0123456789")
+    text = redacted(url)
+    assert "fakecanary0123456789abcdef" not in text and "fakecanarySAS0123456789" not in text
+    assert "sv=2024" in text

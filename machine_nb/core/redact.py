@@ -7,8 +7,9 @@ What is redacted (`[redacted]`):
 - the value of every environment variable, and every `parameters` entry, with a secret name
   (inside a dict or list parameter too: every value under a secret-named key, whole). The name's
   words (split at `_`, `-` and other non-letters and at case changes: `apiKey` is `api`, `Key`) say it:
-  a word ending in PASSWORD, PASSWD, PASSPHRASE, SECRET or CREDENTIAL (each plural too), a word CREDS
-  or COOKIE(S), a word PASS, PWD or PAT in a longer name, a word starting with AUTH (not AUTHOR);
+  a word ending in PASSWORD, PASSWD, PASSPHRASE, SECRET, CREDENTIAL or SIGNATURE (each plural too), a
+  word CREDS, COOKIE(S) or SIG (a presigned URL's signature), a word PASS, PWD or PAT in a longer
+  name, a word starting with AUTH (not AUTHOR);
   KEY(S) or TOKEN(S) after API, ACCESS, PRIVATE, REFRESH, SESSION, CLIENT, SERVICE, … (or fused:
   `APIKEY`); the singular KEY or TOKEN anywhere in the name, or a word ending in it (`OPENAIKEY`), unless
   the word before names a data key or a tokenizer's token (`sort_key`, `case_key`, `pad_token`,
@@ -69,9 +70,11 @@ REDACTED = "[redacted]"
 # changes; digits are left out (`api_key2` is `api`, `key`).
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 # A word ending in one of these names a credential wherever it stands (`MYPASSWORD`, `client_secret`, `secrets`).
-_CREDENTIAL_ENDINGS = tuple(word + plural for word in ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL")
+_CREDENTIAL_ENDINGS = tuple(word + plural for word in ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL",
+                                                     "SIGNATURE")
                             for plural in ("", "S"))
-_CREDENTIAL_WORDS = {"CREDS", "COOKIE", "COOKIES"}
+# a presigned URL's signature (S3's `X-Amz-Signature`, an Azure SAS `sig`) grants access to whoever holds it
+_CREDENTIAL_WORDS = {"CREDS", "COOKIE", "COOKIES", "SIG"}
 # in a longer name only: `DB_PASS`, `GH_PAT`; `pass` and `PWD` (the working folder) are not
 _CREDENTIAL_PARTS = {"PASS", "PWD", "PAT"}
 _NOT_AUTH = {"AUTHOR", "AUTHORS"}  # AUTH… is a credential (`HF_AUTH`, `X_AUTHORIZATION`), an author is not
