@@ -310,3 +310,19 @@ def test_an_id_used_again_in_a_later_step_shows_each_calls_own_result():
                 {"role": "tool", "tool_call_id": "call_0", "content": "two"},
                 {"role": "assistant", "content": "done"}]
     assert calls_and_results(chat_cards(messages)) == [("first", "one"), ("second", "two")]
+
+
+def test_a_closed_dashboard_refuses_to_start_follow_or_make_a_picker(tmp_path):
+    """What a closed dashboard would start or hand out would never be fed nor closed: refused, naming it."""
+    from machine_nb.widgets.dashboard import Dashboard
+    from machine_nb.widgets.run_picker import RunPicker
+
+    ws = tmp_path / "ws"
+    write_run(str(ws / ".machine" / "runs"), "support", "r1")
+    d = Dashboard(ws, interval=0.02, file_events=False)
+    d.close()
+    for call in (d.start, lambda: d.picker, lambda: d.follow(RunPicker(mnb.load_runs(ws))),
+                 lambda: d.open_run("support/r1")):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+    assert not d.following

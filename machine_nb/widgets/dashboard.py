@@ -923,7 +923,12 @@ class Dashboard(StaticFallback, w.VBox):
 
     # following
     def start(self) -> None:
-        """Follow the workspace's files in the background (the view updates itself)."""
+        """Follow the workspace's files in the background (the view updates itself).
+
+        Raises:
+            RuntimeError: the dashboard is closed.
+        """
+        self._refuse_if_closed("start following")
         self._follower.start()
 
     def stop(self) -> None:
@@ -945,6 +950,11 @@ class Dashboard(StaticFallback, w.VBox):
             self.stop()
         self._pickers, self._picker_rows, self._landed = [], [], []
         super().close()
+
+    def _refuse_if_closed(self, what: str) -> None:
+        """What a closed dashboard would start or hand out would never be fed nor closed: refuse it."""
+        if self._closed:
+            raise RuntimeError(f"this Dashboard is closed: it cannot {what}; make a new one")
 
     def _made_widgets(self) -> list[Any]:
         """The previewer (a child from the first click on) and `picker` (never a child)."""
@@ -1042,7 +1052,9 @@ class Dashboard(StaticFallback, w.VBox):
 
         Raises:
             ValueError: the picker's runs come from another workspace.
+            RuntimeError: the dashboard is closed.
         """
+        self._refuse_if_closed("follow a picker")
         ws = getattr(picker, "runs", None) is not None and picker.runs.attrs.get("workspace")
         if ws and Path(ws).resolve() != self.state.workspace.resolve():
             raise ValueError(f"this RunPicker shows runs of {ws}, not of {self.state.workspace}: "
@@ -1055,8 +1067,10 @@ class Dashboard(StaticFallback, w.VBox):
 
     @property
     def picker(self) -> Any:
-        """A RunPicker of the workspace's runs that gains new runs as they land (made on first use)."""
+        """A RunPicker of the workspace's runs that gains new runs as they land (made on first use;
+        RuntimeError once the dashboard is closed)."""
         if self._picker is None:
+            self._refuse_if_closed("make a picker")
             from .run_picker import RunPicker
 
             self._picker = self.follow(RunPicker(self.state.runs))
@@ -1071,7 +1085,9 @@ class Dashboard(StaticFallback, w.VBox):
 
         Raises:
             KeyError: the run is not among the latest runs.
+            RuntimeError: the dashboard is closed.
         """
+        self._refuse_if_closed("open a run")
         frame = self.state.run_frame(key)
         from .previewer import load_lines
 
