@@ -144,3 +144,18 @@ def test_the_service_check_sends_a_base_urls_credentials_and_its_errors_never_sh
             check_tinker(url, api_key=key, timeout=5)
         assert CANARY not in str(err.value) and "proxy-user" not in str(err.value), str(err.value)
         assert "127.0.0.1" in str(err.value)
+
+
+def test_a_run_with_no_full_batch_is_estimated_at_no_tokens_and_no_held_out_evals():
+    """Fewer rows than one batch: sft refuses the run, so neither its training nor its evals are priced."""
+    from machine_nb.training.loop import estimate_run
+
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+            for i in range(3)]
+    set_price(MODEL, train=2.0, prefill=0.5, sample=1.5, source="test price")
+    try:
+        est = estimate_run("sft", rows, MODEL, "tinker", epochs=4, batch_size=8, max_steps=None,
+                           eval_rows=rows, evals=5)
+    finally:
+        clear_prices()
+    assert est["tokens"] == 0 and est["train_usd"] == 0 and est["eval_usd"] == 0 and est["usd"] == 0

@@ -737,7 +737,8 @@ def estimate_run(kind: str, items: Any, model: str, engine: str, *, epochs: int,
 
     Returns:
         {"usd" (None when a price is unknown), "train_usd", "eval_usd", "tokens" (tokens the
-        training is priced on), "evals", "exact", "price_source", "price_date"}: 0 on the local engine.
+        training is priced on), "evals", "exact", "price_source", "price_date"}: 0 on the local engine,
+        and for fewer items than one batch (a run the trainer refuses).
     """
     from ..checks.pricing import UnknownPrice, estimate_cost, estimate_dpo_cost, estimate_eval_cost
 
@@ -748,9 +749,10 @@ def estimate_run(kind: str, items: Any, model: str, engine: str, *, epochs: int,
         return {"usd": None, "train_usd": None, "eval_usd": None, "tokens": None, "evals": evals, "exact": None,
                 "price_source": None, "price_date": None}
     full = ((train.pairs if kind == "dpo" else train.rows) // batch_size) * epochs
-    tokens = round(train.tokens * epochs * (train.steps / full if full else 1.0))
+    # no full batch: the trainer refuses the run (pricing.no_full_batch), so nothing is trained or scored
+    tokens = round(train.tokens * epochs * train.steps / full) if full else 0
     eval_usd: float | None = 0.0
-    if eval_rows is not None and evals:
+    if eval_rows is not None and evals and full:
         try:
             eval_usd = estimate_eval_cost(eval_rows, model, max_tokens=eval_max_tokens).usd * evals
         except UnknownPrice:
