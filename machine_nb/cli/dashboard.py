@@ -4,7 +4,9 @@ The page is one small self-contained HTML file that asks a JSON endpoint for the
 HTML about once a second (the same HTML the widget and a saved notebook show:
 widgets/dashboard.py) and, on a click on a run, for that run's chat cards. Served by tornado
 (installed with Jupyter) on the loopback address only, behind a random access token in the URL,
-as Jupyter and Machine's own dashboard do: a request without it is refused. Ctrl-C and SIGTERM
+as Jupyter and Machine's own dashboard do: a request without it is refused, and so is one whose
+Host header names another site (DNS rebinding). The page runs only its own script (a
+Content-Security-Policy with a nonce), so markup in a run cannot call anywhere. Ctrl-C and SIGTERM
 stop it cleanly.
 """
 
@@ -18,7 +20,7 @@ import secrets
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ._flags import PORT, number
 
@@ -28,29 +30,37 @@ PAGE = """<!doctype html>
 <style>
 body{font-family:system-ui,sans-serif;margin:12px;background:#fff;color:#111}
 #preview{margin-top:12px;border-top:1px solid #d1d5db;padding-top:8px}
-#status{color:#4b5563;font-size:12px}
+#status{color:#4b5563;font-size:12px;white-space:pre-line}
 @media (prefers-color-scheme: dark){body{background:#111;color:#eee}}
 </style></head>
 <body><div id="dash">loading…</div><div id="preview"></div><div id="status"></div>
-<script>
+<script nonce="{nonce}">
 const token = new URLSearchParams(location.search).get("token") || "";
+const note = document.getElementById("status");
 let version = -1;
 async function poll() {
   try {
     const r = await fetch("api/state?token=" + encodeURIComponent(token) + "&since=" + version);
-    if (!r.ok) { document.getElementById("status").textContent = "refused: " + r.status; return; }
-    const s = await r.json();
-    if (s.html !== undefined) { document.getElementById("dash").innerHTML = s.html; version = s.version; }
-    document.getElementById("status").textContent = "";
-  } catch (e) { document.getElementById("status").textContent = "server unreachable"; }
+    const s = await r.json().catch(() => ({}));
+    if (r.status === 403) { note.textContent = s.error || "refused: 403"; return; }
+    if (!r.ok) { note.textContent = s.error || ("error: " + r.status); }
+    else {
+      if (s.html !== undefined) { document.getElementById("dash").innerHTML = s.html; version = s.version; }
+      note.textContent = (s.errors || []).map((e) => "reading the workspace: " + e).join("\\n");
+    }
+  } catch (e) { note.textContent = "server unreachable"; }
   setTimeout(poll, 1000);
 }
 document.addEventListener("click", async (e) => {
   const a = e.target.closest("[data-run]");
   if (!a) return;
   e.preventDefault();
-  const r = await fetch("api/run?token=" + encodeURIComponent(token) + "&key=" + encodeURIComponent(a.dataset.run));
-  document.getElementById("preview").innerHTML = r.ok ? (await r.json()).html : "";
+  const preview = document.getElementById("preview");
+  try {
+    const r = await fetch("api/run?token=" + encodeURIComponent(token) + "&key=" + encodeURIComponent(a.dataset.run));
+    const body = await r.json().catch(() => ({}));
+    if (r.ok) preview.innerHTML = body.html; else preview.textContent = body.error || ("refused: " + r.status);
+  } catch (e) { preview.textContent = "server unreachable"; }
 });
 poll();
 </script></body></html>
@@ -73,43 +83,86 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
-def make_app(state: Any, token: str) -> Any:
-    """The tornado application: the page, `api/state` and `api/run`, each refusing a wrong token.
+#: Host names the page answers to. Any other Host header is a page of another site whose name
+#: was pointed at 127.0.0.1 (DNS rebinding): refused, the token notwithstanding.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+
+#: What the page may load and run: its own script (by the nonce of each response), inline styles
+#: (the dashboard's HTML is styled inline), requests to this server only; no frames around it.
+CSP = ("default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+#: Seconds a connection may wait between requests (or for its headers) before it is closed. The
+#: page asks once a second; a client that holds connections open without asking loses them.
+IDLE_S = 60
+
+
+def make_app(state: Any, token: str, problems: Callable[[], list[str]] = lambda: []) -> Any:
+    """The tornado application: the page, `api/state` and `api/run`, each refusing a wrong token
+    or a Host header other than 127.0.0.1 / localhost.
 
     Args:
         state: a DashboardState.
         token: the access token every request must carry (`?token=`).
+        problems: what the page shows under the dashboard: the errors of reading the workspace
+            since the last good read (default: none; see `follow`).
 
     Returns:
-        A tornado.web.Application.
+        A tornado.web.Application. Every answer of `api/*` (and of an unknown path) is JSON, an
+        error as `{"error": "…"}`; the page's own refusal is plain text.
     """
     import tornado.web
 
+    from ..core.redact import redacted
+
     class Base(tornado.web.RequestHandler):
-        def prepare(self) -> None:
+        def set_default_headers(self) -> None:
             self.set_header("Cache-Control", "no-store")
             self.set_header("Referrer-Policy", "no-referrer")
+            self.set_header("X-Content-Type-Options", "nosniff")
+            self.set_header("Content-Type", "application/json")
+
+        def prepare(self) -> None:
+            if self.request.host_name not in LOCAL_HOSTS:
+                self._refuse("this page answers only at 127.0.0.1 or localhost")
+                return
             sent = self.get_query_argument("token", "")
             if not hmac.compare_digest(sent.encode("utf-8", "replace"), token.encode("utf-8")):
-                self.set_status(403)
-                self.finish("403: this page needs its access token (the ?token=… the command printed)")
+                self._refuse("this page needs its access token (the ?token=… the command printed)")
 
-        def log_exception(self, *args: Any) -> None:  # never log a URL (it carries the token)
-            pass
+        def _refuse(self, why: str) -> None:
+            self.set_status(403)
+            self.finish(json.dumps({"error": f"403: {why}"}, ensure_ascii=False))
+
+        def write_error(self, status_code: int, **kwargs: Any) -> None:
+            self.finish(json.dumps({"error": f"{status_code}: {self._reason}"}))
+
+        def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+            # the request's URL carries the token: say the path and the error, never the query
+            if isinstance(value, tornado.web.HTTPError):
+                return
+            print(redacted(f"machine-nb dashboard: {self.request.path}: {typ.__name__}: {value}"),
+                  file=sys.stderr, flush=True)
 
     class Page(Base):
+        def _refuse(self, why: str) -> None:  # read by a person, in the browser's address bar's tab
+            self.set_status(403)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(f"403: {why}")
+
         def get(self) -> None:
+            nonce = secrets.token_urlsafe(16)
             self.set_header("Content-Type", "text/html; charset=utf-8")
-            self.finish(PAGE)
+            self.set_header("Content-Security-Policy", CSP.replace("{nonce}", nonce))
+            self.finish(PAGE.replace("{nonce}", nonce))
 
     class State(Base):
         def get(self) -> None:
             since = self.get_query_argument("since", "-1")
-            body: dict[str, Any] = {"version": state.version}
+            body: dict[str, Any] = {"version": state.version, "errors": problems()}
             if since != str(state.version):
                 body["html"] = state.html()
                 body["snapshot"] = state.snapshot()
-            self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(body, default=str))
 
     class Run(Base):
@@ -125,13 +178,55 @@ def make_app(state: Any, token: str) -> Any:
             from ..widgets.cards import chat_cards
             from ..widgets.previewer import load_lines
 
-            lines = load_lines(frame)
+            try:  # a machine definition that does not parse, a workspace gone: said on the page
+                lines = load_lines(frame)
+            except (ValueError, OSError) as exc:
+                self.set_status(500)
+                self.finish(json.dumps({"error": redacted(f"{key}: {exc}")}))
+                return
             html = chat_cards(lines[0]["messages"]) if lines else "no training example (no assistant answer)"
-            self.set_header("Content-Type", "application/json")
             self.finish(json.dumps({"html": no_math(f"<b>{escape(key)}</b>{html}")}))
 
+    class NotFound(Base):  # after the Host and token checks, like every other path
+        def get(self) -> None:
+            self.set_status(404)
+            self.finish(json.dumps({"error": "404: no such page (the page is / ; its data api/state, api/run)"}))
+
     return tornado.web.Application([(r"/", Page), (r"/api/state", State), (r"/api/run", Run)],
-                                   log_function=lambda handler: None)
+                                   default_handler_class=NotFound, log_function=lambda handler: None)
+
+
+def make_server(app: Any) -> Any:
+    """The HTTP server of the app: no request bodies (the app takes none, so no client makes it
+    buffer one), idle connections closed after IDLE_S.
+
+    Args:
+        app: make_app's application.
+
+    Returns:
+        A tornado.httpserver.HTTPServer (not yet listening: `add_sockets`).
+    """
+    import tornado.httpserver
+
+    return tornado.httpserver.HTTPServer(app, max_body_size=0, idle_connection_timeout=IDLE_S)
+
+
+def follow(state: Any, loop: asyncio.AbstractEventLoop, interval: float) -> tuple[Any, Callable[[], list[str]]]:
+    """A Follower of the state, and the errors of its reads since its last good read.
+
+    Args:
+        state: the DashboardState.
+        loop: the loop the server runs on (batches are applied there, between requests).
+        interval: seconds between checks of the files.
+
+    Returns:
+        (the Follower, not started; a function giving the last few errors of reading since the
+        last read that succeeded: [] once reading works again).
+    """
+    from ..widgets.dashboard import Follower
+
+    follower = Follower(state, lambda *_: None, interval=interval, loop=loop)
+    return follower, lambda: follower.errors[-3:]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -141,20 +236,36 @@ def _run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(ws, args.port, args.interval))
 
 
-async def _serve(ws: Path, port: int, interval: float | None) -> int:
-    import tornado.httpserver
+def _bind(port: int) -> list:
+    import errno
+
     import tornado.netutil
 
-    from ..widgets.dashboard import INTERVAL_S, DashboardState, Follower
+    try:
+        return tornado.netutil.bind_sockets(port, "127.0.0.1")
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(exc.errno, f"port {port} on 127.0.0.1 is taken (another dashboard or server?): "
+                                     f"give another --port, or leave --port out for a free one") from None
+        raise
 
-    state = DashboardState(ws)
+
+async def _serve(ws: Path, port: int, interval: float | None) -> int:
+    from ..widgets.dashboard import INTERVAL_S, DashboardState
+
+    sockets = _bind(port)  # before reading the workspace: a port taken is said at once
+    try:
+        state = DashboardState(ws)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     token = secrets.token_urlsafe(24)
-    follower = Follower(state, lambda *_: None, interval=interval or INTERVAL_S, loop=asyncio.get_running_loop())
-    sockets = tornado.netutil.bind_sockets(port, "127.0.0.1")
-    server = tornado.httpserver.HTTPServer(make_app(state, token))
+    loop = asyncio.get_running_loop()
+    follower, problems = follow(state, loop, interval or INTERVAL_S)
+    server = make_server(make_app(state, token, problems))
     server.add_sockets(sockets)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, stop.set)
