@@ -326,3 +326,36 @@ def test_a_closed_dashboard_refuses_to_start_follow_or_make_a_picker(tmp_path):
         with pytest.raises(RuntimeError, match="closed"):
             call()
     assert not d.following
+
+
+def test_a_followers_errors_are_those_since_its_last_good_read_and_stay_few(tmp_path):
+    """A workspace unreadable for hours must not grow the follower's list twice a second forever;
+    once a read works again, what went wrong before is over."""
+    from machine_nb.widgets.dashboard import ERRORS_KEPT, DashboardState, Follower
+
+    ws = tmp_path / "ws"
+    write_run(str(ws / ".machine" / "runs"), "support", "r1")
+    state = DashboardState(ws)
+    good_read = state.read
+    reads = {"n": 0, "errors_then": None}
+    recovered = threading.Event()
+
+    def read(**kw):
+        reads["n"] += 1
+        if reads["n"] <= ERRORS_KEPT * 3:
+            raise PermissionError(13, "Permission denied", "events.jsonl")
+        if reads["errors_then"] is None:
+            reads["errors_then"] = list(follower.errors)  # what the failing reads left
+        recovered.set()
+        return good_read(**kw)
+
+    state.read = read
+    follower = Follower(state, lambda *_: None, interval=0.001)
+    follower.start()
+    try:
+        assert recovered.wait(10)
+    finally:
+        follower.stop()
+        state.close()
+    assert len(reads["errors_then"]) == ERRORS_KEPT and "Permission denied" in reads["errors_then"][-1]
+    assert follower.errors == []

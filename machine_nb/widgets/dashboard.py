@@ -720,6 +720,10 @@ def _duration(s: float) -> str:
 
 # ---------------------------------------------------------------- following in the background
 
+#: How many errors a Follower keeps: the last of those since its last good read.
+ERRORS_KEPT = 20
+
+
 class Follower:
     """Poll a DashboardState in a background thread; apply what it read on an event loop.
 
@@ -733,7 +737,8 @@ class Follower:
             the follower's thread, so the state is then best read through `poll_now`).
 
     Reads (file I/O and parsing) happen in the thread without holding up the loop; batches are
-    applied on the loop in the order they were read.
+    applied on the loop in the order they were read. `errors` holds what went wrong (a read, or
+    on_change) since the last read that succeeded, redacted, the last ERRORS_KEPT of them.
     """
 
     def __init__(self, state: DashboardState, on_change: Callable[[PollResult, list], Any], *,
@@ -787,8 +792,9 @@ class Follower:
             try:
                 with self.read_lock:
                     batch = self.state.read()
+                self.errors = []  # read again: what went wrong before is over
             except Exception as exc:  # a file system error: said in the view, following goes on
-                self.errors.append(redacted(f"{type(exc).__name__}: {exc}"))
+                self._said(exc)
                 batch = None
             if batch is not None:
                 with self.lock:
@@ -840,7 +846,11 @@ class Follower:
         try:
             self.on_change(merged, batches)
         except Exception as exc:  # a broken callback must not stop following
-            self.errors.append(redacted(f"{type(exc).__name__}: {exc}"))
+            self._said(exc)
+
+    def _said(self, exc: Exception) -> None:
+        """Keep an error, redacted, with the last ERRORS_KEPT - 1 before it."""
+        self.errors = [*self.errors[-(ERRORS_KEPT - 1):], redacted(f"{type(exc).__name__}: {exc}")]
 
 
 # ---------------------------------------------------------------- the widget
