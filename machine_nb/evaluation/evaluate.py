@@ -23,8 +23,8 @@ from ..core import patterns
 from ..core.chat import eval_rows, probe_rows, prompt_text
 from ..errors import user_stacklevel
 from ..checks.pricing import estimate_eval_cost, sample_cost
-from .results import (PROBE_COLUMNS, RESULT_COLUMNS, RESULTS_DIR, EvalResult, file_sha256, results_name,
-                      utc_now)
+from .results import (PROBE_COLUMNS, RESULT_COLUMNS, EvalResult, file_sha256, free_results_path,
+                      results_name, utc_now)
 from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, run_coroutine, sample_rows,
                        sampler_target, sampling_params, watchdog)
 from .scoring import format_matches, score_row
@@ -194,7 +194,8 @@ def default_results_path(label: str, model: str, checkpoint: str | None) -> Path
     """Where results go when no `out` is given: `eval_results/<label>.json`, unless that file holds
     the results of another model or checkpoint (two runs' `…/sampler_weights/final` share a
     label), or is not a results file of this toolkit's: then the first free `<label>-<n>.json`,
-    said in a warning. The same model and checkpoint evaluated again replaces its own results.
+    said in a warning (results.free_results_path). The same model and checkpoint evaluated again
+    replaces its own results.
 
     Args:
         label: the results' name.
@@ -204,28 +205,7 @@ def default_results_path(label: str, model: str, checkpoint: str | None) -> Path
     Returns:
         The path to write.
     """
-    import warnings
-
-    from ..errors import user_stacklevel
-
-    first = path = Path(RESULTS_DIR) / f"{label}.json"
-    n, whose = 1, None
-    while path.exists():
-        try:
-            held = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            held = None
-        if isinstance(held, dict) and held.get("model") == model and held.get("checkpoint") == checkpoint:
-            break
-        if whose is None:  # what the first file holds, for the warning
-            whose = (f"the results of {held.get('checkpoint') or held.get('model')}" if isinstance(held, dict)
-                     else "a file that is not results of this model")
-        n += 1
-        path = first.with_name(f"{label}-{n}.json")
-    if n > 1:
-        warnings.warn(f"{first} holds {whose}: these results of {checkpoint or model} are written to {path} "
-                      "instead (pass out= or name= to choose)", stacklevel=user_stacklevel())
-    return path
+    return free_results_path(label, model, checkpoint)
 
 
 # --------------------------------------------------------------------------- bleed probe

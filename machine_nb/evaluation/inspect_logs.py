@@ -9,7 +9,10 @@ inspect_ai's own log API, never by writing its file format by hand:
   match mode, token usage) and the run (model, checkpoint, settings) in its spec; `write_log`
   writes it atomically as a `.eval` file.
 - `read_log` reads any Inspect log (ours or one Inspect wrote) back as per-row records and a
-  summary in the shape of evaluate()'s results, so compare() pairs them like its own.
+  summary in the shape of evaluate()'s results, so compare() pairs them like its own. A `.eval`
+  log from elsewhere is checked first (`check_archive`): Inspect decompresses each zip member
+  whole into memory, so a zip bomb, a huge member or a member path that leaves the archive is
+  refused by name before Inspect reads it.
 
 The conversion is plain data in and out (results.py wraps it in an EvalResult); inspect_ai loads
 on the first call, and its absence is an ImportError that says how to install it.
@@ -19,15 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import io
 import math
 import os
+import struct
 import tempfile
+import warnings
+import zipfile
+import zlib
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..core.chat import content_text, prompt_text
-from ..errors import MachineFormatError
+from ..errors import MachineFormatError, user_stacklevel
 
 INSTALL_HINT = 'pip install "machine_nb[inspect]"'
 
@@ -43,6 +51,14 @@ PROVIDER = "tinker-sampling"
 SAMPLE_COLUMNS = ["sample_id", "epoch", "score", "scorer"]
 """Columns a result read from an Inspect log adds after evaluate()'s: sample_id (the sample's id),
 epoch (1-based), score (the score's value as a number, Inspect's value_to_float), scorer (its name)."""
+
+MAX_MEMBER_BYTES = 256 << 20
+"""The most one member of a `.eval` log may hold decompressed (256 MiB): Inspect reads each member
+whole into memory, so a larger one (or one that decompresses past the size its zip entry declares,
+a zip bomb) is refused before Inspect reads it. Raise it here to read a log you trust."""
+
+MAX_LOG_BYTES = 4 << 30
+"""The most a `.eval` log may hold decompressed in all (4 GiB), for the same reason."""
 
 _STOP_TO_INSPECT = {"stop": "stop", "length": "max_tokens"}
 _STOP_FROM_INSPECT = {"stop": "stop", "max_tokens": "length", "model_length": "length"}
@@ -268,6 +284,123 @@ def write_log(log: Any, path: str | os.PathLike) -> str:
     return os.fspath(path)
 
 
+# --------------------------------------------------------------------------- checking a .eval archive
+
+_CHUNK = 1 << 20
+_STORED, _DEFLATED, _ZSTD = 0, 8, 93  # the zip compression methods Inspect reads
+
+
+def _expanded(fh: Any, info: zipfile.ZipInfo, limit: int) -> Iterator[bytes]:
+    """A member's decompressed bytes in chunks, stopping once more than `limit` have come."""
+    fh.seek(info.header_offset)
+    local = fh.read(30)
+    if len(local) < 30 or local[:4] != b"PK\x03\x04":
+        raise ValueError("its local header is missing (a damaged archive)")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    fh.seek(info.header_offset + 30 + name_len + extra_len)
+    left = info.compress_size
+
+    def raw() -> Iterator[bytes]:
+        nonlocal left
+        while left > 0:
+            block = fh.read(min(_CHUNK, left))
+            if not block:
+                raise ValueError("its data is cut short (a truncated archive)")
+            left -= len(block)
+            yield block
+
+    done = 0
+    if info.compress_type == _STORED:
+        chunks: Iterator[bytes] = raw()
+    elif info.compress_type == _DEFLATED:
+        def inflate() -> Iterator[bytes]:
+            d = zlib.decompressobj(-15)
+            for block in raw():
+                while block:
+                    yield d.decompress(block, _CHUNK)
+                    block = d.unconsumed_tail
+        chunks = inflate()
+    elif info.compress_type == _ZSTD:
+        import zstandard  # inspect_ai's own dependency, for its zstd members
+
+        reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b"".join(raw())))
+        chunks = iter(lambda: reader.read(_CHUNK), b"")
+    else:
+        raise ValueError(f"it is compressed with zip method {info.compress_type}, which Inspect does not read")
+    for chunk in chunks:
+        done += len(chunk)
+        yield chunk
+        if done > limit:
+            return
+
+
+def check_archive(path: str | os.PathLike) -> None:
+    """Refuse a `.eval` file Inspect should not be given: not a complete zip, a member path that
+    leaves the archive (`../`, absolute), a member over MAX_MEMBER_BYTES or the whole over
+    MAX_LOG_BYTES decompressed, a member that decompresses past its declared size (a zip bomb) or
+    whose bytes do not match its checksum. Each member is decompressed once, in bounded chunks.
+
+    Args:
+        path: the `.eval` file.
+
+    Raises:
+        MachineFormatError: naming the file and, where one is at fault, the member.
+    """
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
+        raise MachineFormatError(path, f"not an Inspect eval log: not a complete zip archive ({exc}); a truncated "
+                                       "or damaged copy, or not a .eval file: copy the log again") from None
+    with archive, open(path, "rb") as fh:
+        total = 0
+        for info in archive.infolist():
+            name = info.filename
+            if name.startswith(("/", "\\")) or ".." in PurePosixPath(name.replace("\\", "/")).parts:
+                raise MachineFormatError(path, "a member's path leaves the archive; not a log Inspect wrote",
+                                         field=name)
+            if info.file_size > MAX_MEMBER_BYTES:
+                raise MachineFormatError(path, f"the member holds {info.file_size:,} bytes decompressed, more than "
+                                               f"inspect_logs.MAX_MEMBER_BYTES ({MAX_MEMBER_BYTES:,}); raise it to "
+                                               "read a log you trust", field=name)
+            total += info.file_size
+            if total > MAX_LOG_BYTES:
+                raise MachineFormatError(path, f"the log holds more than inspect_logs.MAX_LOG_BYTES "
+                                               f"({MAX_LOG_BYTES:,}) bytes decompressed; raise it to read a log you trust")
+            size, crc = 0, 0
+            try:
+                for chunk in _expanded(fh, info, info.file_size):
+                    size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+            except Exception as exc:  # zlib.error, zstandard.ZstdError, a cut-short member
+                raise MachineFormatError(path, f"a damaged member: {exc}", field=name) from None
+            if size > info.file_size:
+                raise MachineFormatError(path, f"the member decompresses to more than the {info.file_size:,} bytes "
+                                               "it declares (a zip bomb, or a damaged archive)", field=name)
+            if size != info.file_size or crc != info.CRC:
+                raise MachineFormatError(path, "a damaged member: its bytes do not match its size and checksum",
+                                         field=name)
+
+
+def log_run(path: str | os.PathLike) -> dict | None:
+    """The run a log written by this toolkit records (build_log's summary: model, checkpoint, ...).
+
+    Args:
+        path: an Inspect log file.
+
+    Returns:
+        The summary dict, or None for any other file (a foreign log, not a log, unreadable).
+    """
+    from inspect_ai.log import read_eval_log
+
+    try:
+        if is_inspect_log(path):
+            check_archive(path)
+        header = read_eval_log(os.fspath(path), header_only=True)
+    except Exception:
+        return None
+    meta = header.eval.metadata if isinstance(header.eval.metadata, dict) else {}
+    return meta["machine_nb"] if isinstance(meta.get("machine_nb"), dict) else None
+
+
 # --------------------------------------------------------------------------- reading
 
 def _target_text(target: Any) -> Any:
@@ -283,14 +416,74 @@ def _input_messages(value: Any) -> list[dict]:
     return [{"role": m.role, "content": m.text if hasattr(m, "text") else content_text(m.content)} for m in value]
 
 
-def _first_score(sample: Any, order: list[str]) -> tuple[str | None, Any]:
-    scores = sample.scores or {}
-    for name in order:
-        if name in scores:
-            return name, scores[name]
-    for name, score in scores.items():
-        return name, score
-    return None, None
+def _read_error(path: str | os.PathLike, exc: Exception) -> MachineFormatError:
+    """inspect_ai's error on reading a file, as one naming the file and, for a field its log format
+    refuses, the field (and in a `.eval` log the member holding it)."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError) or not exc.errors():
+        return MachineFormatError(path, f"not an Inspect eval log: {type(exc).__name__}: {exc}")
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"])
+    member = _member_at_fault(path, exc.title) if is_inspect_log(path) else None
+    return MachineFormatError(path, f"{first['msg']} (Inspect's log format refuses it: a damaged log, or one "
+                                    "this inspect_ai's version does not read)",
+                              field=f"{member}: {field}" if member else field)
+
+
+def _member_at_fault(path: str | os.PathLike, model: str) -> str | None:
+    """The member of a `.eval` log that Inspect's `model` (EvalLog or EvalSample) refuses, if one does."""
+    import json
+
+    from inspect_ai.log import EvalSample
+    from pydantic import ValidationError
+
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as fh:
+        names = archive.namelist()
+        if model == "EvalLog":
+            return next((n for n in ("header.json", "_journal/start.json") if n in names), None)
+        if model != "EvalSample":
+            return None
+        for info in archive.infolist():
+            if info.filename.startswith("samples/") and info.filename.endswith(".json"):
+                try:
+                    EvalSample.model_validate(json.loads(b"".join(_expanded(fh, info, info.file_size))))
+                except (ValidationError, ValueError):
+                    return info.filename
+    return None
+
+
+def _grade(value: Any, to_float: Any) -> float | None:
+    """A score's value as a number from 0 to 1 by Inspect's value_to_float (C, yes, True: 1; P: 0.5;
+    I, N, no, False: 0; numbers as they are), or None for no score (None, NaN).
+
+    Raises:
+        ValueError: a value that is no grade: text value_to_float does not know (it would give 0 with
+            only a log line), a list, or a number outside 0 to 1 (right or wrong cannot be read from it).
+    """
+    from inspect_ai.scorer import INCORRECT, NOANSWER
+
+    if value is None:
+        return None
+    if isinstance(value, (bool, int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        number = float(to_float(value))
+        if number == 0.0 and value not in (INCORRECT, NOANSWER) and value.strip().lower() not in ("no", "false"):
+            try:
+                known = float(value) == 0.0
+            except ValueError:
+                known = False
+            if not known:
+                raise ValueError(f"the score {value!r} is not a grade Inspect reads as a number (C, I, P, N, "
+                                 "yes, no, true, false or a number)")
+    else:
+        raise ValueError(f"the score {value!r} is a {type(value).__name__}, not one grade")
+    if math.isnan(number):
+        return None
+    if not 0.0 <= number <= 1.0:
+        raise ValueError(f"the score {number:g} is outside 0 to 1, so right or wrong cannot be read from it")
+    return number
 
 
 def _mode(score: Any, meta: dict) -> str | None:
@@ -305,8 +498,13 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
     """Any Inspect log (ours or another's) as per-row records and a summary, evaluate()'s shape.
 
     Rows are ordered by dataset order then epoch (a log written here keeps its rows' order).
-    `correct` is whether the sample's first score (the log's first scorer) is full marks
-    (Inspect's value_to_float gives 1.0: C, True, 1); `score` is that value as a number.
+    Every row is scored by the log's first score (its results' first scorer, or the key it names
+    in a scorer with several values; without results, the first scorer a sample has): `score` is
+    its value as a number from 0 to 1 (Inspect's value_to_float: C, yes, True 1; P 0.5; I, N, no,
+    False 0) and `correct` whether that is full marks. A sample without that score (it errored, or
+    its score is None or NaN) has score None and counts as wrong, as evaluate() counts a failed
+    request, said in a warning. A log from a newer Inspect log format is read where this
+    inspect_ai reads it, with a warning.
 
     Args:
         source: the `.eval` or `.json` log file, or an inspect_ai EvalLog in memory.
@@ -320,22 +518,32 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
         task, eval and run ids, status, scorer and its metrics).
 
     Raises:
-        MachineFormatError: the file is missing or is not an Inspect log, or holds no samples.
+        MachineFormatError: the file is missing or is not an Inspect log (check_archive's refusals;
+            a field Inspect's log format refuses, named), holds no samples, holds a sample twice,
+            or a score that is no grade (naming the sample and scorer).
     """
     require_inspect("load_results")
-    from inspect_ai.log import read_eval_log
+    from inspect_ai.log import EvalLog, read_eval_log
     from inspect_ai.scorer import value_to_float
 
     if isinstance(source, (str, os.PathLike)):
         path = source
         if not os.path.exists(path):
             raise MachineFormatError(path, "file not found")
+        if is_inspect_log(path):
+            check_archive(path)
         try:
             log = read_eval_log(os.fspath(path))
         except Exception as exc:  # inspect_ai raises ValueError / zipfile / pydantic errors on a bad file
-            raise MachineFormatError(path, f"not an Inspect eval log: {type(exc).__name__}: {exc}") from None
+            raise _read_error(path, exc) from None
     else:
         log, path = source, source.location or None
+    where = os.fspath(path) if path else f"the Inspect log of {log.eval.task}"
+    newest = EvalLog.model_fields["version"].default
+    if isinstance(log.version, int) and isinstance(newest, int) and log.version > newest:
+        warnings.warn(f"{where}: written in Inspect's log format version {log.version}, newer than the {newest} "
+                      "this inspect_ai writes; fields it does not know are left out (upgrade inspect_ai to read "
+                      "them)", stacklevel=user_stacklevel())
     if not log.samples:
         raise MachineFormatError(path, f"the Inspect log holds no samples (status {log.status!r}); run the eval "
                                        "with samples logged (log_samples=True)", field="samples")
@@ -343,6 +551,13 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
     ours = meta_eval.get("machine_nb") if isinstance(meta_eval.get("machine_nb"), dict) else None  # build_log's
     run = meta_eval.get("machine_nb_run") if isinstance(meta_eval.get("machine_nb_run"), dict) else {}  # inspect_eval's
     order = [s.name for s in (log.results.scores if log.results and log.results.scores else [])]
+    if order:  # a scorer with several values is listed by key, with the scorer's own name beside it
+        first = log.results.scores[0]
+        scorer_key, value_key = first.scorer or first.name, first.name
+    else:
+        scorer_key = next((name for s in log.samples for name in (s.scores or {})), None)
+        value_key = None
+    label = order[0] if order else scorer_key
     ids = list(log.eval.dataset.sample_ids or []) if log.eval.dataset else []
     position = {str(x): i for i, x in enumerate(ids)}
     to_float = value_to_float()
@@ -353,17 +568,31 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
             return (0, meta["row"], 0, "")
         return (1, position.get(str(s.id), len(position)), s.epoch, str(s.id))
 
+    samples = sorted(log.samples, key=key)
+    seen: dict[tuple[str, int], int] = {}
+    for s in samples:
+        seen[(str(s.id), s.epoch)] = seen.get((str(s.id), s.epoch), 0) + 1
+    twice = next(((sid, epoch, k) for (sid, epoch), k in seen.items() if k > 1), None)
+    if twice:
+        raise MachineFormatError(path, f"sample {twice[0]} epoch {twice[1]} appears {twice[2]} times; a log holds "
+                                       "each sample and epoch once", field="samples")
     records = []
-    for i, s in enumerate(sorted(log.samples, key=key)):
+    for i, s in enumerate(samples):
         meta = dict(s.metadata or {})
-        name, score = _first_score(s, order)
+        scores = s.scores or {}
+        score = scores.get(scorer_key, scores.get(value_key) if value_key else None)
         value = None if score is None else score.value
-        if isinstance(value, dict):
-            value = next(iter(value.values()), None)
         try:
-            number = None if value is None else float(to_float(value))
-        except (TypeError, ValueError):
-            number = None
+            if isinstance(value, dict):
+                if value_key in value or len(value) == 1:
+                    value = value[value_key] if value_key in value else next(iter(value.values()))
+                else:
+                    raise ValueError(f"the score has several values ({', '.join(map(str, value))}) and the log "
+                                     "names none of them first")
+            number = _grade(value, to_float)
+        except ValueError as exc:
+            raise MachineFormatError(path, f"{exc}; fix the log, or read it with inspect_ai.log.read_eval_log",
+                                     field=f"samples[id {s.id}, epoch {s.epoch}].scores.{scorer_key}") from None
         usage = list((s.model_usage or {}).values())
         output = s.output.completion if s.output is not None else ""
         stop = s.output.stop_reason if s.output is not None and s.output.choices else None
@@ -379,7 +608,7 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
             "latency_s": meta.get("latency_s") if ours is not None else s.total_time,
             "stop_reason": meta.get("stop_reason") if ours is not None else _STOP_FROM_INSPECT.get(stop or "", stop),
             "error": (s.error.message if s.error is not None else None) or (meta.get("error") if ours is not None else None),
-            "sample_id": s.id, "epoch": s.epoch, "score": number, "scorer": name, "messages": messages,
+            "sample_id": s.id, "epoch": s.epoch, "score": number, "scorer": label, "messages": messages,
         }
         if ours is not None:
             for k in ("case", "trial", "input", "format", "line"):
@@ -392,6 +621,11 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
         records.append(rec)
     n = len(records)
     probe = bool(records) and "baseline_output" in records[0]
+    unscored = sum(1 for r in records if r["score"] is None)
+    if unscored and not probe:  # a probe's row without a format has no score by design
+        what = f"{label!r} score" if label else "score"
+        warnings.warn(f"{where}: {unscored} of {n} sample(s) have no {what} (they errored, or were not scored) "
+                      "and count as wrong", stacklevel=user_stacklevel())
     correct = None if probe else sum(r["correct"] for r in records)
     with_format = [bool(r["format_ok"]) for r in records if r.get("format_ok") is not None]
     cfg = log.eval.model_generate_config
@@ -417,11 +651,12 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
         "started_at": base.get("started_at") or (log.stats.started_at if log.stats else None) or log.eval.created,
         "finished_at": base.get("finished_at") or (log.stats.completed_at if log.stats else None),
         "inspect": {"task": log.eval.task, "eval_id": log.eval.eval_id, "run_id": log.eval.run_id,
-                    "status": log.status, "model": log.eval.model, "scorer": order[0] if order else None,
+                    "status": log.status, "model": log.eval.model, "scorer": label,
                     "metrics": metrics, "location": None if path is None else os.fspath(path)},
     }
     return records, summary
 
 
 __all__ = ["NETWORK_HOOKS", "offline_inspect", "INSTALL_HINT", "SCORE_NAME", "PROBE_SCORE", "PROVIDER", "SAMPLE_COLUMNS", "require_inspect",
-           "is_inspect_log", "build_log", "write_log", "read_log"]
+           "MAX_MEMBER_BYTES", "MAX_LOG_BYTES", "is_inspect_log", "build_log", "write_log", "check_archive", "log_run",
+           "read_log"]

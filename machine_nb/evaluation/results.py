@@ -16,7 +16,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MachineFormatError
@@ -57,6 +59,54 @@ def results_name(checkpoint: str | None) -> str:
         return "baseline"
     last = [p for p in re.split(r"[/\\]+", str(checkpoint).split("://", 1)[-1]) if p]
     return re.sub(r"[^A-Za-z0-9._-]+", "_", last[-1] if last else "checkpoint") or "checkpoint"
+
+
+def free_results_path(label: str, model: str | None, checkpoint: str | None, *, suffix: str = ".json",
+                      folder: str | os.PathLike = RESULTS_DIR, run_of: Callable[[Path], Any] | None = None,
+                      option: str = "out= or name=") -> Path:
+    """`<folder>/<label><suffix>`, unless that file holds the results of another model or
+    checkpoint (two runs' `…/sampler_weights/final` share a label) or is not a file of this
+    toolkit's: then the first free `<label>-<n><suffix>`, said in a warning. A file of the same
+    model and checkpoint is replaced.
+
+    Args:
+        label: the results' name.
+        model: the base model sampled.
+        checkpoint: the checkpoint sampled, or None for the base model.
+        suffix: the file's suffix (default ".json"; EvalResult.write_inspect_log's is ".eval").
+        folder: the folder (default RESULTS_DIR).
+        run_of: what a file there holds: a dict with its "model" and "checkpoint", or anything
+            else for a file this toolkit did not write (default None: the file read as a results JSON).
+        option: the argument that chooses the path, named in the warning (default "out= or name=").
+
+    Returns:
+        The path to write.
+    """
+    import warnings
+
+    from ..errors import user_stacklevel
+
+    def results_json(path: Path) -> Any:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    first = path = Path(folder) / f"{label}{suffix}"
+    n, whose = 1, None
+    while path.exists():
+        held = (run_of or results_json)(path)
+        if isinstance(held, dict) and held.get("model") == model and held.get("checkpoint") == checkpoint:
+            break
+        if whose is None:  # what the first file holds, for the warning
+            whose = (f"the results of {held.get('checkpoint') or held.get('model')}" if isinstance(held, dict)
+                     else "a file that is not results of this model")
+        n += 1
+        path = first.with_name(f"{label}-{n}{suffix}")
+    if n > 1:
+        warnings.warn(f"{first} holds {whose}: these results of {checkpoint or model} are written to {path} "
+                      f"instead (pass {option} to choose)", stacklevel=user_stacklevel())
+    return path
 
 
 def utc_now() -> str:
@@ -372,7 +422,9 @@ class EvalResult:
         Args:
             path: the log file, `.eval` (Inspect's format) or `.json`. Default None: beside the
                 results JSON with the suffix `.eval` when there is one, else
-                `eval_results/<name>.eval`.
+                `eval_results/<name>.eval`; where that file holds another model's or
+                checkpoint's log, or a file this toolkit did not write, the first free
+                `<name>-<n>.eval`, said in a warning (free_results_path).
 
         Returns:
             The path written.
@@ -380,16 +432,16 @@ class EvalResult:
         Raises:
             ImportError: inspect_ai is not installed (`pip install "machine_nb[inspect]"`).
         """
-        from pathlib import Path
-
-        from .inspect_logs import build_log, require_inspect, write_log
+        from .inspect_logs import build_log, log_run, require_inspect, write_log
 
         require_inspect("EvalResult.write_inspect_log")
         if path is None:
             if self.path and not self.path.endswith(".eval"):
-                path = Path(self.path).with_suffix(".eval")
+                folder, label = Path(self.path).parent, Path(self.path).stem
             else:
-                path = Path(RESULTS_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', str(self.name or 'results'))}.eval"
+                folder, label = Path(RESULTS_DIR), re.sub(r"[^A-Za-z0-9._-]+", "_", str(self.name or "results"))
+            path = free_results_path(label, self.summary.get("model"), self.summary.get("checkpoint"),
+                                     suffix=".eval", folder=folder, run_of=log_run, option="path=")
         rows = self.rows
         if "correct" in rows.columns:  # text or a partial score is refused by its row, never written as C
             rows = rows.assign(correct=correct_values(rows, str(self.name or "results")))
@@ -397,4 +449,4 @@ class EvalResult:
 
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "as_eval_result",
-           "results_name", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
+           "results_name", "free_results_path", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
