@@ -17,7 +17,9 @@ temp file renamed into place; the rules here are what make a follower correct ag
 - a file truncated or replaced (another inode, or other first bytes) is read again from its
   start, and the read says so in a note, so the caller can drop what it counted from the old file;
 - a run file is seen once, when its name appears in its folder (temp files, which do not end in
-  `.json` or start with ".", are never seen); a folder is listed again only when its
+  `.json` or start with ".", are never seen); one modified within RACY_NS of being seen may be a
+  file still written in place, so it is watched and reported again when it changes (see
+  `RunFolderWatch.watch`); a folder is listed again only when its
   modification time changed, or changed so recently that a later rename could share its
   timestamp tick (RACY_NS);
 - nothing is read twice and nothing is skipped, however many lines or files arrive between
@@ -108,10 +110,21 @@ class LineTail:
         self._head = b""     # its first bytes (up to HEAD_BYTES)
         self._seen: tuple[int, int] | None = None   # (size, mtime_ns) at the last read
         self._refused: tuple[int, int] | None = None  # (st_dev, st_ino) of a non-regular file noted
+        self._unreadable: str | None = None  # why the file could not be opened or read, once noted
+        self._skipping = False  # inside a line longer than MAX_READ: bytes up to its newline are dropped
 
     def _restart(self) -> None:
         self.offset = self.lines = 0
         self._ident, self._head, self._seen = None, b"", None
+        self._skipping = False
+
+    def _cannot_read(self, out: TailRead, why: str) -> TailRead:
+        """Note once (until it changes) that the file is there but cannot be read; the next poll tries again."""
+        if why != self._unreadable:
+            out.notes.append(f"{self.path}: {why}: not read (tried again on every poll)")
+        self._unreadable = why
+        self._seen = None
+        return out
 
     def read(self) -> TailRead:
         """The lines completed since the last read.
@@ -143,27 +156,41 @@ class LineTail:
             return out
         try:
             f = open_regular(self.path)
-        except MachineFormatError:  # removed or replaced between the stat and the open: next poll
-            return out
+        except MachineFormatError as exc:
+            if not os.path.lexists(self.path):  # removed between the stat and the open: next poll
+                return out
+            return self._cannot_read(out, exc.reason)  # permission denied, or replaced by a non-file
         self._refused = None
-        with f:
-            st = os.fstat(f.fileno())  # the file actually opened (a rename may have come between)
-            ident = (st.st_dev, st.st_ino)
-            why = None
-            if self._ident is not None:
-                if ident != self._ident:
-                    why = "was replaced by another file"
-                elif st.st_size < self.offset:
-                    why = f"was truncated (to {st.st_size:,} bytes, {self.offset:,} had been read)"
-                elif self._head and f.read(len(self._head)) != self._head:
-                    why = "was rewritten from its start"
-            if why:
-                out.reset = True
-                out.notes.append(f"{self.path} {why}: read again from the start")
-                self._restart()
-            self._ident = ident
-            f.seek(self.offset)
-            chunk = f.read(MAX_READ)
+        try:
+            with f:
+                st = os.fstat(f.fileno())  # the file actually opened (a rename may have come between)
+                ident = (st.st_dev, st.st_ino)
+                why = None
+                if self._ident is not None:
+                    if ident != self._ident:
+                        why = "was replaced by another file"
+                    elif st.st_size < self.offset:
+                        why = f"was truncated (to {st.st_size:,} bytes, {self.offset:,} had been read)"
+                    elif self._head and f.read(len(self._head)) != self._head:
+                        why = "was rewritten from its start"
+                if why:
+                    out.reset = True
+                    out.notes.append(f"{self.path} {why}: read again from the start")
+                    self._restart()
+                self._ident = ident
+                f.seek(self.offset)
+                chunk = f.read(MAX_READ)
+        except OSError as exc:  # an I/O error mid-read (a failing disk, a network mount gone)
+            return self._cannot_read(out, f"cannot read: {exc.strerror or exc}")
+        self._unreadable = None
+        if self._skipping:  # the rest of an over-long line: dropped up to its newline
+            nl = chunk.find(b"\n")
+            drop = len(chunk) if nl < 0 else nl + 1
+            self.offset += drop
+            chunk = chunk[drop:]
+            if nl >= 0:
+                self._skipping = False
+                self.lines += 1
         end = chunk.rfind(b"\n") + 1  # a partial last line waits for its newline
         if len(self._head) < HEAD_BYTES and self.offset == 0:
             self._head = chunk[:min(HEAD_BYTES, end)]
@@ -175,7 +202,12 @@ class LineTail:
         if end == 0:
             if len(chunk) >= MAX_READ:  # one line longer than a whole read: skip it, say so
                 out.notes.append(f"{self.path}:{self.lines + 1}: a line longer than {MAX_READ:,} bytes, skipped")
+                if self.offset == 0:
+                    self._head = chunk[:HEAD_BYTES]
                 self.offset += len(chunk)
+                self._skipping = True
+                out.more = out.more or self.offset < st.st_size
+                self._seen = None
             return out
         self.offset += end
         path = self.path
@@ -301,6 +333,9 @@ class RunFolderWatch:
         self._folders: dict[str, _Folder] = {}
         self._watched: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
         self._watch_lock = threading.Lock()  # watch/unwatch may come from another thread than poll
+        # files watched by this class, not the caller (created in place, or listed just after a
+        # write): each is dropped once it has not changed for RACY_NS, so their stats stay few
+        self._auto: set[str] = set()
         self._events = _FileEvents.start(self.root) if events else None
         self._listed_at = -math.inf
         if known is not None:
@@ -333,13 +368,15 @@ class RunFolderWatch:
         # no signature yet: the next poll reports it once, so a rewrite that came between its read
         # and this call is not missed (reading an unchanged run again counts nothing twice)
         with self._watch_lock:
-            if path not in self._watched:
+            if path not in self._watched or path in self._auto:
                 self._watched[path] = (folder, name, (-1, -1, -1))
+                self._auto.discard(path)
 
     def unwatch(self, path: str) -> None:
         """Stop reporting rewrites of a run file (it finished)."""
         with self._watch_lock:
             self._watched.pop(path, None)
+            self._auto.discard(path)
 
     def close(self) -> None:
         """Stop following file events (polls list folders from then on)."""
@@ -402,8 +439,7 @@ class RunFolderWatch:
                         st = os.stat(path)
                     except OSError:
                         continue
-                    with self._watch_lock:
-                        self._watched.setdefault(path, (d, name, (st.st_ino, st.st_size, st.st_mtime_ns)))
+                    self._watch_auto(path, d, name, st)
             elif name in folder.names and not os.path.exists(path):
                 folder.names.discard(name)
                 if added.pop(path, None) is None:
@@ -411,7 +447,24 @@ class RunFolderWatch:
         out.added = list(added.values())
         return out
 
+    def _watch_if_recent(self, path: str, d: str, name: str, now: int) -> None:
+        """Watch a listed run file modified within RACY_NS of the listing: a file written in place
+        may be listed half-written, so it is reported again (as changed) once it is written on."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if st.st_mtime_ns > now - RACY_NS:
+            self._watch_auto(path, d, name, st)
+
+    def _watch_auto(self, path: str, d: str, name: str, st: os.stat_result) -> None:
+        with self._watch_lock:
+            if path not in self._watched:
+                self._watched[path] = (d, name, (st.st_ino, st.st_size, st.st_mtime_ns))
+                self._auto.add(path)
+
     def _check_watched(self, out: FolderChanges) -> None:
+        now = time.time_ns()
         with self._watch_lock:
             watched = list(self._watched.items())
         for path, (d, name, was) in watched:
@@ -425,6 +478,11 @@ class RunFolderWatch:
                     if path in self._watched:
                         self._watched[path] = (d, name, now_sig)
                 out.changed.append((path, d, name))
+            elif path in self._auto and st.st_mtime_ns <= now - RACY_NS:
+                with self._watch_lock:  # written and quiet since: no longer watched
+                    if path in self._auto and self._watched.get(path, (0, 0, None))[2] == was:
+                        del self._watched[path]
+                        self._auto.discard(path)
 
     def _list(self) -> FolderChanges:
         """List the folders that changed since they were last listed.
@@ -479,7 +537,9 @@ class RunFolderWatch:
                             pass
                 old = folder.names if folder is not None else set()
                 base = dirpath + os.sep
-                out.added.extend((base + n, d, n) for n in sorted(names - old))
+                for n in sorted(names - old):
+                    out.added.append((base + n, d, n))
+                    self._watch_if_recent(base + n, d, n, now)
                 out.removed.extend(base + n for n in old - names)
                 folder = _Folder(None if sig[0] > now - RACY_NS else sig, names, subdirs)
                 self._folders[d] = folder

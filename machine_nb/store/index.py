@@ -6,8 +6,8 @@ run file), kept in step with `.machine/runs/` from file sizes and modification t
 It lives outside the workspace, in a per-user cache folder (`cache_dir()`), named after the real
 path of the workspace's `runs/` folder. Writes are atomic (temp file + rename; the temp files of
 a write killed midway are removed by the next write); an index that cannot be read, has another
-schema version or workspace, or whose bytes were damaged since (a checksum of each column,
-checked on every load), is rebuilt, never trusted. What a
+schema version or workspace, or whose bytes were damaged since (a checksum of each column and
+of the folder list, checked on every load), is rebuilt, never trusted. What a
 row holds is `INDEX_SCHEMA` (documented in the README, for DuckDB or Polars); how a run file
 becomes a row is decided in `frames.py`, which hands `update_index` its parser.
 
@@ -89,19 +89,26 @@ def cache_dir() -> Path:
     """The folder for machine_nb's caches.
 
     Returns:
-        `$MACHINE_NB_CACHE_DIR` when set (tests point it at a temporary folder), else the
-        platform's user cache folder: `$XDG_CACHE_HOME/machine_nb` or `~/.cache/machine_nb` (Linux
-        and other Unix), `~/Library/Caches/machine_nb` (macOS), `%LOCALAPPDATA%\\machine_nb\\Cache`
-        (Windows).
+        `$MACHINE_NB_CACHE_DIR` when set (tests point it at a temporary folder; a relative one is
+        taken from the current folder once, here), else the platform's user cache folder:
+        `$XDG_CACHE_HOME/machine_nb` or `~/.cache/machine_nb` (Linux and other Unix),
+        `~/Library/Caches/machine_nb` (macOS), `%LOCALAPPDATA%\\machine_nb\\Cache` (Windows). A
+        relative `XDG_CACHE_HOME` or `LOCALAPPDATA` is ignored (the XDG rules call it invalid), so
+        a cache never lands in whatever folder a notebook happens to run in.
     """
     env = os.environ.get("MACHINE_NB_CACHE_DIR", "").strip()
     if env:
-        return Path(env).expanduser()
+        return Path(env).expanduser().absolute()
+
+    def absolute(name: str) -> Path | None:
+        value = os.environ.get(name, "").strip()
+        return Path(value) if value and os.path.isabs(value) else None
+
     if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "machine_nb" / "Cache"
+        return (absolute("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "machine_nb" / "Cache"
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "machine_nb"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "machine_nb"
+    return (absolute("XDG_CACHE_HOME") or Path.home() / ".cache") / "machine_nb"
 
 
 def runs_root(workspace: str | os.PathLike) -> Path:
@@ -180,8 +187,9 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
             return None, {}, "it indexes another workspace"
         if not reader.schema.remove_metadata().equals(INDEX_SCHEMA):
             return None, {}, "its columns differ"
-        if not isinstance(meta.get("dirs"), dict):  # checked before the table is read
-            return None, {}, "its folder list is missing"
+        why = _dirs_problem(meta.get("dirs"), meta.get("dirs_checksum"))  # checked before the table is read
+        if why:
+            return None, {}, why
         sums = meta.get("checksums")
         if not isinstance(sums, dict) or set(sums) != set(INDEX_SCHEMA.names):
             return None, {}, "its column checksums are missing"
@@ -205,6 +213,35 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         return table.replace_schema_metadata(None), meta, None
     except Exception as exc:  # any unreadable index (truncated, not Arrow, damaged, wrong types) is rebuilt
         return None, {}, f"unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def dirs_checksum(dirs: dict) -> str:
+    """A checksum of the index's folder list (its metadata, which the column checksums do not cover).
+
+    Args:
+        dirs: folder -> [mtime_ns, inode, subfolders].
+
+    Returns:
+        16 hex digits.
+    """
+    text = json.dumps(dirs, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def _dirs_problem(dirs: object, checksum: object) -> str | None:
+    """Why an index's folder list cannot be trusted, else None. A damaged list would make a reload
+    skip a folder whose runs then drop out of every load until that folder changes again."""
+    if not isinstance(dirs, dict):
+        return "its folder list is missing"
+    if not isinstance(checksum, str):
+        return "its folder list has no checksum"
+    if checksum != dirs_checksum(dirs):
+        return "its folder list is damaged (its checksum differs from the one written)"
+    for d, entry in dirs.items():
+        if not (isinstance(entry, list) and len(entry) == 3 and all(type(v) is int for v in entry[:2])
+                and isinstance(entry[2], list) and all(isinstance(s, str) for s in entry[2])):
+            return f"its folder list has a bad entry for {d!r}"
+    return None
 
 
 def _open(path: str) -> pa.NativeFile:
@@ -259,7 +296,7 @@ def column_checksum(col: pa.ChunkedArray | pa.Array) -> str:
 
 def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
     """Write the index atomically (jsonl.atomic_replace), private to the user, with a checksum of
-    each column (column_checksum) in its metadata.
+    each column (column_checksum) and of its folder list (dirs_checksum) in its metadata.
 
     The checksums are of the buffers as the file lays them out (the writer drops unused bitmaps
     and rebases sliced arrays), so the table is written once, read back mapped, its checksums
@@ -290,7 +327,8 @@ def write_index(path: str | os.PathLike, table: pa.Table, meta: dict) -> None:
             try:
                 rows = pa.ipc.open_file(source).read_all()
                 write(tmp, rows, {"checksums": {name: column_checksum(col)
-                                                for name, col in zip(rows.column_names, rows.columns)}})
+                                                for name, col in zip(rows.column_names, rows.columns)},
+                                  "dirs_checksum": dirs_checksum(meta.get("dirs", {}))})
                 del rows
             finally:
                 source.close()
@@ -429,13 +467,12 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                 for j, name in zip(watched.tolist(), names):
                     p = pos[j]
                     stats.stats += 1
-                    try:
-                        fst = os.stat(os.path.join(dirpath, name))
-                    except OSError:
+                    fsig = _file_sig(os.path.join(dirpath, name))
+                    if fsig is None:
                         ok[j] = False  # gone
                         stats.removed += 1
                         continue
-                    if fst.st_size != sizes[p] or fst.st_mtime_ns != mtimes[p] or mtimes[p] == -1:
+                    if fsig[0] != sizes[p] or fsig[1] != mtimes[p] or mtimes[p] == -1:
                         ok[j] = False
                         todo.append((dirpath, d, segments, [name]))
                 keep.append(pos[ok])
@@ -467,13 +504,12 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                 fsizes, fmtimes, present = [], [], []
                 base = dirpath + os.sep
                 for name in files:
-                    try:
-                        fst = os.stat(base + name)
-                    except OSError:
+                    fsig = _file_sig(base + name)
+                    if fsig is None:
                         continue  # vanished while listing
                     present.append(name)
-                    fsizes.append(fst.st_size)
-                    fmtimes.append(fst.st_mtime_ns)
+                    fsizes.append(fsig[0])
+                    fmtimes.append(fsig[1])
                 stats.stats += len(present)
                 import pandas as pd
 
@@ -564,11 +600,7 @@ def parse_batch(parse: Parser, chunk: list[tuple[str, str, str, str | None]], no
     rows = parse(chunk, read)
     for k, got in enumerate(seen):
         if got is None:  # not read (misplaced) or unreadable: its stat now, or "re-read next time"
-            try:
-                st = os.stat(chunk[k][0])
-                seen[k] = (st.st_size, st.st_mtime_ns)
-            except OSError:
-                seen[k] = (-1, -1)
+            seen[k] = _file_sig(chunk[k][0]) or (-1, -1)
     mt = np.array([m for _, m in seen], dtype=np.int64)
     racy = (mt > now - RACY_NS) | (mt == -1)
     return sort_table(pa.table({
@@ -579,6 +611,20 @@ def parse_batch(parse: Parser, chunk: list[tuple[str, str, str, str | None]], no
         "recheck": pc.or_(rows["recheck"], pa.array(racy)),
         **{f.name: rows[f.name] for f in INDEX_SCHEMA if f.name not in FILE_FIELDS + ("recheck",)},
     }, schema=INDEX_SCHEMA))  # sorted here (in the workers): the final sort then reads runs of rows in order
+
+
+def _file_sig(path: str) -> tuple[int, int] | None:
+    """(size, mtime_ns) of a run file, or of the symlink itself when it leads nowhere (dangling,
+    a loop), so such a file keeps its row (its error named on every load) without being read
+    again each time; None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+    return st.st_size, st.st_mtime_ns
 
 
 def _cpus() -> int:

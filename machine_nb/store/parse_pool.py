@@ -42,7 +42,7 @@ def _send(fh: Any, obj: Any, timeout: float | None = None) -> None:
     import select
 
     view = memoryview(len(data).to_bytes(_HEAD, "little") + data)
-    while view:  # an unbuffered pipe, written as it drains: a stopped worker never drains it
+    while view:  # a non-blocking pipe (see ParsePool._start), written as it drains: a stopped worker never drains it
         if not select.select([], [fh], [], timeout)[1]:
             raise TimeoutError("the worker takes no input")
         view = view[fh.write(view[:1 << 16]) or 0:]
@@ -108,6 +108,11 @@ class ParsePool:
                                     stdout=subprocess.PIPE, close_fds=True, env=env, bufsize=0)
         except OSError:
             return None  # no more processes: this one does the rest
+        if os.name != "nt":
+            # a write to a blocking pipe waits until all of it fits, however long select waited
+            # first: a worker that stopped reading (or a pipe smaller than one write) would hold
+            # this process forever. Non-blocking, each write takes what fits (see _send).
+            os.set_blocking(proc.stdin.fileno(), False)
         with self._lock:
             self._procs.append(proc)
         return proc
