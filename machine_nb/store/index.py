@@ -38,10 +38,10 @@ from ..core.jsonl import atomic_replace, remove_stale_temporaries
 from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
                         outside, read_file)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped whenever INDEX_SCHEMA, the meaning of a column or the file's metadata changes (3: column
 checksums; 4: n_failed_tool_calls judges each call by the result after it when a call id is
-reused): an older index is rebuilt."""
+reused; 5: a checksum of the folder list): an older index is rebuilt."""
 
 _STR = pa.large_string()
 _TS = pa.timestamp("us", tz="UTC")
