@@ -245,3 +245,40 @@ def test_a_dangling_symlink_run_file_does_not_rewrite_the_index_on_every_load(ws
     mnb.load_runs(ws, index=True)
     stats = mnb.load_runs(ws, index=True).attrs["index"]
     assert stats.parsed == 0 and not stats.written
+
+
+def test_a_folder_that_cannot_be_listed_is_named_once_and_read_when_it_can_be(tmp_path, monkeypatch):
+    """A machine's folder the user cannot list (permission denied) is said once, not every poll,
+    and its runs come in once it can be listed; the dashboard shows the note."""
+    from machine_nb.widgets.dashboard import DashboardState
+
+    root = tmp_path / ".machine" / "runs"
+    (root / "support").mkdir(parents=True)
+    (root / "support" / "r1.json").write_text(json.dumps({"id": "r1", "machine": "support", "output": "ok"}))
+    locked = {str(root / "support")}
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) in locked:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(follow.os, "scandir", scandir)
+    watch = RunFolderWatch(root, events=False)
+    try:
+        first = watch.poll()
+        assert first.added == [] and len(first.notes) == 1
+        assert str(root / "support") in first.notes[0] and "Permission denied" in first.notes[0]
+        assert watch.poll().notes == []  # said once
+        locked.clear()
+        again = watch.poll()
+        assert [a[2] for a in again.added] == ["r1.json"] and again.notes == []
+    finally:
+        watch.close()
+    locked.add(str(root / "support"))
+    state = DashboardState(tmp_path)
+    try:
+        state.apply(state.read())
+        assert any("Permission denied" in n for n in state.snapshot()["notes"])
+    finally:
+        state.close()

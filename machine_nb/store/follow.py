@@ -244,11 +244,14 @@ class FolderChanges:
             folder spells ("chatbot/triage"; "" for a file directly in `runs/`).
         removed: paths of run files that are gone.
         changed: watched run files (see `RunFolderWatch.watch`) written again since.
+        notes: folders that could not be listed (their runs are left out until they can be),
+            each said once, and again only when the reason changes.
     """
 
     added: list[tuple[str, str, str]] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     changed: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class _FileEvents:
@@ -331,6 +334,7 @@ class RunFolderWatch:
     def __init__(self, root: str | os.PathLike, known: Iterable[str] | None = None, *, events: bool = True) -> None:
         self.root = os.fspath(root)
         self._folders: dict[str, _Folder] = {}
+        self._unlisted: dict[str, str] = {}  # folder path -> why it could not be listed, as said
         self._watched: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
         self._watch_lock = threading.Lock()  # watch/unwatch may come from another thread than poll
         # files watched by this class, not the caller (created in place, or listed just after a
@@ -521,8 +525,14 @@ class RunFolderWatch:
                 try:
                     with os.scandir(dirpath) as it:
                         entries = list(it)
-                except OSError:
+                except OSError as exc:
+                    why = exc.strerror or type(exc).__name__
+                    if self._unlisted.get(dirpath) != why:
+                        self._unlisted[dirpath] = why
+                        out.notes.append(f"{dirpath}: could not list its run files ({why}); they are left out "
+                                         "until it can be listed")
                     continue
+                self._unlisted.pop(dirpath, None)
                 if far is not None and foreign_problem(entries, far):
                     entries = []  # outside the workspace and not a machine's folder: not read
                 for e in entries:

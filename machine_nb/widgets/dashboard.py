@@ -246,9 +246,10 @@ class DashboardState:
                                  "removed": changes.removed, "frame": None,
                                  "events": self._events.read(), "training": self._read_training(),
                                  "t": self.clock()}
-        batch["bad"] = []
+        batch["bad"] = list(changes.notes)  # folders that could not be listed
         if files:
-            batch["frame"], batch["bad"] = self._parse(files)
+            batch["frame"], bad = self._parse(files)
+            batch["bad"] += bad
         return batch
 
     def _parse(self, files: list[tuple[str, str, str]]) -> tuple[Any, list[str]]:
