@@ -59,8 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("candidate", help="measure a checkpoint against the live version on the held-out cases",
                        description="Measure --checkpoint against the machine's live version (versions.json) on its "
                                    "held-out cases and print the promotion gate's decision, with the cases that "
-                                   "flipped. Reads: versions.json, holdout.json, instructions.md. Writes: nothing "
-                                   "unless --out (live.json, candidate.json, report.json there); never changes the "
+                                   "flipped. Every held-out case needs an expected answer (a command line has no grader). "
+                                   "Reads: versions.json, holdout.json, instructions.md. Writes: nothing "
+                                   "unless --out (live.json, candidate.json, report.json there, replacing earlier "
+                                   "ones; any other file of those names is refused); never changes the "
                                    f"machine. Exit 0 when it passes, {REFUSED} when the gate refuses. " + cost)
     _measure_flags(p)
     p.add_argument("--out", default=None, help="a directory for the results and the report (default: none written)")
@@ -100,6 +102,21 @@ def _run_cases(args: argparse.Namespace) -> int:
         files = f" [{len(r.files)} file(s)]" if isinstance(r.files, dict) and r.files else ""
         print(f"{r.case:>3}  {r.input!r}{files}  → {rule}")
     return 0
+
+
+def _check_expected(args: argparse.Namespace) -> None:
+    """Refuse, before any estimate or sampling, held-out cases without an expected answer: only a
+    grader (a Python function) scores those, and a command line has none to give."""
+    import warnings
+
+    from ..evaluation.cases import HoldoutInCases, check_grader, load_cases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HoldoutInCases)  # said once, when candidate() loads the cases
+        holdout = load_cases(args.workspace, args.machine, "holdout")
+    check_grader(holdout, None, way_out='the command line has no grader: give each held-out case an "expected" '
+                                        'answer (and a "match" mode), or measure from Python with '
+                                        "candidate(…, grader=(case, reply) -> bool)")
 
 
 def _spend_ok(args: argparse.Namespace) -> bool:
@@ -146,6 +163,7 @@ def _print(cand, as_json: bool, extra: dict | None = None) -> None:
 
 
 def _run_candidate(args: argparse.Namespace) -> int:
+    _check_expected(args)
     if not _spend_ok(args):
         return flags.REFUSED_SPEND
     cand = _measure(args, args.out)
@@ -154,6 +172,7 @@ def _run_candidate(args: argparse.Namespace) -> int:
 
 
 def _run_commit(args: argparse.Namespace) -> int:
+    _check_expected(args)
     if not _spend_ok(args):
         return flags.REFUSED_SPEND
     cand = _measure(args)

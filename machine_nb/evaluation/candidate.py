@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cases import (PREVIOUS_LIVE, VERSION_ID, is_checkpoint, live_index, load_cases, machine_path, previous_live_index,
-                    read_versions)
+from .cases import (PREVIOUS_LIVE, VERSION_ID, check_grader, is_checkpoint, live_index, load_cases, machine_path,
+                    previous_live_index, read_versions)
 from ..core.chat import content_text
 from ..store.workspace import read_file
 
@@ -61,11 +61,30 @@ class Gate:
         Default 0.0: any gain.
     alpha: the wins must beat the losses beyond chance: exact two-sided sign test (McNemar on the
         cases that changed) p < alpha. Default 0.05; None skips the test (then a margin decides).
+
+    Raises:
+        ValueError: a rule no candidate could pass or that is not a number (max_losses below 0 or
+            not whole, min_delta not finite, alpha not in (0, 1]).
     """
 
     max_losses: int = 0
     min_delta: float = 0.0
     alpha: float | None = 0.05
+
+    def __post_init__(self) -> None:
+        import math
+        import numbers
+
+        if (isinstance(self.max_losses, bool) or not isinstance(self.max_losses, numbers.Integral)
+                or self.max_losses < 0):
+            raise ValueError(f"Gate: max_losses must be a whole number, 0 or more, not {self.max_losses!r}")
+        if (isinstance(self.min_delta, bool) or not isinstance(self.min_delta, numbers.Real)
+                or not math.isfinite(self.min_delta)):
+            raise ValueError(f"Gate: min_delta must be a finite number (0.1 = ten points), not {self.min_delta!r}")
+        if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real)
+                                       or not 0 < self.alpha <= 1):
+            raise ValueError(f"Gate: alpha must be above 0 and at most 1 (None skips the sign test), not "
+                             f"{self.alpha!r}: no p-value is below {self.alpha!r}, so no candidate could pass")
 
     def describe(self) -> str:
         """The rule in plain words.
@@ -98,6 +117,11 @@ class Gate:
         if r.trained_on_holdout:
             failed.append(f"it was trained on {r.trained_on_holdout} held-out input(s), so its held-out score "
                           "measures memory, not what it learned")
+        for who, result, errors in (("the live version", r.live, r.live_errors),
+                                    ("the candidate", r.candidate, r.candidate_errors)):
+            if errors:  # a failed reply counts as wrong: the other side would win cases it never played
+                failed.append(f"{errors} of {who}'s {len(_rows(result))} replies failed (see their error), so the "
+                              "numbers measure the failures, not the versions: measure again")
         if r.losses > self.max_losses:
             failed.append(f"it loses {r.losses} case(s) the live version gets right (allowed: {self.max_losses})")
         if not r.delta > self.min_delta:
@@ -137,7 +161,8 @@ class CandidateReport:
     rows (case and trial). wins / ties / losses, p_value: per case (a case's share of trials right,
     live vs candidate), the exact sign test on the cases that changed (McNemar's, and equal to
     comparison's with one trial). trained_on_holdout: training rows whose input is a held-out case
-    (when the training data was given).
+    (when the training data was given). live_errors / candidate_errors: replies that failed (the
+    gate refuses a report with any: a failed reply counts as wrong, so it decides nothing).
     """
 
     machine: str
@@ -155,6 +180,24 @@ class CandidateReport:
     live_accuracy: float
     candidate_accuracy: float
     trained_on_holdout: int = 0
+
+    @property
+    def live_errors(self) -> int:
+        """How many of the live version's replies failed (a request, or its grading).
+
+        Returns:
+            The rows of `live` whose `error` is set.
+        """
+        return _errors(self.live)
+
+    @property
+    def candidate_errors(self) -> int:
+        """How many of the candidate's replies failed (a request, or its grading).
+
+        Returns:
+            The rows of `candidate` whose `error` is set.
+        """
+        return _errors(self.candidate)
 
     @property
     def n_cases(self) -> int:
@@ -188,13 +231,26 @@ class CandidateReport:
 
         Returns:
             machine, live, candidate, trials, n_cases, live_accuracy, candidate_accuracy, delta, wins,
-            ties, losses, p_value, trained_on_holdout, cases (records).
+            ties, losses, p_value, trained_on_holdout, live_errors, candidate_errors, cases (records).
         """
         return {"machine": self.machine, "live": self.live_name, "candidate": self.candidate_name,
                 "trials": self.trials, "n_cases": self.n_cases, "live_accuracy": self.live_accuracy,
                 "candidate_accuracy": self.candidate_accuracy, "delta": self.delta, "wins": self.wins,
                 "ties": self.ties, "losses": self.losses, "p_value": self.p_value,
-                "trained_on_holdout": self.trained_on_holdout, "cases": self.cases.to_dict("records")}
+                "trained_on_holdout": self.trained_on_holdout, "live_errors": self.live_errors,
+                "candidate_errors": self.candidate_errors, "cases": self.cases.to_dict("records")}
+
+
+def _rows(result: Any) -> Any:
+    """The rows of an EvalResult (or a bare frame of them)."""
+    return getattr(result, "rows", result)
+
+
+def _errors(result: Any) -> int:
+    rows = _rows(result)
+    if rows is None or "error" not in getattr(rows, "columns", ()):
+        return 0
+    return int(sum(isinstance(e, str) and e != "" for e in rows["error"]))
 
 
 def case_table(live: Any, candidate: Any) -> pd.DataFrame:
@@ -356,15 +412,43 @@ def _replace_json(path: Path, value: Any) -> None:
 
 
 def _set_model_json(d: Path, model: str) -> None:
-    """Point model.json's `model` at the live version's model (other keys kept), when the file exists."""
+    """Point model.json's `model` at the live version's model (other keys kept), when the file exists.
+
+    Raises:
+        MachineFormatError: model.json is not a JSON object (nothing written: the history must not
+            name a live model that model.json does not).
+    """
+    from ..errors import MachineFormatError
     from ..store.workspace import read_json
 
     path = d / "model.json"
     if not path.exists():
         return
     config = read_json(path)
-    if isinstance(config, dict) and config.get("model") != model:
+    if not isinstance(config, dict):
+        raise MachineFormatError(path, f"model.json must be a JSON object such as {{\"model\": \"{model}\"}}, got "
+                                       f"{type(config).__name__}: fix it by hand, then run this again")
+    if config.get("model") != model:
         _replace_json(path, {**config, "model": model})
+
+
+def _live_instructions(d: Path, live: dict) -> str:
+    """The system prompt a version runs: its entry's `instructions`, else instructions.md's text
+    (an entry Machine wrote may hold none), else ""."""
+    from ..errors import MachineFormatError
+
+    text = live.get("instructions")
+    if isinstance(text, str):
+        return text
+    md = d / "instructions.md"
+    if not md.exists():
+        return ""
+    raw = read_file(md)[0]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        raise MachineFormatError(md, f"not UTF-8 (byte 0x{raw[bad.start]:02x})",
+                                 line=raw.count(b"\n", 0, bad.start) + 1) from None
 
 
 def _next_id(versions: list[dict]) -> str:
@@ -437,7 +521,12 @@ def _write_live(d: Path, versions: list[dict], live: dict, *, instructions: bool
     versions.json, each atomically. The history goes last: a process killed between the files
     leaves it as it was, so the same commit or revert run again finishes the job (written first,
     it would mark live a version whose model model.json does not name, and a commit could not be
-    run again: "already committed")."""
+    run again: "already committed"). The temporary files a killed write left beside these three
+    go first; the caller holds the machine's lock, which every writer of them holds."""
+    from ..core.jsonl import remove_stale_temporaries
+
+    for name in ("model.json", "instructions.md", "versions.json"):  # a killed write's leftovers (lock held)
+        remove_stale_temporaries(d / name)
     _set_model_json(d, live["model"])
     text = live.get("instructions")
     md = d / "instructions.md"
@@ -462,7 +551,10 @@ class Candidate:
     gate: the rule it was decided by; passed / reason: the decision. id: names it in the version
     it becomes. committed: the version id once committed (None before): the one record of the
     candidate's state, which `state`, `status`, `summary()`, its HTML and every CandidateView read
-    (`observe` tells views when it changes).
+    (`observe` tells views when it changes). instructions: the system prompt both versions were
+    measured with (the live entry's, else instructions.md's); the committed version records it,
+    and a commit finds a conflict when the live version's instructions differ by then (default
+    None: whatever is live at commit).
     """
 
     workspace: str
@@ -477,6 +569,7 @@ class Candidate:
     reason: str = ""
     id: str = field(default_factory=lambda: f"cand-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dt%H%M%S}-{secrets.token_hex(2)}")
     committed: str | None = None
+    instructions: str | None = None
     _observers: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
@@ -529,8 +622,9 @@ class Candidate:
         Raises:
             CommitRefused: (with `.reason` and `.report`) the gate did not pass and force is False,
                 or the local checkpoint is gone (force does not help).
-            CommitConflict: the live version changed since the measurement, or this candidate is
-                already committed. Either way nothing is written.
+            CommitConflict: the live version changed since the measurement (another version, or
+                its model, baseModel or instructions edited), or this candidate is already
+                committed. Either way nothing is written.
         """
         if self.committed:
             raise CommitConflict(f"candidate {self.id} is already committed as {self.committed}")
@@ -557,12 +651,24 @@ class Candidate:
                     f"{d / 'versions.json'}: the live version is now {live['id']} ({live.get('model')}), not "
                     f"{self.live_version['id']}, which this candidate was measured against: another commit or revert "
                     "came first. Nothing was written; measure the candidate again with candidate(…).")
+            for key in ("baseModel", "instructions"):
+                if live.get(key) != self.live_version.get(key):
+                    raise CommitConflict(
+                        f"{d / 'versions.json'}: the {key} of the live version {live['id']} changed since this "
+                        "candidate was measured against it, so its numbers are not the live version's. Nothing "
+                        "was written; measure the candidate again with candidate(…).")
+            instructions = _live_instructions(d, live)
+            if self.instructions is not None and instructions != self.instructions:
+                raise CommitConflict(
+                    f"{d / 'instructions.md'}: the live version {live['id']} records no instructions of its own, and "
+                    "instructions.md changed since this candidate was measured with it, so its numbers are not the "
+                    "live version's. Nothing was written; measure the candidate again with candidate(…).")
             fp_key = "rubric" if "rubric" in live and "rubricFingerprint" not in live else "rubricFingerprint"
             rubric = load_machine(self.workspace, self.machine).get("rubric") or live.get(fp_key)
             source: dict[str, Any] = {"kind": "train", "candidate": self.id, "checkpoint": self.checkpoint}
             if note:
                 source["note"] = note
-            entry: dict[str, Any] = {"id": _next_id(versions), "instructions": live.get("instructions"),
+            entry: dict[str, Any] = {"id": _next_id(versions), "instructions": instructions,
                                      "model": self.checkpoint, "baseModel": self.base_model, fp_key: rubric,
                                      "createdAt": _now(), "source": source, PREVIOUS_LIVE: live["id"]}
             if self.report is not None:
@@ -621,6 +727,67 @@ class Candidate:
         return report_html(self.report, self.gate, self.passed, self.reason, committed=self.committed)
 
 
+def check_distinct_cases(holdout: pd.DataFrame) -> None:
+    """Refuse held-out cases given more than once (the same input, compared as export.case_key
+    compares it, with the same files): the gate counts cases, so one case written six times would
+    make one win six and the sign test "significant".
+
+    Args:
+        holdout: load_cases' held-out frame.
+
+    Raises:
+        MachineFormatError: naming the file, the first repeat and the case it repeats.
+    """
+    from ..data.export import case_key
+    from ..errors import MachineFormatError
+
+    first: dict[tuple[str, str], int] = {}
+    repeats = []
+    for i, (text, files) in enumerate(zip(holdout["input"], holdout["files"])):
+        key = (case_key(text), json.dumps(files if isinstance(files, dict) else None, sort_keys=True))
+        if key in first:
+            repeats.append((i, first[key]))
+        else:
+            first[key] = i
+    if repeats:
+        i, j = repeats[0]
+        text = str(holdout["input"].iloc[i])
+        more = f" (and {len(repeats) - 1} more repeat(s))" if len(repeats) > 1 else ""
+        path = holdout["path"].iloc[0] if "path" in holdout else None
+        raise MachineFormatError(path, f"case {i + 1} repeats case {j + 1} ({text[:60]!r}){more}: the gate counts "
+                                       "each held-out case once, so a repeat would count one result several times; "
+                                       "remove the repeats", field=f"[{i}].input")
+
+
+#: The files candidate() writes in its out_dir, and a key each holds that tells it is one of them.
+OUT_FILES = {"live.json": "split", "candidate.json": "split", "report.json": "live_version"}
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an out_dir whose live.json, candidate.json or report.json is not a file candidate()
+    wrote (another tool's, or a user's): it would be replaced. Checked before anything is sampled.
+
+    Args:
+        out: the folder (it need not exist).
+
+    Raises:
+        FileExistsError: naming the file.
+    """
+    from ..store.workspace import read_json
+
+    for name, key in OUT_FILES.items():
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        try:
+            held = read_json(path) if path.is_file() and not path.is_symlink() else None
+        except ValueError:  # not JSON, or not readable
+            held = None
+        if not (isinstance(held, dict) and key in held and "machine" in held):
+            raise FileExistsError(f"{path}: {name} is not a file candidate() wrote, and measuring would replace it: "
+                                  "choose another out_dir (CLI: --out), or move that file")
+
+
 def _training_inputs(data: Any) -> list[str]:
     """The user messages of training rows (a JSONL path, a list of lines, a DataFrame of them)."""
     from ..core.jsonl import read_jsonl
@@ -664,7 +831,8 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
         seed: the sampling seed (default 0).
         max_usd: the spending limit in USD for both evaluations (default None: no budget).
         out_dir: also write `live.json`, `candidate.json` (evaluate's results schema) and
-            `report.json` here. Default None: nothing is written.
+            `report.json` here, replacing earlier ones of candidate() (any other file of those
+            names is refused, before sampling). Default None: nothing is written.
         progress: progress bars (default None: on in a kernel or terminal unless
             MACHINE_NB_PROGRESS=0).
 
@@ -673,9 +841,11 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
     Raises:
         MachineFormatError: a missing or malformed versions.json or holdout.json (or any other
-            definition file), before anything is sampled.
+            definition file), or a held-out case given twice, before anything is sampled.
         ValueError: the checkpoint's base model is not the live version's, before anything is
             sampled.
+        FileExistsError: out_dir holds a live.json, candidate.json or report.json that
+            candidate() did not write, before anything is sampled.
     """
     from .. import engines
     from .cases import evaluate_cases
@@ -687,6 +857,11 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     versions = read_versions(workspace, machine)
     live = versions[live_index(versions)]
     holdout = load_cases(workspace, machine, "holdout")
+    check_distinct_cases(holdout)
+    check_grader(holdout, grader)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        check_out_dir(out)
     from ..store.workspace import load_machine
 
     load_machine(workspace, machine)  # the whole definition reads cleanly (cases.json too) before sampling
@@ -716,11 +891,7 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
         if live_base != base:
             raise ValueError(f"{checkpoint} was trained from {base}, but {machine}'s live version {live['id']} "
                              f"({live_ckpt}) was trained from {live_base}: a candidate must share its base model")
-    instructions = live.get("instructions")
-    if not isinstance(instructions, str):
-        md = machine_path(workspace, machine) / "instructions.md"
-        instructions = read_file(md)[0].decode("utf-8") if md.exists() else ""
-    out = Path(out_dir) if out_dir is not None else None
+    instructions = _live_instructions(machine_path(workspace, machine), live)
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",
                   progress=progress)
@@ -732,14 +903,15 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     report = build_report(machine, live_res, cand_res, trained_on_holdout=trained_on)
     passed, reason = gate.decide(report)
     result = Candidate(workspace=workspace, machine=machine, checkpoint=str(checkpoint), base_model=base,
-                       engine=engine, live_version=dict(live), report=report, gate=gate, passed=passed, reason=reason)
+                       engine=engine, live_version=dict(live), report=report, gate=gate, passed=passed, reason=reason,
+                       instructions=instructions)
     if out is not None:
         from ..core.jsonl import atomic_write_text
 
         atomic_write_text(out / "report.json", json.dumps(
-            {"candidate": result.id, "checkpoint": result.checkpoint, "base_model": base, "machine": machine,
-             "live_version": live["id"], "gate": result.to_dict()["gate"],
-             "passed": passed, "reason": reason, **report.to_dict()}, ensure_ascii=False, indent=1, default=str) + "\n")
+            {**report.to_dict(), "candidate": result.id, "checkpoint": result.checkpoint, "base_model": base,
+             "machine": machine, "live_version": live["id"], "gate": result.to_dict()["gate"],
+             "passed": passed, "reason": reason}, ensure_ascii=False, indent=1, default=str) + "\n")
     return result
 
 

@@ -51,7 +51,7 @@ VERSION_ID = re.compile(r"v[1-9][0-9]{0,8}")
 #: The versions.json key of a committed entry naming the version that was live before it (ours).
 PREVIOUS_LIVE = "previousLive"
 
-# `(case, reply) -> bool`: scores a case that declares no expected answer.
+# `(case, reply) -> bool` (or a score, correct at >= 1): scores a case that declares no expected answer.
 Grader = Callable[[dict, str], Any]
 
 
@@ -78,9 +78,13 @@ def machine_path(workspace: str | os.PathLike, machine: str) -> Path:
 
 
 def _check_rule(case: dict, i: int, path: Path) -> dict:
-    """The case's eval rule {expected, match, format}, checked as evaluate checks an eval row."""
+    """The case's eval rule {expected, match, format}, checked as evaluate checks an eval row; a
+    case whose input is empty (or only whitespace) is refused: the model would answer nothing."""
     from ..core.chat import check_row
 
+    if not case["input"].strip():
+        raise MachineFormatError(path, f"case {i + 1} has an empty input: give it the text the machine is asked, "
+                                       "or remove it", field=f"[{i}].input")
     if "expected" not in case or case["expected"] is None:
         for key in ("match", "format"):
             if case.get(key) is not None:
@@ -342,11 +346,54 @@ def _case_records(cases: Any, workspace: Any, machine: str, split: str) -> tuple
     return out, None
 
 
-def _grade(grader: Grader, case: dict, reply: str) -> bool:
-    value = grader(case, reply)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value >= 1  # a score: full marks count as correct, as a scorecard total of 1 does
-    return bool(value)
+def check_grader(cases: Any, grader: Grader | None, path: str | None = None, *,
+                 way_out: str = "pass grader=(case, reply) -> bool") -> None:
+    """Refuse cases that declare no expected answer when no grader is given to score them.
+
+    Args:
+        cases: case dicts (each with "case" and "expected"), or a load_cases frame.
+        grader: the grader evaluate_cases would be given (None: none).
+        path: the file the cases came from (default None: the frame's `path`, else "<cases>").
+        way_out: what the message tells the caller to do (default: pass a grader).
+
+    Raises:
+        MachineFormatError: naming the file, the first such case and how many there are.
+    """
+    if grader is not None:
+        return
+    if hasattr(cases, "to_dict") and hasattr(cases, "columns"):
+        if path is None and "path" in cases and len(cases):
+            path = cases["path"].iloc[0]
+        cases = cases.to_dict("records")
+    unscored = [c for c in cases if c.get("expected") is None or (isinstance(c["expected"], float)
+                                                                   and c["expected"] != c["expected"])]
+    if unscored:
+        raise MachineFormatError(path or "<cases>", f"case {int(unscored[0]['case']) + 1} declares no expected answer "
+                                                    f"({len(unscored)} of {len(cases)} do not): {way_out}",
+                                 field=f"[{int(unscored[0]['case'])}].expected")
+
+
+def _grade(grader: Grader, case: dict, reply: str) -> tuple[bool, str | None]:
+    """A grader's verdict on one reply: (correct, None), or (False, why) when the grader raised or
+    returned something that is neither true/false nor a number. A bad verdict is that row's error
+    rather than an exception, so the replies already sampled (and paid for) are kept."""
+    import math
+    import numbers
+
+    import numpy as np
+
+    try:
+        value = grader(case, reply)
+    except Exception as exc:  # the grader's own bug or a reply it cannot parse
+        return False, f"grader raised {type(exc).__name__}: {exc}"
+    if isinstance(value, (bool, np.bool_)):  # numpy's bool is not a numbers.Real
+        return bool(value), None
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return value >= 1, None  # a score: full marks count as correct, as a scorecard total of 1 does
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:60] + "…"
+    return False, (f"grader returned {shown} ({type(value).__name__}): return True/False, or a finite score "
+                   "(1 or more counts as correct)")
 
 
 def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None = None,
@@ -374,8 +421,10 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         cases: case strings/dicts or a load_cases frame to run instead of the file (default None).
         trials: samples per case (default 1).
         engine: "local" | "tinker"; default the model's own (local for local/… and tinker://local-…).
-        grader: `(case dict, reply text) -> bool` (a number counts as correct at >= 1) for cases
-            that declare no expected answer. Default None: such a case is an error.
+        grader: `(case dict, reply text) -> bool` (a finite number counts as correct at >= 1) for
+            cases that declare no expected answer; when it raises or returns anything else, that
+            row records why in `error` and counts as wrong (with a warning). Default None: such a
+            case is an error.
         instructions: the system prompt. Default None: the live version's instructions, else
             instructions.md; "" sends none.
         max_tokens, temperature, seed, concurrency, max_usd: as in `evaluate` (defaults 32, 0.0
@@ -407,12 +456,7 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     if int(trials) < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
     records, cases_path = _case_records(cases, workspace, machine, split)
-    unscored = [c for c in records if c.get("expected") is None]
-    if unscored and grader is None:
-        where = cases_path or "<cases>"
-        raise MachineFormatError(where, f"case {unscored[0]['case'] + 1} declares no expected answer "
-                                        f"({len(unscored)} of {len(records)} do not): pass grader=(case, reply) -> bool",
-                                 field=f"[{unscored[0]['case']}].expected")
+    check_grader(records, grader, cases_path)
     live = None
     if model is None or instructions is None:
         try:
@@ -462,13 +506,21 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
                                       progress=progress))
     wall = time.perf_counter() - t0
 
-    out_rows = []
+    out_rows, grader_errors = [], []
     for ci, case in enumerate(records):
         for t, res in enumerate(trial_results):
             r = res.rows.iloc[ci]
             graded = case.get("expected") is None
             failed = isinstance(r["error"], str)
-            correct = (not failed and _grade(grader, case, r["output"])) if graded else bool(r["correct"])
+            correct = bool(r["correct"])
+            if graded and not failed:
+                correct, why = _grade(grader, case, r["output"])
+                if why is not None:
+                    failed = True
+                    r = {**r.to_dict(), "error": why}
+                    grader_errors.append((len(out_rows), why))
+            elif graded:
+                correct = False
             out_rows.append({
                 "row": len(out_rows), "case": int(case.get("case", ci)), "trial": t, "input": case["input"],
                 "prompt": case["input"], "expected": None if graded else case["expected"],
@@ -476,6 +528,14 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
                 "format_ok": r["format_ok"], "prompt_tokens": int(r["prompt_tokens"]),
                 "output_tokens": int(r["output_tokens"]), "latency_s": float(r["latency_s"]),
                 "stop_reason": r["stop_reason"], "error": r["error"] if failed else None})
+    if grader_errors:
+        import warnings
+
+        from ..errors import user_stacklevel
+
+        listed = "\n".join(f"  row {i}: {why}" for i, why in grader_errors[:10])
+        warnings.warn(f"{len(grader_errors)} of {len(out_rows)} reply(ies) could not be graded and count as wrong "
+                      f"(their error says why; fix the grader):\n{listed}", stacklevel=user_stacklevel())
     result = pd.DataFrame(out_rows, columns=CASE_RESULT_COLUMNS)
     per_case = result.groupby("case", sort=False)["correct"].mean()
     costs = [r.summary["cost"] for r in trial_results]
