@@ -382,7 +382,7 @@ def test_cli_cases_candidate_commit_revert(trained, ws, tmp_path, capsys):
     code, out, _ = cli(capsys, "candidate", str(ws), "--machine", "tutor", "--checkpoint", trained["weak"])
     assert code == 3 and "Refused: " in out and "A candidate passes when" in out
     code, _, err = cli(capsys, "commit", str(ws), "--machine", "tutor", "--checkpoint", trained["weak"])
-    assert code == 1 and "did not pass the promotion gate, so v1 stays live" in err
+    assert code == 3 and "did not pass the promotion gate, so v1 stays live" in err  # as candidate's refusal
     assert path.read_bytes() == before
 
     report = tmp_path / "report"

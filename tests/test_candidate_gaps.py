@@ -351,7 +351,7 @@ def test_cli_exit_statuses_pass_refuse_error(ws, monkeypatch, capsys):
     code, out, _ = cli(capsys, "candidate", str(ws), *base)
     assert code == 3 and "1 of the live version's 8 replies failed" in out
     code, _, err = cli(capsys, "commit", str(ws), *base)
-    assert code == 1 and "did not pass the promotion gate" in err
+    assert code == 3 and "did not pass the promotion gate" in err
     code, _, err = cli(capsys, "revert", str(ws), "--machine", "tutor")
     assert code == 1 and "v1 is the first version of tutor" in err
     code, _, err = cli(capsys, "revert", str(ws), "--machine", "../tutor")

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command `argv` names (default: the command line's) and return its exit code.
 
     The exit statuses (docs/cli.md lists them): 0 done, 1 an error, 2 a usage error (_flags.USAGE),
-    3 `candidate`'s gate refused (cases.REFUSED), 4 a spend refused without `--yes`
+    3 `candidate` or `commit`: the gate refused (cases.REFUSED), 4 a spend refused without `--yes`
     (_flags.REFUSED_SPEND), 130 Ctrl-C, 141 stdout's reader gone (PIPE_CLOSED).
 
     Called as the program (no `argv`), a command that marks itself `end_process` (serve: its

@@ -11,7 +11,7 @@ import sys
 
 from . import _flags as flags
 
-# exit status of `candidate` when the gate refuses (0 passes; 1 is an error; 2 a usage error,
+# exit status of `candidate` and `commit` when the gate refuses (0 passes; 1 is an error; 2 a usage error,
 # _flags.USAGE; 4 a refused spend, _flags.REFUSED_SPEND)
 REFUSED = 3
 
@@ -72,9 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Measure --checkpoint as `machine-nb candidate` does, then commit it. Reads: "
                                    "versions.json, holdout.json, instructions.md. Writes: machines/<name>/versions.json "
                                    "(a version with source kind train appended, the live flag moved to it) and "
-                                   "model.json's model (the checkpoint). Refused (exit 1, nothing written) when the "
-                                   "gate does not pass, unless --force, or when another commit changed the live "
-                                   "version meanwhile. " + cost)
+                                   f"model.json's model (the checkpoint). Refused, nothing written, when the gate does "
+                                   f"not pass (exit {REFUSED}) unless --force, or when another commit changed the live "
+                                   "version meanwhile (exit 1). " + cost)
     _measure_flags(p)
     p.add_argument("--force", action="store_true", help="commit even if the gate refuses (recorded as forced)")
     p.add_argument("--note", default=None, help="a note kept in the version's source")
@@ -175,8 +175,15 @@ def _run_commit(args: argparse.Namespace) -> int:
     _check_expected(args)
     if not _spend_ok(args):
         return flags.REFUSED_SPEND
+    from ..core.redact import redacted
+    from ..evaluation.candidate import CommitRefused
+
     cand = _measure(args)
-    entry = cand.commit(force=args.force, note=args.note)  # CommitRefused / CommitConflict: exit 1 with the reason
+    try:
+        entry = cand.commit(force=args.force, note=args.note)  # CommitConflict: exit 1 with the reason
+    except CommitRefused as refused:  # the gate's refusal: candidate's status
+        print(redacted(f"machine-nb commit: {refused}"), file=sys.stderr)
+        return REFUSED
     if args.json:
         _print(cand, True, {"committed": entry["id"], "forced": bool(entry.get("forced"))})
         return 0
