@@ -357,3 +357,21 @@ def test_cli_exit_statuses_pass_refuse_error(ws, monkeypatch, capsys):
     code, _, err = cli(capsys, "revert", str(ws), "--machine", "../tutor")
     assert code == 1 and 'Invalid machine name "../tutor"' in err
     assert cli(capsys, "candidate", str(ws), "--machine", "tutor")[0] == 2
+
+
+def test_a_commit_and_a_revert_write_through_linked_machine_files(ws, monkeypatch, tmp_path):
+    """versions.json and model.json kept elsewhere (a synced folder) and linked into the machine's
+    folder: a commit and a revert edit the files the links lead to, and the links stay links."""
+    d = tutor(ws)
+    elsewhere = tmp_path / "synced"
+    elsewhere.mkdir()
+    for name in ("versions.json", "model.json"):
+        (d / name).rename(elsewhere / name)
+        (d / name).symlink_to(elsewhere / name)
+    committed_by_hand(ws, monkeypatch)
+    assert (d / "versions.json").is_symlink() and (d / "model.json").is_symlink()
+    assert json.loads((elsewhere / "model.json").read_text())["model"] == CHECKPOINT
+    assert len(json.loads((elsewhere / "versions.json").read_text())) == 2
+    mnb.revert(ws, "tutor")
+    assert (d / "versions.json").is_symlink() and json.loads((elsewhere / "model.json").read_text())["model"] != CHECKPOINT
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []  # no temporary file left

@@ -292,7 +292,9 @@ def atomic_replace(path: str | os.PathLike, *, mode: int = 0o600) -> Iterator[Pa
 
     The one way machine_nb rewrites a file in place: the new content is written to a temporary
     file in the same folder (the caller writes it), synced to disk, given `mode` and renamed over
-    `path`; if the block raises, the temporary file is removed and `path` is untouched.
+    `path`; if the block raises, the temporary file is removed and `path` is untouched. A `path`
+    that is a symbolic link is written through: the file it leads to is replaced (its temporary
+    file beside it), and the link stays, as an editor saving through a link leaves it.
 
     Args:
         path: the file to replace (created when missing; its folder too).
@@ -302,6 +304,8 @@ def atomic_replace(path: str | os.PathLike, *, mode: int = 0o600) -> Iterator[Pa
         A context manager yielding the temporary file's path to write the new content to.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -325,13 +329,16 @@ def remove_stale_temporaries(path: str | os.PathLike, *, suffixes: tuple[str, ..
     caller's own): no writer can have one of these files open then.
 
     Args:
-        path: the file whose temporary copies go.
+        path: the file whose temporary copies go (a link: the file it leads to, where
+            atomic_replace writes them).
         suffixes: the endings of its temporary files (default (".tmp",): atomic_replace's own).
 
     Returns:
         How many were removed.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     ends = "|".join(re.escape(s) for s in suffixes)
     pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}(?:{ends})")
     try:
