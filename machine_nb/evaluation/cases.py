@@ -200,8 +200,8 @@ def read_versions(workspace: str | os.PathLike, machine: str) -> list[dict]:
 
     path = machine_path(workspace, machine) / "versions.json"
     if not path.exists():
-        raise MachineFormatError(path, f"file not found: machine {machine!r} has no recorded versions, so no live "
-                                       "version to measure a candidate against")
+        raise MachineFormatError(path, f"file not found: machine {machine!r} has no recorded versions (Machine "
+                                       "writes versions.json when a machine gets its first version)")
     versions = read_json(path)
     if not isinstance(versions, list) or not versions:
         raise MachineFormatError(path, "versions.json must be a non-empty JSON array of versions.")
