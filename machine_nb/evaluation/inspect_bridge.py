@@ -17,6 +17,7 @@ counting would fetch a tiktoken encoding), and logs are written to local files.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import html
 import os
 import warnings
@@ -145,6 +146,118 @@ class InspectRun:
         return "".join(r._repr_html_() for r in self.results) or html.escape(repr(self))
 
 
+#: GenerateConfig settings that change what is sampled and that no tinker.SamplingParams field
+#: carries: a task that sets one is sampled without it, and inspect_eval says so in a warning.
+#: temperature, top_p, top_k, max_tokens, seed, num_choices and system_message are applied;
+#: stop_seqs end the reply text (the sampler stops at the renderer's own stop tokens).
+UNAPPLIED_SETTINGS = ("best_of", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs",
+                      "prompt_logprobs", "response_schema", "effort", "reasoning_effort", "reasoning_tokens",
+                      "verbosity", "extra_body")
+
+#: Content parts a renderer formats; any other (images, audio, video, documents) refuses its sample.
+TEXT_CONTENT = ("ContentText", "ContentReasoning")
+
+# the SampleResponses of the generate() call running in this asyncio task (one list per call)
+_responses: contextvars.ContextVar[list | None] = contextvars.ContextVar("machine_nb_sample_responses", default=None)
+
+
+def unrenderable(messages: list) -> str | None:
+    """Why a renderer cannot take these Inspect chat messages as they mean, or None.
+
+    Args:
+        messages: the inspect_ai ChatMessages of one generate() call.
+
+    Returns:
+        A sentence naming the message, or None. Content other than text (an image, audio) would
+        be dropped and the model answer without it; a last assistant message (a prefill) would
+        be rendered as a finished turn with a new reply sampled after it.
+    """
+    for i, message in enumerate(messages):
+        if isinstance(message.content, str):
+            continue
+        kinds = sorted({type(part).__name__ for part in message.content} - set(TEXT_CONTENT))
+        if kinds:
+            return (f"message {i} ({message.role}) holds {', '.join(kinds)}, which the renderer cannot take (text "
+                    f"only): the sample is refused rather than answered without it")
+    if messages and messages[-1].role == "assistant":
+        return ("the last message is the assistant's (a prefill), which the renderer closes as a finished turn "
+                "before sampling a new one: end the messages with a user or tool message")
+    return None
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str | None:
+    """`text` up to the first of `stops` (which is not kept), or None when none occurs in it."""
+    found = [i for i in (text.find(stop) for stop in stops if stop) if i >= 0]
+    return text[:min(found)] if found else None
+
+
+class _RecordingClient:
+    """The sampling client, handing each response to the generate() call that asked for it, so
+    its stop reasons reach Inspect's output."""
+
+    def __init__(self, client: Any):
+        self.client = client
+
+    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
+        from .sampling import call_sampler
+
+        response = await call_sampler(self.client, prompt, sampling_params, num_samples)
+        held = _responses.get()
+        if held is not None:
+            held.append(response)
+        return response
+
+
+def model_api(renderer_name: str, model_name: str, sampling_client: Any) -> Any:
+    """The Inspect model API inspect_eval samples through: tinker-cookbook's
+    `InspectAPIFromTinkerSampling`, with each choice's stop reason ("max_tokens" for a reply cut at
+    its budget), a task's stop_seqs applied to the reply, messages a renderer cannot take refused
+    on their sample (`unrenderable`), and settings no sampler field carries collected in
+    `.unapplied` (name: value) for the caller to report.
+
+    Args:
+        renderer_name: the renderer that formats the chat and parses replies.
+        model_name: the base model (its tokenizer).
+        sampling_client: the sampler (tinker's SamplingClient, or a stand-in call_sampler takes).
+
+    Returns:
+        The inspect_ai ModelAPI.
+    """
+    from tinker_cookbook.eval.inspect_utils import InspectAPIFromTinkerSampling
+
+    class TinkerSamplerAPI(InspectAPIFromTinkerSampling):
+        async def generate(self, input: list, tools: list, tool_choice: Any, config: Any) -> Any:
+            problem = unrenderable(input)
+            if problem:
+                raise ValueError(f"inspect_eval: {problem}")
+            for name in UNAPPLIED_SETTINGS:
+                value = getattr(config, name, None)
+                if value not in (None, False) and value != {}:
+                    self.unapplied.setdefault(name, value)
+            held: list = []
+            token = _responses.set(held)
+            try:
+                output = await super().generate(input, tools, tool_choice, config)
+            finally:
+                _responses.reset(token)
+            sequences = held[-1].sequences if held else []
+            for choice, seq in zip(output.choices, sequences):
+                if getattr(seq, "stop_reason", None) == "length":
+                    choice.stop_reason = "max_tokens"
+                if config.stop_seqs and isinstance(choice.message.content, str):
+                    cut = cut_at_stop(choice.message.content, list(config.stop_seqs))
+                    if cut is not None:
+                        choice.message.content, choice.stop_reason = cut, "stop"
+            if output.choices:  # Inspect keeps the first choice's text apart
+                output.completion = output.choices[0].message.text
+            return output
+
+    api = TinkerSamplerAPI(renderer_name=renderer_name, model_name=model_name,
+                           sampling_client=_RecordingClient(sampling_client))
+    api.unapplied = {}
+    return api
+
+
 def _call(fn: Any) -> Any:
     """fn() here, or in a worker thread where an event loop already runs (a notebook kernel):
     inspect_ai.eval runs its own loop."""
@@ -152,7 +265,11 @@ def _call(fn: Any) -> Any:
 
     try:
         asyncio.get_running_loop()
-    except RuntimeError:
+    except RuntimeError:  # fn runs outside this handler: Inspect reads an error's context as its cause
+        in_loop = False
+    else:
+        in_loop = True
+    if not in_loop:
         return fn()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(fn).result()
@@ -221,9 +338,7 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
     if concurrency is None:
         concurrency = 32 if engine == "tinker" else 8
     client = sampling_client if sampling_client is not None else open_sampler(target, service_client)
-    from tinker_cookbook.eval.inspect_utils import InspectAPIFromTinkerSampling
-
-    api = InspectAPIFromTinkerSampling(renderer_name=renderer_label, model_name=model, sampling_client=client)
+    api = model_api(renderer_label, model, client)
     config = GenerateConfig(max_tokens=int(max_tokens), temperature=float(temperature), seed=seed,
                             max_connections=int(concurrency))
     run = {"model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
@@ -244,6 +359,12 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
             return list(inspect_ai.eval(tasks, model=Model(api=api, config=config), **options))
 
     logs = _call(go)
+    if api.unapplied:
+        from ..errors import user_stacklevel
+
+        asked = ", ".join(f"{name}={value!r}" for name, value in sorted(api.unapplied.items()))
+        warnings.warn(f"inspect_eval: the task asks for {asked}, which the tinker sampler does not apply: the "
+                      f"replies were sampled without it", stacklevel=user_stacklevel())
     return InspectRun(logs=logs, results=[from_inspect_log(log) for log in logs])
 
 

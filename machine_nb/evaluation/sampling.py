@@ -195,7 +195,7 @@ def render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[An
     return prompts
 
 
-async def call_sampler(client: Any, prompt: Any, params: Any) -> Any:
+async def call_sampler(client: Any, prompt: Any, params: Any, num_samples: int = 1) -> Any:
     """One sample request, whichever way the client answers.
 
     Args:
@@ -203,6 +203,7 @@ async def call_sampler(client: Any, prompt: Any, params: Any) -> Any:
             stand-in with `sample_async` returning an awaitable, a future or the response.
         prompt: a tinker.ModelInput.
         params: tinker.SamplingParams.
+        num_samples: replies wanted (default 1).
 
     Returns:
         The tinker.SampleResponse.
@@ -211,9 +212,9 @@ async def call_sampler(client: Any, prompt: Any, params: Any) -> Any:
 
     if isinstance(client, tinker.SamplingClient) or not hasattr(client, "sample_async"):
         # tinker's own client: sample() returns an awaitable APIFuture (sample_async is deprecated)
-        result = client.sample(prompt=prompt, num_samples=1, sampling_params=params)
+        result = client.sample(prompt=prompt, num_samples=num_samples, sampling_params=params)
     else:
-        result = client.sample_async(prompt=prompt, num_samples=1, sampling_params=params)
+        result = client.sample_async(prompt=prompt, num_samples=num_samples, sampling_params=params)
     if hasattr(result, "__await__"):
         result = await result
     if hasattr(result, "result_async"):
@@ -237,11 +238,12 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
 
     Returns:
         Per prompt, in order: {"prompt_tokens", "output", "output_tokens", "stop_reason",
-        "latency_s", "error"}; a request that failed has its reason (redacted) in "error" and
-        an empty output, and the other rows go on.
+        "latency_s", "error"}; a request that failed, or a reply the renderer cannot parse, has
+        its reason (redacted) in "error" and an empty output, and the other rows go on.
 
     Raises:
-        EngineError: the engine refused the job (wrong model, no key), or every request failed.
+        EngineError: the engine refused the job (wrong model, no key), or every request failed;
+            the requests still in flight are cancelled first, as they are when this is cancelled.
     """
     from tinker_cookbook import renderers
 
@@ -261,16 +263,26 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
         out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
                "latency_s": round(latency, 4), "error": error}
         if response is not None:
-            seq = response.sequences[0]
-            tokens = list(seq.tokens)
-            message, _ = renderer.parse_response(tokens)
-            out.update(output=renderers.get_text_content(message), output_tokens=len(tokens),
-                       stop_reason=getattr(seq, "stop_reason", None))
+            try:
+                seq = response.sequences[0]
+                tokens = list(seq.tokens)
+                out.update(output_tokens=len(tokens), stop_reason=getattr(seq, "stop_reason", None))
+                message, _ = renderer.parse_response(tokens)
+                out["output"] = renderers.get_text_content(message)
+            except Exception as exc:  # a reply the renderer cannot parse: an error on its row, not the eval's
+                out["error"] = redacted(f"{type(exc).__name__}: {exc}")
         if bar is not None:
             bar.update(1)
         return out
 
-    results = list(await asyncio.gather(*(one(p) for p in prompts)))
+    tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+    try:
+        results = list(await asyncio.gather(*tasks))
+    except BaseException:
+        # gather leaves the other requests running when one raises: end them before the error goes up
+        for task in tasks:
+            await cancel_and_wait(task)
+        raise
     if results and all(r["error"] for r in results):  # nothing to score: an engine problem, not the rows
         raise EngineError(f"All {len(results)} sampling requests failed; the first: {results[0]['error']}")
     return results
@@ -303,24 +315,62 @@ def run_coroutine(coro_factory: Callable[[], Coroutine[Any, Any, Any]], watchdog
 
     Returns:
         The coroutine's result. Where an event loop already runs (a notebook kernel), the
-        coroutine runs on its own loop in a worker thread.
+        coroutine runs on its own loop in a worker thread; Ctrl-C (KeyboardInterrupt) cancels it
+        there and returns once it has ended.
     """
     async def guarded() -> Any:
         task = asyncio.ensure_future(coro_factory())
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if watchdog is not None and watchdog.failed:
-                await cancel_and_wait(task)
-                raise EngineError(watchdog.failed)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.5)
+                if done:
+                    return task.result()
+                if watchdog is not None and watchdog.failed:
+                    await cancel_and_wait(task)
+                    raise EngineError(watchdog.failed)
+        except asyncio.CancelledError:  # Ctrl-C: the work ends (its requests cancelled) before this returns
+            await cancel_and_wait(task)
+            raise
 
     try:
         asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(guarded())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(guarded())).result()
+    except RuntimeError:  # the work runs outside this handler: its errors are not chained to this one
+        in_loop = False
+    else:
+        in_loop = True
+    if not in_loop:
+        return asyncio.run(guarded())  # Ctrl-C cancels guarded() (asyncio.Runner), then KeyboardInterrupt
+    return _in_worker_thread(guarded)
+
+
+def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine on its own loop in a worker thread, waiting here; a KeyboardInterrupt here
+    (Ctrl-C in a kernel) cancels it and waits until it has ended, then goes up."""
+    import threading
+
+    lock, held = threading.Lock(), {}
+
+    async def main() -> Any:
+        with lock:
+            if held.get("interrupted"):
+                raise asyncio.CancelledError
+            held["loop"], held["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        return await coro_factory()
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(lambda: asyncio.run(main()))
+    try:
+        return future.result()
+    except BaseException:
+        if not future.done():  # interrupted while the work runs: cancel it, not leave it sampling
+            with lock:
+                held["interrupted"] = True
+                if "loop" in held:
+                    held["loop"].call_soon_threadsafe(held["task"].cancel)
+            concurrent.futures.wait([future])  # a second Ctrl-C stops waiting
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 __all__ = ["SamplingClientLike", "SamplerTarget", "sampler_target", "open_sampler", "renderer_for", "sampling_params",
