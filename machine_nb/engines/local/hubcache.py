@@ -14,10 +14,17 @@ and renamed into place, with a `machine_nb.json` marker; an existing folder is u
 holds that marker, and one without it (a real download of that name) is left alone. The revision is
 a hash of the files, so a changed tokenizer gets a new snapshot and `refs/main` moves to it with an
 atomic replace; a reader sees the old snapshot or the new one, never a half-written one.
+Writers take a lock on the cache folder (an flock of the folder itself: no file is added for it), so
+processes publishing at once take turns, and the one holding it removes the temporary copies that a
+writer killed part-way left (`.<repository folder>.machine_nb-tmp-*` beside the repositories, and
+`.snapshot.machine_nb-tmp-*` and `.ref.machine_nb-tmp-*` inside one of its own): huggingface_hub's
+`scan_cache_dir` (`hf cache scan`) reports a stray folder beside the repositories as a corrupt one,
+and a temporary file under `refs/` as a reference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,6 +32,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -81,51 +89,87 @@ def publish(name: str, files: dict[str, Path]) -> Path | None:
     try:
         return _publish(name, {k: Path(v) for k, v in files.items()})
     except OSError as exc:
-        logger.warning("could not write %s's tokenizer to the Hugging Face hub cache %s: %s", name,
+        logger.warning("could not write %s's tokenizer to the Hugging Face hub cache %s: %s; point HF_HUB_CACHE "
+                       "(or HF_HOME) at a folder this user can write to load it by that name offline", name,
                        cache_root(), exc)
         return None
 
 
+#: What names a temporary copy `_publish` builds before renaming it into place.
+_TMP = ".machine_nb-tmp-"
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """Hold an exclusive flock of the cache folder `root` (released when the process ends, however)."""
+    import fcntl
+
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_leftovers(root: Path, folder: Path) -> None:
+    """Remove the temporary copies of repository `folder` that a writer killed part-way left; call it
+    holding `_locked(root)`. Inside the folder only when machine_nb made it."""
+    places = [(root, f".{folder.name}{_TMP}")]
+    if is_ours(folder):
+        places += [(folder, f".snapshot{_TMP}"), (folder, f".ref{_TMP}")]
+    for parent, prefix in places:
+        with os.scandir(parent) as entries:
+            left = [Path(e.path) for e in entries if e.name.startswith(prefix)]
+        for path in left:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+
 def _publish(name: str, files: dict[str, Path]) -> Path | None:
     rev = revision(files)
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
     folder = repo_dir(name)
-    if not folder.exists():
-        cache_root().mkdir(parents=True, exist_ok=True)
-        tmp = folder.parent / f".{folder.name}.machine_nb-tmp-{secrets.token_hex(4)}"
-        try:
-            _write_snapshot(tmp / "snapshots" / rev, files)
-            _write_text(tmp / "refs" / "main", rev)
-            _write_text(tmp / MARKER, json.dumps({"made_by": "machine_nb", "repository": name}) + "\n")
+    with _locked(root):
+        _remove_leftovers(root, folder)
+        if not folder.exists():
+            tmp = root / f".{folder.name}{_TMP}{secrets.token_hex(4)}"
             try:
-                os.rename(tmp, folder)  # whole, or not at all; fails when another process got there first
-            except OSError:
-                if not folder.exists():
-                    raise
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    if not is_ours(folder):
-        logger.info("%s holds a repository machine_nb did not make; its tokenizer is not written there", folder)
-        return None
-    snapshot = folder / "snapshots" / rev
-    if not snapshot.is_dir():
-        tmp = folder / f".snapshot.machine_nb-tmp-{secrets.token_hex(4)}"
-        try:
-            _write_snapshot(tmp, files)
-            (folder / "snapshots").mkdir(exist_ok=True)
+                _write_snapshot(tmp / "snapshots" / rev, files)
+                _write_text(tmp / "refs" / "main", rev)
+                _write_text(tmp / MARKER, json.dumps({"made_by": "machine_nb", "repository": name}) + "\n")
+                os.rename(tmp, folder)  # whole, or not at all
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+        if not is_ours(folder):
+            logger.info("%s holds a repository machine_nb did not make; its tokenizer is not written there", folder)
+            return None
+        snapshot = folder / "snapshots" / rev
+        if not snapshot.is_dir():
+            tmp = folder / f".snapshot{_TMP}{secrets.token_hex(4)}"
             try:
+                _write_snapshot(tmp, files)
+                (folder / "snapshots").mkdir(exist_ok=True)
                 os.rename(tmp, snapshot)
-            except OSError:
-                if not snapshot.is_dir():
-                    raise
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    ref = folder / "refs" / "main"
-    if not ref.is_file() or ref.read_text(encoding="utf-8").strip() != rev:
-        from ...core.jsonl import atomic_write_text
-
-        atomic_write_text(ref, rev, mode=0o644)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+        ref = folder / "refs" / "main"
+        if not ref.is_file() or ref.read_text(encoding="utf-8").strip() != rev:
+            # written beside refs/, not in it: a file left under refs/ would read as a reference
+            tmp = folder / f".ref{_TMP}{secrets.token_hex(4)}"
+            try:
+                _write_text(tmp, rev, sync=True)
+                ref.parent.mkdir(exist_ok=True)
+                os.replace(tmp, ref)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
     return snapshot
 
 
@@ -135,6 +179,10 @@ def _write_snapshot(directory: Path, files: dict[str, Path]) -> None:
         shutil.copyfile(source, directory / name)
 
 
-def _write_text(path: Path, text: str) -> None:
+def _write_text(path: Path, text: str, *, sync: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())

@@ -148,27 +148,32 @@ class LocalTokenizer:
         skip_special_tokens: drop role/end tokens from the text (default False, as Hugging Face).
         Raises ValueError naming an id outside the vocabulary.
         """
-        n = len(self._id_bytes)
         parts = []
         for i in token_ids:
-            i = int(i)
-            if not 0 <= i < n:
-                raise ValueError(f"token id {i} is outside the vocabulary (0..{n - 1})")
+            i = self._known(i)
             if skip_special_tokens and i < self._first_byte:
                 continue
             parts.append(self._id_bytes[i])
         return b"".join(parts).decode("utf-8", "replace")
 
     def convert_ids_to_tokens(self, token_ids: Iterable[int]) -> list[str]:
-        """Readable pieces, one per id (bytes outside printable ASCII shown as <0xNN>)."""
+        """Readable pieces, one per id (bytes outside printable ASCII shown as <0xNN>).
+        Raises ValueError naming an id outside the vocabulary."""
         out = []
         for i in token_ids:
-            i = int(i)
+            i = self._known(i)
             if self._first_byte <= i < self._first_word and not (32 <= i - self._first_byte < 127):
                 out.append(f"<0x{i - self._first_byte:02X}>")
             else:
                 out.append(self._id_bytes[i].decode("utf-8", "replace"))
         return out
+
+    def _known(self, token_id: Any) -> int:
+        """`token_id` as an int; ValueError when it is outside the vocabulary."""
+        i, n = int(token_id), len(self._id_bytes)
+        if not 0 <= i < n:
+            raise ValueError(f"token id {i} is outside the vocabulary (0..{n - 1})")
+        return i
 
     def get_vocab(self) -> dict[str, int]:
         """Piece -> id, as `convert_ids_to_tokens` spells the pieces."""
