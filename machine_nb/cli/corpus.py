@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._flags import whole
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `machine-nb` parser.
@@ -25,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Cost: free (no model calls)."),
     )
     p.add_argument("-o", "--out", default="data/minimal_sft", help="output directory (default data/minimal_sft, git-ignored)")
-    p.add_argument("--seed", type=int, default=0, help="the draw (default 0); another seed gives new questions")
+    p.add_argument("--seed", type=whole(0), default=0,
+                   help="the draw, a whole number from 0 (default 0); another seed gives new questions")
     p.add_argument("--force", action="store_true", help="overwrite existing files that differ: held-out rows, and files make_corpus did not write")
     p.add_argument("--train-rows", type=int, default=48,
                    help="training rows (default 48; at least 1, and train + eval + valid at most 4,095)")

@@ -11,15 +11,19 @@ naturally ("47 + 15 = 62") before SFT teaches it the house style.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import numbers
 import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-from ..core.jsonl import atomic_write_text, dumps_line, parse_json
+from ..core.jsonl import atomic_write_text, dumps_line, parse_json, remove_stale_temporaries
 
 # {a} and {b} are two-digit operands; results may be negative for "-".
 QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -104,6 +108,32 @@ def draw_questions(n: int, rng: random.Random, exclude: set[frozenset[int]] = fr
     return out
 
 
+def _whole(name: str, n: Any, least: int) -> int:
+    """`n` as an int (numpy integers included), or TypeError / ValueError naming `name`."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {n!r}")
+    if n < least:
+        raise ValueError(f"{name} must be at least {least}, got {n}")
+    return int(n)
+
+
+def check_seed(seed: Any) -> int:
+    """The seed as an int, or refused: random.Random draws the same rows for -3 as for 3, and new
+    rows on every call for None, so neither would be the seed the manifest records.
+
+    Args:
+        seed: the draw.
+
+    Returns:
+        int(seed).
+
+    Raises:
+        TypeError: not an integer (bools, floats, strings and None included).
+        ValueError: below 0.
+    """
+    return _whole("seed", seed, 0)
+
+
 def check_counts(n_train: int, n_eval: int, n_valid: int = 0) -> None:
     """Refuse row counts the corpus cannot hold: train and eval at least 1, valid at least 0, all
     together at most MAX_ROWS (every distinct two-digit operand pair once).
@@ -114,14 +144,11 @@ def check_counts(n_train: int, n_eval: int, n_valid: int = 0) -> None:
         n_valid: selection rows (default 0).
 
     Raises:
-        TypeError: a count that is not an integer.
+        TypeError: a count that is not an integer (numpy integers are integers).
         ValueError: a count below its least, or too many together (saying the limit).
     """
-    for name, n, least in (("n_train", n_train, 1), ("n_eval", n_eval, 1), ("n_valid", n_valid, 0)):
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"{name} must be an integer, got {n!r}")
-        if n < least:
-            raise ValueError(f"{name} must be at least {least}, got {n}")
+    n_train, n_eval, n_valid = (_whole(name, n, least) for name, n, least in
+                                (("n_train", n_train, 1), ("n_eval", n_eval, 1), ("n_valid", n_valid, 0)))
     total = n_train + n_eval + n_valid
     if total > MAX_ROWS:
         parts = f"{n_train:,} train + {n_eval:,} eval" + (f" + {n_valid:,} valid" if n_valid else "")
@@ -138,7 +165,7 @@ def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24,
     n_valid is.
 
     Args:
-        seed: the random seed (default 0).
+        seed: the random seed (default 0; an integer, at least 0: see check_seed).
         n_train: training rows (default 48; at least 1).
         n_eval: eval rows (default 24; at least 1).
         n_valid: selection rows (default 0 here; make_corpus writes 24). At most MAX_ROWS together
@@ -148,7 +175,8 @@ def corpus_rows(seed: int = 0, n_train: int = 48, n_eval: int = 24,
         {"train", "eval", "probe", "valid"}: lists of rows.
     """
     check_counts(n_train, n_eval, n_valid)
-    rng = random.Random(seed)
+    n_train, n_eval, n_valid = int(n_train), int(n_eval), int(n_valid)
+    rng = random.Random(check_seed(seed))
     train_q = draw_questions(n_train, rng)
     used = {frozenset((a, b)) for a, _, b, _ in train_q}
     eval_q = draw_questions(n_eval, rng, exclude=used)
@@ -215,12 +243,16 @@ def _own_checksums(out: Path) -> dict[str, str]:
     return own
 
 
-def _files_to_write(out: Path, bodies: dict[str, str], seed: int, force: bool) -> list[str]:
-    """The names among `bodies` whose file in `out` is missing or holds other bytes.
+def _files_to_write(out: Path, bodies: dict[str, str], seed: int, force: bool,
+                    absent: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """The names among `bodies` whose file in `out` is missing or holds other bytes, and the names
+    among `absent` (splits this corpus has none of) whose file is to go.
 
     Without `force`, a differing held-out file (eval, valid) is refused, and so is any file that
     make_corpus did not write: not listed with its sha256 in make_corpus's own manifest (a user's
-    file, one edited since, a symlink). All are checked before anything is written.
+    file, one edited since, a symlink). A held-out file in `absent` is left where train and eval
+    stay the bytes they are (the same draw made it) and refused otherwise: rows of another draw may
+    share operand pairs with the new train.jsonl. All are checked before anything is written.
 
     Raises:
         FileExistsError: naming the file, unless force.
@@ -248,7 +280,39 @@ def _files_to_write(out: Path, bodies: dict[str, str], seed: int, force: bool) -
                 f"{path} was not written by make_corpus (or was changed since: its manifest.json does not list "
                 "it with this content); refusing to replace it. Use another out_dir, or pass force=True "
                 "(CLI: --force) to overwrite it.")
-    return changed
+    same_draw = not {"train.jsonl", "eval.jsonl"} & set(changed)
+    gone = []
+    for name in absent:
+        path = out / name
+        if same_draw or not os.path.lexists(path):
+            continue
+        if not force:
+            raise FileExistsError(
+                f"{path} holds held-out rows of another draw (another seed or size): beside the new train.jsonl "
+                "they may share operand pairs with it; refusing to leave it there or to remove it. Pass n_valid "
+                "(CLI: --valid-rows) to draw a valid split with this corpus, use another out_dir, or pass "
+                "force=True (CLI: --force) to remove it.")
+        gone.append(name)
+    return changed, gone
+
+
+@contextlib.contextmanager
+def _holding(out: Path) -> Iterator[None]:
+    """Hold `out` while one make_corpus checks and writes it: a second one (another thread or
+    process) waits, then checks what the first wrote, so neither replaces the other's held-out rows
+    unseen. The hold is an flock on the folder itself (no lock file); a file system without flock
+    leaves it unheld."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file, not a folder: make_corpus writes its files into a folder. "
+                                 "Pass another out_dir.")
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        with contextlib.suppress(OSError):  # no flock on this file system: unheld
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the folder lets the hold go
 
 
 def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, force: bool = False, *,
@@ -257,16 +321,22 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
 
     Args:
         out_dir: default "data/minimal_sft" (git-ignored).
-        seed: the draw (default 0); the same seed writes byte-identical files, and train, eval
-            and probe are the same bytes whatever n_valid is (valid rows are drawn last).
+        seed: the draw (default 0; an integer, at least 0); the same seed writes byte-identical
+            files, and train, eval and probe are the same bytes whatever n_valid is (valid rows
+            are drawn last).
         force: replace existing files whose content differs even when make_corpus did not write
             them (default False: nothing is written when an eval.jsonl or valid.jsonl holds other
             rows, or when any of the five files is not one this function wrote, i.e. listed with
             its sha256 in its own manifest.json; FileExistsError names the file). Files that
             already hold the same bytes are left as they are.
         n_train / n_eval: rows (default 48 / 24, the documented run's), each at least 1.
-        n_valid: selection rows (default 24; 0 writes no valid.jsonl).
+        n_valid: selection rows (default 24; 0 writes no valid.jsonl, and a valid.jsonl already
+            there stays only when train and eval are unchanged: one of another draw is refused,
+            and removed with force).
             All three together at most MAX_ROWS (4,095), else ValueError before anything is written.
+
+    A second make_corpus into the same folder (another thread or process) waits until this one
+    has written, then checks what it finds as above.
 
     Returns:
         The Corpus. Operand pairs never repeat across train, eval and valid; eval and valid rows
@@ -274,6 +344,7 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
         valid.jsonl; report the chosen checkpoint on eval.jsonl.
     """
     out = Path(out_dir)
+    seed = check_seed(seed)
     rows = corpus_rows(seed, n_train, n_eval, n_valid)
     if not n_valid:
         del rows["valid"]
@@ -289,8 +360,14 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
                   for name, body in bodies.items()},
     }
     bodies["manifest.json"] = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    changed = _files_to_write(out, bodies, seed, force)
-    for name in sorted(changed, key=lambda n: n == "manifest.json"):  # the manifest last: it vouches for the rest
-        atomic_write_text(out / name, bodies[name], mode=0o644)
+    with _holding(out):
+        changed, gone = _files_to_write(out, bodies, seed, force, absent=() if n_valid else ("valid.jsonl",))
+        for name in (*bodies, *gone):  # what a process killed inside a write left (a link's are beside its target)
+            if not (out / name).is_symlink():
+                remove_stale_temporaries(out / name)
+        for name in gone:  # first: never beside the new train rows
+            os.unlink(out / name)
+        for name in sorted(changed, key=lambda n: n == "manifest.json"):  # the manifest last: it vouches for the rest
+            atomic_write_text(out / name, bodies[name], mode=0o644)
     return Corpus(out, out / "train.jsonl", out / "eval.jsonl", out / "probe.jsonl", manifest,
                   out / "valid.jsonl" if n_valid else None)

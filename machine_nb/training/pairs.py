@@ -43,6 +43,7 @@ IDENTICAL = "identical completions"
 TIE = "tie (equal scores)"
 SMALL_GAP = "score gap below min_gap"
 UNSCORED = "unscored run"
+NOT_FINITE = "score not a finite number"
 DUPLICATE = "duplicate pair"
 CONTRADICTS = "contradicted by a pair the other way round"
 
@@ -74,6 +75,10 @@ class PreferencePairs(pd.DataFrame):
         reasons = [s["reason"] for s in (getattr(self, "skipped", None) or [])]
         return pd.Series(reasons, dtype="object").value_counts().rename_axis("reason").rename("skipped")
 
+
+#: Score differences at most this small are float rounding, not a judgement (totals are weighted
+#: means in 0-1: 0.35 - 0.1 computes as 0.24999999999999997).
+ROUNDING = 1e-9
 
 # ---------------------------------------------------------------------------------------------
 # messages
@@ -153,6 +158,7 @@ class _Collector:
         self.excluded: list[dict] = []
         self.skipped: list[dict] = []
         self._seen: dict[tuple[str, str, str], int] = {}
+        self._keys: set[tuple[str, str, str]] = set()  # every pair added, held-out ones included
 
     def skip(self, source: str, ident: Any, reason: str) -> None:
         self.skipped.append({"source": source, "id": ident, "reason": reason})
@@ -163,14 +169,15 @@ class _Collector:
         if chosen.strip() == rejected.strip():
             self.skip(rec["source"], ident, IDENTICAL)
             return
+        key = (canonical_json(rec["prompt"]), chosen, rejected)
+        if key in self._keys:  # before the held-out check: a held-out pair is left out (and counted) once
+            self.skip(rec["source"], ident, DUPLICATE)
+            return
+        self._keys.add(key)
         if self.held and any(case_key(m["content"]) in self.held for m in rec["prompt"] if m.get("role") == "user"):
             self.excluded.append(rec)
             return
-        prompt = canonical_json(rec["prompt"])
-        if (prompt, chosen, rejected) in self._seen:
-            self.skip(rec["source"], ident, DUPLICATE)
-            return
-        self._seen[(prompt, chosen, rejected)] = len(self.records)
+        self._seen[key] = len(self.records)
         self.records.append(rec)
 
     def result(self) -> list[dict]:
@@ -234,6 +241,7 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _Ru
             continue
         if name is not None and row.get("machine") != name:
             continue  # rows of other machines are not this machine's preferences (not counted)
+        machine = row.get("machine")
         if row.get("tag") not in ("good", "bad"):
             continue
         split = split_reply(row["messages"])
@@ -243,11 +251,13 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _Ru
         prompt, reply = split
         prompt = _with_system(prompt, system)
         entry = (row, prompt, reply)
-        (good if row["tag"] == "good" else bad).setdefault(canonical_json(prompt), []).append(entry)
+        # one machine's replies only: another machine ran under other instructions than the turn shows
+        key = canonical_json([machine, prompt])
+        (good if row["tag"] == "good" else bad).setdefault(key, []).append(entry)
         if "rewrite" in sources and row["tag"] == "good" and row.get("rewritten") is True:
             replaced = row.get(REPLACED_KEY)
             reason = None
-            if not isinstance(replaced, str):
+            if not isinstance(replaced, str) or not replaced.strip():  # a blank reply is no rejected completion
                 replaced, reason = _rebuilt_reply(row, last_user(prompt), runs)
             if replaced is None:
                 out.skip("rewrite", row.get("id"), reason or REPLACED_UNKNOWN)
@@ -261,7 +271,7 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _Ru
     for key, goods in good.items():
         for g_row, prompt, g_reply in goods:
             for b_row, _, b_reply in bad.get(key, []):
-                out.add(pair_record("tags", g_row.get("machine") or b_row.get("machine"), prompt, g_reply, b_reply,
+                out.add(pair_record("tags", g_row.get("machine"), prompt, g_reply, b_reply,
                                     chosen_tag=g_row.get("id"), rejected_tag=b_row.get("id"),
                                     chosen_run=_run_id_of(g_row), rejected_run=_run_id_of(b_row)))
 
@@ -269,23 +279,27 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _Ru
 def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Collector) -> None:
     from ..data.export import conversation
 
-    groups: dict[tuple[str, str, str], list[tuple[float | None, str, dict, list[dict], dict]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[float | None, tuple[str, str], dict, list[dict], dict]]] = {}
     for run in runs:
         split = split_reply(conversation(run, system, reasoning=False))
         if split is None:
             continue
         prompt, reply = split
         score = (run.get("scorecard") or {}).get("total")
-        score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+        score = float(score) if isinstance(score, numbers.Real) and not isinstance(score, bool) else None
         key = (str(run.get("machine")), run_case(run), canonical_json(prompt))
-        groups.setdefault(key, []).append((score, str(run.get("startedAt") or ""), run, prompt, reply))
+        # newest first: by start time, then by id (ids sort by time), so input order never decides
+        newest = (str(run.get("startedAt") or ""), str(run.get("id") or ""))
+        groups.setdefault(key, []).append((score, newest, run, prompt, reply))
     for members in groups.values():
         if len(members) < 2:
             continue
-        scored = [m for m in members if m[0] is not None]
+        scored = [m for m in members if m[0] is not None and math.isfinite(m[0])]
         for m in members:
             if m[0] is None:
                 out.skip("scores", m[2].get("id"), UNSCORED)
+            elif not math.isfinite(m[0]):  # NaN compares false with everything: no order to pair by
+                out.skip("scores", m[2].get("id"), NOT_FINITE)
         if len(scored) < 2:
             continue
         # best: highest score, then newest (Machine's bestOf order); worst: lowest score, then newest
@@ -293,10 +307,10 @@ def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Col
         best = max((m for m in scored if m[0] == top), key=lambda m: m[1])
         worst = max((m for m in scored if m[0] == bottom), key=lambda m: m[1])
         gap = best[0] - worst[0]
-        if gap == 0:
+        if gap <= ROUNDING:
             out.skip("scores", best[2].get("id"), TIE)
             continue
-        if gap < min_gap:
+        if gap < min_gap - ROUNDING:
             out.skip("scores", best[2].get("id"), SMALL_GAP)
             continue
         out.add(pair_record("scores", best[2].get("machine"), best[3], best[4], worst[4],
@@ -320,12 +334,14 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
     """Preference pairs (prompt, chosen, rejected) from tag rows and scored runs.
 
     - **rewrite**: a `/good --as` row (`rewritten: true`): chosen = the rewrite, rejected = the reply
-      it replaced (the row's `replaced` key; for rows without it, such as Machine's own, the latest
-      turn of the run the row names, read from `runs`; else the row is skipped and counted).
-    - **tags**: a `/good` row and a `/bad` row with the same conversation up to the reply (every
-      good x bad combination): chosen = the good reply, rejected = the bad one.
+      it replaced (the row's `replaced` key; for rows without it, such as Machine's own, or with a
+      blank one, the latest turn of the run the row names, read from `runs`; else the row is skipped
+      and counted).
+    - **tags**: a `/good` row and a `/bad` row of the same machine with the same conversation up to
+      the reply (every good x bad combination): chosen = the good reply, rejected = the bad one.
     - **scores**: runs of the same case and conversation whose scorecard totals differ by at least
-      `min_gap`: chosen = the best run's reply, rejected = the worst's (newest first on equal scores).
+      `min_gap`: chosen = the best run's reply, rejected = the worst's (newest first on equal scores:
+      by startedAt, then id). A run whose total is missing, NaN or infinite is skipped.
 
     Identical completions, ties, duplicates (the first source keeps its row) and contradicting pairs
     (A over B and B over A: both go) are dropped and listed in `.skipped`; pairs whose input is a
@@ -416,7 +432,7 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
         if r.get("match") != "exact" or r.get("correct") or isinstance(r.get("error"), str):
             continue
         expected, output = r.get("expected"), r.get("output")
-        if not isinstance(expected, str) or not isinstance(output, str) or not output.strip():
+        if not isinstance(expected, str) or not expected.strip() or not isinstance(output, str) or not output.strip():
             continue
         if isinstance(r.get("messages"), list):
             if not all(isinstance(m, dict) for m in r["messages"]):
