@@ -7,14 +7,29 @@ optimizer.pt loads in either. It exists because torch's optimizer classes import
 stack (`torch._dynamo`) the first time a group is added or a step is taken: seconds of start-up in
 every process that trains, for a compiler the engine never uses.
 
-Tinker's `optim_step` carries its settings in each request, so `step` takes them as arguments.
+Tinker's `optim_step` carries its settings in each request, so `step` takes them as arguments and
+refuses, before changing anything, those outside the ranges where the update is defined (torch's
+ranges, with eps above 0: at 0 every weight whose gradients were all zero so far becomes 0/0).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
+
+
+def check_settings(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    """ValueError naming the first setting outside its range, by Tinker's AdamParams names:
+    learning_rate and weight_decay 0 or more, beta1 and beta2 at least 0 and below 1 (at 1 a bias
+    correction divides by zero), eps above 0."""
+    at_least_0, unit, positive = (lambda v: v >= 0, "0 or more"), (lambda v: 0 <= v < 1, "at least 0 and below 1"), \
+        (lambda v: v > 0, "above 0")
+    for name, value, (ok, says) in (("learning_rate", lr, at_least_0), ("beta1", beta1, unit), ("beta2", beta2, unit),
+                                    ("eps", eps, positive), ("weight_decay", weight_decay, at_least_0)):
+        if not (math.isfinite(float(value)) and ok(float(value))):
+            raise ValueError(f"AdamW {name} must be a finite number {says}, got {value!r}")
 
 
 class AdamW:
@@ -29,7 +44,13 @@ class AdamW:
 
     @torch.no_grad()
     def step(self, *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float = 0.0) -> None:
-        """One update of every tensor that has a gradient."""
+        """One update of every tensor that has a gradient.
+
+        Raises:
+            ValueError: a setting outside its range, named as Tinker's AdamParams names it; nothing
+                has changed then.
+        """
+        check_settings(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         self.settings = {"lr": lr, "betas": (beta1, beta2), "eps": eps, "weight_decay": weight_decay}
         for param in self.params:
             grad = param.grad

@@ -45,7 +45,8 @@ def _finite(flat: dict) -> bool:
 def kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Iterator[None]:
     """Run a training step so that a step that fails, or leaves a gradient (or, with `weights`, a
     trainable weight) NaN or infinite, leaves the run as it was before it: gradients, and with
-    `weights` the parameters and the optimizer's state, are put back, and the step fails saying why.
+    `weights` the parameters and the optimizer's state and last settings, are put back, and the step
+    fails saying why.
     Works on any trainer with `params` (its trainable tensors) and `optimizer` (None until the
     first step)."""
     import torch
@@ -57,6 +58,8 @@ def kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Ite
         values = _flat(params)
         optimizer = trainer.optimizer
         kept = [] if optimizer is None else [(q, dict(optimizer.state[q])) for q in params if q in optimizer.state]
+        # the last step's settings, which a checkpoint of the optimizer records (adamw.py)
+        settings = None if optimizer is None else dict(getattr(optimizer, "settings", None) or {})
         state_tensors = [v for _, st in kept for v in st.values() if isinstance(v, torch.Tensor)]
         state = _flat(state_tensors)
 
@@ -77,6 +80,8 @@ def kept_if_not_finite(trainer: Any, call: str, *, weights: bool = False) -> Ite
                     for q, st in kept:
                         optimizer.state[q] = st
                     _put_back(state_tensors, state)
+                    if settings:
+                        optimizer.settings = settings
 
     try:
         yield
