@@ -260,3 +260,20 @@ def test_saving_over_a_checkpoint_whose_folder_is_a_link_replaces_the_link_and_l
     assert sorted(p.name for p in parent.iterdir()) == ["step"]  # no `.….old-…` link left over
     assert not (parent / "step").is_symlink() and ck.not_a_checkpoint(parent / "step") is None
     assert ck.not_a_checkpoint(elsewhere) is None  # what the link led to is untouched
+
+
+@pytest.mark.parametrize("field, value", [("beta1", 1.0), ("beta2", 1.5), ("eps", 0.0)])
+def test_adam_settings_no_step_can_take_are_a_400_naming_the_field(srv, field, value):
+    """beta1 of 1 divides by zero in the bias correction, an eps of 0 turns untouched weights NaN:
+    refused before the step is queued, as a negative learning rate is."""
+    import tinker
+    from tinker import types
+
+    sc = tinker.ServiceClient(base_url=srv.url, api_key=srv.key)
+    try:
+        tc = sc.create_lora_training_client(base_model=DEFAULT_MODEL, rank=2).result()
+        with pytest.raises(Exception) as err:
+            tc.optim_step(types.AdamParams(learning_rate=1e-3, **{field: value})).result()
+        assert f"adam_params.{field}" in str(err.value) and "400" in str(err.value), str(err.value)
+    finally:
+        sc.close("success").result(timeout=60)

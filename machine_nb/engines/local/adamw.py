@@ -20,16 +20,25 @@ from typing import Any, Iterable
 import torch
 
 
-def check_settings(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """ValueError naming the first setting outside its range, by Tinker's AdamParams names:
+def settings_problem(*, lr: float, beta1: float, beta2: float, eps: float,
+                     weight_decay: float) -> tuple[str, str] | None:
+    """The first setting outside its range, by Tinker's AdamParams names, and what it must be:
     learning_rate and weight_decay 0 or more, beta1 and beta2 at least 0 and below 1 (at 1 a bias
-    correction divides by zero), eps above 0."""
+    correction divides by zero), eps above 0; None when every one is in range."""
     at_least_0, unit, positive = (lambda v: v >= 0, "0 or more"), (lambda v: 0 <= v < 1, "at least 0 and below 1"), \
         (lambda v: v > 0, "above 0")
     for name, value, (ok, says) in (("learning_rate", lr, at_least_0), ("beta1", beta1, unit), ("beta2", beta2, unit),
                                     ("eps", eps, positive), ("weight_decay", weight_decay, at_least_0)):
         if not (math.isfinite(float(value)) and ok(float(value))):
-            raise ValueError(f"AdamW {name} must be a finite number {says}, got {value!r}")
+            return name, f"must be a finite number {says}, got {value!r}"
+    return None
+
+
+def check_settings(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    """ValueError naming the first setting outside its range (settings_problem)."""
+    problem = settings_problem(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    if problem is not None:
+        raise ValueError(f"AdamW {problem[0]} {problem[1]}")
 
 
 class AdamW:

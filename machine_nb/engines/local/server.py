@@ -995,10 +995,15 @@ class LocalServer:
         if not isinstance(p, types.AdamParams):
             raise ApiError(400, f"optim_step: the local engine takes adam_params, not {getattr(p, 'type', p)!r}",
                            "adam_params")
-        for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
-            value = getattr(p, name)
-            if not (value == value and abs(value) != float("inf")) or value < 0:
-                raise ApiError(400, f"optim_step: {name} must be a finite number >= 0, got {value}", f"adam_params.{name}")
+        if not (p.grad_clip_norm == p.grad_clip_norm and abs(p.grad_clip_norm) != float("inf")) or p.grad_clip_norm < 0:
+            raise ApiError(400, f"optim_step: grad_clip_norm must be a finite number >= 0, got {p.grad_clip_norm}",
+                           "adam_params.grad_clip_norm")
+        from .adamw import settings_problem
+
+        problem = settings_problem(lr=p.learning_rate, beta1=p.beta1, beta2=p.beta2, eps=p.eps,
+                                   weight_decay=p.weight_decay)
+        if problem is not None:  # before the step is queued: the run is as it was
+            raise ApiError(400, f"optim_step: {problem[0]} {problem[1]}", f"adam_params.{problem[0]}")
 
         def work() -> dict:
             metrics = run.trained().guarded_optim_step(learning_rate=p.learning_rate, beta1=p.beta1, beta2=p.beta2,
