@@ -11,6 +11,7 @@ Which engine a model or checkpoint belongs to is decided here, by its name: loca
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
@@ -217,10 +218,14 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     "tinker": after `engines.tinker.check_tinker` (key set, and the service answers as Tinker
     within `timeout` seconds, default 5, serving `models`), never the SDK's ~5-minute hang.
     One client is kept per engine, URL and key (each keeps a session, its heartbeat and a few
-    threads for the life of the process), unless other SDK arguments (`kwargs`) are given. A kept
-    client is closed, its session finished, before an in-process server it talks to stops (at
-    exit, or when stopped), and dropped once its service is found gone (a failed check here, or a
-    `Watchdog` that saw it die), so no heartbeat of it keeps failing and warning.
+    threads for the life of the process), unless other SDK arguments (`kwargs`) are given. A client
+    is made with the key it was checked with (TINKER_API_KEY's value at that call), and when
+    TINKER_API_KEY changes, the next call makes a client with the new key and closes those kept
+    with the old one. A kept client is closed, its session finished, before an in-process server
+    it talks to stops (at exit, or when stopped), and dropped once its service is found gone (a
+    failed check here, or a `Watchdog` that saw it die), so no heartbeat of it keeps failing and
+    warning. One that was closed (`with service_client() as c:` closes it), or whose session its
+    service no longer knows (a restarted `machine-nb serve`), is replaced by a new one.
     """
     import hashlib
 
@@ -240,16 +245,32 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
             raise
     else:
         raise EngineError(f"Unknown engine {engine!r}: use one of {', '.join(ENGINES)}.")
+    from_env = not kwargs.get("api_key")
     key = kwargs.get("api_key") or os.environ.get("TINKER_API_KEY", "")
-    cache_key = (engine, url, hashlib.sha256(key.encode()).hexdigest())
+    if from_env and key:  # bound to the key it was checked with, whatever the environment says later
+        kwargs["api_key"] = key
     if set(kwargs) - {"api_key"}:  # other settings: a client of its own
         return tinker.ServiceClient(base_url=url, **kwargs)
+    cache_key = (engine, url, hashlib.sha256(key.encode()).hexdigest(), from_env)
+    with _CLIENTS_LOCK:
+        kept = _CLIENTS.get(cache_key)
+    if kept is not None and _stale(engine, url, kept, key, timeout):
+        with _CLIENTS_LOCK:
+            if _CLIENTS.get(cache_key) is kept:
+                del _CLIENTS[cache_key]
+        _close(kept, finish=False)  # closed already, or its session is gone: nothing to finish
+    superseded: list = []
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(cache_key)
         if client is None:
             client = _CLIENTS[cache_key] = tinker.ServiceClient(base_url=url, **kwargs)
+            if from_env:  # TINKER_API_KEY was changed: the clients of the key it had go
+                old = [k for k in _CLIENTS if k[:2] == (engine, url) and k[3] and k != cache_key]
+                superseded = [_CLIENTS.pop(k) for k in old]
         watch = url not in _WATCHED
         _WATCHED.add(url)
+    for old_client in superseded:
+        _close(old_client, finish=True)
     if watch:
         from .local.server import running_at
 
@@ -257,6 +278,21 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
         if server is not None:
             server.on_stop(lambda: _drop_clients(url, finish=True))
     return client
+
+
+def _stale(engine: str, url: str, client: Any, key: str, timeout: float | None) -> bool:
+    """Whether a kept client can no longer work: closed (by its user, say `with service_client() as
+    c:`), or, on Tinker, holding a session its service no longer knows (the server restarted)."""
+    from .local.workarounds import sdk_client_closed, sdk_session_id
+
+    if sdk_client_closed(client):
+        return True
+    session_id = sdk_session_id(client)
+    if engine != "tinker" or session_id is None:
+        return False
+    from .tinker import DEFAULT_TIMEOUT, session_gone
+
+    return session_gone(url, session_id, DEFAULT_TIMEOUT if timeout is None else timeout, key)
 
 
 def close_clients(base_url: str | None = None) -> None:
@@ -347,15 +383,59 @@ def sdk_errors() -> tuple[type[BaseException], ...]:
     return (tinker.APIStatusError, tinker.RequestFailedError)
 
 
+#: The most characters of a server's message an error shows (an HTML error page can be megabytes).
+MAX_SHOWN_CHARS = 2000
+
+
 def explain(exc: BaseException) -> Exception:
     """An SDK error as machine_nb's: MachineFormatError when the server named a corrupt file,
-    else EngineError with the server's message (never the SDK's long retry text)."""
+    else EngineError with the server's message (never the SDK's long retry text).
+
+    Any answer gives a short, readable error: a JSON object's `detail` (a validation error's list
+    of messages joined), else the SDK's text; at most MAX_SHOWN_CHARS characters, never empty, and
+    with this process's keys (TINKER_API_KEY's, the local server's) shown as `[redacted]`.
+    """
     from ..errors import MachineFormatError
 
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
-        detail = body.get("detail") or str(exc)
-        if body.get("error_type") == "MachineFormatError" and body.get("file"):
-            return MachineFormatError(body["file"], str(body.get("reason") or detail))
-        return EngineError(str(detail))
-    return EngineError(str(exc))
+        detail = _detail(body.get("detail"))
+        file = body.get("file")
+        if body.get("error_type") == "MachineFormatError" and isinstance(file, str) and file:
+            return MachineFormatError(file, _shown(_detail(body.get("reason")) or detail, exc))
+        return EngineError(_shown(detail, exc))
+    return EngineError(_shown("", exc))
+
+
+def _detail(value: Any) -> str:
+    """A server's `detail` as text: a list of validation errors ({loc, msg}) as "loc: msg; …"."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "msg" in v for v in value):
+        return "; ".join((".".join(str(p) for p in v["loc"]) + ": " if isinstance(v.get("loc"), list) else "")
+                         + str(v["msg"]) for v in value)
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def _shown(detail: str, exc: BaseException) -> str:
+    """`detail`, else the exception's own text, else its type: clipped, its keys redacted."""
+    text = detail.strip()
+    if not text:
+        try:
+            text = str(exc).strip()
+        except Exception:  # an exception whose __str__ itself fails
+            text = ""
+    text = text or f"{type(exc).__name__} (the server gave no message)"
+    for key in {os.environ.get("TINKER_API_KEY", "").strip(), LOCAL_API_KEY}:
+        if len(key) >= 8:
+            text = text.replace(key, "[redacted]")
+    if len(text) > MAX_SHOWN_CHARS:
+        text = f"{text[:MAX_SHOWN_CHARS]}… ({len(text) - MAX_SHOWN_CHARS:,} more characters)"
+    return text

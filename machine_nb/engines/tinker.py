@@ -84,9 +84,10 @@ def check_base_url(url: str) -> None:
                           "'?…', and the Tinker key in TINKER_API_KEY.")
 
 
-def _request(method: str, url: str, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes]:
-    """One GET, or one POST of an empty JSON object, to `url` + `path`; (status, first 64 kB of the
-    body). A user and password in the URL go as Basic auth, as the SDK's HTTP client sends them (a
+def _request(method: str, url: str, path: str, timeout: float, key: str | None = None,
+             payload: dict | None = None) -> tuple[int, bytes]:
+    """One GET, or one POST of `payload` as JSON (default an empty object), to `url` + `path`; (status,
+    first 64 kB of the body). A user and password in the URL go as Basic auth, as the SDK's HTTP client sends them (a
     gateway in front of the service may ask for them on every request)."""
     import base64
     import http.client
@@ -105,7 +106,7 @@ def _request(method: str, url: str, path: str, timeout: float, key: str | None =
         headers["X-API-Key"] = key
     body = None
     if method == "POST":
-        headers["Content-Type"], body = "application/json", b"{}"
+        headers["Content-Type"], body = "application/json", json.dumps(payload or {}).encode("utf-8")
     try:
         conn.request(method, parts.path.rstrip("/") + path, body=body, headers=headers)
         response = conn.getresponse()
@@ -205,6 +206,18 @@ def check_tinker(base_url: str | None = None, timeout: float = DEFAULT_TIMEOUT, 
     return url
 
 
+def session_gone(url: str, session_id: str, timeout: float = DEFAULT_TIMEOUT, key: str | None = None) -> bool:
+    """Whether the service at `url` says it has no session `session_id`, or that it has finished
+    (a heartbeat for it answered 404 or 410): a server restarted since the session was opened, or
+    one that ended it. False for any other answer, or none within `timeout` s (nothing is known)."""
+    worker, outcome = _in_thread(lambda: _request("POST", url, "/api/v1/session_heartbeat", timeout, key,
+                                                  {"session_id": session_id}), "machine-nb-session-check")
+    worker.join(timeout)
+    if not outcome or not outcome[0][0]:
+        return False
+    return outcome[0][1][0] in (404, 410)
+
+
 #: Paths of the checks every service answers; the SDK's other calls are its work.
 _CHECK_PATHS = ("/api/v1/healthz", "/api/v1/get_server_capabilities")
 
@@ -244,7 +257,8 @@ class WorkCalls(logging.Filter):
 
     def saw(self, method: str, url: str, status: Any) -> None:
         """Count one answer (method, full URL, HTTP status)."""
-        if not url.startswith(self.url) or not isinstance(status, int):
+        # this service's own URL, or one under it: `…:80` is not `…:8000`, nor `/tinker` `/tinker-dev`
+        if not isinstance(status, int) or not (url == self.url or url.startswith(self.url + "/")):
             return
         path = urlsplit(url).path
         if any(path.endswith(p) for p in _CHECK_PATHS):
@@ -258,6 +272,13 @@ class WorkCalls(logging.Filter):
             self.failures.clear()
             self.first_failure = None
             self.last_ok = time.monotonic()
+
+    def cleared(self, call: str) -> None:
+        """Forget the 5xx answers counted for `call` alone ("POST /api/v1/client/config"), as after
+        a success of that call that says nothing of the others."""
+        self.failures.pop(call, None)
+        if not self.failures:
+            self.first_failure = None
 
     def failing(self) -> tuple[int, float, str]:
         """(5xx answers since the last success, seconds since the first of them, which calls how
@@ -304,6 +325,24 @@ class _Dispatch(WorkCalls):
 
 
 WORK_CALLS_FILTER = _Dispatch()
+
+
+def _forget_watches_in_child() -> None:
+    """In a forked child the parent's watches are not this process's (their watchdog threads did not
+    come along), and the lock may have been held by a thread that did not either: the child starts
+    with a fresh lock, no watch, and the `httpx` logger as it was before the parent's first watch."""
+    WorkCalls._lock = threading.Lock()
+    if WorkCalls._active:
+        WorkCalls._active = []
+        log = logging.getLogger("httpx")
+        log.removeFilter(WORK_CALLS_FILTER)
+        if WorkCalls._restore is not None:
+            log.setLevel(WorkCalls._restore)
+        WorkCalls._restore = WorkCalls._saved_level = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_watches_in_child)
 
 
 class Watchdog:
@@ -369,14 +408,18 @@ class Watchdog:
                 return
 
     def _probe(self) -> None:
-        """One light work call (the client-config request the SDK makes first), counted as the
-        SDK's own are; any answer below 500 (a refusal of this bare request included) is a live
-        work plane. Never raises."""
+        """One light work call (the client-config request the SDK makes first). A 5xx answer is
+        counted as the SDK's own are; any answer below 500 (a refusal of this bare request included)
+        clears only its own count: it says that call works, not that the SDK's heavier ones (a
+        forward/backward answering 5xx) do. Never raises."""
         try:
             status, _ = _request("POST", self.url, "/api/v1/client/config", self.timeout, os.environ.get("TINKER_API_KEY"))
         except Exception:  # the health check says whether the service answers at all
             return
-        self.work.saw("POST", f"{self.url.rstrip('/')}/api/v1/client/config", status)
+        if status >= 500:
+            self.work.saw("POST", f"{self.url.rstrip('/')}/api/v1/client/config", status)
+        else:
+            self.work.cleared("POST /api/v1/client/config")
 
     def check(self) -> None:
         """Raise EngineError if the service has stopped answering."""

@@ -15,6 +15,10 @@ an upgrade rather than found broken in a user's notebook.
 - `stop_sdk_client(client)`: stop a `tinker.ServiceClient`'s heartbeat and connections without
   sending anything. Its public `close()` first sends "finish session", which the SDK retries for
   about five minutes against a server that is gone.
+- `sdk_client_closed(client)` and `sdk_session_id(client)`: whether a `tinker.ServiceClient` was
+  closed (its every call then raises "ServiceClient is closed"), and the id of the session it holds
+  (None before its first call), so a kept client that is closed, or whose session its server no longer
+  knows (the server restarted), is replaced. The SDK has no public way to ask either.
 - `sdk_heartbeats()` and `stop_heartbeats_to(url)`: the session heartbeats the SDK runs in this
   process, and stopping those sent to one server. A local server stopping in this process ends
   them, whoever made the client (tinker-cookbook makes its own): otherwise each fails every 10 s
@@ -95,6 +99,19 @@ def stop_sdk_client(client: Any) -> None:
             heartbeat = getattr(holder, "_session_heartbeat_task", None)
             if heartbeat is not None:
                 cancel_until_done(heartbeat)
+
+
+def sdk_client_closed(client: Any) -> bool:
+    """Whether a tinker.ServiceClient was closed (by `close()`, its `with` block, or `stop_sdk_client`)."""
+    return bool(getattr(client, "_closed", False))
+
+
+def sdk_session_id(client: Any) -> str | None:
+    """The id of the session a tinker.ServiceClient holds on its server; None before its first call
+    opened one."""
+    holder = getattr(client, "_session_holder", None)
+    session_id = getattr(holder, "_session_id", None)
+    return session_id if isinstance(session_id, str) else None
 
 
 def cancel_until_done(task: "asyncio.Task") -> None:
