@@ -277,3 +277,14 @@ def test_adam_settings_no_step_can_take_are_a_400_naming_the_field(srv, field, v
         assert f"adam_params.{field}" in str(err.value) and "400" in str(err.value), str(err.value)
     finally:
         sc.close("success").result(timeout=60)
+
+
+def test_a_default_server_stopped_directly_is_replaced_by_the_next_local_call():
+    """`default_server().stop()` (not the toolkit's own stop): the next `engine="local"` call gets a
+    running server, not the stopped one, whose port the SDK would retry for minutes."""
+    first = server_mod.ensure_server()
+    first.stop()
+    again = server_mod.ensure_server()
+    assert again is not first and not again.stopped and server_mod.default_server() is again
+    status, _ = call(again, "/api/v1/healthz", method="GET")
+    assert status == 200

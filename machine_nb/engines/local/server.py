@@ -633,6 +633,12 @@ class LocalServer:
             with self._lock:
                 self._in_flight -= 1
 
+    @property
+    def stopped(self) -> bool:
+        """Whether `stop()` was called (the server answers nothing from then on)."""
+        with self._lock:
+            return self._stopped
+
     def busy(self) -> bool:
         """Whether a request is in progress here (heartbeats, telemetry and health checks aside)."""
         with self._lock:
@@ -1629,14 +1635,17 @@ def ensure_server() -> LocalServer:
     """The server this process's `engine="local"` calls use: started on a free loopback port the
     first time it is needed, with the process's key (`checkpoints.PROCESS_KEY`), reused afterwards, stopped when the interpreter exits (after
     machine_nb's SDK sessions on it are finished: `LocalServer.on_stop`). It runs in this process
-    (a thread), so it can never outlive it."""
+    (a thread), so it can never outlive it. One stopped by other means than the toolkit's own
+    (`default_server().stop()`) is replaced by a new one."""
     global _DEFAULT
     with _DEFAULT_LOCK:
-        if _DEFAULT is None:
+        if _DEFAULT is None or _DEFAULT.stopped:
+            first = _DEFAULT is None
             _DEFAULT = LocalServer(key=ck.PROCESS_KEY).start()
-            from .workarounds import before_executors_shut_down
+            if first:
+                from .workarounds import before_executors_shut_down
 
-            before_executors_shut_down(_stop_default_at_exit)
+                before_executors_shut_down(_stop_default_at_exit)
         return _DEFAULT
 
 
