@@ -122,3 +122,37 @@ def pytest_xdist_make_scheduler(config, log):
             return f"{BROWSER_FILES}*.py" if _is_browser_file(path) else path
 
     return BrowserFilesTogether(config, log)
+
+
+@pytest.fixture
+def isolated_run_index(tmp_path, monkeypatch):
+    """The run index's cache folder under this test's tmp_path (MACHINE_NB_CACHE_DIR); returns it."""
+    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def stand_in_gguf(tmp_path, monkeypatch):
+    """A stand-in GGUF file, an empty models folder and a stand-in `convert` that copies the file's
+    bytes into a small complete folder (the real conversion is the first use in a fresh checkout).
+
+    Returns:
+        A namespace: gguf (the file), models (the folder), calls (the folders `convert` filled).
+    """
+    from types import SimpleNamespace
+
+    from machine_nb.engines.local import hf
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setattr(hf, "gguf_path", lambda: gguf)
+    monkeypatch.setenv("MACHINE_NB_MODELS_DIR", str(tmp_path / "models"))
+    calls: list = []
+
+    def convert(source, dest):
+        calls.append(dest)
+        (dest / "model.safetensors").write_bytes(source.read_bytes())
+        (dest / "done.json").write_text("{}")
+
+    monkeypatch.setattr(hf, "convert", convert)
+    return SimpleNamespace(gguf=gguf, models=tmp_path / "models", calls=calls)

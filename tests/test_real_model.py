@@ -308,23 +308,9 @@ def test_llama_weights_name_and_lay_out_the_tensors_as_transformers_gguf_loader_
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """An empty models folder, a stand-in GGUF file and a stand-in `convert` that writes a small
-    complete folder (the real conversion is the first use in a fresh checkout); returns the models
-    folder and the list of folders `convert` was asked to fill."""
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(60))
-    monkeypatch.setattr(hf, "gguf_path", lambda: gguf)
-    monkeypatch.setenv("MACHINE_NB_MODELS_DIR", str(tmp_path / "models"))
-    calls: list = []
-
-    def convert(source, dest):
-        calls.append(dest)
-        (dest / "model.safetensors").write_bytes(b"weights")
-        (dest / "done.json").write_text("{}")
-
-    monkeypatch.setattr(hf, "convert", convert)
-    return tmp_path / "models", calls
+def cache(stand_in_gguf):
+    """The models folder and the folders the stand-in `convert` filled (conftest.stand_in_gguf)."""
+    return stand_in_gguf.models, stand_in_gguf.calls
 
 
 def test_the_model_converts_once_and_a_failed_conversion_leaves_nothing(cache, monkeypatch):

@@ -27,22 +27,9 @@ from machine_nb.errors import EngineError
 
 
 @pytest.fixture
-def gguf_cache(tmp_path, monkeypatch):
-    """A stand-in GGUF file, an empty models folder and a stand-in `convert` that copies the file's
-    bytes as the folder's weights; returns (the GGUF file, the folders `convert` filled)."""
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(60))
-    monkeypatch.setattr(hf, "gguf_path", lambda: gguf)
-    monkeypatch.setenv("MACHINE_NB_MODELS_DIR", str(tmp_path / "models"))
-    calls: list = []
-
-    def convert(source, dest):
-        calls.append(dest)
-        (dest / "model.safetensors").write_bytes(source.read_bytes())
-        (dest / "done.json").write_text("{}")
-
-    monkeypatch.setattr(hf, "convert", convert)
-    return gguf, calls
+def gguf_cache(stand_in_gguf):
+    """(the stand-in GGUF file, the folders the stand-in `convert` filled: conftest.stand_in_gguf)."""
+    return stand_in_gguf.gguf, stand_in_gguf.calls
 
 
 def test_another_gguf_of_the_same_size_is_converted_again_not_served_from_the_old_folder(gguf_cache):

@@ -27,9 +27,8 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MACHINE_NB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+def cache(isolated_run_index):
+    return isolated_run_index
 
 
 @pytest.fixture
