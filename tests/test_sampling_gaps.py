@@ -177,10 +177,13 @@ def test_ctrl_c_in_a_notebook_cancels_the_sampling_and_returns_at_once():
         run_coroutine(work)
 
     kernel = asyncio.new_event_loop()  # a running loop whose SIGINT raises KeyboardInterrupt, as ipykernel's
+    # a kernel's Ctrl-C raises KeyboardInterrupt; a test process may have been started with SIGINT ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             kernel.run_until_complete(cell())
     finally:
+        signal.signal(signal.SIGINT, before)
         kernel.close()
     assert seen == ["cancelled"]
 
