@@ -359,3 +359,39 @@ def test_a_followers_errors_are_those_since_its_last_good_read_and_stay_few(tmp_
         state.close()
     assert len(reads["errors_then"]) == ERRORS_KEPT and "Permission denied" in reads["errors_then"][-1]
     assert follower.errors == []
+
+
+def test_the_dashboard_widget_says_when_the_workspace_cannot_be_read_until_it_can(tmp_path):
+    """A workspace that turns unreadable (a network drive gone, permissions changed) left the widget
+    showing what it last read, without a word; the page said so, the notebook did not."""
+    from machine_nb.widgets.dashboard import Dashboard
+
+    ws = tmp_path / "ws"
+    write_run(str(ws / ".machine" / "runs"), "support", "r1")
+    d = Dashboard(ws, interval=0.01, file_events=False)
+    good_read, failing = d.state.read, threading.Event()
+    failing.set()
+
+    def read(**kw):
+        if failing.is_set():
+            raise PermissionError(13, "Permission denied", str(ws / ".machine" / "events.jsonl"))
+        return good_read(**kw)
+
+    d.state.read = read
+    said, cleared = threading.Event(), threading.Event()
+    shown = d._errors_changed
+
+    def watch(errors):
+        shown(errors)
+        (said if errors else cleared).set()
+
+    d._follower.on_errors = watch
+    d.start()
+    try:
+        assert said.wait(10)
+        assert "Permission denied" in d._view.html and "Permission denied" in d.static_html()
+        failing.clear()
+        assert cleared.wait(10)
+        assert "Permission denied" not in d._view.html and "Permission denied" not in d.static_html()
+    finally:
+        d.close()

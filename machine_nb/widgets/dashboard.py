@@ -736,6 +736,8 @@ class Follower:
         loop: the asyncio loop that applies batches (default None: the loop running in the
             thread that calls start(), e.g. the kernel's; without one, batches are applied in
             the follower's thread, so the state is then best read through `poll_now`).
+        on_errors: called as on_change is, with `errors`, when a read fails after one that
+            worked, and when one works after failing (default None).
 
     Reads (file I/O and parsing) happen in the thread without holding up the loop; batches are
     applied on the loop in the order they were read. `errors` holds what went wrong (a read, or
@@ -743,9 +745,11 @@ class Follower:
     """
 
     def __init__(self, state: DashboardState, on_change: Callable[[PollResult, list], Any], *,
-                 interval: float = INTERVAL_S, loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 interval: float = INTERVAL_S, loop: asyncio.AbstractEventLoop | None = None,
+                 on_errors: Callable[[list[str]], Any] | None = None) -> None:
         self.state = state
         self.on_change = on_change
+        self.on_errors = on_errors
         self.interval = interval
         self.loop = loop
         self.lock = threading.Lock()        # the pending batches
@@ -790,6 +794,7 @@ class Follower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            failing = bool(self.errors)
             try:
                 with self.read_lock:
                     batch = self.state.read()
@@ -797,6 +802,8 @@ class Follower:
             except Exception as exc:  # a file system error: said in the view, following goes on
                 self._said(exc)
                 batch = None
+            if failing != bool(self.errors) and self.on_errors is not None:
+                self._call_on_loop(self.on_errors, list(self.errors))
             if batch is not None:
                 with self.lock:
                     self._pending.append(batch)
@@ -811,6 +818,23 @@ class Follower:
                     else:
                         self._apply_pending()
             self._stop.wait(self.interval)
+
+    def _call_on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """fn(*args) on the loop (in this thread without one); a callback that fails is kept among
+        the errors, never ends the following."""
+        def call() -> None:
+            try:
+                fn(*args)
+            except Exception as exc:
+                self._said(exc)
+
+        if self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(call)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+        else:
+            call()
 
     def poll_now(self, *, full: bool = False) -> tuple[PollResult, list[dict]]:
         """Read now, then apply every batch not applied yet (the thread's first, in order);
@@ -909,7 +933,8 @@ class Dashboard(StaticFallback, w.VBox):
                  runs: Any = None, interval: float = INTERVAL_S, follow: bool = True, file_events: bool = True,
                  **kwargs: Any) -> None:
         self.state = DashboardState(workspace, log_dirs=log_dirs, runs=runs, file_events=file_events)
-        self._view = DashboardView(html=self.state.html())
+        self._read_errors: list[str] = []  # the Follower's since its last good read, shown under the view
+        self._view = DashboardView(html=self._html())
         self._view.on_msg(self._on_msg)
         self._preview_box = w.VBox()
         from .previewer import ExamplePreviewer
@@ -926,7 +951,7 @@ class Dashboard(StaticFallback, w.VBox):
         self.picker_interval = PICKER_INTERVAL_S
         self.opened: str | None = None
         self._closed = False  # a batch read before close() lands on the loop after it: dropped
-        self._follower = Follower(self.state, self._on_change, interval=interval)
+        self._follower = Follower(self.state, self._on_change, interval=interval, on_errors=self._errors_changed)
         super().__init__(children=[self._view, self._preview_box], **kwargs)
         self.add_class("mnb-dashboard-widget")
         if follow:
@@ -999,8 +1024,23 @@ class Dashboard(StaticFallback, w.VBox):
                 force_picker or time.monotonic() - self._picker_time >= self.picker_interval):
             self._feed_pickers(wait=force_picker)
         if res.runs or res.changed or res.events or res.notes or any(b["training"] for b in batches):
-            self._view.html = self.state.html()
+            self._view.html = self._html()
             self._static_changed()
+
+    def _errors_changed(self, errors: list[str]) -> None:
+        """The workspace could not be read (or can again): said under the view until a read works."""
+        if self._closed:
+            return
+        self._read_errors = errors[-3:]
+        self._view.html = self._html()
+        self._static_changed()
+
+    def _html(self) -> str:
+        """The state's HTML, and the errors of reading the workspace since the last good read."""
+        if not self._read_errors:
+            return self.state.html()
+        said = "".join(f"<div>reading the workspace: {escape(e)}</div>" for e in self._read_errors)
+        return self.state.html() + no_math(f'<div class="mnb-read-errors" style="color:{text_colour(RED)}">{said}</div>')
 
     @staticmethod
     def _merged(frames: list) -> Any:
@@ -1115,7 +1155,7 @@ class Dashboard(StaticFallback, w.VBox):
                 self.open_run(str(content.get("key")))
             except KeyError as exc:
                 self.state.notes.append(str(exc.args[0]))
-                self._view.html = self.state.html()
+                self._view.html = self._html()
 
     # static fallback
     def summary(self) -> str:
@@ -1137,7 +1177,7 @@ class Dashboard(StaticFallback, w.VBox):
         extra = ""
         if self.opened is not None:
             extra = f'<div class="mnb-dashboard-preview"><b>{escape(self.opened or "")}</b>{self.previewer.static_html()}</div>'
-        return self.state.html() + extra
+        return self._html() + extra
 
 
 __all__ = ["Dashboard", "DashboardState", "DashboardView", "Follower", "PollResult", "sparkline"]
