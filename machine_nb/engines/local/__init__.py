@@ -134,9 +134,9 @@ def use_local_models() -> list[str]:
     (`tokenizer_utils.get_tokenizer("local/arith-tiny")`, `model_info`/renderer lookups), e.g. in a
     script run against `machine-nb serve`. machine_nb's own functions call it themselves.
     It also makes the tinker SDK's `SamplingClient.get_tokenizer()` answer with no network in this
-    process for each local model whose tokenizer is in the hub cache (`sdk_tokenizer`; the shipped
-    model's always is, the real model's once a server has loaded it), which outside offline mode
-    loads those tokenizers.
+    process for the shipped model, and for the real model once its tokenizer is in the hub cache (a
+    server has loaded it): `sdk_tokenizer`, which outside offline mode, or where the hub cache
+    cannot be written, loads those tokenizers.
     """
     for name in MODELS:
         ensure_registered(name)
@@ -181,10 +181,11 @@ def sdk_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     this process with no network, with or without `HF_HUB_OFFLINE`: the tokenizer is written to
     the hub cache (`hub_tokenizer`), from which the SDK's loader reads it in offline mode; outside
     offline mode, where that loader would ask the hub first, it is also loaded into the SDK's own
-    cache of that call (workarounds.py). Once per process and model; returns the SDK's tokenizer
-    when it was loaded, else None: in offline mode, or when it could not be loaded (logged: the
-    call then needs `HF_HUB_OFFLINE=1` and the hub-cache entry, or fails as for any name the hub
-    does not know)."""
+    cache of that call (workarounds.py). Where the hub cache cannot be written (logged, naming
+    HF_HUB_CACHE and HF_HOME), it is loaded into that cache from the model's tokenizer folder, in
+    offline mode or not. Once per process and model; returns the SDK's tokenizer when it was loaded,
+    else None: in offline mode with the hub-cache entry written, or when it could not be loaded
+    (logged: the call then fails as for any name the hub does not know)."""
     from huggingface_hub import constants
 
     from .workarounds import warm_sdk_tokenizer
@@ -193,12 +194,14 @@ def sdk_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     with _SDK_LOCK:
         if base in _SDK_WARM:
             return _SDK_WARM[base]
-        if hub_tokenizer(base) is None or constants.HF_HUB_OFFLINE:
+        written = hub_tokenizer(base) is not None
+        if written and constants.HF_HUB_OFFLINE:
             return None
         try:
-            tok = warm_sdk_tokenizer(base)
+            tok = warm_sdk_tokenizer(base, None if written else tokenizer_dir(base))
         except (OSError, ValueError) as exc:
-            logger.warning("could not load %s's tokenizer for the tinker SDK from the hub cache: %s", base, exc)
+            logger.warning("could not load %s's tokenizer for the tinker SDK from %s: %s", base,
+                           "the hub cache" if written else tokenizer_dir(base), exc)
             return None
         _SDK_WARM[base] = tok
         return tok

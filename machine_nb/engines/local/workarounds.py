@@ -40,6 +40,9 @@ an upgrade rather than found broken in a user's notebook.
   read on each call by huggingface_hub and transformers) turned on around it alone: no public API
   passes `local_files_only` through the SDK. Other threads see offline mode for that short call
   (transformers is imported before it, so it is the loading of two small files).
+  Given the model's tokenizer folder (`folder`: for a hub cache that cannot be written), the call
+  loads from it instead: `AutoTokenizer.from_pretrained`, which the loader calls, is replaced for the
+  call by one that reads `name` from that folder and passes every other name on unchanged.
 - `deterministic_kernels()`: torch's deterministic-kernels switch without the import that
   `torch.use_deterministic_algorithms` makes of `torch._inductor.config` (and through it all of
   torch._dynamo, about as much work as importing torch itself) only to copy the switch into the
@@ -53,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures.thread
+import os
 import sys
 import threading
 from typing import Any, Callable
@@ -172,22 +176,37 @@ def stop_heartbeats_to(url: str) -> int:
 _OFFLINE_LOCK = threading.Lock()
 
 
-def warm_sdk_tokenizer(name: str) -> Any:
+def warm_sdk_tokenizer(name: str, folder: str | os.PathLike | None = None) -> Any:
     """Load model `name`'s tokenizer through the SDK's own cached loader, as
     `SamplingClient.get_tokenizer()` calls it for a sampler of that base model, with the hub in
     offline mode for the call: afterwards that call returns the cached tokenizer with no network.
-    Returns the tokenizer; raises what the loader raises (OSError when the hub cache lacks `name`)."""
-    import transformers.models.auto.tokenization_auto  # noqa: F401  (imported outside the offline window)
+    It is read from the hub cache by name, or from `folder` (the model's tokenizer folder) when
+    given. Returns the tokenizer; raises what the loader raises (OSError when the hub cache lacks
+    `name` and no folder is given)."""
     from huggingface_hub import constants
     from tinker.lib.public_interfaces import sampling_client
+    from transformers.models.auto.tokenization_auto import AutoTokenizer  # imported outside the offline window
 
     with _OFFLINE_LOCK:
         was = constants.HF_HUB_OFFLINE
+        own = vars(AutoTokenizer).get("from_pretrained")
+        if folder is not None:
+            load = AutoTokenizer.from_pretrained
+
+            def from_folder(cls: type, path: Any, *args: Any, **kwargs: Any) -> Any:
+                return load(os.fspath(folder) if path == name else path, *args, **kwargs)
+
+            AutoTokenizer.from_pretrained = classmethod(from_folder)
         constants.HF_HUB_OFFLINE = True
         try:
             return sampling_client._load_tokenizer_from_model_info(name)
         finally:
             constants.HF_HUB_OFFLINE = was
+            if folder is not None:
+                if own is None:
+                    del AutoTokenizer.from_pretrained
+                else:
+                    AutoTokenizer.from_pretrained = own
 
 
 def deterministic_kernels() -> None:
