@@ -9,6 +9,7 @@ and tinker-cookbook load on the first call that needs them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures
 import dataclasses
 import time
@@ -358,16 +359,18 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
         return await coro_factory()
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(lambda: asyncio.run(main()))
-    try:
-        return future.result()
+    try:  # submitted inside: a Ctrl-C landing as the work starts still cancels it
+        return pool.submit(lambda: asyncio.run(main())).result()
     except BaseException:
-        if not future.done():  # interrupted while the work runs: cancel it, not leave it sampling
-            with lock:
-                held["interrupted"] = True
-                if "loop" in held:
-                    held["loop"].call_soon_threadsafe(held["task"].cancel)
-            concurrent.futures.wait([future])  # a second Ctrl-C stops waiting
+        # interrupted (or failed) while the work may run: cancel it, not leave it sampling; work not
+        # started yet sees `interrupted` and ends at once
+        with lock:
+            held["interrupted"] = True
+            loop, task = held.get("loop"), held.get("task")
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # its loop ended meanwhile
+                loop.call_soon_threadsafe(task.cancel)
+        pool.shutdown(wait=True)  # until the work has ended; a second Ctrl-C stops waiting
         raise
     finally:
         pool.shutdown(wait=False)
