@@ -182,6 +182,8 @@ def test_a_schedule_no_run_can_use_is_refused_not_priced(schedule, tmp_path, cap
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows(8)))
     flags = ["--epochs", str(schedule.get("epochs", 1)), "--batch-size", str(schedule.get("batch_size", 8))]
-    assert main(["validate", str(path), "-m", INKLING, *flags]) == 1
+    with pytest.raises(SystemExit) as exit_:  # a usage error, as the training commands' flags are
+        main(["validate", str(path), "-m", INKLING, *flags])
     out, err = capsys.readouterr()
-    assert "cost: $" not in out and err.startswith("machine-nb validate: ") and "at least 1" in err
+    named = "--epochs" if schedule.get("epochs", 1) < 1 else "--batch-size"
+    assert exit_.value.code == 2 and "cost: $" not in out and named in err and "at least 1" in err

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ._flags import whole
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `machine-nb` parser.
@@ -32,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval", dest="eval_path", default=None, help="held-out eval file: prompts shared with it are errors")
     p.add_argument("--kind", choices=["auto", "train", "eval"], default="auto",
                    help="row kind (default auto: eval when rows carry 'expected')")
-    p.add_argument("--epochs", type=int, default=None, help="also print the cost of training this many epochs")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per step for the cost estimate (default 8)")
+    p.add_argument("--epochs", type=whole(1), default=None, help="also print the cost of training this many epochs")
+    p.add_argument("--batch-size", type=whole(1), default=8, help="rows per step for the cost estimate (default 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object (summary + findings) instead of text")
     p.set_defaults(func=_run)
 
