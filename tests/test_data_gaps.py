@@ -4,6 +4,7 @@ preference pairs built from odd tag rows and scores (NaN, ties, blank replies, s
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import re
@@ -52,7 +53,7 @@ def test_two_make_corpus_calls_into_one_folder_at_once_never_both_succeed(tmp_pa
     write = corpus_module.atomic_write_text
     results: dict[int, object] = {}
     arrived = threading.Event()  # the other call waits on the folder's hold, or has ended without one
-    real_flock = corpus_module.fcntl.flock
+    real_flock = fcntl.flock
 
     def flock(fd, op):
         if threading.current_thread() is not threading.main_thread():
@@ -77,7 +78,7 @@ def test_two_make_corpus_calls_into_one_folder_at_once_never_both_succeed(tmp_pa
             assert arrived.wait(60)  # without a hold on the folder the other call runs to its end here
         return write(path, text, **kw)
 
-    monkeypatch.setattr(corpus_module.fcntl, "flock", flock)
+    monkeypatch.setattr(fcntl, "flock", flock)
     monkeypatch.setattr(corpus_module, "atomic_write_text", first_write_lets_another_call_in)
     try:
         results[0] = make_corpus(tmp_path, seed=0)

@@ -388,6 +388,36 @@ def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
+def held_folder(folder: str | os.PathLike, *, wait: bool = True, required: bool = False) -> Iterator[bool]:
+    """Hold an exclusive flock on `folder` itself while the block runs (the folder gains no lock
+    file); it is let go when the block ends or the process dies.
+
+    Args:
+        folder: an existing folder.
+        wait: wait while another holds it (default True); False: BlockingIOError at once then.
+        required: a file system without flock raises its OSError (default False: the block runs
+            unheld).
+
+    Returns:
+        A context manager yielding whether the folder is held.
+    """
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            held = True
+        except BlockingIOError:
+            raise
+        except OSError:
+            if required:
+                raise
+            held = False  # no flock on this file system
+        yield held
+    finally:
+        os.close(fd)  # closing the folder lets the hold go
+
+
+@contextlib.contextmanager
 def locked(path: str | os.PathLike) -> Iterator[Path]:
     """Hold the exclusive lock that appends and rewrites of a file share.
 

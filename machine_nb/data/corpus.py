@@ -12,7 +12,6 @@ naturally ("47 + 15 = 62") before SFT teaches it the house style.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import numbers
@@ -23,7 +22,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.jsonl import atomic_write_text, dumps_line, parse_json, remove_stale_temporaries
+from ..core.jsonl import atomic_write_text, dumps_line, held_folder, parse_json, remove_stale_temporaries
 
 # {a} and {b} are two-digit operands; results may be negative for "-".
 QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -306,13 +305,8 @@ def _holding(out: Path) -> Iterator[None]:
         raise NotADirectoryError(f"{out} is a file, not a folder: make_corpus writes its files into a folder. "
                                  "Pass another out_dir.")
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        with contextlib.suppress(OSError):  # no flock on this file system: unheld
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    with held_folder(out):
         yield
-    finally:
-        os.close(fd)  # closing the folder lets the hold go
 
 
 def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, force: bool = False, *,

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import MachineFormatError, user_stacklevel
-from ..core.jsonl import atomic_replace, remove_stale_temporaries
+from ..core.jsonl import atomic_replace, held_folder, remove_stale_temporaries
 from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
                         outside, read_file)
 
@@ -352,21 +352,14 @@ def _writing(path: Path) -> Iterator[None]:
     other write has one open. Where the folder cannot be locked (some network file systems),
     nothing is removed.
     """
-    fd = None
-    try:
-        import fcntl
-
-        fd = os.open(path.parent, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except (ImportError, OSError):
-        pass  # not locked: another write may be under way, so no temporary file is removed
-    else:
-        remove_stale_temporaries(path, suffixes=(".tmp", ".tmp.1"))
-    try:
+    with contextlib.ExitStack() as hold:
+        try:
+            held = hold.enter_context(held_folder(path.parent))
+        except OSError:  # the folder cannot be opened
+            held = False
+        if held:  # else another write may be under way, so no temporary file is removed
+            remove_stale_temporaries(path, suffixes=(".tmp", ".tmp.1"))
         yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # closing the folder releases its lock
 
 
 def empty_table() -> pa.Table:

@@ -778,21 +778,16 @@ def hold_log_dir(log_dir: Path) -> Iterator[None]:
     Raises:
         LogDirInUse: a run holds `log_dir` now.
     """
-    import fcntl
+    from ..core.jsonl import held_folder
 
-    fd = os.open(log_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
+    with contextlib.ExitStack() as hold:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            hold.enter_context(held_folder(log_dir, wait=False))
         except BlockingIOError:
             raise LogDirInUse(f"{log_dir} is in use: a run is training there now (in another kernel, thread or "
                               f"process). Wait for it to end, then pass resume={str(log_dir)!r} to continue it, "
                               "or pick another log_dir for a new run.") from None
-        except OSError:
-            pass  # no flock on this file system: unheld
         yield
-    finally:
-        os.close(fd)  # closing the folder lets the hold go
 
 
 def log_entries(log_dir: Path) -> set[str]:

@@ -102,14 +102,10 @@ _TMP = ".machine_nb-tmp-"
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
     """Hold an exclusive flock of the cache folder `root` (released when the process ends, however)."""
-    import fcntl
+    from ...core.jsonl import held_folder
 
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with held_folder(root, required=True):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _remove_leftovers(root: Path, folder: Path) -> None:
