@@ -435,20 +435,10 @@ def _set_model_json(d: Path, model: str) -> None:
 def _live_instructions(d: Path, live: dict) -> str:
     """The system prompt a version runs: its entry's `instructions`, else instructions.md's text
     (an entry Machine wrote may hold none), else ""."""
-    from ..errors import MachineFormatError
+    from ..store.workspace import read_instructions
 
     text = live.get("instructions")
-    if isinstance(text, str):
-        return text
-    md = d / "instructions.md"
-    if not md.exists():
-        return ""
-    raw = read_file(md)[0]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        raise MachineFormatError(md, f"not UTF-8 (byte 0x{raw[bad.start]:02x})",
-                                 line=raw.count(b"\n", 0, bad.start) + 1) from None
+    return text if isinstance(text, str) else (read_instructions(d) or "")
 
 
 def _next_id(versions: list[dict]) -> str:

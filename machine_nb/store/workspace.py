@@ -867,6 +867,29 @@ def read_cases(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def read_instructions(machine: Path) -> str | None:
+    """A machine folder's instructions.md as text, or None when it has none.
+
+    Args:
+        machine: the machine's folder.
+
+    Returns:
+        The text.
+
+    Raises:
+        MachineFormatError: not UTF-8, naming the line and the byte.
+    """
+    path = machine / "instructions.md"
+    if not path.exists():
+        return None
+    raw = read_file(path)[0]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        raise MachineFormatError(path, f"not UTF-8 (byte 0x{raw[bad.start]:02x})",
+                                 line=raw.count(b"\n", 0, bad.start) + 1) from None
+
+
 def load_machine(workspace: str | os.PathLike, name: str) -> dict:
     """A machine's definition from `<ws>/machines/<name>/` as a plain dict.
 
@@ -906,14 +929,7 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
             raise MachineFormatError(p, f"expected a JSON {kind.__name__}, got {type(value).__name__}")
         return value
 
-    instructions = None
-    if (d / "instructions.md").exists():
-        raw = read_file(d / "instructions.md")[0]
-        try:
-            instructions = raw.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            raise MachineFormatError(d / "instructions.md", f"not UTF-8 (byte 0x{raw[bad.start]:02x})",
-                                     line=raw.count(b"\n", 0, bad.start) + 1) from None
+    instructions = read_instructions(d)
     model_config = opt_json("model.json", dict, {})
     model = model_config.get("model")
     if model is not None and not isinstance(model, str):
