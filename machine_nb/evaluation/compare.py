@@ -9,13 +9,12 @@ Whether a checkpoint is good enough to use stays the reader's call.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from . import stats
-from .results import correct_values
+from .results import correct_values, format_rate
 from ..core.theme import BORDER, FG, FG_MUTED, GREEN, RED, escape, no_math, text_colour
 
 if TYPE_CHECKING:
@@ -57,11 +56,10 @@ def _label(res: EvalResult, fallback: str) -> str:
     return str(res.summary.get("name") or res.path or fallback)
 
 
-def _format_rate(df: Any) -> float | None:
-    if "format_ok" not in df.columns:
-        return None
-    vals = [bool(v) for v in df["format_ok"] if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    return sum(vals) / len(vals) if vals else None
+def _level_label(level: float) -> str:
+    """A confidence level as the percentage it is: "95%", "97.5%", "99.9%" (never rounded to a
+    whole percent that is not the level)."""
+    return f"{round(level * 100, 6):g}%"
 
 
 def _missing(value: Any) -> bool:
@@ -87,11 +85,14 @@ def _align_samples(a: Any, b: Any, name_a: str, name_b: str) -> Any:
         listed = [k[0] if k[1] == 1 else f"{k[0]} (epoch {k[1]})" for k in keys[:10]]
         return ", ".join(listed) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
 
+    from collections import Counter
+
     for keys, name in ((ka, name_a), (kb, name_b)):
-        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        dupes = sorted(k for k, count in Counter(keys).items() if count > 1)
         if dupes:
             raise ValueError(f"{name} has sample id(s) more than once: {shown(dupes)}")
-    only_a, only_b = [k for k in ka if k not in set(kb)], [k for k in kb if k not in set(ka)]
+    set_a, set_b = set(ka), set(kb)
+    only_a, only_b = [k for k in ka if k not in set_b], [k for k in kb if k not in set_a]
     if only_a or only_b:
         parts = [f"only {name_a} has sample(s) {shown(only_a)}" if only_a else "",
                  f"only {name_b} has sample(s) {shown(only_b)}" if only_b else ""]
@@ -116,9 +117,10 @@ def _check_same_rows(a: Any, b: Any, name_a: str, name_b: str) -> None:
     if len(a) != len(b):
         raise ValueError(f"the two results are not over the same rows: {name_a} has {len(a)} rows, {name_b} has {len(b)}")
     keys = [k for k in ("prompt", "expected", "match") if k in a.columns and k in b.columns]
+    columns = {key: (a[key].tolist(), b[key].tolist()) for key in keys}
     for i in range(len(a)):
         for key in keys:
-            va, vb = a[key].iloc[i], b[key].iloc[i]
+            va, vb = columns[key][0][i], columns[key][1][i]
             if key == "match" and (_missing(va) or _missing(vb)):
                 continue  # an Inspect log's scorer may name no match mode
             if str(va) != str(vb):
@@ -181,9 +183,8 @@ def _warn_if_measured_differently(sa: Mapping, sb: Mapping, name_a: str, name_b:
 
 
 def _check_levels(alpha: float, level: float) -> None:
-    for name, value, example in (("level", level, "0.95 for 95%"), ("alpha", alpha, "0.05")):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
-            raise ValueError(f"{name} must be between 0 and 1 (exclusive), e.g. {example}; got {value!r}")
+    stats.check_level(level)
+    stats.check_level(alpha, "alpha")
 
 
 def _clusters(cluster: Any, a: Any, b: Any, name_a: str, name_b: str) -> list | None:
@@ -307,7 +308,7 @@ class CompareResult:
     @property
     def delta_text(self) -> str:
         """The delta with the interval to read, e.g. "+100.0% (95% CI +80.5% to +100.0%, Newcombe)"."""
-        return (f"{self.delta:+.1%} ({self.level:.0%} CI {self.delta_ci_low:+.1%} to {self.delta_ci_high:+.1%}, "
+        return (f"{self.delta:+.1%} ({_level_label(self.level)} CI {self.delta_ci_low:+.1%} to {self.delta_ci_high:+.1%}, "
                 "Newcombe)")
 
     @property
@@ -333,10 +334,10 @@ class CompareResult:
 
     def _repr_html_(self) -> str:
         e = escape
-        fmt = lambda r: "—" if r is None else f"{r:.0%}"  # noqa: E731
+        fmt = lambda r: "—" if r is None else f"{r:.1%}"  # noqa: E731
         cell = f"padding:2px 10px 2px 0;border-bottom:1px solid {_BORDER};text-align:left;vertical-align:top"
         muted = f"color:{_MUTED}"
-        lv = f"{self.level:.0%}"
+        lv = _level_label(self.level)
 
         def row(*cells: str) -> str:
             return "<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in cells) + "</tr>"
@@ -424,7 +425,7 @@ def _summary_text(num: dict, base: str, ckpt: str, *, alpha: float, level: float
     n, wins, ties, losses, p = num["n"], num["wins"], num["ties"], num["losses"], num["p_value"]
     acc_a, acc_b, d = num["baseline_accuracy"], num["checkpoint_accuracy"], wins + losses
     clustered = num["cases"] < n
-    lv = f"{level:.0%}"
+    lv = _level_label(level)
     (la, ha), (lb, hb), (ld, hd), (bl, bh) = num["baseline_ci"], num["checkpoint_ci"], num["delta_ci"], num["ci"]
     lines = [
         f"{base}: {acc_a:.1%} correct; {ckpt}: {acc_b:.1%} correct, a delta of {acc_b - acc_a:+.1%} "
@@ -503,25 +504,71 @@ def _summary_text(num: dict, base: str, ckpt: str, *, alpha: float, level: float
     return "\n".join(lines)
 
 
-def _pair(baseline: Any, checkpoint: Any, name_b: str | None, cluster: Any) -> tuple:
+def paired_rows(baseline: Results, checkpoint: Results) -> tuple:
+    """The two results' rows paired as compare() pairs them: by position, or by Inspect sample id
+    and epoch where both carry them.
+
+    Args:
+        baseline, checkpoint: the two results, in any form compare() takes.
+
+    Returns:
+        (baseline rows, checkpoint rows): two DataFrames of the same length, row i of one paired
+        with row i of the other (the checkpoint's in the baseline's order).
+
+    Raises:
+        ValueError: they are not per-row results, or not over the same rows or samples (naming
+            the first row that differs, or the sample ids only one has).
+    """
+    _, _, a, b, _, _ = _named_pair(baseline, checkpoint, None)
+    return a, b
+
+
+def _named_pair(baseline: Any, checkpoint: Any, name_b: str | None) -> tuple:
+    """(both EvalResults, both rows paired and checked, both names) for paired_rows and _pair."""
     ra, rb = _as_results(baseline, "baseline"), _as_results(checkpoint, "checkpoint")
     name_a, name_b = _label(ra, "baseline"), name_b or _label(rb, "checkpoint")
-    a, b = ra.rows, rb.rows
     if name_a == name_b:
         name_a, name_b = f"{name_a} (A)", f"{name_b} (B)"
-    b = _align_samples(a, b, name_a, name_b)
+    a = ra.rows.reset_index(drop=True)
+    b = _align_samples(a, rb.rows.reset_index(drop=True), name_a, name_b)
     _check_same_rows(a, b, name_a, name_b)
+    return ra, rb, a, b, name_a, name_b
+
+
+def _pair(baseline: Any, checkpoint: Any, name_b: str | None, cluster: Any) -> tuple:
+    ra, rb, a, b, name_a, name_b = _named_pair(baseline, checkpoint, name_b)
     _warn_if_measured_differently(ra.summary, rb.summary, name_a, name_b, _other_prompts(a, b), len(a))
     if len(a) == 0:
         raise ValueError("no rows to compare")
     return a, b, name_a, name_b, _clusters(cluster, a, b, name_a, name_b)
 
 
+def row_numbers(rows: Any) -> list[int]:
+    """Each row's number: its "row" value, or its 0-based position where it has none.
+
+    Args:
+        rows: per-row results (a DataFrame).
+
+    Returns:
+        One int per row. A results file whose rows carry no "row", or only some of them do
+        (the others read back as NaN), keeps its numbers where given.
+    """
+    given = rows["row"].tolist() if "row" in rows.columns else [None] * len(rows)
+    out = []
+    for i, value in enumerate(given):
+        try:
+            out.append(i if _missing(value) else int(value))
+        except (TypeError, ValueError):
+            out.append(i)
+    return out
+
+
 def _flips(a: Any, b: Any, ca: list[bool], cb: list[bool]) -> Any:
     import pandas as pd
 
+    numbers = row_numbers(a)
     return pd.DataFrame.from_records(
-        [{"row": int(a["row"].iloc[i]) if "row" in a.columns and a["row"].iloc[i] is not None else i,
+        [{"row": numbers[i],
           "prompt": a["prompt"].iloc[i], "expected": a["expected"].iloc[i],
           "baseline_output": a["output"].iloc[i], "checkpoint_output": b["output"].iloc[i],
           "baseline_correct": ca[i], "checkpoint_correct": cb[i], "change": "win" if cb[i] else "loss"}
@@ -543,8 +590,8 @@ def _result(a: Any, b: Any, name_a: str, name_b: str, clusters: list | None, *, 
         ci_low=num["ci"][0], ci_high=num["ci"][1], flips=_flips(a, b, ca, cb),
         summary=_summary_text(num, name_a, name_b, alpha=alpha, level=level, power_alpha=power_alpha,
                               p_adjusted=p_adjusted, adjustment=adjustment),
-        baseline_name=name_a, checkpoint_name=name_b, baseline_format_rate=_format_rate(a),
-        checkpoint_format_rate=_format_rate(b), min_discordant=stats.min_discordant_for(alpha),
+        baseline_name=name_a, checkpoint_name=name_b, baseline_format_rate=format_rate(a, name_a),
+        checkpoint_format_rate=format_rate(b, name_b), min_discordant=stats.min_discordant_for(alpha),
         level=level, alpha=alpha, baseline_ci_low=num["baseline_ci"][0], baseline_ci_high=num["baseline_ci"][1],
         checkpoint_ci_low=num["checkpoint_ci"][0], checkpoint_ci_high=num["checkpoint_ci"][1],
         delta_ci_low=num["delta_ci"][0], delta_ci_high=num["delta_ci"][1], p_method=num["p_method"],
@@ -588,8 +635,8 @@ def compare(baseline: Results, checkpoint: Results, *, alpha: float = 0.05, leve
 
     Raises:
         ValueError: the two results are not over the same rows (naming the first row that
-            differs), they are not per-row results, a row's correct is not True or False, or
-            alpha, level or cluster is out of range.
+            differs), they are not per-row results, a row's correct is not True or False (or its
+            format_ok not True, False or None), or alpha, level or cluster is out of range.
         TypeError: a value that is none of the accepted forms.
     """
     _check_levels(alpha, level)
@@ -633,7 +680,7 @@ class CompareManyResult:
     def _repr_html_(self) -> str:
         e = escape
         cell = f"padding:2px 10px 2px 0;border-bottom:1px solid {_BORDER};text-align:left"
-        lv = f"{self.level:.0%}"
+        lv = _level_label(self.level)
         heads = ("checkpoint", "accuracy", f"{lv} CI", "delta", f"{lv} CI (Newcombe)", "W / T / L", "p", "p (Holm)")
         trs = []
         for r in self.table.itertuples():
@@ -672,10 +719,20 @@ def compare_many(baseline: Results, checkpoints: Mapping[str, Results] | Sequenc
     Raises:
         ValueError: no checkpoint, two checkpoints with one name, or results not over the same
             rows.
+        TypeError: `checkpoints` is one result (a path, a DataFrame, an EvalResult, a results
+            dict) rather than a mapping or list of them.
     """
+    import os
+
     import pandas as pd
 
+    from .results import EvalResult
+
     _check_levels(alpha, level)
+    if (isinstance(checkpoints, (str, bytes, os.PathLike, pd.DataFrame, EvalResult))
+            or (isinstance(checkpoints, Mapping) and isinstance(checkpoints.get("rows"), list))):
+        raise TypeError(f"checkpoints: got one {type(checkpoints).__name__}, expected several results: pass a list "
+                        "([results, …]) or a dict ({name: results, …}), or use compare() for a single checkpoint")
     items = list(checkpoints.items()) if isinstance(checkpoints, Mapping) else [(None, c) for c in checkpoints]
     if not items:
         raise ValueError("compare_many needs at least one checkpoint")
@@ -702,7 +759,7 @@ def compare_many(baseline: Results, checkpoints: Mapping[str, Results] | Sequenc
     } for name, r in results.items()])
     any_r = next(iter(results.values()))
     base_name = pairs[0][2].removesuffix(" (A)")
-    lines = [f"{m} checkpoint(s) against {base_name} ({any_r.baseline_accuracy:.1%} correct, {level:.0%} CI "
+    lines = [f"{m} checkpoint(s) against {base_name} ({any_r.baseline_accuracy:.1%} correct, {_level_label(level)} CI "
              f"{any_r.baseline_ci_low:.1%} to {any_r.baseline_ci_high:.1%}) on the same {any_r.n} rows. "
              f"The p-values are Holm-adjusted over the {m} comparisons, so the chance of calling any "
              f"no-better checkpoint different stays at most {alpha:g}; the intervals are per comparison, not adjusted."]

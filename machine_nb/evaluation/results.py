@@ -84,12 +84,14 @@ def free_results_path(label: str, model: str | None, checkpoint: str | None, *, 
     """
     import warnings
 
+    from ..core.jsonl import open_regular
     from ..errors import user_stacklevel
 
     def results_json(path: Path) -> Any:
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        try:  # a folder, a FIFO or a device there is not a results file: refused without reading it
+            with open_regular(path) as fh:
+                return json.loads(fh.read().decode("utf-8"))
+        except (OSError, ValueError):  # MachineFormatError and UnicodeDecodeError are ValueErrors
             return None
 
     first = path = Path(folder) / f"{label}{suffix}"
@@ -155,22 +157,22 @@ def load_results(path: str | os.PathLike) -> EvalResult:
         some rows lack is empty on those), `summary` the file without its rows, `path` the file.
 
     Raises:
-        MachineFormatError: the file is missing, is not JSON (naming the line and field where
-            the parser stopped) or is not such a result (naming the field).
+        MachineFormatError: the file is missing, unreadable or not a regular file (a folder, a
+            FIFO), is not JSON (naming the line and field where the parser stopped) or is not
+            such a result (naming the field).
         ImportError: an Inspect log without inspect_ai installed (saying how to install it).
     """
     import pandas as pd
 
     from .inspect_logs import is_inspect_log
-    from ..core.jsonl import parse_json
+    from ..core.jsonl import open_regular, parse_json
 
     if is_inspect_log(path):
         return from_inspect_log(path)
+    with open_regular(path) as fh:  # a folder, a FIFO or an unreadable file: an error naming it
+        raw = fh.read()
     try:
-        with open(path, "rb") as fh:
-            data = parse_json(fh.read(), path)
-    except FileNotFoundError:
-        raise MachineFormatError(path, "file not found") from None
+        data = parse_json(raw, path)
     except MachineFormatError as exc:
         raise MachineFormatError(path, f"not a results JSON: {exc.reason}", line=exc.line, field=exc.field) from None
     if isinstance(data, dict) and "rows" not in data and isinstance(data.get("eval"), dict) and "task" in data["eval"]:
@@ -294,6 +296,52 @@ def correct_values(rows: "pd.DataFrame", label: str = "results") -> list[bool]:
     return out
 
 
+def format_rate(rows: "pd.DataFrame", label: str = "results") -> float | None:
+    """The share of rows whose `format_ok` is true, over the rows that have a format.
+
+    None, NaN and pandas' NA mean the row has no format; bools (numpy's too) and the numbers 0
+    and 1 count; anything else (text such as "False", from a CSV read as strings) is an error
+    naming the row, never counted as true.
+
+    Args:
+        rows: per-row results.
+        label: what the results are, for the message (default "results").
+
+    Returns:
+        The share, or None when there is no `format_ok` column or no row has a format.
+
+    Raises:
+        ValueError: naming the row (its `row` number where the frame has one) and its value.
+    """
+    import numbers
+
+    import numpy as np
+    import pandas as pd
+
+    if "format_ok" not in rows.columns:
+        return None
+    row_numbers = list(rows["row"]) if "row" in rows.columns else range(len(rows))
+    vals = []
+    for number, value in zip(row_numbers, rows["format_ok"].tolist()):
+        if not isinstance(value, (list, tuple, dict)) and pd.isna(value):
+            continue
+        if not (isinstance(value, (numbers.Number, np.bool_)) and value in (0, 1)):
+            raise ValueError(f"{label}: row {number} has 'format_ok' {value!r} ({type(value).__name__}); it needs "
+                             "True, False or None (no format)")
+        vals.append(bool(value))
+    return sum(vals) / len(vals) if vals else None
+
+
+def _share(value: Any) -> float | None:
+    """A summary's share (accuracy, format_rate) as a float in [0, 1]; None for anything else (a
+    file from another version or a damaged one), so it is never shown as a share."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+        return None
+    return float(value)
+
+
 @dataclass(repr=False, eq=False)
 class EvalResult:
     """One eval's results: a row per sampled reply, the run's summary, and the file written.
@@ -327,13 +375,12 @@ class EvalResult:
     def accuracy(self) -> float | None:
         """The share of rows scored correct, counted from `rows` (so it always agrees with the rows
         shown, also for rows taken from a larger result); the summary's accuracy when there are no
-        per-row scores; None for a probe, which scores no answers."""
+        per-row scores and it is a number from 0 to 1; None for a probe, which scores no answers,
+        and for a summary accuracy that is not such a number."""
         if "correct" in self.rows.columns and len(self.rows):
             scores = correct_values(self.rows, str(self.name or "results"))
             return sum(scores) / len(scores)
-        if self.summary.get("accuracy") is not None:
-            return float(self.summary["accuracy"])
-        return None
+        return _share(self.summary.get("accuracy"))
 
     def accuracy_interval(self, level: float = 0.95) -> tuple[float, float] | None:
         """The Wilson score interval of the accuracy (stats.proportion_interval).
@@ -342,16 +389,24 @@ class EvalResult:
             level: the confidence level (default 0.95).
 
         Returns:
-            (low, high), or None when there is no accuracy (a probe, no rows).
-        """
-        from .stats import proportion_interval
+            (low, high), or None when there is no accuracy (a probe, no rows), or no rows and a
+            summary "n" that is not a positive whole number.
 
-        if self.accuracy is None:
+        Raises:
+            ValueError: level is outside (0, 1).
+        """
+        import numbers
+
+        from .stats import check_level, proportion_interval
+
+        check_level(level)
+        acc = self.accuracy
+        if acc is None:
             return None
-        n = len(self.rows) or int(self.summary.get("n") or 0)
-        if not n:
+        n = len(self.rows) or self.summary.get("n")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n <= 0:
             return None
-        return proportion_interval(self.accuracy * n, n, level=level)
+        return proportion_interval(acc * int(n), int(n), level=level)
 
     def to_dict(self) -> dict:
         """The result as plain data, in the results JSON's shape (e.g. for a report's JSON).
@@ -363,7 +418,8 @@ class EvalResult:
         return {**self.summary, "path": self.path, "rows": self.rows.to_dict("records")}
 
     def _headline(self) -> str:
-        """One line: name, correct of n, accuracy with its Wilson interval (or the probe's bled count)."""
+        """One line: name, correct of n, accuracy with its Wilson interval and the format rate (both
+        counted from the rows), or the probe's bled count."""
         n = len(self.rows)
         parts = [str(self.name) if self.name else "results"]
         acc = self.accuracy
@@ -371,8 +427,10 @@ class EvalResult:
             low, high = self.accuracy_interval()
             correct = round(acc * n)  # the accuracy is counted from the rows: this is that count
             parts.append(f"{correct}/{n} correct, {acc:.1%} (95% CI {low:.1%} to {high:.1%}, Wilson)")
-            if self.summary.get("format_rate") is not None:
-                parts.append(f"format {self.summary['format_rate']:.1%}")
+            rate = (format_rate(self.rows, str(self.name or "results")) if "format_ok" in self.rows.columns
+                    else _share(self.summary.get("format_rate")))  # counted from the rows shown, as acc is
+            if rate is not None:
+                parts.append(f"format {rate:.1%}")
         elif "bled" in self.summary:
             parts.append(f"{self.summary['bled']} of {n} replies bled the format")
         else:
@@ -448,5 +506,6 @@ class EvalResult:
         return write_log(build_log(rows.to_dict("records"), self.summary), path)
 
 
-__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "as_eval_result",
+__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "format_rate",
+           "as_eval_result",
            "results_name", "free_results_path", "utc_now", "file_sha256", "load_results", "from_inspect_log"]

@@ -22,8 +22,13 @@ DEFAULT_MATCH = "exact"  # Machine's eval rows usually say "exact"; rows without
 # Trailing characters Machine's normalize() trims after lower-casing and collapsing whitespace.
 _TRIM = " \t\n\r.,;:!?"
 _WS = re.compile(r"\s+")
-# A number as people write it: optional sign, optional thousands commas, optional decimals.
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+# A number as people write it: optional sign (a hyphen, a plus or U+2212, the minus sign), optional
+# thousands commas, optional decimals, optional exponent ("1.5e3"). A sign right after a digit is a
+# hyphen between two numbers ("3-5", "2024-01-05"), not the second number's sign.
+_MINUS = "\u2212"
+_NUMBER = re.compile(r"(?:(?<!\d)[-+\u2212])?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+\u2212]?\d+)?")
+# The whole of an expected number: the same forms, commas only between groups of three digits.
+_WHOLE_NUMBER = re.compile(r"[-+\u2212]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][-+\u2212]?\d+)?")
 
 
 def normalize(text: str) -> str:
@@ -43,22 +48,30 @@ def to_number(text: Any) -> Decimal | None:
     """A number written as text, thousands commas allowed ("1,234.5" -> Decimal("1234.5")).
 
     Args:
-        text: the number's text (other values go through `str`).
+        text: the number's text (other values go through `str`): an optional sign (U+2212, the
+            minus sign, counts as "-"), digits with optional commas between groups of three,
+            optional decimals and an optional exponent ("1e3").
 
     Returns:
-        The Decimal, or None when the text is not a number.
+        The Decimal, or None when the text is not a finite number: a comma that does not separate
+        thousands ("1,5"), NaN and infinities are not numbers here.
     """
+    text = str(text).strip()
+    if not _WHOLE_NUMBER.fullmatch(text):
+        return None
     try:
-        return Decimal(str(text).strip().replace(",", ""))
+        number = Decimal(text.replace(",", "").replace(_MINUS, "-"))
     except InvalidOperation:
         return None
+    return number if number.is_finite() else None
 
 
 def last_number(text: str) -> Decimal | None:
     """The last integer or decimal in a text.
 
     Args:
-        text: a reply ("47 + 15 = 62." -> 62).
+        text: a reply ("47 + 15 = 62." -> 62; "1.5e3" -> 1500; "\u22125" -> -5; a hyphen right
+            after a digit separates two numbers: "3-5" -> 5).
 
     Returns:
         The number as a Decimal, or None when the text holds none.
@@ -80,8 +93,8 @@ def score_output(output: str, expected: str, match: str = DEFAULT_MATCH, *,
             contains: both sides go through `normalize()` first (so "Answer: 62." equals
             "answer: 62"). regex: `expected` must match the whole stripped raw output (fullmatch,
             the stricter reading: a pattern that should allow extra text says so with `.*`; `.`
-            matches newlines). number: the last integer or decimal in the output equals
-            `expected` numerically ("62.0" == "62").
+            matches newlines). number: the last integer or decimal in the output (see
+            `last_number()`) equals `expected` numerically ("62.0" == "62", "1e3" == "1000").
         timeout_s: the regex time bound (default None = patterns.REGEX_TIMEOUT_S, 1 s).
 
     Returns:

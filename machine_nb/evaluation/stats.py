@@ -37,9 +37,16 @@ def proportion_interval(k: float, n: float, *, level: float = 0.95, method: str 
 
     Returns:
         (low, high), inside [0, 1].
+
+    Raises:
+        ValueError: an unknown method, a level not strictly between 0 and 1, or counts that are
+            not finite with 0 <= k <= n and n > 0.
     """
     if method not in PROPORTION_METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {sorted(PROPORTION_METHODS)}")
+    check_level(level)
+    if not (math.isfinite(k) and math.isfinite(n)):
+        raise ValueError(f"need finite counts, got k={k}, n={n}")
     if not n > 0 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
     tail = (1 - level) / 2
@@ -58,6 +65,22 @@ def proportion_interval(k: float, n: float, *, level: float = 0.95, method: str 
             low = 0.0 if k == 0 else betaincinv(k, n - k + 1, tail)
             high = 1.0 if k == n else betainccinv(k + 1, n - k, tail)
     return (max(0.0, float(low)), min(1.0, float(high)))
+
+
+def check_level(level: float, name: str = "level") -> None:
+    """Refuse a confidence level (or a test's alpha) that is not strictly between 0 and 1.
+
+    Args:
+        level: the value. name: what it is called in the message (default "level").
+
+    Raises:
+        ValueError: a bool, a non-number, NaN, or a value outside (0, 1), naming it.
+    """
+    import numbers
+
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
+        example = "0.95 for 95%" if name == "level" else "0.05"
+        raise ValueError(f"{name} must be between 0 and 1 (exclusive), e.g. {example}; got {level!r}")
 
 
 def _normal_quantile(q: float) -> float:
@@ -93,10 +116,14 @@ def newcombe_paired_interval(table: Sequence[Sequence[float]], *, level: float =
 
     Returns:
         (low, high) of p1 − p2, inside [−1, 1].
+
+    Raises:
+        ValueError: a negative or non-finite cell, a zero total, or a level outside (0, 1).
     """
+    check_level(level)
     (a, b), (c, d) = table
     n = a + b + c + d
-    if not n > 0 or min(a, b, c, d) < 0:
+    if not math.isfinite(n) or not n > 0 or not min(a, b, c, d) >= 0:
         raise ValueError(f"need non-negative cells and a positive total, got {[[a, b], [c, d]]}")
     p1, p2 = (a + b) / n, (a + c) / n
     l1, u1 = proportion_interval(a + b, n, level=level)
@@ -277,11 +304,28 @@ def paired_bootstrap_ci(baseline_correct: Any, checkpoint_correct: Any, *, resam
 
     Returns:
         (low, high).
+
+    Raises:
+        ValueError: the two lists differ in length, a value is not 0 or 1, resamples < 1, or level
+            is outside (0, 1).
     """
+    import numbers
+
     import numpy as np
 
-    a = np.asarray(baseline_correct, dtype=float)
-    b = np.asarray(checkpoint_correct, dtype=float)
+    check_level(level)
+    if isinstance(resamples, bool) or not isinstance(resamples, numbers.Integral) or resamples < 1:
+        raise ValueError(f"resamples must be a whole number of at least 1, got {resamples!r}")
+    a = np.asarray(baseline_correct, dtype=float).reshape(-1)
+    b = np.asarray(checkpoint_correct, dtype=float).reshape(-1)
+    if len(a) != len(b):
+        raise ValueError(f"the baseline has {len(a)} rows and the checkpoint {len(b)}: the bootstrap resamples "
+                         "pairs of one row each, so both need the same rows in the same order")
+    for name, x in (("baseline", a), ("checkpoint", b)):
+        bad = np.flatnonzero((x != 0) & (x != 1))  # NaN is neither
+        if len(bad):
+            raise ValueError(f"{name}: row {int(bad[0])} is {float(x[bad[0]])!r}; every row's correctness must be 0 or 1 "
+                             "(or a bool)")
     diff = b - a
     if clusters is None:
         units, sizes = diff, None
@@ -291,6 +335,7 @@ def paired_bootstrap_ci(baseline_correct: Any, checkpoint_correct: Any, *, resam
     if n == 0:
         return (0.0, 0.0)
     rng = np.random.default_rng(seed)
+    resamples = int(resamples)
     deltas = np.empty(resamples)
     chunk = max(1, 2_000_000 // n)  # bound memory for large evals
     for start in range(0, resamples, chunk):
@@ -347,9 +392,13 @@ def effective_size(values: Sequence[float], clusters: Sequence[Any] | None, *, l
 
     Returns:
         The effective size, in (0, n].
+
+    Raises:
+        ValueError: level is outside (0, 1).
     """
     from scipy.special import stdtrit  # Student's t quantile
 
+    check_level(level)
     n = len(values)
     if clusters is None or n == 0:
         return float(n)

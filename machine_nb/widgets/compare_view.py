@@ -48,20 +48,20 @@ def side_by_side(baseline: Results, checkpoint: Results) -> pd.DataFrame:
         "loss" = only the baseline is, "tie" otherwise).
 
     Raises:
-        ValueError: the two have different numbers of rows.
+        ValueError: the two are not over the same rows (compare.paired_rows pairs them as
+            compare() does: by position, or by Inspect sample id and epoch, in the baseline's
+            order).
     """
     import pandas as pd
 
-    a = _result(baseline, "baseline").rows.reset_index(drop=True)
-    b = _result(checkpoint, "checkpoint").rows.reset_index(drop=True)
-    if len(a) != len(b):
-        raise ValueError(f"the two results are not over the same rows ({len(a)} vs {len(b)})")
+    from ..evaluation.compare import paired_rows, row_numbers
     from ..evaluation.results import correct_values
 
+    a, b = paired_rows(baseline, checkpoint)
     ca, cb = correct_values(a, "baseline"), correct_values(b, "checkpoint")
     change = ["win" if (y and not x) else "loss" if (x and not y) else "tie" for x, y in zip(ca, cb)]
     return pd.DataFrame({
-        "row": a["row"] if "row" in a.columns else range(len(a)),
+        "row": row_numbers(a),
         "prompt": a["prompt"], "expected": a["expected"],
         "baseline_output": a["output"], "checkpoint_output": b["output"],
         "baseline_correct": ca, "checkpoint_correct": cb, "change": change,
@@ -189,8 +189,8 @@ class CompareView(StaticFallback, widgets.VBox):
         **kwargs: passed to ipywidgets.VBox.
 
     Raises:
-        ValueError: neither two results nor a CompareResult given, or results not over the same
-            rows.
+        ValueError: neither two results nor a CompareResult given, results not over the same
+            rows, or `frames` whose rows, wins and losses are not the ones `result` counts.
     """
 
     def __init__(self, baseline: Results | CompareResult | None = None, checkpoint: Results | None = None, *,
@@ -211,6 +211,13 @@ class CompareView(StaticFallback, widgets.VBox):
         self.result = result
         if frames is not None:
             self.rows = side_by_side(*frames)
+            counts = self.rows["change"].value_counts()
+            shown = (len(self.rows), int(counts.get("win", 0)), int(counts.get("loss", 0)))
+            counted = (getattr(result, "n", shown[0]), result.wins, result.losses)
+            if shown != counted:
+                raise ValueError(f"frames= give {shown[0]} rows with {shown[1]} win(s) and {shown[2]} loss(es), but "
+                                 f"result= counts {counted[0]} rows with {counted[1]} and {counted[2]}: pass the "
+                                 "two results the CompareResult was computed from")
         else:  # only the flips are known
             flips = result.flips.copy()
             self.rows = flips[["row", "prompt", "expected", "baseline_output", "checkpoint_output",
