@@ -259,3 +259,21 @@ def test_a_log_larger_than_the_bound_in_all_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(inspect_logs, "MAX_LOG_BYTES", 1 << 20)
     with pytest.raises(MachineFormatError, match=r"all\.eval: .*MAX_LOG_BYTES"):
         mnb.load_results(_bomb(tmp_path, "all.eval", None))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_named_like_an_eval_log_is_refused_without_waiting_for_a_writer(tmp_path):
+    import os
+
+    fifo = tmp_path / "final.eval"
+    os.mkfifo(fifo)
+    for read in (mnb.load_results, inspect_logs.check_archive):
+        with pytest.raises(MachineFormatError, match="FIFO"):
+            read(fifo)
+    assert inspect_logs.log_run(fifo) is None
+    # a results file's log written beside it, where the pipe lies: the pipe is passed over, never read
+    res = result([True, False])
+    res.path = str(tmp_path / "final.json")
+    with pytest.warns(UserWarning, match="final-2.eval"):
+        written = res.write_inspect_log()
+    assert Path(written) == tmp_path / "final-2.eval" and fifo.exists()

@@ -346,12 +346,16 @@ def check_archive(path: str | os.PathLike) -> None:
     Raises:
         MachineFormatError: naming the file and, where one is at fault, the member.
     """
+    from ..core.jsonl import open_regular
+
+    fh = open_regular(path)  # a folder, a FIFO or a device is refused without waiting on it
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(fh)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
+        fh.close()
         raise MachineFormatError(path, f"not an Inspect eval log: not a complete zip archive ({exc}); a truncated "
                                        "or damaged copy, or not a .eval file: copy the log again") from None
-    with archive, open(path, "rb") as fh:
+    with archive, fh:
         total = 0
         for info in archive.infolist():
             name = info.filename
