@@ -345,8 +345,7 @@ def test_status_line_leaves_out_fields_a_line_lacks():
 
 def test_a_renderer_error_quoting_a_secret_is_shown_redacted(monkeypatch):
     """The previewer shows why a line cannot be rendered; a renderer error quoting the row (a media
-    part's path) shows the key redacted, in the widget and in its static HTML. (The line's own
-    content is shown as it is, in its card.)"""
+    part's path) shows the key redacted, in the widget and in its static HTML."""
     key = "tk_live_0123456789abcdefXYZ"
     monkeypatch.setenv("TINKER_API_KEY", key)
     line = {"messages": [{"role": "user", "content": [{"type": "image", "image": key}]},

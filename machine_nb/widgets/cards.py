@@ -2,7 +2,9 @@
 
 Pure functions from plain data (a training line's messages, token rows) to self-contained HTML
 with inline styles, so the same markup serves the live widget and the static fallback that an
-nbconvert export or GitHub shows with no kernel and no stylesheet. Which messages are trained on
+nbconvert export or GitHub shows with no kernel and no stylesheet. Message text is redacted
+(core/redact.py: a tool that printed a key would otherwise leave it in the saved notebook) and
+cut when huge. Which messages are trained on
 is decided in `chat.trained_indices` (sft's rule); the token rows come from `previewer.token_frame`.
 Colours are JupyterLab theme variables (see `_base`), so the cards read in light and dark themes.
 """
@@ -13,6 +15,7 @@ import json
 from typing import Any, Iterable
 
 from ..core.chat import content_text
+from ..core.redact import scrub, secret_values
 from ..core.theme import BG, BG_ALT, BLUE, BORDER, BORDER_STRONG, CYAN, FG, FG_MUTED, GREEN, GREY, ORANGE, text_colour, tint
 from ._base import escape
 
@@ -20,6 +23,11 @@ from ._base import escape
 # push the rest of the conversation off screen (peers collapse it too).
 FOLD_LINES = 20
 FOLD_CHARS = 2000
+# A folded text keeps at most this many characters (a tool that printed megabytes would otherwise
+# stall the browser and swell the saved notebook); the rest is counted, not shown.
+FOLD_MAX_CHARS = 100_000
+# Redaction reads this far past the cut, so a secret that straddles it is found whole.
+_REDACT_MARGIN = 4096
 
 ROLE_COLOURS = {
     "system": GREY,
@@ -69,24 +77,49 @@ def message_text(message: dict, *, reasoning: bool = False) -> str:
     return content_text(message.get("content"), reasoning=reasoning)
 
 
-def folded(text: str, *, label: str = "output") -> str:
-    """Text in a <pre>, folded behind <details> when long.
+def _redacted(text: str, secrets: list[str] | None) -> str:
+    return scrub(text, secret_values() if secrets is None else secrets)[0]
+
+
+def folded(text: str, *, label: str = "output", secrets: list[str] | None = None) -> str:
+    """Text in a <pre>, redacted, folded behind <details> when long.
 
     Args:
-        text: the text (escaped here).
+        text: the text (redacted and escaped here).
         label: what the text is, in the fold's summary line (escaped here; default "output").
+        secrets: the values to redact (default None: redact.secret_values() of the environment).
 
     Returns:
         The HTML: the whole text, or, past FOLD_LINES lines or FOLD_CHARS characters, its first
-        five lines and a <details> holding all of it.
+        five lines and a <details> holding all of it, cut at FOLD_MAX_CHARS characters with a line
+        saying how many more there are.
     """
-    n_lines = text.count("\n") + 1
-    if n_lines <= FOLD_LINES and len(text) <= FOLD_CHARS:
-        return f'<pre style="{PRE}">{escape(text)}</pre>'
-    head = "\n".join(text.splitlines()[:5])[:400]
+    n_lines, n_chars = text.count("\n") + 1, len(text)
+    if n_lines <= FOLD_LINES and n_chars <= FOLD_CHARS:
+        return f'<pre style="{PRE}">{escape(_redacted(text, secrets))}</pre>'
+    shown = _redacted(text[:FOLD_MAX_CHARS + _REDACT_MARGIN], secrets)[:FOLD_MAX_CHARS]
+    head = "\n".join(shown.splitlines()[:5])[:400]
     return (f'<pre style="{PRE}">{escape(head)}</pre>'
-            f'<details><summary style="cursor:pointer;color:{FG_MUTED}">{escape(label)}: {n_lines} lines, '
-            f'{len(text):,} chars (show all)</summary><pre style="{PRE}">{escape(text)}</pre></details>')
+            f'<details><summary style="cursor:pointer;color:{FG_MUTED}">{escape(label)}: {n_lines:,} lines, '
+            f'{n_chars:,} chars (show all)</summary><pre style="{PRE}">{text_html(text, secrets)}</pre></details>')
+
+
+def text_html(text: str, secrets: list[str] | None = None, *, limit: int = FOLD_MAX_CHARS) -> str:
+    """A text as HTML that is safe to show and to save: redacted, escaped, cut when long.
+
+    Args:
+        text: the text.
+        secrets: the values to redact (default None: redact.secret_values() of the environment).
+        limit: the most characters shown (default FOLD_MAX_CHARS). Redaction reads past it, so a
+            secret across the cut shows no part of itself.
+
+    Returns:
+        The escaped text: its first `limit` characters, then a line counting the rest.
+    """
+    shown = escape(_redacted(text[:limit + _REDACT_MARGIN], secrets)[:limit])
+    if len(text) <= limit:
+        return shown
+    return f'{shown}\n<span style="color:{FG_MUTED}">… {len(text) - limit:,} more characters not shown</span>'
 
 
 def _arguments(raw: Any) -> str:
@@ -157,8 +190,10 @@ def call_results(messages: list[dict]) -> dict[int, list[str | None]]:
     return out
 
 
-def message_card(message: dict, *, index: int, trained: bool, results: list[str | None] | None = None) -> str:
-    """One chat card: role header, a "trained" badge, text, collapsed reasoning, tool calls.
+def message_card(message: dict, *, index: int, trained: bool, results: list[str | None] | None = None,
+                 secrets: list[str] | None = None) -> str:
+    """One chat card: role header, a "trained" badge, text, collapsed reasoning, tool calls; the
+    text, reasoning, call arguments and results redacted.
 
     Args:
         message: a chat message.
@@ -167,10 +202,12 @@ def message_card(message: dict, *, index: int, trained: bool, results: list[str 
             gets "context only").
         results: the output of each of its tool calls, in tool_calls order (None where none came
             back; see call_results), shown under the call (default None: calls alone).
+        secrets: the values to redact (default None: redact.secret_values() of the environment).
 
     Returns:
         The card's HTML.
     """
+    secrets = secret_values() if secrets is None else secrets
     role = str(message.get("role", "?"))
     colour = ROLE_COLOURS.get(role, OTHER_ROLE)
     badges = ""
@@ -189,21 +226,22 @@ def message_card(message: dict, *, index: int, trained: bool, results: list[str 
             text = str(part.get("thinking") or "")
             body.append(f'<details class="mnb-reasoning"><summary style="cursor:pointer;color:{FG_MUTED}">'
                         f'reasoning ({len(text):,} chars)</summary><pre style="{PRE}color:{FG_MUTED}">'
-                        f'{escape(text)}</pre></details>')
+                        f'{text_html(text, secrets)}</pre></details>')
         elif kind == "text":
             text = str(part.get("text") or "")
             if text:
-                body.append(folded(text, label=role))
+                body.append(folded(text, label=role, secrets=secrets))
         else:
-            body.append(f'<pre style="{PRE}color:{FG_MUTED}">{escape(json.dumps(part, default=str)[:FOLD_CHARS])}</pre>')
+            shown = _redacted(json.dumps(part, default=str)[:FOLD_CHARS + _REDACT_MARGIN], secrets)[:FOLD_CHARS]
+            body.append(f'<pre style="{PRE}color:{FG_MUTED}">{escape(shown)}</pre>')
     for n, (call_id, name, arguments) in enumerate(tool_calls(message)):
         body.append(f'<div class="mnb-tool-call" style="border:1px dashed {BORDER_STRONG};border-radius:4px;padding:4px 8px;margin:4px 0">'
                     f'<b>call</b> <code>{escape(name)}</code> '
                     f'<span style="color:{FG_MUTED};font-size:12px">{escape(call_id)}</span>'
-                    f'{folded(_arguments(arguments), label="arguments")}')
+                    f'{folded(_arguments(arguments), label="arguments", secrets=secrets)}')
         result = results[n] if results is not None and n < len(results) else None
         if result is not None:
-            body.append(f'<b>result</b>{folded(result, label="result")}')
+            body.append(f'<b>result</b>{folded(result, label="result", secrets=secrets)}')
         body.append("</div>")
     return (f'<div class="mnb-card mnb-role-{escape(role)}" style="{CARD.format(colour=colour)}">'
             f'<div style="font-size:12px;color:{text_colour(colour)};font-weight:600">#{index} {escape(role)}{badges}{extra}</div>'
@@ -218,11 +256,12 @@ def chat_cards(messages: list[dict], trained: Iterable[int] = ()) -> str:
         trained: indices of the messages trained on (default none).
 
     Returns:
-        The cards' HTML, one per message.
+        The cards' HTML, one per message (text redacted, see message_card).
     """
     trained = set(trained)
     results = call_results(messages)
-    return "".join(message_card(m, index=i, trained=i in trained, results=results.get(i))
+    secrets = secret_values()
+    return "".join(message_card(m, index=i, trained=i in trained, results=results.get(i), secrets=secrets)
                    for i, m in enumerate(messages))
 
 

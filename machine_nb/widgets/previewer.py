@@ -606,10 +606,22 @@ class ExamplePreviewer(FollowsPicker, StaticFallback, widgets.VBox):
         """Show one example.
 
         Args:
-            index: its position in `.lines` (clamped to the valid range).
+            index: its position in `.lines` (clamped to the valid range); a filter that hides it
+                is cleared, as `jump` does.
         """
         if self.lines:
-            self.current = max(0, min(int(index), len(self.lines) - 1))
+            index = max(0, min(int(index), len(self.lines) - 1))
+            hidden = index not in self.matches
+            if hidden:
+                self._hold = True  # one redraw, below
+                try:
+                    self.set_filter("")
+                finally:
+                    self._hold = False
+            if self.current != index:
+                self.current = index
+            elif hidden:
+                self._refresh()
 
     def next(self) -> None:
         """Show the next example the filter keeps (stays on the last)."""
@@ -745,8 +757,9 @@ class ExamplePreviewer(FollowsPicker, StaticFallback, widgets.VBox):
             return f"ExamplePreviewer: {self.note or 'no training lines'}"
         line = self.line
         kind = "whole run" if line.get("whole_run") else "step"
-        shown = (f" · filter {self.filter_text!r}: {self.position + 1} of {len(self.matches)} matching"
-                 if self.filter_text else "")
+        pos = self.position
+        shown = (f" · filter {self.filter_text!r}: {pos + 1} of {len(self.matches)} matching"
+                 if self.filter_text and pos is not None else "")
         # a field the line lacks (lines of a JSONL file carry no run or machine) is left out, not "?"
         where = "".join(f" · {name} {line[name]}" for name in ("run", "machine") if line.get(name) not in (None, ""))
         return (f"ExamplePreviewer: example {self.current + 1}/{len(self.lines)}{where} · {kind} · "

@@ -40,6 +40,8 @@ MAX_CHOICES = 500
 MAX_CELL_CHARS = 120
 # The full text a cell shows on hover (its `title`) is cut at this length.
 MAX_TITLE_CHARS = 2000
+# A cell's text is redacted this far (past the title's cut, so a secret across it is found whole).
+_REDACTED_CHARS = MAX_TITLE_CHARS + 4096
 ANY_TAG, UNTAGGED = "(any)", "(untagged)"
 # The search box filters once typing pauses this long (seconds).
 SEARCH_DEBOUNCE_S = 0.25
@@ -127,7 +129,8 @@ def tag_masks(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     """Which rows carry each tag.
 
     Args:
-        frame: a runs DataFrame; its `tags` column holds lists of strings (a string is one tag).
+        frame: a runs DataFrame; its `tags` column holds lists of strings (arrays too, as parquet
+            reads them back; a string is one tag).
 
     Returns:
         tag -> boolean array over the rows, tags sorted, plus UNTAGGED; {} without a `tags` column.
@@ -137,7 +140,9 @@ def tag_masks(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     rows: dict[str, list[int]] = {}
     untagged = np.ones(len(frame), dtype=bool)
     for i, tags in enumerate(frame["tags"].tolist()):
-        if not tags or isinstance(tags, float):  # empty, None, NaN
+        if isinstance(tags, np.ndarray):
+            tags = tags.tolist()
+        if tags is None or isinstance(tags, float) or not len(tags):  # empty, None, NaN
             continue
         if isinstance(tags, str):
             tags = [tags]
@@ -376,10 +381,14 @@ def text_mask(haystack: pd.Series, text: str) -> np.ndarray:
     return mask
 
 
+# What a cell holding several values is: a list, or the array parquet reads a list column back as.
+_LISTS = (list, tuple, np.ndarray)
+
+
 def _sort_key(col: pd.Series) -> pd.Series:
     if col.dtype == object:
-        if col.map(lambda v: isinstance(v, (list, dict, tuple))).any():  # tags: sort as shown
-            return col.map(lambda v: ", ".join(map(_as_text, v)) if isinstance(v, (list, tuple)) else _as_text(v))
+        if col.map(lambda v: isinstance(v, (list, dict, tuple, np.ndarray))).any():  # tags: sort as shown
+            return col.map(lambda v: ", ".join(map(_as_text, v)) if isinstance(v, _LISTS) else _as_text(v))
         kinds = {type(v) for v in col.dropna()}
         if len(kinds) > 1:
             return col.map(_as_text)
@@ -425,7 +434,7 @@ def format_cell(value: Any) -> str:
     """
     if value is None:
         return ""
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, _LISTS):
         text = ", ".join(_as_text(v) for v in value)
     elif isinstance(value, (pd.Timestamp, _dt.datetime)):
         text = "" if pd.isna(value) else pd.Timestamp(value).strftime("%Y-%m-%d %H:%M")
@@ -455,7 +464,7 @@ def full_text(value: Any) -> str:
     """
     if isinstance(value, str):
         text = value
-    elif isinstance(value, (list, tuple)):
+    elif isinstance(value, _LISTS):
         text = ", ".join(_as_text(v) for v in value)
     else:
         return format_cell(value)
@@ -474,8 +483,12 @@ def page_rows(frame: pd.DataFrame, positions: np.ndarray, keys: Sequence[str],
 
     Returns:
         A dict per row: the formatted cells, its key under `__key__` and, under `__full__`, the
-        whole text of the cells whose shown text is cut or reflowed.
+        whole text of the cells whose shown text is cut or reflowed; text redacted
+        (core/redact.py: a run's output may quote a key, and the page reaches the saved notebook).
     """
+    from ..core.redact import scrub, secret_values
+
+    secrets = secret_values()
     part = frame.iloc[positions, [frame.columns.get_loc(c) for c in columns]]
     rows = []
     cols = {c: part[c].tolist() for c in columns}
@@ -484,9 +497,12 @@ def page_rows(frame: pd.DataFrame, positions: np.ndarray, keys: Sequence[str],
         full: dict[str, str] = {}
         for c in columns:
             value = cols[c][i]
+            if isinstance(value, str) and value:
+                # only what a cell or its title can show is read (a secret across the cut is read whole)
+                value = scrub(value[:_REDACTED_CHARS], secrets)[0] + ("…" if len(value) > _REDACTED_CHARS else "")
             shown = format_cell(value)
             row[c] = shown
-            if isinstance(value, (str, list, tuple)):
+            if isinstance(value, (str, *_LISTS)):
                 whole = full_text(value)
                 if whole != shown:
                     full[c] = whole
@@ -589,7 +605,8 @@ class RunPicker(StaticFallback, w.VBox):
 
     Shown as a cell's result (or with `display(picker)`), the output's static `text/html` is
     replaced with the current state (filters, sort, page, selection) after each change, so a saved
-    notebook or its HTML export shows what the user last saw, not the first page.
+    notebook or its HTML export shows what the user last saw, not the first page. The table shows
+    text redacted (see page_rows); `.selected` and `.filtered` hold the frame's own values.
     """
 
     # row keys (see row_keys), Python-side only; items checked in _check_selected (a per-item
@@ -725,7 +742,8 @@ class RunPicker(StaticFallback, w.VBox):
             return  # an id of several machines and a row without one: it tags none (as attach_tags)
         col = self.runs.columns.get_loc("tags")
         for pos in np.flatnonzero(hit).tolist():
-            now = list(self.runs.iat[pos, col] or [])
+            now = self.runs.iat[pos, col]
+            now = list(now) if isinstance(now, _LISTS) else []  # a row added without tags (NaN): none yet
             if event == "tag":
                 now.append(row["tag"])
             elif row["tag"] in now:
@@ -788,7 +806,11 @@ class RunPicker(StaticFallback, w.VBox):
                         options=[(f"{v} ({n:,})", v) for v, n in items], rows=min(4, len(counts)),
                         description=col, layout=w.Layout(width="auto", min_width="14em"))
         if "score" in runs.columns:
-            s = pd.to_numeric(runs["score"], errors="coerce")
+            s = pd.to_numeric(runs["score"], errors="coerce").astype(float)
+            # the slider spans the finite scores (a range to inf has no step); a handle left at an
+            # end keeps the infinite scores beyond it (see filters)
+            self._score_open = (bool((s == -np.inf).any()), bool((s == np.inf).any()))
+            s = s[np.isfinite(s)]
             lo, hi = s.min(), s.max()
             if pd.notna(lo) and hi > lo:
                 c["score"] = w.FloatRangeSlider(value=(float(lo), float(hi)), min=float(lo), max=float(hi),
@@ -847,7 +869,10 @@ class RunPicker(StaticFallback, w.VBox):
             if col in c and c[col].value:
                 f[col] = list(c[col].value)
         if "score" in c and tuple(c["score"].value) != (c["score"].min, c["score"].max):
-            f["score"] = tuple(c["score"].value)
+            lo, hi = c["score"].value
+            below, above = getattr(self, "_score_open", (False, False))
+            f["score"] = (-math.inf if below and lo <= c["score"].min else lo,
+                          math.inf if above and hi >= c["score"].max else hi)
         if "date_from" in c and (c["date_from"].value or c["date_to"].value):
             f["date"] = (c["date_from"].value, c["date_to"].value)
         if "tag" in c and c["tag"].value != ANY_TAG:
@@ -860,15 +885,27 @@ class RunPicker(StaticFallback, w.VBox):
         """Set filter controls from Python; the view updates once.
 
         Args:
-            **values: machine=[...], model=[...], harness=[...], score=(lo, hi),
-                date=(start, end), tag="good", text="..." (None clears one).
+            **values: machine=[...], model=[...], harness=[...] (one value may be given alone),
+                score=(lo, hi), date=(start, end), tag="good", text="..." (None clears one).
 
         Raises:
-            ValueError: an unknown filter, or one this frame has no control for.
+            ValueError: an unknown filter, one this frame has no control for, or a machine, model,
+                harness or tag the frame does not have (then no filter changes).
         """
         unknown = set(values) - {*CHOICE_COLUMNS, "score", "date", "tag", "text"}
         if unknown:
             raise ValueError(f"unknown filters {sorted(unknown)}")
+        values = {k: (v,) if k in CHOICE_COLUMNS and isinstance(v, str) else v for k, v in values.items()}
+        for name in (*CHOICE_COLUMNS, "tag"):
+            given = values.get(name)
+            if given is None or len(given) == 0:  # cleared
+                continue
+            have = [o[1] if isinstance(o, tuple) else o for o in self._control(name).options]  # (label, value) or value
+            wanted = [values[name]] if name == "tag" else list(values[name])
+            missing = [v for v in wanted if v not in have]
+            if missing:
+                raise ValueError(f"RunPicker: no {name} {', '.join(map(repr, missing))} to filter on "
+                                 f"(have {', '.join(map(str, have[:20]))}{', …' if len(have) > 20 else ''})")
         self._hold = True
         try:
             for name, value in values.items():
@@ -936,11 +973,13 @@ class RunPicker(StaticFallback, w.VBox):
         """Show these columns; the view and the chooser follow.
 
         Args:
-            columns: column names, in the order shown.
+            columns: column names, in the order shown (one may be given alone).
 
         Raises:
             ValueError: a column the frame lacks (or the nested `run`).
         """
+        if isinstance(columns, str):
+            columns = [columns]
         missing = [c for c in columns if c not in self.runs.columns or c in HIDDEN_COLUMNS]
         if missing:
             raise ValueError(f"RunPicker: cannot show columns {missing} (have {list(self.runs.columns)})")
@@ -987,11 +1026,13 @@ class RunPicker(StaticFallback, w.VBox):
         """Replace the selection.
 
         Args:
-            keys: row keys (see row_keys).
+            keys: row keys (see row_keys); one key may be given alone.
 
         Raises:
             KeyError: a key no row has.
         """
+        if isinstance(keys, str):
+            keys = [keys]
         bad = [k for k in keys if k not in self._key_pos]
         if bad:
             raise KeyError(f"no runs with keys {bad[:5]}")
@@ -1073,6 +1114,9 @@ class RunPicker(StaticFallback, w.VBox):
         new_id = ident(runs)
         runs = runs[~new_id.duplicated(keep="last").to_numpy()]
         new_id = new_id[runs.index]
+        if self.store is not None:  # the followed store's tags, as the picker's own rows have them
+            runs = runs.copy(deep=False)
+            runs["tags"] = self._read_tags(runs, self.store)
         maybe = np.flatnonzero(old["id"].astype(str).isin(set(runs["id"].astype(str))).to_numpy())
         replaced = maybe[ident(old.iloc[maybe]).isin(set(new_id)).to_numpy()] if len(maybe) else maybe
         frame = pd.concat([runs, old.drop(old.index[replaced]) if len(replaced) else old],
@@ -1108,7 +1152,8 @@ class RunPicker(StaticFallback, w.VBox):
 
         Args:
             runs: rows with the picker's columns (`load_runs` rows of the same workspace), or
-                what `prepare_runs` made of them.
+                what `prepare_runs` made of them. A picker that follows a tag store reads their
+                `tags` from it.
 
         Returns:
             How many of the rows were runs the picker did not have.

@@ -16,11 +16,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
+import numpy as np
 
 from ..core.chat import content_text
-from ..errors import user_stacklevel
+from ..core.redact import redacted, secret_values
+from ..errors import MachineFormatError, user_stacklevel
 from ..core.theme import FG_MUTED, GREEN, GREY, ORANGE, RED, text_colour
 from ._base import FollowsPicker, NoMathHTML, diff_html, strong_button, style_sheet, word_diff, StaticFallback, escape
+from .cards import text_html
 
 # Rows listed under "recently tagged" (the newest first).
 RECENT = 5
@@ -172,7 +175,9 @@ def tags_turn(row: dict, turn: dict) -> bool:
 
     A row keeps the turn's user message and its reply (a rewrite row the reply it replaced), not
     the turn's place, so both are compared: turns that repeat a user text ("continue") differ by
-    their replies. A row without the reply it replaced matches by the user text alone.
+    their replies. A row without the reply it replaced matches by the user text alone. Texts are
+    compared trimmed: `tag()` stores them trimmed, as Machine does, while a typed message often
+    ends in a newline.
 
     Args:
         row: a tag row of the run.
@@ -183,14 +188,15 @@ def tags_turn(row: dict, turn: dict) -> bool:
     """
     from ..store.tags import REPLACED
 
-    if row_user(row) != turn["user"]:
+    if row_user(row).strip() != turn["user"].strip():
         return False
+    answer = turn["answer"].strip()
     if row.get("rewritten"):
         replaced = row.get(REPLACED)
-        return replaced is None or _text(replaced) == turn["answer"]
+        return replaced is None or _text(replaced).strip() == answer
     msgs = [m for m in row.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant"
             and _text(m.get("content")).strip()]
-    return not msgs or _text(msgs[-1].get("content")) == turn["answer"]
+    return not msgs or _text(msgs[-1].get("content")).strip() == answer
 
 
 def same_run(row: dict, run: dict) -> bool:
@@ -217,18 +223,29 @@ def store_rows(store: Any) -> list[dict]:
 
     Returns:
         The parsed rows in file order; [] when the store does not exist yet.
+
+    Raises:
+        MachineFormatError: the store kept changing while it was read (tagged() lists the rows,
+            then each is read from its line: a file rewritten in between is read again, twice).
     """
     from pathlib import Path
 
     from ..store.tags import store_dir, tagged
 
     root = Path(store) if store is not None else store_dir()
-    if not root.is_dir():
-        return []
-    frame = tagged(store=root)
-    if "row" in frame.columns:
-        return [r for r in frame["row"] if isinstance(r, dict)]
-    return frame.to_dict("records")
+    tries = 3
+    while True:
+        if not root.is_dir():
+            return []
+        frame = tagged(store=root)
+        if "row" not in frame.columns:
+            return frame.to_dict("records")
+        try:
+            return [r for r in frame["row"] if isinstance(r, dict)]
+        except MachineFormatError:  # another writer rewrote a store file since tagged() listed it
+            tries -= 1
+            if not tries:
+                raise
 
 
 class _Runs(Sequence):
@@ -286,10 +303,13 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         **kwargs: passed to ipywidgets.VBox (layout, …).
 
     The run on screen is read once (an indexed frame reads it from its run file) and kept until
-    another run is shown. `.written` lists the rows this widget wrote that are still in the store
-    (oldest first; a row `untag()` removed anywhere in this process leaves it); `undo()` removes the
-    newest of them from the store and never touches any other row. `existing_tags()` lists the current
-    run's tag rows (a rewrite row with its stored answer). A button press on a turn that already
+    another run is shown; its texts are shown redacted and cut when huge (cards.text_html), the rows
+    written keep them as they are. A run that cannot be read (its file gone or broken since the
+    frame was loaded) is shown with the reason and is not tagged. `.written` lists the rows this
+    widget wrote that are still in the store (oldest first; a row `untag()` removed anywhere in this
+    process leaves it); `undo()` removes the newest of them from the store and never touches any
+    other row (one another process removed meanwhile is forgotten, and said so). `existing_tags()`
+    lists the current run's tag rows (a rewrite row with its stored answer). A button press on a turn that already
     has a row only warns; pressing it again writes (the methods `good()` / `bad()` write at once,
     with a DuplicateTagWarning). A rewrite identical to the turn's reply is refused.
 
@@ -305,6 +325,8 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         from .previewer import is_picker
 
         picker = runs if is_picker(runs) else None
+        if picker is not None:
+            self._check_picker(picker)
         self._runs = _Runs([], []) if picker is not None else _records(runs)
         if picker is None and not self._runs:
             raise ValueError("Tagger: no runs to tag (the frame is empty)")
@@ -317,7 +339,8 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         self._known: list[dict] | None = None  # the store's rows, read on first need
         self._confirm: tuple | None = None  # (run, turn, button) a first press warned about
         self._run_pos = 0
-        self._run: dict | None = self._runs[0] if self._runs else None  # the run on screen, read once
+        self._run_error = ""  # why the run on screen could not be read ("" when it was)
+        self._run: dict | None = self._read(0) if self._runs else None  # the run on screen, read once
         self._msgs = run_messages(self._run) if self._run is not None else []
         self._turns = split_turns(self._msgs)
         self._turn_pos = len(self._turns) - 1  # the run's own turn, as go_to opens it
@@ -402,9 +425,18 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
             return {}
         machines = runs["machine"] if "machine" in runs.columns else [None] * len(runs)
         return {(str(m), str(i)): [str(x) for x in t] for m, i, t in zip(machines, runs["id"], runs["tags"])
-                if isinstance(t, (list, tuple)) and len(t)}
+                if isinstance(t, (list, tuple, np.ndarray)) and len(t)}  # an array: a list read back from parquet
 
     # ------------------------------------------------------------ following a picker
+
+    @staticmethod
+    def _check_picker(picker: Any) -> None:
+        """Refuse a picker whose runs cannot be tagged, before its selection reaches the tagger
+        (a refusal there would fail the picker's click)."""
+        frame = getattr(picker, "runs", None)
+        if hasattr(frame, "columns") and "run" not in frame.columns:
+            raise ValueError("Tagger needs load_runs' `run` column (the parsed Run records) in the picker's frame; "
+                             f"it has {list(frame.columns)}: make the RunPicker from load_runs(...) with `run` kept")
 
     def link(self, picker: Any) -> Callable:
         """Follow a RunPicker: tag the runs of `picker.selected`, now and at every change of its
@@ -415,7 +447,11 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
 
         Returns:
             The handler `picker.observe_selection` registered.
+
+        Raises:
+            ValueError: the picker's frame has no `run` column (its runs could not be tagged).
         """
+        self._check_picker(picker)
         self.unlink()
         self.picker = picker
         if getattr(picker, "store", None) is None and hasattr(picker, "follow_store"):
@@ -425,7 +461,8 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         return self._picker_handler
 
     def set_runs(self, runs: Any) -> None:
-        """Tag other runs: a newly added run is shown first, else the run on screen when it is still there.
+        """Tag other runs: a newly added run is shown first, else the run on screen when it is still
+        there (at the turn shown, with the note and rewrite typed so far).
 
         Args:
             runs: a load_runs frame or Run dicts (may be empty).
@@ -439,19 +476,33 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         new = [i for i, k in enumerate(keys) if k not in before]
         pos = new[0] if new else (keys.index(on_screen) if on_screen in keys else 0)
         if records and keys[pos] == on_screen and self._run is not None:
-            self._run_pos = pos  # the same run stays on screen: its record is not read again
-        else:
-            self._run = None
+            # the same run stays on screen as it is (turn, note, rewrite): its record is not read again
+            self._run_pos = pos
+            self._draw()
+            return
+        self._run = None
         if records:
             self.go_to(pos)
         else:
-            self._run_pos, self._run, self._msgs = 0, None, []
+            self._run_pos, self._run, self._msgs, self._run_error = 0, None, [], ""
             self._turns = split_turns([])
             self._turn_pos = 0
             self._confirm = None
             self._draw()
 
     # ------------------------------------------------------------ navigation
+
+    def _read(self, pos: int) -> dict:
+        """The run at a position, read (from its file, for an indexed frame); a run that cannot be
+        read (its file gone or broken since the frame was loaded) is shown as an empty run with
+        the reason in `_run_error`, so a picker's click that picked it does not fail."""
+        try:
+            run, self._run_error = self._runs[pos], ""
+            return run
+        except (MachineFormatError, ValueError) as exc:
+            machine, rid = self._runs.keys[pos]
+            self._run_error = redacted(f"could not read run {rid} ({machine}): {exc}")
+            return {"id": rid, "machine": machine, "history": [], "trajectory": []}
 
     def _need_run(self) -> dict:
         if not self._runs or self._run is None:
@@ -477,20 +528,20 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         """Show a run at one of its turns.
 
         Args:
-            run: a position, or a run id.
+            run: a position, or a run id (text; a numeric id is matched by its text).
             turn: the turn's position (default None: its last turn, the one the run itself answered).
         """
         if not self._runs:
             raise ValueError("Tagger: no run to tag (select runs in the picker)")
         if isinstance(run, str):
-            ids = [k[1] for k in self._runs.keys]
+            ids = [str(k[1]) for k in self._runs.keys]  # ids of a frame read from CSV are numbers
             if run not in ids:
                 raise KeyError(f"Tagger: no run with id {run!r}")
             run = ids.index(run)
         if not 0 <= run < len(self._runs):
             raise IndexError(f"Tagger: run position {run} is outside 0..{len(self._runs) - 1}")
         if run != self._run_pos or self._run is None:  # the run on screen is not read again
-            self._run = self._runs[run]
+            self._run = self._read(run)
         self._run_pos = run
         self._msgs = run_messages(self._run)
         self._turns = split_turns(self._msgs)
@@ -628,6 +679,8 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         write_tag = tags.tag
 
         run, turn = self._need_run(), self._turns[self._turn_pos]
+        if self._run_error:
+            raise ValueError(f"{self._run_error}; nothing tagged")
         dups = self._duplicates()
         if turn["answer_index"] is None and not rewrite:
             raise ValueError("this turn has no assistant answer to tag (write a rewrite and use "
@@ -695,14 +748,27 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
 
         Returns:
             The removed row; None when it wrote none (or all are undone).
+
+        Raises:
+            KeyError: the newest row is no longer in the store (removed by another process); it is
+                forgotten, so the next undo removes the row before it.
         """
-        from ..store.tags import untag
+        from ..store.tags import store_dir, untag
 
         if not self.written:
             self._status.value = "nothing to undo"
             return None
         row = self.written[-1]
-        untag(row["id"], store=self.store)  # _on_store drops it from the known rows and from .written
+        try:
+            untag(row["id"], store=self.store)  # _on_store drops it from the known rows and from .written
+        except KeyError:
+            self.written[:] = [r for r in self.written if r.get("id") != row["id"]]
+            if self._known is not None:
+                self._known = [r for r in self._known if r.get("id") != row["id"]]
+            self._draw()
+            where = self.store if self.store is not None else store_dir()
+            raise KeyError(f"row {row['id']} is no longer in the store at {where} (removed elsewhere); nothing "
+                           "was undone, and the next undo removes the row before it") from None
         self.written[:] = [r for r in self.written if r.get("id") != row["id"]]
         self._status.value = f"removed row {escape(row.get('id'))}"
         self._draw()
@@ -713,7 +779,9 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
         try:
             fn(*args)
         except Exception as exc:  # noqa: BLE001 - shown to the user, who can fix and retry
-            self._status.value = f'<span style="color:{text_colour(RED)}">{escape(type(exc).__name__)}: {escape(exc)}</span>'
+            # a KeyError's str() is the repr of its message: its message is shown as written
+            text = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else exc
+            self._status.value = f'<span style="color:{text_colour(RED)}">{escape(type(exc).__name__)}: {escape(text)}</span>'
             self._static_changed()
 
     # ------------------------------------------------------------ view
@@ -728,31 +796,35 @@ class Tagger(FollowsPicker, StaticFallback, w.VBox):
     def _turn_html(self) -> str:
         if not self._runs:
             return "<p><i>Select runs in the picker to tag them.</i></p>"
+        if self._run_error:
+            return f'<div class="mnb-tagger-turn" style="color:{text_colour(RED)}">{escape(self._run_error)}</div>'
         turn = self._turns[self._turn_pos]
+        secrets = secret_values()  # the run's texts are shown redacted (the saved notebook keeps them)
         steps = ""
         if turn["steps"]:
             items = "".join(
                 f"<li><b>{escape(m.get('role'))}</b>{' ' + escape(m.get('name')) if m.get('name') else ''}: "
-                f"{escape(_text(m.get('content'))[:300] or str(m.get('toolInput') or '')[:300])}</li>"
+                f"{text_html(_text(m.get('content')) or str(m.get('toolInput') or ''), secrets, limit=300)}</li>"
                 for m in turn["steps"])
             steps = f"<details><summary>{len(turn['steps'])} step(s) before the answer</summary><ul>{items}</ul></details>"
-        answer = escape(turn["answer"]) if turn["answer_index"] is not None else "<i>(no answer)</i>"
+        answer = text_html(turn["answer"], secrets) if turn["answer_index"] is not None else "<i>(no answer)</i>"
         box = "white-space:pre-wrap;overflow-wrap:anywhere;border-left:3px solid {};padding:2px 8px;margin:4px 0"
         return (f'<div class="mnb-tagger-turn">{self._existing_html()}'
-                f'<div style="{box.format(GREY)}"><b>user</b>\n{escape(turn["user"])}</div>'
+                f'<div style="{box.format(GREY)}"><b>user</b>\n{text_html(turn["user"], secrets)}</div>'
                 f'{steps}<div style="{box.format(GREEN)}"><b>assistant</b>\n{answer}</div></div>')
 
     def recent_rows(self) -> list[dict]:
         """The newest rows this widget wrote (at most RECENT), newest first.
 
         Returns:
-            One dict per row: id, tag, note, preview (the answer's first PREVIEW_CHARS characters).
+            One dict per row: id, tag, note, preview (the answer's first PREVIEW_CHARS characters,
+            redacted).
         """
         out = []
         for row in reversed(self.written[-RECENT:]):
             msgs = row.get("messages") or []
             last = _text(msgs[-1].get("content")) if msgs and isinstance(msgs[-1], dict) else ""
-            preview = " ".join(last.split())
+            preview = " ".join(redacted(last[:PREVIEW_CHARS + 4096]).split())  # past the cut: a secret across it
             out.append({"id": row.get("id"), "tag": row.get("tag"), "note": row.get("note") or "",
                         "preview": preview[:PREVIEW_CHARS] + ("…" if len(preview) > PREVIEW_CHARS else "")})
         return out
