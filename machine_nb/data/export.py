@@ -264,17 +264,37 @@ def run_records(runs: Any) -> list[dict]:
     """The Run records of runs in any of the forms the API takes.
 
     Args:
-        runs: a load_runs DataFrame (its `run` column), a row (Series or dict), or Run dicts.
+        runs: a load_runs DataFrame (its `run` column; without one, the run files its `path`
+            column names), a row (Series or dict; a row without `run` read from its `path`), or
+            a list of rows or Run dicts.
 
     Returns:
         The Run dicts, in order.
+
+    Raises:
+        ValueError: a frame with neither a `run` nor a `path` column.
+        MachineFormatError: a run file read from `path` that is missing or bad.
     """
     if hasattr(runs, "columns"):
-        return list(runs["run"]) if len(runs) else []
+        from ..store.records import load_run_records
+
+        return load_run_records(runs) if len(runs) else []
     if hasattr(runs, "to_dict") or (isinstance(runs, dict)):
-        row = dict(runs)
-        return [row["run"] if isinstance(row.get("run"), dict) else row]
-    return [r["run"] if isinstance(r, dict) and isinstance(r.get("run"), dict) else r for r in runs]
+        return [_row_record(runs)]
+    return [_row_record(r) if isinstance(r, dict) or hasattr(r, "to_dict") else r for r in runs]
+
+
+def _row_record(item: Any) -> dict:
+    """The Run record of one item: a load_runs row (Series or dict: its `run`, else the file its
+    `path` names when it is a Series without `run`) or a Run dict."""
+    row = item if isinstance(item, dict) else dict(item)
+    if isinstance(row.get("run"), dict):
+        return row["run"]
+    if not isinstance(item, dict) and "run" not in row and isinstance(row.get("path"), str):
+        from ..store.workspace import read_run
+
+        return read_run(row["path"])  # a load_runs row whose `run` column was left out
+    return row
 
 
 def training_lines(runs: Any, machine: dict | str | None = None, *, tools: Iterable[dict] | None = None,
@@ -408,11 +428,15 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
         The set of case_key values.
 
     Raises:
-        ValueError: a case dict without an "input", naming it.
+        ValueError: a case dict without an "input", naming it, or a frame without an `input`
+            column (its column names are not cases).
     """
     if exclude is None:
         return set()
-    if hasattr(exclude, "columns") and "input" in exclude:
+    if hasattr(exclude, "columns"):
+        if "input" not in exclude.columns:
+            raise ValueError(f"the held-out cases frame has no 'input' column (columns: {list(exclude.columns)}): "
+                             "pass a load_cases frame, or the case inputs as a list of strings")
         exclude = list(exclude["input"])
     keys = set()
     for i, e in enumerate(one_or_many(exclude)):
@@ -445,7 +469,7 @@ class TaggedLines(list):
 
     excluded: the tag rows left out because their input is a held-out case.
     skipped: (row, reason) for rows not trained on for another reason (another tag, another
-    machine, no assistant reply, a message that is not an object).
+    machine, no assistant reply, a message that is not an object, a duplicate of an earlier row).
     """
 
     def __init__(self, lines: Iterable[dict] = (), excluded: list[dict] | None = None,
@@ -464,7 +488,8 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
         rows: a `tagged()` DataFrame (its `row` column), or tag row dicts.
         machine: a machine name (its definition is read from `workspace`) or a definition dict
             (`name`, `instructions`, `holdout`, as load_machine returns). Rows that name another
-            machine are skipped; rows that name none are kept only when machine is None.
+            machine are skipped; rows that name none are kept only when machine is None (left
+            out otherwise, with one warning saying how many).
             Default None: every row, no instructions, no held-out cases known.
         workspace: where a machine given by name is defined (default None: only its name is known).
         exclude: held-out cases whose inputs are never trained on (strings, `{input}` dicts or a
@@ -479,7 +504,9 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
 
     Returns:
         A TaggedLines list of `{"messages", "machine"?, "run"?, "tag_id"}` lines: one per row,
-        trained on its last assistant message (a rewrite's answer for `/good --as` rows).
+        trained on its last assistant message (a rewrite's answer for `/good --as` rows). A row
+        whose messages repeat an earlier row's (the turn tagged twice, a row copied into another
+        store file) gives no second line: it is listed in `.skipped` as a duplicate.
     """
     if hasattr(rows, "columns"):
         rows = list(rows["row"]) if "row" in rows.columns else rows.to_dict("records")
@@ -489,6 +516,8 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
     system = mdef.get("instructions") if instructions is None else instructions
     wanted = set(one_or_many(include))
     lines, excluded, skipped = [], [], []
+    first: dict[str, Any] = {}  # messages as canonical JSON -> the id of the first row with them
+    unnamed = 0  # rows of a wanted tag left out for naming no machine
     for row in rows:
         msgs = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(msgs, list):
@@ -503,10 +532,16 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
             continue
         if name is not None and row.get("machine") != name:
             skipped.append((row, f"machine {row.get('machine')!r}, not {name!r}"))
+            unnamed += row.get("machine") is None
             continue
         if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in msgs):
             skipped.append((row, "no assistant reply"))
             continue
+        key = json.dumps(msgs, sort_keys=True, ensure_ascii=False, default=str)
+        if key in first:  # the turn tagged twice, or a row copied into another file: trained on once
+            skipped.append((row, f"duplicate of tag row {first[key]!r}"))
+            continue
+        first[key] = row.get("id")
         users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
         if held and any(case_key(content_text(m.get("content"))) in held for m in users):
             excluded.append(row)
@@ -520,6 +555,12 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
                 line[key] = row[key]
         line["tag_id"] = row.get("id")
         lines.append(line)
+    if unnamed:
+        import warnings
+
+        warnings.warn(f"left out {unnamed} tag row(s) that name no machine (Machine's own /good rows record none), "
+                      f"training only on rows tagged for {name!r}: pass machine=None to train on every row",
+                      stacklevel=user_stacklevel())
     say_excluded(len(excluded), len(excluded) + len(lines), "tagged row(s)",
                  f"{name}'s holdout.json" if exclude is None and name else "the exclude list")
     return TaggedLines(uniform_content(lines), excluded, skipped)

@@ -5,6 +5,7 @@ user can filter, group and plot without writing a loop. Files are found and chec
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ n_tool_calls: assistant tool-call messages; n_failed_tool_calls: those whose res
 input_tokens, output_tokens, cost_usd: from `usage` (NaN when absent).
 version, instructions: what the run was made under (None when not recorded).
 final: False only for a non-final turn of a conversation (`conversation.final` false).
-path: the run file. run: the parsed Run record itself (read on demand from `path` when the
+path: the run file (absolute). run: the parsed Run record itself (read on demand from `path` when the
 frame comes from the run index: see load_runs and load_records).
 """
 
@@ -80,8 +81,9 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
         A DataFrame with RUN_COLUMNS (and `tags` with a store). With the index, `run` is filled on
         demand (a lazy column: each value is read from its run file when asked for, see
         `load_records`); without it, `run` holds the parsed records. `attrs["workspace"]` records
-        the workspace root; `attrs["index"]` what the index did (an IndexStats: files, parsed,
-        reused, removed, …) or None.
+        the workspace root; `attrs["index"]` what the index did (an IndexReport: IndexStats'
+        fields files, parsed, reused, removed, …, as keys or attributes) or None. Both are JSON, so
+        `to_parquet` keeps them.
     """
     on_error = on_error_policy(on_error)
     failed_rule = failed or default_failed
@@ -283,7 +285,7 @@ def runs_frame(table: Any, workspace: Any, store: Any, on_error: str, problems: 
 
     from ..store.records import RunRecords
 
-    root = os.fspath(machine_dir(workspace) / "runs")
+    root = os.path.abspath(machine_dir(workspace) / "runs")  # the run column reads it after a chdir too
     is_bad = pc.is_valid(table["error"])
     skipped = list(problems)
     if pc.any(is_bad).as_py():
@@ -324,10 +326,22 @@ def runs_frame(table: Any, workspace: Any, store: Any, on_error: str, problems: 
     if store is not None:
         df["tags"] = attach_tags(df, store)
     df.attrs["workspace"] = str(workspace_root(workspace))
-    df.attrs["index"] = stats
+    df.attrs["index"] = None if stats is None else IndexReport(dataclasses.asdict(stats))
     if on_error == "warn":
         warn_skipped("run file(s)", skipped)
     return df
+
+
+class IndexReport(dict):
+    """What the run index did for one load_runs call: store.index.IndexStats' fields (files, parsed,
+    reused, removed, stats, rebuilt, written, workers, path, check), read as keys or attributes. A
+    dict, so a frame's attrs stay JSON: to_parquet writes them."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
@@ -345,10 +359,18 @@ def attach_tags(runs: Any, store: str | os.PathLike) -> list[list[str]]:
 
     Returns:
         One list of tags per row, in row order.
+
+    Raises:
+        ValueError: the frame lacks a `machine` or `id` column.
     """
     import warnings
 
     from ..store.tags import run_tags
+
+    missing = [c for c in ("machine", "id") if c not in runs.columns]
+    if missing:
+        raise ValueError(f"attach_tags needs the columns 'machine' and 'id' of a load_runs frame; missing "
+                         f"{' and '.join(repr(c) for c in missing)} (columns: {list(runs.columns)})")
 
     by_key, by_id = run_tags(store)
     machines = runs["machine"].tolist()

@@ -49,8 +49,9 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
     """Graded runs worth training on, by Machine's selectRuns: scored under the current rubric, at
     least min_score, the best few per case.
 
-    Always left out: other machines' runs, the `echo` harness, unscored runs, and non-final turns
-    of a conversation.
+    Always left out: other machines' runs, the `echo` harness, unscored runs (a total that is not
+    a number, or NaN), non-final turns of a conversation, and a second listing of the same run
+    (machine and id: a frame concatenated with itself counts each run once).
 
     Args:
         runs: a load_runs DataFrame (or Run dicts).
@@ -80,10 +81,12 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
 
     Raises:
         ValueError: no rubric fingerprint is known (pass rubric=), a definition dict without a name,
-            or a best_of that is not a whole number, 1 or more.
+            a min_score that is not a number (or NaN), or a best_of that is not a whole number, 1 or more.
     """
     if isinstance(machine, dict) and not isinstance(machine.get("name"), str):
         raise ValueError("a machine definition dict needs a 'name'")
+    if isinstance(min_score, bool) or not isinstance(min_score, numbers.Real) or min_score != min_score:
+        raise ValueError(f"min_score must be a number (the lowest scorecard total to train on), got {min_score!r}")
     if isinstance(best_of, bool) or not isinstance(best_of, numbers.Integral) or best_of < 1:
         raise ValueError(f"best_of must be a whole number, 1 or more (the runs kept per case), got {best_of!r}")
     mdef = resolve_machine(machine, workspace, runs=runs, undefined="name")
@@ -100,6 +103,7 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
     model_set = set(one_or_many(models)) if models is not None else None
 
     groups: dict[str, list[tuple[float, str, int]]] = {}
+    seen: set[tuple[Any, Any]] = set()  # (machine, id): a run listed twice is one run
     positions = _candidates(runs, mdef["name"], min_score, fp, model_set)
     records = run_records(runs.iloc[positions] if positions is not None else runs)
     for pos, run in zip(positions if positions is not None else range(len(records)), records):
@@ -110,7 +114,8 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         if isinstance(conv, dict) and not conv.get("final"):
             continue
         total = card.get("total")
-        if not isinstance(total, (int, float)) or total < min_score:
+        # a bool is no score (as check_run has it), and NaN compares false with everything
+        if isinstance(total, bool) or not isinstance(total, (int, float)) or not total >= min_score:
             continue
         if fp is not None and card.get("rubric") != fp:
             continue
@@ -119,6 +124,11 @@ def select_runs(runs: Any, machine: dict | str, *, rubric: str | None = _UNSET,
         if want_instructions is not None and run.get("instructions") is not None \
                 and run["instructions"] != want_instructions:
             continue
+        key = (run.get("machine"), run.get("id"))
+        if key[1] is not None:
+            if key in seen:
+                continue
+            seen.add(key)
         case = run_case(run)  # held-out last, so the warning counts runs that would otherwise be kept
         if excluded and (case_key(case) in excluded or case_key(run.get("input") or "") in excluded):
             n_excluded += 1

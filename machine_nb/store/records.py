@@ -35,15 +35,16 @@ class _LazyDtype(ExtensionDtype):
 
 
 class _LazyRecords(ExtensionArray):
-    """Per row: a locator (`_where`, a pyarrow string array; null = missing) or, for values set
-    from Python, the value itself (`_set`: position -> value, which wins over the locator)."""
+    """Per row: a locator (`_locators`, a pyarrow string array; null = missing) or, for values set
+    from Python, the value itself (`_set`: position -> value, which wins over the locator). The
+    name is not `_where`: pandas calls an array's `_where` method (Series.where, mask, fillna)."""
 
     _dtype_cls: type[_LazyDtype]
 
     def __init__(self, where: pa.Array | pa.ChunkedArray, extra: pa.Array | pa.ChunkedArray | None = None,
                  overrides: dict[int, Any] | None = None):
         # kept as given (a chunked array is not combined: that would copy a million paths)
-        self._where = where
+        self._locators = where
         self._extra = extra
         self._set = overrides or {}
 
@@ -63,7 +64,7 @@ class _LazyRecords(ExtensionArray):
     def _value(self, i: int) -> Any:
         if i in self._set:
             return self._set[i]
-        if not self._where[i].is_valid:
+        if not self._locators[i].is_valid:
             return None
         return self._load(i)
 
@@ -73,11 +74,11 @@ class _LazyRecords(ExtensionArray):
         return self._dtype_cls()
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._locators)
 
     @property
     def nbytes(self) -> int:
-        return self._where.nbytes + (self._extra.nbytes if self._extra is not None else 0)
+        return self._locators.nbytes + (self._extra.nbytes if self._extra is not None else 0)
 
     def __getitem__(self, item: Any) -> Any:
         if isinstance(item, (int, np.integer)):
@@ -106,10 +107,10 @@ class _LazyRecords(ExtensionArray):
         values = value if (isinstance(value, (list, tuple, np.ndarray, ExtensionArray))
                            and len(value) == len(positions)) else [value] * len(positions)
         for p, v in zip(positions.tolist(), values):
-            self._set[p % len(self)] = v
+            self._set[p % len(self)] = None if _is_na(v) else v  # NaN, NA, NaT: missing, as isna says
 
     def isna(self) -> np.ndarray:
-        missing = np.asarray(self._where.is_null().to_numpy(zero_copy_only=False), dtype=bool).copy()
+        missing = np.asarray(self._locators.is_null().to_numpy(zero_copy_only=False), dtype=bool).copy()
         for i, v in self._set.items():
             missing[i] = v is None
         return missing
@@ -132,25 +133,25 @@ class _LazyRecords(ExtensionArray):
         if len(safe) and (safe.max() >= len(self) or safe.min() < 0):
             raise IndexError("index out of bounds")
         pa_idx = pa.array(safe, mask=mask) if mask is not None else pa.array(safe)
-        where = self._where.take(pa_idx)
+        where = self._locators.take(pa_idx)
         extra = None if self._extra is None else self._extra.take(pa_idx)
         moved: dict[int, Any] = {}
         if self._set:
             for new, old in enumerate(safe.tolist()):
                 if old in self._set and not (mask is not None and mask[new]):
                     moved[new] = self._set[old]
-        if mask is not None and fill_value is not None:
+        if mask is not None and not _is_na(fill_value):
             for new in np.flatnonzero(mask).tolist():
                 moved[new] = fill_value
         return type(self)(where, extra, moved)
 
     def copy(self) -> _LazyRecords:
-        return type(self)(self._where, self._extra, dict(self._set))
+        return type(self)(self._locators, self._extra, dict(self._set))
 
     @classmethod
     def _concat_same_type(cls, to_concat: Any) -> _LazyRecords:
         arrays = list(to_concat)
-        where = _concat([a._where for a in arrays]) if arrays else pa.array([], pa.large_string())
+        where = _concat([a._locators for a in arrays]) if arrays else pa.array([], pa.large_string())
         extra = None
         if arrays and all(a._extra is not None for a in arrays):
             extra = _concat([a._extra for a in arrays])
@@ -166,16 +167,31 @@ class _LazyRecords(ExtensionArray):
             return scalars.copy() if copy else scalars
         values = list(scalars)
         return cls(pa.nulls(len(values), pa.large_string()), None,
-                   {i: v for i, v in enumerate(values) if v is not None})
+                   {i: v for i, v in enumerate(values) if not _is_na(v)})
 
     @classmethod
     def _from_factorized(cls, values: Any, original: Any) -> _LazyRecords:
-        return original.take(values)
+        # `values` are the distinct keys of _values_for_factorize: each is the row it came from
+        first = original._first_positions()
+        return original.take([first[v] for v in values])
+
+    def _first_positions(self) -> dict[Any, int]:
+        """{factorize key: the first position holding it}, in order of first appearance."""
+        keys, _ = self._values_for_factorize()
+        first: dict[Any, int] = {}
+        for i, key in enumerate(keys.tolist()):
+            first.setdefault(key, i)
+        return first
+
+    def unique(self) -> _LazyRecords:
+        """The distinct rows, in order of first appearance (told apart as factorize does: by where
+        each record lives, a missing value being one of them)."""
+        return self.take(list(self._first_positions().values()))
 
     def _values_for_factorize(self) -> tuple[np.ndarray, Any]:
         # rows are told apart by where their record lives (reading every record to hash it would
         # defeat the point)
-        where = self._where.to_numpy(zero_copy_only=False).astype(object)
+        where = self._locators.to_numpy(zero_copy_only=False).astype(object)
         for i, v in self._set.items():
             where[i] = f"<value {id(v)}>"
         return where, None
@@ -187,10 +203,15 @@ class _LazyRecords(ExtensionArray):
 
     def __arrow_array__(self, type: Any = None) -> pa.Array:
         # written out (to_parquet, from_pandas) as the locators: a file path per row
-        return self._where
+        return self._locators
 
     def _formatter(self, boxed: bool = False):
         return lambda v: "" if v is None else repr(v)
+
+
+def _is_na(value: Any) -> bool:
+    """Whether a value set into a lazy column is a missing-value marker (None, NaN, pd.NA, NaT)."""
+    return value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and value != value)
 
 
 def _concat(arrays: list) -> pa.ChunkedArray:
@@ -226,7 +247,7 @@ class RunRecords(_LazyRecords):
     def _load(self, i: int) -> dict:
         from .workspace import read_run
 
-        return read_run(self._where[i].as_py())
+        return read_run(self._locators[i].as_py())
 
 
 @register_extension_dtype
@@ -266,31 +287,72 @@ def _line_starts(path: str) -> tuple[np.ndarray, tuple]:
     return starts, key
 
 
+def _loads_as_tagged(raw: bytes) -> Any:
+    """A line orjson refuses, parsed as tagged() parsed it (Python's json: NaN, Infinity and
+    integers beyond 64 bits are JSON to it); None when it is not JSON at all."""
+    from ..core.jsonl import parse_json
+
+    try:
+        return parse_json(raw)
+    except MachineFormatError:
+        return None
+
+
+#: How a tag row without a string id is told apart in TagRows: this, then a digest of its content.
+DIGEST_MARK = "\x00sha256:"
+
+
+def row_digest(row: dict) -> str:
+    """What stands for the id of a tag row that has none (DIGEST_MARK and a digest of its content),
+    so a lazy `row` column never takes another row at its line for it.
+
+    Args:
+        row: the parsed tag row.
+
+    Returns:
+        The marker text.
+    """
+    import hashlib
+    import json
+
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False)  # any row json reads: NaN, big integers
+    return DIGEST_MARK + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 class TagRows(_LazyRecords):
-    """tagged()'s `row` column: per row the store file and line (`"<path>:<line>"`) and the row id;
-    the row is re-read from that line on access. MachineFormatError when the line no longer holds
-    that row (the store was rewritten since: call tagged() again)."""
+    """tagged()'s `row` column: per row the store file and line (`"<path>:<line>"`) and the row id
+    (for a row without one, `row_digest`); the row is re-read from that line on access. MachineFormatError when the line no longer holds
+    that row, or the file is gone or unreadable (the store changed since: call tagged() again)."""
 
     _dtype_cls = TagRowDtype
 
     def _load(self, i: int) -> dict:
         import orjson
 
-        where = self._where[i].as_py()
+        where = self._locators[i].as_py()
         path, _, line = where.rpartition(":")
         number = int(line)
-        starts, _ = _line_starts(path)
-        if number > len(starts) or number < 1:
-            raise MachineFormatError(path, "the store changed since tagged() read it: call tagged() again", line=number)
-        with open(path, "rb") as fh:
-            fh.seek(int(starts[number - 1]))
-            raw = fh.readline()
+        try:
+            starts, _ = _line_starts(path)
+            if number > len(starts) or number < 1:
+                raise MachineFormatError(path, "the store changed since tagged() read it: call tagged() again",
+                                         line=number)
+            with open(path, "rb") as fh:
+                fh.seek(int(starts[number - 1]))
+                raw = fh.readline()
+        except OSError as exc:  # the file is gone or cannot be read any more
+            raise MachineFormatError(path, f"the store changed since tagged() read it ({exc.strerror or exc}): "
+                                           "call tagged() again", line=number) from None
         try:
             row = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            row = None
+            row = _loads_as_tagged(raw)
         want = None if self._extra is None else self._extra[i].as_py()
-        if not isinstance(row, dict) or (want is not None and row.get("id") != want):
+        if isinstance(row, dict) and want is not None and want.startswith(DIGEST_MARK):
+            same = row_digest(row) == want
+        else:
+            same = isinstance(row, dict) and (want is None or row.get("id") == want)
+        if not same:
             raise MachineFormatError(path, "the store changed since tagged() read it: call tagged() again", line=number)
         return row
 
@@ -344,18 +406,31 @@ def load_run_records(frame: pd.DataFrame) -> list[dict]:
     """Run records of a frame's rows.
 
     Args:
-        frame: a load_runs frame or a selection of one.
+        frame: a load_runs frame or a selection of one (also one saved and read back: a CSV or
+            Parquet file holds the `run` column as text, so those rows are read from `path`).
 
     Returns:
-        Its `run` column's values (lazy or not), else the records read from its `path` column.
+        Its `run` column's values (lazy or not), read from the `path` column where a value is not
+        a Run record or there is no `run` column.
 
     Raises:
-        ValueError: the frame has neither column.
+        ValueError: the frame has neither column, or a row's `run` is not a Run record and it has
+            no `path` to read one from (naming the row).
+        MachineFormatError: a run file read from `path` that is missing or bad.
     """
-    if "run" in frame.columns:
-        return list(frame["run"])
-    if "path" in frame.columns:
-        from .workspace import read_run
+    from .workspace import read_run
 
-        return [read_run(p) for p in frame["path"]]
-    raise ValueError(f"no `run` or `path` column to read Run records from (columns: {list(frame.columns)})")
+    paths = list(frame["path"]) if "path" in frame.columns else None
+    if "run" not in frame.columns:
+        if paths is None:
+            raise ValueError(f"no `run` or `path` column to read Run records from (columns: {list(frame.columns)})")
+        return [read_run(p) for p in paths]
+    records = list(frame["run"])
+    for i, record in enumerate(records):
+        if isinstance(record, dict):
+            continue
+        if paths is None or not isinstance(paths[i], str):
+            raise ValueError(f"row {i} of the frame has a `run` that is not a Run record ({type(record).__name__}) "
+                             "and no `path` to read it from: load the runs again with load_runs")
+        records[i] = read_run(paths[i])
+    return records

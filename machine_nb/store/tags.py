@@ -9,6 +9,7 @@ Where the store lives is `store_dir`; its project key is the one uncertain part 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -137,7 +138,13 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
     if not reasoning:
         chat = [without_thinking(m) for m in chat]
     records: list[dict] = []
-    for m in chat:
+    for n, m in enumerate(chat):
+        for k, tc in enumerate(m.get("tool_calls") or []):
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(f"message {start + n} of the turn: tool_calls[{k}] is not an OpenAI chat tool call "
+                                 "({'id', 'type': 'function', 'function': {'name', 'arguments'}}), so no trace "
+                                 "row can be made of it; nothing written")
         role = m["role"]
         content = m.get("content")
         if role == "assistant":
@@ -162,7 +169,7 @@ def _trace(msgs: list[dict], start: int, reasoning: bool, stamp: str) -> tuple[l
 
 def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | None = None,
         trace: bool = False, store: str | os.PathLike | None = None, *, reasoning: bool = False,
-        source: str | None = None, id: str | None = None, created_at: str | None = None,
+        source: str | None = None, id: str | None = None, created_at: str | datetime | None = None,
         replaced: str | None = None) -> dict:
     """Save the latest user/assistant turn of a run (or message list) as a tag row, like Machine's
     /good, /good --as, /good --trace and /bad.
@@ -182,8 +189,9 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         reasoning: keep reasoning in a trace (default False, as Machine omits it unless --reasoning).
         source: where the turn came from; default None: `<run id>.json` for runs (the basename of
             the run file, as Machine records its session file), else no source key.
-        id: the row's id (default None: 12 random hex digits; fixtures pass one).
-        created_at: when it was recorded (default None: now, UTC ISO 8601).
+        id: the row's id, a string (default None: 12 random hex digits; fixtures pass one).
+        created_at: when it was recorded: ISO 8601 text, kept as given, or a datetime, written as
+            UTC ISO 8601 (a naive one is read as local time). Default None: now, UTC ISO 8601.
         replaced: with `rewrite`, the text of the reply the rewrite replaces (default None: the
             turn's own reply when it has one; a turn without one records none).
 
@@ -196,7 +204,11 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
     Raises:
         ValueError: an unknown tag, rewrite with trace, an empty or whitespace rewrite, replaced
             without rewrite, no user message,
-            or no reply to tag (and no rewrite).
+            or no reply to tag (and no rewrite), or (trace) a chat tool call not in OpenAI's shape.
+        TypeError: an id that is not a string.
+        MachineFormatError: naming the store, when it is a file and not a folder, or the store
+            file, when it cannot be written (no permission, a file where a folder should be);
+            nothing is written.
     """
     from ..core.jsonl import append_jsonl
 
@@ -206,13 +218,18 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         raise ValueError("rewrite (/good --as) replaces a final answer; it cannot be combined with trace=True")
     if replaced is not None and rewrite is None:
         raise ValueError("replaced= names the reply a rewrite replaces: give rewrite= too")
+    if id is not None and not isinstance(id, str):
+        raise TypeError(f"tag(id=...): id must be a string (untag() finds a row by it), "
+                        f"not {type(id).__name__} {id!r}")
     if rewrite is not None and (not isinstance(rewrite, str) or not rewrite.strip()):
         what = f"a {type(rewrite).__name__}" if not isinstance(rewrite, str) else "empty" if not rewrite else "only whitespace"
         raise ValueError(f"rewrite= is {what}: it is the answer the model learns, so give the text of that answer "
                          "(or leave rewrite= out to keep the run's own reply)")
     msgs, record = item_messages(run)
     user_i, reply_i = latest_turn(msgs, answered=rewrite is None)
-    stamp = created_at or datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(created_at, datetime):  # a naive datetime is local time, as Python's astimezone reads it
+        created_at = _utc_iso(created_at.astimezone(timezone.utc))
+    stamp = created_at or _utc_iso(datetime.now(timezone.utc))
     row: dict[str, Any] = {"id": id or secrets.token_hex(6)}
     trajectory = None
     if trace:
@@ -244,9 +261,22 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         if replaced is not None:
             row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
-    append_jsonl([row], _resolve_store(store) / fname)
-    _notify(_resolve_store(store), "tag", row)
+    root = _resolve_store(store)
+    if root.exists() and not root.is_dir():
+        raise MachineFormatError(root, "not a folder: a tag store is a folder holding train.jsonl, traces.jsonl, "
+                                       "observed.jsonl and rejected.jsonl; nothing written")
+    try:
+        append_jsonl([row], root / fname)
+    except OSError as exc:  # a folder that cannot be made or written (a file on the way, no permission)
+        raise MachineFormatError(root / fname, f"cannot write the tag row: {exc.strerror or exc}; nothing "
+                                               "written") from None
+    _notify(root, "tag", row)
     return row
+
+
+def _utc_iso(moment: datetime) -> str:
+    """A UTC datetime as ISO 8601 text to the millisecond, ending in Z (as JavaScript's toISOString)."""
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _existing_store(store: str | os.PathLike | None) -> Path | None:
@@ -315,10 +345,11 @@ def tagged(store: str | os.PathLike | None = None) -> pd.DataFrame:
     import pandas as pd
     import pyarrow as pa
 
-    from .records import TagRows
+    from .records import TagRows, row_digest
     from .workspace import warn_skipped
 
     root = _existing_store(store)
+    base = os.path.abspath(root) if root is not None else ""  # the row column reads it after a chdir too
     skipped: list = []
     out, where, ids = [], [], []
     for fname, line, row in _iter_rows(root, skipped):
@@ -330,8 +361,8 @@ def tagged(store: str | os.PathLike | None = None) -> pd.DataFrame:
         out.append((row.get("id") or "(no id)", fname, line, row.get("tag"), row.get("kind", "final"),
                     row.get("note"), row.get("source"), machine if isinstance(machine, str) else None,
                     run if isinstance(run, str) else None, len(msgs), last_user, last_asst, row.get("created_at")))
-        where.append(f"{root / fname}:{line}")
-        ids.append(row.get("id") if isinstance(row.get("id"), str) else None)
+        where.append(f"{base}{os.sep}{fname}:{line}")
+        ids.append(row.get("id") if isinstance(row.get("id"), str) else row_digest(row))
     warn_skipped("tag row(s)", skipped)
     df = pd.DataFrame.from_records(out, columns=TAGGED_COLUMNS[:-1])
     df["row"] = TagRows(pa.array(where, pa.large_string()), pa.array(ids, pa.large_string()))
@@ -371,9 +402,10 @@ def run_tags(store: str | os.PathLike) -> tuple[dict[tuple[str, str], list[str]]
 
 
 def untag(id: str, store: str | os.PathLike | None = None) -> dict:
-    """Remove the row with this id from whichever store file holds it.
+    """Remove the row with this id from whichever store file holds it, and every copy of it (a
+    row copied into the store again, in the same file or another, is the same row).
 
-    The file is rewritten atomically under the same lock appends use, so no other row (not even
+    Each file is rewritten atomically under the same lock appends use, so no other row (not even
     an unreadable line, kept byte for byte) is lost. It is streamed: only lines that may hold the
     id are parsed, and memory does not grow with the file. A store file that is a symlink is
     rewritten where it points (the link stays a link), and the file keeps its permission bits.
@@ -383,48 +415,65 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
         store: the store directory (default None: `store_dir()` of the current directory).
 
     Returns:
-        The removed row.
+        The removed row (the first, in file order: train, traces, observed, rejected; then line).
 
     Raises:
         KeyError: no row has this id.
+        TypeError: the id is not a string.
         MachineFormatError: naming the file, when one cannot be read or is not a regular file (a
             FIFO would block the read), or naming file and line, when a line that may hold the id
             cannot be parsed for being nested too deep (it cannot be told apart from the row asked for).
     """
     from ..core.jsonl import locked, remove_stale_temporaries
 
+    if not isinstance(id, str):
+        raise TypeError(f"untag(id): id must be a string (a tag row's `id`, as tagged() lists it), "
+                        f"not {type(id).__name__} {id!r}")
     root = _resolve_store(store)
-    needle = id.encode("utf-8")
-    for fname in DATA_FILES.values():
-        path = root / fname
-        if not path.exists():
-            continue
-        with locked(path):  # the lock beside the store's own name, the one tag() appends under
-            real = Path(os.path.realpath(path))  # a symlinked store file is edited where it points
-            remove_stale_temporaries(real)  # the copy an untag killed midway left, as big as the file
-            found = _find_row(real, id, needle)
-            if found is not None:
-                start, end, removed = found
-                _rewrite_without(real, start, end)
-        if found is not None:
-            _notify(root, "untag", removed)  # outside the lock: a view may read the store
-            return removed
+    needles = _id_needles(id)
+    removed: list[dict] = []
+    try:
+        for fname in DATA_FILES.values():
+            path = root / fname
+            if not path.exists():
+                continue
+            with locked(path):  # the lock beside the store's own name, the one tag() appends under
+                real = Path(os.path.realpath(path))  # a symlinked store file is edited where it points
+                remove_stale_temporaries(real)  # the copy an untag killed midway left, as big as the file
+                found = _find_rows(real, id, needles)
+                if found:
+                    _rewrite_without(real, [(start, end) for start, end, _ in found])
+            removed.extend(row for _, _, row in found)
+    finally:
+        for row in removed:  # what was removed is told, even when a later file could not be read
+            _notify(root, "untag", row)  # outside the lock: a view may read the store
+    if removed:
+        return removed[0]
     where = f"in {root}" if root.is_dir() else f"(no tag store at {root})"
     raise KeyError(f"no tag row with id {id!r} {where}")
 
 
-def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | None:
-    """(start, end, row) of the line holding the row with this id, or None; one line in memory.
+def _id_needles(id: str) -> tuple[bytes, ...]:
+    """The byte strings a line holding this id contains: the id as it is, and as a JSON string
+    spells it (a quote, a backslash or a control character is escaped there)."""
+    plain = id.encode("utf-8")
+    escaped = json.dumps(id, ensure_ascii=False)[1:-1].encode("utf-8")
+    return (plain,) if escaped == plain else (plain, escaped)
+
+
+def _find_rows(path: Path, id: str, needles: tuple[bytes, ...]) -> list[tuple[int, int, dict]]:
+    """(start, end, row) of each line holding a row with this id, in order; one line in memory.
     Only a regular file is read (open_regular names any other, and a file it cannot read)."""
     import orjson
 
     from ..core.jsonl import open_regular
 
     offset = 0
+    found = []
     with open_regular(path) as fh:
         for number, raw in enumerate(fh, start=1):
             start, offset = offset, offset + len(raw)
-            if needle not in raw and b"\\u" not in raw:  # the id, or an escape that could spell it
+            if not any(n in raw for n in needles) and b"\\u" not in raw:  # the id, or an escape that could spell it
                 continue
             try:
                 row = orjson.loads(raw)
@@ -434,13 +483,14 @@ def _find_row(path: Path, id: str, needle: bytes) -> tuple[int, int, dict] | Non
                                                    "whether this line is the row asked for", line=number) from None
                 continue  # a torn or broken line: never the row asked for, kept as it is
             if isinstance(row, dict) and row.get("id") == id:
-                return start, offset, row
-    return None
+                found.append((start, offset, row))
+    return found
 
 
-def _rewrite_without(path: Path, start: int, end: int) -> None:
-    """Replace a file by itself without bytes [start, end), streamed, atomically (jsonl.atomic_replace);
-    every other byte, and the file's permission bits, are kept as they were."""
+def _rewrite_without(path: Path, spans: list[tuple[int, int]]) -> None:
+    """Replace a file by itself without the byte ranges [start, end) of `spans` (in order, not
+    overlapping), streamed, atomically (jsonl.atomic_replace); every other byte, and the file's
+    permission bits, are kept as they were."""
     import shutil
     import stat
 
@@ -448,14 +498,17 @@ def _rewrite_without(path: Path, start: int, end: int) -> None:
 
     mode = stat.S_IMODE(os.stat(path).st_mode)
     with atomic_replace(path, mode=mode) as tmp, open(tmp, "wb") as out, open(path, "rb") as src:
-        left = start
-        while left > 0:
-            chunk = src.read(min(left, 1 << 20))
-            if not chunk:
-                break
-            out.write(chunk)
-            left -= len(chunk)
-        src.seek(end)
+        at = 0
+        for start, end in spans:
+            left = start - at
+            while left > 0:
+                chunk = src.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                out.write(chunk)
+                left -= len(chunk)
+            src.seek(end)
+            at = end
         shutil.copyfileobj(src, out, 1 << 20)
 
 
@@ -494,6 +547,7 @@ def same_store(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool
 def _notify(store: Path, event: str, row: dict) -> None:
     import warnings
 
+    store = Path(os.path.realpath(store))  # resolved, as observe_store promises: the same folder by any name
     for ref in list(_observers):
         callback = ref()
         if callback is None:
