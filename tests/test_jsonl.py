@@ -1,5 +1,6 @@
 """JSONL I/O: errors name file and line; writes are atomic; appends never interleave or merge."""
 
+import json
 import multiprocessing as mp
 import os
 import warnings
@@ -167,3 +168,49 @@ def test_a_special_file_is_refused_without_blocking(tmp_path, kind):
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert str(path) in out.stdout and "not a regular file" in out.stdout
+
+
+def test_a_frame_with_missing_cells_is_written_as_json_every_reader_takes(tmp_path):
+    """pandas gives every row every column: a row's missing cell (NaN) is left out of its line, not
+    written as `NaN` (which strict JSON readers, such as the datasets library's, refuse)."""
+    import math
+
+    import pandas as pd
+
+    frame = pd.DataFrame([{"messages": [{"role": "user", "content": "hi"}], "run": "r1", "score": 0.5},
+                          {"messages": [{"role": "user", "content": "yo"}]}])
+    path = write_jsonl(frame, tmp_path / "lines.jsonl")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert "NaN" not in path.read_text(encoding="utf-8")
+    rows = [json.loads(line, parse_constant=lambda c: math.nan) for line in lines]
+    assert rows[0] == {"messages": [{"role": "user", "content": "hi"}], "run": "r1", "score": 0.5}
+    assert rows[1] == {"messages": [{"role": "user", "content": "yo"}]}
+
+
+def test_a_number_json_cannot_hold_is_refused_naming_the_line_and_field_and_nothing_is_written(tmp_path):
+    path = write_jsonl([{"keep": True}], tmp_path / "x.jsonl")
+    with pytest.raises(ValueError, match=r"line 2.*'scores\.1'.*inf") as info:
+        write_jsonl([{"ok": 1}, {"scores": [1.0, float("inf")]}], path)
+    assert str(path) in str(info.value)
+    assert path.read_text(encoding="utf-8") == '{"keep":true}\n'
+
+
+def test_writing_over_a_folder_names_it_and_leaves_no_temporary_file(tmp_path):
+    folder = tmp_path / "out.jsonl"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match="out.jsonl.*a folder"):
+        write_jsonl([{"a": 1}], folder)
+    assert list(tmp_path.iterdir()) == [folder] and not list(folder.iterdir())
+
+
+def test_rewriting_a_file_keeps_its_permission_bits_and_a_new_one_is_private(tmp_path):
+    import os
+    import stat
+
+    new = write_jsonl([{"a": 1}], tmp_path / "new.jsonl")
+    assert stat.S_IMODE(os.stat(new).st_mode) == 0o600
+    shared = tmp_path / "shared.jsonl"
+    shared.write_text("{}\n")
+    os.chmod(shared, 0o644)
+    write_jsonl([{"a": 2}], shared)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o644 and json.loads(shared.read_text()) == {"a": 2}

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import itertools
 import json
+import math
 import os
 import re
 import stat
@@ -372,19 +373,74 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) 
 
 
 def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:
-    """Write values as a JSONL file atomically (see atomic_replace).
+    """Write values as a JSONL file atomically (see atomic_replace), as strict JSON.
 
     Args:
-        rows: the values, one line each: dicts, or a DataFrame (one line per row).
-        path: the file (replaced whole; its folder created).
+        rows: the values, one line each: dicts, or a DataFrame (one line per row, its missing
+            cells left out: pandas gives every row every column, NaN where the row had none).
+        path: the file (replaced whole; its folder created). A file already there keeps its
+            permission bits; a new one is private to the user (0o600).
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: a NaN or infinite number (strict JSON readers refuse `NaN`), naming the file,
+            line and field; nothing is written.
+        IsADirectoryError: `path` is a folder.
     """
     if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a DataFrame
-        rows = rows.to_dict("records")
-    body = "".join(dumps_line(v) + "\n" for v in rows)
-    return atomic_write_text(path, body)
+        rows = [{k: v for k, v in row.items() if not _missing_cell(v)} for row in rows.to_dict("records")]
+    lines = []
+    for number, value in enumerate(rows, start=1):
+        try:
+            lines.append(json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                                    default=_plain_number) + "\n")
+        except ValueError:
+            field = _non_finite_field(value)
+            raise ValueError(f"{path}: line {number}: {field!r} is {_non_finite_at(value, field)}, which JSON cannot "
+                             "hold: give a number or null; nothing written") from None
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{path}: a folder, not a file: nothing written")
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        mode = 0o600
+    return atomic_write_text(path, "".join(lines), mode=mode)
+
+
+def _missing_cell(value: Any) -> bool:
+    """A DataFrame cell that stands for no value: None, or a float NaN (pandas' NA and NaT too)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return True
+    return type(value).__name__ in ("NAType", "NaTType")
+
+
+def _plain_number(value: Any) -> Any:
+    """numpy's numbers and arrays as Python's, for json.dumps (a frame read back through pyarrow)."""
+    if hasattr(value, "tolist") and type(value).__module__ == "numpy":
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _non_finite_field(value: Any, prefix: str = "") -> str | None:
+    """The dotted path of the first NaN or infinite float in a value ("" for the value itself;
+    None when it holds none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _non_finite_field(item, f"{prefix}.{key}" if prefix else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _non_finite_at(value: Any, field: str | None) -> str:
+    """The value at a dotted path `_non_finite_field` gave, as Python writes it (nan, inf)."""
+    for key in field.split(".") if field else ():
+        value = value[key] if isinstance(value, dict) else value[int(key)]
+    return repr(value)
 
 
 @contextlib.contextmanager
