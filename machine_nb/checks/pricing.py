@@ -28,7 +28,11 @@ MACHINE_DATE = "2026-10-07"
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million tokens. None means not known: a cost that needs it cannot be bounded."""
+    """USD per million tokens. None means not known: a cost that needs it cannot be bounded.
+
+    Raises:
+        ValueError: a price that is not a finite number, 0 or more (nor None), naming its field.
+    """
 
     prefill: float | None
     cached_prefill: float | None
@@ -36,6 +40,15 @@ class Price:
     train: float | None
     source: str = ""
     date: str = ""
+
+    def __post_init__(self) -> None:
+        # a NaN would price every run at NaN, which passes every budget; a negative one, below 0
+        for name in ("prefill", "cached_prefill", "sample", "train"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                      or not math.isfinite(value) or value < 0):
+                raise ValueError(f"price field {name!r} must be USD per million tokens, a finite number 0 or more "
+                                 f"(or None: not known), got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The price as plain data.
@@ -94,6 +107,10 @@ def set_price(model: str, **fields: Any) -> Price:
 
     Returns:
         The price now in force for the model.
+
+    Raises:
+        ValueError: a price that is not a finite number, 0 or more (a NaN would pass every budget).
+        TypeError: a field Price does not have.
     """
     price = _with_fields(_OVERRIDES.get(model) or PRICES.get(model), fields)
     _OVERRIDES[model] = price
@@ -173,11 +190,44 @@ def check_budget(usd: float | None, max_usd: float | None, what: str = "this run
     check_max_usd(max_usd)
     if max_usd is None:
         return
-    if usd is None:
-        raise BudgetExceeded(f"{what}: the cost cannot be bounded (no price), so a budget of ${max_usd:.2f} cannot be honoured")
+    if usd is None or usd != usd:  # a NaN cost would pass the comparison below
+        raise BudgetExceeded(f"{what}: the cost cannot be bounded (no price), so a budget of {usd_text(max_usd, None)} "
+                             "cannot be honoured")
     if usd > max_usd:
-        raise BudgetExceeded(f"{what} would cost about ${usd:.4f}, over the budget of ${max_usd:.2f} "
-                             f"by ${usd - max_usd:.4f}; raise max_usd or use less data/fewer epochs")
+        raise BudgetExceeded(f"{what} would cost about {usd_text(usd)}, over the budget of {usd_text(max_usd, None)} "
+                             f"by {usd_text(usd - max_usd)}; raise max_usd or use less data/fewer epochs")
+
+
+def usd_text(usd: float, places: int | None = 4) -> str:
+    """An amount of USD as text that keeps what tells two amounts apart, never in exponent form.
+
+    An amount that `places` decimals would write as zero keeps two significant digits
+    ("$0.0000012", not "$0.0000"), so a cost of a fraction of a cent is not written as nothing.
+
+    Args:
+        usd: the amount.
+        places: decimals (default 4, as costs are written). None: the amount as it is, in as few
+            decimals as write it exactly and at least two (a budget as it was set: "$1.00",
+            "$0.005", "$12.3456").
+
+    Returns:
+        The text, with "$" and thousands separators.
+    """
+    if not math.isfinite(usd):
+        return f"${usd}"
+    if places is None:
+        places = next((d for d in range(2, 10) if round(usd, d) == usd), 10)
+        return f"${usd:,.{places}f}" if places == 2 else f"${usd:,.{places}f}".rstrip("0")
+    text = f"${usd:,.{places}f}"
+    if usd == 0 or float(text[1:].replace(",", "")) != 0:
+        return text
+    places = 1 - math.floor(math.log10(abs(usd)))  # two significant digits
+    return f"${usd:,.{places}f}".rstrip("0")
+
+
+def _usd_html(usd: float) -> str:
+    """usd_text for HTML: "$" as `&#36;`, which no math typesetter reads."""
+    return usd_text(usd).replace("$", "&#36;")
 
 
 def _price_html(price: Price) -> str:
@@ -202,7 +252,7 @@ class _Estimate:
     def _schedule_html(self) -> str:
         """A training estimate's epochs, steps and total cost."""
         return (f"{self.epochs} epoch(s) · {self.steps} steps at batch {self.batch_size} · "
-                f"<b>&#36;{self.usd:.4f}</b>")
+                f"<b>{_usd_html(self.usd)}</b>")
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data.
@@ -213,11 +263,19 @@ class _Estimate:
         return asdict(self)
 
 
-def _check_schedule(epochs: int, batch_size: int, max_steps: int | None) -> None:
-    """Refuse (ValueError) a schedule no run can use, by the rule the trainers refuse it by: epochs,
-    batch_size or max_steps not a whole number (1.5 epochs would price 1.5x the steps no run takes),
-    epochs and batch_size below 1, or max_steps below 1 (a zero batch has no steps, a negative
-    epoch no cost)."""
+def check_schedule(epochs: int, batch_size: int, max_steps: int | None) -> None:
+    """Refuse a schedule no run can use, by the rule the trainers refuse it by.
+
+    Args:
+        epochs: passes over the data.
+        batch_size: rows per step.
+        max_steps: the step cap, or None.
+
+    Raises:
+        ValueError: epochs, batch_size or max_steps not a whole number (1.5 epochs would price 1.5x
+            the steps no run takes), epochs and batch_size below 1, or max_steps below 1 (a zero
+            batch has no steps, a negative epoch no cost); naming the setting.
+    """
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("max_steps", max_steps)):
         if (value is not None or name != "max_steps") and (isinstance(value, bool)
                                                            or not isinstance(value, numbers.Integral)):
@@ -304,7 +362,7 @@ class EvalCostEstimate(_Estimate):
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
         return self._card(" eval", f"{self.rows} rows · {self.prompt_tokens:,} prompt tokens ({kind}) · "
-                                   f"≤ {self.max_output_tokens:,} output tokens · <b>≤ &#36;{self.usd:.4f}</b>")
+                                   f"≤ {self.max_output_tokens:,} output tokens · <b>≤ {_usd_html(self.usd)}</b>")
 
 
 def _with_fields(base: Price | None, fields: Mapping[str, Any]) -> Price:
@@ -313,7 +371,7 @@ def _with_fields(base: Price | None, fields: Mapping[str, Any]) -> Price:
     if unknown:
         raise TypeError(f"unknown price field(s) {sorted(unknown)}; known: {list(Price.__dataclass_fields__)}")
     blank = Price(None, None, None, None)
-    return replace(base or blank, **{"source": "user override", "date": "", **fields})
+    return replace(base or blank, **{"source": "user override", "date": "", **fields})  # __post_init__ checks them
 
 
 def _resolve_price(model: str, price: Price | Mapping[str, Any] | None, prices) -> Price:
@@ -352,7 +410,7 @@ def estimate_cost(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: 
     """
     from .tokens import count_tokens
 
-    _check_schedule(epochs, batch_size, max_steps)
+    check_schedule(epochs, batch_size, max_steps)
     row = _resolve_price(model, price, prices)
     if row.train is None:
         raise UnknownPrice(f"No training price is known for {model!r} ({row.source or 'no source'}): cannot bound "
@@ -481,8 +539,9 @@ class DPOCostEstimate(_Estimate):
     def _repr_html_(self) -> str:
         kind = "exact" if self.exact else "estimated"
         return self._card(" DPO", f"{self.pairs} pairs · {self.tokens:,} tokens an epoch ({kind}, chosen + rejected) · "
-                                  f"{self._schedule_html()} = train &#36;{self.train_usd:.4f} + policy forward "
-                                  f"&#36;{self.forward_usd:.4f} + reference model forward &#36;{self.reference_usd:.4f}")
+                                  f"{self._schedule_html()} = train {_usd_html(self.train_usd)} + policy forward "
+                                  f"{_usd_html(self.forward_usd)} + reference model forward "
+                                  f"{_usd_html(self.reference_usd)}")
 
 
 def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int = 8,
@@ -513,7 +572,7 @@ def estimate_dpo_cost(pairs: Any, model: str, epochs: int = 1, batch_size: int =
     from ..store.pairs import pair_records
     from .tokens import count_tokens
 
-    _check_schedule(epochs, batch_size, max_steps)
+    check_schedule(epochs, batch_size, max_steps)
     row = _resolve_price(model, price, prices)
     if row.train is None or row.prefill is None:
         missing = "training" if row.train is None else "prefill (the reference model's forward pass)"
@@ -575,4 +634,5 @@ def prices_frame() -> pd.DataFrame:
 
 __all__ = ["PRICES", "Price", "UnknownPrice", "set_price", "clear_prices", "price_for", "check_budget", "check_max_usd",
            "CostEstimate", "EvalCostEstimate", "estimate_cost", "estimate_eval_cost", "sample_cost", "prices_frame",
-           "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost", "no_full_batch"]
+           "DPOCostEstimate", "estimate_dpo_cost", "dpo_cost", "no_full_batch", "usd_text",
+           "check_schedule"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import numbers
 import os
 import threading
 import time
@@ -76,10 +77,15 @@ def run_name(settings: Mapping[str, Any], seed: int) -> str:
     Returns:
         `learning_rate=0.003_epochs=10_seed=0` (file-name safe).
     """
+    parts = [f"{k}={_value_text(v)}" for k, v in settings.items()] + [f"seed={seed}"]
+    return "_".join(_safe(part) for part in parts)
+
+
+def _safe(text: str) -> str:
+    """`text` with each run of characters a file name may not hold written "-"."""
     import re
 
-    parts = [f"{k}={_value_text(v)}" for k, v in settings.items()] + [f"seed={seed}"]
-    return "_".join(re.sub(r"[^A-Za-z0-9._=+-]+", "-", part) for part in parts)
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "-", text)
 
 
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -93,7 +99,9 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: no axes, an axis sft cannot sweep (or the seed), or a repeated value: values
-            equal as numbers (`1` and `1.0`, `np.float64(1e-3)` and `1e-3`) are one setting.
+            equal as numbers (`1` and `1.0`, `np.float64(1e-3)` and `1e-3`) are one setting; or
+            two values whose runs would share a dir ("a b" and "a-b", or "Linear" and "linear"
+            on a file system that ignores case).
         TypeError: an axis whose values are not a non-empty list.
     """
     if not isinstance(grid, Mapping) or not grid:
@@ -114,10 +122,12 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
                 raise ValueError(f"grid axis {axis!r} repeats a value: {seen[key]!r} and {value!r} are equal, so "
                                  f"they would be one run reported twice; list each value once ({list(values)!r})")
             seen[key] = value
-            text = _value_text(plain)
+            # case folded too: "Linear" and "linear" would share one dir on macOS and Windows
+            text = _safe(_value_text(plain)).casefold()
             if text in names:
-                raise ValueError(f"grid axis {axis!r}: {names[text]!r} and {value!r} are both written {text!r} in a "
-                                 "run's name; list values that differ in how they are written")
+                raise ValueError(f"grid axis {axis!r}: {names[text]!r} and {value!r} would share one run dir "
+                                 f"({axis}={_safe(_value_text(plain))}); list values that differ in how they are "
+                                 "written")
             names[text] = value
     return [dict(zip(grid, combo)) for combo in itertools.product(*plain_grid(grid).values())]
 
@@ -143,11 +153,19 @@ def _sha(data: Any) -> tuple[str | None, str]:
     return None, hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def _reusable(rows: Any) -> Any:
+    """A path, a DataFrame or None as it is; other rows as a list (a generator can be read once)."""
+    if rows is None or isinstance(rows, (str, os.PathLike, list, tuple)) or hasattr(rows, "columns"):
+        return rows
+    return list(rows)
+
+
 def _read_manifest(sweep_dir: Path) -> dict:
     """A sweep dir's sweep.json, checked: a JSON object with its grid and seeds.
 
     Raises MachineFormatError naming the file (and the field) when it is not: broken JSON, a value
-    nested too deep, or not what `sweep` writes.
+    nested too deep, or not what `sweep` writes (a grid `grid_points` refuses, seeds that are not
+    distinct integers, settings that are not an object).
     """
     from ..errors import MachineFormatError
     from ..core.jsonl import parse_json
@@ -158,8 +176,16 @@ def _read_manifest(sweep_dir: Path) -> dict:
         raise MachineFormatError(path, "not a sweep manifest (a JSON object)")
     if not isinstance(manifest.get("grid"), dict):
         raise MachineFormatError(path, "the grid must be an object of setting -> values", field="grid")
-    if not isinstance(manifest.get("seeds"), list):
-        raise MachineFormatError(path, "the seeds must be a list", field="seeds")
+    try:
+        grid_points(manifest["grid"])
+    except (TypeError, ValueError) as exc:
+        raise MachineFormatError(path, f"not a grid a sweep writes: {exc}", field="grid") from None
+    seeds = manifest.get("seeds")
+    if (not isinstance(seeds, list) or not seeds or len(set(map(repr, seeds))) != len(seeds)
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise MachineFormatError(path, f"the seeds must be a list of distinct integers, got {seeds!r}", field="seeds")
+    if not isinstance(manifest.get("settings", {}), (dict, type(None))):
+        raise MachineFormatError(path, "the settings must be an object of sft keyword -> value", field="settings")
     return manifest
 
 
@@ -264,7 +290,54 @@ def _frame(rows: list[dict], axes: Sequence[str]):
     import pandas as pd
 
     # an axis that is also a run column (eval_max_tokens, eval_temperature) is one column, with the axes
-    return pd.DataFrame(rows, columns=["run", *axes, *[c for c in RUN_COLUMNS if c not in axes]])
+    return _keep_none(pd.DataFrame(rows, columns=["run", *axes, *[c for c in RUN_COLUMNS if c not in axes]]),
+                      rows, axes)
+
+
+def _keep_none(frame: "pd.DataFrame", rows: list[dict], axes: Sequence[str]) -> "pd.DataFrame":
+    """`frame` with each axis that holds None (a setting left at sft's default) as the values given:
+    pandas would make [None, 50] a float column [NaN, 50.0], and NaN names no setting."""
+    import pandas as pd
+
+    for axis in axes:
+        values = [r[axis] for r in rows]
+        if any(v is None for v in values):
+            frame[axis] = pd.Series(values, index=frame.index, dtype=object)
+    return frame
+
+
+def setting_key(values: Sequence[Any]) -> tuple:
+    """What makes two settings one: their values equal as numbers (1 == 1.0), None and NaN alike.
+
+    Args:
+        values: a setting's values, one per axis.
+
+    Returns:
+        A hashable key.
+    """
+    return tuple(("missing",) if v is None or (isinstance(v, float) and v != v) else _same_key(_plain(v))
+                 for v in values)
+
+
+def setting_groups(frame: "pd.DataFrame", axes: Sequence[str]) -> list[tuple[tuple, "pd.DataFrame"]]:
+    """A frame's rows grouped by their values of `axes`, in the order the settings first appear.
+
+    Unlike `DataFrame.groupby` (which drops a missing value, or makes it NaN), a setting left at
+    its default (None) is a group of its own; `setting_key` of a group's values finds it again.
+
+    Args:
+        frame: a sweep frame or its summary.
+        axes: the columns that make a setting ([] : the whole frame is one group).
+
+    Returns:
+        (the setting's values as the frame holds them, its rows) per setting.
+    """
+    if not axes:
+        return [((), frame)]
+    groups: dict[tuple, tuple[tuple, list[int]]] = {}
+    for i, values in enumerate(frame[list(axes)].itertuples(index=False, name=None)):
+        groups.setdefault(setting_key(values), (values, []))[1].append(i)
+    return [(values, frame.iloc[rows]) for values, rows in groups.values()]
 
 
 class _Stopped(Exception):
@@ -293,7 +366,8 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
             Default None: a fresh `runs/sweep-<UTC time>-<hex>`. Pass the same dir again to
             resume: finished runs are read back, interrupted ones resumed exactly, the rest run.
             The same dir with other data, eval rows, model, engine or fixed settings is refused;
-            more seeds or more grid values are welcome.
+            more seeds or more grid values are welcome, and the axes keep the order the dir
+            records (run names follow it), whatever order a later call lists them in.
         max_parallel: runs at once (default 1). Each run is its own cookbook loop in a child
             process. On the local engine the model is served from this process, one torch thread
             per run, so parallel runs share this machine's cores (more runs at once than free cores
@@ -318,15 +392,24 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         held-out scores were taken with), wall_s (None when read back), checkpoint, log_dir,
         error (why a run failed; the others still ran). `sweep_summary(frame)` gives one row
         per setting. A Ctrl-C stops the runs in progress and re-raises; call again to resume.
+
+    Raises:
+        ValueError, TypeError: a grid, seeds or settings a sweep cannot run (nothing is written).
+        MachineFormatError: the sweep dir's sweep.json cannot be read, naming it and the field.
+        BudgetExceeded: on Tinker, the runs still to run are over max_usd or cannot be priced.
     """
     from . import loop, train
     from .runlog import new_log_dir, read_training_log
 
     points = grid_points(grid)
+    if isinstance(seeds, (str, bytes, numbers.Number)):
+        raise TypeError(f"seeds must be a list of integers, e.g. seeds=[0, 1, 2] for three runs a setting "
+                        f"(got {seeds!r})")
     seeds = list(seeds)
-    if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) and not isinstance(s, bool)
+    if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
                                                              for s in seeds):
         raise ValueError(f"seeds must be distinct integers, at least one (got {seeds!r})")
+    seeds = [int(s) for s in seeds]  # np.int64 as the int sweep.json and the run names hold
     bad = sorted(set(settings) & (set(_OWN) | set(grid)))
     if bad:
         raise TypeError(f"sweep sets {bad} itself (or they are in the grid); pass them as sweep's own arguments")
@@ -344,6 +427,9 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
     check_max_usd(max_usd)  # before anything is written
 
     model, engine = loop.resolve_target(model, engine)
+    # rows given as a one-shot iterator are read once here: the fingerprint, the estimate and every
+    # run read them again
+    data, eval_data = _reusable(data), _reusable(eval_data)
     data_path, data_sha = _sha(data)
     eval_path, eval_sha = _sha(eval_data)
     path = Path(sweep_dir).absolute() if sweep_dir is not None else new_log_dir(prefix="sweep")
@@ -354,7 +440,12 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
                                             if settings.get("base_url") else {})},
                 "data": data_path, "data_sha256": data_sha, "eval": eval_path, "eval_sha256": eval_sha,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    manifest = _claim_sweep_dir(path, json.loads(json.dumps(manifest, default=str)))
+    asked = json.loads(json.dumps(manifest, default=str))
+    manifest = _claim_sweep_dir(path, asked)
+    # the axes in the order the sweep dir records: run names follow it, so a resumed call that
+    # lists them in another order finds its runs
+    grid = {axis: grid[axis] for axis in manifest["grid"]}
+    points = grid_points(grid)
 
     eval_settings = {"eval_max_tokens": settings.get("eval_max_tokens", 32),
                      "eval_temperature": settings.get("eval_temperature", 0.0)}
@@ -373,9 +464,13 @@ def sweep(data: Any, grid: Mapping[str, Sequence[Any]], *, seeds: Sequence[int] 
         _guard_cost(data, eval_data, eval_every, model, pending, settings, max_usd)
 
     path.mkdir(parents=True, exist_ok=True)
-    from ..core.jsonl import atomic_write_text
+    from ..core.jsonl import atomic_write_text, held_folder
 
-    atomic_write_text(path / MANIFEST, json.dumps(manifest, indent=1, default=str) + "\n")
+    # read, merge and write under the dir's lock: another call adding seeds or values to this sweep
+    # meanwhile (another kernel) keeps them in the record
+    with held_folder(path):
+        manifest = _claim_sweep_dir(path, asked)
+        atomic_write_text(path / MANIFEST, json.dumps(manifest, indent=1, default=str) + "\n")
 
     stop = threading.Event()
 
@@ -528,7 +623,8 @@ def read_sweep(sweep_dir: str | os.PathLike) -> "pd.DataFrame":
 
     Raises:
         FileNotFoundError: when the dir holds no sweep.json.
-        MachineFormatError: a sweep.json that cannot be read, naming it.
+        MachineFormatError: a sweep.json that cannot be read or holds no grid, seeds or settings a
+            sweep writes (a hand-edited or damaged one), naming it and the field.
     """
     from .runlog import read_training_log
 
@@ -619,9 +715,7 @@ def sweep_summary(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, le
         raise KeyError(f"{metric!r} is not a column of the sweep frame ({', '.join(frame.columns)})")
     ok = frame[frame["status"].isin(["ran", "resumed", "read back"]) & frame[metric].notna()]
     out = []
-    groups = ok.groupby(axes, sort=False, dropna=False) if axes else [((), ok)]
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
+    for key, g in setting_groups(ok, axes):
         values = g[metric].astype(float)
         low = high = n_eff = None
         if metric == "heldout_accuracy" and len(g):
@@ -638,7 +732,7 @@ def sweep_summary(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, le
                     "max": float(values.max()), "ci_low": low, "ci_high": high, "effective_n": n_eff,
                     "final_loss": float(g["final_loss"].mean()) if g["final_loss"].notna().any() else None,
                     "estimated_usd": total("estimated_usd"), "cost_usd": total("cost_usd")})
-    return pd.DataFrame(out, columns=[*axes, *SUMMARY_COLUMNS])
+    return _keep_none(pd.DataFrame(out, columns=[*axes, *SUMMARY_COLUMNS]), out, axes)
 
 
 def _setting_text(row: Mapping[str, Any], axes: Sequence[str]) -> str:
@@ -698,9 +792,10 @@ def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: f
         rest = "; ".join(f"{_setting_text(r, axes)}: {val(r['mean'])}" for _, r in ranked.iloc[1:].iterrows())
         text.append(f"The others, best first: {rest}.")
         if metric == "heldout_accuracy":
-            pick = lambda row: frame[(frame[list(axes)] == row[list(axes)].values).all(axis=1)  # noqa: E731
-                                     & frame["status"].isin(["ran", "resumed", "read back"])
-                                     & frame[metric].notna()].sort_values("seed")
+            done = frame[frame["status"].isin(["ran", "resumed", "read back"]) & frame[metric].notna()]
+            by_setting = {setting_key(k): g for k, g in setting_groups(done, axes)}
+            pick = lambda row: by_setting.get(setting_key(tuple(row[a] for a in axes)),  # noqa: E731
+                                              done.iloc[:0]).sort_values("seed")
             a, b = pick(second), pick(best)
             common = sorted(set(a["seed"]) & set(b["seed"]))
             if common:
@@ -715,5 +810,5 @@ def verdict(frame: "pd.DataFrame", metric: str = "heldout_accuracy", *, level: f
     return " ".join(text)
 
 
-__all__ = ["sweep", "read_sweep", "sweep_summary", "verdict", "lower_is_better", "estimate_sweep", "grid_points", "run_name", "AXES",
-           "RUN_COLUMNS", "SUMMARY_COLUMNS"]
+__all__ = ["sweep", "read_sweep", "sweep_summary", "verdict", "lower_is_better", "estimate_sweep", "grid_points",
+           "run_name", "setting_groups", "setting_key", "AXES", "RUN_COLUMNS", "SUMMARY_COLUMNS"]

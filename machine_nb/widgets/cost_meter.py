@@ -151,6 +151,10 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
             None: none until `record` is called.
         **kwargs: passed to ipywidgets.VBox (layout and the like).
 
+    Raises:
+        ValueError: a budget that is not a finite amount, 0 or more, or a schedule the trainers
+            refuse (epochs, batch_size or max_steps not a whole number, or below 1), naming it.
+
     Trained tokens are counted as `machine_nb.sft` trains the rows (its `prepare_data`: step lines
     train their last assistant message, whole runs their flagged ones). The dropdown marks models
     it cannot price. `.estimate` / `.eval_estimate` are the pricing module's CostEstimate /
@@ -163,8 +167,11 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
                  eval_data: Any = None, max_usd: float | None = None, max_tokens: int = 32, *,
                  max_steps: int | None = None, background: bool | None = None, history: Any = None,
                  **kwargs: Any) -> None:
+        from ..checks.pricing import check_max_usd, check_schedule
         from .previewer import is_picker
 
+        check_max_usd(max_usd)  # a NaN budget would read "within budget" whatever the cost
+        check_schedule(epochs, batch_size, max_steps)  # the slider would price 0 epochs as 1, 2.7 as 2
         picker = data if is_picker(data) else None
         self.data = None if picker is not None else _as_rows(data)
         self.eval_data = _as_rows(eval_data)
@@ -248,6 +255,9 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
 
     @epochs.setter
     def epochs(self, value: int) -> None:
+        from ..checks.pricing import check_schedule
+
+        check_schedule(value, self.batch_size, self.max_steps)
         self._epochs.max = max(self._epochs.max, int(value))
         self._epochs.value = int(value)
 
@@ -308,13 +318,15 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
             return pd.DataFrame(list(self._history), columns=HISTORY_COLUMNS)
 
     def _history_html(self) -> str:
+        from ..checks.pricing import usd_text
+
         with self._lock:
             rows = list(self._history)
         if not rows:
             return ""
 
         def usd(v: Any) -> str:
-            return "unknown" if v is None else f"${v:.4f}"
+            return "unknown" if v is None else usd_text(v)
 
         def toks(v: Any) -> str:
             return "–" if v is None else f"{v:,}"
@@ -327,7 +339,7 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
             f'<td style="{cell}">{toks(r["estimated_tokens"])} → {toks(r["tokens"])}</td>'
             f'<td style="{cell}">{usd(r["estimated_usd"])} → <b>{usd(r["cost_usd"])}</b></td></tr>' for r in rows)
         observed = [r["cost_usd"] for r in rows]
-        total = "unknown" if any(v is None for v in observed) else f"${sum(observed):.4f}"
+        total = "unknown" if any(v is None for v in observed) else usd_text(sum(observed))
         return (f'<div class="mnb-cost-history" style="margin-top:6px"><b>history</b> ({len(rows)} run(s), '
                 f'observed {total})<table>{head}{body}</table></div>')
 
@@ -529,16 +541,20 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
         Returns:
             The line (also the text/plain of a saved notebook).
         """
+        from ..checks.pricing import usd_text
+
         with self._lock:
             recorded = list(self._history)
         text = self._summary()
         if recorded:
             observed = [r["cost_usd"] for r in recorded]
-            total = "unknown" if any(v is None for v in observed) else f"${sum(observed):.4f}"
+            total = "unknown" if any(v is None for v in observed) else usd_text(sum(observed))
             text += f" · {len(recorded)} run(s) recorded, observed {total}"
         return text
 
     def _summary(self) -> str:
+        from ..checks.pricing import usd_text
+
         head = f"CostMeter: {self.model} × {self.epochs} epoch(s)"
         if self.computing:
             return f"{head}: computing…"
@@ -546,12 +562,12 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
             why = self.error or self.eval_error or "no data"
             return f"CostMeter: {self.model}: no estimate ({'cannot price: ' if self.unpriced else ''}{why})"
         e = self.estimate
-        train = (f"{e.tokens:,} tokens, {e.trained_tokens:,} trained, {e.steps} steps, ${e.usd:.4f} training"
+        train = (f"{e.tokens:,} tokens, {e.trained_tokens:,} trained, {e.steps} steps, {usd_text(e.usd)} training"
                  if e is not None else ("cannot price training" if "training" in self.unpriced else "no training data"))
-        ev = f", ≤ ${self.eval_estimate.usd:.4f} eval" if self.eval_estimate is not None else ""
+        ev = f", ≤ {usd_text(self.eval_estimate.usd)} eval" if self.eval_estimate is not None else ""
         if "eval" in self.unpriced:
             ev = ", cannot price the eval"
-        over = f" · over budget by ${self.over_by:.2f}" if self.over_by > 0 else ""
+        over = f" · over budget by {usd_text(self.over_by)}" if self.over_by > 0 else ""
         return f"{head}: {train}{ev}{over}"
 
     def static_html(self) -> str:
@@ -560,6 +576,8 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
         Returns:
             The HTML.
         """
+        from ..checks.pricing import usd_text
+
         e, ev = self.estimate, self.eval_estimate
         rows = []
         if self.computing:
@@ -571,18 +589,18 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
             rows += [("rows", f"{e.rows:,}"), ("tokens (one epoch)", f"{e.tokens:,} ({kind})"),
                      ("trained tokens", f"{e.trained_tokens:,}{'' if e.exact else ' (estimated)'}"),
                      ("steps", f"{e.steps:,} ({e.epochs} epoch(s) at batch {e.batch_size}{cap})"),
-                     ("training", f"${e.usd:.4f}")]
+                     ("training", usd_text(e.usd))]
         elif "training" in self.unpriced:
             rows.append(("training", f'<b style="color:{text_colour(RED)}">cannot price</b>'))
         if ev is not None:
-            rows += [("eval", f"≤ ${ev.usd:.4f} ({ev.rows} rows, {ev.prompt_tokens:,} prompt tokens, "
+            rows += [("eval", f"≤ {usd_text(ev.usd)} ({ev.rows} rows, {ev.prompt_tokens:,} prompt tokens, "
                               f"≤ {ev.max_output_tokens:,} output tokens)")]
         elif "eval" in self.unpriced:
             rows.append(("eval", f'<b style="color:{text_colour(RED)}">cannot price</b>'))
         total = self.total_usd
         if total is not None:
             colour = text_colour(RED) if self.over_by > 0 else (text_colour(GREEN) if self.max_usd is not None else FG)
-            rows.append(("total", f'<b style="color:{colour}">${total:.4f}</b>'))
+            rows.append(("total", f'<b style="color:{colour}">{usd_text(total)}</b>'))
         if self.max_usd is not None:
             if self.computing:
                 verdict = "checked once the counts are in"
@@ -591,10 +609,10 @@ class CostMeter(FollowsPicker, StaticFallback, widgets.VBox):
                            f'{" and ".join(self.unpriced) or "it"}, so the budget cannot be checked</b>')
             elif self.over_by > 0:
                 verdict = (f'<b style="color:{text_colour(RED)}" class="mnb-over-budget">over budget by '
-                           f'${self.over_by:.2f}</b>')
+                           f'{usd_text(self.over_by)}</b>')
             else:
                 verdict = f'<span style="color:{text_colour(GREEN)}">within budget</span>'
-            rows.append(("budget", f"${float(self.max_usd):.2f} · {verdict}"))
+            rows.append(("budget", f"{usd_text(float(self.max_usd), None)} · {verdict}"))
         price = (e or ev).price if (e or ev) is not None else None
         if price is not None:
             f = lambda v: "?" if v is None else f"{v:g}"  # noqa: E731

@@ -57,8 +57,18 @@ REDRAW_EVERY_S = 0.5
 
 
 def _as_dirs(log_dirs: Any) -> list[Path]:
+    """Log dirs from a path, a list of paths, a frame with a `log_dir` column (a sweep's: its runs
+    that have one) or a result with a `log_dir` (sft's TrainResult). A frame iterates over its
+    column names, so one without `log_dir` is refused rather than read as dirs of those names."""
     if isinstance(log_dirs, (str, os.PathLike)):
         return [Path(log_dirs)]
+    if hasattr(log_dirs, "columns"):
+        if "log_dir" not in log_dirs.columns:
+            raise ValueError("a frame of runs needs a log_dir column (what machine_nb.sweep returns); got the "
+                             f"columns {', '.join(map(str, log_dirs.columns))}")
+        return [Path(d) for d in log_dirs["log_dir"] if isinstance(d, (str, os.PathLike))]
+    if isinstance(getattr(log_dirs, "log_dir", None), (str, os.PathLike)):
+        return [Path(log_dirs.log_dir)]
     return [Path(d) for d in log_dirs]
 
 
@@ -66,12 +76,16 @@ def read_metrics(log_dirs: Any) -> "pd.DataFrame":
     """The metrics of one or several log dirs as one DataFrame.
 
     Args:
-        log_dirs: a log dir or a list of them.
+        log_dirs: a log dir, a list of them, a frame with a `log_dir` column (what `machine_nb.sweep`
+            returns) or a result with a `log_dir` (what `machine_nb.sft` returns).
 
     Returns:
         `machine_nb.training_metrics`'s frame (one row per step, a partial last line skipped, any
         other bad line skipped with a warning), with `run` the log dir's name, or its path when
         two dirs share a name.
+
+    Raises:
+        ValueError: a frame without a `log_dir` column.
     """
     import pandas as pd
 
@@ -109,15 +123,23 @@ def ema(values: Iterable[float], weight: float = 0.6) -> list[float]:
     s_t = w·s_{t-1} + (1−w)·x_t, divided by (1 − w^t) so early points are not pulled toward 0.
 
     Args:
-        values: the raw values (None or NaN give NaN and are skipped).
+        values: the raw values (None, NaN and ±inf give NaN and are skipped: one diverged step
+            would otherwise make every later smoothed value infinite, a line that stops there).
         weight: the share kept from the previous smoothed value (default 0.6; 0 = raw, near 1 = flat).
 
     Returns:
         The smoothed values, one per input.
+
+    Raises:
+        ValueError: a weight outside [0, 1) (at 1 nothing moves and the debiasing divides by 0).
     """
+    import math
+
+    if not 0 <= weight < 1:
+        raise ValueError(f"the EMA weight must be 0 or more and below 1, got {weight!r}")
     out, s, n = [], 0.0, 0
     for x in values:
-        if x is None or x != x:
+        if x is None or not math.isfinite(x):
             out.append(float("nan"))
             continue
         n += 1
@@ -341,7 +363,8 @@ class LossPlot(StaticPlot, widgets.VBox):
         plot.stop()  # the final curve, also in the saved notebook
 
     Args:
-        log_dirs: a log dir or a list of them (each with metrics.jsonl; several are overlaid).
+        log_dirs: a log dir or a list of them (each with metrics.jsonl; several are overlaid), a
+            sweep frame (its runs' log dirs) or an sft result.
         smoothing: EMA weight on the previous smoothed value. Default 0.6 (TensorBoard's UI
             default), enough to read a trend in a few dozen steps without hiding it.
         refresh_s: seconds between checks of the files. Default 1.0: a step on the local engine
@@ -349,6 +372,10 @@ class LossPlot(StaticPlot, widgets.VBox):
         live: poll in a background thread until every run wrote its final checkpoint. Default
             True; False draws once (`.refresh()` / `.update()` redraw).
         **kwargs: passed to ipywidgets.VBox (layout and the like).
+
+    Raises:
+        ValueError: a smoothing outside [0, 1), a refresh_s not above 0, or a frame without a
+            `log_dir` column.
 
     `.frame` is the metrics DataFrame (see `read_metrics`); `.poll()` checks the files once, as
     the thread does; `.wait()` waits for the thread to end; `.stop()` ends the polling and draws
@@ -360,6 +387,10 @@ class LossPlot(StaticPlot, widgets.VBox):
         self.log_dirs = _as_dirs(log_dirs)
         self.smoothing = float(smoothing)
         self.refresh_s = float(refresh_s)
+        if not 0 <= self.smoothing < 1:
+            raise ValueError(f"smoothing must be 0 or more and below 1 (the EMA weight), got {smoothing!r}")
+        if not self.refresh_s > 0:  # 0 would poll the files in a loop that takes a core
+            raise ValueError(f"refresh_s must be a number of seconds above 0, got {refresh_s!r}")
         seen = self._signature()  # taken before reading, so a write in between is not missed
         self.frame = read_metrics(self.log_dirs)
         self._seen = seen
@@ -543,12 +574,14 @@ class LossPlot(StaticPlot, widgets.VBox):
         parts = []
         loss_col = loss_column(self.frame)
         for run, df in self.frame.groupby("run", sort=False):
+            # the last loss is the latest step's; a row without a step (a hand-edited line) comes first
+            df = df.sort_values("step", na_position="first", kind="stable")
             loss = df[loss_col].dropna() if loss_col in df.columns else []
             steps = len(loss) if len(loss) or loss_col in df.columns else len(df)
             last = f", last loss {loss.iloc[-1]:.4g}" if len(loss) else ""
             held = ""
-            if HELDOUT[0][0] in df.columns and df[HELDOUT[0][0]].notna().any():
-                scored = df[df[HELDOUT[0][0]].notna()].sort_values("step")
+            if HELDOUT[0][0] in df.columns and (df[HELDOUT[0][0]].notna() & df["step"].notna()).any():
+                scored = df[df[HELDOUT[0][0]].notna() & df["step"].notna()]
                 best = scored.loc[scored[HELDOUT[0][0]].idxmax()]
                 held = (f", held-out {scored[HELDOUT[0][0]].iloc[-1]:.1%} at step {int(scored['step'].iloc[-1])}"
                         f" (best {best[HELDOUT[0][0]]:.1%} at step {int(best['step'])})")

@@ -60,36 +60,36 @@ def sweep_figure(frame: "pd.DataFrame", summary: "pd.DataFrame", x: str, metric:
     """
     from matplotlib.figure import Figure
 
-    from ..training.sweeps import axes_of
+    from ..training.sweeps import axes_of, setting_groups, setting_key
 
     axes = axes_of(frame)
     others = [a for a in axes if a != x]
-    xs = list(dict.fromkeys(frame[x].tolist()))  # the grid's order
-    pos = {v: i for i, v in enumerate(xs)}
+    # the grid's order; a setting left at its default (None) is a position of its own
+    xs = [values[0] for values, _ in setting_groups(frame, [x])]
+    pos = {setting_key((v,)): i for i, v in enumerate(xs)}
+    at = lambda v: pos[setting_key((v,))]  # noqa: E731
     fig = Figure(figsize=(7.5, 4.0), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     ok = frame[frame["status"].isin(["ran", "resumed", "read back"]) & frame[metric].notna()]
-    groups = summary.groupby(others, sort=False, dropna=False) if others else [((), summary)]
+    groups = setting_groups(summary, others)
+    dots = {setting_key(k): runs for k, runs in setting_groups(ok, others)}
     width = 0.24  # side by side, so the bars of settings with equal means do not hide each other
     n_groups = max(1, len(groups) if others else 1)
     interval = metric == "heldout_accuracy"
     named: list = []  # one line per combination, in the legend by name (a name may start with "_")
     for i, (key, g) in enumerate(groups):
-        key = key if isinstance(key, tuple) else (key,)
         colour = f"C{i % 10}"
         offset = (i - (n_groups - 1) / 2) * (width / max(1, n_groups))
         name = plot_text(", ".join(f"{a}={_label(v)}" for a, v in zip(others, key)) or metric)
-        g = g.sort_values(x, key=lambda s: s.map(pos))
-        px = [pos[v] + offset for v in g[x]]
+        g = g.iloc[sorted(range(len(g)), key=lambda j: at(g[x].iloc[j]))]
+        px = [at(v) + offset for v in g[x]]
         low = g["ci_low"] if interval else g["min"]
         high = g["ci_high"] if interval else g["max"]
         yerr = [(g["mean"] - low).clip(lower=0), (high - g["mean"]).clip(lower=0)]
         named.append(ax.errorbar(px, g["mean"], yerr=yerr, fmt="o-", color=colour, capsize=4,
                                  lw=1.6, ms=5, label=name))
-        runs = ok
-        for a, v in zip(others, key):
-            runs = runs[runs[a] == v]
-        ax.scatter([pos[v] + offset for v in runs[x]], runs[metric], s=14, color=colour, alpha=0.45, zorder=3)
+        runs = dots.get(setting_key(key), ok.iloc[:0])
+        ax.scatter([at(v) + offset for v in runs[x]], runs[metric], s=14, color=colour, alpha=0.45, zorder=3)
     ax.set_xticks(range(len(xs)), [plot_text(_label(v)) for v in xs])
     ax.set_xlabel(plot_text(x))
     ax.set_ylabel(plot_text(metric))
@@ -116,10 +116,12 @@ def summary_table_html(summary: "pd.DataFrame", axes: list[str], metric: str) ->
     Returns:
         The table.
     """
+    from ..checks.pricing import usd_text
+
     pct = metric.endswith("accuracy") or metric.endswith("rate")
     val = (lambda v: "–" if v is None or v != v else f"{v:.1%}") if pct else (
         lambda v: "–" if v is None or v != v else f"{v:.4g}")
-    usd = lambda v: "unknown" if v is None or v != v else f"${v:.4f}"  # noqa: E731
+    usd = lambda v: "unknown" if v is None or v != v else usd_text(v)  # noqa: E731
     cell = f"padding:2px 10px;border-bottom:1px solid {BORDER};color:{FG};white-space:nowrap"
     head_cell = f"{cell};background:{BG_ALT};text-align:left"
     heads = [*axes, "seeds", f"mean {metric}", "range over seeds", "interval", "cost: observed (estimated)"]
@@ -138,14 +140,19 @@ class SweepView(StaticPlot, widgets.VBox):
 
     Args:
         frame: what `machine_nb.sweep` or `read_sweep` returned, or a sweep dir (read with read_sweep).
-        metric: the run column to show. Default "heldout_accuracy" (the final checkpoints'
-            held-out accuracy), or the first of METRICS the frame has.
+        metric: the run column to show: one of METRICS or another numeric run column (it joins
+            the dropdown). Default "heldout_accuracy" (the final checkpoints' held-out accuracy),
+            or the first of METRICS the frame has when it has none.
         x: the setting on the x axis. Default None: the grid's first axis.
         level: the confidence level of the intervals. Default 0.95.
         **kwargs: passed to ipywidgets.VBox (layout and the like).
 
     `.summary_frame` is `sweep_summary(frame, metric)`, `.verdict` the words (sweeps.verdict); the
     dropdowns choose the metric and the setting, and the saved notebook keeps the last choice.
+
+    Raises:
+        ValueError: a frame that is not a sweep's, a metric that is not one of its columns, or an
+            x that is not one of its settings.
     """
 
     def __init__(self, frame: Any, metric: str = "heldout_accuracy", x: str | None = None, level: float = 0.95,
@@ -160,7 +167,15 @@ class SweepView(StaticPlot, widgets.VBox):
             raise ValueError("SweepView needs a sweep frame (columns run, the grid's settings, seed, …)")
         choices = metric_choices(frame) or ["final_loss"]
         if metric not in choices:
-            metric = choices[0]
+            if metric != "heldout_accuracy" and metric in frame.columns:
+                choices.append(metric)  # another numeric run column, asked for by name
+            elif metric != "heldout_accuracy":
+                raise ValueError(f"metric={metric!r} is not a column of the sweep frame; pick one of "
+                                 f"{', '.join(choices)} (or another numeric run column)")
+            else:
+                metric = choices[0]
+        if x is not None and x not in self.axes:
+            raise ValueError(f"x={x!r} is not a setting of this sweep; its settings: {', '.join(self.axes)}")
         self.level = float(level)
         self._metric = widgets.Dropdown(options=choices, value=metric, description="metric",
                                         layout=widgets.Layout(width="320px"))
