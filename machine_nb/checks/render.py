@@ -67,7 +67,17 @@ def has_offline_tokenizer(model: str) -> bool:
 HUB_CHECK_TIMEOUT_S = 2.0
 # How long a check's answer is reused (a dropdown of models asks once, not per model).
 HUB_CHECK_TTL_S = 60.0
-_HUB_CHECKS: dict[tuple[str, int], tuple[float, bool]] = {}  # (host, port) -> (monotonic time, reachable)
+_HUB_CHECKS: dict[tuple[str, int], tuple[float, bool]] = {}  # check_address() -> (monotonic time, reachable)
+
+
+def offline_switch() -> str | None:
+    """Which variable switches the Hugging Face hub off, for messages that say why.
+
+    Returns:
+        "HF_HUB_OFFLINE" or "TRANSFORMERS_OFFLINE", the first set to 1/true/yes/on; None when neither is.
+    """
+    return next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}), None)
 
 
 def offline() -> bool:
@@ -76,8 +86,7 @@ def offline() -> bool:
     Returns:
         True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to 1/true/yes/on.
     """
-    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return offline_switch() is not None
 
 
 _offline = offline
@@ -93,11 +102,32 @@ def hub_address() -> tuple[str, int]:
     return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
 
 
+def check_address() -> tuple[str, int]:
+    """Where hub_reachable connects: the hub, or the proxy the hub client goes through.
+
+    Returns:
+        (host, port) of the proxy that HTTPS_PROXY / HTTP_PROXY / ALL_PROXY (either case) name for
+        HF_ENDPOINT's scheme, unless NO_PROXY exempts the hub; else hub_address().
+    """
+    import urllib.request
+
+    host, port = hub_address()
+    scheme = urlsplit(os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co").scheme or "https"
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(host, proxies):
+        return host, port
+    parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    return parts.hostname or host, parts.port or {"http": 80, "https": 443}.get(parts.scheme, 1080)
+
+
 def hub_reachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
     """Whether the Hugging Face hub accepts a TCP connection, checked in bounded time.
 
-    DNS and the connection run in a daemon thread, so a resolver that never answers costs at most
-    `timeout`. The answer is reused for HUB_CHECK_TTL_S (60 s).
+    Behind a proxy (HTTPS_PROXY, …, which the hub client uses) the proxy is what is asked
+    (check_address): the hub itself may be unreachable but through it. DNS and the connection run
+    in a daemon thread, so a resolver that never answers costs at most `timeout`. The answer is
+    reused for HUB_CHECK_TTL_S (60 s).
 
     Args:
         timeout: seconds to wait. Default HUB_CHECK_TIMEOUT_S (2 s).
@@ -107,7 +137,7 @@ def hub_reachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
     """
     if offline():
         return False
-    address = hub_address()
+    address = check_address()
     seen = _HUB_CHECKS.get(address)
     if seen is not None and time.monotonic() - seen[0] < HUB_CHECK_TTL_S:
         return seen[1]
@@ -176,12 +206,13 @@ def get_tokenizer(model: str) -> Any:
     elif not has_offline_tokenizer(name):
         if offline():
             raise EngineError(
-                f"The tokenizer of {model!r} is not available offline (HF_HUB_OFFLINE is set and only "
+                f"The tokenizer of {model!r} is not available offline ({offline_switch()} is set and only "
                 "Inkling and the local engine's models ship their tokenizers); token counts for it are estimates.")
         if not hub_reachable():
-            host, port = hub_address()
+            host, port = check_address()
+            via = "" if (host, port) == hub_address() else "the proxy "
             raise EngineError(
-                f"The tokenizer of {model!r} needs the Hugging Face hub, which cannot be reached ({host}:{port} "
+                f"The tokenizer of {model!r} needs the Hugging Face hub, which cannot be reached ({via}{host}:{port} "
                 f"did not answer within {HUB_CHECK_TIMEOUT_S:g} s); token counts for it are estimates. "
                 "Set HF_HUB_OFFLINE=1 to skip this check.")
     from tinker_cookbook import tokenizer_utils

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..core.chat import frame_rows, is_flagged, trainable_flags, trained_indices
+from ..core.chat import frame_rows, is_flagged, refuse_jsonl_text, trainable_flags, trained_indices
 from ..errors import EngineError, MachineFormatError, user_stacklevel
 from ..core.jsonl import iter_jsonl, open_regular
 
@@ -32,7 +32,8 @@ trained_tokens (loss weight > 0), exact (real renderer or estimate), error (why 
 to the estimate, else None)."""
 
 
-# count_tokens results for files, keyed by (path, mtime, size, model, options): re-pricing is instant
+# count_tokens results for files, keyed by (path, mtime, size, model, options, why counts are estimates):
+# re-pricing is instant, and estimates made while a tokenizer was out of reach are not served once it is there.
 _CACHE: dict[tuple, object] = {}
 _CACHE_SIZE = 8
 
@@ -41,49 +42,40 @@ class TokenEstimateWarning(UserWarning):
     """Counts are 2.5-chars-per-token estimates, not the model's tokenizer."""
 
 
+def _replaced_surrogates(value: Any) -> Any:
+    """`value` with each unpaired UTF-16 surrogate in its strings as U+FFFD (one UTF-16 unit, as it was)."""
+    if isinstance(value, str):
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, Mapping):
+        return {_replaced_surrogates(k): _replaced_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replaced_surrogates(v) for v in value]
+    return value
+
+
+def _estimate(row: Mapping[str, Any]) -> int:
+    """export.estimate_tokens of one row; a row holding half of a UTF-16 pair (text cut at a
+    UTF-16 length), which UTF-16 cannot encode, is measured with that half as U+FFFD."""
+    from ..data.export import estimate_tokens
+
+    try:
+        return estimate_tokens([row])
+    except UnicodeEncodeError:
+        return estimate_tokens([_replaced_surrogates(row)])
+
+
 def machine_estimate(row: Mapping[str, Any]) -> int:
     """Machine's estimate for one row: characters of the JSON of messages (+ tools) / 2.5, rounded up
     (`export.estimate_tokens`, the same rule the export step reports)."""
-    from ..data.export import estimate_tokens
-
-    return estimate_tokens([row])
+    return _estimate(row)
 
 
 def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, whole_run: bool) -> int:
     """Machine's estimate of a row's trained tokens: the characters of the messages sft trains
     (`sft_view`'s choice: the last assistant message, or the flagged ones) as compact JSON / 2.5."""
-    from ..data.export import estimate_tokens
-
     msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
     keep = trained_indices(msgs, mode, whole_run=whole_run)
-    return estimate_tokens([{"messages": [msgs[i] for i in keep]}]) if keep else 0
-
-
-def refuse_jsonl_text(data: Any) -> None:
-    """Refuse a string of JSONL text given where a file's path goes (a cell's `open(f).read()`).
-
-    Such a string is not a path: as one it is missing, or too long for the file system to look up.
-
-    Args:
-        data: what a caller was given as its data.
-
-    Raises:
-        ValueError: a string that holds a newline, or reads as a JSON object or array ("{…}",
-            "[…]"), and names no file.
-    """
-    if not isinstance(data, str):
-        return
-    bare = data.strip()
-    if "\n" not in bare and not (bare[:1] + bare[-1:] in ("{}", "[]")):
-        return
-    try:
-        if os.path.lexists(data):
-            return
-    except (OSError, ValueError):  # too long a name, or a NUL byte: no file has it
-        pass
-    raise ValueError(f"got JSONL text, not a file path ({data[:40]!r}…, {len(data):,} characters): write it to a "
-                     "file and pass its path, or pass the rows as a list ([json.loads(line) for line in "
-                     "text.splitlines() if line.strip()])")
+    return _estimate({"messages": [msgs[i] for i in keep]}) if keep else 0
 
 
 def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
@@ -208,10 +200,11 @@ def renderer_or_reason(model: str) -> tuple[Any, str | None]:
     try:
         return get_renderer(model), None
     except EngineError as exc:
-        from .render import has_offline_tokenizer, offline
+        from .render import has_offline_tokenizer, offline_switch
 
-        if offline() and not has_offline_tokenizer(model):
-            return None, offline_note(model, "tokenizer needs the Hugging Face hub (HF_HUB_OFFLINE is set)")
+        switch = offline_switch()
+        if switch and not has_offline_tokenizer(model):
+            return None, offline_note(model, f"tokenizer needs the Hugging Face hub ({switch} is set)")
         return None, offline_note(model, str(exc).split("; token counts")[0].rstrip("."))
     except Exception as exc:  # an unknown model name, a renderer that fails to build
         return None, offline_note(model, f"no renderer ({type(exc).__name__}: {exc})")
@@ -257,13 +250,14 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
             st = os.stat(path)
         except FileNotFoundError:
             raise MachineFormatError(path, "file not found") from None
-        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, model, str(train_on_what), on_error)
+    renderer, note = renderer_or_reason(model)
+    if path is not None:
+        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, model, str(train_on_what), on_error, note)
         if key in _CACHE:  # a cost meter re-prices the same file on every slider move
             cached = _CACHE[key]
-            if cached.attrs.get("note"):
-                warnings.warn(TokenEstimateWarning(cached.attrs["note"]), stacklevel=user_stacklevel())
+            if note:
+                warnings.warn(TokenEstimateWarning(note), stacklevel=user_stacklevel())
             return cached.copy()
-    renderer, note = renderer_or_reason(model)
     total = count_lines(data)
     cols: dict[str, list] = {c: [] for c in COLUMNS}
     show = resolve_progress(progress, worth_a_bar=(total or 0) > PROGRESS_MIN_ROWS)

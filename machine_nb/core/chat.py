@@ -8,12 +8,15 @@ which messages a training row trains, and the rows sft trains on (`prepare_data`
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import patterns
+from .jsonl import parse_json
 from ..errors import MachineFormatError
 from ..evaluation.scoring import DEFAULT_MATCH, MATCH_MODES, normalize, to_number
 
@@ -101,6 +104,36 @@ class Finding(NamedTuple):
     field: str | None
 
 
+# A code point no UTF-8 file or tokenizer can hold: half of a UTF-16 pair (a character cut in two)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_READ_FIELDS = ("messages", "expected", "format")
+
+
+def _unpaired_surrogate(row: Mapping[str, Any]) -> Finding | None:
+    """The first string (keys too, in order) of the fields training and evals read ("messages",
+    "expected", "format") that holds an unpaired UTF-16 surrogate."""
+    stack: list[tuple[Any, str]] = [(row[k], k) for k in reversed(_READ_FIELDS) if k in row]
+    while stack:
+        value, field = stack.pop()
+        if isinstance(value, str):
+            found = _SURROGATE.search(value)
+            if found is not None:
+                return Finding("error", "bad_text", f"field {field!r} holds an unpaired UTF-16 surrogate "
+                                                    f"(U+{ord(found.group()):04X} at character {found.start() + 1}): "
+                                                    "half of a character, as text cut at a UTF-16 length leaves "
+                                                    "it; no UTF-8 file or tokenizer can hold it. Remove it or "
+                                                    "complete the character", field)
+        elif isinstance(value, Mapping):
+            for key, item in reversed(list(value.items())):
+                name = f"{field}.{key}"
+                stack.append((item, name))
+                if isinstance(key, str):
+                    stack.append((key, name))
+        elif isinstance(value, list):
+            stack.extend((item, f"{field}.{j}") for j, item in reversed(list(enumerate(value))))
+    return None
+
+
 def _message_findings(messages: list[Any]) -> list[Finding]:
     """Problems of each message: role, content, trainable flag, tool calls and their results."""
     out = []
@@ -145,6 +178,15 @@ def _message_findings(messages: list[Any]) -> list[Finding]:
                                                                      "and function.arguments (a JSON string)",
                                            f"{at}.tool_calls.{j}.function"))
                         continue
+                    try:  # the renderers parse it to write the call (Qwen's, GLM's, DeepSeek's, …)
+                        parse_json(fn["arguments"])
+                    except ValueError as exc:
+                        reason = getattr(exc, "reason", exc)
+                        out.append(Finding("error", "bad_tool_call", f"{where}.tool_calls[{j}].function.arguments "
+                                                                     f"is not valid JSON ({reason}): it must be the "
+                                                                     "call's arguments as a JSON string, e.g. "
+                                                                     "'{\"path\": \"a.txt\"}'",
+                                           f"{at}.tool_calls.{j}.function.arguments"))
                     if isinstance(call.get("id"), str):
                         calls[call["id"]] = i
         if role == "tool":
@@ -173,6 +215,14 @@ def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, Mapping) else None
 
 
+def _expected_text(expected: str | int | float) -> str:
+    """An eval row's expected answer as text; a whole number as its digits even when it arrives as a
+    float (4.0: JavaScript writes it "4", and pandas reads a column of 4 and 2.5 as floats)."""
+    if isinstance(expected, float) and expected.is_integer() and abs(expected) < 1e21:
+        return str(int(expected))
+    return str(expected)
+
+
 def _eval_findings(row: Mapping[str, Any]) -> list[Finding]:
     """Problems of an eval row's answer fields: expected, match and format."""
     out = []
@@ -183,8 +233,12 @@ def _eval_findings(row: Mapping[str, Any]) -> list[Finding]:
         out.append(Finding("error", "bad_expected", f"field 'expected' must be a string (or a number), got "
                                                     f"{type(expected).__name__}", "expected"))
         expected = None
+    elif isinstance(expected, float) and not math.isfinite(expected):
+        out.append(Finding("error", "bad_expected", f"field 'expected' must be a finite number, got {expected!r}",
+                           "expected"))
+        expected = None
     else:
-        expected = str(expected)
+        expected = _expected_text(expected)
     match = row.get("match")
     if match is None:
         out.append(Finding("warning", "no_match", f"field 'match' is missing; evaluate() uses {DEFAULT_MATCH!r}",
@@ -230,12 +284,15 @@ def row_findings(row: Any, kind: str = "train") -> list[Finding]:
         row: one row as read from JSONL: `{"messages": [...], ...}`.
         kind: "train", "eval" or "probe" (see KINDS). Every kind checks the messages (known
             roles, content a string or known parts, boolean `trainable` flags, tool calls with a
-            name and JSON-string arguments, tool results that answer an earlier call) and
-            "tools". train: the last message is the assistant's. eval: the last message is the
-            user's; "expected" is there (a string or number), "match" is a known mode (missing:
-            "exact", with a warning) the expected answer can be scored by, and "format" is a valid
-            regex. probe: a trailing assistant message is dropped, then the prompt ends with the
-            user's message; "format" is a valid regex.
+            name and arguments that are a string of valid JSON, tool results that answer an
+            earlier call), "tools", and that no string in "messages", "expected" or "format" holds
+            an unpaired UTF-16 surrogate (no UTF-8 file or tokenizer can hold one). train: the
+            last message is the assistant's, and a whole run or a row with `trainable` flags
+            trains at least one of its assistant messages (as train_messages requires). eval: the
+            last message is the user's; "expected" is there (a string or a finite number), "match"
+            is a known mode (missing: "exact", with a warning) the expected answer can be scored
+            by, and "format" is a valid regex. probe: a trailing assistant message is dropped,
+            then the prompt ends with the user's message; "format" is a valid regex.
 
     Returns:
         Findings (severity, code, message, field) in row order; an empty list for a good row.
@@ -245,7 +302,9 @@ def row_findings(row: Any, kind: str = "train") -> list[Finding]:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if not isinstance(row, Mapping):
         what = "a prompt string or an object with \"messages\"" if kind == "probe" else "a JSON object"
-        return [Finding("error", "not_object", f"a {kind} row must be {what}, got {type(row).__name__}", None)]
+        article = "an" if kind == "eval" else "a"
+        return [Finding("error", "not_object", f"{article} {kind} row must be {what}, got {type(row).__name__}",
+                        None)]
     messages = row.get("messages")
     if not isinstance(messages, list):
         what = "missing" if messages is None else f"a {type(messages).__name__}, not a list"
@@ -265,6 +324,10 @@ def row_findings(row: Any, kind: str = "train") -> list[Finding]:
             out.append(Finding("error", "last_not_assistant", f"{lead}the last message is {_role(messages[last])!r}; a "
                                                               "training row ends with the assistant's reply (the target)",
                                 f"messages.{last}.role"))
+        elif isinstance(row.get("whole_run", False), bool) and is_flagged(row) \
+                and not any(trainable_flags(messages, whole_run=bool(row.get("whole_run")))):
+            out.append(Finding("error", "no_trainable_tokens", _no_trainable_message(bool(row.get("whole_run"))),
+                               "messages"))
     else:
         if kind == "probe" and _role(messages[last]) == "assistant":
             last -= 1  # a training-style row: its prompt is probed
@@ -285,6 +348,9 @@ def row_findings(row: Any, kind: str = "train") -> list[Finding]:
                               not all(isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in tools)):
         out.append(Finding("error", "bad_tools", "field 'tools' must be a list of {name, description, parameters}",
                            "tools"))
+    cut = _unpaired_surrogate(row)
+    if cut is not None:
+        out.append(cut)
     return out
 
 
@@ -298,9 +364,9 @@ def check_row(row: Any, kind: str = "eval", *, path: str | os.PathLike | None = 
         path / line: where the row came from, named in the error (default None: in-memory rows).
 
     Returns:
-        eval: the row with "expected" as a string, "match" (default "exact"), "format" (None when
-        absent) and "line". probe: {"messages": the prompt (a trailing assistant reply dropped),
-        "format", "line"}. train: a copy of the row.
+        eval: the row with "expected" as a string (a whole number as its digits: 4.0 as "4"),
+        "match" (default "exact"), "format" (None when absent) and "line". probe: {"messages":
+        the prompt (a trailing assistant reply dropped), "format", "line"}. train: a copy of the row.
 
     Raises:
         MachineFormatError: naming the file, line and field of the row's first error, so a bad
@@ -317,7 +383,7 @@ def check_row(row: Any, kind: str = "eval", *, path: str | os.PathLike | None = 
             messages = messages[:-1]
         return {"messages": messages, "format": row.get("format"), "line": line}
     match = row.get("match")
-    return {**row, "messages": messages, "expected": str(row["expected"]),
+    return {**row, "messages": messages, "expected": _expected_text(row["expected"]),
             "match": DEFAULT_MATCH if match is None else match, "format": row.get("format"), "line": line}
 
 
@@ -338,6 +404,12 @@ def is_flagged(row: Mapping[str, Any]) -> bool:
     """
     messages = row.get("messages") or []
     return bool(row.get("whole_run")) or any(isinstance(m, Mapping) and "trainable" in m for m in messages)
+
+
+def _no_trainable_message(whole_run: bool) -> str:
+    """Why a flagged training row trains nothing (row_findings' and train_messages' words)."""
+    why = "a whole run trains only" if whole_run else "its flags leave untrained all"
+    return f"no trainable assistant message: {why} the assistant messages flagged \"trainable\": true"
 
 
 def trainable_flags(messages: list[Any], *, whole_run: bool = False) -> list[bool]:
@@ -420,19 +492,45 @@ def train_messages(row: Mapping[str, Any], *, customized: bool | None = None, pa
         return messages
     flags = trainable_flags(messages, whole_run=bool(row.get("whole_run")))
     if not any(flags):
-        why = "a whole run trains only" if row.get("whole_run") else "its flags leave untrained all"
-        raise MachineFormatError(path, f"no trainable assistant message: {why} the assistant messages flagged "
-                                       "\"trainable\": true", line=line, field="messages")
+        raise MachineFormatError(path, _no_trainable_message(bool(row.get("whole_run"))), line=line, field="messages")
     for message, flag in zip(messages, flags):
         message["trainable"] = flag
     return messages
 
 
+def refuse_jsonl_text(data: Any) -> None:
+    """Refuse a string of JSONL text given where a file's path goes (a cell's `open(f).read()`).
+
+    Such a string is not a path: as one it is missing, or too long for the file system to look up.
+
+    Args:
+        data: what a caller was given as its data.
+
+    Raises:
+        ValueError: a string that holds a newline, or reads as a JSON object or array ("{…}",
+            "[…]"), and names no file.
+    """
+    if not isinstance(data, str):
+        return
+    bare = data.strip()
+    if "\n" not in bare and not (bare[:1] + bare[-1:] in ("{}", "[]")):
+        return
+    try:
+        if os.path.lexists(data):
+            return
+    except (OSError, ValueError):  # too long a name, or a NUL byte: no file has it
+        pass
+    raise ValueError(f"got JSONL text, not a file path ({data[:40]!r}…, {len(data):,} characters): write it to a "
+                     "file and pass its path, or pass the rows as a list ([json.loads(line) for line in "
+                     "text.splitlines() if line.strip()])")
+
+
 def _source_rows(data: Any) -> tuple[str, Iterator[tuple[int, Any]]]:
     """(name for messages, (line number, row) pairs) of a JSONL path or an in-memory list/DataFrame."""
     if isinstance(data, (str, os.PathLike)):
+        refuse_jsonl_text(data)
         path = Path(data)
-        if not path.exists():
+        if not _names_a_file(path):
             raise FileNotFoundError(f"No training data at {path}")
         from .jsonl import iter_jsonl
 
@@ -445,6 +543,11 @@ def frame_rows(data: Any) -> Any:
     were before pandas gave every row every key some row has (a NaN `whole_run` would read as set);
     anything else as given.
 
+    A frame read back through pyarrow (`pd.read_parquet`, `datasets`' `to_pandas`) holds numpy
+    arrays where the rows held lists, and every message carries every key some message has, as
+    None: arrays become lists, and a message's None keys other than "content" are left out (a
+    None `trainable` would read as a flag).
+
     Args:
         data: a DataFrame, or rows.
 
@@ -453,12 +556,27 @@ def frame_rows(data: Any) -> Any:
     """
     if not (hasattr(data, "to_dict") and hasattr(data, "columns")):
         return data
+    import numpy as np
     import pandas as pd
 
     def missing(value: Any) -> bool:
         return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
 
-    return ({k: v for k, v in record.items() if not missing(v)} for record in data.to_dict("records"))
+    def plain(value: Any) -> Any:  # numpy arrays as lists and numpy scalars as Python's, all the way down
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple, np.ndarray)):
+            return [plain(v) for v in value]
+        return value.item() if isinstance(value, np.generic) else value
+
+    def row(record: Mapping[str, Any]) -> dict:
+        out = {k: plain(v) for k, v in record.items() if not missing(v)}
+        if isinstance(out.get("messages"), list):
+            out["messages"] = [{k: v for k, v in m.items() if v is not None or k == "content"}
+                               if isinstance(m, dict) else m for m in out["messages"]]
+        return out
+
+    return (row(record) for record in data.to_dict("records"))
 
 
 def prepare_data(data: Any) -> tuple[list[dict], str]:
@@ -470,7 +588,9 @@ def prepare_data(data: Any) -> tuple[list[dict], str]:
     per-message `trainable` flags: then every row states its flags ("customized",
     trainable_flags): whole-run rows keep theirs (assistant messages without one are not
     trained), other rows train their last assistant message. Stating every flag matters because
-    the cookbook loads rows with `datasets`, which gives every message every key seen in the file.
+    the cookbook loads rows with `datasets`, which gives every message every key seen in the file;
+    for the same loader, when any message's content is a list of parts, every string content
+    becomes one text part (the same tokens).
 
     Args:
         data: a chat JSONL path, a list of rows, or a DataFrame of export lines.
@@ -481,6 +601,7 @@ def prepare_data(data: Any) -> tuple[list[dict], str]:
     Raises:
         MachineFormatError: naming the file, line and field of the first bad row, or no rows.
         FileNotFoundError: a path that is not there.
+        ValueError: JSONL text given instead of a file's path.
     """
     name, source = _source_rows(data)
     checked = [(line, check_row(row, "train", path=name, line=line)) for line, row in source]
@@ -490,7 +611,21 @@ def prepare_data(data: Any) -> tuple[list[dict], str]:
     # only `messages`: the cookbook's loader reads nothing else, and `datasets` would have to
     # unify the schemas of every other key (tools' JSON schemas differ from run to run)
     rows = [{"messages": train_messages(row, customized=flagged, path=name, line=line)} for line, row in checked]
-    return rows, ("customized" if flagged else "last_assistant_message")
+    return _uniform_content(rows), ("customized" if flagged else "last_assistant_message")
+
+
+def _uniform_content(rows: list[dict]) -> list[dict]:
+    """Every message's content of one kind across the file: when any message holds a list of parts,
+    a string becomes one text part, "" included (no part at all renders differently). `datasets`
+    needs one type per field in a file (a string and a list in one field stop it: "cannot mix list
+    and non-list")."""
+    if not any(isinstance(m.get("content"), list) for row in rows for m in row["messages"]):
+        return rows
+    for row in rows:
+        for m in row["messages"]:
+            if isinstance(m.get("content"), str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
+    return rows
 
 
 # --------------------------------------------------------------------------- eval and probe rows
@@ -508,9 +643,11 @@ def load_eval_rows(path: str | os.PathLike) -> list[dict]:
         MachineFormatError: invalid JSON, a missing "expected", an unknown "match", a bad regex
             or an empty file, naming the file, line and field. Every row is checked before
             anything is sampled (a bad row 23 should not cost 22 samples).
+        ValueError: JSONL text given instead of a file's path.
     """
     from .jsonl import iter_jsonl
 
+    refuse_jsonl_text(path)
     rows = [check_row(value, "eval", path=path, line=number) for number, value in iter_jsonl(path)]
     if not rows:
         raise MachineFormatError(path, "no eval rows (the file is empty)")
@@ -521,17 +658,19 @@ def eval_rows(data: Any) -> tuple[list[dict], str | None]:
     """Checked eval rows from a path or from in-memory rows.
 
     Args:
-        data: an eval JSONL path, or a list of row dicts (line numbers are 1-based positions).
+        data: an eval JSONL path, a list of row dicts, or a DataFrame of rows (frame_rows: its
+            missing cells left out). Line numbers of rows in memory are 1-based positions.
 
     Returns:
         (rows as check_row returns them, the file's path or None for in-memory rows).
 
     Raises:
         MachineFormatError: a bad row (file, line, field) or no rows.
+        ValueError: JSONL text given instead of a file's path.
     """
     if isinstance(data, (str, os.PathLike)):
         return load_eval_rows(data), os.fspath(data)
-    rows = [check_row(r, "eval", line=i + 1) for i, r in enumerate(data)]
+    rows = [check_row(r, "eval", line=i + 1) for i, r in enumerate(frame_rows(data))]
     if not rows:
         raise MachineFormatError(None, "no eval rows given")
     return rows, None
@@ -550,8 +689,9 @@ def probe_rows(prompts: Any) -> list[dict]:
     """Checked probe prompts from a JSONL path, one prompt string, or a list of strings and rows.
 
     Args:
-        prompts: a probe JSONL path (an existing file or a name ending in .jsonl), a prompt
-            string, or a list of prompt strings and `{"messages": [...], "format"?}` rows.
+        prompts: a probe JSONL path (a Path, or a string naming an existing file or ending in
+            .jsonl), a prompt string, a list of prompt strings and `{"messages": [...], "format"?}` rows, or a
+            DataFrame of such rows (frame_rows: its missing cells left out).
 
     Returns:
         Rows {"messages", "format", "line"}: a string becomes one user message; a row's trailing
@@ -562,12 +702,13 @@ def probe_rows(prompts: Any) -> list[dict]:
     """
     from .jsonl import iter_jsonl
 
-    if isinstance(prompts, (str, os.PathLike)) and (Path(prompts).suffix == ".jsonl" or _names_a_file(prompts)):
+    if isinstance(prompts, os.PathLike) or (isinstance(prompts, str) and (Path(prompts).suffix == ".jsonl"
+                                                                         or _names_a_file(prompts))):
         items, path = list(iter_jsonl(prompts)), os.fspath(prompts)
     elif isinstance(prompts, str):
         items, path = [(1, prompts)], None
     else:
-        items, path = list(enumerate(prompts, start=1)), None
+        items, path = list(enumerate(frame_rows(prompts), start=1)), None
     rows = []
     for line, item in items:
         if isinstance(item, str):
@@ -581,4 +722,4 @@ def probe_rows(prompts: Any) -> list[dict]:
 
 __all__ = ["ROLES", "PART_TYPES", "KINDS", "Finding", "content_text", "prompt_text", "row_findings", "check_row",
            "is_flagged", "trainable_flags", "trained_indices", "train_messages", "prepare_data", "frame_rows",
-           "load_eval_rows", "eval_rows", "probe_rows"]
+           "refuse_jsonl_text", "load_eval_rows", "eval_rows", "probe_rows"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from ..core.chat import content_text
@@ -143,6 +143,17 @@ def result_after(messages: Sequence[dict], positions: dict[Any, list[int]], cid:
     return messages[found[k]] if k < len(found) else None
 
 
+def _pair(positions: dict[Any, list[int]], cid: Any, at: int, taken: Container[int]) -> int | None:
+    """The position of the result of the call with id `cid` made at `at`: the first tool result
+    after it that carries its id and answers no earlier call (parallel calls may share an id)."""
+    import bisect
+
+    found = positions.get(call_id_key(cid)) if cid is not None else None
+    if not found:
+        return None
+    return next((found[k] for k in range(bisect.bisect_right(found, at), len(found)) if found[k] not in taken), None)
+
+
 def _parts(text: str, thinking: str | None) -> Any:
     if thinking:
         parts: list[dict] = [{"type": "thinking", "thinking": thinking}]
@@ -160,11 +171,15 @@ def without_thinking(message: dict) -> dict:
 
     Returns:
         The message itself when its content is not a list of parts; else a copy whose content is
-        the text of its text parts (thinking parts dropped).
+        the text of its text parts (thinking parts dropped), or, when other parts remain (images,
+        audio), the list of parts without the thinking ones.
     """
     content = message.get("content")
     if not isinstance(content, list):
         return message
+    kept = [part for part in content if not (isinstance(part, dict) and part.get("type") == "thinking")]
+    if any(not isinstance(part, dict) or part.get("type") != "text" for part in kept):
+        return {**message, "content": kept}
     return {**message, "content": content_text(content)}
 
 
@@ -185,6 +200,9 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
     Consecutive assistant tool-call messages (and the assistant prose right before them) become
     one assistant message with OpenAI `tool_calls` `[{id, type: "function", function: {name,
     arguments: JSON string}}]`; tool results become `{role: "tool", tool_call_id, name, content}`.
+    A call is paired with the first later result carrying its id that answers no earlier call; a
+    call whose id is missing or empty gets one (`call_<message>_<call>`), and its result carries
+    the same.
 
     Args:
         messages: Machine Messages in order.
@@ -197,6 +215,7 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
         (chat messages, one flag per chat message: an assistant step whose tool calls all failed).
     """
     positions = result_positions(messages)
+    answers: dict[int, Any] = {}  # position of a tool result -> the id of the call it answers
     failed = failed or default_failed
     out: list[dict] = []
     flags: list[bool] = []
@@ -218,7 +237,11 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
         role = m.get("role")
         content = m.get("content") or ""
         if role == "assistant" and is_tool_call(m):
-            cid = m.get("toolCallId") or f"call_{len(out)}_{len(pending_calls)}"
+            given = m.get("toolCallId")
+            cid = given if given is not None and given != "" else f"call_{len(out)}_{len(pending_calls)}"
+            found = _pair(positions, given, at, answers)
+            if found is not None:
+                answers[found] = cid
             call = {"id": cid, "type": "function",
                     "function": {"name": m.get("name") or "", "arguments": _arguments(m.get("toolInput"))}}
             prev = out[-1] if out else None
@@ -232,7 +255,7 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
                 out.append({"role": "assistant", "_text": content, "_think": think(m), "tool_calls": [call]})
                 flags.append(False)
             step_at[0] = len(out) - 1
-            pending_calls.append((m, result_after(messages, positions, m.get("toolCallId"), at)))
+            pending_calls.append((m, messages[found] if found is not None else None))
             continue
         if out and out[-1]["role"] == "assistant":
             out[-1]["_closed"] = True
@@ -245,7 +268,9 @@ def to_chat(messages: Sequence[dict], reasoning: bool | Callable[[str], str] | N
             close_step()
         msg: dict[str, Any] = {"role": role, "content": content}
         if role == "tool":
-            if m.get("toolCallId") is not None:
+            if at in answers:
+                msg["tool_call_id"] = answers[at]
+            elif m.get("toolCallId") is not None:
                 msg["tool_call_id"] = m["toolCallId"]
             if m.get("name") is not None:
                 msg["name"] = m["name"]
