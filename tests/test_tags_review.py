@@ -330,3 +330,21 @@ def test_a_trace_whose_tool_calls_are_not_in_chat_shape_names_the_message(tmp_pa
     with pytest.raises(ValueError, match=r"message 1.*tool_calls\[0\].*function"):
         mnb.tag(chat, trace=True, store=tmp_path)
     assert not (tmp_path / "traces.jsonl").exists()
+
+
+def test_a_store_and_a_workspace_given_under_home_as_tilde_are_the_home_folders(tmp_path, monkeypatch):
+    """Machine's stores live under ~/.machine: `store="~/.machine/p"` is that folder, as a shell reads
+    it, never a folder named "~" in the working directory; a workspace given as "~/ws" likewise."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    ws = workspace(home, [run("r1")])
+    row = mnb.tag(MSGS, "good", store="~/.machine/p")
+    assert (home / ".machine" / "p" / "train.jsonl").is_file() and not (cwd / "~").exists()
+    assert list(mnb.tagged("~/.machine/p")["id"]) == [row["id"]]
+    runs = mnb.load_runs("~/ws", store="~/.machine/p", index=False)
+    assert list(runs["id"]) == ["r1"] and Path(runs["path"].iloc[0]).is_relative_to(ws)
+    assert mnb.untag(row["id"], store="~/.machine/p")["id"] == row["id"]
+    assert not (cwd / "~").exists()

@@ -89,7 +89,7 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
     failed_rule = failed or default_failed
     if check not in ("dirs", "files"):
         raise ValueError(f"check must be one of ('dirs', 'files'), not {check!r}")
-    if not os.path.isdir(workspace):
+    if not os.path.isdir(os.path.expanduser(workspace)):
         raise MachineFormatError(workspace, "no such workspace directory")
     root = machine_dir(workspace) / "runs"
     if not root.parent.is_dir():

@@ -76,8 +76,18 @@ def store_dir(project: str | os.PathLike | None = None, base: str | os.PathLike 
     return Path(base) / project_key(proj)
 
 
-def _resolve_store(store: str | os.PathLike | None) -> Path:
-    return Path(store) if store is not None else store_dir()
+def resolve_store(store: str | os.PathLike | None) -> Path:
+    """The folder a `store=` argument names.
+
+    Args:
+        store: a folder; "~" at its start is the home folder, as a shell reads it (Machine's stores
+            live under ~/.machine). None: `store_dir()` of the current directory.
+
+    Returns:
+        The folder (not checked to exist).
+    """
+    return Path(store).expanduser() if store is not None else store_dir()
+
 
 
 def extract_text(content: Any) -> str:
@@ -261,7 +271,7 @@ def tag(run: Any, tag: str = "good", note: str | None = None, rewrite: str | Non
         if replaced is not None:
             row[REPLACED] = replaced  # the reply a preference pair sets against the rewrite
     row["created_at"] = stamp
-    root = _resolve_store(store)
+    root = resolve_store(store)
     if root.exists() and not root.is_dir():
         raise MachineFormatError(root, "not a folder: a tag store is a folder holding train.jsonl, traces.jsonl, "
                                        "observed.jsonl and rejected.jsonl; nothing written")
@@ -284,7 +294,7 @@ def _existing_store(store: str | os.PathLike | None) -> Path | None:
     file is an error: it cannot be a store, and reading it as an empty one would hide the mistake."""
     import warnings
 
-    root = _resolve_store(store)
+    root = resolve_store(store)
     if root.is_dir():
         return root
     if root.exists():
@@ -429,7 +439,7 @@ def untag(id: str, store: str | os.PathLike | None = None) -> dict:
     if not isinstance(id, str):
         raise TypeError(f"untag(id): id must be a string (a tag row's `id`, as tagged() lists it), "
                         f"not {type(id).__name__} {id!r}")
-    root = _resolve_store(store)
+    root = resolve_store(store)
     needles = _id_needles(id)
     removed: list[dict] = []
     try:
@@ -541,7 +551,7 @@ def observe_store(callback: Any) -> Any:
 
 def same_store(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
     """Whether two store arguments name one folder (None is `store_dir()`)."""
-    return os.path.realpath(_resolve_store(a)) == os.path.realpath(_resolve_store(b))
+    return os.path.realpath(resolve_store(a)) == os.path.realpath(resolve_store(b))
 
 
 def _notify(store: Path, event: str, row: dict) -> None:

@@ -62,7 +62,7 @@ def machine_dir(workspace: str | os.PathLike) -> Path:
     Returns:
         The `.machine` folder.
     """
-    ws = Path(workspace)
+    ws = Path(workspace).expanduser()  # "~/ws" is the home folder's, as a shell reads it
     if ws.name == ".machine":
         return ws
     return ws / ".machine"
@@ -77,7 +77,7 @@ def workspace_root(workspace: str | os.PathLike) -> Path:
     Returns:
         The root.
     """
-    ws = Path(workspace)
+    ws = Path(workspace).expanduser()
     return ws.parent if ws.name == ".machine" else ws
 
 

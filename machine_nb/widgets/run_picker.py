@@ -673,9 +673,9 @@ class RunPicker(StaticFallback, w.VBox):
     def _read_tags(runs: pd.DataFrame, store: Any) -> list[list[str]]:
         """The `tags` column from a store (empty lists where the store does not exist yet)."""
         from ..data.frames import attach_tags
-        from ..store.tags import store_dir
+        from ..store.tags import resolve_store
 
-        root = pathlib.Path(store) if store is not None else store_dir()
+        root = resolve_store(store)
         if not root.is_dir() or "machine" not in runs.columns:
             return [[] for _ in range(len(runs))]
         return attach_tags(runs, root)
@@ -695,9 +695,9 @@ class RunPicker(StaticFallback, w.VBox):
         Args:
             store: the store folder (None: `store_dir()`, the default `tag()` writes to).
         """
-        from ..store.tags import store_dir
+        from ..store.tags import resolve_store
 
-        self._follow(store if store is not None else store_dir())
+        self._follow(resolve_store(store))
         self.reload_tags()
 
     def reload_tags(self) -> None:

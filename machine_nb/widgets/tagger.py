@@ -230,9 +230,9 @@ def store_rows(store: Any) -> list[dict]:
     """
     from pathlib import Path
 
-    from ..store.tags import store_dir, tagged
+    from ..store.tags import resolve_store, tagged
 
-    root = Path(store) if store is not None else store_dir()
+    root = resolve_store(store)
     tries = 3
     while True:
         if not root.is_dir():
