@@ -2,11 +2,13 @@
 
 In a Jupyter kernel it is a single HTML line updated in place (`display(..., display_id=…)`),
 so the saved notebook keeps one clean, static line ("sft: 60/60 steps · loss 0.12 · 1.4 s")
-and no widget state that GitHub cannot render. In a terminal it is tqdm. `enabled=False` (or
-MACHINE_NB_PROGRESS=0) silences it.
+and no widget state that GitHub cannot render. In a terminal it is tqdm; where stderr is not a
+terminal (a CI log, a file) tqdm redraws only every PROGRESS_LOG_INTERVAL_S, since each redraw
+there is another line of the log. `enabled=False` (or MACHINE_NB_PROGRESS=0) silences it.
 
 Every call that takes `progress: bool | None` decides with `resolve_progress`: True or False
-decide; None shows a bar unless the environment variable MACHINE_NB_PROGRESS is "0".
+decide; None shows a bar unless the environment variable MACHINE_NB_PROGRESS is "0" (or "false",
+"no", "off", in any case).
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ from collections.abc import Iterator
 from typing import Any
 
 
-#: The environment variable that turns `progress=None` bars off when it is "0".
+#: The environment variable that turns `progress=None` bars off when it is "0" (or "false", "no", "off").
 PROGRESS_ENV = "MACHINE_NB_PROGRESS"
+
+#: PROGRESS_ENV's values that mean off, compared stripped and lower-cased.
+PROGRESS_OFF = frozenset({"0", "false", "no", "off"})
+
+#: Seconds between redraws where stderr is not a terminal (a CI log keeps every one as a line).
+PROGRESS_LOG_INTERVAL_S = 30.0
 
 
 def resolve_progress(value: bool | None = None, *, worth_a_bar: bool = True) -> bool:
@@ -32,14 +40,17 @@ def resolve_progress(value: bool | None = None, *, worth_a_bar: bool = True) -> 
             True; False for work too small to need a bar, e.g. counting the tokens of a short file).
 
     Returns:
-        `value` when it is True or False; else `worth_a_bar`, unless MACHINE_NB_PROGRESS is "0".
+        `value` when it is True or False; else `worth_a_bar`, unless MACHINE_NB_PROGRESS is "0"
+        (or "false", "no", "off", in any case).
     """
     if value is not None:
         return bool(value)
-    return worth_a_bar and os.environ.get(PROGRESS_ENV, "1") != "0"
+    return worth_a_bar and os.environ.get(PROGRESS_ENV, "1").strip().lower() not in PROGRESS_OFF
 
 
 def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel: IPython's ZMQInteractiveShell or a subclass of it
+    (Colab's shell is one), by class name so that IPython is never imported here."""
     shell = sys.modules.get("IPython")
     if shell is None:
         return False
@@ -47,7 +58,14 @@ def in_kernel() -> bool:
         ip = shell.get_ipython()
     except Exception:
         return False
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+    return ip is not None and any(c.__name__ == "ZMQInteractiveShell" for c in type(ip).__mro__)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:  # a stream without isatty, or a closed one
+        return False
 
 
 class progress:  # noqa: N801 - used like a function: `with progress(total=60, desc="sft") as bar:`
@@ -64,7 +82,8 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         unit: what is counted, e.g. "row", "steps" (default "it").
         enabled: show the bar. Default None: on (an HTML line in a Jupyter kernel, tqdm on
             stderr elsewhere) unless MACHINE_NB_PROGRESS=0 (resolve_progress); False draws
-            nothing but still counts.
+            nothing but still counts. Where stderr is not a terminal, tqdm redraws every
+            PROGRESS_LOG_INTERVAL_S.
     """
 
     min_interval = 0.2  # seconds between redraws in a notebook
@@ -79,6 +98,7 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         self.start = time.monotonic()
         self._last = 0.0
         self._closed = False
+        self._elapsed: float | None = None  # set when the bar closes: its time stays as drawn
         enabled = resolve_progress(enabled)
         self._mode = "off" if not enabled else ("html" if in_kernel() else "tqdm")
         self._handle = None
@@ -88,7 +108,9 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
             self._handle = display(HTML(self._html()), display_id=True)
         elif self._mode == "tqdm":
             from tqdm import tqdm
-            self._tqdm = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=True)
+            interval = {} if _is_terminal(sys.stderr) else {"mininterval": PROGRESS_LOG_INTERVAL_S,
+                                                            "maxinterval": PROGRESS_LOG_INTERVAL_S}
+            self._tqdm = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=True, **interval)
 
     def __iter__(self) -> Iterator[Any]:
         try:
@@ -141,6 +163,7 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         if self._closed:
             return
         self._closed = True
+        self._elapsed = time.monotonic() - self.start
         if self._tqdm is not None:
             self._tqdm.close()
         self._draw(force=True)
@@ -149,9 +172,9 @@ class progress:  # noqa: N801 - used like a function: `with progress(total=60, d
         """The bar as one line of text, as the notebook shows it.
 
         Returns:
-            e.g. "sft: 60/60 steps · loss 0.12 · 1.4 s".
+            e.g. "sft: 60/60 steps · loss 0.12 · 1.4 s" (a closed bar's time is the time it ran).
         """
-        elapsed = time.monotonic() - self.start
+        elapsed = self._elapsed if self._elapsed is not None else time.monotonic() - self.start
         count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
         parts = [f"{self.desc}: {count} {self.unit}" if self.desc else f"{count} {self.unit}"]
         parts += [f"{k} {_fmt(v)}" for k, v in self.postfix.items()]

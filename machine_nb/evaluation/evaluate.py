@@ -14,6 +14,7 @@ import json
 import math
 import numbers
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -32,15 +33,19 @@ from .scoring import format_matches, score_row
 
 # --------------------------------------------------------------------------- evaluate
 
-def check_sampling(max_tokens: Any, temperature: Any, concurrency: Any = None) -> None:
+def check_sampling(max_tokens: Any, temperature: Any, concurrency: Any = None, seed: Any = None) -> None:
     """Refuse sampling settings no sampler can use, naming the setting, before a row is sent.
 
     Raises:
         ValueError: max_tokens not a whole number from 1; temperature not a finite number, 0 or
-            more; concurrency (when given) not a whole number from 1.
+            more; concurrency (when given) not a whole number from 1; seed not a whole number
+            or None (numpy integers are whole numbers; True, 1.5 and "3" are not).
     """
+    def integral(value: Any) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
     def whole(value: Any) -> bool:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+        return integral(value) and value >= 1
 
     if not whole(max_tokens):
         raise ValueError(f"max_tokens must be a whole number, 1 or more (the reply budget), got {max_tokens!r}")
@@ -49,18 +54,62 @@ def check_sampling(max_tokens: Any, temperature: Any, concurrency: Any = None) -
         raise ValueError(f"temperature must be a finite number, 0 or more (0: greedy), got {temperature!r}")
     if concurrency is not None and not whole(concurrency):
         raise ValueError(f"concurrency must be a whole number, 1 or more (requests in flight), got {concurrency!r}")
+    if seed is not None and not integral(seed):
+        raise ValueError(f"seed must be a whole number or None (the sampling seed), got {seed!r}")
 
 
 def _sampling(model: str | None, checkpoint: str | None, engine: str | None, renderer: Any,
               concurrency: int | None, max_tokens: int, temperature: float, seed: int | None) -> tuple:
     """What evaluate() and probe() sample with: (the sampler's target, the renderer and its label,
     requests in flight: 32 on Tinker, 8 on the local engine unless given, the sampling params)."""
-    check_sampling(max_tokens, temperature, concurrency)
+    check_sampling(max_tokens, temperature, concurrency, seed)
     target = sampler_target(model, checkpoint, engine)
     renderer_obj, renderer_label = renderer_for(target.model, renderer)
     if concurrency is None:
         concurrency = 32 if target.engine == "tinker" else 8
+    seed = None if seed is None else int(seed)  # a numpy integer reaches the SDK as Python's
     return target, renderer_obj, renderer_label, concurrency, sampling_params(max_tokens, temperature, seed, renderer_obj)
+
+
+def _check_base_model(client: Any, target: Any) -> None:
+    """Refuse a checkpoint trained from another base model than the one whose renderer formats the
+    prompts (its tokens would be another vocabulary's), before any request; Tinker's ":peft:…"
+    suffix aside (render.base_model). A client that cannot say its base model (a stand-in, or a
+    failed lookup) is taken at its word."""
+    from ..checks.render import base_model
+
+    ask = getattr(client, "get_base_model", None)
+    if not target.checkpoint or not target.model or not callable(ask):
+        return
+    try:
+        base = ask()
+    except Exception:  # the lookup is a courtesy: the samples themselves still go through the engine's checks
+        return
+    if isinstance(base, str) and base and base_model(base) != base_model(target.model):
+        raise ValueError(f"{target.checkpoint} was trained from {base}, not {target.model}: its prompts must be "
+                         f"rendered with its own base model's renderer; pass model={base!r}")
+
+
+def _results_path(out: Any, label: str, model: str, checkpoint: str | None, data_path: str | None) -> Path:
+    """Where the results JSON goes, settled before any request so that a path that cannot be
+    written costs no samples: `out`, or default_results_path for the label made a safe file name.
+
+    Raises:
+        ValueError: `out` is a folder, the eval data file itself, or under a file.
+    """
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label) or "results"  # no folders, nothing Windows refuses
+    if out is None:
+        return default_results_path(stem, model, checkpoint)
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"out={os.fspath(out)!r} is a folder: pass the results file's path, e.g. "
+                         f"{os.fspath(path / (stem + '.json'))!r}")
+    if data_path is not None and path.exists() and os.path.samefile(path, data_path):
+        raise ValueError(f"out={os.fspath(out)!r} is the eval data: the results would replace it; pass another path")
+    above = next((p for p in path.parents if p.exists()), None)  # the folder that is there already
+    if above is not None and not above.is_dir():
+        raise ValueError(f"out={os.fspath(out)!r} cannot be written: {above} is a file, not a folder")
+    return path
 
 
 def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, checkpoint: str | None = None,
@@ -88,12 +137,15 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
             "length") instead of paying for prose.
         temperature: default 0.0 (greedy), so two evals of the same model agree and compare()
             sees the model, not the dice.
-        seed: the sampling seed for temperature > 0 (default 0; recorded in the results).
+        seed: the sampling seed for temperature > 0, a whole number or None (default 0;
+            recorded in the results).
         concurrency: requests in flight at once. Default None: 32 on Tinker (remote,
             latency-bound), 8 locally (one CPU model; more only queues).
         renderer: a renderer name or object. Default None: the model's recommended renderer.
-        out: the results JSON path. Default None: `eval_results/<name>.json`, or beside it when
-            that file holds another model's or checkpoint's results (default_results_path).
+        out: the results JSON path (not a folder, not the eval file), settled before any
+            request. Default None: `eval_results/<name>.json` (the name's characters other than
+            letters, digits, ".", "_" and "-" written as "_"), or beside it when that file holds
+            another model's or checkpoint's results (default_results_path).
         name: the results' name. Default None: "baseline" for a base model, else the
             checkpoint's last path segment.
         save: write the results JSON (default True; False writes nothing).
@@ -115,7 +167,9 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
     Raises:
         MachineFormatError: a bad eval row, naming its file, line and field.
-        ValueError: a sampling setting no sampler can use (check_sampling), naming it.
+        ValueError: a sampling setting no sampler can use (check_sampling), naming it; `out` a
+            folder, a path under a file, or the eval file; a checkpoint trained from another base
+            model than `model`. All before any request.
         EngineError: the engine refused the job or every request failed.
         BudgetExceeded: the eval could cost more than max_usd.
     """
@@ -131,10 +185,12 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
     prompts = render_prompts(renderer_obj, rows, data_path)
     if max_usd is not None and engine == "tinker":
         estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd)  # raises BudgetExceeded
+    label = results_name(checkpoint) if name is None else str(name)
+    path = _results_path(out, label, model, target.checkpoint, data_path) if save else None
     client = sampling_client if sampling_client is not None else open_sampler(target, service_client)
+    _check_base_model(client, target)
 
     started_at, t0 = utc_now(), time.perf_counter()
-    label = results_name(checkpoint) if name is None else name
     with progress_bar(total=len(rows), desc=f"eval {label}", unit="row", enabled=progress) as bar, \
             watchdog(engine) as dog:
         sampled = run_coroutine(lambda: sample_rows(client, renderer_obj, prompts, params, concurrency, bar), dog)
@@ -167,9 +223,9 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
     with_format = [r["format_ok"] for r in records if r["format_ok"] is not None]
     summary = {
-        "name": label, "model": model, "checkpoint": checkpoint, "engine": engine, "renderer": renderer_label,
-        "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature), "seed": seed,
-                       "concurrency": int(concurrency)},
+        "name": label, "model": model, "checkpoint": target.checkpoint, "engine": engine, "renderer": renderer_label,
+        "parameters": {"max_tokens": int(max_tokens), "temperature": float(temperature),
+                       "seed": None if seed is None else int(seed), "concurrency": int(concurrency)},
         "data": {"path": data_path, "sha256": data_sha},
         "n": len(records), "correct": sum(r["correct"] for r in records),
         "accuracy": sum(r["correct"] for r in records) / len(records),
@@ -179,11 +235,9 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         "cost": sample_cost(model, engine, int(df["prompt_tokens"].sum()), int(df["output_tokens"].sum())),
         "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
     }
-    path = None
-    if save:
+    if path is not None:
         from ..core.jsonl import atomic_write_text
 
-        path = Path(out) if out is not None else default_results_path(label, model, checkpoint)
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
         atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
@@ -209,6 +263,17 @@ def default_results_path(label: str, model: str, checkpoint: str | None) -> Path
 
 
 # --------------------------------------------------------------------------- bleed probe
+
+def _file_source(data: Any) -> str | None:
+    """The probe file's path, named in a render error; None for prompts given in memory (a prompt
+    string longer than a file name can be, or holding a NUL, is no file either)."""
+    if not isinstance(data, (str, os.PathLike)):
+        return None
+    try:
+        return os.fspath(data) if Path(data).is_file() else None
+    except (OSError, ValueError):
+        return None
+
 
 def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: str | None = None,
           engine: str | None = None, *, format: str | None = None, max_tokens: int = 32, temperature: float = 0.0,
@@ -243,7 +308,8 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
         bled)}, `path` None.
 
     Raises:
-        ValueError: no checkpoint, or a `format` that is not a valid regular expression.
+        ValueError: no checkpoint, a `format` that is not a valid regular expression, or a
+            checkpoint trained from another base model than `model`.
     """
     import pandas as pd
 
@@ -260,10 +326,11 @@ def probe(data: str | os.PathLike | list, model: str | None = None, checkpoint: 
     target, renderer_obj, _, concurrency, params = _sampling(
         model, checkpoint, engine, renderer, concurrency, max_tokens, temperature, seed)
     model, engine = target.model, target.engine
-    source = os.fspath(data) if isinstance(data, (str, os.PathLike)) and Path(data).is_file() else None
+    source = _file_source(data)
     rendered = render_prompts(renderer_obj, rows, source)
     base_client = baseline_client if baseline_client is not None else open_sampler(target.base, service_client)
     ckpt_client = checkpoint_client if checkpoint_client is not None else open_sampler(target, service_client)
+    _check_base_model(ckpt_client, target)
 
     async def both(bar: Any) -> tuple[list[dict], list[dict]]:
         return tuple(await asyncio.gather(sample_rows(base_client, renderer_obj, rendered, params, concurrency, bar),

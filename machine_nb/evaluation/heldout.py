@@ -95,8 +95,10 @@ class HeldOutEvaluator(SamplingClientEvaluator):
     """Samples and scores the held-out rows through the sampling client the loop hands it.
 
     Called with the client, it returns `{"test/accuracy", "test/format_rate" (rows with a format
-    only), "test/max_tokens", "test/temperature"}` and appends the step's per-row results to
-    heldout.jsonl.
+    only), "test/max_tokens", "test/temperature"}` and appends the step's results to heldout.jsonl:
+    step, final, n, correct, accuracy, format_rate, errors (rows whose request failed),
+    regex_timeouts (rows whose regex ran past its time bound), tokens, parameters, data, wall_s and
+    the per-row results (evaluate()'s columns, `error` saying why a row was not scored in full).
 
     Args:
         builder: its settings.
@@ -146,9 +148,10 @@ class HeldOutEvaluator(SamplingClientEvaluator):
         t0 = time.perf_counter()
         sampled = await sample_rows(sampling_client, renderer, prompts, params, b.concurrency)
         wall = time.perf_counter() - t0
-        per_row = []
+        per_row, timed_out = [], 0
         for i, (row, got) in enumerate(zip(rows, sampled)):
             correct, format_ok, problem = (False, None, None) if got["error"] else score_row(got["output"], row)
+            timed_out += problem is not None
             per_row.append({"row": i, "prompt": prompt_text(row["messages"]), "expected": row["expected"],
                             "match": row["match"], "output": got["output"], "correct": bool(correct),
                             "format_ok": format_ok, "prompt_tokens": got["prompt_tokens"],
@@ -159,7 +162,8 @@ class HeldOutEvaluator(SamplingClientEvaluator):
         summary = {
             "step": step, "final": final, "n": len(per_row), "correct": correct, "accuracy": correct / len(per_row),
             "format_rate": sum(with_format) / len(with_format) if with_format else None,
-            "errors": sum(1 for r in per_row if r["error"]),
+            "errors": sum(1 for got in sampled if got["error"]),  # failed requests, as evaluate() counts them
+            "regex_timeouts": timed_out,
             "prompt_tokens": sum(r["prompt_tokens"] for r in per_row),
             "output_tokens": sum(r["output_tokens"] for r in per_row),
             "parameters": {"max_tokens": b.max_tokens, "temperature": b.temperature, "seed": b.seed,
