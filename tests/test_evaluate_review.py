@@ -235,3 +235,23 @@ def test_the_environment_turns_bars_off_with_the_words_people_write(monkeypatch,
     monkeypatch.setenv("MACHINE_NB_PROGRESS", value)
     assert resolve_progress(None) is shown
     assert resolve_progress(True) is True and resolve_progress(False) is False
+
+
+def test_results_that_cannot_be_written_after_sampling_are_returned_with_a_warning(tmp_path, monkeypatch):
+    """A disk that fills up (or a folder made read-only) while the rows are sampled: the write of
+    the results JSON failed and the paid results were lost with it. They are returned unsaved,
+    and a warning says so and how to keep them."""
+    import errno
+
+    from machine_nb.core import jsonl
+
+    def full(path, text, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(jsonl, "atomic_write_text", full)
+    sampler = Replies()
+    with pytest.warns(UserWarning, match=r"r\.json: the results could not be written \(No space left on device\)"):
+        res = evaluate(rows(), model=MODEL, engine="tinker", sampling_client=sampler, out=tmp_path / "r.json",
+                       progress=False)
+    assert sampler.calls == 2 and res.path is None and res.accuracy == 0.5 and len(res.rows) == 2
+    assert not (tmp_path / "r.json").exists()

@@ -148,7 +148,8 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
             another model's or checkpoint's results (default_results_path).
         name: the results' name. Default None: "baseline" for a base model, else the
             checkpoint's last path segment.
-        save: write the results JSON (default True; False writes nothing).
+        save: write the results JSON (default True; False writes nothing). A write that fails
+            after sampling (a full disk) warns and returns the results unsaved (`path` None).
         sampling_client: a sampler to use instead of the engine's (default None; tests pass
             stand-ins).
         service_client: the ServiceClient that opens the sampler (default None: the engine's own).
@@ -240,7 +241,13 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
 
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
-        atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
+        try:
+            atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
+        except OSError as exc:  # a full disk, a folder made read-only meanwhile: the paid rows are kept
+            warnings.warn(f"{path}: the results could not be written ({exc.strerror or exc}); they are returned "
+                          "unsaved: write them with json.dump(result.to_dict(), open(PATH, 'w'))",
+                          stacklevel=user_stacklevel())
+            path = None
     return EvalResult(df, summary, None if path is None else str(path))
 
 
