@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
+from ..core.redact import redacted
 from ._base import NoMathHTML, strong_button, style_sheet, StaticFallback, escape
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class CandidateView(StaticFallback, widgets.VBox):
                                       button_style="success" if candidate.passed else "",
                                       tooltip="make this candidate the live version (only if it passed the gate)"))
         self._status = NoMathHTML()
-        self._button.on_click(lambda _: self.commit())
+        self._button.on_click(self._on_click)
         if candidate.committed:
             self._button.disabled = True
         super().__init__(children=[self._report, widgets.HBox([self._button, self._status]), style_sheet()], **kwargs)
@@ -103,6 +104,18 @@ class CandidateView(StaticFallback, widgets.VBox):
         self._report.value = self._body()
         self._show_status()
         return self.committed
+
+    def _on_click(self, _button: Any) -> None:
+        """A click: commit, and say in the view why not when the commit meets a file it cannot
+        read or write (a damaged versions.json, a folder it may not write): a button's exception
+        would reach only the log, never the view."""
+        from ..errors import MachineFormatError
+
+        try:
+            self.commit()
+        except (MachineFormatError, OSError) as exc:
+            self._attempt = redacted(f"Not committed: {exc}")
+            self._show_status()
 
     def _show_status(self) -> None:
         ok = self.status.startswith("Committed")

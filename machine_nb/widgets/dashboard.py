@@ -33,7 +33,7 @@ import anywidget
 import ipywidgets as w
 import traitlets
 
-from ..core.redact import redacted
+from ..core.redact import redacted, scrub, secret_values
 from ..store.workspace import event_fields
 from ..core.theme import BG_ALT, BLUE, BORDER, FG, FG_MUTED, GREEN, ORANGE, RED, escape, no_math, text_colour
 from ._base import StaticFallback
@@ -45,6 +45,10 @@ INTERVAL_S = 0.5
 PICKER_INTERVAL_S = 0.5
 # Events kept for the stream shown (the counts cover every event read).
 EVENTS_SHOWN = 40
+# Characters of an event's raw line shown, and of its start redacted before the cut (a secret
+# running through the cut is redacted whole; scrubbing a 64 MiB line on every redraw is not done).
+RAW_SHOWN = 300
+REDACT_CHARS = 16384
 # Runs listed as "latest runs" (newest first, each opens in the previewer).
 RUNS_SHOWN = 15
 # Scores in each machine's sparkline (the most recently finished runs).
@@ -62,9 +66,62 @@ STARTED_TYPES = ("run.started", "run.start")
 def _num(v: Any) -> float | None:
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
         return None
     return None if math.isnan(f) else f
+
+
+def _loss(v: int | float) -> float:
+    """A loss as a float; an int past float's range is infinite (the curve leaves it out)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _day_numbers(times: Any) -> list[int]:
+    """UTC day numbers (days since 1970-01-01) of a datetime column (NaT rows: any number)."""
+    import numpy as np
+    import pandas as pd
+
+    t = pd.to_datetime(times, utc=True)
+    ns = t.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")
+    return ns.astype("datetime64[D]").astype(np.int64).tolist()
+
+
+def _event_day(when: Any) -> int | None:
+    """The UTC day number of an event's ISO time (an offset is applied; no offset: UTC), or None."""
+    if not isinstance(when, str):
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(when.strip())
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    return int(t.timestamp() // 86400)
+
+
+def _since(days: collections.Counter, today: int) -> int:
+    """How many were counted on `today` or later (a writer's clock a little ahead counts as today)."""
+    return sum(n for d, n in days.items() if d >= today)
+
+
+def _shown_event(e: dict, secrets: list[str]) -> dict:
+    """An event entry's texts as the view shows them: redacted (core/redact.py: the environment's
+    secrets, key-shaped strings, URL passwords), the raw line cut to RAW_SHOWN characters after
+    its first REDACT_CHARS are redacted, so a secret the cut runs through is not shown in part."""
+    def clean(v: Any) -> Any:
+        return None if v is None else scrub(str(v), secrets)[0]
+
+    raw = e.get("raw")
+    return {"type": clean(e.get("type")), "machine": clean(e.get("machine")), "run": clean(e.get("run")),
+            "time": clean(e.get("time")), "error": clean(e.get("error")),
+            "raw": None if raw is None else scrub(raw[:REDACT_CHARS], secrets)[0][:RAW_SHOWN]}
 
 
 def _usd(v: float) -> str:
@@ -76,15 +133,16 @@ def sparkline(values: list[float], width: int = 120, height: int = 24, lo: float
     """A small inline SVG line of some values (theme colours; reads without a kernel).
 
     Args:
-        values: the points, oldest first.
+        values: the points, oldest first (None, NaN and infinities are left out: a loss that
+            diverged would otherwise stretch the scale to infinity and blank the whole line).
         width, height: the size in px.
         lo, hi: the value range drawn (default None: the values' own).
         colour: the line colour.
 
     Returns:
-        The `<svg>` markup ("" for fewer than one value).
+        The `<svg>` markup ("" for fewer than one finite value).
     """
-    pts = [v for v in values if v is not None and not math.isnan(v)]
+    pts = [v for v in values if v is not None and math.isfinite(v)]
     if not pts:
         return ""
     lo = min(pts) if lo is None else lo
@@ -106,11 +164,11 @@ class _Machine:
     name: str
     live_version: str | None = None
     runs: int = 0
-    finished_today: int = 0
+    finished_days: collections.Counter = field(default_factory=collections.Counter)  # UTC day number -> runs
     running: set = field(default_factory=set)        # run ids: started, not finished
     unfinished_files: set = field(default_factory=set)  # run ids whose file has no finishedAt
     failed: int = 0                                   # failure events
-    failed_today: int = 0
+    failed_days: collections.Counter = field(default_factory=collections.Counter)  # UTC day number -> failures
     scores: collections.deque = field(default_factory=lambda: collections.deque(maxlen=SCORES_SHOWN))
     reported_usd: float = 0.0                         # usage.costUsd the harness recorded
     priced_usd: float = 0.0                           # tokens x price where no cost was recorded
@@ -154,12 +212,14 @@ class PollResult:
         changed: run files written again (an unfinished run that progressed).
         events: event lines read.
         notes: what happened to the followed files (truncated, replaced, unreadable lines).
+        versions: machines whose live version changed (versions.json written: a commit, a revert).
     """
 
     runs: int = 0
     changed: int = 0
     events: int = 0
     notes: list = field(default_factory=list)
+    versions: int = 0
 
 
 class DashboardState:
@@ -176,13 +236,18 @@ class DashboardState:
             them (default True; False: list the run folders that changed on every poll, e.g. on a
             network mount that reports no events). See store.follow.RunFolderWatch.
 
+    Raises:
+        ValueError: `runs` is a frame of another workspace (its `attrs["workspace"]`).
+
     `poll()` reads what changed and applies it; `read()` + `apply()` split the same work into
     the part that reads files (any thread) and the part that changes the state (one thread).
 
     What the counts mean, per machine: runs, every run file read (each machine and id once);
     running, runs whose file has no finishedAt yet or whose `run.started` event has no
-    `run.finished` (or failure) event after it; finished today, runs finishing on this UTC day;
-    failed, `run.failed` / `run.error` / `run.crashed` events; cost so far, each finished run's
+    `run.finished` (or failure) event after it; finished today, runs whose finishedAt is on the
+    clock's UTC day (or later), asked when the counts are shown, so they start again at midnight;
+    failed, `run.failed` / `run.error` / `run.crashed` events (failed today, those whose ISO time,
+    its offset applied, is on that day); cost so far, each finished run's
     `usage.costUsd`, else its input tokens at the model's prefill price plus its output tokens at
     the sample price (`pricing.price_for`, the table `estimate_cost` prices from; the price's
     source is listed), "unpriced" for runs with tokens but no known price. A truncated or replaced
@@ -198,6 +263,11 @@ class DashboardState:
         self.workspace = workspace_root(workspace)
         self.clock = clock
         self._mdir = machine_dir(workspace)
+        if runs is not None:
+            ws = runs.attrs.get("workspace")
+            if ws and Path(ws).resolve() != self.workspace.resolve():
+                raise ValueError(f"these runs are runs of {ws}, not of {self.workspace}: pass load_runs of "
+                                 "the dashboard's workspace (or leave runs out)")
         self.runs = frames.load_runs(workspace, on_error="skip") if runs is None else runs
         self._watch = RunFolderWatch(self._mdir / "runs", known=self.runs["path"].tolist(), events=file_events)
         self._events = LineTail(self._mdir / "events.jsonl")
@@ -215,6 +285,7 @@ class DashboardState:
         self.notes: collections.deque = collections.deque(maxlen=8)
         self.latest: collections.deque = collections.deque(maxlen=RUNS_SHOWN)  # (key, machine, id, score, when)
         self.jobs: dict[str, _Job] = {}
+        self._tails: dict[str, Any] = {}  # log dir -> its metrics LineTail (the reading side's)
         self.version = 0  # bumped by every change the view shows
         self._frames: dict[str, Any] = {}  # key -> one-row frame of a run listed (for the previewer)
         self._price_cache: dict[str, Any] = {}
@@ -255,6 +326,7 @@ class DashboardState:
     def _parse(self, files: list[tuple[str, str, str]]) -> tuple[Any, list[str]]:
         """Run files parsed as load_runs parses them (the run index's parser): (a runs frame of the
         good ones, a note naming each bad one, its line and field)."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         from ..data import frames
@@ -265,13 +337,22 @@ class DashboardState:
         entries = [(p, d, n, None) for p, d, n in files]
         table = parse_batch(frames.RunParser(default_failed), entries, time.time_ns())
         bad = []
+        where = {(d, n): p for p, d, n in files}
         is_bad = pc.is_valid(table["error"])
         if pc.any(is_bad).as_py():
-            where = {(d, n): p for p, d, n in files}
             for b in table.filter(is_bad).select(["dir", "name", "error", "error_line", "error_field"]).to_pylist():
                 err = MachineFormatError(where.get((b["dir"], b["name"]), b["name"]), b["error"],
                                          line=b["error_line"], field=b["error_field"])
                 bad.append(f"skipped a bad run file: {err}")
+        # a time that does not parse is a note here: runs_frame would warn, from this (any) thread,
+        # into whichever cell ran last
+        bad_time = pc.is_valid(table["bad_time"]) if "bad_time" in table.column_names else None
+        if bad_time is not None and pc.any(bad_time).as_py():
+            for b in table.filter(bad_time).select(["dir", "name", "bad_time"]).to_pylist():
+                bad.append(f"{where.get((b['dir'], b['name']), b['name'])} ({b['bad_time']}): does not parse as "
+                           "an ISO time, kept with no time")
+            i = table.column_names.index("bad_time")
+            table = table.set_column(i, "bad_time", pa.nulls(len(table), table.schema.field(i).type))
         return frames.runs_frame(sort_table(table), self.workspace, None, "skip", [], None, None), bad
 
     def _read_training(self) -> list[tuple]:
@@ -287,9 +368,14 @@ class DashboardState:
                 continue
             for e in dirs:
                 job = self.jobs.get(e.path)
-                tail = job.tail if job is not None else LineTail(os.path.join(e.path, METRICS_FILE))
-                if job is None and not os.path.exists(tail.path):
-                    continue
+                # the reader's own tail: reads that pile up before `apply` (the loop busy with a
+                # cell) go on from where the last stopped, never from the start again
+                tail = self._tails.get(e.path)
+                if tail is None:
+                    tail = LineTail(os.path.join(e.path, METRICS_FILE))
+                    if not os.path.exists(tail.path):
+                        continue
+                    self._tails[e.path] = tail
                 got = tail.read()
                 done = None
                 ck = os.path.join(e.path, CHECKPOINTS_FILE)
@@ -335,10 +421,15 @@ class DashboardState:
         for path, name, tail, got, done, sig in batch["training"]:
             self._apply_training(path, name, tail, got, done, sig, batch["t"])
         for m in self.machines.values():
+            before = m.live_version
             self._read_version(m)
+            res.versions += m.live_version != before
+        if res.notes:  # they quote values of the files read
+            secrets = secret_values()
+            res.notes = [scrub(str(n), secrets)[0] for n in res.notes]
         for note in res.notes:
             self.notes.append(note)
-        if res.runs or res.changed or res.events or res.notes or batch["training"]:
+        if res.runs or res.changed or res.events or res.notes or res.versions or batch["training"]:
             self.version += 1
         return res
 
@@ -353,10 +444,10 @@ class DashboardState:
         """
         return self.apply(self.read(full=full))
 
-    def _today(self) -> Any:
-        import pandas as pd
-
-        return pd.Timestamp(self.clock(), unit="s", tz="UTC").normalize()
+    def _today(self) -> int:
+        """Today's UTC day number (days since 1970-01-01) by the clock: "today" is asked when the
+        counts are shown, so a dashboard left open over midnight starts its day again."""
+        return int(self.clock() // 86400)
 
     def _add_frame(self, frame: Any, initial: bool = False) -> None:
         """Count the runs of a frame: new run files, and run files written again. A run is
@@ -365,13 +456,12 @@ class DashboardState:
         import numpy as np
         import pandas as pd
 
-        today = self._today()
         fin = frame["finished_at"]
         scores = pd.to_numeric(frame["score"], errors="coerce")
         ids = frame["id"].astype(str).tolist()
         machines = frame["machine"].astype(str).tolist()
         finished = fin.notna().to_numpy()
-        is_today = (fin >= today).fillna(False).to_numpy(dtype=bool)
+        days = _day_numbers(fin)
         counted = self._counted
         finishing = np.zeros(len(frame), dtype=bool)  # rows whose finish is counted now
         for i, (name, rid) in enumerate(zip(machines, ids)):
@@ -388,8 +478,7 @@ class DashboardState:
                     finishing[i] = True
                     m.unfinished_files.discard(rid)
                     m.running.discard(rid)
-                    if is_today[i]:
-                        m.finished_today += 1
+                    m.finished_days[days[i]] += 1
             elif new or rid in m.unfinished_files:
                 m.unfinished_files.add(rid)
                 m.running.add(rid)
@@ -469,8 +558,15 @@ class DashboardState:
             return []
 
     def _read_version(self, m: _Machine) -> None:
-        """The machine's live version (versions.json), read again when that file changes."""
-        path = self.workspace / "machines" / Path(*m.name.split("/")) / "versions.json"
+        """The machine's live version (versions.json), read again when that file changes. A name
+        that is not a Machine name (an event's "../x", "") has no versions file: none is read for it."""
+        from ..store.workspace import name_segments
+
+        try:
+            path = self.workspace.joinpath("machines", *name_segments(m.name), "versions.json")
+        except ValueError:
+            m.live_version = None
+            return
         try:
             st = os.stat(path)
             sig = (st.st_size, st.st_mtime_ns, st.st_ino)
@@ -482,10 +578,13 @@ class DashboardState:
         if sig is None:
             m.live_version = None
             return
+        from ..core.jsonl import open_regular
+
         try:
-            versions = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            return  # mid-write or unreadable: the last version read stays
+            with open_regular(path) as f:  # a FIFO is refused, not waited on (this runs on the kernel's loop)
+                versions = json.loads(f.read())
+        except (OSError, ValueError):  # MachineFormatError is a ValueError
+            return  # mid-write, unreadable or not a regular file: the last version read stays
         if isinstance(versions, list) and versions:
             live = next((v.get("id") for v in reversed(versions) if isinstance(v, dict) and v.get("live")), None)
             m.live_version = live or (versions[-1].get("id") if isinstance(versions[-1], dict) else None)
@@ -499,7 +598,8 @@ class DashboardState:
         self.event_counts.clear()
         self.n_events = 0
         for m in self.machines.values():
-            m.failed = m.failed_today = 0
+            m.failed = 0
+            m.failed_days.clear()
             m.running = set(m.unfinished_files)
 
     def _add_event(self, item: Any) -> None:
@@ -531,8 +631,9 @@ class DashboardState:
         elif etype in FAILED_TYPES:
             m.running.discard(rid)
             m.failed += 1
-            if isinstance(when, str) and when[:10] == self._today().strftime("%Y-%m-%d"):
-                m.failed_today += 1
+            day = _event_day(when)
+            if day is not None:
+                m.failed_days[day] += 1
 
     # ---------------------------------------------------------------- training
 
@@ -554,16 +655,20 @@ class DashboardState:
             if not isinstance(row, dict):
                 continue
             step = row.get("step")
-            step = int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else job.steps
-            loss = next((row[k] for k in LOSS_METRICS if isinstance(row.get(k), (int, float))), None)
+            # a step that is not a finite number (JSON's NaN, Infinity) counts as the next one
+            step = (int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+                    else job.steps)
+            key = next((k for k in LOSS_METRICS if isinstance(row.get(k), (int, float))
+                        and not isinstance(row.get(k), bool)), None)
+            loss = _loss(row[key]) if key is not None else None
             if job.metric is None and loss is not None:
-                job.metric = next(k for k in LOSS_METRICS if isinstance(row.get(k), (int, float)))
+                job.metric = key
             job.steps = max(job.steps, step + 1)
             prog = _num(row.get("progress"))
-            if job.total is None and prog and prog > 0:
-                job.total = max(job.steps, round((step + 1) / prog))
+            if job.total is None and prog and prog > 0 and math.isfinite(guess := (step + 1) / prog):
+                job.total = max(job.steps, round(guess))
             if loss is not None:
-                job.points.append((step, float(loss)))
+                job.points.append((step, loss))
         if len(job.points) > LOSS_POINTS:  # every other point of the older half: the curve keeps its shape
             half = len(job.points) // 2
             job.points = job.points[:half:2] + job.points[half:]
@@ -604,22 +709,24 @@ class DashboardState:
             {"version", "runs", "events", "machines": [{name, live_version, runs, running,
             finished_today, failed, failed_today, scores, cost_usd, cost_sources, unpriced}],
             "event_counts", "latest": [{key, machine, id, score, finished}], "jobs": [{name,
-            path, steps, total, eta_s, done, last_loss}], "notes"}.
+            path, steps, total, eta_s, done, last_loss}], "notes"}. A loss that is NaN or infinite
+            (a run that diverged) is None here, so the data stays valid JSON; `html()` shows it.
         """
+        today = self._today()
         return {
             "version": self.version,
             "runs": sum(m.runs for m in self.machines.values()),
             "events": self.n_events,
             "machines": [{"name": m.name, "live_version": m.live_version, "runs": m.runs,
-                          "running": len(m.running), "finished_today": m.finished_today, "failed": m.failed,
-                          "failed_today": m.failed_today, "scores": list(m.scores),
+                          "running": len(m.running), "finished_today": _since(m.finished_days, today),
+                          "failed": m.failed, "failed_today": _since(m.failed_days, today), "scores": list(m.scores),
                           "cost_usd": round(m.reported_usd + m.priced_usd, 9), "cost_sources": sorted(m.sources),
                           "unpriced": m.unpriced} for m in sorted(self.machines.values(), key=lambda m: m.name)],
             "event_counts": dict(self.event_counts),
             "latest": [{"key": k, "machine": mm, "id": i, "score": s, "finished": bool(f)}
                        for k, mm, i, s, f in self.latest],
             "jobs": [{"name": j.name, "path": j.path, "steps": j.steps, "total": j.total, "eta_s": j.eta_s(),
-                      "done": j.done, "last_loss": j.points[-1][1] if j.points else None}
+                      "done": j.done, "last_loss": _finite(j.points[-1][1]) if j.points else None}
                      for j in self.jobs.values()],
             "notes": list(self.notes),
         }
@@ -672,19 +779,24 @@ class DashboardState:
             f' <span style="{muted}">{"score " + format(r["score"], ".2f") if r["score"] is not None else ("finished" if r["finished"] else "running")}</span></li>'
             for r in snap["latest"])
         ev_items = []
+        secrets: list[str] | None = None
         for e in self.events:
+            if "shown" not in e:  # each event's text redacted once, when first drawn
+                secrets = secret_values() if secrets is None else secrets
+                e["shown"] = _shown_event(e, secrets)
+            t = e["shown"]
             if e.get("error"):
-                ev_items.append(f'<li><span style="color:{text_colour(ORANGE)}">line {e["line"]}: {escape(e["error"])}</span>'
-                                f' <code>{escape(e["raw"][:300])}</code></li>')
+                ev_items.append(f'<li><span style="color:{text_colour(ORANGE)}">line {e["line"]}: {escape(t["error"])}</span>'
+                                f' <code>{escape(t["raw"])}</code></li>')
                 continue
-            label = escape(e["type"] if e["type"] is not None else "(no type)")
-            what = " ".join(escape(x) for x in (e.get("machine"), e.get("run")) if x is not None)
-            raw = f' <code style="{muted}">{escape(e["raw"][:300])}</code>' if "raw" in e else ""
+            label = escape(t["type"] if t["type"] is not None else "(no type)")
+            what = " ".join(escape(x) for x in (t["machine"], t["run"]) if x is not None)
+            raw = f' <code style="{muted}">{escape(t["raw"])}</code>' if "raw" in e else ""
             key = f'{e["machine"]}/{e["run"]}' if e.get("machine") is not None and e.get("run") is not None else None
             link = (f'<a href="#" class="mnb-run" data-run="{escape(key)}" style="color:{text_colour(BLUE)}">{what}</a>'
                     if key is not None and key in self._frames else what)
             ev_items.append(f'<li><b>{label}</b> {link}'
-                            f' <span style="{muted}">{escape(e.get("time") or "")}</span>{raw}</li>')
+                            f' <span style="{muted}">{escape(t["time"] or "")}</span>{raw}</li>')
         counts = " · ".join(f"{escape(k)} {v:,}" for k, v in sorted(snap["event_counts"].items()))
         parts.append(
             '<div style="display:flex;flex-wrap:wrap;gap:16px">'
@@ -699,7 +811,7 @@ class DashboardState:
             for j, job in zip(snap["jobs"], self.jobs.values()):
                 status = "done" if j["done"] else (f"ETA {_duration(j['eta_s'])}" if j["eta_s"] is not None else "training")
                 total = f"/{j['total']:,}" if j["total"] else ""
-                loss = f"{j['last_loss']:.4g}" if j["last_loss"] is not None else "—"
+                loss = f"{job.points[-1][1]:.4g}" if job.points else "—"  # "nan" / "inf" said as such
                 curve = sparkline([p[1] for p in job.points], width=200, height=32, colour=text_colour(BLUE))
                 jobs.append(f'<tr><td style="{cell}">{escape(j["name"])}</td><td style="{cell}">{j["steps"]:,}{total}</td>'
                             f'<td style="{cell}">{escape(loss)}</td><td style="{cell}">{curve}</td>'
@@ -862,6 +974,7 @@ class Follower:
             merged.changed += r.changed
             merged.events += r.events
             merged.notes.extend(r.notes)
+            merged.versions += r.versions
         return merged, batches
 
     def _apply_pending(self) -> None:
@@ -922,6 +1035,9 @@ class Dashboard(StaticFallback, w.VBox):
         follow: start following now (default True; False: call `poll()` or `start()`).
         file_events: see DashboardState (default True).
         **kwargs: passed to ipywidgets.VBox.
+
+    Raises:
+        ValueError: `runs` is a frame of another workspace.
 
     `picker` is a RunPicker of the same runs that gains new runs as they land; `follow(picker)`
     makes any RunPicker of this workspace do the same. `stop()` stops following; `close()` also
@@ -1023,7 +1139,8 @@ class Dashboard(StaticFallback, w.VBox):
         if self._pickers and self._picker_rows and (
                 force_picker or time.monotonic() - self._picker_time >= self.picker_interval):
             self._feed_pickers(wait=force_picker)
-        if res.runs or res.changed or res.events or res.notes or any(b["training"] for b in batches):
+        if (res.runs or res.changed or res.events or res.notes or res.versions
+                or any(b["training"] for b in batches)):
             self._view.html = self._html()
             self._static_changed()
 
