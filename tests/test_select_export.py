@@ -211,7 +211,7 @@ def test_uniform_content_and_estimate_tokens():
              {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}]}]}]
     out = uniform_content(lines)
     assert out[0]["messages"][0]["content"] == [{"type": "text", "text": "hi"}]
-    assert out[0]["messages"][1]["content"] == []
+    assert out[0]["messages"][1]["content"] == [{"type": "text", "text": ""}]  # renders as "" does
     assert uniform_content(lines[:1]) == lines[:1]  # all strings: unchanged
     line = {"messages": [{"role": "user", "content": "é" * 10}], "tools": [{"name": "x"}]}
     chars = len(json.dumps(line["messages"], ensure_ascii=False, separators=(",", ":"))) + len('[{"name":"x"}]')

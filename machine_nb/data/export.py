@@ -1,7 +1,7 @@
 """Graded runs as fine-tuning data: Machine's `conversation`, `stepExamples`, `wholeRunExample`,
-`trainingLines` and `uniformContent`, in the chat JSONL shape tinker-cookbook's
-`FromConversationFileBuilder` reads. Which runs to export is decided in
-`select.py`; writing the file is `machine_nb.write_jsonl` (atomic).
+`trainingLines` and `uniformContent`, in tinker-cookbook's chat JSONL shape (`{"messages": [...]}` a
+line, which `sft` trains on). Which runs to export is decided in `select.py`; writing the file is
+`machine_nb.write_jsonl` (atomic).
 
 Pure functions over plain dicts: a Run is Machine's JSON record, a chat message is
 `{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?, "trainable"?}` where content is a
@@ -15,10 +15,10 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..core.chat import content_text
+from ..core.chat import content_text, frame_rows
 from ..errors import user_stacklevel
 from ..store.workspace import resolve_machine
 
@@ -26,6 +26,9 @@ from ..store.workspace import resolve_machine
 # for them stay importable from here.
 from ..store.messages import (FailedPredicate, default_failed, is_tool_call, result_after,  # noqa: F401
                              result_positions, to_chat, tool_results, without_thinking)
+
+# Half of a UTF-16 pair: a run's text cut at a UTF-16 length holds one
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Harnesses that send a step's whole reply back to the model, reasoning included (chat completions).
 RESENDS_REASONING = frozenset({"tinker", "openrouter", "openai", "chat-completions"})
@@ -223,22 +226,32 @@ def tool_specs(tools: Iterable[dict] | None) -> list[dict]:
 
     Args:
         tools: Machine tools (`inputSchema`), ToolSpecs, or OpenAI `{type: "function", function:
-            {…}}` declarations (None: none).
+            {…}}` declarations (None: none). A key set to None (as a frame read back through
+            pyarrow gives every tool every key) counts as absent.
 
     Returns:
         `[{name, description, parameters}]` (parameters: the input JSON schema).
+
+    Raises:
+        ValueError: a tool that is not an object or has no string name, naming its index.
     """
     out = []
-    for t in tools or []:
-        f = t.get("function", t) if t.get("type") == "function" else t
-        out.append({"name": f["name"], "description": f.get("description", ""),
-                    "parameters": f.get("parameters", f.get("inputSchema", f.get("input_schema", {"type": "object"})))})
+    for i, t in enumerate(tools or []):
+        f = t.get("function", t) if isinstance(t, Mapping) and t.get("type") == "function" else t
+        if not isinstance(f, Mapping) or not isinstance(f.get("name"), str):
+            raise ValueError(f"tools[{i}] ({str(t)[:60]}) needs a string 'name': give each tool as "
+                             "{'name', 'description', 'inputSchema'} (Machine's), a ToolSpec or an OpenAI "
+                             "function declaration")
+        schema = next((f[k] for k in ("parameters", "inputSchema", "input_schema") if f.get(k) is not None),
+                      {"type": "object"})
+        out.append({"name": f["name"], "description": f.get("description") or "", "parameters": schema})
     return out
 
 
 def uniform_content(lines: list[dict]) -> list[dict]:
     """Make every message's content the same kind across all lines: all strings, or, when any
-    message carries parts (reasoning), all parts (a string becomes one text part; "" none).
+    message carries parts (reasoning), all parts: a string becomes one text part, "" included
+    (no part at all renders differently); other content (None beside tool calls) is kept.
 
     A dataset loader (Hugging Face `datasets`, which FromConversationFileBuilder uses) needs one
     type per field across the whole file; mixing strings and part lists breaks it.
@@ -253,9 +266,8 @@ def uniform_content(lines: list[dict]) -> list[dict]:
         return lines
     out = []
     for line in lines:
-        msgs = [m if isinstance(m.get("content"), list)
-                else {**m, "content": [{"type": "text", "text": m["content"]}] if m.get("content") else []}
-                for m in line["messages"]]
+        msgs = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str)
+                else m for m in line["messages"]]
         out.append({**line, "messages": msgs})
     return out
 
@@ -265,14 +277,16 @@ def run_records(runs: Any) -> list[dict]:
 
     Args:
         runs: a load_runs DataFrame (its `run` column; without one, the run files its `path`
-            column names), a row (Series or dict; a row without `run` read from its `path`), or
-            a list of rows or Run dicts.
+            column names), a row (Series or dict; a row without `run`, or whose `run` is not a
+            record, as in a frame saved as CSV, read from its `path`), or a list of rows or Run
+            dicts.
 
     Returns:
         The Run dicts, in order.
 
     Raises:
-        ValueError: a frame with neither a `run` nor a `path` column.
+        ValueError: a frame with neither a `run` nor a `path` column, or a row whose `run` is not
+            a record and that has no `path`.
         MachineFormatError: a run file read from `path` that is missing or bad.
     """
     if hasattr(runs, "columns"):
@@ -286,14 +300,20 @@ def run_records(runs: Any) -> list[dict]:
 
 def _row_record(item: Any) -> dict:
     """The Run record of one item: a load_runs row (Series or dict: its `run`, else the file its
-    `path` names when it is a Series without `run`) or a Run dict."""
+    `path` names: a row without `run`, or whose `run` is not a record, as a frame saved as CSV
+    holds it as text) or a Run dict (a dict with no `run` key)."""
     row = item if isinstance(item, dict) else dict(item)
     if isinstance(row.get("run"), dict):
         return row["run"]
-    if not isinstance(item, dict) and "run" not in row and isinstance(row.get("path"), str):
+    if "run" not in row and isinstance(item, dict):
+        return row  # a Run dict
+    if isinstance(row.get("path"), str):
         from ..store.workspace import read_run
 
-        return read_run(row["path"])  # a load_runs row whose `run` column was left out
+        return read_run(row["path"])
+    if "run" in row:
+        raise ValueError(f"a row's `run` is not a Run record ({type(row['run']).__name__}) and the row has no "
+                         "`path` to read it from: load the runs again with load_runs")
     return row
 
 
@@ -363,9 +383,9 @@ def estimate_tokens(lines: Iterable[dict]) -> int:
     """An ESTIMATE (not a count) of the tokens a training file holds, by Machine's rule.
 
     Characters of the messages and tool declarations as compact JSON (JavaScript's
-    JSON.stringify lengths, UTF-16 units), divided by 2.5: a deliberate over-estimate, kept from
-    Machine (how far it is from exact counts: benchmarks/bench_tokens.py). Exact counts come from
-    `machine_nb.count_tokens`.
+    JSON.stringify lengths, UTF-16 units; a lone surrogate counts as its 6-character escape),
+    divided by 2.5: a deliberate over-estimate, kept from Machine (how far it is from exact
+    counts: benchmarks/bench_tokens.py). Exact counts come from `machine_nb.count_tokens`.
 
     Args:
         lines: training lines (`messages`, `tools`?).
@@ -375,7 +395,10 @@ def estimate_tokens(lines: Iterable[dict]) -> int:
     """
     def units(value: Any) -> int:
         s = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-        return len(s) if s.isascii() else len(s.encode("utf-16-le")) // 2
+        if s.isascii():
+            return len(s)
+        # JSON.stringify writes a lone surrogate (half a character) as a 6-character \uXXXX escape
+        return len(s.encode("utf-16-le", "surrogatepass")) // 2 + 5 * len(_SURROGATE.findall(s))
 
     total = 0
     for line in lines:
@@ -479,13 +502,29 @@ class TaggedLines(list):
         self.skipped = list(skipped or [])
 
 
+def _tag_rows(frame: Any) -> list[Any]:
+    """The tag rows of a frame: its `row` column (a tagged() frame; one read back through pyarrow
+    holds numpy arrays and None-filled keys) or its own rows, each as frame_rows reads it; a `row`
+    value that is not a dict is kept as it is (skipped later, as a row with no messages)."""
+    if "row" not in frame.columns:
+        return list(frame_rows(frame))
+    import pandas as pd
+
+    given = list(frame["row"])
+    dicts = [dict(r) for r in given if isinstance(r, Mapping)]
+    plain = iter(frame_rows(pd.DataFrame(dicts)) if dicts else ())
+    return [next(plain) if isinstance(r, Mapping) else r for r in given]
+
+
 def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any = None,
                  exclude: Iterable[Any] | None = None, instructions: str | None = None,
                  include: Iterable[str] = ("good",)) -> TaggedLines:
     """Training lines from tag-store rows (what `/good`, `/good --as` and `/good --trace` saved).
 
     Args:
-        rows: a `tagged()` DataFrame (its `row` column), or tag row dicts.
+        rows: a `tagged()` DataFrame (its `row` column; also one saved and read back, e.g. as
+            Parquet), a DataFrame of tag rows (an empty cell is a field the row lacks), or tag row
+            dicts.
         machine: a machine name (its definition is read from `workspace`) or a definition dict
             (`name`, `instructions`, `holdout`, as load_machine returns). Rows that name another
             machine are skipped; rows that name none are kept only when machine is None (left
@@ -508,8 +547,8 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
         whose messages repeat an earlier row's (the turn tagged twice, a row copied into another
         store file) gives no second line: it is listed in `.skipped` as a duplicate.
     """
-    if hasattr(rows, "columns"):
-        rows = list(rows["row"]) if "row" in rows.columns else rows.to_dict("records")
+    if hasattr(rows, "columns"):  # each row without its empty cells, its arrays as lists (frame_rows)
+        rows = _tag_rows(rows)
     mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)

@@ -328,7 +328,7 @@ class RunSettings:
         Raises:
             ValueError: epochs, batch_size, max_steps, save_every, seed, lora_rank, eval_every or
                 eval_max_tokens not a whole number; epochs, batch_size or eval_max_tokens below 1,
-                eval_every below 0, max_steps below 1, save_every below 0 (0: no
+                seed or eval_every below 0, max_steps below 1, save_every below 0 (0: no
                 periodic checkpoints, as the cookbook reads it), or a LoRA rank below 1 (0, full
                 fine-tuning, is for local models only) or, on a local model, past its width; a
                 learning_rate that is not a finite number above 0; an lr_schedule the cookbook does
@@ -341,6 +341,8 @@ class RunSettings:
             if (value is not None or name not in ("max_steps", "lora_rank", "eval_every")) and (
                     isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be 0 or more (it seeds the data order), got {self.seed}")
         if self.eval_every is not None and self.eval_every < 0:
             raise ValueError(f"eval_every must be at least 0 (0: no held-out evals while training) or None, got "
                              f"{self.eval_every}")
@@ -581,6 +583,10 @@ def eval_count(steps: int, every: int, *, last: bool = False) -> int:
     return len(eval_schedule(0, steps, every, last=last)) + 1
 
 
+#: The fields of an eval row that the held-out evals read (check_row fills in match and format).
+HELD_OUT_FIELDS = ("messages", "expected", "match", "format")
+
+
 @dataclass(frozen=True)
 class HeldOut:
     """A run's held-out evals, checked before anything is written.
@@ -608,12 +614,14 @@ class HeldOut:
     seed: int = 0
 
     def lines(self) -> list[dict]:
-        """The rows as the log dir's heldout_data.jsonl keeps them (without their `line`).
+        """The rows as the log dir's heldout_data.jsonl keeps them: the fields the evals read
+        (HELD_OUT_FIELDS), as checked; a row's other fields (a frame's extra columns, which JSON
+        may not hold: a date) stay in the source.
 
         Returns:
             The JSONL lines.
         """
-        return [{k: v for k, v in r.items() if k != "line"} for r in self.rows]
+        return [{k: r[k] for k in HELD_OUT_FIELDS if k in r} for r in self.rows]
 
     def record(self) -> dict[str, Any]:
         """The evals as the run record and the child's spec keep them.
@@ -654,9 +662,7 @@ def plan_heldout(settings: RunSettings, eval_data: Any, resumed: Resumed | None,
         eval_data = resumed.path / HELDOUT_DATA if saved else None
     if eval_data is None:
         return None
-    if hasattr(eval_data, "to_dict") and hasattr(eval_data, "columns"):
-        eval_data = eval_data.to_dict("records")
-    rows, source = eval_rows(eval_data)
+    rows, source = eval_rows(eval_data)  # a DataFrame's rows without their missing cells (frame_rows)
     every = per_epoch if settings.eval_every is None else settings.eval_every
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"eval_every must be a whole number of steps, at least 1 (got {settings.eval_every!r})")

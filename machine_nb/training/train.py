@@ -4,17 +4,19 @@
 rows checked (`prepare_data`), then preflight (validate's checks, the held-out overlap, the cost
 and the budget: pricing.py decides what a run may cost; the engine's service), one fresh log dir,
 and the cookbook's loop unchanged in a child process (runner.py) against the engine's URL, with a
-progress bar fed from `metrics.jsonl`. Both engines are the real tinker SDK; only the base URL,
-key and model differ. With `eval_data`, the loop also calls the held-out evaluator (heldout.py)
-every `eval_every` steps. Reading a finished (or interrupted) log dir back is runlog.py's
-(`read_training_log`, `training_metrics`, `heldout_curve`, `heldout_results`; importable from
-here too).
+progress bar fed from `metrics.jsonl`. The loop reads its train.jsonl through `ChatFileBuilder`,
+which gives the renderer each row as it was written (the cookbook's own file builder does not).
+Both engines are the real tinker SDK; only the base URL, key and model differ. With `eval_data`,
+the loop also calls the held-out evaluator (heldout.py) every `eval_every` steps. Reading a
+finished (or interrupted) log dir back is runlog.py's (`read_training_log`, `training_metrics`,
+`heldout_curve`, `heldout_results`; importable from here too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,8 +173,8 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             losses and weights of an uninterrupted run (tested; on Tinker the same records are
             written, not tested). A step whose row is missing is trained again and named in
             `TrainResult.unconfirmed_steps` (see `exact_resume_point`).
-        seed: data shuffling (default 0). On the local engine the same call twice gives the same
-            losses and outputs (LoRA adapters start from the engine's fixed seed).
+        seed: data shuffling, 0 or more (default 0). On the local engine the same call twice gives
+            the same losses and outputs (LoRA adapters start from the engine's fixed seed).
         max_length: tokens per example (default None = a local model's context, 128 for
             `local/arith-tiny`; no limit on Tinker).
         lr_schedule: the cookbook's schedule (default "linear": decays to 0).
@@ -187,9 +189,10 @@ def sft(data: Any, model: str | None = None, engine: str | None = None, *, epoch
             notebook or terminal unless MACHINE_NB_PROGRESS=0 (machine_nb.core.progress decides).
         on_metrics: default None; a function called in the caller's thread with each list of new
             `metrics.jsonl` rows while the run writes them (e.g. a LossPlot's `update`).
-        eval_data: held-out eval rows to score while training (a JSONL path or a list of row dicts,
-            evaluate()'s shape); every row is checked before anything is written, a training row
-            whose prompt is one of them is refused, and a copy goes to
+        eval_data: held-out eval rows to score while training (a JSONL path, a list of row dicts,
+            evaluate()'s shape, or a DataFrame of them whose empty cells are fields a row lacks);
+            every row is checked before anything is written, a training row whose prompt is one of
+            them is refused, and a copy of the fields the evals read goes to
             `<log dir>/heldout_data.jsonl`. Default None: no held-out evals. Choose steps and
             settings on a validation set (the corpus's valid.jsonl) and report the chosen
             checkpoint once on another (eval.jsonl): the set you choose on flatters the choice.
@@ -241,7 +244,7 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
     """A real 2-step run through the same path as `sft`: proves data, engine and loop work.
 
     Args:
-        data: as sft takes it.
+        data: as sft takes it (rows from an iterator are read into a list first).
         model: as sft takes it (default None: the engine's).
         engine: as sft takes it (default None: the model's).
         steps: steps to run (default 2).
@@ -250,7 +253,15 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
 
     Returns:
         sft's TrainResult.
+
+    Raises:
+        ValueError: steps not a whole number of at least 1; and whatever sft raises.
     """
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise ValueError(f"steps must be a whole number, at least 1 (got {steps!r})")
+    steps = int(steps)
+    if not isinstance(data, (str, os.PathLike, list)) and not hasattr(data, "columns"):
+        data = list(data)  # read here and again by sft: an iterator would reach sft empty
     rows, _ = prepare_data(data)
     if batch_size is None:
         batch_size = max(1, min(8, len(rows)))
@@ -263,19 +274,104 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
 # the half that runs in the child process (runner.py)
 
 
+def renderer_messages(messages: list[dict]) -> list[dict]:
+    """A conversation as tinker-cookbook's renderers take it: each message as written, its OpenAI
+    tool calls as the cookbook's `ToolCall` (Qwen3's renderer reads `call.function`, Inkling's
+    takes either) and a None content beside them as "" (OpenAI's form for a call with no text;
+    Qwen3's renderer needs text, Inkling's renders both alike). A call keeps its id, name and
+    arguments; other keys of it are left out (the renderers write nothing else of a call, and
+    `ToolCall` refuses unknown keys).
+
+    Args:
+        messages: chat messages, as check_row accepts them.
+
+    Returns:
+        The messages (copies where tool calls were converted).
+    """
+    from tinker_cookbook.renderers import ToolCall
+
+    def call(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # a ToolCall already
+        fn = value["function"]
+        cid = value.get("id")
+        return ToolCall(id=cid if isinstance(cid, str) else None,
+                        function=ToolCall.FunctionBody(name=fn["name"], arguments=fn["arguments"]))
+
+    out = []
+    for m in messages:
+        if isinstance(m.get("tool_calls"), list):
+            m = {**m, "tool_calls": [call(c) for c in m["tool_calls"]]}
+            if m.get("content") is None:
+                m["content"] = ""
+        out.append(m)
+    return out
+
+
+@dataclass(frozen=True)
+class ChatFileBuilder:
+    """The cookbook's supervised dataset of a train.jsonl, each row given to the renderer as written.
+
+    tinker-cookbook's `FromConversationFileBuilder` loads the file with `datasets`, which gives
+    every message every key some message in the file has, set to None (a row with no tool call
+    reaches the renderer with `"tool_calls": None`, which Inkling's and Qwen3's renderers cannot
+    iterate), and needs one type per field across the file. Here each row is kept as its JSON
+    text and parsed again when its batch is built (`renderer_messages`); rows are shuffled,
+    batched and turned into datums (`conversation_to_datum`) as the cookbook's builder does, with
+    the same order for the same seed. Its fields land in the run's config.json, so they are plain
+    values.
+
+    Args:
+        file_path: the JSONL file, one `{"messages": [...]}` a line.
+        model: the model whose tokenizer renders the rows.
+        renderer: the renderer's name.
+        max_length: tokens per example (None: no limit).
+        batch_size: rows per batch.
+        train_on_what: the cookbook's TrainOnWhat value.
+        shuffle_seed: the order's seed (None: the file's order).
+    """
+
+    file_path: str
+    model: str
+    renderer: str
+    max_length: int | None
+    batch_size: int
+    train_on_what: str
+    shuffle_seed: int | None = 0
+
+    def __call__(self) -> tuple[Any, None]:
+        """The training dataset (no test split).
+
+        Returns:
+            (the cookbook's SupervisedDatasetFromHFDataset, None).
+        """
+        import datasets
+        from tinker_cookbook import renderers
+        from tinker_cookbook.supervised.data import SupervisedDatasetFromHFDataset, conversation_to_datum
+        from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+        with open(self.file_path, encoding="utf-8") as fh:
+            rows = [{"row": line} for line in (raw.strip() for raw in fh) if line]
+        dataset = datasets.Dataset.from_list(rows)
+        if self.shuffle_seed is not None:
+            dataset = dataset.shuffle(seed=self.shuffle_seed)
+        renderer = renderers.get_renderer(self.renderer, get_tokenizer(self.model))
+        train_on_what = renderers.TrainOnWhat(self.train_on_what)
+
+        def datum(row: dict) -> Any:
+            messages = renderer_messages(json.loads(row["row"])["messages"])
+            return conversation_to_datum(messages, renderer, self.max_length, train_on_what)
+
+        return SupervisedDatasetFromHFDataset(dataset, batch_size=self.batch_size, map_fn=datum), None
+
+
 def _sft_config(spec: dict) -> Any:
     """The cookbook's supervised Config for a spec `sft` wrote (runs in the child process)."""
-    from tinker_cookbook.renderers import TrainOnWhat
     from tinker_cookbook.supervised import train as cookbook_train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
-    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
-    builder = FromConversationFileBuilder(
-        file_path=spec["data_path"], test_size=0, shuffle_seed=spec["seed"],
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer=spec["model"], renderer_name=spec["renderer"],
-            max_length=spec["max_length"], batch_size=spec["batch_size"],
-            train_on_what=TrainOnWhat(spec["train_on_what"])))
+    builder = ChatFileBuilder(file_path=spec["data_path"], model=spec["model"], renderer=spec["renderer"],
+                              max_length=spec["max_length"], batch_size=spec["batch_size"],
+                              train_on_what=spec["train_on_what"], shuffle_seed=spec["seed"])
     return cookbook_train.Config(
         log_path=spec["log_dir"], model_name=spec["model"], recipe_name="machine_nb_sft",
         renderer_name=spec["renderer"], dataset_builder=builder, learning_rate=spec["learning_rate"],
@@ -404,7 +500,7 @@ def child_run(spec: dict) -> None:
     run_loop(spec, config, main, last=False)
 
 
-__all__ = ["sft", "smoke", "SFTSettings", "SFTData", "exact_resume_point",
+__all__ = ["sft", "smoke", "SFTSettings", "SFTData", "ChatFileBuilder", "renderer_messages", "exact_resume_point",
            "child_run", "keep_runners", "run_cookbook", "TrainResult", "read_training_log", "training_metrics",
            "heldout_curve", "heldout_results", "loss_metric", "new_log_dir", "LOCAL_LORA_RANK", "TINKER_LORA_RANK",
            "LOCAL_LEARNING_RATE", "LOCAL_FULL_LEARNING_RATE", "TINKER_LEARNING_RATE", "SFT_LOSS", "DPO_LOSS",
