@@ -329,3 +329,25 @@ def test_smoke_reads_rows_given_as_a_generator_once(monkeypatch):
     monkeypatch.setattr(train, "sft", fake_sft)
     train.smoke(dict(PLAIN) for _ in range(3))
     assert len(seen["rows"]) == 3 and seen["batch_size"] == 3
+
+
+def test_validate_and_eval_prompts_render_a_tool_call_row_on_qwen3_as_training_does(qwen_standin):
+    """The render check before training (validate's, through sft_view) and an eval's prompts gave
+    the renderer the calls as dicts and a None text beside them, as the child's dataset no longer
+    does: on Qwen3 every such row was refused as `render_failed` before training began, and an eval
+    whose prompt holds a call could not be rendered."""
+    from tinker_cookbook import renderers
+
+    from machine_nb.checks.tokens import render_row
+    from machine_nb.evaluation.sampling import render_prompts
+
+    renderer = renderers.get_renderer("qwen3", QwenStandIn())
+    call_row = [{"role": "user", "content": "add 1 and 2"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "content": "3", "tool_call_id": "c1", "name": "add"},
+                {"role": "assistant", "content": "3"}]
+    total, trained = render_row(renderer, call_row)
+    assert total > trained > 0
+    (prompt,) = render_prompts(renderer, [{"messages": call_row[:3] + [{"role": "user", "content": "and 2 and 3?"}],
+                                           "line": 1}], None)
+    assert '{"name": "add", "arguments": {"a": 1, "b": 2}}' in QwenStandIn().decode(prompt.to_ints())

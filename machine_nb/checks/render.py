@@ -183,6 +183,41 @@ def renderer_name(model: str) -> str:
         raise EngineError(f"No renderer known for model {model!r}: {exc}") from exc
 
 
+def renderer_messages(messages: list[dict]) -> list[dict]:
+    """A conversation as tinker-cookbook's renderers take it: each message as written, its OpenAI
+    tool calls as the cookbook's `ToolCall` (Qwen3's renderer reads `call.function`, Inkling's
+    takes either) and a None content beside them as "" (OpenAI's form for a call with no text;
+    Qwen3's renderer needs text, Inkling's renders both alike). A call keeps its id, name and
+    arguments; other keys of it are left out (the renderers write nothing else of a call, and
+    `ToolCall` refuses unknown keys).
+
+    Args:
+        messages: chat messages, as check_row accepts them (rows sft trains on, validate renders
+            and evaluations prompt with: each goes through this one rule).
+
+    Returns:
+        The messages (copies where tool calls were converted).
+    """
+    from tinker_cookbook.renderers import ToolCall
+
+    def call(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # a ToolCall already
+        fn = value["function"]
+        cid = value.get("id")
+        return ToolCall(id=cid if isinstance(cid, str) else None,
+                        function=ToolCall.FunctionBody(name=fn["name"], arguments=fn["arguments"]))
+
+    out = []
+    for m in messages:
+        if isinstance(m.get("tool_calls"), list):
+            m = {**m, "tool_calls": [call(c) for c in m["tool_calls"]]}
+            if m.get("content") is None:
+                m["content"] = ""
+        out.append(m)
+    return out
+
+
 @lru_cache(maxsize=16)
 def get_tokenizer(model: str) -> Any:
     """The model's tokenizer, cached per model.

@@ -138,18 +138,22 @@ def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
         whole_run: the row is a whole run (default False).
 
     Returns:
-        (messages as the cookbook gets them, the TrainOnWhat).
+        (messages as the cookbook gets them, the TrainOnWhat): tool calls as the cookbook's
+        ToolCall, as sft's dataset gives them (render.renderer_messages).
     """
     from tinker_cookbook.renderers import TrainOnWhat
+
+    from .render import renderer_messages
 
     msgs = [m for m in messages if isinstance(m, Mapping)]
     flagged = whole_run or is_flagged({"messages": msgs})
     mode = TrainOnWhat(train_on_what) if train_on_what is not None else (
         TrainOnWhat.CUSTOMIZED if flagged else TrainOnWhat.LAST_ASSISTANT_MESSAGE)
     if mode != TrainOnWhat.CUSTOMIZED:
-        return [{k: v for k, v in m.items() if k != "trainable"} if "trainable" in m else m for m in msgs], mode
+        kept = [{k: v for k, v in m.items() if k != "trainable"} if "trainable" in m else m for m in msgs]
+        return renderer_messages(kept), mode
     flags = trainable_flags(msgs, whole_run=whole_run)
-    return [{**m, "trainable": flag} for m, flag in zip(msgs, flags)], mode
+    return renderer_messages([{**m, "trainable": flag} for m, flag in zip(msgs, flags)]), mode
 
 
 def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None, *,

@@ -185,10 +185,12 @@ def render_prompts(renderer: Any, rows: list[dict], path: str | None) -> list[An
         MachineFormatError: a row the renderer cannot format, naming its line (not a failure
             halfway through a paid eval).
     """
+    from ..checks.render import renderer_messages  # tool calls as training gives them to the renderer
+
     prompts = []
     for row in rows:
         try:
-            prompts.append(renderer.build_generation_prompt(row["messages"]))
+            prompts.append(renderer.build_generation_prompt(renderer_messages(row["messages"])))
         except Exception as exc:  # the cookbook raises ValueError/KeyError/TypeError on odd messages
             raise MachineFormatError(path, redacted(f"the renderer cannot format this prompt: {type(exc).__name__}: "
                                                     f"{exc}"),  # its text may quote the row: no key in it

@@ -274,40 +274,6 @@ def smoke(data: Any, model: str | None = None, engine: str | None = None, *, ste
 # the half that runs in the child process (runner.py)
 
 
-def renderer_messages(messages: list[dict]) -> list[dict]:
-    """A conversation as tinker-cookbook's renderers take it: each message as written, its OpenAI
-    tool calls as the cookbook's `ToolCall` (Qwen3's renderer reads `call.function`, Inkling's
-    takes either) and a None content beside them as "" (OpenAI's form for a call with no text;
-    Qwen3's renderer needs text, Inkling's renders both alike). A call keeps its id, name and
-    arguments; other keys of it are left out (the renderers write nothing else of a call, and
-    `ToolCall` refuses unknown keys).
-
-    Args:
-        messages: chat messages, as check_row accepts them.
-
-    Returns:
-        The messages (copies where tool calls were converted).
-    """
-    from tinker_cookbook.renderers import ToolCall
-
-    def call(value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value  # a ToolCall already
-        fn = value["function"]
-        cid = value.get("id")
-        return ToolCall(id=cid if isinstance(cid, str) else None,
-                        function=ToolCall.FunctionBody(name=fn["name"], arguments=fn["arguments"]))
-
-    out = []
-    for m in messages:
-        if isinstance(m.get("tool_calls"), list):
-            m = {**m, "tool_calls": [call(c) for c in m["tool_calls"]]}
-            if m.get("content") is None:
-                m["content"] = ""
-        out.append(m)
-    return out
-
-
 @dataclass(frozen=True)
 class ChatFileBuilder:
     """The cookbook's supervised dataset of a train.jsonl, each row given to the renderer as written.
@@ -349,6 +315,8 @@ class ChatFileBuilder:
         from tinker_cookbook import renderers
         from tinker_cookbook.supervised.data import SupervisedDatasetFromHFDataset, conversation_to_datum
         from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+        from ..checks.render import renderer_messages
 
         with open(self.file_path, encoding="utf-8") as fh:
             rows = [{"row": line} for line in (raw.strip() for raw in fh) if line]
@@ -500,7 +468,7 @@ def child_run(spec: dict) -> None:
     run_loop(spec, config, main, last=False)
 
 
-__all__ = ["sft", "smoke", "SFTSettings", "SFTData", "ChatFileBuilder", "renderer_messages", "exact_resume_point",
+__all__ = ["sft", "smoke", "SFTSettings", "SFTData", "ChatFileBuilder", "exact_resume_point",
            "child_run", "keep_runners", "run_cookbook", "TrainResult", "read_training_log", "training_metrics",
            "heldout_curve", "heldout_results", "loss_metric", "new_log_dir", "LOCAL_LORA_RANK", "TINKER_LORA_RANK",
            "LOCAL_LEARNING_RATE", "LOCAL_FULL_LEARNING_RATE", "TINKER_LEARNING_RATE", "SFT_LOSS", "DPO_LOSS",
