@@ -351,3 +351,12 @@ def test_validate_and_eval_prompts_render_a_tool_call_row_on_qwen3_as_training_d
     (prompt,) = render_prompts(renderer, [{"messages": call_row[:3] + [{"role": "user", "content": "and 2 and 3?"}],
                                            "line": 1}], None)
     assert '{"name": "add", "arguments": {"a": 1, "b": 2}}' in QwenStandIn().decode(prompt.to_ints())
+
+
+def test_the_estimate_of_a_trained_tool_call_is_made_of_the_row_as_written():
+    """Machine's estimate counts a row's characters as JSON: the trained message's tool call as the
+    row writes it (a dict), whatever form the renderer takes it in."""
+    from machine_nb.checks import tokens
+
+    msgs = [{"role": "user", "content": "add 1 and 2"}, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    assert tokens._estimate_trained(msgs, None, whole_run=False) == estimate_tokens([{"messages": msgs[1:]}])

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.chat import frame_rows, is_flagged, refuse_jsonl_text, trainable_flags, trained_indices
 from ..errors import EngineError, MachineFormatError, user_stacklevel
 from ..core.jsonl import iter_jsonl, open_regular
+from .render import renderer_messages
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -138,22 +139,19 @@ def sft_view(messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
         whole_run: the row is a whole run (default False).
 
     Returns:
-        (messages as the cookbook gets them, the TrainOnWhat): tool calls as the cookbook's
-        ToolCall, as sft's dataset gives them (render.renderer_messages).
+        (messages as the cookbook gets them, the TrainOnWhat); the renderer takes them through
+        render.renderer_messages, as sft's dataset gives them.
     """
     from tinker_cookbook.renderers import TrainOnWhat
-
-    from .render import renderer_messages
 
     msgs = [m for m in messages if isinstance(m, Mapping)]
     flagged = whole_run or is_flagged({"messages": msgs})
     mode = TrainOnWhat(train_on_what) if train_on_what is not None else (
         TrainOnWhat.CUSTOMIZED if flagged else TrainOnWhat.LAST_ASSISTANT_MESSAGE)
     if mode != TrainOnWhat.CUSTOMIZED:
-        kept = [{k: v for k, v in m.items() if k != "trainable"} if "trainable" in m else m for m in msgs]
-        return renderer_messages(kept), mode
+        return [{k: v for k, v in m.items() if k != "trainable"} if "trainable" in m else m for m in msgs], mode
     flags = trainable_flags(msgs, whole_run=whole_run)
-    return renderer_messages([{**m, "trainable": flag} for m, flag in zip(msgs, flags)]), mode
+    return [{**m, "trainable": flag} for m, flag in zip(msgs, flags)], mode
 
 
 def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: Any = None, *,
@@ -173,7 +171,7 @@ def render_row(renderer: Any, messages: list[Mapping[str, Any]], train_on_what: 
         Whatever the renderer raises for a conversation it cannot render (callers report it).
     """
     msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
-    model_input, weights = renderer.build_supervised_example(msgs, train_on_what=mode)
+    model_input, weights = renderer.build_supervised_example(renderer_messages(msgs), train_on_what=mode)
     return int(model_input.length), int((weights > 0).sum())
 
 
@@ -333,7 +331,7 @@ def count_prompt_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], m
         try:
             if renderer is None:
                 raise LookupError
-            out.append((line, int(renderer.build_generation_prompt(list(messages)).length), True))
+            out.append((line, int(renderer.build_generation_prompt(renderer_messages(list(messages))).length), True))
         except Exception:
             out.append((line, machine_estimate(row), False))
     df = pd.DataFrame(out, columns=["line", "prompt_tokens", "exact"])
