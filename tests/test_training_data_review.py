@@ -360,3 +360,16 @@ def test_the_estimate_of_a_trained_tool_call_is_made_of_the_row_as_written():
 
     msgs = [{"role": "user", "content": "add 1 and 2"}, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
     assert tokens._estimate_trained(msgs, None, whole_run=False) == estimate_tokens([{"messages": msgs[1:]}])
+
+
+def test_the_previewer_renders_a_tool_call_line_on_qwen3(qwen_standin):
+    """The previewer's token view renders a line as sft trains it: a tool call on Qwen3 included."""
+    from tinker_cookbook import renderers
+
+    from machine_nb.widgets.previewer import supervised_tokens
+
+    renderer = renderers.get_renderer("qwen3", QwenStandIn())
+    line = {"messages": [{"role": "user", "content": "add 1 and 2"},
+                         {"role": "assistant", "content": None, "tool_calls": [CALL]}]}
+    ids, weights = supervised_tokens(line, renderer)
+    assert '{"name": "add", "arguments": {"a": 1, "b": 2}}' in QwenStandIn().decode(ids) and sum(weights) > 0

@@ -21,6 +21,7 @@ import anywidget
 import ipywidgets as widgets
 import traitlets
 
+from ..checks.render import renderer_messages
 from ..errors import MachineFormatError
 from ..core.redact import redacted
 from ..core.theme import FG_MUTED, GREEN, ORANGE, RED, text_colour
@@ -199,10 +200,10 @@ def supervised_tokens(line: dict, renderer: Any, train_on_what: Any = None) -> t
         from tinker_cookbook.renderers import TrainOnWhat
 
         model_input, weights = renderer.build_supervised_example(
-            _strip_trainable(line["messages"]), train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES)
+            renderer_messages(_strip_trainable(line["messages"])), train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES)
         return list(model_input.to_ints()), [0.0] * len(weights)
     messages, train_on_what = render_plan(line, train_on_what)
-    model_input, weights = renderer.build_supervised_example(messages, train_on_what=train_on_what)
+    model_input, weights = renderer.build_supervised_example(renderer_messages(messages), train_on_what=train_on_what)
     return list(model_input.to_ints()), [float(w) for w in weights.tolist()]
 
 
@@ -270,7 +271,7 @@ def prompt_diffs(line: dict, renderer: Any, tokenizer: Any, *, ids: list[int] | 
     ends = [j + 1 for j in range(len(weights)) if weights[j] > 0 and (j + 1 == len(weights) or weights[j + 1] <= 0)]
     rows = []
     for n, k in enumerate(trained[:MAX_DIFF_MESSAGES]):
-        gen = list(renderer.build_generation_prompt(_strip_trainable(messages[:k])).to_ints())
+        gen = list(renderer.build_generation_prompt(renderer_messages(_strip_trainable(messages[:k]))).to_ints())
         upto = ends[n] if len(ends) == len(trained) else len(ids)
         sup = ids[:upto]
         extra: list[int] = []  # positions in the supervised tokens that the prompt lacks
