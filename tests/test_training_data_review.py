@@ -373,3 +373,4 @@ def test_the_previewer_renders_a_tool_call_line_on_qwen3(qwen_standin):
                          {"role": "assistant", "content": None, "tool_calls": [CALL]}]}
     ids, weights = supervised_tokens(line, renderer)
     assert '{"name": "add", "arguments": {"a": 1, "b": 2}}' in QwenStandIn().decode(ids) and sum(weights) > 0
+

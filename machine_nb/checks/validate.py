@@ -9,15 +9,19 @@ problem is a finding with its line; nothing stops at the first one. The file is 
 
 from __future__ import annotations
 
+import codecs
 import hashlib
+import json
+import numbers
 import os
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.chat import ROLES, content_text, row_findings
+from ..core.chat import ROLES, content_text, is_flagged, row_findings, trained_indices
 from ..core.jsonl import dumps_line, iter_jsonl, not_regular, open_regular
 from ..core.redact import SECRET_PATTERNS, connection_passwords, mask, redacted
 from ..evaluation.scoring import MATCH_MODES
@@ -57,8 +61,26 @@ def empty_histogram() -> dict[str, int]:
     return {**{f"<={b}": 0 for b in BUCKETS}, f">{BUCKETS[-1]}": 0}
 
 
+# characters that show as nothing (zero-width spaces and joiners, word joiners, a BOM, a soft hyphen)
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
+
+
 def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
+    """Text as the overlap checks compare it: the same characters however Unicode spells them
+    (NFKC: é composed or as e + accent, the ﬁ ligature, full-width letters), invisible characters
+    dropped, case folded (ß as ss) and whitespace runs made one space."""
+    return " ".join(_INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).casefold().split())
+
+
+def _prompt_text(content: Any) -> str:
+    """A message's content as the overlap checks compare it: its text, normalised, and each
+    image or audio part as its JSON, so the same question about another picture is another prompt."""
+    text = _norm(content_text(content, sep=" "))
+    if not isinstance(content, list):
+        return text
+    media = [json.dumps(part, sort_keys=True, ensure_ascii=False, default=str) for part in content
+             if isinstance(part, Mapping) and part.get("type") in ("image", "audio")]
+    return "\n".join([text, *media]) if media else text
 
 
 def prompt_of(messages: list[Any]) -> list[Any]:
@@ -77,7 +99,8 @@ def prompt_of(messages: list[Any]) -> list[Any]:
 
 
 def prompt_keys(messages: list[Any]) -> tuple[bytes, bytes | None]:
-    """Digests for overlap checks, whitespace- and case-normalised.
+    """Digests for overlap checks: text compared with Unicode spelling, invisible characters, case
+    and whitespace runs set aside; image and audio parts compared whole.
 
     Args:
         messages: the row's messages.
@@ -86,10 +109,11 @@ def prompt_keys(messages: list[Any]) -> tuple[bytes, bytes | None]:
         (digest of the whole prompt, digest of its last user text; None without one).
     """
     prompt = [m for m in prompt_of(messages) if isinstance(m, Mapping)]
-    full = hashlib.blake2b(dumps_line([[m.get("role"), _norm(content_text(m.get("content"), sep=" "))]
-                                       for m in prompt]).encode(), digest_size=12).digest()
+    # "surrogatepass": a text cut inside a character (validate's bad_text) still has a digest
+    full = hashlib.blake2b(dumps_line([[m.get("role"), _prompt_text(m.get("content"))] for m in prompt])
+                           .encode("utf-8", "surrogatepass"), digest_size=12).digest()
     users = [m for m in prompt if m.get("role") == "user"]
-    last = hashlib.blake2b(_norm(content_text(users[-1].get("content"), sep=" ")).encode(),
+    last = hashlib.blake2b(_prompt_text(users[-1].get("content")).encode("utf-8", "surrogatepass"),
                            digest_size=12).digest() if users else None
     return full, last
 
@@ -175,17 +199,20 @@ def secret_findings(raw: str, extra: tuple[str, ...] = ()) -> list[tuple[str, st
         extra: literal secrets to look for too (default none).
 
     Returns:
-        (severity, code "secret", message) per secret found; a password in a URL or a DSN/JDBC
-        `password=` setting is a warning (code "password": it may be a made-up example).
+        (severity, code "secret", message) per secret found (a key found by its shape is not
+        reported again as a literal secret); a password in a URL or a DSN/JDBC `password=`
+        setting is a warning (code "password": it may be a made-up example).
     """
-    out = []
+    out, found = [], []
     text = unescaped(raw)
     for name, pattern in SECRET_PATTERNS:
         for m in pattern.finditer(text):
             shown = m.group(0) if name == "private key" else mask(m.group(0))
             out.append(("error", "secret", f"{name} in the row: {shown}; remove it before training"))
+            found.append(m.group(0))
     for value in extra:
-        if value and value in text:
+        # a key already reported by its shape (a tml-… $TINKER_API_KEY) is one secret, one finding
+        if value and value in text and not any(value in key for key in found):
             out.append(("error", "secret", f"the value of $TINKER_API_KEY is in the row: {mask(value)}"))
     if "=" in text or "://" in text:
         for value in connection_passwords(text):
@@ -199,8 +226,9 @@ class ValidationResult:
     """What validate found: `findings` (DataFrame line, severity, code, message), `summary`, `ok`.
 
     summary: path, model, kind (train|eval), rows, errors, warnings, infos, tokens (for eval files:
-    generation-prompt tokens), trained_tokens (train files), max_tokens, exact (real renderer
-    counts), histogram (bucket -> rows, rows that rendered), max_length.
+    generation-prompt tokens), trained_tokens (train files; without the renderer, estimated from
+    the messages sft trains, as count_tokens does), max_tokens, exact (real renderer counts),
+    histogram (bucket -> rows, rows that rendered), max_length.
     ok: no error findings.
     """
 
@@ -279,6 +307,22 @@ def _not_a_file(path: Path) -> tuple[str, str] | None:
     return "not_a_file", f"{path} is {what}, not a regular file: give the path of a JSONL file"
 
 
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+              (codecs.BOM_UTF16_BE, "UTF-16"))  # UTF-32 first: its little-endian mark starts as UTF-16's does
+
+
+def _wide_encoding(path: Path) -> tuple[str, str] | None:
+    """(code, message) when a regular file starts with a UTF-16 or UTF-32 byte order mark (as
+    Windows PowerShell's `>` writes text), else None: no line of it reads as UTF-8 JSON."""
+    with open_regular(path) as fh:
+        head = fh.read(4)
+    name = next((name for bom, name in _WIDE_BOMS if head.startswith(bom)), None)
+    if name is None:
+        return None
+    return "bad_encoding", (f"{path} is {name} text (it starts with a {name} byte order mark, as Windows "
+                            "PowerShell's `>` writes files): JSONL is UTF-8; save it as UTF-8")
+
+
 def _detect_kind(path: Path) -> str:
     """"eval" when the first readable object row has "expected", else "train"."""
     for _, row in iter_jsonl(path, on_error="skip", skipped=[]):
@@ -287,15 +331,54 @@ def _detect_kind(path: Path) -> str:
     return "train"
 
 
-def _load_prompt_keys(path: Path) -> tuple[set[bytes], set[bytes]]:
-    full, last = set(), set()
-    for _, row in iter_jsonl(path, on_error="skip", skipped=[]):
+def _held_out_name(eval_data: Any, line: int | None = None) -> str:
+    """How findings name the held-out data ("the eval file PATH", or "the eval rows given"), or
+    one row of it ("line 3 of the eval file PATH", "row 3 of the eval rows given")."""
+    if isinstance(eval_data, (str, os.PathLike)):
+        return f"{'' if line is None else f'line {line} of '}the eval file {os.fspath(eval_data)}"
+    return f"{'' if line is None else f'row {line} of '}the eval rows given"
+
+
+def _load_prompt_keys(eval_data: Any) -> tuple[tuple[dict[bytes, int], dict[bytes, int]],
+                                                 list[tuple[None, str, str, str]]]:
+    """The held-out prompts' digests, each with the first line (or row) that has it, and a warning
+    for each reason some may be missing (unreadable lines, no rows): a prompt that is not read is
+    not checked for overlap."""
+    from .tokens import iter_rows
+
+    if not isinstance(eval_data, (str, os.PathLike)) and (isinstance(eval_data, (bytes, Mapping)) or not (
+            hasattr(eval_data, "__iter__") or hasattr(eval_data, "columns"))):
+        raise TypeError(f"eval_data takes a JSONL path or a list of eval rows (dicts with \"messages\"), not "
+                        f"{type(eval_data).__name__}")
+    full: dict[bytes, int] = {}
+    last: dict[bytes, int] = {}
+    rows, skipped = 0, []
+    for line, row in iter_rows(eval_data, on_error="skip", skipped=skipped):
+        rows += 1
         if isinstance(row, Mapping) and isinstance(row.get("messages"), list):
             f, u = prompt_keys(row["messages"])
-            full.add(f)
+            full.setdefault(f, line)
             if u is not None:
-                last.add(u)
-    return full, last
+                last.setdefault(u, line)
+    name, notes = _held_out_name(eval_data), []
+    if skipped:
+        first, more = skipped[0], "; …" if len(skipped) > 1 else ""
+        notes.append((None, "warning", "eval_unreadable",
+                      f"{len(skipped)} line(s) of {name} cannot be read (line {first.line}: "
+                      f"{_line_reason(first.reason)}{more}): their prompts are not checked for overlap"))
+    if rows == 0:
+        notes.append((None, "warning", "eval_unreadable", f"{name} has no rows: there is nothing to check overlap "
+                                                          "against"))
+    return (full, last), notes
+
+
+def _line_reason(reason: str) -> str:
+    """Why a JSONL line cannot be read (jsonl's reason), in words that say the way out: a line that
+    starts with a UTF-8 byte order mark, as some Windows editors save a file, says to save it without."""
+    if "unexpected UTF-8 BOM" in reason:  # the json module's words
+        return ("the line starts with a UTF-8 byte order mark (BOM), which JSONL readers (sft, evaluate) refuse: "
+                "save the file as UTF-8 without a BOM")
+    return reason
 
 
 def model_context(model: str | None) -> int | None:
@@ -321,8 +404,8 @@ def resolve_max_length(model: str | None, max_length: int | str | None = "auto")
 
     Args:
         model: the model (its context caps every limit).
-        max_length: an integer, "auto" (default: the context where known, else DEFAULT_MAX_LENGTH)
-            or None (the context only).
+        max_length: an integer (a numpy one too), "auto" (default: the context where known, else
+            DEFAULT_MAX_LENGTH) or None (the context only).
 
     Returns:
         (the limit, the model's context), either None when there is none.
@@ -330,8 +413,10 @@ def resolve_max_length(model: str | None, max_length: int | str | None = "auto")
     Raises:
         TypeError / ValueError: a max_length that is not an integer of at least 1, "auto" or None.
     """
-    if max_length is not None and max_length != "auto" and (isinstance(max_length, bool) or not isinstance(max_length, int)):
-        raise TypeError(f"max_length must be an integer, 'auto' or None, got {max_length!r}")
+    if max_length is not None and not (isinstance(max_length, str) and max_length == "auto"):
+        if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral):
+            raise TypeError(f"max_length must be an integer, 'auto' or None, got {max_length!r}")
+        max_length = int(max_length)  # a numpy integer (a limit computed from a frame) as Python's
     if isinstance(max_length, int) and max_length < 1:
         raise ValueError(f"max_length must be at least 1 (or None, or 'auto'), got {max_length}")
     context = model_context(model)
@@ -356,7 +441,8 @@ class ValidateSettings:
     max_length: the token limit rows are held to (None: none); context: the model's context
     where known (a row over it is an error whatever max_length says).
     train_on_what: the cookbook's TrainOnWhat for trained-token counts (None: as sft chooses).
-    eval_data: a held-out file whose prompts must not be trained on (None: no overlap check).
+    eval_data: a held-out file (or held-out rows in memory) whose prompts must not be trained on
+    (None: no overlap check).
     """
 
     model: str | None
@@ -364,11 +450,11 @@ class ValidateSettings:
     max_length: int | None
     context: int | None
     train_on_what: Any = None
-    eval_data: str | os.PathLike | None = None
+    eval_data: Any = None
 
 
 def resolve_settings(model: str | None, max_length: int | str | None = "auto", kind: str = "train",
-                     train_on_what: Any = None, eval_data: str | os.PathLike | None = None) -> ValidateSettings:
+                     train_on_what: Any = None, eval_data: Any = None) -> ValidateSettings:
     """validate's arguments, resolved.
 
     Args:
@@ -376,7 +462,7 @@ def resolve_settings(model: str | None, max_length: int | str | None = "auto", k
         max_length: an integer, "auto" or None (see resolve_max_length; default "auto").
         kind: "train" (default) or "eval".
         train_on_what: the cookbook's TrainOnWhat (default None).
-        eval_data: the held-out file (default None).
+        eval_data: the held-out file, or held-out rows in memory (default None).
 
     Returns:
         The ValidateSettings.
@@ -393,14 +479,15 @@ class Prepared:
     """What every row is checked against, made once before reading.
 
     renderer: the model's tinker-cookbook renderer (None: no model, or none offline).
-    eval_keys: (whole-prompt digests, last-question digests) of the held-out file (None: no check).
+    eval_keys: ({whole-prompt digest: its first line}, {last-question digest: its first line}) of
+    the held-out data (None: no check).
     extra_secrets: literal secrets to look for (the value of $TINKER_API_KEY).
     findings: the file-level findings preparing made (line None): no model, estimated counts,
-    a missing held-out file.
+    a missing held-out file, held-out lines that cannot be read or no held-out rows.
     """
 
     renderer: Any = None
-    eval_keys: tuple[set[bytes], set[bytes]] | None = None
+    eval_keys: tuple[dict[bytes, int], dict[bytes, int]] | None = None
     extra_secrets: tuple[str, ...] = ()
     findings: list[tuple[None, str, str, str]] = field(default_factory=list)
 
@@ -416,6 +503,7 @@ def prepare(settings: ValidateSettings) -> Prepared:
 
     Raises:
         ValueError: JSONL text given for the held-out file instead of its path.
+        TypeError: held-out data that is neither a path nor rows.
     """
     from .tokens import refuse_jsonl_text, renderer_or_reason
 
@@ -429,9 +517,11 @@ def prepare(settings: ValidateSettings) -> Prepared:
         if note:
             out.findings.append((None, "warning", "estimated_tokens", note))
     if settings.eval_data is not None:
-        unreadable = _not_a_file(Path(settings.eval_data))
+        unreadable = _not_a_file(Path(settings.eval_data)) if isinstance(settings.eval_data, (str, os.PathLike)) \
+            else None
         if unreadable is None:
-            out.eval_keys = _load_prompt_keys(Path(settings.eval_data))
+            out.eval_keys, notes = _load_prompt_keys(settings.eval_data)
+            out.findings.extend(notes)
         else:
             out.findings.append((None, "error", "no_file", f"eval file {unreadable[1]} (overlap not checked)"))
     api_key = os.environ.get("TINKER_API_KEY", "").strip()
@@ -490,12 +580,32 @@ def row_problems(row: Any, raw: str, settings: ValidateSettings, prepared: Prepa
             and row["messages"]:
         full, last = prompt_keys(row["messages"])
         if full in prepared.eval_keys[0]:
-            out.append(("error", "eval_overlap", f"this prompt is also in the eval file {settings.eval_data}: the "
-                                                 "held-out score would be measured on trained data"))
+            where = _held_out_name(settings.eval_data, prepared.eval_keys[0][full])
+            out.append(("error", "eval_overlap", f"this prompt is also in {where}: the held-out score would be "
+                                                 "measured on trained data"))
         elif last is not None and last in prepared.eval_keys[1]:
+            where = _held_out_name(settings.eval_data, prepared.eval_keys[1][last])
             out.append(("warning", "eval_overlap_question",
-                        f"the last user question is also in the eval file {settings.eval_data} (in another context)"))
+                        f"the last user question is also in {where} (in another context)"))
     return out
+
+
+def _estimate_trained(row: Mapping[str, Any], train_on_what: Any) -> int:
+    """The estimate of a training row's trained tokens that count_tokens makes: the messages sft
+    trains as tokens.sft_view hands them over (in CUSTOMIZED mode each with `"trainable": true`,
+    otherwise without the key), by Machine's 2.5-characters rule. Only the text's length matters,
+    so the cookbook (a slow import) is not needed for it."""
+    from .tokens import machine_estimate
+
+    messages, whole_run = row["messages"], bool(row.get("whole_run"))
+    keep = trained_indices(messages, train_on_what, whole_run=whole_run)
+    if not keep:
+        return 0
+    mode = str(getattr(train_on_what, "value", train_on_what)) if train_on_what is not None else None
+    customized = mode == "customized" or (mode is None and (whole_run or is_flagged(row)))
+    flag = {"trainable": True} if customized else {}
+    return machine_estimate({"messages": [{**{k: v for k, v in messages[i].items() if k != "trainable"}, **flag}
+                                          for i in keep]})
 
 
 def count_row(row: Mapping[str, Any], settings: ValidateSettings,
@@ -509,8 +619,10 @@ def count_row(row: Mapping[str, Any], settings: ValidateSettings,
 
     Returns:
         (tokens, trained tokens, problems): tokens None when the renderer cannot render the row
-        (the problem says why); problems: render_failed, too_long, no_trainable_tokens.
+        (the problem says why); without a renderer, the estimate and 0 trained tokens (Tally
+        estimates those for its summary); problems: render_failed, too_long, no_trainable_tokens.
     """
+    from .render import renderer_messages
     from .tokens import machine_estimate, render_row
 
     messages, renderer = row["messages"], prepared.renderer
@@ -521,7 +633,7 @@ def count_row(row: Mapping[str, Any], settings: ValidateSettings,
                 tokens, trained = render_row(renderer, messages, settings.train_on_what,
                                              whole_run=bool(row.get("whole_run")))
             else:
-                tokens, trained = int(renderer.build_generation_prompt(list(messages)).length), 0
+                tokens, trained = int(renderer.build_generation_prompt(renderer_messages(list(messages))).length), 0
         except Exception as exc:  # its text may quote the row (a media part's path): redacted like the rest
             return None, 0, [("error", "render_failed", f"the {settings.model} renderer cannot render this row: "
                                                         f"{type(exc).__name__}: {redacted(str(exc))[:300]}")]
@@ -587,7 +699,7 @@ class Tally:
             line: its line.
             reason: why (jsonl's reason).
         """
-        self.add(line, "error", "bad_json", reason)
+        self.add(line, "error", "bad_json", _line_reason(reason))
 
     def row(self, line: int, row: Any, raw: str, prepared: Prepared) -> None:
         """Check one row (row_problems, then count_row when it is well shaped) and count it.
@@ -611,6 +723,8 @@ class Tally:
         if any(p[0] == "error" and p[1] not in _NOT_SHAPE for p in problems):
             return  # the renderer would only repeat the shape error
         tokens, trained, counted = count_row(row, self.settings, prepared)
+        if tokens is not None and prepared.renderer is None and self.settings.kind == "train":
+            trained = min(tokens, _estimate_trained(row, self.settings.train_on_what))  # as count_tokens'
         if tokens is not None:
             s = self.summary
             s["tokens"] += tokens
@@ -665,7 +779,7 @@ class Tally:
 # --------------------------------------------------------------------------- the compositions
 
 def validate(data: Any, model: str | None = None, max_length: int | str | None = "auto",
-             eval_data: str | os.PathLike | None = None, *, kind: str = "auto", train_on_what: Any = None,
+             eval_data: Any = None, *, kind: str = "auto", train_on_what: Any = None,
              progress: bool | None = None) -> ValidationResult:
     """Check a chat JSONL training or eval file; every problem becomes a finding with its line.
 
@@ -680,36 +794,42 @@ def validate(data: Any, model: str | None = None, max_length: int | str | None =
             (model_context: 128 for local/arith-tiny), else 32768, the cookbook's usual SFT
             max_length. An integer is capped at the model's context (no setting makes the model
             hold more); None drops the max_length check, keeping only the context's.
-        eval_data: a held-out file; a training prompt equal to one of its prompts is an error, the
-            same last question under a different context a warning (default None: no overlap check).
-        kind: "train", "eval" or "auto" (default: "eval" when rows carry `expected`).
+        eval_data: a held-out file, or held-out rows in memory (a list of eval rows or a DataFrame
+            of them); a training prompt equal to one of its prompts is an error, the same last
+            question under a different context a warning (default None: no overlap check). Prompts
+            are compared with Unicode spelling (NFKC), invisible characters, case and whitespace
+            set aside, image and audio parts whole. Held-out lines that cannot be read, or no
+            held-out rows at all, are a warning (eval_unreadable): their prompts go unchecked.
+        kind: "train", "eval" or "auto" (default: "eval" when rows carry `expected`, else
+            "train", as the summary of a file that cannot be read says).
         train_on_what: the cookbook's TrainOnWhat for trained-token counts (default None: as count_tokens).
         progress: progress bar (default None: past 2,000 rows, unless MACHINE_NB_PROGRESS=0).
 
     Returns:
         A ValidationResult: findings (line, severity, code, message), summary, ok. A path that is
-        missing (no_file) or not a regular file (not_a_file: a folder, a named pipe) is a finding.
+        missing (no_file) or not a regular file (not_a_file: a folder, a named pipe), or a file
+        in UTF-16 or UTF-32 (bad_encoding), is one finding.
 
     Raises:
         ValueError: JSONL text given for `data` or `eval_data` instead of a path; a kind or
             max_length no validation can use.
-        TypeError: data that is neither a path nor rows.
+        TypeError: data or eval_data that is neither a path nor rows.
     """
     from .tokens import refuse_jsonl_text
 
+    if kind not in ("train", "eval", "auto"):
+        raise ValueError(f"kind must be 'train', 'eval' or 'auto', got {kind!r}")
     if not isinstance(data, (str, os.PathLike)):
         return _validate_rows(data, model, max_length, eval_data, kind, train_on_what)
     refuse_jsonl_text(data)
     path = Path(data)
-    unreadable = _not_a_file(path)
+    unreadable = _not_a_file(path) or _wide_encoding(path)
     if unreadable is not None:
-        tally = Tally(path, resolve_settings(model, max_length, kind))
+        tally = Tally(path, resolve_settings(model, max_length, "train" if kind == "auto" else kind))
         tally.add(None, "error", *unreadable)
         return tally.finish()
     if kind == "auto":
         kind = _detect_kind(path)
-    if kind not in ("train", "eval"):
-        raise ValueError(f"kind must be 'train', 'eval' or 'auto', got {kind!r}")
     settings = resolve_settings(model, max_length, kind, train_on_what, eval_data)
     prepared = prepare(settings)
     tally = Tally(path, settings, prepared)
@@ -752,7 +872,7 @@ def _validate_rows(data: Any, model: str | None, max_length: int | str | None, e
 
 
 def preflight(data: Any, model: str | None = None, max_length: int | str | None = "auto", *,
-              eval_data: str | os.PathLike | None = None, train_on_what: Any = None,
+              eval_data: Any = None, train_on_what: Any = None,
               raise_errors: bool = True) -> ValidationResult:
     """validate()'s checks on training rows in memory, before a trainer spends a step on them.
 
@@ -761,7 +881,8 @@ def preflight(data: Any, model: str | None = None, max_length: int | str | None 
             lines is read row by row). Line numbers in findings are 1-based positions.
         model: the model the rows are for; default None checks shape and secrets only (as validate).
         max_length: as in validate (default "auto": the model's context where known, else 32768).
-        eval_data: a held-out eval file whose prompts must not be trained on (default None).
+        eval_data: a held-out eval file, or held-out rows in memory, whose prompts must not be
+            trained on (default None; compared as in validate).
         train_on_what: the cookbook's TrainOnWhat for trained-token counts (default None: as sft).
         raise_errors: default True: raise ValidationFailed when there is any error finding;
             False returns the result whatever it holds.

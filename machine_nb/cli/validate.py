@@ -23,12 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
             "as FILE:LINE: severity code: message, then a summary with tokens and the token-length histogram. "
             "Exit status 1 when there is any error finding, 0 otherwise. Cost: free (local rendering only); "
             "with --epochs it also prints the training cost estimate from the price table, and a note when "
-            "the rows fill no batch of --batch-size (a run sft refuses: 0 steps, $0)."),
+            "the rows fill no batch of --batch-size (a run sft refuses: 0 steps, $0); a file with an error "
+            "finding, or of eval rows, is not priced (the cost line says why)."),
     )
     p.add_argument("file", help="the chat JSONL file to check")
     p.add_argument("-m", "--model", default=None,
                    help="model whose renderer to use (default: the local engine's model, local/arith-tiny)")
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--max-length", type=whole(0), default=None,
                    help="longest row in tokens (default: the model's context where known, 128 for local/arith-tiny, "
                         "else 32768); capped at the model's context; 0 drops this limit but keeps the context's")
     p.add_argument("--eval", dest="eval_path", default=None, help="held-out eval file: prompts shared with it are errors")
@@ -48,7 +49,12 @@ def _run(args: argparse.Namespace) -> int:
     max_length = "auto" if args.max_length is None else (args.max_length or None)
     result = validate(args.file, model, max_length=max_length, eval_data=args.eval_path, kind=args.kind)
     cost = None
-    if args.epochs is not None and result.ok:
+    if args.epochs is not None and not result.ok:
+        cost = {"error": "not estimated: sft refuses a file with an error finding; fix them first"}
+    elif args.epochs is not None and result.summary["kind"] == "eval":
+        cost = {"error": f"not estimated: {args.file} holds eval rows, and eval rows are not trained on "
+                         "(--epochs prices a training file)"}
+    elif args.epochs is not None:
         from ..checks.pricing import estimate_cost
 
         try:
