@@ -206,3 +206,31 @@ def test_a_presigned_urls_signature_is_redacted():
     text = redacted(url)
     assert "fakecanary0123456789abcdef" not in text and "fakecanarySAS0123456789" not in text
     assert "sv=2024" in text
+
+
+# Canaries in the shapes the services issue (made up here: no service ever issued them)
+HF_TOKEN_CANARY = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+GITHUB_PAT_CANARY = "github_pat_" + "11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz0123456789ABCDEF"
+JWT_CANARY = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9." + "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkNhbmFyeSJ9."
+              + "c2lnbmF0dXJlLW9mLWEtbWFkZS11cC10b2tlbg")
+GOOGLE_KEY_CANARY = "AIza" + "SyA-0123456789abcdefghijklmnopqrstu"
+PGP_BLOCK = "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF0canary\n-----END PGP PRIVATE KEY BLOCK-----"
+
+
+@pytest.mark.parametrize("secret", [HF_TOKEN_CANARY, GITHUB_PAT_CANARY, JWT_CANARY, GOOGLE_KEY_CANARY, PGP_BLOCK])
+def test_hugging_face_github_google_jwt_and_pgp_keys_are_redacted_and_found_by_validate(secret):
+    from machine_nb.checks.validate import secret_findings
+    from machine_nb.core.redact import redacted
+
+    text = f"the tool printed: {secret} (done)"
+    shown = redacted(text)
+    assert "lQOYBF0canary" not in shown and secret.splitlines()[0][12:] not in shown and "[redacted]" in shown
+    assert shown.endswith("(done)") or "PGP" in secret
+    assert [f for f in secret_findings(text) if f[0] == "error"], secret
+
+
+def test_words_shaped_like_no_key_are_left_alone():
+    from machine_nb.core.redact import redacted
+
+    for text in ("hf_hub_download", "from huggingface_hub import hf_hub_url", "eyJ alone", "AIza", "github_pat_"):
+        assert redacted(text) == text

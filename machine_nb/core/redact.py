@@ -33,8 +33,8 @@ What is redacted (`[redacted]`):
   `;password=[redacted];`), an ODBC string or a `.env` line; quoted values too;
 - the value of a secret-named query parameter in a URL (`?api_key=[redacted]&page=2`,
   `&access_token=…`, `&amp;token=…` in HTML);
-- key-shaped strings (SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub and Slack tokens,
-  private key blocks), set in the environment or not.
+- key-shaped strings (SECRET_PATTERNS: `sk-…`, `tml-…`, AWS, GitHub, Slack and Hugging Face tokens,
+  Google API keys, JSON web tokens, private key blocks, PGP's too), set in the environment or not.
 """
 
 from __future__ import annotations
@@ -57,12 +57,16 @@ def _key(prefix: str, rest: str) -> re.Pattern[str]:
 
 
 SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")),
     ("API key (sk-…)", _key("sk-", r"[A-Za-z0-9_\-]{20,}")),
     ("Tinker key (tml-…)", _key("tml-", r"[A-Za-z0-9_\-]{20,}")),
     ("AWS access key", _key("AKIA", r"[0-9A-Z]{16}\b")),
     ("GitHub token", _key("gh[pousr]_", r"[A-Za-z0-9]{30,}")),
     ("Slack token", _key("xox[abposr]-", r"[A-Za-z0-9\-]{10,}")),
+    ("GitHub token (fine-grained)", _key("github_pat_", r"[A-Za-z0-9_]{40,}")),
+    ("Hugging Face token", _key("hf_", r"[A-Za-z0-9]{30,}")),
+    ("Google API key", _key("AIza", r"[0-9A-Za-z_\-]{35}")),
+    ("JSON web token", _key("eyJ", r"[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}")),
 )
 
 REDACTED = "[redacted]"
@@ -236,8 +240,8 @@ def connection_passwords(text: str) -> list[str]:
 def _key_shapes() -> re.Pattern[str]:
     """One pattern for every key-shaped string validate knows, a private key as its whole block."""
     shapes = [p.pattern for name, p in SECRET_PATTERNS if name != "private key"]
-    block = (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
-             r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)")
+    block = (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+             r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)")
     return re.compile("|".join([block, *shapes]))
 
 
