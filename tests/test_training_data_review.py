@@ -359,7 +359,7 @@ def test_the_estimate_of_a_trained_tool_call_is_made_of_the_row_as_written():
     from machine_nb.checks import tokens
 
     msgs = [{"role": "user", "content": "add 1 and 2"}, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
-    assert tokens._estimate_trained(msgs, None, whole_run=False) == estimate_tokens([{"messages": msgs[1:]}])
+    assert tokens.estimate_trained(msgs) == estimate_tokens([{"messages": msgs[1:]}])
 
 
 def test_the_previewer_renders_a_tool_call_line_on_qwen3(qwen_standin):

@@ -71,12 +71,28 @@ def machine_estimate(row: Mapping[str, Any]) -> int:
     return _estimate(row)
 
 
-def _estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any, *, whole_run: bool) -> int:
-    """Machine's estimate of a row's trained tokens: the characters of the messages sft trains
-    (`sft_view`'s choice: the last assistant message, or the flagged ones) as compact JSON / 2.5."""
-    msgs, mode = sft_view(messages, train_on_what, whole_run=whole_run)
-    keep = trained_indices(msgs, mode, whole_run=whole_run)
-    return _estimate({"messages": [msgs[i] for i in keep]}) if keep else 0
+def estimate_trained(messages: list[Mapping[str, Any]], train_on_what: Any = None, *, whole_run: bool = False) -> int:
+    """Machine's estimate of a row's trained tokens: the characters of the messages sft trains, as
+    `sft_view` hands them over (in CUSTOMIZED mode each with `"trainable": true`, otherwise without
+    the key), as compact JSON / 2.5. Only the text's length matters, so the cookbook (a slow
+    import) is not needed for it.
+
+    Args:
+        messages: the row's messages.
+        train_on_what: the cookbook's TrainOnWhat or its value (default None: sft's choice).
+        whole_run: the row is a whole run (default False).
+
+    Returns:
+        The estimate (0 when nothing is trained).
+    """
+    keep = trained_indices(messages, train_on_what, whole_run=whole_run)
+    if not keep:
+        return 0
+    mode = str(getattr(train_on_what, "value", train_on_what)) if train_on_what is not None else None
+    customized = mode == "customized" or (mode is None and is_flagged({"messages": messages, "whole_run": whole_run}))
+    flag = {"trainable": True} if customized else {}
+    return _estimate({"messages": [{**{k: v for k, v in messages[i].items() if k != "trainable"}, **flag}
+                                   for i in keep]})
 
 
 def iter_rows(data: str | os.PathLike | Iterable[Mapping[str, Any]], *, on_error: str = "raise",
@@ -280,8 +296,8 @@ def count_tokens(data: str | os.PathLike | Iterable[Mapping[str, Any]], model: s
                     error = redacted(f"renderer failed: {type(exc).__name__}: {exc}")
             if renderer is None or error is not None:
                 tokens, exact = machine_estimate(row), False
-                trained = min(tokens, _estimate_trained(messages, train_on_what,
-                                                        whole_run=bool(row.get("whole_run"))))
+                trained = min(tokens, estimate_trained(messages, train_on_what,
+                                                       whole_run=bool(row.get("whole_run"))))
             cols["line"].append(line)
             cols["tokens"].append(tokens)
             cols["trained_tokens"].append(trained)

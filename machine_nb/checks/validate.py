@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.chat import ROLES, content_text, is_flagged, row_findings, trained_indices
+from ..core.chat import ROLES, content_text, row_findings
 from ..core.jsonl import dumps_line, iter_jsonl, not_regular, open_regular
 from ..core.redact import SECRET_PATTERNS, connection_passwords, mask, redacted
+from .tokens import estimate_trained
 from ..evaluation.scoring import MATCH_MODES
 
 if TYPE_CHECKING:
@@ -590,24 +591,6 @@ def row_problems(row: Any, raw: str, settings: ValidateSettings, prepared: Prepa
     return out
 
 
-def _estimate_trained(row: Mapping[str, Any], train_on_what: Any) -> int:
-    """The estimate of a training row's trained tokens that count_tokens makes: the messages sft
-    trains as tokens.sft_view hands them over (in CUSTOMIZED mode each with `"trainable": true`,
-    otherwise without the key), by Machine's 2.5-characters rule. Only the text's length matters,
-    so the cookbook (a slow import) is not needed for it."""
-    from .tokens import machine_estimate
-
-    messages, whole_run = row["messages"], bool(row.get("whole_run"))
-    keep = trained_indices(messages, train_on_what, whole_run=whole_run)
-    if not keep:
-        return 0
-    mode = str(getattr(train_on_what, "value", train_on_what)) if train_on_what is not None else None
-    customized = mode == "customized" or (mode is None and (whole_run or is_flagged(row)))
-    flag = {"trainable": True} if customized else {}
-    return machine_estimate({"messages": [{**{k: v for k, v in messages[i].items() if k != "trainable"}, **flag}
-                                          for i in keep]})
-
-
 def count_row(row: Mapping[str, Any], settings: ValidateSettings,
               prepared: Prepared) -> tuple[int | None, int, list[tuple[str, str, str]]]:
     """The tokens of one well-shaped row, and the problems counting finds.
@@ -724,7 +707,8 @@ class Tally:
             return  # the renderer would only repeat the shape error
         tokens, trained, counted = count_row(row, self.settings, prepared)
         if tokens is not None and prepared.renderer is None and self.settings.kind == "train":
-            trained = min(tokens, _estimate_trained(row, self.settings.train_on_what))  # as count_tokens'
+            trained = min(tokens, estimate_trained(row["messages"], self.settings.train_on_what,
+                                                   whole_run=bool(row.get("whole_run"))))  # as count_tokens'
         if tokens is not None:
             s = self.summary
             s["tokens"] += tokens
