@@ -17,7 +17,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from . import loop
 from ..checks import render
@@ -53,23 +53,61 @@ an eval result as far as `compare` is concerned, so two of them compare pair by 
 # pairs in, checked
 
 
+def _given_pairs(pairs: Any, where: str) -> list[dict]:
+    """The pairs as records, read once (a generator gives them all), each entry a mapping. A frame's
+    rows as they were before pandas (core.chat.frame_rows): lists where a frame read back through
+    pyarrow holds arrays, no missing cells, and no message key that is None only because another
+    message has it (content aside)."""
+    from ..core.chat import frame_rows
+    from ..store.pairs import pair_records
+
+    if isinstance(pairs, (str, os.PathLike)):
+        return pair_records(pairs)
+    if hasattr(pairs, "to_dict") and hasattr(pairs, "columns"):
+        rows = list(frame_rows(pairs))
+        for row in rows:
+            for side in ("prompt", "chosen", "rejected"):
+                if isinstance(row.get(side), list):
+                    row[side] = [{k: v for k, v in m.items() if v is not None or k == "content"}
+                                 if isinstance(m, dict) else m for m in row[side]]
+        return rows
+    if isinstance(pairs, Mapping):
+        raise MachineFormatError(where, "one pair was given where a list of pairs is taken: pass [pair]")
+    try:
+        items = list(pairs)
+    except TypeError:
+        raise TypeError("pairs must be a pairs frame, pair records or a pairs JSONL path, not "
+                        f"{type(pairs).__name__ if pairs is not None else None}") from None
+    for i, p in enumerate(items, start=1):
+        if not (isinstance(p, Mapping) or hasattr(p, "keys")):  # a dict, or a frame row (a Series)
+            raise MachineFormatError(where, f"a pair must be a mapping with prompt, chosen, rejected, not a "
+                                     f"{type(p).__name__}", line=i)
+    return [dict(p) for p in items]
+
+
 def _pair_records(pairs: Any) -> list[dict]:
-    """Pair records (prompt, chosen, rejected, pair?) checked like a file is: errors name the pair and field."""
-    from ..store.pairs import check_messages, pair_id, pair_records
+    """Pair records (pair, source, prompt, chosen, rejected) checked like a file is: errors name the pair
+    and field. A pair with no prompt text, or whose two replies are the same, is refused; a missing
+    or NaN `pair` id (a row added to a pairs frame by hand) is computed."""
+    from ..store.pairs import check_messages, pair_id
 
     where = str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<pairs>"
     out = []
-    for i, p in enumerate(pair_records(pairs), start=1):
-        if not isinstance(p, dict):
-            raise MachineFormatError(where, "a pair must be a mapping with prompt, chosen, rejected", line=i)
+    for i, p in enumerate(_given_pairs(pairs, where), start=1):
         prompt = check_messages(p.get("prompt"), Path(where), i, "prompt")
         chosen = check_messages(p.get("chosen"), Path(where), i, "chosen", reply=True)
         rejected = check_messages(p.get("rejected"), Path(where), i, "rejected", reply=True)
+        if not any(m["content"].strip() for m in prompt):
+            raise MachineFormatError(where, "the prompt has no text: a preference needs the conversation its two "
+                                     "replies answer", line=i, field="prompt")
         if chosen[0]["content"].strip() == rejected[0]["content"].strip():
             raise MachineFormatError(where, "chosen and rejected are the same reply: no preference to learn",
                                      line=i, field="chosen")
-        out.append({"pair": p.get("pair") or pair_id(prompt, chosen, rejected), "prompt": prompt,
-                    "chosen": chosen, "rejected": rejected})
+        given = p.get("pair")
+        source = p.get("source")
+        out.append({"pair": given if isinstance(given, str) and given else pair_id(prompt, chosen, rejected),
+                    "source": source if isinstance(source, str) else None, "prompt": prompt, "chosen": chosen,
+                    "rejected": rejected})
     if not out:
         raise MachineFormatError(where, "no preference pairs")
     return out
@@ -109,6 +147,9 @@ def _state_path(load_checkpoint: Any) -> tuple[str, str | None, str | None]:
 
         engine = engine_for(check_checkpoint(load_checkpoint))
         return load_checkpoint, checkpoint_base_model(load_checkpoint) if engine == "local" else None, engine
+    elif isinstance(load_checkpoint, (str, os.PathLike)) and not Path(load_checkpoint).exists():
+        raise ValueError(f"load_checkpoint={os.fspath(load_checkpoint)!r}: no such folder (nor a tinker:// state "
+                         "path): pass the sft TrainResult, its log dir as it is on disk, or result.state_path")
     else:
         raise ValueError(f"load_checkpoint must be a TrainResult, a training log dir or a tinker:// state path, "
                          f"not {load_checkpoint!r}")
@@ -233,15 +274,24 @@ class DPOSettings(loop.RunSettings):
 
         Returns:
             resumed_at and steps, or None when the run continues from its start or end.
+
+        Raises:
+            MachineFormatError: a checkpoints.jsonl row with a field of the wrong type, naming the
+                file, line and field.
         """
-        states = [c for c in read_log_lines(resumed.path / CHECKPOINTS_FILE) if isinstance(c.get("state_path"), str)]
+        states = [c for c in read_log_lines(resumed.path / CHECKPOINTS_FILE, strict=True)
+                  if isinstance(c.get("state_path"), str)]
         if not states or not isinstance(states[-1].get("batch"), int):
             return None
         at = int(states[-1].get("epoch") or 0) * per_epoch + states[-1]["batch"]  # as train_dpo.main resumes
         if not 0 < at < steps:
             return None
-        return {"resumed_at": sorted({*resumed.record.get("resumed_at", []), at}),
-                "steps": resumed.record.get("steps", steps)}
+        # a record written by another version, or edited, may hold something else: its whole numbers are kept
+        earlier, total = resumed.record.get("resumed_at"), resumed.record.get("steps")
+        earlier = [k for k in (earlier if isinstance(earlier, list) else []) if isinstance(k, int)
+                   and not isinstance(k, bool)]
+        return {"resumed_at": sorted({*earlier, at}),
+                "steps": total if isinstance(total, int) and not isinstance(total, bool) else steps}
 
 
 class DPOData(loop.RunData):
@@ -326,7 +376,8 @@ def dpo(pairs: Any, model: str | None = None, engine: str | None = None, *, beta
 
     Args:
         pairs: a `preference_pairs` frame, pair records (prompt, chosen, rejected message lists),
-            or a pairs JSONL path (either format `write_pairs` writes). They are checked, shuffled
+            or a pairs JSONL path (either format `write_pairs` writes). They are checked (a pair
+            whose prompt has no text, or whose two replies are the same, is refused), shuffled
             with `seed` and written to `<log dir>/pairs.jsonl` (the cookbook's comparison JSONL,
             completion A chosen), which is what the cookbook reads.
         model: default None = the starting checkpoint's model, else the engine's default
@@ -503,7 +554,8 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     `compare` (exact McNemar on the pairs that changed).
 
     Args:
-        pairs: a pairs frame, pair records or a pairs JSONL path.
+        pairs: a pairs frame, pair records (a list or any iterable, read once) or a pairs JSONL
+            path, checked as `dpo` checks them.
         model: the base model (its renderer turns messages into tokens). Default None: the
             checkpoint's base model, else the local engine's default model.
         checkpoint: a sampler checkpoint to score instead of the base model (default None).
@@ -511,6 +563,11 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
 
     Returns:
         A DataFrame with SCORE_COLUMNS, one row per pair.
+
+    Raises:
+        MachineFormatError: a pair in the wrong shape, with no prompt text or with the same reply
+            twice, or no pairs at all, naming the pair and field.
+        TypeError: `pairs` none of those forms.
     """
     import pandas as pd
 
@@ -532,14 +589,11 @@ def score_pairs(pairs: Any, model: str | None = None, checkpoint: str | None = N
     renderer = render.get_renderer(model)
     futures = [(_reply_logprob(client, renderer, r["prompt"] + r["chosen"]),
                 _reply_logprob(client, renderer, r["prompt"] + r["rejected"])) for r in records]
-    from ..store.pairs import pair_records
-
-    raw = pair_records(pairs)
     rows = []
     for i, (r, (fc, fr)) in enumerate(zip(records, futures)):
         c, j = fc.result(), fr.result()
         chosen, rejected = r["chosen"][0]["content"], r["rejected"][0]["content"]
-        rows.append({"row": i, "pair": r["pair"], "source": raw[i].get("source"), "prompt": prompt_text(r["prompt"]),
+        rows.append({"row": i, "pair": r["pair"], "source": r["source"], "prompt": prompt_text(r["prompt"]),
                      "expected": chosen, "rejected": rejected, "output": chosen if c > j else rejected,
                      "chosen_logprob": c, "rejected_logprob": j, "margin": c - j, "correct": bool(c > j)})
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)

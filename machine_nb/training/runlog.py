@@ -91,8 +91,8 @@ class TrainResult:
         heldout_accuracy: with held-out evals, the final checkpoint's accuracy.
         heldout_format_rate: its format rate (None without format regexes).
         best_step: the eval step with the highest accuracy, the earliest such (step s = the
-            weights after s optimizer steps, 0 = the starting weights). Choose on a validation
-            set, report on another.
+            weights after s optimizer steps, 0 = the starting weights; a NaN accuracy is never
+            the best). Choose on a validation set, report on another.
         best_accuracy: that step's accuracy.
         evals: how many eval steps were logged.
         unconfirmed_steps: steps a resumed sft run trained again because no metrics row showed
@@ -274,7 +274,8 @@ def read_log_lines(path: str | os.PathLike, *, strict: bool = False) -> list[dic
 
     Returns:
         Its objects in order; [] when the file is not there. A partial last line (a run still
-        writing) is skipped quietly, any other unreadable line with a warning naming it.
+        writing, or a crash, cut it, even inside a character) is skipped quietly, any other
+        unreadable line with a warning naming it.
 
     Raises:
         MachineFormatError: with `strict`, a row with a field of the wrong type, naming the file,
@@ -285,16 +286,37 @@ def read_log_lines(path: str | os.PathLike, *, strict: bool = False) -> list[dic
         return []
     skipped: list[MachineFormatError] = []
     rows = []
+    last_read = 0
     for line, value in iter_jsonl(path, on_error="skip", skipped=skipped):
+        last_read = line
         if isinstance(value, dict):
             if strict:
                 _check_row(path, line, value)
             rows.append(value)
     loud = [e for e in skipped if "truncated last line" not in str(e)]
+    if loud and (loud[-1].line or 0) > last_read and _ends_inside_a_character(path):
+        loud.pop()  # the last line, cut inside a UTF-8 character as it was written: a partial last line
     if loud:
         warnings.warn(f"skipped {len(loud)} unreadable line(s) of {path}: " + "; ".join(str(e) for e in loud[:5]),
                       stacklevel=user_stacklevel())
     return rows
+
+
+def _ends_inside_a_character(path: Path) -> bool:
+    """Whether a file ends, without a newline, part way through a UTF-8 character (a line cut as it
+    was written reads as "not UTF-8", though it is only partial)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4))
+            tail = f.read()
+    except OSError:
+        return False
+    tail = tail.lstrip(bytes(range(0x80, 0xC0)))  # continuation bytes of a character begun before the tail
+    try:
+        tail.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.reason == "unexpected end of data"
+    return False
 
 
 def unique_steps(rows: list[dict]) -> list[dict]:
@@ -465,7 +487,8 @@ def read_training_log(log_dir: str | os.PathLike) -> TrainResult:
         cost = None if cost is None or eval_cost is None else cost + eval_cost
         finals = [s for s in steps if s.get("final")]
         last_eval = finals[-1] if finals else None
-    best = max(evals, key=lambda m: m[HELDOUT_ACCURACY]) if evals else None  # max keeps the earliest tie
+    scored = [m for m in evals if math.isfinite(m[HELDOUT_ACCURACY])]  # a NaN score is never the best
+    best = max(scored, key=lambda m: m[HELDOUT_ACCURACY]) if scored else None  # max keeps the earliest tie
     estimate = marker.get("estimate") if isinstance(marker.get("estimate"), dict) else {}
     usd, estimated_tokens = estimate.get("usd"), estimate.get("tokens")
     resumed = marker.get("resumed_at")
@@ -527,7 +550,8 @@ def heldout_curve(log_dir: str | os.PathLike, *, level: float = 0.95) -> "pd.Dat
         checkpoint), max_tokens / temperature (the sampling the scores were taken with),
         prompt_tokens / output_tokens, errors (rows whose request failed); then, for a run given
         `inspect_tasks`, one column per Inspect task, `inspect:<task>`, its accuracy at that step
-        (every metric: `inspect_bridge.inspect_curve`). Empty when the run had no held-out evals.
+        (every metric: `inspect_bridge.inspect_curve`; a score on a metrics row without a
+        whole-number step is left out). Empty when the run had no held-out evals.
     """
     import pandas as pd
 
@@ -565,6 +589,8 @@ def _inspect_accuracy(log_dir: str | os.PathLike) -> dict[int, dict[str, float]]
     `test/inspect/<task>/accuracy`); empty for a run without them."""
     out: dict[int, dict[str, float]] = {}
     for row in read_log_lines(Path(log_dir) / METRICS_FILE):
+        if not _is_int(row.get("step")):  # a score with no step (a hand-edited line) has no place on the curve
+            continue
         for key, value in row.items():
             task = inspect_accuracy_task(key)
             if task is not None and isinstance(value, (int, float)):
@@ -630,20 +656,23 @@ def training_metrics(log_dirs: str | os.PathLike | Iterable[str | os.PathLike]) 
         log_dirs: a log dir or several.
 
     Returns:
-        Columns METRIC_COLUMNS: `run` (the log dir's name), then step, epoch, progress,
-        learning_rate, num_sequences, num_tokens, num_loss_tokens, train_mean_nll,
-        train_mean_bpb (NaN where a line lacks them), then whatever else the cookbook logged
-        (time/…, test/…, and for DPO dpo_loss, accuracy, margin, chosen_reward,
-        rejected_reward). A partial last line (a run still writing) is skipped, so a live plot
-        can poll this; a step logged twice (a resumed run) appears once, as last written.
+        Columns METRIC_COLUMNS: `run` (the log dir's name, or its path when two of the dirs share
+        a name), then step, epoch, progress, learning_rate, num_sequences, num_tokens,
+        num_loss_tokens, train_mean_nll, train_mean_bpb (NaN where a line lacks them), then
+        whatever else the cookbook logged (time/…, test/…, and for DPO dpo_loss, accuracy,
+        margin, chosen_reward, rejected_reward). A partial last line (a run still writing) is
+        skipped, so a live plot can poll this; a step logged twice (a resumed run) appears once,
+        as last written.
     """
     import pandas as pd
 
-    dirs = [log_dirs] if isinstance(log_dirs, (str, os.PathLike)) else list(log_dirs)
+    dirs = [Path(d).absolute() for d in ([log_dirs] if isinstance(log_dirs, (str, os.PathLike)) else log_dirs)]
+    names = [d.name for d in dirs]
     rows = []
     for d in dirs:
-        for m in unique_steps(read_log_lines(Path(d) / METRICS_FILE)):
-            rows.append({"run": Path(d).name, **m})
+        run = d.name if names.count(d.name) == 1 else str(d)  # two runs of one name stay apart
+        for m in unique_steps(read_log_lines(d / METRICS_FILE)):
+            rows.append({"run": run, **m})
     df = pd.DataFrame(rows)
     for col in METRIC_COLUMNS:
         if col not in df.columns:
@@ -700,15 +729,23 @@ def new_log_dir(prefix: str = "sft", *, workspace: str | os.PathLike | None = No
         prefix: the run's kind, first in the name (default "sft").
         workspace: default None = under `runs/` in the cwd; a workspace = under
             `<workspace>/.machine/training/` (where Machine's dashboard looks for training runs).
-        name: the dir's name (default None: `<prefix>-<UTC time>-<4 hex>`).
+        name: the dir's name (default None: `<prefix>-<UTC time>-<4 hex>`): a folder name, not a
+            path (`log_dir` takes a path).
 
     Returns:
         The absolute path.
+
+    Raises:
+        ValueError: a `name` holding a path separator (/ or \\), or "." or "..": it would put
+            the run outside the folder it belongs in.
     """
     stamp = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
-    if workspace is not None:
-        return Path(workspace).absolute() / ".machine" / "training" / (name or stamp)
-    return Path("runs").absolute() / (name or stamp)
+    parent = (Path(workspace).absolute() / ".machine" / "training" if workspace is not None
+              else Path("runs").absolute())
+    if name and (name in (".", "..") or any(sep in name for sep in ("/", "\\", os.sep))):
+        raise ValueError(f"name={name!r} is a path, not a folder name: the log dir goes in {parent}. Pass a name "
+                         "without / or \\ (and not . or ..), or log_dir= to put the run somewhere else.")
+    return parent / (name or stamp)
 
 
 def claim_log_dir(log_dir: Path, *, resume: bool) -> None:
@@ -725,8 +762,8 @@ def claim_log_dir(log_dir: Path, *, resume: bool) -> None:
     Raises:
         FileNotFoundError: resume, and no checkpoints.jsonl there.
         FileExistsError: resume, and not a dir this toolkit made; or a new run, and the dir is a
-            file or holds anything (a run of this toolkit's that stopped before its first
-            checkpoint included: there is nothing to resume in it).
+            file, a link to nothing, or holds anything (a run of this toolkit's that stopped before
+            its first checkpoint included: there is nothing to resume in it).
     """
     ours = (log_dir / MARKER).is_file()
     if resume:
@@ -738,6 +775,9 @@ def claim_log_dir(log_dir: Path, *, resume: bool) -> None:
         return
     if log_dir.exists() and not log_dir.is_dir():
         raise FileExistsError(f"log_dir={str(log_dir)!r} is a file, not a directory")
+    if log_dir.is_symlink() and not log_dir.exists():
+        raise FileExistsError(f"log_dir={str(log_dir)!r} is a link to {os.readlink(log_dir)!r}, which does not "
+                              "exist: create that folder (the run then writes there), or pick another log_dir.")
     if log_dir.is_dir() and any(log_dir.iterdir()):
         if ours and not (log_dir / CHECKPOINTS_FILE).exists():
             raise FileExistsError(

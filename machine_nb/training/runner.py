@@ -133,9 +133,24 @@ def config_steps(config: Any) -> tuple[Any, int, int]:
     return dataset, n_batches, total
 
 
+def inspect_every(inspect: dict, per_epoch: int) -> int:
+    """How often the loop runs a spec's Inspect tasks while it trains.
+
+    Args:
+        inspect: the spec's `inspect` settings (loop.inspect_spec: `every` is the run's eval_every).
+        per_epoch: the run's steps an epoch.
+
+    Returns:
+        `every` steps; once an epoch when it is None; 0 (eval_every=0) never, the final
+        checkpoint alone being scored (the cookbook reads an infrequent_eval_every of 0 as never).
+    """
+    every = inspect.get("every")
+    return per_epoch if every is None else int(every)
+
+
 def _with_inspect(spec: dict, config: Any) -> tuple[Any, Any]:
     """A cookbook Config with the spec's Inspect tasks as its loop's infrequent evaluators (every
-    `spec["inspect"]["every"]` steps, default once an epoch), and their builder (None: no tasks)."""
+    `spec["inspect"]["every"]` steps: `inspect_every`), and their builder (None: no tasks)."""
     if not spec.get("inspect"):
         return config, None
     import chz
@@ -143,7 +158,7 @@ def _with_inspect(spec: dict, config: Any) -> tuple[Any, Any]:
     from ..evaluation.heldout import InspectEvalBuilder
 
     builder = InspectEvalBuilder.from_spec(spec)
-    every = int(spec["inspect"].get("every") or config_steps(config)[1])
+    every = inspect_every(spec["inspect"], config_steps(config)[1])
     return chz.replace(config, infrequent_evaluator_builders=[builder], infrequent_eval_every=every), builder
 
 
@@ -186,6 +201,46 @@ def run_loop(spec: dict, config: Any, main: Callable[[Any], Any], *, last: bool)
         from ..evaluation.heldout import evaluate_final
 
         evaluate_final(builder, spec["base_url"], total)
+
+
+def _redacted_json(value: Any, secrets: list[str]) -> Any:
+    """A JSON-shaped copy of an SDK error's body, its text redacted (anything not JSON, as its text)."""
+    from ..core.redact import scrub
+
+    if isinstance(value, dict):
+        return {scrub(str(k), secrets)[0]: _redacted_json(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted_json(v, secrets) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return scrub(value if isinstance(value, str) else str(value), secrets)[0]
+
+
+def report_error(channel: Any, exc: BaseException) -> None:
+    """Report a failed run: its traceback to stderr (the run's train.log), and an "error" status line
+    (type, message, the SDK's body) to the parent, which raises it there.
+
+    Both are redacted first (core.redact: the environment's secrets, a base URL's password, key-shaped
+    text), as the traceback lands in a file and the message in the user's notebook; the message is
+    clipped to 4,000 characters after that, so no part of a secret is left at the cut. A body that is
+    not JSON (bytes, objects) goes as its text, so the status line is always sent.
+
+    Args:
+        channel: the status stream.
+        exc: the run's exception.
+    """
+    from ..core.redact import scrub, secret_values
+
+    secrets = secret_values()
+    sys.stderr.write(scrub("".join(traceback.format_exception(exc)), secrets)[0])
+    sys.stderr.flush()
+    try:
+        message = str(exc)
+    except Exception:  # an exception whose __str__ itself fails
+        message = ""
+    body = getattr(exc, "body", None)
+    _status(channel, event="error", type=type(exc).__name__, message=scrub(message, secrets)[0][:4000],
+            body=_redacted_json(body, secrets) if isinstance(body, (dict, str)) else None)
 
 
 def _redirect(path: str | None) -> None:
@@ -240,20 +295,17 @@ def main() -> int:
     preload(PRELOAD)
     while True:
         spec = specs.get()
-        os.environ.clear()
-        os.environ.update(spec.get("env") or {})
-        os.chdir(spec.get("cwd") or os.getcwd())
-        _redirect(spec.get("log"))
-        try:
+        try:  # a log that cannot be opened, or a folder gone, is reported as the run's error
+            os.environ.clear()
+            os.environ.update(spec.get("env") or {})
+            os.chdir(spec.get("cwd") or os.getcwd())
+            _redirect(spec.get("log"))
             run(spec)
         except KeyboardInterrupt:
             _status(status, event="interrupted")
             return 130
         except BaseException as exc:  # reported to the parent, which raises it there
-            traceback.print_exc()
-            body = getattr(exc, "body", None)
-            _status(status, event="error", type=type(exc).__name__, message=str(exc)[:4000],
-                    body=body if isinstance(body, (dict, str)) else None)
+            report_error(status, exc)
             return 1
         finally:
             import logging
