@@ -374,3 +374,30 @@ def test_the_previewer_renders_a_tool_call_line_on_qwen3(qwen_standin):
     ids, weights = supervised_tokens(line, renderer)
     assert '{"name": "add", "arguments": {"a": 1, "b": 2}}' in QwenStandIn().decode(ids) and sum(weights) > 0
 
+
+
+def test_dpo_pairs_whose_prompt_holds_a_tool_call_train_every_pair_on_inkling(tmp_path):
+    """The cookbook's comparison loader fills every message with every key some message of the file
+    has, as None: one pair's tool call gave every other pair's messages `"tool_calls": None`, which
+    Inkling's renderer cannot iterate, so DPO on pairs from traces failed on every pair."""
+    from machine_nb.checks.render import get_tokenizer
+    from machine_nb.store.pairs import comparison_line
+    from machine_nb.training import preference
+
+    call_prompt = [{"role": "user", "content": "add 1 and 2"},
+                   {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                   {"role": "tool", "content": "3", "tool_call_id": "c1", "name": "add"}]
+    pairs = [{"prompt": [{"role": "user", "content": "hello"}], "chosen": [{"role": "assistant", "content": "hi"}],
+              "rejected": [{"role": "assistant", "content": "go away"}]},
+             {"prompt": call_prompt, "chosen": [{"role": "assistant", "content": "3"}],
+              "rejected": [{"role": "assistant", "content": "4"}]}]
+    path = write_jsonl([comparison_line(p) for p in pairs], tmp_path / "pairs.jsonl")
+    spec = {"data_path": str(path), "model": INKLING, "renderer": "tml_v0", "max_length": None, "batch_size": 2,
+            "log_dir": str(tmp_path / "log"), "load_checkpoint": None, "learning_rate": 1e-5,
+            "lr_schedule": "linear", "epochs": 1, "beta": 0.1, "lora_rank": 8, "base_url": None, "save_every": 20,
+            "max_steps": None}
+    train_set, _ = preference._dpo_config(spec).dataset_builder()
+    batch = train_set.get_batch(0)
+    assert len(batch) == 4  # chosen and rejected of each pair
+    text = "".join(decoded(get_tokenizer(INKLING), d) for d in batch)
+    assert '{"name":"add","args":{"a":1,"b":2}}' in text and "go away" in text

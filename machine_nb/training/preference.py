@@ -490,11 +490,12 @@ def _dpo_config(spec: dict) -> Any:
     """The cookbook's train_dpo Config for a spec `dpo` wrote (runs in the child process)."""
     from tinker_cookbook.preference import train_dpo
     from tinker_cookbook.preference.dpo_datasets import DPODatasetBuilderFromComparisons
-    from tinker_cookbook.preference.preference_datasets import ComparisonBuilderFromJsonl
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
+    from .dpo_data import ComparisonFileBuilder  # each pair as written (the cookbook's loader fills keys with None)
+
     builder = DPODatasetBuilderFromComparisons(
-        comparison_builder=ComparisonBuilderFromJsonl(train_path=spec["data_path"]),
+        comparison_builder=ComparisonFileBuilder(train_path=spec["data_path"]),
         common_config=ChatDatasetBuilderCommonConfig(
             model_name_for_tokenizer=spec["model"], renderer_name=spec["renderer"],
             max_length=spec["max_length"], batch_size=spec["batch_size"]))
@@ -530,7 +531,9 @@ def _reply_logprob(client: Any, renderer: Any, messages: list[dict]) -> Any:
     """A future of (summed log-probability of the last reply's trained tokens, token count)."""
     import tinker
 
-    tokens, weights = renderer.build_supervised_example(messages)
+    from ..checks.render import renderer_messages
+
+    tokens, weights = renderer.build_supervised_example(renderer_messages(messages))
     ints = tokens.to_ints() if hasattr(tokens, "to_ints") else list(tokens)
     weights = [float(w) for w in weights]
     future = client.compute_logprobs(tinker.ModelInput.from_ints(ints))
