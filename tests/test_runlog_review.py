@@ -353,3 +353,15 @@ def test_a_pairs_frame_read_back_from_parquet_is_scored_like_the_frame(tmp_path,
     scored, original = score_pairs(back), score_pairs(frame)
     pd.testing.assert_frame_equal(scored, original)
     assert list(scored["pair"]) == ["p1", "p2"] and list(scored["expected"]) == ["4", "6"]
+
+
+def test_a_training_process_killed_by_a_signal_is_named_with_the_way_on(tmp_path):
+    """A training process the system killed (out of memory: SIGKILL) was "exit code -9"; the
+    message names the signal, what usually sends it, and how to resume the run."""
+    from machine_nb.training.loop import ended_message
+
+    killed = ended_message(-9, tmp_path / "run")
+    assert "killed by SIGKILL: most often the system ran out of memory" in killed
+    assert f"resume={str(tmp_path / 'run')!r}" in killed and "train.log" in killed
+    assert "(exit code 1)" in ended_message(1, tmp_path / "run")
+    assert "killed by SIGTERM" in ended_message(-15, tmp_path / "run")

@@ -906,6 +906,31 @@ def child_spec(module: str, settings: RunSettings, data: RunData, path: Path, ch
             "heldout": None if heldout is None else {**heldout.record(), "path": str(path / HELDOUT_DATA)}, **extra}
 
 
+def ended_message(code: int | None, log_dir: Path) -> str:
+    """Why a run failed when its training process ended without a word: its exit code, or the
+    signal that killed it (SIGKILL is most often the system out of memory), and the way on.
+
+    Args:
+        code: the process's return code (negative: killed by that signal).
+        log_dir: the run's log dir.
+
+    Returns:
+        The message.
+    """
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"killed by {name}" + (": most often the system ran out of memory" if name == "SIGKILL" else "")
+    else:
+        why = f"exit code {code}"
+    return (f"the training process ended unexpectedly ({why}); see {log_dir / TRAIN_LOG}. The log dir resumes "
+            f"from its last checkpoint: call again with resume={str(log_dir)!r}")
+
+
 def run(settings: RunSettings, spec: dict, path: Path, *, steps: int, before: set[str], progress: bool | None,
         on_metrics: Callable[[list[dict]], Any] | None) -> None:
     """Run the loop in the child process, with a progress bar and `on_metrics` fed from metrics.jsonl.
@@ -1180,8 +1205,7 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
     if outcome["event"] == "interrupted":
         raise KeyboardInterrupt("training was interrupted")
     if outcome["event"] == "exit":
-        raise EngineError(f"the training process ended unexpectedly (exit code {runner.proc.returncode}); "
-                          f"see {log_dir / TRAIN_LOG}")
+        raise EngineError(ended_message(runner.proc.returncode, log_dir))
     from ..engines import explain
 
     if isinstance(outcome.get("body"), dict):
