@@ -214,3 +214,15 @@ def test_rewriting_a_file_keeps_its_permission_bits_and_a_new_one_is_private(tmp
     os.chmod(shared, 0o644)
     write_jsonl([{"a": 2}], shared)
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o644 and json.loads(shared.read_text()) == {"a": 2}
+
+
+def test_a_last_line_cut_inside_a_character_is_a_truncated_last_line(tmp_path):
+    """A file read while a writer appends may end inside a multi-byte character: that is the
+    partial last line every reader expects, not a file that is not UTF-8."""
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"a":1}\n{"b":"caf\xc3')
+    with pytest.raises(MachineFormatError, match="truncated last line"):
+        list(iter_jsonl(path))
+    path.write_bytes(b'{"a":1}\n{"b":"caf\xc3(\xa9"}\n')  # a bad byte inside a whole line is still one
+    with pytest.raises(MachineFormatError, match="not UTF-8"):
+        list(iter_jsonl(path))

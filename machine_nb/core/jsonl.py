@@ -249,7 +249,7 @@ def iter_jsonl(path: str | os.PathLike, *, on_error: OnError = "raise",
             try:
                 value = parse_json(raw, path, number)
             except MachineFormatError as err:
-                if not raw.endswith(b"\n") and err.reason.startswith("invalid JSON"):
+                if not raw.endswith(b"\n") and (err.reason.startswith("invalid JSON") or _ends_inside_character(raw)):
                     err = MachineFormatError(path, "truncated last line (no newline, incomplete JSON)", line=number)
                 if on_error == "raise":
                     raise err from None
@@ -370,6 +370,16 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) 
         with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
     return Path(path)
+
+
+def _ends_inside_character(raw: bytes) -> bool:
+    """Whether bytes end part way through a UTF-8 character (a writer's append read mid-way), all
+    before it being UTF-8."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data" and exc.end == len(raw)
+    return False
 
 
 def write_jsonl(rows: Iterable[Any], path: str | os.PathLike) -> Path:

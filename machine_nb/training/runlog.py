@@ -286,37 +286,16 @@ def read_log_lines(path: str | os.PathLike, *, strict: bool = False) -> list[dic
         return []
     skipped: list[MachineFormatError] = []
     rows = []
-    last_read = 0
     for line, value in iter_jsonl(path, on_error="skip", skipped=skipped):
-        last_read = line
         if isinstance(value, dict):
             if strict:
                 _check_row(path, line, value)
             rows.append(value)
-    loud = [e for e in skipped if "truncated last line" not in str(e)]
-    if loud and (loud[-1].line or 0) > last_read and _ends_inside_a_character(path):
-        loud.pop()  # the last line, cut inside a UTF-8 character as it was written: a partial last line
+    loud = [e for e in skipped if "truncated last line" not in str(e)]  # a partial last line is expected
     if loud:
         warnings.warn(f"skipped {len(loud)} unreadable line(s) of {path}: " + "; ".join(str(e) for e in loud[:5]),
                       stacklevel=user_stacklevel())
     return rows
-
-
-def _ends_inside_a_character(path: Path) -> bool:
-    """Whether a file ends, without a newline, part way through a UTF-8 character (a line cut as it
-    was written reads as "not UTF-8", though it is only partial)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4))
-            tail = f.read()
-    except OSError:
-        return False
-    tail = tail.lstrip(bytes(range(0x80, 0xC0)))  # continuation bytes of a character begun before the tail
-    try:
-        tail.decode("utf-8")
-    except UnicodeDecodeError as err:
-        return err.reason == "unexpected end of data"
-    return False
 
 
 def unique_steps(rows: list[dict]) -> list[dict]:
