@@ -61,16 +61,37 @@ _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(_BRACKETS)))
 _STEPS = bytes.maketrans(_BRACKETS, b"\x01\xff\x01\xff")  # open +1, close -1 (as signed bytes)
 
 
-def _depth_bound(raw: bytes) -> int:
+def depth_bound(raw: bytes) -> int:
     """An upper bound on the nesting depth of a JSON text, at C speed: the deepest run of unclosed
-    brackets, strings included (a bracket inside a string can only raise the bound)."""
+    brackets, strings included (a bracket inside a string can only raise the bound). A text with
+    no more brackets than MAX_DEPTH gets that count, without the scan.
+
+    Args:
+        raw: the JSON text.
+
+    Returns:
+        The bound.
+    """
+    opened = raw.count(b"[") + raw.count(b"{")
+    if opened <= MAX_DEPTH:
+        return opened
     steps = raw.translate(None, _NOT_BRACKETS).translate(_STEPS)
     return max(itertools.accumulate(memoryview(steps).cast("b")), default=0)
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether arrays/objects nest more than `limit` levels deep in `value` (iterative: no recursion)."""
-    stack = [(value, 1)]
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether arrays/objects nest more than `limit` levels deep in a parsed value (a loop, not
+    recursion: brackets inside strings can make depth_bound pass the limit; this tells without a
+    re-parse).
+
+    Args:
+        value: the value.
+        limit: the deepest nesting allowed.
+
+    Returns:
+        True when some array or object is nested deeper.
+    """
+    stack = [(value, 1)] if isinstance(value, (list, dict)) else []
     while stack:
         item, depth = stack.pop()
         if depth > limit:
@@ -158,8 +179,8 @@ def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: i
         raise deep_error() from None
     # cheap bounds first: only a line with that many brackets, unclosed at once, can nest that deep
     if (text.count("[") + text.count("{") > MAX_DEPTH
-            and _depth_bound(raw if raw is not None else text.encode("utf-8")) > MAX_DEPTH
-            and isinstance(value, (list, dict)) and _depth_over(value, MAX_DEPTH)):
+            and depth_bound(raw if raw is not None else text.encode("utf-8")) > MAX_DEPTH
+            and nested_deeper(value, MAX_DEPTH)):
         raise deep_error()
     return value
 

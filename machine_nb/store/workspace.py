@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MachineFormatError, user_stacklevel
-from ..core.jsonl import not_regular, open_regular_fd
+from ..core.jsonl import MAX_DEPTH as MAX_NESTING, depth_bound, nested_deeper, not_regular, open_regular_fd, parse_json
 
 if TYPE_CHECKING:
     import pandas as pd
 
 # Machine's rule for each "/"-separated segment of a machine, run or session name.
 SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]*")  # a whole segment: fullmatch
+SEGMENT_NAME = re.compile(rf"{SEGMENT.pattern}(?:/{SEGMENT.pattern})*")  # a whole name: fullmatch
 
 # Files a machine definition directory may hold (any one marks a directory as a machine).
 DEFINITION_FILES = ("machine.ts", "instructions.md", "model.json", "rubric.ts", "rubric.json",
@@ -122,14 +123,15 @@ def parse_times(values: list, where: list[str], what: str) -> pd.Series:
 
     raw = pd.Series([v if isinstance(v, str) and v.strip() else None for v in values], dtype=object)
     times = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+    missing = times.isna().to_numpy()  # one array: a per-row lookup into the Series costs more than the parse
     bad = []
-    for i in range(len(values)):
+    for i in missing.nonzero()[0].tolist():
         v = values[i]
         if v is None or (isinstance(v, str) and not v.strip()):
             continue
         if not isinstance(v, str):
             bad.append(f"{where[i]}: {v!r} is not an ISO time string"[:300])
-        elif pd.isna(times.iloc[i]):
+        else:
             bad.append(f"{where[i]}: {v!r} does not parse as an ISO time"[:300])
     if bad:
         listed = "\n".join(f"  {b}" for b in bad[:20])
@@ -139,8 +141,18 @@ def parse_times(values: list, where: list[str], what: str) -> pd.Series:
     return times
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+UTF16_TEXT = "UTF-16 text (it starts with a UTF-16 byte-order mark): save it as UTF-8"
+NON_FINITE = re.compile(rb"-?(?:NaN|Infinity)")  # at an error's position: what orjson stopped at
+
+
 def loads_json(data: bytes, path: str | os.PathLike) -> Any:
     """Parse one JSON document (orjson).
+
+    A value nested deeper than the JSONL readers' limit (core.jsonl.MAX_DEPTH) is refused as
+    they refuse it, so code that walks a run afterwards (json.dumps of a tool input, a deep copy)
+    never meets a RecursionError.
 
     Args:
         data: the document's bytes.
@@ -150,13 +162,22 @@ def loads_json(data: bytes, path: str | os.PathLike) -> Any:
         The value.
 
     Raises:
-        MachineFormatError: naming the file, line and column.
+        MachineFormatError: naming the file, line and column (or the top-level field a value
+            nested too deep is in); UTF-16 text, a UTF-8 byte-order mark and NaN/Infinity (not
+            JSON) are named as such.
     """
     import orjson
 
     try:
-        return orjson.loads(data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc).lower():
+            parse_json(data, path)  # raises the error naming the line and field; orjson's limit is higher
+        if data[:2] in UTF16_BOMS:
+            raise MachineFormatError(path, UTF16_TEXT) from None
+        if data.startswith(UTF8_BOM):  # an editor's "UTF-8 with BOM"; JSON.parse refuses it too
+            raise MachineFormatError(path, "starts with a UTF-8 byte-order mark, which JSON does not allow: "
+                                           "save it as UTF-8 without one") from None
         if "utf-8" in str(exc).lower():
             try:
                 data.decode("utf-8")
@@ -166,7 +187,16 @@ def loads_json(data: bytes, path: str | os.PathLike) -> Any:
                 raise MachineFormatError(path, f"not UTF-8 (byte 0x{data[bad.start]:02x} at column {col})",
                                          line=line) from None
             raise MachineFormatError(path, f"not valid UTF-8 text: {exc.msg}") from None
+        at = exc.pos - 1 if 0 < exc.pos <= len(data) and data[exc.pos - 1:exc.pos] == b"-" else exc.pos
+        word = NON_FINITE.match(data, at) if 0 <= at < len(data) else None
+        if word:  # Python's json.dump writes these; JSON.stringify writes null
+            col = exc.colno - (exc.pos - at)
+            raise MachineFormatError(path, f"invalid JSON: {word.group().decode()} is not a JSON value (at column "
+                                           f"{col}): write null instead", line=exc.lineno) from None
         raise MachineFormatError(path, f"invalid JSON: {exc.msg} at column {exc.colno}", line=exc.lineno) from None
+    if depth_bound(data) > MAX_NESTING and nested_deeper(value, MAX_NESTING):
+        parse_json(data, path)  # raises the error naming the line and the top-level field
+    return value
 
 
 #: The largest file a workspace reader reads (run, session and definition files): a larger one is
@@ -282,11 +312,12 @@ def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = Non
 
     Symlinked folders are followed (a machine folder may live elsewhere), but each real folder is
     walked once, at most MAX_DEPTH levels down, and one that leads back to a folder it is inside
-    of (a loop) is not entered. A link leading outside the top folder (`within`, else `root`) is
-    followed only to a machine's folder: not to a file system's root or mount point, not to a
-    folder holding the top one, and every folder read out there must hold nothing but `*.json`
-    files and folders (foreign_problem). A folder not entered is yielded once with `problem`
-    saying why.
+    of (a loop) is not entered. A symlink to a folder inside the top folder (`within`, else
+    `root`) is not followed: that folder is walked under its own name. A link leading outside the
+    top folder is followed only to a machine's folder: not to a file system's root or mount point,
+    not to a folder holding the top one, and every folder read out there must hold nothing but
+    `*.json` files and folders (foreign_problem). A folder not entered is yielded once with
+    `problem` saying why.
 
     Args:
         root: the top folder (nothing is yielded when it is not a folder).
@@ -354,12 +385,18 @@ def follow_problem(path: str, name: str, segments: list[str], ancestors: tuple, 
     if key in ancestors:
         return (f"symlink {name!r} leads back to a folder it is inside of ({os.path.realpath(path)}): "
                 "a loop, not followed"), key, None
+    is_link = os.path.islink(path)
+    if is_link and outside(path, top_real) is None:
+        # the folder it leads to is walked under its own name anyway; followed, the link could claim
+        # it first (each real folder is walked once) and leave its runs under the link's name
+        return (f"symlink {name!r} leads to {os.path.realpath(path)}, a folder read under its own name: "
+                "not followed"), key, None
     if key in visited:
         return f"{os.path.realpath(path)} is read under another name already: not read twice", key, None
     if len(segments) >= MAX_DEPTH:
         return f"more than {MAX_DEPTH} folders deep: not read", key, None
     sub_far = far
-    if far is None and os.path.islink(path):
+    if far is None and is_link:
         sub_far = outside(path, top_real)
         if sub_far is not None:
             problem = link_problem(name, sub_far, top_real)
@@ -540,7 +577,8 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
 
     Required: `id` and `machine` (strings; `machine` must match the folder the file is in, and
     `id` the file name). Typed when present: the string fields, `trajectory`/`history` (lists of
-    Messages), `scorecard` (object with a numeric `total`), `usage` (numbers), `conversation`.
+    Messages), `scorecard` (object with a numeric `total`, or null: how JSON.stringify writes a NaN
+    total, read as no score), `usage` (numbers), `conversation`.
 
     Args:
         run: the parsed record.
@@ -580,7 +618,7 @@ def check_run(run: Any, path: str | os.PathLike, machine: str | None = None, cal
         if not isinstance(card, dict):
             raise MachineFormatError(path, f"expected an object, got {type(card).__name__}", field="scorecard")
         total = card.get("total")
-        if total.__class__ not in _NUMBERS:
+        if total is not None and total.__class__ not in _NUMBERS:  # null: JSON.stringify's NaN, no score
             raise MachineFormatError(path, f"expected a number, got {type(total).__name__}", field="scorecard.total")
         rubric = card.get("rubric")
         if rubric is not None and not isinstance(rubric, str):
@@ -663,7 +701,8 @@ def iter_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
 def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, on_error: str = "warn") -> pd.DataFrame:
     """Named chat sessions as a DataFrame, newest first.
 
-    A Session is Machine's `{machine, name, messages, updatedAt}` record.
+    A Session is Machine's `{machine, name, messages, updatedAt}` record, stored as `<name>.json`
+    under its machine's folder: a file whose `name` differs (a file manager's copy) is a bad file.
 
     Args:
         workspace: the workspace root (or its `.machine` folder).
@@ -673,7 +712,7 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, o
 
     Returns:
         A DataFrame with columns machine, name, n_messages, updated_at (UTC datetime; NaT, with a
-        warning naming the file, when `updatedAt` does not parse), messages (list of Machine
+        warning naming the file, when `updatedAt` is not an ISO time string), messages (list of Machine
         Messages), path, session (the parsed record).
     """
     import pandas as pd
@@ -697,13 +736,15 @@ def load_sessions(workspace: str | os.PathLike, machine: str | None = None, *, o
             if s.get("machine", folder) != folder:
                 raise MachineFormatError(path, f"session says machine {s.get('machine')!r} but is stored under "
                                                f"sessions/{folder}/", field="machine")
-            name = s.get("name", os.path.basename(path)[:-5])
+            stem = os.path.basename(path)[:-5]
+            name = s.get("name", stem)
             if not isinstance(name, str):
                 raise MachineFormatError(path, "expected a string", field="name")
+            if name != stem:  # Machine reads a session from <name>.json: another file is a copy
+                raise MachineFormatError(path, f"session name {name!r} does not match its file name "
+                                               f"{os.path.basename(path)!r}"[:200], field="name")
             check_messages(s.get("messages", []), path, "messages")
-            updated = s.get("updatedAt")
-            if updated is not None and not isinstance(updated, str):
-                raise MachineFormatError(path, "expected an ISO time string", field="updatedAt")
+            updated = s.get("updatedAt")  # any type: one that is not an ISO string is NaT, with a warning
         except MachineFormatError as exc:
             if on_error == "raise":
                 raise
@@ -731,9 +772,9 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.D
 
     Args:
         workspace: the workspace (or its `.machine` folder).
-        on_error: unreadable lines (a writer mid-line, invalid JSON, non-UTF-8) and non-object
-            events: "warn" (default: skipped with a warning naming file and line), "skip" (skipped
-            silently) or "raise".
+        on_error: unreadable lines (a writer mid-line, invalid JSON, non-UTF-8), non-object
+            events, and a stream that cannot be opened (another user's, a FIFO): "warn" (default:
+            skipped with a warning naming file and line), "skip" (skipped silently) or "raise".
 
     Returns:
         A DataFrame with columns line (1-based), time (UTC datetime from the first of
@@ -758,18 +799,27 @@ def load_events(workspace: str | os.PathLike, *, on_error: str = "warn") -> pd.D
         if on_error == "warn":
             warn_skipped("event file(s)", [err])
     elif path.exists():
-        for line, ev in iter_jsonl(path, on_error=on_error):
-            if not isinstance(ev, dict):
-                err = MachineFormatError(path, f"an event must be a JSON object, got {type(ev).__name__}", line=line)
-                if on_error == "raise":
-                    raise err
-                if on_error == "warn":
-                    warn_skipped("event line(s)", [err])
-                continue
-            key = next((k for k in EVENT_TIME_KEYS if ev.get(k) is not None), None)
-            # the time as written, whatever its type, so a bad one is an error naming its field
-            rows.append({**event_fields(ev), "line": line, "time": None if key is None else ev[key],
-                         "time_field": key, "event": ev})
+        skipped: list[MachineFormatError] = []  # unreadable lines and non-objects, one warning for all
+        try:
+            for line, ev in iter_jsonl(path, on_error="raise" if on_error == "raise" else "skip", skipped=skipped):
+                if not isinstance(ev, dict):
+                    err = MachineFormatError(path, f"an event must be a JSON object, got {type(ev).__name__}",
+                                             line=line)
+                    if on_error == "raise":
+                        raise err
+                    skipped.append(err)
+                    continue
+                key = next((k for k in EVENT_TIME_KEYS if ev.get(k) is not None), None)
+                # the time as written, whatever its type, so a bad one is an error naming its field
+                rows.append({**event_fields(ev), "line": line, "time": None if key is None else ev[key],
+                             "time_field": key, "event": ev})
+        except MachineFormatError as exc:  # bad lines are raised only under "raise": this is the file's
+            if on_error == "raise":
+                raise
+            if on_error == "warn":
+                warn_skipped("event file(s)", [exc])
+        if on_error == "warn":
+            warn_skipped("event line(s)", sorted(skipped, key=lambda e: e.line or 0))
     df = pd.DataFrame(rows, columns=["line", "time", "time_field", "type", "machine", "run", "event"])
     df["time"] = parse_times(list(df["time"]), [f"{path}:{line} (field {key!r})" for line, key in
                                                 zip(df["line"], df["time_field"])], "event line(s)")
@@ -867,8 +917,33 @@ def read_cases(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def definition_present(path: Path) -> bool:
+    """Whether a machine's definition file is there.
+
+    Args:
+        path: the file.
+
+    Returns:
+        True when it exists, False when there is none.
+
+    Raises:
+        MachineFormatError: it is a symlink to nothing (a missing target, or a loop): read as
+            absent, a holdout.json would hand held-out cases to a trainer, an instructions.md
+            would leave out the system prompt.
+    """
+    if path.exists():
+        return True
+    if os.path.islink(path):
+        raise MachineFormatError(path, f"a symlink to {os.readlink(path)}, which does not exist (or loops): "
+                                       "restore it, or remove the link")
+    return False
+
+
 def read_instructions(machine: Path) -> str | None:
     """A machine folder's instructions.md as text, or None when it has none.
+
+    A UTF-8 byte-order mark (an editor's "UTF-8 with BOM") is not part of the text: it would
+    otherwise open every system prompt made from it.
 
     Args:
         machine: the machine's folder.
@@ -877,17 +952,36 @@ def read_instructions(machine: Path) -> str | None:
         The text.
 
     Raises:
-        MachineFormatError: not UTF-8, naming the line and the byte.
+        MachineFormatError: UTF-16 text, or not UTF-8, naming the line and the byte; a symlink
+            to nothing (definition_present).
     """
     path = machine / "instructions.md"
-    if not path.exists():
+    if not definition_present(path):
         return None
     raw = read_file(path)[0]
+    if raw[:2] in UTF16_BOMS:
+        raise MachineFormatError(path, UTF16_TEXT)
+    raw = raw[len(UTF8_BOM):] if raw.startswith(UTF8_BOM) else raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as bad:
         raise MachineFormatError(path, f"not UTF-8 (byte 0x{raw[bad.start]:02x})",
                                  line=raw.count(b"\n", 0, bad.start) + 1) from None
+
+
+def machine_folder(workspace: str | os.PathLike, name: str) -> Path:
+    """The folder a machine's definition lives in: `<ws>/machines/<name segments…>`.
+
+    Raises:
+        ValueError: the name breaks Machine's naming rule (name_segments).
+    """
+    return workspace_root(workspace) / "machines" / Path(*name_segments(name, "machine name"))
+
+
+def defines_machine(folder: Path) -> bool:
+    """Whether a folder is a machine's: it holds a definition file (a link to one counts). A folder
+    holding only nested machines' folders defines nothing, as list_machines has it."""
+    return folder.is_dir() and any(os.path.lexists(folder / f) for f in DEFINITION_FILES)
 
 
 def load_machine(workspace: str | os.PathLike, name: str) -> dict:
@@ -911,18 +1005,18 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
         lists, [] when absent), versions (versions.json list, [] when absent), live_version.
 
     Raises:
-        MachineFormatError: no such machine (listing the machines there are), or a bad definition
-            file (naming it and the field).
+        MachineFormatError: no such machine (no folder holding a definition file, as list_machines
+            has it; listing the machines there are), or a bad definition file (naming it and the
+            field; a symlink to nothing is one, see definition_present).
     """
-    segments = name_segments(name, "machine name")
-    d = workspace_root(workspace) / "machines" / Path(*segments)
-    if not d.is_dir():
+    d = machine_folder(workspace, name)
+    if not defines_machine(d):
         known = ", ".join(list_machines(workspace)) or "none"
         raise MachineFormatError(d, f"no machine {name!r} in this workspace (machines found: {known})")
 
     def opt_json(fname: str, kind: type, default: Any) -> Any:
         p = d / fname
-        if not p.exists():
+        if not definition_present(p):
             return default
         value = read_json(p)
         if not isinstance(value, kind):
@@ -962,8 +1056,8 @@ def load_machine(workspace: str | os.PathLike, name: str) -> dict:
         "rubric": fingerprint,
         "criteria": rubric_file.get("criteria", []),
         "tools": tools,
-        "cases": read_cases(d / "cases.json") if (d / "cases.json").exists() else [],
-        "holdout": read_cases(d / "holdout.json") if (d / "holdout.json").exists() else [],
+        "cases": read_cases(d / "cases.json") if definition_present(d / "cases.json") else [],
+        "holdout": read_cases(d / "holdout.json") if definition_present(d / "holdout.json") else [],
         "versions": versions,
         "live_version": live,
     }
@@ -1035,6 +1129,7 @@ def resolve_machine(machine: dict | str | None, workspace: str | os.PathLike | N
     if not isinstance(machine, str):
         raise TypeError(f"machine must be a name or a definition dict, not {type(machine).__name__}")
     ws = workspace if workspace is not None else runs_workspace(runs)
-    if ws is None or (undefined == "name" and machine not in list_machines(ws)):
+    if ws is None or (undefined == "name" and not (SEGMENT_NAME.fullmatch(machine)
+                                                   and defines_machine(machine_folder(ws, machine)))):
         return {"name": machine}
     return load_machine(ws, machine)
