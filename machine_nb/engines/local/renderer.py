@@ -15,6 +15,8 @@ exactly the prompts the engine will give it.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from typing import Any
 
 import tinker
@@ -87,6 +89,15 @@ def message_text(message: Message) -> str:
     return text
 
 
+def _special_id(tokenizer: Any, token: str) -> int:
+    """The id of a special token such as "<|im_end|>", by any tokenizer with an `encode`
+    (ValueError when it is no single token there)."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"{token} is not one token in this tokenizer")
+    return ids[0]
+
+
 class _EndTokenRenderer(Renderer):
     """What both renderers share: every message ends with one end token (`_end_message_token`),
     sampling stops at it, and nothing is stripped from history."""
@@ -113,6 +124,8 @@ class LocalChatRenderer(_EndTokenRenderer):
     """tinker-cookbook renderer for the local engine's models (see the module docstring for the format).
 
     Unknown roles render with the <|system|> token followed by `ROLE: `, so no row is refused.
+    Works over the engine's `LocalTokenizer` and over its Hugging Face form (what the tinker SDK's
+    `get_tokenizer()` loads), with the same tokens.
     """
 
     @property
@@ -124,16 +137,31 @@ class LocalChatRenderer(_EndTokenRenderer):
         return self.tokenizer.eos_token_id
 
     def _encode(self, text: str) -> list[int]:
-        # message text never turns into role/end tokens, whatever it contains
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        """Message text as tokens that are never role/end tokens, whatever it contains."""
+        added = getattr(self.tokenizer, "get_added_vocab", None)
+        if added is None:  # LocalTokenizer: split_special_tokens spells them as plain text
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        # The Hugging Face form holds the special tokens in its model's vocabulary too, so it encodes
+        # their text as them even when told to split it: such text is encoded a character at a time,
+        # as the local tokenizer spells it (no word piece holds their characters).
+        specials = sorted(added(), key=len, reverse=True)
+        ids: list[int] = []
+        pattern = "(" + "|".join(re.escape(t) for t in specials) + ")"
+        for i, piece in enumerate(re.split(pattern, text) if specials else [text]):
+            if i % 2:
+                for ch in piece:
+                    ids += self.tokenizer.encode(ch, add_special_tokens=False)
+            elif piece:
+                ids += self.tokenizer.encode(piece, add_special_tokens=False)
+        return ids
 
     def render_message(self, message: Message, ctx: RenderContext) -> RenderedMessage:
         role = message["role"]
         text = message_text(message)
         if role in _ROLE_TOKENS:
-            header = [self.tokenizer.token_id(_ROLE_TOKENS[role])]
+            header = [_special_id(self.tokenizer, _ROLE_TOKENS[role])]
         else:
-            header = [self.tokenizer.token_id("<|system|>")]
+            header = [_special_id(self.tokenizer, "<|system|>")]
             text = f"{role}: {text}"
         output = self._encode(_PREFIX + text) + [self._end_message_token]
         return RenderedMessage(
@@ -176,8 +204,9 @@ def chatml_text(message: Message) -> str:
 
     A string is itself; parts join as `message_text` joins them (thinking as `<think>…</think>`,
     images and audio as placeholders); each tool call adds a line
-    `<tool_call>{"name": …, "arguments": …}</tool_call>` (the form SmolLM2 was tuned on). The chat
-    template gives the same tokens for a message whose content is this text.
+    `<tool_call>{"name": …, "arguments": …}</tool_call>` (`ChatMLRenderer.parse_response` reads it
+    back, and SmolLM2's own list form). The chat template gives the same tokens for a message whose
+    content is this text.
     """
     calls = list(message.get("tool_calls") or []) + list(message.get("unparsed_tool_calls") or [])
     text = message_text({**message, "tool_calls": [], "unparsed_tool_calls": []}) if calls else message_text(message)
@@ -203,6 +232,43 @@ def chatml_text(message: Message) -> str:
     return "\n".join(lines)
 
 
+#: A tool call span in a reply; its JSON may run over several lines.
+_TOOL_CALL_SPAN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _strict_json(text: str) -> Any:
+    """`json.loads` that refuses NaN and Infinity (no JSON parser of a tool's arguments reads them)."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _tool_calls(payload: str) -> list[tuple[str, str]] | None:
+    """(name, arguments as a JSON object's text) of each call in a `<tool_call>` span's JSON: one
+    call object or a list of them, each with a non-empty string name and arguments that are an
+    object (or a string holding one's JSON; absent: {}). None when the span is not such calls."""
+    try:
+        value = _strict_json(payload.strip())
+    except ValueError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            return None
+        args = item.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = _strict_json(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        out.append((item["name"], json.dumps(args)))
+    return out or None
+
+
 class ChatMLRenderer(_EndTokenRenderer):
     """SmolLM2's ChatML chat template as a tinker-cookbook renderer.
 
@@ -215,6 +281,11 @@ class ChatMLRenderer(_EndTokenRenderer):
     first token that reaches past `ROLE\\n`. The newline after `<|im_end|>` opens the next
     message's header; after the last message it is the trained `stop_overlap`. Sampling stops at
     `<|im_end|>`.
+
+    Text inside a message that spells one of the tokenizer's special tokens (`<|im_end|>`,
+    `<|im_start|>`, `<|endoftext|>` and the file's other control tokens) is encoded as that
+    control token, as the chat template's rendered string is: a reply whose text holds
+    `<|im_end|>` trains the model to end there.
     """
 
     @property
@@ -222,10 +293,7 @@ class ChatMLRenderer(_EndTokenRenderer):
         return []
 
     def _special(self, token: str) -> int:
-        ids = self.tokenizer.encode(token, add_special_tokens=False)
-        if len(ids) != 1:
-            raise ValueError(f"{token} is not one token in this tokenizer")
-        return ids[0]
+        return _special_id(self.tokenizer, token)
 
     @property
     def _end_message_token(self) -> int:
@@ -269,26 +337,37 @@ class ChatMLRenderer(_EndTokenRenderer):
 
     def parse_response(self, response: list[int]) -> tuple[Message, ParseTermination]:
         """The assistant message in sampled tokens: STOP_SEQUENCE when <|im_end|> ended it, else
-        MALFORMED; `<tool_call>{…}</tool_call>` lines become tool calls."""
+        MALFORMED (a reply cut at max_tokens: its text alone, no tool calls, as the cookbook's
+        renderers give it).
+
+        In a whole reply, each `<tool_call>…</tool_call>` span (on one line or several, beside
+        text or not) whose JSON is a call `{"name": …, "arguments": {…}}` or a list of them (the
+        form SmolLM2's function-calling prompt asks for) becomes tool calls (`_tool_calls`), and
+        lines left holding nothing else are dropped from the content; any other span stays text.
+        """
         from tinker_cookbook.renderers.base import ToolCall
 
         body, term = self._until_end(response)
         text = self.tokenizer.decode(body)
-        calls, kept = [], []
-        for line in text.split("\n"):
-            stripped = line.strip()
-            if stripped.startswith("<tool_call>") and stripped.endswith("</tool_call>"):
-                try:
-                    payload = json.loads(stripped[len("<tool_call>"):-len("</tool_call>")])
-                    calls.append(ToolCall(function=ToolCall.FunctionBody(
-                        name=str(payload["name"]), arguments=json.dumps(payload.get("arguments", {})))))
-                    continue
-                except (ValueError, KeyError, TypeError):
-                    pass
-            kept.append(line)
-        msg = Message(role="assistant", content="\n".join(kept) if calls else text)
-        if calls:
-            msg["tool_calls"] = calls
+        if not term.is_stop_sequence:
+            return Message(role="assistant", content=text), term
+        calls: list[Any] = []
+        taken = f"\x00{secrets.token_hex(16)}\x00"  # stands for a parsed span while the lines are sorted
+
+        def take(match: re.Match) -> str:
+            found = _tool_calls(match.group(1))
+            if found is None:
+                return match.group(0)
+            calls.extend(ToolCall(function=ToolCall.FunctionBody(name=name, arguments=args)) for name, args in found)
+            return taken
+
+        marked = _TOOL_CALL_SPAN.sub(take, text)
+        if not calls:
+            return Message(role="assistant", content=text), term
+        kept = [line.replace(taken, "") for line in marked.split("\n")
+                if taken not in line or line.replace(taken, "").strip()]
+        msg = Message(role="assistant", content="\n".join(kept))
+        msg["tool_calls"] = calls
         return msg, term
 
     def create_conversation_prefix_with_tools(self, tools: list[ToolSpec], system_prompt: str = "") -> list[Message]:

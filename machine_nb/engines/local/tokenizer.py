@@ -63,6 +63,8 @@ class LocalTokenizer:
                  name_or_path: str = "local/arith-tiny"):
         if tuple(special_tokens[:3]) != ("<|pad|>", "<|bos|>", "<|end|>"):
             raise ValueError("special_tokens must start with <|pad|>, <|bos|>, <|end|>")
+        if not all(special_tokens) or len(set(special_tokens)) != len(special_tokens):
+            raise ValueError("special tokens must be unique and not empty")
         bad = [w for w in words if not w or any(c.isdigit() for c in w) or len(w) < 2]
         if bad:
             raise ValueError(f"word pieces must be 2+ characters without digits: {bad[:5]}")
@@ -231,19 +233,29 @@ class LocalTokenizer:
 
     @classmethod
     def load(cls, path: str | Path, name_or_path: str = "local/arith-tiny") -> "LocalTokenizer":
-        """Read a vocabulary JSON written by `save`; a malformed file raises MachineFormatError."""
+        """Read a vocabulary JSON written by `save`; a malformed file raises MachineFormatError
+        naming the file and, where one is at fault, the field."""
         from ...errors import MachineFormatError
 
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise MachineFormatError(str(path), f"cannot read the local model's vocabulary: {exc}") from exc
+        if not isinstance(data, dict):
+            raise MachineFormatError(str(path), f"expected a JSON object, got {type(data).__name__}")
         for key in ("special_tokens", "words"):
-            if not isinstance(data.get(key), list):
-                raise MachineFormatError(str(path), "expected a list", field=key)
+            if not isinstance(data.get(key), list) or not all(isinstance(t, str) for t in data[key]):
+                raise MachineFormatError(str(path), "expected a list of strings", field=key)
         if data.get("byte_tokens") != 256:
             raise MachineFormatError(str(path), "expected 256 byte tokens", field="byte_tokens")
-        return cls(tuple(data["words"]), tuple(data["special_tokens"]), name_or_path=name_or_path)
+        try:
+            cls(special_tokens=tuple(data["special_tokens"]), words=())
+        except ValueError as exc:
+            raise MachineFormatError(str(path), str(exc), field="special_tokens") from None
+        try:
+            return cls(tuple(data["words"]), tuple(data["special_tokens"]), name_or_path=name_or_path)
+        except ValueError as exc:
+            raise MachineFormatError(str(path), str(exc), field="words") from None
 
 
 def _bytes_to_unicode() -> dict[int, str]:
