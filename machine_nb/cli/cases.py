@@ -83,8 +83,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("revert", help="make the version before the live one live again",
                        description="Restore the previous version. Reads: versions.json. Writes: versions.json (the "
                                    "live flag moves back one entry; no entry is removed), model.json's model and, when "
-                                   "that version's differ, instructions.md. Cost: free.")
+                                   "that version's differ, instructions.md. Refused, nothing written (exit 1), "
+                                   "when that version runs a local checkpoint that is gone, unless --force. "
+                                   "Cost: free.")
     _machine_flags(p)
+    p.add_argument("--force", action="store_true",
+                   help="restore it even when its local checkpoint (tinker://local-…) cannot be found")
     p.set_defaults(func=_run_revert)
 
 
@@ -183,6 +187,8 @@ def _run_commit(args: argparse.Namespace) -> int:
         entry = cand.commit(force=args.force, note=args.note)  # CommitConflict: exit 1 with the reason
     except CommitRefused as refused:  # the gate's refusal: candidate's status
         print(redacted(f"machine-nb commit: {refused}"), file=sys.stderr)
+        if args.json:  # a script reading stdout gets the decision it was refused on
+            _print(cand, True, {"committed": None, "forced": False, "refused": redacted(str(refused))})
         return REFUSED
     if args.json:
         _print(cand, True, {"committed": entry["id"], "forced": bool(entry.get("forced"))})
@@ -195,6 +201,6 @@ def _run_commit(args: argparse.Namespace) -> int:
 def _run_revert(args: argparse.Namespace) -> int:
     from ..evaluation.candidate import revert
 
-    entry = revert(args.workspace, args.machine)
+    entry = revert(args.workspace, args.machine, force=args.force)
     print(f"{args.machine}: {entry['id']} is live again ({entry['model']})")
     return 0

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cases import (PREVIOUS_LIVE, VERSION_ID, check_grader, is_checkpoint, live_index, load_cases, machine_path,
-                    previous_live_index, read_versions)
+from .cases import (PREVIOUS_LIVE, VERSION_ID, check_grader, check_trials, is_checkpoint, live_index, load_cases,
+                    machine_path, previous_live_index, read_versions)
 from ..core.chat import content_text
-from ..store.workspace import read_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,14 +56,15 @@ class Gate:
 
     max_losses: held-out cases the live version gets right that the candidate may get wrong.
         Default 0: a candidate never trades an old skill for a new one unseen.
-    min_delta: how far the candidate's accuracy must exceed the live version's (0.1 = ten points).
-        Default 0.0: any gain.
+    min_delta: how far the candidate's accuracy must exceed the live version's (0.1 = ten points),
+        below 1. Default 0.0: any gain. A gain of exactly min_delta does not pass, whatever the
+        accuracies (3 → 4 of 10 as 6 → 7 of 10: float rounding does not decide).
     alpha: the wins must beat the losses beyond chance: exact two-sided sign test (McNemar on the
         cases that changed) p < alpha. Default 0.05; None skips the test (then a margin decides).
 
     Raises:
         ValueError: a rule no candidate could pass or that is not a number (max_losses below 0 or
-            not whole, min_delta not finite, alpha not in (0, 1]).
+            not whole, min_delta not finite or 1 or more, alpha not in (0, 1]).
     """
 
     max_losses: int = 0
@@ -81,6 +81,9 @@ class Gate:
         if (isinstance(self.min_delta, bool) or not isinstance(self.min_delta, numbers.Real)
                 or not math.isfinite(self.min_delta)):
             raise ValueError(f"Gate: min_delta must be a finite number (0.1 = ten points), not {self.min_delta!r}")
+        if self.min_delta >= 1:
+            raise ValueError(f"Gate: min_delta must be below 1 (0.1 = ten points), not {self.min_delta!r}: no "
+                             "accuracy beats another by 100 points or more, so no candidate could pass")
         if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real)
                                        or not 0 < self.alpha <= 1):
             raise ValueError(f"Gate: alpha must be above 0 and at most 1 (None skips the sign test), not "
@@ -124,12 +127,12 @@ class Gate:
                               "numbers measure the failures, not the versions: measure again")
         if r.losses > self.max_losses:
             failed.append(f"it loses {r.losses} case(s) the live version gets right (allowed: {self.max_losses})")
-        if not r.delta > self.min_delta:
+        if not _beats(r.delta, self.min_delta):
             failed.append(f"its accuracy {r.candidate_accuracy:.0%} is not above the live version's "
                           f"{r.live_accuracy:.0%}" + (f" by more than {self.min_delta:.0%}" if self.min_delta else ""))
         if self.alpha is not None and not r.p_value < self.alpha:
             text = f"its gain is not beyond chance (sign test p = {r.p_value:.3g}, needs < {self.alpha:g})"
-            need = min_discordant_for(self.alpha)
+            need = min_discordant_for(self.alpha) if self.alpha < 1 else 2  # at 1: p = 1 with one changed case
             if r.n_cases < need:
                 text += f"; with {r.n_cases} held-out cases no result can get there (it takes {need}): add cases"
             failed.append(text)
@@ -139,6 +142,14 @@ class Gate:
         if failed:
             return False, "Refused: " + "; ".join(failed) + f". The numbers: {numbers}."
         return True, f"Passed: {numbers}."
+
+
+def _beats(delta: float, margin: float) -> bool:
+    """Whether an accuracy gain is more than the margin, a gain equal to it but for float rounding
+    not counting (0.4 - 0.3 is 0.10000000000000003, 0.7 - 0.6 is 0.09999999999999998)."""
+    import math
+
+    return delta > margin and not math.isclose(delta, margin, rel_tol=1e-9, abs_tol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,15 +284,21 @@ def case_table(live: Any, candidate: Any) -> pd.DataFrame:
     live, candidate = as_eval_result(live, "live").rows, as_eval_result(candidate, "candidate").rows
     if len(live) != len(candidate) or list(live["case"]) != list(candidate["case"]):
         raise ValueError("the two results are not over the same cases and trials")
+
+    def text(value: Any) -> Any:  # a string column's missing value (NaN) is None here, as in the JSON
+        return None if isinstance(value, float) and value != value else value
+
     rows = []
     for case, a in live.groupby("case", sort=False):
         b = candidate[candidate["case"] == case]
         ra, rb = float(a["correct"].mean()), float(b["correct"].mean())
-        rows.append({"case": int(case), "input": a["input"].iloc[0], "expected": a["expected"].iloc[0],
-                     "live_output": a["output"].iloc[0], "candidate_output": b["output"].iloc[0],
+        rows.append({"case": int(case), "input": text(a["input"].iloc[0]), "expected": text(a["expected"].iloc[0]),
+                     "live_output": text(a["output"].iloc[0]), "candidate_output": text(b["output"].iloc[0]),
                      "live_correct": ra, "candidate_correct": rb,
                      "change": "win" if rb > ra else "loss" if rb < ra else "tie"})
-    return pd.DataFrame(rows, columns=CASE_TABLE_COLUMNS)
+    # object columns keep None (expected of a grader-scored case); a string column would make it NaN
+    return pd.DataFrame(rows, columns=CASE_TABLE_COLUMNS, dtype=object).astype(
+        {"case": int, "live_correct": float, "candidate_correct": float})
 
 
 def build_report(machine: str, live: Any, candidate: Any, *, trained_on_holdout: int = 0) -> CandidateReport:
@@ -471,7 +488,7 @@ def checkpoint_problem(checkpoint: str, engine: str | None = None) -> str | None
     return None
 
 
-def revert(workspace: str | os.PathLike, machine: str) -> dict:
+def revert(workspace: str | os.PathLike, machine: str, *, force: bool = False) -> dict:
     """Make the version that was live before the live one live again.
 
     That is the version live when the live one was committed (its `previousLive`), so two
@@ -480,15 +497,21 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
     points model.json's `model` (and instructions.md, when that version recorded other
     instructions) back at it, under the same lock as commits.
 
+    A version that runs a checkpoint of this process's local engine (`tinker://local-…`) whose
+    files are gone is not restored: the machine would run nothing.
+
     Args:
         workspace: the workspace.
         machine: the machine whose live version steps back.
+        force: restore it even when its local checkpoint cannot be found (default False; a
+            checkpoint held by a separate `machine-nb serve` is not in this process's data dir).
 
     Returns:
         The restored version's entry.
 
     Raises:
-        ValueError: the live version is the first one.
+        ValueError: the live version is the first one, or (without force) the version to restore
+            runs a local checkpoint that cannot be sampled. Nothing is written.
     """
     d = machine_path(workspace, machine)
     with versions_lock(workspace, machine):
@@ -497,6 +520,12 @@ def revert(workspace: str | os.PathLike, machine: str) -> dict:
         if back is None:
             raise ValueError(f"{d / 'versions.json'}: {versions[i]['id']} is the first version of {machine}; "
                              "there is none before it to restore")
+        model = versions[back]["model"]
+        gone = None if force or not is_checkpoint(model) else checkpoint_problem(model)
+        if gone is not None:
+            raise ValueError(f"{d / 'versions.json'}: {versions[back]['id']} runs {model}, which cannot be sampled "
+                             f"({gone}), so it cannot be the live version; {versions[i]['id']} stays live and "
+                             "nothing was written. revert(…, force=True) (CLI: --force) restores it anyway")
         for v in versions:
             v.pop("live", None)
         previous = versions[back]
@@ -514,13 +543,16 @@ def _write_live(d: Path, versions: list[dict], live: dict, *, instructions: bool
     run again: "already committed"). The temporary files a killed write left beside these three
     go first; the caller holds the machine's lock, which every writer of them holds."""
     from ..core.jsonl import remove_stale_temporaries
+    from ..store.workspace import read_instructions
 
     for name in ("model.json", "instructions.md", "versions.json"):  # a killed write's leftovers (lock held)
         remove_stale_temporaries(d / name)
-    _set_model_json(d, live["model"])
     text = live.get("instructions")
     md = d / "instructions.md"
-    if instructions and isinstance(text, str) and md.exists() and read_file(md)[0].decode("utf-8") != text:
+    # read before anything is written: instructions.md that is not UTF-8 stops the revert whole
+    rewrite = instructions and isinstance(text, str) and md.exists() and read_instructions(d) != text
+    _set_model_json(d, live["model"])
+    if rewrite:
         from ..core.jsonl import atomic_write_text
 
         atomic_write_text(md, text, mode=md.stat().st_mode & 0o777)
@@ -761,10 +793,15 @@ def check_out_dir(out: Path) -> None:
         out: the folder (it need not exist).
 
     Raises:
-        FileExistsError: naming the file.
+        FileExistsError: naming the file; or out, or the folder it would be made in, is a file
+            (nothing could be written there once both versions were sampled).
     """
     from ..store.workspace import read_json
 
+    held = next((p for p in (out, *out.parents) if p.exists()), None)  # the folder out is (or is made in)
+    if held is not None and not held.is_dir():
+        raise FileExistsError(f"{held}: is a file, not a folder, so out_dir {out} cannot hold the results: choose "
+                              "another out_dir (CLI: --out; a folder, created if missing)")
     for name, key in OUT_FILES.items():
         path = out / name
         if not path.exists() and not path.is_symlink():
@@ -779,18 +816,32 @@ def check_out_dir(out: Path) -> None:
 
 
 def _training_inputs(data: Any) -> list[str]:
-    """The user messages of training rows (a JSONL path, a list of lines, a DataFrame of them)."""
-    from ..core.jsonl import read_jsonl
+    """The user messages of training rows (a JSONL path, a list of lines, a DataFrame of them):
+    SFT lines' `messages` and preference pairs' `prompt`. A row that is not an object is refused
+    rather than skipped: the check would pass a candidate it never looked at."""
+    from collections.abc import Mapping
 
+    from ..core.chat import frame_rows
+    from ..core.jsonl import read_jsonl
+    from ..errors import MachineFormatError
+
+    where = os.fspath(data) if isinstance(data, (str, os.PathLike)) else "<data>"
     if isinstance(data, (str, os.PathLike)):
         data = read_jsonl(data)
     elif hasattr(data, "to_dict") and hasattr(data, "columns"):
-        data = data.to_dict("records")
+        data = frame_rows(data)  # a frame read back through pyarrow holds arrays where rows held lists
+    elif isinstance(data, Mapping):
+        raise MachineFormatError(where, "one training row was given where a list of rows is taken: pass [row]")
     out = []
-    for row in data:
-        for m in (row.get("messages") or []) if isinstance(row, dict) else []:
-            if isinstance(m, dict) and m.get("role") == "user":
-                out.append(content_text(m.get("content")))
+    for i, row in enumerate(data, start=1):
+        if not isinstance(row, Mapping):
+            raise MachineFormatError(where, f"training row {i} must be an object with messages (or a preference "
+                                            f"pair's prompt), not a {type(row).__name__}", line=i)
+        for key in ("messages", "prompt"):
+            messages = row.get(key)
+            for m in messages if isinstance(messages, (list, tuple)) else ():
+                if isinstance(m, Mapping) and m.get("role") == "user":
+                    out.append(content_text(m.get("content")))
     return out
 
 
@@ -814,15 +865,18 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
         gate: the promotion rule (default `Gate()`: no case lost and a significant gain).
         engine: "local" or "tinker"; default None: the checkpoint's own (local for tinker://local-…).
         grader: for held-out cases that declare no expected answer (see evaluate_cases).
-        data: the training data (JSONL path or lines), to check it held no held-out input: such a
+        data: the training data (a JSONL path, a list of its rows or a frame of them: SFT lines'
+            messages or preference pairs' prompts), to check it held no held-out input: such a
             candidate is refused (default None: not checked).
         max_tokens: the reply budget per case (default 32, as evaluate).
         temperature: sampling temperature (default 0.0: greedy).
         seed: the sampling seed (default 0).
-        max_usd: the spending limit in USD for both evaluations (default None: no budget).
+        max_usd: the spending limit in USD for both evaluations together, every trial, checked
+            before either is sampled (default None: no budget).
         out_dir: also write `live.json`, `candidate.json` (evaluate's results schema) and
             `report.json` here, replacing earlier ones of candidate() (any other file of those
-            names is refused, before sampling). Default None: nothing is written.
+            names is refused, before sampling). Default None: nothing is written. A write that
+            fails once sampled (a full disk) is a warning: the candidate is still returned.
         progress: progress bars (default None: on in a kernel or terminal unless
             MACHINE_NB_PROGRESS=0).
 
@@ -831,11 +885,14 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
 
     Raises:
         MachineFormatError: a missing or malformed versions.json or holdout.json (or any other
-            definition file), or a held-out case given twice, before anything is sampled.
-        ValueError: the checkpoint's base model is not the live version's, before anything is
-            sampled.
+            definition file), a held-out case given twice, or training data whose rows are not
+            objects, before anything is sampled.
+        ValueError: the checkpoint's base model is not the live version's, or trials is not a
+            whole number of at least 1, before anything is sampled.
         FileExistsError: out_dir holds a live.json, candidate.json or report.json that
             candidate() did not write, before anything is sampled.
+        TypeError: gate is not a Gate, before anything is sampled.
+        BudgetExceeded: on Tinker, the estimate for both versions is over max_usd.
     """
     from .. import engines
     from .cases import evaluate_cases
@@ -843,7 +900,10 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     from .sampling import SamplerTarget, open_sampler
 
     workspace = os.fspath(workspace)
-    gate = gate or Gate()
+    gate = Gate() if gate is None else gate
+    if not isinstance(gate, Gate):  # decided only once both versions are sampled (and paid for)
+        raise TypeError(f"gate must be a Gate, such as Gate(max_losses=1, min_delta=0.05), not {type(gate).__name__}")
+    trials = check_trials(trials)
     versions = read_versions(workspace, machine)
     live = versions[live_index(versions)]
     holdout = load_cases(workspace, machine, "holdout")
@@ -882,6 +942,12 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
             raise ValueError(f"{checkpoint} was trained from {base}, but {machine}'s live version {live['id']} "
                              f"({live_ckpt}) was trained from {live_base}: a candidate must share its base model")
     instructions = _live_instructions(machine_path(workspace, machine), live)
+    if max_usd is not None and engine == "tinker":  # both versions, every trial, against the one budget
+        from ..checks.pricing import estimate_eval_cost
+
+        system = [{"role": "system", "content": instructions}] if instructions else []
+        estimate_eval_cost([{"messages": system + [{"role": "user", "content": text}]} for text in holdout["input"]],
+                           base, max_tokens=int(max_tokens), max_usd=max_usd, samples_per_row=2 * trials)
     common = dict(cases=holdout, trials=trials, engine=engine, grader=grader, instructions=instructions,
                   max_tokens=max_tokens, temperature=temperature, seed=seed, max_usd=max_usd, split="holdout",
                   progress=progress)
@@ -898,10 +964,19 @@ def candidate(workspace: str | os.PathLike, machine: str, checkpoint: str, *, tr
     if out is not None:
         from ..core.jsonl import atomic_write_text
 
-        atomic_write_text(out / "report.json", json.dumps(
-            {**report.to_dict(), "candidate": result.id, "checkpoint": result.checkpoint, "base_model": base,
-             "machine": machine, "live_version": live["id"], "gate": result.to_dict()["gate"],
-             "passed": passed, "reason": reason}, ensure_ascii=False, indent=1, default=str) + "\n")
+        try:
+            atomic_write_text(out / "report.json", json.dumps(
+                {**report.to_dict(), "candidate": result.id, "checkpoint": result.checkpoint, "base_model": base,
+                 "machine": machine, "live_version": live["id"], "gate": result.to_dict()["gate"],
+                 "passed": passed, "reason": reason}, ensure_ascii=False, indent=1, default=str) + "\n")
+        except OSError as exc:  # a full disk, a folder made read-only meanwhile: the measured candidate is kept
+            import warnings
+
+            from ..errors import user_stacklevel
+
+            warnings.warn(f"{out / 'report.json'}: the report could not be written ({exc.strerror or exc}); the "
+                          "candidate is returned (json.dump(candidate.to_dict(), open(PATH, 'w')) writes it)",
+                          stacklevel=user_stacklevel())
     return result
 
 

@@ -140,7 +140,8 @@ def load_cases(workspace: str | os.PathLike, machine: str, split: str = "cases")
             other_cases = []  # reported when that file is loaded
         warn_holdout_in_cases(*((path, cases, other, other_cases) if split == "cases" else
                                 (other, other_cases, path, cases)))
-    return pd.DataFrame(rows, columns=CASE_COLUMNS)
+    # object columns keep None for a case without a rule (a string column would turn it into NaN)
+    return pd.DataFrame(rows, columns=CASE_COLUMNS, dtype=object).astype({"case": int})
 
 
 class HoldoutInCases(UserWarning):
@@ -333,9 +334,15 @@ def _case_records(cases: Any, workspace: Any, machine: str, split: str) -> tuple
         path = cases["path"].iloc[0] if "path" in cases and len(cases) else None
         _check_case_numbers(records, path)
         return records, path
+    if isinstance(cases, (str, dict)):  # one case, as held_out_keys takes one
+        cases = [cases]
+    if isinstance(cases, (bytes, os.PathLike)) or not hasattr(cases, "__iter__"):
+        way = ": read a file with load_cases(workspace, machine, split)" if isinstance(cases, os.PathLike) else ""
+        raise MachineFormatError(None, "cases must be a list of case strings or {input, expected?, match?} objects, "
+                                       f"or a load_cases frame, not a {type(cases).__name__}{way}")
     out = []
     for i, c in enumerate(cases):
-        case = {"input": c} if isinstance(c, str) else dict(c)
+        case = {"input": c} if isinstance(c, str) else dict(c) if isinstance(c, dict) else {}
         if not isinstance(case.get("input"), str):
             raise MachineFormatError(None, f"case {i + 1} must be a string or an object with a string \"input\".",
                                      field=f"[{i}].input")
@@ -358,8 +365,13 @@ def check_grader(cases: Any, grader: Grader | None, path: str | None = None, *,
 
     Raises:
         MachineFormatError: naming the file, the first such case and how many there are.
+        TypeError: a grader that cannot be called (a match mode's name, say): every reply would
+            fail to be graded, once sampled.
     """
     if grader is not None:
+        if not callable(grader):
+            raise TypeError(f"grader must be a function (case, reply) -> bool, not {type(grader).__name__}: a case "
+                            "scored by a match mode declares it in its \"match\" with an \"expected\" answer")
         return
     if hasattr(cases, "to_dict") and hasattr(cases, "columns"):
         if path is None and "path" in cases and len(cases):
@@ -376,24 +388,46 @@ def check_grader(cases: Any, grader: Grader | None, path: str | None = None, *,
 def _grade(grader: Grader, case: dict, reply: str) -> tuple[bool, str | None]:
     """A grader's verdict on one reply: (correct, None), or (False, why) when the grader raised or
     returned something that is neither true/false nor a number. A bad verdict is that row's error
-    rather than an exception, so the replies already sampled (and paid for) are kept."""
+    rather than an exception, so the replies already sampled (and paid for) are kept. The reason
+    is redacted: a grader that calls a judge may fail with its key in the message."""
     import math
     import numbers
 
     import numpy as np
 
+    from ..core.redact import redacted
+
     try:
         value = grader(case, reply)
     except Exception as exc:  # the grader's own bug or a reply it cannot parse
-        return False, f"grader raised {type(exc).__name__}: {exc}"
+        return False, redacted(f"grader raised {type(exc).__name__}: {exc}")
     if isinstance(value, (bool, np.bool_)):  # numpy's bool is not a numbers.Real
         return bool(value), None
     if isinstance(value, numbers.Real) and math.isfinite(value):
         return value >= 1, None  # a score: full marks count as correct, as a scorecard total of 1 does
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:60] + "…"
-    return False, (f"grader returned {shown} ({type(value).__name__}): return True/False, or a finite score "
-                   "(1 or more counts as correct)")
+    return False, redacted(f"grader returned {shown} ({type(value).__name__}): return True/False, or a finite "
+                           "score (1 or more counts as correct)")
+
+
+def check_trials(trials: Any) -> int:
+    """Refuse a trial count that is not a whole number of at least 1 (1.5 would run 1, "2" is text).
+
+    Args:
+        trials: samples per case.
+
+    Returns:
+        It, as an int.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    import numbers
+
+    if isinstance(trials, bool) or not isinstance(trials, numbers.Integral) or trials < 1:
+        raise ValueError(f"trials must be at least 1, a whole number, not {trials!r}")
+    return int(trials)
 
 
 def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None = None,
@@ -418,8 +452,9 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         checkpoint: a sampler path to run instead of the base model. Default None: when `model`
             is None too, the live version's checkpoint if it runs one, else the base model.
         split: "holdout" (default: the cases no trainer sees) or "cases".
-        cases: case strings/dicts or a load_cases frame to run instead of the file (default None).
-        trials: samples per case (default 1).
+        cases: a list of case strings/dicts or a load_cases frame to run instead of the file; a
+            single string or dict is one case (default None: the file's).
+        trials: samples per case, a whole number (default 1).
         engine: "local" | "tinker"; default the model's own (local for local/… and tinker://local-…).
         grader: `(case dict, reply text) -> bool` (a finite number counts as correct at >= 1) for
             cases that declare no expected answer; when it raises or returns anything else, that
@@ -428,10 +463,12 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         instructions: the system prompt. Default None: the live version's instructions, else
             instructions.md; "" sends none.
         max_tokens, temperature, seed, concurrency, max_usd: as in `evaluate` (defaults 32, 0.0
-            greedy, 0, the engine's, no budget).
+            greedy, 0, the engine's, no budget); max_usd bounds all trials together, checked
+            before the first.
         name: the results' label (default "live <version id>" or the checkpoint's last segment).
         out: write the results JSON (evaluate's schema, rows carrying case and trial) here.
-            Default None: nothing is written.
+            Default None: nothing is written. A write that fails (a full disk, a read-only
+            folder) is a warning: the results are returned unsaved, with `path` None.
         sampling_client / service_client: seams (default: the engine's own; one sampler is
             opened and reused for every trial).
         progress: evaluate's progress bar per trial. Default None: on in a kernel or terminal
@@ -444,17 +481,17 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         (None when out is None).
 
     Raises:
-        MachineFormatError: a missing or malformed definition file, or a case without an
-            expected answer and no grader.
-        ValueError: trials below 1.
+        MachineFormatError: a missing or malformed definition file, `cases` that is not a list
+            of cases (a path, bytes), or a case without an expected answer and no grader.
+        ValueError: trials is not a whole number of at least 1.
+        BudgetExceeded: on Tinker, the estimate for every trial is over max_usd (nothing sampled).
     """
     import pandas as pd
 
     from .evaluate import evaluate
     from .results import EvalResult, file_sha256, results_name, utc_now
 
-    if int(trials) < 1:
-        raise ValueError(f"trials must be at least 1, got {trials}")
+    trials = check_trials(trials)
     records, cases_path = _case_records(cases, workspace, machine, split)
     check_grader(records, grader, cases_path)
     live = None
@@ -473,11 +510,10 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     if instructions is None:
         if live is not None and isinstance(live.get("instructions"), str):
             instructions = live["instructions"]
-        else:
-            from ..store.workspace import read_file
+        else:  # without an editor's byte-order mark; text that is not UTF-8 named
+            from ..store.workspace import read_instructions
 
-            md = machine_path(workspace, machine) / "instructions.md"
-            instructions = read_file(md)[0].decode("utf-8") if md.exists() else ""
+            instructions = read_instructions(machine_path(workspace, machine)) or ""
     if engine is None:
         from ..engines import engine_for
 
@@ -496,9 +532,13 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
              "expected": c["expected"] if c.get("expected") is not None else "(?s).*",
              "match": (c.get("match") or "exact") if c.get("expected") is not None else "regex",
              **({"format": c["format"]} if c.get("format") else {})} for c in records]
+    if max_usd is not None and engine == "tinker":  # every trial against the one budget, before the first
+        from ..checks.pricing import estimate_eval_cost
+
+        estimate_eval_cost(rows, model, max_tokens=int(max_tokens), max_usd=max_usd, samples_per_row=trials)
     started, t0 = utc_now(), time.perf_counter()
     trial_results = []
-    for t in range(int(trials)):
+    for t in range(trials):
         trial_results.append(evaluate(rows, model=model, checkpoint=checkpoint, engine=engine,
                                       max_tokens=max_tokens, temperature=temperature,
                                       seed=None if seed is None else seed + t, concurrency=concurrency, save=False,
@@ -525,9 +565,9 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
                 "row": len(out_rows), "case": int(case.get("case", ci)), "trial": t, "input": case["input"],
                 "prompt": case["input"], "expected": None if graded else case["expected"],
                 "match": "grader" if graded else r["match"], "output": r["output"], "correct": bool(correct),
-                "format_ok": r["format_ok"], "prompt_tokens": int(r["prompt_tokens"]),
+                "format_ok": _present(r["format_ok"]), "prompt_tokens": int(r["prompt_tokens"]),
                 "output_tokens": int(r["output_tokens"]), "latency_s": float(r["latency_s"]),
-                "stop_reason": r["stop_reason"], "error": r["error"] if failed else None})
+                "stop_reason": _present(r["stop_reason"]), "error": r["error"] if failed else None})
     if grader_errors:
         import warnings
 
@@ -561,8 +601,24 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
         path = Path(out)
         prompt_of = {int(c.get("case", i)): rows[i]["messages"] for i, c in enumerate(records)}
         per_row = [{**rec, "messages": prompt_of[rec["case"]]} for rec in out_rows]
-        atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
+        try:
+            atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
+        except OSError as exc:  # a full disk, a folder made read-only meanwhile: the paid rows are kept
+            import warnings
+
+            from ..errors import user_stacklevel
+
+            warnings.warn(f"{path}: the results could not be written ({exc.strerror or exc}); they are returned "
+                          "unsaved: write them with json.dump(result.to_dict(), open(PATH, 'w'))",
+                          stacklevel=user_stacklevel())
+            path = None
     return EvalResult(result, summary, None if path is None else str(path))
+
+
+def _present(value: Any) -> Any:
+    """A frame's missing value (NaN, where the column also holds strings) as None, so the results
+    JSON stays strict JSON."""
+    return None if isinstance(value, float) and value != value else value
 
 
 __all__ = ["load_cases", "evaluate_cases", "read_versions", "live_version", "previous_live_index", "HoldoutInCases",
