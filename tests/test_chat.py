@@ -66,7 +66,9 @@ def test_callers_in_this_package_keep_their_text(name):
 
 
 def test_overlap_digests_are_unchanged():
-    """validate's train/eval overlap keys, pinned to the bytes they were before content_text."""
+    """validate's train/eval overlap keys, pinned: a text prompt's keys are the bytes they were
+    before content_text; a prompt with an image keys the image too (the same question about
+    another picture is another prompt)."""
     prompt_keys = module("checks.validate").prompt_keys
     rows = [
         [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is  47 plus 15?"},
@@ -78,7 +80,7 @@ def test_overlap_digests_are_unchanged():
     ]
     digests = [(full.hex(), last and last.hex()) for full, last in map(prompt_keys, rows)]
     assert digests == [("68d32729135391849c4acc24", "c31c4108e312626ed0a72f95"),
-                       ("3432e24c90f9ddc08d70de22", "0bb48f2cb0aa28d33c3211bc"),
+                       ("68f3bfe8e75c31bef6b03233", "eb2974b33657c9063ea81193"),
                        ("f374307286f7bb319cf34505", None)]
 
 
