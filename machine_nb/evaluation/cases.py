@@ -17,7 +17,6 @@ too: an eval of "the machine" means its live version.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
@@ -596,23 +595,12 @@ def evaluate_cases(workspace: str | os.PathLike, machine: str, model: str | None
     }
     path = None
     if out is not None:
-        from ..core.jsonl import atomic_write_text
+        from .results import write_results
 
-        path = Path(out)
         prompt_of = {int(c.get("case", i)): rows[i]["messages"] for i, c in enumerate(records)}
         per_row = [{**rec, "messages": prompt_of[rec["case"]]} for rec in out_rows]
-        try:
-            atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
-        except OSError as exc:  # a full disk, a folder made read-only meanwhile: the paid rows are kept
-            import warnings
-
-            from ..errors import user_stacklevel
-
-            warnings.warn(f"{path}: the results could not be written ({exc.strerror or exc}); they are returned "
-                          "unsaved: write them with json.dump(result.to_dict(), open(PATH, 'w'))",
-                          stacklevel=user_stacklevel())
-            path = None
-    return EvalResult(result, summary, None if path is None else str(path))
+        path = write_results(out, summary, per_row)  # None, warned, when it cannot be written
+    return EvalResult(result, summary, path)
 
 
 def _present(value: Any) -> Any:

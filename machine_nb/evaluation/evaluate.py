@@ -10,7 +10,6 @@ results JSON) kept in results.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import numbers
 import os
@@ -237,18 +236,12 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
     }
     if path is not None:
-        from ..core.jsonl import atomic_write_text
+        from .results import write_results
 
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
-        try:
-            atomic_write_text(path, json.dumps({**summary, "rows": per_row}, ensure_ascii=False, indent=1) + "\n")
-        except OSError as exc:  # a full disk, a folder made read-only meanwhile: the paid rows are kept
-            warnings.warn(f"{path}: the results could not be written ({exc.strerror or exc}); they are returned "
-                          "unsaved: write them with json.dump(result.to_dict(), open(PATH, 'w'))",
-                          stacklevel=user_stacklevel())
-            path = None
-    return EvalResult(df, summary, None if path is None else str(path))
+        path = write_results(path, summary, per_row)  # None, warned, when it cannot be written
+    return EvalResult(df, summary, path)
 
 
 def default_results_path(label: str, model: str, checkpoint: str | None) -> Path:

@@ -296,6 +296,34 @@ def correct_values(rows: "pd.DataFrame", label: str = "results") -> list[bool]:
     return out
 
 
+def write_results(path: str | os.PathLike, summary: dict, rows: list[dict]) -> str | None:
+    """Write a results JSON (the summary and its per-row results) atomically, after the rows were
+    sampled and paid for: a write that fails (a full disk, a folder made read-only meanwhile) warns
+    and leaves the results to the caller, rather than losing them with the error.
+
+    Args:
+        path: the results file.
+        summary: the run's summary.
+        rows: the per-row results.
+
+    Returns:
+        The path written, or None when it could not be written (warned).
+    """
+    import warnings
+
+    from ..core.jsonl import atomic_write_text
+    from ..errors import user_stacklevel
+
+    try:
+        atomic_write_text(path, json.dumps({**summary, "rows": rows}, ensure_ascii=False, indent=1) + "\n")
+    except OSError as exc:
+        warnings.warn(f"{path}: the results could not be written ({exc.strerror or exc}); they are returned "
+                      "unsaved: write them with json.dump(result.to_dict(), open(PATH, 'w'))",
+                      stacklevel=user_stacklevel())
+        return None
+    return str(path)
+
+
 def format_rate(rows: "pd.DataFrame", label: str = "results") -> float | None:
     """The share of rows whose `format_ok` is true, over the rows that have a format.
 
@@ -506,6 +534,6 @@ class EvalResult:
         return write_log(build_log(rows.to_dict("records"), self.summary), path)
 
 
-__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "format_rate",
+__all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "format_rate", "write_results",
            "as_eval_result",
            "results_name", "free_results_path", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
