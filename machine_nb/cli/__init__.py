@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     3 `candidate` or `commit`: the gate refused (cases.REFUSED), 4 a spend refused without `--yes`
     (_flags.REFUSED_SPEND), 130 Ctrl-C, 141 stdout's reader gone (PIPE_CLOSED).
 
-    Called as the program (no `argv`), a command that marks itself `end_process` (serve: its
-    server has stopped and written everything when it returns) ends the process right there, with
+    Called as the program (no `argv`), stdout and stderr write any character (one their encoding
+    lacks as its escape), a warning prints as one line naming the command (`machine-nb runs:
+    warning: …`, redacted), and a command that marks itself `end_process` (serve: its server has
+    stopped and written everything when it returns) ends the process right there, with
     its output flushed, skipping the interpreter's teardown of torch and the other modules it
     loaded, which takes longer than the stop itself; every other command's process ends through
     its exit handlers with what it holds frozen out of the teardown's collections
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..core.process import freeze_at_exit
 
         freeze_at_exit()
+        _writable_anything()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -53,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
         parser.print_help()
         return USAGE
+    if argv is None:
+        import warnings
+
+        # a warning names the command, not a line of the package's entry point
+        warnings.showwarning = lambda message, *_, **__: _warn(args, message)
     code = _run(args, program=argv is None)
     if argv is None and getattr(args, "end_process", False):
         from ..core.process import end_process
@@ -75,8 +83,8 @@ def _run(args: argparse.Namespace, program: bool = False) -> int:
             may be pointed at the null device when its reader has gone.
 
     Returns:
-        The command's exit status; 1 for an error of ours, 130 for Ctrl-C, PIPE_CLOSED when stdout's
-        reader stopped reading.
+        The command's exit status; 1 for an error of ours (or an optional extra not installed), 130
+        for Ctrl-C, PIPE_CLOSED when stdout's reader stopped reading.
     """
     try:
         code = int(args.func(args) or 0)
@@ -93,8 +101,21 @@ def _run(args: argparse.Namespace, program: bool = False) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, RuntimeError, OSError) as exc:
+    except (ValueError, RuntimeError, OSError, ImportError) as exc:  # ImportError: an extra not installed, said how
         return _say(args, exc)
+
+
+def _writable_anything() -> None:
+    """Let stdout and stderr write any character: one their encoding lacks (cp1252 on a Windows console
+    or redirect) is written as its `\\u…` escape instead of failing the command after its work is done."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if not codecs.lookup(stream.encoding).name.startswith("utf"):
+                stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, LookupError, TypeError, ValueError):  # replaced, detached or unnamed
+            pass
 
 
 def _stdout_closed() -> bool:
@@ -108,6 +129,16 @@ def _stdout_closed() -> bool:
         return False
     poller.register(fd, select.POLLOUT)
     return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _warn(args: argparse.Namespace, message: Warning | str) -> None:
+    """Print a warning as `machine-nb COMMAND: warning: …`, redacted, on stderr."""
+    from ..core.redact import redacted
+
+    try:
+        print(redacted(f"machine-nb {args.command}: warning: {message}"), file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr gone or closed: a warning is not worth failing the command for
+        pass
 
 
 def _say(args: argparse.Namespace, exc: BaseException) -> int:

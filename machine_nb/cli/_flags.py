@@ -16,13 +16,17 @@ refuses it (exit 1), not offered for `--yes`.
 
 Values: a number flag's range is checked while parsing (`whole`, `number`, `PORT`), so a value no
 command can use (a reply budget of 0, a NaN temperature, port 70000) is argparse's one-line usage
-error naming the flag (exit 2, USAGE) before anything is loaded, started or written.
+error naming the flag (exit 2, USAGE) before anything is loaded, started or written; so is a
+negative seed (`SEED`), a budget that is not a finite amount of 0 or more (`--max-usd`). A path
+flag (`path`) reads a leading `~` as the home folder, as a shell would where it leaves it alone
+(`--out=~/x.jsonl`).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any, Callable
 
@@ -45,6 +49,9 @@ REFUSED_SPEND = 4
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse `type`: a whole number from `low` (to `high`, inclusive), else a usage error.
 
+    A whole number may be written as Python reads one (`1000`, `1_000`, `0x10`, spaces around it)
+    or with no fraction (`1e3`, `1000.0`); `1.5`, `nan` and `1e400` are refused.
+
     Args:
         low: the smallest value accepted.
         high: the largest (default None: no upper bound).
@@ -55,15 +62,27 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     wanted = f"a whole number, at least {low}" if high is None else f"a whole number from {low} to {high}"
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
+        value = _whole_number(text)
         if value is None or value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
         return value
 
     return parse
+
+
+def _whole_number(text: str) -> int | None:
+    """The whole number `text` writes, as Python reads one (10, 1_000, 0x10) or as a number with no
+    fraction (1e3, 10.0); None for anything else (1.5, nan, 1e400, words)."""
+    for base in (10, 0):  # base 0 reads 0x10, 0o17, 0b101; base 10 keeps 010 as ten
+        try:
+            return int(text, base)
+        except ValueError:
+            pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and value.is_integer() else None
 
 
 def number(low: float, *, above: bool = False) -> Callable[[str], float]:
@@ -104,17 +123,26 @@ def finite(text: str) -> float:
 def whole_list(text: str) -> list[int]:
     """An argparse `type`: comma-separated whole numbers ("0,1,2"), else a usage error."""
     parts = text.split(",")
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        values = None
-    if not values or any(not p.strip() for p in parts):
+    values = [_whole_number(p) for p in parts]
+    if any(v is None for v in values) or any(not p.strip() for p in parts):
         raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers such as 0,1,2, got {text!r}")
     return values
 
 
 #: A TCP port to bind: 0 (the system picks a free one) to 65535.
 PORT = whole(0, 65535)
+
+#: A seed: a whole number from 0 (the trainers and numpy's generators refuse a negative one).
+SEED = whole(0)
+
+
+def path(text: str) -> str:
+    """An argparse `type` for a file or folder: a leading `~` is the home folder, as a shell reads it.
+
+    A shell leaves `~` alone after `--out=` and inside quotes; without this the command would make
+    a folder named "~" in the working directory.
+    """
+    return os.path.expanduser(text)
 
 
 # --------------------------------------------------------------------------- where it runs
@@ -229,7 +257,7 @@ def spending_flags(p: argparse.ArgumentParser, *, budget_of: str = "the run",
     Returns:
         None; `args.max_usd` (float or None), `args.yes` and `args.json` (bools) hold the values.
     """
-    p.add_argument("--max-usd", type=float, default=None,
+    p.add_argument("--max-usd", type=number(0), default=None,
                    help=f"Tinker budget for {budget_of}: refuse before spending when the estimate is over it "
                         "(default: no limit)")
     p.add_argument("--yes", action="store_true",
@@ -317,30 +345,35 @@ def needs_model(args: argparse.Namespace, example: str) -> bool:
 
 # --------------------------------------------------------------------------- training runs
 
-def log_dir_flags(p: argparse.ArgumentParser) -> None:
-    """Add where a run writes: `--log-dir` and `--workspace`.
+def log_dir_flags(p: argparse.ArgumentParser) -> Any:
+    """Add where a run writes: `--log-dir` or `--workspace`, one of them (the run would ignore the other).
 
     Args:
         p: the command's parser.
 
     Returns:
-        None; `args.log_dir` and `args.workspace` hold the paths (or None).
+        The group of flags that exclude each other, for `resume_flag`; `args.log_dir` and
+        `args.workspace` hold the paths (or None).
     """
-    p.add_argument("--log-dir", default=None, help="log dir for this run (default: a fresh runs/… dir)")
-    p.add_argument("--workspace", default=None, help="write the log dir under WORKSPACE/.machine/training/")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--log-dir", type=path, default=None, help="log dir for this run (default: a fresh runs/… dir)")
+    where.add_argument("--workspace", type=path, default=None, help="write the log dir under WORKSPACE/.machine/training/")
+    return where
 
 
-def resume_flag(p: argparse.ArgumentParser, kind: str) -> None:
+def resume_flag(p: argparse.ArgumentParser, kind: str, where: Any = None) -> None:
     """Add `--resume`.
 
     Args:
         p: the command's parser.
         kind: the kind of run it continues ("sft", "dpo").
+        where: log_dir_flags' group (default None: none): a resumed run stays in its own log dir, so
+            `--resume` with `--log-dir` or `--workspace` is a usage error instead of one ignored.
 
     Returns:
         None; `args.resume` is the log dir or None.
     """
-    p.add_argument("--resume", default=None,
+    (where or p).add_argument("--resume", type=path, default=None,
                    help=f"continue the {kind} run in this log dir from its last checkpoint, with its own settings")
 
 
@@ -382,10 +415,11 @@ def heldout_flags(p: argparse.ArgumentParser, *, every: str = "once an epoch",
         None; `args.eval_data` (a path or None) and `args.eval_every` (an int or None).
     """
     more = ". Writes heldout.jsonl; on Tinker its sampling is in the estimate" if writes else ""
-    p.add_argument("--eval", dest="eval_data", default=None,
+    p.add_argument("--eval", dest="eval_data", type=path, default=None,
                    help=f"held-out eval JSONL to score while training (e.g. {example}; default: none){more}")
     p.add_argument("--eval-every", type=whole(0), default=None,
-                   help=f"score --eval every N steps (default: {every}) and the final checkpoint")
+                   help=f"score --eval every N steps (default: {every}; 0: none while training) and the final "
+                        "checkpoint")
 
 
 def inspect_flags(p: argparse.ArgumentParser) -> None:
@@ -403,6 +437,35 @@ def inspect_flags(p: argparse.ArgumentParser) -> None:
                         "into <log dir>/inspect/. Needs machine_nb[inspect]")
 
 
+def json_text(value: Any) -> str:
+    """`value` as strict JSON, as `jq` and `json.loads` read it: a NaN or infinity (pandas' missing
+    value, a diverged number) or pandas' NA and NaT anywhere in it is null, numpy's numbers are
+    numbers, and what JSON has no other type for is its text.
+
+    Args:
+        value: dicts, lists and plain values.
+
+    Returns:
+        One line of JSON.
+    """
+    import json
+
+    def plain(v: Any) -> Any:
+        if type(v).__name__ in ("NAType", "NaTType"):  # pandas' missing values
+            return None
+        if hasattr(v, "tolist") and type(v).__module__ == "numpy":  # numpy's scalars and arrays, as plain values
+            v = v.tolist()
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return json.dumps(plain(value), default=str, allow_nan=False)
+
+
 def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str = "loss") -> None:
     """A finished run as the commands print it: one JSON object, or a few lines for a reader.
 
@@ -416,9 +479,7 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
         None (prints to stdout).
     """
     if as_json:
-        import json
-
-        print(json.dumps(result.to_dict()))
+        print(json_text(result.to_dict()))
         return
 
     def usd(v: float | None) -> str:
@@ -438,7 +499,7 @@ def print_result(result: Any, as_json: bool, *, steps: str = "steps", loss: str 
     print(f"log dir:    {result.log_dir}")
 
 
-__all__ = ["ENGINES", "NEEDS_MODEL", "USAGE", "REFUSED_SPEND", "PORT", "whole", "whole_list", "number", "finite",
+__all__ = ["ENGINES", "NEEDS_MODEL", "USAGE", "REFUSED_SPEND", "PORT", "SEED", "path", "whole", "whole_list", "number", "finite",
            "model_flag", "engine_flag", "target_flags", "engine_of",
            "inspect_flags", "sampling_flags", "spending_flags", "eval_cost_text", "refuse_to_spend", "needs_model", "log_dir_flags",
-           "resume_flag", "schedule_flags", "heldout_flags", "print_result", "heldout_cost_text", "estimate_source"]
+           "resume_flag", "schedule_flags", "heldout_flags", "print_result", "json_text", "heldout_cost_text", "estimate_source"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._flags import whole
+from ._flags import path, whole
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "cannot hold (train or eval below 1, or over 4,095 train + eval + valid: the distinct operand pairs). "
             "Cost: free (no model calls)."),
     )
-    p.add_argument("-o", "--out", default="data/minimal_sft", help="output directory (default data/minimal_sft, git-ignored)")
+    p.add_argument("-o", "--out", type=path, default="data/minimal_sft", help="output directory (default data/minimal_sft, git-ignored)")
     p.add_argument("--seed", type=whole(0), default=0,
                    help="the draw, a whole number from 0 (default 0); another seed gives new questions")
     p.add_argument("--force", action="store_true", help="overwrite existing files that differ: held-out rows, and files make_corpus did not write")

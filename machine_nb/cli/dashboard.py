@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ._flags import PORT, number
+from ._flags import PORT, number, path
 
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><meta name="referrer" content="no-referrer">
@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "write them. Prints the page's address (with its random access token) when ready; Ctrl-C or SIGTERM "
             "stops it. Reads the workspace only; writes nothing but the run index in the user's cache folder. "
             "Cost: free (nothing leaves this machine)."))
-    p.add_argument("workspace", help="the workspace folder (holding .machine/)")
+    p.add_argument("workspace", type=path, help="the workspace folder (holding .machine/)")
     p.add_argument("--port", type=PORT, default=0, help="port (default 0: a free one)")
     p.add_argument("--interval", type=number(0, above=True), default=None, help="seconds between checks of the files (default 0.5)")
     p.set_defaults(func=_run)

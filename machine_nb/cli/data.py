@@ -9,9 +9,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._flags import finite, whole
+from ._flags import finite, path, whole
 
 _RUN_TABLE = ["id", "machine", "model", "harness", "score", "n_messages", "n_tool_calls", "started_at"]
+
+
+def _unicode_stdout() -> bool:
+    """Whether stdout writes every character (a UTF encoding); JSON elsewhere is written as ASCII escapes."""
+    import codecs
+
+    try:
+        return codecs.lookup(sys.stdout.encoding).name.startswith("utf")
+    except (AttributeError, LookupError, TypeError):
+        return False
 
 
 def _print_frame(df, columns: list[str], as_json: bool) -> None:
@@ -25,7 +35,7 @@ def _print_frame(df, columns: list[str], as_json: bool) -> None:
             return v.isoformat() if hasattr(v, "isoformat") else v
 
         rows = [{c: plain(v) for c, v in zip(columns, vals)} for vals in df[columns].itertuples(index=False)]
-        print(json.dumps(rows, ensure_ascii=False, default=str))
+        print(json.dumps(rows, ensure_ascii=not _unicode_stdout(), default=str))
         return
     import pandas as pd
 
@@ -61,10 +71,13 @@ def cmd_tagged(args: argparse.Namespace) -> int:
         args: the parsed arguments.
 
     Returns:
-        The exit status: 0, or 1 when --store names no store.
+        The exit status: 0, or 1 when --store names no store or --project no folder.
     """
     from ..store.tags import store_dir, tagged
 
+    if args.project and not Path(args.project).is_dir():  # a typo, not a project with no tags
+        print(f"machine-nb tagged: no project folder at {args.project} (check --project)", file=sys.stderr)
+        return 1
     store = Path(args.store) if args.store else store_dir(args.project)
     if not store.exists():
         if args.store:  # a path the user typed that is not there: a mistake to say, not an empty list
@@ -108,6 +121,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..data.select import select_runs
 
     runs = load_runs(args.workspace, args.machine, on_error="raise" if args.strict else "warn")
+    if not len(runs) or not (runs["machine"] == args.machine).any():
+        from ..store.workspace import resolve_machine
+
+        resolve_machine(args.machine, args.workspace)  # neither runs nor a definition: names the machines there are
     kw = {}
     if args.rubric is not None:
         kw["rubric"] = None if args.rubric == "any" else args.rubric
@@ -132,7 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="List the runs stored under WORKSPACE/.machine/runs, newest first, as a table or "
                                    "JSON. Reads files only; writes nothing in the workspace (large workspaces keep a run "
                                    "index in the user's cache folder, see `machine_nb.run_index_path`); costs nothing.")
-    p.add_argument("workspace", help="workspace directory (the one holding .machine/)")
+    p.add_argument("workspace", type=path, help="workspace directory (the one holding .machine/)")
     p.add_argument("--machine", help="only this machine and its nested machines")
     p.add_argument("--limit", type=whole(0), default=0, help="show at most N runs (default 0: all)")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
@@ -147,8 +164,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tagged", help="List the tag store's rows like /tagged (reads the store; free).",
                        description="List the rows of the project's tag store (train, traces, observed, rejected "
                                    "JSONL), like Machine's /tagged. Reads files only; writes nothing; costs nothing.")
-    p.add_argument("--store", help="store directory (default: the current project's, see store_dir)")
-    p.add_argument("--project", help="project directory whose store to read (default: current directory)")
+    which = p.add_mutually_exclusive_group()  # a store given is read whatever the project
+    which.add_argument("--store", type=path, help="store directory (default: the current project's, see store_dir)")
+    which.add_argument("--project", type=path, help="project directory whose store to read (default: current directory)")
     p.add_argument("--limit", type=whole(0), default=0, help="show only the last N rows (default 0: all)")
     p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     p.set_defaults(func=cmd_tagged)
@@ -158,19 +176,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "best of N per case, holdout excluded, echo harness and non-final turns left "
                                    "out) and write them as chat JSONL for tinker-cookbook. Reads the workspace; "
                                    "writes only --out (atomically); costs nothing.")
-    p.add_argument("workspace", help="workspace directory (the one holding .machine/ and machines/)")
+    p.add_argument("workspace", type=path, help="workspace directory (the one holding .machine/ and machines/)")
     p.add_argument("--machine", required=True, help="machine to export (e.g. chatbot/triage)")
     p.add_argument("--rubric", help="rubric fingerprint to require (default: the machine's; 'any' for none)")
     p.add_argument("--min-score", type=finite, default=1.0, help="lowest scorecard total (default 1: every criterion met)")
     p.add_argument("--best-of", type=whole(1), default=2, help="keep at most N runs per case (default 2; at least 1)")
-    p.add_argument("--exclude-file", help="cases never to train on: a JSON array like holdout.json, or one per line "
-                                          "(default: the machine's holdout.json)")
+    p.add_argument("--exclude-file", type=path,
+                   help="cases never to train on: a JSON array like holdout.json, or one per line "
+                        "(default: the machine's holdout.json)")
     p.add_argument("--model", action="append", help="only runs by this model (repeatable)")
     p.add_argument("--whole-runs", action="store_true", help="one line per whole run (Inkling base models only)")
     p.add_argument("--base-model", help="the model to be trained; whole runs are refused unless it is Inkling")
     p.add_argument("--no-reasoning", action="store_true", help="drop reasoning from the lines")
     p.add_argument("--strict", action="store_true", help="fail on the first bad run file instead of skipping it")
-    p.add_argument("--out", required=True, help="JSONL file to write")
+    p.add_argument("--out", type=path, required=True, help="JSONL file to write")
     p.set_defaults(func=cmd_export)
 
 

@@ -7,11 +7,10 @@ The work is machine_nb.evaluation.evaluate's (evaluate, compare, probe); this mo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from ._flags import (REFUSED_SPEND, USAGE, engine_flag, eval_cost_text, model_flag, refuse_to_spend,
-                     sampling_flags, spending_flags)
+from ._flags import (REFUSED_SPEND, SEED, USAGE, engine_flag, eval_cost_text, json_text, model_flag, path,
+                     refuse_to_spend, sampling_flags, spending_flags)
 
 DEFAULT_DATA = "data/minimal_sft/eval.jsonl"  # where `machine-nb corpus` writes the held-out rows
 
@@ -19,7 +18,7 @@ DEFAULT_DATA = "data/minimal_sft/eval.jsonl"  # where `machine-nb corpus` writes
 def _sampling_flags(p: argparse.ArgumentParser, data: str = DEFAULT_DATA, *, per: str = "row",
                     json_help: str = "print the results summary as one JSON object") -> None:
     """The flags every sampling subcommand takes: the rows, the model and engine, sampling, spending."""
-    p.add_argument("--data", default=data, help=f"JSONL of rows to sample (default {data}, `machine-nb corpus`'s)")
+    p.add_argument("--data", type=path, default=data, help=f"JSONL of rows to sample (default {data}, `machine-nb corpus`'s)")
     model_flag(p, short=True, help="base model whose renderer formats prompts (default: the local engine's model; "
                                    "required for tinker:// checkpoints)")
     engine_flag(p, help="default: local for local/… models and tinker://local-… paths, else tinker")
@@ -46,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Sample every row of --data from the base model --model and score it. Reads: "
                                      "--data. Writes: --out (default eval_results/baseline.json). " + cost)
     _sampling_flags(p)
-    p.add_argument("--out", default=None, help="results JSON (default eval_results/baseline.json)")
+    p.add_argument("--out", type=path, default=None, help="results JSON (default eval_results/baseline.json)")
     p.set_defaults(func=_run_eval, checkpoint=None)
 
     p = evsub.add_parser("checkpoint", help="evaluate a trained checkpoint (sampler path)",
@@ -55,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "eval_results/<last path segment>.json). " + cost)
     p.add_argument("checkpoint", help="sampler path: tinker://…/sampler_weights/…")
     _sampling_flags(p)
-    p.add_argument("--out", default=None, help="results JSON (default eval_results/<checkpoint name>.json)")
+    p.add_argument("--out", type=path, default=None, help="results JSON (default eval_results/<checkpoint name>.json)")
     p.set_defaults(func=_run_eval)
 
     p = evsub.add_parser("compare", help="compare two results: accuracy delta, W/T/L, McNemar p, bootstrap CI",
@@ -63,9 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "accuracies, delta, wins/ties/losses, the rows that changed, the exact McNemar "
                                      "p-value and a paired bootstrap 95% interval. Reads: A, B. Writes: nothing. "
                                      "Cost: free. Exit 1 when the two files are not over the same rows.")
-    p.add_argument("a", help="baseline results JSON")
-    p.add_argument("b", help="checkpoint results JSON")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0: reproducible)")
+    p.add_argument("a", type=path, help="baseline results JSON")
+    p.add_argument("b", type=path, help="checkpoint results JSON")
+    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0: reproducible)")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.set_defaults(func=_run_compare)
 
@@ -104,7 +103,7 @@ def _run_eval(args: argparse.Namespace) -> int:
                    concurrency=args.concurrency, out=args.out, max_usd=args.max_usd)
     s = res.summary
     if args.json:
-        print(json.dumps({**s, "path": res.path}))
+        print(json_text({**s, "path": res.path}))
         return 0
     fmt = "" if s["format_rate"] is None else f", format {s['format_rate']:.1%}"
     usd = "unknown" if s["cost"]["usd"] is None else f"${s['cost']['usd']:.4f}"
@@ -115,18 +114,26 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expected(value: object) -> str:
+    """A row's expected answer as the table shows it: "(none)" for a row without one (pandas holds
+    that as NaN)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "(none)"
+    return repr(value)
+
+
 def _run_compare(args: argparse.Namespace) -> int:
     from ..evaluation.compare import compare
 
     result = compare(args.a, args.b, seed=args.seed)
     if args.json:
-        print(json.dumps(result.to_dict(), default=str))
+        print(json_text(result.to_dict()))
         return 0
     print(result.summary)
     if len(result.flips):
         print("\nrows that changed:")
         for r in result.flips.itertuples():
-            print(f"  [{r.change}] row {r.row}: {r.prompt!r} expected {r.expected!r}\n"
+            print(f"  [{r.change}] row {r.row}: {r.prompt!r} expected {_expected(r.expected)}\n"
                   f"      {result.baseline_name}: {r.baseline_output!r}\n      {result.checkpoint_name}: {r.checkpoint_output!r}")
     return 0
 
@@ -140,7 +147,7 @@ def _run_probe(args: argparse.Namespace) -> int:
                max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                concurrency=args.concurrency).rows
     if args.json:
-        print(json.dumps(df.to_dict("records"), default=str))
+        print(json_text(df.to_dict("records")))
         return 0
     for r in df.itertuples():
         mark = " [bled]" if r.bled else ""

@@ -25,14 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "scores differ by at least --min-gap. Ties, identical replies and duplicates are dropped; "
                     "held-out cases are left out. Reads: the store, and with --workspace the machine's definition "
                     "(instructions, holdout.json) and runs. Writes: --out (atomic), nothing else. Cost: free.")
-    p.add_argument("--store", default=None, help="tag store directory (default: the current project's, as `tagged`)")
-    p.add_argument("--workspace", default=None, help="workspace holding the machine's definition and runs")
+    p.add_argument("--store", type=flags.path, default=None, help="tag store directory (default: the current project's, as `tagged`)")
+    p.add_argument("--workspace", type=flags.path, default=None, help="workspace holding the machine's definition and runs")
     p.add_argument("--machine", default=None, help="only this machine's rows and runs (its holdout is excluded)")
-    p.add_argument("--min-gap", type=float, default=0.25,
+    p.add_argument("--min-gap", type=flags.number(0, above=True), default=0.25,
                    help="smallest score difference that makes a score pair (default 0.25)")
     p.add_argument("--source", action="append", choices=["rewrite", "tags", "scores"], default=None,
                    help="use only this source (repeatable; default all three)")
-    p.add_argument("-o", "--out", default=None, help="write the pairs here (JSONL)")
+    p.add_argument("-o", "--out", type=flags.path, default=None, help="write the pairs here (JSONL)")
     p.add_argument("--format", choices=["comparison", "trl"], default="comparison",
                    help="comparison: tinker-cookbook's comparison JSONL (default); trl: TRL's prompt/chosen/rejected")
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
@@ -49,19 +49,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "training, the policy's forward pass and the reference model's, and --eval samples its rows at "
                     "each eval step (needs --yes, TINKER_API_KEY and known train and prefill prices; refused over "
                     "--max-usd).")
-    d.add_argument("pairs", help="pairs JSONL (from `machine-nb pairs -o`)")
+    d.add_argument("pairs", type=flags.path, help="pairs JSONL (from `machine-nb pairs -o`)")
     flags.target_flags(d, engine_default="the model's or checkpoint's engine; local when neither is given",
                      model_default="the engine's; local/arith-tiny locally")
-    d.add_argument("--from", dest="load_checkpoint", default=None,
+    d.add_argument("--from", dest="load_checkpoint", type=flags.path, default=None,
                    help="start from an SFT run: its log dir or a tinker://…/weights/<name> state path")
-    d.add_argument("--beta", type=float, default=0.1, help="DPO's KL coefficient (default 0.1)")
+    d.add_argument("--beta", type=flags.number(0, above=True), default=0.1, help="DPO's KL coefficient (default 0.1)")
     flags.schedule_flags(d, unit="pairs",
                        learning_rate="3e-3 for a local LoRA from the base model, 1e-4 from a checkpoint, as "
                                      "benchmarks/bench_dpo.py measures them; 1e-5 on Tinker, the cookbook's",
                        lora_rank="8 local, 32 Tinker")
-    flags.log_dir_flags(d)
-    flags.resume_flag(d, "dpo")
-    d.add_argument("--seed", type=int, default=0, help="the order the pairs are written in (default 0)")
+    flags.resume_flag(d, "dpo", flags.log_dir_flags(d))
+    d.add_argument("--seed", type=flags.SEED, default=0, help="the order the pairs are written in (default 0)")
     flags.heldout_flags(d, every="once an epoch; also before the last step")
     flags.inspect_flags(d)
     flags.spending_flags(d)
@@ -72,7 +71,10 @@ def _run_pairs(args: argparse.Namespace) -> int:
     from ..training.pairs import SOURCES, PairsSkipped, preference_pairs, write_pairs
 
     import warnings
+    from pathlib import Path
 
+    if args.store and not Path(args.store).is_dir():  # a path typed wrong: no pairs to be had, not zero pairs
+        raise ValueError(f"no tag store at {args.store} (check --store)")
     with warnings.catch_warnings(record=True) as said:  # counted below, in the same words
         warnings.simplefilter("always")
         pairs = preference_pairs(args.store, machine=args.machine, workspace=args.workspace, min_gap=args.min_gap,
@@ -80,6 +82,8 @@ def _run_pairs(args: argparse.Namespace) -> int:
     for w in said:
         if issubclass(w.category, PairsSkipped):
             print(f"machine-nb pairs: {w.message}", file=sys.stderr)
+        else:  # said as any warning is (e.g. held-out cases that could not be checked)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     counts = {"pairs": len(pairs), "by_source": {k: int(v) for k, v in pairs["source"].value_counts().items()},
               "excluded_held_out": len(pairs.excluded),
               "skipped": {k: int(v) for k, v in pairs.skipped_counts().items()}}
@@ -128,7 +132,8 @@ def _run_dpo(args: argparse.Namespace) -> int:
             from ..checks.pricing import UnknownPrice, check_budget, estimate_eval_cost
             from ..training.preference import dpo_evals
 
-            n = dpo_evals(est.steps, args.eval_every or max(1, est.pairs // args.batch_size))
+            every = args.eval_every if args.eval_every is not None else max(1, est.pairs // args.batch_size)
+            n = dpo_evals(est.steps, every)  # every 0: the final checkpoint alone
             held = load_eval_rows(args.eval_data)
             try:
                 eval_usd = estimate_eval_cost(held, args.model, samples_per_row=n).usd

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._flags import number, path
+
 
 _PYTHON_LITERALS = {"None": None, "True": True, "False": False}
 
@@ -20,6 +22,40 @@ def _value(text: str):
         return parse_json(text)
     except ValueError:  # MachineFormatError too: not JSON, or nested too deep to be meant as JSON
         return text
+
+
+def _check_notebook(notebook: str) -> None:
+    """Refuse a file that is not a notebook Jupyter reads, naming it, before a kernel starts.
+
+    Args:
+        notebook: the notebook given (a missing file is left to run_report, which names it).
+
+    Raises:
+        ValueError: not UTF-8, not JSON, or JSON that is not a notebook (no list of cells).
+    """
+    import warnings
+    from pathlib import Path
+
+    if not Path(notebook).is_file():
+        return
+    raw = Path(notebook).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{notebook}: not a notebook: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                         f"{exc.start})") from None
+    import nbformat
+
+    try:
+        with warnings.catch_warnings():  # an old notebook's upgrade notes: papermill says them when it runs
+            warnings.simplefilter("ignore")
+            nb = nbformat.reads(text, as_version=4)
+        cells = nb.get("cells")
+        if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+            raise ValueError("its cells are not a list of cells")
+    except Exception as exc:  # nbformat raises ValueError, jsonschema's ValidationError or AttributeError here
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{notebook}: not a notebook Jupyter can read ({why})") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,13 +80,15 @@ def register(sub: argparse._SubParsersAction) -> None:
             "after Ctrl-C. A failing cell's error is printed redacted too. Cost: whatever the "
             "notebook spends; the shipped notebooks default to the free local engine."),
     )
-    p.add_argument("notebook", help="the .ipynb to execute")
+    p.add_argument("notebook", type=path, help="the .ipynb to execute")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="set a parameter (VALUE parsed as JSON when it can be: 10, 3e-3, true, \"text\"; "
                         "a secret-named one, such as db_pass, stays text)")
-    p.add_argument("-o", "--output", help="the HTML path (default reports/<notebook name>.html)")
-    p.add_argument("--cwd", help="kernel working directory (default: the notebook's folder)")
-    p.add_argument("--timeout", type=float, help="per-cell timeout in seconds (default: none)")
+    p.add_argument("-o", "--output", type=path,
+                   help="the HTML path, not .ipynb (default reports/<notebook name>.html; the executed notebook "
+                        "goes beside it as .ipynb)")
+    p.add_argument("--cwd", type=path, help="kernel working directory (default: the notebook's folder)")
+    p.add_argument("--timeout", type=number(0, above=True), help="per-cell timeout in seconds (default: none)")
     p.set_defaults(func=_run)
 
 
@@ -61,6 +99,10 @@ def _run(args: argparse.Namespace) -> int:
     # a secret-named parameter (a password, a key) is the text given: "1e5" or "0012" read as a number
     # would reach the notebook as another value
     params = {name: value if is_secret_name(name) else _value(value) for name, value in args.parameter}
+    _check_notebook(args.notebook)
+    if args.output and args.output.lower().endswith(".ipynb"):  # the page would take the executed notebook's path
+        raise ValueError(f"-o {args.output}: -o names the HTML page (the executed notebook is written beside it as "
+                         ".ipynb); give a path ending in .html")
     try:
         report = run_report(args.notebook, params, args.output, cwd=args.cwd, timeout=args.timeout,
                             progress=sys.stderr.isatty())

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from ._flags import PORT, whole
+from ._flags import PORT, path, whole
 
 #: The environment variable a server key may come from (kept out of `ps`, unlike --key).
 KEY_ENV = "MACHINE_NB_SERVER_KEY"
@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help=f"address to bind (default 127.0.0.1; any other address needs --key-file or ${KEY_ENV})")
     p.add_argument("--port", type=PORT, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--data-dir", default=None, help="where runs and checkpoints are written")
-    p.add_argument("--key-file", default=None,
+    p.add_argument("--data-dir", type=path, default=None, help="where runs and checkpoints are written")
+    p.add_argument("--key-file", type=path, default=None,
                    help="a file whose first line is the key every request must send (tml-…, 12+ characters)")
     p.add_argument("--key", default=None,
                    help=f"the key itself; other users see it in `ps`: prefer --key-file or ${KEY_ENV}")

@@ -21,12 +21,13 @@ _COMMON_DESC = (
     "TINKER_API_KEY and a known price; refused over --max-usd).")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
+def _add_common(p: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+    p.add_argument("data", type=flags.path, help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
     flags.target_flags(p)
-    flags.log_dir_flags(p)
-    p.add_argument("--seed", type=int, default=0, help="shuffling, LoRA init and sampling seed (default 0)")
+    where = flags.log_dir_flags(p)
+    p.add_argument("--seed", type=flags.SEED, default=0, help="shuffling, LoRA init and sampling seed (default 0)")
     flags.spending_flags(p)
+    return where
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,12 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sft", help="supervised fine-tuning with tinker-cookbook's loop, on the local engine or Tinker",
         description="Fine-tune a model on chat JSONL with tinker-cookbook's supervised.train.main. " + _COMMON_DESC.format(prefix="sft"))
-    _add_common(p)
+    where = _add_common(p)
     flags.schedule_flags(p, unit="rows",
                        learning_rate="3e-3 for a local LoRA, 5e-4 at rank 0, as benchmarks/bench_sft.py measures "
                                      "them; the cookbook's on Tinker",
                        lora_rank="8 local, 32 Tinker; 0 = full fine-tuning, local only")
-    flags.resume_flag(p, "sft")
+    flags.resume_flag(p, "sft", where)
     flags.heldout_flags(p)
     flags.inspect_flags(p)
     p.set_defaults(func=_run_sft)
@@ -63,14 +64,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "and one log dir per run (as sft); the same --sweep-dir again reads finished runs back and runs only what "
             "is missing. Cost: free on the local engine; on Tinker every run still to run is priced (training plus "
             "held-out evals) first: without --yes the total is printed and nothing runs; over --max-usd it is refused."))
-    w.add_argument("data", help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
+    w.add_argument("data", type=flags.path, help="training data: chat JSONL (e.g. data/minimal_sft/train.jsonl)")
     w.add_argument("--grid", action="append", required=True, metavar="SETTING=V1,V2",
                    help="a setting and its values, e.g. learning_rate=1e-3,3e-3 (repeat for more axes)")
     w.add_argument("--seeds", type=flags.whole_list, default=[0], help="comma-separated training seeds (default 0)")
     flags.heldout_flags(w, writes=False)
     w.add_argument("--set", action="append", default=[], metavar="SETTING=V",
                    help="an sft setting fixed for every run, e.g. batch_size=8 (repeatable)")
-    w.add_argument("--sweep-dir", default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
+    w.add_argument("--sweep-dir", type=flags.path, default=None, help="where the runs go (default: a fresh runs/sweep-… dir)")
     flags.target_flags(w, model_default="the engine's; local/arith-tiny locally")
     w.add_argument("--max-parallel", type=flags.whole(1), default=1, help="runs at once (default 1)")
     flags.spending_flags(w, budget_of="the whole sweep", json_help="print one JSON object per run instead of the summary")
@@ -90,7 +91,7 @@ def _refused_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         return None
     from ..checks.pricing import estimate_cost, no_full_batch
 
-    if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
+    if not flags.needs_model(args, "thinkingmachines/Inkling"):  # a model with a training price
         return flags.USAGE
     est = estimate_cost(args.data, args.model, epochs=epochs, batch_size=batch_size, max_steps=steps,
                         max_usd=args.max_usd)
@@ -104,7 +105,7 @@ def _refused_spend(args: argparse.Namespace, epochs: int, batch_size: int, steps
         from ..core.chat import prepare_data
 
         rows, _ = prepare_data(args.data)
-        every = args.eval_every or max(1, len(rows) // batch_size)
+        every = args.eval_every if args.eval_every is not None else max(1, len(rows) // batch_size)  # 0: final only
         n = eval_count(est.steps, every)  # the eval steps and the final checkpoint
         held = load_eval_rows(args.eval_data)
         both = estimate_run("sft", rows, args.model, "tinker", epochs=epochs, batch_size=batch_size, max_steps=steps,
@@ -147,7 +148,8 @@ def _run_smoke(args: argparse.Namespace) -> int:
 
 
 def _value(text: str):
-    """A command-line value as sft takes it: an int, a float, else the text."""
+    """A command-line value as sft takes it: an int, a float, else the text (spaces around it dropped)."""
+    text = text.strip()
     for kind in (int, float):
         try:
             return kind(text)
@@ -157,22 +159,64 @@ def _value(text: str):
 
 
 def _pairs(items: list[str], flag: str, many: bool) -> dict:
-    out = {}
+    """`SETTING=VALUE` (or `=V1,V2` with `many`) items as a dict; a setting named twice is refused,
+    since the later item would silently replace the earlier one's values."""
+    out: dict = {}
+    given: dict[str, str] = {}
     for item in items:
         name, sep, values = item.partition("=")
-        if not sep or not name or not values:
+        name = name.strip()
+        if not sep or not name or not values.strip():
             raise ValueError(f"{flag} {item!r}: write SETTING=VALUE{'S (comma-separated)' if many else ''}")
+        if name in given:
+            way = f"list its values once: {flag} {name}=V1,V2" if many else "give it once"
+            raise ValueError(f"{flag} {name} is given twice ({given[name]!r} and {item!r}); {way}")
+        given[name] = item
+        if many and any(not v.strip() for v in values.split(",")):
+            raise ValueError(f"{flag} {item!r}: an empty value between commas; list each value once, e.g. "
+                             f"{flag} {name}=V1,V2")
         out[name] = [_value(v) for v in values.split(",")] if many else _value(values)
     return out
+
+
+#: sft keywords `sweep` takes from its own flags, and the flag that sets each.
+_SWEEP_FLAGS = {"seed": "--seeds", "model": "--model", "engine": "--engine", "eval_data": "--eval",
+                "eval_every": "--eval-every", "max_usd": "--max-usd", "data": "DATA"}
+#: sft keywords the sweep sets for each run itself.
+_SWEEP_SETS = ("log_dir", "workspace", "name", "resume", "progress", "on_metrics")
+
+
+def _check_fixed(fixed: dict, grid: dict) -> None:
+    """Refuse a `--set` the sweep cannot take, naming it: a setting with its own flag, one the sweep
+    sets per run, one that is also a `--grid` axis, or a name sft does not know.
+
+    Raises:
+        ValueError: naming the `--set` item and the way out.
+    """
+    import inspect
+
+    from ..training.train import sft
+
+    known = set(inspect.signature(sft).parameters) - set(_SWEEP_FLAGS) - set(_SWEEP_SETS)
+    for name in fixed:
+        if name in _SWEEP_FLAGS:
+            raise ValueError(f"--set {name}: give it as {_SWEEP_FLAGS[name]}")
+        if name in _SWEEP_SETS:
+            raise ValueError(f"--set {name}: the sweep sets {name} for each run itself")
+        if name in grid:
+            raise ValueError(f"--set {name}: {name} is a --grid axis too; give it in one of them")
+        if name not in known:
+            raise ValueError(f"--set {name}: not an sft setting (known: {', '.join(sorted(known))})")
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from ..training.sweeps import estimate_sweep, sweep, sweep_summary, verdict
 
     grid, fixed = _pairs(args.grid, "--grid", True), _pairs(args.set, "--set", False)
+    _check_fixed(fixed, grid)
     seeds = args.seeds
     if flags.engine_of(args) == "tinker" and not args.yes:
-        if not flags.needs_model(args, "thinkingmachines/Inkling-Small"):
+        if not flags.needs_model(args, "thinkingmachines/Inkling"):  # a model with a training price
             return flags.USAGE
         total, unknown = estimate_sweep(args.data, grid, seeds=seeds, eval_data=args.eval_data,
                                         eval_every=args.eval_every, model=args.model, **fixed)
