@@ -542,3 +542,12 @@ def test_a_grader_that_cannot_be_called_is_refused_before_any_sampling(ws, fake_
     with pytest.raises(TypeError, match="grader must be a function"):
         mnb.candidate(ws, "tutor", CHECKPOINT, grader="contains", progress=False)
     assert calls == []
+
+
+def test_cli_cases_json_is_ascii_json_a_terminal_of_any_encoding_writes_whole(ws, capsys):
+    """On a stdout that cannot write every character (cp1252), an emoji written raw came out as
+    Python's `\\U0001f600`, which is not JSON: the records are written with JSON's own escapes."""
+    (tutor(ws) / "holdout.json").write_text(json.dumps(["Say \U0001f600 back.", "Café?"]), encoding="utf-8")
+    code, out, _ = cli(capsys, "cases", str(ws), "--machine", "tutor", "--holdout", "--json")
+    assert code == 0 and out.strip().isascii()
+    assert [c["input"] for c in strict_json(out)] == ["Say \U0001f600 back.", "Café?"]

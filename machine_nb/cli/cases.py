@@ -97,7 +97,9 @@ def _run_cases(args: argparse.Namespace) -> int:
 
     df = load_cases(args.workspace, args.machine, "holdout" if args.holdout else "cases")
     if args.json:
-        print(json.dumps(df.drop(columns=["path"]).to_dict("records"), ensure_ascii=False, default=str))
+        from ._flags import json_text  # strict JSON, its escapes ASCII: whole on a stdout of any encoding
+
+        print(json_text(df.drop(columns=["path"]).to_dict("records")))
         return 0
     print(f"{len(df)} {'held-out ' if args.holdout else ''}cases of {args.machine} ({df['path'].iloc[0]})",
           file=sys.stderr)
