@@ -234,3 +234,14 @@ def test_words_shaped_like_no_key_are_left_alone():
 
     for text in ("hf_hub_download", "from huggingface_hub import hf_hub_url", "eyJ alone", "AIza", "github_pat_"):
         assert redacted(text) == text
+
+
+def test_an_output_named_like_a_notebook_is_refused_before_the_page_replaces_the_executed_notebook(
+        tmp_path, papermill_reached):
+    """`run_report(nb, {}, "out.ipynb")`: the executed notebook goes to out.ipynb, then the page was
+    written over it."""
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    with pytest.raises(ValueError, match=r"out\.ipynb.*\.html"):
+        run_report(nb, {}, tmp_path / "out.ipynb", progress=False)
+    assert not (tmp_path / "out.ipynb").exists()

@@ -1045,7 +1045,7 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
 
     Raises:
         FileNotFoundError: a missing notebook, before anything is created.
-        ValueError: the executed notebook would overwrite `notebook`; a parameter whose name is not a
+        ValueError: the executed notebook would overwrite `notebook`, or `output` ends in .ipynb; a parameter whose name is not a
             Python variable name or whose value papermill cannot write (named), or that the notebook's
             cell tagged `parameters` does not set (named, with the closest names it sets), before
             anything runs; a malformed report summary, with neither report file written.
@@ -1058,6 +1058,9 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
     if not notebook.is_file():
         raise FileNotFoundError(f"no notebook at {notebook}")
     html_path = Path(output) if output else Path("reports") / f"{notebook.stem}.html"
+    if html_path.suffix.lower() == ".ipynb":  # the page would be written over the executed notebook
+        raise ValueError(f"output {html_path} names a notebook: it is the page's path (the executed notebook goes "
+                         f"beside it as .ipynb); give a path ending in .html, e.g. {html_path.with_suffix('.html')}")
     html_path = html_path.resolve()
     executed = html_path.with_suffix(".ipynb")
     if executed == notebook:
