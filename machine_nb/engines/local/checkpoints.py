@@ -31,7 +31,9 @@ RUN_PREFIX = "local-"
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 #: What every checkpoint.json this toolkit writes says it is.
 FORMAT = "machine-nb-local/1"
-_RUN_ID = re.compile(r"local-[0-9a-f]{8,64}:train:\d+")  # whole names: fullmatch
+#: Largest model_seq_id a run id holds (a signed 64-bit number, as the SDK counts).
+MAX_MODEL_SEQ_ID = 2**63 - 1
+_RUN_ID = re.compile(r"local-[0-9a-f]{8,64}:train:\d{1,19}")  # whole names: fullmatch; a folder name stays short
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
@@ -51,7 +53,8 @@ def default_data_dir() -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """`path` created 0700, and so is each missing folder above it; an existing folder keeps its mode."""
+    """`path` created 0700, and so is each missing folder above it; an existing folder keeps its mode.
+    EngineError naming `path` when it cannot be made (a file in its way, no permission, a full disk)."""
     missing = []
     for p in (Path(path), *Path(path).parents):
         if p.exists():
@@ -62,6 +65,9 @@ def ensure_private_dir(path: Path) -> Path:
             p.mkdir(mode=0o700)
         except FileExistsError:  # made meanwhile by another process
             pass
+        except OSError as exc:
+            raise EngineError(f"{path}: the folder cannot be made ({exc.strerror or exc}: {p}); pass another "
+                              "data dir") from None
     if not Path(path).is_dir():
         raise EngineError(f"{path} is not a folder; pass another data dir")
     return Path(path)
@@ -72,7 +78,8 @@ KEY_FILE = "server.key"
 
 
 def check_key(key: str) -> str:
-    """A server key: the SDK sends only keys that start with `tml-`; at least 16 characters."""
+    """A server key: the SDK sends only keys that start with `tml-`; at least 12 characters, no spaces.
+    EngineError otherwise (it never quotes the key)."""
     if not isinstance(key, str) or not key.startswith("tml-") or len(key) < 12 or any(c.isspace() for c in key):
         raise EngineError("a server key must start with 'tml-' (the tinker SDK sends no other API key), have at "
                           "least 12 characters and no spaces")
@@ -275,11 +282,17 @@ _FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
 
 def _read_record(path: Path, what: str, required: tuple[str, ...], way_out: str) -> dict:
     """The JSON object in `path`, each of its `_FIELDS` checked (`required` ones present and not
-    null); MachineFormatError naming the file and the field otherwise."""
+    null); MachineFormatError naming the file and the field otherwise. Only a regular file is read:
+    a named pipe or a device (`/dev/zero` through a link) is refused without waiting on it."""
+    from ...core.jsonl import open_regular
+
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MachineFormatError(str(path), f"no {what} here (the file does not exist)") from None
+        with open_regular(path) as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except MachineFormatError as exc:  # missing, not a regular file, or not readable
+        if not os.path.exists(path):
+            raise MachineFormatError(str(path), f"no {what} here (the file does not exist)") from None
+        raise MachineFormatError(str(path), f"unreadable {what} ({exc.reason}); {way_out}") from None
     except (OSError, ValueError, RecursionError) as exc:
         raise MachineFormatError(str(path), f"unreadable {what} ({exc}); {way_out}") from None
     if not isinstance(value, dict):

@@ -28,6 +28,7 @@ framed by uvicorn (a maintained HTTP stack: chunked bodies, bad lengths); SIGINT
 from __future__ import annotations
 
 import collections
+import errno
 import hmac
 import ipaddress
 import json
@@ -172,12 +173,25 @@ class _Futures:
         cls.resolve_json(fut, {"error": message, "category": category})
 
 
+def _os_problem(exc: OSError) -> str:
+    """What the file system refused, naming the file, and the way out when the disk is full."""
+    what = exc.strerror or str(exc)
+    if exc.filename is not None:
+        what += f": {exc.filename}"
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        what += " (the disk holding the data dir is full: free some space, or serve from another data dir)"
+    return what
+
+
 def _run_job(fut: _Future, fn: Callable[[], tuple[bytes, str] | Any]) -> None:
     """Run one job and resolve its future: JSON-able values, (bytes, content type), or an error."""
     try:
         value = fn()
     except (EngineError, MachineFormatError, ValueError) as exc:
         _Futures.fail(fut, f"{fut.call}: {exc}", "user")
+    except OSError as exc:  # the file system's refusal (a full disk, a folder not writable), not a defect
+        logger.warning("local server: %s failed: %s", fut.call, _os_problem(exc))
+        _Futures.fail(fut, f"{fut.call}: {_os_problem(exc)}", "server")
     except Exception as exc:  # a defect here: say so instead of hanging the client
         logger.error("local server: %s failed\n%s", fut.call, traceback.format_exc())
         _Futures.fail(fut, f"{fut.call}: internal error of the local engine: {type(exc).__name__}: {exc}", "server")
@@ -202,6 +216,7 @@ class _Run:
         self.user_metadata = dict(user_metadata or {})
         self.created = time.time()
         self.last_request = self.created
+        self.last_seen = time.monotonic()  # last_request on the clock that sleep and clock changes leave alone
         self.trainer: Any = None
         self._pending: dict[int, tuple[_Future, Callable]] = {}
         self._unordered: list[tuple[_Future, Callable]] = []
@@ -233,7 +248,7 @@ class _Run:
         A `seq_id` more than `SEQ_WINDOW` places ahead of the next one to run is a 400: queued, it
         would hold up every later request of the run."""
         with self._cond:
-            self.last_request = time.time()
+            self.last_request, self.last_seen = time.time(), time.monotonic()
             if seq_id is not None and seq_id in self._seen:
                 return self._seen[seq_id]
             if seq_id is not None and seq_id >= self._next_seq + SEQ_WINDOW:
@@ -299,12 +314,19 @@ class _Run:
     def _work(self) -> None:
         from .compute import configure_torch
 
-        configure_torch(self.server.threads)
+        try:
+            configure_torch(self.server.threads)
+            problem: Exception | None = None
+        except Exception as exc:  # a bad $MACHINE_NB_THREADS: each request says so
+            problem = exc
         while True:
             job = self._take()
             if job is None:
                 break
             fut, fn = job
+            if problem is not None:
+                _Futures.fail(fut, f"{fut.call}: {problem}", "user")
+                continue
             self._working = True
             try:
                 _run_job(fut, fn)
@@ -340,25 +362,51 @@ class _Worker:
 
         self._jobs: "queue.SimpleQueue[tuple[Callable, tuple] | None]" = queue.SimpleQueue()
         self._closed = False
+        self._lock = threading.Lock()  # no job is queued behind shutdown's end marker
         self.submit(_configure, threads)
         self.thread = threading.Thread(target=self._work, name=name, daemon=True)
         self.thread.start()
 
     def submit(self, fn: Callable, *args: Any) -> None:
-        self._jobs.put((fn, args))
+        """Queue `fn(*args)`; after `shutdown` it is dropped at once (`_drop`)."""
+        with self._lock:
+            if not self._closed:
+                self._jobs.put((fn, args))
+                return
+        _drop(fn, args)
 
     def _work(self) -> None:
+        problem: Exception | None = None
         while True:
             job = self._jobs.get()
-            if job is None or self._closed:
+            if job is None:
                 return
             fn, args = job
-            fn(*args)
+            if self._closed:
+                _drop(fn, args)
+            elif problem is not None and fn is _run_job:
+                _Futures.fail(args[0], f"{args[0].call}: {problem}", "user")
+            else:
+                try:
+                    fn(*args)
+                except Exception as exc:  # `_configure`'s (a request's job reports its own errors)
+                    problem = exc
 
     def shutdown(self) -> None:
-        """End the thread after the job in progress; jobs still queued are dropped."""
-        self._closed = True
-        self._jobs.put(None)
+        """End the thread after the job in progress; jobs still queued are dropped, and the futures
+        of the requests among them fail saying so (a client polling one would otherwise wait forever)."""
+        with self._lock:
+            self._closed = True
+            self._jobs.put(None)
+
+
+def _drop(fn: Callable, args: tuple) -> None:
+    """A job of a worker that was shut down: a request's (`_run_job`) fails its future."""
+    if fn is _run_job:
+        fut = args[0]
+        _Futures.fail(fut, f"{fut.call}: the sampler was let go before this request ran (its session ended, it "
+                           f"was unused for {SAMPLER_IDLE_S:g} s, or more than {MAX_SAMPLERS} samplers were open, "
+                           "or the server stopped); create the sampling client again", "server")
 
 
 class _Sampler:
@@ -394,6 +442,8 @@ class _Session:
     session_id: str
     user_metadata: dict
     created: float
+    #: time.monotonic() of its last heartbeat, so a wall clock set forward (or a laptop's sleep) lets
+    #: no live session go
     last_heartbeat: float
     finished: bool = False
 
@@ -479,6 +529,8 @@ class LocalServer:
         self.sessions: dict[str, _Session] = {}
         self.runs: dict[str, _Run] = {}
         self.samplers: dict[str, _Sampler] = {}
+        #: Why each sampler let go lately was (`_reap`), for the 404 of a request that names it.
+        self._let_go: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.train_pool: Any = None
         self._placing = threading.Lock()  # one new run placed at a time
@@ -644,14 +696,16 @@ class LocalServer:
         with self._lock:
             return self._in_flight > 0
 
-    def check_key(self, path: str, sent: str | None) -> None:
-        """401 unless `sent` is this server's key. Only the health check answers without it (it
-        says "ok" and nothing else)."""
+    def check_key(self, path: str, sent: str | None, *, authorization: bool = False) -> None:
+        """401 unless `sent` (the X-API-Key header) is this server's key. Only the health check
+        answers without it (it says "ok" and nothing else). `authorization`: whether the request has
+        an Authorization header instead, which the answer then says is not read."""
         if path == "/api/v1/healthz":
             return
         if not hmac.compare_digest((sent or "").encode("utf-8", "replace"), self.key.encode("utf-8")):
-            raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY); "
-                                "`machine-nb serve` says where it is")
+            hint = " (an Authorization header is not read here)" if authorization and not sent else ""
+            raise ApiError(401, "this server needs its key: send it as the API key (TINKER_API_KEY), which is the "
+                                f"X-API-Key header{hint}; `machine-nb serve` says where it is")
 
     def _dispatch(self, method: str, path: str, query: dict, body: Any, raw: bytes, headers: Any) -> tuple[int, bytes, str]:
         self.check_key(path, headers.get("X-API-Key"))
@@ -659,6 +713,10 @@ class LocalServer:
         if handler is None:
             handler = self._dynamic_route(method, path)
         if handler is None:
+            allowed = sorted({m for m, p in self._routes if p == path}
+                             | {m for m in ("GET", "POST", "DELETE") if m != method and self._dynamic_route(m, path)})
+            if allowed:
+                raise ApiError(405, f"{method} {path}: this call takes {' or '.join(allowed)}", allow=allowed)
             raise ApiError(404, f"the local Tinker server does not support {method} {path}")
         try:
             if path in _PROTOBUF_CALLS:
@@ -723,7 +781,7 @@ class LocalServer:
         sid = f"{ck.RUN_PREFIX}{secrets.token_hex(8)}"
         now = time.time()
         with self._lock:
-            self.sessions[sid] = _Session(sid, dict(req.user_metadata or {}), now, now)
+            self.sessions[sid] = _Session(sid, dict(req.user_metadata or {}), now, time.monotonic())
         return {"type": "create_session", "session_id": sid}
 
     def heartbeat(self, q: dict, body: Any) -> dict:
@@ -736,7 +794,7 @@ class LocalServer:
             raise ApiError(404, f"session_heartbeat: no session {sid!r} on this server", "session_id")
         if session.finished:
             raise ApiError(410, f"session {sid} has finished")
-        session.last_heartbeat = time.time()
+        session.last_heartbeat = time.monotonic()
         return {"type": "session_heartbeat"}
 
     def finish_session(self, sid: str) -> dict:
@@ -757,16 +815,22 @@ class LocalServer:
     def _reap(self) -> None:
         """Let go of the runs and samplers of sessions that stopped sending heartbeats (their
         checkpoints stay on disk; a client that comes back after that gets a 404 naming the run)."""
-        cutoff = time.time() - SESSION_TTL_S
+        cutoff = time.monotonic() - SESSION_TTL_S
         with self._lock:
             gone = {sid for sid, s in self.sessions.items() if s.finished or s.last_heartbeat < cutoff}
             runs = [self.runs.pop(m) for m, r in list(self.runs.items())
-                    if r.session_id in gone and r.last_request < cutoff]
+                    if r.session_id in gone and r.last_seen < cutoff]
             idle = time.monotonic() - SAMPLER_IDLE_S
             samplers = [self.samplers.pop(k) for k, v in list(self.samplers.items())
                         if v.session_id in gone or v.last_used < idle]
+            for sampler in samplers:
+                self._forget(sampler.sampler_id,
+                             f"its session finished, or sent no heartbeat for {SESSION_TTL_S:g} s"
+                             if sampler.session_id in gone else f"it was unused for {SAMPLER_IDLE_S:g} s")
             by_use = sorted(self.samplers.items(), key=lambda kv: kv[1].last_used)
-            samplers += [self.samplers.pop(k) for k, _ in by_use[:max(0, len(by_use) - MAX_SAMPLERS)]]
+            for k, _ in by_use[:max(0, len(by_use) - MAX_SAMPLERS)]:
+                samplers.append(self.samplers.pop(k))
+                self._forget(k, f"more than {MAX_SAMPLERS} samplers were open: the least recently used go first")
             for sid in gone:
                 if not any(r.session_id == sid for r in self.runs.values()):
                     self.sessions.pop(sid, None)
@@ -774,6 +838,21 @@ class LocalServer:
             run.close()
         for sampler in samplers:
             sampler.worker.shutdown()
+
+    def _forget(self, sampler_id: str, why: str) -> None:
+        """Note why a sampler was let go (the last 4096 are kept); the caller holds `_lock`."""
+        self._let_go[sampler_id] = why
+        while len(self._let_go) > 4096:
+            self._let_go.popitem(last=False)
+
+    def _no_sampler(self, sampler_id: str, call: str) -> ApiError:
+        """The 404 for a sampler this server does not hold: why it was let go, when it was."""
+        why = self._let_go.get(sampler_id)
+        if why is not None:
+            return ApiError(404, f"{call}: sampler {sampler_id!r} was let go ({why}); create the sampling client "
+                                 "again", "sampling_session_id")
+        return ApiError(404, f"{call}: no sampler {sampler_id!r} on this server (was it restarted?)",
+                        "sampling_session_id")
 
     def _session(self, sid: str, call: str) -> _Session:
         session = self.sessions.get(sid)
@@ -797,8 +876,9 @@ class LocalServer:
 
     def _new_run(self, session_id: str, model_seq_id: int, base_model: str, user_metadata: dict | None,
                  call: str) -> _Run:
-        if model_seq_id < 0:  # a run id holds it as digits (checkpoints.run_dir): no folder would take it
-            raise ApiError(400, f"{call}: model_seq_id must be a whole number >= 0, got {model_seq_id}", "model_seq_id")
+        if not 0 <= model_seq_id <= ck.MAX_MODEL_SEQ_ID:  # a run id holds it as digits: its folder's name
+            raise ApiError(400, f"{call}: model_seq_id must be a whole number from 0 to 2**63 - 1, got "
+                                f"{model_seq_id if model_seq_id < 10**30 else 'a larger one'}", "model_seq_id")
         model_id = f"{session_id}:train:{model_seq_id}"
         with self._lock:
             if model_id in self.runs:
@@ -842,6 +922,20 @@ class LocalServer:
             process = pool.place(busy)
             run.place = None if process is None else process.proc.pid
             return process
+
+    def _start_run(self, run: _Run, how: str, what: str, settings: dict) -> None:
+        """Give `run` its trainer (`_new_trainer`) and write its run.json. When the record cannot be
+        written (a full disk) the trainer is let go again: the client is told the run was not
+        created, and the run's later requests fail saying so instead of training unrecorded."""
+        run.trainer = self._new_trainer(run, how, what, settings)
+        try:
+            self._write_run_record(run)
+        except BaseException:
+            trainer, run.trainer = run.trainer, None
+            release = getattr(trainer, "close", None)  # a trainer in a training process (workers.py)
+            if release is not None:
+                release()
+            raise
 
     def _writable(self, path: Path) -> Path:
         """`path`, when it lies under the data dir (links resolved): the server writes nowhere else."""
@@ -888,8 +982,7 @@ class LocalServer:
                     "train_unembed": True if lora is None else lora.train_unembed}
 
         def create() -> dict:
-            run.trainer = self._new_trainer(run, "create", req.base_model, settings)
-            self._write_run_record(run)
+            self._start_run(run, "create", req.base_model, settings)
             return {"model_id": run.model_id, "type": "create_model"}
 
         run.submit_first(fut, create)
@@ -920,6 +1013,9 @@ class LocalServer:
         try:
             req = wire.decode_forward_backward(raw)
         except wire.WireError as exc:
+            run = self.runs.get(exc.model_id) if exc.model_id is not None else None
+            if run is not None:  # a refused request still takes its place in the run's order
+                run.skip(exc.seq_id, "forward_backward")
             raise ApiError(400, f"forward_backward: {exc}", exc.field) from None
         call = "forward" if req.forward_only else "forward_backward"
         run = self._run(req.model_id, call)
@@ -1115,8 +1211,7 @@ class LocalServer:
         fut = self.futures.new("load_weights")
 
         def create() -> dict:
-            run.trainer = self._new_trainer(run, "from_checkpoint", str(directory), {"optimizer": req.optimizer})
-            self._write_run_record(run)
+            self._start_run(run, "from_checkpoint", str(directory), {"optimizer": req.optimizer})
             return {"path": req.path, "type": "load_weights"}
 
         run.submit_first(fut, create)
@@ -1169,7 +1264,7 @@ class LocalServer:
     def get_sampler(self, sid: str) -> dict:
         s = self.samplers.get(sid)
         if s is None:
-            raise ApiError(404, f"no sampler {sid!r} on this server (was it restarted?)")
+            raise self._no_sampler(sid, "get_sampler")
         out = {"sampler_id": sid, "base_model": s.base_model}
         if s.model_path:
             out["model_path"] = s.model_path
@@ -1186,7 +1281,7 @@ class LocalServer:
                            "sampling_session_id")
         s = self.samplers.get(req.sampling_session_id)
         if s is None:
-            raise ApiError(404, f"asample: no sampler {req.sampling_session_id!r} on this server", "sampling_session_id")
+            raise self._no_sampler(req.sampling_session_id, "asample")
         ids = _token_ids(req.prompt, "prompt")
         sampler = s.sampler
         for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
@@ -1203,6 +1298,10 @@ class LocalServer:
         if bad:
             raise ApiError(400, f"asample: token id {bad[0]} is outside the vocabulary of {s.base_model} "
                                 f"(0..{sampler.vocab_size - 1})", "prompt")
+        if req.prompt_logprobs_last_n is not None and req.prompt_logprobs_last_n < 0:
+            raise ApiError(400, f"asample: prompt_logprobs_last_n must be a whole number >= 0 (the prompt tokens "
+                                f"whose logprobs to return), got {req.prompt_logprobs_last_n}",
+                           "prompt_logprobs_last_n")
         want_prompt_lp = bool(req.prompt_logprobs)
         limit = sampler.block_size if want_prompt_lp else sampler.block_size - 1
         if len(ids) > limit:
@@ -1511,7 +1610,8 @@ def _settle(done: Any, value: Any, error: BaseException | None) -> None:
 
 
 class _App:
-    """The ASGI application in front of a LocalServer."""
+    """The ASGI application in front of a LocalServer. A body is read as JSON whatever its
+    Content-Type says, except on the protobuf calls (`_PROTOBUF_CALLS`)."""
 
     def __init__(self, server: "LocalServer"):
         self.server = server
@@ -1525,7 +1625,8 @@ class _App:
         headers = _Headers((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"])
         app = self.server
         try:
-            app.check_key(path, headers.get("x-api-key"))  # before anything else of the request is read
+            # before anything else of the request is read
+            app.check_key(path, headers.get("x-api-key"), authorization=headers.get("authorization") is not None)
             length = headers.get("content-length")
             if length is not None and int(length) > MAX_BODY_BYTES:
                 raise ApiError(413, f"{method} {path}: the body has {length} bytes; this server accepts at most "
@@ -1538,14 +1639,19 @@ class _App:
         if not app.quiet:
             logger.info("local server: %s %s", method, path)  # method and path only: never headers (the key)
         body: Any = None
-        if raw and "json" in (headers.get("content-type") or ""):
+        if raw and path not in _PROTOBUF_CALLS:  # JSON whatever its Content-Type says (curl -d sends a form's)
             from ...core.jsonl import parse_json  # bounded: a hostile nesting is a 400, never a RecursionError
 
+            kind = headers.get("content-type") or ""
+            sent_as = "" if "json" in kind else f"; it was sent as {kind or 'no Content-Type'}, this call takes JSON"
             try:
                 body = parse_json(raw)
             except MachineFormatError as exc:
                 return await self._send(send, *_error_answer(ApiError(
-                    400, f"{method} {path}: the body is not valid JSON ({exc.reason})", exc.field)))
+                    400, f"{method} {path}: the body is not valid JSON ({exc.reason}){sent_as}", exc.field)))
+            except ValueError as exc:  # json's own limit: a number of more than 4300 digits
+                return await self._send(send, *_error_answer(ApiError(
+                    400, f"{method} {path}: the body is not valid JSON ({exc}){sent_as}")))
         try:
             if path in _INLINE:
                 answer = app.dispatch(method, path, query, body, raw, headers)
@@ -1588,8 +1694,12 @@ class _App:
 
 
 def _error_answer(exc: ApiError) -> tuple[int, bytes, str, tuple]:
+    """(status, JSON body, content type, headers) of an error; a 405 names the methods it takes (Allow)."""
     payload = {"detail": exc.message, "field": exc.field, **exc.extra}
-    return exc.status, json.dumps(payload).encode("utf-8"), "application/json", ((b"x-should-retry", b"false"),)
+    headers: tuple = ((b"x-should-retry", b"false"),)
+    if exc.status == 405:
+        headers += ((b"allow", ", ".join(exc.extra.get("allow", ())).encode("latin-1")),)
+    return exc.status, json.dumps(payload).encode("utf-8"), "application/json", headers
 
 
 def _listen(host: str, port: int) -> socket.socket:

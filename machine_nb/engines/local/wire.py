@@ -22,11 +22,14 @@ _NP_DTYPES = {pb.DTYPE_FLOAT32: np.dtype(np.float32), pb.DTYPE_INT64: np.dtype(n
 
 
 class WireError(ValueError):
-    """A request body that does not decode; `field` names where (e.g. "data.3.loss_fn_inputs.weights")."""
+    """A request body that does not decode; `field` names where (e.g. "data.3.loss_fn_inputs.weights").
+    `model_id` and `seq_id` are the request's when it names them (its data is what failed), so the
+    server can give the refused request's place in its run's order to the next one."""
 
-    def __init__(self, message: str, field: str | None = None):
+    def __init__(self, message: str, field: str | None = None, *, model_id: str | None = None,
+                 seq_id: int | None = None):
         super().__init__(message)
-        self.field = field
+        self.field, self.model_id, self.seq_id = field, model_id, seq_id
 
 
 @dataclass
@@ -72,6 +75,16 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
         raise WireError(f"not a ForwardBackwardRequest protobuf ({type(exc).__name__}: {exc})") from None
     if not msg.model_id:
         raise WireError("missing", "model_id")
+    seq_id = int(msg.seq_id) if msg.seq_id else None
+    try:
+        return _decode_fields(msg, seq_id)
+    except WireError as exc:
+        exc.model_id, exc.seq_id = msg.model_id, seq_id
+        raise
+
+
+def _decode_fields(msg: Any, seq_id: int | None) -> ForwardBackwardRequest:
+    """The decoded request of a parsed message whose model id is there; WireError naming the field."""
     config: dict[str, Any] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for k, v in msg.loss_fn_config_v2.items():
         config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
@@ -89,7 +102,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardRequest:
             ids.extend(int(t) for t in np.frombuffer(raw, dtype=np.int32))
         inputs = {name: _tensor(t, f"data.{i}.loss_fn_inputs.{name}") for name, t in d.loss_fn_inputs.items()}
         data.append(Datum(ids, inputs))
-    return ForwardBackwardRequest(model_id=msg.model_id, seq_id=int(msg.seq_id) if msg.seq_id else None,
+    return ForwardBackwardRequest(model_id=msg.model_id, seq_id=seq_id,
                                   loss_fn=msg.loss_fn or "cross_entropy", forward_only=bool(msg.forward_only),
                                   loss_fn_config=config, data=data)
 
