@@ -226,3 +226,15 @@ def test_a_last_line_cut_inside_a_character_is_a_truncated_last_line(tmp_path):
     path.write_bytes(b'{"a":1}\n{"b":"caf\xc3(\xa9"}\n')  # a bad byte inside a whole line is still one
     with pytest.raises(MachineFormatError, match="not UTF-8"):
         list(iter_jsonl(path))
+
+
+def test_a_number_too_long_for_python_is_a_bad_line_naming_the_file_and_line(tmp_path):
+    """Python refuses to convert an integer of over 4,300 digits: a bare ValueError with no file,
+    from every reader of JSON (a line of a tag store, a run file, a request body)."""
+    from machine_nb.core.jsonl import parse_json
+
+    with pytest.raises(MachineFormatError, match=r"x\.json:3: .*4,?300 digits"):
+        parse_json(b'{"a": ' + b"1" * 5000 + b"}", "x.json", 3)
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"a":1}\n{"b":' + b"9" * 5000 + b"}\n")
+    assert [v for _, v in iter_jsonl(path, on_error="skip")] == [{"a": 1}]

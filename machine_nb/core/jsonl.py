@@ -175,6 +175,9 @@ def parse_json(text: str | bytes, path: str | os.PathLike | None = None, line: i
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise MachineFormatError(path, json_error_reason(exc), line=exc.lineno if several else line) from None
+    except ValueError as exc:  # an integer too long for Python to convert (sys.get_int_max_str_digits)
+        raise MachineFormatError(path, f"a number too long to read: {exc}".split("; use sys.")[0],
+                                 line=line) from None
     except RecursionError:
         raise deep_error() from None
     # cheap bounds first: only a line with that many brackets, unclosed at once, can nest that deep
