@@ -313,3 +313,18 @@ def test_sampling_from_a_sampler_let_go_for_room_says_so_instead_of_asking_about
     assert "let go" in body["detail"] and "restarted" not in body["detail"], body
     status, body = call(srv, f"/api/v1/samplers/{opened[0]}", method="GET")
     assert status == 404 and "let go" in body["detail"], body
+
+
+def test_a_temperature_or_top_p_too_small_for_float32_samples_the_top_token():
+    """A temperature of 1e-40 overflowed the scaled logits to infinity and a top_p of 1e-300 (0 in
+    float32) dropped every token: sampling failed with "probability tensor contains inf/nan",
+    reported as an internal error. Both leave the most likely token, as greedy sampling picks it."""
+    import torch
+
+    from machine_nb.engines.local.model import choose
+
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    gen = torch.Generator().manual_seed(0)
+    for temperature, top_p in ((1e-40, None), (1.0, 1e-300), (1e-45, 1e-300)):
+        tok, lp = choose(logits, temperature, gen, None, top_p)
+        assert tok == 1 and lp == lp and lp <= 0, (temperature, top_p, lp)

@@ -222,6 +222,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
+        drop[..., 0] = False  # and always the most likely one (a top_p float32 reads as 0 would drop it)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits
@@ -230,10 +231,12 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
 def choose(logits: torch.Tensor, temperature: float, gen: torch.Generator | None, top_k: int | None,
            top_p: float | None) -> tuple[int, float]:
     """The next token from one position's logits, and its log-probability: greedy when temperature is
-    0 (under the untempered logits), else drawn with `gen` from softmax(filtered logits / temperature).
-    top_k / top_p as `filter_logits` takes them (None, a top_k <= 0 or a top_p of 1.0: no filter)."""
+    0 (under the untempered logits), else drawn with `gen` from softmax(filtered logits / temperature);
+    a temperature so small that the scaled logits overflow float32 is greedy too, as its limit is.
+    top_k / top_p as `filter_logits` takes them (None, a top_k <= 0 or a top_p of 1.0: no filter; the
+    most likely token is always kept)."""
     logits = logits.float()
-    if temperature > 0:
+    if temperature > 0 and torch.isfinite(logits[torch.isfinite(logits)] / temperature).all():
         scaled = filter_logits(logits / temperature, top_k, top_p)
         tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gen))
         return tok, float(torch.log_softmax(scaled, dim=-1)[tok])
