@@ -328,3 +328,13 @@ def test_a_temperature_or_top_p_too_small_for_float32_samples_the_top_token():
     for temperature, top_p in ((1e-40, None), (1.0, 1e-300), (1e-45, 1e-300)):
         tok, lp = choose(logits, temperature, gen, None, top_p)
         assert tok == 1 and lp == lp and lp <= 0, (temperature, top_p, lp)
+
+
+def test_full_fine_tuning_of_a_model_that_trains_lora_only_is_a_400_naming_the_rank(srv, session):
+    """Rank 0 (the tiny model's full fine-tuning) on SmolLM2 was accepted and failed later, in its
+    future: the request names the field at once."""
+    from machine_nb.engines.local import SMOLLM2_MODEL
+
+    status, body = call(srv, "/api/v1/create_model", {"session_id": session, "model_seq_id": 900,
+                                                      "base_model": SMOLLM2_MODEL, "lora_config": {"rank": 0}})
+    assert status == 400 and "lora_config.rank" in json.dumps(body) and "LoRA" in json.dumps(body), body

@@ -968,7 +968,11 @@ class LocalServer:
             raise ApiError(400, f"create_model: LoRA rank must be 0 (full fine-tuning) or more, got {rank}",
                            "lora_config.rank")
         _check_seed(None if lora is None else lora.seed, "create_model", "lora_config.seed")
-        from . import max_lora_rank
+        from . import max_lora_rank, model_entry
+
+        if rank == 0 and model_entry(req.base_model).kind == "hf":  # full fine-tuning: the tiny model's only
+            raise ApiError(400, f"create_model: {req.base_model} trains LoRA adapters only: give a LoRA rank of 1 or "
+                                "more (rank 0, full fine-tuning, is the tiny model's)", "lora_config.rank")
 
         if rank > (most := max_lora_rank(req.base_model)):
             raise ApiError(400, f"create_model: LoRA rank {rank} is past {req.base_model}'s width: give at most "
