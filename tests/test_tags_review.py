@@ -348,3 +348,15 @@ def test_a_store_and_a_workspace_given_under_home_as_tilde_are_the_home_folders(
     assert list(runs["id"]) == ["r1"] and Path(runs["path"].iloc[0]).is_relative_to(ws)
     assert mnb.untag(row["id"], store="~/.machine/p")["id"] == row["id"]
     assert not (cwd / "~").exists()
+
+
+def test_a_held_out_case_whose_input_is_missing_is_named_not_read_as_the_text_nan():
+    """A held-out frame's empty input cell (NaN) became the case "nan": a case left out that no one
+    wrote, and a training row whose text is "nan" held out by it."""
+    from machine_nb.data.export import held_out_keys
+
+    frame = pd.DataFrame({"input": ["What is 2+2?", None, float("nan")]})
+    with pytest.raises(ValueError, match=r"held-out case 1 .*no input"):
+        held_out_keys(frame)
+    with pytest.raises(ValueError, match=r"held-out case 0 .*no input"):
+        held_out_keys([{"input": None}])

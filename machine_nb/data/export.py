@@ -451,8 +451,8 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
         The set of case_key values.
 
     Raises:
-        ValueError: a case dict without an "input", naming it, or a frame without an `input`
-            column (its column names are not cases).
+        ValueError: a case dict without an "input", a case whose input is missing (None, NaN),
+            naming it, or a frame without an `input` column (its column names are not cases).
     """
     if exclude is None:
         return set()
@@ -466,7 +466,11 @@ def held_out_keys(exclude: Iterable[Any] | None) -> set[str]:
         if isinstance(e, dict) and "input" not in e:
             raise ValueError(f"held-out case {i} ({str(e)[:60]}) has no 'input': give the case's input text, "
                              "or a {'input': ...} dict")
-        keys.add(case_key(e["input"] if isinstance(e, dict) else e))
+        text = e["input"] if isinstance(e, dict) else e
+        if text is None or (isinstance(text, float) and text != text):  # an empty cell: no case to hold out
+            raise ValueError(f"held-out case {i} has no input (an empty cell, or null): every held-out case needs "
+                             "its input text")
+        keys.add(case_key(text))
     return keys
 
 
