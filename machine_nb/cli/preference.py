@@ -87,17 +87,20 @@ def _run_pairs(args: argparse.Namespace) -> int:
     counts = {"pairs": len(pairs), "by_source": {k: int(v) for k, v in pairs["source"].value_counts().items()},
               "excluded_held_out": len(pairs.excluded),
               "skipped": {k: int(v) for k, v in pairs.skipped_counts().items()}}
-    if args.out:
+    if args.out and len(pairs):
         counts["out"] = str(write_pairs(pairs, args.out, format=args.format))
     if args.json:
         print(json.dumps(counts))
-        return 0
-    by = ", ".join(f"{n} {k}" for k, n in counts["by_source"].items()) or "none"
-    print(f"{len(pairs)} pair(s) ({by}); {len(pairs.excluded)} left out as held-out")
-    for reason, n in counts["skipped"].items():
-        print(f"  skipped {n}: {reason}")
-    if args.out:
-        print(f"wrote {counts['out']} ({args.format})")
+    else:
+        by = ", ".join(f"{n} {k}" for k, n in counts["by_source"].items()) or "none"
+        print(f"{len(pairs)} pair(s) ({by}); {len(pairs.excluded)} left out as held-out")
+        for reason, n in counts["skipped"].items():
+            print(f"  skipped {n}: {reason}")
+        if args.out and len(pairs):
+            print(f"wrote {counts['out']} ({args.format})")
+    if args.out and not len(pairs):  # a file of no pairs is one dpo refuses: the old file stays
+        print(f"machine-nb pairs: no pairs to write: {args.out} left as it was", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..core.chat import content_text
+from ..core.chat import content_text, frame_rows
 from ..errors import MachineFormatError
 from .messages import without_thinking
 
@@ -71,6 +73,22 @@ def canonical_json(value: Any) -> str:
         Its JSON text.
     """
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def reply_key(text: str) -> str:
+    """What two replies (or prompts' JSON texts) are compared by: the text in Unicode NFC, stripped.
+
+    Replies that differ only in surrounding whitespace or in how the same characters are encoded
+    ("ü" as one code point or as "u" plus a combining mark) read the same to a person, so a pair of
+    them is no preference and two pairs of them are one pair.
+
+    Args:
+        text: a reply's text.
+
+    Returns:
+        The key.
+    """
+    return unicodedata.normalize("NFC", text).strip()
 
 
 def pair_id(prompt: list[dict], chosen: list[dict], rejected: list[dict]) -> str:
@@ -175,22 +193,82 @@ def pair_line(pair: Mapping[str, Any], format: str = "comparison") -> dict:
         format: "comparison" (default) or "trl" (see FORMATS).
 
     Returns:
-        The line, with the record's `pair`, `source` and `machine` beside it (neither reader
-        looks at them).
+        The line, with the record's `pair`, `source` and `machine` beside it when set (neither
+        reader looks at them; None and NaN are left out).
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
     body = comparison_line(pair) if format == "comparison" else {
         "prompt": pair["prompt"], "chosen": pair["chosen"], "rejected": pair["rejected"]}
-    return {**body, **{k: pair.get(k) for k in ("pair", "source", "machine") if pair.get(k) is not None}}
+    return {**body, **{k: pair.get(k) for k in ("pair", "source", "machine") if not _missing(pair.get(k))}}
+
+
+def _missing(value: Any) -> bool:
+    """A value that stands for none: None, or a float NaN (what pandas puts in an empty cell)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def checked_pair(prompt: Any, chosen: Any, rejected: Any, path: str | os.PathLike | None, line: int | None,
+                 fields: tuple[str, str, str] = ("prompt", "chosen", "rejected")) -> tuple[list[dict], dict, dict]:
+    """A prompt and its two completions, checked as a pairs file holds them.
+
+    Args:
+        prompt / chosen / rejected: the values as read (message lists).
+        path / line: where they came from (or go), named in the error.
+        fields: the names of the three values in the line, named in the error (default "prompt",
+            "chosen", "rejected").
+
+    Returns:
+        (the prompt as pair messages, the chosen reply, the rejected reply).
+
+    Raises:
+        MachineFormatError: see check_messages; or the two replies are the same (reply_key); or
+            the prompt has no text.
+    """
+    p = check_messages(prompt, path, line, fields[0])
+    c = check_messages(chosen, path, line, fields[1], reply=True)
+    r = check_messages(rejected, path, line, fields[2], reply=True)
+    if reply_key(c[0]["content"]) == reply_key(r[0]["content"]):
+        raise MachineFormatError(path, "chosen and rejected are the same reply: no preference to learn",
+                                 line=line, field=fields[1])
+    if not has_text(p):
+        raise MachineFormatError(path, "the prompt has no text: a preference needs the conversation its two "
+                                       "replies answer", line=line, field=fields[0])
+    return p, c[0], r[0]
+
+
+def has_text(prompt: list[dict]) -> bool:
+    """Whether a prompt (pair messages) holds any text: DPO refuses a pair whose prompt has none.
+
+    Args:
+        prompt: pair messages (content a string).
+
+    Returns:
+        True when some message's content is more than whitespace.
+    """
+    return any(m["content"].strip() for m in prompt)
+
+
+def _implicit_prompt(row: dict, path: Path, line: int) -> tuple[list, list, list]:
+    """(prompt, chosen, rejected) of a TRL implicit-prompt row: two whole conversations, the same
+    up to their last message, which is the completion."""
+    chosen = check_messages(row.get("chosen"), path, line, "chosen")
+    rejected = check_messages(row.get("rejected"), path, line, "rejected")
+    if not chosen or not rejected or chosen[:-1] != rejected[:-1]:
+        raise MachineFormatError(path, "with no 'prompt', chosen and rejected must start with the same prompt "
+                                       "(TRL's implicit prompt: the same messages up to the last one)",
+                                 line=line, field="rejected")
+    return chosen[:-1], chosen[-1:], rejected[-1:]
 
 
 def read_pair_records(path: str | os.PathLike) -> list[dict]:
     """The pairs of a JSONL file in either format (recognised line by line), as records.
 
     A comparison line labelled "B" is read with its completions swapped; "Tie" and any other label
-    is refused, as are completions that are not one assistant reply and pairs whose two replies
-    are the same.
+    is refused, as are completions that are not one assistant reply, pairs whose two replies
+    are the same (reply_key) and prompts with no text. A TRL line without `prompt` (TRL's
+    implicit prompt) holds two whole conversations: what they share before their last message
+    is the prompt.
 
     Args:
         path: the pairs JSONL.
@@ -217,22 +295,25 @@ def read_pair_records(path: str | os.PathLike) -> list[dict]:
             if label not in ("A", "B"):
                 raise MachineFormatError(path, f"must be \"A\" or \"B\", not {label!r} (a tie is no preference)",
                                          line=line, field="label")
-            a = check_messages(comp.get("completion_A"), path, line, "comparison.completion_A", reply=True)
-            b = check_messages(comp.get("completion_B"), path, line, "comparison.completion_B", reply=True)
-            prompt = check_messages(comp.get("prompt_conversation"), path, line, "comparison.prompt_conversation")
-            chosen, rejected = (a, b) if label == "A" else (b, a)
+            a = comp.get("completion_A"), "comparison.completion_A"
+            b = comp.get("completion_B"), "comparison.completion_B"
+            (won, won_field), (lost, lost_field) = (a, b) if label == "A" else (b, a)
+            prompt, chosen, rejected = checked_pair(comp.get("prompt_conversation"), won, lost, path, line,
+                                                    ("comparison.prompt_conversation", won_field, lost_field))
         elif "chosen" in row:
-            prompt = check_messages(row.get("prompt"), path, line, "prompt")
-            chosen = check_messages(row.get("chosen"), path, line, "chosen", reply=True)
-            rejected = check_messages(row.get("rejected"), path, line, "rejected", reply=True)
+            if "prompt" in row:
+                if isinstance(row["prompt"], str):
+                    raise MachineFormatError(path, "is text, as in TRL's standard format: pairs are chat "
+                                                   "messages, so give the prompt as a list of messages",
+                                             line=line, field="prompt")
+                parts = row["prompt"], row.get("chosen"), row.get("rejected")
+            else:
+                parts = _implicit_prompt(row, path, line)
+            prompt, chosen, rejected = checked_pair(*parts, path, line)
         else:
             raise MachineFormatError(path, "neither a comparison line ('comparison', 'label') nor a TRL line "
                                            "('prompt', 'chosen', 'rejected')", line=line)
-        if chosen[0]["content"].strip() == rejected[0]["content"].strip():
-            raise MachineFormatError(path, "chosen and rejected are the same reply: no preference to learn",
-                                     line=line, field="chosen")
-        records.append(pair_record(str(row.get("source") or "file"), row.get("machine"), prompt, chosen[0],
-                                   rejected[0]))
+        records.append(pair_record(str(row.get("source") or "file"), row.get("machine"), prompt, chosen, rejected))
     if not records:
         raise MachineFormatError(path, "no pairs in the file")
     return records
@@ -245,14 +326,16 @@ def pair_records(pairs: Any) -> list[dict]:
         pairs: a pairs JSONL path (read with read_pair_records), a pairs DataFrame, or records.
 
     Returns:
-        The records as dicts, in order.
+        The records as dicts, in order; a frame's rows as core.chat.frame_rows gives them (lists
+        where pyarrow holds arrays, no missing cells).
     """
     if isinstance(pairs, (str, os.PathLike)):
         return read_pair_records(pairs)
-    if hasattr(pairs, "to_dict") and hasattr(pairs, "columns"):  # a DataFrame
-        return pairs.to_dict("records")
+    if hasattr(pairs, "to_dict") and hasattr(pairs, "columns"):  # a DataFrame, perhaps read back through pyarrow
+        return list(frame_rows(pairs))
     return [dict(p) for p in pairs]
 
 
-__all__ = ["PAIR_COLUMNS", "FORMATS", "pair_message", "is_reply", "canonical_json", "pair_id", "last_user",
-           "pair_record", "check_messages", "comparison_line", "pair_line", "read_pair_records", "pair_records"]
+__all__ = ["PAIR_COLUMNS", "FORMATS", "pair_message", "is_reply", "canonical_json", "reply_key", "has_text",
+           "pair_id", "last_user", "pair_record", "check_messages", "checked_pair", "comparison_line", "pair_line",
+           "read_pair_records", "pair_records"]

@@ -17,17 +17,19 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ..core.chat import frame_rows
 from ..errors import MachineFormatError, user_stacklevel
 from ..data.export import case_key, held_out_keys, run_case, say_excluded
 # pair records and files are the store layer's (pricing reads pairs too)
-from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, comparison_line, is_reply, last_user, pair_line,
-                          pair_message, pair_record, pair_records, read_pair_records)
+from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, checked_pair, comparison_line, has_text, is_reply,
+                          last_user, pair_id, pair_line, pair_message, pair_record, pair_records, read_pair_records,
+                          reply_key)
 from ..store.tags import REPLACED as REPLACED_KEY  # the tag-row key holding the reply a rewrite replaced
 from ..store.workspace import resolve_machine
 
@@ -39,6 +41,9 @@ OTHER_MACHINE = "another machine"
 NO_REPLY = "no assistant reply"
 REPLACED_UNKNOWN = "rewrite whose replaced reply is unknown (no 'replaced' key, no tagged run to rebuild it from)"
 TURN_DIFFERS = "rewrite whose tagged run no longer holds the tagged turn"
+UNANSWERED = "rewrite of a turn that had no reply (nothing it replaced)"
+NOT_OBJECT = "a message that is not an object"
+NO_PROMPT = "no prompt text"
 IDENTICAL = "identical completions"
 TIE = "tie (equal scores)"
 SMALL_GAP = "score gap below min_gap"
@@ -114,13 +119,24 @@ def _with_system(prompt: list[dict], system: str | None) -> list[dict]:
 
 
 def _tag_rows(store: Any) -> list[dict]:
+    """The tag rows of a store, a frame or row dicts. A frame's rows (its `row` column, or its own
+    rows) as core.chat.frame_rows reads them: one read back through pyarrow holds numpy arrays
+    where the rows held lists, and None or NaN where a row lacked a key."""
     if store is None or isinstance(store, (str, os.PathLike)):
         from ..store.tags import tagged
 
+        if store is not None and not Path(store).expanduser().exists():  # a path typed wrong, not an empty store
+            raise MachineFormatError(Path(store).expanduser(), "no tag store here: check the path (or pass "
+                                     "sources=['scores'] for score pairs alone, which read no store)")
         frame = tagged(store)
         return list(frame["row"])
     if isinstance(store, pd.DataFrame):
-        return list(store["row"]) if "row" in store.columns else store.to_dict("records")
+        if "row" not in store.columns:
+            return list(frame_rows(store))
+        given = list(store["row"])
+        dicts = [dict(r) for r in given if isinstance(r, Mapping)]
+        plain = iter(frame_rows(pd.DataFrame(dicts)) if dicts else ())
+        return [next(plain) if isinstance(r, Mapping) else r for r in given]
     return [r for r in store]
 
 
@@ -163,13 +179,21 @@ class _Collector:
     def skip(self, source: str, ident: Any, reason: str) -> None:
         self.skipped.append({"source": source, "id": ident, "reason": reason})
 
+    @staticmethod
+    def key(rec: dict) -> tuple[str, str, str]:
+        """(prompt, chosen, rejected) as duplicates and contradictions are compared (reply_key)."""
+        return (reply_key(canonical_json(rec["prompt"])), reply_key(rec["chosen"][0]["content"]),
+                reply_key(rec["rejected"][0]["content"]))
+
     def add(self, rec: dict) -> None:
-        chosen, rejected = rec["chosen"][0]["content"], rec["rejected"][0]["content"]
         ident = rec.get("chosen_tag") or rec.get("chosen_run") or rec["pair"]
-        if chosen.strip() == rejected.strip():
+        key = self.key(rec)
+        if key[1] == key[2]:
             self.skip(rec["source"], ident, IDENTICAL)
             return
-        key = (canonical_json(rec["prompt"]), chosen, rejected)
+        if not has_text(rec["prompt"]):  # DPO refuses it: nothing the two replies answer
+            self.skip(rec["source"], ident, NO_PROMPT)
+            return
         if key in self._keys:  # before the held-out check: a held-out pair is left out (and counted) once
             self.skip(rec["source"], ident, DUPLICATE)
             return
@@ -185,7 +209,7 @@ class _Collector:
         keys = set(self._seen)
         out = []
         for rec in self.records:
-            k = (canonical_json(rec["prompt"]), rec["chosen"][0]["content"], rec["rejected"][0]["content"])
+            k = self.key(rec)
             if (k[0], k[2], k[1]) in keys:
                 self.skip(rec["source"], rec.get("chosen_tag") or rec["pair"], CONTRADICTS)
                 continue
@@ -216,33 +240,49 @@ class _RunLookup:
 
 
 def _rebuilt_reply(row: dict, user: str, runs: _RunLookup) -> tuple[str | None, str | None]:
-    """(the reply the rewrite replaced, the skip reason): read back from the tagged run's latest turn."""
+    """(the reply the rewrite replaced, the skip reason): read back from the tagged turn of the run.
+
+    The tagged turn is the latest turn whose user text is the row's: a session goes on after a
+    tag, so later turns may follow it.
+    """
     from ..store.tags import extract_text, item_messages, latest_turn
 
     run = runs.of(row)
     if run is None:
         return None, REPLACED_UNKNOWN
     msgs, _ = item_messages(run)
-    try:
-        user_i, reply_i = latest_turn(msgs)
-    except ValueError:
-        return None, TURN_DIFFERS
-    if extract_text(msgs[user_i].get("content")) != user.strip():
-        return None, TURN_DIFFERS
-    return extract_text(msgs[reply_i].get("content")), None
+    asked = [i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"]
+    for n in reversed(range(len(asked))):
+        start = asked[n]
+        if extract_text(msgs[start].get("content")) != user.strip():
+            continue
+        end = asked[n + 1] if n + 1 < len(asked) else len(msgs)
+        turn = [m for m in msgs[start:end] if isinstance(m, dict)]
+        _, reply_i = latest_turn(turn, answered=False)
+        if reply_i is None:
+            return None, UNANSWERED
+        return extract_text(turn[reply_i].get("content")), None
+    return None, TURN_DIFFERS
 
 
 def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _RunLookup,
                sources: set[str], out: _Collector) -> None:
     good: dict[str, list[tuple[dict, list[dict], dict]]] = {}
     bad: dict[str, list[tuple[dict, list[dict], dict]]] = {}
+    unnamed = 0  # /good and /bad rows left out for naming no machine
     for row in rows:
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
             continue
         if name is not None and row.get("machine") != name:
-            continue  # rows of other machines are not this machine's preferences (not counted)
+            # rows of other machines are not this machine's preferences (not counted); rows naming
+            # none may be (Machine's own), so they are counted and said
+            unnamed += row.get("machine") is None and row.get("tag") in ("good", "bad")
+            continue
         machine = row.get("machine")
         if row.get("tag") not in ("good", "bad"):
+            continue
+        if not all(isinstance(m, dict) for m in row["messages"]):
+            out.skip("tags", row.get("id"), NOT_OBJECT)
             continue
         split = split_reply(row["messages"])
         if split is None:
@@ -266,6 +306,10 @@ def _from_tags(rows: list[dict], name: str | None, system: str | None, runs: _Ru
             out.add(pair_record("rewrite", row.get("machine"), prompt, reply,
                                 {"role": "assistant", "content": replaced}, chosen_tag=row.get("id"),
                                 rejected_tag=row.get("id"), chosen_run=run, rejected_run=run))
+    if unnamed:
+        warnings.warn(f"left out {unnamed} tag row(s) that name no machine (Machine's own /good and /bad rows "
+                      f"record none), pairing only rows tagged for {name!r}: pass machine=None (with "
+                      "instructions= and exclude=) to pair every row", stacklevel=user_stacklevel())
     if "tags" not in sources:
         return
     for key, goods in good.items():
@@ -281,11 +325,19 @@ def _from_scores(runs: list[dict], system: str | None, min_gap: float, out: _Col
 
     groups: dict[tuple[str, str, str], list[tuple[float | None, tuple[str, str], dict, list[dict], dict]]] = {}
     for run in runs:
+        # Run dicts given as runs= are not checked as load_runs checks run files
+        if not isinstance(run, dict):
+            continue
+        if not all(isinstance(part, list) and all(isinstance(m, dict) for m in part)
+                   for part in (run.get("history") or [], run.get("trajectory") or [])):
+            out.skip("scores", run.get("id"), NOT_OBJECT)
+            continue
         split = split_reply(conversation(run, system, reasoning=False))
         if split is None:
             continue
         prompt, reply = split
-        score = (run.get("scorecard") or {}).get("total")
+        card = run.get("scorecard")
+        score = card.get("total") if isinstance(card, dict) else None
         score = float(score) if isinstance(score, numbers.Real) and not isinstance(score, bool) else None
         key = (str(run.get("machine")), run_case(run), canonical_json(prompt))
         # newest first: by start time, then by id (ids sort by time), so input order never decides
@@ -335,25 +387,33 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
 
     - **rewrite**: a `/good --as` row (`rewritten: true`): chosen = the rewrite, rejected = the reply
       it replaced (the row's `replaced` key; for rows without it, such as Machine's own, or with a
-      blank one, the latest turn of the run the row names, read from `runs`; else the row is skipped
-      and counted).
+      blank one, the reply of the tagged turn in the run the row names, read from `runs`: the latest
+      turn with the row's user text, as later turns may follow it; else the row is skipped and
+      counted).
     - **tags**: a `/good` row and a `/bad` row of the same machine with the same conversation up to
       the reply (every good x bad combination): chosen = the good reply, rejected = the bad one.
     - **scores**: runs of the same case and conversation whose scorecard totals differ by at least
       `min_gap`: chosen = the best run's reply, rejected = the worst's (newest first on equal scores:
-      by startedAt, then id). A run whose total is missing, NaN or infinite is skipped.
+      by startedAt, then id). A run whose total is missing, NaN or infinite is skipped, as is a run
+      holding a message that is not an object.
 
     Identical completions, ties, duplicates (the first source keeps its row) and contradicting pairs
-    (A over B and B over A: both go) are dropped and listed in `.skipped`; pairs whose input is a
-    held-out case are left out, listed in `.excluded` and counted in one HeldOutExcluded warning.
+    (A over B and B over A: both go) are dropped and listed in `.skipped`, replies compared as
+    store.pairs.reply_key compares them (Unicode NFC, surrounding whitespace stripped), as are pairs
+    whose prompt has no text and tag rows holding a message that is not an object; pairs whose
+    input is a held-out case are left out, listed in `.excluded` and counted in one
+    HeldOutExcluded warning.
 
     Args:
-        store: the tag rows: a tag store directory, a `tagged()` DataFrame, or tag row dicts.
-            Default None: `store_dir()` of the current directory, as `tagged()` reads.
+        store: the tag rows: a tag store directory, a `tagged()` DataFrame (also one saved and read
+            back, e.g. as Parquet), a DataFrame of tag rows, or tag row dicts.
+            Default None: `store_dir()` of the current directory, as `tagged()` reads. A path
+            given that is not there is an error (a store not yet made is no store to name).
         runs: runs for score pairs and for rebuilding rewrites: a `load_runs` frame or Run dicts.
             Default None: the runs of `workspace` (of `machine` when given), none without a workspace.
         machine: a machine name (its definition read from `workspace`) or definition dict. Rows and
-            runs of other machines are left out. Default None: every row and run.
+            runs of other machines are left out, as are rows that name no machine (Machine's own),
+            with one warning saying how many. Default None: every row and run.
         workspace: where the machine is defined and its runs live (default None).
         min_gap: the smallest scorecard difference that makes a score pair (default 0.25, a quarter
             of the 0-1 score range: closer scores are as likely a grader's noise as a preference).
@@ -365,6 +425,10 @@ def preference_pairs(store: Any = None, runs: Any = None, *, machine: str | dict
 
     Returns:
         A PreferencePairs frame (PAIR_COLUMNS, one row per pair, in source order).
+
+    Raises:
+        ValueError: an unknown source, or a min_gap that is not a finite number above 0.
+        MachineFormatError: a `store` path that is not there or not a tag store folder.
     """
     wanted = set(sources)
     unknown = wanted - set(SOURCES)
@@ -420,7 +484,8 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
 
     Raises:
         MachineFormatError: a results file that is not JSON or not a results file (naming its
-            line and field), or a row whose `messages` is not a list of chat messages.
+            line and field), a row whose `messages` is not a list of chat messages, or a row that
+            would make a pair and has no prompt (no `messages`, no `input` or `prompt` text).
     """
     from ..evaluation.results import as_eval_result
 
@@ -439,8 +504,11 @@ def pairs_from_results(results: Any, *, instructions: str | None = None, machine
                 raise MachineFormatError(path, "must be a list of chat messages", field=f"rows.{i}.messages")
             prompt = [pair_message(m) for m in r["messages"]]
         else:
-            text = r.get("input") if isinstance(r.get("input"), str) else r.get("prompt")
-            prompt = system + [{"role": "user", "content": str(text)}]
+            text = next((r[k] for k in ("input", "prompt") if isinstance(r.get(k), str) and r[k].strip()), None)
+            if text is None:
+                raise MachineFormatError(path, "no prompt: the row has no 'messages' and no 'input' or 'prompt' "
+                                               "text", field=f"rows.{i}.input")
+            prompt = system + [{"role": "user", "content": text}]
         out.add(pair_record("results", machine, prompt, {"role": "assistant", "content": expected},
                             {"role": "assistant", "content": output}))
     return _frame(out.result(), [], out.skipped)
@@ -459,16 +527,36 @@ def write_pairs(pairs: Any, path: str | os.PathLike, format: str = "comparison")
         format: "comparison" (default): tinker-cookbook's `{"comparison": {"prompt_conversation",
             "completion_A", "completion_B"}, "label": "A"}` (A = chosen); "trl": TRL's conversational
             preference format `{"prompt", "chosen", "rejected"}` (message lists). Either carries
-            `pair`, `source` and `machine` beside it, which neither reader looks at.
+            `pair` (the id of the pair as written), `source` and `machine` beside it, which neither
+            reader looks at.
 
     Returns:
         The path written.
+
+    Raises:
+        MachineFormatError: a pair its reader would refuse (see store.pairs.checked_pair: a prompt
+            or completion that is not chat messages, a completion that is not one assistant
+            reply, the same reply on both sides, a prompt with no text), naming the path, the
+            pair's line and the field; nothing is written.
+        ValueError: no pairs (nothing is written: read_pairs refuses a file with none).
     """
     from ..core.jsonl import write_jsonl
 
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-    return write_jsonl([pair_line(p, format) for p in pair_records(pairs)], path)
+    lines = []
+    for line, rec in enumerate(pair_records(pairs), start=1):
+        try:
+            prompt, chosen, rejected = checked_pair(rec.get("prompt"), rec.get("chosen"), rec.get("rejected"), path,
+                                                    line)
+        except MachineFormatError as err:
+            raise MachineFormatError(path, f"{err.reason}; nothing written", line=line, field=err.field) from None
+        # the id of what is written, so an edited pair keeps no stale id
+        lines.append(pair_line({**rec, "pair": pair_id(prompt, [chosen], [rejected]), "prompt": prompt,
+                                "chosen": [chosen], "rejected": [rejected]}, format))
+    if not lines:  # a file with none is refused by read_pairs and DPO: replacing a file with it loses that file
+        raise ValueError(f"{path}: no pairs to write: nothing written")
+    return write_jsonl(lines, path)
 
 
 def read_pairs(path: str | os.PathLike) -> PreferencePairs:
