@@ -228,6 +228,16 @@ class LineTail:
         return out
 
 
+def _utf8(name: str) -> bool:
+    """Whether a name read from the file system is valid UTF-8 (one that is not holds its bytes
+    as lone surrogates, which the dashboard's string columns cannot take)."""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 @dataclass
 class _Folder:
     sig: tuple[int, int] | None  # (mtime_ns, inode) when listed; None: list it next poll
@@ -245,7 +255,8 @@ class FolderChanges:
         removed: paths of run files that are gone.
         changed: watched run files (see `RunFolderWatch.watch`) written again since.
         notes: folders that could not be listed (their runs are left out until they can be),
-            each said once, and again only when the reason changes.
+            each said once, and again only when the reason changes; files and folders whose names
+            are not valid UTF-8 (left out), each said once.
     """
 
     added: list[tuple[str, str, str]] = field(default_factory=list)
@@ -321,8 +332,9 @@ class RunFolderWatch:
 
     Args:
         root: the `runs` folder.
-        known: paths of run files already read (e.g. a `load_runs` frame's `path` column); their
-            folders are listed on the first poll and only files not among these are reported.
+        known: paths of run files already read (e.g. a `load_runs` frame's `path` column), under
+            `root` however it is spelled (relative, absolute, through a symlink); their folders
+            are listed on the first poll and only files not among these are reported.
             Default None: the first poll reports every run file there is.
         events: take new files from the operating system's file events where it reports them,
             listing folders only every FULL_LIST_S seconds (default True; False: list every
@@ -335,6 +347,7 @@ class RunFolderWatch:
         self.root = os.fspath(root)
         self._folders: dict[str, _Folder] = {}
         self._unlisted: dict[str, str] = {}  # folder path -> why it could not be listed, as said
+        self._misnamed: set[str] = set()  # paths whose names are not UTF-8, as said
         self._watched: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
         self._watch_lock = threading.Lock()  # watch/unwatch may come from another thread than poll
         # files watched by this class, not the caller (created in place, or listed just after a
@@ -343,12 +356,28 @@ class RunFolderWatch:
         self._events = _FileEvents.start(self.root) if events else None
         self._listed_at = -math.inf
         if known is not None:
-            base = self.root + os.sep
+            # the paths may spell the folder otherwise (load_runs gives absolute paths, a watch
+            # may be given a relative one or a symlink's): each spelling of the root is tried,
+            # then the real path of a path's folder (once per folder)
+            bases = list(dict.fromkeys(b + os.sep for b in (self.root, os.path.abspath(self.root),
+                                                            os.path.realpath(self.root))))
+            real_base = bases[-1]
+            real_dirs: dict[str, str | None] = {}
             for path in known:
                 path = os.fspath(path)
-                if not path.startswith(base):
-                    continue
-                rel, _, name = path[len(base):].rpartition(os.sep)
+                for b in bases:
+                    if path.startswith(b):
+                        rel_path = path[len(b):]
+                        break
+                else:
+                    folder, _, name = path.rpartition(os.sep)
+                    if folder not in real_dirs:
+                        real = os.path.realpath(folder) + os.sep
+                        real_dirs[folder] = real[len(real_base):] if real.startswith(real_base) else None
+                    if real_dirs[folder] is None:
+                        continue
+                    rel_path = real_dirs[folder] + name
+                rel, _, name = rel_path.rpartition(os.sep)
                 d = rel.replace(os.sep, "/")
                 self._folders.setdefault(d, _Folder(None, set(), set())).names.add(name)
             for d in list(self._folders):  # the folders above, so nested machines are walked to
@@ -424,8 +453,8 @@ class RunFolderWatch:
             if not path.startswith(base):
                 continue
             rel, _, name = path[len(base):].rpartition(os.sep)
-            if not name.endswith(".json") or name.startswith("."):
-                continue
+            if not name.endswith(".json") or name.startswith(".") or not _utf8(path):
+                continue  # (a name that is not UTF-8 is named by the next listing)
             d = rel.replace(os.sep, "/")
             if d not in self._folders:
                 return None  # a folder not listed yet
@@ -537,6 +566,13 @@ class RunFolderWatch:
                     entries = []  # outside the workspace and not a machine's folder: not read
                 for e in entries:
                     n = e.name
+                    if not _utf8(n):  # its rows could not be made (string columns): named once, not reported
+                        if e.path not in self._misnamed:
+                            self._misnamed.add(e.path)
+                            shown = e.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                            out.notes.append(f"{shown}: its name is not valid UTF-8: left out; rename it (e.g. with "
+                                             "convmv) to follow it")
+                        continue
                     if n.endswith(".json") and not n.startswith("."):
                         names.add(n)  # a folder named *.json is rare; is_dir() only if asked
                     else:

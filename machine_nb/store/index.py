@@ -41,7 +41,9 @@ from .workspace import (folder_chain, folder_problem, follow_problem, foreign_pr
 SCHEMA_VERSION = 5
 """Bumped whenever INDEX_SCHEMA, the meaning of a column or the file's metadata changes (3: column
 checksums; 4: n_failed_tool_calls judges each call by the result after it when a call id is
-reused; 5: a checksum of the folder list): an older index is rebuilt."""
+reused; 5: a checksum of the folder list): an older index is rebuilt. A metadata key whose absence
+reads as a safe default (`files_checked_ns`: 0, so a "files" check parses every file once) needs
+no new version."""
 
 _STR = pa.large_string()
 _TS = pa.timestamp("us", tz="UTC")
@@ -78,6 +80,12 @@ PARALLEL_MIN = 20_000
 TASK = 4_000
 
 CHECKS = ("dirs", "files")
+# Characters of the workspace folder's name kept in the index file's name (see run_index_path).
+SLUG_MAX = 48
+# How read_index's reason starts for an index of a later schema version. Such an index is left as
+# it is (a load parses every file): two versions sharing a cache folder would otherwise rebuild
+# each other's index on every load.
+NEWER = "written by a newer machine_nb"
 
 # A parser turns `[(path, dir, name, problem)]` into a table of INDEX_SCHEMA without the
 # FILE_FIELDS (the index adds those), reading entry k's bytes with `read(k)` (which raises
@@ -131,11 +139,13 @@ def run_index_path(workspace: str | os.PathLike) -> Path:
 
     Returns:
         `<cache_dir()>/runs/<folder>-<16 hex>.arrow`, keyed by the real (symlink-resolved) path of
-        its `.machine/runs` folder.
+        its `.machine/runs` folder (`<folder>`: the workspace folder's name in lower-case letters,
+        digits and dashes, at most SLUG_MAX of them).
     """
     real = os.path.realpath(runs_root(workspace))
     ws_name = os.path.basename(os.path.dirname(os.path.dirname(real)))
-    slug = re.sub(r"[^a-z0-9]+", "-", ws_name.lower()).strip("-") or "workspace"
+    # the name shortened, so the file's name and its temporary files' fit a file system's 255 bytes
+    slug = re.sub(r"[^a-z0-9]+", "-", ws_name.lower())[:SLUG_MAX].strip("-") or "workspace"
     return cache_dir() / "runs" / f"{slug}-{hashlib.sha256(real.encode('utf-8')).hexdigest()[:16]}.arrow"
 
 
@@ -172,7 +182,8 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
 
     Returns:
         (table, metadata, None); (None, {}, None) when there is no file; (None, {}, why) when it
-        must be rebuilt (unreadable, another schema version, another workspace, other columns).
+        must be rebuilt (unreadable, an older schema version, another workspace, other columns),
+        or when a newer machine_nb wrote it (`why` then starts with NEWER: it is not written over).
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -181,8 +192,11 @@ def read_index(path: str | os.PathLike, root_real: str) -> tuple[pa.Table | None
         reader = pa.ipc.open_file(_open(path))
         raw = (reader.schema.metadata or {}).get(b"machine_nb")
         meta = json.loads(raw) if raw else {}
-        if meta.get("version") != SCHEMA_VERSION:
-            return None, {}, f"schema version {meta.get('version')!r}, not {SCHEMA_VERSION}"
+        version = meta.get("version")
+        if type(version) is int and version > SCHEMA_VERSION:
+            return None, {}, f"{NEWER} (schema version {version}; this one reads {SCHEMA_VERSION})"
+        if version != SCHEMA_VERSION:
+            return None, {}, f"schema version {version!r}, not {SCHEMA_VERSION}"
         if meta.get("runs_root") != root_real:
             return None, {}, "it indexes another workspace"
         if not reader.schema.remove_metadata().equals(INDEX_SCHEMA):
@@ -390,11 +404,15 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
             file into place, as an atomic write does, changes its folder's time), so only its rows
             marked `recheck` (runs without finishedAt, which a writer is still updating, and bad
             files) are stat-ed; files of changed folders are compared by size and mtime. "files":
-            stat every run file, which also sees a file rewritten in place (what it costs:
-            benchmarks/bench_run_index.py).
+            stat every run file, which also sees a file rewritten in place, even one whose size
+            and mtime were set back (`cp -p`): a file changed (its st_ctime) since the last
+            "files" scan is parsed again (what it costs: benchmarks/bench_run_index.py).
         workers: processes that parse, this one included (default None: one per CPU when there
             are at least PARALLEL_MIN files to parse, else this process alone). The parser must
             pickle for more than one.
+
+    An index written by a newer machine_nb (a later SCHEMA_VERSION) is neither used nor written
+    over: every file is parsed, with a warning that says so.
 
     Returns:
         (table of INDEX_SCHEMA: the rows of `machine` and its nested machines when given, sorted
@@ -416,6 +434,9 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         cached, meta = empty_table(), {"dirs": {}}
     old_dirs: dict[str, list] = meta.get("dirs", {})
     now = time.time_ns()
+    # every file whose change time (ctime) is before this was compared at a "files" scan
+    files_checked = meta.get("files_checked_ns")
+    files_checked = files_checked if type(files_checked) is int else 0
 
     groups = _groups(cached["dir"])
     in_scope = (lambda d: True) if not prefix else (lambda d: d == prefix or d.startswith(prefix + "/"))
@@ -451,6 +472,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         old = old_dirs.get(d)
         pos = groups.get(d, np.empty(0, dtype=np.int64))
         unchanged = check == "dirs" and old is not None and old[0] != -1 and old[:2] == sig
+        relist = False  # list this folder again on the next load
         if unchanged:
             subdirs = list(old[2])
             if len(pos):
@@ -486,15 +508,22 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                     is_dir = e.is_dir()
                 except OSError:
                     is_dir = False
-                if is_dir:
+                if not is_dir and not (e.name.endswith(".json") and not e.name.startswith(".")):
+                    continue
+                if not _utf8(e.name):  # no string column holds it: named on every load (the folder is listed again)
+                    shown = e.name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                    problems.append(MachineFormatError(os.path.join(dirpath, shown), "its name is not valid UTF-8: "
+                                                       "skipped; rename it (e.g. with convmv) to load it"))
+                    relist = True
+                elif is_dir:
                     subdirs.append(e.name)
-                elif e.name.endswith(".json") and not e.name.startswith("."):
+                else:
                     files.append(e.name)
             subdirs.sort()
             if not len(pos):  # nothing indexed here: every file is new (stat-ed as it is read)
                 todo.append((dirpath, d, segments, files))
             else:
-                fsizes, fmtimes, present = [], [], []
+                fsizes, fmtimes, fctimes, present = [], [], [], []
                 base = dirpath + os.sep
                 for name in files:
                     fsig = _file_sig(base + name)
@@ -503,6 +532,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                     present.append(name)
                     fsizes.append(fsig[0])
                     fmtimes.append(fsig[1])
+                    fctimes.append(fsig[2])
                 stats.stats += len(present)
                 import pandas as pd
 
@@ -516,10 +546,12 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                     old_pos = pos[hit[same_idx]]
                     fresh = (sizes[old_pos] == fs[same_idx]) & (mtimes[old_pos] == fm[same_idx]) \
                         & (mtimes[old_pos] != -1)
+                    if check == "files":  # changed since the last "files" scan, its size and mtime kept
+                        fresh &= np.asarray(fctimes, dtype=np.int64)[same_idx] < files_checked
                     same[same_idx[~fresh]] = False
                     keep.append(old_pos[fresh])
                 todo.append((dirpath, d, segments, [present[i] for i in np.flatnonzero(~same).tolist()]))
-        new_dirs[d] = [-1 if sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
+        new_dirs[d] = [-1 if relist or sig[0] > now - RACY_NS else sig[0], sig[1], subdirs]
         for name in reversed(subdirs):
             path = os.path.join(dirpath, name)
             problem, key, sub_far = follow_problem(path, name, segments, ancestors, visited, root_real, far)
@@ -553,9 +585,17 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
     if changed:
         del cached  # parts hold what is kept of it
         table = sort_table(parts)  # consumes parts: memory holds the table once, plus the columns being sorted
-        if os.path.isdir(root) or os.path.exists(ipath):  # no index for a folder that holds no runs
+        if why is not None and why.startswith(NEWER):
+            import warnings
+
+            warnings.warn(f"the run index {ipath} was {why}: it is left as it is, and every "
+                          "run file is parsed on each load; upgrade machine_nb, or set MACHINE_NB_CACHE_DIR "
+                          "to another folder to keep an index for this version", stacklevel=user_stacklevel())
+        elif os.path.isdir(root) or os.path.exists(ipath):  # no index for a folder that holds no runs
             try:
-                write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now})
+                checked = now if (check == "files" and not prefix) or stats.reused == 0 else files_checked
+                write_index(ipath, table, {"runs_root": root_real, "dirs": new_dirs, "written_ns": now,
+                                           "files_checked_ns": checked})
                 stats.written = True
             except OSError as exc:  # a cache that cannot be written costs speed, never the result
                 import warnings
@@ -581,7 +621,8 @@ def parse_batch(parse: Parser, chunk: list[tuple[str, str, str, str | None]], no
 
     Returns:
         The rows, sorted (sort_table), with each file's size and mtime as seen through the handle
-        it was read by.
+        it was read by; a file that is gone when read (deleted since its folder was listed) has
+        no row.
     """
     seen: list = [None] * len(chunk)  # (size, mtime_ns) of each file, taken from the handle it is read through
 
@@ -591,25 +632,33 @@ def parse_batch(parse: Parser, chunk: list[tuple[str, str, str, str | None]], no
         return data
 
     rows = parse(chunk, read)
+    here = np.ones(len(chunk), dtype=bool)
     for k, got in enumerate(seen):
         if got is None:  # not read (misplaced) or unreadable: its stat now, or "re-read next time"
-            seen[k] = _file_sig(chunk[k][0]) or (-1, -1)
+            sig = _file_sig(chunk[k][0])
+            here[k] = sig is not None  # deleted since the folder was listed: no row, not a bad file
+            seen[k] = sig[:2] if sig else (-1, -1)
     mt = np.array([m for _, m in seen], dtype=np.int64)
     racy = (mt > now - RACY_NS) | (mt == -1)
-    return sort_table(pa.table({
+    table = pa.table({
         "dir": pa.array([c[1] for c in chunk], _STR),
         "name": pa.array([c[2] for c in chunk], _STR),
         "size": pa.array([sz for sz, _ in seen], pa.int64()),
         "mtime_ns": pa.array(np.where(racy, -1, mt)),
         "recheck": pc.or_(rows["recheck"], pa.array(racy)),
         **{f.name: rows[f.name] for f in INDEX_SCHEMA if f.name not in FILE_FIELDS + ("recheck",)},
-    }, schema=INDEX_SCHEMA))  # sorted here (in the workers): the final sort then reads runs of rows in order
+    }, schema=INDEX_SCHEMA)
+    if not here.all():
+        table = table.filter(pa.array(here))
+    return sort_table(table)  # sorted here (in the workers): the final sort then reads runs of rows in order
 
 
-def _file_sig(path: str) -> tuple[int, int] | None:
-    """(size, mtime_ns) of a run file, or of the symlink itself when it leads nowhere (dangling,
-    a loop), so such a file keeps its row (its error named on every load) without being read
-    again each time; None when nothing is there."""
+def _file_sig(path: str) -> tuple[int, int, int] | None:
+    """(size, mtime_ns, ctime_ns) of a run file, or of the symlink itself when it leads nowhere
+    (dangling, a loop), so such a file keeps its row (its error named on every load) without being
+    read again each time; None when nothing is there. ctime_ns is the time of the last change to
+    the file or its metadata, which setting the modification time back also changes (0 on
+    Windows, where st_ctime is the creation time)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -617,7 +666,17 @@ def _file_sig(path: str) -> tuple[int, int] | None:
             st = os.lstat(path)
         except OSError:
             return None
-    return st.st_size, st.st_mtime_ns
+    return st.st_size, st.st_mtime_ns, 0 if os.name == "nt" else st.st_ctime_ns
+
+
+def _utf8(name: str) -> bool:
+    """Whether a file name read from the file system is valid UTF-8 (Python holds the bytes of
+    one that is not as lone surrogates, which no Arrow string can hold)."""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _cpus() -> int:
@@ -634,7 +693,9 @@ def _parse_all(todo: list[tuple[str, str, list[str], list[str]]], parse: Parser,
     With at least PARALLEL_MIN files (and more than one CPU), worker processes parse batches of
     TASK files while this process parses batches too (`workers`: processes in all, this one
     included; default None: one per CPU, each with at least PARALLEL_MIN // 2 files). A worker
-    that cannot start or dies leaves its batches to this process; Ctrl-C stops the workers.
+    that cannot start leaves its batches to this process; a batch whose worker dies is tried in
+    a fresh worker once more, and when that one dies too its files are named as skipped
+    (skipped_batch), not parsed here; Ctrl-C stops the workers.
     `stats.workers` is set to the processes started, this one included.
     """
     total = sum(len(names) for *_, names in todo)
@@ -648,7 +709,42 @@ def _parse_all(todo: list[tuple[str, str, list[str], list[str]]], parse: Parser,
 
     with ParsePool(workers - 1) as pool:
         stats.workers = 1 + pool.started
-        yield from pool.run(parse_batch, ((parse, chunk, now) for chunk in _batches(todo, TASK)))
+        yield from pool.run(parse_batch, ((parse, chunk, now) for chunk in _batches(todo, TASK)),
+                            crashed=skipped_batch)
+
+
+def skipped_batch(parse: Parser, chunk: list[tuple[str, str, str, str | None]], now: int) -> pa.Table:
+    """Index rows naming each file of a batch that ended two worker processes (out of memory,
+    most likely) as skipped, not parsed: this process would run out of memory too.
+
+    Each row keeps the file's size and mtime and is rechecked on every load, so it is named on
+    every load and parsed again once the file changes (or after `remove_index`).
+
+    Args:
+        parse: the batch's parser (unused: the call's arguments are parse_batch's).
+        chunk: `[(path, dir, name, problem)]`.
+        now: the scan's time in ns (a file modified within RACY_NS of it is read again next time).
+
+    Returns:
+        The rows (INDEX_SCHEMA), one per file still there.
+    """
+    sigs = [_file_sig(c[0]) for c in chunk]
+    kept = [(c, s) for c, s in zip(chunk, sigs) if s is not None]
+    mt = np.array([s[1] for _, s in kept], dtype=np.int64)
+    n = len(kept)
+    why = (f"a parse worker process ended twice while reading the batch of {len(chunk):,} run files this one "
+           "is in (out of memory?): skipped; it is read again when it changes, or once the index is removed "
+           "(machine_nb.store.index.remove_index)")
+    cols = {
+        "dir": pa.array([c[1] for c, _ in kept], _STR),
+        "name": pa.array([c[2] for c, _ in kept], _STR),
+        "size": pa.array([s[0] for _, s in kept], pa.int64()),
+        "mtime_ns": pa.array(np.where(mt > now - RACY_NS, -1, mt), pa.int64()),
+        "recheck": pa.array([True] * n, pa.bool_()),
+        "error": pa.array([why] * n, _STR),
+    }
+    return sort_table(pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in INDEX_SCHEMA},
+                               schema=INDEX_SCHEMA))
 
 
 def _batches(todo: list[tuple[str, str, list[str], list[str]]], size: int = BATCH):

@@ -6,11 +6,12 @@ A worker is `python -m machine_nb.store.parse_pool`, started with the interprete
 fed calls over its stdin and answering on its stdout (length-prefixed pickles). Plain processes,
 not `multiprocessing`: a worker never re-imports the caller's main script (a script without an
 `if __name__ == "__main__"` guard would run again in every worker) and never forks a process that
-has threads (as a Jupyter kernel has). A worker that cannot start, or dies, leaves its calls to
-this process; one that takes no call or gives no answer within ANSWER_TIMEOUT_S (stopped with
-SIGSTOP, or stuck) is killed and replaced, its call made here. Ctrl-C (or any error here) kills
-the workers; a worker ignores Ctrl-C itself, and ends when its stdin closes, so it never
-outlives this process's pipe.
+has threads (as a Jupyter kernel has). A worker that cannot start leaves its calls to this
+process; a call whose worker dies is tried once more in a fresh worker, then made here (or handed
+to the caller's `crashed`: see ParsePool.run); a worker that takes no call or gives no answer
+within ANSWER_TIMEOUT_S (stopped with SIGSTOP, or stuck) is killed and replaced, its call made
+here. Ctrl-C (or any error here) kills the workers; a worker ignores Ctrl-C itself, and ends when
+its stdin closes, so it never outlives this process's pipe.
 """
 
 from __future__ import annotations
@@ -154,8 +155,20 @@ class ParsePool:
                 proc.wait()
         self._procs = []
 
-    def run(self, fn: Callable, calls: Iterable[tuple]) -> Iterator[Any]:
+    def run(self, fn: Callable, calls: Iterable[tuple], *, crashed: Callable | None = None) -> Iterator[Any]:
         """Yield `fn(*args)` for each args of `calls`, as they finish (workers' and this process's).
+
+        A call whose worker dies while making it (killed, out of memory) is tried once more in a
+        fresh worker, which first answers a call of its own, so a worker that cannot run at all is
+        told from a call that ends every worker. When the call ends that worker too, it is made
+        here, or, with `crashed`, `crashed(*args)` is yielded in its place: a call that exhausts a
+        worker's memory would exhaust this process's too.
+
+        Args:
+            fn: the function (it must pickle to run in a worker).
+            calls: its argument tuples.
+            crashed: what a call that ended two workers yields instead of being made here
+                (default None: it is made here).
 
         Raises:
             The first exception a call raised (in a worker or here); the other calls stop.
@@ -165,14 +178,30 @@ class ParsePool:
         stop = threading.Event()
         done: queue.SimpleQueue = queue.SimpleQueue()
         orphans: list[tuple] = []  # calls whose worker died: made here at the end
+        lost: list[tuple] = []     # calls that ended a fresh worker too: handed to `crashed`
 
         def take() -> tuple | None:
             with lock:
                 return None if stop.is_set() else next(it, None)
 
-        def serve(proc: subprocess.Popen) -> None:
+        def fresh() -> subprocess.Popen | None:
+            """A new worker that has answered a call, else None."""
+            new = None if stop.is_set() else self._start()
+            if new is None:
+                return None
             try:
-                while (args := take()) is not None:
+                _send(new.stdin, (os.getpid, ()), self.answer_timeout)
+                if _recv(new.stdout, self.answer_timeout)[0] == "ok":
+                    return new
+            except (OSError, EOFError, TimeoutError, pickle.PickleError, ValueError, TypeError, AttributeError):
+                pass
+            new.kill()
+            return None
+
+        def serve(proc: subprocess.Popen) -> None:
+            again: tuple | None = None  # a call whose worker died, tried once more in a fresh one
+            try:
+                while (args := again if again is not None else take()) is not None:
                     try:
                         _send(proc.stdin, (fn, args), self.answer_timeout)
                         status, value = _recv(proc.stdout, self.answer_timeout)
@@ -180,15 +209,31 @@ class ParsePool:
                         # stopped (SIGSTOP), or stuck: its call is made here, and a new worker
                         # takes its place (once per worker the pool started)
                         orphans.append(args)
+                        again = None
                         proc.kill()
                         if self.replaced >= self.size or stop.is_set() or (new := self._start()) is None:
                             return
                         self.replaced += 1
                         proc = new
                         continue
-                    except (OSError, EOFError, pickle.PickleError, ValueError, TypeError, AttributeError):
-                        orphans.append(args)  # the worker is gone (or the call does not pickle): made here
+                    except (OSError, EOFError):  # the worker ended while making the call
+                        proc.kill()
+                        if again is not None:  # a fresh worker died of it too
+                            again = None
+                            (lost if crashed is not None else orphans).append(args)
+                            if (new := fresh()) is None:
+                                return
+                            proc = new
+                            continue
+                        if (new := fresh()) is None:  # no worker runs here: the call is made here
+                            orphans.append(args)
+                            return
+                        proc, again = new, args
+                        continue
+                    except (pickle.PickleError, ValueError, TypeError, AttributeError):
+                        orphans.append(args)  # the call does not pickle (or the pipe is closed): made here
                         return
+                    again = None
                     done.put((status, value))
                     if status != "ok":
                         return
@@ -225,6 +270,8 @@ class ParsePool:
             for args in orphans:
                 self.made_here += 1
                 yield fn(*args)
+            for args in lost:
+                yield crashed(*args)  # type: ignore[misc]
         finally:
             stop.set()
 
