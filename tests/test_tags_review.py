@@ -360,3 +360,14 @@ def test_a_held_out_case_whose_input_is_missing_is_named_not_read_as_the_text_na
         held_out_keys(frame)
     with pytest.raises(ValueError, match=r"held-out case 0 .*no input"):
         held_out_keys([{"input": None}])
+
+
+def test_a_held_out_case_is_held_out_however_unicode_spells_its_input():
+    """validate compares prompts with Unicode spelling set aside (NFKC, invisible characters, case
+    folded); the held-out rule for training rows did not: "Café?" written as e + accent, or with a
+    zero-width space, was trained on though "café?" is a held-out case."""
+    from machine_nb.data.export import case_key, held_out_keys
+
+    held = held_out_keys(["Café? ", "Straße"])
+    for spelled in ("Cafe\u0301?", "caf\u200bé?", "CAFÉ?", "STRASSE"):
+        assert case_key(spelled) in held, spelled

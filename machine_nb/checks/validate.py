@@ -15,13 +15,12 @@ import json
 import numbers
 import os
 import re
-import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.chat import ROLES, content_text, row_findings
+from ..core.chat import ROLES, content_text, row_findings, text_key
 from ..core.jsonl import dumps_line, iter_jsonl, not_regular, open_regular
 from ..core.redact import SECRET_PATTERNS, connection_passwords, mask, redacted
 from .tokens import estimate_trained
@@ -62,21 +61,10 @@ def empty_histogram() -> dict[str, int]:
     return {**{f"<={b}": 0 for b in BUCKETS}, f">{BUCKETS[-1]}": 0}
 
 
-# characters that show as nothing (zero-width spaces and joiners, word joiners, a BOM, a soft hyphen)
-_INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
-
-
-def _norm(text: str) -> str:
-    """Text as the overlap checks compare it: the same characters however Unicode spells them
-    (NFKC: é composed or as e + accent, the ﬁ ligature, full-width letters), invisible characters
-    dropped, case folded (ß as ss) and whitespace runs made one space."""
-    return " ".join(_INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).casefold().split())
-
-
 def _prompt_text(content: Any) -> str:
     """A message's content as the overlap checks compare it: its text, normalised, and each
     image or audio part as its JSON, so the same question about another picture is another prompt."""
-    text = _norm(content_text(content, sep=" "))
+    text = text_key(content_text(content, sep=" "))
     if not isinstance(content, list):
         return text
     media = [json.dumps(part, sort_keys=True, ensure_ascii=False, default=str) for part in content

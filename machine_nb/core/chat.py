@@ -104,6 +104,27 @@ class Finding(NamedTuple):
     field: str | None
 
 
+# characters that show as nothing (zero-width spaces and joiners, word joiners, a BOM, a soft hyphen)
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
+
+
+def text_key(text: str) -> str:
+    """Text as two prompts or inputs are compared (validate's overlap check, held-out cases): the
+    same characters however Unicode spells them (NFKC: é composed or as e + accent, the ﬁ ligature,
+    full-width letters), invisible characters dropped, case folded (ß as ss) and each run of
+    whitespace one space, none at either end.
+
+    Args:
+        text: the text.
+
+    Returns:
+        The key.
+    """
+    import unicodedata
+
+    return " ".join(_INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).casefold().split())
+
+
 # A code point no UTF-8 file or tokenizer can hold: half of a UTF-16 pair (a character cut in two)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _READ_FIELDS = ("messages", "expected", "format")

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..core.chat import content_text, frame_rows
+from ..core.chat import content_text, frame_rows, text_key
 from ..errors import user_stacklevel
 from ..store.workspace import resolve_machine
 
@@ -415,8 +415,10 @@ class HeldOutExcluded(UserWarning):
 
 
 def case_key(text: Any) -> str:
-    """How inputs are compared against held-out cases: whitespace collapsed, lower-cased, stripped
-    (so "What is 2 + 2?" and "what is 2 + 2? " are the same case).
+    """How inputs are compared against held-out cases: as validate compares prompts
+    (core.chat.text_key: Unicode spelling, invisible characters, case and whitespace runs set
+    aside), so "What is 2 + 2?" and "what is 2 + 2? " are the same case, and "Café?" with its é as
+    e + accent.
 
     Args:
         text: the input.
@@ -424,7 +426,7 @@ def case_key(text: Any) -> str:
     Returns:
         The key.
     """
-    return re.sub(r"\s+", " ", str(text)).strip().lower()
+    return text_key(str(text))
 
 
 def one_or_many(values: Any) -> Any:
