@@ -508,10 +508,18 @@ class TaggedLines(list):
         self.skipped = list(skipped or [])
 
 
-def _tag_rows(frame: Any) -> list[Any]:
+def tag_rows(frame: Any) -> list[Any]:
     """The tag rows of a frame: its `row` column (a tagged() frame; one read back through pyarrow
-    holds numpy arrays and None-filled keys) or its own rows, each as frame_rows reads it; a `row`
-    value that is not a dict is kept as it is (skipped later, as a row with no messages)."""
+    holds numpy arrays and None-filled keys) or its own rows, each as core.chat.frame_rows reads
+    it.
+
+    Args:
+        frame: a tagged() frame, one saved and read back, or a frame of tag rows.
+
+    Returns:
+        The rows as dicts; a `row` value that is not a dict kept as it is (its reader skips it as
+        a row with no messages).
+    """
     if "row" not in frame.columns:
         return list(frame_rows(frame))
     import pandas as pd
@@ -554,7 +562,7 @@ def tagged_lines(rows: Any, machine: dict | str | None = None, *, workspace: Any
         store file) gives no second line: it is listed in `.skipped` as a duplicate.
     """
     if hasattr(rows, "columns"):  # each row without its empty cells, its arrays as lists (frame_rows)
-        rows = _tag_rows(rows)
+        rows = tag_rows(rows)
     mdef = resolve_machine(machine, workspace)
     name = mdef.get("name")
     held = held_out_keys(mdef.get("holdout") if exclude is None else exclude)

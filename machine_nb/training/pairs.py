@@ -17,15 +17,14 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ..core.chat import frame_rows
 from ..errors import MachineFormatError, user_stacklevel
-from ..data.export import case_key, held_out_keys, run_case, say_excluded
+from ..data.export import case_key, held_out_keys, run_case, say_excluded, tag_rows
 # pair records and files are the store layer's (pricing reads pairs too)
 from ..store.pairs import (FORMATS, PAIR_COLUMNS, canonical_json, checked_pair, comparison_line, has_text, is_reply,
                           last_user, pair_id, pair_line, pair_message, pair_record, pair_records, read_pair_records,
@@ -131,12 +130,7 @@ def _tag_rows(store: Any) -> list[dict]:
         frame = tagged(store)
         return list(frame["row"])
     if isinstance(store, pd.DataFrame):
-        if "row" not in store.columns:
-            return list(frame_rows(store))
-        given = list(store["row"])
-        dicts = [dict(r) for r in given if isinstance(r, Mapping)]
-        plain = iter(frame_rows(pd.DataFrame(dicts)) if dicts else ())
-        return [next(plain) if isinstance(r, Mapping) else r for r in given]
+        return tag_rows(store)
     return [r for r in store]
 
 
