@@ -314,3 +314,15 @@ def test_cli_pairs_with_no_pairs_says_why_and_leaves_the_out_file(tmp_path, caps
     assert main(["pairs", "--store", str(store), "-o", str(out)]) == 1
     captured = capsys.readouterr()
     assert "0 pair(s)" in captured.out and "no pairs to write" in captured.err and out.read_text() == "kept\n"
+
+
+def test_dpo_refuses_a_pair_whose_replies_differ_only_in_unicode_form():
+    """dpo's own check compared replies stripped only: "café" (é composed) against "café" (e + accent)
+    reached training as a preference with nothing to learn."""
+    from machine_nb.errors import MachineFormatError
+    from machine_nb.training.preference import score_pairs
+
+    pair = {"prompt": [{"role": "user", "content": "Say café."}], "chosen": [{"role": "assistant", "content": "caf\u00e9"}],
+            "rejected": [{"role": "assistant", "content": "cafe\u0301 "}]}
+    with pytest.raises(MachineFormatError, match="same"):
+        score_pairs([pair])

@@ -89,7 +89,7 @@ def _pair_records(pairs: Any) -> list[dict]:
     """Pair records (pair, source, prompt, chosen, rejected) checked like a file is: errors name the pair
     and field. A pair with no prompt text, or whose two replies are the same, is refused; a missing
     or NaN `pair` id (a row added to a pairs frame by hand) is computed."""
-    from ..store.pairs import check_messages, pair_id
+    from ..store.pairs import check_messages, pair_id, reply_key
 
     where = str(pairs) if isinstance(pairs, (str, os.PathLike)) else "<pairs>"
     out = []
@@ -100,7 +100,7 @@ def _pair_records(pairs: Any) -> list[dict]:
         if not any(m["content"].strip() for m in prompt):
             raise MachineFormatError(where, "the prompt has no text: a preference needs the conversation its two "
                                      "replies answer", line=i, field="prompt")
-        if chosen[0]["content"].strip() == rejected[0]["content"].strip():
+        if reply_key(chosen[0]["content"]) == reply_key(rejected[0]["content"]):  # as the pairs' reader compares
             raise MachineFormatError(where, "chosen and rejected are the same reply: no preference to learn",
                                      line=i, field="chosen")
         given = p.get("pair")
