@@ -238,3 +238,12 @@ def test_a_number_too_long_for_python_is_a_bad_line_naming_the_file_and_line(tmp
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"a":1}\n{"b":' + b"9" * 5000 + b"}\n")
     assert [v for _, v in iter_jsonl(path, on_error="skip")] == [{"a": 1}]
+
+
+def test_a_file_saved_with_a_byte_order_mark_says_how_to_save_it_in_every_reader(tmp_path):
+    """Windows editors save "UTF-8 with BOM": the json module's words ("decode using utf-8-sig")
+    name a Python call, not the way out for a file."""
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a":1}\n{"b":2}\n')
+    with pytest.raises(MachineFormatError, match=r"x\.jsonl:1: .*byte order mark.*save the file as UTF-8 without"):
+        list(iter_jsonl(path))

@@ -354,20 +354,11 @@ def _load_prompt_keys(eval_data: Any) -> tuple[tuple[dict[bytes, int], dict[byte
         first, more = skipped[0], "; …" if len(skipped) > 1 else ""
         notes.append((None, "warning", "eval_unreadable",
                       f"{len(skipped)} line(s) of {name} cannot be read (line {first.line}: "
-                      f"{_line_reason(first.reason)}{more}): their prompts are not checked for overlap"))
+                      f"{first.reason}{more}): their prompts are not checked for overlap"))
     if rows == 0:
         notes.append((None, "warning", "eval_unreadable", f"{name} has no rows: there is nothing to check overlap "
                                                           "against"))
     return (full, last), notes
-
-
-def _line_reason(reason: str) -> str:
-    """Why a JSONL line cannot be read (jsonl's reason), in words that say the way out: a line that
-    starts with a UTF-8 byte order mark, as some Windows editors save a file, says to save it without."""
-    if "unexpected UTF-8 BOM" in reason:  # the json module's words
-        return ("the line starts with a UTF-8 byte order mark (BOM), which JSONL readers (sft, evaluate) refuse: "
-                "save the file as UTF-8 without a BOM")
-    return reason
 
 
 def model_context(model: str | None) -> int | None:
@@ -670,7 +661,7 @@ class Tally:
             line: its line.
             reason: why (jsonl's reason).
         """
-        self.add(line, "error", "bad_json", _line_reason(reason))
+        self.add(line, "error", "bad_json", reason)
 
     def row(self, line: int, row: Any, raw: str, prepared: Prepared) -> None:
         """Check one row (row_problems, then count_row when it is well shaped) and count it.

@@ -51,6 +51,9 @@ def json_error_reason(exc: json.JSONDecodeError) -> str:
     Returns:
         "invalid JSON: <what> at column <n>".
     """
+    if exc.msg.startswith("Unexpected UTF-8 BOM"):  # an editor's "UTF-8 with BOM"
+        return ("invalid JSON: the line starts with a UTF-8 byte order mark (BOM), which JSONL readers (sft, evaluate, "
+                "Machine) refuse: save the file as UTF-8 without a BOM")
     what = exc.msg.rstrip(": ")
     what = what[:-3] if what.endswith(" at") else what
     return f"invalid JSON: {what[:1].lower()}{what[1:]} at column {exc.colno}"
