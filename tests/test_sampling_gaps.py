@@ -73,9 +73,10 @@ def test_a_tasks_stop_sequences_end_the_reply(tmp_path, uncut):
 
 
 def test_settings_the_sampler_cannot_apply_are_named_in_a_warning(tmp_path, uncut):
-    """logprobs and frequency_penalty were dropped without a word."""
-    with pytest.warns(UserWarning, match=r"frequency_penalty=1\.0.*logprobs=True|logprobs=True.*frequency_penalty=1\.0"):
-        res = run(tmp_path, [QUESTION], logprobs=True, frequency_penalty=1.0)
+    """top_logprobs and frequency_penalty were dropped without a word (logprobs are honoured:
+    test_inspect_review)."""
+    with pytest.warns(UserWarning, match=r"frequency_penalty=1\.0, top_logprobs=2"):
+        res = run(tmp_path, [QUESTION], top_logprobs=2, frequency_penalty=1.0)
     assert res.logs[0].samples[0].output.completion == uncut
 
 

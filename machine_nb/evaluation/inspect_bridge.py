@@ -16,10 +16,13 @@ counting would fetch a tiktoken encoding), and logs are written to local files.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import html
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -74,26 +77,35 @@ def eval_task(data: str | os.PathLike | list[dict], *, name: str | None = None, 
 
     Returns:
         The inspect_ai Task. Sample ids are row + 1 (row as evaluate() numbers them), inputs the
-        rows' messages, targets their expected answers, metadata their match, format and row.
+        rows' messages (tool calls and tool results included), targets their expected answers,
+        metadata their match, format and row.
 
     Raises:
-        MachineFormatError: a bad row, naming its file, line and field.
+        MachineFormatError: a bad row, or a tool call whose arguments are not a JSON object (Inspect
+            holds them as one), naming its file, line and field.
     """
     require_inspect("eval_task")
     from inspect_ai import Task
     from inspect_ai.dataset import MemoryDataset, Sample
-    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
     from inspect_ai.solver import generate
 
-    from ..core.chat import content_text, eval_rows
+    from ..core.chat import eval_rows
+    from ..errors import MachineFormatError
+    from .inspect_logs import inspect_messages
 
     rows, path = eval_rows(data)
-    kinds = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
-    samples = [Sample(id=i + 1, input=[kinds[m["role"]](content=content_text(m["content"])) for m in row["messages"]
-                                       if m.get("role") in kinds],
-                      target=str(row["expected"]),
-                      metadata={"row": i, "match": row["match"], "format": row["format"], "line": row.get("line")})
-               for i, row in enumerate(rows)]
+    samples = []
+    for i, row in enumerate(rows):
+        messages = inspect_messages(row["messages"])
+        for at, message in enumerate(messages):
+            for j, call in enumerate(getattr(message, "tool_calls", None) or []):
+                if call.parse_error:  # Inspect's ToolCall holds an object: the prompt would change
+                    raise MachineFormatError(path, f"{call.parse_error}; Inspect takes a tool call's arguments as "
+                                                   "a JSON object", line=row.get("line"),
+                                             field=f"messages.{at}.tool_calls.{j}.function.arguments")
+        samples.append(Sample(id=i + 1, input=messages, target=str(row["expected"]),
+                              metadata={"row": i, "match": row["match"], "format": row["format"],
+                                        "line": row.get("line")}))
     label = name or (Path(path).stem if path else "eval_rows")
     return Task(dataset=MemoryDataset(samples, name=label, location=path), solver=generate(),
                 scorer=scorer if scorer is not None else rows_scorer(), name=label)
@@ -149,8 +161,10 @@ class InspectRun:
 #: GenerateConfig settings that change what is sampled and that no tinker.SamplingParams field
 #: carries: a task that sets one is sampled without it, and inspect_eval says so in a warning.
 #: temperature, top_p, top_k, max_tokens, seed, num_choices and system_message are applied;
-#: stop_seqs end the reply text (the sampler stops at the renderer's own stop tokens).
-UNAPPLIED_SETTINGS = ("best_of", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs",
+#: stop_seqs end the reply text (the sampler stops at the renderer's own stop tokens); logprobs
+#: gives each sampled token's log-probability (the sampler returns them with every reply; they
+#: cover the whole sampled reply, also where stop_seqs cut its text).
+UNAPPLIED_SETTINGS = ("best_of", "frequency_penalty", "presence_penalty", "logit_bias", "top_logprobs",
                       "prompt_logprobs", "response_schema", "effort", "reasoning_effort", "reasoning_tokens",
                       "verbosity", "extra_body")
 
@@ -185,23 +199,83 @@ def unrenderable(messages: list) -> str | None:
     return None
 
 
+def token_logprobs(tokenizer: Any, tokens: list[int], logprobs: Any) -> Any:
+    """Inspect's Logprobs of one reply: each sampled token (decoded alone) with its log-probability.
+
+    Args:
+        tokenizer: the model's tokenizer (decodes each token).
+        tokens: the reply's sampled tokens, the renderer's stop token included.
+        logprobs: the sampler's log-probability per token, or None where it returned none.
+
+    Returns:
+        The inspect_ai Logprobs, or None when the sampler returned none or a count that does
+        not match the tokens.
+    """
+    from inspect_ai.model import Logprob, Logprobs
+
+    if logprobs is None:
+        return None
+    logprobs = [float(x) for x in logprobs]
+    if len(logprobs) != len(tokens):
+        return None
+    content = []
+    for token, logprob in zip(tokens, logprobs):
+        text = tokenizer.decode([int(token)])
+        content.append(Logprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8"))))
+    return Logprobs(content=content)
+
+
 def cut_at_stop(text: str, stops: list[str]) -> str | None:
     """`text` up to the first of `stops` (which is not kept), or None when none occurs in it."""
     found = [i for i in (text.find(stop) for stop in stops if stop) if i >= 0]
     return text[:min(found)] if found else None
 
 
+INTERRUPTED = "inspect_eval was interrupted (Ctrl-C) before this sample's reply came back"
+
+
 class _RecordingClient:
     """The sampling client, handing each response to the generate() call that asked for it, so
-    its stop reasons reach Inspect's output."""
+    its stop reasons reach Inspect's output; `interrupt()` (from any thread) ends the requests in
+    flight and refuses new ones, each as an error on its sample, so Inspect's run ends at once."""
 
     def __init__(self, client: Any):
         self.client = client
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.in_flight: set = set()  # (loop, task) of each request being sampled
+
+    def interrupt(self) -> None:
+        """End the requests in flight and refuse any later one (callable from any thread)."""
+        self.stopped.set()
+        with self.lock:
+            held = list(self.in_flight)
+        for loop, task in held:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: nothing left to end
+                loop.call_soon_threadsafe(task.cancel)
 
     async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
         from .sampling import call_sampler
 
-        response = await call_sampler(self.client, prompt, sampling_params, num_samples)
+        if self.stopped.is_set():
+            raise RuntimeError(INTERRUPTED)
+        request = asyncio.ensure_future(call_sampler(self.client, prompt, sampling_params, num_samples))
+        entry = (asyncio.get_running_loop(), request)
+        with self.lock:
+            self.in_flight.add(entry)
+        if self.stopped.is_set():  # interrupted while it was being registered
+            request.cancel()
+        try:
+            response = await request
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.stopped.is_set() and not (current is not None and current.cancelling()):
+                raise RuntimeError(INTERRUPTED) from None  # only the request was ended: an error on its sample
+            request.cancel()
+            raise
+        finally:
+            with self.lock:
+                self.in_flight.discard(entry)
         held = _responses.get()
         if held is not None:
             held.append(response)
@@ -211,9 +285,13 @@ class _RecordingClient:
 def model_api(renderer_name: str, model_name: str, sampling_client: Any) -> Any:
     """The Inspect model API inspect_eval samples through: tinker-cookbook's
     `InspectAPIFromTinkerSampling`, with each choice's stop reason ("max_tokens" for a reply cut at
-    its budget), a task's stop_seqs applied to the reply, messages a renderer cannot take refused
+    its budget), a task's stop_seqs applied to the reply, each sampled token's log-probability on
+    its choice when the task asks for logprobs, the system_message (which Inspect has already put
+    first in the messages) sent once, a failed tool call's result sent as "Error: <its message>"
+    (as Inspect's own providers send it), messages a renderer cannot take refused
     on their sample (`unrenderable`), and settings no sampler field carries collected in
-    `.unapplied` (name: value) for the caller to report.
+    `.unapplied` (name: value) for the caller to report; `.interrupt()` (from any thread) ends
+    the requests in flight and refuses later ones, each an error on its sample.
 
     Args:
         renderer_name: the renderer that formats the chat and parses replies.
@@ -234,16 +312,26 @@ def model_api(renderer_name: str, model_name: str, sampling_client: Any) -> Any:
                 value = getattr(config, name, None)
                 if value not in (None, False) and value != {}:
                     self.unapplied.setdefault(name, value)
+            # a failed tool call's result is its error, as Inspect's own providers send it
+            input = [m.model_copy(update={"content": f"Error: {m.error.message}"})
+                     if m.role == "tool" and getattr(m, "error", None) is not None else m for m in input]
             held: list = []
             token = _responses.set(held)
             try:
-                output = await super().generate(input, tools, tool_choice, config)
+                # Inspect's Model.generate has put config.system_message first in `input` already
+                output = await super().generate(input, tools, tool_choice,
+                                                 config.model_copy(update={"system_message": None}))
             finally:
                 _responses.reset(token)
             sequences = held[-1].sequences if held else []
             for choice, seq in zip(output.choices, sequences):
                 if getattr(seq, "stop_reason", None) == "length":
                     choice.stop_reason = "max_tokens"
+                if config.logprobs:
+                    choice.logprobs = token_logprobs(self.renderer.tokenizer, list(seq.tokens),
+                                                     getattr(seq, "logprobs", None))
+                    if choice.logprobs is None:
+                        self.unapplied.setdefault("logprobs", config.logprobs)
                 if config.stop_seqs and isinstance(choice.message.content, str):
                     cut = cut_at_stop(choice.message.content, list(config.stop_seqs))
                     if cut is not None:
@@ -252,17 +340,17 @@ def model_api(renderer_name: str, model_name: str, sampling_client: Any) -> Any:
                 output.completion = output.choices[0].message.text
             return output
 
-    api = TinkerSamplerAPI(renderer_name=renderer_name, model_name=model_name,
-                           sampling_client=_RecordingClient(sampling_client))
+    client = _RecordingClient(sampling_client)
+    api = TinkerSamplerAPI(renderer_name=renderer_name, model_name=model_name, sampling_client=client)
     api.unapplied = {}
+    api.interrupt = client.interrupt
     return api
 
 
-def _call(fn: Any) -> Any:
+def _call(fn: Any, interrupt: Any) -> Any:
     """fn() here, or in a worker thread where an event loop already runs (a notebook kernel):
-    inspect_ai.eval runs its own loop."""
-    import asyncio
-
+    inspect_ai.eval runs its own loop. Ctrl-C (KeyboardInterrupt) while the worker runs calls
+    `interrupt()` and waits for fn to end (a second Ctrl-C stops waiting), then goes up."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # fn runs outside this handler: Inspect reads an error's context as its cause
@@ -270,9 +358,16 @@ def _call(fn: Any) -> Any:
     else:
         in_loop = True
     if not in_loop:
-        return fn()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return fn()  # Inspect's own loop takes Ctrl-C here
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
         return pool.submit(fn).result()
+    except BaseException:
+        interrupt()  # Inspect's samples end with an error each, so its run returns soon
+        pool.shutdown(wait=True)
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,
@@ -318,7 +413,11 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
 
     Raises:
         ImportError: inspect_ai is not installed (`pip install "machine_nb[inspect]"`).
+        ValueError: max_tokens, temperature, concurrency or seed is a setting no sampler can use
+            (as evaluate() refuses it), named, before anything is sent.
         EngineError: the engine cannot serve the model or checkpoint.
+        KeyboardInterrupt: Ctrl-C; in a notebook the requests in flight are ended and no more
+            are sent (each an error on its sample in the log Inspect writes) before it goes up.
     """
     require_inspect("inspect_eval")
     import inspect_ai
@@ -326,8 +425,10 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
 
     from .. import engines
     from ..checks import render
+    from .evaluate import check_sampling
     from .sampling import open_sampler, renderer_for, sampler_target
 
+    check_sampling(max_tokens, temperature, concurrency, seed)  # before the engine is asked for anything
     target = sampler_target(model, checkpoint, engine)
     model, engine = target.model, target.engine
     if renderer is not None and not isinstance(renderer, str):
@@ -358,7 +459,7 @@ def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = 
             warnings.filterwarnings("ignore", message=".*sample_async", category=FutureWarning)
             return list(inspect_ai.eval(tasks, model=Model(api=api, config=config), **options))
 
-    logs = _call(go)
+    logs = _call(go, api.interrupt)
     if api.unapplied:
         from ..errors import user_stacklevel
 

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..core.chat import content_text, prompt_text
+from ..core.redact import redacted
 from ..errors import MachineFormatError, user_stacklevel
 
 INSTALL_HINT = 'pip install "machine_nb[inspect]"'
@@ -134,17 +135,70 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _inspect_tool_call(call: Any, index: int) -> Any:
+    """An OpenAI-style tool call ({"id", "function": {"name", "arguments": JSON text}}) as Inspect's
+    ToolCall; arguments that are not a JSON object keep their text in its parse_error."""
+    import json
+
+    from inspect_ai.tool import ToolCall
+
+    fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+    raw, arguments, problem = fn.get("arguments"), {}, None
+    if isinstance(raw, Mapping):
+        arguments = dict(raw)
+    else:
+        try:
+            decoded = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            arguments = decoded
+        else:
+            problem = f"the arguments are not a JSON object: {raw!r}"
+    cid = call.get("id")
+    return ToolCall(id=cid if isinstance(cid, str) and cid else f"call_{index}", function=str(fn.get("name") or ""),
+                    arguments=arguments, parse_error=problem)
+
+
+def inspect_messages(messages: Any) -> list:
+    """Chat messages ({"role", "content"}, with OpenAI tool calls and tool results) as Inspect's.
+
+    Args:
+        messages: the messages of a row: system, user, assistant (its "tool_calls" kept as
+            Inspect ToolCalls) and tool messages (their "tool_call_id" and "name" kept); other
+            roles and non-dicts are left out.
+
+    Returns:
+        The inspect_ai ChatMessages. A tool call whose arguments are not a JSON object has its
+        text in the ToolCall's parse_error and empty arguments.
+    """
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser
+
+    out: list = []
+    for m in messages if isinstance(messages, list) else []:
+        if not isinstance(m, Mapping):
+            continue
+        role, text = m.get("role"), content_text(m.get("content"))
+        if role == "system":
+            out.append(ChatMessageSystem(content=text))
+        elif role == "user":
+            out.append(ChatMessageUser(content=text))
+        elif role == "assistant":
+            calls = [c for c in (m.get("tool_calls") or []) if isinstance(c, Mapping)]
+            out.append(ChatMessageAssistant(content=text, tool_calls=[_inspect_tool_call(c, i)
+                                                                      for i, c in enumerate(calls)] or None))
+        elif role == "tool":
+            cid, name = m.get("tool_call_id"), m.get("name")
+            out.append(ChatMessageTool(content=text, tool_call_id=cid if isinstance(cid, str) else None,
+                                       function=name if isinstance(name, str) else None))
+    return out
+
+
 def _chat_messages(messages: Any, prompt: str) -> list:
     """Inspect chat messages for a row's messages (or its prompt text alone)."""
-    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
+    from inspect_ai.model import ChatMessageUser
 
-    kinds = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
-    out = []
-    if isinstance(messages, list):
-        for m in messages:
-            if isinstance(m, Mapping) and m.get("role") in kinds:
-                out.append(kinds[m["role"]](content=content_text(m.get("content"))))
-    return out or [ChatMessageUser(content=str(prompt or ""))]
+    return inspect_messages(messages) or [ChatMessageUser(content=str(prompt or ""))]
 
 
 def _usage(prompt_tokens: Any, output_tokens: Any) -> Any:
@@ -162,12 +216,17 @@ def build_log(records: list[dict], summary: dict) -> Any:
             "format", "case" where present), evaluate_cases' (with "case" and "trial": sample id
             case + 1, epoch trial + 1) or probe's (PROBE_COLUMNS: output is the checkpoint's
             reply, the base model's goes in the metadata, the score is `bled`); a row's `correct`
-            is a bool (EvalResult.write_inspect_log checks it with results.correct_values).
+            is a bool (EvalResult.write_inspect_log checks it with results.correct_values). Rows
+            whose `row` numbers repeat (several results joined) are numbered by position.
         summary: the result's summary (name, model, checkpoint, engine, renderer, parameters,
             data, times, ...); kept whole in the log's metadata under "machine_nb".
 
     Returns:
         The inspect_ai.log.EvalLog (not written).
+
+    Raises:
+        ValueError: two rows are the same sample and epoch (their sample_id and epoch, or case
+            and trial), naming both rows: Inspect's log would keep only one of them.
     """
     require_inspect("write_inspect_log")
     from inspect_ai.log import (EvalConfig, EvalDataset, EvalLog, EvalMetric, EvalPlan, EvalPlanStep, EvalResults,
@@ -180,13 +239,27 @@ def build_log(records: list[dict], summary: dict) -> Any:
     model_name = f"{PROVIDER}/{summary.get('model') or 'unknown'}"
     params = summary.get("parameters") or {}
     cases = bool(records) and all(r.get("case") is not None and r.get("trial") is not None for r in records)
-    samples, total_in, total_out = [], 0, 0
-    for i, raw in enumerate(records):
-        r = _plain(raw)
-        row = int(r["row"]) if r.get("row") is not None else i
+    plain = [_plain(raw) for raw in records]
+    numbers = [int(r["row"]) if r.get("row") is not None else i for i, r in enumerate(plain)]
+    if len(set(numbers)) != len(numbers):  # rows of several results joined: numbered by position instead
+        numbers = list(range(len(plain)))
+    keys = []
+    for r, row in zip(plain, numbers):
         sid, epoch = (int(r["case"]) + 1, int(r["trial"]) + 1) if cases else (row + 1, 1)
         if r.get("sample_id") is not None:  # read from an Inspect log: keep its id and epoch
             sid, epoch = r["sample_id"], int(r.get("epoch") or 1)
+        keys.append((sid, epoch))
+    first: dict = {}
+    for i, (sid, epoch) in enumerate(keys):
+        # Inspect's writer keeps one sample per id (1 and "1" alike) and epoch: refuse, not drop one
+        key = (str(sid), epoch)
+        if key in first:
+            raise ValueError(f"sample {sid} epoch {epoch} is on rows {first[key]} and {i}: an Inspect log holds "
+                             "each sample and epoch once; write the results apart, or give each row its own "
+                             "sample_id")
+        first[key] = i
+    samples, total_in, total_out = [], 0, 0
+    for r, row, (sid, epoch) in zip(plain, numbers, keys):
         text_in = _chat_messages(r.get("messages"), r.get("prompt") or r.get("input") or "")
         output = r.get("checkpoint_output") if probe else r.get("output")
         stop = _STOP_TO_INSPECT.get(r.get("stop_reason") or "", "stop" if r.get("stop_reason") is None else "unknown")
@@ -414,10 +487,26 @@ def _target_text(target: Any) -> Any:
 
 
 def _input_messages(value: Any) -> list[dict]:
-    """A sample's input as our chat messages ({"role", "content"})."""
+    """A sample's input as our chat messages ({"role", "content"}; an assistant's tool calls as
+    OpenAI's "tool_calls", their arguments as compact JSON, as the model API renders them; a tool
+    result's "tool_call_id" and "name")."""
+    import json
+
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    return [{"role": m.role, "content": m.text if hasattr(m, "text") else content_text(m.content)} for m in value]
+    out = []
+    for m in value:
+        message = {"role": m.role, "content": m.text if hasattr(m, "text") else content_text(m.content)}
+        calls = getattr(m, "tool_calls", None) if m.role == "assistant" else None
+        if calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function, "arguments": json.dumps(c.arguments, separators=(",", ":"))}} for c in calls]
+        if m.role == "tool":
+            for key, attr in (("tool_call_id", "tool_call_id"), ("name", "function")):
+                if getattr(m, attr, None) is not None:
+                    message[key] = getattr(m, attr)
+        out.append(message)
+    return out
 
 
 def _read_error(path: str | os.PathLike, exc: Exception) -> MachineFormatError:
@@ -502,6 +591,8 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
     """Any Inspect log (ours or another's) as per-row records and a summary, evaluate()'s shape.
 
     Rows are ordered by dataset order then epoch (a log written here keeps its rows' order).
+    A row's prompt_tokens and output_tokens are the evaluated model's (a grader model's usage in
+    the same sample is left out; a sample that does not name the evaluated model sums them all).
     Every row is scored by the log's first score (its results' first scorer, or the key it names
     in a scorer with several values; without results, the first scorer a sample has): `score` is
     its value as a number from 0 to 1 (Inspect's value_to_float: C, yes, True 1; P 0.5; I, N, no,
@@ -516,15 +607,16 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
     Returns:
         (records with RESULT_COLUMNS + SAMPLE_COLUMNS, plus "messages", and for our logs their
         "case", "trial", "format", "line" where they had them (a probe's log: PROBE_COLUMNS +
-        SAMPLE_COLUMNS + "messages", and no accuracy); summary with name, model,
+        SAMPLE_COLUMNS + "messages", and no accuracy; "error" redacted); summary with name, model,
         checkpoint, engine, renderer, parameters, data, n, correct, accuracy, format_rate,
         errors, prompt_tokens, output_tokens, started_at, finished_at, and "inspect": the
         task, eval and run ids, status, scorer and its metrics).
 
     Raises:
-        MachineFormatError: the file is missing or is not an Inspect log (check_archive's refusals;
-            a field Inspect's log format refuses, named), holds no samples, holds a sample twice,
-            or a score that is no grade (naming the sample and scorer).
+        MachineFormatError: the file is missing, not a regular file (a FIFO, a device) or not an
+            Inspect log (check_archive's refusals; a field Inspect's log format refuses, named),
+            holds no samples (saying why: not logged, none run, or the eval's error), holds a
+            sample twice, or a score that is no grade (naming the sample and scorer).
     """
     require_inspect("load_results")
     from inspect_ai.log import EvalLog, read_eval_log
@@ -536,6 +628,10 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
             raise MachineFormatError(path, "file not found")
         if is_inspect_log(path):
             check_archive(path)
+        else:
+            from ..core.jsonl import open_regular
+
+            open_regular(path).close()  # a FIFO or a device is refused, not waited on
         try:
             log = read_eval_log(os.fspath(path))
         except Exception as exc:  # inspect_ai raises ValueError / zipfile / pydantic errors on a bad file
@@ -549,8 +645,14 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
                       "this inspect_ai writes; fields it does not know are left out (upgrade inspect_ai to read "
                       "them)", stacklevel=user_stacklevel())
     if not log.samples:
-        raise MachineFormatError(path, f"the Inspect log holds no samples (status {log.status!r}); run the eval "
-                                       "with samples logged (log_samples=True)", field="samples")
+        if log.error is not None:
+            why = redacted(f"the eval stopped with an error: {log.error.message}")  # an SDK's text may quote a key
+        elif log.eval.config.log_samples is False or (log.results is not None and log.results.total_samples):
+            why = "run the eval with samples logged (log_samples=True)"
+        else:
+            why = "the eval ran no samples (an empty dataset, or a limit or sample_id that left none)"
+        raise MachineFormatError(path, f"the Inspect log holds no samples (status {log.status!r}); {why}",
+                                 field="samples")
     meta_eval = log.eval.metadata if isinstance(log.eval.metadata, dict) else {}
     ours = meta_eval.get("machine_nb") if isinstance(meta_eval.get("machine_nb"), dict) else None  # build_log's
     run = meta_eval.get("machine_nb_run") if isinstance(meta_eval.get("machine_nb_run"), dict) else {}  # inspect_eval's
@@ -597,10 +699,13 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
         except ValueError as exc:
             raise MachineFormatError(path, f"{exc}; fix the log, or read it with inspect_ai.log.read_eval_log",
                                      field=f"samples[id {s.id}, epoch {s.epoch}].scores.{scorer_key}") from None
-        usage = list((s.model_usage or {}).values())
+        by_model = s.model_usage or {}
+        # the evaluated model's tokens; a model-graded scorer's or another role's are not the row's
+        usage = [by_model[log.eval.model]] if log.eval.model in by_model else list(by_model.values())
         output = s.output.completion if s.output is not None else ""
         stop = s.output.stop_reason if s.output is not None and s.output.choices else None
         messages = _input_messages(s.input)
+        error = (s.error.message if s.error is not None else None) or (meta.get("error") if ours is not None else None)
         rec = {
             "row": i, "prompt": prompt_text(messages), "expected": _target_text(s.target),
             "match": meta.get("match") if ours is not None else _mode(score, meta),
@@ -611,7 +716,7 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
             "output_tokens": sum(int(u.output_tokens or 0) for u in usage),
             "latency_s": meta.get("latency_s") if ours is not None else s.total_time,
             "stop_reason": meta.get("stop_reason") if ours is not None else _STOP_FROM_INSPECT.get(stop or "", stop),
-            "error": (s.error.message if s.error is not None else None) or (meta.get("error") if ours is not None else None),
+            "error": redacted(error) if error else None,  # a sample's error text may quote a key
             "sample_id": s.id, "epoch": s.epoch, "score": number, "scorer": label, "messages": messages,
         }
         if ours is not None:
@@ -661,6 +766,6 @@ def read_log(source: Any) -> tuple[list[dict], dict]:
     return records, summary
 
 
-__all__ = ["NETWORK_HOOKS", "offline_inspect", "INSTALL_HINT", "SCORE_NAME", "PROBE_SCORE", "PROVIDER", "SAMPLE_COLUMNS", "require_inspect",
+__all__ = ["NETWORK_HOOKS", "offline_inspect", "inspect_messages", "INSTALL_HINT", "SCORE_NAME", "PROBE_SCORE", "PROVIDER", "SAMPLE_COLUMNS", "require_inspect",
            "MAX_MEMBER_BYTES", "MAX_LOG_BYTES", "is_inspect_log", "build_log", "write_log", "check_archive", "log_run",
            "read_log"]

@@ -227,6 +227,26 @@ async def call_sampler(client: Any, prompt: Any, params: Any, num_samples: int =
     return result
 
 
+def reply_tool_calls(message: Any) -> list[dict] | None:
+    """A parsed reply's tool calls as chat rows hold them, or None when it made none.
+
+    Args:
+        message: the renderer's parsed message (its "tool_calls" are the cookbook's ToolCall).
+
+    Returns:
+        `[{"id", "type": "function", "function": {"name", "arguments": JSON text}}, ...]`, a call
+        the renderer could not parse as `{"type": "unparsed", "raw_text", "error"}`; None when
+        the reply holds no call.
+    """
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.function
+        calls.append({"id": call.id, "type": "function", "function": {"name": fn.name, "arguments": fn.arguments}})
+    for bad in message.get("unparsed_tool_calls") or []:
+        calls.append({"type": "unparsed", "raw_text": getattr(bad, "raw_text", None), "error": getattr(bad, "error", None)})
+    return calls or None
+
+
 async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: Any, concurrency: int,
                       bar: Any = None) -> list[dict]:
     """Sample one reply per prompt, at most `concurrency` requests in flight.
@@ -240,9 +260,10 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
         bar: a progress bar updated once per reply (default None).
 
     Returns:
-        Per prompt, in order: {"prompt_tokens", "output", "output_tokens", "stop_reason",
-        "latency_s", "error"}; a request that failed, or a reply the renderer cannot parse, has
-        its reason (redacted) in "error" and an empty output, and the other rows go on.
+        Per prompt, in order: {"prompt_tokens", "output" (the reply's text), "output_tokens",
+        "stop_reason", "latency_s", "error", "tool_calls" (the reply's tool calls, OpenAI-style,
+        or None: reply_tool_calls)}; a request that failed, or a reply the renderer cannot parse,
+        has its reason (redacted) in "error" and an empty output, and the other rows go on.
 
     Raises:
         EngineError: the engine refused the job (wrong model, no key), or every request failed;
@@ -264,7 +285,7 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
                 response, error = None, redacted(f"{type(exc).__name__}: {exc}")
             latency = time.perf_counter() - start
         out = {"prompt_tokens": prompt.length, "output": "", "output_tokens": 0, "stop_reason": None,
-               "latency_s": round(latency, 4), "error": error}
+               "latency_s": round(latency, 4), "error": error, "tool_calls": None}
         if response is not None:
             try:
                 seq = response.sequences[0]
@@ -272,6 +293,7 @@ async def sample_rows(client: Any, renderer: Any, prompts: list[Any], params: An
                 out.update(output_tokens=len(tokens), stop_reason=getattr(seq, "stop_reason", None))
                 message, _ = renderer.parse_response(tokens)
                 out["output"] = renderers.get_text_content(message)
+                out["tool_calls"] = reply_tool_calls(message)
             except Exception as exc:  # a reply the renderer cannot parse: an error on its row, not the eval's
                 out["error"] = redacted(f"{type(exc).__name__}: {exc}")
         if bar is not None:
@@ -379,4 +401,4 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
 
 
 __all__ = ["SamplingClientLike", "SamplerTarget", "sampler_target", "open_sampler", "renderer_for", "sampling_params",
-           "render_prompts", "call_sampler", "sample_rows", "watchdog", "run_coroutine"]
+           "render_prompts", "call_sampler", "reply_tool_calls", "sample_rows", "watchdog", "run_coroutine"]
