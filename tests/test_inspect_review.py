@@ -378,3 +378,30 @@ def test_a_json_log_that_is_a_named_pipe_is_refused_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "log.json")
     with pytest.raises(MachineFormatError, match="FIFO"):
         read_log(tmp_path / "log.json")
+
+
+def test_inspect_tasks_run_while_training_send_a_tasks_system_message_once(tmp_path):
+    """The Inspect tasks a training run scores (sft(inspect_tasks=…)) went through the cookbook's own
+    evaluator, whose model API sends a task's system_message again after Inspect has put it first:
+    twice, as inspect_eval did. They sample through the same model API as inspect_eval."""
+    import asyncio
+
+    from machine_nb.checks.render import renderer_name
+    from machine_nb.evaluation.heldout import INSPECT_PREFIX, InspectEvalBuilder, InspectEvaluator
+
+    (tmp_path / "tasks.py").write_text(
+        "from inspect_ai import Task, task\n"
+        "from inspect_ai.dataset import MemoryDataset, Sample\n"
+        "from inspect_ai.model import GenerateConfig\n"
+        "from inspect_ai.scorer import match\n"
+        "from inspect_ai.solver import generate\n\n"
+        "@task\n"
+        "def sums():\n"
+        f"    return Task(dataset=MemoryDataset([Sample(id='q1', input={QUESTION!r}, target='5')], name='sums'),\n"
+        "                solver=generate(), scorer=match(), config=GenerateConfig(system_message='Digits only.'))\n")
+    sampler = Sampler()
+    builder = InspectEvalBuilder(tasks=(str(tmp_path / "tasks.py@sums"),), model=MODEL, renderer=renderer_name(MODEL),
+                                 log_dir=str(tmp_path / "run"))
+    metrics = asyncio.run(InspectEvaluator(builder)(sampler))
+    assert sampler.prompts and sampler.prompts[0].count("Digits only.") == 1
+    assert metrics == {f"{INSPECT_PREFIX}sums/accuracy": 1.0, f"{INSPECT_PREFIX}sums/stderr": 0.0}

@@ -23,7 +23,10 @@ TEXTS = ["12+34=?", "What is the capital of France?", "  two  spaces\nand a line
 @pytest.fixture
 def unwritable_hub_no_network(tmp_path, monkeypatch):
     """A hub cache no folder can be made in, offline mode off, and no network: returns the list of
-    connections attempted. The SDK's tokenizer cache and the engine's record of it start and end empty."""
+    connections attempted. The SDK's tokenizer cache and the engine's record of it start and end empty.
+
+    Connections to this machine (127.0.0.1, ::1, localhost) go through: they are no network, and
+    another thread of this test process (a kept local server's client) may make one meanwhile."""
     from huggingface_hub import constants
     from tinker.lib.public_interfaces import sampling_client
 
@@ -38,16 +41,26 @@ def unwritable_hub_no_network(tmp_path, monkeypatch):
 
     attempts: list = []
 
-    def refuse(what):
+    loopback = {"127.0.0.1", "::1", "localhost"}
+
+    def host_of(what, args):
+        if what == "getaddrinfo":
+            return args[0] if args else None
+        address = args[1] if what in ("connect", "connect_ex") and len(args) > 1 else (args[0] if args else None)
+        return address[0] if isinstance(address, tuple) and address else None
+
+    def refuse(what, original):
         def refused(*args, **kwargs):
+            if host_of(what, args) in loopback:
+                return original(*args, **kwargs)
             attempts.append((what, args[:2]))
             raise OSError(101, "Network is unreachable (blocked by the test)")
         return refused
 
-    monkeypatch.setattr(socket, "create_connection", refuse("create_connection"))
-    monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
-    monkeypatch.setattr(socket.socket, "connect", refuse("connect"))
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse("connect_ex"))
+    monkeypatch.setattr(socket, "create_connection", refuse("create_connection", socket.create_connection))
+    monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo", socket.getaddrinfo))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect", socket.socket.connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("connect_ex", socket.socket.connect_ex))
 
     def forget():
         local._SDK_WARM.clear()

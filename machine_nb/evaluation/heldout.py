@@ -257,8 +257,8 @@ INSPECT_DIR = "inspect"
 @dataclass(frozen=True)
 class InspectEvalBuilder:
     """Builds the Inspect evaluator the cookbook's loop calls (its infrequent evaluators, on their
-    own schedule): tinker-cookbook's `InspectEvaluatorBuilder` on the sampling client the loop
-    hands it, its scores logged under INSPECT_PREFIX.
+    own schedule): InspectEvaluator on the sampling client the loop hands it, its scores logged
+    under INSPECT_PREFIX.
 
     Its fields land in the run's config.json, so they are plain values.
 
@@ -303,7 +303,11 @@ class InspectEvalBuilder:
 
 @dataclass
 class InspectEvaluator(SamplingClientEvaluator):
-    """Runs the Inspect tasks through the cookbook's InspectEvaluator and names their scores.
+    """Runs the Inspect tasks on the loop's sampling client and names their scores: as the
+    cookbook's InspectEvaluator runs them (Inspect's eval_async, no retries, failures kept on their
+    samples, each task's metrics as `<dataset>/<metric>`), through the model API `inspect_eval`
+    samples with (inspect_bridge.model_api: a task's system message sent once, its stop
+    sequences applied, logprobs when asked).
 
     Args:
         builder: its settings.
@@ -312,19 +316,27 @@ class InspectEvaluator(SamplingClientEvaluator):
     builder: InspectEvalBuilder
 
     async def __call__(self, sampling_client: Any) -> dict[str, float]:
-        from tinker_cookbook.eval import inspect_evaluators
+        from inspect_ai import eval_async
+        from inspect_ai.model import GenerateConfig, Model
 
+        from .inspect_bridge import model_api
         from .inspect_logs import offline_inspect
 
         b = self.builder
-        config = inspect_evaluators.InspectEvaluatorBuilder(
-            tasks=list(b.tasks), renderer_name=b.renderer, model_name=b.model, seed=b.seed,
-            temperature=b.temperature, max_tokens=b.max_tokens, log_dir=os.path.join(b.log_dir, INSPECT_DIR),
-            max_connections=b.concurrency, log_level="warning", debug_errors=False)
-        with offline_inspect():
+        with offline_inspect():  # Inspect reads its settings as its model is made
             os.environ.setdefault("INSPECT_DISPLAY", "log")  # the run's log file, not a live console view
-            metrics = await inspect_evaluators.InspectEvaluator(config)(sampling_client)
-        return {f"{INSPECT_PREFIX}{name}": float(value) for name, value in metrics.items()}
+            model = Model(api=model_api(b.renderer, b.model, sampling_client),
+                          config=GenerateConfig(temperature=b.temperature, max_tokens=b.max_tokens, seed=b.seed))
+            logs = await eval_async(tasks=list(b.tasks), model=[model], retry_on_error=0, fail_on_error=False,
+                                    log_dir=os.path.join(b.log_dir, INSPECT_DIR), max_connections=b.concurrency,
+                                    log_level="warning", log_realtime=False, log_buffer=1000, debug_errors=False)
+        metrics = {}
+        for log in logs:
+            if log.results is not None and log.results.scores:
+                dataset = log.eval.dataset.name if log.eval.dataset is not None else "unknown"
+                for name, metric in log.results.scores[0].metrics.items():
+                    metrics[f"{INSPECT_PREFIX}{dataset}/{name}"] = float(metric.value)
+        return metrics
 
 
 def inspect_final(builder: InspectEvalBuilder, base_url: str | None, total_steps: int) -> dict[str, float] | None:
