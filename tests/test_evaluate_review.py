@@ -255,3 +255,33 @@ def test_results_that_cannot_be_written_after_sampling_are_returned_with_a_warni
                        progress=False)
     assert sampler.calls == 2 and res.path is None and res.accuracy == 0.5 and len(res.rows) == 2
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_reply_that_calls_a_tool_keeps_its_calls_in_the_results(tmp_path):
+    """A reply that is a tool call scored and showed as an empty output, its call nowhere: the rows
+    carry a `tool_calls` column (OpenAI's shape) when any reply made one."""
+    import asyncio as _asyncio
+
+    import tinker
+    from tinker_cookbook.renderers import ToolCall
+
+    class Calls(Replies):
+        async def sample_async(self, prompt, num_samples, sampling_params):
+            self.calls += 1
+            await _asyncio.sleep(0)
+            call = ToolCall(id="c1", function=ToolCall.FunctionBody(name="add", arguments='{"a": 2, "b": 3}'))
+            convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+            full, _ = self.renderer.build_supervised_example(convo)
+            prompt_only = self.renderer.build_generation_prompt(convo[:1])
+            tokens = full.to_ints()[prompt_only.length:]
+            seq = tinker.SampledSequence(stop_reason="stop", sequence_id="0", tokens_np=np.array(tokens, dtype=np.int32))
+            return tinker.SampleResponse(sequences=[seq])
+
+    res = evaluate(rows(1), model=MODEL, engine="tinker", sampling_client=Calls(), out=tmp_path / "r.json",
+                   progress=False)
+    (calls,) = res.rows["tool_calls"]
+    assert calls[0]["function"]["name"] == "add" and json.loads(calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["rows"][0]["tool_calls"][0]["function"]["name"] == "add"
+    plain = evaluate(rows(1), model=MODEL, engine="tinker", sampling_client=Replies(), save=False, progress=False)
+    assert "tool_calls" not in plain.rows.columns  # no reply made a call: no column

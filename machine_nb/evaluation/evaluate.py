@@ -160,7 +160,9 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
             Local runs cost 0.
 
     Returns:
-        An EvalResult: `rows` with RESULT_COLUMNS (plus "case" when rows carry one), `summary`
+        An EvalResult: `rows` with RESULT_COLUMNS (plus "case" when rows carry one, and
+        "tool_calls" when a reply called a tool: its calls in OpenAI's shape, None on the other
+        rows; `output` is the reply's text), `summary`
         the results JSON without its rows (name, model, checkpoint, engine, renderer,
         parameters, data path and sha256, n, correct, accuracy, format_rate, errors,
         regex_timeouts, tokens, cost, times), `path` the file written (None when save=False).
@@ -210,7 +212,9 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         })
         if row.get("case") is not None:  # rows that share a case are clustered by compare()
             records[-1]["case"] = row["case"]
-    columns = RESULT_COLUMNS + (["case"] if any("case" in r for r in records) else [])
+        if got.get("tool_calls"):  # a reply that calls a tool: its text alone may be empty
+            records[-1]["tool_calls"] = got["tool_calls"]
+    columns = RESULT_COLUMNS + [c for c in ("case", "tool_calls") if any(c in r for r in records)]
     df = pd.DataFrame.from_records(records, columns=columns)
     errors = [r for i, r in enumerate(records) if sampled[i]["error"]]
     if errors:
