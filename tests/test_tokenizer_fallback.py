@@ -89,6 +89,7 @@ def test_an_unwritable_hub_cache_still_gives_the_sdk_the_tokenizer_with_no_netwo
     renderer_tok = local.get_tokenizer(name)
     assert [tok.encode(t, add_special_tokens=False) for t in TEXTS] == \
         [renderer_tok.encode(t, add_special_tokens=False) for t in TEXTS]
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # this package's warnings: another thread of the test process (an SDK client closing) may log its own
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("machine_nb")]
     assert len(warnings) == 1 and "HF_HUB_CACHE" in warnings[0] and "HF_HOME" in warnings[0], warnings
     assert "\n" not in warnings[0]
