@@ -302,3 +302,21 @@ def test_a_followed_run_file_whose_name_is_not_utf8_is_named_once_not_handed_on(
     again = watch.poll(full=True)
     assert again.added == [] and again.notes == []  # said once
     assert watch.files == n
+
+
+def test_a_run_file_whose_name_is_not_utf8_is_named_by_the_unindexed_load_too(tmp_path):
+    """load_runs(index=False) failed with a bare UnicodeEncodeError where the indexed load names the file."""
+    import os
+    import warnings as _warnings
+
+    import machine_nb as mnb
+
+    folder = tmp_path / "ws" / ".machine" / "runs" / "m"
+    folder.mkdir(parents=True)
+    (folder / "ok.json").write_text('{"id": "ok", "machine": "m", "input": "q", "output": "a", "trajectory": []}')
+    os.close(os.open(os.fsencode(str(folder)) + b"/caf\xe9.json", os.O_CREAT | os.O_WRONLY))
+    with _warnings.catch_warnings(record=True) as said:
+        _warnings.simplefilter("always")
+        runs = mnb.load_runs(tmp_path / "ws", index=False)
+    assert list(runs["id"]) == ["ok"]
+    assert any("caf\\xe9.json" in str(w.message) and "not valid UTF-8" in str(w.message) for w in said), said

@@ -14,7 +14,7 @@ from .export import (FailedPredicate, run_records, default_failed, is_tool_call,
                      run_case)
 from ..errors import MachineFormatError, user_stacklevel
 from ..store.workspace import (check_run, iter_named_files, loads_json, machine_dir, name_segments, on_error_policy,
-                              read_json, warn_skipped, workspace_root)
+                              read_json, shown_name, utf8_name, warn_skipped, workspace_root)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,6 +123,10 @@ def load_runs(workspace: str | os.PathLike, machine: str | None = None, *, on_er
             listed = list(iter_named_files(root.joinpath(*scope), within=root))
         entries, problems = [], []
         for path, folder, problem in listed:
+            if not utf8_name(path):  # no string column holds it: named, as the indexed load names it
+                problems.append(MachineFormatError(shown_name(path), "its name is not valid UTF-8: skipped; rename it "
+                                                                     "(e.g. with convmv) to load it"))
+                continue
             if machine is not None:
                 folder = machine if folder is None else f"{machine}/{folder}"
                 problem = None if problem and problem.startswith("file directly") else problem

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from ..core.jsonl import not_regular, open_regular, parse_json
 from ..errors import MachineFormatError
+from .workspace import shown_name, utf8_name
 
 # The first bytes of a followed file, kept to tell a file rewritten from its start (same inode,
 # same or larger size) from one that only grew.
@@ -226,16 +227,6 @@ class LineTail:
                     item.error = str(exc)
             out.lines.append(item)
         return out
-
-
-def _utf8(name: str) -> bool:
-    """Whether a name read from the file system is valid UTF-8 (one that is not holds its bytes
-    as lone surrogates, which the dashboard's string columns cannot take)."""
-    try:
-        name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 @dataclass
@@ -453,7 +444,7 @@ class RunFolderWatch:
             if not path.startswith(base):
                 continue
             rel, _, name = path[len(base):].rpartition(os.sep)
-            if not name.endswith(".json") or name.startswith(".") or not _utf8(path):
+            if not name.endswith(".json") or name.startswith(".") or not utf8_name(path):
                 continue  # (a name that is not UTF-8 is named by the next listing)
             d = rel.replace(os.sep, "/")
             if d not in self._folders:
@@ -566,11 +557,10 @@ class RunFolderWatch:
                     entries = []  # outside the workspace and not a machine's folder: not read
                 for e in entries:
                     n = e.name
-                    if not _utf8(n):  # its rows could not be made (string columns): named once, not reported
+                    if not utf8_name(n):  # its rows could not be made (string columns): named once, not reported
                         if e.path not in self._misnamed:
                             self._misnamed.add(e.path)
-                            shown = e.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                            out.notes.append(f"{shown}: its name is not valid UTF-8: left out; rename it (e.g. with "
+                            out.notes.append(f"{shown_name(e.path)}: its name is not valid UTF-8: left out; rename it (e.g. with "
                                              "convmv) to follow it")
                         continue
                     if n.endswith(".json") and not n.startswith("."):

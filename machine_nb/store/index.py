@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from ..errors import MachineFormatError, user_stacklevel
 from ..core.jsonl import atomic_replace, held_folder, remove_stale_temporaries
 from .workspace import (folder_chain, folder_problem, follow_problem, foreign_problem, machine_dir, name_segments,
+                        shown_name, utf8_name,
                         outside, read_file)
 
 SCHEMA_VERSION = 5
@@ -510,9 +511,8 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                     is_dir = False
                 if not is_dir and not (e.name.endswith(".json") and not e.name.startswith(".")):
                     continue
-                if not _utf8(e.name):  # no string column holds it: named on every load (the folder is listed again)
-                    shown = e.name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                    problems.append(MachineFormatError(os.path.join(dirpath, shown), "its name is not valid UTF-8: "
+                if not utf8_name(e.name):  # no string column holds it: named on every load (the folder is listed again)
+                    problems.append(MachineFormatError(os.path.join(dirpath, shown_name(e.name)), "its name is not valid UTF-8: "
                                                        "skipped; rename it (e.g. with convmv) to load it"))
                     relist = True
                 elif is_dir:
@@ -667,16 +667,6 @@ def _file_sig(path: str) -> tuple[int, int, int] | None:
         except OSError:
             return None
     return st.st_size, st.st_mtime_ns, 0 if os.name == "nt" else st.st_ctime_ns
-
-
-def _utf8(name: str) -> bool:
-    """Whether a file name read from the file system is valid UTF-8 (Python holds the bytes of
-    one that is not as lone surrogates, which no Arrow string can hold)."""
-    try:
-        name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _cpus() -> int:

@@ -69,6 +69,35 @@ def machine_dir(workspace: str | os.PathLike) -> Path:
     return ws / ".machine"
 
 
+def utf8_name(name: str) -> bool:
+    """Whether a name read from the file system is valid UTF-8 (Python holds the bytes of one that
+    is not as lone surrogates, which no Arrow string column can hold).
+
+    Args:
+        name: a file or folder name, or a path.
+
+    Returns:
+        True when it encodes as UTF-8.
+    """
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def shown_name(path: str) -> str:
+    """A path whose name is not valid UTF-8 as text a message can hold (its odd bytes as \\xNN).
+
+    Args:
+        path: the path.
+
+    Returns:
+        The text.
+    """
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def workspace_root(workspace: str | os.PathLike) -> Path:
     """The workspace root (the folder holding `machines/` and `.machine/`).
 
