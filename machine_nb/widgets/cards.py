@@ -97,11 +97,25 @@ def folded(text: str, *, label: str = "output", secrets: list[str] | None = None
     n_lines, n_chars = text.count("\n") + 1, len(text)
     if n_lines <= FOLD_LINES and n_chars <= FOLD_CHARS:
         return f'<pre style="{PRE}">{escape(_redacted(text, secrets))}</pre>'
-    shown = _redacted(text[:FOLD_MAX_CHARS + _REDACT_MARGIN], secrets)[:FOLD_MAX_CHARS]
+    shown = _shown(text, secrets, FOLD_MAX_CHARS)  # redacted once, for the head and the whole
     head = "\n".join(shown.splitlines()[:5])[:400]
     return (f'<pre style="{PRE}">{escape(head)}</pre>'
             f'<details><summary style="cursor:pointer;color:{FG_MUTED}">{escape(label)}: {n_lines:,} lines, '
-            f'{n_chars:,} chars (show all)</summary><pre style="{PRE}">{text_html(text, secrets)}</pre></details>')
+            f'{n_chars:,} chars (show all)</summary><pre style="{PRE}">{_shown_html(shown, n_chars, FOLD_MAX_CHARS)}</pre></details>')
+
+
+def _shown(text: str, secrets: list[str] | None, limit: int) -> str:
+    """A text's first `limit` characters, redacted reading past them (a secret across the cut shows
+    no part of itself)."""
+    return _redacted(text[:limit + _REDACT_MARGIN], secrets)[:limit]
+
+
+def _shown_html(shown: str, total: int, limit: int) -> str:
+    """What _shown kept of a text of `total` characters cut at `limit`, escaped, then a line
+    counting the characters past the cut."""
+    if total <= limit:
+        return escape(shown)
+    return f'{escape(shown)}\n<span style="color:{FG_MUTED}">… {total - limit:,} more characters not shown</span>'
 
 
 def text_html(text: str, secrets: list[str] | None = None, *, limit: int = FOLD_MAX_CHARS) -> str:
@@ -116,10 +130,7 @@ def text_html(text: str, secrets: list[str] | None = None, *, limit: int = FOLD_
     Returns:
         The escaped text: its first `limit` characters, then a line counting the rest.
     """
-    shown = escape(_redacted(text[:limit + _REDACT_MARGIN], secrets)[:limit])
-    if len(text) <= limit:
-        return shown
-    return f'{shown}\n<span style="color:{FG_MUTED}">… {len(text) - limit:,} more characters not shown</span>'
+    return _shown_html(_shown(text, secrets, limit), len(text), limit)
 
 
 def _arguments(raw: Any) -> str:
