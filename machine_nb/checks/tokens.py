@@ -43,26 +43,12 @@ class TokenEstimateWarning(UserWarning):
     """Counts are 2.5-chars-per-token estimates, not the model's tokenizer."""
 
 
-def _replaced_surrogates(value: Any) -> Any:
-    """`value` with each unpaired UTF-16 surrogate in its strings as U+FFFD (one UTF-16 unit, as it was)."""
-    if isinstance(value, str):
-        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    if isinstance(value, Mapping):
-        return {_replaced_surrogates(k): _replaced_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replaced_surrogates(v) for v in value]
-    return value
-
-
 def _estimate(row: Mapping[str, Any]) -> int:
-    """export.estimate_tokens of one row; a row holding half of a UTF-16 pair (text cut at a
-    UTF-16 length), which UTF-16 cannot encode, is measured with that half as U+FFFD."""
+    """export.estimate_tokens of one row (half of a UTF-16 pair counts as the escape
+    JSON.stringify writes for it, as there)."""
     from ..data.export import estimate_tokens
 
-    try:
-        return estimate_tokens([row])
-    except UnicodeEncodeError:
-        return estimate_tokens([_replaced_surrogates(row)])
+    return estimate_tokens([row])
 
 
 def machine_estimate(row: Mapping[str, Any]) -> int:
