@@ -236,8 +236,9 @@ def choose(logits: torch.Tensor, temperature: float, gen: torch.Generator | None
     top_k / top_p as `filter_logits` takes them (None, a top_k <= 0 or a top_p of 1.0: no filter; the
     most likely token is always kept)."""
     logits = logits.float()
-    if temperature > 0 and torch.isfinite(logits[torch.isfinite(logits)] / temperature).all():
-        scaled = filter_logits(logits / temperature, top_k, top_p)
+    scaled = logits / temperature if temperature > 0 else None
+    if scaled is not None and torch.isfinite(scaled[torch.isfinite(logits)]).all():
+        scaled = filter_logits(scaled, top_k, top_p)
         tok = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gen))
         return tok, float(torch.log_softmax(scaled, dim=-1)[tok])
     tok = int(torch.argmax(filter_logits(logits, top_k, top_p)))
