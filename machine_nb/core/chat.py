@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -120,8 +121,6 @@ def text_key(text: str) -> str:
     Returns:
         The key.
     """
-    import unicodedata
-
     return " ".join(_INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).casefold().split())
 
 
