@@ -45,14 +45,15 @@ def tag_the_rest(ws: Path) -> None:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A scratch workspace, its tagged lines, a 60-step checkpoint and a 1-step one."""
+    """A scratch workspace, its tagged lines (63: 7 steps an epoch at batch 8), a 30-step checkpoint
+    that has learned the house style and a 1-step one that has not."""
     tmp = tmp_path_factory.mktemp("loop")
     ws = copy_sample(tmp / "ws")
     tag_the_rest(ws)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mnb.HeldOutExcluded)
         lines = mnb.tagged_lines(mnb.tagged(ws / ".machine-store"), "tutor", workspace=ws)
-    strong = mnb.sft(lines, epochs=9, max_steps=60, log_dir=tmp / "strong", progress=False)
+    strong = mnb.sft(lines, epochs=9, max_steps=30, log_dir=tmp / "strong", progress=False)
     weak = mnb.sft(lines, max_steps=1, log_dir=tmp / "weak", progress=False)
     return {"tmp": tmp, "ws": ws, "lines": lines, "strong": strong.checkpoint, "weak": weak.checkpoint}
 
@@ -191,11 +192,10 @@ def checkpoint_folder(path: str) -> Path:
 
 
 COMMITTER = textwrap.dedent("""
-    import json, sys, time
-    from pathlib import Path
+    import json, sys
     from machine_nb.evaluation.candidate import Candidate, CommitConflict, checkpoint_problem
     from machine_nb.evaluation.cases import live_version
-    ws, who, barriers = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    ws, who = sys.argv[1], sys.argv[2]
     import hashlib
     from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
     for attempt in map(int, sys.stdin):  # the parent starts each round once the last one is settled
@@ -209,9 +209,7 @@ COMMITTER = textwrap.dedent("""
                          reason="test")
         assert checkpoint_problem(ckpt) is None  # what commit checks first, loaded: the four reach the lock together
         print("ready", flush=True)
-        go = barriers / f"go{attempt}"
-        while not go.exists():
-            time.sleep(0.001)
+        assert sys.stdin.readline() == "go\\n"  # blocks until the parent releases all four at once
         try:
             print("won", cand.commit()["id"], flush=True)
         except CommitConflict as exc:
@@ -222,15 +220,15 @@ COMMITTER = textwrap.dedent("""
 def test_concurrent_commits_one_wins_the_other_sees_a_clear_error(tmp_path):
     """Four processes race to commit, three rounds over: each round exactly one wins and the
     others see a clear error, and versions.json stays whole. The same four processes play every
-    round (each measures against the live version after the last round), released together by a
-    file that appears."""
+    round (each measures against the live version after the last round), each blocked on its stdin
+    until the parent, once all four are ready, writes "go" to all four."""
     import threading
 
     ws = tmp_path / "ws"
     shutil.copytree(SAMPLE / "machines" / "tutor", ws / "machines" / "tutor")
     script = tmp_path / "commit.py"
     script.write_text(COMMITTER)
-    procs = [subprocess.Popen([sys.executable, str(script), str(ws), str(i), str(tmp_path)], stdin=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, str(script), str(ws), str(i)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
              for i in range(4)]
     # a broken round ends the processes (and so every read below) rather than hang the test
@@ -251,7 +249,10 @@ def test_concurrent_commits_one_wins_the_other_sees_a_clear_error(tmp_path):
                 p.stdin.write(f"{attempt}\n")
                 p.stdin.flush()
             assert lines() == ["ready\n"] * 4  # all four are waiting for the signal
-            (tmp_path / f"go{attempt}").touch()
+            for p in procs:
+                p.stdin.write("go\n")
+            for p in procs:
+                p.stdin.flush()
             said = [s.strip() for s in lines()]
             won = [s for s in said if s.startswith("won")]
             assert len(won) == 1, said
