@@ -301,14 +301,18 @@ def test_a_run_with_evals_is_live_until_its_final_score(tmp_path):
 
 
 def test_fed_by_sft_with_evals_the_plot_shows_held_out_accuracy(tmp_path):
+    """Four held-out rows with short replies: each eval step puts a score on the plot, whatever
+    the rows' number or the replies' length."""
     from machine_nb.data.corpus import make_corpus
     from machine_nb.training.train import sft
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
+    valid = tmp_path / "valid4.jsonl"
+    valid.write_text("".join(corpus.valid.read_text().splitlines(keepends=True)[:4]))
     log = tmp_path / "run"
     plot = LossPlot(log, refresh_s=3600)
     try:
-        sft(corpus.train, log_dir=log, max_steps=6, eval_data=corpus.valid, eval_every=3, progress=False,
+        sft(corpus.train, log_dir=log, max_steps=6, eval_data=valid, eval_every=3, eval_max_tokens=8, progress=False,
             on_metrics=plot.update)
     finally:
         plot.stop()

@@ -17,7 +17,9 @@ def swept(tmp_path_factory):
     c = make_corpus(root / "corpus", seed=0)
     valid = root / "valid6.jsonl"
     valid.write_text("".join(c.valid.read_text().splitlines(keepends=True)[:6]))
-    frame = sweep(c.train, {"learning_rate": [1e-3, 3e-3], "max_steps": [3, 6]}, seeds=[0, 1], eval_data=valid,
+    # two axes of two values and two seeds: the plot's x and legend axes, a dot a run beside each
+    # setting's mean; a step or two a run gives every run a loss and a held-out score to draw
+    frame = sweep(c.train, {"learning_rate": [1e-3, 3e-3], "max_steps": [1, 2]}, seeds=[0, 1], eval_data=valid,
                   eval_every=3, eval_max_tokens=12, sweep_dir=root / "sweep", progress=False)
     return root / "sweep", frame
 
@@ -28,7 +30,7 @@ def test_the_plot_draws_every_run_and_each_settings_mean_with_its_interval(swept
     fig = sweep_figure(frame, summary, "learning_rate", "heldout_accuracy")
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.001", "0.003"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["max_steps=3", "max_steps=6"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["max_steps=1", "max_steps=2"]
     from matplotlib.collections import PathCollection
 
     dots = sorted(y for coll in ax.collections if isinstance(coll, PathCollection) for y in coll.get_offsets()[:, 1])

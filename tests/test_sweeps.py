@@ -20,7 +20,9 @@ from machine_nb.training.train import heldout_results, read_training_log, traini
 from interrupt import engine_fault_at
 
 GRID = {"learning_rate": [1e-3, 3e-3]}
-FIXED = {"max_steps": 6, "save_every": 2, "eval_max_tokens": 16}
+# four steps, a checkpoint every two, scored at steps 0 and 3 and on the final checkpoint (eval_every=3):
+# a fault at the last step leaves a checkpoint to resume from, and every run has a mid-run eval
+FIXED = {"max_steps": 4, "save_every": 2, "eval_max_tokens": 16}
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +51,11 @@ def test_one_row_per_run_in_grid_order_with_its_log_dir(swept):
     for row in df.itertuples():
         res = read_training_log(row.log_dir)
         assert (res.steps, res.last_loss, res.heldout_accuracy, res.best_step) == (
-            row.steps, row.final_loss, row.heldout_accuracy, row.best_step) == (6, res.last_loss, res.heldout_accuracy,
+            row.steps, row.final_loss, row.heldout_accuracy, row.best_step) == (4, res.last_loss, res.heldout_accuracy,
                                                                                res.best_step)
         assert row.evals == 3 and row.eval_max_tokens == 16 and row.cost_usd == 0.0 and row.estimated_usd == 0.0
         marker = json.loads(open(f"{row.log_dir}/machine_nb.json").read())
-        assert (marker["learning_rate"], marker["seed"], marker["max_steps"]) == (row.learning_rate, row.seed, 6)
+        assert (marker["learning_rate"], marker["seed"], marker["max_steps"]) == (row.learning_rate, row.seed, 4)
     manifest = json.loads((out / "sweep.json").read_text())
     assert manifest["grid"] == {"learning_rate": [0.001, 0.003]} and manifest["seeds"] == [0, 1]
     # seeds differ in data order only: the same setting, other losses
@@ -105,7 +107,7 @@ def test_another_sweeps_dir_and_bad_grids_are_refused(swept, corpus, tmp_path):
 def test_a_failed_run_is_recorded_then_resumed_and_a_stale_one_set_aside(swept, corpus, tmp_path):
     c, valid = corpus
     out = tmp_path / "sw"
-    with engine_fault_at(6):  # the engine fails the first run's 6th step, once
+    with engine_fault_at(4):  # the engine fails the first run's 4th (last) step, once
         first = sweep(c.train, GRID, eval_data=valid, eval_every=3, sweep_dir=out, progress=False, **FIXED)
     assert list(first["status"]) == ["failed", "ran"] and "engine fault" in first["error"].iloc[0]
     # a run dir that never reached a checkpoint (as after a crash at start): set aside, not deleted
@@ -126,7 +128,7 @@ def test_a_failed_run_is_recorded_then_resumed_and_a_stale_one_set_aside(swept, 
     second = sweep(c.train, GRID, eval_data=valid, eval_every=3, sweep_dir=out, progress=False, **FIXED)
     assert list(second["status"]) == ["resumed", "ran"] and second["error"].isna().all()
     assert (out / f"{stale.name}.stale-1" / "machine_nb.json").exists()
-    assert list(second["steps"]) == [6, 6] and second["heldout_accuracy"].notna().all()
+    assert list(second["steps"]) == [4, 4] and second["heldout_accuracy"].notna().all()
     _, fresh = swept  # the same sweep's seed-0 runs, run straight through
     fresh = fresh[fresh.seed == 0]
     assert list(second["run"]) == list(fresh["run"])
