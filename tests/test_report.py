@@ -2,8 +2,6 @@
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -99,15 +97,19 @@ def test_secret_values_and_scrub_cover_json_escaped_forms():
     assert n == 1 and "efgh1234" not in text
 
 
-def test_cli_report_parses_parameters(tmp_path):
+def test_cli_report_parses_parameters(tmp_path, capsys):
+    """`machine-nb report -p lr 3e-3 -p name hello`: the number reaches the notebook as a float, the word
+    as a string. The command runs in this process (`main`, the parsing and the report it writes are the
+    program's); tests/test_hardening_report.py runs it as the program, `python -m machine_nb.cli report`."""
+    from machine_nb.cli import main
+
     nb = _notebook(tmp_path / "cli.ipynb", [
         ("code", "lr = 0.1\nname = 'x'", ["parameters"]),
         ("code", "print(type(lr).__name__, lr, name)", []),
     ])
     out = tmp_path / "out" / "cli.html"
-    proc = subprocess.run([sys.executable, "-m", "machine_nb.cli", "report", str(nb), "-p", "lr", "3e-3",
-                           "-p", "name", "hello", "-o", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    code = main(["report", str(nb), "-p", "lr", "3e-3", "-p", "name", "hello", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
     assert "float 0.003 hello" in out.read_text()
 
 

@@ -122,7 +122,13 @@ def exported(tmp_path_factory):
     nb.cells = [nbformat.v4.new_code_cell(SETUP.format(repo=str(REPO), work=str(work)))]
     nb.cells += [nbformat.v4.new_code_cell(src) for src in CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(work)}})
+    from machine_nb.reports.notebook import kernel_arguments
+
+    # the kernel `machine-nb report` starts for a notebook that imports machine_nb: the stack the previewer
+    # and the meter load for Inkling (torch, tinker, the cookbook's renderers) is imported before the first
+    # cell with the garbage collector paused; what the widgets display does not depend on it
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", extra_arguments=kernel_arguments(),
+                                     resources={"metadata": {"path": str(work)}})
     client.execute()
     saved = work / "executed.ipynb"
     nbformat.write(nb, saved)
