@@ -30,21 +30,23 @@ def pairs():
         return mnb.preference_pairs(SAMPLE / ".machine-store", workspace=SAMPLE, machine="tutor")
 
 
-@pytest.fixture(scope="module")
-def trained(pairs, tmp_path_factory):
-    """The default run: 44 pairs at batch 8 = 5 steps an epoch, 10 epochs."""
-    return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "dpo", progress=False)
-
-
-#: A short run for Ctrl-C and resume: 2 epochs = 10 steps, a checkpoint every 4, at a rate at which a
-#: few steps rank every pair the right way round (one step brings the loss from log 2 under 0.05)
+#: The file's run: 44 pairs at batch 8 = 5 steps an epoch, 2 epochs = 10 steps, a checkpoint every 4,
+#: at a rate at which a few steps rank every pair the right way round (one step brings the loss from
+#: log 2 under 0.05); the defaults' own settings are checked without training, below
 SHORT = dict(epochs=2, learning_rate=1e-2, save_every=4, progress=False)
 
 
 @pytest.fixture(scope="module")
 def short(pairs, tmp_path_factory):
-    """The short run, uninterrupted: what an interrupted and resumed one is held against."""
-    return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "short", **SHORT)
+    """The short run, uninterrupted: what DPO does to the loss and the checkpoint, what the log dir
+    holds, and what an interrupted and resumed run is held against. It is called from inside a
+    running event loop, as a notebook cell calls it."""
+    import asyncio
+
+    async def cell():
+        return dpo(pairs, log_dir=tmp_path_factory.mktemp("runs") / "short", **SHORT)
+
+    return asyncio.run(cell())
 
 
 @pytest.fixture(scope="module")
@@ -55,27 +57,29 @@ def base_scores(pairs):
 
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):
-    """SFT on the tutor's tagged lines, 30 steps: where SFT then DPO starts, and a run of the other kind."""
+    """SFT on the tutor's tagged lines: where SFT then DPO starts, and a run of the other kind. Ten
+    steps already raise the chosen replies' margin over the rejected ones far past the base model's,
+    which is what SFT then DPO builds on."""
     with pytest.warns(HeldOutExcluded):
         lines = mnb.tagged_lines(mnb.tagged(SAMPLE / ".machine-store"), "tutor", workspace=SAMPLE)
-    return mnb.sft(lines, max_steps=30, log_dir=tmp_path_factory.mktemp("sft") / "sft", progress=False)
+    return mnb.sft(lines, max_steps=10, log_dir=tmp_path_factory.mktemp("sft") / "sft", progress=False)
 
 
-def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_first(pairs, trained, base_scores):
-    assert trained.engine == "local" and trained.model == "local/arith-tiny"
-    assert trained.steps == 50 and trained.complete and trained.cost_usd == 0.0
-    assert trained.checkpoint.startswith("tinker://local-") and trained.checkpoint.endswith("/sampler_weights/final")
-    metrics = mnb.training_metrics(trained.log_dir)
-    assert len(metrics) == 50 and list(metrics["step"]) == list(range(50))
+def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_first(pairs, short, base_scores):
+    assert short.engine == "local" and short.model == "local/arith-tiny"
+    assert short.steps == 10 and short.complete and short.cost_usd == 0.0
+    assert short.checkpoint.startswith("tinker://local-") and short.checkpoint.endswith("/sampler_weights/final")
+    metrics = mnb.training_metrics(short.log_dir)
+    assert len(metrics) == 10 and list(metrics["step"]) == list(range(10))
     for col in ("dpo_loss", "accuracy", "margin", "chosen_reward", "rejected_reward", "num_pairs"):
         assert metrics[col].notna().all(), col
     # the first step is measured against a reference equal to the policy: log 2, no margin
     assert math.isclose(metrics["dpo_loss"].iloc[0], math.log(2), rel_tol=1e-4) and abs(metrics["margin"].iloc[0]) < 1e-4
-    assert trained.first_loss == metrics["dpo_loss"].iloc[0] and trained.last_loss == metrics["dpo_loss"].iloc[-1]
-    assert trained.last_loss < 0.05 and metrics["accuracy"].tail(5).min() == 1.0 and metrics["margin"].iloc[-1] > 1
-    assert trained.tokens == int(metrics["num_tokens"].sum())
+    assert short.first_loss == metrics["dpo_loss"].iloc[0] and short.last_loss == metrics["dpo_loss"].iloc[-1]
+    assert short.last_loss < 0.05 and metrics["accuracy"].tail(5).min() == 1.0 and metrics["margin"].iloc[-1] > 1
+    assert short.tokens == int(metrics["num_tokens"].sum())
     # the checkpoint, not just the loop's own metric: absolute log-probabilities of each pair's replies
-    before, after = base_scores, score_pairs(pairs, checkpoint=trained.checkpoint)
+    before, after = base_scores, score_pairs(pairs, checkpoint=short.checkpoint)
     assert list(after.columns) == SCORE_COLUMNS and len(after) == 44
     assert before["correct"].mean() == 0.0  # the base model prefers its own natural answers
     assert after["correct"].mean() == 1.0 and (after["margin"] > before["margin"]).all()
@@ -84,21 +88,50 @@ def test_dpo_through_the_cookbook_lowers_the_loss_and_ranks_the_chosen_replies_f
     assert cmp.wins == 44 and cmp.losses == 0
 
 
-def test_the_log_dir_holds_the_pairs_the_cookbook_read_and_reads_back(trained, pairs):
-    log_dir = Path(trained.log_dir)
+def test_the_log_dir_holds_the_pairs_the_cookbook_read_and_reads_back(short, pairs):
+    log_dir = Path(short.log_dir)
     assert {"pairs.jsonl", "metrics.jsonl", "checkpoints.jsonl", "config.json", "machine_nb.json"} <= set(os.listdir(log_dir))
     lines = [json.loads(line) for line in (log_dir / "pairs.jsonl").read_text().splitlines()]
     assert len(lines) == 44 and {line["label"] for line in lines} == {"A"}
     assert sorted(line["comparison"]["completion_A"][0]["content"] for line in lines) == \
         sorted(p[0]["content"] for p in pairs["chosen"])
     marker = json.loads((log_dir / "machine_nb.json").read_text())
-    assert marker["kind"] == "dpo" and marker["beta"] == 0.1 and marker["learning_rate"] == 3e-3
+    assert marker["kind"] == "dpo" and marker["beta"] == 0.1 and marker["learning_rate"] == 1e-2
+    assert marker["epochs"] == 2 and marker["save_every"] == 4 and marker["steps"] == 10
     assert (os.stat(log_dir).st_mode & 0o777) == 0o700
     again = read_dpo_log(log_dir)
-    assert (again.steps, again.checkpoint, again.complete, again.last_loss) == (50, trained.checkpoint, True,
-                                                                               trained.last_loss)
+    assert (again.steps, again.checkpoint, again.complete, again.last_loss) == (10, short.checkpoint, True,
+                                                                             short.last_loss)
     assert [r["name"] for r in map(json.loads, (log_dir / "checkpoints.jsonl").read_text().splitlines())] == \
-        ["000020", "000040", "final"]
+        ["000004", "000008", "final"]
+
+
+def test_dpo_at_its_defaults_plans_10_epochs_at_the_local_rate_with_a_checkpoint_every_20_steps(pairs, tmp_path,
+                                                                                                 monkeypatch):
+    """dpo(pairs) with nothing else given, up to the point where the cookbook's loop would start: the
+    run record it writes and the settings the loop is handed (the training itself is the short run's)."""
+    from machine_nb.training import loop
+
+    class Handed(Exception):
+        pass
+
+    handed = []
+
+    def take_spec(spec, log_dir, **kw):
+        handed.append(spec)
+        raise Handed
+
+    monkeypatch.setattr(loop, "run_cookbook", take_spec)
+    with pytest.raises(Handed):
+        dpo(pairs, log_dir=tmp_path / "dpo", progress=False)
+    marker = json.loads((tmp_path / "dpo" / "machine_nb.json").read_text())
+    assert (marker["model"], marker["engine"], marker["pairs"]) == ("local/arith-tiny", "local", 44)
+    # 44 pairs at batch 8 = 5 steps an epoch, 10 epochs; the local LoRA rate; the cookbook's checkpoint interval
+    assert (marker["epochs"], marker["batch_size"], marker["steps"]) == (10, 8, 50)
+    assert marker["beta"] == 0.1 and marker["learning_rate"] == 3e-3 and marker["save_every"] == 20
+    [spec] = handed
+    assert (spec["epochs"], spec["batch_size"], spec["max_steps"]) == (10, 8, None)
+    assert (spec["learning_rate"], spec["save_every"], spec["beta"]) == (3e-3, 20, 0.1)
 
 
 def test_sft_then_dpo_starts_from_the_sft_weights(pairs, sft_run, base_scores, tmp_path):
@@ -121,7 +154,7 @@ def test_sft_then_dpo_starts_from_the_sft_weights(pairs, sft_run, base_scores, t
     assert not (tmp_path / "dpo3").exists()
 
 
-def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trained, short, sft_run, tmp_path):
+def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, short, sft_run, tmp_path):
     log_dir = tmp_path / "interrupted"
     with ctrl_c_at("dpo", at=5, hold_step=6):
         dpo(pairs, log_dir=log_dir, **SHORT)
@@ -143,19 +176,13 @@ def test_ctrl_c_then_resume_finishes_the_run_without_repeating_steps(pairs, trai
     assert done.last_loss < 0.05 and resumed["accuracy"].iloc[-1] == 1.0
     # and the result says so: where it resumed and what that changed
     assert done.resumed_at == [4] and "resumed at step 4" in done.note and "steps 4-9" in done.note
-    assert trained.resumed_at == [] and trained.note is None and part.note is None
-    assert short.resumed_at == [] and short.note is None
+    assert short.resumed_at == [] and short.note is None and part.note is None
     assert score_pairs(pairs, checkpoint=done.checkpoint)["correct"].mean() == 1.0
 
 
-def test_dpo_works_inside_a_running_event_loop_as_in_jupyter(pairs, tmp_path):
-    import asyncio
-
-    async def cell():
-        return dpo(pairs, max_steps=2, log_dir=tmp_path / "nb", progress=False)
-
-    res = asyncio.run(cell())
-    assert res.steps == 2 and res.complete
+def test_dpo_works_inside_a_running_event_loop_as_in_jupyter(short):
+    """The short run is called from a coroutine inside asyncio.run (see its fixture)."""
+    assert short.steps == 10 and short.complete
 
 
 def test_bad_pairs_are_refused_before_anything_is_written(pairs, tmp_path):
