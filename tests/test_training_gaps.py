@@ -12,10 +12,11 @@ import pytest
 import machine_nb as mnb
 from machine_nb.checks.pricing import clear_prices, set_price
 from machine_nb.data.corpus import make_corpus
+from machine_nb.engines.local.server import LocalServer
 from machine_nb.errors import EngineError
 from machine_nb.training.sweeps import read_sweep, run_name, sweep
 
-from serving import start_server, stop_server
+from serving import TEST_KEY
 
 MODEL = "local/arith-tiny"
 # fake credentials: no real service sees them
@@ -39,9 +40,11 @@ def test_read_sweep_tells_a_run_that_stopped_before_its_first_checkpoint_from_on
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("served"))
+    """A local Tinker-compatible server on its own port and data dir, with its own key: the
+    service at the base URL these runs are given (an HTTP server like any other to the SDK)."""
+    server = LocalServer(data_dir=tmp_path_factory.mktemp("served") / "data", key=TEST_KEY).start()
     yield server
-    stop_server(server)
+    server.stop()
 
 
 @pytest.fixture
