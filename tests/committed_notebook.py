@@ -37,14 +37,17 @@ def report_text(nb: dict) -> str:
 def run_small(name: str, out: Path, parameters: dict) -> list[dict]:
     """Run notebooks/NAME top to bottom in a kernel started as a report's is (papermill, from the
     notebooks folder, reports.notebook.kernel_arguments) with `parameters` injected, into the
-    notebook file `out`; assert every code cell ran and none raised. Returns the executed code cells."""
+    notebook file `out`, written once when the run ends (papermill's save after every cell serves a
+    reader watching the file fill, which a test is not); assert every code cell ran and none raised.
+    Returns the executed code cells."""
     import papermill
 
     from machine_nb.reports.notebook import kernel_arguments
 
     folder = ROOT / "notebooks"
     nb = papermill.execute_notebook(str(folder / name), str(out), cwd=str(folder), progress_bar=False,
-                                    parameters=parameters, extra_arguments=kernel_arguments())
+                                    parameters=parameters, extra_arguments=kernel_arguments(),
+                                    request_save_on_cell_execute=False)
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(c.get("execution_count") for c in code), "a cell did not run"
     assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
