@@ -341,3 +341,80 @@ def test_closing_the_plot_ends_its_polling(tmp_path):
     assert p.live
     p.close()  # the cell's output cleared, or the plot closed in code
     assert not p.live
+
+
+def test_a_slow_drawing_spaces_the_redraws_by_its_own_duration(tmp_path, monkeypatch):
+    """On a busy machine a picture takes longer to draw: the next redraw waits four times the last
+    drawing's duration (when that is longer than REDRAW_EVERY_S), so drawing takes at most a fifth of
+    the time however slow it gets, and the training it shows keeps the rest. The plot's clock is a
+    counter moved by hand; each drawing moves it by one second."""
+    from types import SimpleNamespace
+
+    from machine_nb.widgets import loss_plot
+    from machine_nb.widgets.loss_plot import REDRAW_EVERY_S
+
+    now = [1000.0]
+    monkeypatch.setattr(loss_plot, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    real_png = loss_plot.png_bytes
+
+    def slow_png(fig):
+        now[0] += 1.0
+        return real_png(fig)
+
+    monkeypatch.setattr(loss_plot, "png_bytes", slow_png)
+    log = tmp_path / "run"
+    write_metrics(log, rows(1))
+    p = LossPlot(log, refresh_s=3600)
+    later = []
+    p._later = lambda wait, fn: later.append((wait, fn)) or SimpleNamespace(cancel=lambda: None)
+    try:
+        drawn = p.redraws
+        now[0] += 2 * REDRAW_EVERY_S + 1.0  # past REDRAW_EVERY_S, within four drawings' time
+        write_metrics(log, rows(1, start=1), mode="a")
+        p.update()
+        assert p.redraws == drawn and len(p.frame) == 2  # the data at once, the picture put off
+        ((wait, redraw),) = later
+        assert abs(wait - (4.0 - 2 * REDRAW_EVERY_S - 1.0)) < 1e-9
+        now[0] += wait
+        redraw()
+        assert p.redraws == drawn + 1
+        now[0] += 4.0  # four drawings' time after the last: drawn at once
+        write_metrics(log, rows(1, start=2), mode="a")
+        p.update()
+        assert p.redraws == drawn + 2 and len(later) == 1
+    finally:
+        p.close()
+
+
+def test_the_background_poll_keeps_to_the_same_spacing(tmp_path, monkeypatch):
+    """A plot shown before `sft(on_metrics=plot.update)` starts also polls the files in a thread:
+    that poll redraws no sooner than `update` would (four drawings' time after a drawing that took
+    a second), and draws the final state when the run ends whatever the time."""
+    from types import SimpleNamespace
+
+    from machine_nb.widgets import loss_plot
+
+    now = [1000.0]
+    monkeypatch.setattr(loss_plot, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    real_png = loss_plot.png_bytes
+
+    def slow_png(fig):
+        now[0] += 1.0
+        return real_png(fig)
+
+    monkeypatch.setattr(loss_plot, "png_bytes", slow_png)
+    log = tmp_path / "run"
+    write_metrics(log, rows(1))
+    p = LossPlot(log, refresh_s=3600)
+    try:
+        drawn = p.redraws
+        now[0] += 2.0
+        write_metrics(log, rows(1, start=1), mode="a")
+        assert p._poll_due() is False and p.redraws == drawn  # changed, but too soon after a slow drawing
+        now[0] += 2.0
+        assert p._poll_due() is False and p.redraws == drawn + 1 and len(p.frame) == 2
+        write_metrics(log, rows(1, start=2), mode="a")
+        (log / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "sampler_path": "x"}) + "\n")
+        assert p._poll_due() is True and len(p.frame) == 3  # the end is drawn at once
+    finally:
+        p.close()

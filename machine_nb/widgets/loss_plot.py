@@ -7,9 +7,11 @@ own when the runs log them: held-out accuracy and format rate (`sft(eval_data=�
 `test/accuracy`, `test/format_rate`) with each Inspect task's accuracy (`inspect_tasks=…`'s
 `test/inspect/<task>/accuracy`), and DPO's preference `accuracy` and `margin`. Handed to
 `sft(on_metrics=plot.update)` its data (`.frame`, the summary line) moves in the same poll as the
-progress bar, so the two never disagree; the picture is redrawn at most every REDRAW_EVERY_S, the
-steps in between drawn together once that has passed (a PNG per step, at the local engine's pace
-of several steps a second, would take the CPU the training needs). Otherwise (a run started
+progress bar, so the two never disagree; the picture is redrawn at most every REDRAW_EVERY_S, and
+no sooner than REDRAW_COST_RATIO times the last drawing's duration after it, the steps in between
+drawn together once that has passed (a PNG per step, at the local engine's pace of several steps a
+second, would take the CPU the training needs; on a busy machine each drawing takes longer, and
+drawing keeps to a fixed share of the time). Otherwise (a run started
 elsewhere) a daemon thread polls the files' size and mtime so the kernel stays free; it stops at
 the run's "final" row in `checkpoints.jsonl` or on `.stop()`. The PNG is also the static fallback
 kept in saved notebooks, brought up to date as the run goes (at most every STATIC_EVERY_S) and
@@ -54,6 +56,9 @@ STATIC_EVERY_S = 2.0
 # Seconds between redraws of the picture while `update` is fed faster than this: later steps wait
 # for the next redraw, which comes when this has passed even if no step follows.
 REDRAW_EVERY_S = 0.5
+# The least time between redraws as a multiple of the last drawing's duration: drawing takes at most
+# 1 / (1 + this) of the time while `update` is fed, however slow the machine makes each drawing.
+REDRAW_COST_RATIO = 4
 
 
 def _as_dirs(log_dirs: Any) -> list[Path]:
@@ -403,6 +408,7 @@ class LossPlot(StaticPlot, widgets.VBox):
         self._thread: threading.Thread | None = None
         self._static_at = 0.0  # when the saved notebook's copy was last sent
         self._drawn_at = 0.0  # when the picture was last drawn
+        self._draw_s = 0.0  # how long that drawing took
         self._pending: threading.Timer | None = None  # the redraw `update` put off, if any
         self._behind = False  # whether `.frame` holds steps the picture does not show yet
         super().__init__(children=[self._image, self._status], **kwargs)
@@ -454,10 +460,17 @@ class LossPlot(StaticPlot, widgets.VBox):
     def _poll(self) -> None:
         while not self._stop.wait(self.refresh_s):
             try:
-                if self.poll():
+                if self._poll_due():
                     break
             except Exception as exc:  # keep the kernel's thread quiet; show what went wrong
                 self._show_error(exc)
+
+    def _poll_due(self) -> bool:
+        """The background thread's poll: `poll()` once a redraw is due (as for `update`) or every
+        run has finished; until then nothing. Returns whether every run has finished."""
+        if self._redraw_wait() > 0 and not self.finished():
+            return False
+        return self.poll()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the background poll ends: every run finished, or `stop()` was called.
@@ -495,8 +508,9 @@ class LossPlot(StaticPlot, widgets.VBox):
 
     def update(self, rows: Any = None) -> None:
         """Take in what the log dirs hold now (what `sft(on_metrics=…)` calls): `.frame` and the
-        summary line at once, the picture too unless it was drawn less than REDRAW_EVERY_S ago
-        (then when that has passed), and the final state in the saved notebook once every run ended.
+        summary line at once, the picture too unless it was drawn less than REDRAW_EVERY_S (or
+        REDRAW_COST_RATIO times the last drawing's duration, if longer) ago, then when that has
+        passed; and the final state in the saved notebook once every run ended.
 
         Args:
             rows: the new metrics rows, as sft hands them (default None); they are already on
@@ -505,17 +519,22 @@ class LossPlot(StaticPlot, widgets.VBox):
         done, seen = self.finished(), self._signature()  # taken before reading, as refresh does
         if not done and seen == self._seen:  # nothing new on disk: nothing to draw
             return
-        wait = self._drawn_at + REDRAW_EVERY_S - time.monotonic()
+        wait = self._redraw_wait()
         if done or wait <= 0:
             self.refresh(final=done)
             return
-        with self._lock:  # the data now, the picture when REDRAW_EVERY_S has passed
+        with self._lock:  # the data now, the picture when the wait has passed
             self.frame = read_metrics(self.log_dirs)
             self._seen = seen  # after the frame it describes: `update` compares it without the lock
             self._status.value = escape(self.summary())
             self._behind = True
             if self._pending is None:
                 self._pending = self._later(wait, self._redraw_pending)
+
+    def _redraw_wait(self) -> float:
+        """Seconds until the picture may be redrawn (0 or less: now): REDRAW_EVERY_S after the last
+        drawing, or REDRAW_COST_RATIO times its duration if that is longer."""
+        return self._drawn_at + max(REDRAW_EVERY_S, REDRAW_COST_RATIO * self._draw_s) - time.monotonic()
 
     @staticmethod
     def _later(wait: float, fn: Any) -> threading.Timer:
@@ -556,9 +575,11 @@ class LossPlot(StaticPlot, widgets.VBox):
 
     def _draw(self, frame: "pd.DataFrame | None" = None, seen: tuple | None = None) -> None:
         frame = self.frame if frame is None else frame
+        started = time.monotonic()
         png = png_bytes(figure(frame, self.smoothing))
         self.redraws += 1
         self._drawn_at, self._behind = time.monotonic(), False
+        self._draw_s = self._drawn_at - started
         self.frame, self._png = frame, png  # published together, after the drawing
         if seen is not None:  # the files' signature `frame` was read at, published after it: `update`
             self._seen = seen  # takes an unchanged signature to mean `.frame` holds the files already
