@@ -19,12 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pause_then_settle_freezes_what_was_made_and_resumes_the_collector_once():
+    """What the process makes while paused (here a hundred thousand containers, as a start-up's
+    imports make them) is frozen by settle; the collector runs again, and a second settle is a no-op."""
     code = textwrap.dedent("""
         import gc, json
         from machine_nb.core.process import pause_collection, settle
         pause_collection()
         paused = not gc.isenabled()
-        import torch
+        kept = [[i] for i in range(100_000)]
         made = len(gc.get_objects())
         settle()
         frozen, tracked = gc.get_freeze_count(), len(gc.get_objects())
