@@ -309,13 +309,19 @@ def lab_page(lab: Lab, width: int = 1280, height: int = 900) -> Iterator:
     page = held[2]
     try:
         yield page
-        page.evaluate(_CLOSE_DOCUMENTS_JS)
+        close_documents(page)
         if page.evaluate("document.body.dataset.jpThemeName") != LIGHT:
             set_theme(page, LIGHT)
     except BaseException:
         _shared.pop("lab_page", None)
         held[1].close()
         raise
+
+
+def close_documents(page) -> None:
+    """Close every document open in the Lab page unsaved, and wait until each has been disposed
+    (its panel, its widget manager and its views gone); the files stay as they are."""
+    page.evaluate(_CLOSE_DOCUMENTS_JS)
 
 
 def open_notebook(page, lab: Lab, notebook: str) -> None:

@@ -198,8 +198,11 @@ THEMED = [
     "mnb.CompareView(res([True, False, True, False]), res([True, True, False, False]))",
     "mnb.CostMeter(lines, model='thinkingmachines/Inkling', max_usd=100)",
     "mnb.Tagger({'id': 'r1', 'machine': 'calc', 'history': [], 'trajectory': lines[1]['messages'][1:]}, store='tag_store')",
+    # a LossPlot of a real run, pictured for the gallery (the contrast checks measure the other
+    # widgets): 8 steps with held-out evals at steps 4 and 8 give it a curve and evals to draw
     "c = mnb.make_corpus('corpus', seed=0)\n"
-    "run = mnb.sft(c.train, max_steps=24, eval_data=mnb.read_jsonl(c.valid)[:8], eval_every=8, progress=False)\n"
+    "run = mnb.sft(c.train, max_steps=8, eval_data=mnb.read_jsonl(c.valid)[:8], eval_every=4, eval_max_tokens=8,\n"
+    "              progress=False)\n"
     "mnb.LossPlot(run.log_dir, live=False)",
     "print('ok')",
 ]

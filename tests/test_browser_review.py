@@ -1,7 +1,8 @@
 """Real browser tests of a review session in JupyterLab (headless Chromium), one Lab for the module:
 
-1. Reopen: a notebook with widgets, run and saved in Lab, reopened with a new kernel, reads
-   cleanly: each widget's static view, never "Error displaying widget: model not found".
+1. Reopen: a notebook with widgets, run and saved in Lab, closed and reopened (a new widget
+   manager, a new kernel), reads cleanly: each widget's static view, never "Error displaying
+   widget: model not found".
 2. Dollars: the widgets' dollar amounts render as text, not as MathJax math.
 3. One tag store: a tag written in the Tagger (or by `tag()`) reaches the picker's tags column and
    its "(untagged)" filter (waited for in the DOM, not slept on).
@@ -24,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from candidate_cells import RESULTS
-from lab import (lab_page, contrast, open_and_run_all, run_command, run_in_kernel, screenshot_after, set_theme,
-                 write_notebook)
+from lab import (close_documents, lab_page, contrast, open_and_run_all, open_notebook, run_command, run_in_kernel,
+                 screenshot_after, set_theme, write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -254,8 +255,8 @@ def test_reopened_notebook_shows_no_widget_errors(session, lab, page, tmp_path):
         page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
         run_command(page, "kernelmenu:shutdown")
         expect(page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"No Kernel|Unknown|Shut"))).to_be_visible()
-        page.goto(lab.url("review.ipynb"))  # a new page: a new widget manager, a new kernel
-        expect(page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\| Idle$"))).to_be_visible()
+        close_documents(page)  # its panel, widget manager and widget views disposed
+        open_notebook(page, lab, "review.ipynb")  # reopened: a new widget manager, a new kernel
         statics = page.locator("[data-mnb-static]")
         expect(statics).to_have_count(5)
         for i in range(5):

@@ -18,11 +18,13 @@ from lab import (keep_widget_picture, lab_page, contrast, open_and_run_all, run_
 
 pytestmark = pytest.mark.browser
 
+# Two runs (each its own training process): learning_rate varies; max_steps is the grid's second
+# axis with one value, so the x-axis dropdown offers two settings to pick between.
 CELLS = [
     "import machine_nb as mnb\n"
     "c = mnb.make_corpus('corpus', seed=0)\n"
     "rows = mnb.read_jsonl(c.valid)[:4]\n"
-    "frame = mnb.sweep(c.train, {'learning_rate': [1e-3, 3e-3], 'max_steps': [1, 2]}, eval_data=rows, eval_every=2,\n"
+    "frame = mnb.sweep(c.train, {'learning_rate': [1e-3, 3e-3], 'max_steps': [2]}, eval_data=rows, eval_every=2,\n"
     "                  eval_max_tokens=8, sweep_dir='sweep', progress=False)",
     "view = mnb.SweepView(frame)\nview",
     "print('ok')",
