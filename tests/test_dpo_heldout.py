@@ -1,6 +1,6 @@
-"""Held-out accuracy while DPO trains, as a user sees it: dpo(pairs, eval_data=…, eval_every=3) on the
-local engine → tinker-cookbook's train_dpo calls the evaluator at steps 0, 3 and before its last
-step (4), the final checkpoint (5) is scored too; metrics.jsonl, heldout.jsonl, the best step, scores
+"""Held-out accuracy while DPO trains, as a user sees it: dpo(pairs, eval_data=…, eval_every=2) on the
+local engine → tinker-cookbook's train_dpo calls the evaluator at steps 0, 2 and before its last
+step (3), the final checkpoint (4) is scored too; metrics.jsonl, heldout.jsonl, the best step, scores
 that agree with evaluate() on the same weights; bad eval rows and overlapping prompts refused before
 anything is written; Ctrl-C + resume keeps every eval step and says what the resume changed; the
 observed cost and the budget guard on the Tinker path; `machine-nb dpo --eval`."""
@@ -24,10 +24,11 @@ from machine_nb.training.train import HELDOUT_ACCURACY, HELDOUT_FILE, heldout_cu
 from interrupt import ctrl_c_at
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
-#: 20 pairs at batch 4 = 5 steps an epoch, 1 epoch; scored every 3: 0, 3, the last step (4, which
-#: train_dpo always evaluates, though not a multiple of 3) and the final checkpoint (5)
-KW = dict(batch_size=4, epochs=1, eval_every=3, save_every=3, progress=False)
-STEPS = [0, 3, 4, 5]
+#: 16 pairs at batch 4 = 4 steps an epoch, 1 epoch; scored every 2: 0, 2, the last step (3, which
+#: train_dpo always evaluates, though not a multiple of 2) and the final checkpoint (4): each kind of
+#: eval step once, and a checkpoint (step 2) to resume from with a step after it
+KW = dict(batch_size=4, epochs=1, eval_every=2, save_every=2, progress=False)
+STEPS = [0, 2, 3, 4]
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +39,12 @@ def pairs():
 
 @pytest.fixture(scope="module")
 def train_pairs(pairs):
-    return pairs.head(20)
+    return pairs.head(16)
 
 
 @pytest.fixture(scope="module")
 def eval_file(pairs, tmp_path_factory):
-    """Eight tutor questions the run does not train on (the pairs past the first 20), with the tutor's
+    """Eight tutor questions the run does not train on (pairs past the first 16), with the tutor's
     instructions, scored on the number in the reply; the format is the chosen replies' `answer: N`."""
     path = tmp_path_factory.mktemp("eval") / "valid.jsonl"
     rows = [{"messages": r.prompt, "expected": r.chosen[0]["content"].split()[-1], "match": "number",
@@ -58,15 +59,15 @@ def run(train_pairs, eval_file, tmp_path_factory):
 
 
 def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_checkpoint(run):
-    assert run.kind == "dpo" and run.complete and run.steps == 5 and run.loss_metric == "dpo_loss"
+    assert run.kind == "dpo" and run.complete and run.steps == 4 and run.loss_metric == "dpo_loss"
     metrics = training_metrics(run.log_dir)
     scored = metrics[metrics[HELDOUT_ACCURACY].notna()]
     assert list(scored["step"]) == STEPS
     assert scored["test/max_tokens"].eq(32).all() and scored["test/temperature"].eq(0).all()
     assert metrics["test/format_rate"].notna().sum() == len(STEPS)
-    # the loop logs an eval step's scores in that step's row; step 5 is the final checkpoint's own row
-    assert scored[scored.step < 5]["dpo_loss"].notna().all() and math.isnan(scored["dpo_loss"].iloc[-1])
-    assert run.evals == len(STEPS) and run.steps == 5  # the final checkpoint's row is no training step
+    # the loop logs an eval step's scores in that step's row; step 4 is the final checkpoint's own row
+    assert scored[scored.step < 4]["dpo_loss"].notna().all() and math.isnan(scored["dpo_loss"].iloc[-1])
+    assert run.evals == len(STEPS) and run.steps == 4  # the final checkpoint's row is no training step
     curve = heldout_curve(run.log_dir)
     assert list(curve["step"]) == STEPS and list(curve["final"]) == [False] * 3 + [True]
     assert list(curve["accuracy"]) == list(scored[HELDOUT_ACCURACY]) and curve["n"].eq(8).all()
@@ -83,7 +84,7 @@ def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_c
 
     plot = LossPlot(run.log_dir, live=False)
     assert plot.finished()  # the final checkpoint's score is in: nothing left to wait for
-    assert (f"held-out {run.heldout_accuracy:.1%} at step 5 (best {run.best_accuracy:.1%} at step {run.best_step})"
+    assert (f"held-out {run.heldout_accuracy:.1%} at step 4 (best {run.best_accuracy:.1%} at step {run.best_step})"
             in plot.summary())
     assert "held-out" in [a.get_ylabel() for a in figure(plot.frame).axes]
     # read back from the log dir alone: the same
@@ -91,11 +92,11 @@ def test_the_dpo_loop_scores_the_held_out_rows_at_its_eval_steps_and_the_final_c
     assert (again.best_step, again.heldout_accuracy, again.evals, again.cost_usd) == (
         run.best_step, run.heldout_accuracy, run.evals, 0.0)
     marker = json.loads((Path(run.log_dir) / "machine_nb.json").read_text())
-    assert marker["heldout"]["every"] == 3 and marker["heldout"]["evals"] == 4 and marker["steps"] == 5
+    assert marker["heldout"]["every"] == 2 and marker["heldout"]["evals"] == 4 and marker["steps"] == 4
     assert marker["estimate"]["usd"] == 0.0 and marker["estimate"]["evals"] == 4
     # the estimate prices each sequence's rendered tokens; the loop passes one fewer a sequence (a datum's
-    # input drops the last token): 20 pairs x 2 sequences x 1 epoch
-    assert run.estimated_usd == 0.0 and run.estimated_tokens - run.tokens == 40
+    # input drops the last token): 16 pairs x 2 sequences x 1 epoch
+    assert run.estimated_usd == 0.0 and run.estimated_tokens - run.tokens == 32
 
 
 def test_per_row_results_agree_with_evaluate_on_the_same_weights(run, eval_file, tmp_path):
@@ -151,24 +152,24 @@ def test_a_pair_whose_prompt_is_in_eval_rows_in_memory_is_refused_too(train_pair
 def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_changed(run, train_pairs, eval_file,
                                                                                    tmp_path):
     log_dir = tmp_path / "interrupted"
-    with ctrl_c_at("dpo", at=4, hold_step=5):
+    with ctrl_c_at("dpo", at=3, hold_step=4):
         dpo(train_pairs, log_dir=log_dir, eval_data=eval_file, **KW)
     part = read_dpo_log(log_dir)
-    assert not part.complete and part.heldout_accuracy is None and part.state_path.endswith("/weights/000003")
-    assert part.evals >= 2 and part.note is None  # steps 0 and 3 scored before the interrupt
+    assert not part.complete and part.heldout_accuracy is None and part.state_path.endswith("/weights/000002")
+    assert part.evals >= 2 and part.note is None  # steps 0 and 2 scored before the interrupt
     done = dpo(train_pairs, resume=log_dir, progress=False)  # the eval settings come from the run
-    assert done.complete and done.steps == 5
+    assert done.complete and done.steps == 4
     assert list(heldout_curve(log_dir)["step"]) == STEPS
     # the steps before the checkpoint, and the weights they reach, are the uninterrupted run's
-    for step in (0, 3):
+    for step in (0, 2):
         assert list(heldout_results(log_dir, step).rows["output"]) == list(heldout_results(run.log_dir, step).rows["output"])
     full, resumed = training_metrics(run.log_dir), training_metrics(log_dir)
-    assert list(resumed["dpo_loss"][:3]) == list(full["dpo_loss"][:3])
-    # from step 3 on, the reference model is the step-3 weights: the loss starts again at log 2
-    assert math.isclose(resumed["dpo_loss"].iloc[3], math.log(2), rel_tol=1e-4)
-    assert not math.isclose(full["dpo_loss"].iloc[3], math.log(2), rel_tol=1e-4)
-    assert done.resumed_at == [3] and "resumed at step 3" in done.note and "reference model" in done.note
-    assert "steps 3-4" in done.note and "note" in done._repr_html_()
+    assert list(resumed["dpo_loss"][:2]) == list(full["dpo_loss"][:2])
+    # from step 2 on, the reference model is the step-2 weights: the loss starts again at log 2
+    assert math.isclose(resumed["dpo_loss"].iloc[2], math.log(2), rel_tol=1e-4)
+    assert not math.isclose(full["dpo_loss"].iloc[2], math.log(2), rel_tol=1e-4)
+    assert done.resumed_at == [2] and "resumed at step 2" in done.note and "reference model" in done.note
+    assert "steps 2-3" in done.note and "note" in done._repr_html_()
     assert read_dpo_log(log_dir).note == done.note and done.to_dict()["note"] == done.note
     assert (done.best_step is not None and done.heldout_accuracy == heldout_curve(log_dir)["accuracy"].iloc[-1])
 
@@ -176,7 +177,8 @@ def test_ctrl_c_then_resume_keeps_every_eval_step_and_says_what_the_resume_chang
 def test_observed_cost_and_the_budget_guard_on_the_tinker_path(train_pairs, eval_file, tmp_path, monkeypatch):
     """engine="tinker" against a server that speaks Tinker's API, with prices set: the observed cost is
     the DPO passes at the train and prefill prices plus the eval tokens at the sampling prices, and the
-    budget guard counts the evals."""
+    budget guard counts the evals. One step suffices: the eval at step 0 and the final checkpoint's are
+    priced as every eval is."""
     from machine_nb.engines.local.server import LocalServer
     from machine_nb.checks.pricing import clear_prices, set_price
 
@@ -185,11 +187,11 @@ def test_observed_cost_and_the_budget_guard_on_the_tinker_path(train_pairs, eval
     try:
         set_price("local/arith-tiny", train=2.0, prefill=0.5, sample=1.5, source="test price")
         res = dpo(train_pairs, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "t",
-                  max_steps=2, batch_size=4, eval_data=eval_file, eval_every=1, progress=False, max_usd=1.0)
+                  max_steps=1, batch_size=4, eval_data=eval_file, eval_every=1, progress=False, max_usd=1.0)
         train_only = json.loads((tmp_path / "t" / "machine_nb.json").read_text())["estimate"]["train_usd"]
-        with pytest.raises(BudgetExceeded, match="with 3 held-out evals"):
+        with pytest.raises(BudgetExceeded, match="with 2 held-out evals"):
             dpo(train_pairs, "local/arith-tiny", "tinker", base_url=server.url, log_dir=tmp_path / "over",
-                max_steps=2, batch_size=4, eval_data=eval_file, eval_every=1, progress=False,
+                max_steps=1, batch_size=4, eval_data=eval_file, eval_every=1, progress=False,
                 max_usd=train_only * 1.01)
         assert not (tmp_path / "over").exists()
         again = read_dpo_log(res.log_dir)
@@ -197,7 +199,7 @@ def test_observed_cost_and_the_budget_guard_on_the_tinker_path(train_pairs, eval
         clear_prices()
         server.stop()
     curve = heldout_curve(res.log_dir)
-    assert list(curve["step"]) == [0, 1, 2]  # every step, the last one, then the final checkpoint
+    assert list(curve["step"]) == [0, 1]  # the step, then the final checkpoint
     train_usd = res.tokens * (2 * 2.0 + 0.5) / 1e6  # training + the policy's forward pass + the reference's
     eval_usd = (curve["prompt_tokens"].sum() * 0.5 + curve["output_tokens"].sum() * 1.5) / 1e6
     assert res.eval_cost_usd == pytest.approx(eval_usd) and res.cost_usd == pytest.approx(train_usd + eval_usd)
@@ -211,13 +213,15 @@ def test_cli_dpo_with_eval_prints_the_held_out_line_and_prices_the_evals(pairs, 
     from machine_nb.training.pairs import write_pairs
 
     path = write_pairs(train_pairs, tmp_path / "pairs.jsonl")
-    assert main(["dpo", str(path), "--steps", "2", "--batch-size", "4", "--log-dir", str(tmp_path / "cli"),
+    # one step: the held-out evals at step 0 and on the final checkpoint are what the CLI reports and prices
+    # (the evals at later steps inside the loop are the run fixture's)
+    assert main(["dpo", str(path), "--steps", "1", "--batch-size", "4", "--log-dir", str(tmp_path / "cli"),
                  "--eval", str(eval_file), "--eval-every", "1"]) == 0
     out = capsys.readouterr().out
-    assert "held-out:" in out and "3 evals" in out and "(estimated $0.0000)" in out
-    assert list(heldout_curve(tmp_path / "cli")["step"]) == [0, 1, 2]
+    assert "held-out:" in out and "2 evals" in out and "(estimated $0.0000)" in out
+    assert list(heldout_curve(tmp_path / "cli")["step"]) == [0, 1]
     code = main(["dpo", str(path), "--engine", "tinker", "--model", "thinkingmachines/Inkling",
                  "--eval", str(eval_file), "--eval-every", "4"])
     err = capsys.readouterr().err
-    # 20 pairs at batch 8: 2 steps an epoch x 10; steps 0, 4, …, 16 and the last (19), then the final checkpoint
+    # 16 pairs at batch 8: 2 steps an epoch x 10; steps 0, 4, …, 16 and the last (19), then the final checkpoint
     assert code == 4 and "Held-out evals: 7 x 8 rows, at most $" in err and "--yes" in err
