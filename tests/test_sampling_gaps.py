@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -210,3 +211,44 @@ def test_a_samples_own_error_is_its_reason_not_the_event_loop_check(tmp_path):
     with pytest.warns(UserWarning):
         res = inspect_eval(failing, log_dir=tmp_path / "logs")
     assert "the solver's own reason" in res[0].rows["error"][0]
+
+
+def test_ctrl_c_as_the_worker_thread_starts_still_waits_for_the_work_to_end(monkeypatch):
+    """A Ctrl-C can land while the pool is still starting its thread (in `submit`, after the work
+    began): the pool has not listed that thread yet, so its shutdown does not wait for it. The work
+    is cancelled and run_coroutine returns only once it has ended, as for a Ctrl-C a moment later."""
+    import concurrent.futures
+
+    from machine_nb.evaluation import sampling
+
+    started, seen = threading.Event(), []
+
+    async def work():
+        started.set()
+        try:
+            await asyncio.sleep(30)
+            seen.append("finished")
+        except asyncio.CancelledError:
+            time.sleep(0.2)  # the work takes a moment to end
+            seen.append("cancelled")
+            raise
+
+    class StartingPool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            super().submit(fn, *args, **kwargs)
+            started.wait(timeout=60)
+            self._threads.clear()  # as when the signal lands before the pool records its thread
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sampling.concurrent.futures, "ThreadPoolExecutor", StartingPool)
+
+    async def cell():
+        sampling.run_coroutine(work)
+
+    kernel = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            kernel.run_until_complete(cell())
+    finally:
+        kernel.close()
+    assert seen == ["cancelled"]

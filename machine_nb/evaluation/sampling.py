@@ -373,7 +373,7 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
     (Ctrl-C in a kernel) cancels it and waits until it has ended, then goes up."""
     import threading
 
-    lock, held = threading.Lock(), {}
+    lock, held, ended = threading.Lock(), {}, threading.Event()
 
     async def main() -> Any:
         with lock:
@@ -382,9 +382,15 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
             held["loop"], held["task"] = asyncio.get_running_loop(), asyncio.current_task()
         return await coro_factory()
 
+    def in_thread() -> Any:
+        try:
+            return asyncio.run(main())
+        finally:
+            ended.set()
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:  # submitted inside: a Ctrl-C landing as the work starts still cancels it
-        return pool.submit(lambda: asyncio.run(main())).result()
+        return pool.submit(in_thread).result()
     except BaseException:
         # interrupted (or failed) while the work may run: cancel it, not leave it sampling; work not
         # started yet sees `interrupted` and ends at once
@@ -394,7 +400,8 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # its loop ended meanwhile
                 loop.call_soon_threadsafe(task.cancel)
-        pool.shutdown(wait=True)  # until the work has ended; a second Ctrl-C stops waiting
+        if loop is not None:  # the work began: until it has ended (a Ctrl-C landing while the pool
+            ended.wait()  # starts its thread leaves the pool unaware of it); a second Ctrl-C stops waiting
         raise
     finally:
         pool.shutdown(wait=False)
