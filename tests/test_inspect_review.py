@@ -405,3 +405,43 @@ def test_inspect_tasks_run_while_training_send_a_tasks_system_message_once(tmp_p
     metrics = asyncio.run(InspectEvaluator(builder)(sampler))
     assert sampler.prompts and sampler.prompts[0].count("Digits only.") == 1
     assert metrics == {f"{INSPECT_PREFIX}sums/accuracy": 1.0, f"{INSPECT_PREFIX}sums/stderr": 0.0}
+
+
+def test_ctrl_c_as_the_worker_thread_starts_still_waits_for_the_run_to_end(monkeypatch):
+    """A Ctrl-C landing while the pool is still starting its thread (in `submit`, after the run
+    began) leaves the pool unaware of that thread: the run is interrupted and `_call` returns only
+    once it has ended, as for a Ctrl-C a moment later."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    import time
+
+    from machine_nb.evaluation import inspect_bridge
+
+    started, interrupted, seen = threading.Event(), threading.Event(), []
+
+    def run():
+        started.set()
+        interrupted.wait(timeout=60)
+        time.sleep(0.2)  # the run takes a moment to end once interrupted
+        seen.append("ended")
+
+    class StartingPool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            super().submit(fn, *args, **kwargs)
+            started.wait(timeout=60)
+            self._threads.clear()  # as when the signal lands before the pool records its thread
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_bridge.concurrent.futures, "ThreadPoolExecutor", StartingPool)
+
+    async def cell():
+        inspect_bridge._call(run, interrupted.set)
+
+    kernel = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            kernel.run_until_complete(cell())
+    finally:
+        kernel.close()
+    assert seen == ["ended"]

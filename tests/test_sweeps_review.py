@@ -380,3 +380,36 @@ def test_two_calls_adding_seeds_to_one_sweep_dir_at_once_both_stay_recorded(tmp_
     sweep(data, {"learning_rate": [1e-3]}, seeds=[0, 1], sweep_dir=out, progress=False)
     assert sorted(json.loads((out / "sweep.json").read_text())["seeds"]) == [0, 1, 2]
     assert sorted(read_sweep(out)["seed"]) == [0, 1, 2]
+
+
+def test_ctrl_c_while_the_runs_are_handed_out_stops_the_started_ones_and_waits_for_them(monkeypatch):
+    """A Ctrl-C can land while parallel runs are still being handed to their threads: the runs
+    already started are told to stop and waited for, and none of the rest starts."""
+    import concurrent.futures
+    import threading
+    import time
+
+    from machine_nb.training import sweeps
+
+    started, ended = threading.Event(), []
+    stop = threading.Event()
+
+    def one(name, *rest):
+        started.set()
+        stop.wait(timeout=60)  # a run in progress ends once the sweep says stop
+        time.sleep(0.2)
+        ended.append(name)
+        return {"run": name}
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            if args[0] == "b":  # the Ctrl-C lands as the second run is handed out
+                started.wait(timeout=60)
+                raise KeyboardInterrupt
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Pool)
+    runs = [("a", {}, 0, None), ("b", {}, 0, None), ("c", {}, 0, None)]
+    with pytest.raises(KeyboardInterrupt):
+        sweeps._parallel(runs, one, 2, stop, {}, None)
+    assert stop.is_set() and ended == ["a"]

@@ -359,12 +359,25 @@ def _call(fn: Any, interrupt: Any) -> Any:
         in_loop = True
     if not in_loop:
         return fn()  # Inspect's own loop takes Ctrl-C here
+    import threading
+
+    began, ended = threading.Event(), threading.Event()
+
+    def in_thread() -> Any:
+        began.set()
+        try:
+            return fn()
+        finally:
+            ended.set()
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
-        return pool.submit(fn).result()
+        return pool.submit(in_thread).result()
     except BaseException:
         interrupt()  # Inspect's samples end with an error each, so its run returns soon
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)  # a run not started yet never starts
+        if began.is_set():  # a Ctrl-C landing while the pool starts its thread leaves the pool unaware of it
+            ended.wait()  # a second Ctrl-C stops waiting
         raise
     finally:
         pool.shutdown(wait=False)

@@ -533,14 +533,19 @@ def _parallel(runs: list, one: Any, max_parallel: int, stop: threading.Event, ro
     import concurrent.futures as cf
 
     pool = cf.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="machine-nb-sweep")
-    futures = {pool.submit(one, *run): run[0] for run in runs}
-    try:
+    futures: dict = {}
+    try:  # handed out inside: a Ctrl-C landing meanwhile stops the runs already started
+        for run in runs:
+            futures[pool.submit(one, *run)] = run[0]
         for future in cf.as_completed(futures):
             rows[futures[future]] = future.result()
             _tick(bar, rows[futures[future]])
     except BaseException:
         stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
+        # a Ctrl-C landing while the pool starts a thread leaves the pool unaware of that thread:
+        # each run handed out is waited for too (a second Ctrl-C stops waiting)
+        cf.wait(futures)
         raise
     pool.shutdown(wait=True)
 
