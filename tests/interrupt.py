@@ -73,3 +73,36 @@ def engine_fault_at(step: int) -> Iterator[None]:
         yield
     finally:
         compute.Trainer.optim_step = real_step
+
+
+def ctrl_c_as_the_pool_starts(monkeypatch: pytest.MonkeyPatch, started: threading.Event) -> None:
+    """Make every `concurrent.futures.ThreadPoolExecutor` of the test behave as when a Ctrl-C lands
+    while the pool starts its thread: `submit` hands the work to the thread, waits until the work
+    has begun (`started` set), then raises KeyboardInterrupt with the thread not yet in the pool's
+    records, so the pool's own shutdown does not wait for it."""
+    import concurrent.futures
+
+    class StartingPool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            super().submit(fn, *args, **kwargs)
+            started.wait(timeout=60)
+            self._threads.clear()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", StartingPool)
+
+
+def interrupted_in_a_kernel(call) -> None:
+    """`call()` from inside a running event loop, as a notebook cell runs; it must raise
+    KeyboardInterrupt (a test failure otherwise)."""
+    import asyncio
+
+    async def cell():
+        call()
+
+    kernel = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            kernel.run_until_complete(cell())
+    finally:
+        kernel.close()

@@ -411,12 +411,12 @@ def test_ctrl_c_as_the_worker_thread_starts_still_waits_for_the_run_to_end(monke
     """A Ctrl-C landing while the pool is still starting its thread (in `submit`, after the run
     began) leaves the pool unaware of that thread: the run is interrupted and `_call` returns only
     once it has ended, as for a Ctrl-C a moment later."""
-    import asyncio
-    import concurrent.futures
     import threading
     import time
 
     from machine_nb.evaluation import inspect_bridge
+
+    from interrupt import ctrl_c_as_the_pool_starts, interrupted_in_a_kernel
 
     started, interrupted, seen = threading.Event(), threading.Event(), []
 
@@ -426,22 +426,6 @@ def test_ctrl_c_as_the_worker_thread_starts_still_waits_for_the_run_to_end(monke
         time.sleep(0.2)  # the run takes a moment to end once interrupted
         seen.append("ended")
 
-    class StartingPool(concurrent.futures.ThreadPoolExecutor):
-        def submit(self, fn, *args, **kwargs):
-            super().submit(fn, *args, **kwargs)
-            started.wait(timeout=60)
-            self._threads.clear()  # as when the signal lands before the pool records its thread
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(inspect_bridge.concurrent.futures, "ThreadPoolExecutor", StartingPool)
-
-    async def cell():
-        inspect_bridge._call(run, interrupted.set)
-
-    kernel = asyncio.new_event_loop()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            kernel.run_until_complete(cell())
-    finally:
-        kernel.close()
+    ctrl_c_as_the_pool_starts(monkeypatch, started)
+    interrupted_in_a_kernel(lambda: inspect_bridge._call(run, interrupted.set))
     assert seen == ["ended"]

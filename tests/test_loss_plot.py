@@ -343,15 +343,12 @@ def test_closing_the_plot_ends_its_polling(tmp_path):
     assert not p.live
 
 
-def test_a_slow_drawing_spaces_the_redraws_by_its_own_duration(tmp_path, monkeypatch):
-    """On a busy machine a picture takes longer to draw: the next redraw waits four times the last
-    drawing's duration (when that is longer than REDRAW_EVERY_S), so drawing takes at most a fifth of
-    the time however slow it gets, and the training it shows keeps the rest. The plot's clock is a
-    counter moved by hand; each drawing moves it by one second."""
+def slow_drawings(monkeypatch) -> list[float]:
+    """The plot's clock as a counter moved by hand (returned: `now[0]`), moved one second by each
+    drawing, as on a machine where a picture takes a second to draw."""
     from types import SimpleNamespace
 
     from machine_nb.widgets import loss_plot
-    from machine_nb.widgets.loss_plot import REDRAW_EVERY_S
 
     now = [1000.0]
     monkeypatch.setattr(loss_plot, "time", SimpleNamespace(monotonic=lambda: now[0]))
@@ -362,6 +359,19 @@ def test_a_slow_drawing_spaces_the_redraws_by_its_own_duration(tmp_path, monkeyp
         return real_png(fig)
 
     monkeypatch.setattr(loss_plot, "png_bytes", slow_png)
+    return now
+
+
+def test_a_slow_drawing_spaces_the_redraws_by_its_own_duration(tmp_path, monkeypatch):
+    """On a busy machine a picture takes longer to draw: the next redraw waits four times the last
+    drawing's duration (when that is longer than REDRAW_EVERY_S), so drawing takes at most a fifth of
+    the time however slow it gets, and the training it shows keeps the rest. The plot's clock is a
+    counter moved by hand; each drawing moves it by one second."""
+    from types import SimpleNamespace
+
+    from machine_nb.widgets.loss_plot import REDRAW_EVERY_S
+
+    now = slow_drawings(monkeypatch)
     log = tmp_path / "run"
     write_metrics(log, rows(1))
     p = LossPlot(log, refresh_s=3600)
@@ -390,19 +400,7 @@ def test_the_background_poll_keeps_to_the_same_spacing(tmp_path, monkeypatch):
     """A plot shown before `sft(on_metrics=plot.update)` starts also polls the files in a thread:
     that poll redraws no sooner than `update` would (four drawings' time after a drawing that took
     a second), and draws the final state when the run ends whatever the time."""
-    from types import SimpleNamespace
-
-    from machine_nb.widgets import loss_plot
-
-    now = [1000.0]
-    monkeypatch.setattr(loss_plot, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    real_png = loss_plot.png_bytes
-
-    def slow_png(fig):
-        now[0] += 1.0
-        return real_png(fig)
-
-    monkeypatch.setattr(loss_plot, "png_bytes", slow_png)
+    now = slow_drawings(monkeypatch)
     log = tmp_path / "run"
     write_metrics(log, rows(1))
     p = LossPlot(log, refresh_s=3600)

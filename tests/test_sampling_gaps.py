@@ -157,18 +157,26 @@ def test_an_engine_refusal_cancels_the_requests_still_in_flight():
     assert asyncio.run(main()) == {"p1": "cancelled", "p2": "cancelled", "p3": "cancelled"}
 
 
-def test_ctrl_c_in_a_notebook_cancels_the_sampling_and_returns_at_once():
-    """In a kernel (an event loop running) Ctrl-C waited for every row to be sampled first."""
-    started, seen = threading.Event(), []
-
+def sampling_work(started: threading.Event, seen: list, ending_s: float = 0.0):
+    """A coroutine function standing in for sampling: it sets `started`, then waits; cancelled, it
+    takes `ending_s` to end and notes "cancelled" in `seen` ("finished" if it ran out)."""
     async def work():
         started.set()
         try:
             await asyncio.sleep(30)
             seen.append("finished")
         except asyncio.CancelledError:
+            time.sleep(ending_s)
             seen.append("cancelled")
             raise
+
+    return work
+
+
+def test_ctrl_c_in_a_notebook_cancels_the_sampling_and_returns_at_once():
+    """In a kernel (an event loop running) Ctrl-C waited for every row to be sampled first."""
+    started, seen = threading.Event(), []
+    work = sampling_work(started, seen)
 
     def interrupt():
         started.wait()
@@ -217,38 +225,13 @@ def test_ctrl_c_as_the_worker_thread_starts_still_waits_for_the_work_to_end(monk
     """A Ctrl-C can land while the pool is still starting its thread (in `submit`, after the work
     began): the pool has not listed that thread yet, so its shutdown does not wait for it. The work
     is cancelled and run_coroutine returns only once it has ended, as for a Ctrl-C a moment later."""
-    import concurrent.futures
-
     from machine_nb.evaluation import sampling
 
+    from interrupt import ctrl_c_as_the_pool_starts, interrupted_in_a_kernel
+
     started, seen = threading.Event(), []
+    work = sampling_work(started, seen, ending_s=0.2)  # the work takes a moment to end
 
-    async def work():
-        started.set()
-        try:
-            await asyncio.sleep(30)
-            seen.append("finished")
-        except asyncio.CancelledError:
-            time.sleep(0.2)  # the work takes a moment to end
-            seen.append("cancelled")
-            raise
-
-    class StartingPool(concurrent.futures.ThreadPoolExecutor):
-        def submit(self, fn, *args, **kwargs):
-            super().submit(fn, *args, **kwargs)
-            started.wait(timeout=60)
-            self._threads.clear()  # as when the signal lands before the pool records its thread
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(sampling.concurrent.futures, "ThreadPoolExecutor", StartingPool)
-
-    async def cell():
-        sampling.run_coroutine(work)
-
-    kernel = asyncio.new_event_loop()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            kernel.run_until_complete(cell())
-    finally:
-        kernel.close()
+    ctrl_c_as_the_pool_starts(monkeypatch, started)
+    interrupted_in_a_kernel(lambda: sampling.run_coroutine(work))
     assert seen == ["cancelled"]
