@@ -92,17 +92,29 @@ def ctrl_c_as_the_pool_starts(monkeypatch: pytest.MonkeyPatch, started: threadin
     monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", StartingPool)
 
 
-def interrupted_in_a_kernel(call) -> None:
+def interrupted_in_a_kernel(call, ctrl_c_once: threading.Event | None = None) -> None:
     """`call()` from inside a running event loop, as a notebook cell runs; it must raise
-    KeyboardInterrupt (a test failure otherwise)."""
+    KeyboardInterrupt (a test failure otherwise). With `ctrl_c_once`, a real SIGINT goes to this
+    thread once that event is set, and raises KeyboardInterrupt where it lands, as ipykernel's
+    Ctrl-C does (SIGINT's default handler is in place meanwhile: a test process may have been
+    started with SIGINT ignored)."""
     import asyncio
+    import signal
+
+    def interrupt():
+        ctrl_c_once.wait()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     async def cell():
+        if ctrl_c_once is not None:
+            threading.Thread(target=interrupt, daemon=True).start()
         call()
 
     kernel = asyncio.new_event_loop()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             kernel.run_until_complete(cell())
     finally:
+        signal.signal(signal.SIGINT, before)
         kernel.close()

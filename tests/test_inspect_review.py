@@ -164,13 +164,14 @@ def test_ctrl_c_in_a_notebook_stops_an_inspect_run_without_waiting_for_every_sam
     """In a kernel, Ctrl-C waited until Inspect had sampled every sample (still sending requests) before it
     came back."""
     import asyncio
-    import signal
     import threading
 
     from inspect_ai import Task
     from inspect_ai.dataset import MemoryDataset, Sample
     from inspect_ai.scorer import match
     from inspect_ai.solver import generate
+
+    from interrupt import interrupted_in_a_kernel
 
     started, seen = threading.Event(), []
 
@@ -190,22 +191,7 @@ def test_ctrl_c_in_a_notebook_stops_an_inspect_run_without_waiting_for_every_sam
     many = Task(dataset=MemoryDataset([Sample(id=i, input=QUESTION, target="5") for i in range(1, 4)], name="sums"),
                 solver=generate(), scorer=match(), name="sums")
 
-    def interrupt():
-        started.wait()
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C
-
-    async def cell():
-        threading.Thread(target=interrupt, daemon=True).start()
-        run(tmp_path, many, sampler, concurrency=1)
-
-    kernel = asyncio.new_event_loop()  # a running loop whose SIGINT raises KeyboardInterrupt, as ipykernel's
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            kernel.run_until_complete(cell())
-    finally:
-        signal.signal(signal.SIGINT, before)
-        kernel.close()
+    interrupted_in_a_kernel(lambda: run(tmp_path, many, sampler, concurrency=1), ctrl_c_once=started)
     assert seen == ["cancelled"] and len(sampler.prompts) == 1
 
 

@@ -9,7 +9,6 @@ sample_rows and run_coroutine run against stand-in samplers.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 from types import SimpleNamespace
@@ -18,6 +17,8 @@ import pytest
 
 from machine_nb.errors import EngineError
 from machine_nb.evaluation.sampling import run_coroutine, sample_rows
+
+from interrupt import ctrl_c_as_the_pool_starts, interrupted_in_a_kernel
 
 QUESTION = "What is 2 plus 3?"
 
@@ -177,24 +178,7 @@ def test_ctrl_c_in_a_notebook_cancels_the_sampling_and_returns_at_once():
     """In a kernel (an event loop running) Ctrl-C waited for every row to be sampled first."""
     started, seen = threading.Event(), []
     work = sampling_work(started, seen)
-
-    def interrupt():
-        started.wait()
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C
-
-    async def cell():
-        threading.Thread(target=interrupt, daemon=True).start()
-        run_coroutine(work)
-
-    kernel = asyncio.new_event_loop()  # a running loop whose SIGINT raises KeyboardInterrupt, as ipykernel's
-    # a kernel's Ctrl-C raises KeyboardInterrupt; a test process may have been started with SIGINT ignored
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            kernel.run_until_complete(cell())
-    finally:
-        signal.signal(signal.SIGINT, before)
-        kernel.close()
+    interrupted_in_a_kernel(lambda: run_coroutine(work), ctrl_c_once=started)
     assert seen == ["cancelled"]
 
 
@@ -226,8 +210,6 @@ def test_ctrl_c_as_the_worker_thread_starts_still_waits_for_the_work_to_end(monk
     began): the pool has not listed that thread yet, so its shutdown does not wait for it. The work
     is cancelled and run_coroutine returns only once it has ended, as for a Ctrl-C a moment later."""
     from machine_nb.evaluation import sampling
-
-    from interrupt import ctrl_c_as_the_pool_starts, interrupted_in_a_kernel
 
     started, seen = threading.Event(), []
     work = sampling_work(started, seen, ending_s=0.2)  # the work takes a moment to end
