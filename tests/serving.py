@@ -1,5 +1,7 @@
 """`machine-nb serve` started as a user starts it: a real subprocess on a free port, its log in a file;
-and a stand-in for the Hugging Face hub that counts the connections a call makes to it."""
+a stand-in for the Hugging Face hub that counts the connections a call makes to it; and raw
+requests to a server's HTTP API (`api_call`, `api_result`, `new_session`), as a client other than
+the SDK sends them."""
 
 from __future__ import annotations
 
@@ -189,3 +191,41 @@ class FakeHub:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def api_call(srv, path: str, body=None, *, method: str = "POST", raw: bytes | None = None,
+             content_type: str = "application/json", timeout: float = 30) -> tuple[int, dict]:
+    """(status, JSON body) of one request to `srv` (anything with `url` and `key`) with its key; a
+    protobuf answer (a sampling result) as {"protobuf": bytes}. `raw` sends those bytes as the body."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode("utf-8"))
+    req = urllib.request.Request(srv.url + path, data=data, method=method,
+                                 headers={"Content-Type": content_type, "X-API-Key": srv.key})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, out, kind = r.status, r.read(), r.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        status, out, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
+    return status, ({"protobuf": out} if "protobuf" in kind else json.loads(out or b"{}"))
+
+
+def api_result(srv, answer: tuple[int, dict]) -> dict:
+    """The result of the future a 200 answer names, polled until it is ready."""
+    status, body = answer
+    assert status == 200, body
+    while True:
+        status, out = api_call(srv, "/api/v1/retrieve_future", {"request_id": body["request_id"]})
+        if status != 408:
+            assert status == 200, out
+            return out
+
+
+def new_session(srv) -> str:
+    """A new SDK session on `srv`, as the SDK creates one; returns its id."""
+    status, body = api_call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",
+                                                           "type": "create_session"})
+    assert status == 200, body
+    return body["session_id"]

@@ -3,14 +3,12 @@ leaves nothing behind that a later request trips on (no half-made run, no unlist
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
+
+from serving import api_call, api_result as result, new_session
 
 
 @pytest.fixture(scope="module")
@@ -21,35 +19,13 @@ def srv(tmp_path_factory):
 
 
 def call(srv, path: str, body=None, *, method: str = "POST", timeout: float = 10) -> tuple[int, dict]:
-    """(status, JSON body) of one request; a protobuf body (a sampling result) as {"protobuf": bytes}."""
-    data = None if body is None else json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(srv.url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json", "X-API-Key": srv.key})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, raw, kind = r.status, r.read(), r.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as exc:
-        status, raw, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
-    return status, ({"protobuf": raw} if "protobuf" in kind else json.loads(raw or b"{}"))
-
-
-def result(srv, answer: tuple[int, dict]) -> dict:
-    """The result of the future a 200 answer names."""
-    status, body = answer
-    assert status == 200, body
-    while True:
-        status, out = call(srv, "/api/v1/retrieve_future", {"request_id": body["request_id"]}, timeout=30)
-        if status != 408:
-            assert status == 200, out
-            return out
+    """(status, JSON body) of one request, within `timeout` (serving.api_call)."""
+    return api_call(srv, path, body, method=method, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def session(srv) -> str:
-    status, body = call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",
-                                                         "type": "create_session"})
-    assert status == 200, body
-    return body["session_id"]
+    return new_session(srv)
 
 
 @pytest.fixture(scope="module")

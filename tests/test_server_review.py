@@ -17,6 +17,8 @@ from tinker.proto import tinker_public_pb2 as pb
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
 
+from serving import api_call as call, api_result as result, new_session
+
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
@@ -25,37 +27,18 @@ def srv(tmp_path_factory):
     s.stop()
 
 
-def call(srv, path: str, body=None, *, method: str = "POST", raw: bytes | None = None,
-         content_type: str = "application/json", timeout: float = 30) -> tuple[int, dict]:
-    """(status, JSON body) of one request; a protobuf answer as {"protobuf": bytes}."""
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode("utf-8"))
-    req = urllib.request.Request(srv.url + path, data=data, method=method,
-                                 headers={"Content-Type": content_type, "X-API-Key": srv.key})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, out, kind = r.status, r.read(), r.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as exc:
-        status, out, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
-    return status, ({"protobuf": out} if "protobuf" in kind else json.loads(out or b"{}"))
-
-
-def result(srv, answer: tuple[int, dict]) -> dict:
-    """The result of the future a 200 answer names."""
-    status, body = answer
-    assert status == 200, body
-    while True:
-        status, out = call(srv, "/api/v1/retrieve_future", {"request_id": body["request_id"]})
-        if status != 408:
-            assert status == 200, out
-            return out
-
-
 @pytest.fixture(scope="module")
 def session(srv) -> str:
-    status, body = call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",
-                                                         "type": "create_session"})
+    return new_session(srv)
+
+
+def sampling_session(srv) -> tuple[str, str]:
+    """A new session and a sampling session of the base model in it: (session id, sampler id)."""
+    own = new_session(srv)
+    status, body = call(srv, "/api/v1/create_sampling_session", {"session_id": own, "sampling_session_seq_id": 0,
+                                                                 "base_model": DEFAULT_MODEL})
     assert status == 200, body
-    return body["session_id"]
+    return own, body["sampling_session_id"]
 
 
 _SEQ = iter(range(1, 1000))
@@ -129,12 +112,7 @@ def test_a_forward_backward_refused_while_decoding_keeps_the_runs_later_requests
 
 
 def test_requests_queued_on_a_sampler_that_is_let_go_fail_instead_of_waiting_forever(srv):
-    status, body = call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",
-                                                         "type": "create_session"})
-    own = body["session_id"]
-    status, body = call(srv, "/api/v1/create_sampling_session", {"session_id": own, "sampling_session_seq_id": 0,
-                                                                 "base_model": DEFAULT_MODEL})
-    sid = body["sampling_session_id"]
+    own, sid = sampling_session(srv)
     sampler = srv.samplers[sid].sampler
     started, release = threading.Event(), threading.Event()
     real_sample = sampler.sample
@@ -282,18 +260,11 @@ def test_a_jump_of_the_wall_clock_lets_go_of_no_live_session(srv, monkeypatch):
     import time
     import types
 
-    status, body = call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",
-                                                         "type": "create_session"})
-    own = body["session_id"]
-    status, body = call(srv, "/api/v1/create_sampling_session", {"session_id": own, "sampling_session_seq_id": 0,
-                                                                 "base_model": DEFAULT_MODEL})
-    sid = body["sampling_session_id"]
+    own, sid = sampling_session(srv)
     later = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
     later.time = lambda: time.time() + 3600
     monkeypatch.setattr(server_mod, "time", later)
-    status, _ = call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",
-                                                     "type": "create_session"})  # lets go of dead sessions
-    assert status == 200
+    new_session(srv)  # lets go of dead sessions
     assert sid in srv.samplers
     status, body = call(srv, "/api/v1/session_heartbeat", {"session_id": own})
     assert status == 200, body
