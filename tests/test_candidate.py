@@ -22,6 +22,8 @@ import machine_nb as mnb
 from machine_nb.evaluation.candidate import Candidate, CommitConflict, CommitRefused, Gate
 from machine_nb.evaluation.cases import read_versions
 
+from scratch import local_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample_workspace"
 
@@ -169,22 +171,6 @@ def test_missing_or_malformed_files_stop_before_any_sampling(trained, ws, damage
         mnb.candidate(ws, "tutor", trained["strong"], progress=False)
 
 
-def fake_checkpoint(root: Path, name: str) -> str:
-    """A local checkpoint as commit checks it: its description in the server's data dir, under a run
-    named after `root` (no weights are sampled here)."""
-    import hashlib
-
-    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
-
-    run = "local-" + hashlib.sha256(str(root).encode()).hexdigest()[:16] + ":train:0"
-    path = f"tinker://{run}/sampler_weights/{name}"
-    d = checkpoint_dir(default_data_dir(), path)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "checkpoint.json").write_text(json.dumps({"format": "machine-nb-local/1", "base_model": "local/arith-tiny",
-                                                   "lora_rank": 0}))
-    return path
-
-
 def checkpoint_folder(path: str) -> Path:
     from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
 
@@ -275,7 +261,7 @@ def test_a_stale_candidate_cannot_commit_over_a_newer_version(tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(SAMPLE / "machines" / "tutor", ws / "machines" / "tutor")
     live = read_versions(ws, "tutor")[0]
-    make = lambda name: Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, name),  # noqa: E731
+    make = lambda name: Candidate(workspace=str(ws), machine="tutor", checkpoint=local_checkpoint(tmp_path, name),  # noqa: E731
                                   base_model="local/arith-tiny", engine="local", live_version=live, report=None,
                                   passed=True, reason="test")
     first, second = make("a"), make("b")
@@ -295,7 +281,7 @@ def _bare(tmp_path: Path) -> Path:
 def _commit(ws: Path, tmp_path: Path, name: str) -> dict:
     from machine_nb.evaluation.cases import live_version
 
-    return Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, name),
+    return Candidate(workspace=str(ws), machine="tutor", checkpoint=local_checkpoint(tmp_path, name),
                      base_model="local/arith-tiny", engine="local", live_version=live_version(ws, "tutor"),
                      report=None, passed=True, reason="test").commit()
 
@@ -326,7 +312,7 @@ def test_commit_refuses_a_candidate_whose_checkpoint_is_gone(tmp_path):
     ws = _bare(tmp_path)
     from machine_nb.evaluation.cases import live_version
 
-    ckpt = fake_checkpoint(tmp_path, "gone")
+    ckpt = local_checkpoint(tmp_path, "gone")
     cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=ckpt, base_model="local/arith-tiny",
                      engine="local", live_version=live_version(ws, "tutor"), report=None, passed=True, reason="test")
     shutil.rmtree(checkpoint_folder(ckpt))
@@ -352,7 +338,7 @@ def test_malformed_versions_stop_the_candidate_before_any_sampling(trained, ws, 
 
 
 def test_a_checkpoint_that_is_gone_stops_the_candidate_before_any_sampling(trained, ws, tmp_path):
-    gone = fake_checkpoint(tmp_path, "x")
+    gone = local_checkpoint(tmp_path, "x")
     shutil.rmtree(checkpoint_folder(gone))
     with pytest.raises(ValueError, match="cannot be sampled .* nothing was measured"):
         mnb.candidate(ws, "tutor", gone, progress=False)
@@ -465,7 +451,7 @@ def test_a_commit_or_revert_cut_short_between_its_files_finishes_when_run_again(
 
     ws = _bare(tmp_path)
     d = ws / "machines" / "tutor"
-    cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=fake_checkpoint(tmp_path, "a"),
+    cand = Candidate(workspace=str(ws), machine="tutor", checkpoint=local_checkpoint(tmp_path, "a"),
                      base_model="local/arith-tiny", engine="local", live_version=live_version(ws, "tutor"),
                      report=None, passed=True, reason="test")
     with monkeypatch.context() as m:

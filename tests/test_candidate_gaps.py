@@ -10,7 +10,6 @@ run through the real evaluate_cases on the local engine.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -20,20 +19,19 @@ import machine_nb as mnb
 import machine_nb.evaluation.candidate as candidate_mod
 import machine_nb.evaluation.cases as cases_mod
 from machine_nb.evaluation.candidate import Candidate, CommitConflict, Gate
-from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, live_version, read_versions
+from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS, read_versions
 from machine_nb.evaluation.results import EvalResult
 from machine_nb.errors import MachineFormatError
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+from scratch import copy_tutor
+
 CHECKPOINT = "tinker://local-0123456789abcdef:train:0/sampler_weights/final"
 
 
 @pytest.fixture
 def ws(tmp_path):
     """A scratch copy of the sample's tutor machine (definition only)."""
-    root = tmp_path / "ws"
-    shutil.copytree(SAMPLE / "machines" / "tutor", root / "machines" / "tutor")
-    return root
+    return copy_tutor(tmp_path / "ws")
 
 
 def tutor(ws: Path) -> Path:

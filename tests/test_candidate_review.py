@@ -27,16 +27,15 @@ from machine_nb.evaluation.candidate import CandidateReport, Gate
 from machine_nb.evaluation.cases import CASE_RESULT_COLUMNS
 from machine_nb.evaluation.results import RESULT_COLUMNS, EvalResult
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+from scratch import copy_tutor, local_checkpoint
+
 CHECKPOINT = "tinker://local-0123456789abcdef:train:0/sampler_weights/final"
 
 
 @pytest.fixture
 def ws(tmp_path):
     """A scratch copy of the sample's tutor machine (definition only)."""
-    root = tmp_path / "ws"
-    shutil.copytree(SAMPLE / "machines" / "tutor", root / "machines" / "tutor")
-    return root
+    return copy_tutor(tmp_path / "ws")
 
 
 def tutor(ws: Path) -> Path:
@@ -49,19 +48,6 @@ def strict_json(text: str):
         raise ValueError(f"not JSON: {name}")
 
     return json.loads(text, parse_constant=refuse)
-
-
-def local_checkpoint(root: Path, name: str) -> str:
-    """A local checkpoint as commit and revert check it: its description in the server's data dir."""
-    from machine_nb.engines.local.checkpoints import checkpoint_dir, default_data_dir
-
-    run = "local-" + hashlib.sha256(str(root).encode()).hexdigest()[:16] + ":train:0"
-    path = f"tinker://{run}/sampler_weights/{name}"
-    d = checkpoint_dir(default_data_dir(), path)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "checkpoint.json").write_text(json.dumps({"format": "machine-nb-local/1", "base_model": "local/arith-tiny",
-                                                   "lora_rank": 0}))
-    return path
 
 
 class StandIn:

@@ -5,14 +5,13 @@ silently different value, or output that is not what the flag promised."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from machine_nb.cli import main
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+from scratch import SAMPLE, usage_error
 CHECKPOINT = "tinker://local-x/sampler_weights/final"
 
 
@@ -22,16 +21,6 @@ def parse_only(monkeypatch):
     import machine_nb.cli
 
     monkeypatch.setattr(machine_nb.cli, "_run", lambda args: 0)
-
-
-def _usage_error(capsys, argv: list[str]) -> str:
-    """Run `machine-nb ARGV`, expect argparse's usage error (exit 2), return its stderr."""
-    with pytest.raises(SystemExit) as exited:
-        assert main(argv) != 0, f"machine-nb {' '.join(argv)} was accepted"
-    err = capsys.readouterr().err
-    assert exited.value.code == 2, err
-    assert "Traceback" not in err
-    return err
 
 
 # --------------------------------------------------------------------------- output read by `| head`
@@ -57,13 +46,13 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(argv, read):
 @pytest.mark.parametrize("argv", [["serve", "--port", "70000"], ["dashboard", str(SAMPLE), "--port", "70000"],
                                   ["serve", "--port", "-1"]])
 def test_a_port_outside_0_to_65535_is_refused_before_anything_starts(argv, capsys, parse_only):
-    err = _usage_error(capsys, argv)
+    err = usage_error(capsys, argv)
     assert "--port" in err and "65535" in err
 
 
 def test_dashboard_interval_must_be_a_positive_number(capsys, parse_only):
     for bad in ("-1", "nan", "inf"):
-        assert "--interval" in _usage_error(capsys, ["dashboard", str(SAMPLE), "--interval", bad])
+        assert "--interval" in usage_error(capsys, ["dashboard", str(SAMPLE), "--interval", bad])
 
 
 # --------------------------------------------------------------------------- sampling
@@ -73,28 +62,28 @@ def test_dashboard_interval_must_be_a_positive_number(capsys, parse_only):
 @pytest.mark.parametrize("command", [["eval", "baseline"], ["eval", "checkpoint", CHECKPOINT],
                                      ["eval", "probe", CHECKPOINT]])
 def test_sampling_flags_refuse_values_no_sampler_can_use(command, flag, bad, capsys, parse_only):
-    err = _usage_error(capsys, [*command, flag, bad])
+    err = usage_error(capsys, [*command, flag, bad])
     assert flag in err and repr(bad) in err
 
 
 def test_candidate_sampling_flags_refuse_values_no_sampler_can_use(capsys, parse_only):
     base = ["candidate", str(SAMPLE), "--machine", "tutor", "--checkpoint", CHECKPOINT]
-    assert "--max-tokens" in _usage_error(capsys, [*base, "--max-tokens", "0"])
-    assert "--temperature" in _usage_error(capsys, [*base, "--temperature", "nan"])
-    assert "--trials" in _usage_error(capsys, [*base, "--trials", "0"])
+    assert "--max-tokens" in usage_error(capsys, [*base, "--max-tokens", "0"])
+    assert "--temperature" in usage_error(capsys, [*base, "--temperature", "nan"])
+    assert "--trials" in usage_error(capsys, [*base, "--trials", "0"])
 
 
 # --------------------------------------------------------------------------- listing and export
 
 @pytest.mark.parametrize("argv", [["runs", str(SAMPLE)], ["tagged", "--store", str(SAMPLE / ".machine-store")]])
 def test_a_negative_limit_is_refused_rather_than_dropping_rows(argv, capsys, parse_only):
-    assert "--limit" in _usage_error(capsys, [*argv, "--limit", "-1"])
+    assert "--limit" in usage_error(capsys, [*argv, "--limit", "-1"])
 
 
 @pytest.mark.parametrize("flag,bad", [("--best-of", "0"), ("--best-of", "-1"), ("--min-score", "nan")])
 def test_export_refuses_selection_values_that_select_nothing(flag, bad, tmp_path, capsys, parse_only):
     out = tmp_path / "x.jsonl"
-    err = _usage_error(capsys, ["export", str(SAMPLE), "--machine", "coder", flag, bad, "--out", str(out)])
+    err = usage_error(capsys, ["export", str(SAMPLE), "--machine", "coder", flag, bad, "--out", str(out)])
     assert flag in err and not out.exists()
 
 
@@ -137,12 +126,12 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error_of_one_line(capsys, monkey
 @pytest.mark.parametrize("flag,bad", [("--seeds", "0,a"), ("--seeds", ""), ("--seeds", "0,,1"), ("--max-parallel", "0")])
 def test_sweep_flags_that_name_no_run_are_refused_naming_the_flag(flag, bad, tmp_path, capsys, parse_only):
     """`--seeds 0,a` ended in "invalid literal for int()", naming no flag; --max-parallel 0 ran nothing."""
-    err = _usage_error(capsys, ["sweep", str(tmp_path / "train.jsonl"), "--grid", "learning_rate=1e-3", flag, bad])
+    err = usage_error(capsys, ["sweep", str(tmp_path / "train.jsonl"), "--grid", "learning_rate=1e-3", flag, bad])
     assert flag in err
 
 
 def test_smoke_steps_must_be_at_least_one(tmp_path, capsys, parse_only):
-    assert "--steps" in _usage_error(capsys, ["smoke", str(tmp_path / "train.jsonl"), "--steps", "0"])
+    assert "--steps" in usage_error(capsys, ["smoke", str(tmp_path / "train.jsonl"), "--steps", "0"])
 
 
 def test_report_keeps_a_secret_named_parameter_as_the_text_given(tmp_path, monkeypatch, capsys):

@@ -5,13 +5,12 @@ dropped value or a file somewhere unexpected."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from machine_nb.cli import main
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+from scratch import SAMPLE, usage_error
 
 
 @pytest.fixture
@@ -20,16 +19,6 @@ def parse_only(monkeypatch):
     import machine_nb.cli
 
     monkeypatch.setattr(machine_nb.cli, "_run", lambda args, program=False: 0)
-
-
-def _usage_error(capsys, argv: list[str]) -> str:
-    """Run `machine-nb ARGV`, expect argparse's usage error (exit 2), return its stderr."""
-    with pytest.raises(SystemExit) as exited:
-        assert main(argv) != 0, f"machine-nb {' '.join(argv)} was accepted"
-    err = capsys.readouterr().err
-    assert exited.value.code == 2, err
-    assert "Traceback" not in err
-    return err
 
 
 @pytest.fixture
@@ -132,7 +121,7 @@ def test_tagged_with_a_project_folder_that_is_not_there_is_an_error(tmp_path, ca
     (["report", "x.ipynb"], "--timeout", "-5"),
 ])
 def test_values_no_command_can_use_are_usage_errors_naming_the_flag(argv, flag, bad, capsys, parse_only):
-    err = _usage_error(capsys, [*argv, flag, bad])
+    err = usage_error(capsys, [*argv, flag, bad])
     assert flag in err and repr(bad) in err
 
 
@@ -149,7 +138,7 @@ def test_whole_number_flags_take_the_ways_a_whole_number_is_written(text, value,
 
 @pytest.mark.parametrize("bad", ["1.5", "1e400", "nan", "ten"])
 def test_whole_number_flags_still_refuse_what_is_not_a_whole_number(bad, capsys, parse_only):
-    assert "--steps" in _usage_error(capsys, ["sft", "train.jsonl", "--steps", bad])
+    assert "--steps" in usage_error(capsys, ["sft", "train.jsonl", "--steps", bad])
 
 
 # --------------------------------------------------------------------------- warnings
@@ -264,7 +253,7 @@ def test_pairs_passes_on_the_warning_that_held_out_cases_were_not_checked(capsys
 def test_flags_of_which_one_would_be_ignored_are_refused_together(argv, one, other, capsys, parse_only):
     """The run went to --log-dir (or continued --resume's dir) and --workspace was dropped without a
     word, so Machine's dashboard never showed it; `tagged` read --store and ignored --project."""
-    err = _usage_error(capsys, argv)
+    err = usage_error(capsys, argv)
     assert one in err and other in err and "not allowed" in err
 
 

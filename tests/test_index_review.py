@@ -23,7 +23,7 @@ from machine_nb.store import index as run_index
 from machine_nb.store.messages import default_failed
 from machine_nb.store.parse_pool import ParsePool
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+from scratch import SAMPLE, copy_runs
 
 
 @pytest.fixture(autouse=True)
@@ -33,15 +33,7 @@ def cache(isolated_run_index):
 
 @pytest.fixture
 def ws(tmp_path):
-    ws = tmp_path / "ws"
-    shutil.copytree(SAMPLE / ".machine" / "runs", ws / ".machine" / "runs")
-    shutil.copytree(SAMPLE / "machines", ws / "machines")
-    t = time.time() - 3600  # not written lately: folder times are trusted by the next load
-    for dirpath, _, files in os.walk(ws / ".machine" / "runs"):
-        for f in files:
-            os.utime(os.path.join(dirpath, f), (t, t))
-        os.utime(dirpath, (t, t))
-    return ws
+    return copy_runs(tmp_path / "ws")
 
 
 def run_names(table: pa.Table) -> set[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -23,7 +22,7 @@ from machine_nb.store import index as run_index
 from machine_nb.store.follow import LineTail, RunFolderWatch
 from machine_nb.store.parse_pool import ParsePool
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_workspace"
+from scratch import copy_runs
 
 
 @pytest.fixture(autouse=True)
@@ -33,15 +32,7 @@ def cache(isolated_run_index):
 
 @pytest.fixture
 def ws(tmp_path):
-    ws = tmp_path / "ws"
-    shutil.copytree(SAMPLE / ".machine" / "runs", ws / ".machine" / "runs")
-    shutil.copytree(SAMPLE / "machines", ws / "machines")
-    t = time.time() - 3600  # not written lately: folder times are trusted by the next load
-    for dirpath, _, files in os.walk(ws / ".machine" / "runs"):
-        for f in files:
-            os.utime(os.path.join(dirpath, f), (t, t))
-        os.utime(dirpath, (t, t))
-    return ws
+    return copy_runs(tmp_path / "ws")
 
 
 def _rewrite_meta(ws: Path, change, *, damaged: bool = False) -> None:
