@@ -223,6 +223,14 @@ def api_result(srv, answer: tuple[int, dict]) -> dict:
             return out
 
 
+def new_sampler(srv, session: str, base_model: str = "local/arith-tiny") -> str:
+    """A new sampling session of `base_model` in `session` on `srv`; returns its id."""
+    status, body = api_call(srv, "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
+                                                                     "base_model": base_model})
+    assert status == 200, body
+    return body["sampling_session_id"]
+
+
 def new_session(srv) -> str:
     """A new SDK session on `srv`, as the SDK creates one; returns its id."""
     status, body = api_call(srv, "/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.0",

@@ -8,7 +8,7 @@ import pytest
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
 
-from serving import api_call, api_result as result, new_session
+from serving import api_call, api_result as result, new_sampler, new_session
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +39,7 @@ def run(srv, session) -> str:
 
 @pytest.fixture(scope="module")
 def sampler(srv, session) -> str:
-    status, body = call(srv, "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
-                                                                 "base_model": DEFAULT_MODEL})
-    assert status == 200, body
-    return body["sampling_session_id"]
+    return new_sampler(srv, session, DEFAULT_MODEL)
 
 
 def sample_request(sampler: str, *, num_samples: int = 1, **params) -> dict:

@@ -17,7 +17,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
 
-from serving import api_call as call, api_result as result, new_session
+from serving import api_call as call, api_result as result, new_sampler, new_session
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,7 @@ def session(srv) -> str:
 def sampling_session(srv) -> tuple[str, str]:
     """A new session and a sampling session of the base model in it: (session id, sampler id)."""
     own = new_session(srv)
-    status, body = call(srv, "/api/v1/create_sampling_session", {"session_id": own, "sampling_session_seq_id": 0,
-                                                                 "base_model": DEFAULT_MODEL})
-    assert status == 200, body
-    return own, body["sampling_session_id"]
+    return own, new_sampler(srv, own, DEFAULT_MODEL)
 
 
 _SEQ = iter(range(1, 1000))
@@ -53,10 +50,7 @@ def new_run(srv, session) -> str:
 
 @pytest.fixture(scope="module")
 def sampler(srv, session) -> str:
-    status, body = call(srv, "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
-                                                                 "base_model": DEFAULT_MODEL})
-    assert status == 200, body
-    return body["sampling_session_id"]
+    return new_sampler(srv, session, DEFAULT_MODEL)
 
 
 def sample_request(sampler: str, **fields) -> dict:
