@@ -17,7 +17,6 @@ counting would fetch a tiktoken encoding), and logs are written to local files.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import html
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.tasks import call_in_worker_thread
 from .inspect_logs import NETWORK_HOOKS, offline_inspect, require_inspect  # noqa: F401 (public here too)
 from .results import RESULTS_DIR, EvalResult, from_inspect_log
 
@@ -359,28 +359,8 @@ def _call(fn: Any, interrupt: Any) -> Any:
         in_loop = True
     if not in_loop:
         return fn()  # Inspect's own loop takes Ctrl-C here
-    import threading
-
-    began, ended = threading.Event(), threading.Event()
-
-    def in_thread() -> Any:
-        began.set()
-        try:
-            return fn()
-        finally:
-            ended.set()
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    try:
-        return pool.submit(in_thread).result()
-    except BaseException:
-        interrupt()  # Inspect's samples end with an error each, so its run returns soon
-        pool.shutdown(wait=True, cancel_futures=True)  # a run not started yet never starts
-        if began.is_set():  # a Ctrl-C landing while the pool starts its thread leaves the pool unaware of it
-            ended.wait()  # a second Ctrl-C stops waiting
-        raise
-    finally:
-        pool.shutdown(wait=False)
+    # Inspect's samples end with an error each once interrupted, so its run returns soon
+    return call_in_worker_thread(fn, interrupt)
 
 
 def inspect_eval(tasks: Any, model: str | None = None, checkpoint: str | None = None, engine: str | None = None, *,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from ..core.redact import redacted
-from ..core.tasks import cancel_and_wait
+from ..core.tasks import call_in_worker_thread, cancel_and_wait
 from ..errors import EngineError, MachineFormatError
 
 
@@ -373,7 +373,7 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
     (Ctrl-C in a kernel) cancels it and waits until it has ended, then goes up."""
     import threading
 
-    lock, held, ended = threading.Lock(), {}, threading.Event()
+    lock, held = threading.Lock(), {}
 
     async def main() -> Any:
         with lock:
@@ -382,16 +382,7 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
             held["loop"], held["task"] = asyncio.get_running_loop(), asyncio.current_task()
         return await coro_factory()
 
-    def in_thread() -> Any:
-        try:
-            return asyncio.run(main())
-        finally:
-            ended.set()
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    try:  # submitted inside: a Ctrl-C landing as the work starts still cancels it
-        return pool.submit(in_thread).result()
-    except BaseException:
+    def cancel() -> None:
         # interrupted (or failed) while the work may run: cancel it, not leave it sampling; work not
         # started yet sees `interrupted` and ends at once
         with lock:
@@ -400,11 +391,8 @@ def _in_worker_thread(coro_factory: Callable[[], Coroutine[Any, Any, Any]]) -> A
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # its loop ended meanwhile
                 loop.call_soon_threadsafe(task.cancel)
-        if loop is not None:  # the work began: until it has ended (a Ctrl-C landing while the pool
-            ended.wait()  # starts its thread leaves the pool unaware of it); a second Ctrl-C stops waiting
-        raise
-    finally:
-        pool.shutdown(wait=False)
+
+    return call_in_worker_thread(lambda: asyncio.run(main()), cancel)
 
 
 __all__ = ["SamplingClientLike", "SamplerTarget", "sampler_target", "open_sampler", "renderer_for", "sampling_params",
