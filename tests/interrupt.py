@@ -14,7 +14,7 @@ def ctrl_c_at(bar: str, at: int, hold_step: int) -> Iterator[None]:
     """The training call in the block is interrupted when the `bar` progress bar reaches `at`.
 
     The local engine (served from this process) holds its `hold_step`-th optimizer step until the
-    interrupted training process has been stopped (loop._Runner.stop returned: the process has
+    interrupted training process has been stopped (loop._Runner.stop returned: the run has
     ended), so the run cannot finish first, however slowly the interrupt travels. The block must
     raise KeyboardInterrupt (a test failure otherwise); every patch is undone when it ends.
     """

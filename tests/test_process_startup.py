@@ -58,7 +58,9 @@ def test_the_training_runner_runs_a_spec_with_its_preloaded_modules_frozen_and_t
     watchdog = threading.Timer(120, proc.kill)  # a stuck runner ends its output, and so the reads below
     watchdog.start()
     try:
-        assert json.loads(proc.stdout.readline()) == {"event": "ready"}
+        from machine_nb.training.runner import RESTARTS
+
+        assert json.loads(proc.stdout.readline()) == {"event": "ready", "restarts": RESTARTS}
         spec = {"module": "gc_probe", "out": str(tmp_path / "gc.json"), "env": env, "cwd": str(tmp_path),
                 "log": str(tmp_path / "run.log")}
         proc.stdin.write(json.dumps(spec) + "\n")

@@ -280,42 +280,58 @@ def test_inspect_tasks_run_while_training_as_eval_every_says(every, expected):
     assert runner.inspect_every({"tasks": ["t"], "every": every}, 5) == expected
 
 
-def _serve_one(spec):
-    """The runner child (preloading nothing) given one spec: its status lines after "ready", and its
-    exit code. Its stdin stays open, as the parent keeps it, so it ends only by its own doing."""
+def _serve_one(spec, restarts: bool, poll: bool = True):
+    """The runner child (preloading nothing; runner.RESTARTS set to `restarts`; select.poll taken
+    away unless `poll`, as on Windows) given `spec`: its status lines after "ready", and its exit
+    code. Its stdin stays open, as the parent keeps it, until the run's outcome; where a new worker
+    follows a failed run (`restarts`), `spec` goes once more, and the child must serve it too (its
+    outcome is in the events) before its stdin closes and it ends."""
     import subprocess
     import sys
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-c", "import machine_nb.training.runner as r; r.PRELOAD = (); "
+    proc = subprocess.Popen([sys.executable, "-c", ("" if poll else "import select; del select.poll; ") +
+                             f"import machine_nb.training.runner as r; r.PRELOAD = (); "
+                             f"r.RESTARTS = {restarts}; "
                              "from machine_nb.core.process import end_process; end_process(r.main())"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     guard = threading.Timer(60, proc.kill)  # never a hung test, whatever the child does
     guard.start()
     try:
-        assert json.loads(proc.stdout.readline()) == {"event": "ready"}
-        proc.stdin.write((json.dumps(spec) + "\n").encode())
-        proc.stdin.flush()
-        events = [json.loads(line) for line in proc.stdout]
+        assert json.loads(proc.stdout.readline()) == {"event": "ready", "restarts": restarts}
+        events = []
+        for _ in range(2 if restarts else 1):
+            proc.stdin.write((json.dumps(spec) + "\n").encode())
+            proc.stdin.flush()
+            events.append(json.loads(proc.stdout.readline()))
+        if restarts:
+            proc.stdin.close()
+        events += [json.loads(line) for line in proc.stdout]
         return events, proc.wait()
     finally:
         guard.cancel()
         proc.kill()
-        proc.stdin.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
         proc.stdout.close()
 
 
-@pytest.mark.parametrize("what", ["log", "cwd"])
-def test_a_run_whose_log_or_folder_cannot_be_opened_says_why(tmp_path, what):
+@pytest.mark.parametrize("what, restarts, poll", [("log", True, True), ("cwd", True, True), ("log", False, True),
+                                                ("log", False, False)])
+def test_a_run_whose_log_or_folder_cannot_be_opened_says_why(tmp_path, what, restarts, poll):
     """The log dir removed (or on a disk that went read-only) before the child opens train.log, or the
     notebook's folder gone: the child reports the error, instead of ending with no word (which the
-    caller shows as "the training process ended unexpectedly; see train.log", a file that is not there)."""
+    caller shows as "the training process ended unexpectedly; see train.log", a file that is not there),
+    and ends (exit code 1), or, where a new worker follows (runner.RESTARTS), serves the next run and
+    ends when its stdin closes (3)."""
     spec = {"module": "machine_nb.training.train", "env": {}, "cwd": str(tmp_path), "log": str(tmp_path / "train.log")}
     spec[what] = str(tmp_path / "gone" / ("train.log" if what == "log" else ""))
-    events, code = _serve_one(spec)
-    assert code == 1
-    assert len(events) == 1 and events[0]["event"] == "error" and events[0]["type"] == "FileNotFoundError"
-    assert str(tmp_path / "gone") in events[0]["message"]
+    events, code = _serve_one(spec, restarts, poll)
+    assert code == (3 if restarts else 1)
+    assert len(events) == (2 if restarts else 1)
+    for event in events:
+        assert event["event"] == "error" and event["type"] == "FileNotFoundError"
+        assert str(tmp_path / "gone") in event["message"]
 
 
 def test_a_load_checkpoint_folder_that_is_not_there_is_named_as_missing(tmp_path):

@@ -177,7 +177,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc (Linux)")
 def test_the_training_child_ends_when_its_parent_is_killed(tmp_path):
-    """kill -9 a script while sft's child process (runner.py) trains: the child exits by itself."""
+    """kill -9 a script while sft's child process (runner.py) trains: the child, and the worker it
+    forked to train (runner.RESTARTS), exit by themselves."""
     from machine_nb.data.corpus import make_corpus
 
     corpus = make_corpus(tmp_path / "corpus", seed=0)
@@ -198,6 +199,7 @@ def test_the_training_child_ends_when_its_parent_is_killed(tmp_path):
             time.sleep(0.2)
         children = child_pids(parent.pid)
         assert children, "no child process"
+        children += [worker for child in children for worker in child_pids(child)]  # a runner's forked worker
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 30

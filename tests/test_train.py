@@ -154,10 +154,16 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp
     """Interrupt the 11-step run (save_every=4) mid-run, just past its step-4 checkpoint, resume it:
     11 steps, the same tokens, the very same losses and the same replies as the run that was never
     interrupted, though a second run was tried in its dir while it trained."""
+    from machine_nb.training.loop import _Runner
+    from machine_nb.training.runner import RESTARTS
+
     whole = short_runs.whole(11)
     log_dir = tmp_path / "interrupted"
     with ctrl_c_at("sft", at=6, hold_step=7):  # step 6 is held until the Ctrl-C: checkpoint 8 cannot come first
         sft(corpus.train, log_dir=log_dir, max_steps=11, **SHORT)
+    # where a new worker follows an interrupted one, the training process is kept for the resume
+    kept = [r.proc.pid for r in _Runner._idle if r.proc.poll() is None]
+    assert len(kept) == 1 or not RESTARTS
     part = read_training_log(log_dir)
     assert not part.complete and 4 <= part.steps < 11
     assert part.state_path is not None and part.state_path.endswith("/weights/000004")
@@ -182,6 +188,7 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(corpus, short_runs, tmp
         second.append(_Runner._idle == idle)  # refused before a training process was started for it
 
     done = sft(corpus.train, resume=log_dir, progress=False, on_metrics=start_another)
+    assert [r.proc.pid for r in _Runner._idle] == kept or not RESTARTS  # the resume ran there: no new imports
     *refused, no_process_started = second
     assert len(refused) == 2 and all(isinstance(e, FileExistsError) for e in refused), refused
     assert all(f"{log_dir} is in use: a run is training there now" in str(e) for e in refused), refused
@@ -447,12 +454,18 @@ def test_a_step_the_engine_failed_after_a_checkpoint_is_trained_again(corpus, sh
     """The engine fails step 5 after it was submitted, before checkpoint 4 was saved: that state
     holds steps 0-4 only. The resume trains step 5 (its row never came), and the run equals the
     uninterrupted one."""
+    from machine_nb.training.loop import _Runner
+    from machine_nb.training.runner import RESTARTS
+
     whole = short_runs.whole(11)
     log_dir = tmp_path / "failed"
     with engine_fault_at(6), pytest.raises(EngineError):
         sft(corpus.train, log_dir=log_dir, max_steps=11, **SHORT)
     assert read_training_log(log_dir).state_path.endswith("/weights/000004")
+    kept = [r.proc.pid for r in _Runner._idle if r.proc.poll() is None]
+    assert len(kept) == 1 or not RESTARTS  # a new worker follows the one whose run failed
     done = sft(corpus.train, resume=log_dir, progress=False)
+    assert [r.proc.pid for r in _Runner._idle] == kept or not RESTARTS
     assert done.complete and done.unconfirmed_steps == [5]
     assert (done.steps, done.tokens, done.last_loss) == (whole.steps, whole.tokens, whole.last_loss)
     assert list(training_metrics(log_dir)["train_mean_nll"]) == list(training_metrics(whole.log_dir)["train_mean_nll"])
@@ -510,21 +523,57 @@ def test_the_training_process_is_started_while_the_data_is_checked_and_kept_when
     idle[0].give_back()
 
 
+def test_a_training_process_killed_mid_run_fails_the_call_saying_so(corpus, tmp_path):
+    """The process that trains is killed mid-run (SIGKILL: the system's out-of-memory killer): sft
+    fails at once saying so, with the way to resume; where runs go to a worker forked by the
+    training process (runner.RESTARTS), that process ends the same way, and the next run gets a
+    new one."""
+    import signal
+
+    from machine_nb.training.loop import _Runner
+    from machine_nb.training.runner import RESTARTS
+
+    from serving import child_pids
+
+    killed: list = []
+
+    def kill_the_trainer(rows) -> None:
+        if killed:
+            return
+        (runner,) = [pid for pid in child_pids(os.getpid())
+                     if b"machine_nb.training.runner" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        target = child_pids(runner)[0] if RESTARTS else runner
+        killed.append(runner)
+        os.kill(target, signal.SIGKILL)
+
+    with pytest.raises(EngineError, match="killed by SIGKILL: most often the system ran out of memory") as err:
+        sft(corpus.train, log_dir=tmp_path / "killed", max_steps=11, on_metrics=kill_the_trainer, **SHORT)
+    assert f"resume={str(tmp_path / 'killed')!r}" in str(err.value)
+    assert killed and all(r.proc.pid != killed[0] for r in _Runner._idle)
+    assert not os.path.exists(f"/proc/{killed[0]}") or open(f"/proc/{killed[0]}/stat").read().split()[2] == "Z"
+
+
 def test_a_ctrl_c_just_after_the_run_is_sent_stops_the_training_process(tmp_path, corpus, monkeypatch):
     """An interrupt that lands as the spec has just gone to the training process (before the loop
-    that watches it) stops that process as any Ctrl-C does: nothing goes on training unwatched."""
+    that watches it) stops that run as any Ctrl-C does: nothing goes on training unwatched. The
+    process is then kept for the next run if the run reported its interrupt and a new worker
+    follows it (runner.RESTARTS), and has ended otherwise (the spec may not have been read yet)."""
     from machine_nb.training.loop import _Runner
+    from machine_nb.training.runner import RESTARTS
 
     sent = []
     real = _Runner.send
 
     def send_then_interrupted(self, spec):
-        real(self, spec)
-        sent.append(self)
+        sent.append((self, real(self, spec)))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(_Runner, "send", send_then_interrupted)
     with pytest.raises(KeyboardInterrupt):
         sft(corpus.train, max_steps=2, log_dir=tmp_path / "run", progress=False)
-    (runner,) = sent
-    assert runner.proc.poll() is not None and runner not in _Runner._idle
+    ((runner, start),) = sent
+    outcome = runner.outcome(start)
+    if RESTARTS and outcome is not None and outcome["event"] == "interrupted":
+        assert runner.proc.poll() is None and runner in _Runner._idle
+    else:
+        assert runner.proc.poll() is not None and runner not in _Runner._idle

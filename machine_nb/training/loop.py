@@ -15,7 +15,8 @@ A run goes through the same steps whichever loop trains it; sft (train.py) and d
 5. read back: runlog.read_training_log.
 
 `train` runs steps 2 to 5. The child process is kept for the next run (importing the cookbook and
-the SDK takes seconds), replaced after an error or an interrupt, and ends with this process.
+the SDK takes seconds), also after an error or an interrupt where it forks a new worker for the next
+run (runner.RESTARTS; replaced elsewhere), and ends with this process.
 """
 
 from __future__ import annotations
@@ -1042,8 +1043,9 @@ def _child_env(engine: str) -> dict[str, str]:
 class _Runner:
     """A child process (runner.py) that runs training loops one after another.
 
-    Kept for the next run, since importing tinker-cookbook and the SDK takes seconds; replaced
-    after an error or an interrupt, and ended with this process (it exits when its stdin closes).
+    Kept for the next run, since importing tinker-cookbook and the SDK takes seconds, and ended with
+    this process (it exits when its stdin closes). After an error or an interrupt it is kept too
+    where it forks a new worker for the next run (`restarts`), and replaced elsewhere.
     """
 
     _idle: "list[_Runner]" = []
@@ -1057,6 +1059,7 @@ class _Runner:
         self.proc = subprocess.Popen([sys.executable, "-m", "machine_nb.training.runner"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env("local"))
         self.events: "list[dict]" = []
+        self._sent: int | None = None  # the index of the first event of the last run sent
         self._cond = threading.Condition()
         threading.Thread(target=self._read, name="machine-nb-runner-status", daemon=True).start()
 
@@ -1099,7 +1102,7 @@ class _Runner:
     def send(self, spec: dict) -> int:
         """Start a run; returns the index of the first event that belongs to it."""
         with self._cond:
-            start = len(self.events)
+            start = self._sent = len(self.events)
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(spec) + "\n").encode("utf-8"))
         self.proc.stdin.flush()
@@ -1112,24 +1115,46 @@ class _Runner:
                     return event
         return None
 
+    @property
+    def restarts(self) -> bool:
+        """Whether the process serves the next run after one that failed or was interrupted, as it
+        said when it started (runner.RESTARTS: a new worker follows); False until it has said."""
+        with self._cond:
+            return bool(self.events and self.events[0].get("restarts"))
+
+    def last_outcome(self) -> dict | None:
+        """How the last run sent here ended (`outcome`); None while it goes, or when none was sent."""
+        return None if self._sent is None else self.outcome(self._sent)
+
     def stop(self) -> None:
-        """Ctrl-C for the run in progress, then the process ends. The first SIGINT cancels the run's
+        """Ctrl-C for the run in progress, until it has ended. The first SIGINT cancels the run's
         event loop, which cannot land while it waits in a blocking SDK call; a second one, after
-        a short grace, raises KeyboardInterrupt there; the process is killed if both fail."""
+        a short grace, raises KeyboardInterrupt there; the process is killed if both fail. Then the
+        process is kept for the next run where a new worker follows (`restarts`) and the run
+        reported its end, and closed otherwise."""
         import signal
-        import subprocess
+
+        restarts = self.restarts
+
+        def ended() -> bool:  # the process's output ends before it can be waited for
+            exited = self.proc.poll() is not None or self.events[-1:] == [{"event": "exit"}]
+            return exited or (restarts and self.last_outcome() is not None)
 
         for grace in (3, 15):
-            if self.proc.poll() is not None:
+            if ended():
                 break
             with contextlib.suppress(OSError):
                 self.proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace)
-        if self.proc.poll() is None:
+            with self._cond:
+                self._cond.wait_for(ended, grace)
+        if not ended():
             self.proc.kill()
             self.proc.wait()
-        self.close()
+        outcome = self.last_outcome()
+        if restarts and outcome is not None and outcome["event"] != "exit":
+            self.give_back()
+        else:
+            self.close()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -1198,10 +1223,12 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
         raise
     if on_poll is not None:
         on_poll()
-    if outcome["event"] == "done":
+    if outcome["event"] == "done" or (runner.restarts and outcome["event"] != "exit"):
         runner.give_back()
+    else:
+        runner.close()
+    if outcome["event"] == "done":
         return
-    runner.close()
     if outcome["event"] == "interrupted":
         raise KeyboardInterrupt("training was interrupted")
     if outcome["event"] == "exit":

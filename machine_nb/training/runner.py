@@ -19,8 +19,12 @@ credentials in it (`https://user:token@gateway/…`) connects as given, and no f
 The child serves one run after another (imports take seconds; the next run starts at once, and
 the first one's imports are made while the parent still checks the data: PRELOAD): a
 spec per line on its stdin, a status per line on its stdout (`{"event": "ready" | "done" |
-"error" | "interrupted"}`); everything else it prints goes to the run's log. After an error or
-an interrupt it exits, and the next run gets a fresh child.
+"error" | "interrupted"}`, "ready" saying whether `RESTARTS`); everything else it prints goes to
+the run's log. After an error or an interrupt the process that ran it exits. Where processes fork
+(Linux: `RESTARTS`), the runs go to a worker forked from the child once its imports are made, and
+the child forks a new worker after one that reported an error or an interrupt, so the next run
+starts at once there too; elsewhere the child runs them itself, and the next run after an error or
+an interrupt gets a fresh child.
 """
 
 from __future__ import annotations
@@ -258,18 +262,29 @@ PRELOAD = ("machine_nb.engines", "tinker_cookbook.renderers", "tinker_cookbook.s
            "tinker_cookbook.supervised.train", "machine_nb.training.train")
 
 
+#: Whether the runs go to workers forked from this process (`main`): where fork is safe with what
+#: PRELOAD loads, and pipes can be polled (`_spec_source`): Linux (macOS's system libraries do not
+#: survive a fork; Windows has no fork).
+RESTARTS = sys.platform == "linux"
+
+#: A worker's exit codes after it reported its run's outcome: an error (1), an interrupt (130).
+_REPORTED = (1, 130)
+
+
 def main() -> int:
     """Serve specs, one line each on stdin, one at a time, until stdin closes.
 
     The process stays for the next run (tinker-cookbook and the SDK take seconds to import);
     each run applies the environment and working directory its spec carries, and writes its
-    console output to the spec's `log` file.
+    console output to the spec's `log` file. Where `RESTARTS`, a worker forked from this process
+    once PRELOAD is imported serves the runs, and a new one follows a worker that reported an
+    error or an interrupt (`_fork_workers`).
 
     Returns:
-        The exit code after an error (1) or an interrupt (130); it never returns otherwise (the
+        The exit code after an error (1) or an interrupt (130) without `RESTARTS`, or the exit
+        code of a worker that ended without reporting an outcome; it never returns otherwise (the
         process exits when its stdin closes).
     """
-    import queue
     import signal
 
     from ..core.process import preload
@@ -280,6 +295,122 @@ def main() -> int:
     status = os.fdopen(os.dup(1), "w", encoding="utf-8")
     sys.stdout = os.fdopen(1, "w", encoding="utf-8", buffering=1, closefd=False)
     _redirect(None)
+    _status(status, event="ready", restarts=RESTARTS)
+    if RESTARTS:
+        return _fork_workers(status, lambda: preload(PRELOAD))
+    return _serve(status, lambda: preload(PRELOAD))
+
+
+def _fork_workers(status: Any, load: Callable[[], None]) -> int:
+    """Import what the runs need (`load`) in this process, which holds nothing else and starts no
+    thread, then fork the worker that serves the runs (`_serve`), and a new one each time a worker
+    exits after reporting an error or an interrupt: a fresh process for the next run, without
+    the imports' seconds. A SIGINT here (the parent's, to stop a run) goes on to the worker; the
+    worker is in a process group of its own, so a Ctrl-C at a terminal, which reaches this
+    process's group, reaches it once. Any other end of a worker ends this process the same way: its
+    stdin closed (the parent is gone), or the worker killed (its signal is this process's).
+
+    Returns:
+        The exit code of the worker that ended without a reported outcome (a signal re-raised here).
+    """
+    import signal
+
+    worker = 0
+
+    def forward(signum: int, frame: Any) -> None:
+        if worker:
+            with contextlib.suppress(OSError):
+                os.kill(worker, signal.SIGINT)
+
+    signal.signal(signal.SIGINT, forward)
+    load()
+    parent = os.getpid()
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                os.setpgid(0, 0)
+                _end_with(parent)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                code = _serve(status, None)
+            except KeyboardInterrupt:  # between runs: end as an interrupted interpreter does
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                from ..core.process import end_process
+
+                end_process(code)
+        worker = pid
+        _, how = os.waitpid(pid, 0)
+        worker = 0
+        code = os.waitstatus_to_exitcode(how)
+        if code in _REPORTED:
+            continue
+        if code < 0:  # killed: end as it did
+            with contextlib.suppress(OSError, ValueError):  # SIGKILL's handling cannot be set, nor need be
+                signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+            return 128 - code  # a signal whose default is not to end a process
+        return code
+
+
+def _end_with(parent: int) -> None:
+    """Have the kernel kill this process (a worker) when `parent` (its forking process) ends, however
+    it ends; exits at once when it has ended already."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(3)
+
+
+def _read_spec() -> dict | None:
+    """The next spec on stdin, read to its newline and no further: bytes past it are the next
+    run's, which a worker that ends after this run must leave for the one that follows. None when
+    stdin has closed (or holds a line that is not JSON)."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            return None
+        line += byte
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _exit_when_stdin_closes() -> None:
+    """End this process when the parent closes its end of stdin (it ended, or was killed), also
+    while a run goes; waits for the hang-up alone, so it reads nothing of stdin."""
+    import select
+
+    poller = select.poll()
+    poller.register(0, 0)  # no event asked for: hang-up and errors are reported all the same
+    while True:
+        for _, event in poller.poll():
+            if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                os._exit(3)
+
+
+def _spec_source() -> Callable[[], dict | None]:
+    """How `_serve` takes the next spec (None: stdin closed), with the process set to end when
+    stdin closes, also while a run goes (the parent ended, or was killed). Where pipes can be polled,
+    each spec is read when it is taken, and no further (`_read_spec`), while a thread waits for the
+    hang-up (`_exit_when_stdin_closes`); elsewhere (Windows, where the process ends after an error or
+    an interrupt, so nothing read ahead is lost) a thread reads the lines as they come."""
+    import select
+
+    if hasattr(select, "poll"):
+        threading.Thread(target=_exit_when_stdin_closes, name="machine-nb-parent-watch", daemon=True).start()
+        return _read_spec
+    import queue
+
     specs: "queue.Queue[dict | None]" = queue.Queue()
 
     def read_specs() -> None:
@@ -291,10 +422,23 @@ def main() -> int:
         os._exit(3)  # the parent closed our stdin: it ended, or was killed
 
     threading.Thread(target=read_specs, name="machine-nb-specs", daemon=True).start()
-    _status(status, event="ready")
-    preload(PRELOAD)
+    return specs.get
+
+
+def _serve(status: Any, load: Callable[[], None] | None) -> int:
+    """Serve the specs on stdin, one run at a time (`main`'s loop), after `load()` when given.
+
+    Returns:
+        1 after a run's error, 130 after its interrupt (each reported on `status` first); 3 when
+        stdin closes (the process also exits then while a run goes: `_spec_source`).
+    """
+    next_spec = _spec_source()
+    if load is not None:
+        load()
     while True:
-        spec = specs.get()
+        spec = next_spec()
+        if spec is None:
+            return 3
         try:  # a log that cannot be opened, or a folder gone, is reported as the run's error
             os.environ.clear()
             os.environ.update(spec.get("env") or {})
@@ -325,5 +469,5 @@ def main() -> int:
 if __name__ == "__main__":
     from ..core.process import end_process
 
-    # leave at once: the spec reader thread would block the interpreter's normal shutdown
+    # leave at once: the thread that watches stdin would block the interpreter's normal shutdown
     end_process(main())
