@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import warnings
 
 import pandas as pd
@@ -314,6 +315,35 @@ def _serve_one(spec, restarts: bool, poll: bool = True):
         if not proc.stdin.closed:
             proc.stdin.close()
         proc.stdout.close()
+
+
+def test_a_ctrl_c_while_the_runner_still_imports_ends_it_and_the_run_sent_never_starts(tmp_path):
+    """The parent's SIGINT for a run it has just sent lands while the runner child is still importing
+    (its PRELOAD, held here by a module that takes seconds): the child ends as an interrupted
+    interpreter does, and the run never starts, as when the child runs the loops itself."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(3)\n")
+    (tmp_path / "probe_run.py").write_text("def child_run(spec):\n    open(spec['out'], 'w').write('ran')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.Popen([sys.executable, "-c", "import machine_nb.training.runner as r; r.PRELOAD = ('slow_import',); "
+                             "from machine_nb.core.process import end_process; end_process(r.main())"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        assert json.loads(proc.stdout.readline())["event"] == "ready"
+        spec = {"module": "probe_run", "out": str(tmp_path / "out"), "env": env, "cwd": str(tmp_path),
+                "log": str(tmp_path / "run.log")}
+        proc.stdin.write((json.dumps(spec) + "\n").encode())
+        proc.stdin.flush()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == -signal.SIGINT
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.stdout.close()
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("what, restarts, poll", [("log", True, True), ("cwd", True, True), ("log", False, True),

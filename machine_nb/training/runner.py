@@ -305,7 +305,8 @@ def _fork_workers(status: Any, load: Callable[[], None]) -> int:
     """Import what the runs need (`load`) in this process, which holds nothing else and starts no
     thread, then fork the worker that serves the runs (`_serve`), and a new one each time a worker
     exits after reporting an error or an interrupt: a fresh process for the next run, without
-    the imports' seconds. A SIGINT here (the parent's, to stop a run) goes on to the worker; the
+    the imports' seconds. A SIGINT here (the parent's, to stop a run) goes on to the worker, and
+    ends this process while there is none yet (a run sent during the imports must not start); the
     worker is in a process group of its own, so a Ctrl-C at a terminal, which reaches this
     process's group, reaches it once. Any other end of a worker ends this process the same way: its
     stdin closed (the parent is gone), or the worker killed (its signal is this process's).
@@ -318,9 +319,10 @@ def _fork_workers(status: Any, load: Callable[[], None]) -> int:
     worker = 0
 
     def forward(signum: int, frame: Any) -> None:
-        if worker:
-            with contextlib.suppress(OSError):
-                os.kill(worker, signal.SIGINT)
+        if not worker:  # the imports under way: a spec already sent must not run, so end here
+            raise KeyboardInterrupt
+        with contextlib.suppress(OSError):
+            os.kill(worker, signal.SIGINT)
 
     signal.signal(signal.SIGINT, forward)
     load()
