@@ -317,6 +317,45 @@ def _serve_one(spec, restarts: bool, poll: bool = True):
         proc.stdout.close()
 
 
+def test_stop_keeps_a_process_whose_ready_line_is_read_only_after_the_interrupt_was_sent():
+    """The parent stops a run before it has read the child's "ready" line (a child started a moment
+    ago, on a busy machine): the run's "interrupted", which comes after that line, ends the wait,
+    and the process that said it restarts is not killed (it would be, after the graces, were the
+    "ready" line read only once, when stop began)."""
+    import threading
+
+    from machine_nb.training.loop import _Runner
+
+    runner = _Runner.__new__(_Runner)
+
+    class Child:  # the runner process: its lines arrive once the first SIGINT has gone
+        returncode = None
+        stdin = io.BytesIO()
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, signum):
+            threading.Thread(target=lines_arrive).start()
+
+        def kill(self):
+            self.returncode = -9
+
+        def wait(self, timeout=None):
+            return self.returncode
+
+    def lines_arrive() -> None:
+        with runner._cond:
+            runner.events += [{"event": "ready", "restarts": True}, {"event": "interrupted"}]
+            runner._cond.notify_all()
+
+    runner.proc, runner.events, runner._sent, runner._cond = Child(), [], 0, threading.Condition()
+    runner.stop()
+    assert runner.proc.returncode is None and runner.last_outcome() == {"event": "interrupted"}
+    if runner in _Runner._idle:
+        _Runner._idle.remove(runner)
+
+
 def test_a_ctrl_c_while_the_runner_still_imports_ends_it_and_the_run_sent_never_starts(tmp_path):
     """The parent's SIGINT for a run it has just sent lands while the runner child is still importing
     (its PRELOAD, held here by a module that takes seconds): the child ends as an interrupted

@@ -1134,11 +1134,10 @@ class _Runner:
         reported its end, and closed otherwise."""
         import signal
 
-        restarts = self.restarts
-
         def ended() -> bool:  # the process's output ends before it can be waited for
             exited = self.proc.poll() is not None or self.events[-1:] == [{"event": "exit"}]
-            return exited or (restarts and self.last_outcome() is not None)
+            # `restarts` read each time: a process started a moment ago may not have said it yet
+            return exited or (self.restarts and self.last_outcome() is not None)
 
         for grace in (3, 15):
             if ended():
@@ -1151,7 +1150,7 @@ class _Runner:
             self.proc.kill()
             self.proc.wait()
         outcome = self.last_outcome()
-        if restarts and outcome is not None and outcome["event"] != "exit":
+        if self.restarts and outcome is not None and outcome["event"] != "exit":
             self.give_back()
         else:
             self.close()

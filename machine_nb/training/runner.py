@@ -317,15 +317,20 @@ def _fork_workers(status: Any, load: Callable[[], None]) -> int:
     import signal
 
     worker = 0
+    interrupted = False
 
     def forward(signum: int, frame: Any) -> None:
+        nonlocal interrupted
         if not worker:  # the imports under way: a spec already sent must not run, so end here
+            interrupted = True
             raise KeyboardInterrupt
         with contextlib.suppress(OSError):
             os.kill(worker, signal.SIGINT)
 
     signal.signal(signal.SIGINT, forward)
     load()
+    if interrupted:  # a library's import caught the KeyboardInterrupt and went on
+        raise KeyboardInterrupt
     parent = os.getpid()
     while True:
         pid = os.fork()
