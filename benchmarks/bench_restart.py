@@ -13,7 +13,9 @@ for the run that follows an interrupted one (runner.RESTARTS), that run skips th
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -30,15 +32,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-restart-"))
+    # removed at exit after the local server has stopped (its exit handler, registered later, runs first)
+    atexit.register(shutil.rmtree, root, True)
     for var in ("MACHINE_NB_DATA_DIR", "MACHINE_NB_CACHE_DIR", "HF_HUB_CACHE"):
-        os.environ.setdefault(var, tempfile.mkdtemp(prefix="bench-restart-"))
+        (root / var.lower()).mkdir()
+        os.environ.setdefault(var, str(root / var.lower()))
 
     from machine_nb.data.corpus import make_corpus
     from machine_nb.training import runner
     from machine_nb.training.loop import _Runner
     from machine_nb.training.train import sft, smoke
 
-    work = Path(tempfile.mkdtemp(prefix="bench-restart-"))
+    work = root / "work"
     corpus = make_corpus(work / "corpus", seed=0)
     smoke(corpus.train, log_dir=work / "warm", progress=False)  # the server and a training process, started
 
