@@ -281,21 +281,30 @@ def test_inspect_tasks_run_while_training_as_eval_every_says(every, expected):
     assert runner.inspect_every({"tasks": ["t"], "every": every}, 5) == expected
 
 
+def _runner_child(preload: tuple = (), restarts: bool | None = None, poll: bool = True, env: dict | None = None):
+    """The runner child (runner.main) with PRELOAD set to `preload`, RESTARTS to `restarts` (None: as
+    on this platform), and select.poll taken away unless `poll` (as on Windows); pipes on its stdin and
+    stdout."""
+    import subprocess
+    import sys
+
+    code = (("" if poll else "import select; del select.poll; ")
+            + f"import machine_nb.training.runner as r; r.PRELOAD = {preload!r}; "
+            + ("" if restarts is None else f"r.RESTARTS = {restarts}; ")
+            + "from machine_nb.core.process import end_process; end_process(r.main())")
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+
+
 def _serve_one(spec, restarts: bool, poll: bool = True):
     """The runner child (preloading nothing; runner.RESTARTS set to `restarts`; select.poll taken
     away unless `poll`, as on Windows) given `spec`: its status lines after "ready", and its exit
     code. Its stdin stays open, as the parent keeps it, until the run's outcome; where a new worker
     follows a failed run (`restarts`), `spec` goes once more, and the child must serve it too (its
     outcome is in the events) before its stdin closes and it ends."""
-    import subprocess
-    import sys
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-c", ("" if poll else "import select; del select.poll; ") +
-                             f"import machine_nb.training.runner as r; r.PRELOAD = (); "
-                             f"r.RESTARTS = {restarts}; "
-                             "from machine_nb.core.process import end_process; end_process(r.main())"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = _runner_child(restarts=restarts, poll=poll)
     guard = threading.Timer(60, proc.kill)  # never a hung test, whatever the child does
     guard.start()
     try:
@@ -361,15 +370,12 @@ def test_a_ctrl_c_while_the_runner_still_imports_ends_it_and_the_run_sent_never_
     (its PRELOAD, held here by a module that takes seconds): the child ends as an interrupted
     interpreter does, and the run never starts, as when the child runs the loops itself."""
     import signal
-    import subprocess
     import sys
 
     (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(3)\n")
     (tmp_path / "probe_run.py").write_text("def child_run(spec):\n    open(spec['out'], 'w').write('ran')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    proc = subprocess.Popen([sys.executable, "-c", "import machine_nb.training.runner as r; r.PRELOAD = ('slow_import',); "
-                             "from machine_nb.core.process import end_process; end_process(r.main())"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    proc = _runner_child(preload=("slow_import",), env=env)
     try:
         assert json.loads(proc.stdout.readline())["event"] == "ready"
         spec = {"module": "probe_run", "out": str(tmp_path / "out"), "env": env, "cwd": str(tmp_path),
