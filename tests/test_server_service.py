@@ -441,6 +441,48 @@ def test_a_signal_stops_the_server_cleanly_and_answers_the_request_in_progress(t
     assert code == 0 and "stopped" in served.output()
 
 
+def test_a_request_whose_body_never_finishes_arriving_does_not_hold_the_stop(tmp_path, caplog):
+    """A client that sent a request's head and part of its body, then nothing (a cancelled call
+    whose connection stays open): stop() answers it 503, saying the server stopped, and goes on;
+    it does not wait out the shutdown's grace for the rest of the body."""
+    s = server_mod.LocalServer(data_dir=tmp_path / "data").start()
+    host, port = urlsplit(s.url).hostname, urlsplit(s.url).port
+    with socket.create_connection((host, port), timeout=60) as c:
+        c.sendall(b"POST /api/v1/session_heartbeat HTTP/1.1\r\nHost: x\r\nX-API-Key: " + s.key.encode() +
+                  b"\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"session")
+        assert s.busy() is False  # the head is in, the body is not: nothing is dispatched yet
+        stopping = threading.Thread(target=s.stop)
+        stopping.start()
+        out = b""
+        while chunk := c.recv(65536):
+            out += chunk
+    stopping.join(60)
+    assert not stopping.is_alive()
+    assert out.startswith(b"HTTP/1.1 503") and b"the server stopped" in out, out
+    assert b"connection: close" in out.lower()
+    assert not [r for r in caplog.records if "ASGI" in r.getMessage()], caplog.records
+
+
+def test_a_body_begun_after_the_stop_gets_a_second_then_a_503(srv):
+    """A request that begins on a kept-alive connection in the instant after stop() cut the
+    bodies in progress: its body has a second to arrive."""
+    import asyncio
+
+    app = server_mod._App(srv)
+    app._cut = True
+
+    async def never() -> dict:
+        await asyncio.Event().wait()
+
+    async def at_once() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    with pytest.raises(server_mod.ApiError) as err:
+        asyncio.run(app._body(never, "POST", "/api/v1/create_session"))
+    assert err.value.status == 503 and "stopped before the request's body" in err.value.message
+    assert asyncio.run(app._body(at_once, "POST", "/api/v1/create_session")) == b"{}"
+
+
 # ---------------------------------------------------------------------------------------------
 # 8: train_unembed
 

@@ -586,6 +586,7 @@ class LocalServer:
         self._uvicorn = uvicorn.Server(config)
 
         async def main() -> None:
+            self._app.listen_for_stop(asyncio.get_running_loop())
             task = asyncio.ensure_future(self._uvicorn.serve(sockets=[self._socket]))
             while not self._uvicorn.started and not task.done():
                 await asyncio.sleep(0.005)
@@ -628,6 +629,7 @@ class LocalServer:
 
         stop_heartbeats_to(self.url)
         self._stopping.set()
+        self._app.stop()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -1620,6 +1622,30 @@ class _App:
     def __init__(self, server: "LocalServer"):
         self.server = server
         self.threads = _Threads("local-http")
+        self._loop: Any = None
+        self._reading: set = set()  # the tasks of the requests whose body is arriving (the loop's own)
+        self._cut = False
+
+    def listen_for_stop(self, loop: Any) -> None:
+        """Called with the server's event loop before it serves, so that `stop()` reaches it."""
+        self._loop = loop
+
+    def stop(self) -> None:
+        """Answer every request whose body has not all arrived with a 503 (the server stopped),
+        so the shutdown does not wait for the rest of a body that a client may never send."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._cut_bodies)
+        except RuntimeError:  # the loop has ended
+            pass
+
+    def _cut_bodies(self) -> None:
+        # on the loop: a task in _reading is suspended in _body's one await, so that is where
+        # the cancellation lands
+        self._cut = True
+        for task in list(self._reading):
+            task.cancel()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -1667,21 +1693,39 @@ class _App:
                                                  f"{type(exc).__name__}: {exc}"))
         await self._send(send, *answer)
 
-    @staticmethod
-    async def _body(receive: Callable, method: str, path: str) -> bytes | None:
+    async def _body(self, receive: Callable, method: str, path: str) -> bytes | None:
+        """The request's body; None when the client went away; a 503 when the server stops first
+        (`stop`)."""
+        import asyncio
+
         chunks, total = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            if total > MAX_BODY_BYTES:
-                raise ApiError(413, f"{method} {path}: the body is over {MAX_BODY_BYTES} bytes, the most this "
-                                    "server accepts")
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(chunks)
+        task = asyncio.current_task()
+        self._reading.add(task)
+        try:
+            while True:
+                if not self._cut:
+                    message = await receive()
+                else:  # a request begun after the cut (a kept-alive connection) gets a second for its body
+                    message = await asyncio.wait_for(receive(), 1.0)
+                if message["type"] == "http.disconnect":
+                    return None
+                chunk = message.get("body", b"")
+                total += len(chunk)
+                if total > MAX_BODY_BYTES:
+                    raise ApiError(413, f"{method} {path}: the body is over {MAX_BODY_BYTES} bytes, the most this "
+                                        "server accepts")
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(chunks)
+        except (asyncio.CancelledError, TimeoutError) as exc:
+            if not self._cut:  # the shutdown's own cancellation, after its grace
+                raise
+            if isinstance(exc, asyncio.CancelledError):
+                task.uncancel()
+            raise ApiError(503, f"{method} {path}: the server stopped before the request's body had all "
+                                "arrived") from None
+        finally:
+            self._reading.discard(task)
 
     @staticmethod
     async def _send(send: Callable, status: int, body: bytes, content_type: str, extra: tuple = (),
