@@ -338,6 +338,41 @@ def test_another_runs_checkpoint_of_the_same_name_does_not_overwrite_its_results
     assert (tmp_path / "eval_results" / "000020.json").read_text() == "not ours\n"
 
 
+@pytest.mark.filterwarnings("ignore:.*holds the results of")
+def test_two_evaluations_at_once_under_one_name_keep_both_results(tmp_path, monkeypatch):
+    """Two runs' final checkpoints evaluated at the same time (two kernels, two threads): each
+    chooses eval_results/final.json while neither has written it yet; the second to finish writes
+    beside the first's results (final-2.json), not over them."""
+    import threading
+
+    from machine_nb.evaluation import evaluate as evaluate_mod
+
+    monkeypatch.chdir(tmp_path)
+    both_chose = threading.Barrier(2, timeout=60)
+    check = evaluate_mod._check_base_model
+
+    def after_both_chose(*args, **kwargs):  # called after the results path is chosen, before sampling
+        both_chose.wait()
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_mod, "_check_base_model", after_both_chose)
+    results: dict[str, object] = {}
+
+    def run(checkpoint: str) -> None:
+        results[checkpoint] = evaluate(eval_rows(2), model=MODEL, checkpoint=checkpoint, engine="tinker",
+                                       sampling_client=StandInSampler(house_style), progress=False)
+
+    threads = [threading.Thread(target=run, args=(f"tinker://run-{x}/sampler_weights/final",)) for x in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    paths = {Path(r.path).name for r in results.values()}
+    assert paths == {"final.json", "final-2.json"}, paths
+    for checkpoint, res in results.items():
+        assert json.loads(Path(res.path).read_text())["checkpoint"] == checkpoint
+
+
 @pytest.mark.parametrize("setting,value", [("max_tokens", 0), ("max_tokens", 2.5), ("temperature", float("nan")),
                                            ("temperature", -0.5), ("concurrency", 0), ("concurrency", True)])
 def test_a_sampling_setting_no_sampler_can_use_is_refused_before_a_row_is_sent(setting, value, tmp_path):

@@ -89,6 +89,11 @@ def _check_base_model(client: Any, target: Any) -> None:
                          f"rendered with its own base model's renderer; pass model={base!r}")
 
 
+def _results_stem(label: str) -> str:
+    """The label as a file name: no folders, nothing Windows refuses."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label) or "results"
+
+
 def _results_path(out: Any, label: str, model: str, checkpoint: str | None, data_path: str | None) -> Path:
     """Where the results JSON goes, settled before any request so that a path that cannot be
     written costs no samples: `out`, or default_results_path for the label made a safe file name.
@@ -96,7 +101,7 @@ def _results_path(out: Any, label: str, model: str, checkpoint: str | None, data
     Raises:
         ValueError: `out` is a folder, the eval data file itself, or under a file.
     """
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label) or "results"  # no folders, nothing Windows refuses
+    stem = _results_stem(label)
     if out is None:
         return default_results_path(stem, model, checkpoint)
     path = Path(out)
@@ -144,7 +149,8 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         out: the results JSON path (not a folder, not the eval file), settled before any
             request. Default None: `eval_results/<name>.json` (the name's characters other than
             letters, digits, ".", "_" and "-" written as "_"), or beside it when that file holds
-            another model's or checkpoint's results (default_results_path).
+            another model's or checkpoint's results (default_results_path); chosen again when
+            written, so two evaluations under one name at once keep both results.
         name: the results' name. Default None: "baseline" for a base model, else the
             checkpoint's last path segment.
         save: write the results JSON (default True; False writes nothing). A write that fails
@@ -240,11 +246,14 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         "started_at": started_at, "finished_at": finished_at, "wall_s": round(wall, 3),
     }
     if path is not None:
-        from .results import write_results
+        from .results import write_free_results, write_results
 
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
-        path = write_results(path, summary, per_row)  # None, warned, when it cannot be written
+        if out is None:  # the default name: another evaluation under it may have written it since the start
+            path = write_free_results(path, _results_stem(label), summary, per_row)
+        else:
+            path = write_results(path, summary, per_row)  # None, warned, when it cannot be written
     return EvalResult(df, summary, path)
 
 

@@ -11,12 +11,13 @@ meet on the same files. pandas loads only when a result is built or a file is re
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,7 +64,7 @@ def results_name(checkpoint: str | None) -> str:
 
 def free_results_path(label: str, model: str | None, checkpoint: str | None, *, suffix: str = ".json",
                       folder: str | os.PathLike = RESULTS_DIR, run_of: Callable[[Path], Any] | None = None,
-                      option: str = "out= or name=") -> Path:
+                      option: str = "out= or name=", warn: bool = True) -> Path:
     """`<folder>/<label><suffix>`, unless that file holds the results of another model or
     checkpoint (two runs' `…/sampler_weights/final` share a label) or is not a file of this
     toolkit's: then the first free `<label>-<n><suffix>`, said in a warning. A file of the same
@@ -78,9 +79,11 @@ def free_results_path(label: str, model: str | None, checkpoint: str | None, *, 
         run_of: what a file there holds: a dict with its "model" and "checkpoint", or anything
             else for a file this toolkit did not write (default None: the file read as a results JSON).
         option: the argument that chooses the path, named in the warning (default "out= or name=").
+        warn: warn when the path is not `<label><suffix>` (default True).
 
     Returns:
-        The path to write.
+        The path to write. Another evaluation may take it before it is written: choose it
+        again, and write, in `results_folder_held`.
     """
     import warnings
 
@@ -105,10 +108,61 @@ def free_results_path(label: str, model: str | None, checkpoint: str | None, *, 
                      else "a file that is not results of this model")
         n += 1
         path = first.with_name(f"{label}-{n}{suffix}")
-    if n > 1:
+    if n > 1 and warn:
         warnings.warn(f"{first} holds {whose}: these results of {checkpoint or model} are written to {path} "
                       f"instead (pass {option} to choose)", stacklevel=user_stacklevel())
     return path
+
+
+@contextlib.contextmanager
+def results_folder_held(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold a results folder (an flock of the folder itself: it gains no lock file; created if
+    missing) while a free name is chosen in it and written, so that two evaluations under one name
+    at once, in threads or processes, never write the same file. Where the folder cannot be made or
+    held, the block runs unheld (the write then says what is wrong).
+
+    Args:
+        folder: the results folder.
+
+    Returns:
+        A context manager.
+    """
+    from ..core.jsonl import held_folder
+
+    with contextlib.ExitStack() as hold:
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            hold.enter_context(held_folder(folder))
+        except OSError:
+            pass
+        yield
+
+
+def write_free_results(chosen: Path, label: str, summary: dict, rows: list[dict]) -> str | None:
+    """write_results at the results path `chosen` at an evaluation's start (free_results_path), or,
+    where another evaluation under the same name wrote it meanwhile, at the next free
+    `<label>-<n>.json`, said in a warning; chosen again and written while the folder is held.
+
+    Args:
+        chosen: the path free_results_path chose at the start.
+        label: the name it was chosen for.
+        summary: the run's summary (its "model" and "checkpoint" say whose results these are).
+        rows: the per-row results.
+
+    Returns:
+        The path written, or None when it could not be written (warned).
+    """
+    import warnings
+
+    from ..errors import user_stacklevel
+
+    model, checkpoint = summary.get("model"), summary.get("checkpoint")
+    with results_folder_held(chosen.parent):
+        path = free_results_path(label, model, checkpoint, folder=chosen.parent, warn=False)
+        if path.name != chosen.name:
+            warnings.warn(f"{chosen} was written meanwhile by another evaluation named {label!r}: these results of "
+                          f"{checkpoint or model} are written to {path} instead", stacklevel=user_stacklevel())
+        return write_results(path, summary, rows)
 
 
 def utc_now() -> str:
@@ -521,19 +575,22 @@ class EvalResult:
         from .inspect_logs import build_log, log_run, require_inspect, write_log
 
         require_inspect("EvalResult.write_inspect_log")
-        if path is None:
-            if self.path and not self.path.endswith(".eval"):
-                folder, label = Path(self.path).parent, Path(self.path).stem
-            else:
-                folder, label = Path(RESULTS_DIR), re.sub(r"[^A-Za-z0-9._-]+", "_", str(self.name or "results"))
-            path = free_results_path(label, self.summary.get("model"), self.summary.get("checkpoint"),
-                                     suffix=".eval", folder=folder, run_of=log_run, option="path=")
         rows = self.rows
         if "correct" in rows.columns:  # text or a partial score is refused by its row, never written as C
             rows = rows.assign(correct=correct_values(rows, str(self.name or "results")))
-        return write_log(build_log(rows.to_dict("records"), self.summary), path)
+        log = build_log(rows.to_dict("records"), self.summary)
+        if path is not None:
+            return write_log(log, path)
+        if self.path and not self.path.endswith(".eval"):
+            folder, label = Path(self.path).parent, Path(self.path).stem
+        else:
+            folder, label = Path(RESULTS_DIR), re.sub(r"[^A-Za-z0-9._-]+", "_", str(self.name or "results"))
+        with results_folder_held(folder):  # the name chosen and written with no other writer between
+            path = free_results_path(label, self.summary.get("model"), self.summary.get("checkpoint"),
+                                     suffix=".eval", folder=folder, run_of=log_run, option="path=")
+            return write_log(log, path)
 
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "format_rate", "write_results",
            "as_eval_result",
-           "results_name", "free_results_path", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
+           "results_name", "free_results_path", "results_folder_held", "write_free_results", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
