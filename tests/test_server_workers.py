@@ -263,3 +263,26 @@ def test_a_run_whose_creation_failed_takes_no_place_from_the_next_run(tmp_path, 
     finally:
         sc.close("success").result(timeout=60)
         srv.stop()
+
+
+def test_a_training_process_that_ends_before_it_reads_its_key_is_an_error_naming_its_exit_code(monkeypatch):
+    """The process ended before the key was written to it (a broken interpreter, a failed import):
+    the server's error says it did not start and how it ended, not a bare BrokenPipeError."""
+    import subprocess
+
+    from machine_nb.engines.local import workers
+    from machine_nb.errors import EngineError
+
+    popen = subprocess.Popen
+
+    def ended_at_once(args, **kwargs):
+        proc = popen(["/bin/sh", "-c", "exit 3"], **kwargs)
+        proc.wait()  # gone, its end of stdin closed, before the key is written
+        return proc
+
+    import types as pytypes
+
+    monkeypatch.setattr(workers, "subprocess", pytypes.SimpleNamespace(  # this module's Popen only
+        Popen=ended_at_once, PIPE=subprocess.PIPE, TimeoutExpired=subprocess.TimeoutExpired))
+    with pytest.raises(EngineError, match=r"did not start \(exit code 3\)"):
+        workers._Process(None)

@@ -553,6 +553,27 @@ def test_a_training_process_killed_mid_run_fails_the_call_saying_so(corpus, tmp_
     assert not os.path.exists(f"/proc/{killed[0]}") or open(f"/proc/{killed[0]}/stat").read().split()[2] == "Z"
 
 
+def test_a_kept_training_process_that_ended_before_the_run_reached_it_is_replaced(corpus, tmp_path, monkeypatch):
+    """The kept process is handed to a run and ends before the run's settings reach it (killed in
+    that instant): the run never began there, so it goes to a new process and trains."""
+    from machine_nb.training.loop import _Runner
+
+    take, handed = _Runner.take.__func__, []
+
+    def ended_on_arrival(cls):
+        runner = take(cls)
+        if not handed:
+            runner.proc.kill()
+            runner.proc.wait()
+        handed.append(runner.proc.pid)
+        return runner
+
+    monkeypatch.setattr(_Runner, "take", classmethod(ended_on_arrival))
+    result = sft(corpus.train, log_dir=tmp_path / "run", max_steps=2, **SHORT)
+    assert result.steps == 2 and len(handed) == 1
+    assert [r.proc.pid for r in _Runner._idle] != handed  # the run's process is a new one
+
+
 def test_a_ctrl_c_just_after_the_run_is_sent_stops_the_training_process(tmp_path, corpus, monkeypatch):
     """An interrupt that lands as the spec has just gone to the training process (before the loop
     that watches it) stops that run as any Ctrl-C does: nothing goes on training unwatched. The

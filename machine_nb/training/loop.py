@@ -1206,7 +1206,16 @@ def run_cookbook(spec: dict, log_dir: Path, *, engine: str, on_poll: Callable[[]
     spec = {**spec, "env": _child_env(engine), "cwd": os.getcwd(), "log": str(log_dir / TRAIN_LOG)}
     runner = _Runner.take()
     try:
-        start = runner.send(spec)  # inside: an interrupt as the spec goes out stops the run too
+        try:
+            start = runner.send(spec)  # inside: an interrupt as the spec goes out stops the run too
+        except BrokenPipeError:  # the process ended after it was handed out: the run never began there
+            runner.close()
+            runner = _Runner()
+            try:
+                start = runner.send(spec)
+            except BrokenPipeError:  # a new process that ends at once: its exit code says why
+                runner.proc.wait(30)
+                raise EngineError(ended_message(runner.proc.returncode, log_dir)) from None
         while True:
             outcome = runner.outcome(start)
             if outcome is not None:

@@ -63,8 +63,11 @@ class _Process:
                                       "" if threads is None else str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(self.key.hex().encode() + b"\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(self.key.hex().encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it ended before reading its key: its exit code is said below
+            pass
         line = self.proc.stdout.readline().decode().strip()
         if not line.startswith("/"):
             self.proc.kill()
