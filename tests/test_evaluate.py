@@ -338,7 +338,6 @@ def test_another_runs_checkpoint_of_the_same_name_does_not_overwrite_its_results
     assert (tmp_path / "eval_results" / "000020.json").read_text() == "not ours\n"
 
 
-@pytest.mark.filterwarnings("ignore:.*holds the results of")
 def test_two_evaluations_at_once_under_one_name_keep_both_results(tmp_path, monkeypatch):
     """Two runs' final checkpoints evaluated at the same time (two kernels, two threads): each
     chooses eval_results/final.json while neither has written it yet; the second to finish writes
@@ -363,10 +362,13 @@ def test_two_evaluations_at_once_under_one_name_keep_both_results(tmp_path, monk
                                        sampling_client=StandInSampler(house_style), progress=False)
 
     threads = [threading.Thread(target=run, args=(f"tinker://run-{x}/sampler_weights/final",)) for x in "ab"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    with pytest.warns(UserWarning, match=r"eval_results/final\.json was written meanwhile by another evaluation "
+                                         r"named 'final': these results of tinker://run-[ab]/.* are written to "
+                                         r"eval_results/final-2\.json instead"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
     paths = {Path(r.path).name for r in results.values()}
     assert paths == {"final.json", "final-2.json"}, paths
     for checkpoint, res in results.items():
