@@ -75,3 +75,36 @@ def test_dashboard_shows_new_runs_as_they_land(lab, tmp_path):
     finally:
         writer.stdin.close()
         writer.wait(10)
+
+
+def test_the_dashboard_commands_page_takes_its_token_out_of_the_address_bar(tmp_path):
+    """`machine-nb dashboard` in a real browser: the page opened at the printed address shows the
+    workspace, with the token gone from the address bar; a reload still shows it (the cookie)."""
+    import os
+    import re
+
+    from playwright.sync_api import expect
+
+    from lab import shared_browser
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from dashboard_writer import write_run
+
+    write_run(str(tmp_path / "ws" / ".machine" / "runs"), "support", "first")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MACHINE_NB_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "machine_nb.cli", "dashboard", str(tmp_path / "ws")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    context = shared_browser().new_context()
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", proc.stdout.readline()).group(0)
+        page = context.new_page()
+        page.goto(url)
+        expect(page.locator("#dash")).to_contain_text("support/first")
+        assert "token" not in page.url and page.url == url.split("?")[0]
+        page.reload()
+        expect(page.locator("#dash")).to_contain_text("support/first")
+        expect(page.locator("#status")).to_have_text("")
+    finally:
+        context.close()
+        proc.terminate()
+        proc.wait(20)

@@ -18,9 +18,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dashboard_writer import write_run  # noqa: E402
 
 
-def _get(url: str) -> tuple[int, bytes]:
+def _get(url: str, cookie: str | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {}),
+                                    timeout=10) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -57,6 +58,18 @@ def test_page_needs_its_token_and_follows_new_runs(tmp_path):
         assert state["snapshot"]["runs"] == 2 and "coder/r2" in state["html"]
         status, body = _get(f"{base}api/run?token={token}&key=coder/r2")
         assert status == 200 and "answer r2" in json.loads(body)["html"]
+        # the page opened with its token leaves a cookie in its place (the page's script takes the
+        # token out of the address bar): HttpOnly, sent to this page alone, never by another site
+        with urllib.request.urlopen(f"{base}?token={token}", timeout=10) as r:
+            cookie = r.headers["Set-Cookie"]
+        name, value = cookie.split(";")[0].split("=", 1)
+        assert name.startswith("machine_nb_dashboard_") and value == token
+        assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower() and "Path=/" in cookie
+        assert b"history.replaceState" in page
+        for path in ("", "api/state", "api/run?key=coder/r2"):
+            assert _get(base + path, cookie=f"{name}={token}")[0] == 200  # a reload: the cookie alone
+            assert _get(base + path, cookie=f"{name}=wrong")[0] == 403
+            assert _get(base + path, cookie=f"machine_nb_dashboard_other={token}")[0] == 403  # another's name
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)

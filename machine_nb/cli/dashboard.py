@@ -4,7 +4,8 @@ The page is one small self-contained HTML file that asks a JSON endpoint for the
 HTML about once a second (the same HTML the widget and a saved notebook show:
 widgets/dashboard.py) and, on a click on a run, for that run's chat cards. Served by tornado
 (installed with Jupyter) on the loopback address only, behind a random access token in the URL,
-as Jupyter and Machine's own dashboard do: a request without it is refused, and so is one whose
+as Jupyter and Machine's own dashboard do (the opened page moves it from the address bar to a
+cookie, `make_app`): a request without it is refused, and so is one whose
 Host header names another site (DNS rebinding). The page runs only its own script (a
 Content-Security-Policy with a nonce), so markup in a run cannot call anywhere. Ctrl-C and SIGTERM
 stop it cleanly.
@@ -36,11 +37,14 @@ body{font-family:system-ui,sans-serif;margin:12px;background:#fff;color:#111}
 <body><div id="dash">loading…</div><div id="preview"></div><div id="status"></div>
 <script nonce="{nonce}">
 const token = new URLSearchParams(location.search).get("token") || "";
+// out of the address bar (and so of the history, and of a shared screen): a reload sends the cookie
+if (token) history.replaceState(null, "", location.pathname);
+const auth = token ? "token=" + encodeURIComponent(token) + "&" : "";
 const note = document.getElementById("status");
 let version = -1;
 async function poll() {
   try {
-    const r = await fetch("api/state?token=" + encodeURIComponent(token) + "&since=" + version);
+    const r = await fetch("api/state?" + auth + "since=" + version);
     const s = await r.json().catch(() => ({}));
     if (r.status === 403) { note.textContent = s.error || "refused: 403"; return; }
     if (!r.ok) { note.textContent = s.error || ("error: " + r.status); }
@@ -57,7 +61,7 @@ document.addEventListener("click", async (e) => {
   e.preventDefault();
   const preview = document.getElementById("preview");
   try {
-    const r = await fetch("api/run?token=" + encodeURIComponent(token) + "&key=" + encodeURIComponent(a.dataset.run));
+    const r = await fetch("api/run?" + auth + "key=" + encodeURIComponent(a.dataset.run));
     const body = await r.json().catch(() => ({}));
     if (r.ok) preview.innerHTML = body.html; else preview.textContent = body.error || ("refused: " + r.status);
   } catch (e) { preview.textContent = "server unreachable"; }
@@ -101,9 +105,13 @@ def make_app(state: Any, token: str, problems: Callable[[], list[str]] = lambda:
     """The tornado application: the page, `api/state` and `api/run`, each refusing a wrong token
     or a Host header other than 127.0.0.1 / localhost.
 
+    The page opened with its token sets a cookie holding it (HttpOnly, SameSite=Strict, named
+    after a digest of the token, so two dashboards on one host keep theirs apart), and its script
+    takes the token out of the address bar: a reload is let in by the cookie.
+
     Args:
         state: a DashboardState.
-        token: the access token every request must carry (`?token=`).
+        token: the access token every request must carry (`?token=`, or the page's cookie).
         problems: what the page shows under the dashboard: the errors of reading the workspace
             since the last good read (default: none; see `follow`).
 
@@ -111,9 +119,16 @@ def make_app(state: Any, token: str, problems: Callable[[], list[str]] = lambda:
         A tornado.web.Application. Every answer of `api/*` (and of an unknown path) is JSON, an
         error as `{"error": "…"}`; the page's own refusal is plain text.
     """
+    import hashlib
+
     import tornado.web
 
     from ..core.redact import redacted
+
+    cookie = "machine_nb_dashboard_" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:12]
+
+    def is_token(sent: str) -> bool:
+        return hmac.compare_digest(sent.encode("utf-8", "replace"), token.encode("utf-8"))
 
     class Base(tornado.web.RequestHandler):
         def set_default_headers(self) -> None:
@@ -126,8 +141,7 @@ def make_app(state: Any, token: str, problems: Callable[[], list[str]] = lambda:
             if self.request.host_name not in LOCAL_HOSTS:
                 self._refuse("this page answers only at 127.0.0.1 or localhost")
                 return
-            sent = self.get_query_argument("token", "")
-            if not hmac.compare_digest(sent.encode("utf-8", "replace"), token.encode("utf-8")):
+            if not (is_token(self.get_query_argument("token", "")) or is_token(self.get_cookie(cookie, ""))):
                 self._refuse("this page needs its access token (the ?token=… the command printed)")
 
         def _refuse(self, why: str) -> None:
@@ -151,6 +165,8 @@ def make_app(state: Any, token: str, problems: Callable[[], list[str]] = lambda:
             self.finish(f"403: {why}")
 
         def get(self) -> None:
+            if is_token(self.get_query_argument("token", "")):  # kept for a reload (the script clears the URL)
+                self.set_cookie(cookie, token, path="/", httponly=True, samesite="Strict")
             nonce = secrets.token_urlsafe(16)
             self.set_header("Content-Type", "text/html; charset=utf-8")
             self.set_header("Content-Security-Policy", CSP.replace("{nonce}", nonce))
