@@ -104,6 +104,36 @@ def _ws(tmp_path):
     return ws
 
 
+def test_hidden_folders_such_as_jupyterlabs_checkpoints_are_not_read(tmp_path):
+    """JupyterLab keeps a copy of each file opened and saved in it in `.ipynb_checkpoints/` beside
+    the file: such hidden folders are not Machine's (a machine name segment never starts with a
+    "."), so, like hidden files, they are left alone, never read nor reported, by every reader of
+    runs and sessions (the direct load, the run index and the dashboard's folder watch)."""
+    from machine_nb.store.follow import RunFolderWatch
+
+    ws = _ws(tmp_path)
+    runs = ws / ".machine/runs/support"
+    good = sorted(runs.glob("*.json"))
+    for folder in (runs / ".ipynb_checkpoints", ws / ".machine/runs/.ipynb_checkpoints"):
+        folder.mkdir()
+        shutil.copy(good[0], folder / (good[0].stem + "-checkpoint.json"))
+    sessions = ws / ".machine/sessions/support"
+    (sessions / ".ipynb_checkpoints").mkdir(parents=True)
+    (sessions / ".ipynb_checkpoints" / "s-checkpoint.json").write_text("[]")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkippedFiles)
+        assert len(mnb.load_runs(ws, index=False)) == len(good)
+        assert len(mnb.load_runs(ws, index=True)) == len(good)
+        assert len(mnb.load_runs(ws, index=True)) == len(good)  # the index's reload, too
+        mnb.load_sessions(ws)
+    watch = RunFolderWatch(ws / ".machine/runs", events=False)
+    try:
+        changes = watch.poll()
+        assert sorted(a[0] for a in changes.added) == [str(p) for p in good] and not changes.notes
+    finally:
+        watch.close()
+
+
 def test_misplaced_and_bad_files_are_reported(tmp_path):
     ws = _ws(tmp_path)
     good = len(list((ws / ".machine/runs/support").glob("*.json")))

@@ -563,7 +563,9 @@ class RunFolderWatch:
                             out.notes.append(f"{shown_name(e.path)}: its name is not valid UTF-8: left out; rename it (e.g. with "
                                              "convmv) to follow it")
                         continue
-                    if n.endswith(".json") and not n.startswith("."):
+                    if n.startswith("."):
+                        continue  # hidden files and folders are not Machine's (walk_folders)
+                    if n.endswith(".json"):
                         names.add(n)  # a folder named *.json is rare; is_dir() only if asked
                     else:
                         try:

@@ -346,7 +346,8 @@ def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = Non
     top folder is followed only to a machine's folder: not to a file system's root or mount point,
     not to a folder holding the top one, and every folder read out there must hold nothing but
     `*.json` files and folders (foreign_problem). A folder not entered is yielded once with
-    `problem` saying why.
+    `problem` saying why. A hidden folder (its name starts with ".", as JupyterLab's
+    `.ipynb_checkpoints` does; no machine name segment does) is neither entered nor listed.
 
     Args:
         root: the top folder (nothing is yielded when it is not a folder).
@@ -389,6 +390,8 @@ def walk_folders(root: str | os.PathLike, within: str | os.PathLike | None = Non
                 is_dir = e.is_dir()  # follows a symlink
             except OSError:
                 is_dir = False
+            if is_dir and e.name.startswith("."):
+                continue  # a hidden folder is not Machine's (JupyterLab's .ipynb_checkpoints): not entered
             (subdirs if is_dir else files).append(e.name)
         subdirs.sort()
         files.sort()
