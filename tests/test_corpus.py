@@ -157,6 +157,31 @@ def test_its_own_files_are_replaced_and_identical_ones_left_alone(tmp_path):
     assert json.loads((tmp_path / "manifest.json").read_text()) == first.manifest
 
 
+def test_a_forced_redraw_cut_off_between_files_leaves_no_manifest_vouching_for_a_mix(tmp_path, monkeypatch):
+    """make_corpus(force=True) with another seed, killed after it wrote train.jsonl and before
+    eval.jsonl: the folder then holds two draws, whose rows may share operand pairs. No manifest
+    vouches for them, so the next make_corpus refuses them (as files it did not write) until forced."""
+    from machine_nb.data import corpus as corpus_mod
+
+    make_corpus(tmp_path, seed=0)
+    write = corpus_mod.atomic_write_text
+
+    def killed_after_the_first(path, *args, **kwargs):
+        write(path, *args, **kwargs)
+        raise KeyboardInterrupt  # the process ends here
+
+    monkeypatch.setattr(corpus_mod, "atomic_write_text", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        make_corpus(tmp_path, seed=1, force=True)
+    monkeypatch.undo()
+    assert not (tmp_path / "manifest.json").exists()
+    with pytest.raises(FileExistsError, match="was not written by make_corpus"):
+        make_corpus(tmp_path, seed=0)
+    fresh = make_corpus(tmp_path, seed=1, force=True)
+    assert fresh.manifest["seed"] == 1 and (tmp_path / "manifest.json").exists()
+    assert make_corpus(tmp_path, seed=1).manifest == fresh.manifest  # whole again: taken as it is
+
+
 def test_cli(tmp_path, capsys):
     assert main(["corpus", "--out", str(tmp_path), "--seed", "2"]) == 0
     out = capsys.readouterr().out

@@ -330,7 +330,9 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
             All three together at most MAX_ROWS (4,095), else ValueError before anything is written.
 
     A second make_corpus into the same folder (another thread or process) waits until this one
-    has written, then checks what it finds as above.
+    has written, then checks what it finds as above. Each file is written atomically, the old
+    manifest removed first and the new one written last: a process killed in between leaves no
+    manifest, so the files of two draws it may leave are refused until forced.
 
     Returns:
         The Corpus. Operand pairs never repeat across train, eval and valid; eval and valid rows
@@ -359,7 +361,11 @@ def make_corpus(out_dir: str | os.PathLike = DEFAULT_OUT_DIR, seed: int = 0, for
         for name in (*bodies, *gone):  # what a process killed inside a write left (a link's are beside its target)
             if not (out / name).is_symlink():
                 remove_stale_temporaries(out / name)
-        for name in gone:  # first: never beside the new train rows
+        if "manifest.json" in changed and os.path.lexists(out / "manifest.json"):
+            # first: a process killed among the writes below leaves no manifest vouching for a mix of
+            # two draws, so the next make_corpus refuses those files until forced
+            os.unlink(out / "manifest.json")
+        for name in gone:  # never beside the new train rows
             os.unlink(out / name)
         for name in sorted(changed, key=lambda n: n == "manifest.json"):  # the manifest last: it vouches for the rest
             atomic_write_text(out / name, bodies[name], mode=0o644)
