@@ -307,6 +307,22 @@ def test_a_session_lists_its_own_runs_and_samplers(srv):
 # 10 (numbers), 11: what is refused rather than trained
 
 
+def test_a_create_model_sent_again_after_its_answer_was_lost_gets_the_same_answer(srv):
+    """The SDK sends a request again when its answer was lost (a connection reset): the same
+    create_model again is answered as the first was, so the run is not lost to a 409; another
+    create_model under the same session and model_seq_id is still a 409."""
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        return call(srv.url, path, key=srv.key, body=json.dumps(body).encode(), method="POST")
+
+    sid = post("/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"})[1]["session_id"]
+    create = {"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL, "lora_config": {"rank": 2}}
+    first = post("/api/v1/create_model", create)
+    assert first[0] == 200 and post("/api/v1/create_model", create) == first
+    assert post("/api/v1/retrieve_future", {"request_id": first[1]["request_id"]})[0] == 200
+    other = post("/api/v1/create_model", {**create, "lora_config": {"rank": 4}})
+    assert other[0] == 409 and "exists already" in other[1]["detail"]
+
+
 def test_float_or_nan_target_tokens_are_refused_with_a_400(srv, sc):
     tc = sc.create_lora_training_client(DEFAULT_MODEL, rank=2).result()
     n = len(IDS)

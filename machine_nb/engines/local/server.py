@@ -214,6 +214,8 @@ class _Run:
         self.server = server
         self.model_id, self.session_id, self.base_model = model_id, session_id, base_model
         self.user_metadata = dict(user_metadata or {})
+        self.request: Any = None  # (call, body) of the request that made it, and its answer (`_new_run`)
+        self.answer: dict | None = None
         self.created = time.time()
         self.last_request = self.created
         self.last_seen = time.monotonic()  # last_request on the clock that sleep and clock changes leave alone
@@ -877,17 +879,24 @@ class LocalServer:
                                 f"{', '.join(sorted(MODELS))} (Tinker models need Tinker itself)", "base_model")
 
     def _new_run(self, session_id: str, model_seq_id: int, base_model: str, user_metadata: dict | None,
-                 call: str) -> _Run:
+                 call: str, request: Any) -> tuple[_Run, dict | None]:
+        """The new run `<session_id>:train:<model_seq_id>`, and None; or, for `request` (the body)
+        sent again once it was answered (its answer was lost, and the SDK retries), the run it made
+        and that answer. Another request for a run that exists is a 409."""
         if not 0 <= model_seq_id <= ck.MAX_MODEL_SEQ_ID:  # a run id holds it as digits: its folder's name
             raise ApiError(400, f"{call}: model_seq_id must be a whole number from 0 to 2**63 - 1, got "
                                 f"{model_seq_id if model_seq_id < 10**30 else 'a larger one'}", "model_seq_id")
         model_id = f"{session_id}:train:{model_seq_id}"
         with self._lock:
-            if model_id in self.runs:
+            held = self.runs.get(model_id)
+            if held is not None:
+                if held.answer is not None and held.request == (call, request):
+                    return held, held.answer
                 raise ApiError(409, f"training run {model_id} exists already", "model_seq_id")
             run = _Run(self, model_id, session_id, base_model, user_metadata)
+            run.request = (call, request)
             self.runs[model_id] = run
-        return run
+        return run, None
 
     def _pool_for(self, base_model: str) -> Any:
         """The training processes a new run of `base_model` may go to, or None to train it here:
@@ -979,7 +988,10 @@ class LocalServer:
         if rank > (most := max_lora_rank(req.base_model)):
             raise ApiError(400, f"create_model: LoRA rank {rank} is past {req.base_model}'s width: give at most "
                                 f"{most} (a higher rank adds no capacity, only memory)", "lora_config.rank")
-        run = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata, "create_model")
+        run, again = self._new_run(req.session_id, req.model_seq_id, req.base_model, req.user_metadata,
+                                   "create_model", body)
+        if again is not None:
+            return again
         fut = self.futures.new("create_model")
 
         settings = {"rank": rank, "seed": None if lora is None else lora.seed,
@@ -992,7 +1004,8 @@ class LocalServer:
             return {"model_id": run.model_id, "type": "create_model"}
 
         run.submit_first(fut, create)
-        return {"request_id": fut.request_id, "model_id": run.model_id}
+        run.answer = {"request_id": fut.request_id, "model_id": run.model_id}
+        return run.answer
 
     def get_info(self, q: dict, body: Any) -> dict:
         from tinker import types
@@ -1212,8 +1225,11 @@ class LocalServer:
         if req.base_model is not None and req.base_model != meta["base_model"]:
             raise ApiError(400, f"load_weights: {req.path} was trained from {meta['base_model']}, not {req.base_model}",
                            "base_model")
-        run = self._new_run(req.session_id, req.model_seq_id, meta["base_model"],
-                            {**(meta.get("user_metadata") or {}), **(req.user_metadata or {})}, "load_weights")
+        run, again = self._new_run(req.session_id, req.model_seq_id, meta["base_model"],
+                                   {**(meta.get("user_metadata") or {}), **(req.user_metadata or {})}, "load_weights",
+                                   body)
+        if again is not None:
+            return again
         fut = self.futures.new("load_weights")
 
         def create() -> dict:
@@ -1221,7 +1237,8 @@ class LocalServer:
             return {"path": req.path, "type": "load_weights"}
 
         run.submit_first(fut, create)
-        return {"request_id": fut.request_id, "model_id": run.model_id}
+        run.answer = {"request_id": fut.request_id, "model_id": run.model_id}
+        return run.answer
 
     # -- sampling
     def _add_sampler(self, sampler: Any, model_path: str | None, session_id: str | None = None) -> str:
