@@ -6,6 +6,7 @@ import filecmp
 import json
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -120,12 +121,25 @@ def test_hidden_folders_such_as_jupyterlabs_checkpoints_are_not_read(tmp_path):
     sessions = ws / ".machine/sessions/support"
     (sessions / ".ipynb_checkpoints").mkdir(parents=True)
     (sessions / ".ipynb_checkpoints" / "s-checkpoint.json").write_text("[]")
+    for folder in (runs, runs.parent):  # settled an hour ago: a reload takes the index's list of their folders
+        os.utime(folder, (time.time() - 3600,) * 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SkippedFiles)
         assert len(mnb.load_runs(ws, index=False)) == len(good)
         assert len(mnb.load_runs(ws, index=True)) == len(good)
         assert len(mnb.load_runs(ws, index=True)) == len(good)  # the index's reload, too
         mnb.load_sessions(ws)
+    # an index written when hidden folders were listed: its unchanged folders' lists name them
+    from machine_nb.store import index as index_mod
+
+    ipath = index_mod.run_index_path(ws)
+    table, meta, why = index_mod.read_index(ipath, os.path.realpath(ws / ".machine/runs"))
+    assert why is None and ".ipynb_checkpoints" not in meta["dirs"]["support"][2]
+    meta["dirs"]["support"][2].append(".ipynb_checkpoints")
+    index_mod.write_index(ipath, table, meta)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkippedFiles)
+        assert len(mnb.load_runs(ws, index=True)) == len(good)
     watch = RunFolderWatch(ws / ".machine/runs", events=False)
     try:
         changes = watch.poll()

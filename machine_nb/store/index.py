@@ -475,7 +475,7 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
         unchanged = check == "dirs" and old is not None and old[0] != -1 and old[:2] == sig
         relist = False  # list this folder again on the next load
         if unchanged:
-            subdirs = list(old[2])
+            subdirs = [s for s in old[2] if not s.startswith(".")]  # an index written before hidden ones were left out
             if len(pos):
                 watched = np.flatnonzero(recheck[pos])
                 ok = np.ones(len(pos), dtype=bool)
