@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -886,6 +887,45 @@ def _redacted_error(exc: BaseException, secrets: list[str]) -> BaseException | N
     return RuntimeError(f"{type(exc).__name__}: {text}") if n else None
 
 
+#: The longest path of a Unix socket's name that every POSIX system takes (Linux takes 107 bytes, macOS 103).
+_SOCKET_PATH_MAX = 100
+
+
+def kernel_manager() -> dict[str, Any]:
+    """How a report's kernel is reached (papermill's keyword arguments for nbclient): on POSIX, over
+    local sockets in the Jupyter runtime folder (ZeroMQ's IPC transport) rather than loopback TCP
+    ports, so no other program can reach it through a port and ipykernel has no unencrypted TCP to
+    warn about in the terminal; elsewhere, or where that folder's path is too long for a socket's
+    name, nbclient's default (TCP on 127.0.0.1).
+
+    Returns:
+        `{"kernel_manager_class": …}`, or {} for the default.
+    """
+    if os.name != "posix":
+        return {}
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    # a socket is named <runtime folder>/kernel-<uuid>-ipc-<n>: 55 characters past the folder's path
+    if len(os.fsencode(jupyter_runtime_dir())) + 55 > _SOCKET_PATH_MAX:
+        return {}
+    return {"kernel_manager_class": _ipc_kernel_manager()}
+
+
+@lru_cache(maxsize=1)
+def _ipc_kernel_manager() -> type:
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        """nbclient's kernel manager, with the IPC transport as its default."""
+
+        @default("transport")
+        def _default_transport(self) -> str:
+            return "ipc"
+
+    return IPCKernelManager
+
+
 def kernel_arguments(kernel_name: str = "python3") -> list[str]:
     """Extra command-line arguments for a report's kernel: for an IPython kernel (its spec runs
     ipykernel), an exec line that preloads KERNEL_PRELOAD when the kernel's Python has machine_nb;
@@ -1089,7 +1129,7 @@ def run_report(notebook: str | os.PathLike, parameters: dict[str, Any] | None = 
             papermill.execute_notebook(
                 str(notebook), memory, parameters=parameters, kernel_name=kernel_name,
                 extra_arguments=kernel_arguments(kernel_name) if preload else [], cwd=str(cwd or notebook.parent),
-                progress_bar=resolve_progress(progress),
+                progress_bar=resolve_progress(progress), **kernel_manager(),
                 **({"execution_timeout": timeout} if timeout else {}))
         except Exception as exc:  # keep going: the partial notebook shows where it failed
             error = exc
