@@ -279,3 +279,23 @@ def test_a_secret_named_parameter_given_as_a_number_is_redacted(tmp_path):
     assert executed["metadata"]["papermill"]["parameters"] == {"db_password": REDACTED, "n_rows": 24}
     printed = [out for cell in executed["cells"] for out in cell.get("outputs", []) if out.get("name") == "stdout"]
     assert ["".join(out["text"]) for out in printed] == ["connecting with [redacted]\n"]
+
+
+def test_a_reports_kernel_uses_local_sockets_only_where_the_runtime_folder_can_hold_them(tmp_path, monkeypatch):
+    """IPC where Jupyter's runtime folder takes a Unix socket; TCP (nbclient's default) where its
+    path is too long for a socket's name or it cannot hold one (here: a file in its path)."""
+    import tempfile
+
+    from machine_nb.reports.notebook import kernel_manager
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:  # tmp_path's own path is past a socket name's room
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", os.path.join(short, "runtime"))
+        chosen = kernel_manager()["kernel_manager_class"]
+        assert chosen().transport == "ipc" and chosen(transport="tcp").transport == "tcp"
+        assert os.listdir(os.path.join(short, "runtime")) == []  # the probe is gone
+        with open(os.path.join(short, "file"), "w"):
+            pass
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", os.path.join(short, "file", "runtime"))
+        assert kernel_manager() == {}
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    assert len(str(tmp_path / "runtime")) + 55 > 100 and kernel_manager() == {}

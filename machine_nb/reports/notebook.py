@@ -895,8 +895,8 @@ def kernel_manager() -> dict[str, Any]:
     """How a report's kernel is reached (papermill's keyword arguments for nbclient): on POSIX, over
     local sockets in the Jupyter runtime folder (ZeroMQ's IPC transport) rather than loopback TCP
     ports, so no other program can reach it through a port and ipykernel has no unencrypted TCP to
-    warn about in the terminal; elsewhere, or where that folder's path is too long for a socket's
-    name, nbclient's default (TCP on 127.0.0.1).
+    warn about in the terminal; elsewhere, where that folder's path is too long for a socket's
+    name, or where its file system holds no Unix socket, nbclient's default (TCP on 127.0.0.1).
 
     Returns:
         `{"kernel_manager_class": …}`, or {} for the default.
@@ -905,10 +905,32 @@ def kernel_manager() -> dict[str, Any]:
         return {}
     from jupyter_core.paths import jupyter_runtime_dir
 
+    folder = jupyter_runtime_dir()
     # a socket is named <runtime folder>/kernel-<uuid>-ipc-<n>: 55 characters past the folder's path
-    if len(os.fsencode(jupyter_runtime_dir())) + 55 > _SOCKET_PATH_MAX:
+    if len(os.fsencode(folder)) + 55 > _SOCKET_PATH_MAX or not _holds_sockets(folder):
         return {}
     return {"kernel_manager_class": _ipc_kernel_manager()}
+
+
+@lru_cache(maxsize=8)
+def _holds_sockets(folder: str) -> bool:
+    """Whether a Unix socket can be made in `folder` (Jupyter's runtime folder, made as Jupyter
+    makes it, private to the user, when missing): a probe bound there and removed at once."""
+    import socket
+
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        probe = os.path.join(folder, f"machine-nb-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(probe)
+        finally:
+            sock.close()
+            if os.path.lexists(probe):
+                os.unlink(probe)
+    except OSError:
+        return False
+    return True
 
 
 @lru_cache(maxsize=1)
