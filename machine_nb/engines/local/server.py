@@ -214,7 +214,7 @@ class _Run:
         self.server = server
         self.model_id, self.session_id, self.base_model = model_id, session_id, base_model
         self.user_metadata = dict(user_metadata or {})
-        self.request: Any = None  # (call, body) of the request that made it, and its answer (`_new_run`)
+        self.request: Any = None  # (call, body) of the request that made it, and its answer (`submit_first`)
         self.answer: dict | None = None
         self.created = time.time()
         self.last_request = self.created
@@ -232,11 +232,18 @@ class _Run:
         self._thread = threading.Thread(target=self._work, name=f"local-run-{model_id}", daemon=True)
         self._thread.start()
 
-    def submit_first(self, fut: _Future, fn: Callable) -> None:
-        """The job that creates the trainer runs before any numbered request."""
+    def submit_first(self, fut: _Future, fn: Callable) -> dict:
+        """The job that creates the trainer runs before any numbered request.
+
+        Returns:
+            The answer to the request that made the run, kept as `answer` for that request sent
+            again (`LocalServer._new_run`).
+        """
         with self._cond:
             self._unordered.insert(0, (fut, fn))
             self._cond.notify_all()
+        self.answer = {"request_id": fut.request_id, "model_id": self.model_id}
+        return self.answer
 
     def trained(self) -> Any:
         """The run's trainer, for a request's work; EngineError when its creation failed."""
@@ -1003,9 +1010,7 @@ class LocalServer:
             self._start_run(run, "create", req.base_model, settings)
             return {"model_id": run.model_id, "type": "create_model"}
 
-        run.submit_first(fut, create)
-        run.answer = {"request_id": fut.request_id, "model_id": run.model_id}
-        return run.answer
+        return run.submit_first(fut, create)
 
     def get_info(self, q: dict, body: Any) -> dict:
         from tinker import types
@@ -1236,9 +1241,7 @@ class LocalServer:
             self._start_run(run, "from_checkpoint", str(directory), {"optimizer": req.optimizer})
             return {"path": req.path, "type": "load_weights"}
 
-        run.submit_first(fut, create)
-        run.answer = {"request_id": fut.request_id, "model_id": run.model_id}
-        return run.answer
+        return run.submit_first(fut, create)
 
     # -- sampling
     def _add_sampler(self, sampler: Any, model_path: str | None, session_id: str | None = None) -> str:
