@@ -13,7 +13,6 @@ import asyncio
 import math
 import numbers
 import os
-import re
 import time
 import warnings
 from pathlib import Path
@@ -24,7 +23,7 @@ from ..core.chat import eval_rows, probe_rows, prompt_text
 from ..errors import user_stacklevel
 from ..checks.pricing import estimate_eval_cost, sample_cost
 from .results import (PROBE_COLUMNS, RESULT_COLUMNS, EvalResult, file_sha256, free_results_path,
-                      results_name, utc_now)
+                      results_name, results_stem, utc_now)
 from .sampling import (SamplingClientLike, open_sampler, render_prompts, renderer_for, run_coroutine, sample_rows,
                        sampler_target, sampling_params, watchdog)
 from .scoring import format_matches, score_row
@@ -89,11 +88,6 @@ def _check_base_model(client: Any, target: Any) -> None:
                          f"rendered with its own base model's renderer; pass model={base!r}")
 
 
-def _results_stem(label: str) -> str:
-    """The label as a file name: no folders, nothing Windows refuses."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", label) or "results"
-
-
 def _results_path(out: Any, label: str, model: str, checkpoint: str | None, data_path: str | None) -> Path:
     """Where the results JSON goes, settled before any request so that a path that cannot be
     written costs no samples: `out`, or default_results_path for the label made a safe file name.
@@ -101,7 +95,7 @@ def _results_path(out: Any, label: str, model: str, checkpoint: str | None, data
     Raises:
         ValueError: `out` is a folder, the eval data file itself, or under a file.
     """
-    stem = _results_stem(label)
+    stem = results_stem(label)
     if out is None:
         return default_results_path(stem, model, checkpoint)
     path = Path(out)
@@ -251,7 +245,7 @@ def evaluate(data: str | os.PathLike | list[dict], model: str | None = None, che
         per_row = [{**rec, "line": row["line"], "messages": row["messages"], "format": row["format"]}
                    for rec, row in zip(records, rows)]
         if out is None:  # the default name: another evaluation under it may have written it since the start
-            path = write_free_results(path, _results_stem(label), summary, per_row)
+            path = write_free_results(path, results_stem(label), summary, per_row)
         else:
             path = write_results(path, summary, per_row)  # None, warned, when it cannot be written
     return EvalResult(df, summary, path)

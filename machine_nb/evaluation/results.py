@@ -46,6 +46,12 @@ while the base model's does not; None when the row has no format or its regex ti
 (None, or why a reply is missing or the format could not be checked)."""
 
 
+def results_stem(label: str, empty: str = "results") -> str:
+    """A results name as a file name: each run of characters other than letters, digits, ".", "_"
+    and "-" written as "_" (no folders, nothing Windows refuses); `empty` for an empty name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label) or empty
+
+
 def results_name(checkpoint: str | None) -> str:
     """The results file's name for a model or checkpoint.
 
@@ -59,7 +65,7 @@ def results_name(checkpoint: str | None) -> str:
     if not checkpoint:
         return "baseline"
     last = [p for p in re.split(r"[/\\]+", str(checkpoint).split("://", 1)[-1]) if p]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", last[-1] if last else "checkpoint") or "checkpoint"
+    return results_stem(last[-1] if last else "checkpoint", "checkpoint")
 
 
 def free_results_path(label: str, model: str | None, checkpoint: str | None, *, suffix: str = ".json",
@@ -584,7 +590,7 @@ class EvalResult:
         if self.path and not self.path.endswith(".eval"):
             folder, label = Path(self.path).parent, Path(self.path).stem
         else:
-            folder, label = Path(RESULTS_DIR), re.sub(r"[^A-Za-z0-9._-]+", "_", str(self.name or "results"))
+            folder, label = Path(RESULTS_DIR), results_stem(str(self.name or "results"))
         with results_folder_held(folder):  # the name chosen and written with no other writer between
             path = free_results_path(label, self.summary.get("model"), self.summary.get("checkpoint"),
                                      suffix=".eval", folder=folder, run_of=log_run, option="path=")
@@ -593,4 +599,4 @@ class EvalResult:
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "format_rate", "write_results",
            "as_eval_result",
-           "results_name", "free_results_path", "results_folder_held", "write_free_results", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
+           "results_name", "results_stem", "free_results_path", "results_folder_held", "write_free_results", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
