@@ -27,7 +27,7 @@ from machine_nb.engines.local import DEFAULT_MODEL
 from machine_nb.engines.local import server as server_mod
 from machine_nb.errors import EngineError
 
-from serving import TEST_KEY, Served, start_server, stop_server
+from serving import TEST_KEY, Served, api_call, api_result, new_session, start_server, stop_server
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by any user (the venv's interpreter may sit under /root)
 
@@ -311,15 +311,12 @@ def test_a_create_model_sent_again_after_its_answer_was_lost_gets_the_same_answe
     """The SDK sends a request again when its answer was lost (a connection reset): the same
     create_model again is answered as the first was, so the run is not lost to a 409; another
     create_model under the same session and model_seq_id is still a 409."""
-    def post(path: str, body: dict) -> tuple[int, dict]:
-        return call(srv.url, path, key=srv.key, body=json.dumps(body).encode(), method="POST")
-
-    sid = post("/api/v1/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0"})[1]["session_id"]
-    create = {"session_id": sid, "model_seq_id": 0, "base_model": DEFAULT_MODEL, "lora_config": {"rank": 2}}
-    first = post("/api/v1/create_model", create)
-    assert first[0] == 200 and post("/api/v1/create_model", create) == first
-    assert post("/api/v1/retrieve_future", {"request_id": first[1]["request_id"]})[0] == 200
-    other = post("/api/v1/create_model", {**create, "lora_config": {"rank": 4}})
+    create = {"session_id": new_session(srv), "model_seq_id": 0, "base_model": DEFAULT_MODEL,
+              "lora_config": {"rank": 2}}
+    first = api_call(srv, "/api/v1/create_model", create)
+    assert first[0] == 200 and api_call(srv, "/api/v1/create_model", create) == first
+    assert api_result(srv, first)["model_id"] == first[1]["model_id"]
+    other = api_call(srv, "/api/v1/create_model", {**create, "lora_config": {"rank": 4}})
     assert other[0] == 409 and "exists already" in other[1]["detail"]
 
 
