@@ -163,14 +163,35 @@ COOKBOOK_SCRIPT = cookbook_sft_script("local/arith-tiny", "machine_nb/local_chat
                                       learning_rate=3e-3, save_every=3)
 
 
+#: Runs a script as `python SCRIPT ARGS...` does and, as the interpreter begins to end, writes the
+#: names of the process's threads (native ones included) to $THREADS_FILE.
+THREADS_AT_EXIT = """
+import atexit, os, runpy, sys
+
+def note():
+    tasks = os.listdir("/proc/self/task")
+    with open(os.environ["THREADS_FILE"], "w") as f:
+        f.write("\\n".join(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks))
+
+atexit.register(note)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def test_the_cookbooks_own_training_loop_runs_against_the_server(served, tmp_path):
     corpus = make_corpus(tmp_path / "corpus", seed=0)
     script = tmp_path / "train_on_tinker.py"
     script.write_text(COOKBOOK_SCRIPT)
-    env = {**os.environ, "TINKER_API_KEY": CANARY_KEY}
-    done = subprocess.run([sys.executable, str(script), str(corpus.train), str(tmp_path / "log"), served.url],
-                          env=env, capture_output=True, text=True, timeout=600)
+    (tmp_path / "threads_at_exit.py").write_text(THREADS_AT_EXIT)
+    env = {**os.environ, "TINKER_API_KEY": CANARY_KEY, "THREADS_FILE": str(tmp_path / "threads")}
+    done = subprocess.run([sys.executable, str(tmp_path / "threads_at_exit.py"), str(script), str(corpus.train),
+                           str(tmp_path / "log"), served.url], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    # The SDK's clients use httpx's own transport, as the server's client config asks: pyqwest's
+    # threads, which abort the interpreter when one hands a response over as it ends, never start.
+    threads = (tmp_path / "threads").read_text().split("\n")
+    assert len(threads) > 1 and not [t for t in threads if t.startswith("tokio")], threads
     rows = [json.loads(line) for line in open(tmp_path / "log" / "checkpoints.jsonl")]
     assert [r["name"] for r in rows] == ["000003", "final"]
     assert all(r["sampler_path"].startswith("tinker://local-") for r in rows)

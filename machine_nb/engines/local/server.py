@@ -766,8 +766,12 @@ class LocalServer:
 
     # -- start-up and sessions
     def client_config(self, q: dict, body: Any) -> dict:
-        # SDK defaults, except: API keys only (no JWT exchange) and uncompressed forward/backward
-        return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False}
+        # SDK defaults, except: API keys only (no JWT exchange), uncompressed forward/backward, and
+        # httpx's own transport rather than pyqwest's. pyqwest hands each response to asyncio from a
+        # thread of its own; one that does so while the interpreter ends (a script that returns with
+        # a request or heartbeat in flight) is ended by Python 3.11's pthread_exit through Rust frames,
+        # and the process aborts (SIGABRT, no message) after its work was done.
+        return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False, "use_pyqwest_transport": False}
 
     def capabilities(self, q: dict, body: Any) -> dict:
         """The models served (read once: they are fixed for the life of the process)."""
