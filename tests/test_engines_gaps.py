@@ -5,9 +5,6 @@ and a watchdog that must see a half-dead service through its own liveness probe.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -146,6 +143,10 @@ atexit.register(report)
 def test_a_kept_client_of_a_service_outside_the_process_is_stopped_as_the_process_ends(service):
     # Tinker's transport (pyqwest) aborts a Python 3.11 process when a response reaches it as the
     # interpreter ends: no heartbeat may be under way then (benchmarks/bench_sdk_exit.py).
+    import os
+    import subprocess
+    import sys
+
     url, handler = service
     done = subprocess.run([sys.executable, "-c", ENDS_WITH_A_KEPT_CLIENT, url], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "TINKER_API_KEY": KEY_1, "TINKER_TELEMETRY": "0"})

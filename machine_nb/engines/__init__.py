@@ -225,9 +225,8 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     it talks to stops (at exit, or when stopped); one of a service outside the process is stopped
     (heartbeat and connections, sending nothing) as the process ends; and one is dropped once its
     service is found gone (a failed check here, or a `Watchdog` that saw it die), so no heartbeat
-    of it keeps failing and warning. One that was closed (`with service_client() as c:` closes
-    it), or whose session its service no longer knows (a restarted `machine-nb serve`), is
-    replaced by a new one.
+    of it keeps failing and warning. One that was closed (`with service_client() as c:` closes it), or whose session its
+    service no longer knows (a restarted `machine-nb serve`), is replaced by a new one.
     """
     import hashlib
 
@@ -288,13 +287,12 @@ _EXIT_HOOKED: list[bool] = []
 
 
 def _stop_clients_at_exit() -> None:
-    """Once per process: as the interpreter begins to end, stop the kept clients of services
-    outside this process (`stop_sdk_client`, waiting up to 2 s), so that no heartbeat's answer
-    reaches the SDK's HTTP transport while the interpreter ends. Tinker's answer has the SDK use
-    pyqwest, whose threads hand each response to asyncio: one that does so then is ended by Python
-    3.11's pthread_exit through Rust frames, and the process aborts (SIGABRT) after its work was
-    done. Nothing is sent: the service ends the session once its heartbeats stop, as when the
-    process is gone."""
+    """Once per process: as the interpreter begins to end, stop the kept clients of services outside
+    this process (`stop_sdk_client`, waiting up to 2 s), so that no heartbeat's answer reaches the SDK's HTTP
+    transport while the interpreter ends. Tinker's answer has the SDK use pyqwest, whose threads
+    hand each response to asyncio: one that does so then is ended by Python 3.11's pthread_exit
+    through Rust frames, and the process aborts (SIGABRT) after its work was done. Nothing is
+    sent: the service ends the session once its heartbeats stop, as when the process is gone."""
     from .local.server import running_at
     from .local.workarounds import before_executors_shut_down, stop_sdk_client
 
