@@ -124,36 +124,6 @@ def test_a_client_made_for_one_key_keeps_it_when_the_environment_changes(service
     assert handler.keys == [KEY_1]
 
 
-#: Opens a kept client's session on the service at argv[1], then ends; at exit (after the hooks
-#: of the interpreter's start of ending) prints whether its heartbeat has ended and its holder closed.
-ENDS_WITH_A_KEPT_CLIENT = """
-import atexit, sys
-from machine_nb import engines
-
-holder = engines.service_client("tinker", base_url=sys.argv[1]).holder
-
-def report():
-    heartbeat = holder._session_heartbeat_task
-    print(heartbeat is not None and heartbeat.done(), holder._closed)
-
-atexit.register(report)
-"""
-
-
-def test_a_kept_client_of_a_service_outside_the_process_is_stopped_as_the_process_ends(service):
-    # Tinker's transport (pyqwest) aborts a Python 3.11 process when a response reaches it as the
-    # interpreter ends: no heartbeat may be under way then (benchmarks/bench_sdk_exit.py).
-    import os
-    import subprocess
-    import sys
-
-    url, handler = service
-    done = subprocess.run([sys.executable, "-c", ENDS_WITH_A_KEPT_CLIENT, url], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "TINKER_API_KEY": KEY_1, "TINKER_TELEMETRY": "0"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["True", "True"] and handler.keys == [KEY_1]
-
-
 # -- explain: whatever shape the server's answer has
 
 

@@ -222,10 +222,9 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
     is made with the key it was checked with (TINKER_API_KEY's value at that call), and when
     TINKER_API_KEY changes, the next call makes a client with the new key and closes those kept
     with the old one. A kept client is closed, its session finished, before an in-process server
-    it talks to stops (at exit, or when stopped); one of a service outside the process is stopped
-    (heartbeat and connections, sending nothing) as the process ends; and one is dropped once its
-    service is found gone (a failed check here, or a `Watchdog` that saw it die), so no heartbeat
-    of it keeps failing and warning. One that was closed (`with service_client() as c:` closes it), or whose session its
+    it talks to stops (at exit, or when stopped), and dropped once its service is found gone (a
+    failed check here, or a `Watchdog` that saw it die), so no heartbeat of it keeps failing and
+    warning. One that was closed (`with service_client() as c:` closes it), or whose session its
     service no longer knows (a restarted `machine-nb serve`), is replaced by a new one.
     """
     import hashlib
@@ -278,35 +277,7 @@ def service_client(engine: str = "local", *, base_url: str | None = None, timeou
         server = running_at(url)
         if server is not None:
             server.on_stop(lambda: _drop_clients(url, finish=True))
-        else:
-            _stop_clients_at_exit()
     return client
-
-
-_EXIT_HOOKED: list[bool] = []
-
-
-def _stop_clients_at_exit() -> None:
-    """Once per process: as the interpreter begins to end, stop the kept clients of services outside
-    this process (`stop_sdk_client`, waiting up to 2 s), so that no heartbeat's answer reaches the SDK's HTTP
-    transport while the interpreter ends. Tinker's answer has the SDK use pyqwest, whose threads
-    hand each response to asyncio: one that does so then is ended by Python 3.11's pthread_exit
-    through Rust frames, and the process aborts (SIGABRT) after its work was done. Nothing is
-    sent: the service ends the session once its heartbeats stop, as when the process is gone."""
-    from .local.server import running_at
-    from .local.workarounds import before_executors_shut_down, stop_sdk_client
-
-    def stop() -> None:
-        with _CLIENTS_LOCK:  # an in-process server's clients are finished by its own stop
-            clients = [_CLIENTS.pop(k) for k in [k for k in _CLIENTS if running_at(k[1]) is None]]
-        for client in clients:
-            stop_sdk_client(client, wait=2.0)
-
-    with _CLIENTS_LOCK:
-        if _EXIT_HOOKED:
-            return
-        _EXIT_HOOKED.append(True)
-    before_executors_shut_down(stop)
 
 
 def _stale(engine: str, url: str, client: Any, key: str, timeout: float | None) -> bool:

@@ -12,10 +12,9 @@ an upgrade rather than found broken in a user's notebook.
   after concurrent.futures' (imported here first) runs before it.
 - `executor_threads()`: the worker threads of concurrent.futures' executors, which a check for
   "a thread of the user's is still running" at exit leaves out (Python joins them itself).
-- `stop_sdk_client(client, wait=None)`: stop a `tinker.ServiceClient`'s heartbeat and connections
-  without sending anything, and with `wait`, wait until the holders' own cleanup (`aclose`) has
-  run. Its public `close()` first sends "finish session", which the SDK retries for about five
-  minutes against a server that is gone.
+- `stop_sdk_client(client)`: stop a `tinker.ServiceClient`'s heartbeat and connections without
+  sending anything. Its public `close()` first sends "finish session", which the SDK retries for
+  about five minutes against a server that is gone.
 - `sdk_client_closed(client)` and `sdk_session_id(client)`: whether a `tinker.ServiceClient` was
   closed (its every call then raises "ServiceClient is closed"), and the id of the session it holds
   (None before its first call), so a kept client that is closed, or whose session its server no longer
@@ -87,37 +86,23 @@ def executor_threads() -> set:
     return set(getattr(concurrent.futures.thread, "_threads_queues", {}))
 
 
-def stop_sdk_client(client: Any, wait: float | None = None) -> None:
+def stop_sdk_client(client: Any) -> None:
     """Mark a tinker.ServiceClient closed and close its holders (heartbeat, connections), sending
-    nothing. Errors of a holder already closed, or of an SDK loop ended at exit, are ignored.
-    With `wait`, waits up to that many seconds in all until the holders have closed (the SDK's own
-    cleanup, `aclose`, has run on its loop); else returns at once."""
-    import time
-
+    nothing. Errors of a holder already closed, or of an SDK loop ended at exit, are ignored."""
     lock = getattr(client, "_lifecycle_lock", None)
     if lock is not None:
         with lock:
             client._closed = True
-    cleanups = []
     for name in ("_session_holder", "_rest_holder"):
         holder = getattr(client, name, None)
         if holder is not None:
             try:
-                if wait is None:
-                    holder.close()
-                else:
-                    cleanups.append(holder.run_coroutine_threadsafe(holder.aclose()))
+                holder.close()
             except Exception:  # already closed, or the SDK's loop has ended at exit
                 pass
             heartbeat = getattr(holder, "_session_heartbeat_task", None)
             if heartbeat is not None:
                 cancel_until_done(heartbeat)
-    deadline = time.monotonic() + (wait or 0)
-    for cleanup in cleanups:
-        try:
-            cleanup.result(timeout=max(0.0, deadline - time.monotonic()))
-        except Exception:  # past the wait, or its cleanup failed: the process goes on regardless
-            pass
 
 
 def sdk_client_closed(client: Any) -> bool:
