@@ -505,12 +505,14 @@ def update_index(workspace: str | os.PathLike, parse: Parser, *, machine: str | 
                 entries = []
             subdirs, files = [], []
             for e in entries:
+                if e.name.startswith("."):
+                    continue  # hidden files and folders are not Machine's (walk_folders)
                 try:
                     is_dir = e.is_dir()
                 except OSError:
                     is_dir = False
-                if e.name.startswith(".") or not (is_dir or e.name.endswith(".json")):
-                    continue  # hidden files and folders (walk_folders), and files that are not run files
+                if not (is_dir or e.name.endswith(".json")):
+                    continue  # a file that is not a run file
                 if not utf8_name(e.name):  # no string column holds it: named on every load (the folder is listed again)
                     problems.append(MachineFormatError(os.path.join(dirpath, shown_name(e.name)), "its name is not valid UTF-8: "
                                                        "skipped; rename it (e.g. with convmv) to load it"))
