@@ -269,6 +269,7 @@ def test_a_training_process_that_ends_before_it_reads_its_key_is_an_error_naming
     """The process ended before the key was written to it (a broken interpreter, a failed import):
     the server's error says it did not start and how it ended, not a bare BrokenPipeError."""
     import subprocess
+    import types as pytypes
 
     from machine_nb.engines.local import workers
     from machine_nb.errors import EngineError
@@ -279,8 +280,6 @@ def test_a_training_process_that_ends_before_it_reads_its_key_is_an_error_naming
         proc = popen(["/bin/sh", "-c", "exit 3"], **kwargs)
         proc.wait()  # gone, its end of stdin closed, before the key is written
         return proc
-
-    import types as pytypes
 
     monkeypatch.setattr(workers, "subprocess", pytypes.SimpleNamespace(  # this module's Popen only
         Popen=ended_at_once, PIPE=subprocess.PIPE, TimeoutExpired=subprocess.TimeoutExpired))

@@ -598,5 +598,5 @@ class EvalResult:
 
 
 __all__ = ["RESULTS_DIR", "RESULT_COLUMNS", "PROBE_COLUMNS", "EvalResult", "correct_values", "format_rate", "write_results",
-           "as_eval_result",
-           "results_name", "results_stem", "free_results_path", "results_folder_held", "write_free_results", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
+           "as_eval_result", "results_name", "results_stem", "free_results_path", "results_folder_held",
+           "write_free_results", "utc_now", "file_sha256", "load_results", "from_inspect_log"]
